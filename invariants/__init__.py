@@ -1,0 +1,2 @@
+"""The invariant catalog at work: conformance harness, mutants, Z3 proofs and
+CrossHair runs."""

@@ -1,0 +1,1 @@
+"""Planted-bug mechanisms and roles: each breaks exactly one invariant."""

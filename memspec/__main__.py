@@ -1,0 +1,5 @@
+import sys
+
+from memspec.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per ``memspec`` subcommand; each defines ``main(argv) -> int``."""

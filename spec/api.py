@@ -1,0 +1,601 @@
+"""The memspec contract: what a plugin implements, in the seed's vocabulary.
+
+Seed 000, in one sentence: *Allocator answers "how to obtain ordinary memory",
+VirtualBacking answers "when to install real memory behind an address", and
+SharedMapping answers "how multiple addresses share physical memory"; the
+Governor keeps the accounts, the Holder chooses what to evict, the EP keeps
+device operations correctly ordered, and the ProcessMemoryManager wires these
+roles together safely.*
+
+This module holds only types: handles, requests, and ``Protocol`` classes for
+each role.  Implementations (``memspec.reference``, ``memspec.cuda_impl``,
+third-party plugins) import this module and :mod:`memspec.spec.errors` and
+nothing else of the spec, so that checking them against the spec's model is a
+comparison of two independent things.
+
+Changes from the seed's Rust sketch (kept deliberately small):
+
+* ``commit_range``/``decommit_range`` take ``start, end`` byte offsets into
+  the reservation (Rust ``Range<u64>``) and return the bytes newly committed /
+  actually released instead of ``CommitResult``/``DecommitResult``.
+* ``VirtualBacking.release`` ends a reservation; ``SharedMapping.reserve`` lets
+  a mechanism that shares pages without general VMM still provide addresses.
+* Handles carry an :class:`Identity` (creator + generation), never derived
+  from the address and never reused, so a stale handle is rejected even when
+  its address was recycled.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence, runtime_checkable
+
+KiB = 1 << 10
+MiB = 1 << 20
+GiB = 1 << 30
+
+#: Default page (granularity) of device mappings: seed 003, "pages are 64 KiB
+#: and 2 MiB"; VMM granularity is 2 MiB on current GPUs.
+DEFAULT_PAGE = 2 * MiB
+
+
+# --------------------------------------------------------------------------
+# Identities
+# --------------------------------------------------------------------------
+
+@dataclass(frozen=True, order=True)
+class Identity:
+    """Who made a handle, and which of its makings this is.
+
+    ``creator`` names one mechanism (or role) instance; ``generation`` counts
+    that creator's handles from 1 and is never reused.  Two handles are the
+    same handle iff their identities are equal, whatever their addresses.
+    """
+
+    creator: str
+    generation: int
+
+    def __str__(self) -> str:
+        return f"{self.creator}#{self.generation}"
+
+
+_creator_serial = itertools.count(1)
+_creator_lock = threading.Lock()
+
+
+def new_creator_id(kind: str) -> str:
+    """A process-unique creator name such as ``"reference-eager/3"``."""
+    with _creator_lock:
+        return f"{kind}/{next(_creator_serial)}"
+
+
+class IdentitySource:
+    """Thread-safe generator of never-reused identities for one creator."""
+
+    def __init__(self, kind: str) -> None:
+        self.creator = new_creator_id(kind)
+        self._next = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def new(self) -> Identity:
+        with self._lock:
+            return Identity(self.creator, next(self._next))
+
+
+@dataclass(frozen=True)
+class DeviceKey:
+    """A device: its driver kind (``"sim"``, ``"cuda"``, ``"cuda-host"``) and ordinal."""
+
+    kind: str
+    ordinal: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.ordinal}"
+
+
+# --------------------------------------------------------------------------
+# Requests and handles
+# --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AllocationRequest:
+    """Ask for ``size`` bytes aligned to ``alignment`` (a power of two).
+
+    Validation is the allocator's job: a size that is not a positive ``int``
+    must raise :class:`~memspec.spec.errors.InvalidRequest`.
+    """
+
+    size: int
+    alignment: int = 256
+
+
+@dataclass(frozen=True)
+class ReserveRequest:
+    """Reserve ``size`` bytes of virtual address space (no physical pages)."""
+
+    size: int
+    alignment: int = 0
+
+
+@dataclass(frozen=True, eq=False)
+class DeviceAllocation:
+    """An ordinary allocation. Seed 000: *DeviceAllocation is an owning handle.
+    It must remember, or indirectly reference: the allocator that created it;
+    the corresponding device and provider context; ...*
+
+    ``size`` is what was requested, ``footprint`` the physical bytes actually
+    taken (``footprint >= size``).  Equality is identity.
+    """
+
+    address: int
+    size: int
+    footprint: int
+    identity: Identity
+    device: DeviceKey
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DeviceAllocation) and other.identity == self.identity
+
+    def __hash__(self) -> int:
+        return hash(self.identity)
+
+
+@dataclass(frozen=True, eq=False)
+class VirtualAllocation:
+    """A virtual-address reservation: ``size`` bytes at a stable ``address``.
+
+    Seed 000: *The pointer stays the same, so tensor bindings or graph captures
+    that depend on a stable address do not have to be rebuilt as the KV grows.*
+    """
+
+    address: int
+    size: int
+    identity: Identity
+    device: DeviceKey
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, VirtualAllocation) and other.identity == self.identity
+
+    def __hash__(self) -> int:
+        return hash(self.identity)
+
+
+@dataclass(frozen=True, eq=False)
+class PhysicalHandle:
+    """Physical backing that may be mapped at several virtual addresses."""
+
+    size: int
+    identity: Identity
+    device: DeviceKey
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PhysicalHandle) and other.identity == self.identity
+
+    def __hash__(self) -> int:
+        return hash(self.identity)
+
+
+# --------------------------------------------------------------------------
+# Mechanisms (what an allocator plugin implements)
+# --------------------------------------------------------------------------
+
+@runtime_checkable
+class DeviceAllocator(Protocol):
+    """Required. Seed 000: *Ordinary allocate/free mechanism*; not responsible
+    for *budget and hot/cold data policy*."""
+
+    def device(self) -> DeviceKey: ...
+
+    def allocate(self, request: AllocationRequest) -> DeviceAllocation:
+        """Take ``footprint >= request.size`` physical bytes now (eager).
+        Raises InvalidRequest, OutOfMemory."""
+        ...
+
+    def deallocate(self, allocation: DeviceAllocation) -> int:
+        """Free an allocation this allocator made; return the bytes actually
+        freed (its footprint).  Raises ForeignAllocation, DoubleFree,
+        StaleHandle."""
+        ...
+
+
+@runtime_checkable
+class VirtualBacking(Protocol):
+    """Optional. Seed 000: *reserve/map/unmap of physical backing*."""
+
+    def granularity(self) -> int:
+        """Page size of commits, in bytes (a power of two)."""
+        ...
+
+    def reserve(self, request: ReserveRequest) -> VirtualAllocation:
+        """Reserve VA rounded up to the granularity; takes no physical bytes."""
+        ...
+
+    def commit_range(self, allocation: VirtualAllocation, start: int, end: int) -> int:
+        """Install physical pages behind ``[start, end)`` (offsets, page
+        aligned).  Return the bytes newly committed, which must be exactly
+        ``end - start`` (seed 000: no successful no-ops).  Raises InvalidRange
+        (misaligned, outside, already committed), OutOfMemory, StaleHandle,
+        ForeignAllocation.  On error nothing stays committed."""
+        ...
+
+    def decommit_range(self, allocation: VirtualAllocation, start: int, end: int) -> int:
+        """Remove backing from ``[start, end)`` (must be committed); keep the
+        address. Return the bytes actually released."""
+        ...
+
+    def committed_bytes(self, allocation: VirtualAllocation) -> int: ...
+
+    def release(self, allocation: VirtualAllocation) -> int:
+        """End the reservation; decommit what is left. Return physical bytes released."""
+        ...
+
+
+@runtime_checkable
+class SharedMapping(Protocol):
+    """Optional. Seed 000: *This requires a physical handle, multi-address
+    mapping, reference counting, read-only protection, and possibly
+    Copy-on-Write.*"""
+
+    def granularity(self) -> int: ...
+
+    def reserve(self, request: ReserveRequest) -> VirtualAllocation:
+        """VA to map shared handles into (a mechanism that also provides
+        VirtualBacking must accept either's reservations)."""
+        ...
+
+    def free_reservation(self, allocation: VirtualAllocation) -> None:
+        """End a reservation made by :meth:`reserve`; it must be unmapped."""
+        ...
+
+    def create(self, size: int) -> PhysicalHandle:
+        """Physical pages (size a multiple of the granularity). Raises OutOfMemory."""
+        ...
+
+    def map(self, handle: PhysicalHandle, allocation: VirtualAllocation, offset: int, *, read_only: bool) -> int:
+        """Map the whole handle at ``allocation.address + offset``; return the
+        bytes mapped.  Raises InvalidRange if any page there is backed."""
+        ...
+
+    def unmap(self, allocation: VirtualAllocation, offset: int, size: int) -> int:
+        """Remove a mapping made by :meth:`map` (the whole of it)."""
+        ...
+
+    def copy_on_write(self, allocation: VirtualAllocation, offset: int, size: int) -> int:
+        """Replace the shared pages mapped at ``[offset, offset+size)`` by
+        private writable copies with the same bytes; return the private bytes
+        newly committed."""
+        ...
+
+    def mapping_count(self, handle: PhysicalHandle) -> int:
+        """Number of live mappings of ``handle`` (its reference count minus the handle itself)."""
+        ...
+
+    def release(self, handle: PhysicalHandle) -> int:
+        """Drop the creator's reference. Physical bytes are freed once no
+        mapping remains; return the bytes freed now (0 while still mapped)."""
+        ...
+
+
+@runtime_checkable
+class DeviceMemoryMechanism(Protocol):
+    """A bundle of capabilities, negotiated explicitly (seed 000):
+
+    *let Some(backing) = mechanism.virtual_backing() else { return
+    use_eager_allocation_path(); };*
+    """
+
+    name: str
+
+    def allocator(self) -> DeviceAllocator: ...
+
+    def virtual_backing(self) -> VirtualBacking | None:
+        """``None`` means explicitly absent. Never a stub that returns success."""
+        ...
+
+    def shared_mapping(self) -> SharedMapping | None: ...
+
+
+# --------------------------------------------------------------------------
+# Execution provider (device ordering)
+# --------------------------------------------------------------------------
+
+@dataclass(frozen=True, order=True)
+class Fence:
+    """Completes when ``stream`` has executed its work up to ``value``.
+    Seed 000: *A synchronization object indicating whether prior
+    asynchronous device work has completed.*"""
+
+    stream: int
+    value: int
+
+
+@runtime_checkable
+class ExecutionProvider(Protocol):
+    """Seed 000: *device context, stream, copy, kernel, fence, release
+    ordering*; not *global capacity policy*.
+
+    Work is asynchronous: ``write``/``launch`` enqueue and return a fence.
+    ``read`` waits for its own copy (and what precedes it on the stream).
+    The deferred-free queue (``defer``/``poll``) never blocks and never frees
+    before the given fences have completed.
+    """
+
+    context_id: str
+
+    def device(self) -> DeviceKey: ...
+
+    def new_stream(self) -> int: ...
+
+    def write(self, stream: int, address: int, data: bytes) -> Fence:
+        """Enqueue a host-to-device copy."""
+        ...
+
+    def read(self, stream: int, address: int, size: int) -> bytes:
+        """Device-to-host copy ordered after the stream's queued work; waits."""
+        ...
+
+    def launch(self, stream: int, reads: Sequence[tuple[int, int]], writes: Sequence[tuple[int, int]]) -> Fence:
+        """Enqueue a stand-in kernel reading/writing ``(address, size)`` ranges."""
+        ...
+
+    def fence_done(self, fence: Fence) -> bool: ...
+
+    def synchronize(self, stream: int | None = None) -> None:
+        """Let the device run the stream's (or every stream's) queued work."""
+        ...
+
+    def defer(self, fences: Sequence[Fence], release: Callable[[], object]) -> None:
+        """Deferred free: run ``release`` once every fence is done; never now
+        on the caller's thread unless they already are done."""
+        ...
+
+    def poll(self) -> int:
+        """Run the queued releases whose fences are done; return how many ran."""
+        ...
+
+    def pending_releases(self) -> int: ...
+
+
+# --------------------------------------------------------------------------
+# Accounting roles
+# --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Grant:
+    """A provisional grant: capacity set aside for ``holder``, not yet charged."""
+
+    grant_id: int
+    holder: str
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Seed 000 glossary: *A record of capacity ownership already committed to a holder.*"""
+
+    lease_id: int
+    holder: str
+    nbytes: int
+
+
+class TicketState:
+    PENDING = "pending"      # issued, holders are being asked
+    GRANTED = "granted"      # enough was released; the ticket holds the bytes
+    CLAIMED = "claimed"      # the requester took the bytes as a grant (terminal)
+    CANCELLED = "cancelled"  # terminal; bytes (if granted) returned exactly once
+    TIMED_OUT = "timed_out"  # terminal; as cancelled
+    FAILED = "failed"        # terminal; stale generation
+    TERMINAL = frozenset({"claimed", "cancelled", "timed_out", "failed"})
+
+
+@dataclass
+class Ticket:
+    """Seed 000: *pressure ticket: try to free 1 GB, priority = ..., deadline = ...*"""
+
+    ticket_id: int
+    requester: str
+    amount: int
+    priority: int
+    deadline: int
+    generation: int
+    state: str = TicketState.PENDING
+    held: int = 0          # bytes the ticket holds (only while GRANTED)
+    released: dict[str, int] = field(default_factory=dict)  # holder -> bytes it released
+
+
+@runtime_checkable
+class Governor(Protocol):
+    """Seed 000: *Capacity approval, reservation, lease, pressure ticket*;
+    not *deleting a holder's data directly*.
+
+    Ledger: ``capacity == free + granted + charged`` at all times.
+    """
+
+    def capacity(self) -> int: ...
+    def free(self) -> int: ...
+    def granted(self) -> int: ...
+    def charged(self, holder: str | None = None) -> int: ...
+
+    def reserve(self, holder: str, nbytes: int) -> Grant:
+        """Provisional grant. Raises GrantDenied, InvalidRequest."""
+        ...
+
+    def commit(self, grant: Grant, actual: int) -> Lease:
+        """Turn a grant into a charge of the *actual* bytes (seed: *act on the
+        real allocated bytes*); the difference is returned or taken."""
+        ...
+
+    def cancel(self, grant: Grant) -> int:
+        """Return a provisional grant (failed allocation). Returns its bytes."""
+        ...
+
+    def refund(self, lease: Lease) -> int:
+        """Release a charge after the physical bytes were freed."""
+        ...
+
+    def issue_ticket(self, requester: str, amount: int, priority: int = 0, deadline: int = 0) -> Ticket: ...
+    def respond(self, ticket: Ticket, holder: str, released: int) -> Ticket: ...
+    def claim(self, ticket: Ticket) -> Grant: ...
+    def cancel_ticket(self, ticket: Ticket) -> int: ...
+    def expire(self, now: int) -> list[Ticket]: ...
+
+
+@runtime_checkable
+class Holder(Protocol):
+    """Seed 000: *Understanding what the data means and choosing a safe
+    victim*.  Only holders release; 0 is a valid answer."""
+
+    name: str
+
+    def on_pressure(self, ticket: Ticket) -> int:
+        """Release what can be released safely; return the bytes released (may be 0)."""
+        ...
+
+
+# --------------------------------------------------------------------------
+# Wiring roles: manager, binding, owning handles, holders
+# --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Capabilities:
+    """A capability answer for the mechanism installed *now* on a device.
+
+    Seed 000: *a capability query must not return a stale allocator snapshot.*
+    """
+
+    device: DeviceKey
+    mechanism_id: str
+    generation: int
+    virtual_backing: bool
+    shared_mapping: bool
+
+
+@runtime_checkable
+class OwningAllocation(Protocol):
+    """An owning handle. Seed 000: *Drop should be responsible for enqueuing,
+    not for synchronizing the whole GPU on an arbitrary thread or freeing
+    immediately.*  ``close()`` (or ``with``, or garbage collection) enqueues
+    the release on the EP's deferred-free queue, guarded by every fence
+    recorded with :meth:`use`; the queue later frees and refunds."""
+
+    allocation: DeviceAllocation
+    holder: str
+    mechanism_id: str
+    context_id: str
+
+    def use(self, fence: Fence) -> None:
+        """Record that submitted device work (completing at ``fence``) uses this allocation."""
+        ...
+
+    def close(self) -> None:
+        """Drop: enqueue the release. A second close raises DoubleFree."""
+        ...
+
+    @property
+    def closed(self) -> bool: ...
+
+
+@runtime_checkable
+class OwningReservation(Protocol):
+    """A holder's virtual reservation with its committed (charged) prefix."""
+
+    allocation: VirtualAllocation
+    holder: str
+    mechanism_id: str
+    context_id: str
+
+    def committed(self) -> int: ...
+    def use(self, fence: Fence) -> None: ...
+    def close(self) -> None: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+
+@runtime_checkable
+class MemoryBinding(Protocol):
+    """Seed 000: *The binding ties together the correct device, mechanism,
+    context, authority, capabilities and lifetime.*  It runs the ordinary
+    allocation transaction (reserve grant -> allocate -> commit charge at the
+    actual footprint; cancel the grant on failure) and hands out owning handles."""
+
+    device: DeviceKey
+    context_id: str
+    authority_id: str
+
+    def capabilities(self) -> Capabilities: ...
+
+    def allocate(self, holder: str, size: int) -> OwningAllocation: ...
+
+    def reserve(self, holder: str, size: int) -> OwningReservation:
+        """Reserve VA through the installed mechanism's VirtualBacking (Unsupported if absent)."""
+        ...
+
+    def commit(self, reservation: OwningReservation, start: int, end: int) -> int:
+        """Charge-then-commit ``[start, end)``: grant, ``commit_range``, charge;
+        on failure roll back the mapping and return the grant."""
+        ...
+
+    def decommit(self, reservation: OwningReservation, start: int, end: int) -> int:
+        """Decommit ``[start, end)`` (deferred behind the reservation's fences) and refund."""
+        ...
+
+
+@runtime_checkable
+class ProcessMemoryManager(Protocol):
+    """Seed 000: *Registration, mechanism selection, authority,
+    provider/context lifetime*; not *deciding which weight or KV page to evict*,
+    and it *selects the allocator but does not duplicate the EP's
+    stream/context responsibilities*."""
+
+    def register_mechanism(self, device: DeviceKey, mechanism: DeviceMemoryMechanism) -> str: ...
+    def register_context(self, ep: ExecutionProvider) -> str: ...
+    def register_authority(self, governor: Governor) -> str: ...
+
+    def select(self, device: DeviceKey, mechanism_id: str) -> int:
+        """Install a mechanism on the device; return its generation (a replacement bumps it)."""
+        ...
+
+    def capabilities(self, device: DeviceKey) -> Capabilities: ...
+
+    def bind(self, device: DeviceKey, context_id: str, authority_id: str) -> MemoryBinding: ...
+
+    def pins(self, context_id: str) -> int:
+        """Live allocations + queued releases made in the context."""
+        ...
+
+    def destroy_context(self, context_id: str) -> None:
+        """Raises ContextBusy while pinned."""
+        ...
+
+
+# --------------------------------------------------------------------------
+# Targets (what `memspec conform` runs against)
+# --------------------------------------------------------------------------
+
+@dataclass
+class TargetInstance:
+    """A fresh system under test, made by a target factory.
+
+    ``mechanism`` is required. ``ep`` is the target's own execution provider
+    (needed for data-integrity checks through copies; without it those checks
+    are N/A).  ``physical_bytes`` probes the physical bytes the target holds
+    right now (e.g. ``cuMemGetInfo`` or the simulated device's page count),
+    independent of its own bookkeeping.  ``close`` tears everything down.
+    """
+
+    mechanism: DeviceMemoryMechanism
+    ep: ExecutionProvider | None = None
+    physical_bytes: Callable[[], int] | None = None
+    capacity: int | None = None
+    close: Callable[[], None] | None = None
+
+
+#: A target factory: ``factory(capacity=None) -> TargetInstance``.
+TargetFactory = Callable[..., TargetInstance]
+
+
+def is_power_of_two(n: int) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n > 0 and (n & (n - 1)) == 0

@@ -1,0 +1,300 @@
+"""The grammar of the executable spec: actions, outcomes, invariants.
+
+Read this first; every role module of the spec is written in these terms.
+
+*An action* is one thing a caller may ask of the system (``allocate``,
+``commit_range``, ``respond to a ticket``...).  For a given spec state and
+arguments it does not compute *the* answer: it returns the **set of outcomes a
+conforming implementation may produce** (:class:`Outcomes`), e.g. "returns an
+allocation whose footprint is in ``[n, round_up(n)]``, or raises
+OutOfMemory".  Each outcome carries ``then``: how the spec's state follows
+that branch.  A harness runs the same action on an implementation, finds the
+branch its answer matches, and lets the spec follow it.  That is a refinement
+check: legitimate nondeterminism (an OOM caused by fragmentation, a fence
+that happens to have completed) is allowed, anything else is caught and
+blamed on the invariant the outcome set names.
+
+*An argument domain* (:class:`Domain`) says what values an argument ranges
+over, possibly depending on the state (pick one of the live handles, or one
+that was already freed).  Domains draw through a :class:`Chooser`, so the
+same spec runs under Hypothesis (shrinking) or a plain random walk.
+
+*An invariant* is a named predicate over the spec state with a stable id
+(S1..S15, C1..C9) and the seed sentence it encodes.
+
+*An observation* compares a figure the spec predicts with the same figure
+read from the implementation (committed bytes of a reservation, charge of a
+holder, mapping count of a handle) and is blamed on an invariant when they
+differ.
+
+This module is stdlib only.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, Iterable, Protocol, Sequence, TypeVar
+
+from memspec.spec.errors import MemspecError
+
+S = TypeVar("S")  # a spec state
+
+
+def _nothing(_: Any) -> None:
+    return None
+
+
+# --------------------------------------------------------------------------
+# Outcomes
+# --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Returns:
+    """The implementation returns normally with a value that ``accepts``.
+
+    ``then(value)`` updates the spec state along this branch.  If it returns
+    an ``int`` (or a tuple of ints), that is the spec-side reference id(s) the
+    harness binds to the implementation's returned object(s).
+    """
+
+    describe: str
+    accepts: Callable[[Any], bool] = lambda _v: True
+    then: Callable[[Any], Any] = _nothing
+
+    def matches(self, value: Any = None, error: BaseException | None = None) -> bool:
+        if error is not None:
+            return False
+        try:
+            return bool(self.accepts(value))
+        except Exception:  # a value of the wrong shape does not match
+            return False
+
+
+@dataclass(frozen=True)
+class Raises:
+    """The implementation raises ``error`` (or a subclass)."""
+
+    error: type[MemspecError]
+    describe: str = ""
+    then: Callable[[BaseException], Any] = _nothing
+
+    def matches(self, value: Any = None, error: BaseException | None = None) -> bool:
+        return error is not None and isinstance(error, self.error)
+
+
+Outcome = Returns | Raises
+
+
+@dataclass(frozen=True)
+class Outcomes:
+    """Every answer a conforming implementation may give, and the invariant
+    to blame when the implementation's answer is none of them."""
+
+    branches: tuple[Outcome, ...]
+    blame: str
+    touched: tuple[int, ...] = ()  # spec reference ids whose observations must be rechecked
+
+    def match(self, value: Any = None, error: BaseException | None = None) -> Outcome | None:
+        for b in self.branches:
+            if b.matches(value, error):
+                return b
+        return None
+
+    def describe(self) -> str:
+        parts = []
+        for b in self.branches:
+            if isinstance(b, Returns):
+                parts.append(f"returns {b.describe}")
+            else:
+                parts.append(f"raises {b.error.__name__}" + (f" ({b.describe})" if b.describe else ""))
+        return " | ".join(parts)
+
+
+def outcomes(*branches: Outcome, blame: str, touched: Iterable[int] = ()) -> Outcomes:
+    return Outcomes(tuple(branches), blame, tuple(touched))
+
+
+def only(error: type[MemspecError], *, blame: str, describe: str = "", touched: Iterable[int] = ()) -> Outcomes:
+    """The single permitted outcome is raising ``error``; state is unchanged."""
+    return Outcomes((Raises(error, describe),), blame, tuple(touched))
+
+
+# --------------------------------------------------------------------------
+# Argument domains
+# --------------------------------------------------------------------------
+
+class Chooser(Protocol):
+    """Source of choices: Hypothesis ``data.draw`` or a seeded ``random.Random``."""
+
+    def integer(self, lo: int, hi: int) -> int: ...
+    def choice(self, options: Sequence[Any]) -> Any: ...
+    def boolean(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Domain:
+    """Values an argument ranges over, given the current state."""
+
+    describe: str
+    draw: Callable[[Any, Chooser], Any]
+    #: ``available(state)`` is False when nothing can be drawn (no handle yet)
+    available: Callable[[Any], bool] = lambda _s: True
+
+
+def ints(lo: int, hi: int, describe: str | None = None) -> Domain:
+    return Domain(describe or f"int in [{lo}, {hi}]", lambda _s, c: c.integer(lo, hi))
+
+
+def one_of(*values: Any, describe: str | None = None) -> Domain:
+    vals = tuple(values)
+    return Domain(describe or "one of " + ", ".join(map(repr, vals)), lambda _s, c: c.choice(vals))
+
+
+def booleans() -> Domain:
+    return Domain("bool", lambda _s, c: c.boolean())
+
+
+def pick(describe: str, options: Callable[[Any], Sequence[Any]]) -> Domain:
+    """One element of ``options(state)`` (e.g. the ids of live handles)."""
+    return Domain(describe, lambda s, c: c.choice(options(s)), lambda s: len(options(s)) > 0)
+
+
+# --------------------------------------------------------------------------
+# Actions
+# --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Action(Generic[S]):
+    """One thing a caller may ask; see the module docstring.
+
+    ``step(state, **args) -> Outcomes`` is the spec.  ``perform(sut, **args)``
+    does the same call on a system under test through the contract API (the
+    harness gives it the implementation objects bound to reference ids via
+    ``sut.ref(id)``).  ``enabled(state)`` is the precondition under which a
+    caller may issue the action at all (the implementation must then answer
+    with one of the outcomes, errors included).
+    """
+
+    name: str
+    role: str
+    doc: str
+    params: dict[str, Domain]
+    step: Callable[..., Outcomes]
+    perform: Callable[..., Any]
+    enabled: Callable[[Any], bool] = lambda _s: True
+    invariants: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()  # capabilities: "virtual_backing", "shared_mapping", "ep"
+    weight: int = 1
+
+    @property
+    def precondition(self) -> str:
+        """First paragraph of the step's docstring, for the generated docs."""
+        return self.doc.strip().split("\n\n")[0]
+
+    def available(self, state: Any) -> bool:
+        return self.enabled(state) and all(d.available(state) for d in self.params.values())
+
+    def draw_args(self, state: Any, chooser: Chooser) -> dict[str, Any]:
+        return {k: d.draw(state, chooser) for k, d in self.params.items()}
+
+
+def action(
+    *,
+    role: str,
+    params: dict[str, Domain] | None = None,
+    perform: Callable[..., Any],
+    enabled: Callable[[Any], bool] = lambda _s: True,
+    invariants: Sequence[str] = (),
+    requires: Sequence[str] = (),
+    weight: int = 1,
+) -> Callable[[Callable[..., Outcomes]], Action[Any]]:
+    """Decorator turning a ``step`` function into an :class:`Action`."""
+
+    def wrap(fn: Callable[..., Outcomes]) -> Action[Any]:
+        return Action(
+            name=fn.__name__,
+            role=role,
+            doc=inspect.getdoc(fn) or "",
+            params=dict(params or {}),
+            step=fn,
+            perform=perform,
+            enabled=enabled,
+            invariants=tuple(invariants),
+            requires=tuple(requires),
+            weight=weight,
+        )
+
+    return wrap
+
+
+# --------------------------------------------------------------------------
+# Invariants and observations
+# --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Invariant(Generic[S]):
+    """A named predicate over the spec state.
+
+    ``check(state)`` returns ``None`` when it holds and a one-line reason when
+    it does not.  It must be cheap (use aggregates the actions maintain);
+    ``full_check`` may scan everything and is run at the end of a run.
+    """
+
+    id: str
+    title: str
+    quote: str  # the seed sentence it encodes
+    check: Callable[[Any], str | None]
+    full_check: Callable[[Any], str | None] | None = None
+
+
+@dataclass(frozen=True)
+class Observation:
+    """A figure predicted by the spec and read from the implementation.
+
+    ``refs(state, touched)`` yields the reference ids to compare after a step
+    (usually just the touched ones; ``None`` ref means a global figure);
+    ``expected(state, ref)`` and ``observed(sut, ref)`` give the two figures.
+    """
+
+    name: str
+    blame: str
+    refs: Callable[[Any, tuple[int, ...]], Iterable[int | None]]
+    expected: Callable[[Any, int | None], Any]
+    observed: Callable[[Any, int | None], Any]
+    requires: tuple[str, ...] = ()
+
+
+@dataclass
+class Machine(Generic[S]):
+    """A whole executable spec: how to make the initial state, its action
+    table, invariants and observations.  The harness needs nothing else."""
+
+    name: str
+    doc: str
+    init: Callable[..., S]
+    actions: list[Action[S]]
+    invariants: list[Invariant[S]]
+    observations: list[Observation] = field(default_factory=list)
+
+    def invariant(self, id: str) -> Invariant[S]:
+        for inv in self.invariants:
+            if inv.id == id:
+                return inv
+        raise KeyError(id)
+
+    def action(self, name: str) -> Action[S]:
+        for a in self.actions:
+            if a.name == name:
+                return a
+        raise KeyError(name)
+
+    def check_invariants(self, state: S, *, full: bool = False) -> list[tuple[str, str]]:
+        """``[(invariant id, reason)]`` for every invariant that fails."""
+        bad = []
+        for inv in self.invariants:
+            fn = inv.full_check if (full and inv.full_check) else inv.check
+            why = fn(state)
+            if why is not None:
+                bad.append((inv.id, why))
+        return bad
