@@ -1,0 +1,173 @@
+"""Pure arithmetic kernels of the spec: rounding and ledger transitions.
+
+These functions are the spec's arithmetic, written once and used three ways:
+by the executable spec on Python ``int``s, by the Z3 proofs on symbolic
+integers (``z3.ArithRef``), and by CrossHair through their PEP 316 contracts.
+So they never branch on their arguments with ``if``: conditionals go through
+:func:`ite`, comparisons through :func:`both`.
+
+The ledger of an authority (seed 000, Governor: *Total capacity: 24 GB /
+Approved: 22 GB / Request: 500 MB / Result: can approve*) is three numbers
+with ``capacity == free + granted + charged`` (invariant S11).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+
+def _is_symbolic(x: Any) -> bool:
+    return type(x).__module__.startswith("z3")
+
+
+def ite(cond: Any, then: Any, other: Any) -> Any:
+    """``then if cond else other``, also for a Z3 boolean ``cond``."""
+    if _is_symbolic(cond) or _is_symbolic(then) or _is_symbolic(other):
+        import z3  # only when given symbolic terms; the spec itself is stdlib-only
+
+        return z3.If(cond, then, other)
+    return then if cond else other
+
+
+def both(a: Any, b: Any) -> Any:
+    """Logical and, also for Z3 booleans."""
+    if _is_symbolic(a) or _is_symbolic(b):
+        import z3
+
+        return z3.And(a, b)
+    return bool(a) and bool(b)
+
+
+# --------------------------------------------------------------------------
+# Rounding
+# --------------------------------------------------------------------------
+
+def round_up(n: int, page: int) -> int:
+    """Smallest multiple of ``page`` that is >= ``n``.
+
+    Seed 003: *A 64-byte tensor never buys a 64-byte mapping; the smallest
+    currency unit is a page.*
+
+    pre: page > 0
+    pre: n >= 0
+    post: __return__ >= n
+    post: __return__ % page == 0
+    post: __return__ - n < page
+    """
+    return ((n + page - 1) // page) * page
+
+
+def is_aligned(n: int, page: int) -> bool:
+    """``n`` is a multiple of ``page``.
+
+    pre: page > 0
+    post: __return__ == (round_up(n, page) == n) or n < 0
+    """
+    return n % page == 0
+
+
+def pages_in(start: int, end: int, page: int) -> int:
+    """Number of pages in the page-aligned range ``[start, end)``.
+
+    pre: page > 0
+    pre: 0 <= start <= end
+    pre: start % page == 0 and end % page == 0
+    post: __return__ * page == end - start
+    """
+    return (end - start) // page
+
+
+# --------------------------------------------------------------------------
+# The ledger: capacity == free + granted + charged
+# --------------------------------------------------------------------------
+
+class Ledger(NamedTuple):
+    """One authority's accounts (all in bytes)."""
+
+    capacity: int
+    free: int
+    granted: int
+    charged: int
+
+
+def ledger_ok(l: Ledger) -> Any:
+    """S11: the ledger balances and nothing is negative.
+
+    post: __return__ == (l.capacity == l.free + l.granted + l.charged and min(l.free, l.granted, l.charged) >= 0)
+    """
+    return both(
+        l.capacity == l.free + l.granted + l.charged,
+        both(both(l.free >= 0, l.granted >= 0), l.charged >= 0),
+    )
+
+
+def can_grant(l: Ledger, n: int) -> Any:
+    """Seed 000: the Governor approves a request iff it fits what is free.
+
+    post: __return__ == (n > 0 and n <= l.free)
+    """
+    return both(n > 0, n <= l.free)
+
+
+def grant(l: Ledger, n: int) -> Ledger:
+    """Provisional grant of ``n`` bytes (caller checked :func:`can_grant`).
+
+    pre: n > 0 and n <= l.free
+    post: ledger_ok(__return__) == ledger_ok(l)
+    post: __return__.granted == l.granted + n
+    """
+    return Ledger(l.capacity, l.free - n, l.granted + n, l.charged)
+
+
+def cancel_grant(l: Ledger, n: int) -> Ledger:
+    """Return an unused provisional grant of ``n`` bytes (seed 000: *If the
+    allocation fails, the provisional grant must be returned.*)
+
+    pre: 0 < n <= l.granted
+    post: ledger_ok(__return__) == ledger_ok(l)
+    post: __return__.free == l.free + n
+    """
+    return Ledger(l.capacity, l.free + n, l.granted - n, l.charged)
+
+
+def can_commit(l: Ledger, granted: int, actual: int) -> Any:
+    """A grant of ``granted`` bytes can become a charge of ``actual`` bytes iff
+    the difference (if the footprint is larger than planned) is free.
+
+    post: __return__ == (actual >= 0 and actual - granted <= l.free)
+    """
+    return both(actual >= 0, actual - granted <= l.free)
+
+
+def commit_grant(l: Ledger, granted: int, actual: int) -> Ledger:
+    """Turn a grant into a charge at the *actual* bytes (seed 000: *act on the
+    real allocated bytes; do not silently keep incorrect accounts*).
+
+    pre: 0 < granted <= l.granted
+    pre: actual >= 0 and actual - granted <= l.free
+    post: ledger_ok(__return__) == ledger_ok(l)
+    post: __return__.charged == l.charged + actual
+    """
+    return Ledger(l.capacity, l.free + granted - actual, l.granted - granted, l.charged + actual)
+
+
+def refund(l: Ledger, n: int) -> Ledger:
+    """Release a charge of ``n`` bytes after the physical bytes were freed.
+
+    pre: 0 <= n <= l.charged
+    post: ledger_ok(__return__) == ledger_ok(l)
+    post: __return__.free == l.free + n
+    """
+    return Ledger(l.capacity, l.free + n, l.granted, l.charged - n)
+
+
+def release_to_ticket(l: Ledger, n: int) -> Ledger:
+    """A holder released ``n`` charged bytes in answer to a pressure ticket:
+    the charge moves to the ticket's grant (the ticket holds it, counted as
+    granted) so nobody else can take it before the requester claims.
+
+    pre: 0 <= n <= l.charged
+    post: ledger_ok(__return__) == ledger_ok(l)
+    post: __return__.granted == l.granted + n
+    """
+    return Ledger(l.capacity, l.free, l.granted + n, l.charged - n)
