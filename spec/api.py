@@ -571,6 +571,80 @@ class ProcessMemoryManager(Protocol):
         ...
 
 
+@runtime_checkable
+class ModelResidencyHolder(Protocol):
+    """Seed 000: *ModelResidency: two cold weights can free 700 MB.*"""
+
+    name: str
+
+    def load(self, weight: str, size: int, *, hot: bool) -> None:
+        """Allocate a weight through the binding (charged to this holder)."""
+        ...
+
+    def set_hot(self, weight: str, hot: bool) -> None: ...
+    def unload(self, weight: str) -> None: ...
+    def resident_bytes(self) -> int: ...
+    def on_pressure(self, ticket: Ticket) -> int: ...
+
+
+@runtime_checkable
+class KvPageStoreHolder(Protocol):
+    """Seed 000: *KvPageStore: all pages are in use by in-flight kernels, can
+    free only 0.*  Grows a request's KV by the 6-step transaction."""
+
+    name: str
+
+    def open(self, request: str, max_bytes: int, *, prefix_of: str | None = None, prefix_bytes: int = 0) -> None:
+        """Reserve ``max_bytes`` of VA for a request; optionally map the first
+        ``prefix_bytes`` read-only from ``prefix_of``'s physical pages."""
+        ...
+
+    def grow(self, request: str, new_bytes: int, *, fail_at: int | None = None) -> int:
+        """Grow the request's committed KV to ``new_bytes`` (page rounded).
+        ``fail_at`` in {4, 5} injects a failure at that step; the store must
+        roll back (seed 000 steps 1-6) and re-raise. Returns bytes newly committed."""
+        ...
+
+    def committed(self, request: str) -> int: ...
+    def use(self, request: str, fence: Fence) -> None: ...
+    def close(self, request: str) -> None: ...
+    def on_pressure(self, ticket: Ticket) -> int: ...
+
+
+@runtime_checkable
+class SystemUnderTest(Protocol):
+    """What a harness hands to the spec's system-level ``perform`` functions:
+    the roles of seed 000 wired around a target's mechanism.  ``ref(id)``
+    returns the implementation object the harness bound to spec reference
+    ``id`` (an owning handle, a reservation, a ticket...)."""
+
+    manager: ProcessMemoryManager
+    governor: Governor
+    ep: ExecutionProvider
+    binding: MemoryBinding
+    weights: ModelResidencyHolder
+    kv: KvPageStoreHolder
+    device: DeviceKey
+    mechanism_ids: list[str]   # registered mechanisms; [0] is selected first
+    context_id: str
+    authority_id: str
+
+    def ref(self, ref_id: int) -> object: ...
+
+
+@runtime_checkable
+class MechanismUnderTest(Protocol):
+    """What a harness hands to the spec's mechanism-level ``perform``
+    functions: the target's mechanism, a second independent instance of it
+    (the source of *foreign* handles), its EP if any, and ``ref(id)``."""
+
+    mechanism: DeviceMemoryMechanism
+    foreign: DeviceMemoryMechanism
+    ep: ExecutionProvider | None
+
+    def ref(self, ref_id: int) -> object: ...
+
+
 # --------------------------------------------------------------------------
 # Targets (what `memspec conform` runs against)
 # --------------------------------------------------------------------------
