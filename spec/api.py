@@ -665,6 +665,14 @@ class TargetInstance:
     physical_bytes: Callable[[], int] | None = None
     capacity: int | None = None
     close: Callable[[], None] | None = None
+    #: which spec machine applies: ``"mechanism"`` (seed 000 contract, and the
+    #: system level around it) or ``"caching"`` (seed 003's caching allocator,
+    #: then ``allocator`` is the caching allocator under test).
+    kind: str = "mechanism"
+    allocator: object | None = None
+    #: anything else a target wants to expose to its tests (e.g. a foreign
+    #: instance factory, the host emulator)
+    extras: dict = field(default_factory=dict)
 
 
 #: A target factory: ``factory(capacity=None) -> TargetInstance``.

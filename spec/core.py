@@ -61,6 +61,11 @@ class Returns:
     describe: str
     accepts: Callable[[Any], bool] = lambda _v: True
     then: Callable[[Any], Any] = _nothing
+    #: ``witness()`` makes a value a conforming implementation could return on
+    #: this branch; it lets the spec run on its own (``memspec spec-check``,
+    #: the random walk) with no implementation. ``None``: the branch cannot be
+    #: taken without an implementation.
+    witness: Callable[[], Any] | None = None
 
     def matches(self, value: Any = None, error: BaseException | None = None) -> bool:
         if error is not None:
