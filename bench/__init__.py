@@ -1,0 +1,1 @@
+"""memspec benchmarks: ratios measured in one run on one machine (see README)."""
