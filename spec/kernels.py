@@ -38,6 +38,66 @@ def both(a: Any, b: Any) -> Any:
     return bool(a) and bool(b)
 
 
+def either(a: Any, b: Any) -> Any:
+    """Logical or, also for Z3 booleans."""
+    if _is_symbolic(a) or _is_symbolic(b):
+        import z3
+
+        return z3.Or(a, b)
+    return bool(a) or bool(b)
+
+
+def negate(a: Any) -> Any:
+    """Logical not, also for a Z3 boolean."""
+    if _is_symbolic(a):
+        import z3
+
+        return z3.Not(a)
+    return not a
+
+
+def floordiv(a: int, b: int) -> int:
+    """``a // b`` for ``b > 0``, also on Z3 integers.
+
+    Python's ``//`` is not defined on ``z3.ArithRef``; Z3's integer ``/`` is
+    Euclidean division, which equals floor division whenever the divisor is
+    positive (the only case the spec uses: page sizes and granularities).
+
+    pre: b > 0
+    post: __return__ * b <= a < (__return__ + 1) * b
+    """
+    if _is_symbolic(a) or _is_symbolic(b):
+        return a / b
+    return a // b
+
+
+def mod(a: int, b: int) -> int:
+    """``a % b`` for ``b > 0``, also on Z3 integers (Z3's ``%`` is the
+    Euclidean remainder: in ``[0, b)`` like Python's for ``b > 0``).
+
+    pre: b > 0
+    post: 0 <= __return__ < b
+    post: (a - __return__) % b == 0
+    """
+    return a % b
+
+
+def minimum(a: int, b: int) -> int:
+    """``min(a, b)``, also on Z3 integers.
+
+    post: __return__ == min(a, b)
+    """
+    return ite(a <= b, a, b)
+
+
+def maximum(a: int, b: int) -> int:
+    """``max(a, b)``, also on Z3 integers.
+
+    post: __return__ == max(a, b)
+    """
+    return ite(a >= b, a, b)
+
+
 # --------------------------------------------------------------------------
 # Rounding
 # --------------------------------------------------------------------------
@@ -54,16 +114,28 @@ def round_up(n: int, page: int) -> int:
     post: __return__ % page == 0
     post: __return__ - n < page
     """
-    return ((n + page - 1) // page) * page
+    return floordiv(n + page - 1, page) * page
+
+
+def round_down(n: int, page: int) -> int:
+    """Largest multiple of ``page`` that is <= ``n``.
+
+    pre: page > 0
+    pre: n >= 0
+    post: __return__ <= n
+    post: __return__ % page == 0
+    post: n - __return__ < page
+    """
+    return floordiv(n, page) * page
 
 
 def is_aligned(n: int, page: int) -> bool:
     """``n`` is a multiple of ``page``.
 
     pre: page > 0
-    post: __return__ == (round_up(n, page) == n) or n < 0
+    post: __return__ == (round_up(n, page) == n)
     """
-    return n % page == 0
+    return mod(n, page) == 0
 
 
 def pages_in(start: int, end: int, page: int) -> int:
@@ -74,7 +146,35 @@ def pages_in(start: int, end: int, page: int) -> int:
     pre: start % page == 0 and end % page == 0
     post: __return__ * page == end - start
     """
-    return (end - start) // page
+    return floordiv(end - start, page)
+
+
+def page_span(start: int, end: int, page: int) -> int:
+    """Bytes of the page-rounded range covering ``[start, end)``: what a
+    successful commit of that range installs when nothing in it was backed
+    (seed 000, S5: a successful commit changes committed bytes by exactly the
+    page-rounded new range).
+
+    pre: page > 0
+    pre: 0 <= start < end
+    post: __return__ >= end - start
+    post: __return__ % page == 0
+    post: __return__ - (end - start) < 2 * page
+    """
+    return round_up(end, page) - round_down(start, page)
+
+
+def range_ok(start: int, end: int, size: int, page: int) -> Any:
+    """A commit/decommit range is legal: page-aligned, non-empty, inside the
+    reservation of ``size`` bytes (errors.InvalidRange otherwise).
+
+    pre: page > 0
+    post: __return__ == (0 <= start < end <= size and start % page == 0 and end % page == 0)
+    """
+    return both(
+        both(both(0 <= start, start < end), end <= size),
+        both(mod(start, page) == 0, mod(end, page) == 0),
+    )
 
 
 # --------------------------------------------------------------------------
@@ -113,7 +213,8 @@ def grant(l: Ledger, n: int) -> Ledger:
     """Provisional grant of ``n`` bytes (caller checked :func:`can_grant`).
 
     pre: n > 0 and n <= l.free
-    post: ledger_ok(__return__) == ledger_ok(l)
+    post: not ledger_ok(l) or ledger_ok(__return__)
+    post: sum(__return__[1:]) == sum(l[1:]) and __return__.capacity == l.capacity
     post: __return__.granted == l.granted + n
     """
     return Ledger(l.capacity, l.free - n, l.granted + n, l.charged)
@@ -124,7 +225,8 @@ def cancel_grant(l: Ledger, n: int) -> Ledger:
     allocation fails, the provisional grant must be returned.*)
 
     pre: 0 < n <= l.granted
-    post: ledger_ok(__return__) == ledger_ok(l)
+    post: not ledger_ok(l) or ledger_ok(__return__)
+    post: sum(__return__[1:]) == sum(l[1:]) and __return__.capacity == l.capacity
     post: __return__.free == l.free + n
     """
     return Ledger(l.capacity, l.free + n, l.granted - n, l.charged)
@@ -145,7 +247,8 @@ def commit_grant(l: Ledger, granted: int, actual: int) -> Ledger:
 
     pre: 0 < granted <= l.granted
     pre: actual >= 0 and actual - granted <= l.free
-    post: ledger_ok(__return__) == ledger_ok(l)
+    post: not ledger_ok(l) or ledger_ok(__return__)
+    post: sum(__return__[1:]) == sum(l[1:]) and __return__.capacity == l.capacity
     post: __return__.charged == l.charged + actual
     """
     return Ledger(l.capacity, l.free + granted - actual, l.granted - granted, l.charged + actual)
@@ -155,7 +258,8 @@ def refund(l: Ledger, n: int) -> Ledger:
     """Release a charge of ``n`` bytes after the physical bytes were freed.
 
     pre: 0 <= n <= l.charged
-    post: ledger_ok(__return__) == ledger_ok(l)
+    post: not ledger_ok(l) or ledger_ok(__return__)
+    post: sum(__return__[1:]) == sum(l[1:]) and __return__.capacity == l.capacity
     post: __return__.free == l.free + n
     """
     return Ledger(l.capacity, l.free + n, l.granted, l.charged - n)
@@ -167,7 +271,44 @@ def release_to_ticket(l: Ledger, n: int) -> Ledger:
     granted) so nobody else can take it before the requester claims.
 
     pre: 0 <= n <= l.charged
-    post: ledger_ok(__return__) == ledger_ok(l)
+    post: not ledger_ok(l) or ledger_ok(__return__)
+    post: sum(__return__[1:]) == sum(l[1:]) and __return__.capacity == l.capacity
     post: __return__.granted == l.granted + n
     """
     return Ledger(l.capacity, l.free, l.granted + n, l.charged - n)
+
+
+def grant_from_free(l: Ledger, n: int) -> Ledger:
+    """A pressure ticket takes ``n`` free bytes into its grant (the part of
+    its amount that was already free when holders answered).
+
+    pre: 0 <= n <= l.free
+    post: not ledger_ok(l) or ledger_ok(__return__)
+    post: sum(__return__[1:]) == sum(l[1:]) and __return__.capacity == l.capacity
+    post: __return__.granted == l.granted + n
+    """
+    return Ledger(l.capacity, l.free - n, l.granted + n, l.charged)
+
+
+def return_grant(l: Ledger, n: int) -> Ledger:
+    """A ticket's held bytes (or any grant) go back to free: cancel and
+    timeout (S15: *returned exactly once*).  Same arithmetic as
+    :func:`cancel_grant`, but 0 is allowed (a ticket that holds nothing).
+
+    pre: 0 <= n <= l.granted
+    post: not ledger_ok(l) or ledger_ok(__return__)
+    post: sum(__return__[1:]) == sum(l[1:]) and __return__.capacity == l.capacity
+    post: __return__.free == l.free + n
+    """
+    return Ledger(l.capacity, l.free + n, l.granted - n, l.charged)
+
+
+def footprint_ok(requested: int, actual: int, page: int) -> Any:
+    """An allocation's actual footprint is legal: at least the request, at
+    most the request rounded up to the page (seed 003: *the smallest currency
+    unit is a page*).
+
+    pre: page > 0 and requested > 0
+    post: __return__ == (requested <= actual <= round_up(requested, page))
+    """
+    return both(requested <= actual, actual <= round_up(requested, page))
