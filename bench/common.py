@@ -6,6 +6,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+#: Row statuses. Only ``measured`` rows carry numbers; the others say why not.
+MEASURED = "measured"
+NOT_AVAILABLE = "not available"   # a dependency has not landed / does not import
+NOT_RUN = "not run"               # deliberately not run here (no CUDA driver, --quick)
+FAILED = "failed"                 # the benchmark itself raised; the note says what
+
 
 @dataclass
 class Row:
@@ -19,9 +25,15 @@ class Row:
     met: bool | None = None
     note: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    status: str = MEASURED
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def unavailable(name: str, unit: str, target: str, reason: str, *, status: str = NOT_AVAILABLE) -> Row:
+    """A row that could not be measured: no numbers, never counted as met."""
+    return Row(name, None, unit, None, target, None, f"{status}: {reason}", status=status)
 
 
 def rate(fn: Callable[[], int], *, min_seconds: float = 0.0) -> tuple[float, int, float]:
@@ -40,7 +52,15 @@ def fmt(x: float | None, digits: int = 2) -> str:
         return "-"
     if abs(x) >= 1000:
         return f"{x:,.0f}"
+    if x != 0 and abs(x) < 0.01:
+        return f"{x:.2e}"
     return f"{x:.{digits}f}"
+
+
+def met_text(r: Row) -> str:
+    if r.status != MEASURED:
+        return "-"
+    return "-" if r.met is None else ("yes" if r.met else "NO")
 
 
 def print_table(rows: list[Row]) -> None:
@@ -53,8 +73,15 @@ def print_table(rows: list[Row]) -> None:
         return
     t = Table(title="memspec benchmarks (ratios measured in this run)")
     for col in ("benchmark", "value", "unit", "ratio", "target", "met", "note"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")
     for r in rows:
-        met = "-" if r.met is None else ("yes" if r.met else "NO")
-        t.add_row(r.name, fmt(r.value), r.unit, fmt(r.ratio), r.target, met, r.note)
-    Console(width=200).print(t)
+        t.add_row(r.name, fmt(r.value), r.unit, fmt(r.ratio), r.target, met_text(r), r.note)
+    Console(width=220).print(t)
+
+
+def markdown_table(rows: list[Row]) -> str:
+    """The same table as Markdown (for bench/README.md)."""
+    out = ["| benchmark | value | unit | ratio | target | met | note |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r.name} | {fmt(r.value)} | {r.unit} | {fmt(r.ratio)} | {r.target} | {met_text(r)} | {r.note} |")
+    return "\n".join(out)

@@ -1,0 +1,105 @@
+"""Smoke test of the benchmarks: ``python -m bench --quick`` runs every group
+and writes a row for each with numbers, or with the reason it could not run.
+
+Timing targets are never asserted here (bench/README.md has the figures).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.__main__ import GROUPS  # noqa: E402
+from bench.common import MEASURED, NOT_AVAILABLE, NOT_RUN  # noqa: E402
+
+
+def _num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+@pytest.fixture(scope="module")
+def quick_results(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("bench") / "quick.json"
+    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "memspec benchmarks" in proc.stdout
+    return json.loads(out.read_text())
+
+
+def test_every_group_ran_and_every_row_is_complete(quick_results):
+    assert quick_results["quick"] is True
+    assert quick_results["groups"] == list(GROUPS)
+    rows = quick_results["rows"]
+    assert len(rows) >= 15, [r["name"] for r in rows]
+    names = [r["name"] for r in rows]
+    assert len(set(names)) == len(names), "row names must be unique"
+    for r in rows:
+        assert r["status"] in (MEASURED, NOT_AVAILABLE, NOT_RUN), r  # no benchmark crashed
+        if r["status"] == MEASURED:
+            assert _num(r["value"]) and r["value"] > 0, r
+            assert r["ratio"] is None or _num(r["ratio"]), r
+            assert r["met"] in (True, False, None), r
+        else:
+            assert r["value"] is None and r["met"] is None, r
+            assert r["note"].startswith(r["status"] + ": ") and len(r["note"]) > len(r["status"]) + 3, r
+
+
+def _rows(results: dict, prefix: str) -> list[dict]:
+    return [r for r in results["rows"] if r["name"].startswith(prefix)]
+
+
+def test_rows_whose_dependencies_are_present_are_measured(quick_results):
+    """A row may say "not available" only when its dependency really is absent."""
+    deps = {
+        "harness step rate": "memspec.invariants.harness",
+        "walk fuzz step rate": "memspec.invariants.walk",
+        "step time @": "memspec.invariants.walk",
+        "caching pytorch": "memspec.reference.caching",
+        "caching seed vs toy": "memspec.reference.caching",
+    }
+    for prefix, module in deps.items():
+        rows = _rows(quick_results, prefix)
+        assert rows, prefix
+        if importlib.util.find_spec(module) is not None:
+            for r in rows:
+                assert r["status"] == MEASURED, r
+                assert _num(r["value"]), r
+    bare = _rows(quick_results, "bare Hypothesis step rate")
+    assert len(bare) == 1 and bare[0]["status"] == MEASURED and _num(bare[0]["value"])
+
+
+def test_ratio_rows_carry_their_ratio(quick_results):
+    for r in quick_results["rows"]:
+        if r["status"] == MEASURED and r["target"] and r["name"] != "bare Hypothesis step rate":
+            assert _num(r["ratio"]), r
+            assert r["met"] in (True, False), r
+
+
+def test_memspec_bench_outside_a_checkout_says_so(tmp_path, monkeypatch, capsys):
+    import memspec
+    from memspec.commands import bench as cmd
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(memspec, "__file__", str(tmp_path / "site" / "memspec" / "__init__.py"))
+    assert cmd.main(["--quick"]) == 2
+    err = capsys.readouterr().err
+    assert "bench/" in err and "checkout" in err and str(tmp_path) in err
+
+
+def test_memspec_bench_finds_the_checkout(tmp_path):
+    out = tmp_path / "gpu.json"
+    proc = subprocess.run([sys.executable, "-m", "memspec", "bench", "--only", "gpu", "--json", str(out)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert rows and all(r["name"].startswith("gpu") for r in rows)
