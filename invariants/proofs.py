@@ -1,0 +1,393 @@
+"""Z3 engine for the spec's inductive proofs (issue 5).
+
+An invariant's proof is a small transition system (:class:`Proof`): typed
+state fields (unbounded ``Int``s, ``Bool``s, and arrays ``Int -> Int`` /
+``Int -> Bool`` indexed by object id, so every object not named by an action
+is framed unchanged by construction), an initial predicate, the actions that
+touch the invariant, and the invariant itself, stated for one arbitrary object
+``o`` (a free variable: proving ``Inv(s, o) /\\ Step => Inv(s', o)`` for a free
+``o`` proves it for every object).
+
+Each action is a *total* function ``(state, args) -> (outcome, next state)``
+written with :mod:`memspec.spec.kernels` (``ite``/``both``/ledger kernels), so
+the same arithmetic the executable spec runs is what Z3 reasons about.
+Nondeterminism the spec allows (an OOM, the actual footprint) is an argument.
+
+Checks, each ``proved`` or a counterexample:
+
+* initiation: ``Init => Inv``;
+* consecution, per action: ``Inv /\\ Lemmas /\\ Pre /\\ Step => Inv' /\\ StepProp``
+  (``StepProp``: a property of the transition itself, e.g. S5 "a successful
+  commit changes committed bytes by exactly the page-rounded range");
+* safety, where the invariant is a strengthening: ``Inv => Safety``;
+* necessity of the guard: the *unguarded* variant of one action (its guard
+  removed) must be refuted: bounded model checking from ``Init`` finds the
+  shortest trace to a violation, printed over concrete values.
+
+``Lemmas`` are facts about ghost sums (each non-negative term of a sum is at
+most the sum); they are sound because every action updates a ghost sum by
+exactly the change of the one object it touches.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import z3
+
+from memspec.spec import kernels as K
+from memspec.spec.errors import ALL_ERRORS
+
+INT, BOOL, ARR, BARR = "int", "bool", "arr", "barr"
+
+#: outcome codes: 0 ok, 1 pending (a queued release whose fences are not done), then each error class
+OUTCOMES: tuple[str, ...] = ("ok", "pending") + tuple(ALL_ERRORS)
+CODE: dict[str, int] = {name: i for i, name in enumerate(OUTCOMES)}
+OK = CODE["ok"]
+PENDING = CODE["pending"]
+
+
+def code(name: str) -> int:
+    return CODE[name]
+
+
+def _sort(kind: str) -> z3.SortRef:
+    return {
+        INT: z3.IntSort(),
+        BOOL: z3.BoolSort(),
+        ARR: z3.ArraySort(z3.IntSort(), z3.IntSort()),
+        BARR: z3.ArraySort(z3.IntSort(), z3.BoolSort()),
+    }[kind]
+
+
+class St(dict):
+    """A state (or an argument record): field name -> Z3 term or Python value."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def set(self, **kw: Any) -> "St":
+        out = St(self)
+        out.update(kw)
+        return out
+
+
+def fresh(fields: dict[str, str], tag: str) -> St:
+    return St({f: z3.Const(f"{f}@{tag}", _sort(k)) for f, k in fields.items()})
+
+
+def merge(cond: Any, a: St, b: St) -> St:
+    """Field-wise ``a if cond else b``."""
+    return St({f: z3.If(cond, a[f], b[f]) for f in a})
+
+
+def upd(arr: Any, i: Any, v: Any) -> Any:
+    return z3.Store(arr, i, v)
+
+
+def at(arr: Any, i: Any) -> Any:
+    return z3.Select(arr, i)
+
+
+def outcome(*pairs: tuple[Any, str], default: str = "ok") -> Any:
+    """First ``(condition, outcome name)`` whose condition holds, else ``default``."""
+    out: Any = z3.IntVal(CODE[default])
+    for cond, name in reversed(pairs):
+        out = z3.If(cond, z3.IntVal(CODE[name]), out)
+    return out
+
+
+def on_ok(out: Any, s: St, s_ok: St) -> tuple[Any, St]:
+    """The transition: ``s_ok`` when the outcome is ok, ``s`` (unchanged) otherwise."""
+    return out, merge(out == OK, s_ok, s)
+
+
+@dataclass
+class Act:
+    """One action of an encoding: ``step(s, a) -> (outcome code, next state)``."""
+
+    name: str
+    params: dict[str, str]
+    step: Callable[[St, St], tuple[Any, St]]
+    pre: Callable[[St, St], Any] = lambda s, a: True
+    objs: tuple[str, ...] = ()  # params naming objects: Inv is assumed at them too
+
+
+@dataclass
+class Proof:
+    id: str
+    title: str
+    quote: str
+    fields: dict[str, str]
+    init: Callable[[St], Any]
+    inv: Callable[[St, Any], Any]
+    actions: list[Act]
+    unguarded: Act
+    guard: str  # the guard the unguarded variant removes, in words
+    step_prop: Callable[[str, St, St, Any, St, Any], Any] | None = None
+    safety: Callable[[St, Any], Any] | None = None
+    lemmas: Callable[[St, Any, St], Any] | None = None
+    bmc_depth: int = 4
+    bounded: str = ""  # which part is bounded, if any, and why
+
+    def action(self, name: str) -> Act:
+        for a in self.actions:
+            if a.name == name:
+                return a
+        raise KeyError(name)
+
+
+@dataclass
+class CheckResult:
+    name: str
+    ok: bool
+    seconds: float
+    detail: str = ""
+
+
+@dataclass
+class ProofResult:
+    id: str
+    title: str
+    checks: list[CheckResult] = field(default_factory=list)
+    unguarded_refuted: bool = False
+    unguarded_trace: str = ""
+    unguarded_seconds: float = 0.0
+    bounded: str = ""
+
+    @property
+    def proved(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    @property
+    def seconds(self) -> float:
+        return sum(c.seconds for c in self.checks)
+
+
+def _model_str(m: z3.ModelRef, s: St, objs: list[tuple[str, Any]]) -> str:
+    parts = []
+    for f, v in s.items():
+        if not z3.is_expr(v):
+            continue
+        if z3.is_array(v):
+            for oname, o in objs:
+                parts.append(f"{f}[{oname}]={m.eval(at(v, o), model_completion=True)}")
+        else:
+            parts.append(f"{f}={m.eval(v, model_completion=True)}")
+    return ", ".join(parts)
+
+
+def _args(act: Act, tag: str) -> St:
+    return St({p: z3.Const(f"{p}@{tag}", _sort(k)) for p, k in act.params.items()})
+
+
+def _hyp(p: Proof, s: St, o: Any, act: Act | None, a: St | None) -> Any:
+    hs = [p.inv(s, o)]
+    if act is not None and a is not None:
+        hs += [p.inv(s, a[x]) for x in act.objs]
+        hs.append(act.pre(s, a))
+    if p.lemmas is not None:
+        hs.append(p.lemmas(s, o, a if a is not None else St()))
+        if act is not None and a is not None:
+            hs += [p.lemmas(s, a[x], a) for x in act.objs]
+    return z3.And(*[z3.BoolVal(h) if isinstance(h, bool) else h for h in hs])
+
+
+def _check_unsat(claim_negation: Any, timeout_ms: int = 20000) -> tuple[z3.CheckSatResult, z3.ModelRef | None]:
+    sol = z3.Solver()
+    sol.set("timeout", timeout_ms)
+    sol.add(claim_negation)
+    r = sol.check()
+    return r, (sol.model() if r == z3.sat else None)
+
+
+def prove(p: Proof) -> ProofResult:
+    """Initiation, consecution per action, safety; then refute the unguarded variant."""
+    res = ProofResult(p.id, p.title, bounded=p.bounded)
+    o = z3.Int("o")
+    s = fresh(p.fields, "s")
+
+    t0 = time.perf_counter()
+    r, m = _check_unsat(z3.And(p.init(s), z3.Not(p.inv(s, o))))
+    res.checks.append(CheckResult("init", r == z3.unsat, time.perf_counter() - t0,
+                                  "proved" if r == z3.unsat else f"{r}: " + (_model_str(m, s, [("o", o)]) if m else "")))
+
+    for act in p.actions:
+        t0 = time.perf_counter()
+        a = _args(act, "a")
+        out, s2 = act.step(s, a)
+        goal = [p.inv(s2, o)]
+        if p.step_prop is not None:
+            goal.append(p.step_prop(act.name, s, a, out, s2, o))
+        r, m = _check_unsat(z3.And(_hyp(p, s, o, act, a), z3.Not(z3.And(*goal))))
+        detail = "proved"
+        if r != z3.unsat:
+            detail = f"{r}"
+            if m is not None:
+                objs = [("o", o)] + [(x, a[x]) for x in act.objs]
+                detail += f": {act.name}(" + ", ".join(f"{k}={m.eval(v, model_completion=True)}" for k, v in a.items()) + ") "
+                detail += f"-> {OUTCOMES[m.eval(out, model_completion=True).as_long()]} from {_model_str(m, s, objs)}"
+        res.checks.append(CheckResult(f"step:{act.name}", r == z3.unsat, time.perf_counter() - t0, detail))
+
+    if p.safety is not None:
+        t0 = time.perf_counter()
+        r, m = _check_unsat(z3.And(_hyp(p, s, o, None, None), z3.Not(p.safety(s, o))))
+        res.checks.append(CheckResult("safety", r == z3.unsat, time.perf_counter() - t0,
+                                      "proved" if r == z3.unsat else f"{r}: " + (_model_str(m, s, [("o", o)]) if m else "")))
+
+    t0 = time.perf_counter()
+    ok, trace = refute_unguarded(p)
+    res.unguarded_refuted, res.unguarded_trace = ok, trace
+    res.unguarded_seconds = time.perf_counter() - t0
+    return res
+
+
+def _val(m: z3.ModelRef, v: Any) -> Any:
+    x = m.eval(v, model_completion=True)
+    if z3.is_int_value(x):
+        return x.as_long()
+    if z3.is_true(x):
+        return True
+    if z3.is_false(x):
+        return False
+    return x
+
+
+def refute_unguarded(p: Proof, actions: list[Act] | None = None) -> tuple[bool, str]:
+    """Bounded model checking from ``Init`` with the unguarded action in place
+    of its guarded one: the shortest trace (depth <= ``p.bmc_depth``) that
+    breaks the invariant, a step property or safety.  ``(True, trace)`` when
+    refuted, ``(False, reason)`` when no violation was found."""
+    acts = [p.unguarded if a.name == p.unguarded.name else a for a in (actions or p.actions)]
+    params: dict[str, str] = {}
+    for a in acts:
+        params.update(a.params)
+    o = z3.Int("o")
+    s0 = fresh(p.fields, "0")
+    sol = z3.Solver()
+    sol.set("timeout", 20000)
+    sol.add(p.init(s0))
+    states, sels, argss, outs = [s0], [], [], []
+    for k in range(1, p.bmc_depth + 1):
+        s = states[-1]
+        sel = z3.Int(f"act@{k}")
+        a = St({n: z3.Const(f"{n}@{k}", _sort(kind)) for n, kind in params.items()})
+        sol.add(sel >= 0, sel < len(acts))
+        nxt: St | None = None
+        out: Any = None
+        bad_here = []
+        for i, act in enumerate(acts):
+            oi, si = act.step(s, a)
+            sol.add(z3.Implies(sel == i, act.pre(s, a)))
+            nxt = si if nxt is None else merge(sel == i, si, nxt)
+            out = oi if out is None else z3.If(sel == i, oi, out)
+            if p.step_prop is not None:
+                bad_here.append(z3.And(sel == i, z3.Not(p.step_prop(act.name, s, a, oi, si, o))))
+        assert nxt is not None
+        states.append(nxt)
+        sels.append(sel)
+        argss.append(a)
+        outs.append(out)
+        bad = [z3.Not(p.inv(nxt, o))] + bad_here
+        if p.safety is not None:
+            bad.append(z3.Not(p.safety(nxt, o)))
+        sol.push()
+        sol.add(z3.Or(*bad))
+        r = sol.check()
+        if r == z3.sat:
+            m = sol.model()
+            lines = []
+            for j in range(k):
+                act = acts[_val(m, sels[j])]
+                args = ", ".join(f"{n}={_val(m, argss[j][n])}" for n in act.params)
+                tag = " [unguarded]" if act is p.unguarded else ""
+                lines.append(f"  {j + 1}. {act.name}({args}) -> {OUTCOMES[_val(m, outs[j])]}{tag}")
+            viol = "invariant broken" if not z3.is_true(m.eval(p.inv(states[-1], o), model_completion=True)) else "step property/safety broken"
+            lines.append(f"  => {viol} at o={_val(m, o)}: " + _model_str(m, states[-1], [("o", o)]))
+            return True, "\n".join(lines)
+        sol.pop()
+    return False, f"no violation up to depth {p.bmc_depth}"
+
+
+# --------------------------------------------------------------------------
+# Concrete evaluation of an encoded action (for the agreement test)
+# --------------------------------------------------------------------------
+
+def concrete(kind: str, value: Any) -> Any:
+    """A Python value as a Z3 literal of the field's kind (arrays from dicts with a default)."""
+    if kind == INT:
+        return z3.IntVal(value)
+    if kind == BOOL:
+        return z3.BoolVal(bool(value))
+    default, items = value
+    arr = z3.K(z3.IntSort(), z3.IntVal(default) if kind == ARR else z3.BoolVal(bool(default)))
+    for i, v in items.items():
+        arr = z3.Store(arr, i, z3.IntVal(v) if kind == ARR else z3.BoolVal(bool(v)))
+    return arr
+
+
+class CompiledAct:
+    """An action's relation built once over symbolic state/args; evaluated on
+    concrete values by ``z3.substitute`` + ``z3.simplify`` (no solver call)."""
+
+    def __init__(self, p: Proof, act: Act, universe: list[int]) -> None:
+        self.p, self.act, self.universe = p, act, universe
+        self.s = fresh(p.fields, "cs")
+        self.a = _args(act, "ca")
+        out, s2 = act.step(self.s, self.a)
+        self.pre = act.pre(self.s, self.a)
+        self.out = out
+        self.s2 = s2
+        exprs: list[Any] = [out]
+        self.keys: list[tuple[str, Any]] = [("outcome", None)]
+        for f, kind in p.fields.items():
+            if kind in (ARR, BARR):
+                for i in universe:
+                    exprs.append(at(s2[f], i))
+                    self.keys.append((f, i))
+            else:
+                exprs.append(s2[f])
+                self.keys.append((f, None))
+        # one term: a tuple of the outputs (Z3 has no tuples: pack as one Int/Bool array store chain per kind)
+        self.exprs = exprs
+
+    def evaluate(self, state: dict[str, Any], args: dict[str, Any]) -> dict[tuple[str, Any], Any] | None:
+        """``None`` when the arguments are outside the action's domain (``pre``)."""
+        subs = [(self.s[f], concrete(k, state[f])) for f, k in self.p.fields.items()]
+        subs += [(self.a[n], concrete(k, args[n])) for n, k in self.act.params.items()]
+        pre = z3.simplify(z3.substitute(z3.BoolVal(True) if isinstance(self.pre, bool) else self.pre, *subs))
+        if not z3.is_true(pre):
+            return None
+        vals = [z3.simplify(z3.substitute(e, *subs)) for e in self.exprs]
+        out: dict[tuple[str, Any], Any] = {}
+        for key, v in zip(self.keys, vals):
+            if z3.is_int_value(v):
+                out[key] = v.as_long()
+            elif z3.is_true(v) or z3.is_false(v):
+                out[key] = z3.is_true(v)
+            else:
+                raise ValueError(f"{self.act.name}: {key} did not simplify to a value: {v}")
+        out[("outcome", None)] = OUTCOMES[out[("outcome", None)]]
+        return out
+
+
+def all_proofs() -> list[Proof]:
+    from memspec.invariants.proofs_seed000 import PROOFS
+
+    return list(PROOFS)
+
+
+def run_all(ids: list[str] | None = None) -> list[ProofResult]:
+    return [prove(p) for p in all_proofs() if ids is None or p.id in ids]
+
+
+__all__ = [
+    "Act", "Proof", "ProofResult", "CheckResult", "St", "prove", "refute_unguarded", "run_all",
+    "all_proofs", "CompiledAct", "OUTCOMES", "CODE", "OK", "PENDING", "INT", "BOOL", "ARR", "BARR",
+    "merge", "upd", "at", "outcome", "on_ok", "fresh", "K",
+]

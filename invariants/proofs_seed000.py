@@ -1,0 +1,897 @@
+"""Z3 encodings of the seed-000 invariants S1-S15 (see :mod:`memspec.invariants.proofs`).
+
+Each encoding keeps only the state an invariant talks about; object records
+(allocations, reservations, holders, tickets, handles, mappings, contexts) are
+arrays indexed by an unbounded object id, sizes and counters are unbounded
+integers, and all ledger arithmetic goes through :mod:`memspec.spec.kernels`.
+Object lifecycle codes: 0 none (id never used), 1 live, 2 queued (dropped,
+waiting for fences), 3 freed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import z3
+
+from memspec.invariants.proofs import (
+    ARR, BARR, BOOL, INT, OK, PENDING, Act, Proof, St, at, merge, on_ok, outcome, upd,
+)
+from memspec.spec import kernels as K
+
+NONE, LIVE, QUEUED, FREED = 0, 1, 2, 3
+Z0 = lambda: z3.K(z3.IntSort(), z3.IntVal(0))  # noqa: E731
+F0 = lambda: z3.K(z3.IntSort(), z3.BoolVal(False))  # noqa: E731
+NSTREAMS = 2  # streams are a bounded set (fences per stream stay unbounded counters)
+
+
+def alive(s: St, o: Any) -> Any:
+    return z3.Or(at(s.astate, o) == LIVE, at(s.astate, o) == QUEUED)
+
+
+# ==========================================================================
+# S1 creator-free
+# ==========================================================================
+
+def _s1_alloc(s: St, a: St):
+    return on_ok(z3.IntVal(OK), s, s.set(astate=upd(s.astate, a.x, LIVE), amech=upd(s.amech, a.x, a.m),
+                                         actx=upd(s.actx, a.x, a.c)))
+
+
+def _s1_release(check: bool):
+    def step(s: St, a: St):
+        st = at(s.astate, a.x)
+        foreign = z3.Or(at(s.amech, a.x) != a.m, at(s.actx, a.x) != a.c) if check else z3.BoolVal(False)
+        out = outcome((st == FREED, "DoubleFree"), (st != LIVE, "StaleHandle"), (foreign, "ForeignAllocation"))
+        return on_ok(out, s, s.set(astate=upd(s.astate, a.x, FREED), fmech=upd(s.fmech, a.x, a.m),
+                                   fctx=upd(s.fctx, a.x, a.c)))
+    return step
+
+
+_P3 = {"x": INT, "m": INT, "c": INT}
+S1 = Proof(
+    "S1", "creator-free", "an allocation may only be released by the mechanism/context that created it",
+    fields={"astate": ARR, "amech": ARR, "actx": ARR, "fmech": ARR, "fctx": ARR},
+    init=lambda s: s.astate == Z0(),
+    inv=lambda s, o: z3.Implies(at(s.astate, o) == FREED,
+                                z3.And(at(s.fmech, o) == at(s.amech, o), at(s.fctx, o) == at(s.actx, o))),
+    actions=[
+        Act("allocate", _P3, _s1_alloc, pre=lambda s, a: at(s.astate, a.x) == NONE, objs=("x",)),
+        Act("release", _P3, _s1_release(True), objs=("x",)),
+    ],
+    unguarded=Act("release", _P3, _s1_release(False), objs=("x",)),
+    guard="release checks the handle's creating mechanism and context (else ForeignAllocation)",
+    bmc_depth=2,
+)
+
+
+# ==========================================================================
+# S2 charge-before-commit
+# ==========================================================================
+
+def _s2_reserve(s: St, a: St):
+    out = outcome((z3.Not(K.can_grant(K.Ledger(0, s.free, 0, 0), a.n)), "GrantDenied"))
+    return on_ok(out, s, s.set(free=s.free - a.n, grant=upd(s.grant, a.h, at(s.grant, a.h) + a.n)))
+
+
+def _s2_commit(check: bool):
+    def step(s: St, a: St):
+        g = at(s.grant, a.h)
+        if check:
+            out = outcome((a.n > g, "InvalidRequest"))
+            take = a.n
+        else:
+            out = z3.IntVal(OK)
+            take = K.minimum(a.n, g)  # commit first, charge only what the grant covers
+        return on_ok(out, s, s.set(committed=upd(s.committed, a.h, at(s.committed, a.h) + a.n),
+                                   charge=upd(s.charge, a.h, at(s.charge, a.h) + take),
+                                   grant=upd(s.grant, a.h, g - take)))
+    return step
+
+
+def _s2_decommit(s: St, a: St):
+    out = outcome((a.n > at(s.committed, a.h), "InvalidRange"))
+    return on_ok(out, s, s.set(committed=upd(s.committed, a.h, at(s.committed, a.h) - a.n),
+                               charge=upd(s.charge, a.h, at(s.charge, a.h) - a.n), free=s.free + a.n))
+
+
+def _s2_cancel(s: St, a: St):
+    return on_ok(z3.IntVal(OK), s, s.set(free=s.free + at(s.grant, a.h), grant=upd(s.grant, a.h, 0)))
+
+
+_HN = {"h": INT, "n": INT}
+S2 = Proof(
+    "S2", "charge-before-commit", "a charge must be obtained before physical commit",
+    fields={"committed": ARR, "charge": ARR, "grant": ARR, "free": INT},
+    init=lambda s: z3.And(s.committed == Z0(), s.charge == Z0(), s.grant == Z0(), s.free >= 0),
+    inv=lambda s, h: z3.And(0 <= at(s.committed, h), at(s.committed, h) <= at(s.charge, h),
+                            at(s.grant, h) >= 0, s.free >= 0),
+    actions=[
+        Act("reserve", _HN, _s2_reserve, pre=lambda s, a: a.n > 0, objs=("h",)),
+        Act("commit", _HN, _s2_commit(True), pre=lambda s, a: a.n > 0, objs=("h",)),
+        Act("decommit", _HN, _s2_decommit, pre=lambda s, a: a.n > 0, objs=("h",)),
+        Act("cancel", {"h": INT}, _s2_cancel, objs=("h",)),
+    ],
+    unguarded=Act("commit", _HN, _s2_commit(False), pre=lambda s, a: a.n > 0, objs=("h",)),
+    guard="commit requires a grant covering the bytes (the charge) before mapping them",
+    bmc_depth=2,
+)
+
+
+# ==========================================================================
+# S3 fresh-capability
+# ==========================================================================
+
+def _s3_select(s: St, a: St):
+    return on_ok(z3.IntVal(OK), s, s.set(inst=upd(s.inst, a.d, a.m), gen=upd(s.gen, a.d, at(s.gen, a.d) + 1)))
+
+
+def _s3_query(check: bool):
+    def step(s: St, a: St):
+        cached = at(s.snapgen, a.d) == at(s.gen, a.d) if check else at(s.snapgen, a.d) >= 0
+        answer = K.ite(cached, at(s.snap, a.d), at(s.inst, a.d))
+        nxt = s.set(answer=answer,
+                    snap=upd(s.snap, a.d, K.ite(cached, at(s.snap, a.d), at(s.inst, a.d))),
+                    snapgen=upd(s.snapgen, a.d, K.ite(cached, at(s.snapgen, a.d), at(s.gen, a.d))))
+        return on_ok(z3.IntVal(OK), s, nxt)
+    return step
+
+
+def _s3_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
+    if name == "query":
+        return s2.answer == at(s.inst, a.d)  # the answer is the mechanism installed now
+    return z3.BoolVal(True)
+
+
+S3 = Proof(
+    "S3", "fresh-capability", "a capability query must not return a stale allocator snapshot",
+    fields={"inst": ARR, "gen": ARR, "snap": ARR, "snapgen": ARR, "answer": INT},
+    init=lambda s: z3.And(s.gen == Z0(), s.snapgen == z3.K(z3.IntSort(), z3.IntVal(-1))),
+    inv=lambda s, d: z3.And(at(s.snapgen, d) <= at(s.gen, d),
+                            z3.Implies(at(s.snapgen, d) == at(s.gen, d), at(s.snap, d) == at(s.inst, d))),
+    actions=[
+        Act("select", {"d": INT, "m": INT}, _s3_select, objs=("d",)),
+        Act("query", {"d": INT}, _s3_query(True), objs=("d",)),
+    ],
+    unguarded=Act("query", {"d": INT}, _s3_query(False), objs=("d",)),
+    guard="a cached capability is used only if its generation is the installed one",
+    step_prop=_s3_prop,
+    bmc_depth=3,
+)
+
+
+# ==========================================================================
+# S4 fence-release  (and the queue used by S7)
+# ==========================================================================
+
+def _sel_stream(sv: Any, i: int) -> Any:
+    return sv == i
+
+
+def _fence_fields() -> dict[str, str]:
+    f: dict[str, str] = {"astate": ARR}
+    for i in range(NSTREAMS):
+        f[f"use{i}"], f[f"iss{i}"], f[f"done{i}"] = ARR, INT, INT
+    return f
+
+
+def _fence_init(s: St) -> Any:
+    return z3.And(s.astate == Z0(), *[z3.And(s[f"iss{i}"] == 0, s[f"done{i}"] == 0, s[f"use{i}"] == Z0())
+                                      for i in range(NSTREAMS)])
+
+
+def _q_alloc(s: St, a: St):
+    upd_ = {f"use{i}": upd(s[f"use{i}"], a.x, 0) for i in range(NSTREAMS)}
+    return on_ok(z3.IntVal(OK), s, s.set(astate=upd(s.astate, a.x, LIVE), **upd_))
+
+
+def _q_use(s: St, a: St):
+    out = outcome((at(s.astate, a.x) != LIVE, "StaleHandle"))
+    upd_: dict[str, Any] = {}
+    for i in range(NSTREAMS):
+        hit = _sel_stream(a.st, i)
+        upd_[f"iss{i}"] = K.ite(hit, s[f"iss{i}"] + 1, s[f"iss{i}"])
+        upd_[f"use{i}"] = K.ite(hit, upd(s[f"use{i}"], a.x, s[f"iss{i}"] + 1), s[f"use{i}"])
+    return on_ok(out, s, s.set(**upd_))
+
+
+def _q_drop(s: St, a: St):
+    out = outcome((at(s.astate, a.x) != LIVE, "DoubleFree"))
+    return on_ok(out, s, s.set(astate=upd(s.astate, a.x, QUEUED)))
+
+
+def _q_progress(s: St, a: St):
+    upd_ = {f"done{i}": K.ite(_sel_stream(a.st, i), K.minimum(s[f"iss{i}"], s[f"done{i}"] + a.k), s[f"done{i}"])
+            for i in range(NSTREAMS)}
+    return on_ok(z3.IntVal(OK), s, s.set(**upd_))
+
+
+def _fences_done(s: St, x: Any) -> Any:
+    return z3.And(*[at(s[f"use{i}"], x) <= s[f"done{i}"] for i in range(NSTREAMS)])
+
+
+def _q_poll(check: bool):
+    def step(s: St, a: St):
+        q = at(s.astate, a.x) == QUEUED
+        ready = _fences_done(s, a.x) if check else z3.BoolVal(True)
+        out = outcome((z3.Not(q), "InvalidRequest"), (z3.Not(ready), "pending"))
+        return on_ok(out, s, s.set(astate=upd(s.astate, a.x, FREED)))
+    return step
+
+
+_X = {"x": INT}
+_STREAM_PRE = lambda s, a: z3.And(a.st >= 0, a.st < NSTREAMS)  # noqa: E731
+_FENCE_ACTS = [
+    Act("allocate", _X, _q_alloc, pre=lambda s, a: at(s.astate, a.x) == NONE, objs=("x",)),
+    Act("use", {"x": INT, "st": INT}, _q_use, pre=_STREAM_PRE, objs=("x",)),
+    Act("drop", _X, _q_drop, objs=("x",)),
+    Act("progress", {"st": INT, "k": INT}, _q_progress, pre=lambda s, a: z3.And(_STREAM_PRE(s, a), a.k >= 1)),
+    Act("poll", _X, _q_poll(True), objs=("x",)),
+]
+
+
+def _s4_inv(s: St, o: Any) -> Any:
+    parts = []
+    for i in range(NSTREAMS):
+        u, iss, done = at(s[f"use{i}"], o), s[f"iss{i}"], s[f"done{i}"]
+        parts += [0 <= done, done <= iss, u <= iss, z3.Implies(at(s.astate, o) == FREED, u <= done)]
+    return z3.And(*parts)
+
+
+S4 = Proof(
+    "S4", "fence-release", "GPU release must obey stream/fence ordering",
+    fields=_fence_fields(), init=_fence_init, inv=_s4_inv, actions=list(_FENCE_ACTS),
+    unguarded=Act("poll", _X, _q_poll(False), objs=("x",)),
+    guard="the deferred-free queue frees only after every fence recorded on the allocation completed",
+    bmc_depth=4,
+    bounded=f"streams: a fixed set of {NSTREAMS} (fence counters and objects unbounded)",
+)
+
+
+# ==========================================================================
+# S5 no-silent-noop
+# ==========================================================================
+
+def _s5_commit(check: bool):
+    def step(s: St, a: St):
+        span = K.page_span(a.lo, a.hi, s.page)
+        backed = at(s.cb, a.r) > a.lo  # committed prefix [0, cb) overlaps the range
+        if check:
+            out = outcome((z3.Not(s.cap), "Unsupported"), (z3.Not(K.range_ok(a.lo, a.hi, at(s.rsize, a.r), s.page)), "InvalidRange"),
+                          (backed, "InvalidRange"), (a.lo != at(s.cb, a.r), "InvalidRange"))
+            return on_ok(out, s, s.set(cb=upd(s.cb, a.r, at(s.cb, a.r) + span), ret=span))
+        # the eager allocator's default method: Ok(()) and nothing happens
+        out = outcome((z3.Not(K.range_ok(a.lo, a.hi, at(s.rsize, a.r), s.page)), "InvalidRange"),
+                      (backed, "InvalidRange"), (a.lo != at(s.cb, a.r), "InvalidRange"))
+        grown = K.ite(s.cap, at(s.cb, a.r) + span, at(s.cb, a.r))
+        return on_ok(out, s, s.set(cb=upd(s.cb, a.r, grown), ret=K.ite(s.cap, span, 0)))
+    return step
+
+
+def _s5_decommit(s: St, a: St):
+    out = outcome((z3.Not(s.cap), "Unsupported"),
+                  (z3.Not(K.range_ok(a.lo, at(s.cb, a.r), at(s.rsize, a.r), s.page)), "InvalidRange"))
+    return on_ok(out, s, s.set(cb=upd(s.cb, a.r, a.lo), ret=at(s.cb, a.r) - a.lo))
+
+
+def _s5_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
+    delta = at(s2.cb, a.r) - at(s.cb, a.r)
+    if name == "commit":
+        return z3.And(z3.Implies(out == OK, z3.And(delta == K.page_span(a.lo, a.hi, s.page), s2.ret == delta)),
+                      z3.Implies(z3.Not(s.cap), out == code_of("Unsupported")))
+    if name == "decommit":
+        return z3.Implies(out == OK, s2.ret == -delta)
+    return z3.BoolVal(True)
+
+
+S5 = Proof(
+    "S5", "no-silent-noop", "unsupported must not masquerade as a successful no-op",
+    fields={"cap": BOOL, "page": INT, "rsize": ARR, "cb": ARR, "ret": INT},
+    init=lambda s: z3.And(s.page > 0, s.cb == Z0()),
+    inv=lambda s, r: z3.And(at(s.cb, r) >= 0, s.page > 0),
+    actions=[
+        Act("commit", {"r": INT, "lo": INT, "hi": INT}, _s5_commit(True), objs=("r",)),
+        Act("decommit", {"r": INT, "lo": INT}, _s5_decommit, objs=("r",)),
+    ],
+    unguarded=Act("commit", {"r": INT, "lo": INT, "hi": INT}, _s5_commit(False), objs=("r",)),
+    guard="commit without VirtualBacking raises Unsupported (no successful no-op)",
+    step_prop=_s5_prop,
+    bmc_depth=1,
+    bounded="committed range modelled as a growing prefix [0, cb) (the KV growth pattern); arbitrary page sets not encoded",
+)
+
+
+# ==========================================================================
+# S6 holder-chooses
+# ==========================================================================
+
+T_PENDING, T_GRANTED, T_CLAIMED, T_CANCELLED, T_TIMED_OUT = 1, 2, 3, 4, 5
+
+
+def _s6_issue(s: St, a: St):
+    return on_ok(z3.IntVal(OK), s, s.set(tstate=upd(s.tstate, a.t, T_PENDING), held=upd(s.held, a.t, 0)))
+
+
+def _s6_respond(check: bool):
+    def step(s: St, a: St):
+        pend = at(s.tstate, a.t) == T_PENDING
+        pairs = [(z3.Not(pend), "InvalidTicket")]
+        if check:
+            pairs.append((a.r > at(s.charge, a.h), "InvalidRequest"))
+        out = outcome(*pairs)
+        return on_ok(out, s, s.set(charge=upd(s.charge, a.h, at(s.charge, a.h) - a.r),
+                                   held=upd(s.held, a.t, at(s.held, a.t) + a.r)))
+    return step
+
+
+def _s6_cancel(s: St, a: St):
+    pend = at(s.tstate, a.t) == T_PENDING
+    out = outcome((z3.Not(pend), "InvalidTicket"))
+    return on_ok(out, s, s.set(tstate=upd(s.tstate, a.t, T_CANCELLED), held=upd(s.held, a.t, 0),
+                               free=s.free + at(s.held, a.t)))
+
+
+def _s6_load(s: St, a: St):
+    out = outcome((a.n > s.free, "GrantDenied"))
+    return on_ok(out, s, s.set(charge=upd(s.charge, a.h, at(s.charge, a.h) + a.n), free=s.free - a.n))
+
+
+def _s6_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
+    if name in ("issue", "cancel"):  # the Governor's own actions take nothing from any holder
+        return at(s2.charge, o) == at(s.charge, o)
+    if name == "respond":  # only the answering holder's charge moves, and 0 is a valid answer
+        return z3.And(z3.Implies(o != a.h, at(s2.charge, o) == at(s.charge, o)),
+                      z3.Implies(z3.And(a.r == 0, at(s.tstate, a.t) == T_PENDING), out == OK))
+    return z3.BoolVal(True)
+
+
+_TRH = {"t": INT, "h": INT, "r": INT}
+S6 = Proof(
+    "S6", "holder-chooses", "the Governor does not choose a holder's victim",
+    fields={"charge": ARR, "tstate": ARR, "held": ARR, "free": INT},
+    init=lambda s: z3.And(s.charge == Z0(), s.tstate == Z0(), s.held == Z0(), s.free >= 0),
+    inv=lambda s, o: z3.And(at(s.charge, o) >= 0, at(s.held, o) >= 0, s.free >= 0),
+    actions=[
+        Act("load", {"h": INT, "n": INT}, _s6_load, pre=lambda s, a: a.n > 0, objs=("h",)),
+        Act("issue", {"t": INT}, _s6_issue, pre=lambda s, a: at(s.tstate, a.t) == 0, objs=("t",)),
+        Act("respond", _TRH, _s6_respond(True), pre=lambda s, a: a.r >= 0, objs=("t", "h")),
+        Act("cancel", {"t": INT}, _s6_cancel, objs=("t",)),
+    ],
+    unguarded=Act("respond", _TRH, _s6_respond(False), pre=lambda s, a: a.r >= 0, objs=("t", "h")),
+    guard="a holder releases at most what it holds (its own charge), 0 allowed",
+    step_prop=_s6_prop,
+    bmc_depth=2,
+)
+
+
+# ==========================================================================
+# S7 role-separation
+# ==========================================================================
+
+def _s7_drop(check: bool):
+    def step(s: St, a: St):
+        out = outcome((at(s.astate, a.x) != LIVE, "DoubleFree"))
+        if check:
+            return on_ok(out, s, s.set(astate=upd(s.astate, a.x, QUEUED)))
+        # drop that synchronizes every stream and frees on the calling thread
+        syncs = {f"done{i}": s[f"iss{i}"] for i in range(NSTREAMS)}
+        return on_ok(out, s, s.set(astate=upd(s.astate, a.x, FREED), **syncs))
+    return step
+
+
+def _s7_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
+    if name == "drop":  # enqueues; never frees, never synchronizes
+        return z3.And(z3.Implies(out == OK, at(s2.astate, a.x) == QUEUED),
+                      *[s2[f"done{i}"] == s[f"done{i}"] for i in range(NSTREAMS)])
+    return z3.BoolVal(True)
+
+
+S7 = Proof(
+    "S7", "role-separation", "the manager selects the allocator but does not duplicate the EP's stream/context responsibilities",
+    fields=_fence_fields(), init=_fence_init, inv=_s4_inv,
+    actions=[a if a.name != "drop" else Act("drop", _X, _s7_drop(True), objs=("x",)) for a in _FENCE_ACTS],
+    unguarded=Act("drop", _X, _s7_drop(False), objs=("x",)),
+    guard="Drop only enqueues on the deferred-free queue",
+    step_prop=_s7_prop,
+    bmc_depth=2,
+    bounded=f"streams: a fixed set of {NSTREAMS}",
+)
+
+
+# ==========================================================================
+# S8 exact-accounting
+# ==========================================================================
+
+def _ledger(s: St) -> K.Ledger:
+    return K.Ledger(s.cap, s.free, s.granted, s.charged)
+
+
+def _with_ledger(s: St, l: K.Ledger, **kw: Any) -> St:
+    return s.set(cap=l.capacity, free=l.free, granted=l.granted, charged=l.charged, **kw)
+
+
+def _s8_allocate(check: bool):
+    def step(s: St, a: St):
+        l0 = _ledger(s)
+        l1 = K.grant(l0, a.n)
+        ok_commit = K.can_commit(l1, a.n, a.actual)
+        out = outcome((z3.Not(K.can_grant(l0, a.n)), "GrantDenied"), (a.oom, "OutOfMemory"),
+                      (z3.Not(ok_commit), "GrantDenied"))
+        l2 = K.commit_grant(l1, a.n, a.actual)
+        ok_state = _with_ledger(s, l2, astate=upd(s.astate, a.x, LIVE), fp=upd(s.fp, a.x, a.actual),
+                                sumfp=s.sumfp + a.actual)
+        nxt = merge(out == OK, ok_state, s)
+        if not check:  # failure after the grant: the grant is not returned
+            nxt = merge(z3.And(out != OK, K.can_grant(l0, a.n)), _with_ledger(s, l1), nxt)
+        return out, nxt
+    return step
+
+
+def _s8_free(s: St, a: St):
+    out = outcome((z3.Not(alive(s, a.x)), "DoubleFree"))
+    l = K.refund(_ledger(s), at(s.fp, a.x))
+    return on_ok(out, s, _with_ledger(s, l, astate=upd(s.astate, a.x, FREED), sumfp=s.sumfp - at(s.fp, a.x)))
+
+
+def _s8_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
+    if name == "allocate":
+        return z3.Implies(out != OK, z3.And(s2.free == s.free, s2.granted == s.granted, s2.charged == s.charged))
+    return z3.BoolVal(True)
+
+
+_ALLOC = {"x": INT, "n": INT, "oom": BOOL, "actual": INT}
+_ALLOC_PRE = lambda s, a: z3.And(at(s.astate, a.x) == NONE, a.n > 0, K.footprint_ok(a.n, a.actual, s.page))  # noqa: E731
+S8 = Proof(
+    "S8", "exact-accounting", "If the allocation fails, the provisional grant must be returned ... act on the real allocated bytes",
+    fields={"cap": INT, "free": INT, "granted": INT, "charged": INT, "astate": ARR, "fp": ARR, "sumfp": INT, "page": INT},
+    init=lambda s: z3.And(s.cap >= 0, s.free == s.cap, s.granted == 0, s.charged == 0, s.astate == Z0(),
+                          s.sumfp == 0, s.page > 0),
+    inv=lambda s, o: z3.And(K.ledger_ok(_ledger(s)), s.granted == 0, s.charged == s.sumfp, s.page > 0,
+                            z3.Implies(alive(s, o), at(s.fp, o) >= 0)),
+    lemmas=lambda s, o, a: z3.Implies(alive(s, o), at(s.fp, o) <= s.sumfp),
+    actions=[
+        Act("allocate", _ALLOC, _s8_allocate(True), pre=_ALLOC_PRE, objs=("x",)),
+        Act("free", _X, _s8_free, objs=("x",)),
+    ],
+    unguarded=Act("allocate", _ALLOC, _s8_allocate(False), pre=_ALLOC_PRE, objs=("x",)),
+    guard="a failed allocation cancels its provisional grant",
+    step_prop=_s8_prop,
+    bmc_depth=1,
+)
+
+
+# ==========================================================================
+# S9 transactional-growth
+# ==========================================================================
+
+def _s9_grow(check: bool):
+    def step(s: St, a: St):
+        kc = at(s.kc, a.r)
+        new = K.round_up(a.nb, s.page)
+        delta = new - kc
+        out = outcome((z3.Or(a.nb <= kc, new > at(s.rsize, a.r)), "InvalidRange"),
+                      (delta > s.free, "GrantDenied"), (a.fail == 4, "OutOfMemory"), (a.fail == 5, "DeviceFault"))
+        ok = s.set(kc=upd(s.kc, a.r, new), view=upd(s.view, a.r, new),
+                   chg=upd(s.chg, a.r, at(s.chg, a.r) + delta), free=s.free - delta)
+        nxt = merge(out == OK, ok, s)
+        if not check:  # step 5 failed: grant returned but the new mapping is left in place
+            nxt = merge(z3.And(a.fail == 5, out == code_of("DeviceFault")), s.set(kc=upd(s.kc, a.r, new)), nxt)
+        return out, nxt
+    return step
+
+
+def code_of(name: str) -> int:
+    from memspec.invariants.proofs import CODE
+
+    return CODE[name]
+
+
+_GROW = {"r": INT, "nb": INT, "fail": INT}
+_GROW_PRE = lambda s, a: z3.Or(a.fail == 0, a.fail == 4, a.fail == 5)  # noqa: E731
+S9 = Proof(
+    "S9", "transactional-growth", "roll back the provisional mapping; return the grant; keep the old KV view",
+    fields={"rsize": ARR, "kc": ARR, "view": ARR, "chg": ARR, "free": INT, "page": INT},
+    init=lambda s: z3.And(s.kc == Z0(), s.view == Z0(), s.chg == Z0(), s.free >= 0, s.page > 0),
+    inv=lambda s, r: z3.And(at(s.view, r) == at(s.kc, r), at(s.chg, r) == at(s.kc, r), at(s.kc, r) >= 0,
+                            s.free >= 0, s.page > 0),
+    actions=[Act("grow", _GROW, _s9_grow(True), pre=_GROW_PRE, objs=("r",))],
+    unguarded=Act("grow", _GROW, _s9_grow(False), pre=_GROW_PRE, objs=("r",)),
+    guard="a failure at step 4/5 rolls back the mapping (and returns the grant)",
+    bmc_depth=1,
+)
+
+
+# ==========================================================================
+# S10 context-pinned
+# ==========================================================================
+
+def _s10_create(s: St, a: St):
+    return on_ok(z3.IntVal(OK), s, s.set(calive=upd(s.calive, a.c, True)))
+
+
+def _s10_alloc(s: St, a: St):
+    out = outcome((z3.Not(at(s.calive, a.c)), "NotRegistered"))
+    return on_ok(out, s, s.set(astate=upd(s.astate, a.x, LIVE), actx=upd(s.actx, a.x, a.c),
+                               pins=upd(s.pins, a.c, at(s.pins, a.c) + 1)))
+
+
+def _s10_drop(s: St, a: St):
+    out = outcome((at(s.astate, a.x) != LIVE, "DoubleFree"))
+    return on_ok(out, s, s.set(astate=upd(s.astate, a.x, QUEUED)))
+
+
+def _s10_complete(s: St, a: St):
+    out = outcome((at(s.astate, a.x) != QUEUED, "InvalidRequest"))
+    c = at(s.actx, a.x)
+    return on_ok(out, s, s.set(astate=upd(s.astate, a.x, FREED), pins=upd(s.pins, c, at(s.pins, c) - 1)))
+
+
+def _s10_destroy(check: bool):
+    def step(s: St, a: St):
+        pairs = [(z3.Not(at(s.calive, a.c)), "NotRegistered")]
+        if check:
+            pairs.append((at(s.pins, a.c) != 0, "ContextBusy"))
+        return on_ok(outcome(*pairs), s, s.set(calive=upd(s.calive, a.c, False)))
+    return step
+
+
+S10 = Proof(
+    "S10", "context-pinned", "the context is not destroyed while an allocation is still alive",
+    fields={"astate": ARR, "actx": ARR, "calive": BARR, "pins": ARR},
+    init=lambda s: z3.And(s.astate == Z0(), s.calive == F0(), s.pins == Z0()),
+    inv=lambda s, o: z3.And(z3.Implies(alive(s, o), at(s.calive, at(s.actx, o))), at(s.pins, o) >= 0),
+    # pins[c] is the number of live or queued allocations made in c: each counts for at least one
+    lemmas=lambda s, o, a: z3.Implies(alive(s, o), at(s.pins, at(s.actx, o)) >= 1),
+    actions=[
+        Act("create_context", {"c": INT}, _s10_create, pre=lambda s, a: z3.Not(at(s.calive, a.c))),
+        Act("allocate", {"x": INT, "c": INT}, _s10_alloc, pre=lambda s, a: at(s.astate, a.x) == NONE, objs=("x", "c")),
+        Act("drop", _X, _s10_drop, objs=("x",)),
+        Act("complete", _X, _s10_complete, objs=("x",)),
+        Act("destroy_context", {"c": INT}, _s10_destroy(True), objs=("c",)),
+    ],
+    unguarded=Act("destroy_context", {"c": INT}, _s10_destroy(False), objs=("c",)),
+    guard="destroy_context raises ContextBusy while allocations or queued releases pin it",
+    bmc_depth=3,
+)
+
+
+# ==========================================================================
+# S11 ledger-conservation
+# ==========================================================================
+
+G_OUT, G_COMMITTED, G_CANCELLED, G_REFUNDED = 1, 2, 3, 4
+
+
+def _s11_reserve(check: bool):
+    def step(s: St, a: St):
+        l = _ledger(s)
+        out = outcome((z3.Not(K.can_grant(l, a.n)), "GrantDenied")) if check else z3.IntVal(OK)
+        return on_ok(out, s, _with_ledger(s, K.grant(l, a.n), gstate=upd(s.gstate, a.g, G_OUT),
+                                          gbytes=upd(s.gbytes, a.g, a.n), sumg=s.sumg + a.n))
+    return step
+
+
+def _s11_cancel(s: St, a: St):
+    out = outcome((at(s.gstate, a.g) != G_OUT, "InvalidRequest"))
+    b = at(s.gbytes, a.g)
+    return on_ok(out, s, _with_ledger(s, K.cancel_grant(_ledger(s), b), gstate=upd(s.gstate, a.g, G_CANCELLED),
+                                      sumg=s.sumg - b))
+
+
+def _s11_commit(s: St, a: St):
+    b = at(s.gbytes, a.g)
+    out = outcome((at(s.gstate, a.g) != G_OUT, "InvalidRequest"),
+                  (z3.Not(K.can_commit(_ledger(s), b, a.actual)), "GrantDenied"))
+    return on_ok(out, s, _with_ledger(s, K.commit_grant(_ledger(s), b, a.actual), gstate=upd(s.gstate, a.g, G_COMMITTED),
+                                      cbytes=upd(s.cbytes, a.g, a.actual), sumg=s.sumg - b, sumc=s.sumc + a.actual))
+
+
+def _s11_refund(s: St, a: St):
+    out = outcome((at(s.gstate, a.g) != G_COMMITTED, "InvalidRequest"))
+    c = at(s.cbytes, a.g)
+    return on_ok(out, s, _with_ledger(s, K.refund(_ledger(s), c), gstate=upd(s.gstate, a.g, G_REFUNDED), sumc=s.sumc - c))
+
+
+_G = {"g": INT}
+S11 = Proof(
+    "S11", "ledger-conservation", "capacity = free + granted + charged, all >= 0; charges sum to live footprints",
+    fields={"cap": INT, "free": INT, "granted": INT, "charged": INT, "gstate": ARR, "gbytes": ARR, "cbytes": ARR,
+            "sumg": INT, "sumc": INT},
+    init=lambda s: z3.And(s.cap >= 0, s.free == s.cap, s.granted == 0, s.charged == 0, s.gstate == Z0(),
+                          s.sumg == 0, s.sumc == 0),
+    inv=lambda s, o: z3.And(K.ledger_ok(_ledger(s)), s.granted == s.sumg, s.charged == s.sumc,
+                            z3.Implies(at(s.gstate, o) == G_OUT, at(s.gbytes, o) > 0),
+                            z3.Implies(at(s.gstate, o) == G_COMMITTED, at(s.cbytes, o) >= 0)),
+    lemmas=lambda s, o, a: z3.And(z3.Implies(at(s.gstate, o) == G_OUT, at(s.gbytes, o) <= s.sumg),
+                                  z3.Implies(at(s.gstate, o) == G_COMMITTED, at(s.cbytes, o) <= s.sumc)),
+    actions=[
+        Act("reserve", {"g": INT, "n": INT}, _s11_reserve(True), pre=lambda s, a: z3.And(at(s.gstate, a.g) == 0, a.n > 0), objs=("g",)),
+        Act("cancel", _G, _s11_cancel, objs=("g",)),
+        Act("commit", {"g": INT, "actual": INT}, _s11_commit, pre=lambda s, a: a.actual >= 0, objs=("g",)),
+        Act("refund", _G, _s11_refund, objs=("g",)),
+    ],
+    unguarded=Act("reserve", {"g": INT, "n": INT}, _s11_reserve(False), pre=lambda s, a: z3.And(at(s.gstate, a.g) == 0, a.n > 0), objs=("g",)),
+    guard="the Governor grants only what is free (can_grant)",
+    safety=lambda s, o: z3.And(s.free >= 0, s.granted + s.charged <= s.cap),
+    bmc_depth=1,
+)
+
+
+# ==========================================================================
+# S12 stable-address
+# ==========================================================================
+
+def _s12_reserve(s: St, a: St):
+    size = K.round_up(a.n, s.page)
+    return on_ok(z3.IntVal(OK), s, s.set(rstate=upd(s.rstate, a.r, LIVE), base=upd(s.base, a.r, s.nextva),
+                                         base0=upd(s.base0, a.r, s.nextva), rsize=upd(s.rsize, a.r, size),
+                                         nextva=s.nextva + size))
+
+
+def _s12_commit(check: bool):
+    def step(s: St, a: St):
+        live = at(s.rstate, a.r) == LIVE
+        end = K.round_up(a.e, s.page)
+        if check:
+            out = outcome((z3.Not(live), "StaleHandle"), (end > at(s.rsize, a.r), "InvalidRange"))
+            return on_ok(out, s, s.set(kc=upd(s.kc, a.r, K.maximum(at(s.kc, a.r), end))))
+        # grows past the reservation by re-reserving a bigger range elsewhere (the pointer moves)
+        out = outcome((z3.Not(live), "StaleHandle"))
+        moved = end > at(s.rsize, a.r)
+        return on_ok(out, s, s.set(kc=upd(s.kc, a.r, K.maximum(at(s.kc, a.r), end)),
+                                   base=upd(s.base, a.r, K.ite(moved, s.nextva, at(s.base, a.r))),
+                                   rsize=upd(s.rsize, a.r, K.maximum(at(s.rsize, a.r), end)),
+                                   nextva=K.ite(moved, s.nextva + end, s.nextva)))
+    return step
+
+
+def _s12_decommit(s: St, a: St):
+    out = outcome((at(s.rstate, a.r) != LIVE, "StaleHandle"), (z3.Or(a.e < 0, a.e > at(s.kc, a.r)), "InvalidRange"))
+    return on_ok(out, s, s.set(kc=upd(s.kc, a.r, K.round_down(a.e, s.page))))
+
+
+S12 = Proof(
+    "S12", "stable-address", "The pointer stays the same",
+    fields={"rstate": ARR, "base": ARR, "base0": ARR, "rsize": ARR, "kc": ARR, "nextva": INT, "page": INT},
+    init=lambda s: z3.And(s.rstate == Z0(), s.page > 0, s.nextva >= 0),
+    inv=lambda s, r: z3.And(s.page > 0, z3.Implies(at(s.rstate, r) == LIVE, at(s.base, r) == at(s.base0, r))),
+    actions=[
+        Act("reserve", {"r": INT, "n": INT}, _s12_reserve, pre=lambda s, a: z3.And(at(s.rstate, a.r) == NONE, a.n > 0), objs=("r",)),
+        Act("commit", {"r": INT, "e": INT}, _s12_commit(True), pre=lambda s, a: a.e > 0, objs=("r",)),
+        Act("decommit", {"r": INT, "e": INT}, _s12_decommit, objs=("r",)),
+    ],
+    unguarded=Act("commit", {"r": INT, "e": INT}, _s12_commit(False), pre=lambda s, a: a.e > 0, objs=("r",)),
+    guard="commit stays inside the reservation (else InvalidRange), never relocating it",
+    bmc_depth=2,
+)
+
+
+# ==========================================================================
+# S13 shared-lifetime
+# ==========================================================================
+
+H_LIVE, H_RELEASED = 1, 2
+M_MAPPED, M_UNMAPPED = 1, 2
+
+
+def _s13_free_if_last(s: St, h: Any, cond: Any) -> St:
+    """Physical pages go (and their single charge is refunded) once the handle
+    is released and no mapping remains."""
+    return s.set(pfreed=upd(s.pfreed, h, z3.Or(at(s.pfreed, h), cond)),
+                 hchg=upd(s.hchg, h, K.ite(cond, 0, at(s.hchg, h))),
+                 free=K.ite(cond, s.free + at(s.hchg, h), s.free))
+
+
+def _s13_create(s: St, a: St):
+    out = outcome((a.n > s.free, "GrantDenied"))
+    return on_ok(out, s, s.set(hstate=upd(s.hstate, a.h, H_LIVE), hsize=upd(s.hsize, a.h, a.n),
+                               hchg=upd(s.hchg, a.h, a.n), free=s.free - a.n, maps=upd(s.maps, a.h, 0),
+                               pfreed=upd(s.pfreed, a.h, False)))
+
+
+def _s13_map(s: St, a: St):
+    out = outcome((at(s.hstate, a.h) != H_LIVE, "StaleHandle"))
+    return on_ok(out, s, s.set(mstate=upd(s.mstate, a.m, M_MAPPED), mh=upd(s.mh, a.m, a.h), mro=upd(s.mro, a.m, a.ro),
+                               maps=upd(s.maps, a.h, at(s.maps, a.h) + 1)))
+
+
+def _s13_unmap(s: St, a: St):
+    out = outcome((at(s.mstate, a.m) != M_MAPPED, "InvalidRange"))
+    h = at(s.mh, a.m)
+    s1 = s.set(mstate=upd(s.mstate, a.m, M_UNMAPPED), maps=upd(s.maps, h, at(s.maps, h) - 1))
+    last = z3.And(at(s.hstate, h) == H_RELEASED, at(s.maps, h) - 1 == 0)
+    return on_ok(out, s, _s13_free_if_last(s1, h, last))
+
+
+def _s13_release(check: bool):
+    def step(s: St, a: St):
+        out = outcome((at(s.hstate, a.h) != H_LIVE, "DoubleFree"))
+        s1 = s.set(hstate=upd(s.hstate, a.h, H_RELEASED))
+        last = at(s.maps, a.h) == 0 if check else z3.BoolVal(True)
+        return on_ok(out, s, _s13_free_if_last(s1, a.h, last))
+    return step
+
+
+def _s13_write(s: St, a: St):
+    out = outcome((at(s.mstate, a.m) != M_MAPPED, "DeviceFault"), (at(s.mro, a.m), "ReadOnlyViolation"))
+    return on_ok(out, s, s.set(wro=upd(s.wro, a.m, z3.Or(at(s.wro, a.m), at(s.mro, a.m)))))
+
+
+def _s13_inv(s: St, o: Any) -> Any:
+    h = at(s.mh, o)
+    return z3.And(
+        s.free >= 0, at(s.maps, o) >= 0,
+        z3.Implies(at(s.pfreed, o), z3.And(at(s.maps, o) == 0, at(s.hstate, o) == H_RELEASED, at(s.hchg, o) == 0)),
+        z3.Implies(z3.And(at(s.hstate, o) != 0, z3.Not(at(s.pfreed, o))), at(s.hchg, o) == at(s.hsize, o)),
+        z3.Implies(at(s.hstate, o) != 0, at(s.hsize, o) > 0),
+        z3.Implies(at(s.mstate, o) == M_MAPPED, z3.And(z3.Not(at(s.pfreed, h)), at(s.hstate, h) != 0)),
+        z3.Implies(at(s.hstate, o) == 0, at(s.maps, o) == 0),
+        z3.Not(at(s.wro, o)),
+    )
+
+
+def _s13_lemmas(s: St, o: Any, a: St) -> Any:
+    # maps[h] counts the mappings in state MAPPED onto h: one mapped mapping
+    # means >= 1, two distinct ones >= 2
+    h = at(s.mh, o)
+    one = z3.And(z3.Implies(at(s.mstate, o) == M_MAPPED, at(s.maps, h) >= 1),
+                 _s13_inv(s, h))  # Inv holds for every object, so also at the handle o maps
+    if "m" not in a:
+        return one
+    m = a["m"]
+    two = z3.Implies(z3.And(o != m, at(s.mstate, o) == M_MAPPED, at(s.mstate, m) == M_MAPPED, at(s.mh, m) == h),
+                     at(s.maps, h) >= 2)
+    return z3.And(one, two)
+
+
+S13 = Proof(
+    "S13", "shared-lifetime", "shared physical pages are charged once, freed only after the last mapping and handle go; read-only mappings reject writes",
+    fields={"hstate": ARR, "hsize": ARR, "hchg": ARR, "maps": ARR, "pfreed": BARR, "mstate": ARR, "mh": ARR,
+            "mro": BARR, "wro": BARR, "free": INT},
+    init=lambda s: z3.And(s.hstate == Z0(), s.maps == Z0(), s.pfreed == F0(), s.mstate == Z0(), s.wro == F0(), s.free >= 0),
+    inv=_s13_inv, lemmas=_s13_lemmas,
+    actions=[
+        Act("create", {"h": INT, "n": INT}, _s13_create, pre=lambda s, a: z3.And(at(s.hstate, a.h) == 0, a.n > 0), objs=("h",)),
+        Act("map", {"m": INT, "h": INT, "ro": BOOL}, _s13_map, pre=lambda s, a: at(s.mstate, a.m) == 0, objs=("m", "h")),
+        Act("unmap", {"m": INT}, _s13_unmap, objs=("m",)),
+        Act("release", {"h": INT}, _s13_release(True), objs=("h",)),
+        Act("write", {"m": INT}, _s13_write, objs=("m",)),
+    ],
+    unguarded=Act("release", {"h": INT}, _s13_release(False), objs=("h",)),
+    guard="physical pages are freed only when the last mapping is gone",
+    bmc_depth=3,
+)
+
+
+# ==========================================================================
+# S14 no-reuse-of-identity
+# ==========================================================================
+
+def _s14_alloc(s: St, a: St):
+    return on_ok(z3.IntVal(OK), s, s.set(astate=upd(s.astate, a.x, LIVE), gen=upd(s.gen, a.x, s.nextgen),
+                                         addr=upd(s.addr, a.x, a.ad), owner=upd(s.owner, s.nextgen, a.x),
+                                         nextgen=s.nextgen + 1))
+
+
+def _s14_free(check: bool):
+    def step(s: St, a: St):
+        if check:  # resolve the handle by its identity
+            st = at(s.astate, a.x)
+            out = outcome((st == FREED, "DoubleFree"), (st != LIVE, "StaleHandle"))
+            return on_ok(out, s, s.set(astate=upd(s.astate, a.x, FREED)))
+        # resolve by address only: whatever is live at the handle's address is freed
+        st = at(s.astate, a.y)
+        out = outcome((st != LIVE, "StaleHandle"))
+        return on_ok(out, s, s.set(astate=upd(s.astate, a.y, FREED)))
+    return step
+
+
+def _s14_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
+    if name == "free":  # a handle that is not live is rejected and nothing changes
+        return z3.Implies(at(s.astate, a.x) != LIVE, z3.And(out != OK, at(s2.astate, o) == at(s.astate, o)))
+    return z3.BoolVal(True)
+
+
+_XY = {"x": INT, "y": INT}
+_SAME_ADDR = lambda s, a: z3.And(at(s.astate, a.x) != NONE, at(s.addr, a.y) == at(s.addr, a.x))  # noqa: E731
+S14 = Proof(
+    "S14", "no-reuse-of-identity", "a stale handle is rejected even if its address was reused",
+    fields={"astate": ARR, "gen": ARR, "addr": ARR, "owner": ARR, "nextgen": INT},
+    init=lambda s: z3.And(s.astate == Z0(), s.nextgen == 0),
+    inv=lambda s, o: z3.And(s.nextgen >= 0, z3.Implies(at(s.astate, o) != NONE,
+                                z3.And(at(s.owner, at(s.gen, o)) == o, at(s.gen, o) < s.nextgen, at(s.gen, o) >= 0))),
+    actions=[
+        Act("allocate", {"x": INT, "ad": INT}, _s14_alloc, pre=lambda s, a: at(s.astate, a.x) == NONE, objs=("x",)),
+        Act("free", _XY, _s14_free(True), pre=_SAME_ADDR, objs=("x", "y")),
+    ],
+    unguarded=Act("free", _XY, _s14_free(False), pre=_SAME_ADDR, objs=("x", "y")),
+    guard="a handle is resolved by its identity (creator + generation), not by its address",
+    step_prop=_s14_prop,
+    safety=lambda s, o: z3.Implies(at(s.astate, o) != NONE, at(s.gen, o) < s.nextgen),
+    bmc_depth=4,
+)
+
+
+# ==========================================================================
+# S15 ticket-exactly-once
+# ==========================================================================
+
+def _terminal(st: Any) -> Any:
+    return z3.Or(st == T_CLAIMED, st == T_CANCELLED, st == T_TIMED_OUT)
+
+
+def _s15_issue(s: St, a: St):
+    return on_ok(z3.IntVal(OK), s, s.set(tstate=upd(s.tstate, a.t, T_PENDING), held=upd(s.held, a.t, 0),
+                                         ret=upd(s.ret, a.t, 0), amount=upd(s.amount, a.t, a.n),
+                                         deadline=upd(s.deadline, a.t, a.dl)))
+
+
+def _s15_respond(s: St, a: St):
+    out = outcome((at(s.tstate, a.t) != T_PENDING, "InvalidTicket"), (a.r > s.charged, "InvalidRequest"))
+    l = K.release_to_ticket(_ledger(s), a.r)
+    held = at(s.held, a.t) + a.r
+    st = K.ite(held >= at(s.amount, a.t), T_GRANTED, T_PENDING)
+    return on_ok(out, s, _with_ledger(s, l, held=upd(s.held, a.t, held), tstate=upd(s.tstate, a.t, st),
+                                      sumheld=s.sumheld + a.r))
+
+
+def _s15_claim(s: St, a: St):
+    out = outcome((at(s.tstate, a.t) != T_GRANTED, "InvalidTicket"))
+    h = at(s.held, a.t)
+    return on_ok(out, s, s.set(tstate=upd(s.tstate, a.t, T_CLAIMED), held=upd(s.held, a.t, 0),
+                               sumheld=s.sumheld - h, sumgr=s.sumgr + h))
+
+
+def _end(s: St, t: Any, st: int) -> St:
+    h = at(s.held, t)
+    return _with_ledger(s, K.return_grant(_ledger(s), h), tstate=upd(s.tstate, t, st), held=upd(s.held, t, 0),
+                        ret=upd(s.ret, t, at(s.ret, t) + 1), sumheld=s.sumheld - h)
+
+
+def _s15_cancel(check: bool):
+    def step(s: St, a: St):
+        out = outcome((_terminal(at(s.tstate, a.t)), "InvalidTicket")) if check else z3.IntVal(OK)
+        out = z3.If(at(s.tstate, a.t) == 0, z3.IntVal(code_of("InvalidTicket")), out)
+        return on_ok(out, s, _end(s, a.t, T_CANCELLED))
+    return step
+
+
+def _s15_expire(s: St, a: St):
+    st = at(s.tstate, a.t)
+    out = outcome((z3.Or(st == 0, _terminal(st)), "InvalidTicket"), (at(s.deadline, a.t) >= a.now, "InvalidRequest"))
+    return on_ok(out, s, _end(s, a.t, T_TIMED_OUT))
+
+
+def _s15_inv(s: St, o: Any) -> Any:
+    st, h, r = at(s.tstate, o), at(s.held, o), at(s.ret, o)
+    return z3.And(
+        K.ledger_ok(_ledger(s)), s.granted == s.sumheld + s.sumgr, s.sumgr >= 0,
+        h >= 0, z3.Implies(_terminal(st), h == 0), z3.Implies(st == 0, h == 0),
+        r >= 0, r <= 1, z3.Implies(r == 1, z3.Or(st == T_CANCELLED, st == T_TIMED_OUT)),
+        z3.Implies(z3.Or(st == T_CANCELLED, st == T_TIMED_OUT), r == 1),
+    )
+
+
+_T = {"t": INT}
+S15 = Proof(
+    "S15", "ticket-exactly-once", "a pressure ticket's grant is returned exactly once on cancel/timeout; terminal tickets hold 0",
+    fields={"cap": INT, "free": INT, "granted": INT, "charged": INT, "tstate": ARR, "held": ARR, "ret": ARR,
+            "amount": ARR, "deadline": ARR, "sumheld": INT, "sumgr": INT},
+    init=lambda s: z3.And(s.cap >= 0, s.free >= 0, s.charged >= 0, s.free + s.charged == s.cap, s.granted == 0,
+                          s.tstate == Z0(), s.held == Z0(), s.ret == Z0(), s.sumheld == 0, s.sumgr == 0),
+    inv=_s15_inv,
+    lemmas=lambda s, o, a: z3.Implies(z3.Not(_terminal(at(s.tstate, o))), at(s.held, o) <= s.sumheld),
+    actions=[
+        Act("issue", {"t": INT, "n": INT, "dl": INT}, _s15_issue, pre=lambda s, a: z3.And(at(s.tstate, a.t) == 0, a.n > 0), objs=("t",)),
+        Act("respond", {"t": INT, "r": INT}, _s15_respond, pre=lambda s, a: a.r >= 0, objs=("t",)),
+        Act("claim", _T, _s15_claim, objs=("t",)),
+        Act("cancel", _T, _s15_cancel(True), objs=("t",)),
+        Act("expire", {"t": INT, "now": INT}, _s15_expire, objs=("t",)),
+    ],
+    unguarded=Act("cancel", _T, _s15_cancel(False), objs=("t",)),
+    guard="cancel of a terminal ticket raises InvalidTicket (its grant was already returned)",
+    bmc_depth=3,
+)
+
+
+PROOFS = [S1, S2, S3, S4, S5, S6, S7, S8, S9, S10, S11, S12, S13, S14, S15]
