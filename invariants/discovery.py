@@ -1,0 +1,113 @@
+"""Finding conformance targets.
+
+A *target* is a factory ``factory(capacity=None) -> TargetInstance`` that
+returns a fresh system under test each call.  Targets are named three ways:
+
+* an entry point of the group ``memspec.targets`` (``reference``,
+  ``reference-eager``, ``cuda-host``, ... or a plugin's own);
+* ``package.module:attr`` -- any importable factory;
+* ``mutant:NAME`` -- a planted-bug target of :mod:`memspec.invariants.mutants`
+  (its ``patch_system`` comes along).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+GROUP = "memspec.targets"
+DEFAULT_TARGET = "reference"
+
+
+@dataclass
+class TargetRef:
+    """A resolved target name: its factory, where it came from, and (for a
+    mutant) the mutant record."""
+
+    name: str
+    factory: Callable[..., Any] | None
+    source: str
+    error: str | None = None
+    mutant: Any = None
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def patch_system(self) -> Callable | None:
+        return getattr(self.mutant, "patch_system", None) if self.mutant is not None else None
+
+
+def _entry_points() -> list:
+    try:
+        return list(importlib.metadata.entry_points(group=GROUP))
+    except TypeError:  # pragma: no cover - Python < 3.10 API
+        return list(importlib.metadata.entry_points().get(GROUP, []))
+
+
+def _load_attr(spec: str) -> Callable[..., Any]:
+    mod_name, _, attr = spec.partition(":")
+    if not mod_name or not attr:
+        raise LookupError(f"{spec!r} is not of the form package.module:attr")
+    obj: Any = importlib.import_module(mod_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise LookupError(f"{spec!r} is not callable")
+    return obj
+
+
+def list_targets() -> list[TargetRef]:
+    """Every entry-point target, loaded (a failing import is reported in ``error``)."""
+    out: list[TargetRef] = []
+    seen: set[str] = set()
+    for ep in sorted(_entry_points(), key=lambda e: e.name):
+        if ep.name in seen:
+            continue
+        seen.add(ep.name)
+        try:
+            fac = ep.load()
+            out.append(TargetRef(ep.name, fac, f"entry point {ep.value}"))
+        except Exception as e:  # noqa: BLE001 - report, never crash the listing
+            out.append(TargetRef(ep.name, None, f"entry point {ep.value}", error=f"{type(e).__name__}: {e}"))
+    return out
+
+
+def resolve(name: str) -> TargetRef:
+    """Resolve a target name; raises :class:`LookupError` with the reason."""
+    if name.startswith("mutant:"):
+        from memspec.invariants.mutants import all_mutants
+
+        want = name.split(":", 1)[1]
+        for m in all_mutants():
+            if m.name == want:
+                return TargetRef(name, m.factory, f"mutant ({m.description})", mutant=m)
+        raise LookupError(f"no mutant named {want!r}")
+    if ":" in name:
+        try:
+            return TargetRef(name, _load_attr(name), "module attribute")
+        except LookupError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise LookupError(f"cannot load {name!r}: {type(e).__name__}: {e}") from e
+    for ep in _entry_points():
+        if ep.name == name:
+            try:
+                return TargetRef(name, ep.load(), f"entry point {ep.value}")
+            except Exception as e:  # noqa: BLE001
+                raise LookupError(f"target {name!r} ({ep.value}) failed to import: {type(e).__name__}: {e}") from e
+    known = ", ".join(sorted({e.name for e in _entry_points()})) or "none"
+    raise LookupError(f"unknown target {name!r} (known: {known}; or use package.module:attr)")
+
+
+def capabilities(instance: Any) -> dict[str, bool]:
+    """Discover what a fresh instance provides (``None`` = explicitly absent)."""
+    mech = instance.mechanism
+    vb = mech.virtual_backing() if mech is not None else None
+    sm = mech.shared_mapping() if mech is not None else None
+    return {
+        "virtual_backing": vb is not None,
+        "shared_mapping": sm is not None,
+        "ep": getattr(instance, "ep", None) is not None,
+        "physical_bytes": getattr(instance, "physical_bytes", None) is not None,
+    }
