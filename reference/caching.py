@@ -1,0 +1,1167 @@
+"""The reference caching allocator of seed 003: PyTorch's policy and the seed's toy.
+
+Seed 003: *cudaMalloc is slow and page-granular, so PyTorch layers a caching
+allocator on top -- module 01 ch19's segregated-fit, replayed.*  This module
+is an independent, efficient implementation of both named presets:
+
+* ``pytorch`` -- PyTorch 2.5's ``CUDACachingAllocator`` rules (512 B
+  rounding with optional power-of-two divisions; small pool <= 1 MiB in 2 MiB
+  segments; large requests in 20 MiB segments below 10 MiB, else 2 MiB
+  multiples; large-pool split only when the remainder is > 1 MiB and the
+  request < max_split_size; best fit on ``(stream, size, address)``;
+  cross-stream frees deferred on events; empty_cache frees whole free
+  segments; OOM retry after releasing cached blocks; garbage collection;
+  expandable segments in 2 MiB / 20 MiB pages unmapped at empty_cache or the
+  OOM retry).
+* ``seed`` -- the toy of the seed: *requests > 1 MiB round to a 2 MiB
+  multiple ... served from 20 MiB segments*, *a free block splits only if the
+  remainder is itself legal (>= 512 B small pool, >= 2 MiB large pool)*, no
+  OOM retry (*the OOM is raised at the driver boundary*), and under
+  expandable segments *a freed block's pages unmap -- physical memory returns
+  to the driver immediately*.
+
+Free blocks live in one ``SortedList`` per pool keyed ``(stream, size,
+address)`` (best fit is a ``bisect``); neighbours are linked (``prev``/
+``next``) so coalescing never scans.  Segments come from a *driver*: any
+:class:`~memspec.spec.api.DeviceAllocator` (default :class:`SimulatedDevice`,
+a cudaMalloc with a capacity).  Expandable segments map pages through any
+:class:`~memspec.spec.api.VirtualBacking` (default the same simulated
+device's; the reference VMM or CUDA's may be passed in).
+
+Only :mod:`memspec.spec.api` and :mod:`memspec.spec.errors` are imported from
+the spec (layering rule).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from typing import Any, Callable
+
+from sortedcontainers import SortedList
+
+from memspec.spec.api import (
+    DEFAULT_PAGE,
+    AllocationRequest,
+    DeviceAllocation,
+    DeviceKey,
+    IdentitySource,
+    MiB,
+    ReserveRequest,
+    VirtualAllocation,
+)
+from memspec.spec.errors import (
+    DoubleFree,
+    ForeignAllocation,
+    InvalidRange,
+    InvalidRequest,
+    OutOfMemory,
+    StaleHandle,
+)
+from memspec.reference.caching_stats import (
+    ALL,
+    LARGE,
+    ONE_EB,
+    ONE_EB_MESSAGE,
+    SMALL,
+    AllocatorStats,
+    memory_summary,
+    pytorch_oom_message,
+    seed_oom_message,
+)
+
+K_MIN_BLOCK = 512
+K_SMALL_SIZE = 1 * MiB
+K_SMALL_BUFFER = 2 * MiB
+K_LARGE_BUFFER = 20 * MiB
+K_MIN_LARGE_ALLOC = 10 * MiB
+K_ROUND_LARGE = 2 * MiB
+PRESETS = ("pytorch", "seed")
+ROUNDUP_INTERVALS = 16  # 1 MiB .. 64 GiB, one divisions entry per power of two
+
+
+def _pow2_divisions(size: int, divisions: tuple[int, ...]) -> int:
+    log_size = size.bit_length() - 1
+    index = min(max(0, log_size - 20), ROUNDUP_INTERVALS - 1)
+    return divisions[index]
+
+
+def round_request(size: int, preset: str, divisions: tuple[int, ...] | None = None) -> int:
+    """The rounding ladder. pytorch: < 512 -> 512; power-of-two divisions when
+    configured and ``size > 512 * d``; else the next 512 multiple.  seed:
+    *512 B steps to 1 MiB, then 2 MiB steps forever.*"""
+    if preset == "seed":
+        if size <= K_SMALL_SIZE:
+            return (size + K_MIN_BLOCK - 1) // K_MIN_BLOCK * K_MIN_BLOCK
+        return (size + K_ROUND_LARGE - 1) // K_ROUND_LARGE * K_ROUND_LARGE
+    if size < K_MIN_BLOCK:
+        return K_MIN_BLOCK
+    if divisions:
+        d = _pow2_divisions(size, divisions)
+        if d > 1 and size > K_MIN_BLOCK * d:
+            if size & (size - 1) == 0:
+                return size
+            floor = 1 << (size.bit_length() - 1)
+            step = floor >> (d.bit_length() - 1)
+            if step == 0:
+                return floor << 1
+            low = size & ~(step - 1)
+            return size if low == size else low + step
+    return (size + K_MIN_BLOCK - 1) // K_MIN_BLOCK * K_MIN_BLOCK
+
+
+def segment_bytes(rounded: int, preset: str) -> int:
+    """Bytes of the cudaMalloc that serves a rounded request with no free
+    block.  pytorch (``get_allocation_size``): <= 1 MiB -> 2 MiB; < 10 MiB ->
+    20 MiB; else the next 2 MiB multiple.  seed: small -> 2 MiB, large ->
+    ``max(20 MiB, rounded)``."""
+    if rounded <= K_SMALL_SIZE:
+        return K_SMALL_BUFFER
+    if preset == "seed":
+        return max(K_LARGE_BUFFER, rounded)
+    if rounded < K_MIN_LARGE_ALLOC:
+        return K_LARGE_BUFFER
+    return (rounded + K_ROUND_LARGE - 1) // K_ROUND_LARGE * K_ROUND_LARGE
+
+
+# --------------------------------------------------------------------------
+# The simulated device: a cudaMalloc with a capacity, and VMM pages
+# --------------------------------------------------------------------------
+
+class SimulatedDevice:
+    """A device with ``capacity`` physical bytes shared by a cudaMalloc-like
+    :class:`SimulatedDriver` and a page-granular :class:`SimulatedBacking`.
+
+    ``other_processes`` (pid -> bytes) models co-tenants: seed 003, *the
+    driver's pool is shared*.  Virtual addresses are handed out by a bump
+    pointer (*VA is not scarce. Physical HBM is.*).
+    """
+
+    def __init__(self, capacity: int, *, page: int = DEFAULT_PAGE, base: int = 0x7F0A_0000_0000,
+                 other_processes: dict[int, int] | None = None, name: str = "sim-caching") -> None:
+        if not isinstance(capacity, int) or capacity <= 0:
+            raise InvalidRequest(f"capacity must be a positive int, got {capacity!r}")
+        self.capacity = capacity
+        self.page = page
+        self.used = 0  # physical bytes this process holds (segments + mapped pages)
+        self.other_processes = dict(other_processes or {})
+        self._next_va = base
+        self.key = DeviceKey("sim", 0)
+        self.name = name
+
+    def free_bytes(self) -> int:
+        return self.capacity - self.used - sum(self.other_processes.values())
+
+    def mem_get_info(self) -> tuple[int, int]:
+        """``cudaMemGetInfo``: (free, total)."""
+        return self.free_bytes(), self.capacity
+
+    def take(self, n: int, what: str) -> None:
+        if n > self.free_bytes():
+            raise OutOfMemory(
+                f"simulated device out of memory: {what} needs {n} bytes, {self.free_bytes()} free of {self.capacity}",
+                requested=n, total_capacity=self.capacity, free=self.free_bytes(),
+            )
+        self.used += n
+
+    def give(self, n: int) -> None:
+        self.used -= n
+
+    def new_va(self, size: int, align: int) -> int:
+        a = (self._next_va + align - 1) // align * align
+        self._next_va = a + size
+        return a
+
+
+class SimulatedDriver:
+    """``cudaMalloc``/``cudaFree`` as a :class:`~memspec.spec.api.DeviceAllocator`:
+    page-granular (seed 003: *3 MiB + 1 B of request becomes 4 MiB of mappings*)."""
+
+    def __init__(self, dev: SimulatedDevice) -> None:
+        self.dev = dev
+        self._ids = IdentitySource("sim-cudaMalloc")
+        self._live: dict[Any, DeviceAllocation] = {}
+        self._dead: set[Any] = set()
+
+    def device(self) -> DeviceKey:
+        return self.dev.key
+
+    def allocate(self, request: AllocationRequest) -> DeviceAllocation:
+        n = request.size
+        if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+            raise InvalidRequest(f"size must be a positive int, got {n!r}")
+        fp = (n + self.dev.page - 1) // self.dev.page * self.dev.page
+        self.dev.take(fp, f"cudaMalloc({n})")
+        a = DeviceAllocation(self.dev.new_va(fp, self.dev.page), n, fp, self._ids.new(), self.dev.key)
+        self._live[a.identity] = a
+        return a
+
+    def deallocate(self, allocation: DeviceAllocation) -> int:
+        if not isinstance(allocation, DeviceAllocation) or allocation.identity.creator != self._ids.creator:
+            raise ForeignAllocation(f"{allocation!r} was not made by this driver")
+        if allocation.identity in self._dead:
+            raise DoubleFree(f"{allocation.identity} already freed")
+        if allocation.identity not in self._live:
+            raise StaleHandle(f"{allocation.identity} is not live")
+        del self._live[allocation.identity]
+        self._dead.add(allocation.identity)
+        self.dev.give(allocation.footprint)
+        return allocation.footprint
+
+
+class SimulatedBacking:
+    """Page-granular VMM (``cuMemAddressReserve``/``cuMemCreate``+``cuMemMap``/
+    ``cuMemUnmap``) as a :class:`~memspec.spec.api.VirtualBacking`."""
+
+    def __init__(self, dev: SimulatedDevice) -> None:
+        self.dev = dev
+        self._ids = IdentitySource("sim-vmm")
+        self._pages: dict[Any, set[int]] = {}
+
+    def granularity(self) -> int:
+        return self.dev.page
+
+    def _check(self, va: VirtualAllocation, start: int, end: int) -> set[int]:
+        if not isinstance(va, VirtualAllocation) or va.identity.creator != self._ids.creator:
+            raise ForeignAllocation(f"{va!r} was not reserved here")
+        pages = self._pages.get(va.identity)
+        if pages is None:
+            raise StaleHandle(f"{va.identity} was released")
+        g = self.dev.page
+        if start < 0 or end > va.size or start >= end or start % g or end % g:
+            raise InvalidRange(f"[{start}, {end}) is not a page-aligned range inside {va.size} bytes")
+        return pages
+
+    def reserve(self, request: ReserveRequest) -> VirtualAllocation:
+        if not isinstance(request.size, int) or request.size <= 0:
+            raise InvalidRequest(f"size must be a positive int, got {request.size!r}")
+        g = self.dev.page
+        size = (request.size + g - 1) // g * g
+        va = VirtualAllocation(self.dev.new_va(size, g), size, self._ids.new(), self.dev.key)
+        self._pages[va.identity] = set()
+        return va
+
+    def commit_range(self, allocation: VirtualAllocation, start: int, end: int) -> int:
+        pages = self._check(allocation, start, end)
+        g = self.dev.page
+        want = range(start // g, end // g)
+        if any(p in pages for p in want):
+            raise InvalidRange(f"[{start}, {end}) is already (partly) committed")
+        self.dev.take(end - start, f"commit of {end - start} bytes")
+        pages.update(want)
+        return end - start
+
+    def decommit_range(self, allocation: VirtualAllocation, start: int, end: int) -> int:
+        pages = self._check(allocation, start, end)
+        g = self.dev.page
+        want = range(start // g, end // g)
+        if not all(p in pages for p in want):
+            raise InvalidRange(f"[{start}, {end}) is not wholly committed")
+        pages.difference_update(want)
+        self.dev.give(end - start)
+        return end - start
+
+    def committed_bytes(self, allocation: VirtualAllocation) -> int:
+        pages = self._pages.get(allocation.identity)
+        if pages is None:
+            raise StaleHandle(f"{allocation.identity} was released")
+        return len(pages) * self.dev.page
+
+    def release(self, allocation: VirtualAllocation) -> int:
+        n = self.committed_bytes(allocation)
+        del self._pages[allocation.identity]
+        self.dev.give(n)
+        return n
+
+
+class SimulatedMechanism:
+    """The mechanism a caching target sits on: the simulated cudaMalloc and VMM."""
+
+    def __init__(self, dev: SimulatedDevice) -> None:
+        self.name = dev.name
+        self.dev = dev
+        self._driver = SimulatedDriver(dev)
+        self._backing = SimulatedBacking(dev)
+
+    def allocator(self) -> SimulatedDriver:
+        return self._driver
+
+    def virtual_backing(self) -> SimulatedBacking:
+        return self._backing
+
+    def shared_mapping(self) -> None:
+        return None
+
+
+# --------------------------------------------------------------------------
+# Blocks, segments, pools, handles
+# --------------------------------------------------------------------------
+
+class _Segment:
+    """One cudaMalloc (``expandable=False``) or one expandable VA arena."""
+
+    __slots__ = ("addr", "size", "stream", "small", "expandable", "handle", "page", "head")
+
+    def __init__(self, addr: int, size: int, stream: int, small: bool, expandable: bool, handle: Any, page: int = 0):
+        self.addr, self.size, self.stream, self.small = addr, size, stream, small
+        self.expandable, self.handle, self.page = expandable, handle, page
+        self.head: _Block | None = None
+
+
+class _Block:
+    __slots__ = ("addr", "size", "req", "stream", "seg", "prev", "next", "allocated", "mapped", "events", "uses", "gen", "gc_base")
+
+    def __init__(self, addr: int, size: int, stream: int, seg: _Segment) -> None:
+        self.addr, self.size, self.stream, self.seg = addr, size, stream, seg
+        self.req = 0
+        self.prev: _Block | None = None
+        self.next: _Block | None = None
+        self.allocated = False
+        self.mapped = True
+        self.events = 0
+        self.uses: set[int] | None = None
+        self.gen = 0
+        self.gc_base = 0
+
+    def is_split(self) -> bool:
+        return self.prev is not None or self.next is not None
+
+
+class _Pool:
+    __slots__ = ("small", "blocks", "free", "unmapped", "unmapped_at", "gc_calls")
+
+    def __init__(self, small: bool) -> None:
+        self.small = small
+        self.blocks = SortedList()  # (stream, size, address) of free mapped blocks
+        self.free: dict[int, _Block] = {}
+        self.unmapped = SortedList()  # (stream, address) of unmapped blocks of expandable arenas
+        self.unmapped_at: dict[int, _Block] = {}
+        self.gc_calls = 0
+
+
+class CachedBlock:
+    """What :meth:`CachingAllocator.malloc` hands out: ``address``, ``size``
+    (the block, after rounding and the split decision), ``requested_size``,
+    ``stream``.  ``generation`` is never reused, so a stale or double free is
+    refused even when the address was recycled."""
+
+    __slots__ = ("address", "size", "requested_size", "stream", "generation", "_owner", "_block")
+
+    def __init__(self, address: int, size: int, requested: int, stream: int, generation: int, owner: Any, block: _Block):
+        self.address, self.size, self.requested_size, self.stream = address, size, requested, stream
+        self.generation, self._owner, self._block = generation, owner, block
+
+    def __repr__(self) -> str:
+        return f"CachedBlock(address={self.address:#x}, size={self.size}, requested_size={self.requested_size}, stream={self.stream})"
+
+
+_STATE_LIVE, _STATE_PENDING, _STATE_FREE = "active_allocated", "active_pending_free", "inactive"
+
+
+class CachingAllocator:
+    """One device's caching allocator (see the module docstring).
+
+    ``driver``: a DeviceAllocator for segments (cudaMalloc); ``backing``: a
+    VirtualBacking for expandable segments; ``mem_get_info``: ``() -> (free,
+    total)``.  With none of them, a :class:`SimulatedDevice` of ``capacity``
+    bytes provides all three.
+    """
+
+    def __init__(
+        self,
+        *,
+        preset: str = "pytorch",
+        capacity: int | None = None,
+        expandable_segments: bool = False,
+        max_split_size: int | None = None,
+        roundup_power2_divisions: tuple[int, ...] | int | None = None,
+        garbage_collection_threshold: float = 0.0,
+        memory_fraction: float | None = None,
+        driver: Any = None,
+        backing: Any = None,
+        mem_get_info: Callable[[], tuple[int, int]] | None = None,
+        device: SimulatedDevice | None = None,
+        arena_factor: float | None = None,
+        record_history: bool = False,
+        max_entries: int = 1_000_000,
+        device_index: int = 0,
+    ) -> None:
+        if preset not in PRESETS:
+            raise InvalidRequest(f"unknown preset {preset!r}; expected one of {PRESETS}")
+        if device is None and driver is None:
+            if capacity is None:
+                raise InvalidRequest("give a capacity (simulated device) or a driver")
+            device = SimulatedDevice(capacity)
+        self.device = device
+        if device is not None:
+            mech = SimulatedMechanism(device)
+            self.mechanism = mech
+            driver = driver or mech.allocator()
+            backing = backing or mech.virtual_backing()
+            mem_get_info = mem_get_info or device.mem_get_info
+            capacity = capacity if capacity is not None else device.capacity
+        else:
+            self.mechanism = None
+        if capacity is None:
+            raise InvalidRequest("capacity is required with a custom driver")
+        self.preset = preset
+        self.capacity = capacity
+        self.device_index = device_index
+        self._driver = driver
+        self._backing = backing
+        self._mem_get_info = mem_get_info or (lambda: (self.capacity - self._total, self.capacity))
+        self.stats = AllocatorStats()
+        self._small = _Pool(True)
+        self._large = _Pool(False)
+        self._segments: dict[int, _Segment] = {}
+        self._seg_alloc: dict[int, Any] = {}
+        self._live: dict[int, _Block] = {}
+        self._pending: dict[int, _Block] = {}
+        self._gen = itertools.count(1)
+        self._issued: dict[int, int] = {}
+        self._completed: dict[int, int] = {}
+        self._events: dict[int, deque] = {}
+        self._n_events = 0
+        self._total = 0  # total_allocated_memory: bytes of segments and mapped pages
+        self._clock = itertools.count(1)
+        self._trace: deque | None = deque(maxlen=max_entries) if record_history else None
+        self.arena_factor = arena_factor if arena_factor is not None else (16.0 if preset == "seed" else 1.125)
+        self.memory_fraction = None
+        self._allowed: int | None = None
+        self.set_allocator_settings(
+            expandable_segments=expandable_segments,
+            max_split_size=max_split_size,
+            roundup_power2_divisions=roundup_power2_divisions,
+            garbage_collection_threshold=garbage_collection_threshold,
+        )
+        if memory_fraction is not None:
+            self.set_per_process_memory_fraction(memory_fraction)
+        s = self.stats
+        self._s_alloc, self._s_abytes = s.allocation, s.allocated_bytes
+        self._s_active, self._s_actbytes = s.active, s.active_bytes
+        self._s_req, self._s_isplit, self._s_isbytes = s.requested_bytes, s.inactive_split, s.inactive_split_bytes
+
+    # ---------------------------------------------------------------- settings
+
+    def set_allocator_settings(
+        self,
+        *,
+        expandable_segments: bool | None = None,
+        max_split_size: int | None | str = "keep",
+        roundup_power2_divisions: tuple[int, ...] | int | None | str = "keep",
+        garbage_collection_threshold: float | None = None,
+    ) -> None:
+        """``torch.cuda.memory._set_allocator_settings``: change the config at run time."""
+        if expandable_segments is not None:
+            if expandable_segments and self._backing is None:
+                raise InvalidRequest("expandable segments need a VirtualBacking")
+            self.expandable = bool(expandable_segments)
+        if max_split_size != "keep":
+            if max_split_size is not None:
+                if not isinstance(max_split_size, int) or max_split_size <= K_LARGE_BUFFER:
+                    raise InvalidRequest(f"max_split_size must be an int > 20 MiB, got {max_split_size!r}")
+                if self.preset == "seed":
+                    raise InvalidRequest("the seed preset has no max_split_size")
+            self._max_split = max_split_size
+            self.stats.max_split_size = -1 if max_split_size is None else max_split_size
+        if roundup_power2_divisions != "keep":
+            d = roundup_power2_divisions
+            if isinstance(d, int):
+                d = (d,) * ROUNDUP_INTERVALS
+            if d is not None:
+                d = tuple(d)
+                if len(d) != ROUNDUP_INTERVALS or any(x != 0 and (x < 1 or x & (x - 1)) for x in d):
+                    raise InvalidRequest("roundup_power2_divisions: 16 powers of two (or 0)")
+            self._divisions = d
+        if garbage_collection_threshold is not None:
+            if not 0.0 <= garbage_collection_threshold < 1.0:
+                raise InvalidRequest("garbage_collection_threshold must be in [0, 1)")
+            self.gc_threshold = garbage_collection_threshold
+
+    def set_per_process_memory_fraction(self, fraction: float) -> None:
+        """cudaMalloc is refused when reserved + size > fraction * capacity."""
+        if not 0.0 <= fraction <= 1.0:
+            raise InvalidRequest(f"fraction must be in [0, 1], got {fraction}")
+        self.memory_fraction = fraction
+        self._allowed = int(fraction * self.capacity)
+
+    # ---------------------------------------------------------------- policy
+
+    def round_size(self, size: int) -> int:
+        return round_request(size, self.preset, self._divisions)
+
+    def allocation_size(self, rounded: int) -> int:
+        return segment_bytes(rounded, self.preset)
+
+    def _should_split(self, small: bool, remaining: int, size: int) -> bool:
+        if self.preset == "seed":
+            return remaining >= (K_MIN_BLOCK if small else K_ROUND_LARGE)
+        if small or self.expandable:
+            return remaining >= K_MIN_BLOCK
+        ms = self._max_split
+        return (ms is None or size < ms) and remaining > K_SMALL_SIZE
+
+    # ---------------------------------------------------------------- streams
+
+    def complete_stream(self, stream: int) -> None:
+        """The device finished every piece of work queued on ``stream`` so far:
+        the events recorded on it are now complete (the allocator notices at
+        the next malloc or empty_cache)."""
+        self._completed[stream] = self._issued.get(stream, 0)
+
+    def synchronize(self) -> None:
+        for s in list(self._issued):
+            self.complete_stream(s)
+
+    def record_stream(self, block: CachedBlock, stream: int) -> None:
+        """``Tensor.record_stream``: the block is used by work on ``stream``;
+        its free is then deferred until that work completes."""
+        b = self._owned_live(block)
+        if not isinstance(stream, int) or stream < 0:
+            raise InvalidRequest(f"stream must be a non-negative int, got {stream!r}")
+        if stream != b.stream:
+            if b.uses is None:
+                b.uses = set()
+            b.uses.add(stream)
+
+    def _process_events(self) -> None:
+        for stream, dq in list(self._events.items()):
+            done = self._completed.get(stream, 0)
+            while dq and dq[0][0] <= done:
+                _, b = dq.popleft()
+                self._n_events -= 1
+                b.events -= 1
+                if b.events == 0:
+                    del self._pending[b.gen]
+                    self._free_block(b)
+
+    def _synchronize_and_free_events(self) -> None:
+        self.synchronize()
+        self.stats.num_sync_all_streams += 1
+        self._process_events()
+
+    # ---------------------------------------------------------------- pools
+
+    def _insert(self, pool: _Pool, b: _Block) -> None:
+        pool.blocks.add((b.stream, b.size, b.addr))
+        pool.free[b.addr] = b
+        b.gc_base = pool.gc_calls
+
+    def _remove(self, pool: _Pool, b: _Block) -> None:
+        pool.blocks.remove((b.stream, b.size, b.addr))
+        del pool.free[b.addr]
+
+    def _insert_unmapped(self, pool: _Pool, b: _Block) -> None:
+        pool.unmapped.add((b.stream, b.addr))
+        pool.unmapped_at[b.addr] = b
+
+    def _remove_unmapped(self, pool: _Pool, b: _Block) -> None:
+        pool.unmapped.remove((b.stream, b.addr))
+        del pool.unmapped_at[b.addr]
+
+    def _pool_of(self, b: _Block) -> _Pool:
+        return self._small if b.seg.small else self._large
+
+    def _try_merge(self, pool: _Pool, dst: _Block, src: _Block | None) -> int:
+        if src is None or src.allocated or src.events or src.uses or src.mapped != dst.mapped:
+            return 0
+        if src.mapped:
+            self._remove(pool, src)
+        else:
+            self._remove_unmapped(pool, src)
+        if dst.prev is src:
+            dst.addr = src.addr
+            dst.prev = src.prev
+            if dst.prev is not None:
+                dst.prev.next = dst
+            else:
+                dst.seg.head = dst
+        else:
+            dst.next = src.next
+            if dst.next is not None:
+                dst.next.prev = dst
+        dst.size += src.size
+        return src.size
+
+    # ---------------------------------------------------------------- trace
+
+    def _record(self, action: str, addr: int, size: int, stream: int) -> None:
+        if self._trace is not None:
+            self._trace.append((action, addr, size, stream, next(self._clock)))
+
+    def record_memory_history(self, enabled: bool = True, max_entries: int = 1_000_000) -> None:
+        """``torch.cuda.memory._record_memory_history``."""
+        self._trace = deque(maxlen=max_entries) if enabled else None
+
+    # ---------------------------------------------------------------- malloc
+
+    def malloc(self, size: int, stream: int = 0) -> CachedBlock:
+        """Allocate ``size`` bytes for work on ``stream``."""
+        if type(size) is not int or size <= 0:
+            raise InvalidRequest(f"size must be a positive int, got {size!r}")
+        if type(stream) is not int or stream < 0:
+            raise InvalidRequest(f"stream must be a non-negative int, got {stream!r}")
+        if size >= ONE_EB:
+            raise OutOfMemory(ONE_EB_MESSAGE, requested=size, total_capacity=self.capacity, device=self.device_index)
+        if self._n_events:
+            self._process_events()
+        r = round_request(size, self.preset, self._divisions) if self._divisions or self.preset == "seed" else (
+            K_MIN_BLOCK if size < K_MIN_BLOCK else (size + 511) & ~511)
+        pool = self._small if r <= K_SMALL_SIZE else self._large
+        b = self._get_free_block(pool, stream, r)
+        if b is None:
+            b = self._slow_path(pool, stream, r, size)
+        return self._alloc_found(pool, b, r, size, stream)
+
+    def _get_free_block(self, pool: _Pool, stream: int, r: int) -> _Block | None:
+        if self.gc_threshold > 0.0 and self._allowed is not None:
+            pool.gc_calls += 1
+        bl = pool.blocks
+        i = bl.bisect_left((stream, r, -1))
+        if i == len(bl):
+            return None
+        key = bl[i]
+        if key[0] != stream:
+            return None
+        b = pool.free[key[2]]
+        if b.seg.expandable:
+            if self.expandable:
+                # best fit counts the unmapped space a block can grow into (PyTorch)
+                def grow(x: _Block) -> int:
+                    return x.size + (x.next.size if x.next is not None and not x.next.mapped else 0)
+                n = len(bl)
+                while b.seg.expandable and i + 1 < n and bl[i + 1][0] == stream:
+                    nb = pool.free[bl[i + 1][2]]
+                    if grow(nb) < grow(b):
+                        i, b = i + 1, nb
+                    else:
+                        break
+            else:
+                # expandable segments were switched off: only non-expandable blocks
+                n = len(bl)
+                i += 1
+                while i < n and bl[i][0] == stream and pool.free[bl[i][2]].seg.expandable:
+                    i += 1
+                if i == n or bl[i][0] != stream:
+                    return None
+                b = pool.free[bl[i][2]]
+        ms = self._max_split
+        if ms is not None:
+            if r < ms and b.size >= ms:
+                return None  # do not return an oversized block for a small request
+            if r >= ms and b.size >= r + K_LARGE_BUFFER:
+                return None  # nor one too oversized for a large request
+        del bl[i]
+        del pool.free[b.addr]
+        return b
+
+    def _slow_path(self, pool: _Pool, stream: int, r: int, size: int) -> _Block:
+        alloc_size = segment_bytes(r, self.preset)
+        if self.gc_threshold > 0.0 and self._allowed is not None:
+            self._garbage_collect()
+        b = self._alloc_block(pool, stream, r, alloc_size, retry=False)
+        if b is None and self.preset == "pytorch":
+            if self._release_available_cached_blocks(pool, stream, r):
+                b = self._alloc_block(pool, stream, r, alloc_size, retry=False)
+            if b is None:
+                self._release_cached_blocks()
+                b = self._alloc_block(pool, stream, r, alloc_size, retry=True)
+        if b is None:
+            self._oom(pool, stream, r, alloc_size, size)
+        return b
+
+    def _alloc_found(self, pool: _Pool, b: _Block, r: int, size: int, stream: int) -> CachedBlock:
+        idx = SMALL if pool.small else LARGE
+        already_split = b.prev is not None or b.next is not None
+        exp = b.seg.expandable
+        remaining = b.size - r
+        if self._should_split(pool.small, remaining, r):
+            rest = b
+            b = _Block(rest.addr, r, stream, rest.seg)
+            b.prev = rest.prev
+            if b.prev is not None:
+                b.prev.next = b
+            else:
+                b.seg.head = b
+            b.next = rest
+            rest.prev = b
+            rest.addr += r
+            rest.size = remaining
+            self._insert(pool, rest)
+            if not exp:
+                if already_split:
+                    s = self._s_isbytes
+                    s[ALL].decrease(r)
+                    s[idx].decrease(r)
+                else:
+                    s = self._s_isbytes
+                    s[ALL].increase(remaining)
+                    s[idx].increase(remaining)
+                    s = self._s_isplit
+                    s[ALL].increase(1)
+                    s[idx].increase(1)
+        elif already_split and not exp:
+            s = self._s_isbytes
+            s[ALL].decrease(b.size)
+            s[idx].decrease(b.size)
+            s = self._s_isplit
+            s[ALL].decrease(1)
+            s[idx].decrease(1)
+        b.allocated = True
+        b.req = size
+        gen = next(self._gen)
+        b.gen = gen
+        self._live[gen] = b
+        bs = b.size
+        for s, n in ((self._s_alloc, 1), (self._s_abytes, bs), (self._s_active, 1), (self._s_actbytes, bs), (self._s_req, size)):
+            s[ALL].increase(n)
+            s[idx].increase(n)
+        if self._max_split is not None and bs >= self._max_split:
+            self.stats.oversize_allocations.increase(1)
+        if self._trace is not None:
+            self._record("alloc", b.addr, size, stream)
+        return CachedBlock(b.addr, bs, size, stream, gen, self, b)
+
+    # ---------------------------------------------------------------- segments
+
+    def _alloc_block(self, pool: _Pool, stream: int, r: int, alloc_size: int, *, retry: bool) -> _Block | None:
+        if retry:
+            self.stats.num_alloc_retries += 1
+        if self._allowed is not None and self._total + alloc_size > self._allowed:
+            return None
+        if self.expandable:
+            return self._try_allocate_expandable(pool, stream, r)
+        try:
+            a = self._driver.allocate(AllocationRequest(alloc_size, alignment=K_MIN_BLOCK))
+        except OutOfMemory:
+            return None
+        addr = a.address
+        seg = _Segment(addr, alloc_size, stream, pool.small, False, a)
+        self._segments[addr] = seg
+        self._total += alloc_size
+        idx = SMALL if pool.small else LARGE
+        for s in (self.stats.segment,):
+            s[ALL].increase(1)
+            s[idx].increase(1)
+        self.stats.reserved_bytes[ALL].increase(alloc_size)
+        self.stats.reserved_bytes[idx].increase(alloc_size)
+        if self._max_split is not None and alloc_size >= self._max_split:
+            self.stats.oversize_segments.increase(1)
+        self.stats.num_device_alloc += 1
+        self._record("segment_alloc", addr, alloc_size, stream)
+        b = _Block(addr, alloc_size, stream, seg)
+        seg.head = b
+        return b
+
+    def _release_block(self, pool: _Pool, b: _Block) -> int:
+        """cudaFree a whole free segment (``b`` is its only block, in the pool)."""
+        seg = b.seg
+        self.stats.num_device_free += 1
+        self._record("segment_free", b.addr, b.size, b.stream)
+        self._remove(pool, b)
+        self._driver.deallocate(seg.handle)
+        del self._segments[seg.addr]
+        self._total -= b.size
+        idx = SMALL if pool.small else LARGE
+        for s, n in ((self.stats.segment, 1), (self.stats.reserved_bytes, b.size)):
+            s[ALL].decrease(n)
+            s[idx].decrease(n)
+        if self._max_split is not None and b.size >= self._max_split:
+            self.stats.oversize_segments.decrease(1)
+        return b.size
+
+    def _release_available_cached_blocks(self, pool: _Pool, stream: int, r: int) -> bool:
+        """With max_split_size set: free one oversize cached segment big
+        enough, else several oversize ones, largest first."""
+        ms = self._max_split
+        if ms is None:
+            return False
+        want = max(r, ms)
+        bl = pool.blocks
+        i = bl.bisect_left((stream, want, -1))
+        if i == len(bl) or bl[i][0] != stream:
+            if i == 0:
+                return False
+            released = 0
+            i -= 1
+            while released < want and i >= 0 and bl[i][1] >= ms and bl[i][0] == stream:
+                b = pool.free[bl[i][2]]
+                if not b.seg.expandable and not b.is_split():
+                    released += self._release_block(pool, b)
+                i -= 1
+            return released >= want
+        b = pool.free[bl[i][2]]
+        if b.seg.expandable or b.is_split():
+            return False
+        self._release_block(pool, b)
+        return True
+
+    def _release_cached_blocks(self) -> int:
+        self._synchronize_and_free_events()
+        return self._release_blocks(self._large) + self._release_blocks(self._small)
+
+    def _release_blocks(self, pool: _Pool) -> int:
+        released = 0
+        to_unmap = []
+        for key in list(pool.blocks):
+            b = pool.free.get(key[2])
+            if b is None or (b.stream, b.size, b.addr) != key:
+                continue
+            if b.seg.expandable:
+                to_unmap.append(b)
+            elif b.prev is None and b.next is None:
+                released += self._release_block(pool, b)
+        for b in to_unmap:
+            if pool.free.get(b.addr) is b:
+                released += self._unmap_block(pool, b)
+        return released
+
+    def _garbage_collect(self) -> None:
+        """garbage_collection_threshold: when reserved > t * allowed, free
+        unsplit large cached blocks, oldest (by reuse interval) first."""
+        threshold = int(self.gc_threshold * self._allowed)
+        if self._total <= threshold:
+            return
+        target = self._total - threshold
+        pool = self._large
+        cand = [b for b in pool.free.values() if not b.is_split()]
+        if not cand:
+            return
+        total_age = sum(pool.gc_calls - b.gc_base for b in cand)
+        count = len(cand)
+        reclaimed = 0
+        freed_one = True
+        while reclaimed < target and freed_one and count > 0:
+            threshold_age = total_age / count
+            freed_one = False
+            for key in list(pool.blocks):
+                b = pool.free.get(key[2])
+                if b is None or b.is_split() or b.seg.expandable:
+                    continue
+                age = pool.gc_calls - b.gc_base
+                if age >= threshold_age:
+                    freed_one = True
+                    reclaimed += b.size
+                    total_age -= age
+                    count -= 1
+                    self._release_block(pool, b)
+
+    # ---------------------------------------------------------------- expandable segments
+
+    def _page(self, small: bool) -> int:
+        if self.preset == "seed":
+            return K_ROUND_LARGE
+        return K_SMALL_BUFFER if small else K_LARGE_BUFFER
+
+    def _try_allocate_expandable(self, pool: _Pool, stream: int, r: int) -> _Block | None:
+        c = self._find_expandable_block(pool, stream, r)
+        if not c.mapped:
+            if not self._map_block(pool, c, min(c.size, r)):
+                return None
+        while c.size < r:
+            nxt = c.next
+            if not self._map_block(pool, nxt, min(r - c.size, nxt.size)):
+                return None
+            c = nxt
+        self._remove(pool, c)
+        return c
+
+    @staticmethod
+    def _allocatable(b: _Block | None) -> bool:
+        return b is not None and not b.allocated and b.events == 0 and not b.uses
+
+    def _find_expandable_block(self, pool: _Pool, stream: int, r: int) -> _Block:
+        for key in pool.unmapped.irange((stream, -1), (stream, float("inf"))):
+            c = pool.unmapped_at[key[1]]
+            if self._allocatable(c.prev):
+                c = c.prev
+            got, x = 0, c
+            while got < r and self._allocatable(x):
+                got += x.size
+                x = x.next
+            if got >= r:
+                return c
+        page = self._page(pool.small)
+        size = -(-int(self.capacity * self.arena_factor) // page) * page
+        va = self._backing.reserve(ReserveRequest(size))
+        seg = _Segment(va.address, va.size - va.size % page, stream, pool.small, True, va, page)
+        self._segments[seg.addr] = seg
+        c = _Block(seg.addr, seg.size, stream, seg)
+        c.mapped = False
+        seg.head = c
+        self._insert_unmapped(pool, c)
+        return c
+
+    def _map_block(self, pool: _Pool, b: _Block, size: int) -> bool:
+        seg = b.seg
+        page = seg.page
+        off = b.addr - seg.addr
+        end = min(-(-(off + size) // page) * page, off + b.size)
+        done = []
+        try:
+            for p in range(off, end, page):
+                self._backing.commit_range(seg.handle, p, p + page)
+                done.append(p)
+        except OutOfMemory:
+            for p in done:
+                self._backing.decommit_range(seg.handle, p, p + page)
+            return False
+        mapped = end - off
+        self._remove_unmapped(pool, b)
+        b.mapped = True
+        if mapped < b.size:
+            rest = _Block(b.addr + mapped, b.size - mapped, b.stream, seg)
+            rest.mapped = False
+            rest.next = b.next
+            if rest.next is not None:
+                rest.next.prev = rest
+            rest.prev = b
+            b.next = rest
+            b.size = mapped
+            self._insert_unmapped(pool, rest)
+        self._try_merge(pool, b, b.prev)
+        self._try_merge(pool, b, b.next)
+        self._insert(pool, b)
+        self._total += mapped
+        idx = SMALL if pool.small else LARGE
+        self.stats.reserved_bytes[ALL].increase(mapped)
+        self.stats.reserved_bytes[idx].increase(mapped)
+        self.stats.num_device_alloc += 1
+        self._record("segment_map", seg.addr + off, mapped, b.stream)
+        return True
+
+    def _unmap_block(self, pool: _Pool, b: _Block) -> int:
+        """Unmap the whole pages inside free block ``b`` (which is in the pool)."""
+        seg = b.seg
+        page = seg.page
+        off = b.addr - seg.addr
+        begin = -(-off // page) * page
+        end = (off + b.size) // page * page
+        if end <= begin:
+            return 0
+        for p in range(begin, end, page):
+            self._backing.decommit_range(seg.handle, p, p + page)
+        self._remove(pool, b)
+        before = seg.addr + begin - b.addr
+        if before > 0:
+            bf = _Block(b.addr, before, b.stream, seg)
+            bf.prev = b.prev
+            if bf.prev is not None:
+                bf.prev.next = bf
+            else:
+                seg.head = bf
+            bf.next = b
+            b.prev = bf
+            self._insert(pool, bf)
+        after = b.addr + b.size - (seg.addr + end)
+        if after > 0:
+            af = _Block(seg.addr + end, after, b.stream, seg)
+            af.next = b.next
+            if af.next is not None:
+                af.next.prev = af
+            af.prev = b
+            b.next = af
+            self._insert(pool, af)
+        b.addr = seg.addr + begin
+        b.size = end - begin
+        b.mapped = False
+        self._try_merge(pool, b, b.prev)
+        self._try_merge(pool, b, b.next)
+        self._insert_unmapped(pool, b)
+        n = end - begin
+        self._total -= n
+        idx = SMALL if pool.small else LARGE
+        self.stats.reserved_bytes[ALL].decrease(n)
+        self.stats.reserved_bytes[idx].decrease(n)
+        self.stats.num_device_free += 1
+        self._record("segment_unmap", seg.addr + begin, n, b.stream)
+        if b.prev is None and b.next is None and b.size == seg.size:
+            self._remove_unmapped(pool, b)
+            self._backing.release(seg.handle)
+            del self._segments[seg.addr]
+        return n
+
+    # ---------------------------------------------------------------- free
+
+    def _owned_live(self, block: Any) -> _Block:
+        if not isinstance(block, CachedBlock):
+            raise InvalidRequest(f"not a block of a caching allocator: {block!r}")
+        if block._owner is not self:
+            raise ForeignAllocation(f"{block!r} was allocated by another caching allocator")
+        b = self._live.get(block.generation)
+        if b is None:
+            raise DoubleFree(f"{block!r} was already freed")
+        return b
+
+    def free(self, block: CachedBlock) -> None:
+        """Free a block. Allocated stats drop at once; with uses on other
+        streams the block waits for their events (``active_pending_free``)."""
+        b = self._owned_live(block)
+        del self._live[block.generation]
+        b.allocated = False
+        idx = SMALL if b.seg.small else LARGE
+        for s, n in ((self._s_alloc, 1), (self._s_abytes, b.size)):
+            s[ALL].decrease(n)
+            s[idx].decrease(n)
+        if self._trace is not None:
+            self._record("free_requested", b.addr, b.req, b.stream)
+        if self._max_split is not None and b.size >= self._max_split:
+            self.stats.oversize_allocations.decrease(1)
+        if b.uses:
+            for s in sorted(b.uses):
+                v = self._issued.get(s, 0) + 1
+                self._issued[s] = v
+                self._events.setdefault(s, deque()).append((v, b))
+                b.events += 1
+                self._n_events += 1
+            b.uses = None
+            self._pending[b.gen] = b
+        else:
+            self._free_block(b)
+
+    def _free_block(self, b: _Block) -> None:
+        if self._trace is not None:
+            self._record("free_completed", b.addr, b.req, b.stream)
+        pool = self._small if b.seg.small else self._large
+        orig, req = b.size, b.req
+        net_n = net_b = 0
+        p = b.prev
+        if p is not None and not p.allocated and not p.events and not p.uses and p.mapped:
+            n = self._try_merge(pool, b, p)
+            net_n -= 1
+            net_b -= n
+        q = b.next
+        if q is not None and not q.allocated and not q.events and not q.uses and q.mapped:
+            n = self._try_merge(pool, b, q)
+            net_n -= 1
+            net_b -= n
+        self._insert(pool, b)
+        if b.prev is not None or b.next is not None:
+            net_n += 1
+            net_b += b.size
+        idx = SMALL if pool.small else LARGE
+        if not b.seg.expandable:
+            if net_n:
+                s = self._s_isplit
+                if net_n > 0:
+                    s[ALL].increase(net_n)
+                    s[idx].increase(net_n)
+                else:
+                    s[ALL].decrease(-net_n)
+                    s[idx].decrease(-net_n)
+            if net_b:
+                s = self._s_isbytes
+                if net_b > 0:
+                    s[ALL].increase(net_b)
+                    s[idx].increase(net_b)
+                else:
+                    s[ALL].decrease(-net_b)
+                    s[idx].decrease(-net_b)
+        for s, n in ((self._s_active, 1), (self._s_actbytes, orig), (self._s_req, req)):
+            s[ALL].decrease(n)
+            s[idx].decrease(n)
+        if self.preset == "seed" and b.seg.expandable:
+            self._unmap_block(pool, b)  # the toy: pages returned at free
+
+    # ---------------------------------------------------------------- empty_cache / OOM
+
+    def empty_cache(self) -> int:
+        """Wait for outstanding events, then release every segment that is one
+        whole free block (unmap whole free pages of expandable segments).
+        Returns the bytes released.  Seed 003: *it moves, merges, and
+        defragments nothing inside partially-live segments.*"""
+        return self._release_cached_blocks()
+
+    def largest_free_block(self) -> int:
+        return max((b.size for p in (self._small, self._large) for b in p.free.values()), default=0)
+
+    def _oom(self, pool: _Pool, stream: int, r: int, alloc_size: int, size: int) -> None:
+        self.stats.num_ooms += 1
+        free, total = self._mem_get_info()
+        allocated = self.stats.allocated_bytes[ALL].current
+        reserved = self.stats.reserved_bytes[ALL].current
+        largest = self.largest_free_block()
+        self._record("oom", free, r, stream)
+        others = dict(self.device.other_processes) if self.device is not None else {}
+        if self.preset == "seed":
+            tried = r if self.expandable else alloc_size
+            msg = seed_oom_message(tried=tried, total=total, reserved=reserved, allocated=allocated, largest_free=largest)
+        else:
+            tried = alloc_size
+            msg = pytorch_oom_message(tried=tried, device=self.device_index, total=total, free=free,
+                                      allocated=allocated, reserved=reserved, allowed=self._allowed, processes=others)
+        err = OutOfMemory(msg, requested=tried, total_capacity=total, free=free, allocated=allocated,
+                          reserved=reserved, reserved_unallocated=reserved - allocated,
+                          largest_free_block=largest, device=self.device_index)
+        err.request_size = size
+        err.rounded_size = r
+        err.allowed = self._allowed
+        err.other_processes = others
+        err.expandable_segments = self.expandable
+        err.preset = self.preset
+        raise err
+
+    # ---------------------------------------------------------------- inspection
+
+    def memory_stats(self) -> dict[str, int]:
+        return self.stats.flat()
+
+    def memory_summary(self) -> str:
+        return memory_summary(self.stats.flat())
+
+    def reset_peak_memory_stats(self) -> None:
+        self.stats.reset_peak()
+
+    def reset_accumulated_memory_stats(self) -> None:
+        self.stats.reset_accumulated()
+
+    def memory_reserved(self) -> int:
+        return self.stats.reserved_bytes[ALL].current
+
+    def memory_allocated(self) -> int:
+        return self.stats.allocated_bytes[ALL].current
+
+    def memory_requested(self) -> int:
+        return self.stats.requested_bytes[ALL].current
+
+    def live_blocks(self) -> int:
+        return len(self._live)
+
+    def segments(self) -> list[dict]:
+        """Every segment in address order with its blocks: ``{address,
+        total_size, stream, segment_type, is_expandable, blocks: [{address,
+        size, requested_size, state}]}``; states ``active_allocated``,
+        ``active_pending_free``, ``inactive`` and, inside expandable arenas,
+        ``unmapped``."""
+        out = []
+        for addr in sorted(self._segments):
+            seg = self._segments[addr]
+            blocks = []
+            b = seg.head
+            while b is not None:
+                if not b.mapped:
+                    state = "unmapped"
+                elif b.allocated:
+                    state = _STATE_LIVE
+                elif b.events:
+                    state = _STATE_PENDING
+                else:
+                    state = _STATE_FREE
+                blocks.append({"address": b.addr, "size": b.size,
+                               "requested_size": b.req if state in (_STATE_LIVE, _STATE_PENDING) else 0,
+                               "state": state, "stream": b.stream})
+                b = b.next
+            out.append({"address": seg.addr, "total_size": seg.size, "stream": seg.stream,
+                        "segment_type": "small" if seg.small else "large", "is_expandable": seg.expandable,
+                        "page": seg.page, "blocks": blocks})
+        return out
+
+    def snapshot(self) -> dict:
+        """``torch.cuda.memory._snapshot()``-compatible structure (see
+        :mod:`memspec.reference.caching_snapshot`)."""
+        from memspec.reference.caching_snapshot import export_snapshot
+
+        return export_snapshot(self)
+
+    def trace_entries(self) -> list[tuple]:
+        return list(self._trace) if self._trace is not None else []

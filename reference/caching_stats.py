@@ -1,0 +1,214 @@
+"""Statistics and messages of the reference caching allocator (seed 003).
+
+Key names and ``Stat`` semantics follow PyTorch 2.5's
+``torch.cuda.memory_stats()`` so that tools written for PyTorch read ours:
+``{allocation, segment, active, inactive_split, allocated_bytes,
+reserved_bytes, active_bytes, inactive_split_bytes,
+requested_bytes}.{all, small_pool, large_pool}.{current, peak, allocated,
+freed}`` plus ``oversize_allocations``, ``oversize_segments``,
+``num_alloc_retries``, ``num_ooms``, ``max_split_size``,
+``num_sync_all_streams``, ``num_device_alloc``, ``num_device_free``.
+
+Seed 003: *reserved >= allocated >= requested, always.* The summary reads in
+that order: *requested -> allocated -> reserved, then the ratios and the OOM
+count.*
+
+Only :mod:`memspec.spec.api`/:mod:`memspec.spec.errors` may be imported
+from the spec here (layering rule).
+"""
+
+from __future__ import annotations
+
+from memspec.spec.api import GiB, KiB, MiB
+
+STAT_NAMES = (
+    "allocation",
+    "segment",
+    "active",
+    "inactive_split",
+    "allocated_bytes",
+    "reserved_bytes",
+    "active_bytes",
+    "inactive_split_bytes",
+    "requested_bytes",
+)
+POOL_NAMES = ("all", "small_pool", "large_pool")
+ALL, SMALL, LARGE = 0, 1, 2
+
+ONE_EB = 1 << 60
+ONE_EB_MESSAGE = "CUDA out of memory. Tried to allocate more than 1EB memory."
+
+
+class Stat:
+    """PyTorch's ``Stat``: ``increase(n)``: current += n, peak = max(peak,
+    current), allocated += n; ``decrease(n)``: current -= n, freed += n."""
+
+    __slots__ = ("current", "peak", "allocated", "freed")
+
+    def __init__(self) -> None:
+        self.current = self.peak = self.allocated = self.freed = 0
+
+    def increase(self, n: int) -> None:
+        c = self.current + n
+        self.current = c
+        if c > self.peak:
+            self.peak = c
+        self.allocated += n
+
+    def decrease(self, n: int) -> None:
+        self.current -= n
+        self.freed += n
+
+    def as_dict(self) -> dict[str, int]:
+        return {"current": self.current, "peak": self.peak, "allocated": self.allocated, "freed": self.freed}
+
+
+class AllocatorStats:
+    """Every counter of one device's caching allocator."""
+
+    def __init__(self) -> None:
+        for name in STAT_NAMES:
+            setattr(self, name, [Stat(), Stat(), Stat()])
+        self.oversize_allocations = Stat()
+        self.oversize_segments = Stat()
+        self.num_alloc_retries = 0
+        self.num_ooms = 0
+        self.num_sync_all_streams = 0
+        self.num_device_alloc = 0
+        self.num_device_free = 0
+        self.max_split_size = -1  # PyTorch prints SIZE_MAX cast to int64: -1 = unlimited
+
+    def flat(self) -> dict[str, int]:
+        """``torch.cuda.memory_stats()``: flattened with '.', keys sorted."""
+        out: dict[str, int] = {}
+        for name in STAT_NAMES:
+            for pool, stat in zip(POOL_NAMES, getattr(self, name)):
+                for field, v in stat.as_dict().items():
+                    out[f"{name}.{pool}.{field}"] = v
+        for name in ("oversize_allocations", "oversize_segments"):
+            for field, v in getattr(self, name).as_dict().items():
+                out[f"{name}.{field}"] = v
+        for name in ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc", "num_device_free", "max_split_size"):
+            out[name] = getattr(self, name)
+        return dict(sorted(out.items()))
+
+    def reset_peak(self) -> None:
+        for name in STAT_NAMES:
+            for s in getattr(self, name):
+                s.peak = s.current
+        self.oversize_allocations.peak = self.oversize_allocations.current
+        self.oversize_segments.peak = self.oversize_segments.current
+
+    def reset_accumulated(self) -> None:
+        for name in STAT_NAMES:
+            for s in getattr(self, name):
+                s.allocated = s.freed = 0
+        for s in (self.oversize_allocations, self.oversize_segments):
+            s.allocated = s.freed = 0
+        self.num_alloc_retries = self.num_ooms = self.num_sync_all_streams = 0
+        self.num_device_alloc = self.num_device_free = 0
+
+
+# --------------------------------------------------------------------------
+# Sizes and messages
+# --------------------------------------------------------------------------
+
+def format_size(n: int) -> str:
+    """PyTorch's ``format_size``: "N bytes" up to 1024, then KiB/MiB/GiB with two decimals."""
+    if n <= 1024:
+        return f"{n} bytes"
+    if n <= MiB:
+        return f"{n / KiB:.2f} KiB"
+    if n <= GiB:
+        return f"{n / MiB:.2f} MiB"
+    return f"{n / GiB:.2f} GiB"
+
+
+def format_mib(n: int) -> str:
+    """The seed toy's figures: whole MiB (``40 MiB``); two decimals when not whole."""
+    return f"{n // MiB} MiB" if n % MiB == 0 else f"{n / MiB:.2f} MiB"
+
+
+def pytorch_oom_message(
+    *,
+    tried: int,
+    device: int,
+    total: int,
+    free: int,
+    allocated: int,
+    reserved: int,
+    allowed: int | None = None,
+    processes: dict[int, int] | None = None,
+    private_pools: int = 0,
+) -> str:
+    """PyTorch 2.5's OOM text (``CUDACachingAllocator.cpp``, ``malloc``)."""
+    proc = "".join(f"Process {pid} has {format_size(b)} memory in use. " for pid, b in sorted((processes or {}).items()))
+    allowed_info = f"{format_size(allowed)} allowed; " if allowed is not None else ""
+    private = f"with {format_size(private_pools)} allocated in private pools (e.g., CUDA Graphs), " if private_pools else ""
+    return (
+        f"CUDA out of memory. Tried to allocate {format_size(tried)}. GPU {device} has a total capacity of "
+        f"{format_size(total)} of which {format_size(free)} is free. {proc}{allowed_info}"
+        f"Of the allocated memory {format_size(allocated + private_pools)} is allocated by PyTorch, {private}"
+        f"and {format_size(reserved - allocated - private_pools)} is reserved by PyTorch but unallocated. "
+        "If reserved but unallocated memory is large try setting "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  "
+        "See documentation for Memory Management  "
+        "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+    )
+
+
+def seed_oom_message(*, tried: int, total: int, reserved: int, allocated: int, largest_free: int) -> str:
+    """The seed toy's OOM text: *CUDA out of memory. Tried to allocate 20 MiB
+    (device 40 MiB; 40 MiB reserved; 16 MiB is reserved but unallocated;
+    largest free block 4 MiB)*."""
+    return (
+        f"CUDA out of memory. Tried to allocate {format_mib(tried)} (device {format_mib(total)}; "
+        f"{format_mib(reserved)} reserved; {format_mib(reserved - allocated)} is reserved but unallocated; "
+        f"largest free block {format_mib(largest_free)})"
+    )
+
+
+def memory_summary(flat: dict[str, int], *, title: str = "CUDA Memory Summary") -> str:
+    """The human-readable table, read top to bottom as the seed says:
+    *requested -> allocated -> reserved, then the ratios and the OOM count.*"""
+
+    def row(label: str, key: str, fmt=format_size) -> str:
+        cells = [fmt(flat[f"{key}.all.{f}"]) for f in ("current", "peak", "allocated", "freed")]
+        return f"| {label:<24}| " + " | ".join(f"{c:>11}" for c in cells) + " |"
+
+    def count(n: int) -> str:
+        return str(n)
+
+    req = flat["requested_bytes.all.current"]
+    alloc = flat["allocated_bytes.all.current"]
+    res = flat["reserved_bytes.all.current"]
+    r1 = f"{alloc / req:.3f}" if req else "n/a"
+    r2 = f"{res / alloc:.3f}" if alloc else "n/a"
+    width = 80
+    head = f"| {'Metric':<24}| " + " | ".join(f"{h:>11}" for h in ("Cur Usage", "Peak Usage", "Tot Alloc", "Tot Freed")) + " |"
+    lines = [
+        "|" + "=" * (width - 2) + "|",
+        f"|{title:^{width - 2}}|",
+        "|" + "-" * (width - 2) + "|",
+        f"|  OOM events: {flat['num_ooms']:<10} |  cudaMalloc retries: {flat['num_alloc_retries']:<25}|"[: width - 1] + "|",
+        "|" + "=" * (width - 2) + "|",
+        head,
+        "|" + "-" * (width - 2) + "|",
+        row("Requested memory", "requested_bytes"),
+        row("Allocated memory", "allocated_bytes"),
+        row("Active memory", "active_bytes"),
+        row("GPU reserved memory", "reserved_bytes"),
+        row("Non-releasable memory", "inactive_split_bytes"),
+        "|" + "-" * (width - 2) + "|",
+        row("Allocations", "allocation", count),
+        row("Active allocs", "active", count),
+        row("GPU reserved segments", "segment", count),
+        row("Non-releasable allocs", "inactive_split", count),
+        "|" + "-" * (width - 2) + "|",
+        f"| Ratio of allocated to requested memory | {r1:>8} |   <- internal fragmentation (rounding tax)",
+        f"| Ratio of reserved to allocated memory  | {r2:>8} |   <- segment slack and holes",
+        f"| Segments {flat['segment.all.current']:<6} | Inactive splits {flat['inactive_split.all.current']:<6} "
+        f"| OOM events {flat['num_ooms']:<4} | cudaMalloc retries {flat['num_alloc_retries']:<4} |",
+        "|" + "=" * (width - 2) + "|",
+    ]
+    return "\n".join(lines)
