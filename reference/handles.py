@@ -1,0 +1,224 @@
+"""Owning handles: dropping one only enqueues its release.
+
+Seed 000: *RAII is therefore workable, but Drop should be responsible for
+enqueuing, not for synchronizing the whole GPU on an arbitrary thread or
+freeing immediately.*  And a DeviceAllocation *must remember, or indirectly
+reference: the allocator that created it; the corresponding device and
+provider context; the queue/fence needed for safe release; the associated
+charge or lease identity.*
+
+A handle's release state lives in a separate :class:`_Release` object, so
+``__del__`` (garbage collection, on whatever thread) can enqueue it without
+resurrecting the handle.  The queued release runs, after every recorded
+fence completes, through the **creator** mechanism (never the one installed
+now: invariant S1), then refunds the Governor and unpins the context.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+from memspec.spec.api import DeviceAllocation, Fence, Lease, VirtualAllocation
+from memspec.spec.errors import DoubleFree, InvalidRequest, StaleHandle
+
+
+class _Release:
+    """What a handle's queued release does, and its bookkeeping."""
+
+    def __init__(self, ep, governor, unpin: Callable[[], None]) -> None:
+        self.ep = ep
+        self.governor = governor
+        self.unpin = unpin
+        self.lock = threading.Lock()
+        self.fences: dict[int, Fence] = {}      # stream -> latest fence using the memory
+        self.leases: list[Lease] = []
+        self.closed = False
+        self.released = False
+        self.freed_bytes = 0
+        self.before: list[Callable[[], None]] = []   # run first (e.g. unmap a shared prefix)
+        self.after: list[Callable[[int], None]] = []  # told the bytes freed
+
+    def use(self, fence: Fence) -> None:
+        if not isinstance(fence, Fence):
+            raise InvalidRequest(f"expected a Fence, got {type(fence).__name__}")
+        with self.lock:
+            if self.closed:
+                raise StaleHandle("use of a handle after it was dropped")
+            old = self.fences.get(fence.stream)
+            if old is None or fence.value > old.value:
+                self.fences[fence.stream] = fence
+
+    def pending_fences(self) -> list[Fence]:
+        with self.lock:
+            return [f for f in self.fences.values() if not self.ep.fence_done(f)]
+
+    def close(self, free: Callable[[], int]) -> None:
+        with self.lock:
+            if self.closed:
+                raise DoubleFree("handle already dropped (its release is queued or done)")
+            self.closed = True
+            fences = list(self.fences.values())
+
+        def run() -> None:
+            for fn in self.before:
+                fn()
+            n = free()
+            for lease in self.leases:
+                self.governor.refund(lease)
+            self.freed_bytes = n
+            self.released = True
+            self.unpin()
+            for fn in self.after:
+                fn(n)
+
+        self.ep.defer(fences, run)
+
+
+class RefAllocation:
+    """``OwningAllocation``: an allocation made through a binding and charged to ``holder``."""
+
+    def __init__(self, allocation: DeviceAllocation, holder: str, mechanism_id: str, context_id: str,
+                 allocator, lease: Lease, ep, governor, unpin: Callable[[], None]) -> None:
+        self.allocation = allocation
+        self.holder = holder
+        self.mechanism_id = mechanism_id
+        self.context_id = context_id
+        self.lease = lease
+        self._allocator = allocator   # the creator: release goes back through it (S1)
+        self._r = _Release(ep, governor, unpin)
+        self._r.leases.append(lease)
+
+    @property
+    def address(self) -> int:
+        return self.allocation.address
+
+    @property
+    def footprint(self) -> int:
+        return self.allocation.footprint
+
+    def use(self, fence: Fence) -> None:
+        """Record that device work completing at ``fence`` uses this allocation."""
+        self._r.use(fence)
+
+    def pending_fences(self) -> list[Fence]:
+        return self._r.pending_fences()
+
+    def on_released(self, fn: Callable[[int], None]) -> None:
+        self._r.after.append(fn)
+
+    def close(self) -> None:
+        """Drop: enqueue the release on the EP's deferred-free queue. DoubleFree if repeated."""
+        alloc, allocator = self.allocation, self._allocator
+        self._r.close(lambda: allocator.deallocate(alloc))
+
+    @property
+    def closed(self) -> bool:
+        return self._r.closed
+
+    @property
+    def released(self) -> bool:
+        """The queued release has run (physical bytes freed, charge refunded)."""
+        return self._r.released
+
+    def __enter__(self) -> "RefAllocation":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._r.closed:
+            self.close()
+
+    def __del__(self) -> None:
+        try:
+            if not self._r.closed:
+                self.close()
+        except Exception:  # noqa: BLE001 - a finalizer must never raise
+            pass
+
+    def __repr__(self) -> str:
+        return f"RefAllocation({self.allocation.identity}, {self.holder}, {self.footprint} bytes)"
+
+
+class RefReservation:
+    """``OwningReservation``: a holder's VA reservation and its charged commits.
+
+    ``leases`` are the charges of its commits; a decommit refunds bytes from
+    the newest ones.  Closing enqueues: release of the whole reservation
+    through the creator's VirtualBacking, then refund of every lease.
+    """
+
+    def __init__(self, allocation: VirtualAllocation, holder: str, mechanism_id: str, context_id: str,
+                 backing, ep, governor, unpin: Callable[[], None]) -> None:
+        self.allocation = allocation
+        self.holder = holder
+        self.mechanism_id = mechanism_id
+        self.context_id = context_id
+        self.backing = backing        # the creator's VirtualBacking
+        self._r = _Release(ep, governor, unpin)
+        self.lock = threading.RLock()
+        self.pages: set[int] = set()          # page offsets committed (and charged) through the binding
+        self.decommitting: set[int] = set()   # page offsets with a decommit queued
+
+    @property
+    def address(self) -> int:
+        return self.allocation.address
+
+    @property
+    def leases(self) -> list[Lease]:
+        return self._r.leases
+
+    def committed(self) -> int:
+        """Private bytes committed behind the reservation now (0 once released)."""
+        if self._r.released:
+            return 0
+        return self.backing.committed_bytes(self.allocation)
+
+    def charged(self) -> int:
+        gov = self._r.governor
+        return sum(gov.lease_bytes(lease) for lease in self._r.leases)
+
+    def use(self, fence: Fence) -> None:
+        self._r.use(fence)
+
+    def fences(self) -> list[Fence]:
+        with self._r.lock:
+            return list(self._r.fences.values())
+
+    def pending_fences(self) -> list[Fence]:
+        return self._r.pending_fences()
+
+    def before_release(self, fn: Callable[[], None]) -> None:
+        self._r.before.append(fn)
+
+    def on_released(self, fn: Callable[[int], None]) -> None:
+        self._r.after.append(fn)
+
+    def close(self) -> None:
+        """Drop: enqueue release of the reservation (and refund). DoubleFree if repeated."""
+        va, backing = self.allocation, self.backing
+        self._r.close(lambda: backing.release(va))
+
+    @property
+    def closed(self) -> bool:
+        return self._r.closed
+
+    @property
+    def released(self) -> bool:
+        return self._r.released
+
+    def __enter__(self) -> "RefReservation":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._r.closed:
+            self.close()
+
+    def __del__(self) -> None:
+        try:
+            if not self._r.closed:
+                self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def __repr__(self) -> str:
+        return f"RefReservation({self.allocation.identity}, {self.holder}, {self.allocation.size} bytes VA)"

@@ -1,0 +1,54 @@
+"""Conformance targets of the reference (entry points ``memspec.targets``).
+
+* ``reference``       -- eager allocator + VirtualBacking + SharedMapping;
+* ``reference-eager`` -- eager allocator only (both optional capabilities ``None``);
+* ``reference-vmm``   -- eager allocator + VirtualBacking, no SharedMapping.
+
+Each factory builds a fresh :class:`~.device.SimDevice` (default 256 MiB of
+2 MiB pages, so fuzzing reaches OutOfMemory quickly), the mechanism, and a
+:class:`~.ep.ReferenceEP` over the same device.  ``physical_bytes`` probes the
+pages actually held on the device (independent of any bookkeeping).
+``extras``: ``device`` (the SimDevice) and ``make_foreign`` (a second,
+independent mechanism of the same kind on the same device: the source of
+*foreign* handles).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from memspec.spec.api import DEFAULT_PAGE, TargetInstance
+
+from memspec.reference.device import DEFAULT_CAPACITY, SimDevice
+from memspec.reference.ep import ReferenceEP
+from memspec.reference.mechanisms import ReferenceMechanism, eager_only, full, vmm_only
+
+
+def _target(make: Callable[[SimDevice], ReferenceMechanism], capacity: int | None, page_size: int) -> TargetInstance:
+    dev = SimDevice(capacity or DEFAULT_CAPACITY, page_size)
+    mech = make(dev)
+    ep = ReferenceEP(dev)
+    return TargetInstance(
+        mechanism=mech,
+        ep=ep,
+        physical_bytes=dev.physical_bytes,
+        capacity=dev.capacity,
+        close=lambda: None,
+        kind="mechanism",
+        extras={"device": dev, "make_foreign": lambda: make(dev)},
+    )
+
+
+def reference(capacity: int | None = None, *, page_size: int = DEFAULT_PAGE) -> TargetInstance:
+    """Full bundle: eager + VirtualBacking + SharedMapping."""
+    return _target(full, capacity, page_size)
+
+
+def reference_eager(capacity: int | None = None, *, page_size: int = DEFAULT_PAGE) -> TargetInstance:
+    """Eager only: ``virtual_backing()`` and ``shared_mapping()`` answer ``None``."""
+    return _target(eager_only, capacity, page_size)
+
+
+def reference_vmm(capacity: int | None = None, *, page_size: int = DEFAULT_PAGE) -> TargetInstance:
+    """Eager + VirtualBacking; ``shared_mapping()`` answers ``None``."""
+    return _target(vmm_only, capacity, page_size)
