@@ -40,7 +40,11 @@ def reference_ops(preset: str) -> tuple[Callable[[int], Any], Callable[[Any], An
 
 
 def _adapt(mod: Any, preset: str) -> tuple[Callable[[int], Any], Callable[[Any], Any]]:
-    raise Unavailable("reference.caching: adapter not written for its API yet")
+    cls = getattr(mod, "CachingAllocator", None)
+    if cls is None:
+        raise Unavailable("memspec.reference.caching has no CachingAllocator")
+    a = cls(preset=preset, capacity=CAPACITY)
+    return a.malloc, a.free
 
 
 def toy_ops() -> tuple[Callable[[int], Any], Callable[[Any], Any]]:
