@@ -19,6 +19,9 @@ from bench.bare import bare_rate
 from bench.common import Row, unavailable
 
 HARNESS_TARGET = "reference"
+#: what each row needs; a row reads "not available" only when one of these is missing
+HARNESS_DEPS = ("memspec.invariants.runner", "memspec.reference.targets", "memspec.spec.mechanism", "memspec.spec.system")
+WALK_DEPS = ("memspec.invariants.walk", "memspec.reference.targets", "memspec.spec.system")
 _bare_cache: dict[tuple[int, int], tuple[float, int, float]] = {}
 
 
@@ -50,8 +53,7 @@ def harness_rows(quick: bool = False) -> list[Row]:
     rows = [Row("bare Hypothesis step rate", b_rate, "steps/s", None, "", None,
                 f"baseline: {examples} examples x {steps} steps; {b_steps} steps in {b_dt:.2f} s")]
     name, unit, tgt = f"harness step rate (conform {HARNESS_TARGET})", "steps/s", ">= 0.5x bare"
-    why = _missing("memspec.invariants.runner", "memspec.reference.targets", "memspec.spec.mechanism",
-                   "memspec.spec.system")
+    why = _missing(*HARNESS_DEPS)
     if why:
         return rows + [unavailable(name, unit, tgt, why)]
     from memspec.invariants import runner
@@ -78,7 +80,7 @@ def harness_rows(quick: bool = False) -> list[Row]:
 
 def walk_rows(quick: bool = False) -> list[Row]:
     name, unit, tgt = f"walk fuzz step rate ({HARNESS_TARGET})", "steps/s", ">= 5x bare"
-    why = _missing("memspec.invariants.walk")
+    why = _missing(*WALK_DEPS)
     if why:
         return [unavailable(name, unit, tgt, why)]
     return [unavailable(name, unit, tgt, "integration with invariants.walk pending")]
@@ -89,7 +91,7 @@ LIVE = (10, 1_000, 10_000)
 
 def liveset_rows(quick: bool = False) -> list[Row]:
     names = [f"step time @{n:,} live" for n in LIVE]
-    why = _missing("memspec.invariants.walk")
+    why = _missing(*WALK_DEPS)
     if why:
         return [unavailable(n, "us/step", "<= 1.5x @10" if lv == LIVE[-1] else "", why) for n, lv in zip(names, LIVE)]
     return [unavailable(n, "us/step", "", "integration with invariants.walk pending") for n in names]
