@@ -49,6 +49,11 @@ def _load_attr(spec: str) -> Callable[..., Any]:
     mod_name, _, attr = spec.partition(":")
     if not mod_name or not attr:
         raise LookupError(f"{spec!r} is not of the form package.module:attr")
+    import os
+    import sys
+
+    if os.getcwd() not in sys.path:  # like ``python -m``: the working directory's modules are importable
+        sys.path.insert(0, os.getcwd())
     obj: Any = importlib.import_module(mod_name)
     for part in attr.split("."):
         obj = getattr(obj, part)

@@ -574,6 +574,9 @@ class Run:
             return "outcome", f"{call} raised {type(err).__name__}: {err} (expected: {expected})"
         # A normal return that no Returns branch accepts.
         returns = [b for b in outs.branches if hasattr(b, "accepts")]
+        if isinstance(value, _NEVER_RETURNED):
+            return "wrong-type", (f"{call} returned {type(value).__module__}.{type(value).__name__} "
+                                  f"{_describe_value(value)}: no call of the contract returns that (expected: {expected})")
         if not returns:
             return "outcome", f"{call} returned {_describe_value(value)} instead of raising (expected: {expected})"
         if _wrong_type(returns, value):

@@ -209,7 +209,11 @@ def applicability(machine: Any, actions_all: list, actions_on: list, observation
 def load_machine(ref: str) -> Any:
     """A spec machine named ``package.module:attr`` (for machines other than the built-in levels)."""
     import importlib
+    import os
+    import sys
 
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     mod, _, attr = ref.partition(":")
     obj: Any = importlib.import_module(mod)
     for part in attr.split("."):

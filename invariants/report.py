@@ -1,0 +1,149 @@
+"""Reports of a conformance run: the invariant table, JSON and JUnit.
+
+One row per invariant: **PASS**, **FAIL** (with the cause, the reason, and
+the standalone reproduction of its shortest counterexample), **N/A** with
+the reason (a capability the target explicitly lacks), or **ERROR** when the
+run could not judge it (the target could not be built, the spec crashed).
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from typing import Any, Iterable
+
+ORDER = {"FAIL": 0, "ERROR": 1, "PASS": 2, "N/A": 3, "-": 4}
+
+
+def merged_rows(results: Iterable[Any]) -> tuple[list[str], list[dict]]:
+    """Rows of one target's results merged over its levels:
+    ``(levels, [{id, title, cells: {level: status}, status, detail}])``."""
+    results = list(results)
+    levels = [r.level for r in results]
+    rows: dict[str, dict] = {}
+    for r in results:
+        rr = r.rows()
+        if not rr and r.errors:
+            rows.setdefault("-", {"id": "-", "title": "", "cells": {}, "details": []})
+            rows["-"]["cells"][r.level] = "ERROR"
+            rows["-"]["details"].append(f"{r.level}: {r.errors[0]}")
+        for inv, title, status, detail in rr:
+            row = rows.setdefault(inv, {"id": inv, "title": title, "cells": {}, "details": []})
+            row["title"] = row["title"] or title
+            row["cells"][r.level] = status
+            if status in ("FAIL", "ERROR", "N/A") and detail:
+                fail = next((f for f in r.failures if f.invariant == inv), None)
+                extra = f" -> {fail.repro}" if fail is not None and fail.repro else ""
+                row["details"].append((f"{r.level}: " if len(results) > 1 else "") + detail + extra)
+    out = []
+    for row in rows.values():
+        sts = list(row["cells"].values())
+        if "FAIL" in sts:
+            status = "FAIL"
+        elif "ERROR" in sts:
+            status = "ERROR"
+        elif "PASS" in sts:
+            status = "PASS"
+        else:
+            status = "N/A"
+        # an N/A detail matters only when nothing else judged it
+        details = [d for d in row["details"] if status == "N/A" or "capability absent" not in d and "no action" not in d]
+        out.append({"id": row["id"], "title": row["title"], "cells": row["cells"], "status": status,
+                    "detail": " | ".join(details)})
+    return levels, out
+
+
+def _style(status: str) -> str:
+    return {"PASS": "green", "FAIL": "bold red", "N/A": "dim", "ERROR": "yellow"}.get(status, "")
+
+
+def print_table(console: Any, target: str, results: list[Any]) -> None:
+    from rich.table import Table
+
+    levels, rows = merged_rows(results)
+    t = Table(title=f"memspec conform {target}", show_lines=False)
+    t.add_column("invariant", no_wrap=True)
+    t.add_column("title")
+    for lv in levels:
+        t.add_column(lv, no_wrap=True)
+    t.add_column("result", no_wrap=True)
+    t.add_column("detail", overflow="fold")
+    for row in rows:
+        cells = [f"[{_style(row['cells'].get(lv, '-'))}]{row['cells'].get(lv, '-')}[/]" for lv in levels]
+        t.add_row(row["id"], row["title"], *cells, f"[{_style(row['status'])}]{row['status']}[/]", row["detail"])
+    console.print(t)
+    for r in results:
+        st = r.stats
+        acts = len(st.actions)
+        total_acts = len(r.plan.actions) if r.plan is not None else 0
+        console.print(
+            f"  {r.level}: {st.steps} steps in {st.examples} runs, {st.seconds:.1f} s, "
+            f"{st.rate():.0f} steps/s; actions covered {acts}/{total_acts}, outcomes seen {len(st.outcomes)}"
+            + (f"; {len(r.failures)} failure(s)" if r.failures else "")
+            + (f"; errors: {'; '.join(r.errors)}" if r.errors else ""))
+
+
+def to_json(all_results: dict[str, list[Any]]) -> dict:
+    out = {"targets": []}
+    for target, results in all_results.items():
+        levels, rows = merged_rows(results)
+        tj = {"target": target, "ok": all(r.ok for r in results), "invariants": rows, "levels": []}
+        for r in results:
+            st = r.stats
+            tj["levels"].append({
+                "level": r.level,
+                "steps": st.steps,
+                "examples": st.examples,
+                "seconds": round(st.seconds, 3),
+                "steps_per_second": round(st.rate(), 1),
+                "actions": dict(st.actions),
+                "outcomes": {f"{a}: {o}": n for (a, o), n in st.outcomes.items()},
+                "capabilities": r.plan.capabilities if r.plan is not None else {},
+                "errors": r.errors,
+                "failures": [{
+                    "invariant": f.invariant, "cause": f.cause, "reason": f.reason,
+                    "steps_to_detection": f.steps_to_detection, "shrunk_length": f.shrunk_length,
+                    "repro": f.repro, "flaky": f.flaky,
+                    "trace": [{"action": s.action, "args": {k: repr(v) for k, v in s.args.items()}, "outcome": s.outcome}
+                              for s in f.trace],
+                } for f in r.failures],
+            })
+        out["targets"].append(tj)
+    return out
+
+
+def write_json(path: str, all_results: dict[str, list[Any]]) -> None:
+    with open(path, "w") as fh:
+        json.dump(to_json(all_results), fh, indent=2, default=str)
+
+
+def write_junit(path: str, all_results: dict[str, list[Any]]) -> None:
+    suites = ET.Element("testsuites", name="memspec conform")
+    for target, results in all_results.items():
+        for r in results:
+            cases = r.rows()
+            suite = ET.SubElement(suites, "testsuite", name=f"{target}/{r.level}", tests=str(max(1, len(cases))),
+                                  failures=str(sum(1 for c in cases if c[2] == "FAIL")),
+                                  errors=str(sum(1 for c in cases if c[2] == "ERROR") + (0 if cases else len(r.errors))),
+                                  skipped=str(sum(1 for c in cases if c[2] == "N/A")),
+                                  time=f"{r.stats.seconds:.3f}")
+            if not cases and r.errors:
+                tc = ET.SubElement(suite, "testcase", classname=f"memspec.{target}.{r.level}", name="setup")
+                ET.SubElement(tc, "error", message=r.errors[0][:500]).text = "\n".join(r.errors)
+            for inv, title, status, detail in cases:
+                tc = ET.SubElement(suite, "testcase", classname=f"memspec.{target}.{r.level}", name=f"{inv} {title}".strip())
+                if status == "FAIL":
+                    f = next((x for x in r.failures if x.invariant == inv), None)
+                    el = ET.SubElement(tc, "failure", message=detail[:500], type=f.cause if f else "FAIL")
+                    lines = [detail]
+                    if f is not None:
+                        lines += [f"{i}. {s.action}({', '.join(f'{k}={v!r}' for k, v in s.args.items())}) -> {s.outcome}"
+                                  for i, s in enumerate(f.trace, 1)]
+                        if f.repro:
+                            lines.append(f"reproduction: python {f.repro}")
+                    el.text = "\n".join(lines)
+                elif status == "ERROR":
+                    ET.SubElement(tc, "error", message=detail[:500])
+                elif status == "N/A":
+                    ET.SubElement(tc, "skipped", message=detail[:500])
+    ET.ElementTree(suites).write(path, encoding="utf-8", xml_declaration=True)

@@ -1,0 +1,100 @@
+"""``memspec conform [TARGET ...]``: run the spec against allocator targets.
+
+For each target (default ``reference``) and level (``mechanism``, ``system``;
+``caching`` for a caching-allocator target) the harness drives the spec and
+the target side by side under Hypothesis, then prints one row per invariant:
+PASS, FAIL (with the shortest counterexample written as a standalone Python
+reproduction under ``--out``), or N/A with the reason.  Exit status 1 on any
+FAIL or ERROR.
+
+A TARGET is an entry point of the group ``memspec.targets`` (see ``memspec
+targets``), ``package.module:attr`` naming a factory, or ``mutant:NAME``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from memspec.invariants.discovery import DEFAULT_TARGET
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="memspec conform", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("targets", nargs="*", metavar="TARGET", help=f"targets to check (default: {DEFAULT_TARGET})")
+    p.add_argument("--examples", type=int, default=None, help="runs (fresh target each) per level (default: 60)")
+    p.add_argument("--steps", type=int, default=None, help="steps per run (default: 40)")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: derandomized under ci)")
+    p.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    p.add_argument("--junit", metavar="FILE", help="write the results as JUnit XML")
+    p.add_argument("--db", metavar="DIR", help="Hypothesis example database directory (failures are replayed first)")
+    p.add_argument("--level", choices=("mechanism", "system", "caching", "all"), default="all")
+    p.add_argument("--profile", choices=("ci", "dev", "fuzz"), default="ci")
+    p.add_argument("--timeout", type=float, default=5.0, help="per-call timeout in seconds (a hang is a FAIL)")
+    p.add_argument("--capacity", type=int, default=None, help="device capacity in bytes passed to the factory")
+    p.add_argument("--out", default="memspec-out/repro", help="directory for reproduction files")
+    p.add_argument("--machine", default=None, help=argparse.SUPPRESS)  # package.module:attr of another spec machine
+    p.add_argument("--quiet", action="store_true", help="no progress display")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from memspec.invariants import report, runner
+
+    console = Console(stderr=False)
+    targets = args.targets or [DEFAULT_TARGET]
+    examples = args.examples if args.examples is not None else (60 if args.profile == "ci" else None)
+    steps = args.steps if args.steps is not None else (40 if args.profile == "ci" else None)
+    all_results: dict[str, list] = {}
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
+                        TimeElapsedColumn(), console=console, transient=True, disable=args.quiet)
+    with progress:
+        for target in targets:
+            state = {"task": None, "n": 0}
+
+            def on_plan(plan, target=target, state=state):
+                from memspec.invariants.runner import hypothesis_settings
+
+                total = examples or hypothesis_settings(args.profile).max_examples
+                state["task"] = progress.add_task(f"{target} [{plan.level}]", total=total, info="")
+
+            def on_step(plan, state=state):
+                state["n"] += 1
+                if state["n"] & 63 == 0 and state["task"] is not None:
+                    st = plan.stats
+                    progress.update(state["task"], completed=min(st.examples, progress.tasks[-1].total or st.examples),
+                                    info=f"{st.steps} steps, {len(st.outcomes)} outcomes, {st.failures_seen} failing")
+
+            all_results[target] = runner.conform(
+                target, args.level, profile=args.profile, examples=examples, steps=steps, seed=args.seed,
+                db=args.db, capacity=args.capacity, timeout=args.timeout, out_dir=args.out,
+                on_step=on_step, on_plan=on_plan, machine=args.machine)
+    ok = True
+    total_steps = 0
+    total_secs = 0.0
+    for target, results in all_results.items():
+        report.print_table(console, target, results)
+        for r in results:
+            ok = ok and r.ok
+            total_steps += r.stats.steps
+            total_secs += r.stats.seconds
+            for f in r.failures:
+                if f.repro:
+                    console.print(f"  [red]FAIL {f.invariant}[/] ({r.level}, {f.shrunk_length} steps): python {f.repro}")
+    rate = total_steps / total_secs if total_secs else 0.0
+    console.print(f"steps run: {total_steps}; {rate:.0f} steps/s; {total_secs:.1f} s")
+    if args.json:
+        report.write_json(args.json, all_results)
+    if args.junit:
+        report.write_junit(args.junit, all_results)
+    console.print("[green]all invariants hold[/]" if ok else "[red]conformance FAILED[/]")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main(sys.argv[1:]))
