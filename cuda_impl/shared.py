@@ -11,10 +11,12 @@ counting, read-only protection, and possibly Copy-on-Write.*
   offset), so that copy-on-write and unmapping can work page by page, then
   sets access once: ``PROT_READ`` for a read-only mapping, so device writes
   through it fault.
-* ``copy_on_write`` puts a fresh private page (its own ``cuMemCreate``) behind
-  each shared granule of the range with the same bytes (a device-to-device
-  copy on the mechanism's own stream, synchronized), transactionally.
-* ``mapping_count`` counts live ``map`` calls that still map a page of the handle.
+* ``copy_on_write`` of one whole mapping puts a fresh private page (its own
+  ``cuMemCreate``) behind each of its granules with the same bytes (a
+  device-to-device copy on the mechanism's own stream, synchronized),
+  transactionally.  The mapping then holds private pages: the handle loses
+  it (``mapping_count`` drops), and ``unmap`` later removes and frees them.
+* ``mapping_count`` counts live ``map`` calls still mapping the handle.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class _SharedMap:
     handle: _Handle
     read_only: bool
     pages: set = field(default_factory=set)   # granule indices still mapping the handle
+    cow: set = field(default_factory=set)     # granule indices replaced by private copies
 
 
 class CudaSharedMapping:
@@ -148,37 +151,38 @@ class CudaSharedMapping:
             return h.ph.size
 
     def unmap(self, allocation: VirtualAllocation, offset: int, size: int) -> int:
-        """Remove exactly one mapping made by :meth:`map`; return the bytes unmapped
-        (granules copied-on-write meanwhile are private now and stay)."""
+        """Remove exactly one mapping made by :meth:`map` (with the private
+        pages copy-on-write put there, which are freed); return its size."""
         c = self._core
         with c.lock:
             r = c.reservation(allocation)
-            pages = c.page_range(r, offset, offset + size) if _is_int(offset) and _is_int(size) else None
-            if pages is None:
-                raise InvalidRange(f"offset and size must be ints, got {offset!r}, {size!r}")
-            first = r.pages.get(pages[0])
-            m = first.mapping if first is not None and first.kind == "shared" else None
-            if m is None or m.offset != offset or m.size != size:
-                raise InvalidRange(f"[{offset}, {offset + size}) is not a mapping made by map()")
-            unmapped = 0
-            for i in sorted(m.pages):
+            m = self._mapping_at(r, offset, size)
+            for i in sorted(m.pages | m.cow):
                 c.unmap_page(r, i)
-                unmapped += c.gran
-            return unmapped
+            return m.size
+
+    def _mapping_at(self, r: _Reservation, offset: Any, size: Any) -> _SharedMap:
+        if not (_is_int(offset) and _is_int(size)):
+            raise InvalidRange(f"offset and size must be ints, got {offset!r}, {size!r}")
+        g = self._core.gran
+        first = r.pages.get(offset // g) if offset % g == 0 else None
+        m = first.mapping if first is not None and first.kind in ("shared", "cow") else None
+        if m is None or m.offset != offset or m.size != size:
+            raise InvalidRange(f"[{offset}, {offset + size}) is not exactly one mapping made by map()")
+        return m
 
     def copy_on_write(self, allocation: VirtualAllocation, offset: int, size: int) -> int:
-        """Replace the shared granules of ``[offset, offset+size)`` by private
-        writable copies with the same bytes; return the private bytes newly committed."""
+        """Replace the shared pages of exactly one mapping ``[offset, offset+size)``
+        by private writable copies with the same bytes; return the private
+        bytes newly committed (its size).  Transactional."""
         c = self._core
         drv, g = c.drv, c.gran
         with c.lock:
             r = c.reservation(allocation)
-            if not (_is_int(offset) and _is_int(size)):
-                raise InvalidRange(f"offset and size must be ints, got {offset!r}, {size!r}")
-            pages = c.page_range(r, offset, offset + size)
-            not_shared = [i for i in pages if i not in r.pages or r.pages[i].kind != "shared"]
-            if not_shared:
-                raise InvalidRange(f"granule {not_shared[0]} of [{offset}, {offset + size}) is not a shared mapping")
+            m0 = self._mapping_at(r, offset, size)
+            if m0.cow:
+                raise InvalidRange(f"[{offset}, {offset + size}) was copied on write already: its pages are private")
+            pages = sorted(m0.pages)
             tx = Transaction()
             c.ctx.make_current()
             stream = c.stream()
@@ -231,10 +235,11 @@ class CudaSharedMapping:
                 m = r.pages[i].mapping
                 drv.cuMemRelease(olds[k])              # the reference retained for the undo
                 m.pages.discard(i)
+                m.cow.add(i)
                 if not m.pages:
                     m.handle.mappings.discard(m)
                 m.handle.page_unmapped(c)
-                r.pages[i] = _Page("private")
+                r.pages[i] = _Page("cow", mapping=m)
             return size
 
     def mapping_count(self, handle: PhysicalHandle) -> int:

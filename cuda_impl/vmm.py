@@ -60,8 +60,9 @@ def round_up(n: int, g: int) -> int:
 @dataclass
 class _Page:
     """One granule of a reservation: ``kind`` "private" (a committed page; the
-    mapping holds the only reference unless ``leaked``) or "shared" (one page
-    of a SharedMapping mapping)."""
+    mapping holds the only reference unless ``leaked``), "shared" (one page
+    of a SharedMapping mapping) or "cow" (a private copy that replaced a
+    shared page by copy-on-write; it still belongs to that mapping)."""
 
     kind: str
     mapping: Any = None      # _SharedMap for shared pages
@@ -206,6 +207,9 @@ class VmmCore:
             # (the mutant) keeps the memory alive, visible only in cuMemGetInfo
             return g
         m = page.mapping
+        if page.kind == "cow":
+            m.cow.discard(i)
+            return g
         m.pages.discard(i)
         if not m.pages:
             m.handle.mappings.discard(m)
