@@ -107,9 +107,10 @@ class ReferenceSharedMapping:
 
     def unmap(self, allocation: VirtualAllocation, offset: int, size: int) -> int:
         """Remove whole mappings covering exactly ``[offset, offset+size)``:
-        every page there must be a shared mapping and every mapping touched
-        must lie entirely inside (else InvalidRange, nothing changes).
-        Returns the bytes unmapped."""
+        every page there must belong to a mapping made by :meth:`map` (shared,
+        or a private copy made from it by copy-on-write, which is freed too)
+        and every mapping touched must lie entirely inside (else InvalidRange,
+        nothing changes).  Returns the bytes unmapped."""
         with self._s.lock:
             rec = self._s.lookup(allocation)
             if not is_int(offset) or not is_int(size):
@@ -117,16 +118,23 @@ class ReferenceSharedMapping:
             idx = self._s.pages_of(rec, offset, offset + size)
             mids: set[int] = set()
             for i in idx:
-                if i not in rec.shared:
+                mid = rec.shared.get(i, rec.cow.get(i))
+                if mid is None:
                     raise InvalidRange(f"page at offset {i * self._s.page} of {allocation.identity} is not a shared mapping")
-                mids.add(rec.shared[i])
+                mids.add(mid)
             for mid in mids:
                 m = self._s.mappings[mid]
-                if min(m.remaining) < idx.start or max(m.remaining) >= idx.stop:
+                pages = m.remaining | m.cow
+                if min(pages) < idx.start or max(pages) >= idx.stop:
                     raise InvalidRange(f"unmap of [{offset}, {offset + size}) cuts mapping {mid} in part")
             for mid in sorted(mids):
                 m = self._s.mappings[mid]
-                self._s.drop_mapping(rec, m, sorted(m.remaining))
+                for i in sorted(m.cow):
+                    self._s.dev.unmap(rec.va.address + i * self._s.page, 1)
+                    self._s.dev.release_pages([rec.private.pop(i)])
+                    self._s.forget_cow(rec, i)
+                if m.remaining:
+                    self._s.drop_mapping(rec, m, sorted(m.remaining))
             return len(idx) * self._s.page
 
     def copy_on_write(self, allocation: VirtualAllocation, offset: int, size: int) -> int:
@@ -149,6 +157,8 @@ class ReferenceSharedMapping:
                 old = dev.entry(addr)
                 dev.copy_page(old.phys, p)  # type: ignore[union-attr]
                 m = self._s.mappings[rec.shared[i]]
+                m.cow.add(i)
+                rec.cow[i] = m.mapping_id
                 self._s.drop_mapping(rec, m, [i])
                 dev.map(addr, [p], writable=True)
                 rec.private[i] = p

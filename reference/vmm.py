@@ -43,6 +43,7 @@ class Mapping:
     npages: int
     read_only: bool
     remaining: set[int] = field(default_factory=set)   # page indices still shared
+    cow: set[int] = field(default_factory=set)         # page indices copied-on-write (private now)
 
 
 @dataclass
@@ -51,6 +52,7 @@ class Reservation:
     npages: int
     private: dict[int, int] = field(default_factory=dict)   # page index -> physical page
     shared: dict[int, int] = field(default_factory=dict)    # page index -> mapping id
+    cow: dict[int, int] = field(default_factory=dict)       # private page index copied from mapping id
 
 
 @dataclass
@@ -142,6 +144,8 @@ class VaSpace:
                     )
             self.dev.unmap(rec.va.address + idx.start * self.page, len(idx))
             self.dev.release_pages([rec.private.pop(i) for i in idx])
+            for i in idx:
+                self.forget_cow(rec, i)
             return len(idx) * self.page
 
     def committed(self, va: VirtualAllocation) -> int:
@@ -176,8 +180,18 @@ class VaSpace:
         for i in sorted(rec.private):
             self.dev.unmap(rec.va.address + i * self.page, 1)
             self.dev.release_pages([rec.private.pop(i)])
+            self.forget_cow(rec, i)
             freed += self.page
         return freed
+
+    def forget_cow(self, rec: Reservation, i: int) -> None:
+        """Page ``i`` (a private copy made by copy-on-write) is gone."""
+        mid = rec.cow.pop(i, None)
+        if mid is not None:
+            m = self.mappings[mid]
+            m.cow.discard(i)
+            if not m.remaining and not m.cow:
+                del self.mappings[mid]
 
     # -- shared mappings (used by SharedMapping) ------------------------
 
@@ -197,7 +211,8 @@ class VaSpace:
             m.remaining.discard(i)
         if m.remaining:
             return 0
-        del self.mappings[m.mapping_id]
+        if not m.cow:
+            del self.mappings[m.mapping_id]
         ph = self.handles[m.handle]
         ph.mappings.discard(m.mapping_id)
         return self.maybe_free(ph)
