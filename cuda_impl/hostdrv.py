@@ -1112,3 +1112,46 @@ class HostDriver:
             if why:
                 raise PermissionError(f"{addr:#x}+{n}: {why}")
             return ctypes.string_at(addr, n)
+
+
+# --------------------------------------------------------------------------
+# Failure injection (tests of transactional rollback)
+# --------------------------------------------------------------------------
+
+_OUTPUTS = {
+    "cuMemCreate": 1, "cuMemAddressReserve": 1, "cuMemAlloc": 1, "cuMemGetInfo": 2,
+    "cuMemRetainAllocationHandle": 1, "cuStreamCreate": 1, "cuEventCreate": 1, "cuMemHostAlloc": 1,
+    "cuMemHostGetDevicePointer": 1, "cuMemGetAccess": 1, "cuMemGetAllocationGranularity": 1,
+    "cuDeviceGet": 1, "cuDevicePrimaryCtxRetain": 1, "cuDeviceGetCount": 1,
+}
+
+
+class FailureInjector:
+    """Wraps a driver backend; ``fail(name, result, after=n)`` makes the
+    ``n+1``-th next call of ``name`` return ``result`` without doing anything
+    (once).  Everything else passes through."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self._plan: dict[str, list] = {}
+        self.injected: list[str] = []
+
+    def fail(self, name: str, result: Any = R.CUDA_ERROR_UNKNOWN, *, after: int = 0) -> None:
+        self._plan[name] = [after, result]
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self.backend, name)
+        if not name.startswith("cu"):
+            return fn
+
+        def call(*args: Any) -> Any:
+            plan = self._plan.get(name)
+            if plan is not None:
+                if plan[0] == 0:
+                    del self._plan[name]
+                    self.injected.append(name)
+                    return (plan[1],) + (None,) * _OUTPUTS.get(name, 0)
+                plan[0] -= 1
+            return fn(*args)
+
+        return call

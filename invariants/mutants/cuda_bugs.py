@@ -1,0 +1,64 @@
+"""The two real-world VMM bugs (cuda.core VirtualMemoryResource, 2025-2026),
+planted in the CUDA implementation and run on the host driver emulator.
+
+* ``cuda-host-creation-handle-leak``: ``commit_range`` never ``cuMemRelease``s
+  the ``cuMemCreate`` reference after ``cuMemMap``, so decommitted and
+  released pages never return to the device (64 x 64 MiB allocate/close left
+  4 GiB retained on an H100).  The mechanism's own answers stay right (it
+  *believes* it freed the pages); only the device sees it: ``cuMemGetInfo``
+  (``physical_bytes``) stays above the spec's physical bytes, and on a small
+  device commits start failing with OutOfMemory the spec does not allow.
+  Blamed on S11 (ledger conservation: the physical bytes the device holds
+  must equal live + queued footprints, here they exceed them).
+* ``cuda-host-unmap-before-fence``: the execution provider's deferred free
+  runs the release at once instead of after the fences, so pages are
+  unmapped while queued work still uses them (the illegal memory access also
+  reproduced in vLLM).  S4: a queued read after the drop faults, and the
+  release is observed before its fence completed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from memspec.spec.api import Fence, TargetInstance
+from memspec.cuda_impl.ep import CudaExecutionProvider
+from memspec.cuda_impl.targets import cuda_host
+from memspec.invariants.mutants import Mutant
+
+
+class UnorderedReleaseEP(CudaExecutionProvider):
+    """BUG: ``defer`` frees on the host right away, ignoring the fences."""
+
+    def defer(self, fences: Sequence[Fence], release: Callable[[], object]) -> None:
+        for f in fences:
+            self._check_fence(f)
+        release()
+
+
+def leaky_cuda_host(capacity: int | None = None, **kw: Any) -> TargetInstance:
+    return cuda_host(capacity, leak_creation_handles=True, **kw)
+
+
+def unordered_cuda_host(capacity: int | None = None, **kw: Any) -> TargetInstance:
+    return cuda_host(capacity, ep_factory=UnorderedReleaseEP, **kw)
+
+
+MUTANTS = [
+    Mutant(
+        name="cuda-host-creation-handle-leak",
+        invariant="S11",
+        description="VMM commit keeps the cuMemCreate reference after cuMemMap: freed pages never return "
+                    "(cuMemGetInfo stays high; cuda.core VirtualMemoryResource leak)",
+        factory=leaky_cuda_host,
+        level="mechanism",
+    ),
+    Mutant(
+        name="cuda-host-unmap-before-fence",
+        invariant="S4",
+        description="the EP's deferred free unmaps/releases at once, while queued work still uses the range "
+                    "(cuda.core VirtualMemoryResource / vLLM illegal memory access)",
+        factory=unordered_cuda_host,
+        level="system",
+    ),
+]
