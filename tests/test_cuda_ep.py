@@ -1,0 +1,172 @@
+"""The CUDA execution provider on the host driver emulator: event fences,
+copies, the stand-in kernel, the deferred-free queue behind a held stream,
+context pinning, and the unmap-before-fence mutant shown detectable."""
+
+from __future__ import annotations
+
+import pytest
+
+from memspec.cuda_impl.targets import cuda_host
+from memspec.spec.api import ExecutionProvider, Fence, ReserveRequest
+from memspec.spec.errors import ContextBusy, DeviceFault, InvalidRequest, ReadOnlyViolation
+
+G = 2 << 20
+
+
+@pytest.fixture
+def t():
+    inst = cuda_host(16 * G)
+    yield inst
+    inst.close()
+
+
+def test_is_an_execution_provider(t):
+    assert isinstance(t.ep, ExecutionProvider)
+    assert t.ep.device().kind == "cuda-host"
+    assert t.ep.new_stream() == 1
+
+
+def test_fences_follow_stream_order(t):
+    ep, vb = t.ep, t.mechanism.virtual_backing()
+    va = vb.reserve(ReserveRequest(G))
+    vb.commit_range(va, 0, G)
+    s = ep.new_stream()
+    gate = ep.hold(s)
+    f1 = ep.write(s, va.address, b"one")
+    f2 = ep.launch(s, [(va.address, 16)], [(va.address + 64, 16)])
+    assert f2 == Fence(s, f1.value + 1)
+    assert not ep.fence_done(f1) and not ep.fence_done(f2)
+    gate.open()
+    assert ep.fence_done(f2) and ep.fence_done(f1)
+    assert ep.read(s, va.address, 3) == b"one"
+    with pytest.raises(InvalidRequest):
+        ep.fence_done(Fence(s, 99))
+    with pytest.raises(InvalidRequest):
+        ep.write(42, va.address, b"x")
+    vb.release(va)
+
+
+def test_launch_touches_without_changing_and_faults_on_unmapped(t):
+    ep, vb = t.ep, t.mechanism.virtual_backing()
+    va = vb.reserve(ReserveRequest(2 * G))
+    vb.commit_range(va, 0, G)
+    ep.write(0, va.address, b"keep me")
+    ep.launch(0, [(va.address, 7)], [(va.address, 7)])
+    assert ep.read(0, va.address, 7) == b"keep me"
+    with pytest.raises(DeviceFault):
+        ep.launch(0, [(va.address + G, 8)], [])           # reserved, never committed
+    with pytest.raises(DeviceFault):
+        ep.write(0, va.address + G, b"x")
+    vb.release(va)
+
+
+def test_write_through_read_only_mapping_is_refused(t):
+    ep, sm = t.ep, t.mechanism.shared_mapping()
+    h = sm.create(G)
+    r = sm.reserve(ReserveRequest(G))
+    sm.map(h, r, 0, read_only=True)
+    with pytest.raises(ReadOnlyViolation):
+        ep.write(0, r.address, b"nope")
+    with pytest.raises(ReadOnlyViolation):
+        ep.launch(0, [], [(r.address, 4)])
+    assert ep.read(0, r.address, 4) == b"\0\0\0\0"
+    assert t.extras["faults"]() == []                      # refused before any device access
+
+
+def test_stream_gate_deferred_free(t):
+    """Seed 000: *CPU submits kernel, CPU drops the last owning handle, GPU is
+    still reading the buffer* -> the release waits for the fence.  Allocation
+    used by queued work, dropped, stream held: still mapped and charged;
+    open the word: freed and refunded."""
+    ep, vb, emu = t.ep, t.mechanism.virtual_backing(), t.extras["emulator"]
+    va = vb.reserve(ReserveRequest(4 * G))
+    vb.commit_range(va, 0, 4 * G)
+    ep.write(0, va.address, b"data")
+    ep.synchronize(0)
+    s = ep.new_stream()
+    gate = ep.hold(s)
+    fence = ep.launch(s, [(va.address, 4 * G)], [])       # the kernel reads the whole range
+    freed: list[int] = []
+    ep.defer([fence], lambda: freed.append(vb.release(va)))   # the drop only enqueues
+    assert ep.pending_releases() == 1 and freed == []
+    assert ep.poll() == 0 and ep.poll() == 0
+    assert not ep.fence_done(fence)
+    assert t.physical_bytes() == 4 * G and emu.mapped_pages() == 4       # still mapped and charged
+    pins = emu.primary_ctx_refcount(0)
+    with pytest.raises(ContextBusy):
+        ep.close()                                        # the queued release pins the context
+    gate.open()
+    assert ep.poll() == 1 and freed == [4 * G]
+    assert t.physical_bytes() == 0 and emu.mapped_pages() == 0           # freed and refunded
+    assert ep.pending_releases() == 0
+    assert emu.faults == []                               # the kernel never saw an unmapped page
+    assert emu.primary_ctx_refcount(0) == pins            # one driver retain for every pin
+
+
+def test_context_pinned_while_releases_are_queued():
+    inst = cuda_host(4 * G)
+    ep, vb, emu = inst.ep, inst.mechanism.virtual_backing(), inst.extras["emulator"]
+    va = vb.reserve(ReserveRequest(G))
+    gate = ep.hold(0)
+    f = ep.launch(0, [], [])
+    ep.defer([f], lambda: vb.release(va))
+    pins = ep.ctx.pins
+    assert pins >= 3                                      # EP + mechanism + reservation + queued release
+    with pytest.raises(ContextBusy):
+        ep.close()
+    gate.open()
+    assert ep.poll() == 1
+    assert ep.ctx.pins == pins - 2                        # the release and the reservation unpinned
+    inst.close()
+    assert emu.primary_ctx_refcount(0) == 0 and ep.ctx.pins == 0
+
+
+def test_unmap_before_fence_mutant_is_caught_as_a_fault():
+    """The planted cuda.core/vLLM bug: the release runs at the drop, while the
+    stream still holds a read of the range; when the stream runs, the read
+    faults (and the release was observed before its fence completed)."""
+    from memspec.invariants.mutants.cuda_bugs import unordered_cuda_host
+
+    bad = unordered_cuda_host(8 * G)
+    try:
+        ep, vb = bad.ep, bad.mechanism.virtual_backing()
+        va = vb.reserve(ReserveRequest(2 * G))
+        vb.commit_range(va, 0, 2 * G)
+        s = ep.new_stream()
+        gate = ep.hold(s)
+        fence = ep.launch(s, [(va.address, 2 * G)], [])
+        ep.defer([fence], lambda: vb.release(va))
+        assert not ep.fence_done(fence) and bad.physical_bytes() == 0   # freed before the fence: S4
+        gate.open()
+        with pytest.raises(DeviceFault):
+            ep.synchronize(s)
+        assert [f.reason for f in bad.extras["faults"]()] == ["unmapped"]
+    finally:
+        bad.close()
+
+
+def test_healthy_ep_same_scenario_has_no_fault(t):
+    """The control for the mutant test: same steps, correct EP, no fault."""
+    ep, vb = t.ep, t.mechanism.virtual_backing()
+    va = vb.reserve(ReserveRequest(2 * G))
+    vb.commit_range(va, 0, 2 * G)
+    s = ep.new_stream()
+    gate = ep.hold(s)
+    fence = ep.launch(s, [(va.address, 2 * G)], [])
+    ep.defer([fence], lambda: vb.release(va))
+    assert t.physical_bytes() == 2 * G
+    gate.open()
+    ep.synchronize(s)
+    assert ep.poll() == 1 and t.physical_bytes() == 0 and t.extras["faults"]() == []
+
+
+def test_close_tears_down_everything():
+    inst = cuda_host(4 * G)
+    emu = inst.extras["emulator"]
+    vb = inst.mechanism.virtual_backing()
+    va = vb.reserve(ReserveRequest(2 * G))
+    vb.commit_range(va, 0, 2 * G)
+    inst.ep.hold(inst.ep.new_stream())
+    inst.close()                                          # force: opens gates, frees what is left
+    assert emu.primary_ctx_refcount(0) == 0
+    assert emu.used == 0 and emu.reservations() == 0 and emu.live_handles() == 0
