@@ -548,7 +548,7 @@ class Run:
             raise SpecError(f"{action.name}: following branch {ts.outcome!r} raised {type(e).__name__}: {e}") from e
         bound = self._bind(result, value) if is_return else ()
         ts.bound = bound
-        self.check_after(outs.touched, bound)
+        self.check_after(outs.touched, bound, args)
         if plan.on_step is not None:
             plan.on_step(plan)
         return ts
@@ -588,6 +588,8 @@ class Run:
         refs = getattr(self.sut, "refs", None)
         if refs is None:
             return ()
+        if type(value).__name__ == "Seen" and hasattr(value, "obj"):
+            value = value.obj  # the spec's wrapper of what perform read: bind the implementation object
         if isinstance(result, int) and not isinstance(result, bool):
             refs[result] = value
             return (result,)
@@ -602,7 +604,7 @@ class Run:
         return ()
 
     # -- checks ---------------------------------------------------------
-    def check_after(self, touched: tuple, bound: tuple) -> None:
+    def check_after(self, touched: tuple, bound: tuple, args: dict | None = None) -> None:
         state = self.state
         try:
             bad = self.machine.check_invariants(state)
@@ -614,7 +616,9 @@ class Run:
         if self.plan.observations:
             self.check_observations(touched + bound)
         if self.integrity is not None:
-            self.integrity.after_step(touched, bound)
+            regions = self.integrity.regions
+            named = tuple(v for v in (args or {}).values() if type(v) is int and v in regions)
+            self.integrity.after_step(touched + named, bound)
 
     def check_observations(self, touched: tuple) -> None:
         state = self.state
@@ -906,3 +910,45 @@ def make_integrity(run: Run) -> Integrity | None:
     if ep is None or locate is None:
         return None
     return Integrity(run, ep, locate)
+
+
+# --------------------------------------------------------------------------
+# Locators of the spec's machines (which bytes the spec says are backed)
+# --------------------------------------------------------------------------
+
+def _page_spans(address: int, pages: Any, page: int) -> list:
+    """Stamps at the start and end of committed pages (sampled to MAX_STAMPS pages)."""
+    idx = sorted(pages)
+    if len(idx) > MAX_STAMPS:
+        stride = len(idx) / MAX_STAMPS
+        idx = [idx[int(i * stride)] for i in range(MAX_STAMPS)]
+    spans = []
+    for i in idx:
+        base = address + i * page
+        spans.append((base, STAMP))
+        spans.append((base + page - STAMP, STAMP))
+    return spans
+
+
+@register_locator("mechanism")
+def locate_mechanism(run: Run, ref: int, obj: Any):
+    """Mechanism level: a live own allocation's ``[address, address+size)``
+    and a live own VirtualBacking reservation's committed pages.
+
+    Blame: a fault on either is S5 (*a commit/allocation that returns success
+    without mapping*); a changed byte is S11 (two live ranges on the same
+    physical bytes: the device's accounts count bytes that do not exist).
+    Shared mappings alias by design and are not patterned.
+    """
+    s = run.state
+    rec = s.allocations.get(ref) if hasattr(s, "allocations") else None
+    if rec is not None:
+        if rec.live and not rec.foreign:
+            a = obj if isinstance(obj, api.DeviceAllocation) else None
+            addr = a.address if a is not None else rec.address
+            return run.integrity._spans(addr, rec.size, s.page), "S5", "S11"
+        return None
+    res = s.reservations.get(ref) if hasattr(s, "reservations") else None
+    if res is not None and res.live and not res.foreign and res.kind == "backing" and res.committed:
+        return _page_spans(res.address, res.committed, s.page), "S5", "S11"
+    return None

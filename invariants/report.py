@@ -58,6 +58,7 @@ def _style(status: str) -> str:
 
 
 def print_table(console: Any, target: str, results: list[Any]) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     levels, rows = merged_rows(results)
@@ -70,7 +71,8 @@ def print_table(console: Any, target: str, results: list[Any]) -> None:
     t.add_column("detail", overflow="fold")
     for row in rows:
         cells = [f"[{_style(row['cells'].get(lv, '-'))}]{row['cells'].get(lv, '-')}[/]" for lv in levels]
-        t.add_row(row["id"], row["title"], *cells, f"[{_style(row['status'])}]{row['status']}[/]", row["detail"])
+        t.add_row(escape(row["id"]), escape(row["title"]), *cells, f"[{_style(row['status'])}]{row['status']}[/]",
+                  escape(row["detail"]))
     console.print(t)
     for r in results:
         st = r.stats
@@ -80,7 +82,7 @@ def print_table(console: Any, target: str, results: list[Any]) -> None:
             f"  {r.level}: {st.steps} steps in {st.examples} runs, {st.seconds:.1f} s, "
             f"{st.rate():.0f} steps/s; actions covered {acts}/{total_acts}, outcomes seen {len(st.outcomes)}"
             + (f"; {len(r.failures)} failure(s)" if r.failures else "")
-            + (f"; errors: {'; '.join(r.errors)}" if r.errors else ""))
+            + (f"; errors: {escape('; '.join(r.errors))}" if r.errors else ""))
 
 
 def to_json(all_results: dict[str, list[Any]]) -> dict:

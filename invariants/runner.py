@@ -134,8 +134,14 @@ def _page_of(instance: api.TargetInstance) -> int:
 
 
 def _mechanism_sut(run: H.Run, instance: api.TargetInstance) -> H.MechanismSUT:
-    foreign = run.plan.factory(**run.plan.factory_kwargs)
-    run.foreign = foreign
+    make_foreign = (instance.extras or {}).get("make_foreign")
+    if make_foreign is not None:
+        # the target's own twin (an independent mechanism on the same device:
+        # its handles may even reuse addresses of ours)
+        foreign = api.TargetInstance(mechanism=make_foreign(), ep=instance.ep, capacity=instance.capacity)
+    else:
+        foreign = run.plan.factory(**run.plan.factory_kwargs)
+        run.foreign = foreign
     sut = H.MechanismSUT(instance, foreign)
     check_capability_answers(run, instance.mechanism, run.plan.capabilities)
     return sut
@@ -258,6 +264,13 @@ def make_plan(target: str | TargetRef, level: str, *, capacity: int | None = Non
                 c()
             except Exception:  # noqa: BLE001
                 pass
+    try:
+        import inspect
+
+        if "ep" in inspect.signature(machine.init).parameters and level in ("mechanism", "system"):
+            init["ep"] = bool(caps.get("ep"))
+    except (TypeError, ValueError):
+        pass
     acts = [a for a in machine.actions if all(caps.get(r, False) for r in a.requires)]
     obs = [o for o in machine.observations if all(caps.get(r, False) for r in o.requires)]
     na = applicability(machine, machine.actions, acts, machine.observations, obs, caps)

@@ -126,7 +126,7 @@ def _toy_locate(run, ref, obj):
 class ToyEP:
     context_id = "toy-ctx"
 
-    def __init__(self, size: int = TOY_CAPACITY + 65536) -> None:
+    def __init__(self, size: int = 8 << 20) -> None:
         self.mem = bytearray(size)
         self.mapped: set[int] = set()  # page numbers (256 B) that are mapped
         self.streams = 0

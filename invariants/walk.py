@@ -1,0 +1,186 @@
+"""Fast random-walk fuzzing (``memspec fuzz --mode walk``).
+
+The same engine as the Hypothesis harness -- spec oracle, outcome matching,
+invariants, observations, data integrity -- but the choices come from a
+seeded ``random.Random`` instead of Hypothesis's engine, so a step costs only
+what the spec and the target cost.
+
+Every walk records its choice sequence in Hypothesis's primitive form (see
+:class:`~memspec.invariants.harness.RandomChooser`).  A failure is handed to
+Hypothesis for shrinking: the sequence is saved in the example database under
+the key of :func:`shrink_test`, whose loop draws exactly the same choices
+(a "continue" boolean per step, then the step's own draws), so Hypothesis's
+*reuse* phase replays the walk and its shrinker minimises it.  The shrunk
+failure is then written as a standalone reproduction like any other.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from memspec.invariants import harness as H
+
+
+@dataclass
+class WalkFailure:
+    violation: H.Violation
+    seed: int
+    run_index: int
+    choices: list
+    steps: int   # total steps of the walk when it was found
+
+
+@dataclass
+class WalkResult:
+    plan: H.Plan
+    seconds: float = 0.0
+    runs: int = 0
+    failures: list[WalkFailure] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def steps(self) -> int:
+        return self.plan.stats.steps
+
+    def rate(self) -> float:
+        return self.steps / self.seconds if self.seconds else 0.0
+
+
+def run_seed(seed: int, index: int) -> int:
+    """The seed of run ``index`` of a walk started with ``seed`` (re-runnable)."""
+    return random.Random(f"memspec-walk:{seed}:{index}").getrandbits(64)
+
+
+def walk_once(plan: H.Plan, seed: int, run_length: int, guard: H.CallGuard) -> tuple[H.Violation | None, list]:
+    """One run of ``run_length`` steps from a fresh target; ``(violation or None, choices)``."""
+    rng = random.Random(seed)
+    record: list = []
+    chooser = H.RandomChooser(rng, record)
+    run = H.Run(plan, guard)
+    try:
+        for _ in range(run_length):
+            record.append(False)  # "continue", as the shrink loop draws it
+            run.step(chooser)
+        record.append(True)       # "stop"
+        run.teardown()
+    except H.Violation as v:
+        return v, record
+    finally:
+        run.close()
+    return None, record
+
+
+def walk(plan: H.Plan, *, seconds: float | None = None, max_steps: int | None = None, seed: int = 0,
+         run_length: int = 200, stop_on_failure: bool = True, on_progress: Callable[[WalkResult], None] | None = None,
+         guard: H.CallGuard | None = None) -> WalkResult:
+    """Random walks until ``seconds`` or ``max_steps`` run out (or a failure)."""
+    res = WalkResult(plan)
+    g = guard or H.CallGuard(plan.timeout, plan.guard_mode)
+    g.install()
+    seen: set[str] = set()
+    t0 = time.perf_counter()
+    st = plan.stats
+    start_steps = st.steps
+    try:
+        i = 0
+        while True:
+            if seconds is not None and time.perf_counter() - t0 >= seconds:
+                break
+            if max_steps is not None and st.steps - start_steps >= max_steps:
+                break
+            rs = run_seed(seed, i)
+            try:
+                v, choices = walk_once(plan, rs, run_length, g)
+            except (H.SpecError, H.TargetError) as e:
+                res.errors.append(f"{type(e).__name__}: {e}")
+                break
+            res.runs += 1
+            if v is not None and v.invariant not in seen:
+                seen.add(v.invariant)
+                res.failures.append(WalkFailure(v, seed, i, choices, st.steps))
+                if stop_on_failure:
+                    break
+            i += 1
+            if on_progress is not None:
+                res.seconds = time.perf_counter() - t0
+                on_progress(res)
+    finally:
+        g.uninstall()
+        res.seconds = time.perf_counter() - t0
+        st.seconds += res.seconds
+    return res
+
+
+# --------------------------------------------------------------------------
+# Handing a walk's failure to Hypothesis
+# --------------------------------------------------------------------------
+
+def shrink_test(plan: H.Plan, max_steps: int, guard: H.CallGuard) -> Callable:
+    """A ``@given`` test whose choice sequence has the walk's shape:
+    per step a "stop?" boolean then the step's draws (spans mark steps so
+    Hypothesis can delete whole steps)."""
+    from hypothesis import given, strategies as st
+
+    @given(st.data())
+    def memspec_walk_replay(data):
+        cd = data.conjecture_data
+        chooser = H.HypothesisChooser(cd)
+        run = H.Run(plan, guard)
+        try:
+            i = 0
+            while True:
+                span = getattr(cd, "start_span", None)
+                if span is not None:
+                    span(0x6D656D)
+                stop = cd.draw_boolean(p=1 / 64, forced=True if i >= max_steps else None)
+                if stop:
+                    if span is not None:
+                        cd.stop_span()
+                    break
+                run.step(chooser)
+                if span is not None:
+                    cd.stop_span()
+                i += 1
+            run.teardown()
+        finally:
+            run.close()
+
+    return memspec_walk_replay
+
+
+def shrink(plan: H.Plan, failure: WalkFailure, *, db: Any = None, max_examples: int = 50) -> H.Violation | None:
+    """Replay ``failure`` through Hypothesis (reuse + shrink phases) and
+    return the shrunk violation of the same invariant (``None`` if Hypothesis
+    could not reproduce it: the target is then nondeterministic)."""
+    from hypothesis import Phase, Verbosity, settings
+    from hypothesis.database import InMemoryExampleDatabase, choices_to_bytes
+
+    from memspec.invariants.runner import _flatten, database_key
+
+    database = db if db is not None else InMemoryExampleDatabase()
+    guard = H.CallGuard(plan.timeout, plan.guard_mode)
+    max_steps = len(failure.choices)  # an upper bound on the walk's steps
+    test = shrink_test(plan, max_steps, guard)
+    key = database_key(plan, "walk")
+    test._hypothesis_internal_database_key = key
+    # the *secondary* corpus: examples in the primary one count as already
+    # shrunk and would be replayed as they are
+    database.save(key + b".secondary", choices_to_bytes(failure.choices))
+    s = settings(database=database, max_examples=max_examples, deadline=None, verbosity=Verbosity.quiet,
+                 phases=[Phase.reuse, Phase.shrink], report_multiple_bugs=True, derandomize=False,
+                 suppress_health_check=list(__import__("hypothesis").HealthCheck))
+    guard.install()
+    try:
+        settings(s)(test)()
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001
+        found = [x for x, _f in _flatten(e) if isinstance(x, H.Violation)]
+        same = [v for v in found if v.invariant == failure.violation.invariant]
+        return (same or found or [None])[0]
+    finally:
+        guard.uninstall()
+    return None
