@@ -1,0 +1,250 @@
+"""Snapshots of the caching allocator in ``torch.cuda.memory._snapshot()`` form.
+
+The structure PyTorch 2.5 pickles with ``torch.cuda.memory._dump_snapshot``
+(and its memory viewer reads): ``segments`` (address order; each with
+``device, address, total_size, allocated_size, active_size, requested_size,
+stream, segment_type, segment_pool_id, is_expandable, frames, blocks``; each
+block ``address, size, requested_size, state, frames`` with states
+``active_allocated``, ``active_pending_free``, ``inactive``), ``device_traces``
+(one list per device of ``{action, addr, size, stream, time_us, frames}``
+with actions ``alloc, free_requested, free_completed, segment_alloc,
+segment_free, segment_map, segment_unmap, oom``), ``allocator_settings`` and
+``external_annotations``.  Each mapped range of an expandable segment is a
+segment of its own, as in PyTorch.
+
+Import and replay: :func:`replay` runs a snapshot's trace through either
+preset, with or without expandable segments, and answers seed 003's question
+*would expandable segments have avoided this OOM?*  :func:`to_svg` draws the
+segments and their blocks (live, free, pending).
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+from memspec.spec.api import MiB
+from memspec.spec.errors import InvalidRequest, OutOfMemory
+
+_SETTINGS_KEYS = ("PYTORCH_CUDA_ALLOC_CONF", "max_split_size", "garbage_collection_threshold", "expandable_segments",
+                  "roundup_power2_divisions")
+
+
+def export_snapshot(alloc: Any) -> dict:
+    """``torch.cuda.memory._snapshot()`` of a :class:`~memspec.reference.caching.CachingAllocator`."""
+    segments = []
+    for seg in alloc.segments():
+        runs: list[list[dict]] = []
+        cur: list[dict] = []
+        for b in seg["blocks"]:
+            if b["state"] == "unmapped":
+                if cur:
+                    runs.append(cur)
+                cur = []
+            else:
+                cur.append(b)
+        if cur:
+            runs.append(cur)
+        for run in runs:
+            blocks = [{"address": b["address"], "size": b["size"], "requested_size": b["requested_size"],
+                       "state": b["state"], "frames": []} for b in run]
+            segments.append({
+                "device": alloc.device_index,
+                "address": run[0]["address"],
+                "total_size": sum(b["size"] for b in run),
+                "allocated_size": sum(b["size"] for b in run if b["state"] == "active_allocated"),
+                "active_size": sum(b["size"] for b in run if b["state"] != "inactive"),
+                "requested_size": sum(b["requested_size"] for b in run if b["state"] != "inactive"),
+                "stream": seg["stream"],
+                "segment_type": seg["segment_type"],
+                "segment_pool_id": (0, 0),
+                "is_expandable": seg["is_expandable"],
+                "frames": [],
+                "blocks": blocks,
+            })
+    segments.sort(key=lambda s: s["address"])
+    trace = [{"action": a, "addr": addr, "size": size, "stream": stream, "time_us": t, "frames": []}
+             for (a, addr, size, stream, t) in alloc.trace_entries()]
+    ms = alloc.stats.max_split_size
+    conf = [f"expandable_segments:{'True' if alloc.expandable else 'False'}"]
+    if ms != -1:
+        conf.append(f"max_split_size_mb:{ms // MiB}")
+    return {
+        "segments": segments,
+        "device_traces": [trace],
+        "allocator_settings": {
+            "PYTORCH_CUDA_ALLOC_CONF": ",".join(conf),
+            "max_split_size": ms,
+            "garbage_collection_threshold": alloc.gc_threshold,
+            "expandable_segments": alloc.expandable,
+            "roundup_power2_divisions": list(alloc._divisions or ()),
+            # memspec's own keys (PyTorch's viewer ignores unknown keys)
+            "memspec_preset": alloc.preset,
+            "memspec_capacity": alloc.capacity,
+        },
+        "external_annotations": [],
+    }
+
+
+def dump(snapshot: dict, f: BinaryIO | str) -> None:
+    """``torch.cuda.memory._dump_snapshot``: pickle the structure."""
+    if isinstance(f, str):
+        with open(f, "wb") as fh:
+            pickle.dump(snapshot, fh)
+    else:
+        pickle.dump(snapshot, f)
+
+
+def load(f: BinaryIO | str) -> dict:
+    """Read a pickled snapshot (ours or PyTorch's) and check its shape.
+
+    Only load snapshots you trust: this is :mod:`pickle`."""
+    if isinstance(f, str):
+        with open(f, "rb") as fh:
+            snap = pickle.load(fh)
+    else:
+        snap = pickle.load(f)
+    if not isinstance(snap, dict) or "segments" not in snap:
+        raise InvalidRequest("not a memory snapshot: expected a dict with 'segments' (torch.cuda.memory._snapshot())")
+    snap.setdefault("device_traces", [[]])
+    snap.setdefault("allocator_settings", {})
+    return snap
+
+
+# --------------------------------------------------------------------------
+# Replay
+# --------------------------------------------------------------------------
+
+@dataclass
+class ReplayResult:
+    """What happened when a trace ran through one configuration."""
+
+    preset: str
+    expandable: bool
+    capacity: int
+    allocs: int = 0
+    frees: int = 0
+    ooms: list[dict] = field(default_factory=list)       # {"index", "size", "message"} of replayed OOMs
+    original_ooms: list[int] = field(default_factory=list)  # trace indexes of the snapshot's own OOMs
+    allocator: Any = None
+    peak_reserved: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.ooms
+
+
+def estimate_capacity(snap: dict) -> int:
+    """The device capacity a trace implies: ``memspec_capacity`` if we wrote
+    it, else (at the first OOM) reserved-at-that-time + the free bytes the OOM
+    entry records, else the peak of segment sizes reserved."""
+    cap = snap.get("allocator_settings", {}).get("memspec_capacity")
+    if cap:
+        return int(cap)
+    reserved = peak = 0
+    for e in (snap.get("device_traces") or [[]])[0]:
+        a = e.get("action")
+        if a in ("segment_alloc", "segment_map"):
+            reserved += e["size"]
+        elif a in ("segment_free", "segment_unmap"):
+            reserved -= e["size"]
+        elif a == "oom":
+            return reserved + int(e.get("addr", 0))
+        peak = max(peak, reserved)
+    if peak == 0:
+        peak = sum(s["total_size"] for s in snap["segments"])
+    return peak
+
+
+def replay(snap: dict, *, preset: str | None = None, expandable: bool | None = None, capacity: int | None = None,
+           record_history: bool = True) -> ReplayResult:
+    """Run the snapshot's ``alloc``/``free_requested`` trace through a fresh
+    allocator.  An ``alloc`` that OOMs in the replay is recorded and skipped
+    (its later free is ignored), so the rest of the trace still runs."""
+    from memspec.reference.caching import CachingAllocator
+
+    settings = snap.get("allocator_settings", {})
+    preset = preset or settings.get("memspec_preset", "pytorch")
+    if expandable is None:
+        expandable = bool(settings.get("expandable_segments", False))
+    capacity = capacity or estimate_capacity(snap)
+    ms = settings.get("max_split_size", -1)
+    alloc = CachingAllocator(preset=preset, capacity=capacity, expandable_segments=expandable,
+                             max_split_size=None if ms in (-1, None) or preset == "seed" else int(ms),
+                             record_history=record_history)
+    res = ReplayResult(preset, expandable, capacity, allocator=alloc)
+    live: dict[int, Any] = {}
+    skipped: set[int] = set()
+    for i, e in enumerate((snap.get("device_traces") or [[]])[0]):
+        a = e.get("action")
+        if a == "alloc":
+            res.allocs += 1
+            try:
+                live[e["addr"]] = alloc.malloc(int(e["size"]), int(e.get("stream", 0)))
+            except OutOfMemory as err:
+                res.ooms.append({"index": i, "size": int(e["size"]), "message": str(err), "error": err})
+                skipped.add(e["addr"])
+            res.peak_reserved = max(res.peak_reserved, alloc.memory_reserved())
+        elif a == "free_requested":
+            blk = live.pop(e["addr"], None)
+            if blk is not None:
+                res.frees += 1
+                alloc.free(blk)
+            elif e["addr"] in skipped:
+                skipped.discard(e["addr"])
+        elif a == "oom":
+            res.original_ooms.append(i)
+    return res
+
+
+def would_expandable_avoid_oom(snap: dict, *, preset: str | None = None, capacity: int | None = None) -> tuple[bool, ReplayResult, ReplayResult]:
+    """Seed 003's question: replay without and with expandable segments.
+    True when the fixed-segment replay OOMs and the expandable one does not."""
+    fixed = replay(snap, preset=preset, expandable=False, capacity=capacity, record_history=False)
+    exp = replay(snap, preset=preset, expandable=True, capacity=capacity, record_history=False)
+    return (bool(fixed.ooms or fixed.original_ooms) and not exp.ooms), fixed, exp
+
+
+# --------------------------------------------------------------------------
+# Picture
+# --------------------------------------------------------------------------
+
+_COLOURS = {"active_allocated": "#d9534f", "inactive": "#5cb85c", "active_pending_free": "#f0ad4e"}
+_LABELS = {"active_allocated": "live", "inactive": "free", "active_pending_free": "pending"}
+
+
+def _esc(s: str) -> str:
+    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def to_svg(snap: dict, *, width: int = 900, row: int = 34) -> str:
+    """Segments as rows, blocks as boxes scaled to the largest segment:
+    live (red), free (green), pending (orange)."""
+    segs = snap["segments"]
+    biggest = max((s["total_size"] for s in segs), default=1)
+    left, top = 170, 40
+    scale = (width - left - 20) / biggest
+    h = top + row * max(1, len(segs)) + 40
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h}" font-family="monospace" font-size="11">',
+           f'<text x="10" y="20" font-size="13">{len(segs)} segments, '
+           f'{sum(s["total_size"] for s in segs) / MiB:.2f} MiB reserved, '
+           f'{sum(s["allocated_size"] for s in segs) / MiB:.2f} MiB allocated</text>']
+    for k, s in enumerate(segs):
+        y = top + k * row
+        label = f'{s["segment_type"]}{"*" if s.get("is_expandable") else ""} {s["total_size"] / MiB:.1f}M'
+        out.append(f'<text x="10" y="{y + 16}">{_esc(label)}</text>')
+        out.append(f'<rect x="{left}" y="{y}" width="{s["total_size"] * scale:.2f}" height="{row - 8}" fill="none" stroke="#333"/>')
+        for b in s["blocks"]:
+            x = left + (b["address"] - s["address"]) * scale
+            w = max(b["size"] * scale, 0.5)
+            state = b["state"]
+            title = f'{_LABELS.get(state, state)} {b["size"]} bytes at {b["address"]:#x} (requested {b["requested_size"]})'
+            out.append(f'<rect class="{_LABELS.get(state, state)}" x="{x:.2f}" y="{y}" width="{w:.2f}" height="{row - 8}" '
+                       f'fill="{_COLOURS.get(state, "#999")}" stroke="#fff"><title>{_esc(title)}</title></rect>')
+    ly = top + row * max(1, len(segs)) + 15
+    for i, (state, colour) in enumerate(_COLOURS.items()):
+        out.append(f'<rect x="{10 + i * 110}" y="{ly}" width="12" height="12" fill="{colour}"/>'
+                   f'<text x="{26 + i * 110}" y="{ly + 10}">{_LABELS[state]}</text>')
+    out.append("</svg>")
+    return "\n".join(out)
