@@ -106,11 +106,11 @@ class ReferenceSharedMapping:
             return len(idx) * self._s.page
 
     def unmap(self, allocation: VirtualAllocation, offset: int, size: int) -> int:
-        """Remove whole mappings covering exactly ``[offset, offset+size)``:
-        every page there must belong to a mapping made by :meth:`map` (shared,
-        or a private copy made from it by copy-on-write, which is freed too)
-        and every mapping touched must lie entirely inside (else InvalidRange,
-        nothing changes).  Returns the bytes unmapped."""
+        """Remove one whole mapping made by :meth:`map`, exactly ``[offset,
+        offset+size)``: its shared pages, and the private copies made from it
+        by copy-on-write (freed).  Any other range (part of a mapping, two
+        mappings, a page that is not a mapping) is InvalidRange and nothing
+        changes.  Returns the bytes unmapped."""
         with self._s.lock:
             rec = self._s.lookup(allocation)
             if not is_int(offset) or not is_int(size):
@@ -122,11 +122,11 @@ class ReferenceSharedMapping:
                 if mid is None:
                     raise InvalidRange(f"page at offset {i * self._s.page} of {allocation.identity} is not a shared mapping")
                 mids.add(mid)
-            for mid in mids:
-                m = self._s.mappings[mid]
-                pages = m.remaining | m.cow
-                if min(pages) < idx.start or max(pages) >= idx.stop:
-                    raise InvalidRange(f"unmap of [{offset}, {offset + size}) cuts mapping {mid} in part")
+            if len(mids) != 1:
+                raise InvalidRange(f"[{offset}, {offset + size}) spans {len(mids)} mappings; unmap one whole mapping")
+            m = self._s.mappings[next(iter(mids))]
+            if (m.first, m.npages) != (idx.start, len(idx)) or (m.remaining | m.cow) != set(idx):
+                raise InvalidRange(f"[{offset}, {offset + size}) is not exactly mapping {m.mapping_id}")
             for mid in sorted(mids):
                 m = self._s.mappings[mid]
                 for i in sorted(m.cow):
@@ -147,9 +147,11 @@ class ReferenceSharedMapping:
             if not is_int(offset) or not is_int(size):
                 raise InvalidRange(f"copy-on-write range must be ints, got {offset!r}+{size!r}")
             idx = self._s.pages_of(rec, offset, offset + size)
-            for i in idx:
-                if i not in rec.shared:
-                    raise InvalidRange(f"page at offset {i * self._s.page} of {allocation.identity} is not shared")
+            mids = {rec.shared.get(i) for i in idx}
+            if None in mids:
+                raise InvalidRange(f"a page of [{offset}, {offset + size}) of {allocation.identity} is not shared")
+            if len(mids) != 1:
+                raise InvalidRange(f"[{offset}, {offset + size}) spans {len(mids)} mappings; copy within one")
             fresh = self._s.dev.alloc_pages(len(idx))
             dev, page = self._s.dev, self._s.page
             for i, p in zip(idx, fresh):

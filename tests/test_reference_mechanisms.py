@@ -407,3 +407,19 @@ def test_work_item_checks_every_page_before_moving_bytes(dev):
     with pytest.raises(DeviceFault):
         dev.run_until(f)
     assert dev.peek(a.address + PAGE - 2, 2) == b"\x00\x00"     # nothing of it was applied
+
+
+def test_unmap_and_copy_on_write_take_exactly_one_mapping(dev):
+    m = full(dev)
+    sm = m.shared_mapping()
+    h1, h2 = sm.create(PAGE), sm.create(PAGE)
+    va = sm.reserve(ReserveRequest(4 * PAGE))
+    sm.map(h1, va, 0, read_only=True)
+    sm.map(h2, va, PAGE, read_only=True)             # adjacent
+    before = state(dev)
+    with pytest.raises(InvalidRange):
+        sm.unmap(va, 0, 2 * PAGE)                     # two mappings at once
+    with pytest.raises(InvalidRange):
+        sm.copy_on_write(va, 0, 2 * PAGE)
+    assert state(dev) == before and sm.mapping_count(h1) == sm.mapping_count(h2) == 1
+    assert sm.unmap(va, PAGE, PAGE) == PAGE and sm.mapping_count(h2) == 0
