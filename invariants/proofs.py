@@ -40,7 +40,7 @@ import z3
 from memspec.spec import kernels as K
 from memspec.spec.errors import ALL_ERRORS
 
-INT, BOOL, ARR, BARR = "int", "bool", "arr", "barr"
+INT, BOOL, ARR, BARR, ARR2B = "int", "bool", "arr", "barr", "arr2b"
 
 #: outcome codes: 0 ok, 1 pending (a queued release whose fences are not done), then each error class
 OUTCOMES: tuple[str, ...] = ("ok", "pending") + tuple(ALL_ERRORS)
@@ -59,6 +59,7 @@ def _sort(kind: str) -> z3.SortRef:
         BOOL: z3.BoolSort(),
         ARR: z3.ArraySort(z3.IntSort(), z3.IntSort()),
         BARR: z3.ArraySort(z3.IntSort(), z3.BoolSort()),
+        ARR2B: z3.ArraySort(z3.IntSort(), z3.ArraySort(z3.IntSort(), z3.BoolSort())),
     }[kind]
 
 
@@ -134,6 +135,8 @@ class Proof:
     lemmas: Callable[[St, Any, St], Any] | None = None
     bmc_depth: int = 4
     bounded: str = ""  # which part is bounded, if any, and why
+    #: extra closed formulas that must be valid, proved alongside: (name, formula)
+    lemmas_proved: list[tuple[str, Any]] = field(default_factory=list)
 
     def action(self, name: str) -> Act:
         for a in self.actions:
@@ -234,6 +237,12 @@ def prove(p: Proof) -> ProofResult:
                 detail += f"-> {OUTCOMES[m.eval(out, model_completion=True).as_long()]} from {_model_str(m, s, objs)}"
         res.checks.append(CheckResult(f"step:{act.name}", r == z3.unsat, time.perf_counter() - t0, detail))
 
+    for name, formula in p.lemmas_proved:
+        t0 = time.perf_counter()
+        r, m = _check_unsat(z3.Not(formula))
+        res.checks.append(CheckResult(f"lemma:{name}", r == z3.unsat, time.perf_counter() - t0,
+                                      "proved" if r == z3.unsat else f"{r}: {m}"))
+
     if p.safety is not None:
         t0 = time.perf_counter()
         r, m = _check_unsat(z3.And(_hyp(p, s, o, None, None), z3.Not(p.safety(s, o))))
@@ -324,6 +333,14 @@ def concrete(kind: str, value: Any) -> Any:
         return z3.IntVal(value)
     if kind == BOOL:
         return z3.BoolVal(bool(value))
+    if kind == ARR2B:  # {object: set of true indices}
+        arr2 = z3.K(z3.IntSort(), z3.K(z3.IntSort(), z3.BoolVal(False)))
+        for i, trues in value.items():
+            row = z3.K(z3.IntSort(), z3.BoolVal(False))
+            for j in sorted(trues):
+                row = z3.Store(row, j, z3.BoolVal(True))
+            arr2 = z3.Store(arr2, i, row)
+        return arr2
     default, items = value
     arr = z3.K(z3.IntSort(), z3.IntVal(default) if kind == ARR else z3.BoolVal(bool(default)))
     for i, v in items.items():

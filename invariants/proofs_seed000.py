@@ -15,7 +15,7 @@ from typing import Any
 import z3
 
 from memspec.invariants.proofs import (
-    ARR, BARR, BOOL, INT, OK, PENDING, Act, Proof, St, at, merge, on_ok, outcome, upd,
+    ARR, ARR2B, BARR, BOOL, INT, OK, PENDING, Act, Proof, St, at, merge, on_ok, outcome, upd,
 )
 from memspec.spec import kernels as K
 
@@ -249,55 +249,126 @@ S4 = Proof(
 
 
 # ==========================================================================
-# S5 no-silent-noop
+# S5 no-silent-noop  (mirrors spec/backing.py: commit_range, decommit_range,
+# release_reservation, and spec/mechanism.py: query_virtual_backing)
 # ==========================================================================
+
+def _in_range(p: Any, lo: Any, hi: Any, page: Any) -> Any:
+    return z3.And(K.floordiv(lo, page) <= p, p < K.floordiv(hi, page))
+
+
+def _some_page(s: St, r: Any, lo: Any, hi: Any, committed: bool) -> Any:
+    """Is some page of [lo, hi) of reservation r committed (or, with
+    ``committed=False``, not committed)?"""
+    p = z3.Int("pg")
+    row = at(s.pc, r)
+    hit = at(row, p) if committed else z3.Not(at(row, p))
+    return z3.Exists([p], z3.And(_in_range(p, lo, hi, s.page), hit))
+
+
+def _s5_handle_errors(s: St, r: Any) -> list:
+    return [(at(s.rforeign, r), "ForeignAllocation"), (z3.Not(at(s.rlive, r)), "StaleHandle")]
+
+
+def _s5_query(s: St, a: St):
+    return on_ok(z3.IntVal(OK), s, s.set(answer=K.ite(s.cap, 1, 0)))
+
 
 def _s5_commit(check: bool):
     def step(s: St, a: St):
-        span = K.page_span(a.lo, a.hi, s.page)
-        backed = at(s.cb, a.r) > a.lo  # committed prefix [0, cb) overlaps the range
+        n = a.hi - a.lo
+        pg = z3.Int("pg")
+        row = at(s.pc, a.r)
+        new_row = z3.Lambda([pg], z3.Or(at(row, pg), _in_range(pg, a.lo, a.hi, s.page)))
+        ok = s.set(pc=upd(s.pc, a.r, new_row), reported=upd(s.reported, a.r, at(s.reported, a.r) + n),
+                   physical=s.physical + n, ret=n)
+        errors = _s5_handle_errors(s, a.r) + [
+            (z3.Not(K.range_ok(a.lo, a.hi, at(s.rsize, a.r), s.page)), "InvalidRange"),
+            (_some_page(s, a.r, a.lo, a.hi, True), "InvalidRange"),
+            (s.physical + n > s.capacity, "OutOfMemory"),
+        ]
         if check:
-            out = outcome((z3.Not(s.cap), "Unsupported"), (z3.Not(K.range_ok(a.lo, a.hi, at(s.rsize, a.r), s.page)), "InvalidRange"),
-                          (backed, "InvalidRange"), (a.lo != at(s.cb, a.r), "InvalidRange"))
-            return on_ok(out, s, s.set(cb=upd(s.cb, a.r, at(s.cb, a.r) + span), ret=span))
-        # the eager allocator's default method: Ok(()) and nothing happens
-        out = outcome((z3.Not(K.range_ok(a.lo, a.hi, at(s.rsize, a.r), s.page)), "InvalidRange"),
-                      (backed, "InvalidRange"), (a.lo != at(s.cb, a.r), "InvalidRange"))
-        grown = K.ite(s.cap, at(s.cb, a.r) + span, at(s.cb, a.r))
-        return on_ok(out, s, s.set(cb=upd(s.cb, a.r, grown), ret=K.ite(s.cap, span, 0)))
+            return on_ok(outcome((z3.Not(s.cap), "Unsupported"), *errors), s, ok)
+        # the default method of a mechanism without backing: Ok(()) and nothing happens
+        out = outcome(*[(z3.And(s.cap, c), e) for c, e in errors])
+        return out, merge(out == OK, merge(s.cap, ok, s.set(ret=0)), s)
     return step
 
 
 def _s5_decommit(s: St, a: St):
-    out = outcome((z3.Not(s.cap), "Unsupported"),
-                  (z3.Not(K.range_ok(a.lo, at(s.cb, a.r), at(s.rsize, a.r), s.page)), "InvalidRange"))
-    return on_ok(out, s, s.set(cb=upd(s.cb, a.r, a.lo), ret=at(s.cb, a.r) - a.lo))
+    n = a.hi - a.lo
+    pg = z3.Int("pg")
+    row = at(s.pc, a.r)
+    new_row = z3.Lambda([pg], z3.And(at(row, pg), z3.Not(_in_range(pg, a.lo, a.hi, s.page))))
+    out = outcome((z3.Not(s.cap), "Unsupported"), *_s5_handle_errors(s, a.r),
+                  (z3.Not(K.range_ok(a.lo, a.hi, at(s.rsize, a.r), s.page)), "InvalidRange"),
+                  (_some_page(s, a.r, a.lo, a.hi, False), "InvalidRange"))
+    return on_ok(out, s, s.set(pc=upd(s.pc, a.r, new_row), reported=upd(s.reported, a.r, at(s.reported, a.r) - n),
+                               physical=s.physical - n, ret=n))
+
+
+def _s5_release(s: St, a: St):
+    n = at(s.reported, a.r)
+    out = outcome((z3.Not(s.cap), "Unsupported"), *_s5_handle_errors(s, a.r))
+    return on_ok(out, s, s.set(pc=upd(s.pc, a.r, z3.K(z3.IntSort(), z3.BoolVal(False))), reported=upd(s.reported, a.r, 0),
+                               physical=s.physical - n, rlive=upd(s.rlive, a.r, False), ret=n))
+
+
+def _span_lemma(page: int) -> Any:
+    lo, hi = z3.Ints("lo hi")
+    return z3.Implies(K.range_ok(lo, hi, hi, page), K.page_span(lo, hi, page) == hi - lo)
+
+
+def _s5_lemmas(s: St, o: Any, a: St) -> Any:
+    """``reported[r]`` is ``page`` times the number of committed pages of r and
+    ``physical`` the sum of ``reported`` (ghost sums the actions maintain by the
+    exact change): so each is >= 0, each reservation's is <= physical, and a
+    legal range whose pages are all committed counts for its whole length."""
+    facts = [at(s.reported, o) >= 0, at(s.reported, o) <= s.physical]
+    if "r" in a and "lo" in a:
+        all_committed = z3.Not(_some_page(s, a.r, a.lo, a.hi, False))
+        facts.append(z3.Implies(z3.And(K.range_ok(a.lo, a.hi, at(s.rsize, a.r), s.page), all_committed),
+                                at(s.reported, a.r) >= a.hi - a.lo))
+    return z3.And(*facts)
 
 
 def _s5_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
-    delta = at(s2.cb, a.r) - at(s.cb, a.r)
-    if name == "commit":
-        return z3.And(z3.Implies(out == OK, z3.And(delta == K.page_span(a.lo, a.hi, s.page), s2.ret == delta)),
-                      z3.Implies(z3.Not(s.cap), out == code_of("Unsupported")))
-    if name == "decommit":
-        return z3.Implies(out == OK, s2.ret == -delta)
+    if name == "query_virtual_backing":  # explicit absence
+        return s2.answer == K.ite(s.cap, 1, 0)
+    if name in ("commit_range", "decommit_range"):
+        sign = 1 if name == "commit_range" else -1
+        delta = at(s2.reported, a.r) - at(s.reported, a.r)
+        return z3.And(
+            z3.Implies(out == OK, z3.And(s2.ret == a.hi - a.lo, s2.ret > 0, delta == sign * s2.ret,
+                                         s2.physical - s.physical == sign * s2.ret)),
+            z3.Implies(z3.Not(s.cap), out == code_of("Unsupported")))
     return z3.BoolVal(True)
 
 
+_SPAN = {"r": INT, "lo": INT, "hi": INT}
 S5 = Proof(
     "S5", "no-silent-noop", "unsupported must not masquerade as a successful no-op",
-    fields={"cap": BOOL, "page": INT, "rsize": ARR, "cb": ARR, "ret": INT},
-    init=lambda s: z3.And(s.page > 0, s.cb == Z0()),
-    inv=lambda s, r: z3.And(at(s.cb, r) >= 0, s.page > 0),
+    fields={"cap": BOOL, "page": INT, "capacity": INT, "physical": INT, "rlive": BARR, "rforeign": BARR,
+            "rsize": ARR, "pc": ARR2B, "reported": ARR, "answer": INT, "ret": INT},
+    init=lambda s: z3.And(s.page > 0, s.capacity >= 0, s.physical == 0, s.rlive == F0(),
+                          s.reported == Z0(), s.pc == z3.K(z3.IntSort(), z3.K(z3.IntSort(), z3.BoolVal(False)))),
+    inv=lambda s, r: z3.And(s.page > 0, s.physical <= s.capacity, s.physical >= 0),
+    lemmas=_s5_lemmas,
     actions=[
-        Act("commit", {"r": INT, "lo": INT, "hi": INT}, _s5_commit(True), objs=("r",)),
-        Act("decommit", {"r": INT, "lo": INT}, _s5_decommit, objs=("r",)),
+        Act("query_virtual_backing", {}, _s5_query),
+        Act("commit_range", _SPAN, _s5_commit(True), objs=("r",)),
+        Act("decommit_range", _SPAN, _s5_decommit, objs=("r",)),
+        Act("release_reservation", {"r": INT}, _s5_release, objs=("r",)),
     ],
-    unguarded=Act("commit", {"r": INT, "lo": INT, "hi": INT}, _s5_commit(False), objs=("r",)),
-    guard="commit without VirtualBacking raises Unsupported (no successful no-op)",
+    unguarded=Act("commit_range", _SPAN, _s5_commit(False), objs=("r",)),
+    guard="without VirtualBacking a commit raises Unsupported (no successful no-op)",
     step_prop=_s5_prop,
+    # the range is page aligned, so its bytes are exactly its page-rounded span
+    # (linear for a fixed page: proved for the page sizes the project uses)
+    bounded="page symbolic everywhere except the lemma page_span(lo, hi) == hi - lo for aligned ranges, proved "
+            "for pages 512 B, 4 KiB, 64 KiB, 2 MiB, 20 MiB (with a symbolic page it is nonlinear: Z3 answers unknown)",
+    lemmas_proved=[(f"page_span==hi-lo @page={pg}", _span_lemma(pg)) for pg in (512, 4096, 65536, 2 << 20, 20 << 20)],
     bmc_depth=1,
-    bounded="committed range modelled as a growing prefix [0, cb) (the KV growth pattern); arbitrary page sets not encoded",
 )
 
 
@@ -667,97 +738,142 @@ S12 = Proof(
 
 
 # ==========================================================================
-# S13 shared-lifetime
+# S13 shared-lifetime  (mirrors spec/sharing.py: create, map, unmap,
+# copy_on_write, release_handle, write_through).  The reservation side of
+# map/unmap (foreign, released, misplaced or already-backed range) is the
+# argument ``where``: 0 legal, 1 foreign, 2 released, 3 bad range.
 # ==========================================================================
 
-H_LIVE, H_RELEASED = 1, 2
-M_MAPPED, M_UNMAPPED = 1, 2
+def _s13_maybe_free(s: St, h: Any) -> St:
+    """Free a handle's pages once released and unmapped everywhere (once)."""
+    go = z3.And(at(s.hreleased, h), at(s.hmaps, h) == 0, z3.Not(at(s.hfreed, h)))
+    return s.set(hfreed=upd(s.hfreed, h, z3.Or(at(s.hfreed, h), go)),
+                 shared=K.ite(go, s.shared - at(s.hsize, h), s.shared),
+                 physical=K.ite(go, s.physical - at(s.hsize, h), s.physical))
 
 
-def _s13_free_if_last(s: St, h: Any, cond: Any) -> St:
-    """Physical pages go (and their single charge is refunded) once the handle
-    is released and no mapping remains."""
-    return s.set(pfreed=upd(s.pfreed, h, z3.Or(at(s.pfreed, h), cond)),
-                 hchg=upd(s.hchg, h, K.ite(cond, 0, at(s.hchg, h))),
-                 free=K.ite(cond, s.free + at(s.hchg, h), s.free))
+def _where(w: Any) -> list:
+    return [(w == 1, "ForeignAllocation"), (w == 2, "StaleHandle")]
 
 
 def _s13_create(s: St, a: St):
-    out = outcome((a.n > s.free, "GrantDenied"))
-    return on_ok(out, s, s.set(hstate=upd(s.hstate, a.h, H_LIVE), hsize=upd(s.hsize, a.h, a.n),
-                               hchg=upd(s.hchg, a.h, a.n), free=s.free - a.n, maps=upd(s.maps, a.h, 0),
-                               pfreed=upd(s.pfreed, a.h, False)))
+    out = outcome((z3.Or(a.n <= 0, K.mod(a.n, s.page) != 0), "InvalidRequest"),
+                  (s.physical + a.n > s.capacity, "OutOfMemory"))
+    return on_ok(out, s, s.set(hexists=upd(s.hexists, a.h, True), hsize=upd(s.hsize, a.h, a.n),
+                               hreleased=upd(s.hreleased, a.h, False), hmaps=upd(s.hmaps, a.h, 0),
+                               hfreed=upd(s.hfreed, a.h, False), shared=s.shared + a.n, physical=s.physical + a.n))
 
 
 def _s13_map(s: St, a: St):
-    out = outcome((at(s.hstate, a.h) != H_LIVE, "StaleHandle"))
-    return on_ok(out, s, s.set(mstate=upd(s.mstate, a.m, M_MAPPED), mh=upd(s.mh, a.m, a.h), mro=upd(s.mro, a.m, a.ro),
-                               maps=upd(s.maps, a.h, at(s.maps, a.h) + 1)))
+    out = outcome(*_where(a.where), (at(s.hreleased, a.h), "StaleHandle"), (a.where == 3, "InvalidRange"))
+    return on_ok(out, s, s.set(mlive=upd(s.mlive, a.m, True), mh=upd(s.mh, a.m, a.h),
+                               msize=upd(s.msize, a.m, at(s.hsize, a.h)), mro=upd(s.mro, a.m, a.ro),
+                               mpriv=upd(s.mpriv, a.m, False), hmaps=upd(s.hmaps, a.h, at(s.hmaps, a.h) + 1),
+                               ret=at(s.hsize, a.h)))
+
+
+def _mapping_errors(s: St, a: St) -> list:
+    return _where(a.where) + [(z3.Or(z3.Not(at(s.mlive, a.m)), a.size != at(s.msize, a.m)), "InvalidRange")]
 
 
 def _s13_unmap(s: St, a: St):
-    out = outcome((at(s.mstate, a.m) != M_MAPPED, "InvalidRange"))
-    h = at(s.mh, a.m)
-    s1 = s.set(mstate=upd(s.mstate, a.m, M_UNMAPPED), maps=upd(s.maps, h, at(s.maps, h) - 1))
-    last = z3.And(at(s.hstate, h) == H_RELEASED, at(s.maps, h) - 1 == 0)
-    return on_ok(out, s, _s13_free_if_last(s1, h, last))
+    out = outcome(*_mapping_errors(s, a))
+    h, sz, priv = at(s.mh, a.m), at(s.msize, a.m), at(s.mpriv, a.m)
+    s1 = s.set(mlive=upd(s.mlive, a.m, False), ret=sz,
+               # a shared mapping gives back its reference; a private (copied) one frees its own pages
+               hmaps=K.ite(priv, s.hmaps, upd(s.hmaps, h, at(s.hmaps, h) - 1)),
+               private=K.ite(priv, s.private - sz, s.private),
+               physical=K.ite(priv, s.physical - sz, s.physical))
+    return on_ok(out, s, _s13_maybe_free(s1, h))
+
+
+def _s13_cow(s: St, a: St):
+    sz, h = at(s.msize, a.m), at(s.mh, a.m)
+    out = outcome(*_mapping_errors(s, a), (at(s.mpriv, a.m), "InvalidRange"),
+                  (s.physical + sz > s.capacity, "OutOfMemory"))
+    s1 = s.set(mpriv=upd(s.mpriv, a.m, True), private=s.private + sz, physical=s.physical + sz,
+               hmaps=upd(s.hmaps, h, at(s.hmaps, h) - 1), ret=sz)
+    return on_ok(out, s, _s13_maybe_free(s1, h))
 
 
 def _s13_release(check: bool):
     def step(s: St, a: St):
-        out = outcome((at(s.hstate, a.h) != H_LIVE, "DoubleFree"))
-        s1 = s.set(hstate=upd(s.hstate, a.h, H_RELEASED))
-        last = at(s.maps, a.h) == 0 if check else z3.BoolVal(True)
-        return on_ok(out, s, _s13_free_if_last(s1, a.h, last))
+        out = outcome((at(s.hreleased, a.h), "DoubleFree"))
+        unmapped = at(s.hmaps, a.h) == 0
+        s1 = s.set(hreleased=upd(s.hreleased, a.h, True), ret=K.ite(unmapped, at(s.hsize, a.h), 0))
+        if check:
+            return on_ok(out, s, _s13_maybe_free(s1, a.h))
+        # frees the pages with the creator's reference, mapped or not
+        go = z3.Not(at(s.hfreed, a.h))
+        s2 = s1.set(hfreed=upd(s.hfreed, a.h, True), shared=K.ite(go, s.shared - at(s.hsize, a.h), s.shared),
+                    physical=K.ite(go, s.physical - at(s.hsize, a.h), s.physical), ret=at(s.hsize, a.h))
+        return on_ok(out, s, s2)
     return step
 
 
 def _s13_write(s: St, a: St):
-    out = outcome((at(s.mstate, a.m) != M_MAPPED, "DeviceFault"), (at(s.mro, a.m), "ReadOnlyViolation"))
-    return on_ok(out, s, s.set(wro=upd(s.wro, a.m, z3.Or(at(s.wro, a.m), at(s.mro, a.m)))))
+    ro = z3.And(at(s.mro, a.m), z3.Not(at(s.mpriv, a.m)))
+    out = outcome((ro, "ReadOnlyViolation"))
+    return on_ok(out, s, s.set(wro=upd(s.wro, a.m, z3.Or(at(s.wro, a.m), ro))))
 
 
 def _s13_inv(s: St, o: Any) -> Any:
     h = at(s.mh, o)
+    shared_map = z3.And(at(s.mlive, o), z3.Not(at(s.mpriv, o)))
     return z3.And(
-        s.free >= 0, at(s.maps, o) >= 0,
-        z3.Implies(at(s.pfreed, o), z3.And(at(s.maps, o) == 0, at(s.hstate, o) == H_RELEASED, at(s.hchg, o) == 0)),
-        z3.Implies(z3.And(at(s.hstate, o) != 0, z3.Not(at(s.pfreed, o))), at(s.hchg, o) == at(s.hsize, o)),
-        z3.Implies(at(s.hstate, o) != 0, at(s.hsize, o) > 0),
-        z3.Implies(at(s.mstate, o) == M_MAPPED, z3.And(z3.Not(at(s.pfreed, h)), at(s.hstate, h) != 0)),
-        z3.Implies(at(s.hstate, o) == 0, at(s.maps, o) == 0),
+        s.physical <= s.capacity, at(s.hmaps, o) >= 0, s.page > 0,
+        z3.Implies(at(s.hfreed, o), z3.And(at(s.hreleased, o), at(s.hmaps, o) == 0)),
+        z3.Implies(at(s.hexists, o), at(s.hsize, o) > 0),
+        z3.Implies(at(s.mlive, o), z3.And(at(s.hexists, h), at(s.msize, o) == at(s.hsize, h))),
+        z3.Implies(shared_map, z3.Not(at(s.hfreed, h))),
         z3.Not(at(s.wro, o)),
     )
 
 
 def _s13_lemmas(s: St, o: Any, a: St) -> Any:
-    # maps[h] counts the mappings in state MAPPED onto h: one mapped mapping
-    # means >= 1, two distinct ones >= 2
+    # hmaps[h] counts the live, not copied mappings of h: one such mapping
+    # means >= 1, two distinct ones >= 2.  Inv holds at every object, so also
+    # at the handle o maps.
     h = at(s.mh, o)
-    one = z3.And(z3.Implies(at(s.mstate, o) == M_MAPPED, at(s.maps, h) >= 1),
-                 _s13_inv(s, h))  # Inv holds for every object, so also at the handle o maps
+    shared_map = lambda x: z3.And(at(s.mlive, x), z3.Not(at(s.mpriv, x)))  # noqa: E731
+    one = z3.And(z3.Implies(shared_map(o), at(s.hmaps, h) >= 1), _s13_inv(s, h))
     if "m" not in a:
         return one
     m = a["m"]
-    two = z3.Implies(z3.And(o != m, at(s.mstate, o) == M_MAPPED, at(s.mstate, m) == M_MAPPED, at(s.mh, m) == h),
-                     at(s.maps, h) >= 2)
-    return z3.And(one, two)
+    two = z3.Implies(z3.And(o != m, shared_map(o), shared_map(m), at(s.mh, m) == h), at(s.hmaps, h) >= 2)
+    return z3.And(one, two, _s13_inv(s, at(s.mh, m)))
 
 
+def _s13_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
+    if name == "map":  # charged once: mapping again takes no new physical bytes
+        return z3.And(s2.physical == s.physical, s2.shared == s.shared)
+    if name == "release_handle":
+        return z3.Implies(out == OK, s2.ret == K.ite(at(s.hmaps, a.h) == 0, at(s.hsize, a.h), 0))
+    return z3.BoolVal(True)
+
+
+_MAPARGS = {"m": INT, "size": INT, "where": INT}
+_WHERE = lambda s, a: z3.And(a.where >= 0, a.where <= 3)  # noqa: E731
 S13 = Proof(
     "S13", "shared-lifetime", "shared physical pages are charged once, freed only after the last mapping and handle go; read-only mappings reject writes",
-    fields={"hstate": ARR, "hsize": ARR, "hchg": ARR, "maps": ARR, "pfreed": BARR, "mstate": ARR, "mh": ARR,
-            "mro": BARR, "wro": BARR, "free": INT},
-    init=lambda s: z3.And(s.hstate == Z0(), s.maps == Z0(), s.pfreed == F0(), s.mstate == Z0(), s.wro == F0(), s.free >= 0),
-    inv=_s13_inv, lemmas=_s13_lemmas,
+    fields={"page": INT, "capacity": INT, "physical": INT, "shared": INT, "private": INT,
+            "hexists": BARR, "hsize": ARR, "hreleased": BARR, "hmaps": ARR, "hfreed": BARR,
+            "mlive": BARR, "mh": ARR, "msize": ARR, "mro": BARR, "mpriv": BARR, "wro": BARR, "ret": INT},
+    init=lambda s: z3.And(s.page > 0, s.physical == 0, s.physical <= s.capacity, s.shared == 0, s.private == 0,
+                          s.hexists == F0(), s.hmaps == Z0(), s.hfreed == F0(), s.hreleased == F0(),
+                          s.mlive == F0(), s.wro == F0()),
+    inv=_s13_inv, lemmas=_s13_lemmas, step_prop=_s13_prop,
     actions=[
-        Act("create", {"h": INT, "n": INT}, _s13_create, pre=lambda s, a: z3.And(at(s.hstate, a.h) == 0, a.n > 0), objs=("h",)),
-        Act("map", {"m": INT, "h": INT, "ro": BOOL}, _s13_map, pre=lambda s, a: at(s.mstate, a.m) == 0, objs=("m", "h")),
-        Act("unmap", {"m": INT}, _s13_unmap, objs=("m",)),
-        Act("release", {"h": INT}, _s13_release(True), objs=("h",)),
-        Act("write", {"m": INT}, _s13_write, objs=("m",)),
+        Act("create", {"h": INT, "n": INT}, _s13_create, pre=lambda s, a: z3.Not(at(s.hexists, a.h)), objs=("h",)),
+        Act("map", {"m": INT, "h": INT, "ro": BOOL, "where": INT}, _s13_map,
+            pre=lambda s, a: z3.And(z3.Not(at(s.mlive, a.m)), at(s.hexists, a.h), z3.Not(at(s.hfreed, a.h)), _WHERE(s, a)),
+            objs=("m", "h")),
+        Act("unmap", _MAPARGS, _s13_unmap, pre=_WHERE, objs=("m",)),
+        Act("copy_on_write", _MAPARGS, _s13_cow, pre=_WHERE, objs=("m",)),
+        Act("release_handle", {"h": INT}, _s13_release(True), pre=lambda s, a: at(s.hexists, a.h), objs=("h",)),
+        Act("write_through", {"m": INT}, _s13_write, pre=lambda s, a: at(s.mlive, a.m), objs=("m",)),
     ],
-    unguarded=Act("release", {"h": INT}, _s13_release(False), objs=("h",)),
+    unguarded=Act("release_handle", {"h": INT}, _s13_release(False), pre=lambda s, a: at(s.hexists, a.h), objs=("h",)),
     guard="physical pages are freed only when the last mapping is gone",
     bmc_depth=3,
 )
