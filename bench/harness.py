@@ -16,7 +16,7 @@ import importlib.util
 from typing import Any
 
 from bench.bare import bare_rate
-from bench.common import Row, unavailable
+from bench.common import FAILED, Row, unavailable
 
 HARNESS_TARGET = "reference"
 #: what each row needs; a row reads "not available" only when one of these is missing
@@ -79,19 +79,135 @@ def harness_rows(quick: bool = False) -> list[Row]:
 
 
 def walk_rows(quick: bool = False) -> list[Row]:
+    """The walk mode on both levels of ``reference``: the same examples x
+    steps as the harness row (runs of ``steps`` steps), same oracle and checks."""
+    examples, steps = _settings(quick)
     name, unit, tgt = f"walk fuzz step rate ({HARNESS_TARGET})", "steps/s", ">= 5x bare"
     why = _missing(*WALK_DEPS)
     if why:
         return [unavailable(name, unit, tgt, why)]
-    return [unavailable(name, unit, tgt, "integration with invariants.walk pending")]
+    from memspec.invariants import runner, walk
+
+    b_rate = bare(quick)[0]
+    total_steps, total_s, per_level, problems = 0, 0.0, {}, []
+    for level in ("mechanism", "system"):
+        plan = runner.make_plan(HARNESS_TARGET, level)
+        res = walk.walk(plan, max_steps=examples * steps, run_length=steps, seed=0, stop_on_failure=False)
+        problems += [f"{level}: {e}" for e in res.errors] + [f"{level}: {f.violation.invariant}" for f in res.failures]
+        total_steps += res.steps
+        total_s += res.seconds
+        per_level[level] = {"steps": res.steps, "seconds": res.seconds, "rate": res.rate(), "runs": res.runs}
+    if not total_steps:
+        return [unavailable(name, unit, tgt, f"walk ran no steps: {problems[:1]}")]
+    rate = total_steps / total_s
+    ratio = rate / b_rate
+    note = "levels " + ", ".join(f"{lv} {d['rate']:,.0f}/s" for lv, d in per_level.items())
+    if problems:
+        note += f"; NOTE run not clean: {'; '.join(problems[:3])[:150]}"
+    return [Row(name, rate, unit, ratio, tgt, ratio >= 5.0, note,
+                extra={"steps": total_steps, "seconds": total_s, "levels": per_level, "problems": problems[:5]})]
 
 
 LIVE = (10, 1_000, 10_000)
+QUICK_LIVE = (10, 100, 300)
+#: the live-set walk runs the reference on 4 KiB pages (the integrity check
+#: writes stamps into every live page; 2 MiB pages would cost GiB of host
+#: memory at 10,000 live allocations) with room for every allocation
+LIVESET_PAGE = 4096
+LIVESET_CAPACITY = 1 << 32
+
+
+def _liveset_plan() -> Any:
+    import functools
+
+    from memspec.invariants import runner
+    from memspec.invariants.discovery import TargetRef
+    from memspec.reference import targets
+
+    tref = TargetRef(HARNESS_TARGET, functools.partial(targets.reference, page_size=LIVESET_PAGE), "bench")
+    return runner.make_plan(tref, "mechanism", capacity=LIVESET_CAPACITY)
+
+
+def step_time(n_live: int, mixed_steps: int, seed: int = 0) -> tuple[float, dict]:
+    """Seconds per step of the mixed phase of a walk on the mechanism level
+    that first allocates ``n_live`` one-page allocations.
+
+    Mixed phase: a random step from the spec's whole action table (drawn the
+    way the walk draws it), then, when the live set drifted, one step that
+    allocates or frees a random live allocation to bring it back to
+    ``n_live``.  Every step is a full harness step (spec oracle, outcome
+    match, invariants, observations, data integrity) and all are counted.
+    """
+    import random
+
+    from memspec.invariants import harness as H
+
+    plan = _liveset_plan()
+    allocate = plan.machine.action("allocate")
+    deallocate = plan.machine.action("deallocate")
+    guard = H.CallGuard(plan.timeout, plan.guard_mode)
+    guard.install()
+    run = H.Run(plan, guard)
+    rng = random.Random(seed)
+    chooser = H.RandomChooser(rng, [])
+    page = LIVESET_PAGE
+    try:
+        for _ in range(n_live):
+            run.apply(allocate, {"size": page})
+        live = run.state.live_allocs
+        assert len(live) == n_live, f"built {len(live)} live allocations, wanted {n_live}"
+        import time
+
+        steps = 0
+        t0 = time.perf_counter()
+        while steps < mixed_steps:
+            run.step(chooser)
+            steps += 1
+            d = len(live) - n_live
+            if d < 0:
+                run.apply(allocate, {"size": page})
+                steps += 1
+            elif d > 0:
+                run.apply(deallocate, {"handle": live.at(rng.randrange(len(live)))})
+                steps += 1
+        dt = time.perf_counter() - t0
+        info = {"steps": steps, "seconds": dt, "live_at_end": len(live), "actions": dict(plan.stats.actions)}
+    finally:
+        run.close()
+        guard.uninstall()
+    return dt / steps, info
 
 
 def liveset_rows(quick: bool = False) -> list[Row]:
-    names = [f"step time @{n:,} live" for n in LIVE]
+    lives = QUICK_LIVE if quick else LIVE
+    names = [f"step time @{n:,} live" for n in lives]
+    tgt_last = f"<= 1.5x @{lives[0]:,}"
     why = _missing(*WALK_DEPS)
     if why:
-        return [unavailable(n, "us/step", "<= 1.5x @10" if lv == LIVE[-1] else "", why) for n, lv in zip(names, LIVE)]
-    return [unavailable(n, "us/step", "", "integration with invariants.walk pending") for n in names]
+        return [unavailable(n, "us/step", tgt_last if lv == lives[-1] else "", why) for n, lv in zip(names, lives)]
+    mixed = 300 if quick else 3000
+    per: dict[int, tuple[float, dict]] = {}
+    from memspec.invariants import harness as H
+
+    for n in lives:
+        # best of two runs: noise only ever adds time
+        try:
+            a = step_time(n, mixed, seed=0)
+            b = step_time(n, mixed, seed=1) if not quick else a
+        except (H.Violation, H.SpecError, H.TargetError) as e:
+            why = f"the walk on {HARNESS_TARGET} stopped at @{n:,} live: {type(e).__name__}: {str(e)[:140]}"
+            return [unavailable(nm, "us/step", tgt_last if lv == lives[-1] else "", why, status=FAILED)
+                    for nm, lv in zip(names, lives)]
+        per[n] = min(a, b, key=lambda x: x[0])
+    rows = []
+    base = per[lives[0]][0]
+    for n, name in zip(lives, names):
+        t, info = per[n]
+        if n == lives[-1]:
+            ratio = t / base
+            rows.append(Row(name, t * 1e6, "us/step", ratio, tgt_last, ratio <= 1.5,
+                            f"ratio = step time @{n:,} / @{lives[0]:,}; {info['steps']} mixed steps", extra=info))
+        else:
+            rows.append(Row(name, t * 1e6, "us/step", None, "", None,
+                            ("baseline; " if n == lives[0] else "") + f"{info['steps']} mixed steps", extra=info))
+    return rows
