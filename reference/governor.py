@@ -181,6 +181,40 @@ class ReferenceGovernor:
                 del self._by_holder[holder]
             return n
 
+    def split(self, lease: Lease, nbytes: int) -> Lease:
+        """Carve ``nbytes`` of a live lease into a new lease of the same
+        holder (the ledger does not change: the same bytes, a new record --
+        used when pages change owner, e.g. a KV page becoming shared)."""
+        if not isinstance(lease, Lease):
+            raise InvalidRequest(f"expected a Lease, got {type(lease).__name__}")
+        with self._lock:
+            rec = self._leases.get(lease.lease_id)
+            if rec is None:
+                raise InvalidRequest(f"lease {lease.lease_id} is not live")
+            holder, left = rec
+            if not is_int(nbytes) or nbytes <= 0 or nbytes > left:
+                raise InvalidRequest(f"cannot split {nbytes!r} bytes from lease {lease.lease_id} holding {left}")
+            if nbytes == left:
+                del self._leases[lease.lease_id]
+            else:
+                self._leases[lease.lease_id] = (holder, left - nbytes)
+            new = Lease(next(self._ids), holder, nbytes)
+            self._leases[new.lease_id] = (holder, nbytes)
+            return new
+
+    def merge(self, leases: list[Lease]) -> Lease:
+        """One lease for several live leases of one holder (ledger unchanged)."""
+        with self._lock:
+            recs = [self._leases.get(x.lease_id) for x in leases]
+            if not leases or None in recs or len({r[0] for r in recs}) != 1:  # type: ignore[index]
+                raise InvalidRequest("merge takes live leases of one holder")
+            for x in leases:
+                del self._leases[x.lease_id]
+            holder, total = recs[0][0], sum(r[1] for r in recs)  # type: ignore[index]
+            new = Lease(next(self._ids), holder, total)
+            self._leases[new.lease_id] = (holder, total)
+            return new
+
     def lease_bytes(self, lease: Lease) -> int:
         with self._lock:
             rec = self._leases.get(lease.lease_id)
@@ -224,7 +258,7 @@ class ReferenceGovernor:
             t = self._ticket(ticket)
             if t.state not in (TicketState.PENDING, TicketState.GRANTED):
                 raise InvalidTicket(f"ticket {t.ticket_id} is {t.state}; no more responses")
-            if t.generation != self.generation:
+            if t.state == TicketState.PENDING and t.generation != self.generation:
                 raise InvalidTicket(f"ticket {t.ticket_id} is of generation {t.generation}, now {self.generation}")
             if not is_int(released) or released < 0 or released > self._free:
                 raise InvalidRequest(

@@ -150,8 +150,9 @@ class KvView:
 
 
 @dataclass
-class _Prefix:
-    """A shared system-prompt prefix: one physical handle, charged once."""
+class _SharedPage:
+    """One KV page moved into a SharedMapping physical handle so several
+    requests can map it: physical and charge counted once (its own lease)."""
 
     handle: PhysicalHandle
     lease: Lease
@@ -164,19 +165,31 @@ class _Request:
     res: RefReservation
     max_bytes: int
     view: KvView
-    prefix: _Prefix | None = None
+    shared: dict[int, _SharedPage] = field(default_factory=dict)   # page offset -> shared page mapped here
+    prefix_of: str | None = None
     evictable: bool = False
 
 
 class KvPageStore:
-    """KV pages per request, grown transactionally, prefixes shared through SharedMapping."""
+    """KV pages per request, grown transactionally, prefixes shared through SharedMapping.
+
+    Sharing is page-granular: when a request opens with ``prefix_of=A,
+    prefix_bytes=P``, each of A's first ``P / page`` pages that is still
+    private is moved, with its bytes, into a one-page physical handle mapped
+    read-only back at the same address in A (the charge is carved out of A's
+    leases into the page's own lease: nothing is charged twice, nothing
+    new is granted), and every such page is mapped read-only into the new
+    request.  Different requests may share prefixes of different lengths.
+    A shared page is unmapped when a request mapping it is released, and
+    freed (and refunded) when the last one goes (invariant S13).
+    """
 
     def __init__(self, binding: ReferenceBinding, name: str = "kv") -> None:
         self.name = name
         self.binding = binding
         self._lock = threading.RLock()
         self._reqs: dict[str, _Request] = {}
-        self.prefix_freed = 0    # bytes of shared prefixes freed so far (their last user left)
+        self.prefix_freed = 0    # bytes of shared pages freed so far (their last user left)
 
     # -- helpers ----------------------------------------------------------
 
@@ -201,14 +214,16 @@ class KvPageStore:
             return list(self._reqs)
 
     def prefix_users(self, request: str) -> set[str]:
+        """Requests mapping the shared first page of ``request`` (empty if it has none)."""
         with self._lock:
-            p = self._req(request).prefix
-            return set() if p is None else set(p.users)
+            sp = self._req(request).shared.get(0)
+            return set() if sp is None else set(sp.users)
 
     def shared_bytes(self) -> int:
-        """Physical bytes of live shared prefixes (each counted once)."""
+        """Physical bytes of live shared pages (each counted once)."""
         with self._lock:
-            return sum(p.handle.size for p in {id(r.prefix): r.prefix for r in self._reqs.values() if r.prefix}.values())
+            pages = {id(sp): sp for r in self._reqs.values() for sp in r.shared.values()}
+            return sum(sp.handle.size for sp in pages.values())
 
     def reservation(self, request: str) -> RefReservation:
         with self._lock:
@@ -220,10 +235,15 @@ class KvPageStore:
         """Step 1: reserve ``max_bytes`` of VA (no physical pages).  With
         ``prefix_of``, map that request's first ``prefix_bytes`` (page
         aligned, already committed there) read-only here, sharing its
-        physical pages (the first time, they are moved into a shared handle
-        with the same bytes; the charge stays counted once)."""
+        physical pages.  Unsupported without VirtualBacking (or, for a
+        prefix, SharedMapping); InvalidRequest for a prefix longer than what
+        the origin has backed."""
         _check_name(request, "request")
         check_size(max_bytes, "max_bytes")
+        caps = self.binding.capabilities()
+        if not caps.virtual_backing or (prefix_of is not None and not caps.shared_mapping):
+            raise Unsupported(f"mechanism {caps.mechanism_id} lacks "
+                              + ("VirtualBacking" if not caps.virtual_backing else "SharedMapping"))
         with self._lock:
             if request in self._reqs:
                 raise InvalidRequest(f"KV request {request!r} is already open")
@@ -239,94 +259,100 @@ class KvPageStore:
                         f"prefix of {prefix_bytes} bytes exceeds {prefix_of!r}'s {src.view.nbytes} backed bytes "
                         f"or the new request's {max_bytes}"
                     )
-                if src.prefix is not None and src.prefix.handle.size != prefix_bytes:
-                    raise InvalidRequest(f"{prefix_of!r} shares a {src.prefix.handle.size}-byte prefix, not {prefix_bytes}")
             elif prefix_bytes:
                 raise InvalidRequest("prefix_bytes without prefix_of")
             res = self.binding.reserve(self.name, max_bytes)
-            req = _Request(request, res, max_bytes, KvView(request, res.address, 0, 0))
-            try:
-                if src is not None:
-                    prefix = src.prefix or self._make_prefix(src, prefix_bytes)
-                    sm = self._shared(res)
-                    sm.map(prefix.handle, res.allocation, 0, read_only=True)
-                    self._join(req, prefix)
-                    req.view = KvView(request, res.address, prefix_bytes, 1)
-            except BaseException:
-                res.close()
-                self.binding.ep.poll()
-                raise
+            req = _Request(request, res, max_bytes, KvView(request, res.address, 0, 0), prefix_of=prefix_of)
+            self._install_leave(req)
+            if src is not None:
+                try:
+                    pages = self._share_prefix(src, prefix_bytes)
+                except BaseException:
+                    res.close()
+                    self.binding.ep.poll()
+                    raise
+                sm = self._shared(res)
+                for off, sp in pages:
+                    sm.map(sp.handle, res.allocation, off, read_only=True)
+                    sp.users.add(request)
+                    req.shared[off] = sp
+                req.view = KvView(request, res.address, prefix_bytes, 1)
             self._reqs[request] = req
 
-    def _join(self, req: _Request, prefix: _Prefix) -> None:
-        req.prefix = prefix
-        prefix.users.add(req.name)
-        sm, va, size = self._shared(req.res), req.res.allocation, prefix.handle.size
+    def _install_leave(self, req: _Request) -> None:
+        """Before the reservation's release: unmap its shared pages; free
+        (and refund) those whose last user this was."""
         gov = self.binding.governor
 
         def leave() -> None:
-            sm.unmap(va, 0, size)
-            with self._lock:
-                prefix.users.discard(req.name)
-                last = not prefix.users
-            if last:
-                sm.release(prefix.handle)
-                gov.refund(prefix.lease)
+            if not req.shared:
+                return
+            sm, va = self._shared(req.res), req.res.allocation
+            for off, sp in sorted(req.shared.items()):
+                sm.unmap(va, off, sp.handle.size)
                 with self._lock:
-                    self.prefix_freed += size
+                    sp.users.discard(req.name)
+                    last = not sp.users
+                if last:
+                    sm.release(sp.handle)
+                    gov.refund(sp.lease)
+                    with self._lock:
+                        self.prefix_freed += sp.handle.size
+            req.shared.clear()
 
         req.res.before_release(leave)
 
-    def _make_prefix(self, src: _Request, size: int) -> _Prefix:
-        """Move ``src``'s first ``size`` bytes into a shared physical handle
-        (same bytes, same address, now read-only), charged once."""
+    def _share_prefix(self, src: _Request, size: int) -> list[tuple[int, _SharedPage]]:
+        """The shared pages covering ``src``'s first ``size`` bytes, moving
+        each still-private page into a one-page physical handle (same bytes,
+        same address, now read-only; its charge carved out of ``src``'s leases)."""
         ep, gov, res = self.binding.ep, self.binding.governor, src.res
         sm = self._shared(res)
-        for f in res.pending_fences():      # the holder waits for its own in-flight work
-            ep.run_until(f)
         page = res.backing.granularity()
-        grant = gov.reserve(self.name, size)
-        try:
-            handle = sm.create(size)
-        except BaseException:
-            gov.cancel(grant)
-            raise
-        tmp = sm.reserve(ReserveRequest(size))
-        try:
-            sm.map(handle, tmp, 0, read_only=False)
-            stream = ep.default_stream if hasattr(ep, "default_stream") else 0
-            last = None
-            for off in range(0, size, page):
-                data = ep.read(stream, res.address + off, page)
-                if any(data):
-                    last = ep.write(stream, tmp.address + off, data)
-            if last is not None:
-                ep.run_until(last) if hasattr(ep, "run_until") else ep.synchronize(stream)
-            sm.unmap(tmp, 0, size)
-        except BaseException:
-            sm.release(handle)
-            gov.cancel(grant)
-            raise
-        finally:
-            sm.free_reservation(tmp)
-        # swap: the private pages go, the shared handle comes, at the same address
-        res.backing.decommit_range(res.allocation, 0, size)
-        sm.map(handle, res.allocation, 0, read_only=True)
-        lease = gov.commit(grant, size)
-        left = size
-        with res.lock:
-            res.pages.difference_update(range(0, size, page))
-            for old in list(res.leases):
-                if not left:
-                    break
-                take = min(left, gov.lease_bytes(old))
-                gov.refund(old, take)
-                left -= take
+        todo = [off for off in range(0, size, page) if off not in src.shared]
+        if todo:
+            for f in res.pending_fences():      # the holder waits for its own in-flight work
+                ep.run_until(f) if hasattr(ep, "run_until") else ep.synchronize(f.stream)
+        stream = getattr(ep, "default_stream", 0)
+        for off in todo:
+            data = ep.read(stream, res.address + off, page)
+            res.backing.decommit_range(res.allocation, off, off + page)   # one page out ...
+            handle = sm.create(page)                                       # ... one page in
+            if any(data):
+                sm.map(handle, res.allocation, off, read_only=False)
+                ep.run_until(ep.write(stream, res.address + off, data)) if hasattr(ep, "run_until") \
+                    else (ep.write(stream, res.address + off, data), ep.synchronize(stream))
+                sm.unmap(res.allocation, off, page)
+            sm.map(handle, res.allocation, off, read_only=True)
+            with res.lock:
+                res.pages.discard(off)
+                lease = self._carve(res, page)
+            sp = _SharedPage(handle, lease, {src.name})
+            src.shared[off] = sp
+        return [(off, src.shared[off]) for off in range(0, size, page)]
+
+    def _carve(self, res: RefReservation, n: int) -> Lease:
+        """Move ``n`` bytes of charge from the reservation's newest leases
+        into one new lease (no change to the ledger)."""
+        gov = self.binding.governor
+        for old in reversed(list(res.leases)):
+            if gov.lease_bytes(old) >= n:
+                new = gov.split(old, n)
                 if gov.lease_bytes(old) == 0:
                     res.leases.remove(old)
-        prefix = _Prefix(handle, lease)
-        self._join(src, prefix)
-        return prefix
+                return new
+        # spread over several leases: carve what each has, then merge
+        parts, left = [], n
+        for old in reversed(list(res.leases)):
+            take = min(left, gov.lease_bytes(old))
+            if take:
+                parts.append(gov.split(old, take))
+                left -= take
+            if gov.lease_bytes(old) == 0:
+                res.leases.remove(old)
+            if not left:
+                break
+        return gov.merge(parts)
 
     def grow(self, request: str, new_bytes: int, *, fail_at: int | None = None) -> int:
         """Grow the request's backed KV to ``round_up(new_bytes)`` by the
@@ -368,10 +394,10 @@ class KvPageStore:
 
     def committed(self, request: str) -> int:
         """Bytes backed behind the request's address: its private pages
-        (read from the backing) plus its shared prefix."""
+        (read from the backing) plus the shared pages mapped there."""
         with self._lock:
             req = self._req(request)
-            return req.res.committed() + (req.prefix.handle.size if req.prefix else 0)
+            return req.res.committed() + sum(sp.handle.size for sp in req.shared.values())
 
     def use(self, request: str, fence: Fence) -> None:
         """In-flight work uses the request's pages until ``fence``."""

@@ -470,24 +470,30 @@ def test_kv_prefix_shared_pages_counted_once(sut):
     ep.synchronize()
     charged = sut.governor.charged("kv")
     kv.open("b", 1 << 30, prefix_of="a", prefix_bytes=4 * MiB)
+    assert sut.governor.charged("kv") == charged and sut.sim.physical_bytes() == 8 * MiB   # no new charge
     kv.grow("b", 6 * MiB)
     assert kv.committed("b") == 6 * MiB and kv.committed("a") == 8 * MiB
     # physical: a's 8 MiB (4 shared) + b's 2 private; the shared 4 MiB charged once
     assert sut.sim.physical_bytes() == 10 * MiB == sut.governor.charged("kv") == charged + 2 * MiB
+    assert kv.shared_bytes() == 4 * MiB
     assert ep.read(ep.default_stream, kv.view("b").address + 3, 13) == b"system prompt"
+    assert ep.read(ep.default_stream, kv.view("a").address + 3, 13) == b"system prompt"
     with pytest.raises(Exception) as e:
         ep.write(ep.default_stream, kv.view("b").address, b"x")      # the shared prefix is read-only
     assert type(e.value).__name__ == "ReadOnlyViolation" and sut.sim.faults[-1].kind == "read_only"
     sut.sim.faults.clear()
-    kv.open("c", 1 << 30, prefix_of="b", prefix_bytes=4 * MiB)      # same prefix, a third address
+    kv.open("c", 1 << 30, prefix_of="a", prefix_bytes=6 * MiB)      # a longer prefix of the same origin
     assert sut.sim.physical_bytes() == 10 * MiB and kv.prefix_users("a") == {"a", "b", "c"}
+    assert kv.committed("c") == 6 * MiB and kv.shared_bytes() == 6 * MiB
     with pytest.raises(InvalidRequest):
-        kv.open("d", 1 << 30, prefix_of="a", prefix_bytes=2 * MiB)   # a different prefix length
+        kv.open("d", 1 << 30, prefix_of="a", prefix_bytes=10 * MiB)  # more than a has backed
     kv.close("a")
-    kv.close("b")
     ep.poll()
-    assert sut.sim.physical_bytes() == 4 * MiB == sut.governor.charged("kv")   # c still maps the prefix
+    assert sut.sim.physical_bytes() == 8 * MiB == sut.governor.charged("kv")   # b and c still map 6 MiB of a
     kv.close("c")
+    ep.poll()
+    assert sut.sim.physical_bytes() == 6 * MiB == sut.governor.charged("kv")   # b: 4 shared + 2 own
+    kv.close("b")
     assert drained(sut)
 
 
