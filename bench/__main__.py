@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = run_groups(names, args.quick)
     elapsed = time.perf_counter() - t0
     print_table(rows)
+    if args.quick:
+        print("QUICK MODE: sizes reduced to check that every benchmark runs; the figures and verdicts are not the targets'.")
     measured = [r for r in rows if r.met is not None]
     print(f"targets met: {sum(bool(r.met) for r in measured)}/{len(measured)} measured "
           f"({len(rows) - len(measured)} rows without a target verdict); {elapsed:.0f} s")

@@ -68,7 +68,38 @@ def run(quick: bool = False) -> list[Row]:
     lives = QUICK_LIVE if quick else LIVE
     pairs = 2_000 if quick else 30_000
     repeats = 1 if quick else 3
-    return pytorch_rows(lives, pairs, repeats) + seed_rows(lives, pairs, repeats)
+    return pytorch_rows(lives, pairs, repeats) + [floor_row(lives, pairs, repeats)] + seed_rows(lives, pairs, repeats)
+
+
+class _DictAllocator:
+    """The cheapest possible "allocator": a counter and a dict.  It does no
+    allocation policy at all; its per-op cost at 100k vs 1k live blocks is
+    the floor the memory hierarchy (random access into a large live set)
+    puts under any Python allocator on this machine."""
+
+    __slots__ = ("n", "live")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.live: dict[int, int] = {}
+
+    def alloc(self, size: int) -> int:
+        self.n += 1
+        self.live[self.n] = size
+        return self.n
+
+    def free(self, h: int) -> None:
+        del self.live[h]
+
+
+def floor_row(lives: tuple[int, ...], pairs: int, repeats: int) -> Row:
+    lo, hi = lives[0], lives[-1]
+    t = {}
+    for n in (lo, hi):
+        w = workload.make("mixed", n, pairs)
+        t[n] = min(workload.run_pairs(w, a.alloc, a.free) for a in (_DictAllocator() for _ in range(repeats)))
+    return Row(f"floor: dict 'allocator' @{_k(hi)} live (mixed)", pairs / t[hi], "pairs/s", t[hi] / t[lo], "", None,
+               f"no policy; ratio = per-op cost @{_k(hi)} / @{_k(lo)}: the memory hierarchy's share")
 
 
 def _k(n: int) -> str:

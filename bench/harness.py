@@ -91,14 +91,18 @@ def walk_rows(quick: bool = False) -> list[Row]:
     b_rate = bare(quick)[0]
     total_steps, total_s, per_level, problems = 0, 0.0, {}, []
     for level in ("mechanism", "system"):
-        plan = runner.make_plan(HARNESS_TARGET, level)
+        try:
+            plan = runner.make_plan(HARNESS_TARGET, level)
+        except Exception as e:  # noqa: BLE001 - a level that cannot be planned is reported, not fatal
+            problems.append(f"{level}: {type(e).__name__}: {e}")
+            continue
         res = walk.walk(plan, max_steps=examples * steps, run_length=steps, seed=0, stop_on_failure=False)
         problems += [f"{level}: {e}" for e in res.errors] + [f"{level}: {f.violation.invariant}" for f in res.failures]
         total_steps += res.steps
         total_s += res.seconds
         per_level[level] = {"steps": res.steps, "seconds": res.seconds, "rate": res.rate(), "runs": res.runs}
     if not total_steps:
-        return [unavailable(name, unit, tgt, f"walk ran no steps: {problems[:1]}")]
+        return [unavailable(name, unit, tgt, f"walk ran no steps: {'; '.join(problems)[:150]}", status=FAILED)]
     rate = total_steps / total_s
     ratio = rate / b_rate
     note = "levels " + ", ".join(f"{lv} {d['rate']:,.0f}/s" for lv, d in per_level.items())
