@@ -1,0 +1,433 @@
+"""Ordinary allocation: the DeviceAllocator, then the allocation transaction.
+
+Seed 000: *Allocator answers "how to obtain ordinary memory"* ... *An ordinary
+eager allocator takes the full physical capacity when the allocation is
+created: Request 10 GB ≈ immediately need 10 GB of physical capacity.*
+
+Part 1 (mechanism level) specifies ``DeviceAllocator.allocate/deallocate`` on
+the mechanism under test.  Part 2 (system level) specifies the seed's first
+sequence diagram, run by a ``MemoryBinding``::
+
+    H->>B: request N bytes
+    B->>G: reserve(authority, holder, role, N)   -- provisional grant
+    B->>E: allocate with selected mechanism
+    B->>G: commit(grant, actual bytes)          -- charge at the real footprint
+    B-->>H: usable view
+
+*If the allocation fails, the provisional grant must be returned. When the
+actual footprint differs from the plan, act on the real allocated bytes.*
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memspec.spec import kernels as K
+from memspec.spec.api import AllocationRequest, DeviceAllocation, DeviceKey, Fence
+from memspec.spec.core import Domain, Raises, Returns, action, one_of, only, outcomes
+from memspec.spec.errors import (
+    ContextBusy,
+    DoubleFree,
+    ForeignAllocation,
+    GrantDenied,
+    InvalidRequest,
+    NotRegistered,
+    OutOfMemory,
+    StaleHandle,
+)
+from memspec.spec.state import (
+    MechAllocation,
+    MechState,
+    Owned,
+    Seen,
+    SysState,
+    add,
+    from_refs,
+    is_size,
+    new_ref,
+    obj_of,
+    remember_identity,
+    witness_identity,
+)
+
+ALIGNMENT = 256  # AllocationRequest's default alignment
+WITNESS_DEVICE = DeviceKey("spec")
+
+
+def _draw_size(s: Any, c: Any) -> Any:
+    """Mostly legal sizes (bytes, whole pages), sometimes illegal ones
+    (0, negative, not an int) and sometimes more than the device holds."""
+    kind = c.integer(0, 11)
+    if kind <= 5:
+        return c.integer(1, 3 * s.page)
+    if kind <= 7:
+        return c.integer(1, 4) * s.page
+    if kind == 8:
+        return c.choice((0, -s.page, 1.5, "4096"))
+    if kind == 9:
+        return 4 * s.capacity + 1
+    return c.integer(1, max(1, s.capacity // 2))
+
+
+SIZES = Domain("a byte count: mostly 1..3 pages, sometimes 0, negative, not an int, or 4x the capacity", _draw_size)
+
+
+# ==========================================================================
+# Part 1 -- mechanism level: DeviceAllocator
+# ==========================================================================
+
+
+def _overlaps(s: MechState, address: int, footprint: int) -> bool:
+    """Does ``[address, address+footprint)`` overlap a live allocation? O(log n)."""
+    idx = s.by_address.bisect_right(address)
+    if idx > 0:
+        prev = s.allocations[s.by_address.peekitem(idx - 1)[1]]
+        if prev.address + prev.footprint > address:
+            return True
+    if idx < len(s.by_address):
+        nxt = s.by_address.peekitem(idx)[0]
+        if nxt < address + footprint:
+            return True
+    return False
+
+
+def _witness_allocation(s: MechState, size: int) -> DeviceAllocation:
+    """A value a conforming allocator could return: a page-rounded footprint,
+    reusing a freed address when one fits (so stale handles meet recycled
+    addresses in spec-only runs)."""
+    fp = K.round_up(size, s.page)
+    address = None
+    for a, old in list(s.w_freed.items())[:4]:
+        if old >= fp and not _overlaps(s, a, fp):
+            address = a
+            del s.w_freed[a]
+            break
+    if address is None:
+        address = s.w_next_address
+        s.w_next_address += K.round_up(fp, s.page) + s.page
+    return DeviceAllocation(address, size, fp, witness_identity(s), WITNESS_DEVICE)
+
+
+def _record_allocation(s: MechState, v: DeviceAllocation, *, foreign: bool = False) -> int:
+    ref = new_ref(s)
+    rec = MechAllocation(ref, v.address, v.size, v.footprint, v.identity, foreign=foreign)
+    s.allocations[ref] = rec
+    if foreign:
+        s.foreign_live += 1
+        s.other_allocs.add(ref)
+        return ref
+    remember_identity(s, v.identity)
+    s.by_address[v.address] = ref
+    s.live_allocs.add(ref)
+    s.live_count += 1
+    s.eager_bytes += v.footprint
+    s.physical += v.footprint
+    return ref
+
+
+def _perform_allocate(sut: Any, size: Any) -> DeviceAllocation:
+    return sut.mechanism.allocator().allocate(AllocationRequest(size))
+
+
+@action(role="DeviceAllocator", params={"size": SIZES}, perform=_perform_allocate, invariants=("S8", "S11", "S14"), weight=4)
+def allocate(s: MechState, size: Any) -> Any:
+    """Ask the allocator for ``size`` bytes (any value; the allocator validates).
+
+    A size that is not a positive int is refused with InvalidRequest and
+    nothing is taken.  Otherwise the allocator returns an allocation with
+    ``size`` as requested, a footprint in ``[size, round_up(size, page)]``,
+    an address aligned to 256 that overlaps no live allocation and a fresh
+    identity, and takes the footprint from the device at once (*An ordinary
+    eager allocator takes the full physical capacity when the allocation is
+    created*).  OutOfMemory is allowed when fragmentation could explain it,
+    never when the device is empty and ``size <= capacity``, always when the
+    footprint cannot fit.
+    """
+    if not is_size(size):
+        return only(InvalidRequest, blame="S5", describe="size is not a positive int; nothing taken")
+    hi = K.round_up(size, s.page)
+
+    def accepts(v: Any) -> bool:
+        return (
+            isinstance(v, DeviceAllocation)
+            and v.size == size
+            and isinstance(v.footprint, int)
+            and size <= v.footprint <= hi
+            and v.address % ALIGNMENT == 0
+            and s.physical + v.footprint <= s.capacity
+            and v.identity not in s.identities
+            and not _overlaps(s, v.address, v.footprint)
+        )
+
+    branches: list[Any] = []
+    if s.physical + size <= s.capacity:
+        branches.append(
+            Returns(
+                f"an allocation of {size} bytes, footprint in [{size}, {hi}], fresh identity, no overlap",
+                accepts,
+                lambda v: _record_allocation(s, v),
+                (lambda: _witness_allocation(s, size)) if s.physical + hi <= s.capacity else None,
+            )
+        )
+    if not (s.physical == 0 and size <= s.capacity):
+        branches.append(Raises(OutOfMemory, "no contiguous room (fragmentation) or no room at all"))
+    return outcomes(*branches, blame="S8")
+
+
+def _perform_allocate_foreign(sut: Any, size: int) -> DeviceAllocation:
+    return sut.foreign.allocator().allocate(AllocationRequest(size))
+
+
+@action(
+    role="DeviceAllocator",
+    params={"size": Domain("one page", lambda s, c: s.page)},
+    perform=_perform_allocate_foreign,
+    enabled=lambda s: s.foreign_live < 3,
+    invariants=("S1",),
+)
+def allocate_foreign(s: MechState, size: int) -> Any:
+    """Allocate one page from an independent instance of the same mechanism
+    (``sut.foreign``), to have a handle the mechanism under test did not make.
+
+    The twin returns an allocation (or, if it is out of memory, OutOfMemory);
+    the spec only records it as foreign.
+    """
+    return outcomes(
+        Returns(
+            "an allocation made by the twin",
+            lambda v: isinstance(v, DeviceAllocation),
+            lambda v: _record_allocation(s, v, foreign=True),
+            lambda: DeviceAllocation(1 << 50, size, size, witness_identity(s, "spec-foreign"), WITNESS_DEVICE),
+        ),
+        Raises(OutOfMemory, "the twin is full"),
+        blame="S1",
+    )
+
+
+def _free_allocation(s: MechState, ref: int, freed: int) -> None:
+    rec = s.allocations[ref]
+    rec.live = False
+    del s.by_address[rec.address]
+    s.live_allocs.discard(ref)
+    s.other_allocs.add(ref)
+    s.live_count -= 1
+    s.eager_bytes -= rec.footprint
+    s.physical -= freed
+    s.w_freed[rec.address] = rec.footprint
+
+
+def _perform_deallocate(sut: Any, handle: int) -> int:
+    return sut.mechanism.allocator().deallocate(sut.ref(handle))
+
+
+@action(
+    role="DeviceAllocator",
+    params={"handle": from_refs("an allocation: live, freed, or made by the twin", lambda s: s.live_allocs, lambda s: s.other_allocs)},
+    perform=_perform_deallocate,
+    invariants=("S1", "S14", "S11"),
+    weight=3,
+)
+def deallocate(s: MechState, handle: int) -> Any:
+    """Free an allocation through the allocator under test.
+
+    Seed 000: *an allocation may only be released by the mechanism/context
+    that created it.*  A live allocation it made is freed and its footprint
+    returned (the bytes actually freed).  One made by the twin is refused with
+    ForeignAllocation.  One already freed is refused with DoubleFree or
+    StaleHandle, also when its address now belongs to a newer allocation
+    (*a stale generation or reused address is rejected*): the newer
+    allocation stays live.
+    """
+    rec = s.allocations[handle]
+    if rec.foreign:
+        return only(ForeignAllocation, blame="S1", describe="made by another instance")
+    if not rec.live:
+        reused = rec.address in s.by_address
+        why = "its address now belongs to a newer allocation" if reused else "already freed"
+        return outcomes(Raises(StaleHandle, why), Raises(DoubleFree, why), blame="S14")
+    return outcomes(
+        Returns(
+            f"{rec.footprint} (its footprint)",
+            lambda v: isinstance(v, int) and not isinstance(v, bool) and v == rec.footprint,
+            lambda v: _free_allocation(s, handle, v),
+            lambda: rec.footprint,
+        ),
+        blame="S1",
+        touched=(handle,),
+    )
+
+
+MECH_ACTIONS = [allocate, allocate_foreign, deallocate]
+
+
+# ==========================================================================
+# Part 2 -- system level: the allocation transaction through a MemoryBinding
+# ==========================================================================
+
+
+def context_alive(s: SysState) -> bool:
+    return s.registry.context_alive
+
+
+def physical_total(s: SysState) -> int:
+    return sum(s.physical_by.values())
+
+
+def new_owned(s: SysState, kind: str, holder: str, size: int, footprint: int, creator: int) -> Owned:
+    """Record something physical a holder now owns and is charged for."""
+    ref = new_ref(s)
+    o = Owned(ref, kind, holder, size, footprint, creator, holder)
+    s.owned[ref] = o
+    add(s.live_bytes_by, holder, footprint)
+    add(s.physical_by, holder, footprint)
+    s.live_objects += 1
+    return o
+
+
+def drop_owned(s: SysState, o: Owned, fences: list[int], *, exact: bool = True) -> None:
+    """Drop of the last owning handle: enqueue the release (S7: never free here)."""
+    from memspec.spec.release import enqueue, new_entry
+
+    o.state = "queued"
+    s.live_objects -= 1
+    s.live_bytes_by[o.holder] -= o.footprint
+    enqueue(s, new_entry(s, f"{o.kind} {o.ref}", fences, o.creator, {o.holder: o.footprint}, o.footprint, o.ref, exact))
+
+
+def mechanism_index(sut: Any, mechanism_id: Any) -> int:
+    ids = list(sut.mechanism_ids)
+    return ids.index(mechanism_id) if mechanism_id in ids else -1
+
+
+def _perform_sys_allocate(sut: Any, size: Any) -> Seen:
+    from memspec.spec.governor import holder_name
+
+    o = sut.binding.allocate(holder_name(sut, "session"), size)
+    a = o.allocation
+    return Seen(o, {
+        "mechanism": mechanism_index(sut, o.mechanism_id),
+        "context": o.context_id == sut.context_id,
+        "size": a.size,
+        "footprint": a.footprint,
+        "identity": a.identity,
+    })
+
+
+@action(role="MemoryBinding", params={"size": SIZES}, perform=_perform_sys_allocate, enabled=context_alive,
+        invariants=("S2", "S3", "S8", "S11", "S14"), weight=4)
+def allocate_owned(s: SysState, size: Any) -> Any:
+    """Request ``size`` bytes for the session holder through the binding.
+
+    The binding runs the seed's first sequence diagram: reserve a
+    provisional grant, allocate with the mechanism installed *now*, commit
+    the charge at the actual footprint, hand out an owning allocation.  Not a
+    positive int: InvalidRequest.  The Governor cannot approve it:
+    GrantDenied.  The device cannot: OutOfMemory (allowed unless the device
+    holds nothing and ``size <= capacity``).  On every failure the grant is
+    returned and the ledger is as before (S8).  On success the handle names
+    the installed mechanism and the binding's context, its footprint is in
+    ``[size, round_up(size, page)]``, and exactly the footprint is charged.
+    """
+    from memspec.spec.governor import SESSION, charge_at_footprint
+
+    if not is_size(size):
+        return only(InvalidRequest, blame="S8", describe="size is not a positive int; ledger unchanged")
+    hi = K.round_up(size, s.page)
+    installed = s.registry.installed
+    if size > s.free:
+        return only(GrantDenied, blame="S8", describe=f"{size} > free {s.free}; ledger unchanged")
+
+    def accepts(v: Any) -> bool:
+        return (
+            isinstance(v, Seen)
+            and v["mechanism"] == installed
+            and v["context"] is True
+            and v["size"] == size
+            and type(v["footprint"]) is int
+            and size <= v["footprint"] <= hi
+            and v["footprint"] <= s.free
+            and v["identity"] not in s.identities
+        )
+
+    def then(v: Seen) -> int:
+        fp = v["footprint"]
+        charge_at_footprint(s, SESSION, size, fp)
+        o = new_owned(s, "allocation", SESSION, size, fp, installed)
+        remember_identity(s, v["identity"])
+        s.live_allocs.add(o.ref)
+        return o.ref
+
+    def witness() -> Seen:
+        return Seen(None, {"mechanism": installed, "context": True, "size": size, "footprint": hi,
+                           "identity": witness_identity(s, "spec-owned")})
+
+    branches: list[Any] = [Returns(f"an owning allocation, footprint in [{size}, {hi}], charged at its footprint",
+                                   accepts, then, witness if hi <= s.free else None)]
+    if hi > s.free:
+        branches.append(Raises(GrantDenied, "the page-rounded plan does not fit; ledger unchanged"))
+    if not (physical_total(s) == 0 and size <= s.capacity):
+        branches.append(Raises(OutOfMemory, "the device could not (fragmentation); grant returned"))
+    return outcomes(*branches, blame="S8")
+
+
+def _perform_use(sut: Any, allocation: int, stream: int) -> Fence:
+    o = obj_of(sut.ref(allocation))
+    a = o.allocation
+    f = sut.ep.launch(sut.ref(stream), [(a.address, a.size)], [])
+    o.use(f)
+    return f
+
+
+@action(role="ExecutionProvider",
+        params={"allocation": from_refs("a live owning allocation", lambda s: s.live_allocs),
+                "stream": Domain("a stream", lambda s, c: list(s.streams)[c.integer(0, len(s.streams) - 1)],
+                                 lambda s: len(s.streams) > 0)},
+        perform=_perform_use, invariants=("S4",), weight=3)
+def use(s: SysState, allocation: int, stream: int) -> Any:
+    """Submit device work that reads the allocation on ``stream``, and record its fence on the owning handle.
+
+    Returns the fence (*H->>E: submit GPU work that uses the allocation*).
+    The allocation must not be freed before that fence is done (S4).
+    """
+    from memspec.spec.release import launch
+
+    def then(_v: Fence) -> int:
+        f = launch(s, stream)
+        s.owned[allocation].fences.append(f)
+        return f
+
+    return outcomes(Returns("a Fence", lambda v: isinstance(v, Fence), then, lambda: Fence(stream, 0)), blame="S4")
+
+
+def _perform_drop(sut: Any, allocation: int) -> None:
+    obj_of(sut.ref(allocation)).close()
+
+
+@action(role="OwningAllocation",
+        params={"allocation": from_refs("an owning allocation: live, or already dropped", lambda s: s.live_allocs,
+                                        lambda s: s.dead_allocs)},
+        perform=_perform_drop, invariants=("S7", "S10", "S11"), weight=3)
+def drop(s: SysState, allocation: int) -> Any:
+    """Drop the last owning handle of an allocation (``close()``).
+
+    A live allocation: returns None having only *enqueued* its release on
+    the EP's deferred-free queue, guarded by every fence recorded with
+    ``use`` -- nothing is freed and nothing is refunded yet (S7: *Drop
+    should be responsible for enqueuing, not for synchronizing the whole GPU
+    on an arbitrary thread or freeing immediately*).  Dropped already:
+    DoubleFree.
+    """
+    o = s.owned[allocation]
+    if o.state != "live":
+        return only(DoubleFree, blame="S7", describe="already dropped")
+
+    def then(_v: Any) -> None:
+        s.live_allocs.discard(allocation)
+        s.dead_allocs.add(allocation)
+        drop_owned(s, o, o.fences)
+
+    return outcomes(Returns("None (the release is queued)", lambda v: v is None, then, lambda: None),
+                    blame="S7", touched=(allocation,))
+
+
+SYS_ACTIONS = [allocate_owned, use, drop]

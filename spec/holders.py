@@ -1,0 +1,454 @@
+"""Holders: they alone understand the data and choose victims.
+
+Seed 000: *Only the holder knows what can be released*::
+
+    ModelResidency:
+      two cold weights can free 700 MB
+
+    KvPageStore:
+      all pages are in use by in-flight kernels, can free only 0
+
+*The Governor must not unmap a holder's data directly.  A holder may
+legitimately release 0 bytes.*
+
+**ModelResidency** holds four weights, ``w0..w3`` of 1, 2, 4 and 8 pages
+(distinct powers of two, so the bytes a holder reports released name the
+weights it released).  Hot weights are never victims; cold ones may be.
+
+**KvPageStore** grows each request's KV by the seed's six-step transaction::
+
+    1. VirtualBacking.reserve(10 GB), reserving a stable address;
+    2. the Holder computes the physical bytes needed for the next growth;
+    3. the Governor provides a provisional grant for the growth amount;
+    4. the EP/backing runs commit_range;
+    5. the Holder updates the KV view and logical state;
+    6. on success, commit the charge.
+
+*If step 4 or 5 fails: roll back the provisional mapping; return the grant;
+keep the old KV view and request state; do not expose a partially committed
+new state.*  A request may start with a read-only prefix mapped from another
+request's physical pages (SharedMapping): those pages are charged once, to
+the request that committed them, and freed only after the last request
+mapping them is gone (S13).  In this model every KV page belongs to an open
+request and is not a victim: the store answers pressure with 0.
+
+Answering a ticket (``respond``): the holder releases what it chooses, its
+releases run through the deferred-free queue (a weight has no pending
+fences, so the queue frees it at once) and are refunded; then the Governor
+records the answer and moves those refunded bytes into the ticket.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memspec.spec import kernels as K
+from memspec.spec.api import Fence, TicketState
+from memspec.spec.core import Domain, Raises, Returns, action, booleans, only, outcomes
+from memspec.spec.errors import GrantDenied, InvalidRange, InvalidRequest, InvalidTicket, MemspecError, OutOfMemory, Unsupported
+from memspec.spec.state import KvRequest, Seen, SysState, Weight, add, new_ref
+from memspec.spec.allocation import context_alive, drop_owned, new_owned, physical_total
+from memspec.spec.governor import KV, WEIGHTS, charge_at_footprint, holder_name, ticket_receive
+from memspec.spec.release import PENDING, done_flags, enqueue, flags_ok, known_flags, launch, new_entry, run_done
+
+WEIGHT_PAGES = {"w0": 1, "w1": 2, "w2": 4, "w3": 8}
+
+
+def init_holders(s: SysState) -> None:
+    for name, pages in WEIGHT_PAGES.items():
+        s.weights[name] = Weight(name, pages)
+
+
+# ==========================================================================
+# ModelResidency
+# ==========================================================================
+
+
+def _absent_weight(s: SysState, c: Any) -> tuple[str, bool, int]:
+    names = [w.name for w in s.weights.values() if not w.resident]
+    name = names[c.integer(0, len(names) - 1)]
+    return (name, c.boolean(), s.weights[name].pages * s.page)
+
+
+@action(role="ModelResidency",
+        params={"weight": Domain("(weight, hot, bytes): a weight not resident", _absent_weight,
+                                 lambda s: any(not w.resident for w in s.weights.values()))},
+        perform=lambda sut, weight: sut.weights.load(weight[0], weight[2], hot=weight[1]),
+        enabled=context_alive, invariants=("S2", "S8", "S11"), weight=2)
+def load_weight(s: SysState, weight: tuple[str, bool, int]) -> Any:
+    """Load a weight (hot or cold) through the binding, charged to ModelResidency.
+
+    The allocation transaction as for any allocation: GrantDenied if the
+    Governor cannot approve its bytes, OutOfMemory if the device cannot
+    (unless it holds nothing), the ledger unchanged on failure.  On success
+    its pages are resident and charged.
+    """
+    name, hot, n = weight
+    w = s.weights[name]
+    if n > s.free:
+        return only(GrantDenied, blame="S8", describe=f"{n} > free {s.free}")
+    installed = s.registry.installed
+
+    def then(_v: Any) -> None:
+        charge_at_footprint(s, WEIGHTS, n, n)
+        o = new_owned(s, "weight", WEIGHTS, n, n, installed)
+        w.resident, w.hot, w.owned = True, hot, o.ref
+
+    branches: list[Any] = [Returns("None (resident, charged)", lambda v: v is None, then, lambda: None)]
+    if not (physical_total(s) == 0 and n <= s.capacity):
+        branches.append(Raises(OutOfMemory, "the device could not; ledger unchanged"))
+    return outcomes(*branches, blame="S8")
+
+
+def _resident(s: SysState, c: Any) -> str:
+    names = [w.name for w in s.weights.values() if w.resident]
+    return names[c.integer(0, len(names) - 1)]
+
+
+RESIDENT = Domain("a resident weight", _resident, lambda s: any(w.resident for w in s.weights.values()))
+
+
+@action(role="ModelResidency", params={"weight": RESIDENT, "hot": booleans()},
+        perform=lambda sut, weight, hot: sut.weights.set_hot(weight, hot), invariants=("S6",))
+def set_hot(s: SysState, weight: str, hot: bool) -> Any:
+    """Mark a resident weight hot (in use: never a victim) or cold (evictable).
+
+    Returns None.
+    """
+
+    def then(_v: Any) -> None:
+        s.weights[weight].hot = hot
+
+    return outcomes(Returns("None", lambda v: v is None, then, lambda: None), blame="S6")
+
+
+@action(role="ModelResidency", params={"weight": RESIDENT},
+        perform=lambda sut, weight: sut.weights.unload(weight), invariants=("S7", "S11"))
+def unload_weight(s: SysState, weight: str) -> Any:
+    """Unload a resident weight: its owning allocation is dropped.
+
+    Returns None having only enqueued the release; the charge is refunded
+    when the queue runs it (S7).
+    """
+    w = s.weights[weight]
+
+    def then(_v: Any) -> None:
+        evict(s, w, by="holder")
+
+    return outcomes(Returns("None (release queued)", lambda v: v is None, then, lambda: None), blame="S7")
+
+
+def evict(s: SysState, w: Weight, *, by: str) -> None:
+    """A weight leaves residency: its owning allocation is dropped (queued).
+    Records S6: only the holder releases, and never a hot weight under pressure."""
+    if by != "holder":
+        s.governor_evictions += 1
+    o = s.owned[w.owned]  # type: ignore[index]
+    w.resident = False
+    w.owned = None
+    drop_owned(s, o, o.fences)
+
+
+def victims(s: SysState, released: int) -> list[Weight] | None:
+    """The cold resident weights whose pages sum to ``released`` bytes (unique:
+    sizes are distinct powers of two), or None if no such set exists."""
+    if released % s.page:
+        return None
+    mask = released // s.page
+    out = []
+    for w in s.weights.values():
+        if mask & w.pages:
+            if not (w.resident and not w.hot):
+                return None
+            out.append(w)
+            mask &= ~w.pages
+    return out if mask == 0 else None
+
+
+# ==========================================================================
+# Answering a pressure ticket
+# ==========================================================================
+
+
+def _draw_answer(s: SysState, c: Any) -> tuple[int, str, bool]:
+    t = s.ticket_refs.at(c.integer(0, len(s.ticket_refs) - 1))
+    return (t, c.choice((WEIGHTS, KV)), s.tickets[t].state in TicketState.TERMINAL)
+
+
+def _perform_respond(sut: Any, answer: tuple[int, str, bool], pending: Any) -> Seen:
+    t_ref, holder, terminal = answer
+    t = sut.ref(t_ref)
+    name = holder_name(sut, holder)
+    if terminal:  # a terminal ticket: nothing to release; the Governor refuses the answer
+        sut.governor.respond(t, name, 0)
+        return Seen(None, {})
+    done = done_flags(sut, pending)
+    role = sut.weights if holder == WEIGHTS else sut.kv
+    released = role.on_pressure(t)
+    sut.ep.poll()
+    t2 = sut.governor.respond(t, name, released)
+    return Seen(None, {"done": done, "released": released, "state": t2.state, "held": t2.held})
+
+
+@action(role="Holder",
+        params={"answer": Domain("(ticket, holder, terminal?): a ticket and ModelResidency or KvPageStore",
+                                 _draw_answer, lambda s: len(s.ticket_refs) > 0),
+                "pending": PENDING},
+        perform=_perform_respond, invariants=("S6", "S15", "S11"), weight=3)
+def respond(s: SysState, answer: tuple[int, str, bool], pending: Any) -> Any:
+    """A holder answers a pressure ticket: ``on_pressure``, then ``Governor.respond``.
+
+    Only the holder chooses victims (S6).  ModelResidency may release any set
+    of its *cold* weights (never a hot one) and reports their bytes;
+    KvPageStore reports 0 (*all pages are in use by in-flight kernels, can
+    free only 0*).  The releases run through the deferred-free queue and are
+    refunded; then the Governor moves exactly the reported bytes from free
+    into the ticket, which becomes granted once it holds its amount.  A
+    terminal ticket takes no answer: InvalidTicket.
+    """
+    t_ref, holder, terminal = answer
+    t = s.tickets[t_ref]
+    if terminal:
+        return only(InvalidTicket, blame="S15", describe=f"the ticket is {t.state}")
+
+    def chosen(v: Seen) -> list[Weight] | None:
+        r = v["released"]
+        if type(r) is not int or r < 0:
+            return None
+        if holder == KV:
+            return [] if r == 0 else None
+        return victims(s, r)
+
+    def accepts(v: Any) -> bool:
+        if not isinstance(v, Seen) or not flags_ok(s, pending, v["done"]) or chosen(v) is None:
+            return False
+        held = t.held + v["released"]
+        state = TicketState.GRANTED if (t.state == TicketState.GRANTED or held >= t.amount) else TicketState.PENDING
+        return v["state"] == state and v["held"] == held
+
+    def then(v: Seen) -> None:
+        for w in chosen(v) or []:
+            evict(s, w, by="holder")
+        run_done(s, pending, v["done"])
+        # the victims' releases had no fences pending: the queue freed them now
+        fresh = [e for e in list(s.queue.values()) if e.seq > max((p[0] for p in pending), default=0)]
+        run_done(s, tuple((e.seq, tuple(e.fences)) for e in fresh), [True] * len(fresh))
+        ticket_receive(s, t, v["released"])
+
+    def witness() -> Seen:
+        cold = [w for w in s.weights.values() if w.resident and not w.hot and holder == WEIGHTS]
+        r = sum(w.pages for w in cold[:2]) * s.page
+        held = t.held + r
+        state = TicketState.GRANTED if (t.state == TicketState.GRANTED or held >= t.amount) else TicketState.PENDING
+        return Seen(None, {"done": known_flags(s, pending), "released": r, "state": state, "held": held})
+
+    return outcomes(Returns("the bytes the holder's releases refunded, now held by the ticket", accepts, then, witness),
+                    blame="S6", touched=(t_ref,))
+
+
+# ==========================================================================
+# KvPageStore
+# ==========================================================================
+
+
+def kv_name(ref: int) -> str:
+    """The implementation's name of KV request ``ref``."""
+    return f"kv{ref}"
+
+
+def _open_requests(s: SysState) -> list[int]:
+    return [r for r, q in s.kv.items() if q.state == "open"]
+
+
+def _draw_open(s: SysState, c: Any) -> tuple[int, int, int | None, int]:
+    max_pages = c.integer(4, 8)
+    origins = [r for r in _open_requests(s) if s.kv[r].prefix_of is None and s.kv[r].own >= s.page]
+    if origins and c.integer(0, 2) == 0:
+        o = origins[c.integer(0, len(origins) - 1)]
+        have = s.kv[o].own // s.page
+        p = c.integer(1, have + (1 if c.integer(0, 4) == 0 else 0))  # sometimes more than committed
+        return (s.next_ref, max_pages * s.page, o, p * s.page)
+    return (s.next_ref, max_pages * s.page, None, 0)
+
+
+def _perform_open(sut: Any, request: tuple[int, int, int | None, int]) -> None:
+    ref, max_bytes, origin, prefix = request
+    if origin is None:
+        sut.kv.open(kv_name(ref), max_bytes)
+    else:
+        sut.kv.open(kv_name(ref), max_bytes, prefix_of=kv_name(origin), prefix_bytes=prefix)
+
+
+@action(role="KvPageStore",
+        params={"request": Domain("(new request, max bytes, prefix_of, prefix bytes): 4..8 pages, sometimes a "
+                                  "read-only prefix of an open request", _draw_open)},
+        perform=_perform_open, enabled=lambda s: context_alive(s) and len(_open_requests(s)) < 4,
+        invariants=("S5", "S13", "S12"), weight=2)
+def kv_open(s: SysState, request: tuple[int, int, int | None, int]) -> Any:
+    """Open a KV request: step 1, reserve ``max_bytes`` of stable virtual address.
+
+    Needs the installed mechanism's VirtualBacking (and SharedMapping for a
+    prefix): without it, Unsupported (an explicit refusal, S5).  With a
+    prefix, the first ``prefix_bytes`` are mapped read-only from the origin's
+    physical pages -- no new charge (S13: charged once); a prefix larger than
+    what the origin committed: InvalidRequest or InvalidRange.  Returns None.
+    """
+    ref, max_bytes, origin, prefix = request
+    vb, sm = s.registry.capabilities[s.registry.installed]
+    if not vb or (origin is not None and not sm):
+        return only(Unsupported, blame="S5", describe="the installed mechanism lacks the capability")
+    if origin is not None and prefix > s.kv[origin].own:
+        return outcomes(Raises(InvalidRequest, "prefix larger than the origin's committed KV"),
+                        Raises(InvalidRange, "prefix larger than the origin's committed KV"), blame="S13")
+    installed = s.registry.installed
+
+    def then(_v: Any) -> None:
+        got = new_ref(s)
+        assert got == ref, "request ids are drawn as the next reference"
+        q = KvRequest(kv_name(ref), max_bytes, installed, prefix=prefix, prefix_of=origin)
+        s.kv[ref] = q
+        if origin is not None:
+            s.kv[origin].sharers[ref] = prefix
+        s.live_objects += 1
+        return ref  # type: ignore[return-value]
+
+    return outcomes(Returns("None", lambda v: v is None, then, lambda: None), blame="S5", touched=(ref,))
+
+
+def _draw_grow(s: SysState, c: Any) -> tuple[int, int, int | None]:
+    opened = _open_requests(s)
+    r = opened[c.integer(0, len(opened) - 1)]
+    q = s.kv[r]
+    k = c.integer(0, 9)
+    if k <= 6:
+        new = q.committed + c.integer(1, 2 * s.page)
+    elif k == 7:
+        new = q.committed
+    else:
+        new = q.max_bytes + c.integer(1, s.page)
+    return (r, new, c.choice((None, None, None, 4, 5)))
+
+
+def _perform_grow(sut: Any, growth: tuple[int, int, int | None]) -> int:
+    r, new, fail_at = growth
+    return sut.kv.grow(kv_name(r), new, fail_at=fail_at)
+
+
+@action(role="KvPageStore",
+        params={"growth": Domain("(request, new bytes, fail_at): mostly 1 byte..2 pages more, sometimes no more, "
+                                 "past max; a failure injected at step 4 or 5 one time in five",
+                                 _draw_grow, lambda s: bool(_open_requests(s)))},
+        perform=_perform_grow, invariants=("S2", "S9", "S11", "S12"), weight=4)
+def kv_grow(s: SysState, growth: tuple[int, int, int | None]) -> Any:
+    """Grow a request's committed KV to ``new_bytes`` (page rounded) by the six-step transaction.
+
+    Past ``max_bytes``: InvalidRange (or InvalidRequest).  No growth needed:
+    returns 0 (or InvalidRequest).  The growth ``round_up(new) -
+    committed`` must be granted first (GrantDenied if it cannot be), then
+    committed, then charged (S2).  A failure injected at step 4 or 5, or an
+    OutOfMemory at step 4, is re-raised after the rollback: the mapping is
+    undone, the grant returned and the old view kept (S9).  Success returns
+    exactly the bytes newly committed; the address never moves (S12).
+    """
+    r, new, fail_at = growth
+    q = s.kv[r]
+    if new > q.max_bytes:
+        return outcomes(Raises(InvalidRange, "past max_bytes"), Raises(InvalidRequest, "past max_bytes"), blame="S9",
+                        touched=(r,))
+    delta = K.round_up(new, s.page) - q.committed
+    if delta <= 0:
+        return outcomes(Returns("0 (nothing to grow)", lambda v: v == 0, witness=lambda: 0),
+                        Raises(InvalidRequest, "nothing to grow"), blame="S5", touched=(r,))
+    if delta > s.free:
+        return only(GrantDenied, blame="S9", describe=f"{delta} > free {s.free}; nothing changes", touched=(r,))
+    if fail_at in (4, 5):
+        return only(MemspecError, blame="S9", describe=f"injected failure at step {fail_at}: rolled back", touched=(r,))
+
+    def then(_v: int) -> None:
+        grow_commit(s, q, delta)
+
+    return outcomes(
+        Returns(f"exactly {delta}", lambda v: type(v) is int and v == delta, then, lambda: delta),
+        Raises(OutOfMemory, "step 4 found no physical pages: rolled back"),
+        blame="S9",
+        touched=(r,),
+    )
+
+
+def grow_commit(s: SysState, q: KvRequest, delta: int) -> None:
+    """Steps 3-6 on success: grant, commit the pages, update the view, charge."""
+    charge_at_footprint(s, KV, delta, delta)
+    add(s.physical_by, KV, delta)
+    q.own += delta
+    add(s.live_bytes_by, KV, delta)
+
+
+def _perform_kv_use(sut: Any, request: int, stream: int) -> Fence:
+    f = sut.ep.launch(sut.ref(stream), [], [])
+    sut.kv.use(kv_name(request), f)
+    return f
+
+
+@action(role="KvPageStore",
+        params={"request": Domain("an open request", lambda s, c: _open_requests(s)[c.integer(0, len(_open_requests(s)) - 1)],
+                                  lambda s: bool(_open_requests(s))),
+                "stream": Domain("a stream", lambda s, c: list(s.streams)[c.integer(0, len(s.streams) - 1)],
+                                 lambda s: len(s.streams) > 0)},
+        perform=_perform_kv_use, invariants=("S4",), weight=2)
+def kv_use(s: SysState, request: int, stream: int) -> Any:
+    """Submit device work using a request's KV on ``stream``; the store records the fence.
+
+    Returns the fence.  The request's pages are not freed before it is done.
+    """
+
+    def then(_v: Fence) -> int:
+        f = launch(s, stream)
+        s.kv[request].fences.append(f)
+        return f
+
+    return outcomes(Returns("a Fence", lambda v: isinstance(v, Fence), then, lambda: Fence(stream, 0)), blame="S4")
+
+
+@action(role="KvPageStore",
+        params={"request": Domain("an open request", lambda s, c: _open_requests(s)[c.integer(0, len(_open_requests(s)) - 1)],
+                                  lambda s: bool(_open_requests(s)))},
+        perform=lambda sut, request: sut.kv.close(kv_name(request)), invariants=("S7", "S13", "S10"), weight=2)
+def kv_close(s: SysState, request: int) -> Any:
+    """Close a request: its pages' release is queued behind its fences.
+
+    Returns None.  Pages another open request still maps as its prefix stay
+    (and stay charged) until that request is gone too (S13); the rest are
+    refunded when the queue runs the release.
+    """
+    q = s.kv[request]
+
+    def then(_v: Any) -> None:
+        close_request(s, request)
+
+    return outcomes(Returns("None (release queued)", lambda v: v is None, then, lambda: None), blame="S13",
+                    touched=(request,))
+
+
+def close_request(s: SysState, ref: int) -> None:
+    q = s.kv[ref]
+    q.state = "closed"
+    s.live_objects -= 1
+    keep = max(q.sharers.values(), default=0)
+    freed = q.own - keep
+    fences = list(q.fences)
+    if q.prefix_of is not None:
+        origin = s.kv[q.prefix_of]
+        del origin.sharers[ref]
+        if origin.state == "closed":
+            # the origin is gone: what no remaining sharer maps goes with this release
+            still = max(origin.sharers.values(), default=0)
+            freed_origin = origin.own - still
+            origin.own = still
+            freed += freed_origin
+            fences += origin.fences
+    q.own = keep
+    add(s.live_bytes_by, KV, -freed)
+    enqueue(s, new_entry(s, f"kv request {ref}", fences, q.creator, {KV: freed}, freed, None, exact=False))
+
+
+ACTIONS = [load_weight, set_hot, unload_weight, respond, kv_open, kv_grow, kv_use, kv_close]

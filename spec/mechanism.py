@@ -1,0 +1,145 @@
+"""MECHANISM: the executable spec of one ``DeviceMemoryMechanism``.
+
+Seed 000: *every mechanism only needs to implement the minimal
+DeviceAllocator; only implementations that truly support address/backing
+separation provide VirtualBacking; only implementations that truly support
+physical-page sharing provide SharedMapping; when a capability is
+unsupported, return an explicit absence or error rather than a successful
+no-op.* ::
+
+    trait DeviceMemoryMechanism {
+        fn allocator(&self) -> &dyn DeviceAllocator;
+        fn virtual_backing(&self) -> Option<&dyn VirtualBacking>;
+        fn shared_mapping(&self) -> Option<&dyn SharedMapping>;
+    }
+
+``MECHANISM.init(capacity=, page=, virtual_backing=, shared_mapping=, ep=False)``
+makes the state; the harness discovers the capabilities and passes them.
+Actions whose ``requires`` names an absent capability are not drawn; the
+capability queries below check that the absence is explicit (``None``).
+``perform(sut, **args)`` receives a ``MechanismUnderTest``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memspec.spec import allocation, backing, sharing
+from memspec.spec.api import SharedMapping, VirtualBacking
+from memspec.spec.core import Machine, Observation, Returns, action, outcomes
+from memspec.spec.invariants import ALL
+from memspec.spec.state import MechState
+
+
+def init(*, capacity: int, page: int, virtual_backing: bool, shared_mapping: bool, ep: bool = False) -> MechState:
+    """A device of ``capacity`` physical bytes in pages of ``page`` bytes,
+    nothing allocated, with the mechanism's discovered capabilities."""
+    if capacity <= 0 or page <= 0 or capacity % page:
+        raise ValueError(f"capacity ({capacity}) must be a positive multiple of page ({page})")
+    return MechState(capacity, page, bool(virtual_backing), bool(shared_mapping), ep=bool(ep))
+
+
+def _answer(present: bool, protocol: type, name: str) -> Any:
+    def accepts(v: Any) -> bool:
+        if not present:
+            return v is None
+        return isinstance(v, _Present) or isinstance(v, protocol)
+
+    def then(v: Any) -> None:
+        return None
+
+    return outcomes(
+        Returns(f"an object implementing {name}" if present else "None (explicitly absent)", accepts, then,
+                (lambda: _Present()) if present else (lambda: None)),
+        blame="S5",
+    )
+
+
+class _Present:
+    """Spec-only witness standing for a present capability object."""
+
+
+@action(role="DeviceMemoryMechanism", perform=lambda sut: sut.mechanism.virtual_backing(), invariants=("S5",))
+def query_virtual_backing(s: MechState) -> Any:
+    """Ask the mechanism for its VirtualBacking.
+
+    Returns an object implementing VirtualBacking when the capability is
+    provided, else ``None`` -- never a stub whose calls succeed without
+    doing anything (*unsupported must not masquerade as a successful no-op*).
+    """
+    out = _answer(s.virtual_backing, VirtualBacking, "VirtualBacking")
+    return out if s.virtual_backing else _strict_none(s, out)
+
+
+@action(role="DeviceMemoryMechanism", perform=lambda sut: sut.mechanism.shared_mapping(), invariants=("S5",))
+def query_shared_mapping(s: MechState) -> Any:
+    """Ask the mechanism for its SharedMapping.
+
+    Returns an object implementing SharedMapping when provided, else ``None``
+    (*Supporting ordinary VMM reserve/map does not imply supporting these
+    features, so it should be a separate, optional capability.*)
+    """
+    out = _answer(s.shared_mapping, SharedMapping, "SharedMapping")
+    return out if s.shared_mapping else _strict_none(s, out)
+
+
+def _strict_none(s: MechState, out: Any) -> Any:
+    """For an absent capability: record (S5) if a non-None answer is ever followed."""
+    b = out.branches[0]
+
+    def then(v: Any) -> None:
+        if v is not None:
+            s.absent_answered += 1
+
+    return outcomes(Returns(b.describe, b.accepts, then, b.witness), blame="S5")
+
+
+# --------------------------------------------------------------------------
+# Observations: figures the spec predicts, read back from the mechanism
+# --------------------------------------------------------------------------
+
+
+def _touched_reservations(s: MechState, touched: tuple[int, ...]) -> list[int]:
+    out = []
+    for r in touched:
+        rec = s.reservations.get(r)
+        if rec is not None and rec.kind == "backing" and rec.live and not rec.foreign:
+            out.append(r)
+    return out
+
+
+def _touched_handles(s: MechState, touched: tuple[int, ...]) -> list[int]:
+    return [h for h in touched if h in s.handles and not s.handles[h].freed]
+
+
+OBSERVATIONS = [
+    Observation(
+        "committed_bytes",
+        "S5",
+        _touched_reservations,
+        lambda s, r: len(s.reservations[r].committed) * s.page,
+        lambda sut, r: sut.mechanism.virtual_backing().committed_bytes(sut.ref(r)),
+        requires=("virtual_backing",),
+    ),
+    Observation(
+        "mapping_count",
+        "S13",
+        _touched_handles,
+        lambda s, h: s.handles[h].mappings,
+        lambda sut, h: sut.mechanism.shared_mapping().mapping_count(sut.ref(h)),
+        requires=("shared_mapping",),
+    ),
+]
+
+
+MECHANISM: Machine[MechState] = Machine(
+    name="mechanism",
+    doc=__doc__ or "",
+    init=init,
+    actions=[query_virtual_backing, query_shared_mapping]
+    + allocation.MECH_ACTIONS
+    + backing.MECH_ACTIONS
+    + sharing.MECH_ACTIONS,
+    invariants=list(ALL),
+    observations=OBSERVATIONS,
+)

@@ -1,0 +1,197 @@
+"""Running the spec on its own: no implementation, only witnesses.
+
+Every step draws an available action (its ``enabled`` holds, its argument
+domains are non-empty, the capabilities it ``requires`` are present), asks
+it for the set of permitted outcomes, picks one branch a conforming
+implementation could take (a ``Returns`` with a ``witness``, or any
+``Raises``), follows it, and checks every invariant.  If a spec transition
+ever broke an invariant, this is where it shows.
+
+Two drivers share :func:`spec_step`:
+
+* :func:`state_machine` -- a Hypothesis ``RuleBasedStateMachine`` whose rules
+  are generated from the machine's action table (one rule per action,
+  repeated ``weight`` times), choosing through ``data.draw`` (shrinking);
+* :func:`random_walk` -- a plain seeded random walk (fast, no shrinking).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from memspec.spec.core import Action, Machine, Raises, Returns
+
+
+class RandomChooser:
+    """:class:`~memspec.spec.core.Chooser` over ``random.Random``."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+
+    def integer(self, lo: int, hi: int) -> int:
+        return self.rng.randint(lo, hi)
+
+    def choice(self, options: Sequence[Any]) -> Any:
+        return options[self.rng.randrange(len(options))]
+
+    def boolean(self) -> bool:
+        return self.rng.random() < 0.5
+
+
+class DataChooser:
+    """:class:`~memspec.spec.core.Chooser` over Hypothesis ``data.draw`` (shrinks toward small choices)."""
+
+    def __init__(self, data: Any) -> None:
+        from hypothesis import strategies as st
+
+        self.data = data
+        self.st = st
+
+    def integer(self, lo: int, hi: int) -> int:
+        return self.data.draw(self.st.integers(lo, hi))
+
+    def choice(self, options: Sequence[Any]) -> Any:
+        return options[self.data.draw(self.st.integers(0, len(options) - 1))]
+
+    def boolean(self) -> bool:
+        return self.data.draw(self.st.booleans())
+
+
+def usable(action: Action[Any], state: Any) -> bool:
+    """The action may be drawn now: its capabilities are present, it is enabled, its domains non-empty."""
+    return all(state.has(c) for c in action.requires) and action.available(state)
+
+
+def takeable(branch: Any) -> bool:
+    return isinstance(branch, Raises) or (isinstance(branch, Returns) and branch.witness is not None)
+
+
+def make_error(cls: type) -> BaseException:
+    try:
+        return cls("spec-only run")
+    except TypeError:  # pragma: no cover - every contract error takes a message
+        return cls()
+
+
+@dataclass
+class Step:
+    action: str
+    args: dict[str, Any]
+    branch: str
+    broken: list[tuple[str, str]] = field(default_factory=list)
+
+
+def spec_step(machine: Machine[Any], state: Any, action: Action[Any], chooser: Any) -> Step:
+    """One step of the spec alone; returns what happened (``broken``: failing invariants)."""
+    args = action.draw_args(state, chooser)
+    outs = action.step(state, **args)
+    branches = [b for b in outs.branches if takeable(b)]
+    if not branches:
+        raise AssertionError(f"{action.name}({args}): no branch can be taken (outcomes: {outs.describe()})")
+    b = branches[chooser.integer(0, len(branches) - 1)] if len(branches) > 1 else branches[0]
+    if isinstance(b, Returns):
+        value = b.witness()  # type: ignore[misc]
+        if not b.matches(value):
+            raise AssertionError(f"{action.name}({args}): the witness {value!r} is not accepted by its own branch")
+        b.then(value)
+        label = "returns " + b.describe
+    else:
+        b.then(make_error(b.error))
+        label = "raises " + b.error.__name__
+    return Step(action.name, args, label, machine.check_invariants(state))
+
+
+def random_walk(machine: Machine[Any], init: dict[str, Any], *, steps: int, seed: int = 0,
+                full_every: int = 0) -> list[Step]:
+    """A seeded random walk of ``steps`` steps; raises AssertionError on the first broken invariant."""
+    rng = random.Random(seed)
+    chooser = RandomChooser(rng)
+    state = machine.init(**init)
+    trace: list[Step] = []
+    weighted = [a for a in machine.actions for _ in range(max(1, a.weight))]
+    for i in range(steps):
+        options = [a for a in weighted if usable(a, state)]
+        act = options[rng.randrange(len(options))]
+        st = spec_step(machine, state, act, chooser)
+        trace.append(st)
+        broken = st.broken or (machine.check_invariants(state, full=True) if full_every and i % full_every == 0 else [])
+        if broken:
+            raise AssertionError(f"step {i} {st.action}({st.args}) -> {st.branch}: broke {broken}")
+    return trace
+
+
+#: capability configurations the spec-only run covers
+CONFIGS = [(True, True), (True, False), (False, True), (False, False)]
+
+
+def state_machine(machine: Machine[Any], *, capacity: int = 64 * 4096, page: int = 4096,
+                  configs: Sequence[tuple[bool, bool]] = tuple(CONFIGS), stats: dict[str, int] | None = None) -> type:
+    """A Hypothesis ``RuleBasedStateMachine`` for ``machine`` run alone.
+
+    Its rules are generated from the action table; the initial capability
+    configuration is drawn from ``configs``; every invariant is checked after
+    each step, and the full (scanning) checks at teardown.  ``stats`` (if
+    given) counts ``examples`` and ``steps``.
+    """
+    from hypothesis import strategies as st
+    from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+    counters = stats if stats is not None else {}
+    counters.setdefault("examples", 0)
+    counters.setdefault("steps", 0)
+
+    def make_rule(act: Action[Any]) -> Callable[..., None]:
+        @precondition(lambda self: self.state is not None and usable(act, self.state))
+        @rule(data=st.data())
+        def run(self: Any, data: Any) -> None:
+            step = spec_step(machine, self.state, act, DataChooser(data))
+            counters["steps"] += 1
+            assert not step.broken, f"{act.name}({step.args}) -> {step.branch}: broke {step.broken}"
+
+        run.__name__ = f"do_{act.name}"
+        return run
+
+    ns: dict[str, Any] = {"state": None}
+
+    @initialize(config=st.sampled_from(list(configs)))
+    def setup(self: Any, config: tuple[bool, bool]) -> None:
+        vb, sm = config
+        self.state = machine.init(capacity=capacity, page=page, virtual_backing=vb, shared_mapping=sm, ep=True)
+        counters["examples"] += 1
+
+    @invariant()
+    def holds(self: Any) -> None:
+        if self.state is not None:
+            broken = machine.check_invariants(self.state)
+            assert not broken, f"broken: {broken}"
+
+    def teardown(self: Any) -> None:
+        if self.state is not None:
+            broken = machine.check_invariants(self.state, full=True)
+            assert not broken, f"broken (full check): {broken}"
+
+    ns.update(setup=setup, holds=holds, teardown=teardown)
+    for act in machine.actions:
+        for k in range(max(1, act.weight)):
+            ns[f"do_{act.name}_{k}"] = make_rule(act)
+    return type(f"{machine.name.title()}SpecMachine", (RuleBasedStateMachine,), ns)
+
+
+def run(machine: Machine[Any], *, examples: int, steps: int, seed: int | None = None,
+        stats: dict[str, int] | None = None) -> dict[str, int]:
+    """Run the spec's stateful test; raises on the first broken invariant (shrunk)."""
+    from hypothesis import settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from memspec import profiles  # noqa: F401  (registers the profiles)
+
+    stats = stats if stats is not None else {}
+    cls = state_machine(machine, stats=stats)
+    if seed is not None:
+        random.seed(seed)
+    cfg = settings(settings.get_profile("ci"), max_examples=examples, stateful_step_count=steps,
+                   derandomize=seed is None)
+    run_state_machine_as_test(cls, settings=cfg)
+    return stats

@@ -1,0 +1,108 @@
+"""SYSTEM: the executable spec of seed 000's roles wired together.
+
+Seed 000, in one sentence: *Allocator answers "how to obtain ordinary
+memory", VirtualBacking answers "when to install real memory behind an
+address", and SharedMapping answers "how multiple addresses share physical
+memory"; the Governor keeps the accounts, the Holder chooses what to evict,
+the EP keeps device operations correctly ordered, and the
+ProcessMemoryManager wires these roles together safely.*
+
+=======================  ===============================================
+ProcessMemoryManager     registry, selection, capabilities, context pins (``registry``, ``contexts``)
+Governor / Authority     ledger, grants, leases, pressure tickets (``governor``)
+MemoryBinding            the allocation transaction, reservations (``allocation``, ``backing``)
+Execution Provider       streams, fences, deferred-free queue (``release``)
+Holders                  ModelResidency, KvPageStore (``holders``)
+=======================  ===============================================
+
+``SYSTEM.init(capacity=, page=, virtual_backing=, shared_mapping=)`` makes
+the state: the Governor's capacity equals the device's, mechanism ``[0]``
+(the target, with the given capabilities) is installed, mechanism ``[1]`` is
+eager only.  ``perform(sut, **args)`` receives a ``SystemUnderTest``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memspec.spec import allocation, backing, contexts, governor, holders, registry, release
+from memspec.spec.api import TicketState
+from memspec.spec.core import Machine, Observation
+from memspec.spec.invariants import ALL
+from memspec.spec.state import Registry, SysState
+
+
+def init(*, capacity: int, page: int, virtual_backing: bool, shared_mapping: bool, ep: bool = True) -> SysState:
+    """Nothing allocated, nothing granted: ``free == capacity``; the target
+    mechanism installed; ModelResidency's four weights not loaded."""
+    if capacity <= 0 or page <= 0 or capacity % page:
+        raise ValueError(f"capacity ({capacity}) must be a positive multiple of page ({page})")
+    reg = Registry(capabilities=[(bool(virtual_backing), bool(shared_mapping)), (False, False)])
+    s = SysState(capacity, page, bool(virtual_backing), bool(shared_mapping), reg, free=capacity)
+    holders.init_holders(s)
+    return s
+
+
+class AtLeast:
+    """An expected figure known only from below (a KV request's release may
+    be queued in several pieces)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, int) and other >= self.n
+
+    def __repr__(self) -> str:
+        return f">= {self.n}"
+
+
+def _expected_pending(s: SysState, _ref: Any) -> Any:
+    n = len(s.queue)
+    return n if all(e.exact for e in s.queue.values()) else AtLeast(n)
+
+
+def _always(_s: Any, _touched: Any) -> list[None]:
+    return [None]
+
+
+def _touched_kv(s: SysState, touched: tuple[int, ...]) -> list[int]:
+    return [r for r in touched if r in s.kv and s.kv[r].state == "open"]
+
+
+def _touched_reservations(s: SysState, touched: tuple[int, ...]) -> list[int]:
+    return [r for r in touched if r in s.owned and s.owned[r].kind == "reservation" and s.owned[r].state == "live"]
+
+
+OBSERVATIONS = [
+    Observation("governor.free", "S11", _always, lambda s, _r: s.free, lambda sut, _r: sut.governor.free()),
+    Observation("governor.granted", "S8", _always, lambda s, _r: s.granted, lambda sut, _r: sut.governor.granted()),
+    Observation("governor.charged(session)", "S8", _always, lambda s, _r: s.charged_by.get(governor.SESSION, 0),
+                lambda sut, _r: sut.governor.charged(governor.SESSION)),
+    Observation("governor.charged(weights)", "S8", _always, lambda s, _r: s.charged_by.get(governor.WEIGHTS, 0),
+                lambda sut, _r: sut.governor.charged(sut.weights.name)),
+    Observation("governor.charged(kv)", "S9", _always, lambda s, _r: s.charged_by.get(governor.KV, 0),
+                lambda sut, _r: sut.governor.charged(sut.kv.name)),
+    Observation("ep.pending_releases", "S7", _always, _expected_pending, lambda sut, _r: sut.ep.pending_releases()),
+    Observation("manager.pins > 0", "S10", _always, lambda s, _r: contexts.pins(s) > 0,
+                lambda sut, _r: sut.manager.pins(sut.context_id) > 0),
+    Observation("weights.resident_bytes", "S6", _always,
+                lambda s, _r: sum(w.pages for w in s.weights.values() if w.resident) * s.page,
+                lambda sut, _r: sut.weights.resident_bytes()),
+    Observation("kv.committed", "S9", _touched_kv, lambda s, r: s.kv[r].committed,
+                lambda sut, r: sut.kv.committed(holders.kv_name(r)), requires=("virtual_backing",)),
+    Observation("reservation.committed", "S12", _touched_reservations,
+                lambda s, r: len(s.owned[r].committed) * s.page, lambda sut, r: backing.reservation_of(sut, r).committed(),
+                requires=("virtual_backing",)),
+]
+
+
+SYSTEM: Machine[SysState] = Machine(
+    name="system",
+    doc=__doc__ or "",
+    init=init,
+    actions=registry.ACTIONS + governor.ACTIONS + allocation.SYS_ACTIONS + release.ACTIONS + backing.SYS_ACTIONS
+    + holders.ACTIONS + contexts.ACTIONS,
+    invariants=list(ALL),
+    observations=OBSERVATIONS,
+)
