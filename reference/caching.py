@@ -35,6 +35,7 @@ the spec (layering rule).
 from __future__ import annotations
 
 import itertools
+from bisect import bisect_left
 from collections import deque
 from typing import Any, Callable
 
@@ -78,6 +79,34 @@ K_MIN_LARGE_ALLOC = 10 * MiB
 K_ROUND_LARGE = 2 * MiB
 PRESETS = ("pytorch", "seed")
 ROUNDUP_INTERVALS = 16  # 1 MiB .. 64 GiB, one divisions entry per power of two
+_M64 = (1 << 64) - 1
+
+
+def _inc2(stat: list, idx: int, n: int) -> None:
+    """``Stat.increase(n)`` on the ``all`` entry and the pool's entry."""
+    for s in (stat[ALL], stat[idx]):
+        c = s.current + n
+        s.current = c
+        s.allocated += n
+        if c > s.peak:
+            s.peak = c
+
+
+def _dec2(stat: list, idx: int, n: int) -> None:
+    """``Stat.decrease(n)`` on the ``all`` entry and the pool's entry."""
+    for s in (stat[ALL], stat[idx]):
+        s.current -= n
+        s.freed += n
+
+
+def free_key(stream: int, size: int, addr: int) -> int:
+    """The free-list order ``(stream, size, address)`` packed in one int
+    (int comparisons are much cheaper than tuple ones)."""
+    return (stream << 128) | (size << 64) | addr
+
+
+def unkey(key: int) -> tuple[int, int, int]:
+    return key >> 128, (key >> 64) & _M64, key & _M64
 
 
 def _pow2_divisions(size: int, divisions: tuple[int, ...]) -> int:
@@ -332,9 +361,9 @@ class _Pool:
 
     def __init__(self, small: bool) -> None:
         self.small = small
-        self.blocks = SortedList()  # (stream, size, address) of free mapped blocks
+        self.blocks = SortedList()  # free_key(stream, size, address) of free mapped blocks
         self.free: dict[int, _Block] = {}
-        self.unmapped = SortedList()  # (stream, address) of unmapped blocks of expandable arenas
+        self.unmapped = SortedList()  # (stream << 64) | address of unmapped blocks of expandable arenas
         self.unmapped_at: dict[int, _Block] = {}
         self.gc_calls = 0
 
@@ -543,20 +572,20 @@ class CachingAllocator:
     # ---------------------------------------------------------------- pools
 
     def _insert(self, pool: _Pool, b: _Block) -> None:
-        pool.blocks.add((b.stream, b.size, b.addr))
+        pool.blocks.add((b.stream << 128) | (b.size << 64) | b.addr)
         pool.free[b.addr] = b
         b.gc_base = pool.gc_calls
 
     def _remove(self, pool: _Pool, b: _Block) -> None:
-        pool.blocks.remove((b.stream, b.size, b.addr))
+        pool.blocks.remove((b.stream << 128) | (b.size << 64) | b.addr)
         del pool.free[b.addr]
 
     def _insert_unmapped(self, pool: _Pool, b: _Block) -> None:
-        pool.unmapped.add((b.stream, b.addr))
+        pool.unmapped.add((b.stream << 64) | b.addr)
         pool.unmapped_at[b.addr] = b
 
     def _remove_unmapped(self, pool: _Pool, b: _Block) -> None:
-        pool.unmapped.remove((b.stream, b.addr))
+        pool.unmapped.remove((b.stream << 64) | b.addr)
         del pool.unmapped_at[b.addr]
 
     def _pool_of(self, b: _Block) -> _Pool:
@@ -617,43 +646,60 @@ class CachingAllocator:
         if self.gc_threshold > 0.0 and self._allowed is not None:
             pool.gc_calls += 1
         bl = pool.blocks
-        i = bl.bisect_left((stream, r, -1))
-        if i == len(bl):
+        lo = (stream << 128) | (r << 64)
+        maxes = bl._maxes  # sortedcontainers internals: two C bisects, no positional index
+        pos = bisect_left(maxes, lo)
+        if pos == len(maxes):
             return None
-        key = bl[i]
-        if key[0] != stream:
+        sub = bl._lists[pos]
+        idx = bisect_left(sub, lo)
+        key = sub[idx]
+        if key >> 128 != stream:
             return None
-        b = pool.free[key[2]]
+        b = pool.free[key & _M64]
         if b.seg.expandable:
-            if self.expandable:
-                # best fit counts the unmapped space a block can grow into (PyTorch)
-                def grow(x: _Block) -> int:
-                    return x.size + (x.next.size if x.next is not None and not x.next.mapped else 0)
-                n = len(bl)
-                while b.seg.expandable and i + 1 < n and bl[i + 1][0] == stream:
-                    nb = pool.free[bl[i + 1][2]]
-                    if grow(nb) < grow(b):
-                        i, b = i + 1, nb
-                    else:
-                        break
-            else:
-                # expandable segments were switched off: only non-expandable blocks
-                n = len(bl)
-                i += 1
-                while i < n and bl[i][0] == stream and pool.free[bl[i][2]].seg.expandable:
-                    i += 1
-                if i == n or bl[i][0] != stream:
-                    return None
-                b = pool.free[bl[i][2]]
+            b = self._expandable_pick(pool, stream, lo, b)
+            if b is None:
+                return None
+            key = None
         ms = self._max_split
         if ms is not None:
             if r < ms and b.size >= ms:
                 return None  # do not return an oversized block for a small request
             if r >= ms and b.size >= r + K_LARGE_BUFFER:
                 return None  # nor one too oversized for a large request
-        del bl[i]
-        del pool.free[b.addr]
+        if key is not None:
+            bl._delete(pos, idx)
+            del pool.free[b.addr]
+        else:
+            self._remove(pool, b)
         return b
+
+    def _expandable_pick(self, pool: _Pool, stream: int, lo: int, b: _Block) -> _Block | None:
+        """PyTorch's ``get_free_block`` on an expandable block: best fit counts
+        the unmapped space a block can grow into; with expandable segments
+        switched off, only non-expandable blocks qualify."""
+        it = pool.blocks.irange(minimum=lo)
+        next(it)
+        if self.expandable:
+            def grow(x: _Block) -> int:
+                return x.size + (x.next.size if x.next is not None and not x.next.mapped else 0)
+            for k in it:
+                if k >> 128 != stream or not b.seg.expandable:
+                    break
+                nb = pool.free[k & _M64]
+                if grow(nb) < grow(b):
+                    b = nb
+                else:
+                    break
+            return b
+        for k in it:
+            if k >> 128 != stream:
+                return None
+            nb = pool.free[k & _M64]
+            if not nb.seg.expandable:
+                return nb
+        return None
 
     def _slow_path(self, pool: _Pool, stream: int, r: int, size: int) -> _Block:
         alloc_size = segment_bytes(r, self.preset)
@@ -691,31 +737,55 @@ class CachingAllocator:
             if not exp:
                 if already_split:
                     s = self._s_isbytes
-                    s[ALL].decrease(r)
-                    s[idx].decrease(r)
+                    _dec2(s, idx, r)
                 else:
                     s = self._s_isbytes
-                    s[ALL].increase(remaining)
-                    s[idx].increase(remaining)
+                    _inc2(s, idx, remaining)
                     s = self._s_isplit
-                    s[ALL].increase(1)
-                    s[idx].increase(1)
+                    _inc2(s, idx, 1)
         elif already_split and not exp:
             s = self._s_isbytes
-            s[ALL].decrease(b.size)
-            s[idx].decrease(b.size)
+            _dec2(s, idx, b.size)
             s = self._s_isplit
-            s[ALL].decrease(1)
-            s[idx].decrease(1)
+            _dec2(s, idx, 1)
         b.allocated = True
         b.req = size
         gen = next(self._gen)
         b.gen = gen
         self._live[gen] = b
         bs = b.size
-        for s, n in ((self._s_alloc, 1), (self._s_abytes, bs), (self._s_active, 1), (self._s_actbytes, bs), (self._s_req, size)):
-            s[ALL].increase(n)
-            s[idx].increase(n)
+        sa, sab, sac, sacb, srq = self._s_alloc, self._s_abytes, self._s_active, self._s_actbytes, self._s_req
+        for j in (ALL, idx):  # Stat.increase, inlined: this is the hot path
+            s = sa[j]
+            c = s.current + 1
+            s.current = c
+            s.allocated += 1
+            if c > s.peak:
+                s.peak = c
+            s = sab[j]
+            c = s.current + bs
+            s.current = c
+            s.allocated += bs
+            if c > s.peak:
+                s.peak = c
+            s = sac[j]
+            c = s.current + 1
+            s.current = c
+            s.allocated += 1
+            if c > s.peak:
+                s.peak = c
+            s = sacb[j]
+            c = s.current + bs
+            s.current = c
+            s.allocated += bs
+            if c > s.peak:
+                s.peak = c
+            s = srq[j]
+            c = s.current + size
+            s.current = c
+            s.allocated += size
+            if c > s.peak:
+                s.peak = c
         if self._max_split is not None and bs >= self._max_split:
             self.stats.oversize_allocations.increase(1)
         if self._trace is not None:
@@ -741,10 +811,8 @@ class CachingAllocator:
         self._total += alloc_size
         idx = SMALL if pool.small else LARGE
         for s in (self.stats.segment,):
-            s[ALL].increase(1)
-            s[idx].increase(1)
-        self.stats.reserved_bytes[ALL].increase(alloc_size)
-        self.stats.reserved_bytes[idx].increase(alloc_size)
+            _inc2(s, idx, 1)
+        _inc2(self.stats.reserved_bytes, idx, alloc_size)
         if self._max_split is not None and alloc_size >= self._max_split:
             self.stats.oversize_segments.increase(1)
         self.stats.num_device_alloc += 1
@@ -764,8 +832,7 @@ class CachingAllocator:
         self._total -= b.size
         idx = SMALL if pool.small else LARGE
         for s, n in ((self.stats.segment, 1), (self.stats.reserved_bytes, b.size)):
-            s[ALL].decrease(n)
-            s[idx].decrease(n)
+            _dec2(s, idx, n)
         if self._max_split is not None and b.size >= self._max_split:
             self.stats.oversize_segments.decrease(1)
         return b.size
@@ -777,20 +844,19 @@ class CachingAllocator:
         if ms is None:
             return False
         want = max(r, ms)
-        bl = pool.blocks
-        i = bl.bisect_left((stream, want, -1))
-        if i == len(bl) or bl[i][0] != stream:
-            if i == 0:
-                return False
+        keys = [k for k in pool.blocks.irange((stream << 128), ((stream + 1) << 128) - 1)]
+        big = [k for k in keys if (k >> 64) & _M64 >= want]
+        if not big:
             released = 0
-            i -= 1
-            while released < want and i >= 0 and bl[i][1] >= ms and bl[i][0] == stream:
-                b = pool.free[bl[i][2]]
+            for k in reversed(keys):
+                size = (k >> 64) & _M64
+                if released >= want or size < ms:
+                    break
+                b = pool.free[k & _M64]
                 if not b.seg.expandable and not b.is_split():
                     released += self._release_block(pool, b)
-                i -= 1
             return released >= want
-        b = pool.free[bl[i][2]]
+        b = pool.free[big[0] & _M64]
         if b.seg.expandable or b.is_split():
             return False
         self._release_block(pool, b)
@@ -804,8 +870,8 @@ class CachingAllocator:
         released = 0
         to_unmap = []
         for key in list(pool.blocks):
-            b = pool.free.get(key[2])
-            if b is None or (b.stream, b.size, b.addr) != key:
+            b = pool.free.get(key & _M64)
+            if b is None or free_key(b.stream, b.size, b.addr) != key:
                 continue
             if b.seg.expandable:
                 to_unmap.append(b)
@@ -835,7 +901,7 @@ class CachingAllocator:
             threshold_age = total_age / count
             freed_one = False
             for key in list(pool.blocks):
-                b = pool.free.get(key[2])
+                b = pool.free.get(key & _M64)
                 if b is None or b.is_split() or b.seg.expandable:
                     continue
                 age = pool.gc_calls - b.gc_base
@@ -871,8 +937,8 @@ class CachingAllocator:
         return b is not None and not b.allocated and b.events == 0 and not b.uses
 
     def _find_expandable_block(self, pool: _Pool, stream: int, r: int) -> _Block:
-        for key in pool.unmapped.irange((stream, -1), (stream, float("inf"))):
-            c = pool.unmapped_at[key[1]]
+        for key in pool.unmapped.irange(stream << 64, ((stream + 1) << 64) - 1):
+            c = pool.unmapped_at[key & _M64]
             if self._allocatable(c.prev):
                 c = c.prev
             got, x = 0, c
@@ -924,8 +990,7 @@ class CachingAllocator:
         self._insert(pool, b)
         self._total += mapped
         idx = SMALL if pool.small else LARGE
-        self.stats.reserved_bytes[ALL].increase(mapped)
-        self.stats.reserved_bytes[idx].increase(mapped)
+        _inc2(self.stats.reserved_bytes, idx, mapped)
         self.stats.num_device_alloc += 1
         self._record("segment_map", seg.addr + off, mapped, b.stream)
         return True
@@ -971,8 +1036,7 @@ class CachingAllocator:
         n = end - begin
         self._total -= n
         idx = SMALL if pool.small else LARGE
-        self.stats.reserved_bytes[ALL].decrease(n)
-        self.stats.reserved_bytes[idx].decrease(n)
+        _dec2(self.stats.reserved_bytes, idx, n)
         self.stats.num_device_free += 1
         self._record("segment_unmap", seg.addr + begin, n, b.stream)
         if b.prev is None and b.next is None and b.size == seg.size:
@@ -996,13 +1060,22 @@ class CachingAllocator:
     def free(self, block: CachedBlock) -> None:
         """Free a block. Allocated stats drop at once; with uses on other
         streams the block waits for their events (``active_pending_free``)."""
-        b = self._owned_live(block)
-        del self._live[block.generation]
+        if type(block) is not CachedBlock or block._owner is not self:
+            self._owned_live(block)  # raises the right error
+        b = self._live.pop(block.generation, None)
+        if b is None:
+            raise DoubleFree(f"{block!r} was already freed")
         b.allocated = False
         idx = SMALL if b.seg.small else LARGE
-        for s, n in ((self._s_alloc, 1), (self._s_abytes, b.size)):
-            s[ALL].decrease(n)
-            s[idx].decrease(n)
+        bs = b.size
+        sa, sab = self._s_alloc, self._s_abytes
+        for j in (ALL, idx):
+            s = sa[j]
+            s.current -= 1
+            s.freed += 1
+            s = sab[j]
+            s.current -= bs
+            s.freed += bs
         if self._trace is not None:
             self._record("free_requested", b.addr, b.req, b.stream)
         if self._max_split is not None and b.size >= self._max_split:
@@ -1044,22 +1117,26 @@ class CachingAllocator:
             if net_n:
                 s = self._s_isplit
                 if net_n > 0:
-                    s[ALL].increase(net_n)
-                    s[idx].increase(net_n)
+                    _inc2(s, idx, net_n)
                 else:
-                    s[ALL].decrease(-net_n)
-                    s[idx].decrease(-net_n)
+                    _dec2(s, idx, -net_n)
             if net_b:
                 s = self._s_isbytes
                 if net_b > 0:
-                    s[ALL].increase(net_b)
-                    s[idx].increase(net_b)
+                    _inc2(s, idx, net_b)
                 else:
-                    s[ALL].decrease(-net_b)
-                    s[idx].decrease(-net_b)
-        for s, n in ((self._s_active, 1), (self._s_actbytes, orig), (self._s_req, req)):
-            s[ALL].decrease(n)
-            s[idx].decrease(n)
+                    _dec2(s, idx, -net_b)
+        sac, sacb, srq = self._s_active, self._s_actbytes, self._s_req
+        for j in (ALL, idx):
+            s = sac[j]
+            s.current -= 1
+            s.freed += 1
+            s = sacb[j]
+            s.current -= orig
+            s.freed += orig
+            s = srq[j]
+            s.current -= req
+            s.freed += req
         if self.preset == "seed" and b.seg.expandable:
             self._unmap_block(pool, b)  # the toy: pages returned at free
 

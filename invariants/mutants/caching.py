@@ -9,7 +9,7 @@ it names.
 from __future__ import annotations
 
 from memspec.invariants.mutants import Mutant
-from memspec.reference.caching import K_MIN_BLOCK, CachingAllocator
+from memspec.reference.caching import _M64, K_MIN_BLOCK, CachingAllocator
 from memspec.reference.caching_stats import ALL, LARGE, SMALL
 from memspec.reference.caching_targets import make_target
 from memspec.spec.errors import OutOfMemory
@@ -95,7 +95,7 @@ class EmptyCacheReleasesLive(CachingAllocator):
     def _release_blocks(self, pool):
         released = 0
         for key in list(pool.blocks):
-            b = pool.free.get(key[2])
+            b = pool.free.get(key & _M64)
             if b is None or b.seg.expandable or b.prev is not None:
                 continue
             if b.next is None:
@@ -128,8 +128,8 @@ class ArenaNeverGrows(CachingAllocator):
         super().__init__(**kw)
 
     def _find_expandable_block(self, pool, stream, r):
-        for key in pool.unmapped.irange((stream, -1), (stream, float("inf"))):
-            c = pool.unmapped_at[key[1]]
+        for key in pool.unmapped.irange(stream << 64, ((stream + 1) << 64) - 1):
+            c = pool.unmapped_at[key & _M64]
             if self._allocatable(c.prev):
                 c = c.prev
             got, x = 0, c
