@@ -9,7 +9,7 @@
 # differential replay of one long trace on emulator and driver; the
 # stream-gate fence test; a leak check (cuMemGetInfo back to baseline); a
 # latency table (commit/decommit of 1, 8, 64 pages vs the raw driver calls);
-# the pytest GPU tests.  Output and reports go to $OUT (default gpu-run-out/).
+# the pytest GPU tests.  Output and reports go to $OUT (default memspec-out/gpu-run/).
 # Exit status: 0 when every step passed, 1 otherwise.
 set -u
 cd "$(dirname "$0")/../.."
@@ -30,7 +30,7 @@ elif [ -x .venv/bin/python ]; then PY=.venv/bin/python
 else PY=python3; fi
 TARGET=cuda
 [ "$DRY" = 1 ] && TARGET=cuda-host
-OUT="${OUT:-gpu-run-out}"
+OUT="${OUT:-memspec-out/gpu-run}"
 EXAMPLES="${CONFORM_EXAMPLES:-30}"
 STEPS="${CONFORM_STEPS:-40}"
 TOOL=tests/gpu/gpu_tool.py
