@@ -646,6 +646,62 @@ class MechanismUnderTest(Protocol):
 
 
 # --------------------------------------------------------------------------
+# The caching allocator (seed 003)
+# --------------------------------------------------------------------------
+
+@runtime_checkable
+class CachingBlockHandle(Protocol):
+    """What a caching allocator's ``malloc`` returns: the block's ``address``
+    and ``size`` (after rounding and the split decision), the
+    ``requested_size`` and the ``stream`` it was allocated on."""
+
+    address: int
+    size: int
+    requested_size: int
+    stream: int
+
+
+@runtime_checkable
+class CachingAllocator(Protocol):
+    """Seed 003: *PyTorch layers a caching allocator on top [of cudaMalloc]
+    -- module 01 ch19's segregated-fit, replayed.*  The interface the
+    ``CACHING`` spec machine drives (``TargetInstance.kind == "caching"``,
+    ``TargetInstance.allocator``); names follow ``torch.cuda``."""
+
+    def malloc(self, size: int, stream: int = 0) -> CachingBlockHandle:
+        """Raises InvalidRequest, OutOfMemory (with the diagnosis figures)."""
+        ...
+
+    def free(self, block: CachingBlockHandle) -> None:
+        """Raises DoubleFree, ForeignAllocation. Deferred on events when the
+        block was recorded on other streams."""
+        ...
+
+    def record_stream(self, block: CachingBlockHandle, stream: int) -> None: ...
+
+    def complete_stream(self, stream: int) -> None:
+        """Test control: the work queued so far on ``stream`` has completed."""
+        ...
+
+    def synchronize(self) -> None: ...
+
+    def empty_cache(self) -> int:
+        """Release fully-free segments (and whole free pages of expandable
+        segments); return the bytes released."""
+        ...
+
+    def memory_stats(self) -> dict[str, int]:
+        """``torch.cuda.memory_stats()`` keys and semantics."""
+        ...
+
+    def memory_summary(self) -> str: ...
+
+    def snapshot(self) -> dict:
+        """``torch.cuda.memory._snapshot()`` structure."""
+        ...
+
+
+# --------------------------------------------------------------------------
 # Targets (what `memspec conform` runs against)
 # --------------------------------------------------------------------------
 
