@@ -287,6 +287,7 @@ class CudaExecutionProvider:
             s = self._check_fence(fence)
             if fence.value <= s.done:
                 return True
+            self.ctx.make_current()
             while s.fences and s.fences[0][0] <= fence.value:
                 value, ev = s.fences[0]
                 res = self.drv.query("cuEventQuery", ev)

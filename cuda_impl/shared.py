@@ -93,6 +93,7 @@ class CudaSharedMapping:
             raise InvalidRequest(f"expected a PhysicalHandle, got {type(handle).__name__}")
         if handle.identity.creator != c.ids.creator:
             raise ForeignAllocation(f"physical handle {handle.identity} was made by another mechanism")
+        c.ctx.make_current()
         h = c.handles.get(handle.identity)
         if h is None or (live and h.released):
             if releasing:
@@ -106,6 +107,7 @@ class CudaSharedMapping:
         if not _is_int(size) or size <= 0 or size % c.gran:
             raise InvalidRequest(f"size must be a positive multiple of {c.gran}, got {size!r}")
         with c.lock:
+            c.ctx.make_current()
             try:
                 cu = c.drv.cuMemCreate(size, c.prop, 0)
             except CudaOutOfMemory as e:

@@ -135,6 +135,7 @@ class VmmCore:
             raise InvalidRequest(f"expected a VirtualAllocation, got {type(va).__name__}")
         if va.identity.creator != self.ids.creator:
             raise ForeignAllocation(f"reservation {va.identity} was made by another mechanism ({self.ids.creator} is this one)")
+        self.ctx.make_current()   # contexts are per thread; a drop may run on any thread
         r = self.reservations.get(va.identity)
         if r is None:
             if releasing:
@@ -183,6 +184,7 @@ class VmmCore:
         g = self.gran
         rounded = round_up(size, g)
         with self.lock:
+            self.ctx.make_current()
             try:
                 ptr = self.drv.cuMemAddressReserve(rounded, alignment if alignment > g else 0, 0, 0)
             except CudaOutOfMemory as e:
