@@ -33,12 +33,13 @@ TARGET=cuda
 OUT="${OUT:-memspec-out/gpu-run}"
 EXAMPLES="${CONFORM_EXAMPLES:-30}"
 STEPS="${CONFORM_STEPS:-40}"
+CAPACITY="${CONFORM_CAPACITY:-1073741824}"   # bytes the target may take (OOM beyond): 1 GiB
 TOOL=tests/gpu/gpu_tool.py
 
 NAMES=(info conform differential gate leak latency pytest)
 CMDS=(
   "$PY $TOOL info --target $TARGET"
-  "$PY -m memspec conform $TARGET --level all --examples $EXAMPLES --steps $STEPS --json $OUT/conform.json --junit $OUT/conform.xml --out $OUT/repro --db $OUT/db --quiet"
+  "$PY -m memspec conform $TARGET --level all --capacity $CAPACITY --examples $EXAMPLES --steps $STEPS --json $OUT/conform.json --junit $OUT/conform.xml --out $OUT/repro --db $OUT/db --quiet"
   "$PY $TOOL differential --target $TARGET --length 2000"
   "$PY $TOOL gate --target $TARGET"
   "$PY $TOOL leak --target $TARGET"
