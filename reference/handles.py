@@ -157,7 +157,7 @@ class RefReservation:
         self._r = _Release(ep, governor, unpin)
         self.lock = threading.RLock()
         self.pages: set[int] = set()          # page offsets committed (and charged) through the binding
-        self.decommitting: set[int] = set()   # page offsets with a decommit queued
+        self.decommitting: dict = {}          # page offset -> its queued decommit (still mapped)
 
     @property
     def address(self) -> int:
@@ -168,10 +168,13 @@ class RefReservation:
         return self._r.leases
 
     def committed(self) -> int:
-        """Private bytes committed behind the reservation now (0 once released)."""
+        """Private bytes committed behind the reservation now, read from the
+        backing, less pages whose decommit is queued (0 once released)."""
         if self._r.released:
             return 0
-        return self.backing.committed_bytes(self.allocation)
+        with self.lock:
+            pending = len(self.decommitting)
+        return self.backing.committed_bytes(self.allocation) - pending * self.backing.granularity()
 
     def charged(self) -> int:
         gov = self._r.governor

@@ -197,50 +197,86 @@ class ReferenceManager:
             self.destroyed.add(context_id)
 
 
+class _Decommit:
+    """One queued decommit: its page offsets, and those a later commit revived."""
+
+    def __init__(self, offsets: range) -> None:
+        self.offsets = offsets
+        self.revived: set[int] = set()
+        self.ran = False
+
+
 class GrowthTxn:
     """Steps 3, 4 and 6 of seed 000's KV growth transaction over one reservation.
 
-    ``begin`` (step 3) takes the provisional grant; :meth:`commit` (step 4)
-    installs backing, possibly in several pieces; :meth:`finish` (step 6)
-    charges the bytes actually committed; :meth:`rollback` (after a failure
-    at step 4 or 5) decommits every piece it installed and returns the grant.
+    Construction (step 3) takes the provisional grant for the whole range;
+    :meth:`commit` (step 4) installs backing, possibly in several pieces;
+    :meth:`finish` (step 6) charges the range; :meth:`rollback` (after a
+    failure at step 4 or 5) decommits every piece it installed and returns
+    the grant.  Pages of the range whose decommit is still queued behind a
+    fence are still mapped: they are *revived* (taken back from the queued
+    decommit) instead of being mapped again -- a VA page in use by device
+    work is never remapped under it.
     """
 
     def __init__(self, binding: "ReferenceBinding", reservation: RefReservation, start: int, end: int) -> None:
         self.b = binding
         self.res = reservation
         self.start, self.end = start, end
+        self.page = reservation.backing.granularity()
         self.pieces: list[tuple[int, int]] = []
+        self.revived: list[tuple[int, _Decommit]] = []
         self.grant: Grant | None = binding.governor.reserve(reservation.holder, end - start)
         self.done = False
 
     def commit(self, start: int, end: int) -> int:
+        """Install backing for ``[start, end)`` (within the transaction):
+        pages whose decommit is still queued are claimed back from it (they
+        are still mapped), the others are committed in contiguous pieces."""
         if not (self.start <= start < end <= self.end):
             raise InvalidRange(f"[{start}, {end}) is outside the transaction's [{self.start}, {self.end})")
-        n = self.res.backing.commit_range(self.res.allocation, start, end)
-        self.pieces.append((start, end))
+        with self.res.lock:
+            for off in range(start, end, self.page):
+                entry = self.res.decommitting.pop(off, None)
+                if entry is not None:
+                    entry.revived.add(off)
+                    self.revived.append((off, entry))
+            pending = {off for off, _ in self.revived}
+        n, run = 0, None
+        for off in range(start, end + self.page, self.page):
+            fresh = off < end and off not in pending
+            if fresh and run is None:
+                run = off
+            elif not fresh and run is not None:
+                n += self.res.backing.commit_range(self.res.allocation, run, off)
+                self.pieces.append((run, off))
+                run = None
         return n
 
-    def committed(self) -> int:
-        return sum(e - s for s, e in self.pieces)
-
     def finish(self) -> int:
-        n = self.committed()
+        """Charge the whole range (fresh pages and revived ones) and record it."""
+        n = self.end - self.start
         lease = self.b.governor.commit(self.grant, n)
-        page = self.res.backing.granularity()
         with self.res.lock:
             self.res.leases.append(lease)
-            for s, e in self.pieces:
-                self.res.pages.update(range(s, e, page))
+            self.res.pages.update(range(self.start, self.end, self.page))
         self.grant, self.done = None, True
         return n
 
     def rollback(self) -> None:
         if self.done:
             return
-        for s, e in reversed(self.pieces):
-            self.res.backing.decommit_range(self.res.allocation, s, e)
+        for s_, e in reversed(self.pieces):
+            self.res.backing.decommit_range(self.res.allocation, s_, e)
         self.pieces.clear()
+        with self.res.lock:      # give revived pages back to their queued decommit (or unmap them if it ran)
+            for off, entry in self.revived:
+                if entry.ran:
+                    self.res.backing.decommit_range(self.res.allocation, off, off + self.page)
+                else:
+                    entry.revived.discard(off)
+                    self.res.decommitting[off] = entry
+            self.revived.clear()
         if self.grant is not None:
             self.b.governor.cancel(self.grant)
             self.grant = None
@@ -319,13 +355,19 @@ class ReferenceBinding:
         return reservation
 
     def transaction(self, reservation: RefReservation, start: int, end: int) -> GrowthTxn:
-        """Start a charge-before-commit transaction over ``[start, end)``
-        (validated first: InvalidRange leaves the ledger untouched)."""
+        """Start a charge-before-commit transaction over ``[start, end)``.
+        Checked first, with the ledger untouched: a page-aligned range inside
+        the reservation (InvalidRange), none of its pages committed already
+        (InvalidRange)."""
         res = self._own(reservation)
         page = res.backing.granularity()
         if not is_int(start) or not is_int(end) or start < 0 or end <= start or end > res.allocation.size \
                 or start % page or end % page:
             raise InvalidRange(f"[{start!r}, {end!r}) is not a page-aligned range inside {res.allocation.size} bytes")
+        with res.lock:
+            busy = [o for o in range(start, end, page) if o in res.pages]
+        if busy:
+            raise InvalidRange(f"offset {busy[0]} of [{start}, {end}) is already committed")
         return GrowthTxn(self, res, start, end)
 
     def commit(self, reservation: RefReservation, start: int, end: int) -> int:
@@ -340,31 +382,46 @@ class ReferenceBinding:
             raise
 
     def decommit(self, reservation: RefReservation, start: int, end: int) -> int:
-        """Decommit ``[start, end)`` behind the reservation's fences, then
-        refund; returns the bytes that are (or will be, once the fences
-        complete) released.  Every page must be committed and not already
-        being decommitted (InvalidRange)."""
+        """Decommit ``[start, end)``: the pages leave the reservation's
+        committed bytes now; their unmapping and refund are queued behind the
+        reservation's fences (seed 000: *wait for the related stream/fence
+        to finish*).  Every page must be committed (InvalidRange otherwise,
+        nothing changes).  Returns ``end - start``."""
         res = self._own(reservation)
         page = res.backing.granularity()
         if not is_int(start) or not is_int(end) or start < 0 or end <= start or end > res.allocation.size \
                 or start % page or end % page:
             raise InvalidRange(f"[{start!r}, {end!r}) is not a page-aligned range inside {res.allocation.size} bytes")
         offsets = range(start, end, page)
+        entry = _Decommit(offsets)
         with res.lock:
-            if any(o in res.decommitting for o in offsets):
-                raise InvalidRange(f"a decommit of part of [{start}, {end}) is already queued")
             missing = [o for o in offsets if o not in res.pages]
             if missing:
                 raise InvalidRange(f"offset {missing[0]} of [{start}, {end}) is not committed")
-            res.decommitting.update(offsets)
+            for o in offsets:
+                res.pages.discard(o)
+                res.decommitting[o] = entry
         n = end - start
         unpin = self.manager.pin(self.context_id)
         gov = self.governor
 
         def release() -> None:
             try:
-                freed = res.backing.decommit_range(res.allocation, start, end)
-                left = freed
+                with res.lock:
+                    entry.ran = True
+                    if res.released:      # the reservation's own release freed (and refunded) everything
+                        return
+                    mine = [o for o in offsets if o not in entry.revived]
+                    for o in mine:
+                        res.decommitting.pop(o, None)
+                    run = None
+                    for o in mine + [None]:
+                        if run is not None and (o is None or o != run[1]):
+                            res.backing.decommit_range(res.allocation, run[0], run[1])
+                            run = None
+                        if o is not None:
+                            run = (run[0], o + page) if run else (o, o + page)
+                left = n
                 with res.lock:
                     for lease in reversed(list(res.leases)):
                         if not left:
@@ -375,11 +432,8 @@ class ReferenceBinding:
                             left -= take
                         if gov.lease_bytes(lease) == 0:
                             res.leases.remove(lease)
-                    res.decommitting.difference_update(offsets)
-                    res.pages.difference_update(offsets)
             finally:
                 unpin()
 
         self.ep.defer(res.fences(), release)
-        self.ep.poll()
         return n

@@ -261,24 +261,37 @@ def test_binding_reserve_commit_decommit(sut):
             sut.binding.commit(r, start, end)
     with pytest.raises(InvalidRange):
         sut.binding.decommit(r, 4 * PAGE, 5 * PAGE)     # not committed
+    big = sut.binding.reserve("kv", 1 << 40)
     with pytest.raises(GrantDenied):
-        sut.binding.commit(r, 4 * PAGE, 10 * PAGE) if False else sut.binding.commit(
-            sut.binding.reserve("kv", 1 << 40), 0, 1 << 40)
-    assert snap(sut)[:3] == before[:3]
-    f = sut.ep.launch(0, [(r.address, 16)], [])
+        sut.binding.commit(big, 0, 1 << 40)
+    with pytest.raises(InvalidRange):
+        sut.binding.commit(r, 2 * PAGE, 6 * PAGE)   # pages 2-3 already committed: refused before any grant
+    big.close()
+    assert sut.ep.poll() == 1
+    assert snap(sut) == before
+    f = sut.ep.launch(0, [(r.address + 3 * PAGE, 16)], [])
     r.use(f)
     assert sut.binding.decommit(r, 2 * PAGE, 4 * PAGE) == 2 * PAGE
-    assert r.committed() == 4 * PAGE and sut.governor.charged("kv") == 4 * PAGE   # behind the fence
+    # the pages leave the committed bytes now; unmapping and refund wait for the fence
+    assert r.committed() == 2 * PAGE and sut.governor.charged("kv") == 4 * PAGE
+    assert sut.sim.physical_bytes() == 4 * PAGE and sut.sim.is_mapped(r.address + 3 * PAGE)
+    assert sut.ep.pending_releases() == 1 and sut.ep.poll() == 0
     with pytest.raises(InvalidRange):
-        sut.binding.decommit(r, 2 * PAGE, 3 * PAGE)     # already queued
+        sut.binding.decommit(r, 2 * PAGE, 3 * PAGE)     # not committed any more
+    # committing a page whose decommit is queued takes it back (never remapped under the kernel)
+    assert sut.binding.commit(r, 2 * PAGE, 3 * PAGE) == PAGE
+    assert r.committed() == 3 * PAGE and sut.governor.charged("kv") == 5 * PAGE and sut.sim.physical_bytes() == 4 * PAGE
     sut.ep.synchronize()
-    sut.ep.poll()
-    assert r.committed() == 2 * PAGE == sut.governor.charged("kv") == sut.sim.physical_bytes()
+    assert sut.ep.kernel_result(f) == [bytes(16)] and not sut.sim.faults
+    assert sut.ep.poll() == 1
+    assert r.committed() == 3 * PAGE == sut.governor.charged("kv") == sut.sim.physical_bytes()
+    assert sut.sim.is_mapped(r.address + 2 * PAGE) and not sut.sim.is_mapped(r.address + 3 * PAGE)
     r.close()
     with pytest.raises(StaleHandle):
         sut.binding.commit(r, 4 * PAGE, 5 * PAGE)
     sut.ep.poll()
     assert sut.governor.charged("kv") == 0
+    assert drained(sut)
 
 
 def test_reserve_unsupported_without_virtual_backing():
