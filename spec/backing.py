@@ -474,29 +474,39 @@ def _perform_res_decommit(sut: Any, span: tuple[int, int, int]) -> Seen:
 @action(role="MemoryBinding", params={"span": RES_SPAN}, perform=_perform_res_decommit,
         invariants=("S4", "S7", "S12"))
 def decommit_owned(s: SysState, span: tuple[int, int, int]) -> Any:
-    """Decommit ``[start, end)`` of an owning reservation.
+    """Decommit ``[start, end)`` of an owning reservation, behind its fences.
 
-    Every page must be committed, else InvalidRange.  Returns ``end -
-    start``; the pages leave the reservation's committed bytes now, but
-    their unmapping and refund are queued behind the reservation's fences
-    (S4), and the address stays (S12).
+    Every page must be committed and not already being decommitted, else
+    InvalidRange.  Returns ``end - start``: the bytes that will be released.
+    The unmapping and the refund are queued behind the reservation's fences
+    (S4); until the queue runs them the pages stay committed (and charged)
+    and cannot be committed again; the address stays (S12).
     """
     from memspec.spec.governor import SESSION
     from memspec.spec.release import enqueue, new_entry
 
     ref, start, end = span
     o = s.owned[ref]
-    if not range_legal(s, o, start, end) or not all(p in o.committed for p in pages(s, start, end)):
+    span_pages = pages(s, start, end)
+    if (not range_legal(s, o, start, end) or not all(p in o.committed for p in span_pages)
+            or any(p in o.decommitting for p in span_pages)):
         return only(InvalidRange, blame="S5", touched=(ref,))
     n = end - start
 
     def then(v: Seen) -> None:
         if v["address"] != o.base:
             s.moved_addresses += 1
-        o.committed.difference_update(pages(s, start, end))
+        o.decommitting.update(span_pages)
         o.footprint -= n
         s.live_bytes_by[SESSION] -= n
-        enqueue(s, new_entry(s, f"decommit of reservation {ref}", o.fences, o.creator, {SESSION: n}, n))
+
+        def gone() -> None:
+            o.committed.difference_update(span_pages)
+            o.decommitting.difference_update(span_pages)
+
+        e = new_entry(s, f"decommit of reservation {ref}", o.fences, o.creator, {SESSION: n}, n)
+        e.on_run = gone
+        enqueue(s, e)
 
     return outcomes(
         Returns(f"exactly {n}, address unchanged",

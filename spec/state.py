@@ -254,6 +254,7 @@ class Owned:
     address: int | None = None  # reservations: base address (S12)
     base: int | None = None
     committed: set[int] = field(default_factory=set)  # reservations: committed pages
+    decommitting: set[int] = field(default_factory=set)  # committed pages whose decommit is queued
 
 
 @dataclass
@@ -270,6 +271,7 @@ class QueueEntry:
     physical: int              # physical bytes it frees
     owned: int | None = None   # Owned ref finished by this entry
     exact: bool = True         # the implementation queues exactly one release for it
+    on_run: Any = None         # what else changes in the spec when it runs (a decommit's pages go)
 
 
 @dataclass
