@@ -161,7 +161,9 @@ def replay(snap: dict, *, preset: str | None = None, expandable: bool | None = N
            record_history: bool = True) -> ReplayResult:
     """Run the snapshot's ``alloc``/``free_requested`` trace through a fresh
     allocator.  An ``alloc`` that OOMs in the replay is recorded and skipped
-    (its later free is ignored), so the rest of the trace still runs."""
+    (its later free is ignored), so the rest of the trace still runs; an
+    ``oom`` entry (a request that failed when the trace was recorded) is
+    retried: recorded if it fails again, freed at once if it succeeds."""
     from memspec.reference.caching import CachingAllocator
 
     settings = snap.get("allocator_settings", {})
@@ -194,7 +196,14 @@ def replay(snap: dict, *, preset: str | None = None, expandable: bool | None = N
             elif e["addr"] in skipped:
                 skipped.discard(e["addr"])
         elif a == "oom":
+            # the request that failed (its rounded size): does it fail here too?
             res.original_ooms.append(i)
+            try:
+                blk = alloc.malloc(int(e["size"]), int(e.get("stream", 0)))
+            except OutOfMemory as err:
+                res.ooms.append({"index": i, "size": int(e["size"]), "message": str(err), "error": err})
+            else:
+                alloc.free(blk)  # the program got an exception, not a tensor
     return res
 
 
@@ -203,7 +212,7 @@ def would_expandable_avoid_oom(snap: dict, *, preset: str | None = None, capacit
     True when the fixed-segment replay OOMs and the expandable one does not."""
     fixed = replay(snap, preset=preset, expandable=False, capacity=capacity, record_history=False)
     exp = replay(snap, preset=preset, expandable=True, capacity=capacity, record_history=False)
-    return (bool(fixed.ooms or fixed.original_ooms) and not exp.ooms), fixed, exp
+    return bool(fixed.ooms) and not exp.ooms, fixed, exp
 
 
 # --------------------------------------------------------------------------
