@@ -777,13 +777,10 @@ def _mapping_errors(s: St, a: St) -> list:
 
 
 def _s13_unmap(s: St, a: St):
-    out = outcome(*_mapping_errors(s, a))
-    h, sz, priv = at(s.mh, a.m), at(s.msize, a.m), at(s.mpriv, a.m)
-    s1 = s.set(mlive=upd(s.mlive, a.m, False), ret=sz,
-               # a shared mapping gives back its reference; a private (copied) one frees its own pages
-               hmaps=K.ite(priv, s.hmaps, upd(s.hmaps, h, at(s.hmaps, h) - 1)),
-               private=K.ite(priv, s.private - sz, s.private),
-               physical=K.ite(priv, s.physical - sz, s.physical))
+    # after copy-on-write the pages there are private copies, not a shared mapping: InvalidRange
+    out = outcome(*_mapping_errors(s, a), (at(s.mpriv, a.m), "InvalidRange"))
+    h, sz = at(s.mh, a.m), at(s.msize, a.m)
+    s1 = s.set(mlive=upd(s.mlive, a.m, False), ret=sz, hmaps=upd(s.hmaps, h, at(s.hmaps, h) - 1))
     return on_ok(out, s, _s13_maybe_free(s1, h))
 
 
@@ -866,7 +863,7 @@ S13 = Proof(
     actions=[
         Act("create", {"h": INT, "n": INT}, _s13_create, pre=lambda s, a: z3.Not(at(s.hexists, a.h)), objs=("h",)),
         Act("map", {"m": INT, "h": INT, "ro": BOOL, "where": INT}, _s13_map,
-            pre=lambda s, a: z3.And(z3.Not(at(s.mlive, a.m)), at(s.hexists, a.h), z3.Not(at(s.hfreed, a.h)), _WHERE(s, a)),
+            pre=lambda s, a: z3.And(z3.Not(at(s.mlive, a.m)), at(s.hexists, a.h), _WHERE(s, a)),
             objs=("m", "h")),
         Act("unmap", _MAPARGS, _s13_unmap, pre=_WHERE, objs=("m",)),
         Act("copy_on_write", _MAPARGS, _s13_cow, pre=_WHERE, objs=("m",)),

@@ -1,0 +1,318 @@
+"""Encoding agreement: the Z3 relation and the executable spec are one machine.
+
+For each encoded action with a counterpart in the executable spec, random
+*reachable* spec states are produced by walking the spec's own machine from
+its initial state (arguments drawn by the spec's own domains, a random
+permitted branch followed, its witness value fed back).  Before each step
+the spec state is projected onto the encoding's fields (objects renumbered
+densely); the encoded action is evaluated on those concrete values by
+``z3.substitute`` + ``z3.simplify`` (a solver call only when a quantifier
+remains, e.g. "some page of the range is committed"); and the result must
+agree with the spec's step:
+
+* the encoding's outcome is one the spec permits (``ok`` for a ``Returns``
+  branch, the error class for a ``Raises`` branch);
+* when it is the branch the walk follows, the encoding's next state equals
+  the projection of the spec's state after that branch, field by field and
+  object by object (and the value returned, where the encoding has one).
+
+Ghost fields of an encoding (who freed an object, the generation owner map)
+are not compared.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import z3
+
+from memspec.invariants.proofs import (
+    ARR, ARR2B, BARR, BOOL, INT, OUTCOMES, Act, Proof, St, _args, concrete, fresh,
+)
+from memspec.spec.core import Raises, Returns
+
+
+class RandomChooser:
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+
+    def integer(self, lo: int, hi: int) -> int:
+        return self.rng.randint(lo, hi)
+
+    def choice(self, options: Any) -> Any:
+        return self.rng.choice(list(options))
+
+    def boolean(self) -> bool:
+        return self.rng.random() < 0.5
+
+
+def outcome_name(branch: Any) -> str:
+    return "ok" if isinstance(branch, Returns) else branch.error.__name__
+
+
+# --------------------------------------------------------------------------
+# Concrete evaluation of an encoded action
+# --------------------------------------------------------------------------
+
+Key = tuple[str, Any]
+
+
+class Compiled:
+    """An encoded action's relation over symbolic state, compiled once per
+    (action, universe sizes), evaluated on concrete values."""
+
+    def __init__(self, p: Proof, act: Act, nobj: int, npages: int, compare: tuple[str, ...]) -> None:
+        self.p, self.act = p, act
+        self.s = fresh(p.fields, "cs")
+        self.a = _args(act, "ca")
+        out, s2 = act.step(self.s, self.a)
+        pre = act.pre(self.s, self.a)
+        self.pre = z3.BoolVal(True) if isinstance(pre, bool) else pre
+        self.keys: list[Key] = [("outcome", None)]
+        exprs: list[Any] = [out]
+        for f in compare:
+            kind = p.fields[f]
+            if kind in (ARR, BARR):
+                for i in range(nobj):
+                    self.keys.append((f, i))
+                    exprs.append(z3.Select(s2[f], i))
+            elif kind == ARR2B:
+                for i in range(nobj):
+                    for j in range(npages):
+                        self.keys.append((f, (i, j)))
+                        exprs.append(z3.Select(z3.Select(s2[f], i), j))
+            else:
+                self.keys.append((f, None))
+                exprs.append(s2[f])
+        self.exprs = exprs
+        # one closed formula per sample: outcome in the permitted set and every
+        # compared value equal to the spec's (placeholders substituted per sample)
+        self.eo = [z3.Int(f"expected_outcome_{k}") for k in range(4)]
+        self.ev = [z3.Const(f"expected_{k}", e.sort()) for k, e in enumerate(exprs[1:])]
+        self.agree_expr = z3.And(self.pre, z3.Or(*[out == e for e in self.eo]),
+                                 *[e == v for e, v in zip(exprs[1:], self.ev)])
+
+    def _subs(self, state: dict[str, Any], args: dict[str, Any]) -> list[tuple[Any, Any]]:
+        subs = [(self.s[f], concrete(k, state[f])) for f, k in self.p.fields.items()]
+        subs += [(self.a[n], concrete(k, args[n])) for n, k in self.act.params.items()]
+        return subs
+
+    @staticmethod
+    def _truth(e: Any) -> bool:
+        v = z3.simplify(e)
+        if z3.is_true(v):
+            return True
+        if z3.is_false(v):
+            return False
+        sol = z3.Solver()  # a quantifier remained: decide the closed formula
+        sol.set("timeout", 5000)
+        sol.add(v)
+        r = sol.check()
+        if r == z3.unknown:
+            raise RuntimeError(f"could not decide {v}")
+        return r == z3.sat
+
+    def agrees(self, state: dict[str, Any], args: dict[str, Any], allowed: set[str], expected: dict[Key, Any]) -> bool:
+        subs = self._subs(state, args)
+        codes = [OUTCOMES.index(n) for n in sorted(allowed)]
+        codes = (codes * 4)[:4]
+        subs += [(e, z3.IntVal(c)) for e, c in zip(self.eo, codes)]
+        for (key, ph) in zip(self.keys[1:], self.ev):
+            v = expected[key]
+            subs.append((ph, z3.BoolVal(v) if ph.sort() == z3.BoolSort() else z3.IntVal(v)))
+        return self._truth(z3.substitute(self.agree_expr, *subs))
+
+    def evaluate(self, state: dict[str, Any], args: dict[str, Any]) -> dict[Key, Any]:
+        """Every compiled output on concrete values (for the report of a mismatch)."""
+        subs = self._subs(state, args)
+        out: dict[Key, Any] = {}
+        for key, e in zip(self.keys, self.exprs):
+            v = z3.simplify(z3.substitute(e, *subs))
+            if z3.is_int_value(v):
+                out[key] = v.as_long()
+            elif z3.is_true(v) or z3.is_false(v):
+                out[key] = z3.is_true(v)
+            else:
+                sol = z3.Solver()
+                x = z3.Const("x", e.sort())
+                sol.add(x == v)
+                sol.check()
+                out[key] = sol.model().eval(x, model_completion=True)
+        out[("outcome", None)] = OUTCOMES[out[("outcome", None)]] if isinstance(out[("outcome", None)], int) else out[("outcome", None)]
+        return out
+
+
+# --------------------------------------------------------------------------
+# Adapters: a spec action <-> an encoded action
+# --------------------------------------------------------------------------
+
+@dataclass
+class Adapter:
+    """How one spec action maps onto one encoded action.
+
+    ``project(spec_state, spec_args, taken) -> (enc_state, enc_args, universe)``
+    or ``None`` to skip the sample (outside the encoding's scope); ``taken`` is
+    the outcome the walk follows (it sets the encoding's choice arguments
+    where the spec is nondeterministic);
+    ``expected(spec_state_after, universe, value) -> {key: value}`` the
+    compared fields after the branch (``value``: what the branch returned).
+    """
+
+    invariant: str
+    action: str          # encoded action name
+    spec_action: str
+    project: Callable[[Any, dict[str, Any]], Any]
+    expected: Callable[[Any, Any, Any], dict[Key, Any]]
+    compare: tuple[str, ...]
+
+
+@dataclass
+class AgreementReport:
+    invariant: str
+    action: str
+    spec_action: str
+    samples: int = 0
+    skipped: int = 0
+    seconds: float = 0.0
+    mismatches: list[str] = field(default_factory=list)
+
+
+class Universe:
+    """Dense renumbering of spec reference ids, per object kind."""
+
+    def __init__(self) -> None:
+        self.idx: dict[str, dict[int, int]] = {}
+        self.pages = 1
+
+    def add(self, kind: str, refs: Any) -> dict[int, int]:
+        m = {ref: i for i, ref in enumerate(sorted(refs))}
+        self.idx[kind] = m
+        return m
+
+    @property
+    def nobj(self) -> int:
+        return max([len(m) for m in self.idx.values()] + [1])
+
+
+def arr(default: Any, items: dict[int, Any]) -> tuple[Any, dict[int, Any]]:
+    return (default, items)
+
+
+def flatten(state: dict[str, Any], fields: dict[str, str], compare: tuple[str, ...], u: Universe) -> dict[Key, Any]:
+    """The compared values of an encoded state, by key."""
+    out: dict[Key, Any] = {}
+    n = u.nobj
+    for f in compare:
+        kind = fields[f]
+        v = state[f]
+        if kind in (ARR, BARR):
+            default, items = v
+            for i in range(n):
+                out[(f, i)] = items.get(i, default)
+        elif kind == ARR2B:
+            for i in range(n):
+                for j in range(u.pages):
+                    out[(f, (i, j))] = j in v.get(i, set())
+        else:
+            out[(f, None)] = v
+    return out
+
+
+# --------------------------------------------------------------------------
+# Walking the spec machine
+# --------------------------------------------------------------------------
+
+def pick_branch(outs: Any, rng: random.Random) -> Any:
+    takeable = [b for b in outs.branches if isinstance(b, Raises) or b.witness is not None]
+    return rng.choice(takeable) if takeable else None
+
+
+def follow(branch: Any) -> Any:
+    """Apply a branch to the spec state (spec-only: witness values); the value returned."""
+    if isinstance(branch, Returns):
+        v = branch.witness()
+        branch.then(v)
+        return v
+    branch.then(branch.error("spec-only agreement walk"))
+    return None
+
+
+def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapter], proofs: dict[str, Proof],
+                     samples: int, seed: int, too_big: Callable[[Any], bool], max_steps: int = 400000,
+                     restart_every: int = 30) -> list[AgreementReport]:
+    """Walk ``machine`` from ``init()``; at each step whose action has adapters,
+    compare; stop when every adapter has ``samples`` samples."""
+    rng = random.Random(seed)
+    chooser = RandomChooser(rng)
+    reps = {(a.invariant, a.action, a.spec_action): AgreementReport(a.invariant, a.action, a.spec_action) for a in adapters}
+    by_spec: dict[str, list[Adapter]] = {}
+    for a in adapters:
+        by_spec.setdefault(a.spec_action, []).append(a)
+    compiled: dict[tuple[Any, ...], Compiled] = {}
+    state = init()
+    steps_since = 0
+    for _ in range(max_steps):
+        if all(r.samples >= samples for r in reps.values()):
+            break
+        if steps_since >= restart_every or too_big(state):
+            state, steps_since = init(), 0
+        steps_since += 1
+        acts = [a for a in machine.actions if a.available(state) and all(state.has(c) for c in a.requires)]
+        # favour actions whose adapters still need samples
+        needy = [a for a in acts if any(reps[(ad.invariant, ad.action, ad.spec_action)].samples < samples
+                                        for ad in by_spec.get(a.name, []))]
+        pool = needy if needy and rng.random() < 0.7 else acts
+        if not pool:
+            state, steps_since = init(), 0
+            continue
+        act = rng.choices(pool, weights=[a.weight for a in pool])[0]
+        args = act.draw_args(state, chooser)
+        outs = act.step(state, **args)
+        branch = pick_branch(outs, rng)
+        if branch is None:
+            continue
+        allowed = {outcome_name(b) for b in outs.branches}
+        todo = []
+        for ad in by_spec.get(act.name, []):
+            rep = reps[(ad.invariant, ad.action, ad.spec_action)]
+            if rep.samples >= samples:
+                continue
+            t0 = time.perf_counter()
+            pr = ad.project(state, args, outcome_name(branch))
+            rep.seconds += time.perf_counter() - t0
+            if pr is None:
+                rep.skipped += 1
+                continue
+            todo.append((ad, rep, pr))
+        value = follow(branch)
+        taken = outcome_name(branch)
+        for ad, rep, (enc_state, enc_args, u) in todo:
+            t0 = time.perf_counter()
+            p = proofs[ad.invariant]
+            enc_act = p.action(ad.action)
+            key = (ad.invariant, ad.action, u.nobj, u.pages, ad.compare)
+            c = compiled.get(key)
+            if c is None:
+                c = compiled[key] = Compiled(p, enc_act, u.nobj, u.pages, ad.compare)
+            if taken == "ok":
+                expected, perm = ad.expected(state, u, value), {"ok"}
+            else:  # errors change nothing; any error the spec permits will do
+                expected, perm = flatten(enc_state, p.fields, ad.compare, u), allowed - {"ok"}
+            ok = c.agrees(enc_state, enc_args, perm, expected)
+            rep.samples += 1
+            if not ok and len(rep.mismatches) < 5:
+                got = c.evaluate(enc_state, enc_args)
+                diff = {k: (got.get(k), v) for k, v in expected.items() if got.get(k) != v}
+                rep.mismatches.append(f"{act.name}{args} spec {taken} (permits {sorted(allowed)}), encoding "
+                                      f"{got[('outcome', None)]}; differing (encoding, spec): {diff}")
+            rep.seconds += time.perf_counter() - t0
+    return list(reps.values())
+
+
+def run_agreement(samples: int = 1000, seed: int = 0) -> list[AgreementReport]:
+    from memspec.invariants.agreement_adapters import run_all
+
+    return run_all(samples, seed)

@@ -1,0 +1,247 @@
+"""Projections of the executable spec's states onto the Z3 encodings
+(:mod:`memspec.invariants.proofs_seed000`), per action; see
+:mod:`memspec.invariants.agreement`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memspec.invariants import proofs_seed000 as E
+from memspec.invariants.agreement import Adapter, AgreementReport, Universe, flatten, walk_and_compare
+from memspec.invariants.proofs import Proof
+
+UMAX = 6  # objects of one kind in a sampled state (the walk restarts beyond)
+PAGE = 4096
+
+
+# ==========================================================================
+# Mechanism level (spec/mechanism.py MECHANISM)
+# ==========================================================================
+
+def _mech_init() -> Any:
+    from memspec.spec.mechanism import init
+
+    return init(capacity=12 * PAGE, page=PAGE, virtual_backing=True, shared_mapping=True, ep=True)
+
+
+def _mech_too_big(s: Any) -> bool:
+    return (len(s.allocations) > UMAX or sum(1 for r in s.reservations.values() if r.kind == "backing") > UMAX
+            or len(s.handles) > UMAX or len(s.mappings) > UMAX)
+
+
+# -- S1 / S14: DeviceAllocator.deallocate ----------------------------------
+
+def _s1_state(s: Any) -> tuple[dict[str, Any], Universe]:
+    u = Universe()
+    ix = u.add("alloc", s.allocations)
+    st = {
+        "astate": (0, {ix[r]: (E.LIVE if a.live else E.FREED) for r, a in s.allocations.items()}),
+        "amech": (0, {ix[r]: (1 if a.foreign else 0) for r, a in s.allocations.items()}),
+        "actx": (0, {}), "fmech": (0, {}), "fctx": (0, {}),
+    }
+    return st, u
+
+
+def _s1_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s1_state(s)
+    return st, {"x": u.idx["alloc"][args["handle"]], "m": 0, "c": 0}, u
+
+
+def _s1_expected(s: Any, u: Universe, value: Any) -> Any:
+    st, _ = _s1_state(s)
+    return flatten(st, E.S1.fields, ("astate", "amech"), u)
+
+
+def _s14_state(s: Any) -> tuple[dict[str, Any], Universe]:
+    u = Universe()
+    own = {r: a for r, a in s.allocations.items() if not a.foreign}
+    ix = u.add("alloc", own)
+    st = {
+        "astate": (0, {ix[r]: (E.LIVE if a.live else E.FREED) for r, a in own.items()}),
+        "gen": (0, {ix[r]: ix[r] for r in own}),
+        "addr": (0, {ix[r]: a.address for r, a in own.items()}),
+        "owner": (0, {ix[r]: ix[r] for r in own}),
+        "nextgen": len(own),
+    }
+    return st, u
+
+
+def _s14_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    a = s.allocations[args["handle"]]
+    if a.foreign:
+        return None  # S14's encoding has no foreign handles (S1's does)
+    st, u = _s14_state(s)
+    x = u.idx["alloc"][args["handle"]]
+    return st, {"x": x, "y": x}, u
+
+
+def _s14_expected(s: Any, u: Universe, value: Any) -> Any:
+    st, _ = _s14_state(s)
+    return flatten(st, E.S14.fields, ("astate", "addr"), u)
+
+
+# -- S5: VirtualBacking ----------------------------------------------------
+
+def _s5_state(s: Any, ret: int = 0, answer: int = 0) -> tuple[dict[str, Any], Universe]:
+    u = Universe()
+    res = {r: v for r, v in s.reservations.items() if v.kind == "backing"}
+    ix = u.add("res", res)
+    u.pages = max([v.size // s.page for v in res.values()] + [0]) + 2
+    st = {
+        "cap": s.virtual_backing, "page": s.page, "capacity": s.capacity, "physical": s.physical,
+        "rlive": (False, {ix[r]: v.live for r, v in res.items()}),
+        "rforeign": (False, {ix[r]: v.foreign for r, v in res.items()}),
+        "rsize": (0, {ix[r]: v.size for r, v in res.items()}),
+        "pc": {ix[r]: set(v.committed) for r, v in res.items()},
+        "reported": (0, {ix[r]: v.reported for r, v in res.items()}),
+        "answer": answer, "ret": ret,
+    }
+    return st, u
+
+
+_S5_CMP = ("cap", "physical", "rlive", "rforeign", "rsize", "pc", "reported")
+
+
+def _s5_span_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s5_state(s)
+    ref, lo, hi = args["span"]
+    return st, {"r": u.idx["res"][ref], "lo": lo, "hi": hi}, u
+
+
+def _s5_ret_expected(s: Any, u: Universe, value: Any) -> Any:
+    st, u2 = _s5_state(s, ret=value)
+    u2.pages = u.pages
+    return flatten(st, E.S5.fields, _S5_CMP + ("ret",), u)
+
+
+def _s5_release_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s5_state(s)
+    if args["reservation"] not in u.idx["res"]:
+        return None
+    return st, {"r": u.idx["res"][args["reservation"]]}, u
+
+
+def _s5_query_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s5_state(s)
+    return st, {}, u
+
+
+def _s5_query_expected(s: Any, u: Universe, value: Any) -> Any:
+    st, _ = _s5_state(s, answer=0 if value is None else 1)
+    return flatten(st, E.S5.fields, _S5_CMP + ("answer",), u)
+
+
+# -- S13: SharedMapping ----------------------------------------------------
+
+def _s13_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
+    u = Universe()
+    hx = u.add("handle", s.handles)
+    mx = u.add("mapping", s.mappings)
+    hs, ms = s.handles, s.mappings
+    st = {
+        "page": s.page, "capacity": s.capacity, "physical": s.physical, "shared": s.shared_bytes,
+        "private": s.private_bytes,
+        "hexists": (False, {hx[r]: True for r in hs}),
+        "hsize": (0, {hx[r]: h.size for r, h in hs.items()}),
+        "hreleased": (False, {hx[r]: h.released for r, h in hs.items()}),
+        "hmaps": (0, {hx[r]: h.mappings for r, h in hs.items()}),
+        "hfreed": (False, {hx[r]: h.freed for r, h in hs.items()}),
+        "mlive": (False, {mx[r]: m.live for r, m in ms.items()}),
+        "mh": (0, {mx[r]: hx[m.handle] for r, m in ms.items()}),
+        "msize": (0, {mx[r]: m.size for r, m in ms.items()}),
+        "mro": (False, {mx[r]: m.read_only for r, m in ms.items()}),
+        "mpriv": (False, {mx[r]: m.private for r, m in ms.items()}),
+        "wro": (False, {}),
+        "ret": ret,
+    }
+    return st, u
+
+
+_S13_CMP = ("physical", "shared", "private", "hexists", "hsize", "hreleased", "hmaps", "hfreed",
+            "mlive", "mh", "msize", "mro", "mpriv")
+
+
+def _where(s: Any, ref: int, off: int | None = None, size: int | None = None) -> int:
+    r = s.reservations[ref]
+    if r.foreign:
+        return 1
+    if not r.live:
+        return 2
+    if off is None:
+        return 0
+    if off % s.page or off + size > r.size or off < 0:
+        return 3
+    if any(p in r.backed for p in range(off // s.page, (off + size) // s.page)):
+        return 3
+    return 0
+
+
+def _s13_expected(s: Any, u: Universe, value: Any) -> Any:
+    st, u2 = _s13_state(s, ret=value if isinstance(value, int) else 0)
+    # a mapping made by this step gets the next dense index, as in the projection
+    for k in ("handle", "mapping"):
+        if len(u2.idx[k]) > len(u.idx[k]):
+            u.idx[k] = u2.idx[k]
+    return flatten(st, E.S13.fields, _S13_CMP + ("ret",), u)
+
+
+def _s13_create_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s13_state(s)
+    u.idx["handle"] = {**u.idx["handle"], -1: len(u.idx["handle"])}  # the new handle's slot
+    n = args["size"]
+    if not isinstance(n, int) or isinstance(n, bool):
+        return None  # a non-int size: the spec's InvalidRequest, not an arithmetic case
+    return st, {"h": len(s.handles), "n": n}, u
+
+
+def _s13_map_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s13_state(s)
+    h = s.handles[args["handle"]]
+    ref, off = args["place"]
+    u.idx["mapping"] = {**u.idx["mapping"], -1: len(u.idx["mapping"])}
+    return st, {"m": len(s.mappings), "h": u.idx["handle"][args["handle"]], "ro": args["read_only"],
+                "where": _where(s, ref, off, h.size)}, u
+
+
+def _s13_mapping_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s13_state(s)
+    mref, res, _off, size = args["mapping"]
+    return st, {"m": u.idx["mapping"][mref], "size": size, "where": _where(s, res)}, u
+
+
+def _s13_handle_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s13_state(s)
+    return st, {"h": u.idx["handle"][args["handle"]]}, u
+
+
+def _s13_write_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s13_state(s)
+    return st, {"m": u.idx["mapping"][args["mapping"][0]]}, u
+
+
+MECH_ADAPTERS = [
+    Adapter("S1", "release", "deallocate", _s1_project, _s1_expected, ("astate", "amech")),
+    Adapter("S14", "free", "deallocate", _s14_project, _s14_expected, ("astate", "addr")),
+    Adapter("S5", "query_virtual_backing", "query_virtual_backing", _s5_query_project, _s5_query_expected,
+            _S5_CMP + ("answer",)),
+    Adapter("S5", "commit_range", "commit_range", _s5_span_project, _s5_ret_expected, _S5_CMP + ("ret",)),
+    Adapter("S5", "decommit_range", "decommit_range", _s5_span_project, _s5_ret_expected, _S5_CMP + ("ret",)),
+    Adapter("S5", "release_reservation", "release_reservation", _s5_release_project, _s5_ret_expected, _S5_CMP + ("ret",)),
+    Adapter("S13", "create", "create", _s13_create_project, _s13_expected, _S13_CMP),
+    Adapter("S13", "map", "map", _s13_map_project, _s13_expected, _S13_CMP + ("ret",)),
+    Adapter("S13", "unmap", "unmap", _s13_mapping_project, _s13_expected, _S13_CMP + ("ret",)),
+    Adapter("S13", "copy_on_write", "copy_on_write", _s13_mapping_project, _s13_expected, _S13_CMP + ("ret",)),
+    Adapter("S13", "release_handle", "release_handle", _s13_handle_project, _s13_expected, _S13_CMP + ("ret",)),
+    Adapter("S13", "write_through", "write_through", _s13_write_project, _s13_expected, _S13_CMP),
+]
+
+
+def run_mechanism(samples: int, seed: int) -> list[AgreementReport]:
+    from memspec.spec.mechanism import MECHANISM
+
+    proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS}
+    return walk_and_compare(MECHANISM, _mech_init, MECH_ADAPTERS, proofs, samples, seed, _mech_too_big)
+
+
+def run_all(samples: int = 1000, seed: int = 0) -> list[AgreementReport]:
+    return run_mechanism(samples, seed)
