@@ -177,8 +177,10 @@ class ReferenceManager:
         return unpin
 
     def pins(self, context_id: str) -> int:
-        """Live allocations + queued releases made in the context."""
+        """Live allocations + queued releases made in the context (0 once destroyed)."""
         with self._lock:
+            if context_id in self.destroyed:
+                return 0
             if context_id not in self._pins:
                 raise NotRegistered(f"context {context_id!r} is not registered")
             return self._pins[context_id]
@@ -333,14 +335,14 @@ class ReferenceBinding:
     def reserve(self, holder: str, size: int) -> RefReservation:
         """Reserve VA through the installed mechanism's VirtualBacking
         (Unsupported if it has none). Takes no physical bytes, so no charge."""
-        if not isinstance(holder, str) or not holder:
-            raise InvalidRequest(f"holder must be a non-empty str, got {holder!r}")
-        check_size(size)
-        self._context_live()
         mid, mech, _ = self.manager.installed(self.device)
         vb = mech.virtual_backing()
         if vb is None:
             raise Unsupported(f"mechanism {mid} has no VirtualBacking (explicitly absent)")
+        if not isinstance(holder, str) or not holder:
+            raise InvalidRequest(f"holder must be a non-empty str, got {holder!r}")
+        check_size(size)
+        self._context_live()
         va = vb.reserve(ReserveRequest(size))
         unpin = self.manager.pin(self.context_id)
         return RefReservation(va, holder, mid, self.context_id, vb, self.ep, self.governor, unpin)
