@@ -550,3 +550,19 @@ def test_targets_probe_physical_bytes():
         with pytest.raises(ForeignAllocation):
             twin.allocator().deallocate(a)
         assert isinstance(inst.ep.record(), Fence)
+
+
+def test_binding_refuses_another_contexts_reservation_and_foreign_device(sut):
+    r = sut.binding.reserve("kv", 4 * PAGE)
+    before = snap(sut)
+    with pytest.raises(ForeignAllocation):
+        sut.other_binding.commit(r, 0, PAGE)
+    with pytest.raises(ForeignAllocation):
+        sut.other_binding.decommit(r, 0, PAGE)
+    assert snap(sut) == before
+    other = reference()
+    with pytest.raises(InvalidRequest):
+        sut.manager.register_mechanism(DeviceKey("sim", 3), other.mechanism)   # its allocator is on sim:0
+    assert sut.manager.pins(sut.other_context_id) == 0
+    r.close()
+    assert drained(sut)
