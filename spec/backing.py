@@ -432,7 +432,8 @@ def commit_owned(s: SysState, span: tuple[int, int, int]) -> Any:
     OutOfMemory (the mapping rolled back, the grant returned).  Success:
     exactly ``end - start`` newly committed and charged to the holder (S2:
     *a charge must be obtained before physical commit*), the reservation's
-    address unchanged (S12).
+    address unchanged (S12).  Pages whose decommit is still queued are taken
+    back from it (still mapped, charged again) rather than mapped anew.
     """
     from memspec.spec.governor import SESSION, charge_at_footprint
 
@@ -449,6 +450,8 @@ def commit_owned(s: SysState, span: tuple[int, int, int]) -> Any:
             s.moved_addresses += 1
         o.address = v["address"]
         charge_at_footprint(s, SESSION, need, need)
+        for p in pages(s, start, end):
+            o.decommitting.pop(p, None)
         o.committed.update(pages(s, start, end))
         o.footprint += need
         add(s.live_bytes_by, SESSION, need)
@@ -476,11 +479,11 @@ def _perform_res_decommit(sut: Any, span: tuple[int, int, int]) -> Seen:
 def decommit_owned(s: SysState, span: tuple[int, int, int]) -> Any:
     """Decommit ``[start, end)`` of an owning reservation, behind its fences.
 
-    Every page must be committed and not already being decommitted, else
-    InvalidRange.  Returns ``end - start``: the bytes that will be released.
-    The unmapping and the refund are queued behind the reservation's fences
-    (S4); until the queue runs them the pages stay committed (and charged)
-    and cannot be committed again; the address stays (S12).
+    Every page must be committed, else InvalidRange.  Returns ``end -
+    start``.  The pages leave the reservation's committed bytes now; their
+    unmapping and refund are queued behind the reservation's fences (S4:
+    *wait for the related stream/fence to finish*); the address stays (S12).
+    A later commit over a page whose decommit is still queued takes it back.
     """
     from memspec.spec.governor import SESSION
     from memspec.spec.release import enqueue, new_entry
@@ -488,23 +491,25 @@ def decommit_owned(s: SysState, span: tuple[int, int, int]) -> Any:
     ref, start, end = span
     o = s.owned[ref]
     span_pages = pages(s, start, end)
-    if (not range_legal(s, o, start, end) or not all(p in o.committed for p in span_pages)
-            or any(p in o.decommitting for p in span_pages)):
+    if not range_legal(s, o, start, end) or not all(p in o.committed for p in span_pages):
         return only(InvalidRange, blame="S5", touched=(ref,))
     n = end - start
 
     def then(v: Seen) -> None:
         if v["address"] != o.base:
             s.moved_addresses += 1
-        o.decommitting.update(span_pages)
+        o.committed.difference_update(span_pages)
         o.footprint -= n
         s.live_bytes_by[SESSION] -= n
+        e = new_entry(s, f"decommit of reservation {ref}", o.fences, o.creator, {SESSION: n}, n)
+        for p in span_pages:
+            o.decommitting[p] = e.seq
 
         def gone() -> None:
-            o.committed.difference_update(span_pages)
-            o.decommitting.difference_update(span_pages)
+            for p in span_pages:
+                if o.decommitting.get(p) == e.seq:
+                    del o.decommitting[p]
 
-        e = new_entry(s, f"decommit of reservation {ref}", o.fences, o.creator, {SESSION: n}, n)
         e.on_run = gone
         enqueue(s, e)
 

@@ -261,14 +261,13 @@ def _open_requests(s: SysState) -> list[int]:
 
 
 def _draw_open(s: SysState, c: Any) -> tuple[int, int, int | None, int]:
-    max_pages = c.integer(4, 8)
     origins = [r for r in _open_requests(s) if s.kv[r].prefix_of is None and s.kv[r].own >= s.page]
     if origins and c.integer(0, 2) == 0:
         o = origins[c.integer(0, len(origins) - 1)]
         have = s.kv[o].own // s.page
         p = c.integer(1, have + (1 if c.integer(0, 4) == 0 else 0))  # sometimes more than committed
-        return (s.next_ref, max_pages * s.page, o, p * s.page)
-    return (s.next_ref, max_pages * s.page, None, 0)
+        return (s.next_ref, c.integer(max(4, p), 9) * s.page, o, p * s.page)
+    return (s.next_ref, c.integer(4, 8) * s.page, None, 0)
 
 
 def _perform_open(sut: Any, request: tuple[int, int, int | None, int]) -> None:
@@ -297,7 +296,7 @@ def kv_open(s: SysState, request: tuple[int, int, int | None, int]) -> Any:
     vb, sm = s.registry.capabilities[s.registry.installed]
     if not vb or (origin is not None and not sm):
         return only(Unsupported, blame="S5", describe="the installed mechanism lacks the capability")
-    if origin is not None and prefix > s.kv[origin].own:
+    if origin is not None and (prefix > s.kv[origin].own or prefix > max_bytes):
         return outcomes(Raises(InvalidRequest, "prefix larger than the origin's committed KV"),
                         Raises(InvalidRange, "prefix larger than the origin's committed KV"), blame="S13")
     installed = s.registry.installed

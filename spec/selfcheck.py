@@ -195,3 +195,56 @@ def run(machine: Machine[Any], *, examples: int, steps: int, seed: int | None = 
                    derandomize=seed is None)
     run_state_machine_as_test(cls, settings=cfg)
     return stats
+
+
+# --------------------------------------------------------------------------
+# Driving single steps by hand (unit tests, planted-bug tests, the harness)
+# --------------------------------------------------------------------------
+
+_NOTHING = object()
+
+
+def drive(machine: Machine[Any], state: Any, name: str, *, error: type | None = None, value: Any = _NOTHING,
+          **args: Any) -> Any:
+    """Run action ``name`` with ``args`` and follow one branch: the one
+    raising ``error`` if given; else the one accepting ``value`` if given;
+    else the first ``Returns`` with a witness (its witness as the value).
+    Returns what the branch's ``then`` returned (a new reference id, if it
+    made an object).  AssertionError if no branch fits."""
+    outs = machine.action(name).step(state, **args)
+    if error is not None:
+        for b in outs.branches:
+            if isinstance(b, Raises) and issubclass(error, b.error):
+                return b.then(make_error(error))
+        raise AssertionError(f"{name}({args}): {error.__name__} is not permitted: {outs.describe()}")
+    if value is not _NOTHING:
+        b = outs.match(value)
+        if not isinstance(b, Returns):
+            raise AssertionError(f"{name}({args}): {value!r} is not permitted: {outs.describe()}")
+        return b.then(value)
+    for b in outs.branches:
+        if isinstance(b, Returns) and b.witness is not None:
+            v = b.witness()
+            assert b.matches(v), f"{name}: witness {v!r} rejected by its own branch"
+            return b.then(v)
+    raise AssertionError(f"{name}({args}): no branch with a witness: {outs.describe()}")
+
+
+def force(machine: Machine[Any], state: Any, name: str, value: Any, **args: Any) -> Any:
+    """Follow the first ``Returns`` branch of ``name`` with ``value`` *without*
+    asking its guard (``accepts``): what a spec with that guard removed would
+    do.  For planted-bug tests."""
+    outs = machine.action(name).step(state, **args)
+    for b in outs.branches:
+        if isinstance(b, Returns):
+            return b.then(value)
+    raise AssertionError(f"{name}({args}) has no Returns branch: {outs.describe()}")
+
+
+def permits(machine: Machine[Any], state: Any, name: str, *, error: type | None = None, value: Any = _NOTHING,
+            **args: Any) -> bool:
+    """Does the spec permit this answer (without following it)?"""
+    outs = machine.action(name).step(state, **args)
+    if error is not None:
+        return outs.match(None, make_error(error)) is not None
+    return isinstance(outs.match(value), Returns)

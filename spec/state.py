@@ -254,7 +254,7 @@ class Owned:
     address: int | None = None  # reservations: base address (S12)
     base: int | None = None
     committed: set[int] = field(default_factory=set)  # reservations: committed pages
-    decommitting: set[int] = field(default_factory=set)  # committed pages whose decommit is queued
+    decommitting: dict[int, int] = field(default_factory=dict)  # page -> queued decommit (entry seq) still mapping it
 
 
 @dataclass
