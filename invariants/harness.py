@@ -213,11 +213,13 @@ class HypothesisChooser:
     into Hypothesis for shrinking.
     """
 
-    __slots__ = ("_int", "_bool")
+    __slots__ = ("_int", "_bool", "_cd")
 
     def __init__(self, data: Any) -> None:
         cd = getattr(data, "conjecture_data", data)
+        self._cd = None
         if hasattr(cd, "draw_integer") and hasattr(cd, "draw_boolean"):
+            self._cd = cd
             self._int = lambda lo, hi: cd.draw_integer(lo, hi)
             self._bool = cd.draw_boolean
         else:  # pragma: no cover - older/newer Hypothesis without the low-level API
@@ -229,6 +231,21 @@ class HypothesisChooser:
     def integer(self, lo: int, hi: int) -> int:
         return self._int(lo, hi)
 
+    def weighted(self, weights: tuple) -> int:
+        """An index drawn with probability proportional to ``weights``.
+
+        Hypothesis's own integer distribution favours small values (index 0
+        would get a third of all steps); explicit weights keep the action mix
+        the spec asked for, while shrinking still moves towards index 0."""
+        w = _WEIGHTS.get(weights)
+        if w is None:
+            total = float(sum(weights))
+            w = {i: 0.95 * x / total for i, x in enumerate(weights)} if len(weights) <= 255 else None
+            _WEIGHTS[weights] = w
+        if w is None or self._cd is None:
+            return self._int(0, len(weights) - 1)
+        return self._cd.draw_integer(0, len(weights) - 1, weights=w)
+
     def choice(self, options: Sequence[Any]) -> Any:
         if not isinstance(options, (list, tuple, range)):
             options = list(options)
@@ -239,6 +256,9 @@ class HypothesisChooser:
 
     def boolean(self) -> bool:
         return bool(self._bool())
+
+
+_WEIGHTS: dict = {}
 
 
 class RandomChooser:
@@ -256,6 +276,17 @@ class RandomChooser:
         if self.record is not None:
             self.record.append(v)
         return v
+
+    def weighted(self, weights: tuple) -> int:
+        r = self.rng.random() * sum(weights)
+        i = 0
+        for i, x in enumerate(weights):
+            r -= x
+            if r < 0:
+                break
+        if self.record is not None:
+            self.record.append(i)
+        return i
 
     def choice(self, options: Sequence[Any]) -> Any:
         if not isinstance(options, (list, tuple, range)):
@@ -498,14 +529,22 @@ class Run:
         if not avail:
             raise SpecError(f"{self.machine.name}: no action is available in this state")
         rec = RecordingChooser(chooser)
-        total = 0
-        for a in avail:
-            total += a.weight
-        k = chooser.integer(0, total - 1) if total > 1 else 0
-        for a in avail:
-            k -= a.weight
-            if k < 0:
-                break
+        n = len(avail)
+        if n == 1:
+            a = avail[0]
+        else:
+            weighted = getattr(chooser, "weighted", None)
+            if weighted is not None:
+                a = avail[weighted(tuple(x.weight for x in avail))]
+            else:
+                total = 0
+                for x in avail:
+                    total += x.weight
+                k = chooser.integer(0, total - 1)
+                for a in avail:
+                    k -= a.weight
+                    if k < 0:
+                        break
         try:
             args = a.draw_args(self.state, rec)
         except SpecError:
@@ -717,7 +756,8 @@ def _wrong_type(returns: list, value: Any) -> bool:
 
 STAMP = 16          # bytes per stamp
 FULL_LIMIT = 4096   # ranges up to this size get a full pattern
-MAX_STAMPS = 32     # stamps per range otherwise (start, end, page boundaries, sampled)
+MAX_STAMPS = 2      # page stamps per range otherwise (start, end, sampled page boundaries): each
+                    # stamp may materialise a simulated page, so keep them few
 VERIFY_PER_STEP = 2 # ranges re-verified per step (round robin): flat per-step cost
 
 
@@ -795,13 +835,16 @@ class Integrity:
 
     def _write(self, region: _Region) -> None:
         s = self._stream()
+        call = self.run.guard.call
         for addr, n in region.spans:
-            data = _pattern(region.ref, region.gen, addr, n)
-            _, err = self.run.guard.call(self.ep.write, s, addr, data)
-            if err is None:
-                _, err = self.run.guard.call(self.ep.synchronize, s)
+            _, err = call(self.ep.write, s, addr, _pattern(region.ref, region.gen, addr, n))
             if err is not None:
                 self._io_fail(region, addr, n, "writing", err)
+        # run the copies now, so they never race the spec's fences
+        _, err = call(self.ep.synchronize, s)
+        if err is not None:
+            addr, n = region.spans[0]
+            self._io_fail(region, addr, n, "writing", err)
 
     def _verify(self, region: _Region) -> None:
         s = self._stream()
@@ -951,4 +994,30 @@ def locate_mechanism(run: Run, ref: int, obj: Any):
     res = s.reservations.get(ref) if hasattr(s, "reservations") else None
     if res is not None and res.live and not res.foreign and res.kind == "backing" and res.committed:
         return _page_spans(res.address, res.committed, s.page), "S5", "S11"
+    return None
+
+
+@register_locator("system")
+def locate_system(run: Run, ref: int, obj: Any):
+    """System level: an owning allocation (``OwningAllocation.allocation``)
+    and the committed pages of an owning reservation, while the spec says
+    they are live or their release is queued behind a fence.
+
+    Blame: live -- a fault is S5 (backing that was never installed), a
+    changed byte S11 (bytes counted twice); queued -- either is S4 (*backing
+    is released only after every fence of work that used it has completed*).
+    """
+    s = run.state
+    owned = getattr(s, "owned", None)
+    rec = owned.get(ref) if owned is not None else None
+    if rec is None or rec.state not in ("live", "queued"):
+        return None
+    inner = getattr(obj, "allocation", None)
+    if inner is None:
+        return None
+    blame = ("S5", "S11") if rec.state == "live" else ("S4", "S4")
+    if rec.kind == "allocation" and isinstance(inner, api.DeviceAllocation):
+        return (run.integrity._spans(inner.address, inner.size, s.page),) + blame
+    if rec.kind == "reservation" and isinstance(inner, api.VirtualAllocation) and rec.committed:
+        return (_page_spans(inner.address, rec.committed, s.page),) + blame
     return None

@@ -192,6 +192,15 @@ def _caching_init(instance: api.TargetInstance) -> dict:
     if policy is not None and not isinstance(policy, str):
         policy = getattr(policy, "name", policy)
     kw = {"policy": policy, "capacity": instance.capacity, "expandable": bool(ex.get("expandable", getattr(alloc, "expandable", False)))}
+    try:  # other policy knobs the target names in extras and the machine's init accepts
+        import inspect
+
+        from memspec.spec.caching import CACHING
+
+        params = inspect.signature(CACHING.init).parameters
+        kw.update({k: v for k, v in ex.items() if k in params and k not in kw})
+    except Exception:  # noqa: BLE001
+        pass
     return kw
 
 
@@ -272,6 +281,9 @@ def make_plan(target: str | TargetRef, level: str, *, capacity: int | None = Non
     except (TypeError, ValueError):
         pass
     acts = [a for a in machine.actions if all(caps.get(r, False) for r in a.requires)]
+    # Heaviest first: Hypothesis favours small choices (and shrinks towards
+    # them), so index 0 of the weighted draw should be a main action.
+    acts.sort(key=lambda a: -a.weight)
     obs = [o for o in machine.observations if all(caps.get(r, False) for r in o.requires)]
     na = applicability(machine, machine.actions, acts, machine.observations, obs, caps)
     return H.Plan(target=tref.name, level=level, factory=tref.factory, machine=machine, init_kwargs=init,
