@@ -66,6 +66,7 @@ def met_text(r: Row) -> str:
 def print_table(rows: list[Row]) -> None:
     try:
         from rich.console import Console
+        from rich.markup import escape
         from rich.table import Table
     except ImportError:  # pragma: no cover
         for r in rows:
@@ -75,7 +76,7 @@ def print_table(rows: list[Row]) -> None:
     for col in ("benchmark", "value", "unit", "ratio", "target", "met", "note"):
         t.add_column(col, overflow="fold")
     for r in rows:
-        t.add_row(r.name, fmt(r.value), r.unit, fmt(r.ratio), r.target, met_text(r), r.note)
+        t.add_row(*(escape(x) for x in (r.name, fmt(r.value), r.unit, fmt(r.ratio), r.target, met_text(r), r.note)))
     Console(width=220).print(t)
 
 

@@ -87,6 +87,33 @@ def test_ratio_rows_carry_their_ratio(quick_results):
             assert r["met"] in (True, False), r
 
 
+def test_gpu_rows_without_a_driver_are_not_run_and_never_met(monkeypatch):
+    from bench import gpu
+
+    monkeypatch.delenv("MEMSPEC_BENCH_GPU_TARGET", raising=False)
+    monkeypatch.setattr(gpu, "cuda_driver", lambda: "no CUDA driver")
+    rows = gpu.run(quick=True)
+    assert len(rows) == 8
+    assert all(r.status == NOT_RUN and r.met is None and r.value is None for r in rows)
+    assert all(r.note == "not run: no CUDA driver" for r in rows)
+
+
+def test_gpu_latency_rows_plumbing_on_the_host_emulator(monkeypatch):
+    """The latency rows come from tests/gpu/gpu_tool.py; on the emulator they
+    are measured but carry no verdict (not a GPU figure)."""
+    from bench import gpu
+
+    if not (ROOT / "tests" / "gpu" / "gpu_tool.py").is_file():
+        pytest.skip("tests/gpu/gpu_tool.py not present")
+    monkeypatch.setenv("MEMSPEC_BENCH_GPU_TARGET", "cuda-host")
+    rows = gpu.run(quick=True)
+    lat = [r for r in rows if r.status == MEASURED]
+    assert len(lat) == 6
+    for r in lat:
+        assert _num(r.value) and _num(r.ratio) and r.met is None and "host emulator" in r.note
+        assert r.extra["raw_commit_us"] > 0 and r.extra["target"] == "cuda-host"
+
+
 def test_memspec_bench_outside_a_checkout_says_so(tmp_path, monkeypatch, capsys):
     import memspec
     from memspec.commands import bench as cmd
