@@ -18,6 +18,43 @@ from bench.__main__ import GROUPS, _load
 from bench.common import print_table
 
 
+#: (label, file suffix, function name) of the harness's per-step phases
+PHASES = (
+    ("draw an action and its arguments (availability of every action)", "harness.py", "choose"),
+    ("invariants (Machine.check_invariants)", "core.py", "check_invariants"),
+    ("observations (spec figure vs implementation figure)", "harness.py", "check_observations"),
+    ("data integrity (stamps written/verified through the EP)", "harness.py", "after_step"),
+    ("fresh target + spec state per run (Run.__init__)", "harness.py", "__init__"),
+)
+
+
+def breakdown(stats: pstats.Stats) -> str:
+    """Cumulative seconds of the harness phases; ``apply`` minus the checks is
+    the spec step + the implementation call + outcome matching."""
+    try:
+        from memspec.invariants.harness import Run
+
+        run_init_line = Run.__init__.__code__.co_firstlineno
+    except ImportError:
+        run_init_line = -1
+    cum: dict[tuple[str, str], float] = {}
+    for (file, line, fn), (_cc, _nc, _tt, ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        if fn == "__init__" and line != run_init_line:
+            continue
+        key = (file.rsplit("/", 1)[-1], fn)
+        cum[key] = cum.get(key, 0.0) + ct
+    apply_t = cum.get(("harness.py", "apply"), 0.0)
+    check_t = cum.get(("harness.py", "check_after"), 0.0)
+    total = stats.total_tt  # type: ignore[attr-defined]
+    lines = [f"harness step breakdown (cProfile, {total:.2f} s profiled):"]
+    for label, f, fn in PHASES:
+        t = cum.get((f, fn), 0.0)
+        lines.append(f"  {t:7.2f} s  {100 * t / total:5.1f}%  {label}")
+    t = apply_t - check_t
+    lines.append(f"  {t:7.2f} s  {100 * t / total:5.1f}%  spec step + implementation call + outcome match (apply - checks)")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.profile")
     p.add_argument("group", choices=list(GROUPS))
@@ -25,12 +62,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--sort", default="tottime", choices=["tottime", "cumulative", "ncalls"])
     p.add_argument("--out", help="also dump the raw profile here (for snakeviz etc.)")
+    p.add_argument("--breakdown", action="store_true",
+                   help="harness groups: split a step's time into draw / spec+target call / invariants / "
+                        "observations / data integrity / fresh target")
     args = p.parse_args(argv)
     prof = cProfile.Profile()
     rows = prof.runcall(_load(GROUPS[args.group]), args.quick)
     print_table(rows)
     if args.out:
         prof.dump_stats(args.out)
+    if args.breakdown:
+        print(breakdown(pstats.Stats(prof)))
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).strip_dirs().sort_stats(args.sort).print_stats(args.top)
     print(buf.getvalue())
