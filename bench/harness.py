@@ -33,7 +33,8 @@ def bare(quick: bool) -> tuple[float, int, float]:
     """The bare Hypothesis rate for this run's examples x steps (measured once per run)."""
     key = _settings(quick)
     if key not in _bare_cache:
-        _bare_cache[key] = bare_rate(*key)
+        # best of three: on a shared machine noise only ever slows a run down
+        _bare_cache[key] = max((bare_rate(*key) for _ in range(1 if quick else 3)), key=lambda r: r[0])
     return _bare_cache[key]
 
 
@@ -58,10 +59,15 @@ def harness_rows(quick: bool = False) -> list[Row]:
         return rows + [unavailable(name, unit, tgt, why)]
     from memspec.invariants import runner
 
-    results = runner.conform(HARNESS_TARGET, "all", profile="ci", examples=examples, steps=steps, out_dir=None)
+    best = None
+    for _ in range(1 if quick else 2):  # best of two, like the baseline
+        results = runner.conform(HARNESS_TARGET, "all", profile="ci", examples=examples, steps=steps, out_dir=None)
+        steps_run = sum(r.stats.steps for r in results if r.plan is not None)
+        seconds = sum(r.seconds for r in results)
+        if best is None or (seconds and steps_run / seconds > best[1] / best[2]):
+            best = (results, steps_run, seconds)
+    results, steps_run, seconds = best
     errors = [e for r in results for e in r.errors]
-    steps_run = sum(r.stats.steps for r in results if r.plan is not None)
-    seconds = sum(r.seconds for r in results)
     if errors and not steps_run:
         return rows + [unavailable(name, unit, tgt, f"conform {HARNESS_TARGET}: {errors[0][:150]}")]
     rate = steps_run / seconds
@@ -91,16 +97,24 @@ def walk_rows(quick: bool = False) -> list[Row]:
     b_rate = bare(quick)[0]
     total_steps, total_s, per_level, problems = 0, 0.0, {}, []
     for level in ("mechanism", "system"):
-        try:
-            plan = runner.make_plan(HARNESS_TARGET, level)
-        except Exception as e:  # noqa: BLE001 - a level that cannot be planned is reported, not fatal
-            problems.append(f"{level}: {type(e).__name__}: {e}")
+        best = None
+        for rep in range(1 if quick else 2):  # best of two
+            try:
+                plan = runner.make_plan(HARNESS_TARGET, level)
+            except Exception as e:  # noqa: BLE001 - a level that cannot be planned is reported, not fatal
+                problems.append(f"{level}: {type(e).__name__}: {e}")
+                break
+            res = walk.walk(plan, max_steps=examples * steps, run_length=steps, seed=0, stop_on_failure=False)
+            if rep == 0:
+                problems += [f"{level}: {e}" for e in res.errors]
+                problems += [f"{level}: {f.violation.invariant}" for f in res.failures]
+            if best is None or res.rate() > best.rate():
+                best = res
+        if best is None:
             continue
-        res = walk.walk(plan, max_steps=examples * steps, run_length=steps, seed=0, stop_on_failure=False)
-        problems += [f"{level}: {e}" for e in res.errors] + [f"{level}: {f.violation.invariant}" for f in res.failures]
-        total_steps += res.steps
-        total_s += res.seconds
-        per_level[level] = {"steps": res.steps, "seconds": res.seconds, "rate": res.rate(), "runs": res.runs}
+        total_steps += best.steps
+        total_s += best.seconds
+        per_level[level] = {"steps": best.steps, "seconds": best.seconds, "rate": best.rate(), "runs": best.runs}
     if not total_steps:
         return [unavailable(name, unit, tgt, f"walk ran no steps: {'; '.join(problems)[:150]}", status=FAILED)]
     rate = total_steps / total_s
