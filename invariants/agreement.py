@@ -30,7 +30,7 @@ from typing import Any, Callable
 import z3
 
 from memspec.invariants.proofs import (
-    ARR, ARR2B, BARR, BOOL, INT, OUTCOMES, Act, Proof, St, _args, concrete, fresh,
+    ARR, ARR2B, BARR, BOOL, INT, OUTCOMES, Act, Proof, St, _args, bv, concrete, fresh, iv,
 )
 from memspec.spec.core import Raises, Returns
 
@@ -92,6 +92,7 @@ class Compiled:
         # compared value equal to the spec's (placeholders substituted per sample)
         self.eo = [z3.Int(f"expected_outcome_{k}") for k in range(4)]
         self.ev = [z3.Const(f"expected_{k}", e.sort()) for k, e in enumerate(exprs[1:])]
+        self.ev_bool = [e.sort() == z3.BoolSort() for e in self.ev]
         self.agree_expr = z3.And(self.pre, z3.Or(*[out == e for e in self.eo]),
                                  *[e == v for e, v in zip(exprs[1:], self.ev)])
 
@@ -119,10 +120,10 @@ class Compiled:
         subs = self._subs(state, args)
         codes = [OUTCOMES.index(n) for n in sorted(allowed)]
         codes = (codes * 4)[:4]
-        subs += [(e, z3.IntVal(c)) for e, c in zip(self.eo, codes)]
-        for (key, ph) in zip(self.keys[1:], self.ev):
+        subs += [(e, iv(c)) for e, c in zip(self.eo, codes)]
+        for key, ph, isb in zip(self.keys[1:], self.ev, self.ev_bool):
             v = expected[key]
-            subs.append((ph, z3.BoolVal(v) if ph.sort() == z3.BoolSort() else z3.IntVal(v)))
+            subs.append((ph, bv(v) if isb else iv(v)))
         return self._truth(z3.substitute(self.agree_expr, *subs))
 
     def evaluate(self, state: dict[str, Any], args: dict[str, Any]) -> dict[Key, Any]:
@@ -178,6 +179,7 @@ class AgreementReport:
     skipped: int = 0
     seconds: float = 0.0
     mismatches: list[str] = field(default_factory=list)
+    outcomes: dict[str, int] = field(default_factory=dict)  # spec outcome followed -> samples
 
 
 class Universe:
@@ -242,7 +244,7 @@ def follow(branch: Any) -> Any:
 
 def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapter], proofs: dict[str, Proof],
                      samples: int, seed: int, too_big: Callable[[Any], bool], max_steps: int = 400000,
-                     restart_every: int = 30) -> list[AgreementReport]:
+                     restart_every: int = 60) -> list[AgreementReport]:
     """Walk ``machine`` from ``init()``; at each step whose action has adapters,
     compare; stop when every adapter has ``samples`` samples."""
     rng = random.Random(seed)
@@ -264,7 +266,7 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
         # favour actions whose adapters still need samples
         needy = [a for a in acts if any(reps[(ad.invariant, ad.action, ad.spec_action)].samples < samples
                                         for ad in by_spec.get(a.name, []))]
-        pool = needy if needy and rng.random() < 0.7 else acts
+        pool = needy if needy and rng.random() < 0.85 else acts
         if not pool:
             state, steps_since = init(), 0
             continue
@@ -303,6 +305,7 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
                 expected, perm = flatten(enc_state, p.fields, ad.compare, u), allowed - {"ok"}
             ok = c.agrees(enc_state, enc_args, perm, expected)
             rep.samples += 1
+            rep.outcomes[taken] = rep.outcomes.get(taken, 0) + 1
             if not ok and len(rep.mismatches) < 5:
                 got = c.evaluate(enc_state, enc_args)
                 diff = {k: (got.get(k), v) for k, v in expected.items() if got.get(k) != v}

@@ -243,5 +243,209 @@ def run_mechanism(samples: int, seed: int) -> list[AgreementReport]:
     return walk_and_compare(MECHANISM, _mech_init, MECH_ADAPTERS, proofs, samples, seed, _mech_too_big)
 
 
+
+
+# ==========================================================================
+# System level (spec/system.py SYSTEM)
+# ==========================================================================
+
+def _sys_init() -> Any:
+    from memspec.spec.system import init
+
+    return init(capacity=16 * PAGE, page=PAGE, virtual_backing=True, shared_mapping=True)
+
+
+def _sys_too_big(s: Any) -> bool:
+    return len(s.grants) > UMAX or len(s.leases) > UMAX or len(s.tickets) > UMAX
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _new_slot(u: Universe, kind: str) -> int:
+    n = len(u.idx[kind])
+    u.idx[kind] = {**u.idx[kind], -1 - n: n}
+    return n
+
+
+def _adopt(u: Universe, u2: Universe) -> None:
+    for k, m in u2.idx.items():
+        if len(m) >= len(u.idx.get(k, {})):
+            u.idx[k] = m
+
+
+# -- S11: the Governor's grants and leases ----------------------------------
+
+_GSTATE = {"open": E.G_OPEN, "committed": E.G_COMMITTED, "cancelled": E.G_CANCELLED}
+
+
+def _s11_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
+    u = Universe()
+    gx = u.add("grant", s.grants)
+    lx = u.add("lease", s.leases)
+    st = {
+        "cap": s.capacity, "free": s.free, "granted": s.granted, "charged": s.charged,
+        "gstate": (0, {gx[r]: _GSTATE[g.state] for r, g in s.grants.items()}),
+        "gbytes": (0, {gx[r]: g.nbytes for r, g in s.grants.items()}),
+        "lstate": (0, {lx[r]: (E.L_REFUNDED if l_.refunded else E.L_LIVE) for r, l_ in s.leases.items()}),
+        "lbytes": (0, {lx[r]: l_.nbytes for r, l_ in s.leases.items()}),
+        "sumg": s.open_grants, "sumc": sum(l_.nbytes for l_ in s.leases.values() if not l_.refunded),
+        "ret": ret,
+    }
+    return st, u
+
+
+_S11_CMP = ("cap", "free", "granted", "charged", "gstate", "gbytes", "lstate", "lbytes")
+
+
+def _s11_expected(s: Any, u: Universe, value: Any) -> Any:
+    st, u2 = _s11_state(s, ret=value if _is_int(value) else 0)
+    _adopt(u, u2)
+    return flatten(st, E.S11.fields, _S11_CMP + ("ret",), u)
+
+
+def _s11_reserve_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    if not _is_int(args["nbytes"]):
+        return None
+    st, u = _s11_state(s)
+    return st, {"g": _new_slot(u, "grant"), "n": args["nbytes"]}, u
+
+
+def _s11_commit_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s11_state(s)
+    ref, actual = args["grant"]
+    return st, {"g": u.idx["grant"][ref], "l": _new_slot(u, "lease"), "actual": actual}, u
+
+
+def _s11_cancel_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s11_state(s)
+    return st, {"g": u.idx["grant"][args["grant"]]}, u
+
+
+def _s11_refund_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s11_state(s)
+    return st, {"l": u.idx["lease"][args["lease"]]}, u
+
+
+# -- S15: pressure tickets --------------------------------------------------
+
+_TSTATE = {"pending": E.T_PENDING, "granted": E.T_GRANTED, "claimed": E.T_CLAIMED, "cancelled": E.T_CANCELLED,
+           "timed_out": E.T_TIMED_OUT}
+
+
+def _s15_state(s: Any, out_bytes: int = 0) -> tuple[dict[str, Any], Universe]:
+    u = Universe()
+    tx = u.add("ticket", s.tickets)
+    ts = s.tickets
+    st = {
+        "cap": s.capacity, "free": s.free, "granted": s.granted, "charged": s.charged,
+        "tstate": (0, {tx[r]: _TSTATE.get(t.state, 9) for r, t in ts.items()}),
+        "held": (0, {tx[r]: t.held for r, t in ts.items()}),
+        "ret": (0, {tx[r]: t.returns for r, t in ts.items()}),
+        "amount": (0, {tx[r]: t.amount for r, t in ts.items()}),
+        "deadline": (0, {tx[r]: t.deadline for r, t in ts.items()}),
+        "sumheld": s.tickets_held, "sumgr": s.open_grants, "out_bytes": out_bytes,
+    }
+    return st, u
+
+
+_S15_CMP = ("cap", "free", "granted", "charged", "tstate", "held", "ret", "amount", "deadline")
+
+
+def _s15_expected(s: Any, u: Universe, value: Any) -> Any:
+    n = value if _is_int(value) else getattr(value, "nbytes", 0)
+    st, u2 = _s15_state(s, out_bytes=n if _is_int(n) else 0)
+    _adopt(u, u2)
+    return flatten(st, E.S15.fields, _S15_CMP + ("out_bytes",), u)
+
+
+def _s15_issue_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    amount, _priority, deadline = args["request"]
+    if not _is_int(amount):
+        return None
+    st, u = _s15_state(s)
+    return st, {"t": _new_slot(u, "ticket"), "n": amount, "dl": deadline}, u
+
+
+def _s15_ticket_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s15_state(s)
+    return st, {"t": u.idx["ticket"][args["ticket"]]}, u
+
+
+# -- S10: destroy_context ----------------------------------------------------
+
+def _s10_state(s: Any) -> tuple[dict[str, Any], Universe]:
+    from memspec.spec.contexts import pins
+
+    u = Universe()
+    u.add("context", [0])
+    return {"astate": (0, {}), "actx": (0, {}), "calive": (False, {0: s.registry.context_alive}),
+            "pins": (0, {0: pins(s)})}, u
+
+
+def _s10_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s10_state(s)
+    return st, {"c": 0}, u
+
+
+def _s10_expected(s: Any, u: Universe, value: Any) -> Any:
+    st, _ = _s10_state(s)
+    return flatten(st, E.S10.fields, ("calive", "pins"), u)
+
+
+# -- S3: selection and capability queries ------------------------------------
+
+def _s3_state(s: Any, answer: int = 0) -> tuple[dict[str, Any], Universe]:
+    reg = s.registry
+    u = Universe()
+    u.add("device", [0])
+    gen = reg.generation if reg.generation is not None else s.w_generation
+    return {"inst": (0, {0: reg.installed}), "gen": (0, {0: gen}), "snap": (0, {}), "snapgen": (-1, {}),
+            "answer": answer}, u
+
+
+def _s3_select_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s3_state(s)
+    return st, {"d": 0, "m": args["mechanism"]}, u
+
+
+def _s3_select_expected(s: Any, u: Universe, value: Any) -> Any:
+    st, _ = _s3_state(s)
+    return flatten(st, E.S3.fields, ("inst", "gen"), u)
+
+
+def _s3_query_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s3_state(s)
+    return st, {"d": 0}, u
+
+
+def _s3_query_expected(s: Any, u: Universe, value: Any) -> Any:
+    st, _ = _s3_state(s, answer=value["mechanism"])
+    return flatten(st, E.S3.fields, ("inst", "gen", "answer"), u)
+
+
+SYS_ADAPTERS = [
+    Adapter("S11", "reserve", "reserve", _s11_reserve_project, _s11_expected, _S11_CMP),
+    Adapter("S11", "commit", "commit", _s11_commit_project, _s11_expected, _S11_CMP),
+    Adapter("S11", "cancel", "cancel", _s11_cancel_project, _s11_expected, _S11_CMP + ("ret",)),
+    Adapter("S11", "refund_lease", "refund_lease", _s11_refund_project, _s11_expected, _S11_CMP + ("ret",)),
+    Adapter("S15", "issue_ticket", "issue_ticket", _s15_issue_project, _s15_expected, _S15_CMP),
+    Adapter("S15", "claim", "claim", _s15_ticket_project, _s15_expected, _S15_CMP + ("out_bytes",)),
+    Adapter("S15", "cancel_ticket", "cancel_ticket", _s15_ticket_project, _s15_expected, _S15_CMP + ("out_bytes",)),
+    Adapter("S10", "destroy_context", "destroy_context", _s10_project, _s10_expected, ("calive", "pins")),
+    Adapter("S3", "select", "select", _s3_select_project, _s3_select_expected, ("inst", "gen")),
+    Adapter("S3", "query", "binding_capabilities", _s3_query_project, _s3_query_expected, ("inst", "gen", "answer")),
+    Adapter("S3", "query", "manager_capabilities", _s3_query_project, _s3_query_expected, ("inst", "gen", "answer")),
+]
+
+
+def run_system(samples: int, seed: int) -> list[AgreementReport]:
+    from memspec.spec.system import SYSTEM
+
+    proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS}
+    return walk_and_compare(SYSTEM, _sys_init, SYS_ADAPTERS, proofs, samples, seed, _sys_too_big)
+
+
 def run_all(samples: int = 1000, seed: int = 0) -> list[AgreementReport]:
-    return run_mechanism(samples, seed)
+    return run_mechanism(samples, seed) + run_system(samples, seed)

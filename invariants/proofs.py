@@ -327,25 +327,63 @@ def refute_unguarded(p: Proof, actions: list[Act] | None = None) -> tuple[bool, 
 # Concrete evaluation of an encoded action (for the agreement test)
 # --------------------------------------------------------------------------
 
+_IV: dict[int, Any] = {}
+_BV = {True: None, False: None}
+
+
+def iv(v: int) -> Any:
+    """``z3.IntVal(v)``, cached (building Z3 literals dominates concrete evaluation)."""
+    t = _IV.get(v)
+    if t is None:
+        if len(_IV) > 200000:
+            _IV.clear()
+        t = _IV[v] = z3.IntVal(v)
+    return t
+
+
+def bv(v: Any) -> Any:
+    t = _BV.get(bool(v))
+    if t is None:
+        t = _BV[bool(v)] = z3.BoolVal(bool(v))
+    return t
+
+
+_CONCRETE: dict[Any, Any] = {}
+
+
 def concrete(kind: str, value: Any) -> Any:
-    """A Python value as a Z3 literal of the field's kind (arrays from dicts with a default)."""
+    """A Python value as a Z3 literal of the field's kind: arrays from
+    ``(default, {index: value})``, ``ARR2B`` from ``{index: set of true indices}``."""
     if kind == INT:
-        return z3.IntVal(value)
+        return iv(value)
     if kind == BOOL:
-        return z3.BoolVal(bool(value))
-    if kind == ARR2B:  # {object: set of true indices}
-        arr2 = z3.K(z3.IntSort(), z3.K(z3.IntSort(), z3.BoolVal(False)))
-        for i, trues in value.items():
-            row = z3.K(z3.IntSort(), z3.BoolVal(False))
+        return bv(value)
+    if kind == ARR2B:
+        key: Any = (kind, tuple(sorted((i, tuple(sorted(t))) for i, t in value.items())))
+    else:
+        key = (kind, value[0], tuple(sorted(value[1].items())))
+    t = _CONCRETE.get(key)
+    if t is not None:
+        return t
+    if kind == ARR2B:
+        arr2 = z3.K(z3.IntSort(), z3.K(z3.IntSort(), bv(False)))
+        for i, trues in sorted(value.items()):
+            row = z3.K(z3.IntSort(), bv(False))
             for j in sorted(trues):
-                row = z3.Store(row, j, z3.BoolVal(True))
-            arr2 = z3.Store(arr2, i, row)
-        return arr2
-    default, items = value
-    arr = z3.K(z3.IntSort(), z3.IntVal(default) if kind == ARR else z3.BoolVal(bool(default)))
-    for i, v in items.items():
-        arr = z3.Store(arr, i, z3.IntVal(v) if kind == ARR else z3.BoolVal(bool(v)))
-    return arr
+                row = z3.Store(row, iv(j), bv(True))
+            arr2 = z3.Store(arr2, iv(i), row)
+        t = arr2
+    else:
+        default, items = value
+        lit = iv if kind == ARR else bv
+        arr = z3.K(z3.IntSort(), lit(default))
+        for i, v in sorted(items.items()):
+            arr = z3.Store(arr, iv(i), lit(v))
+        t = arr
+    if len(_CONCRETE) > 50000:
+        _CONCRETE.clear()
+    _CONCRETE[key] = t
+    return t
 
 
 class CompiledAct:

@@ -627,61 +627,69 @@ S10 = Proof(
 
 
 # ==========================================================================
-# S11 ledger-conservation
+# S11 ledger-conservation  (mirrors spec/governor.py: reserve, commit,
+# cancel, refund_lease)
 # ==========================================================================
 
-G_OUT, G_COMMITTED, G_CANCELLED, G_REFUNDED = 1, 2, 3, 4
+G_OPEN, G_COMMITTED, G_CANCELLED = 1, 2, 3
+L_LIVE, L_REFUNDED = 1, 2
 
 
 def _s11_reserve(check: bool):
     def step(s: St, a: St):
         l = _ledger(s)
-        out = outcome((z3.Not(K.can_grant(l, a.n)), "GrantDenied")) if check else z3.IntVal(OK)
-        return on_ok(out, s, _with_ledger(s, K.grant(l, a.n), gstate=upd(s.gstate, a.g, G_OUT),
-                                          gbytes=upd(s.gbytes, a.g, a.n), sumg=s.sumg + a.n))
+        pairs = [(a.n <= 0, "InvalidRequest")]
+        if check:
+            pairs.append((z3.Not(K.can_grant(l, a.n)), "GrantDenied"))
+        return on_ok(outcome(*pairs), s, _with_ledger(s, K.grant(l, a.n), gstate=upd(s.gstate, a.g, G_OPEN),
+                                                     gbytes=upd(s.gbytes, a.g, a.n), sumg=s.sumg + a.n))
     return step
 
 
 def _s11_cancel(s: St, a: St):
-    out = outcome((at(s.gstate, a.g) != G_OUT, "InvalidRequest"))
+    out = outcome((at(s.gstate, a.g) != G_OPEN, "InvalidRequest"))
     b = at(s.gbytes, a.g)
     return on_ok(out, s, _with_ledger(s, K.cancel_grant(_ledger(s), b), gstate=upd(s.gstate, a.g, G_CANCELLED),
-                                      sumg=s.sumg - b))
+                                      sumg=s.sumg - b, ret=b))
 
 
 def _s11_commit(s: St, a: St):
     b = at(s.gbytes, a.g)
-    out = outcome((at(s.gstate, a.g) != G_OUT, "InvalidRequest"),
+    out = outcome((at(s.gstate, a.g) != G_OPEN, "InvalidRequest"),
                   (z3.Not(K.can_commit(_ledger(s), b, a.actual)), "GrantDenied"))
     return on_ok(out, s, _with_ledger(s, K.commit_grant(_ledger(s), b, a.actual), gstate=upd(s.gstate, a.g, G_COMMITTED),
-                                      cbytes=upd(s.cbytes, a.g, a.actual), sumg=s.sumg - b, sumc=s.sumc + a.actual))
+                                      lstate=upd(s.lstate, a.l, L_LIVE), lbytes=upd(s.lbytes, a.l, a.actual),
+                                      sumg=s.sumg - b, sumc=s.sumc + a.actual))
 
 
 def _s11_refund(s: St, a: St):
-    out = outcome((at(s.gstate, a.g) != G_COMMITTED, "InvalidRequest"))
-    c = at(s.cbytes, a.g)
-    return on_ok(out, s, _with_ledger(s, K.refund(_ledger(s), c), gstate=upd(s.gstate, a.g, G_REFUNDED), sumc=s.sumc - c))
+    out = outcome((at(s.lstate, a.l) != L_LIVE, "InvalidRequest"))
+    c = at(s.lbytes, a.l)
+    return on_ok(out, s, _with_ledger(s, K.refund(_ledger(s), c), lstate=upd(s.lstate, a.l, L_REFUNDED),
+                                      sumc=s.sumc - c, ret=c))
 
 
 _G = {"g": INT}
 S11 = Proof(
     "S11", "ledger-conservation", "capacity = free + granted + charged, all >= 0; charges sum to live footprints",
-    fields={"cap": INT, "free": INT, "granted": INT, "charged": INT, "gstate": ARR, "gbytes": ARR, "cbytes": ARR,
-            "sumg": INT, "sumc": INT},
+    fields={"cap": INT, "free": INT, "granted": INT, "charged": INT, "gstate": ARR, "gbytes": ARR, "lstate": ARR,
+            "lbytes": ARR, "sumg": INT, "sumc": INT, "ret": INT},
     init=lambda s: z3.And(s.cap >= 0, s.free == s.cap, s.granted == 0, s.charged == 0, s.gstate == Z0(),
-                          s.sumg == 0, s.sumc == 0),
+                          s.lstate == Z0(), s.sumg == 0, s.sumc == 0),
     inv=lambda s, o: z3.And(K.ledger_ok(_ledger(s)), s.granted == s.sumg, s.charged == s.sumc,
-                            z3.Implies(at(s.gstate, o) == G_OUT, at(s.gbytes, o) > 0),
-                            z3.Implies(at(s.gstate, o) == G_COMMITTED, at(s.cbytes, o) >= 0)),
-    lemmas=lambda s, o, a: z3.And(z3.Implies(at(s.gstate, o) == G_OUT, at(s.gbytes, o) <= s.sumg),
-                                  z3.Implies(at(s.gstate, o) == G_COMMITTED, at(s.cbytes, o) <= s.sumc)),
+                            z3.Implies(at(s.gstate, o) == G_OPEN, at(s.gbytes, o) > 0),
+                            z3.Implies(at(s.lstate, o) == L_LIVE, at(s.lbytes, o) >= 0)),
+    # sumg / sumc are the sums of open grants' / live leases' bytes
+    lemmas=lambda s, o, a: z3.And(z3.Implies(at(s.gstate, o) == G_OPEN, at(s.gbytes, o) <= s.sumg),
+                                  z3.Implies(at(s.lstate, o) == L_LIVE, at(s.lbytes, o) <= s.sumc)),
     actions=[
-        Act("reserve", {"g": INT, "n": INT}, _s11_reserve(True), pre=lambda s, a: z3.And(at(s.gstate, a.g) == 0, a.n > 0), objs=("g",)),
+        Act("reserve", {"g": INT, "n": INT}, _s11_reserve(True), pre=lambda s, a: at(s.gstate, a.g) == 0, objs=("g",)),
         Act("cancel", _G, _s11_cancel, objs=("g",)),
-        Act("commit", {"g": INT, "actual": INT}, _s11_commit, pre=lambda s, a: a.actual >= 0, objs=("g",)),
-        Act("refund", _G, _s11_refund, objs=("g",)),
+        Act("commit", {"g": INT, "l": INT, "actual": INT}, _s11_commit,
+            pre=lambda s, a: z3.And(a.actual >= 0, at(s.lstate, a.l) == 0), objs=("g", "l")),
+        Act("refund_lease", {"l": INT}, _s11_refund, objs=("l",)),
     ],
-    unguarded=Act("reserve", {"g": INT, "n": INT}, _s11_reserve(False), pre=lambda s, a: z3.And(at(s.gstate, a.g) == 0, a.n > 0), objs=("g",)),
+    unguarded=Act("reserve", {"g": INT, "n": INT}, _s11_reserve(False), pre=lambda s, a: at(s.gstate, a.g) == 0, objs=("g",)),
     guard="the Governor grants only what is free (can_grant)",
     safety=lambda s, o: z3.And(s.free >= 0, s.granted + s.charged <= s.cap),
     bmc_depth=1,
@@ -926,7 +934,8 @@ S14 = Proof(
 
 
 # ==========================================================================
-# S15 ticket-exactly-once
+# S15 ticket-exactly-once  (mirrors spec/governor.py: issue_ticket, claim,
+# cancel_ticket, and ticket_receive / ticket_end for one ticket)
 # ==========================================================================
 
 def _terminal(st: Any) -> Any:
@@ -934,16 +943,19 @@ def _terminal(st: Any) -> Any:
 
 
 def _s15_issue(s: St, a: St):
-    return on_ok(z3.IntVal(OK), s, s.set(tstate=upd(s.tstate, a.t, T_PENDING), held=upd(s.held, a.t, 0),
-                                         ret=upd(s.ret, a.t, 0), amount=upd(s.amount, a.t, a.n),
-                                         deadline=upd(s.deadline, a.t, a.dl)))
+    out = outcome((a.n <= 0, "InvalidRequest"))
+    return on_ok(out, s, s.set(tstate=upd(s.tstate, a.t, T_PENDING), held=upd(s.held, a.t, 0),
+                               ret=upd(s.ret, a.t, 0), amount=upd(s.amount, a.t, a.n),
+                               deadline=upd(s.deadline, a.t, a.dl)))
 
 
-def _s15_respond(s: St, a: St):
-    out = outcome((at(s.tstate, a.t) != T_PENDING, "InvalidTicket"), (a.r > s.charged, "InvalidRequest"))
-    l = K.release_to_ticket(_ledger(s), a.r)
+def _s15_receive(s: St, a: St):
+    """A holder's release refunded ``r`` bytes; they move from free into the ticket."""
+    out = outcome((z3.Not(z3.Or(at(s.tstate, a.t) == T_PENDING, at(s.tstate, a.t) == T_GRANTED)), "InvalidTicket"),
+                  (a.r > s.free, "InvalidRequest"))
+    l = K.grant_from_free(_ledger(s), a.r)
     held = at(s.held, a.t) + a.r
-    st = K.ite(held >= at(s.amount, a.t), T_GRANTED, T_PENDING)
+    st = K.ite(z3.And(at(s.tstate, a.t) == T_PENDING, held >= at(s.amount, a.t)), T_GRANTED, at(s.tstate, a.t))
     return on_ok(out, s, _with_ledger(s, l, held=upd(s.held, a.t, held), tstate=upd(s.tstate, a.t, st),
                                       sumheld=s.sumheld + a.r))
 
@@ -952,26 +964,26 @@ def _s15_claim(s: St, a: St):
     out = outcome((at(s.tstate, a.t) != T_GRANTED, "InvalidTicket"))
     h = at(s.held, a.t)
     return on_ok(out, s, s.set(tstate=upd(s.tstate, a.t, T_CLAIMED), held=upd(s.held, a.t, 0),
-                               sumheld=s.sumheld - h, sumgr=s.sumgr + h))
+                               sumheld=s.sumheld - h, sumgr=s.sumgr + h, out_bytes=h))
 
 
 def _end(s: St, t: Any, st: int) -> St:
     h = at(s.held, t)
     return _with_ledger(s, K.return_grant(_ledger(s), h), tstate=upd(s.tstate, t, st), held=upd(s.held, t, 0),
-                        ret=upd(s.ret, t, at(s.ret, t) + 1), sumheld=s.sumheld - h)
+                        ret=upd(s.ret, t, at(s.ret, t) + 1), sumheld=s.sumheld - h, out_bytes=h)
 
 
 def _s15_cancel(check: bool):
     def step(s: St, a: St):
         out = outcome((_terminal(at(s.tstate, a.t)), "InvalidTicket")) if check else z3.IntVal(OK)
-        out = z3.If(at(s.tstate, a.t) == 0, z3.IntVal(code_of("InvalidTicket")), out)
         return on_ok(out, s, _end(s, a.t, T_CANCELLED))
     return step
 
 
 def _s15_expire(s: St, a: St):
     st = at(s.tstate, a.t)
-    out = outcome((z3.Or(st == 0, _terminal(st)), "InvalidTicket"), (at(s.deadline, a.t) >= a.now, "InvalidRequest"))
+    dl = at(s.deadline, a.t)
+    out = outcome((_terminal(st), "InvalidTicket"), (z3.Not(z3.And(0 < dl, dl <= a.now)), "InvalidRequest"))
     return on_ok(out, s, _end(s, a.t, T_TIMED_OUT))
 
 
@@ -979,29 +991,31 @@ def _s15_inv(s: St, o: Any) -> Any:
     st, h, r = at(s.tstate, o), at(s.held, o), at(s.ret, o)
     return z3.And(
         K.ledger_ok(_ledger(s)), s.granted == s.sumheld + s.sumgr, s.sumgr >= 0,
-        h >= 0, z3.Implies(_terminal(st), h == 0), z3.Implies(st == 0, h == 0),
+        h >= 0, z3.Implies(_terminal(st), h == 0), z3.Implies(st == 0, z3.And(h == 0, r == 0)),
         r >= 0, r <= 1, z3.Implies(r == 1, z3.Or(st == T_CANCELLED, st == T_TIMED_OUT)),
         z3.Implies(z3.Or(st == T_CANCELLED, st == T_TIMED_OUT), r == 1),
     )
 
 
 _T = {"t": INT}
+_EXISTS = lambda s, a: at(s.tstate, a.t) != 0  # noqa: E731  (the spec draws existing tickets)
 S15 = Proof(
     "S15", "ticket-exactly-once", "a pressure ticket's grant is returned exactly once on cancel/timeout; terminal tickets hold 0",
     fields={"cap": INT, "free": INT, "granted": INT, "charged": INT, "tstate": ARR, "held": ARR, "ret": ARR,
-            "amount": ARR, "deadline": ARR, "sumheld": INT, "sumgr": INT},
+            "amount": ARR, "deadline": ARR, "sumheld": INT, "sumgr": INT, "out_bytes": INT},
     init=lambda s: z3.And(s.cap >= 0, s.free >= 0, s.charged >= 0, s.free + s.charged == s.cap, s.granted == 0,
                           s.tstate == Z0(), s.held == Z0(), s.ret == Z0(), s.sumheld == 0, s.sumgr == 0),
     inv=_s15_inv,
+    # sumheld is the sum of what the tickets hold
     lemmas=lambda s, o, a: z3.Implies(z3.Not(_terminal(at(s.tstate, o))), at(s.held, o) <= s.sumheld),
     actions=[
-        Act("issue", {"t": INT, "n": INT, "dl": INT}, _s15_issue, pre=lambda s, a: z3.And(at(s.tstate, a.t) == 0, a.n > 0), objs=("t",)),
-        Act("respond", {"t": INT, "r": INT}, _s15_respond, pre=lambda s, a: a.r >= 0, objs=("t",)),
-        Act("claim", _T, _s15_claim, objs=("t",)),
-        Act("cancel", _T, _s15_cancel(True), objs=("t",)),
-        Act("expire", {"t": INT, "now": INT}, _s15_expire, objs=("t",)),
+        Act("issue_ticket", {"t": INT, "n": INT, "dl": INT}, _s15_issue, pre=lambda s, a: at(s.tstate, a.t) == 0, objs=("t",)),
+        Act("receive", {"t": INT, "r": INT}, _s15_receive, pre=lambda s, a: a.r >= 0, objs=("t",)),
+        Act("claim", _T, _s15_claim, pre=_EXISTS, objs=("t",)),
+        Act("cancel_ticket", _T, _s15_cancel(True), pre=_EXISTS, objs=("t",)),
+        Act("expire", {"t": INT, "now": INT}, _s15_expire, pre=_EXISTS, objs=("t",)),
     ],
-    unguarded=Act("cancel", _T, _s15_cancel(False), objs=("t",)),
+    unguarded=Act("cancel_ticket", _T, _s15_cancel(False), pre=_EXISTS, objs=("t",)),
     guard="cancel of a terminal ticket raises InvalidTicket (its grant was already returned)",
     bmc_depth=3,
 )
