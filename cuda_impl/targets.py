@@ -12,6 +12,11 @@ in use when the target was made), ``capacity`` and ``close``.  ``extras``:
 * ``granularity``: the mapping granularity the driver reports;
 * ``make_foreign()``: another mechanism instance on the same device and
   context (its handles are *foreign* to ``mechanism``);
+* ``make_extra_mechanism()``: an eager-only mechanism (``cuMemAlloc``, no
+  VirtualBacking/SharedMapping) on the same device and context, whose
+  memory the target's EP can reach: what a system-level harness should
+  register as the replacement mechanism (a mechanism on another device,
+  e.g. a simulated one, cannot be used through this EP);
 * ``faults()``: device faults recorded so far (the emulator's; empty on a GPU,
   where faults surface as ``DeviceFault`` from the EP).
 """
@@ -58,6 +63,11 @@ def build(
         foreign.append(m)
         return m
 
+    def make_extra_mechanism() -> CudaMechanism:
+        m = CudaMechanism(drv, ctx, vmm=False, name=f"{drv.kind}-eager-extra")
+        foreign.append(m)
+        return m
+
     def faults() -> list[Any]:
         return list(drv.emulator.faults) if drv.emulator is not None else []
 
@@ -90,6 +100,7 @@ def build(
             "emulator": drv.emulator,
             "granularity": mech.granularity(),
             "make_foreign": make_foreign,
+            "make_extra_mechanism": make_extra_mechanism,
             "faults": faults,
         },
     )

@@ -350,3 +350,14 @@ def test_mechanism_pins_the_context_while_anything_lives():
     m.virtual_backing().release(va)
     m.close()
     assert e.primary_ctx_refcount(0) == 0
+
+
+def test_extra_mechanism_is_eager_only_and_reachable_by_the_ep(t):
+    extra = t.extras["make_extra_mechanism"]()
+    assert extra.virtual_backing() is None and extra.shared_mapping() is None
+    a = extra.allocator().allocate(AllocationRequest(64))
+    t.ep.write(0, a.address, b"extra")
+    assert t.ep.read(0, a.address, 5) == b"extra"
+    with pytest.raises(ForeignAllocation):
+        t.mechanism.allocator().deallocate(a)
+    assert extra.allocator().deallocate(a) == G
