@@ -114,6 +114,7 @@ def _record_allocation(s: MechState, v: DeviceAllocation, *, foreign: bool = Fal
     s.allocations[ref] = rec
     if foreign:
         s.foreign_live += 1
+        s.foreign_bytes += v.footprint
         s.other_allocs.add(ref)
         return ref
     remember_identity(s, v.identity)
@@ -169,7 +170,7 @@ def allocate(s: MechState, size: Any) -> Any:
                 (lambda: _witness_allocation(s, size)) if s.physical + hi <= s.capacity else None,
             )
         )
-    if not (s.physical == 0 and size <= s.capacity):
+    if not (s.physical + s.foreign_bytes == 0 and size <= s.capacity):
         branches.append(Raises(OutOfMemory, "no contiguous room (fragmentation) or no room at all"))
     return outcomes(*branches, blame="S8")
 

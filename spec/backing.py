@@ -41,6 +41,7 @@ from memspec.spec.errors import (
     Unsupported,
 )
 from memspec.spec.state import (
+    oom_rule,
     MechReservation,
     MechState,
     Seen,
@@ -229,7 +230,8 @@ def commit_range(s: MechState, span: tuple[int, int, int]) -> Any:
     if errs:
         return outcomes(*errs, blame="S5", touched=(ref,))
     need = end - start
-    if s.physical + need > s.capacity:
+    may_return, may_oom = oom_rule(s, need)
+    if not may_return:
         return only(OutOfMemory, blame="S5", describe=f"{s.physical} + {need} > capacity {s.capacity}", touched=(ref,))
 
     def then(v: int) -> None:
@@ -238,11 +240,10 @@ def commit_range(s: MechState, span: tuple[int, int, int]) -> Any:
         s.committed_bytes += need
         s.physical += v
 
-    return outcomes(
-        Returns(f"exactly {need} (end - start)", lambda v: type(v) is int and v == need, then, lambda: need),
-        blame="S5",
-        touched=(ref,),
-    )
+    branches: list[Any] = [Returns(f"exactly {need} (end - start)", lambda v: type(v) is int and v == need, then, lambda: need)]
+    if may_oom:
+        branches.append(Raises(OutOfMemory, "the device is full (the twin holds pages of it)"))
+    return outcomes(*branches, blame="S5", touched=(ref,))
 
 
 def _perform_decommit(sut: Any, span: tuple[int, int, int]) -> int:

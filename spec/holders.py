@@ -49,7 +49,7 @@ from memspec.spec.errors import GrantDenied, InvalidRange, InvalidRequest, Inval
 from memspec.spec.state import KvRequest, Seen, SysState, Weight, add, new_ref
 from memspec.spec.allocation import context_alive, drop_owned, new_owned, physical_total
 from memspec.spec.governor import KV, WEIGHTS, charge_at_footprint, holder_name, ticket_receive
-from memspec.spec.release import PENDING, done_flags, enqueue, flags_ok, known_flags, launch, new_entry, run_done
+from memspec.spec.release import PENDING, done_flags, enqueue, flags_ok, known_flags, launch, new_entry, refund, run_done
 
 WEIGHT_PAGES = {"w0": 1, "w1": 2, "w2": 4, "w3": 8}
 
@@ -200,8 +200,9 @@ def respond(s: SysState, answer: tuple[int, str, bool], pending: Any) -> Any:
 
     Only the holder chooses victims (S6).  ModelResidency may release any set
     of its *cold* weights (never a hot one) and reports their bytes;
-    KvPageStore reports 0 (*all pages are in use by in-flight kernels, can
-    free only 0*).  The releases run through the deferred-free queue and are
+    KvPageStore picks no victim (*all pages are in use by in-flight kernels,
+    can free only 0*) and reports 0, or at most what its own queued releases
+    that ran meanwhile refunded.  The releases run through the deferred-free queue and are
     refunded; then the Governor moves exactly the reported bytes from free
     into the ticket, which becomes granted once it holds its amount.  A
     terminal ticket takes no answer: InvalidTicket.
@@ -215,8 +216,8 @@ def respond(s: SysState, answer: tuple[int, str, bool], pending: Any) -> Any:
         r = v["released"]
         if type(r) is not int or r < 0:
             return None
-        if holder == KV:
-            return [] if r == 0 else None
+        if holder == KV:  # no victims; it may report what queued releases of its own refunded meanwhile
+            return [] if r <= s.charged_by.get(KV, 0) else None
         return victims(s, r)
 
     def accepts(v: Any) -> bool:
@@ -229,7 +230,10 @@ def respond(s: SysState, answer: tuple[int, str, bool], pending: Any) -> Any:
     def then(v: Seen) -> None:
         for w in chosen(v) or []:
             evict(s, w, by="holder")
+        kv_before = s.charged_by.get(KV, 0)
         run_done(s, pending, v["done"])
+        if holder == KV and v["released"] > kv_before - s.charged_by.get(KV, 0):
+            s.overclaims += 1  # it reported bytes no release of its own refunded
         # the victims' releases had no fences pending: the queue freed them now
         fresh = [e for e in list(s.queue.values()) if e.seq > max((p[0] for p in pending), default=0)]
         run_done(s, tuple((e.seq, tuple(e.fences)) for e in fresh), [True] * len(fresh))
@@ -415,9 +419,10 @@ def kv_use(s: SysState, request: int, stream: int) -> Any:
 def kv_close(s: SysState, request: int) -> Any:
     """Close a request: its pages' release is queued behind its fences.
 
-    Returns None.  Pages another open request still maps as its prefix stay
-    (and stay charged) until that request is gone too (S13); the rest are
-    refunded when the queue runs the release.
+    Returns None.  When the queue runs the release, the request's private
+    pages are freed and refunded; prefix pages another request still maps
+    stay (and stay charged) until the last request mapping them has been
+    released too (S13).
     """
     q = s.kv[request]
 
@@ -429,25 +434,39 @@ def kv_close(s: SysState, request: int) -> Any:
 
 
 def close_request(s: SysState, ref: int) -> None:
+    """Drop a request: its release is queued behind the request's own fences."""
     q = s.kv[ref]
     q.state = "closed"
     s.live_objects -= 1
-    keep = max(q.sharers.values(), default=0)
-    freed = q.own - keep
-    fences = list(q.fences)
-    if q.prefix_of is not None:
+    e = new_entry(s, f"kv request {ref}", q.fences, q.creator, {}, 0, None, exact=False)
+    e.on_run = lambda: release_request(s, ref)
+    enqueue(s, e)
+
+
+def release_request(s: SysState, ref: int) -> None:
+    """The queue runs a request's release: its private pages are freed and
+    refunded; a shared prefix page goes (and is refunded) only when the last
+    request mapping it -- the origin or a sharer -- has been released (S13)."""
+    q = s.kv[ref]
+    q.state = "released"
+    freed = 0
+    if q.prefix_of is None:
+        keep = max(q.sharers.values(), default=0)
+        freed += q.own - keep
+        q.own = keep
+    else:
+        freed += q.own
+        q.own = 0
         origin = s.kv[q.prefix_of]
         del origin.sharers[ref]
-        if origin.state == "closed":
-            # the origin is gone: what no remaining sharer maps goes with this release
-            still = max(origin.sharers.values(), default=0)
-            freed_origin = origin.own - still
-            origin.own = still
-            freed += freed_origin
-            fences += origin.fences
-    q.own = keep
-    add(s.live_bytes_by, KV, -freed)
-    enqueue(s, new_entry(s, f"kv request {ref}", fences, q.creator, {KV: freed}, freed, None, exact=False))
+        if origin.state == "released":
+            keep = max(origin.sharers.values(), default=0)
+            freed += origin.own - keep
+            origin.own = keep
+    if freed:
+        add(s.live_bytes_by, KV, -freed)
+        add(s.physical_by, KV, -freed)
+        refund(s, KV, freed)
 
 
 ACTIONS = [load_weight, set_hot, unload_weight, respond, kv_open, kv_grow, kv_use, kv_close]

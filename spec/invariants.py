@@ -143,6 +143,8 @@ def _s6(s: SysState) -> str | None:
         return f"{s.governor_evictions} weight(s) released by someone other than their holder"
     if s.hot_evictions:
         return f"{s.hot_evictions} hot weight(s) released under pressure"
+    if s.overclaims:
+        return f"{s.overclaims} pressure answer(s) reported more bytes than the holder's releases refunded"
     return None
 
 

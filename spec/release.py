@@ -100,12 +100,12 @@ def run_entry(s: SysState, entry: QueueEntry) -> None:
     if not s.in_poll:
         s.frees_outside_poll += 1
     del s.queue[entry.seq]
+    if entry.on_run is not None:
+        entry.on_run()
     for h, n in entry.refund.items():
         s.queued_bytes_by[h] -= n
         refund(s, h, n)
         s.physical_by[h] = s.physical_by.get(h, 0) - n
-    if entry.on_run is not None:
-        entry.on_run()
     if entry.owned is not None and entry.owned in s.owned:
         o = s.owned[entry.owned]
         o.state = "freed"

@@ -25,7 +25,7 @@ from typing import Any
 from memspec.spec.api import PhysicalHandle, ReserveRequest
 from memspec.spec.core import Domain, Raises, Returns, action, booleans, only, outcomes
 from memspec.spec.errors import DeviceFault, DoubleFree, InvalidRange, InvalidRequest, OutOfMemory, ReadOnlyViolation, StaleHandle
-from memspec.spec.state import MechHandle, MechMapping, MechState, from_refs, is_size, new_ref, remember_identity, witness_identity
+from memspec.spec.state import oom_rule, MechHandle, MechMapping, MechState, from_refs, is_size, new_ref, remember_identity, witness_identity
 from memspec.spec.allocation import WITNESS_DEVICE
 from memspec.spec.backing import handle_errors, reserve_outcomes, RESERVE_SIZES
 
@@ -105,7 +105,8 @@ def create(s: MechState, size: Any) -> Any:
     if not is_size(size) or size % s.page:
         return outcomes(Raises(InvalidRequest, "not a positive page multiple"),
                         Raises(InvalidRange, "not a positive page multiple"), blame="S5")
-    if s.physical + size > s.capacity:
+    may_return, may_oom = oom_rule(s, size)
+    if not may_return:
         return only(OutOfMemory, blame="S13", describe=f"{s.physical} + {size} > capacity")
 
     def then(v: PhysicalHandle) -> int:
@@ -117,12 +118,13 @@ def create(s: MechState, size: Any) -> Any:
         s.physical += v.size
         return ref
 
-    return outcomes(
+    branches: list[Any] = [
         Returns(f"a handle of {size} bytes with a fresh identity",
                 lambda v: isinstance(v, PhysicalHandle) and v.size == size and v.identity not in s.identities,
-                then, lambda: PhysicalHandle(size, witness_identity(s, "spec-phys"), WITNESS_DEVICE)),
-        blame="S13",
-    )
+                then, lambda: PhysicalHandle(size, witness_identity(s, "spec-phys"), WITNESS_DEVICE))]
+    if may_oom:
+        branches.append(Raises(OutOfMemory, "the device is full (the twin holds pages of it)"))
+    return outcomes(*branches, blame="S13")
 
 
 def _draw_place(s: MechState, c: Any) -> tuple[int, int]:
@@ -227,14 +229,12 @@ def unmap(s: MechState, mapping: tuple[int, int]) -> Any:
     Returns the bytes unmapped.  A range that is not exactly one live
     mapping: InvalidRange, nothing changes.  The handle's mapping count drops
     by one; its pages are freed if it was released and this was its last
-    mapping.  After copy-on-write the pages there are private, not a shared
-    mapping: InvalidRange (they stay until the reservation goes).
+    mapping.  After copy-on-write the mapping's pages are private copies:
+    unmap removes and frees them.
     """
     mref, _res, _off, size = mapping
     m = s.mappings[mref]
     errs = _mapping_errors(s, m, size)
-    if not errs and m.private:
-        errs = [Raises(InvalidRange, "the pages there are private copies, not a shared mapping")]
     if errs:
         return outcomes(*errs, blame="S13", touched=(m.handle,))
     h = s.handles[m.handle]
@@ -245,8 +245,12 @@ def unmap(s: MechState, mapping: tuple[int, int]) -> Any:
         s.mapping_refs.discard(mref)
         del r.mappings[m.offset]
         r.backed.difference_update(range(m.offset // s.page, (m.offset + m.size) // s.page))
-        h.mappings -= 1
-        s.physical -= _maybe_free(s, h)
+        if m.private:
+            s.private_bytes -= m.size
+            s.physical -= m.size
+        else:
+            h.mappings -= 1
+            s.physical -= _maybe_free(s, h)
 
     return outcomes(Returns(f"exactly {m.size}", lambda v: type(v) is int and v == m.size, then, lambda: m.size),
                     blame="S13", touched=(m.handle,))
@@ -274,7 +278,8 @@ def copy_on_write(s: MechState, mapping: tuple[int, int]) -> Any:
         errs = [Raises(InvalidRange, "the pages there are private already")]
     if errs:
         return outcomes(*errs, blame="S13", touched=(m.handle,))
-    if s.physical + m.size > s.capacity:
+    may_return, may_oom = oom_rule(s, m.size)
+    if not may_return:
         return only(OutOfMemory, blame="S13", touched=(m.handle,))
     h = s.handles[m.handle]
 
@@ -285,8 +290,10 @@ def copy_on_write(s: MechState, mapping: tuple[int, int]) -> Any:
         h.mappings -= 1
         s.physical -= _maybe_free(s, h)
 
-    return outcomes(Returns(f"exactly {m.size}", lambda v: type(v) is int and v == m.size, then, lambda: m.size),
-                    blame="S13", touched=(m.handle,))
+    branches: list[Any] = [Returns(f"exactly {m.size}", lambda v: type(v) is int and v == m.size, then, lambda: m.size)]
+    if may_oom:
+        branches.append(Raises(OutOfMemory, "the device is full (the twin holds pages of it)"))
+    return outcomes(*branches, blame="S13", touched=(m.handle,))
 
 
 def _perform_count(sut: Any, handle: int) -> int:

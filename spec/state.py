@@ -145,6 +145,9 @@ class MechState:
     live_allocs: "RefSet" = field(default_factory=lambda: RefSet())
     other_allocs: "RefSet" = field(default_factory=lambda: RefSet())   # freed or foreign
     foreign_live: int = 0
+    #: physical bytes the twin holds: it may share the device (the reference's
+    #: twin does), so they may explain an OutOfMemory but never require one
+    foreign_bytes: int = 0
     backing_refs: "RefSet" = field(default_factory=lambda: RefSet())
     shared_refs: "RefSet" = field(default_factory=lambda: RefSet())
     handle_refs: "RefSet" = field(default_factory=lambda: RefSet())
@@ -284,9 +287,9 @@ class KvRequest:
     own: int = 0               # bytes committed by growth (charged to the store)
     prefix: int = 0            # bytes mapped read-only from ``prefix_of`` (charged once, there)
     prefix_of: str | None = None
-    sharers: dict[str, int] = field(default_factory=dict)  # request -> its prefix bytes
+    sharers: dict[int, int] = field(default_factory=dict)  # sharer request -> its prefix bytes, until its release runs
     fences: list[tuple[int, int]] = field(default_factory=list)
-    state: str = "open"        # open | closed (closed: pages may still be shared)
+    state: str = "open"        # open | closed (release queued) | released (private pages gone)
 
     @property
     def committed(self) -> int:
@@ -353,6 +356,7 @@ class SysState:
     noop_answers: int = 0          # S5
     governor_evictions: int = 0    # S6: data released by someone other than its holder
     hot_evictions: int = 0         # S6
+    overclaims: int = 0            # S6: a holder reported bytes its releases did not refund
     frees_outside_poll: int = 0    # S7: a drop (or anything but the queue) freed
     moved_addresses: int = 0       # S12
     duplicate_identities: int = 0  # S14
@@ -421,6 +425,17 @@ class RefSet:
 # --------------------------------------------------------------------------
 # Small helpers the role modules share
 # --------------------------------------------------------------------------
+
+
+def oom_rule(state: Any, need: int) -> tuple[bool, bool]:
+    """Page-granular physical requests (commit, create, copy-on-write):
+    ``(may succeed, may raise OutOfMemory)``.  Success needs the bytes to fit
+    what the mechanism holds; OutOfMemory is allowed only at physical
+    exhaustion (counting what a twin on the same device may hold), never
+    from fragmentation."""
+    may_return = state.physical + need <= state.capacity
+    may_oom = state.physical + state.foreign_bytes + need > state.capacity
+    return may_return, may_oom
 
 
 def is_size(x: Any) -> bool:

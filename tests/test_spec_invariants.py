@@ -297,15 +297,16 @@ def test_s13_shared_lifetime_kv():
         drive(SYSTEM, s, "kv_grow", growth=(a, 2 * PAGE, None))
         drive(SYSTEM, s, "kv_open", request=(s.next_ref, 4 * PAGE, a, 2 * PAGE))
         drive(SYSTEM, s, "kv_close", request=a)
+        poll_all(s)
         return s
 
-    original = holders.close_request
+    original = holders.release_request
 
     def forget_sharers(s, ref):
         s.kv[ref].sharers.clear()
         return original(s, ref)
 
-    both_ways("S13", scenario, lambda mp: mp.setattr(holders, "close_request", forget_sharers))
+    both_ways("S13", scenario, lambda mp: mp.setattr(holders, "release_request", forget_sharers))
 
 
 # S14 -- an identity issued twice (the freshness guard removed)
@@ -358,3 +359,17 @@ def test_s15_ticket_exactly_once():
         return n
 
     both_ways("S15", scenario, lambda mp: mp.setattr(governor, "ticket_end", keeps_holding))
+
+
+def test_s6_holder_reports_bytes_it_did_not_release():
+    s = sys_state()
+    r = s.next_ref
+    drive(SYSTEM, s, "kv_open", request=(r, 4 * PAGE, None, 0))
+    drive(SYSTEM, s, "kv_grow", growth=(r, PAGE, None))
+    t = drive(SYSTEM, s, "issue_ticket", request=(PAGE, 0, 0))
+    drive(SYSTEM, s, "respond", answer=(t, "kv", False), pending=queue_snapshot(s),
+          value=Seen(None, {"done": [], "released": 0, "state": "pending", "held": 0}))
+    assert holds("S6", s)
+    drive(SYSTEM, s, "respond", answer=(t, "kv", False), pending=queue_snapshot(s),
+          value=Seen(None, {"done": [], "released": PAGE, "state": "granted", "held": PAGE}))
+    assert BY_ID["S6"].check(s)

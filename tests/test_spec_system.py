@@ -165,7 +165,7 @@ def test_holders_choose_cold_victims_and_the_ticket_is_granted_claimed():
     hot = Seen(None, {"done": [], "released": 4 * PAGE, "state": TicketState.GRANTED, "held": 4 * PAGE})
     assert not permits(SYSTEM, s, "respond", answer=(t, "weights", False), pending=pend, value=hot)
     kv_some = Seen(None, {"done": [], "released": PAGE, "state": TicketState.PENDING, "held": PAGE})
-    assert not permits(SYSTEM, s, "respond", answer=(t, "kv", False), pending=pend, value=kv_some)
+    assert not permits(SYSTEM, s, "respond", answer=(t, "kv", False), pending=pend, value=kv_some), "KV holds nothing"
     zero = Seen(None, {"done": [], "released": 0, "state": TicketState.PENDING, "held": 0})
     drive(SYSTEM, s, "respond", answer=(t, "kv", False), pending=pend, value=zero)  # 0 is a valid answer
     cold = Seen(None, {"done": [], "released": 2 * PAGE, "state": TicketState.GRANTED, "held": 2 * PAGE})
@@ -247,8 +247,9 @@ def test_shared_prefix_charged_once_freed_after_last_mapping():
     drive(SYSTEM, s, "kv_open", request=(b, 4 * PAGE, a, 2 * PAGE), value=None)
     assert s.kv[b].committed == 2 * PAGE and s.charged_by["kv"] == 3 * PAGE, "the prefix is not charged again"
     drive(SYSTEM, s, "kv_close", request=a)
-    assert s.kv[a].own == 2 * PAGE, "pages b maps stay"
+    assert s.kv[a].own == 3 * PAGE and s.charged_by["kv"] == 3 * PAGE, "nothing freed before the queue runs"
     drive(SYSTEM, s, "poll", pending=queue_snapshot(s), value=poll_answer(s, [True]))
+    assert s.kv[a].own == 2 * PAGE, "pages b maps stay"
     assert s.charged_by["kv"] == 2 * PAGE
     drive(SYSTEM, s, "kv_close", request=b)
     drive(SYSTEM, s, "poll", pending=queue_snapshot(s), value=poll_answer(s, [True]))
