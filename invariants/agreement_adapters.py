@@ -89,6 +89,7 @@ def _s5_state(s: Any, ret: int = 0, answer: int = 0) -> tuple[dict[str, Any], Un
     u.pages = max([v.size // s.page for v in res.values()] + [0]) + 2
     st = {
         "cap": s.virtual_backing, "page": s.page, "capacity": s.capacity, "physical": s.physical,
+        "foreign": getattr(s, "foreign_bytes", 0),
         "rlive": (False, {ix[r]: v.live for r, v in res.items()}),
         "rforeign": (False, {ix[r]: v.foreign for r, v in res.items()}),
         "rsize": (0, {ix[r]: v.size for r, v in res.items()}),
@@ -105,7 +106,7 @@ _S5_CMP = ("cap", "physical", "rlive", "rforeign", "rsize", "pc", "reported")
 def _s5_span_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     st, u = _s5_state(s)
     ref, lo, hi = args["span"]
-    return st, {"r": u.idx["res"][ref], "lo": lo, "hi": hi}, u
+    return st, {"r": u.idx["res"][ref], "lo": lo, "hi": hi, "oom": taken == "OutOfMemory"}, u
 
 
 def _s5_ret_expected(s: Any, u: Universe, value: Any) -> Any:
@@ -139,7 +140,8 @@ def _s13_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
     mx = u.add("mapping", s.mappings)
     hs, ms = s.handles, s.mappings
     st = {
-        "page": s.page, "capacity": s.capacity, "physical": s.physical, "shared": s.shared_bytes,
+        "page": s.page, "capacity": s.capacity, "physical": s.physical, "foreign": getattr(s, "foreign_bytes", 0),
+        "shared": s.shared_bytes,
         "private": s.private_bytes,
         "hexists": (False, {hx[r]: True for r in hs}),
         "hsize": (0, {hx[r]: h.size for r, h in hs.items()}),
@@ -191,7 +193,7 @@ def _s13_create_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     n = args["size"]
     if not isinstance(n, int) or isinstance(n, bool):
         return None  # a non-int size: the spec's InvalidRequest, not an arithmetic case
-    return st, {"h": len(s.handles), "n": n}, u
+    return st, {"h": len(s.handles), "n": n, "oom": taken == "OutOfMemory"}, u
 
 
 def _s13_map_project(s: Any, args: dict[str, Any], taken: str) -> Any:
@@ -206,7 +208,7 @@ def _s13_map_project(s: Any, args: dict[str, Any], taken: str) -> Any:
 def _s13_mapping_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     st, u = _s13_state(s)
     mref, res, _off, size = args["mapping"]
-    return st, {"m": u.idx["mapping"][mref], "size": size, "where": _where(s, res)}, u
+    return st, {"m": u.idx["mapping"][mref], "size": size, "where": _where(s, res), "oom": taken == "OutOfMemory"}, u
 
 
 def _s13_handle_project(s: Any, args: dict[str, Any], taken: str) -> Any:

@@ -266,6 +266,13 @@ def _some_page(s: St, r: Any, lo: Any, hi: Any, committed: bool) -> Any:
     return z3.Exists([p], z3.And(_in_range(p, lo, hi, s.page), hit))
 
 
+def _oom(s: St, n: Any, oom: Any) -> Any:
+    """spec/state.py oom_rule: OutOfMemory when the bytes do not fit, and allowed
+    (the environment's choice ``oom``) when they would not fit with what a twin
+    on the same device holds; never from fragmentation."""
+    return z3.Or(s.physical + n > s.capacity, z3.And(oom, s.physical + s.foreign + n > s.capacity))
+
+
 def _s5_handle_errors(s: St, r: Any) -> list:
     return [(at(s.rforeign, r), "ForeignAllocation"), (z3.Not(at(s.rlive, r)), "StaleHandle")]
 
@@ -285,7 +292,7 @@ def _s5_commit(check: bool):
         errors = _s5_handle_errors(s, a.r) + [
             (z3.Not(K.range_ok(a.lo, a.hi, at(s.rsize, a.r), s.page)), "InvalidRange"),
             (_some_page(s, a.r, a.lo, a.hi, True), "InvalidRange"),
-            (s.physical + n > s.capacity, "OutOfMemory"),
+            (_oom(s, n, a.oom), "OutOfMemory"),
         ]
         if check:
             return on_ok(outcome((z3.Not(s.cap), "Unsupported"), *errors), s, ok)
@@ -346,9 +353,10 @@ def _s5_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
 
 
 _SPAN = {"r": INT, "lo": INT, "hi": INT}
+_SPAN_OOM = {**_SPAN, "oom": BOOL}
 S5 = Proof(
     "S5", "no-silent-noop", "unsupported must not masquerade as a successful no-op",
-    fields={"cap": BOOL, "page": INT, "capacity": INT, "physical": INT, "rlive": BARR, "rforeign": BARR,
+    fields={"cap": BOOL, "page": INT, "capacity": INT, "physical": INT, "foreign": INT, "rlive": BARR, "rforeign": BARR,
             "rsize": ARR, "pc": ARR2B, "reported": ARR, "answer": INT, "ret": INT},
     init=lambda s: z3.And(s.page > 0, s.capacity >= 0, s.physical == 0, s.rlive == F0(),
                           s.reported == Z0(), s.pc == z3.K(z3.IntSort(), z3.K(z3.IntSort(), z3.BoolVal(False)))),
@@ -356,11 +364,11 @@ S5 = Proof(
     lemmas=_s5_lemmas,
     actions=[
         Act("query_virtual_backing", {}, _s5_query),
-        Act("commit_range", _SPAN, _s5_commit(True), objs=("r",)),
+        Act("commit_range", _SPAN_OOM, _s5_commit(True), objs=("r",)),
         Act("decommit_range", _SPAN, _s5_decommit, objs=("r",)),
         Act("release_reservation", {"r": INT}, _s5_release, objs=("r",)),
     ],
-    unguarded=Act("commit_range", _SPAN, _s5_commit(False), objs=("r",)),
+    unguarded=Act("commit_range", _SPAN_OOM, _s5_commit(False), objs=("r",)),
     guard="without VirtualBacking a commit raises Unsupported (no successful no-op)",
     step_prop=_s5_prop,
     # the range is page aligned, so its bytes are exactly its page-rounded span
@@ -766,7 +774,7 @@ def _where(w: Any) -> list:
 
 def _s13_create(s: St, a: St):
     out = outcome((z3.Or(a.n <= 0, K.mod(a.n, s.page) != 0), "InvalidRequest"),
-                  (s.physical + a.n > s.capacity, "OutOfMemory"))
+                  (_oom(s, a.n, a.oom), "OutOfMemory"))
     return on_ok(out, s, s.set(hexists=upd(s.hexists, a.h, True), hsize=upd(s.hsize, a.h, a.n),
                                hreleased=upd(s.hreleased, a.h, False), hmaps=upd(s.hmaps, a.h, 0),
                                hfreed=upd(s.hfreed, a.h, False), shared=s.shared + a.n, physical=s.physical + a.n))
@@ -785,17 +793,20 @@ def _mapping_errors(s: St, a: St) -> list:
 
 
 def _s13_unmap(s: St, a: St):
-    # after copy-on-write the pages there are private copies, not a shared mapping: InvalidRange
-    out = outcome(*_mapping_errors(s, a), (at(s.mpriv, a.m), "InvalidRange"))
-    h, sz = at(s.mh, a.m), at(s.msize, a.m)
-    s1 = s.set(mlive=upd(s.mlive, a.m, False), ret=sz, hmaps=upd(s.hmaps, h, at(s.hmaps, h) - 1))
-    return on_ok(out, s, _s13_maybe_free(s1, h))
+    out = outcome(*_mapping_errors(s, a))
+    h, sz, priv = at(s.mh, a.m), at(s.msize, a.m), at(s.mpriv, a.m)
+    s1 = s.set(mlive=upd(s.mlive, a.m, False), ret=sz,
+               # a shared mapping gives back its reference; a private (copied) one frees its own pages
+               hmaps=K.ite(priv, s.hmaps, upd(s.hmaps, h, at(s.hmaps, h) - 1)),
+               private=K.ite(priv, s.private - sz, s.private),
+               physical=K.ite(priv, s.physical - sz, s.physical))
+    return out, merge(out == OK, merge(priv, s1, _s13_maybe_free(s1, h)), s)
 
 
 def _s13_cow(s: St, a: St):
     sz, h = at(s.msize, a.m), at(s.mh, a.m)
     out = outcome(*_mapping_errors(s, a), (at(s.mpriv, a.m), "InvalidRange"),
-                  (s.physical + sz > s.capacity, "OutOfMemory"))
+                  (_oom(s, sz, a.oom), "OutOfMemory"))
     s1 = s.set(mpriv=upd(s.mpriv, a.m, True), private=s.private + sz, physical=s.physical + sz,
                hmaps=upd(s.hmaps, h, at(s.hmaps, h) - 1), ret=sz)
     return on_ok(out, s, _s13_maybe_free(s1, h))
@@ -861,7 +872,7 @@ _MAPARGS = {"m": INT, "size": INT, "where": INT}
 _WHERE = lambda s, a: z3.And(a.where >= 0, a.where <= 3)  # noqa: E731
 S13 = Proof(
     "S13", "shared-lifetime", "shared physical pages are charged once, freed only after the last mapping and handle go; read-only mappings reject writes",
-    fields={"page": INT, "capacity": INT, "physical": INT, "shared": INT, "private": INT,
+    fields={"page": INT, "capacity": INT, "physical": INT, "foreign": INT, "shared": INT, "private": INT,
             "hexists": BARR, "hsize": ARR, "hreleased": BARR, "hmaps": ARR, "hfreed": BARR,
             "mlive": BARR, "mh": ARR, "msize": ARR, "mro": BARR, "mpriv": BARR, "wro": BARR, "ret": INT},
     init=lambda s: z3.And(s.page > 0, s.physical == 0, s.physical <= s.capacity, s.shared == 0, s.private == 0,
@@ -869,12 +880,12 @@ S13 = Proof(
                           s.mlive == F0(), s.wro == F0()),
     inv=_s13_inv, lemmas=_s13_lemmas, step_prop=_s13_prop,
     actions=[
-        Act("create", {"h": INT, "n": INT}, _s13_create, pre=lambda s, a: z3.Not(at(s.hexists, a.h)), objs=("h",)),
+        Act("create", {"h": INT, "n": INT, "oom": BOOL}, _s13_create, pre=lambda s, a: z3.Not(at(s.hexists, a.h)), objs=("h",)),
         Act("map", {"m": INT, "h": INT, "ro": BOOL, "where": INT}, _s13_map,
             pre=lambda s, a: z3.And(z3.Not(at(s.mlive, a.m)), at(s.hexists, a.h), _WHERE(s, a)),
             objs=("m", "h")),
         Act("unmap", _MAPARGS, _s13_unmap, pre=_WHERE, objs=("m",)),
-        Act("copy_on_write", _MAPARGS, _s13_cow, pre=_WHERE, objs=("m",)),
+        Act("copy_on_write", {**_MAPARGS, "oom": BOOL}, _s13_cow, pre=_WHERE, objs=("m",)),
         Act("release_handle", {"h": INT}, _s13_release(True), pre=lambda s, a: at(s.hexists, a.h), objs=("h",)),
         Act("write_through", {"m": INT}, _s13_write, pre=lambda s, a: at(s.mlive, a.m), objs=("m",)),
     ],
