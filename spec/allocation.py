@@ -20,6 +20,7 @@ actual footprint differs from the plan, act on the real allocated bytes.*
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from memspec.spec import kernels as K
@@ -97,7 +98,7 @@ def _witness_allocation(s: MechState, size: int) -> DeviceAllocation:
     addresses in spec-only runs)."""
     fp = K.round_up(size, s.page)
     address = None
-    for a, old in list(s.w_freed.items())[:4]:
+    for a, old in list(itertools.islice(s.w_freed.items(), 4)):
         if old >= fp and not _overlaps(s, a, fp):
             address = a
             del s.w_freed[a]

@@ -189,6 +189,8 @@ def _s8_full(s: SysState) -> str | None:
     for h in set(live) | set(s.live_bytes_by):
         if live.get(h, 0) != s.live_bytes_by.get(h, 0):
             return f"{h}: live footprints {live.get(h, 0)} != running total {s.live_bytes_by.get(h, 0)}"
+    if s.inexact_entries != sum(1 for e in s.queue.values() if not e.exact):
+        return f"inexact queued releases counted {s.inexact_entries}"
     queued: dict[str, int] = {}
     for e in s.queue.values():
         for h, n in e.refund.items():

@@ -72,6 +72,8 @@ def learn_done(s: SysState, fence: int) -> None:
 def enqueue(s: SysState, entry: QueueEntry) -> None:
     """Drop: put a release on the queue.  Never frees (S7)."""
     s.queue[entry.seq] = entry
+    if not entry.exact:
+        s.inexact_entries += 1
     for h, n in entry.refund.items():
         add(s.queued_bytes_by, h, n)
 
@@ -100,6 +102,8 @@ def run_entry(s: SysState, entry: QueueEntry) -> None:
     if not s.in_poll:
         s.frees_outside_poll += 1
     del s.queue[entry.seq]
+    if not entry.exact:
+        s.inexact_entries -= 1
     if entry.on_run is not None:
         entry.on_run()
     for h, n in entry.refund.items():

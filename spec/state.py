@@ -333,6 +333,7 @@ class SysState:
     fences: dict[int, tuple[int, int]] = field(default_factory=dict)  # fence ref -> (stream ref, work item)
     queue: dict[int, QueueEntry] = field(default_factory=dict)
     queue_seq: int = 0
+    inexact_entries: int = 0       # queued releases the implementation may split in pieces
     in_poll: bool = False
     # -- owned objects (owning allocations, weights, reservations)
     owned: dict[int, Owned] = field(default_factory=dict)

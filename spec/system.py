@@ -59,7 +59,7 @@ class AtLeast:
 
 def _expected_pending(s: SysState, _ref: Any) -> Any:
     n = len(s.queue)
-    return n if all(e.exact for e in s.queue.values()) else AtLeast(n)
+    return AtLeast(n) if s.inexact_entries else n
 
 
 def _always(_s: Any, _touched: Any) -> list[None]:
