@@ -139,7 +139,8 @@ class ReferenceGovernor:
             self._granted -= g.nbytes
             self._free -= extra
             self._charged += actual
-            self._by_holder[g.holder] = self._by_holder.get(g.holder, 0) + actual
+            if actual:
+                self._by_holder[g.holder] = self._by_holder.get(g.holder, 0) + actual
             lease = Lease(next(self._ids), g.holder, actual)
             self._leases[lease.lease_id] = (g.holder, actual)
             return lease
@@ -174,11 +175,11 @@ class ReferenceGovernor:
                 self._leases[lease.lease_id] = (holder, left - n)
             self._charged -= n
             self._free += n
-            h = self._by_holder[holder] - n
+            h = self._by_holder.get(holder, 0) - n
             if h:
                 self._by_holder[holder] = h
             else:
-                del self._by_holder[holder]
+                self._by_holder.pop(holder, None)
             return n
 
     def split(self, lease: Lease, nbytes: int) -> Lease:

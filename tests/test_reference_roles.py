@@ -82,6 +82,16 @@ def test_governor_ledger_grant_commit_cancel_refund():
     assert g.refund(lease) == 25 and g.ledger() == (100, 100, 0, 0) and g.charged("h") == 0
 
 
+def test_zero_byte_lease_refunds_after_the_holders_charge_is_gone():
+    g = ReferenceGovernor(100)
+    zero = g.commit(g.reserve("s", 10), 0)          # an allocation that took nothing
+    full_ = g.commit(g.reserve("s", 10), 10)
+    assert g.refund(full_) == 10 and g.charged("s") == 0
+    assert g.refund(zero) == 0 and g.ledger() == (100, 100, 0, 0)
+    with pytest.raises(InvalidRequest):
+        g.refund(zero)
+
+
 def test_governor_errors_leave_ledger_unchanged():
     g = ReferenceGovernor(100)
     gr = g.reserve("h", 50)
