@@ -50,18 +50,24 @@ notes ask):
   that stream (reported once: not sticky, unlike a real kernel fault).
 
 Execution model (deterministic, no background thread): each stream is a FIFO
-of queued operations.  Work runs only when the emulator is *polled*:
-``cuStreamQuery``, ``cuStreamSynchronize``, ``cuEventQuery``,
-``cuEventSynchronize`` and ``cuCtxSynchronize`` run every stream's queue from
-its head for as long as the head operation is runnable (a wait-value whose
-word does not satisfy its condition, or a wait-event on an unfinished record,
-blocks its stream).  So ungated work completes at the next poll, and gated
-work stays queued until the host writes the word.  Nothing else (in
-particular not ``cuMemUnmap``, ``cuMemRelease`` or ``cuMemFree``) runs queued
-work, which makes a release ordered before its fence observable.  A
-synchronize that cannot finish (the stream is held by a word only the host
-can write, and nothing can change it while we wait) would hang a real
-program; after ``sync_timeout`` seconds of polling the emulator answers
+of queued operations, run from its head for as long as the head operation is
+runnable (a wait-value whose word does not satisfy its condition, or a
+wait-event on an unfinished record, blocks its stream).  *When* the device
+runs is the ``progress`` setting, two legal device speeds:
+
+* ``"lazy"`` (default): work runs only when the host synchronizes
+  (``cuStreamSynchronize``, ``cuEventSynchronize``, ``cuCtxSynchronize``) or
+  calls :meth:`HostDriver.advance` (the device got some time).  Queries
+  (``cuEventQuery``, ``cuStreamQuery``) answer NOT_READY until then.  A release
+  ordered before its fence is therefore always observable: the fence is not
+  done, and the queued work faults when it finally runs.
+* ``"eager"``: queries also run every runnable operation first, so ungated
+  work has completed by the time anyone asks (an infinitely fast device).
+
+Nothing else (in particular not ``cuMemUnmap``, ``cuMemRelease`` or
+``cuMemFree``) runs queued work.  A synchronize that cannot finish (a stream
+held by a word only the host can write) would hang a real program; after
+``sync_timeout`` seconds of polling the emulator answers
 ``CUDA_ERROR_LAUNCH_TIMEOUT`` instead.  The null stream (0) is an ordinary
 stream here (no legacy implicit synchronization).
 """
@@ -250,6 +256,7 @@ class HostDriver:
         recommended_granularity: int | None = None,
         device_count: int = 1,
         sync_timeout: float = 0.0,
+        progress: str = "lazy",
         name: str = "memspec host emulator",
     ) -> None:
         host_page = os.sysconf("SC_PAGE_SIZE")
@@ -257,7 +264,10 @@ class HostDriver:
             raise ValueError(f"granularity must be a power of two multiple of the host page ({host_page}), got {granularity}")
         if capacity < 0:
             raise ValueError("capacity must be >= 0")
+        if progress not in ("lazy", "eager"):
+            raise ValueError(f"progress must be 'lazy' or 'eager', got {progress!r}")
         _raise_nofile_limit()
+        self.progress = progress
         self.capacity = int(capacity)
         self.granularity = int(granularity)
         self.recommended_granularity = int(recommended_granularity or granularity)
@@ -815,7 +825,8 @@ class HostDriver:
             s = self._stream(stream)
             if s is None:
                 return (R.CUDA_ERROR_INVALID_HANDLE,)
-            self._pump()
+            if self.progress == "eager":
+                self._pump()
             if s.error is not None:
                 err, s.error = s.error, None
                 return (err,)
@@ -880,7 +891,8 @@ class HostDriver:
             ev = self._events.get(_i(event))
             if ev is None:
                 return (R.CUDA_ERROR_INVALID_HANDLE,)
-            self._pump()
+            if self.progress == "eager":
+                self._pump()
             s = self._streams.get(ev.stream) if ev.stream is not None else None
             if s is not None and s.error is not None:
                 err, s.error = s.error, None
@@ -1096,6 +1108,11 @@ class HostDriver:
     # ----------------------------------------------------------------------
     # Host-side helpers for tests (not driver calls)
     # ----------------------------------------------------------------------
+    def advance(self) -> int:
+        """The device gets time: run every runnable queued operation; return how many ran."""
+        with self._lock:
+            return self._pump()
+
     def host_write_u32(self, addr: int, value: int) -> None:
         """Write a host-mapped word from the host (what ``ctypes`` does on a GPU)."""
         with self._lock:

@@ -269,8 +269,29 @@ def test_event_not_ready_until_the_gate_opens(d):
     assert d.cuStreamQuery(s) == (R.CUDA_ERROR_NOT_READY,)
     assert d.cuStreamSynchronize(s) == (R.CUDA_ERROR_LAUNCH_TIMEOUT,)   # would hang on a GPU
     d.host_write_u32(word, 1)
+    assert d.cuEventQuery(ev) == (R.CUDA_ERROR_NOT_READY,)   # lazy device: no time yet
+    assert d.advance() == 2                                   # the wait and the record ran
     assert d.cuEventQuery(ev) == (OK,)
     assert d.cuStreamSynchronize(s) == (OK,)
+
+
+def test_progress_modes():
+    """lazy: queued work runs when the host synchronizes (or advance()); eager:
+    queries run it too.  Both are legal device speeds."""
+    for progress, after_query in (("lazy", R.CUDA_ERROR_NOT_READY), ("eager", OK)):
+        d = HostDriver(progress=progress)
+        d.cuInit(0)
+        _, ctx = d.cuDevicePrimaryCtxRetain(0)
+        d.cuCtxSetCurrent(ctx)
+        s = stream(d)
+        _, ev = d.cuEventCreate(2)
+        d.cuEventRecord(ev, s)
+        assert d.cuEventQuery(ev) == (after_query,)
+        assert d.cuStreamQuery(s) == (after_query,)
+        assert d.cuEventSynchronize(ev) == (OK,)
+        assert d.cuEventQuery(ev) == (OK,)
+    with pytest.raises(ValueError):
+        HostDriver(progress="sometimes")
 
 
 def test_wait_value_needs_a_device_mapped_host_word(d):
@@ -291,6 +312,7 @@ def test_stream_wait_event_orders_streams(d):
     d.cuEventRecord(ev2, s2)
     assert d.cuEventQuery(ev2) == (R.CUDA_ERROR_NOT_READY,)
     d.host_write_u32(word, 1)
+    d.advance()
     assert d.cuEventQuery(ev2) == (OK,)
 
 

@@ -37,6 +37,8 @@ def test_fences_follow_stream_order(t):
     assert f2 == Fence(s, f1.value + 1)
     assert not ep.fence_done(f1) and not ep.fence_done(f2)
     gate.open()
+    assert not ep.fence_done(f1)                          # lazy device: no time yet
+    t.extras["emulator"].advance()                        # the device runs
     assert ep.fence_done(f2) and ep.fence_done(f1)
     assert ep.read(s, va.address, 3) == b"one"
     with pytest.raises(InvalidRequest):
@@ -96,6 +98,7 @@ def test_stream_gate_deferred_free(t):
     with pytest.raises(ContextBusy):
         ep.close()                                        # the queued release pins the context
     gate.open()
+    ep.synchronize(s)                                     # the held work runs now
     assert ep.poll() == 1 and freed == [4 * G]
     assert t.physical_bytes() == 0 and emu.mapped_pages() == 0           # freed and refunded
     assert ep.pending_releases() == 0
@@ -115,6 +118,7 @@ def test_context_pinned_while_releases_are_queued():
     with pytest.raises(ContextBusy):
         ep.close()
     gate.open()
+    ep.synchronize(0)
     assert ep.poll() == 1
     assert ep.ctx.pins == pins - 2                        # the release and the reservation unpinned
     inst.close()
@@ -122,9 +126,10 @@ def test_context_pinned_while_releases_are_queued():
 
 
 def test_unmap_before_fence_mutant_is_caught_as_a_fault():
-    """The planted cuda.core/vLLM bug: the release runs at the drop, while the
-    stream still holds a read of the range; when the stream runs, the read
-    faults (and the release was observed before its fence completed)."""
+    """The planted cuda.core/vLLM bug: the queue runs the release without
+    waiting for the fence, while the stream still holds a read of the range;
+    the release is seen before its fence completed (S4), and when the stream
+    runs, the read faults."""
     from memspec.invariants.mutants.cuda_bugs import unordered_cuda_host
 
     bad = unordered_cuda_host(8 * G)
@@ -136,7 +141,9 @@ def test_unmap_before_fence_mutant_is_caught_as_a_fault():
         gate = ep.hold(s)
         fence = ep.launch(s, [(va.address, 2 * G)], [])
         ep.defer([fence], lambda: vb.release(va))
-        assert not ep.fence_done(fence) and bad.physical_bytes() == 0   # freed before the fence: S4
+        assert ep.pending_releases() == 1 and bad.physical_bytes() == 2 * G   # the drop only enqueued
+        assert ep.poll() == 1                                                  # ... but poll ignores the fence
+        assert not ep.fence_done(fence) and bad.physical_bytes() == 0          # freed before the fence: S4
         gate.open()
         with pytest.raises(DeviceFault):
             ep.synchronize(s)
@@ -154,6 +161,7 @@ def test_healthy_ep_same_scenario_has_no_fault(t):
     gate = ep.hold(s)
     fence = ep.launch(s, [(va.address, 2 * G)], [])
     ep.defer([fence], lambda: vb.release(va))
+    assert ep.pending_releases() == 1 and ep.poll() == 0   # the healthy queue waits
     assert t.physical_bytes() == 2 * G
     gate.open()
     ep.synchronize(s)

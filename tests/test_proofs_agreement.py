@@ -8,7 +8,6 @@ import pytest
 
 from memspec.invariants import proofs_seed000 as E
 from memspec.invariants.agreement import run_agreement, walk_and_compare
-from memspec.invariants.agreement_adapters import MECH_ADAPTERS, _mech_init, _mech_too_big
 from memspec.invariants.proofs import Proof
 
 SAMPLES = 1000
@@ -32,12 +31,14 @@ def test_agreement_covers_the_mechanism_invariants(reports) -> None:
 
 
 def test_a_relation_that_differs_from_the_spec_is_caught() -> None:
-    """The unguarded release_handle (frees mapped pages) disagrees with the spec's."""
-    from memspec.spec.mechanism import MECHANISM
+    """The unguarded Governor reserve (grants more than is free) disagrees with the spec's."""
+    from memspec.invariants.agreement_adapters import SYS_ADAPTERS, _sys_init, _sys_too_big
+    from memspec.spec.system import SYSTEM
 
-    wrong = Proof(**{**E.S13.__dict__, "actions": [E.S13.unguarded if a.name == "release_handle" else a
-                                                   for a in E.S13.actions]})
-    ad = [a for a in MECH_ADAPTERS if a.invariant == "S13" and a.action == "release_handle"]
-    reps = walk_and_compare(MECHANISM, _mech_init, ad, {"S13": wrong}, 300, 1, _mech_too_big)
+    wrong = Proof(**{**E.S11.__dict__, "actions": [E.S11.unguarded if a.name == "reserve" else a
+                                                   for a in E.S11.actions]})
+    ad = [a for a in SYS_ADAPTERS if a.invariant == "S11" and a.action == "reserve"]
+    reps = walk_and_compare(SYSTEM, _sys_init, ad, {"S11": wrong}, 300, 1, _sys_too_big)
     assert reps[0].samples == 300
-    assert reps[0].mismatches, "a release that frees mapped pages agreed with the spec"
+    assert reps[0].outcomes.get("GrantDenied", 0) > 0
+    assert reps[0].mismatches, "a Governor that grants more than is free agreed with the spec"

@@ -10,9 +10,9 @@ planted in the CUDA implementation and run on the host driver emulator.
   device commits start failing with OutOfMemory the spec does not allow.
   Blamed on S11 (ledger conservation: the physical bytes the device holds
   must equal live + queued footprints, here they exceed them).
-* ``cuda-host-unmap-before-fence``: the execution provider's deferred free
-  runs the release at once instead of after the fences, so pages are
-  unmapped while queued work still uses them (the illegal memory access also
+* ``cuda-host-unmap-before-fence``: the execution provider's deferred-free
+  queue runs releases at the next poll without waiting for their fences, so
+  pages are unmapped while queued work still uses them (the illegal memory access also
   reproduced in vLLM).  S4: a queued read after the drop faults, and the
   release is observed before its fence completed.
 """
@@ -28,12 +28,12 @@ from memspec.invariants.mutants import Mutant
 
 
 class UnorderedReleaseEP(CudaExecutionProvider):
-    """BUG: ``defer`` frees on the host right away, ignoring the fences."""
+    """BUG: the deferred-free queue does not wait for the fences: ``poll``
+    runs every queued release (unmap, cuMemRelease, cuMemFree) at once, as a
+    host-side free with no stream ordering does."""
 
-    def defer(self, fences: Sequence[Fence], release: Callable[[], object]) -> None:
-        for f in fences:
-            self._check_fence(f)
-        release()
+    def _ready(self, d: Any) -> bool:
+        return True
 
 
 def leaky_cuda_host(capacity: int | None = None, **kw: Any) -> TargetInstance:

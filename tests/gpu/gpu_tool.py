@@ -305,6 +305,7 @@ def gate(target: str) -> bool:
         time.sleep(0.05)
         held = (ep.poll(), ep.fence_done(fence), inst.physical_bytes() - base, ep.pending_releases(), list(freed))
         gt.open()
+        ep.synchronize(s)
         deadline = time.monotonic() + 10
         while ep.pending_releases() and time.monotonic() < deadline:
             ep.poll()
