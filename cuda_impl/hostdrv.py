@@ -56,8 +56,10 @@ wait-event on an unfinished record, blocks its stream).  *When* the device
 runs is the ``progress`` setting, two legal device speeds:
 
 * ``"lazy"`` (default): work runs only when the host synchronizes
-  (``cuStreamSynchronize``, ``cuEventSynchronize``, ``cuCtxSynchronize``) or
-  calls :meth:`HostDriver.advance` (the device got some time).  Queries
+  (``cuStreamSynchronize`` runs that stream, ``cuEventSynchronize`` that
+  stream up to the event -- each also as far as needed into streams it waits
+  on -- ``cuCtxSynchronize`` every stream) or calls
+  :meth:`HostDriver.advance` (the device got some time: every stream).  Queries
   (``cuEventQuery``, ``cuStreamQuery``) answer NOT_READY until then.  A release
   ordered before its fence is therefore always observable: the fence is not
   done, and the queued work faults when it finally runs.
@@ -843,7 +845,7 @@ class HostDriver:
     def _synchronize(self, s: _Stream) -> R:
         deadline = time.monotonic() + self.sync_timeout
         while True:
-            self._pump()
+            self._pump_stream(s)
             if not s.queue:
                 break
             if time.monotonic() >= deadline:
@@ -910,7 +912,7 @@ class HostDriver:
                 return (SUCCESS,)
             deadline = time.monotonic() + self.sync_timeout
             while True:
-                self._pump()
+                self._pump_stream(s, until=ev)
                 if ev.reached >= ev.recorded:
                     break
                 if time.monotonic() >= deadline:
@@ -1088,6 +1090,32 @@ class HostDriver:
                 return self._fault(s, kind, a, why)
             ctypes.c_uint32.from_address(a).value = value
         # wait_value / wait_event: nothing to do once runnable
+
+    def _pump_stream(self, s: _Stream, until: _Event | None = None, _busy: set | None = None) -> int:
+        """Run ``s`` from its head (only as far as ``until``'s latest record, if
+        given) and, for a wait on another stream's event, that stream as far
+        as needed: a synchronize gives time to what it waits for, not to
+        unrelated streams."""
+        busy = _busy if _busy is not None else set()
+        busy.add(s.handle)
+        ran = 0
+        while s.queue:
+            if until is not None and until.reached >= until.recorded:
+                break
+            op = s.queue[0]
+            if not self._runnable(op) and op[0] == "wait_event":
+                ev = op[1]
+                other = self._streams.get(ev.stream) if ev.stream is not None else None
+                if other is None:
+                    other = self._streams.get(-ev.stream) if ev.stream is not None else None
+                if other is not None and other.handle not in busy:
+                    ran += self._pump_stream(other, until=ev, _busy=busy)
+            if not self._runnable(op):
+                break
+            self._execute(s, s.queue.popleft())
+            ran += 1
+        busy.discard(s.handle)
+        return ran
 
     def _pump(self) -> int:
         """Run every stream's runnable head operations until none is; return how many ran."""

@@ -14,7 +14,9 @@ counting, read-only protection, and possibly Copy-on-Write.*
 * ``copy_on_write`` of one whole mapping puts a fresh private page (its own
   ``cuMemCreate``) behind each of its granules with the same bytes (a
   device-to-device copy on the mechanism's own stream, synchronized),
-  transactionally.  The mapping then holds private pages: the handle loses
+  transactionally.  The copy sees work that completed before the call: a
+  mechanism holds no fences, so the caller waits for (or synchronizes) writes
+  still queued to the shared pages first.  The mapping then holds private pages: the handle loses
   it (``mapping_count`` drops), and ``unmap`` later removes and frees them.
 * ``mapping_count`` counts live ``map`` calls still mapping the handle.
 """
