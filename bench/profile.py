@@ -45,8 +45,11 @@ def breakdown(stats: pstats.Stats) -> str:
         cum[key] = cum.get(key, 0.0) + ct
     apply_t = cum.get(("harness.py", "apply"), 0.0)
     check_t = cum.get(("harness.py", "check_after"), 0.0)
-    total = stats.total_tt  # type: ignore[attr-defined]
-    lines = [f"harness step breakdown (cProfile, {total:.2f} s profiled):"]
+    total = cum.get(("harness.py", "choose"), 0.0) + apply_t + cum.get(("harness.py", "__init__"), 0.0)
+    if total <= 0:
+        return "harness step breakdown: no harness steps in this profile"
+    lines = [f"harness step breakdown (cProfile; {total:.2f} s in the harness's steps = 100%, "
+             f"of {stats.total_tt:.2f} s profiled):"]  # type: ignore[attr-defined]
     for label, f, fn in PHASES:
         t = cum.get((f, fn), 0.0)
         lines.append(f"  {t:7.2f} s  {100 * t / total:5.1f}%  {label}")
