@@ -163,7 +163,9 @@ def replay(snap: dict, *, preset: str | None = None, expandable: bool | None = N
     allocator.  An ``alloc`` that OOMs in the replay is recorded and skipped
     (its later free is ignored), so the rest of the trace still runs; an
     ``oom`` entry (a request that failed when the trace was recorded) is
-    retried: recorded if it fails again, freed at once if it succeeds."""
+    retried: recorded if it fails again, freed at once if it succeeds.  A run
+    of ``segment_free``/``segment_unmap`` entries that no free caused is an
+    ``empty_cache()`` (or an OOM retry) and is replayed as one."""
     from memspec.reference.caching import CachingAllocator
 
     settings = snap.get("allocator_settings", {})
@@ -178,9 +180,15 @@ def replay(snap: dict, *, preset: str | None = None, expandable: bool | None = N
     res = ReplayResult(preset, expandable, capacity, allocator=alloc)
     live: dict[int, Any] = {}
     skipped: set[int] = set()
+    prev = None
     for i, e in enumerate((snap.get("device_traces") or [[]])[0]):
         a = e.get("action")
-        if a == "alloc":
+        last, prev = prev, a
+        auto = last in ("segment_free", "segment_unmap") or (a == "segment_unmap" and last == "free_completed"
+                                                            and preset == "seed")
+        if a in ("segment_free", "segment_unmap") and not auto:
+            alloc.empty_cache()  # a release the program asked for (empty_cache, or an OOM retry)
+        elif a == "alloc":
             res.allocs += 1
             try:
                 live[e["addr"]] = alloc.malloc(int(e["size"]), int(e.get("stream", 0)))

@@ -92,21 +92,19 @@ class EmptyCacheReleasesLive(CachingAllocator):
     though later blocks are live (seed: *it moves, merges, and defragments
     nothing inside partially-live segments*)."""
 
-    def _release_blocks(self, pool):
-        released = 0
-        for key in list(pool.blocks):
-            b = pool.free.get(key & _M64)
-            if b is None or b.seg.expandable or b.prev is not None:
-                continue
-            if b.next is None:
-                released += self._release_block(pool, b)
-            else:  # the bug: a partly used segment goes too
-                seg = b.seg
+    def empty_cache(self):
+        released = super().empty_cache()
+        for pool in (self._large, self._small):
+            for key in list(pool.blocks):
+                b = pool.free.get(key & _M64)
+                if b is None or b.seg.expandable or b.prev is not None or b.next is None:
+                    continue
+                seg = b.seg  # the bug: a partly used segment goes too
                 self._remove(pool, b)
                 self._driver.deallocate(seg.handle)
                 del self._segments[seg.addr]
                 released += seg.size
-        return released + super()._release_blocks(pool)
+        return released
 
 
 class ReuseBeforeEvent(CachingAllocator):

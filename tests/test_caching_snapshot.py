@@ -1,0 +1,163 @@
+"""Snapshots (torch.cuda.memory._snapshot() form), replay, SVG, and ``memspec oom explain``."""
+
+from __future__ import annotations
+
+import io
+import pickle
+
+import pytest
+
+from memspec.commands import oom, snapshot as snapshot_cmd
+from memspec.reference import caching_snapshot as cs
+from memspec.reference.caching import CachingAllocator
+from memspec.spec.errors import InvalidRequest, OutOfMemory
+
+MiB = 1 << 20
+
+
+def _workload(a: CachingAllocator) -> None:
+    import random
+
+    rng = random.Random(7)
+    live = []
+    for _ in range(300):
+        if live and rng.random() < 0.4:
+            a.free(live.pop(rng.randrange(len(live))))
+        else:
+            n = rng.choice([rng.randint(1, MiB), rng.randint(MiB + 1, 9 * MiB)])
+            try:
+                live.append(a.malloc(n, rng.randint(0, 1)))
+            except OutOfMemory:
+                pass
+        if rng.random() < 0.05:
+            a.empty_cache()
+
+
+def _layout(snap: dict) -> list:
+    return [(s["address"], s["total_size"], s["segment_type"], s["is_expandable"],
+             [(b["address"], b["size"], b["requested_size"], b["state"]) for b in s["blocks"]])
+            for s in snap["segments"]]
+
+
+@pytest.mark.parametrize("preset,expandable", [("pytorch", False), ("seed", False), ("pytorch", True), ("seed", True)])
+def test_round_trip_export_import_replay(preset, expandable):
+    a = CachingAllocator(preset=preset, capacity=96 * MiB, expandable_segments=expandable, record_history=True)
+    _workload(a)
+    snap = a.snapshot()
+    buf = io.BytesIO()
+    cs.dump(snap, buf)
+    buf.seek(0)
+    back = cs.load(buf)
+    assert back == snap
+    res = cs.replay(back)
+    assert (res.preset, res.expandable, res.capacity) == (preset, expandable, 96 * MiB)
+    assert _layout(res.allocator.snapshot()) == _layout(snap)  # same segments and blocks
+    assert res.allocator.memory_reserved() == a.memory_reserved()
+
+
+def test_snapshot_shape_matches_pytorch():
+    a = CachingAllocator(preset="pytorch", capacity=64 * MiB, record_history=True)
+    x = a.malloc(3 * MiB + 1)
+    y = a.malloc(1000, 1)
+    a.record_stream(y, 2)
+    a.free(y)
+    snap = a.snapshot()
+    assert set(snap) == {"segments", "device_traces", "allocator_settings", "external_annotations"}
+    seg = snap["segments"][0]
+    assert {"device", "address", "total_size", "allocated_size", "active_size", "requested_size", "stream",
+            "segment_type", "segment_pool_id", "is_expandable", "frames", "blocks"} <= set(seg)
+    assert set(seg["blocks"][0]) == {"address", "size", "requested_size", "state", "frames"}
+    states = {b["state"] for s in snap["segments"] for b in s["blocks"]}
+    assert states == {"active_allocated", "active_pending_free", "inactive"}
+    actions = [e["action"] for e in snap["device_traces"][0]]
+    assert actions == ["segment_alloc", "alloc", "segment_alloc", "alloc", "free_requested"]
+    assert snap["device_traces"][0][1]["size"] == 3 * MiB + 1 and x.address == snap["device_traces"][0][1]["addr"]
+    e = CachingAllocator(preset="pytorch", capacity=64 * MiB, expandable_segments=True, record_history=True)
+    blk = e.malloc(4 * MiB)
+    e.free(blk)
+    e.empty_cache()
+    assert [t["action"] for t in e.snapshot()["device_traces"][0]] == [
+        "segment_map", "alloc", "free_requested", "free_completed", "segment_unmap"]
+
+
+def test_replay_answers_the_expandable_question():
+    a = snapshot_cmd.fragmented_demo("seed")
+    snap = a.snapshot()
+    assert [e["action"] for e in snap["device_traces"][0]][-1] == "oom"
+    avoided, fixed, exp = cs.would_expandable_avoid_oom(snap)
+    assert avoided and len(fixed.ooms) == 1 and not exp.ooms
+    avoided, fixed, exp = cs.would_expandable_avoid_oom(snap, preset="pytorch")
+    assert not avoided and len(exp.ooms) == 1  # PyTorch's 20 MiB pages stay pinned by live blocks
+
+
+def test_capacity_estimated_from_a_foreign_trace():
+    snap = snapshot_cmd.fragmented_demo("seed").snapshot()
+    del snap["allocator_settings"]["memspec_capacity"]
+    assert cs.estimate_capacity(snap) == 40 * MiB  # reserved at the OOM + the free bytes it records
+
+
+def test_svg_draws_live_free_and_pending(tmp_path):
+    a = CachingAllocator(preset="pytorch", capacity=64 * MiB)
+    a.malloc(MiB // 2)
+    y = a.malloc(MiB // 2)
+    a.record_stream(y, 1)
+    a.free(y)
+    svg = cs.to_svg(a.snapshot())
+    assert svg.startswith("<svg") and svg.rstrip().endswith("</svg>")
+    for cls in ("live", "free", "pending"):
+        assert f'class="{cls}"' in svg
+    out = tmp_path / "s.svg"
+    p = tmp_path / "s.pickle"
+    assert snapshot_cmd.main(["--out", str(p), "--svg", str(out)]) == 0
+    assert out.read_text().count("<rect") >= 8 and pickle.loads(p.read_bytes())["segments"]
+
+
+def test_load_refuses_what_is_not_a_snapshot(tmp_path):
+    p = tmp_path / "x.pickle"
+    p.write_bytes(pickle.dumps([1, 2, 3]))
+    with pytest.raises(InvalidRequest):
+        cs.load(str(p))
+    assert snapshot_cmd.main([str(p)]) == 2
+
+
+SEED_OOM = ("CUDA out of memory. Tried to allocate 20 MiB (device 40 MiB; 40 MiB reserved; "
+            "16 MiB is reserved but unallocated; largest free block 4 MiB)")
+NIGHT_OOM = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 39.39 GiB of which "
+             "1.10 GiB is free. Process 23187 has 27.30 GiB memory in use. Of the allocated memory 8.10 GiB is "
+             "allocated by PyTorch, and 1.20 GiB is reserved by PyTorch but unallocated. If reserved but unallocated "
+             "memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.")
+GRAPH_OOM = ("CUDA out of memory. Tried to allocate 512.00 MiB. GPU 0 has a total capacity of 39.39 GiB of which "
+             "100.00 MiB is free. Of the allocated memory 38.50 GiB is allocated by PyTorch, with 1.40 GiB allocated "
+             "in private pools (e.g., CUDA Graphs), and 20.00 MiB is reserved by PyTorch but unallocated.")
+FULL_OOM = ("CUDA out of memory. Tried to allocate 512.00 MiB. GPU 0 has a total capacity of 23.65 GiB of which "
+            "200.00 MiB is free. Of the allocated memory 22.00 GiB is allocated by PyTorch, and 30.00 MiB is "
+            "reserved by PyTorch but unallocated.")
+
+
+@pytest.mark.parametrize("text,hints,cause", [
+    (SEED_OOM, {}, 1), (NIGHT_OOM, {}, 2), (FULL_OOM, {"distributed": True}, 3), (GRAPH_OOM, {}, 4),
+    (FULL_OOM, {"cudnn_benchmark": True}, 5), (FULL_OOM, {}, 6)])
+def test_oom_triage(text, hints, cause):
+    f = oom.parse_message(text)
+    assert oom.triage(f, **hints).cause == cause
+
+
+def test_oom_figures_parsed():
+    f = oom.parse_message(NIGHT_OOM)
+    assert f.kind == "pytorch" and f.processes == {23187: int(27.3 * (1 << 30))}
+    assert f.tried == 2 << 30 and f.reserved_unallocated == round(1.2 * (1 << 30))
+    f = oom.parse_message(SEED_OOM)
+    assert (f.kind, f.tried, f.reserved_unallocated, f.largest_free_block) == ("seed", 20 * MiB, 16 * MiB, 4 * MiB)
+    assert oom.triage(oom.parse_message("CUDA out of memory. Tried to allocate more than 1EB memory.")).cause is None
+
+
+def test_oom_explain_command(capsys, tmp_path):
+    assert oom.main(["explain", SEED_OOM]) == 0
+    out = capsys.readouterr().out
+    assert "verdict: cause #1, fragmentation" in out and "expandable_segments:True" in out
+    p = tmp_path / "snap.pickle"
+    cs.dump(snapshot_cmd.fragmented_demo("seed").snapshot(), str(p))
+    assert oom.main(["explain", "--snapshot", str(p)]) == 0
+    out = capsys.readouterr().out
+    assert "cause #1" in out and "would expandable segments have avoided this OOM? YES" in out
+    assert oom.main(["explain", "hello world"]) == 2
