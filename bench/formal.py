@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -40,6 +41,7 @@ def run(quick: bool = False) -> list[Row]:
         limit = 1.5 * target_s
         env = dict(os.environ)
         env.setdefault("PYTHONHASHSEED", "0")
+        cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         try:
             proc = subprocess.run([sys.executable, "-m", "memspec", name], capture_output=True, text=True,
@@ -49,12 +51,15 @@ def run(quick: bool = False) -> list[Row]:
             rows.append(Row(row_name, dt, "s", dt / target_s, tgt, False, f"killed at {limit:.0f} s ({what})"))
             continue
         dt = time.perf_counter() - t0
+        cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or [""]
         if proc.returncode != 0:
-            note = f"exit {proc.returncode}: {tail[0][:120]}"
+            note = f"exit {proc.returncode}: {tail[0][:100]}"
             met = False
         else:
-            note = tail[0][:120]
+            note = f"cpu {cpu:.0f} s; last line: {tail[0][:90]}"
             met = dt <= target_s
-        rows.append(Row(row_name, dt, "s", dt / target_s, tgt, met, note, extra={"returncode": proc.returncode}))
+        rows.append(Row(row_name, dt, "s", dt / target_s, tgt, met, note,
+                        extra={"returncode": proc.returncode, "cpu_s": cpu, "output_tail": (proc.stdout + proc.stderr)[-2000:]}))
     return rows
