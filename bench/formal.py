@@ -3,7 +3,7 @@
 
 Targets: prove <= 60 s, contracts <= 120 s.  A run is killed at 1.5x its
 target (the row then reads "killed", not met); a run that exits non-zero is
-reported with its exit status and is not met, whatever its time.
+reported as failed with its exit status and no figure.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 
-from bench.common import NOT_RUN, Row, unavailable
+from bench.common import FAILED, NOT_RUN, Row, unavailable
 
 COMMANDS = (("prove", 60.0, "Z3 proofs"), ("contracts", 120.0, "CrossHair contracts"))
 
@@ -55,11 +55,14 @@ def run(quick: bool = False) -> list[Row]:
         cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or [""]
         if proc.returncode != 0:
-            note = f"exit {proc.returncode}: {tail[0][:100]}"
-            met = False
-        else:
-            note = f"cpu {cpu:.0f} s; last line: {tail[0][:90]}"
-            met = dt <= target_s
+            # a run that failed measured nothing: say so, no figure
+            r = unavailable(row_name, "s", tgt, f"memspec {name} exited {proc.returncode} after {dt:.1f} s: {tail[0][:100]}",
+                            status=FAILED)
+            r.extra = {"returncode": proc.returncode, "output_tail": (proc.stdout + proc.stderr)[-2000:]}
+            rows.append(r)
+            continue
+        note = f"cpu {cpu:.0f} s; last line: {tail[0][:90]}"
+        met = dt <= target_s
         rows.append(Row(row_name, dt, "s", dt / target_s, tgt, met, note,
                         extra={"returncode": proc.returncode, "cpu_s": cpu, "output_tail": (proc.stdout + proc.stderr)[-2000:]}))
     return rows
