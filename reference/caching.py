@@ -35,7 +35,7 @@ the spec (layering rule).
 from __future__ import annotations
 
 import itertools
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from typing import Any, Callable
 
@@ -572,12 +572,36 @@ class CachingAllocator:
     # ---------------------------------------------------------------- pools
 
     def _insert(self, pool: _Pool, b: _Block) -> None:
-        pool.blocks.add((b.stream << 128) | (b.size << 64) | b.addr)
+        v = (b.stream << 128) | (b.size << 64) | b.addr
+        bl = pool.blocks
+        maxes = bl._maxes
+        if maxes:  # SortedList.add, inlined (sortedcontainers 2.x internals)
+            pos = bisect_right(maxes, v)
+            if pos == len(maxes):
+                pos -= 1
+                lst = bl._lists[pos]
+                lst.append(v)
+                maxes[pos] = v
+            else:
+                lst = bl._lists[pos]
+                insort(lst, v)
+            if bl._index or len(lst) > (bl._load << 1):
+                bl._expand(pos)
+            bl._len += 1
+        else:
+            bl.add(v)
         pool.free[b.addr] = b
         b.gc_base = pool.gc_calls
 
     def _remove(self, pool: _Pool, b: _Block) -> None:
-        pool.blocks.remove((b.stream << 128) | (b.size << 64) | b.addr)
+        v = (b.stream << 128) | (b.size << 64) | b.addr
+        bl = pool.blocks
+        pos = bisect_left(bl._maxes, v)
+        lst = bl._lists[pos]
+        idx = bisect_left(lst, v)
+        if lst[idx] != v:  # pragma: no cover - a broken free list
+            raise KeyError(v)
+        bl._delete(pos, idx)
         del pool.free[b.addr]
 
     def _insert_unmapped(self, pool: _Pool, b: _Block) -> None:

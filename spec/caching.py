@@ -133,8 +133,9 @@ def segment_size(rounded: int, seed_preset: bool = False) -> int:
 
     pre: rounded > 0
     post: __return__ >= rounded
-    post: __return__ % K_ROUND_LARGE == 0 or not seed_preset and rounded >= K_MIN_LARGE_ALLOC and False
-    post: (rounded <= K_SMALL_SIZE) == (__return__ == K_SMALL_BUFFER) or rounded > K_SMALL_SIZE
+    post: seed_preset or rounded <= K_SMALL_SIZE or __return__ % K_ROUND_LARGE == 0
+    post: rounded > K_SMALL_SIZE or __return__ == K_SMALL_BUFFER
+    post: rounded <= K_SMALL_SIZE or __return__ >= K_MIN_LARGE_ALLOC
     """
     if rounded <= K_SMALL_SIZE:
         return K_SMALL_BUFFER
