@@ -42,11 +42,12 @@ class _SUT:
         return self.refs[ref_id]
 
 
-def walk(factory, seed: int, steps: int = STEPS):
-    """``None`` if the run conforms, else ``(invariant, how, reason, step)``."""
+def walk(factory, seed: int, steps: int = STEPS, **config):
+    """``None`` if the run conforms, else ``(invariant, how, reason, step)``.
+    ``config``: extra ``CACHING.init`` arguments matching the target's allocator."""
     inst = factory()
     init = {"policy": inst.extras["policy"], "capacity": inst.capacity, "expandable": inst.extras["expandable"]}
-    st = CACHING.init(**init)
+    st = CACHING.init(**init, **config)
     sut = _SUT(inst)
     ch = _Chooser(random.Random(seed))
     for n in range(steps):
@@ -86,6 +87,26 @@ TARGETS = {
 def test_reference_conforms(name):
     for seed in range(25):
         assert walk(TARGETS[name], seed) is None, f"seed {seed}"
+
+
+MiB = 1 << 20
+#: PyTorch's optional settings: allocator keyword arguments == CACHING.init arguments
+CONFIGS = {
+    "max_split_size": {"max_split_size": 24 * MiB},
+    "roundup_power2_divisions": {"roundup_power2_divisions": 4},
+    "gc_threshold": {"memory_fraction": 0.75, "garbage_collection_threshold": 0.5},
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("expandable", [False, True])
+def test_reference_conforms_with_settings(name, expandable):
+    cfg = CONFIGS[name]
+    if expandable and "garbage_collection_threshold" in cfg:
+        cfg = {"memory_fraction": 0.8}
+    for seed in range(12):
+        got = walk(lambda: targets.make_target("pytorch", capacity=96 * MiB, expandable=expandable, **cfg), seed, **cfg)
+        assert got is None, f"seed {seed}: {got}"
 
 
 def test_the_walk_exercises_every_branch_kind():
