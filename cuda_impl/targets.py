@@ -108,7 +108,10 @@ def build(
 
 def cuda_host(capacity: int | None = None, *, granularity: int = 2 * MiB, **options: Any) -> TargetInstance:
     """The CUDA implementation on the host driver emulator (no GPU needed).
-    ``capacity`` is the emulated device's memory (default 1 GiB)."""
+    ``capacity`` is the emulated device's memory (default 1 GiB); other
+    options go to :class:`~memspec.cuda_impl.hostdrv.HostDriver` (e.g.
+    ``progress="eager"``; the default ``"lazy"`` device runs queued work only
+    when the host synchronizes, which keeps fence-ordering bugs observable)."""
     leak = options.pop("leak_creation_handles", False)
     ep_factory = options.pop("ep_factory", CudaExecutionProvider)
     drv = open_driver("host", capacity=DEFAULT_HOST_CAPACITY if capacity is None else int(capacity),

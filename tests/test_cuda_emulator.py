@@ -431,3 +431,25 @@ def test_binding_types_round_trip(d):
         d.cuGraphLaunch
     assert d.CUresult is cu.CUresult
     assert isinstance(Driver(d, "cuda-host").types.CUresult.CUDA_SUCCESS, cu.CUresult)
+
+
+def test_cuda_impl_imports_only_the_contract_from_the_spec():
+    """Layering: cuda_impl may import memspec.spec.api and memspec.spec.errors, nothing else of the spec."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "cuda_impl"
+    bad = []
+    for path in sorted(root.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for n in names:
+                if (n.startswith("memspec.spec") and n.split(".")[2:3] not in (["api"], ["errors"])) or \
+                        n.startswith(("memspec.reference", "memspec.invariants", "spec.", "reference.")):
+                    bad.append(f"{path.name}: {n}")
+    assert len(list(root.glob("*.py"))) >= 9
+    assert bad == []
