@@ -126,4 +126,233 @@ MECHANISM_MUTANTS = [
            _mechanism_mutant("reference", "_sm", _shared_freed_while_mapped)),
 ]
 
-MUTANTS: list[Mutant] = list(MECHANISM_MUTANTS)
+# --------------------------------------------------------------------------
+# System level: the roles wired around a healthy reference mechanism
+# --------------------------------------------------------------------------
+
+def _commit_before_charge(system: Any) -> Any:
+    """S2: the binding installs the pages first and asks the Governor
+    afterwards; a refusal is swallowed (the pages stay, uncharged)."""
+    from memspec.spec.errors import GrantDenied
+
+    b = system.binding
+
+    def commit(reservation, start, end):
+        res = b._own(reservation)
+        page = res.backing.granularity()
+        n = res.backing.commit_range(res.allocation, start, end)      # physical commit first
+        try:
+            grant = b.governor.reserve(res.holder, end - start)       # ...then the charge
+            res.leases.append(b.governor.commit(grant, n))
+        except GrantDenied:
+            pass                                                      # "charge it later"
+        with res.lock:
+            res.pages.update(range(start, end, page))
+        return n
+
+    b.commit = commit
+    return system
+
+
+def _stale_capabilities(system: Any) -> Any:
+    """S3: the manager answers capability queries from a snapshot taken at
+    the first query, even after another mechanism was selected."""
+    mgr = system.manager
+    orig = mgr.capabilities
+    snap: dict = {}
+
+    def capabilities(device):
+        if device not in snap:
+            snap[device] = orig(device)
+        return snap[device]
+
+    mgr.capabilities = capabilities
+    return system
+
+
+def _release_before_fence(system: Any) -> Any:
+    """S4: the EP's deferred-free queue runs a release without waiting for
+    its fences."""
+    system.ep._ready = lambda d: True
+    return system
+
+
+def _governor_evicts(system: Any) -> Any:
+    """S6: issuing a pressure ticket, the Governor unloads the cold weights
+    itself instead of asking the holder."""
+    gov, weights = system.governor, system.weights
+    orig = gov.issue_ticket
+
+    def issue_ticket(*a, **kw):
+        for name, (_size, hot) in list(weights.weights().items()):
+            if not hot:
+                weights.unload(name)
+        return orig(*a, **kw)
+
+    gov.issue_ticket = issue_ticket
+    return system
+
+
+def _drop_frees_synchronously(system: Any) -> Any:
+    """S7: dropping an owning handle runs its release on the caller's thread
+    at once instead of enqueuing it."""
+    ep = system.ep
+
+    def defer(fences, release):
+        release()
+
+    ep.defer = defer
+    return system
+
+
+def _failed_allocation_keeps_grant(system: Any) -> Any:
+    """S8: when the allocator fails, the binding does not return the provisional grant."""
+    from memspec.spec.errors import OutOfMemory
+
+    b = system.binding
+    orig_cancel = b.governor.cancel
+
+    class _KeepOnOOM:
+        active = False
+
+    orig_allocate = b.allocate
+
+    def allocate(holder, size, **kw):
+        try:
+            _KeepOnOOM.active = True
+            return orig_allocate(holder, size, **kw)
+        finally:
+            _KeepOnOOM.active = False
+
+    def cancel(grant):
+        import sys
+
+        exc = sys.exc_info()[1]
+        if _KeepOnOOM.active and isinstance(exc, OutOfMemory):
+            return 0            # the grant stays provisionally taken
+        return orig_cancel(grant)
+
+    b.allocate = allocate
+    b.governor.cancel = cancel
+    return system
+
+
+def _growth_keeps_partial_mapping(system: Any) -> Any:
+    """S9: a KV growth that fails after committing part of its pages rolls
+    back the grant but keeps the pages mapped."""
+    from memspec.reference.manager import GrowthTxn
+
+    class KeepsPieces(GrowthTxn):
+        def rollback(self):
+            self.pieces.clear()        # forget to decommit what step 4 installed
+            super().rollback()
+
+    b = system.binding
+    orig = b.transaction
+
+    def transaction(reservation, start, end):
+        t = orig(reservation, start, end)
+        t.__class__ = KeepsPieces
+        return t
+
+    b.transaction = transaction
+    return system
+
+
+def _destroy_pinned_context(system: Any) -> Any:
+    """S10: the manager destroys a provider context although allocations
+    (or queued releases) made in it are alive."""
+    mgr = system.manager
+
+    def destroy_context(context_id):
+        with mgr._lock:
+            mgr.context(context_id)
+            del mgr._contexts[context_id]
+            mgr._pins.pop(context_id, None)
+            mgr.destroyed.add(context_id)
+
+    mgr.destroy_context = destroy_context
+    return system
+
+
+def _cancel_leaks_grant(system: Any) -> Any:
+    """S11: cancelling a provisional grant takes it off the granted figure
+    but never puts the bytes back into free."""
+    gov = system.governor
+
+    def cancel(grant):
+        with gov._lock:
+            g = gov._take_grant(grant)
+            del gov._grants[g.grant_id]
+            gov._granted -= g.nbytes
+            return g.nbytes
+
+    gov.cancel = cancel
+    return system
+
+
+def _moving_reservation(system: Any) -> Any:
+    """S12: decommitting part of an owning reservation moves it: the handle
+    comes back describing a base address one reservation further on."""
+    from memspec.spec.api import VirtualAllocation
+
+    b = system.binding
+    orig = b.decommit
+
+    def decommit(reservation, start, end):
+        n = orig(reservation, start, end)
+        va = reservation.allocation
+        reservation.allocation = VirtualAllocation(va.address + va.size, va.size, va.identity, va.device)
+        return n
+
+    b.decommit = decommit
+    return system
+
+
+def _ticket_refunded_twice(system: Any) -> Any:
+    """S15: cancelling a ticket that is already cancelled returns its bytes again."""
+    from memspec.spec.api import TicketState
+
+    gov = system.governor
+    orig = gov.cancel_ticket
+    returned: dict = {}
+
+    def cancel_ticket(ticket):
+        with gov._lock:
+            t = gov._ticket(ticket)
+            if t.state == TicketState.CANCELLED:
+                n = returned.get(t.ticket_id, 0)
+                gov._free += n
+                gov._granted -= n
+                return n
+        n = orig(ticket)
+        returned[ticket.ticket_id] = n
+        return n
+
+    gov.cancel_ticket = cancel_ticket
+    return system
+
+
+def _system(name: str, invariant: str, description: str, patch: Callable[[Any], Any], kind: str = "reference") -> Mutant:
+    return Mutant(name, invariant, description, _reference(kind), level="system", patch_system=patch)
+
+
+SYSTEM_MUTANTS = [
+    _system("commit-before-charge", "S2", "the binding commits pages before the charge and swallows a refusal",
+            _commit_before_charge, "reference-vmm"),
+    _system("stale-capabilities", "S3", "a cached capability snapshot after mechanism replacement", _stale_capabilities),
+    _system("release-before-fence", "S4", "the deferred-free queue releases before the fence", _release_before_fence),
+    _system("governor-evicts", "S6", "the governor evicts holder data itself", _governor_evicts),
+    _system("drop-frees-synchronously", "S7", "a drop that frees synchronously", _drop_frees_synchronously),
+    _system("failed-allocation-keeps-grant", "S8", "a failed allocation keeps its provisional grant",
+            _failed_allocation_keeps_grant),
+    _system("growth-keeps-partial-mapping", "S9", "a growth that keeps a partial mapping on failure",
+            _growth_keeps_partial_mapping, "reference-vmm"),
+    _system("destroy-pinned-context", "S10", "a context destroyed with live allocations", _destroy_pinned_context),
+    _system("cancel-leaks-grant", "S11", "a cancelled grant never returns to free", _cancel_leaks_grant),
+    _system("moving-reservation", "S12", "a decommit moves the reservation's base address", _moving_reservation,
+            "reference-vmm"),
+    _system("ticket-refunded-twice", "S15", "a ticket refunded twice", _ticket_refunded_twice),
+]
+
+MUTANTS: list[Mutant] = list(MECHANISM_MUTANTS) + SYSTEM_MUTANTS
