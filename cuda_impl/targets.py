@@ -132,6 +132,8 @@ def cuda(capacity: int | None = None, **options: Any) -> TargetInstance:
     except DriverUnavailable as e:
         raise DriverUnavailable(f"target 'cuda' needs a CUDA driver and device: {e} "
                                 "(use the 'cuda-host' target to run on the host emulator)") from e
+    inst = build(drv, capacity=capacity, leak_creation_handles=leak, ep_factory=ep_factory)
     if capacity is not None:
+        # counted from now, so the EP's and mechanism's own setup is not charged to it
         drv.set_limit(int(capacity))
-    return build(drv, capacity=capacity, leak_creation_handles=leak, ep_factory=ep_factory)
+    return inst
