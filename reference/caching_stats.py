@@ -190,7 +190,7 @@ def memory_summary(flat: dict[str, int], *, title: str = "CUDA Memory Summary") 
         "|" + "=" * (width - 2) + "|",
         f"|{title:^{width - 2}}|",
         "|" + "-" * (width - 2) + "|",
-        f"|  OOM events: {flat['num_ooms']:<10} |  cudaMalloc retries: {flat['num_alloc_retries']:<25}|"[: width - 1] + "|",
+        f"|{'  OOM events: ' + str(flat['num_ooms']) + '   |   cudaMalloc retries: ' + str(flat['num_alloc_retries']):<{width - 2}}|",
         "|" + "=" * (width - 2) + "|",
         head,
         "|" + "-" * (width - 2) + "|",

@@ -769,7 +769,7 @@ def _malloc_step(st: CachingState, size: int, stream: int):
                           f"{_describe_pred(p)} (reserved {st.reserved()} of {st.policy.capacity})")
 
     def witness() -> Any:
-        base = p.seg.base if p.seg.base is not None else (1 << 40) + p.seg.sid * (1 << 34)
+        base = p.seg.base if p.seg.base is not None else (1 << 48) + p.seg.sid * (1 << 46)
         return _Witness(base + nb.offset, nb.size, size, stream)
 
     return outcomes(
@@ -1026,8 +1026,8 @@ INVARIANTS = [
               "empty_cache() releases segments that are entirely free to the driver; it moves, merges, and "
               "defragments nothing inside partially-live segments", _recorded("C6")),
     Invariant("C7", "no reuse before the events of other streams complete",
-              "Per-process accounting ... the EP keeps device operations correctly ordered (a block freed with "
-              "uses on other streams is reused only after their events complete)", _c7),
+              "GPU release must obey stream/fence ordering (seed 000); seed 003's caching allocator reuses a "
+              "block only on its stream, and only after the events of the other streams that used it complete", _c7),
     Invariant("C8", "expandable segments: OOM only at physical exhaustion",
               "A freed block's pages unmap — physical memory returns to the driver immediately — and a later large "
               "request maps fresh pages into a fresh contiguous VA run.", _recorded("C8")),
