@@ -335,32 +335,32 @@ class CudaExecutionProvider:
         return all(self.fence_done(f) for f in d.fences)
 
     def poll(self) -> int:
-        """Run, in order, every queued release whose fences are all complete."""
-        ran = 0
+        """Run, in order, every queued release whose fences are all complete.
+        The releases run outside the provider's lock (they call into the
+        mechanism and the accounting roles, which may call back into the EP)."""
         errors: list[BaseException] = []
         with self._lock:
+            ready: list[_Deferred] = []
             keep: deque[_Deferred] = deque()
             while self._queue:
                 d = self._queue.popleft()
                 try:
-                    ready = self._ready(d)
+                    ok = self._ready(d)
                 except DeviceFault as e:
                     errors.append(e)
-                    ready = False
-                if not ready:
-                    keep.append(d)
-                    continue
-                try:
-                    d.release()
-                except BaseException as e:  # the entry is consumed either way
-                    errors.append(e)
-                finally:
-                    self.ctx.unpin()
-                ran += 1
+                    ok = False
+                (ready if ok else keep).append(d)
             self._queue = keep
+        for d in ready:
+            try:
+                d.release()
+            except BaseException as e:  # the entry is consumed either way
+                errors.append(e)
+            finally:
+                self.ctx.unpin()
         if errors:
             raise errors[0]
-        return ran
+        return len(ready)
 
     def pending_releases(self) -> int:
         with self._lock:

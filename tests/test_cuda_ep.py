@@ -178,3 +178,50 @@ def test_close_tears_down_everything():
     inst.close()                                          # force: opens gates, frees what is left
     assert emu.primary_ctx_refcount(0) == 0
     assert emu.used == 0 and emu.reservations() == 0 and emu.live_handles() == 0
+
+
+def test_threads_share_the_ep_and_mechanism():
+    """4 threads x 150 rounds of reserve/commit/write/launch/drop/poll on one
+    target, then drain: every page returned, nothing queued, no fault."""
+    import random
+    import threading
+
+    inst = cuda_host(4096 * G)     # room for every release still queued (host pages are only touched by copies)
+    ep, vb, alloc = inst.ep, inst.mechanism.virtual_backing(), inst.mechanism.allocator()
+    errors: list[BaseException] = []
+
+    def worker(seed: int) -> None:
+        rnd = random.Random(seed)
+        try:
+            s = ep.new_stream()
+            for _ in range(150):
+                if rnd.random() < 0.5:
+                    va = vb.reserve(ReserveRequest(2 * G))
+                    vb.commit_range(va, 0, 2 * G)
+                    f = ep.launch(s, [(va.address, 64)], [(va.address + G, 64)])
+                    ep.defer([f], lambda va=va: vb.release(va))
+                else:
+                    from memspec.spec.api import AllocationRequest
+
+                    a = alloc.allocate(AllocationRequest(rnd.randrange(1, 3 * G)))
+                    f = ep.write(s, a.address, b"t" * 16)
+                    ep.defer([f], lambda a=a: alloc.deallocate(a))
+                if rnd.random() < 0.3:
+                    ep.synchronize(s)
+                ep.poll()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    try:
+        assert errors == []
+        ep.synchronize()
+        ep.poll()
+        assert ep.pending_releases() == 0
+        assert inst.physical_bytes() == 0 and inst.extras["faults"]() == []
+    finally:
+        inst.close()
