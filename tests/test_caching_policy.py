@@ -294,3 +294,22 @@ def test_memory_summary_reads_requested_allocated_reserved():
     assert order == sorted(order)
     assert "Ratio of allocated to requested memory |    1.333" in text
     assert "Segments 1" in text and "OOM events 0" in text
+
+
+def test_garbage_collection_threshold_frees_old_cached_blocks():
+    kw = dict(memory_fraction=0.8, garbage_collection_threshold=0.5)
+    a = CachingAllocator(preset="pytorch", capacity=100 * MiB, **kw)
+    st = spec.CACHING.init(policy="pytorch", capacity=100 * MiB, expandable=False, **kw)
+    blocks, refs = [], []
+    for n in (12 * MiB, 14 * MiB, 16 * MiB):
+        blocks.append(a.malloc(n))
+        refs.append(spec_do(st, "malloc", size=n, stream=0)[0])
+    for b, r in zip(blocks[:2], refs[:2]):
+        a.free(b)
+        spec_do(st, "free", ref=r)
+    assert a.memory_reserved() == 42 * MiB  # above the 40 MiB threshold (0.5 of 80 MiB allowed)
+    a.malloc(30 * MiB)
+    spec_do(st, "malloc", size=30 * MiB, stream=0)
+    released = a.memory_stats()["num_device_free"]
+    assert released >= 1 and a.memory_reserved() < 72 * MiB  # without GC: 42 + 30
+    assert a.memory_reserved() == st.reserved()
