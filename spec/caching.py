@@ -197,7 +197,13 @@ class Policy:
     divisions: tuple[int, ...] = ()  # roundup_power2_divisions, 16 entries or ()
     memory_fraction: float | None = None
     gc_threshold: float = 0.0
-    arena_factor: float = 1.125
+    arena_factor: float = 0.0         # VA of an expandable arena / capacity; 0 = the preset's
+
+    @property
+    def arena(self) -> float:
+        """PyTorch reserves 1.125 x device memory per arena; the toy's VA is
+        *endless* (16 x here)."""
+        return self.arena_factor or (16.0 if self.seed else 1.125)
 
     @property
     def seed(self) -> bool:
@@ -448,7 +454,7 @@ def _find_expandable(st: CachingState, small: bool, stream: int, r: int) -> tupl
             if got >= r:
                 return s, j
     page = st.policy.page(small)
-    size = -(-int(st.policy.capacity * st.policy.arena_factor) // page) * page
+    size = -(-int(st.policy.capacity * st.policy.arena) // page) * page
     return _new_segment(st, size, small, stream, True, page), 0
 
 
@@ -1103,7 +1109,7 @@ def init(*, policy: str = "pytorch", capacity: int = 64 * MiB, expandable: bool 
     return CachingState(Policy(
         preset=policy, capacity=capacity, expandable=expandable, max_split_size=max_split_size or 0,
         divisions=table, memory_fraction=memory_fraction, gc_threshold=garbage_collection_threshold,
-        arena_factor=arena_factor if arena_factor is not None else (16.0 if policy == "seed" else 1.125)))
+        arena_factor=arena_factor or 0.0))
 
 
 CACHING: Machine[CachingState] = Machine(
