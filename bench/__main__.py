@@ -5,6 +5,7 @@ table, write JSON.
     python -m bench --quick         # tiny sizes: a smoke run (seconds)
     python -m bench --only caching  # one group: harness walk liveset caching formal gpu
     python -m bench --json out.json # default bench-results.json
+    python -m bench --markdown t.md # also the table as Markdown
 
 Every figure is compared with a baseline measured in the same run on the
 same machine (the ratio column); a row that cannot run says why ("not
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default="bench-results.json", metavar="FILE", help="where to write the results (default %(default)s)")
     p.add_argument("--only", action="append", choices=list(GROUPS), metavar="NAME",
                    help=f"run only this group (repeatable): {', '.join(GROUPS)}")
+    p.add_argument("--markdown", metavar="FILE", help="also write the table as Markdown (for bench/README.md)")
     args = p.parse_args(argv)
     names = args.only or list(GROUPS)
     t0 = time.perf_counter()
@@ -86,6 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.json, "w") as f:
         json.dump(doc, f, indent=2, default=str)
     print(f"wrote {args.json}")
+    if args.markdown:
+        from bench.common import markdown_table
+
+        with open(args.markdown, "w") as f:
+            f.write(markdown_table(rows) + "\n")
+        print(f"wrote {args.markdown}")
     return 0
 
 

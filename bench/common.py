@@ -84,5 +84,6 @@ def markdown_table(rows: list[Row]) -> str:
     """The same table as Markdown (for bench/README.md)."""
     out = ["| benchmark | value | unit | ratio | target | met | note |", "|---|---|---|---|---|---|---|"]
     for r in rows:
-        out.append(f"| {r.name} | {fmt(r.value)} | {r.unit} | {fmt(r.ratio)} | {r.target} | {met_text(r)} | {r.note} |")
+        cells = (r.name, fmt(r.value), r.unit, fmt(r.ratio), r.target, met_text(r), r.note)
+        out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(out)
