@@ -81,16 +81,27 @@ class Replayer:
         self.shared_res: list[Any] = []
         self.handles: list[Any] = []
         self.allocs: list[Any] = []
-        self.maps: list[tuple[int, int, int]] = []   # (shared_res index, offset, size)
+        self.maps: list[tuple[Any, int, int]] = []   # (shared reservation, offset, size)
+        self.backed: dict[Any, set] = {}            # reservation identity -> pages backed (from outcomes)
         self.stream = self.ep.new_stream()
         self.ended: set = set()   # identities of reservations released/freed
 
-    def _live(self, va: Any) -> Any:
-        """Copies through an ended reservation would hit whatever the address
-        space put there since (layout, not contract): refuse them up front."""
+    def _backed(self, va: Any, page: int) -> int:
+        """The address of the ``page``-th page of ``va`` that the outcomes so far
+        say is backed.  Copies through an ended reservation would hit
+        whatever the address space put there since (layout, not contract), and
+        on a GPU a copy into an unmapped page may be a sticky fault that
+        poisons the context: both are refused here, the same on every target."""
         if va is None or va.identity in self.ended:
             raise LookupError("reservation ended")
-        return va
+        backed = sorted(self.backed.get(va.identity, ()))
+        if not backed:
+            raise LookupError("no page backed")
+        return va.address + backed[page % len(backed)] * self.g
+
+    def _mark(self, va: Any, first: int, n: int, on: bool) -> None:
+        pages = self.backed.setdefault(va.identity, set())
+        (pages.update if on else pages.difference_update)(range(first, first + n))
 
     def run(self, op: tuple) -> tuple:
         name, *args = op
@@ -116,13 +127,19 @@ class Replayer:
         return va.size
 
     def op_commit(self, i: int, a: int, b: int) -> int:
-        return self.vb.commit_range(self._pick(self.res, i), a * self.g, b * self.g)
+        va = self._pick(self.res, i)
+        n = self.vb.commit_range(va, a * self.g, b * self.g)
+        self._mark(va, a, b - a, True)
+        return n
 
     def op_commit_ragged(self, i: int, a: int, b: int) -> int:
         return self.vb.commit_range(self._pick(self.res, i), a * self.g + self.g // 2, b * self.g)
 
     def op_decommit(self, i: int, a: int, b: int) -> int:
-        return self.vb.decommit_range(self._pick(self.res, i), a * self.g, b * self.g)
+        va = self._pick(self.res, i)
+        n = self.vb.decommit_range(va, a * self.g, b * self.g)
+        self._mark(va, a, b - a, False)
+        return n
 
     def op_committed(self, i: int) -> int:
         return self.vb.committed_bytes(self._pick(self.res, i))
@@ -133,20 +150,15 @@ class Replayer:
         self.ended.add(va.identity)
         return n
 
-    def _in(self, va: Any, page: int) -> int:
-        """Page ``page`` of ``va``, folded inside it (addresses outside a
-        reservation depend on the address-space layout, not on the contract)."""
-        return va.address + (page % max(1, va.size // self.g)) * self.g
-
     def op_write(self, i: int, page: int, seed: int) -> None:
-        va = self._live(self._pick(self.res, i))
+        addr = self._backed(self._pick(self.res, i), page)
         data = hashlib.sha256(f"{seed}".encode()).digest()
-        self.ep.write(self.stream, self._in(va, page) + seed % 1000, data)
+        self.ep.write(self.stream, addr + (seed % 8) * 64, data)
         self.ep.synchronize(self.stream)
 
     def op_read(self, i: int, page: int, seed: int) -> str:
-        va = self._live(self._pick(self.res, i))
-        return hashlib.sha256(self.ep.read(self.stream, self._in(va, page) + seed % 1000, 32)).hexdigest()[:16]
+        addr = self._backed(self._pick(self.res, i), page)
+        return hashlib.sha256(self.ep.read(self.stream, addr + (seed % 8) * 64, 32)).hexdigest()[:16]
 
     def op_create(self, pages: int) -> int:
         h = self.sm.create(pages * self.g)
@@ -159,17 +171,21 @@ class Replayer:
         return va.size
 
     def op_map(self, h: int, r: int, page: int, ro: bool) -> int:
-        n = self.sm.map(self._pick(self.handles, h), self._pick(self.shared_res, r), page * self.g, read_only=ro)
-        self.maps.append((r % max(1, len(self.shared_res)), page * self.g, n))
+        va = self._pick(self.shared_res, r)
+        n = self.sm.map(self._pick(self.handles, h), va, page * self.g, read_only=ro)
+        self.maps.append((va, page * self.g, n))
+        self._mark(va, page, n // self.g, True)
         return n
 
     def op_unmap(self, k: int) -> int:
-        r, off, size = self._pick(self.maps, k) or (0, 0, self.g)
-        return self.sm.unmap(self._pick(self.shared_res, r), off, size)
+        va, off, size = self._pick(self.maps, k) or (self._pick(self.shared_res, k), 0, self.g)
+        n = self.sm.unmap(va, off, size)
+        self._mark(va, off // self.g, size // self.g, False)
+        return n
 
     def op_cow(self, k: int) -> int:
-        r, off, size = self._pick(self.maps, k) or (0, 0, self.g)
-        return self.sm.copy_on_write(self._pick(self.shared_res, r), off, size)
+        va, off, size = self._pick(self.maps, k) or (self._pick(self.shared_res, k), 0, self.g)
+        return self.sm.copy_on_write(va, off, size)
 
     def op_count(self, h: int) -> int:
         return self.sm.mapping_count(self._pick(self.handles, h))
@@ -186,8 +202,8 @@ class Replayer:
         self.ended.add(va.identity)
 
     def op_shared_write(self, r: int, page: int) -> None:
-        va = self._live(self._pick(self.shared_res, r))
-        self.ep.write(self.stream, self._in(va, page), b"shared-write")
+        addr = self._backed(self._pick(self.shared_res, r), page)
+        self.ep.write(self.stream, addr, b"shared-write")
         self.ep.synchronize(self.stream)
 
     def op_alloc(self, size: int) -> int:
