@@ -233,7 +233,8 @@ def make_trace(seed: int, length: int) -> list[tuple]:
         (3, lambda i, a, b: ("committed", i)),
         (4, lambda i, a, b: ("release", i)),
         (6, lambda i, a, b: ("write", i, a, rnd.randrange(1 << 20))),
-        (6, lambda i, a, b: ("read", i, a, rnd.randrange(1 << 20))),
+        (6, lambda i, a, b: ("read", *(rnd.choice(writes) if writes and rnd.random() < 0.7
+                                       else (i, a, rnd.randrange(1 << 20))))),
         (3, lambda i, a, b: ("create", rnd.choice([1, 1, 2, 0]))),
         (2, lambda i, a, b: ("shared_reserve", rnd.choice([2, 4]))),
         (6, lambda i, a, b: ("map", i, i // 2, rnd.randrange(0, 4), rnd.random() < 0.5)),
@@ -248,11 +249,15 @@ def make_trace(seed: int, length: int) -> list[tuple]:
         (3, lambda i, a, b: ("physical",)),
     ]
     weights = [w for w, _ in table]
+    writes: list[tuple] = []   # reads mostly revisit an earlier write's place
     for _ in range(length):
         i = rnd.randrange(16)
         a = rnd.randrange(0, 8)
         b = a + rnd.choice([1, 1, 2, 3, 0])
-        ops.append(rnd.choices(table, weights)[0][1](i, a, b))
+        op = rnd.choices(table, weights)[0][1](i, a, b)
+        if op[0] == "write":
+            writes.append(op[1:])
+        ops.append(op)
     return ops
 
 
