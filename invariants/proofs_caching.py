@@ -348,7 +348,7 @@ def _layout_key(st: Any) -> Any:
 
 
 def expandable_no_fragmentation_oom(preset: str = "pytorch", capacity: int = 40 * MiB, depth: int = 8,
-                                    sizes: tuple[int, ...] = (2 * MiB, 5 * MiB + 1, 11 * MiB, 19 * MiB, 21 * MiB),
+                                    sizes: tuple[int, ...] = (2 * MiB, 19 * MiB, 21 * MiB),
                                     max_states: int = 200000) -> ExpandableCheck:
     """Breadth-first over every malloc (sizes from ``sizes``) / free sequence
     of length <= ``depth`` on the executable caching spec with expandable
@@ -404,3 +404,56 @@ def expandable_no_fragmentation_oom(preset: str = "pytorch", capacity: int = 40 
         if page_cex is not None or len(seen) > max_states or not frontier:
             break
     return ExpandableCheck(preset, depth, sizes, len(seen), byte_cex, page_cex, time.perf_counter() - t0)
+
+
+def kernel_agreement(samples: int = 1000, seed: int = 0) -> list[str]:
+    """The Z3 policy kernels above against spec/caching.py's on random
+    large-pool values (substitute + simplify); the mismatches."""
+    import random
+
+    from memspec.spec import caching as C
+
+    rng = random.Random(seed)
+    n, r, rem = z3.Ints("n r rem")
+    bad = []
+    for preset_seed in (False, True):
+        er, es, ep = z_round(n, preset_seed), z_segment(r, preset_seed), z_split(rem, preset_seed)
+        for _ in range(samples):
+            size = rng.choice([rng.randint(K_SMALL + 1, 64 * MiB), rng.randint(1, 40) * MiB + rng.choice((-1, 0, 1))])
+            size = max(size, K_SMALL + 1)
+            rounded = C.round_size(size, preset_seed)
+            remaining = rng.randint(0, 24 * MiB)
+            got = (z3.simplify(z3.substitute(er, (n, z3.IntVal(size)))).as_long(),
+                   z3.simplify(z3.substitute(es, (r, z3.IntVal(rounded)))).as_long(),
+                   z3.is_true(z3.simplify(z3.substitute(ep, (rem, z3.IntVal(remaining))))))
+            want = (rounded, C.segment_size(rounded, preset_seed), C.should_split(remaining, rounded, False, preset_seed))
+            if got != want:
+                bad.append(f"seed={preset_seed} size={size} remaining={remaining}: z3 {got} spec {want}")
+    return bad
+
+
+@dataclass
+class CachingReport:
+    synth: list[Synthesis]
+    replays: list[tuple[bool, str]]
+    expandable: list[ExpandableCheck]
+    kernel_mismatches: list[str]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return (all(s.depth is not None for s in self.synth) and all(ok for ok, _ in self.replays)
+                and all(e.page_level is None for e in self.expandable) and not self.kernel_mismatches)
+
+
+#: malloc sizes of the expandable search: a 2 MiB block (splits a 20 MiB page),
+#: a 19 MiB one (straddles a page boundary after it), and a 21 MiB request
+EXPANDABLE_SIZES = (2 * MiB, 19 * MiB, 21 * MiB)
+
+
+def run_caching(depth: int = 8, samples: int = 1000, sizes: tuple[int, ...] = EXPANDABLE_SIZES) -> CachingReport:
+    t0 = time.perf_counter()
+    synth = [synthesize(p, max_depth=depth) for p in ("pytorch", "seed")]
+    replays = [replay(s) if s.depth is not None else (False, "nothing to replay") for s in synth]
+    exp = [expandable_no_fragmentation_oom(p, depth=depth, sizes=sizes) for p in ("pytorch", "seed")]
+    return CachingReport(synth, replays, exp, kernel_agreement(samples), time.perf_counter() - t0)

@@ -23,6 +23,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--traces", action="store_true", help="print each unguarded variant's counterexample trace")
     ap.add_argument("--json", metavar="FILE", help="write the results as JSON")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-caching", action="store_true", help="skip the caching allocator's fragmentation checks")
+    ap.add_argument("--depth", type=int, default=8, help="bound of the fragmentation searches (default 8)")
     ns = ap.parse_args(argv)
 
     from memspec.invariants.proofs import all_proofs, prove
@@ -74,6 +76,34 @@ def main(argv: list[str]) -> int:
             print(f"     disagreement {m}")
         if p.bounded:
             print(f"     bounded: {p.bounded}")
+    caching = None
+    if not ns.no_caching and not ns.ids:
+        from memspec.invariants.proofs_caching import run_caching
+
+        caching = run_caching(depth=ns.depth, samples=ns.samples)
+        failed |= not caching.ok
+        print(f"\ncaching allocator (seed 003), large pool, one stream, capacity 40 MiB  [{caching.seconds:.1f}s]")
+        for syn, (rok, rtext) in zip(caching.synth, caching.replays):
+            if syn.depth is None:
+                print(f"  {syn.preset}: NO fragmentation OOM found up to depth {ns.depth} ({syn.trace[0]})")
+                continue
+            print(f"  {syn.preset}: shortest fragmentation OOM (Z3, {syn.seconds:.1f}s): {syn.depth} op(s) then the failing malloc;"
+                  f" free {syn.free_total // 2**20} MiB >= request {syn.rounded / 2**20:.2f} MiB")
+            for line in syn.trace:
+                print(f"      {line}")
+            print(f"    replayed on the executable spec: {'confirmed' if rok else 'NOT CONFIRMED'}: {rtext}")
+        for e in caching.expandable:
+            head = (f"  {e.preset} + expandable segments: every malloc/free sequence of length <= {e.depth} "
+                    f"(sizes {', '.join(f'{x / 2**20:g} MiB' for x in e.sizes)}; {e.states} states)")
+            print(head)
+            print("    page level (OOM although enough whole unpinned pages): " +
+                  ("none" if e.page_level is None else "FOUND: " + "; ".join(e.page_level)))
+            print("    byte level (OOM although capacity - allocated >= request): " +
+                  ("none" if e.byte_level is None else "; ".join(e.byte_level) +
+                   "  (live blocks pin partly used pages: physical exhaustion at page granularity)"))
+        print(f"  Z3 policy kernels vs spec/caching.py: {2 * ns.samples} samples, "
+              + ("agree" if not caching.kernel_mismatches else f"{len(caching.kernel_mismatches)} DISAGREE: {caching.kernel_mismatches[:2]}"))
+        print("  C1-C9 inductive proofs: not encoded (checked by the conformance harness on the executable spec)")
     total = time.perf_counter() - t_all
     print(f"\n{len(rows)} invariants; total {total:.2f}s" + (f"; {agreement_note}" if agreement_note else ""))
     if ns.json:
@@ -81,6 +111,14 @@ def main(argv: list[str]) -> int:
             json.dump({
                 "total_seconds": total,
                 "ok": not failed,
+                "caching": None if caching is None else {
+                    "ok": caching.ok, "seconds": caching.seconds,
+                    "synthesis": [{"preset": x.preset, "depth": x.depth, "trace": x.trace, "request": x.request,
+                                   "rounded": x.rounded, "free": x.free_total, "replay_confirmed": rr[0],
+                                   "replay": rr[1]} for x, rr in zip(caching.synth, caching.replays)],
+                    "expandable": [{"preset": e.preset, "depth": e.depth, "sizes": list(e.sizes), "states": e.states,
+                                    "page_level": e.page_level, "byte_level": e.byte_level} for e in caching.expandable],
+                    "kernel_mismatches": caching.kernel_mismatches},
                 "invariants": [{
                     "id": p.id, "title": p.title, "proved": r.proved,
                     "checks": [{"name": c.name, "ok": c.ok, "seconds": c.seconds, "detail": c.detail} for c in r.checks],
