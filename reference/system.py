@@ -45,9 +45,13 @@ class ReferenceSystem:
         self.governor = ReferenceGovernor(cap)
         self.ep = instance.ep if instance.ep is not None else ReferenceEP(sim)
         self.manager = ReferenceManager()
+        # the replacement mechanism must live where the target's EP can reach it:
+        # a target that brings its own EP says how to make one (extras)
+        make_extra = (instance.extras or {}).get("make_extra_mechanism")
+        extra = make_extra() if make_extra is not None else eager_only(sim, name="reference-extra")
         self.mechanism_ids = [
             self.manager.register_mechanism(self.device, mech),
-            self.manager.register_mechanism(self.device, eager_only(sim, name="reference-extra")),
+            self.manager.register_mechanism(self.device, extra),
         ]
         self.manager.select(self.device, self.mechanism_ids[0])
         self.context_id = self.manager.register_context(self.ep)
