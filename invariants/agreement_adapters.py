@@ -258,7 +258,8 @@ def _sys_init() -> Any:
 
 
 def _sys_too_big(s: Any) -> bool:
-    return len(s.grants) > UMAX or len(s.leases) > UMAX or len(s.tickets) > UMAX
+    return (len(s.grants) > UMAX or len(s.leases) > UMAX or len(s.tickets) > UMAX
+            or sum(1 for o in s.owned.values() if o.kind == "allocation") > UMAX)
 
 
 def _is_int(x: Any) -> bool:
@@ -451,3 +452,105 @@ def run_system(samples: int, seed: int) -> list[AgreementReport]:
 
 def run_all(samples: int = 1000, seed: int = 0) -> list[AgreementReport]:
     return run_mechanism(samples, seed) + run_system(samples, seed)
+
+
+# -- S8: the binding's allocation transaction --------------------------------
+
+_ASTATE = {"live": E.LIVE, "queued": E.QUEUED, "freed": E.FREED}
+
+
+def _owned_allocs(s: Any) -> dict[int, Any]:
+    return {r: o for r, o in s.owned.items() if o.kind == "allocation"}
+
+
+def _s8_state(s: Any) -> tuple[dict[str, Any], Universe]:
+    u = Universe()
+    own = _owned_allocs(s)
+    ox = u.add("alloc", own)
+    st = {
+        "cap": s.capacity, "free": s.free, "granted": s.granted, "charged": s.charged,
+        "astate": (0, {ox[r]: _ASTATE[o.state] for r, o in own.items()}),
+        "fp": (0, {ox[r]: o.footprint for r, o in own.items()}),
+        "sumfp": sum(o.footprint for o in own.values() if o.state != "freed"), "page": s.page,
+    }
+    return st, u
+
+
+_S8_CMP = ("cap", "free", "granted", "charged", "astate", "fp")
+
+
+def _s8_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    from memspec.spec import kernels as K
+
+    size = args["size"]
+    if not _is_int(size) or size <= 0:
+        return None  # not a size: InvalidRequest before any accounting (no arithmetic to compare)
+    st, u = _s8_state(s)
+    return st, {"x": _new_slot(u, "alloc"), "n": size, "oom": taken == "OutOfMemory",
+                "actual": K.round_up(size, s.page)}, u
+
+
+def _s8_expected(s: Any, u: Universe, value: Any) -> Any:
+    st, u2 = _s8_state(s)
+    _adopt(u, u2)
+    return flatten(st, E.S8.fields, _S8_CMP, u)
+
+
+# -- S4 / S7: fences recorded by use, and drop --------------------------------
+
+def _fence_state(s: Any) -> tuple[dict[str, Any], Universe] | None:
+    if len(s.streams) > E.NSTREAMS:
+        return None
+    u = Universe()
+    own = _owned_allocs(s)
+    ox = u.add("alloc", own)
+    sx = {ref: i for i, ref in enumerate(sorted(s.streams))}
+    st: dict[str, Any] = {"astate": (0, {ox[r]: _ASTATE[o.state] for r, o in own.items()})}
+    for i in range(E.NSTREAMS):
+        st[f"use{i}"] = (0, {})
+        st[f"iss{i}"] = 0
+        st[f"done{i}"] = 0
+    for ref, i in sx.items():
+        st[f"iss{i}"] = s.streams[ref].launched
+        st[f"done{i}"] = s.streams[ref].completed
+    for r, o in own.items():
+        for f in o.fences:
+            stream, item = s.fences[f]
+            key = f"use{sx[stream]}"
+            st[key][1][ox[r]] = max(st[key][1].get(ox[r], 0), item)
+    u.idx["stream"] = sx
+    return st, u
+
+
+_FENCE_CMP = ("astate",) + tuple(f"{k}{i}" for i in range(E.NSTREAMS) for k in ("use", "iss", "done"))
+
+
+def _fence_expected(s: Any, u: Universe, value: Any) -> Any:
+    pr = _fence_state(s)
+    assert pr is not None
+    st, u2 = pr
+    _adopt(u, u2)
+    return flatten(st, E.S4.fields, _FENCE_CMP, u)
+
+
+def _s4_use_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    pr = _fence_state(s)
+    if pr is None:
+        return None  # more streams than the encoding's bounded set
+    st, u = pr
+    return st, {"x": u.idx["alloc"][args["allocation"]], "st": u.idx["stream"][args["stream"]]}, u
+
+
+def _s7_drop_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    pr = _fence_state(s)
+    if pr is None:
+        return None
+    st, u = pr
+    return st, {"x": u.idx["alloc"][args["allocation"]]}, u
+
+
+SYS_ADAPTERS += [
+    Adapter("S8", "allocate", "allocate_owned", _s8_project, _s8_expected, _S8_CMP),
+    Adapter("S4", "use", "use", _s4_use_project, _fence_expected, _FENCE_CMP),
+    Adapter("S7", "drop", "drop", _s7_drop_project, _fence_expected, _FENCE_CMP),
+]
