@@ -329,31 +329,48 @@ class SimulatedMechanism:
 class _Segment:
     """One cudaMalloc (``expandable=False``) or one expandable VA arena."""
 
-    __slots__ = ("addr", "size", "stream", "small", "expandable", "handle", "page", "head")
+    __slots__ = ("address", "size", "stream", "small", "expandable", "handle", "page", "head", "owner")
 
-    def __init__(self, addr: int, size: int, stream: int, small: bool, expandable: bool, handle: Any, page: int = 0):
-        self.addr, self.size, self.stream, self.small = addr, size, stream, small
-        self.expandable, self.handle, self.page = expandable, handle, page
-        self.head: _Block | None = None
+    def __init__(self, address: int, size: int, stream: int, small: bool, expandable: bool, handle: Any,
+                 page: int = 0, owner: Any = None):
+        self.address, self.size, self.stream, self.small = address, size, stream, small
+        self.expandable, self.handle, self.page, self.owner = expandable, handle, page, owner
+        self.head: CachedBlock | None = None
 
 
-class _Block:
-    __slots__ = ("addr", "size", "req", "stream", "seg", "prev", "next", "allocated", "mapped", "events", "uses", "gen", "gc_base")
+class CachedBlock:
+    """A block of a segment -- and, while allocated, the handle
+    :meth:`CachingAllocator.malloc` hands out: ``address``, ``size`` (after
+    rounding and the split decision), ``requested_size``, ``stream``.
 
-    def __init__(self, addr: int, size: int, stream: int, seg: _Segment) -> None:
-        self.addr, self.size, self.stream, self.seg = addr, size, stream, seg
-        self.req = 0
-        self.prev: _Block | None = None
-        self.next: _Block | None = None
+    Every allocation gets a block object never handed out before (a split
+    makes a new front block; a whole-block reuse makes a fresh copy), so a
+    stale handle is never allocated again and its second free is refused even
+    when its address was recycled."""
+
+    __slots__ = ("address", "size", "requested_size", "stream", "seg", "prev", "next", "allocated", "mapped",
+                 "events", "uses", "gc_base")
+
+    def __init__(self, address: int, size: int, stream: int, seg: _Segment) -> None:
+        self.address, self.size, self.stream, self.seg = address, size, stream, seg
+        self.requested_size = 0
+        self.prev: CachedBlock | None = None
+        self.next: CachedBlock | None = None
         self.allocated = False
         self.mapped = True
         self.events = 0
         self.uses: set[int] | None = None
-        self.gen = 0
         self.gc_base = 0
 
     def is_split(self) -> bool:
         return self.prev is not None or self.next is not None
+
+    def __repr__(self) -> str:
+        return (f"CachedBlock(address={self.address:#x}, size={self.size}, requested_size={self.requested_size}, "
+                f"stream={self.stream})")
+
+
+_Block = CachedBlock
 
 
 class _Pool:
@@ -366,22 +383,6 @@ class _Pool:
         self.unmapped = SortedList()  # (stream << 64) | address of unmapped blocks of expandable arenas
         self.unmapped_at: dict[int, _Block] = {}
         self.gc_calls = 0
-
-
-class CachedBlock:
-    """What :meth:`CachingAllocator.malloc` hands out: ``address``, ``size``
-    (the block, after rounding and the split decision), ``requested_size``,
-    ``stream``.  ``generation`` is never reused, so a stale or double free is
-    refused even when the address was recycled."""
-
-    __slots__ = ("address", "size", "requested_size", "stream", "generation", "_owner", "_block")
-
-    def __init__(self, address: int, size: int, requested: int, stream: int, generation: int, owner: Any, block: _Block):
-        self.address, self.size, self.requested_size, self.stream = address, size, requested, stream
-        self.generation, self._owner, self._block = generation, owner, block
-
-    def __repr__(self) -> str:
-        return f"CachedBlock(address={self.address:#x}, size={self.size}, requested_size={self.requested_size}, stream={self.stream})"
 
 
 _STATE_LIVE, _STATE_PENDING, _STATE_FREE = "active_allocated", "active_pending_free", "inactive"
@@ -444,9 +445,8 @@ class CachingAllocator:
         self._large = _Pool(False)
         self._segments: dict[int, _Segment] = {}
         self._seg_alloc: dict[int, Any] = {}
-        self._live: dict[int, _Block] = {}
-        self._pending: dict[int, _Block] = {}
-        self._gen = itertools.count(1)
+        self._n_live = 0
+        self._pending: set[CachedBlock] = set()
         self._issued: dict[int, int] = {}
         self._completed: dict[int, int] = {}
         self._events: dict[int, deque] = {}
@@ -561,7 +561,7 @@ class CachingAllocator:
                 self._n_events -= 1
                 b.events -= 1
                 if b.events == 0:
-                    del self._pending[b.gen]
+                    self._pending.discard(b)
                     self._free_block(b)
 
     def _synchronize_and_free_events(self) -> None:
@@ -572,7 +572,7 @@ class CachingAllocator:
     # ---------------------------------------------------------------- pools
 
     def _insert(self, pool: _Pool, b: _Block) -> None:
-        v = (b.stream << 128) | (b.size << 64) | b.addr
+        v = (b.stream << 128) | (b.size << 64) | b.address
         bl = pool.blocks
         maxes = bl._maxes
         if maxes:  # SortedList.add, inlined (sortedcontainers 2.x internals)
@@ -590,11 +590,11 @@ class CachingAllocator:
             bl._len += 1
         else:
             bl.add(v)
-        pool.free[b.addr] = b
+        pool.free[b.address] = b
         b.gc_base = pool.gc_calls
 
     def _remove(self, pool: _Pool, b: _Block) -> None:
-        v = (b.stream << 128) | (b.size << 64) | b.addr
+        v = (b.stream << 128) | (b.size << 64) | b.address
         bl = pool.blocks
         pos = bisect_left(bl._maxes, v)
         lst = bl._lists[pos]
@@ -602,15 +602,15 @@ class CachingAllocator:
         if lst[idx] != v:  # pragma: no cover - a broken free list
             raise KeyError(v)
         bl._delete(pos, idx)
-        del pool.free[b.addr]
+        del pool.free[b.address]
 
     def _insert_unmapped(self, pool: _Pool, b: _Block) -> None:
-        pool.unmapped.add((b.stream << 64) | b.addr)
-        pool.unmapped_at[b.addr] = b
+        pool.unmapped.add((b.stream << 64) | b.address)
+        pool.unmapped_at[b.address] = b
 
     def _remove_unmapped(self, pool: _Pool, b: _Block) -> None:
-        pool.unmapped.remove((b.stream << 64) | b.addr)
-        del pool.unmapped_at[b.addr]
+        pool.unmapped.remove((b.stream << 64) | b.address)
+        del pool.unmapped_at[b.address]
 
     def _pool_of(self, b: _Block) -> _Pool:
         return self._small if b.seg.small else self._large
@@ -623,7 +623,7 @@ class CachingAllocator:
         else:
             self._remove_unmapped(pool, src)
         if dst.prev is src:
-            dst.addr = src.addr
+            dst.address = src.address
             dst.prev = src.prev
             if dst.prev is not None:
                 dst.prev.next = dst
@@ -694,7 +694,7 @@ class CachingAllocator:
                 return None  # nor one too oversized for a large request
         if key is not None:
             bl._delete(pos, idx)
-            del pool.free[b.addr]
+            del pool.free[b.address]
         else:
             self._remove(pool, b)
         return b
@@ -745,9 +745,10 @@ class CachingAllocator:
         already_split = b.prev is not None or b.next is not None
         exp = b.seg.expandable
         remaining = b.size - r
-        if self._should_split(pool.small, remaining, r):
+        split = self._should_split(pool.small, remaining, r)
+        if split:
             rest = b
-            b = _Block(rest.addr, r, stream, rest.seg)
+            b = _Block(rest.address, r, stream, rest.seg)
             b.prev = rest.prev
             if b.prev is not None:
                 b.prev.next = b
@@ -755,7 +756,7 @@ class CachingAllocator:
                 b.seg.head = b
             b.next = rest
             rest.prev = b
-            rest.addr += r
+            rest.address += r
             rest.size = remaining
             self._insert(pool, rest)
             if not exp:
@@ -767,16 +768,26 @@ class CachingAllocator:
                     _inc2(s, idx, remaining)
                     s = self._s_isplit
                     _inc2(s, idx, 1)
-        elif already_split and not exp:
+        else:
+            old = b  # a fresh object: a stale handle to ``old`` is never live again
+            b = CachedBlock(old.address, old.size, stream, old.seg)
+            b.prev, b.next, b.mapped = old.prev, old.next, old.mapped
+            if b.prev is not None:
+                b.prev.next = b
+            else:
+                b.seg.head = b
+            if b.next is not None:
+                b.next.prev = b
+            old.prev = old.next = None
+        if not split and already_split and not exp:
             s = self._s_isbytes
             _dec2(s, idx, b.size)
             s = self._s_isplit
             _dec2(s, idx, 1)
         b.allocated = True
-        b.req = size
-        gen = next(self._gen)
-        b.gen = gen
-        self._live[gen] = b
+        b.requested_size = size
+        b.stream = stream
+        self._n_live += 1
         bs = b.size
         sa, sab, sac, sacb, srq = self._s_alloc, self._s_abytes, self._s_active, self._s_actbytes, self._s_req
         for j in (ALL, idx):  # Stat.increase, inlined: this is the hot path
@@ -813,8 +824,8 @@ class CachingAllocator:
         if self._max_split is not None and bs >= self._max_split:
             self.stats.oversize_allocations.increase(1)
         if self._trace is not None:
-            self._record("alloc", b.addr, size, stream)
-        return CachedBlock(b.addr, bs, size, stream, gen, self, b)
+            self._record("alloc", b.address, size, stream)
+        return b
 
     # ---------------------------------------------------------------- segments
 
@@ -830,7 +841,7 @@ class CachingAllocator:
         except OutOfMemory:
             return None
         addr = a.address
-        seg = _Segment(addr, alloc_size, stream, pool.small, False, a)
+        seg = _Segment(addr, alloc_size, stream, pool.small, False, a, 0, self)
         self._segments[addr] = seg
         self._total += alloc_size
         idx = SMALL if pool.small else LARGE
@@ -849,10 +860,10 @@ class CachingAllocator:
         """cudaFree a whole free segment (``b`` is its only block, in the pool)."""
         seg = b.seg
         self.stats.num_device_free += 1
-        self._record("segment_free", b.addr, b.size, b.stream)
+        self._record("segment_free", b.address, b.size, b.stream)
         self._remove(pool, b)
         self._driver.deallocate(seg.handle)
-        del self._segments[seg.addr]
+        del self._segments[seg.address]
         self._total -= b.size
         idx = SMALL if pool.small else LARGE
         for s, n in ((self.stats.segment, 1), (self.stats.reserved_bytes, b.size)):
@@ -895,14 +906,14 @@ class CachingAllocator:
         to_unmap = []
         for key in list(pool.blocks):
             b = pool.free.get(key & _M64)
-            if b is None or free_key(b.stream, b.size, b.addr) != key:
+            if b is None or free_key(b.stream, b.size, b.address) != key:
                 continue
             if b.seg.expandable:
                 to_unmap.append(b)
             elif b.prev is None and b.next is None:
                 released += self._release_block(pool, b)
         for b in to_unmap:
-            if pool.free.get(b.addr) is b:
+            if pool.free.get(b.address) is b:
                 released += self._unmap_block(pool, b)
         return released
 
@@ -974,9 +985,9 @@ class CachingAllocator:
         page = self._page(pool.small)
         size = -(-int(self.capacity * self.arena_factor) // page) * page
         va = self._backing.reserve(ReserveRequest(size))
-        seg = _Segment(va.address, va.size - va.size % page, stream, pool.small, True, va, page)
-        self._segments[seg.addr] = seg
-        c = _Block(seg.addr, seg.size, stream, seg)
+        seg = _Segment(va.address, va.size - va.size % page, stream, pool.small, True, va, page, self)
+        self._segments[seg.address] = seg
+        c = _Block(seg.address, seg.size, stream, seg)
         c.mapped = False
         seg.head = c
         self._insert_unmapped(pool, c)
@@ -985,7 +996,7 @@ class CachingAllocator:
     def _map_block(self, pool: _Pool, b: _Block, size: int) -> bool:
         seg = b.seg
         page = seg.page
-        off = b.addr - seg.addr
+        off = b.address - seg.address
         end = min(-(-(off + size) // page) * page, off + b.size)
         done = []
         try:
@@ -1000,7 +1011,7 @@ class CachingAllocator:
         self._remove_unmapped(pool, b)
         b.mapped = True
         if mapped < b.size:
-            rest = _Block(b.addr + mapped, b.size - mapped, b.stream, seg)
+            rest = _Block(b.address + mapped, b.size - mapped, b.stream, seg)
             rest.mapped = False
             rest.next = b.next
             if rest.next is not None:
@@ -1016,14 +1027,14 @@ class CachingAllocator:
         idx = SMALL if pool.small else LARGE
         _inc2(self.stats.reserved_bytes, idx, mapped)
         self.stats.num_device_alloc += 1
-        self._record("segment_map", seg.addr + off, mapped, b.stream)
+        self._record("segment_map", seg.address + off, mapped, b.stream)
         return True
 
     def _unmap_block(self, pool: _Pool, b: _Block) -> int:
         """Unmap the whole pages inside free block ``b`` (which is in the pool)."""
         seg = b.seg
         page = seg.page
-        off = b.addr - seg.addr
+        off = b.address - seg.address
         begin = -(-off // page) * page
         end = (off + b.size) // page * page
         if end <= begin:
@@ -1031,9 +1042,9 @@ class CachingAllocator:
         for p in range(begin, end, page):
             self._backing.decommit_range(seg.handle, p, p + page)
         self._remove(pool, b)
-        before = seg.addr + begin - b.addr
+        before = seg.address + begin - b.address
         if before > 0:
-            bf = _Block(b.addr, before, b.stream, seg)
+            bf = _Block(b.address, before, b.stream, seg)
             bf.prev = b.prev
             if bf.prev is not None:
                 bf.prev.next = bf
@@ -1042,16 +1053,16 @@ class CachingAllocator:
             bf.next = b
             b.prev = bf
             self._insert(pool, bf)
-        after = b.addr + b.size - (seg.addr + end)
+        after = b.address + b.size - (seg.address + end)
         if after > 0:
-            af = _Block(seg.addr + end, after, b.stream, seg)
+            af = _Block(seg.address + end, after, b.stream, seg)
             af.next = b.next
             if af.next is not None:
                 af.next.prev = af
             af.prev = b
             b.next = af
             self._insert(pool, af)
-        b.addr = seg.addr + begin
+        b.address = seg.address + begin
         b.size = end - begin
         b.mapped = False
         self._try_merge(pool, b, b.prev)
@@ -1062,34 +1073,32 @@ class CachingAllocator:
         idx = SMALL if pool.small else LARGE
         _dec2(self.stats.reserved_bytes, idx, n)
         self.stats.num_device_free += 1
-        self._record("segment_unmap", seg.addr + begin, n, b.stream)
+        self._record("segment_unmap", seg.address + begin, n, b.stream)
         if b.prev is None and b.next is None and b.size == seg.size:
             self._remove_unmapped(pool, b)
             self._backing.release(seg.handle)
-            del self._segments[seg.addr]
+            del self._segments[seg.address]
         return n
 
     # ---------------------------------------------------------------- free
 
-    def _owned_live(self, block: Any) -> _Block:
-        if not isinstance(block, CachedBlock):
+    def _owned_live(self, block: Any) -> CachedBlock:
+        if type(block) is not CachedBlock:
             raise InvalidRequest(f"not a block of a caching allocator: {block!r}")
-        if block._owner is not self:
+        if block.seg.owner is not self:
             raise ForeignAllocation(f"{block!r} was allocated by another caching allocator")
-        b = self._live.get(block.generation)
-        if b is None:
+        if not block.allocated:
             raise DoubleFree(f"{block!r} was already freed")
-        return b
+        return block
 
     def free(self, block: CachedBlock) -> None:
         """Free a block. Allocated stats drop at once; with uses on other
         streams the block waits for their events (``active_pending_free``)."""
-        if type(block) is not CachedBlock or block._owner is not self:
-            self._owned_live(block)  # raises the right error
-        b = self._live.pop(block.generation, None)
-        if b is None:
-            raise DoubleFree(f"{block!r} was already freed")
+        b = block
+        if type(b) is not CachedBlock or b.seg.owner is not self or not b.allocated:
+            self._owned_live(b)  # raises the right error
         b.allocated = False
+        self._n_live -= 1
         idx = SMALL if b.seg.small else LARGE
         bs = b.size
         sa, sab = self._s_alloc, self._s_abytes
@@ -1101,7 +1110,7 @@ class CachingAllocator:
             s.current -= bs
             s.freed += bs
         if self._trace is not None:
-            self._record("free_requested", b.addr, b.req, b.stream)
+            self._record("free_requested", b.address, b.requested_size, b.stream)
         if self._max_split is not None and b.size >= self._max_split:
             self.stats.oversize_allocations.decrease(1)
         if b.uses:
@@ -1112,15 +1121,15 @@ class CachingAllocator:
                 b.events += 1
                 self._n_events += 1
             b.uses = None
-            self._pending[b.gen] = b
+            self._pending.add(b)
         else:
             self._free_block(b)
 
     def _free_block(self, b: _Block) -> None:
         if self._trace is not None:
-            self._record("free_completed", b.addr, b.req, b.stream)
+            self._record("free_completed", b.address, b.requested_size, b.stream)
         pool = self._small if b.seg.small else self._large
-        orig, req = b.size, b.req
+        orig, req = b.size, b.requested_size
         net_n = net_b = 0
         p = b.prev
         if p is not None and not p.allocated and not p.events and not p.uses and p.mapped:
@@ -1226,7 +1235,7 @@ class CachingAllocator:
         return self.stats.requested_bytes[ALL].current
 
     def live_blocks(self) -> int:
-        return len(self._live)
+        return self._n_live
 
     def segments(self) -> list[dict]:
         """Every segment in address order with its blocks: ``{address,
@@ -1248,11 +1257,11 @@ class CachingAllocator:
                     state = _STATE_PENDING
                 else:
                     state = _STATE_FREE
-                blocks.append({"address": b.addr, "size": b.size,
-                               "requested_size": b.req if state in (_STATE_LIVE, _STATE_PENDING) else 0,
+                blocks.append({"address": b.address, "size": b.size,
+                               "requested_size": b.requested_size if state in (_STATE_LIVE, _STATE_PENDING) else 0,
                                "state": state, "stream": b.stream})
                 b = b.next
-            out.append({"address": seg.addr, "total_size": seg.size, "stream": seg.stream,
+            out.append({"address": seg.address, "total_size": seg.size, "stream": seg.stream,
                         "segment_type": "small" if seg.small else "large", "is_expandable": seg.expandable,
                         "page": seg.page, "blocks": blocks})
         return out

@@ -21,7 +21,7 @@ class RequestedNeverFreed(CachingAllocator):
     requested, always*)."""
 
     def _free_block(self, b):
-        req, idx = b.req, SMALL if b.seg.small else LARGE
+        req, idx = b.requested_size, SMALL if b.seg.small else LARGE
         super()._free_block(b)
         self._s_req[ALL].increase(req)
         self._s_req[idx].increase(req)
@@ -33,10 +33,10 @@ class OverlappingRemainder(CachingAllocator):
 
     def _alloc_found(self, pool, b, r, size, stream):
         h = super()._alloc_found(pool, b, r, size, stream)
-        rest = h._block.next
-        if rest is not None and rest.mapped and pool.free.get(rest.addr) is rest and rest.addr == h.address + h.size:
+        rest = h.next
+        if rest is not None and rest.mapped and pool.free.get(rest.address) is rest and rest.address == h.address + h.size:
             self._remove(pool, rest)
-            rest.addr -= K_MIN_BLOCK
+            rest.address -= K_MIN_BLOCK
             rest.size += K_MIN_BLOCK
             self._insert(pool, rest)
         return h
@@ -102,7 +102,7 @@ class EmptyCacheReleasesLive(CachingAllocator):
                 seg = b.seg  # the bug: a partly used segment goes too
                 self._remove(pool, b)
                 self._driver.deallocate(seg.handle)
-                del self._segments[seg.addr]
+                del self._segments[seg.address]
                 released += seg.size
         return released
 
