@@ -67,10 +67,15 @@ def _draw_size(s: Any, c: Any) -> Any:
         return c.choice((0, -s.page, 1.5, "4096"))
     if kind == 9:
         return 4 * s.capacity + 1
+    if kind == 10:
+        room = s.free if isinstance(s, SysState) else s.capacity - s.physical
+        if room > 0:
+            return c.integer(max(1, room - s.page + 1), room)  # all that is left: fragmentation shows
     return c.integer(1, max(1, s.capacity // 2))
 
 
-SIZES = Domain("a byte count: mostly 1..3 pages, sometimes 0, negative, not an int, or 4x the capacity", _draw_size)
+SIZES = Domain("a byte count: mostly 1..3 pages, sometimes 0, negative, not an int, 4x the capacity, "
+               "or all that is still free", _draw_size)
 
 
 # ==========================================================================
@@ -325,7 +330,7 @@ def allocate_owned(s: SysState, size: Any) -> Any:
     the charge at the actual footprint, hand out an owning allocation.  Not a
     positive int: InvalidRequest.  The Governor cannot approve it:
     GrantDenied.  The device cannot: OutOfMemory (allowed unless the device
-    holds nothing and ``size <= capacity``).  On every failure the grant is
+    holds nothing and ``size`` fits the device).  On every failure the grant is
     returned and the ledger is as before (S8).  On success the handle names
     the installed mechanism and the binding's context, its footprint is in
     ``[size, round_up(size, page)]``, and exactly the footprint is charged.
@@ -367,8 +372,9 @@ def allocate_owned(s: SysState, size: Any) -> Any:
                                    accepts, then, witness if hi <= s.free else None)]
     if hi > s.free:
         branches.append(Raises(GrantDenied, "the page-rounded plan does not fit; ledger unchanged"))
-    if not (physical_total(s) == 0 and size <= s.capacity):
-        branches.append(Raises(OutOfMemory, "the device could not (fragmentation); grant returned"))
+    if not (physical_total(s) == 0 and size <= s.device_capacity):
+        branches.append(Raises(OutOfMemory, "the device could not (fragmentation, or it is smaller than the "
+                                            "budget); grant returned"))
     return outcomes(*branches, blame="S8")
 
 

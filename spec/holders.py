@@ -95,7 +95,7 @@ def load_weight(s: SysState, weight: tuple[str, bool, int]) -> Any:
         w.resident, w.hot, w.owned = True, hot, o.ref
 
     branches: list[Any] = [Returns("None (resident, charged)", lambda v: v is None, then, lambda: None)]
-    if not (physical_total(s) == 0 and n <= s.capacity):
+    if not (physical_total(s) == 0 and n <= s.device_capacity):
         branches.append(Raises(OutOfMemory, "the device could not; ledger unchanged"))
     return outcomes(*branches, blame="S8")
 

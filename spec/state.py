@@ -312,6 +312,8 @@ class SysState:
     virtual_backing: bool
     shared_mapping: bool
     registry: Registry
+    #: physical bytes of the device (default: the Governor's capacity)
+    device_capacity: int = 0
     next_ref: int = 1
     # -- Governor ledger: capacity == free + granted + charged (S11)
     free: int = 0

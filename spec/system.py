@@ -32,13 +32,18 @@ from memspec.spec.invariants import ALL
 from memspec.spec.state import Registry, SysState
 
 
-def init(*, capacity: int, page: int, virtual_backing: bool, shared_mapping: bool, ep: bool = True) -> SysState:
-    """Nothing allocated, nothing granted: ``free == capacity``; the target
-    mechanism installed; ModelResidency's four weights not loaded."""
+def init(*, capacity: int, page: int, virtual_backing: bool, shared_mapping: bool, ep: bool = True,
+         device_capacity: int | None = None) -> SysState:
+    """Nothing allocated, nothing granted: ``free == capacity`` (the
+    Governor's capacity); the target mechanism installed; ModelResidency's
+    four weights not loaded.  ``device_capacity`` (default ``capacity``) is
+    the device's physical size, when a harness gives the Governor more
+    budget than the device has (so the device, not the budget, refuses)."""
     if capacity <= 0 or page <= 0 or capacity % page:
         raise ValueError(f"capacity ({capacity}) must be a positive multiple of page ({page})")
     reg = Registry(capabilities=[(bool(virtual_backing), bool(shared_mapping)), (False, False)])
-    s = SysState(capacity, page, bool(virtual_backing), bool(shared_mapping), reg, free=capacity)
+    s = SysState(capacity, page, bool(virtual_backing), bool(shared_mapping), reg, free=capacity,
+                 device_capacity=capacity if device_capacity is None else int(device_capacity))
     holders.init_holders(s)
     return s
 
