@@ -554,3 +554,32 @@ SYS_ADAPTERS += [
     Adapter("S4", "use", "use", _s4_use_project, _fence_expected, _FENCE_CMP),
     Adapter("S7", "drop", "drop", _s7_drop_project, _fence_expected, _FENCE_CMP),
 ]
+
+
+# -- S2: the binding's charge-then-commit -------------------------------------
+
+def _s2_state(s: Any) -> tuple[dict[str, Any], Universe]:
+    from memspec.spec.governor import SESSION
+
+    u = Universe()
+    u.add("holder", [0])
+    return {"committed": (0, {0: s.physical_by.get(SESSION, 0)}), "charge": (0, {0: s.charged_by.get(SESSION, 0)}),
+            "grant": (0, {0: 0}), "free": s.free}, u
+
+
+def _s2_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    from memspec.spec.backing import pages, range_legal
+
+    ref, start, end = args["span"]
+    o = s.owned[ref]
+    bad = not range_legal(s, o, start, end) or any(p in o.committed for p in pages(s, start, end))
+    st, u = _s2_state(s)
+    return st, {"h": 0, "n": end - start if end > start else 1, "bad_range": bad, "oom": taken == "OutOfMemory"}, u
+
+
+def _s2_expected(s: Any, u: Universe, value: Any) -> Any:
+    st, _ = _s2_state(s)
+    return flatten(st, E.S2.fields, ("committed", "charge", "free"), u)
+
+
+SYS_ADAPTERS.append(Adapter("S2", "commit_owned", "commit_owned", _s2_project, _s2_expected, ("committed", "charge", "free")))

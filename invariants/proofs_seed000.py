@@ -89,6 +89,14 @@ def _s2_commit(check: bool):
     return step
 
 
+def _s2_commit_owned(s: St, a: St):
+    """spec/backing.py commit_owned: charge-then-commit in one step (the range
+    check is S5's, given as ``bad_range``; ``oom`` is the device's answer)."""
+    out = outcome((a.bad_range, "InvalidRange"), (a.n > s.free, "GrantDenied"), (a.oom, "OutOfMemory"))
+    return on_ok(out, s, s.set(committed=upd(s.committed, a.h, at(s.committed, a.h) + a.n),
+                               charge=upd(s.charge, a.h, at(s.charge, a.h) + a.n), free=s.free - a.n))
+
+
 def _s2_decommit(s: St, a: St):
     out = outcome((a.n > at(s.committed, a.h), "InvalidRange"))
     return on_ok(out, s, s.set(committed=upd(s.committed, a.h, at(s.committed, a.h) - a.n),
@@ -111,6 +119,8 @@ S2 = Proof(
         Act("commit", _HN, _s2_commit(True), pre=lambda s, a: a.n > 0, objs=("h",)),
         Act("decommit", _HN, _s2_decommit, pre=lambda s, a: a.n > 0, objs=("h",)),
         Act("cancel", {"h": INT}, _s2_cancel, objs=("h",)),
+        Act("commit_owned", {"h": INT, "n": INT, "bad_range": BOOL, "oom": BOOL}, _s2_commit_owned,
+            pre=lambda s, a: a.n > 0, objs=("h",)),
     ],
     unguarded=Act("commit", _HN, _s2_commit(False), pre=lambda s, a: a.n > 0, objs=("h",)),
     guard="commit requires a grant covering the bytes (the charge) before mapping them",
