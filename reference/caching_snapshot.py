@@ -100,11 +100,14 @@ def load(f: BinaryIO | str) -> dict:
     """Read a pickled snapshot (ours or PyTorch's) and check its shape.
 
     Only load snapshots you trust: this is :mod:`pickle`."""
-    if isinstance(f, str):
-        with open(f, "rb") as fh:
-            snap = pickle.load(fh)
-    else:
-        snap = pickle.load(f)
+    try:
+        if isinstance(f, str):
+            with open(f, "rb") as fh:
+                snap = pickle.load(fh)
+        else:
+            snap = pickle.load(f)
+    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, IndexError) as e:
+        raise InvalidRequest(f"not a readable snapshot pickle: {type(e).__name__}: {e}") from e
     if not isinstance(snap, dict) or "segments" not in snap:
         raise InvalidRequest("not a memory snapshot: expected a dict with 'segments' (torch.cuda.memory._snapshot())")
     snap.setdefault("device_traces", [[]])

@@ -118,6 +118,10 @@ def test_load_refuses_what_is_not_a_snapshot(tmp_path):
     with pytest.raises(InvalidRequest):
         cs.load(str(p))
     assert snapshot_cmd.main([str(p)]) == 2
+    p.write_bytes(b"not a pickle at all")
+    with pytest.raises(InvalidRequest):
+        cs.load(str(p))
+    assert oom.main(["explain", "--snapshot", str(p)]) == 2
 
 
 SEED_OOM = ("CUDA out of memory. Tried to allocate 20 MiB (device 40 MiB; 40 MiB reserved; "

@@ -229,9 +229,11 @@ def main(argv: list[str]) -> int:
     if args.snapshot:
         from memspec.reference.caching_snapshot import load, would_expandable_avoid_oom
 
+        from memspec.spec.errors import InvalidRequest
+
         try:
             snap = load(args.snapshot)
-        except (OSError, ValueError) as e:
+        except (OSError, InvalidRequest) as e:
             print(f"memspec oom explain: cannot read {args.snapshot}: {e}", file=sys.stderr)
             return 2
         f = figures_from_snapshot(snap)
