@@ -129,8 +129,9 @@ class CallGuard:
 
     # signal mode --------------------------------------------------------
     def _on_alarm(self, signum, frame):  # pragma: no cover - timing dependent
+        # stays armed (the timer repeats) until the call unwinds: a Hang
+        # swallowed by a finalizer or a bare ``except`` is raised again
         if self._armed:
-            self._armed = False
             raise Hang()
 
     def install(self) -> None:
@@ -156,7 +157,7 @@ class CallGuard:
                     return self.call(fn, *args, **kwargs)
             try:
                 self._armed = True
-                signal.setitimer(signal.ITIMER_REAL, self.timeout)
+                signal.setitimer(signal.ITIMER_REAL, self.timeout, 0.05)
                 try:
                     value = fn(*args, **kwargs)
                 finally:
@@ -504,6 +505,7 @@ class Run:
         except Exception as e:  # noqa: BLE001
             raise SpecError(f"{self.machine.name}.init{plan.init_kwargs} raised {type(e).__name__}: {e}") from e
         self.integrity = make_integrity(self) if plan.integrity else None
+        self.physical = PhysicalProbe.make(self)
         self.nsteps = 0
         plan.stats.examples += 1
 
@@ -587,6 +589,7 @@ class Run:
             raise SpecError(f"{action.name}: following branch {ts.outcome!r} raised {type(e).__name__}: {e}") from e
         bound = self._bind(result, value) if is_return else ()
         ts.bound = bound
+        self._action = action
         self.check_after(outs.touched, bound, args)
         if plan.on_step is not None:
             plan.on_step(plan)
@@ -654,14 +657,31 @@ class Run:
             self.fail(inv, "invariant", why)
         if self.plan.observations:
             self.check_observations(touched + bound)
+        if self.physical is not None:
+            self.physical.check(bound)
         if self.integrity is not None:
             regions = self.integrity.regions
             named = tuple(v for v in (args or {}).values() if type(v) is int and v in regions)
             self.integrity.after_step(touched + named, bound)
 
+    def _observations_for(self, action: Any) -> list:
+        """The plan's observations, those blamed on the action's own
+        invariants first (in the action's order): when one wrong answer
+        shows in several figures, the report names the rule the action is
+        about."""
+        cache = self.plan.__dict__.setdefault("_obs_order", {})
+        key = getattr(action, "name", None)
+        order = cache.get(key)
+        if order is None:
+            invs = list(getattr(action, "invariants", ()) or ())
+            rank = {inv: i for i, inv in enumerate(invs)}
+            order = sorted(self.plan.observations, key=lambda o: rank.get(o.blame, len(rank)))
+            cache[key] = order
+        return order
+
     def check_observations(self, touched: tuple) -> None:
         state = self.state
-        for obs in self.plan.observations:
+        for obs in self._observations_for(getattr(self, "_action", None)):
             try:
                 refs = list(obs.refs(state, touched))
             except Exception as e:  # noqa: BLE001
@@ -711,6 +731,52 @@ class Run:
                     self.guard.call(c)
                 except Exception:  # noqa: BLE001 - teardown must not crash the harness
                     pass
+
+
+class PhysicalProbe:
+    """Mechanism level: the physical bytes the target's device holds (its
+    ``physical_bytes`` probe, independent of its own bookkeeping) must equal
+    what the spec says is installed (``state.physical``) plus what the
+    foreign twin took on the same device.  Blamed on S5, as the spec's own
+    mechanism-level S5 check of reported against installed bytes: a release
+    (or commit) answered as done whose bytes did not move is a success that
+    did not happen (*no silent no-ops*).  One probe per step: flat cost."""
+
+    def __init__(self, run: Run, probe: Callable[[], int], base: int) -> None:
+        self.run = run
+        self.probe = probe
+        self.base = base
+        self.foreign = 0
+
+    @classmethod
+    def make(cls, run: Run) -> "PhysicalProbe | None":
+        if run.plan.level != "mechanism" or not hasattr(run.state, "physical"):
+            return None
+        probe = getattr(run.sut, "physical_bytes", None)
+        if probe is None:
+            return None
+        v, err = run.guard.call(probe)
+        if err is not None or not isinstance(v, int):
+            return None
+        return cls(run, probe, v - run.state.physical)
+
+    def check(self, bound: tuple) -> None:
+        s = self.run.state
+        allocs = getattr(s, "allocations", {})
+        for r in bound:
+            rec = allocs.get(r)
+            if rec is not None and getattr(rec, "foreign", False):
+                self.foreign += rec.footprint
+        got, err = self.run.guard.call(self.probe)
+        if err is not None:
+            self.run.fail("S5", "hang" if isinstance(err, _HangResult) else "observation",
+                          f"the physical-bytes probe raised {type(err).__name__}: {err}")
+        want = self.base + s.physical + self.foreign
+        if got != want:
+            self.run.fail("S5", "observation",
+                          f"the device holds {got} physical bytes; the spec accounts for {want} "
+                          f"({s.physical} installed + {self.foreign} by the foreign twin"
+                          + (f" + {self.base} before the run" if self.base else "") + ")")
 
 
 def _safe_witness(b: Any) -> Any:
@@ -1013,7 +1079,9 @@ def locate_system(run: Run, ref: int, obj: Any):
     if rec is None or rec.state not in ("live", "queued"):
         return None
     inner = getattr(obj, "allocation", None)
-    if inner is None:
+    if inner is None or getattr(rec, "creator", 0) != 0:
+        # only what the target's own mechanism made: the system's extra
+        # mechanism may live on another device than the target's EP copies to
         return None
     blame = ("S5", "S11") if rec.state == "live" else ("S4", "S4")
     if rec.kind == "allocation" and isinstance(inner, api.DeviceAllocation):

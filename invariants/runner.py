@@ -374,7 +374,39 @@ def collect(result: PlanResult, exc: BaseException) -> None:
             result.errors.append(f"harness error: {type(e).__name__}: {e}")
 
 
-def run_hypothesis(plan: H.Plan, settings: Any, *, seed: int | None = None) -> PlanResult:
+class shrink_budget:
+    """Bound the time Hypothesis spends shrinking one failure (its engine's
+    own limit is 300 s; a conformance run wants its counterexample sooner)."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds = seconds
+        self.old = None
+
+    def __enter__(self):
+        if self.seconds is not None:
+            try:
+                from hypothesis.internal.conjecture import engine
+
+                self.old = engine.MAX_SHRINKING_SECONDS
+                engine.MAX_SHRINKING_SECONDS = self.seconds
+            except (ImportError, AttributeError):  # pragma: no cover
+                self.old = None
+        return self
+
+    def __exit__(self, *exc):
+        if self.old is not None:
+            from hypothesis.internal.conjecture import engine
+
+            engine.MAX_SHRINKING_SECONDS = self.old
+        return False
+
+
+#: seconds of shrinking per failure in conform/mutants runs (None: Hypothesis's default)
+SHRINK_SECONDS: float | None = 30.0
+
+
+def run_hypothesis(plan: H.Plan, settings: Any, *, seed: int | None = None,
+                   shrink_seconds: float | None = -1) -> PlanResult:
     """Drive the plan's state machine under ``settings``; never raises for a
     target's misbehaviour (it lands in the result)."""
     from hypothesis.stateful import get_state_machine_test
@@ -389,7 +421,8 @@ def run_hypothesis(plan: H.Plan, settings: Any, *, seed: int | None = None) -> P
     guard.install()
     t0 = time.perf_counter()
     try:
-        test()
+        with shrink_budget(SHRINK_SECONDS if shrink_seconds == -1 else shrink_seconds):
+            test()
     except KeyboardInterrupt:
         raise
     except BaseException as e:  # noqa: BLE001 - everything a target does is a result
@@ -414,7 +447,8 @@ def write_repros(result: PlanResult, out_dir: str, target_name: str | None = Non
 def conform(target: str, level: str = "all", *, profile: str = "ci", examples: int | None = None,
             steps: int | None = None, seed: int | None = None, db: str | None = None, capacity: int | None = None,
             timeout: float = 5.0, out_dir: str | None = "memspec-out/repro", on_step: Callable | None = None,
-            on_plan: Callable | None = None, machine: str | None = None) -> list[PlanResult]:
+            on_plan: Callable | None = None, machine: str | None = None, shrink: bool = True,
+            shrink_seconds: float | None = -1) -> list[PlanResult]:
     """Run every applicable level of ``target``; one :class:`PlanResult` per level."""
     results: list[PlanResult] = []
     try:
@@ -433,7 +467,12 @@ def conform(target: str, level: str = "all", *, profile: str = "ci", examples: i
         r = PlanResult(target, level, None)
         r.errors.append(f"level {level!r} does not apply to a target of kind {probe_kind!r}")
         return [r]
-    sets = hypothesis_settings(profile, examples=examples, steps=steps, db=db, seed=seed)
+    extra: dict = {}
+    if not shrink:
+        from hypothesis import Phase
+
+        extra["phases"] = [Phase.explicit, Phase.reuse, Phase.generate]
+    sets = hypothesis_settings(profile, examples=examples, steps=steps, db=db, seed=seed, **extra)
     for lvl in lv:
         try:
             plan = make_plan(tref, lvl, capacity=capacity, timeout=timeout, machine=machine)
@@ -445,7 +484,7 @@ def conform(target: str, level: str = "all", *, profile: str = "ci", examples: i
         plan.on_step = on_step
         if on_plan is not None:
             on_plan(plan)
-        res = run_hypothesis(plan, sets, seed=seed)
+        res = run_hypothesis(plan, sets, seed=seed, shrink_seconds=shrink_seconds)
         if out_dir:
             write_repros(res, out_dir, target_name=target)
         results.append(res)
