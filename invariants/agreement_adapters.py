@@ -583,3 +583,36 @@ def _s2_expected(s: Any, u: Universe, value: Any) -> Any:
 
 
 SYS_ADAPTERS.append(Adapter("S2", "commit_owned", "commit_owned", _s2_project, _s2_expected, ("committed", "charge", "free")))
+
+
+# -- S9: KvPageStore growth ---------------------------------------------------
+
+def _s9_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
+    u = Universe()
+    qx = u.add("request", s.kv)
+    st = {
+        "rsize": (0, {qx[r]: q.max_bytes for r, q in s.kv.items()}),
+        "kc": (0, {qx[r]: q.committed for r, q in s.kv.items()}),
+        "view": (0, {qx[r]: q.committed for r, q in s.kv.items()}),
+        "chg": (0, {qx[r]: q.own for r, q in s.kv.items()}),
+        "free": s.free, "page": s.page, "ret": ret,
+    }
+    return st, u
+
+
+_S9_CMP = ("rsize", "kc", "view", "chg", "free")
+
+
+def _s9_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    r, new, fail_at = args["growth"]
+    st, u = _s9_state(s)
+    return st, {"r": u.idx["request"][r], "nb": new, "fail": fail_at or 0, "oom": taken == "OutOfMemory",
+                "refuse": taken == "InvalidRequest"}, u
+
+
+def _s9_expected(s: Any, u: Universe, value: Any) -> Any:
+    st, _ = _s9_state(s, ret=value if _is_int(value) else 0)
+    return flatten(st, E.S9.fields, _S9_CMP + ("ret",), u)
+
+
+SYS_ADAPTERS.append(Adapter("S9", "grow", "kv_grow", _s9_project, _s9_expected, _S9_CMP + ("ret",)))

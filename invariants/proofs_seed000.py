@@ -554,17 +554,24 @@ S8 = Proof(
 # ==========================================================================
 
 def _s9_grow(check: bool):
+    """spec/holders.py kv_grow: the six-step transaction.  ``fail`` 4/5 injects
+    a failure at that step, ``oom`` is the device's OutOfMemory at step 4;
+    ``refuse``: a growth of nothing may answer 0 or InvalidRequest."""
     def step(s: St, a: St):
         kc = at(s.kc, a.r)
         new = K.round_up(a.nb, s.page)
         delta = new - kc
-        out = outcome((z3.Or(a.nb <= kc, new > at(s.rsize, a.r)), "InvalidRange"),
-                      (delta > s.free, "GrantDenied"), (a.fail == 4, "OutOfMemory"), (a.fail == 5, "DeviceFault"))
+        out = outcome((a.nb > at(s.rsize, a.r), "InvalidRange"),
+                      (z3.And(delta <= 0, a.refuse), "InvalidRequest"), (delta <= 0, "ok"),
+                      (delta > s.free, "GrantDenied"), (z3.Or(a.fail == 4, a.fail == 5), "MemspecError"),
+                      (a.oom, "OutOfMemory"))
+        grows = z3.And(out == OK, delta > 0)
         ok = s.set(kc=upd(s.kc, a.r, new), view=upd(s.view, a.r, new),
-                   chg=upd(s.chg, a.r, at(s.chg, a.r) + delta), free=s.free - delta)
-        nxt = merge(out == OK, ok, s)
+                   chg=upd(s.chg, a.r, at(s.chg, a.r) + delta), free=s.free - delta, ret=delta)
+        nxt = merge(grows, ok, merge(out == OK, s.set(ret=0), s))
         if not check:  # step 5 failed: grant returned but the new mapping is left in place
-            nxt = merge(z3.And(a.fail == 5, out == code_of("DeviceFault")), s.set(kc=upd(s.kc, a.r, new)), nxt)
+            bad = z3.And(a.fail == 5, out == code_of("MemspecError"))
+            nxt = merge(bad, s.set(kc=upd(s.kc, a.r, new)), nxt)
         return out, nxt
     return step
 
@@ -575,11 +582,11 @@ def code_of(name: str) -> int:
     return CODE[name]
 
 
-_GROW = {"r": INT, "nb": INT, "fail": INT}
+_GROW = {"r": INT, "nb": INT, "fail": INT, "oom": BOOL, "refuse": BOOL}
 _GROW_PRE = lambda s, a: z3.Or(a.fail == 0, a.fail == 4, a.fail == 5)  # noqa: E731
 S9 = Proof(
     "S9", "transactional-growth", "roll back the provisional mapping; return the grant; keep the old KV view",
-    fields={"rsize": ARR, "kc": ARR, "view": ARR, "chg": ARR, "free": INT, "page": INT},
+    fields={"rsize": ARR, "kc": ARR, "view": ARR, "chg": ARR, "free": INT, "page": INT, "ret": INT},
     init=lambda s: z3.And(s.kc == Z0(), s.view == Z0(), s.chg == Z0(), s.free >= 0, s.page > 0),
     inv=lambda s, r: z3.And(at(s.view, r) == at(s.kc, r), at(s.chg, r) == at(s.kc, r), at(s.kc, r) >= 0,
                             s.free >= 0, s.page > 0),
