@@ -15,7 +15,7 @@ from memspec.spec import kernels as K
 
 
 def test_crosshair_check_and_diffbehavior_find_nothing() -> None:
-    rep = run_contracts(per_condition_timeout=2.0, diff_timeout=6.0, jobs=2)
+    rep = run_contracts(per_condition_timeout=2.0, diff_timeout=4.0, jobs=2)
     checked = {r.target for r in rep.rows if r.kind == "check"}
     assert {"kernels.round_up", "kernels.grant", "kernels.commit_grant", "kernels.refund"} <= checked
     pairs, _ = all_pairs()
