@@ -796,7 +796,7 @@ class _Witness:
 
 @action(role="caching", params={"size": SIZES, "stream": STREAM},
         perform=lambda sut, size, stream: sut.allocator.malloc(size, stream),
-        invariants=("C1", "C2", "C4", "C5", "C7", "C8", "C9"), weight=6)
+        invariants=("C2", "C3", "C4", "C5", "C7", "C8", "C9", "C1"), weight=6)
 def malloc(st: CachingState, size: int, stream: int):
     """Allocate ``size`` bytes for work on ``stream``: round, pick the pool,
     best-fit a free block of that pool and stream, else a new segment
@@ -827,7 +827,7 @@ def _free_step(st: CachingState, ref: int):
 
 
 @action(role="caching", params={"ref": LIVE_REF}, perform=lambda sut, ref: sut.allocator.free(sut.ref(ref)),
-        invariants=("C3", "C7"), weight=4)
+        invariants=("C3", "C7", "C2", "C1"), weight=4)
 def free(st: CachingState, ref: int):
     """Free a live block. With uses on other streams (record_stream) it stays
     pending until their events complete; otherwise it returns to its pool at
@@ -868,7 +868,8 @@ def complete_stream(st: CachingState, stream: int):
     return outcomes(Returns("None", accepts=lambda v: v is None, then=then, witness=lambda: None), blame="C7")
 
 
-@action(role="caching", perform=lambda sut: sut.allocator.empty_cache(), invariants=("C6",), weight=1)
+@action(role="caching", perform=lambda sut: sut.allocator.empty_cache(), invariants=("C6", "C3", "C7", "C2", "C1"),
+        weight=1)
 def empty_cache(st: CachingState):
     """Wait for all events, then release every segment that is one whole free
     block (unmap the whole free pages of expandable arenas); return the bytes
