@@ -290,3 +290,55 @@ def test_destroy_of_a_pinned_context_is_refused():
     assert not s.registry.context_alive
     assert not SYSTEM.action("allocate_owned").available(s)
     ok(s)
+
+
+def test_reservation_use_and_close_wait_for_the_fence():
+    s = fresh()
+    st = drive(SYSTEM, s, "new_stream")
+    r = drive(SYSTEM, s, "reserve_owned", size=2 * PAGE)
+    drive(SYSTEM, s, "commit_owned", span=(r, 0, PAGE))
+    drive(SYSTEM, s, "use_owned", reservation=r, stream=st, value=Fence(0, 1))
+    drive(SYSTEM, s, "close_owned", reservation=r, value=None)
+    assert r not in s.reservations and s.charged_by["session"] == PAGE, "close only enqueues"
+    (seq, fences), = queue_snapshot(s)
+    assert fences, "the release waits for the reservation's fence"
+    assert not permits(SYSTEM, s, "destroy_context", value=None)
+    drive(SYSTEM, s, "synchronize", stream=None)
+    drive(SYSTEM, s, "poll", pending=queue_snapshot(s), value=poll_answer(s, [True]))
+    assert s.charged_by["session"] == 0
+    ok(s)
+
+
+def test_weights_hot_cold_unload():
+    s = fresh()
+    drive(SYSTEM, s, "load_weight", weight=("w2", True, 4 * PAGE), value=None)
+    assert s.charged_by["weights"] == 4 * PAGE
+    t = _ticket(s, PAGE)
+    hot_victim = Seen(None, {"done": [], "released": 4 * PAGE, "state": TicketState.GRANTED, "held": 4 * PAGE})
+    assert not permits(SYSTEM, s, "respond", answer=(t, "weights", False), pending=(), value=hot_victim)
+    drive(SYSTEM, s, "set_hot", weight="w2", hot=False, value=None)
+    assert permits(SYSTEM, s, "respond", answer=(t, "weights", False), pending=(), value=hot_victim)
+    drive(SYSTEM, s, "unload_weight", weight="w2", value=None)
+    assert not s.weights["w2"].resident and s.charged_by["weights"] == 4 * PAGE, "unload only enqueues"
+    drive(SYSTEM, s, "poll", pending=queue_snapshot(s), value=poll_answer(s, [True]))
+    assert s.charged_by["weights"] == 0
+    ok(s)
+
+
+def test_kv_use_pins_pages_until_the_fence():
+    s = fresh()
+    st = drive(SYSTEM, s, "new_stream")
+    r = s.next_ref
+    drive(SYSTEM, s, "kv_open", request=(r, 4 * PAGE, None, 0))
+    drive(SYSTEM, s, "kv_grow", growth=(r, PAGE, None))
+    drive(SYSTEM, s, "kv_use", request=r, stream=st, value=Fence(0, 1))
+    drive(SYSTEM, s, "kv_close", request=r)
+    pend = queue_snapshot(s)
+    assert permits(SYSTEM, s, "poll", pending=pend, value=Seen(None, {"done": [True], "ran": 1})), "it may be done"
+    drive(SYSTEM, s, "poll", pending=pend, value=Seen(None, {"done": [False], "ran": 0}))
+    assert s.charged_by["kv"] == PAGE, "in use by in-flight work: not freed"
+    drive(SYSTEM, s, "synchronize", stream=st)
+    assert not permits(SYSTEM, s, "poll", pending=queue_snapshot(s), value=Seen(None, {"done": [False], "ran": 0}))
+    drive(SYSTEM, s, "poll", pending=queue_snapshot(s), value=Seen(None, {"done": [True], "ran": 1}))
+    assert s.charged_by["kv"] == 0
+    ok(s)
