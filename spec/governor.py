@@ -279,7 +279,8 @@ def issue_ticket(s: SysState, request: tuple[int, int, int]) -> Any:
 
     return outcomes(
         Returns("a pending ticket holding 0",
-                lambda v: isinstance(v, Ticket) and v.amount == amount and v.state == TicketState.PENDING and v.held == 0,
+                lambda v: isinstance(v, Ticket) and v.amount == amount and v.state == TicketState.PENDING
+                and v.held == 0 and type(v.generation) is int,
                 then, lambda: Ticket(s.next_ref, SESSION, amount, priority, deadline, 1)),
         blame="S15",
     )

@@ -126,8 +126,14 @@ def _s5_mech_full(s: MechState) -> str | None:
 
 
 def _s5_sys(s: SysState) -> str | None:
-    if s.noop_answers:
-        return f"{s.noop_answers} unsupported call(s) answered as a success"
+    caps = s.registry.capabilities
+    for r in s.reservations:
+        o = s.owned[r]
+        if not caps[o.creator][0]:
+            return f"reservation {r} was made by mechanism {o.creator}, which has no VirtualBacking"
+    for q in s.kv.values():
+        if q.state == "open" and not caps[q.creator][0]:
+            return f"KV request {q.name} lives on mechanism {q.creator}, which has no VirtualBacking"
     return None
 
 
@@ -286,8 +292,6 @@ S12 = Invariant(
 def _s13_mech(s: MechState) -> str | None:
     if s.readonly_writes:
         return f"{s.readonly_writes} write(s) through a read-only mapping succeeded"
-    if s.premature_shared_frees:
-        return f"{s.premature_shared_frees} shared handle(s) freed while mapped or unreleased"
     return None
 
 

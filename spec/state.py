@@ -165,7 +165,6 @@ class MechState:
     foreign_frees: int = 0             # S1: a foreign handle freed here
     absent_answered: int = 0           # S5: an absent capability answered with an object
     readonly_writes: int = 0           # S13: a write through a read-only mapping succeeded
-    premature_shared_frees: int = 0    # S13: shared pages freed while mapped or unreleased
     # witness support (spec-only runs): a simple address model
     w_next_address: int = 1 << 32
     w_freed: dict[int, int] = field(default_factory=dict)  # freed address -> footprint
@@ -356,7 +355,6 @@ class SysState:
     misreleased: int = 0           # S1: freed through a mechanism other than its creator
     stale_capabilities: int = 0    # S3
     premature_frees: int = 0       # S4: freed while a fence was incomplete
-    noop_answers: int = 0          # S5
     governor_evictions: int = 0    # S6: data released by someone other than its holder
     hot_evictions: int = 0         # S6
     overclaims: int = 0            # S6: a holder reported bytes its releases did not refund

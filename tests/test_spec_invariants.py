@@ -373,3 +373,21 @@ def test_s6_holder_reports_bytes_it_did_not_release():
     drive(SYSTEM, s, "respond", answer=(t, "kv", False), pending=queue_snapshot(s),
           value=Seen(None, {"done": [], "released": PAGE, "state": "granted", "held": PAGE}))
     assert BY_ID["S6"].check(s)
+
+
+def test_s5_unsupported_masquerading_as_success_system():
+    """kv_open with its capability guard removed (the step sees the eager-only
+    mechanism as if it had VirtualBacking) opens a request that cannot exist."""
+    def scenario(unguarded: bool):
+        s = sys_state()
+        drive(SYSTEM, s, "select", mechanism=1)
+        saved = s.registry.capabilities[1]
+        if unguarded:
+            s.registry.capabilities[1] = (True, True)
+        outs = SYSTEM.action("kv_open").step(s, request=(s.next_ref, 4 * PAGE, None, 0))
+        s.registry.capabilities[1] = saved
+        outs.branches[0].then(None)
+        return s
+
+    assert holds("S5", scenario(False))
+    assert BY_ID["S5"].check(scenario(True))
