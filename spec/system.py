@@ -19,6 +19,17 @@ Holders                  ModelResidency, KvPageStore (``holders``)
 the state: the Governor's capacity equals the device's, mechanism ``[0]``
 (the target, with the given capabilities) is installed, mechanism ``[1]`` is
 eager only.  ``perform(sut, **args)`` receives a ``SystemUnderTest``.
+
+Driving it: draw an action's arguments from the state, call ``step`` for
+the permitted outcomes and ``perform`` on the implementation, find the
+branch that matches the answer (``Outcomes.match``) and call its ``then``.
+When ``then`` returns an int, that is a fresh reference id: bind the value
+``perform`` returned to it (a :class:`~memspec.spec.state.Seen` wraps the
+implementation object in ``obj`` and the figures of the answer, already in
+the spec's vocabulary, in ``facts``); later ``perform`` calls get it back
+through ``sut.ref(id)``.  A KV request's reference id ``r`` is named
+``f"kv{r}"`` in the implementation.  Holders are spec names (``session``,
+``weights``, ``kv``); ``perform`` maps them to the implementation's.
 """
 
 from __future__ import annotations
