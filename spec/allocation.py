@@ -158,8 +158,8 @@ def allocate(s: MechState, size: Any) -> Any:
         return (
             isinstance(v, DeviceAllocation)
             and v.size == size
-            and isinstance(v.footprint, int)
-            and size <= v.footprint <= hi
+            and type(v.footprint) is int
+            and K.footprint_ok(size, v.footprint, s.page)
             and v.address % ALIGNMENT == 0
             and s.physical + v.footprint <= s.capacity
             and v.identity not in s.identities
@@ -351,7 +351,7 @@ def allocate_owned(s: SysState, size: Any) -> Any:
             and v["context"] is True
             and v["size"] == size
             and type(v["footprint"]) is int
-            and size <= v["footprint"] <= hi
+            and K.footprint_ok(size, v["footprint"], s.page)
             and v["footprint"] <= s.free
             and v["identity"] not in s.identities
         )

@@ -226,7 +226,7 @@ def refund_lease(s: SysState, lease: int) -> Any:
 
 def ticket_receive(s: SysState, t: TicketRec, n: int) -> None:
     """``n`` bytes a holder's releases refunded move from free into the ticket."""
-    _set(s, K.Ledger(s.capacity, s.free - n, s.granted + n, s.charged))
+    _set(s, K.grant_from_free(ledger(s), n))
     t.held += n
     t.received += n
     s.tickets_held += n
@@ -238,7 +238,7 @@ def ticket_receive(s: SysState, t: TicketRec, n: int) -> None:
 def ticket_end(s: SysState, t: TicketRec, state: str) -> int:
     """A ticket becomes terminal; the bytes it holds go back to free, exactly once."""
     n = t.held
-    _set(s, K.cancel_grant(ledger(s), n) if n else ledger(s))
+    _set(s, K.return_grant(ledger(s), n))
     t.held = 0
     t.returned += n
     t.returns += 1
