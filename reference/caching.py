@@ -379,6 +379,7 @@ class _Pool:
     def __init__(self, small: bool) -> None:
         self.small = small
         self.blocks = SortedList()  # free_key(stream, size, address) of free mapped blocks
+        assert self.blocks._load == 1000, "the inlined SortedList paths assume the default load factor"
         self.free: dict[int, _Block] = {}
         self.unmapped = SortedList()  # (stream << 64) | address of unmapped blocks of expandable arenas
         self.unmapped_at: dict[int, _Block] = {}
@@ -576,16 +577,16 @@ class CachingAllocator:
         bl = pool.blocks
         maxes = bl._maxes
         if maxes:  # SortedList.add, inlined (sortedcontainers 2.x internals)
-            pos = bisect_right(maxes, v)
-            if pos == len(maxes):
-                pos -= 1
+            if v >= maxes[-1]:
+                pos = len(maxes) - 1
                 lst = bl._lists[pos]
                 lst.append(v)
                 maxes[pos] = v
             else:
+                pos = bisect_right(maxes, v)
                 lst = bl._lists[pos]
                 insort(lst, v)
-            if bl._index or len(lst) > (bl._load << 1):
+            if bl._index or len(lst) > 2000:
                 bl._expand(pos)
             bl._len += 1
         else:
@@ -596,12 +597,18 @@ class CachingAllocator:
     def _remove(self, pool: _Pool, b: _Block) -> None:
         v = (b.stream << 128) | (b.size << 64) | b.address
         bl = pool.blocks
-        pos = bisect_left(bl._maxes, v)
+        maxes = bl._maxes
+        pos = bisect_left(maxes, v)
         lst = bl._lists[pos]
         idx = bisect_left(lst, v)
         if lst[idx] != v:  # pragma: no cover - a broken free list
             raise KeyError(v)
-        bl._delete(pos, idx)
+        if len(lst) > 501 and not bl._index:  # SortedList._delete's common case, inlined
+            del lst[idx]
+            bl._len -= 1
+            maxes[pos] = lst[-1]
+        else:
+            bl._delete(pos, idx)
         del pool.free[b.address]
 
     def _insert_unmapped(self, pool: _Pool, b: _Block) -> None:
@@ -672,9 +679,9 @@ class CachingAllocator:
         bl = pool.blocks
         lo = (stream << 128) | (r << 64)
         maxes = bl._maxes  # sortedcontainers internals: two C bisects, no positional index
-        pos = bisect_left(maxes, lo)
-        if pos == len(maxes):
+        if not maxes or lo > maxes[-1]:
             return None
+        pos = bisect_left(maxes, lo)
         sub = bl._lists[pos]
         idx = bisect_left(sub, lo)
         key = sub[idx]
@@ -693,7 +700,12 @@ class CachingAllocator:
             if r >= ms and b.size >= r + K_LARGE_BUFFER:
                 return None  # nor one too oversized for a large request
         if key is not None:
-            bl._delete(pos, idx)
+            if len(sub) > 501 and not bl._index:  # SortedList._delete's common case, inlined
+                del sub[idx]
+                bl._len -= 1
+                maxes[pos] = sub[-1]
+            else:
+                bl._delete(pos, idx)
             del pool.free[b.address]
         else:
             self._remove(pool, b)
