@@ -103,3 +103,18 @@ def test_targets_command_lists_the_reference_targets():
     for name in ("reference", "reference-eager", "reference-vmm"):
         assert name in p.stdout
     assert "virtual_backing" in p.stdout and "shared_mapping" in p.stdout
+
+
+def test_fuzz_walk_mode_cli_saves_failures_and_reproductions(tmp_path):
+    db, out = tmp_path / "db", tmp_path / "repro"
+    cmd = [sys.executable, "-m", "memspec", "fuzz", "mutant:foreign-free", "--mode", "walk", "--seconds", "20",
+           "--capacity", str(16 * MiB), "--db", str(db), "--out", str(out), "--quiet"]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "FAIL S1" in p.stdout and "steps/s" in p.stdout
+    assert any(out.glob("*S1*.py")) and any(db.rglob("*"))
+    healthy = subprocess.run(cmd[:4] + ["reference-eager", "--mode", "walk", "--seconds", "3", "--db", str(db),
+                                        "--out", str(out), "--quiet"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=300)
+    assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+    assert "no failures" in healthy.stdout

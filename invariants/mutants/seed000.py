@@ -205,35 +205,28 @@ def _drop_frees_synchronously(system: Any) -> Any:
     return system
 
 
-def _failed_allocation_keeps_grant(system: Any) -> Any:
-    """S8: when the allocator fails, the binding does not return the provisional grant."""
-    from memspec.spec.errors import OutOfMemory
-
+def _charge_at_plan(system: Any) -> Any:
+    """S8: the binding charges the planned (requested) bytes, not the
+    footprint the allocator actually took (seed 000: *act on the real
+    allocated bytes; do not silently keep incorrect accounts*)."""
     b = system.binding
-    orig_cancel = b.governor.cancel
-
-    class _KeepOnOOM:
-        active = False
-
+    gov = b.governor
+    orig_commit = gov.commit
     orig_allocate = b.allocate
+    inside = [False]
+
+    def commit(grant, actual):
+        return orig_commit(grant, grant.nbytes if inside[0] else actual)
 
     def allocate(holder, size, **kw):
+        inside[0] = True
         try:
-            _KeepOnOOM.active = True
             return orig_allocate(holder, size, **kw)
         finally:
-            _KeepOnOOM.active = False
+            inside[0] = False
 
-    def cancel(grant):
-        import sys
-
-        exc = sys.exc_info()[1]
-        if _KeepOnOOM.active and isinstance(exc, OutOfMemory):
-            return 0            # the grant stays provisionally taken
-        return orig_cancel(grant)
-
+    gov.commit = commit
     b.allocate = allocate
-    b.governor.cancel = cancel
     return system
 
 
@@ -344,8 +337,8 @@ SYSTEM_MUTANTS = [
     _system("release-before-fence", "S4", "the deferred-free queue releases before the fence", _release_before_fence),
     _system("governor-evicts", "S6", "the governor evicts holder data itself", _governor_evicts),
     _system("drop-frees-synchronously", "S7", "a drop that frees synchronously", _drop_frees_synchronously),
-    _system("failed-allocation-keeps-grant", "S8", "a failed allocation keeps its provisional grant",
-            _failed_allocation_keeps_grant),
+    _system("charge-at-plan", "S8", "an allocation is charged its requested size, not its actual footprint",
+            _charge_at_plan),
     _system("growth-keeps-partial-mapping", "S9", "a growth that keeps a partial mapping on failure",
             _growth_keeps_partial_mapping, "reference-vmm"),
     _system("destroy-pinned-context", "S10", "a context destroyed with live allocations", _destroy_pinned_context),

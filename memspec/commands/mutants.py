@@ -92,7 +92,8 @@ def main(argv: list[str]) -> int:
         console.print(f" {k.verdict} in {k.seconds:.1f} s")
         kills.append(k)
     t = Table(title="memspec mutants: kill table")
-    for col in ("mutant", "level", "expected", "caught by", "steps to detection", "shrunk length", "verdict"):
+    t.add_column("mutant", no_wrap=True)
+    for col in ("level", "expected", "caught by", "steps to detection", "shrunk length", "verdict"):
         t.add_column(col)
     style = {"KILLED": "green", "WRONG": "yellow", "SURVIVED": "bold red", "ERROR": "bold red"}
     for k in kills:
