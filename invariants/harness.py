@@ -491,6 +491,8 @@ class Run:
         self.foreign: api.TargetInstance | None = None
         self.closed = False
         self.failed = False
+        self.nsteps = 0
+        self._action = None
         try:
             self.instance = plan.factory(**plan.factory_kwargs)
             self.sut = plan.make_sut(self, self.instance)

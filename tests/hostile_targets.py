@@ -325,3 +325,14 @@ def _reference_hostile(mode):
 reference_raises = _reference_hostile("raise")
 reference_wrong_type = _reference_hostile("wrong-type")
 reference_hangs = _reference_hostile("hang")
+
+
+class _StubCapabilityMechanism(ToyMechanism):
+    def virtual_backing(self):
+        return object()   # a "present" capability that implements nothing: a silent no-op in disguise
+
+
+def toy_stub_capability(capacity=None):
+    ep = ToyEP()
+    return api.TargetInstance(mechanism=_StubCapabilityMechanism(ToyAllocator(ep)), ep=ep,
+                              capacity=capacity or TOY_CAPACITY)

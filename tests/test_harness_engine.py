@@ -125,3 +125,9 @@ def test_cli_exit_status_json_and_junit(tmp_path):
     ok = subprocess.run(cmd[:5] + ["--machine", TOY, "--level", "mechanism", "--examples", "10", "--quiet"],
                         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stdout + ok.stderr
+
+
+def test_a_stub_capability_object_is_an_s5_failure():
+    res = conform("toy_stub_capability", examples=5, steps=5)
+    assert [(f.invariant, f.cause) for f in res.failures] == [("S5", "capability")]
+    assert "lacks" in res.failures[0].reason and "commit_range" in res.failures[0].reason
