@@ -180,9 +180,9 @@ def state_machine(machine: Machine[Any], *, capacity: int = 64 * 4096, page: int
 
 
 def run(machine: Machine[Any], *, examples: int, steps: int, seed: int | None = None,
-        stats: dict[str, int] | None = None) -> dict[str, int]:
-    """Run the spec's stateful test; raises on the first broken invariant (shrunk)."""
-    from hypothesis import settings
+        stats: dict[str, int] | None = None, shrink: bool = True) -> dict[str, int]:
+    """Run the spec's stateful test; raises on the first broken invariant (shrunk unless ``shrink=False``)."""
+    from hypothesis import Phase, settings
     from hypothesis.stateful import run_state_machine_as_test
 
     from memspec import profiles  # noqa: F401  (registers the profiles)
@@ -192,7 +192,8 @@ def run(machine: Machine[Any], *, examples: int, steps: int, seed: int | None = 
     if seed is not None:
         random.seed(seed)
     cfg = settings(settings.get_profile("ci"), max_examples=examples, stateful_step_count=steps,
-                   derandomize=seed is None)
+                   derandomize=seed is None,
+                   phases=list(Phase) if shrink else [Phase.explicit, Phase.reuse, Phase.generate])
     run_state_machine_as_test(cls, settings=cfg)
     return stats
 

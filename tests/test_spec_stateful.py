@@ -114,3 +114,18 @@ def test_witnesses_are_accepted_by_their_own_branches():
             from memspec.spec.selfcheck import spec_step
 
             spec_step(machine, s, acts[rng.randrange(len(acts))], ch)
+
+
+def test_spec_check_command_fails_on_a_broken_spec(monkeypatch, capsys):
+    from memspec.commands import spec_check
+    from memspec.spec import release
+
+    original = release.refund
+
+    def twice(s, holder, n):
+        original(s, holder, n)
+        s.free += n
+
+    monkeypatch.setattr(release, "refund", twice)
+    assert spec_check.main(["--machine", "system", "--examples", "30", "--steps", "30", "--no-shrink"]) == 1
+    assert "FAIL" in capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""``memspec spec-check [--examples N] [--steps N] [--seed S] [--machine system|mechanism|all]``
+"""``memspec spec-check [--examples N] [--steps N] [--seed S] [--machine system|mechanism|all] [--no-shrink]``
 
 Run the spec's own Hypothesis stateful test, with no implementation: random
 action sequences on the spec alone (branches a conforming implementation
@@ -19,6 +19,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--seed", type=int, default=None, help="seed (default: derandomized)")
     p.add_argument("--machine", choices=("system", "mechanism", "all"), default="all")
+    p.add_argument("--no-shrink", action="store_true", help="report the first failure as found (faster)")
     args = p.parse_args(argv)
     from memspec.spec.mechanism import MECHANISM
     from memspec.spec.selfcheck import run
@@ -30,7 +31,7 @@ def main(argv: list[str]) -> int:
         stats: dict[str, int] = {}
         t0 = time.perf_counter()
         try:
-            run(m, examples=args.examples, steps=args.steps, seed=args.seed, stats=stats)
+            run(m, examples=args.examples, steps=args.steps, seed=args.seed, stats=stats, shrink=not args.no_shrink)
             verdict = "PASS"
         except Exception as e:  # a broken invariant (shrunk) or a spec error
             verdict = f"FAIL: {type(e).__name__}: {e}"
