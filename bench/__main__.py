@@ -59,8 +59,8 @@ def run_groups(names: list[str], quick: bool, log=print) -> list[Row]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0],
+def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks every benchmark runs, figures are not meaningful")
     p.add_argument("--json", default="bench-results.json", metavar="FILE", help="where to write the results (default %(default)s)")

@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     mod = importlib.import_module("bench.__main__")
-    return int(mod.main(argv) or 0)
+    return int(mod.main(argv, prog="memspec bench") or 0)
 
 
 if __name__ == "__main__":  # pragma: no cover
