@@ -132,3 +132,44 @@ def test_memspec_bench_finds_the_checkout(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads(out.read_text())["rows"]
     assert rows and all(r["name"].startswith("gpu") for r in rows)
+
+
+def test_toy_extracted_from_the_seed_reproduces_the_seeds_figures():
+    """bench/toy.py execs the seed's toy at run time; it must be the seed's
+    allocator: *fill: reserved=40M allocated=40M requested=32M* ... *OOM*."""
+    from bench.toy import load_toy
+
+    t = load_toy()
+    if t is None:
+        pytest.skip("seed 003 not present beside the repository")
+    MB = t.MB
+    sim = t.Sim(device=40 * MB)
+    A = []
+    for _ in range(4):
+        A.append(sim.alloc(3 * MB + 1))
+        sim.alloc(5 * MB + 1)
+    assert (sim.reserved, sim.allocated, sim.requested) == (40 * MB, 40 * MB, 32 * MB + 8)
+    for a in A:
+        sim.free(a)
+    assert (sim.allocated // MB, sim.requested // MB) == (24, 20)
+    with pytest.raises(t.OOM, match="16 MiB is reserved but unallocated"):
+        sim.alloc(8 * MB)
+
+
+def test_caching_workload_keeps_the_live_set_and_is_reproducible():
+    from bench import workload
+
+    w = workload.make("mixed", 50, 200)
+    assert w == workload.make("mixed", 50, 200) and len(w.init) == 50 and len(w.ops) == 200
+    assert all(1 <= n <= 8 * workload.MiB for n in w.init + [n for _, n in w.ops])
+    assert all(workload.MiB < n <= 16 * workload.MiB for n in workload.make("large", 20, 50).init)
+    live: set[int] = set()
+    counter = iter(range(10**6))
+
+    def alloc(n: int) -> int:
+        h = next(counter)
+        live.add(h)
+        return h
+
+    seconds = workload.run_pairs(w, alloc, live.remove)
+    assert seconds > 0 and len(live) == 50 and next(counter) == 250
