@@ -25,14 +25,12 @@ from typing import Any
 
 from memspec.spec import kernels as K
 from memspec.spec.api import AllocationRequest, DeviceAllocation, DeviceKey, Fence
-from memspec.spec.core import Domain, Raises, Returns, action, one_of, only, outcomes
+from memspec.spec.core import Domain, Raises, Returns, action, only, outcomes
 from memspec.spec.errors import (
-    ContextBusy,
     DoubleFree,
     ForeignAllocation,
     GrantDenied,
     InvalidRequest,
-    NotRegistered,
     OutOfMemory,
     StaleHandle,
 )

@@ -34,8 +34,6 @@ from memspec.spec.errors import (
     GrantDenied,
     InvalidRange,
     InvalidRequest,
-    MemspecError,
-    NotRegistered,
     OutOfMemory,
     StaleHandle,
     Unsupported,

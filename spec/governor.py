@@ -32,9 +32,9 @@ from typing import Any
 
 from memspec.spec import kernels as K
 from memspec.spec.api import Grant, Lease, Ticket, TicketState
-from memspec.spec.core import Domain, Raises, Returns, action, only, outcomes
+from memspec.spec.core import Domain, Returns, action, only, outcomes
 from memspec.spec.errors import GrantDenied, InvalidRequest, InvalidTicket
-from memspec.spec.state import GrantRec, LeaseRec, Seen, SysState, TicketRec, add, from_refs, is_size, new_ref
+from memspec.spec.state import GrantRec, LeaseRec, SysState, TicketRec, add, from_refs, is_size, new_ref
 
 #: holders, in the spec's vocabulary; ``perform`` maps them to the names of
 #: the system under test's roles

@@ -32,9 +32,8 @@ from __future__ import annotations
 from typing import Any
 
 from memspec.spec import kernels as K
-from memspec.spec.api import Fence
 from memspec.spec.core import Domain, Returns, action, outcomes
-from memspec.spec.state import Owned, QueueEntry, Seen, Stream, SysState, add, from_refs, new_ref
+from memspec.spec.state import QueueEntry, Seen, Stream, SysState, add, new_ref
 
 
 # --------------------------------------------------------------------------

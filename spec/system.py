@@ -37,7 +37,6 @@ from __future__ import annotations
 from typing import Any
 
 from memspec.spec import allocation, backing, contexts, governor, holders, registry, release
-from memspec.spec.api import TicketState
 from memspec.spec.core import Machine, Observation
 from memspec.spec.invariants import ALL
 from memspec.spec.state import Registry, SysState
