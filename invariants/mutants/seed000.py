@@ -171,9 +171,27 @@ def _stale_capabilities(system: Any) -> Any:
 
 
 def _release_before_fence(system: Any) -> Any:
-    """S4: the EP's deferred-free queue runs a release without waiting for
-    its fences."""
-    system.ep._ready = lambda d: True
+    """S4: dropping an owning allocation frees its memory at once; only the
+    refund waits in the deferred-free queue for the fences (the memory is
+    gone while queued work may still read it -- the "unmap before the fence"
+    bug of a real VMM resource)."""
+    import types
+
+    b = system.binding
+    orig = b.allocate
+
+    def close(h):
+        if h._r.closed:
+            raise DoubleFree("handle already dropped")
+        freed = h._allocator.deallocate(h.allocation)   # before the fence
+        h._r.close(lambda: freed)                       # the queue only refunds
+
+    def allocate(holder, size, **kw):
+        h = orig(holder, size, **kw)
+        h.close = types.MethodType(close, h)
+        return h
+
+    b.allocate = allocate
     return system
 
 
