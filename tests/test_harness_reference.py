@@ -107,7 +107,7 @@ def test_targets_command_lists_the_reference_targets():
 
 def test_fuzz_walk_mode_cli_saves_failures_and_reproductions(tmp_path):
     db, out = tmp_path / "db", tmp_path / "repro"
-    cmd = [sys.executable, "-m", "memspec", "fuzz", "mutant:foreign-free", "--mode", "walk", "--seconds", "20",
+    cmd = [sys.executable, "-m", "memspec", "fuzz", "mutant:foreign-free", "--mode", "walk", "--seconds", "6",
            "--capacity", str(16 * MiB), "--db", str(db), "--out", str(out), "--quiet"]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 1, p.stdout + p.stderr
