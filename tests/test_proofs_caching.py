@@ -49,3 +49,26 @@ def test_expandable_search_finds_page_pinning_when_it_exists() -> None:
 
 def test_z3_policy_kernels_agree_with_the_spec() -> None:
     assert kernel_agreement(samples=1000) == []
+
+
+@pytest.mark.parametrize("preset", ["pytorch", "seed"])
+def test_c1_c2_c3_hold_for_every_sequence_up_to_depth_4(preset: str) -> None:
+    from memspec.invariants.proofs_caching import C_DEPTH, bounded_c_invariants
+
+    r = bounded_c_invariants(preset, depth=C_DEPTH)
+    assert r.ok, r.results
+
+
+def test_bounded_proof_catches_a_free_that_does_not_coalesce(monkeypatch) -> None:
+    import z3
+
+    from memspec.invariants import proofs_caching as PC
+
+    def free_without_merge(st, i):  # type: ignore[no-untyped-def]
+        out = st.copy()
+        out.free = [z3.If(i == j, True, st.free[j]) for j in range(len(st.used))]
+        return out
+
+    monkeypatch.setattr(PC, "free", free_without_merge)
+    r = PC.bounded_c_invariants("seed", depth=3)
+    assert r.results["C3"].startswith("VIOLATED"), r.results
