@@ -528,11 +528,29 @@ class Run:
             raise SpecError(f"an action's availability check raised {type(e).__name__}: {e}") from e
 
     def choose(self, chooser: Any) -> tuple[Any, dict, list]:
-        """Draw an available action (by weight) and its arguments."""
+        """Draw an available action (by weight) and its arguments.
+
+        First up to three draws over the whole table (weights fixed, so the
+        draw costs one availability check instead of one per action); if
+        all land on unavailable actions, one draw over the available ones."""
+        weighted = getattr(chooser, "weighted", None)
+        acts = self.plan.actions
+        if weighted is not None and len(acts) > 1:
+            ws = self.plan.__dict__.get("_weights")
+            if ws is None:
+                ws = self.plan.__dict__["_weights"] = tuple(x.weight for x in acts)
+            state = self.state
+            for _ in range(3):
+                a = acts[weighted(ws)]
+                try:
+                    ok = a.available(state)
+                except Exception as e:  # noqa: BLE001
+                    raise SpecError(f"{a.name}: availability check raised {type(e).__name__}: {e}") from e
+                if ok:
+                    return self._draw_args(a, chooser)
         avail = self.available()
         if not avail:
             raise SpecError(f"{self.machine.name}: no action is available in this state")
-        rec = RecordingChooser(chooser)
         n = len(avail)
         if n == 1:
             a = avail[0]
@@ -549,6 +567,10 @@ class Run:
                     k -= a.weight
                     if k < 0:
                         break
+        return self._draw_args(a, chooser)
+
+    def _draw_args(self, a: Any, chooser: Any) -> tuple[Any, dict, list]:
+        rec = RecordingChooser(chooser)
         try:
             args = a.draw_args(self.state, rec)
         except SpecError:
