@@ -107,13 +107,18 @@ def _k(n: int) -> str:
 
 
 def pytorch_rows(lives: tuple[int, ...], pairs: int, repeats: int) -> list[Row]:
+    """One row per live-set size, then the two targets: the rate at the
+    largest size (ratio = rate / 100,000) and the per-op cost there against
+    the smallest (the flatness)."""
     names = [f"caching pytorch @{_k(n)} live (mixed)" for n in lives]
-    big = lives[-1]
-    tgt_last = f">= 100,000/s; cost <= 1.5x @{_k(lives[0])}"
+    small, big = lives[0], lives[-1]
+    tgt_rate = ">= 100,000/s"
+    flat_name, tgt_flat = f"caching pytorch per-op cost @{_k(big)} / @{_k(small)}", "<= 1.5x"
     try:
         reference_ops("pytorch")
     except Unavailable as e:
-        return [unavailable(n, "pairs/s", tgt_last if i == len(lives) - 1 else "", str(e)) for i, n in enumerate(names)]
+        return ([unavailable(n, "pairs/s", tgt_rate if i == len(lives) - 1 else "", str(e)) for i, n in enumerate(names)]
+                + [unavailable(flat_name, "x", tgt_flat, str(e))])
     rates: dict[int, float] = {}
     for n in lives:
         w = workload.make("mixed", n, pairs)
@@ -122,12 +127,13 @@ def pytorch_rows(lives: tuple[int, ...], pairs: int, repeats: int) -> list[Row]:
     rows = []
     for n, name in zip(lives, names):
         if n == big:
-            cost_ratio = rates[lives[0]] / rates[n]  # per-op cost at big / at small
-            met = rates[n] >= 100_000 and cost_ratio <= 1.5
-            rows.append(Row(name, rates[n], "pairs/s", cost_ratio, tgt_last, met,
-                            f"ratio = per-op cost @{_k(n)} / @{_k(lives[0])}"))
+            rows.append(Row(name, rates[n], "pairs/s", rates[n] / 100_000, tgt_rate, rates[n] >= 100_000,
+                            "ratio = rate / 100,000"))
         else:
-            rows.append(Row(name, rates[n], "pairs/s", None, "", None, "baseline" if n == lives[0] else ""))
+            rows.append(Row(name, rates[n], "pairs/s", None, "", None, "baseline of the cost ratio" if n == small else ""))
+    cost = rates[small] / rates[big]  # per-op cost at big / at small
+    rows.append(Row(flat_name, cost, "x", cost, tgt_flat, cost <= 1.5,
+                    "best fit is a bisect, not a scan; see the floor row for the memory hierarchy's share"))
     return rows
 
 
