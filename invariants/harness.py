@@ -439,6 +439,9 @@ class Plan:
     timeout: float = 5.0
     guard_mode: str = "auto"
     integrity: bool = True
+    #: pattern one new region in ``integrity_sample`` (chosen by its ref id,
+    #: so a replay patterns a superset); 1 = every region
+    integrity_sample: int = 1
     stats: Stats = field(default_factory=Stats)
     on_step: Callable[["Plan"], None] | None = None
     mutant: Any = None
@@ -867,6 +870,7 @@ class _Region:
     spans: list  # [(address, size)] written
     blame_fault: str
     blame_mismatch: str
+    probe: bool = False  # not patterned: only checked to be readable (no fault)
 
 
 class Integrity:
@@ -924,6 +928,9 @@ class Integrity:
         return spans
 
     def _write(self, region: _Region) -> None:
+        if region.probe:
+            self._verify(region)
+            return
         s = self._stream()
         call = self.run.guard.call
         for addr, n in region.spans:
@@ -942,6 +949,8 @@ class Integrity:
             got, err = self.run.guard.call(self.ep.read, s, addr, n)
             if err is not None:
                 self._io_fail(region, addr, n, "reading", err)
+            if region.probe:
+                continue
             want = _pattern(region.ref, region.gen, addr, n)
             if bytes(got) != want:
                 self.run.fail(region.blame_mismatch, "data",
@@ -970,6 +979,8 @@ class Integrity:
                 del self.regions[ref]
             return
         spans, blame_fault, blame_mismatch = loc
+        sample = self.run.plan.integrity_sample
+        probe = bool(sample > 1 and (ref * 2654435761) % 4093 % sample)  # outside the sample: read, don't write
         if old is not None and old.spans == spans:
             old.blame_fault, old.blame_mismatch = blame_fault, blame_mismatch
             return
@@ -978,9 +989,9 @@ class Integrity:
             # that remain, then rewrite the new layout.
             keep = [sp for sp in old.spans if sp in spans]
             if keep:
-                self._verify(_Region(ref, old.gen, keep, blame_fault, blame_mismatch))
+                self._verify(_Region(ref, old.gen, keep, blame_fault, blame_mismatch, old.probe))
         self.gen += 1
-        region = _Region(ref, self.gen, spans, blame_fault, blame_mismatch)
+        region = _Region(ref, self.gen, spans, blame_fault, blame_mismatch, probe)
         self.regions[ref] = region
         if old is None:
             self.order.append(ref)
