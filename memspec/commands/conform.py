@@ -23,8 +23,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="memspec conform", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("targets", nargs="*", metavar="TARGET", help=f"targets to check (default: {DEFAULT_TARGET})")
-    p.add_argument("--examples", type=int, default=None, help="runs (fresh target each) per level (default: 60)")
-    p.add_argument("--steps", type=int, default=None, help="steps per run (default: 40)")
+    p.add_argument("--examples", type=int, default=None, help="runs (fresh target each) per level (default: the profile's; ci 200)")
+    p.add_argument("--steps", type=int, default=None, help="steps per run (default: the profile's; ci 50)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: derandomized under ci)")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
     p.add_argument("--junit", metavar="FILE", help="write the results as JUnit XML")
@@ -48,8 +48,8 @@ def main(argv: list[str]) -> int:
 
     console = Console(stderr=False)
     targets = args.targets or [DEFAULT_TARGET]
-    examples = args.examples if args.examples is not None else (60 if args.profile == "ci" else None)
-    steps = args.steps if args.steps is not None else (40 if args.profile == "ci" else None)
+    examples = args.examples  # None: the profile's (ci: 200 runs of 50 steps per level)
+    steps = args.steps
     all_results: dict[str, list] = {}
     progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
                         TimeElapsedColumn(), console=console, transient=True, disable=args.quiet)
