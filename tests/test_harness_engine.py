@@ -11,6 +11,7 @@ import sys
 import xml.etree.ElementTree as ET
 
 import pytest
+from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -84,7 +85,7 @@ def test_reproduction_file_fails_the_same_way_on_its_own(tmp_path):
     assert p.returncode != 0
     assert "Violation_T3" in p.stderr and "reproduced: FAIL T3" in p.stdout
     # the same steps on the healthy toy do not fail
-    text = open(path).read().replace("toy_overlap'", "toy'")
+    text = Path(path).read_text().replace("toy_overlap'", "toy'")
     fixed = tmp_path / "fixed.py"
     fixed.write_text(text)
     p2 = subprocess.run([sys.executable, str(fixed)], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -44,7 +45,7 @@ def test_mutant_reproduction_runs_standalone_and_fails_the_same_way(tmp_path):
     assert "Violation_S1" in p.stderr and "reproduced: FAIL S1" in p.stdout
     # the same steps against the healthy reference do not fail
     healthy = tmp_path / "healthy.py"
-    healthy.write_text(open(f.repro).read().replace("TARGET = 'mutant:foreign-free'", "TARGET = 'reference-eager'"))
+    healthy.write_text(Path(f.repro).read_text().replace("TARGET = 'mutant:foreign-free'", "TARGET = 'reference-eager'"))
     p2 = subprocess.run([sys.executable, str(healthy)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p2.returncode == 0 and "did not reproduce" in p2.stdout, p2.stdout + p2.stderr
 
