@@ -92,9 +92,11 @@ def main(argv: list[str]) -> int:
     if not levels:
         console.print(f"[red]level {args.level!r} does not apply to a target of kind {kind!r}[/]")
         return 2
-    with Live(disp, console=console, refresh_per_second=4, transient=False, redirect_stdout=False) as live:
-        if args.quiet:
-            live.stop()
+    import contextlib
+
+    live = contextlib.nullcontext() if args.quiet else Live(disp, console=console, refresh_per_second=4,
+                                                              transient=False, redirect_stdout=False)
+    with live:
         for i, lvl in enumerate(levels):
             share = (deadline - time.perf_counter()) / (len(levels) - i)
             try:
