@@ -4,8 +4,9 @@ It is honest in the ways that matter to seed 000:
 
 * **Physical pages hold real bytes.**  Capacity is a number of pages of
   ``page_size`` bytes (2 MiB by default, 64 KiB selectable).  A page's bytes
-  are a ``bytearray`` created on first write, so a 24 GiB device costs nothing
-  until touched.  Seed 000: *The committed bytes in the ledger cannot by
+  are held sparsely (:class:`PageData`: a background byte plus the 4 KiB
+  chunks written since), created on first write, so a 24 GiB device costs
+  nothing until touched and a 16-byte write into a 2 MiB page costs 4 KiB.  Seed 000: *The committed bytes in the ledger cannot by
   themselves prove where the data currently physically resides* -- this
   device can: :meth:`SimDevice.physical_bytes` counts pages actually held.
 * **A page table** maps virtual pages to physical pages with a permission
@@ -122,6 +123,120 @@ class RangeAllocator:
         self._insert(start, end - start)
 
 
+#: granule of a page's sparse contents (every page size is a multiple of it)
+CHUNK = 4 * KiB
+_UNIFORM: dict[int, bytes] = {}
+
+
+def _uniform(byte: int, n: int) -> bytes:
+    """``n`` bytes of ``byte`` (whole chunks shared: immutable)."""
+    if n == CHUNK:
+        u = _UNIFORM.get(byte)
+        if u is None:
+            u = _UNIFORM[byte] = bytes([byte]) * CHUNK
+        return u
+    return bytes(n) if byte == 0 else bytes([byte]) * n
+
+
+class PageData:
+    """The contents of one physical page: every byte is ``base`` except in
+    the chunks of ``chunks`` (chunk index -> ``CHUNK`` immutable bytes).
+
+    Chunks are immutable, so a snapshot (what a kernel saw) is a copy of the
+    dict, not of the bytes.  Byte for byte the same as a ``bytearray`` of the
+    page; only the host memory it costs differs.
+    """
+
+    __slots__ = ("base", "chunks")
+
+    def __init__(self, base: int = 0, chunks: dict[int, bytes] | None = None) -> None:
+        self.base = base
+        self.chunks: dict[int, bytes] = {} if chunks is None else chunks
+
+    def copy(self) -> "PageData":
+        return PageData(self.base, dict(self.chunks))
+
+    def read(self, off: int, n: int) -> bytes:
+        chunks = self.chunks
+        if not chunks:
+            return _uniform(self.base, n)
+        first, last = off // CHUNK, (off + n - 1) // CHUNK
+        if first == last:
+            c = chunks.get(first)
+            if c is None:
+                return _uniform(self.base, n)
+            o = off - first * CHUNK
+            return c[o:o + n]
+        if last - first < len(chunks):
+            keys = [k for k in range(first, last + 1) if k in chunks]
+        else:
+            keys = sorted(k for k in chunks if first <= k <= last)
+        out = bytearray()
+        pos, end = off, off + n
+        for k in keys:
+            start = k * CHUNK
+            if start > pos:
+                out += _uniform(self.base, start - pos)
+                pos = start
+            stop = min(start + CHUNK, end)
+            out += chunks[k][pos - start:stop - start]
+            pos = stop
+        if end > pos:
+            out += _uniform(self.base, end - pos)
+        return bytes(out)
+
+    def _chunk(self, k: int) -> bytes:
+        c = self.chunks.get(k)
+        return _uniform(self.base, CHUNK) if c is None else c
+
+    def write(self, off: int, data: bytes) -> None:
+        pos, end, i = off, off + len(data), 0
+        while pos < end:
+            k, o = divmod(pos, CHUNK)
+            m = min(CHUNK - o, end - pos)
+            if m == CHUNK:
+                self.chunks[k] = bytes(data[i:i + m])
+            else:
+                c = self._chunk(k)
+                self.chunks[k] = c[:o] + data[i:i + m] + c[o + m:]
+            pos += m
+            i += m
+
+    def fill(self, off: int, n: int, byte: int, page_size: int) -> None:
+        if off == 0 and n == page_size:
+            self.base, self.chunks = byte, {}
+            return
+        pos, end = off, off + n
+        while pos < end:
+            k, o = divmod(pos, CHUNK)
+            m = min(CHUNK - o, end - pos)
+            if m == CHUNK:
+                if byte == self.base:
+                    self.chunks.pop(k, None)
+                else:
+                    self.chunks[k] = _uniform(byte, CHUNK)
+            else:
+                c = self._chunk(k)
+                self.chunks[k] = c[:o] + _uniform(byte, m) + c[o + m:]
+            pos += m
+
+
+class Snapshot:
+    """What a read saw, without copying bytes: ``(page contents or None for a
+    never-written page, offset, length)`` pieces, materialised by :meth:`data`."""
+
+    __slots__ = ("pieces",)
+
+    def __init__(self, pieces: list) -> None:
+        self.pieces = pieces
+
+    def data(self) -> bytes:
+        out = bytearray()
+        for page, off, n in self.pieces:
+            out += page.read(off, n) if page is not None else bytes(n)
+        return bytes(out)
+
+
 @dataclass
 class PageEntry:
     """One page-table entry: the physical page behind a virtual page and its permission."""
@@ -138,7 +253,8 @@ class WorkItem:
     (device-to-host copy; the bytes land in ``result``), ``"fill"`` (memset
     ``size`` bytes to ``byte``) or ``"kernel"`` (reads every range of
     ``reads`` into ``result`` -- what the kernel saw -- then fills every range
-    of ``writes`` with ``byte``).
+    of ``writes`` with ``byte``; a kernel's ``result`` holds
+    :class:`Snapshot` objects, materialised by :meth:`SimDevice.result`).
     """
 
     kind: str
@@ -191,7 +307,7 @@ class SimDevice:
         self._fresh = 0
         self._recycled: list[int] = []
         self._in_use = 0
-        self._data: dict[int, bytearray] = {}
+        self._data: dict[int, PageData] = {}
         self._mapcount: dict[int, int] = {}
         self._allocated: set[int] = set()
         # page table: virtual page number -> entry
@@ -200,7 +316,7 @@ class SimDevice:
         # streams
         self._streams: dict[int, _Stream] = {}
         self._stream_ids = itertools.count(0)
-        self._results: OrderedDict[Fence, list[bytes]] = OrderedDict()
+        self._results: OrderedDict[Fence, list] = OrderedDict()
         self.faults: list[DeviceFault] = []
         self.items_executed = 0
 
@@ -222,7 +338,8 @@ class SimDevice:
             return self._in_use * self.page_size
 
     def touched_bytes(self) -> int:
-        """Host memory actually spent on page contents (pages written at least once)."""
+        """Bytes of the pages written at least once (their contents are held
+        sparsely, so the host memory spent is at most this)."""
         with self._lock:
             return len(self._data) * self.page_size
 
@@ -273,7 +390,7 @@ class SimDevice:
             if data is None:
                 self._data.pop(dst, None)
             else:
-                self._data[dst] = bytearray(data)
+                self._data[dst] = data.copy()
 
     # ------------------------------------------------------------------
     # virtual address space and page table
@@ -384,29 +501,47 @@ class SimDevice:
             pos += n
 
     def _read(self, address: int, size: int) -> bytes:
+        data = self._data
+        if size <= self.page_size:
+            vp, off = divmod(address, self.page_size)
+            if off + size <= self.page_size:  # one page: the common case
+                page = data.get(self._pt[vp].phys)
+                return page.read(off, size) if page is not None else bytes(size)
         out = bytearray()
         for phys, off, n in self._pieces(address, size):
-            page = self._data.get(phys)
-            out += page[off:off + n] if page is not None else bytes(n)
+            page = data.get(phys)
+            out += page.read(off, n) if page is not None else bytes(n)
         return bytes(out)
+
+    def _snapshot(self, address: int, size: int) -> Snapshot:
+        """What ``_read`` would return now, as a :class:`Snapshot` (pages copied
+        chunk-table deep: later writes do not show through)."""
+        data = self._data
+        pieces = []
+        for phys, off, n in self._pieces(address, size):
+            page = data.get(phys)
+            pieces.append((page.copy() if page is not None else None, off, n))
+        return Snapshot(pieces)
 
     def _write(self, address: int, data: bytes) -> None:
         pos = 0
+        pages = self._data
         for phys, off, n in self._pieces(address, len(data)):
-            page = self._data.get(phys)
+            page = pages.get(phys)
             if page is None:
-                page = self._data[phys] = bytearray(self.page_size)
-            page[off:off + n] = data[pos:pos + n]
+                page = pages[phys] = PageData()
+            page.write(off, data[pos:pos + n] if n != len(data) else data)
             pos += n
 
     def _fill(self, address: int, size: int, byte: int) -> None:
+        ps = self.page_size
         for phys, off, n in self._pieces(address, size):
             page = self._data.get(phys)
             if page is None:
                 if byte == 0:
                     continue
-                page = self._data[phys] = bytearray(self.page_size)
-            page[off:off + n] = bytes([byte]) * n
+                page = self._data[phys] = PageData()
+            page.fill(off, n, byte, ps)
 
     def peek(self, address: int, size: int) -> bytes:
         """Host-side debug read, no stream ordering (a fault is recorded and raised)."""
@@ -472,14 +607,17 @@ class SimDevice:
             elif item.kind == "fill":
                 a, n = item.writes[0]
                 self._fill(a, n, item.byte)
-            else:
-                item.result = [self._read(a, n) for a, n in item.reads]
+            elif item.kind == "kernel":
+                # what the kernel saw, without copying it: materialised by result()
+                item.result = [self._snapshot(a, n) for a, n in item.reads]  # type: ignore[misc]
                 for a, n in item.writes:
                     self._fill(a, n, item.byte)
-                if item.kind == "kernel" and item.fence is not None:
+                if item.fence is not None:
                     self._results[item.fence] = item.result
                     while len(self._results) > self.RESULTS_KEPT:
                         self._results.popitem(last=False)
+            else:
+                item.result = [self._read(a, n) for a, n in item.reads]
         item.fault = fault
         item.done = True
         self.items_executed += 1
@@ -520,4 +658,9 @@ class SimDevice:
     def result(self, fence: Fence) -> list[bytes] | None:
         """What the kernel completing at ``fence`` read (None if not run or forgotten)."""
         with self._lock:
-            return self._results.get(fence)
+            got = self._results.get(fence)
+            if got is None:
+                return None
+            if any(isinstance(r, Snapshot) for r in got):
+                got[:] = [r.data() if isinstance(r, Snapshot) else r for r in got]
+            return list(got)
