@@ -31,6 +31,7 @@ import queue
 import signal
 import threading
 import time
+from time import perf_counter as _perf_counter
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -105,9 +106,17 @@ class CallGuard:
     """Run implementation calls with a per-call timeout.
 
     On the main thread an interval timer (``SIGALRM``) interrupts a call that
-    overruns (about 1.5 us per call); elsewhere a persistent worker thread runs
-    the call and the caller waits with a timeout, abandoning the worker if it
-    hangs.  Either way a hang is reported, never waited out.
+    overruns; elsewhere a persistent worker thread runs the call and the
+    caller waits with a timeout, abandoning the worker if it hangs.  Either
+    way a hang is reported, never waited out.
+
+    A guard installed by its owner with :meth:`install` (who then calls
+    :meth:`uninstall`) keeps the timer running between calls and re-arms it
+    only when a tenth of the timeout has passed since it was last armed: a
+    call may then be interrupted after 0.9x to 1x the timeout, and a step's
+    dozen calls cost no ``setitimer`` system call each.  An alarm that fires
+    between calls is ignored.  A guard installed lazily by its first call
+    arms and disarms the timer around every call (nobody would stop it).
     """
 
     def __init__(self, timeout: float = 5.0, mode: str = "auto") -> None:
@@ -118,6 +127,8 @@ class CallGuard:
         self._armed = False
         self._old_handler: Any = None
         self._installed = False
+        self._keep = False          # keep the timer running between calls (explicit install)
+        self._armed_at = -1e18      # perf_counter() when the timer was last armed
         self._worker: _Worker | None = None
 
     def _hung(self) -> "_HangResult":
@@ -125,6 +136,7 @@ class CallGuard:
         # Once a target has hung, shrinking replays the hang many times: wait
         # less from now on (a call that takes this long already failed once).
         self.timeout = max(0.05, min(self.timeout, self.timeout / 4))
+        self._armed_at = -1e18
         return r
 
     # signal mode --------------------------------------------------------
@@ -135,6 +147,10 @@ class CallGuard:
             raise Hang()
 
     def install(self) -> None:
+        self._install()
+        self._keep = self._installed
+
+    def _install(self) -> None:
         if self.mode == "signal" and not self._installed:
             if threading.current_thread() is not threading.main_thread():
                 self.mode = "thread"
@@ -147,22 +163,36 @@ class CallGuard:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, self._old_handler or signal.SIG_DFL)
             self._installed = False
+            self._keep = False
+            self._armed_at = -1e18
 
     def call(self, fn: Callable, *args, **kwargs) -> tuple[Any, BaseException | None]:
         """``(value, None)`` or ``(None, error)``; a hang gives a :class:`_HangResult` error."""
         if self.mode == "signal":
             if not self._installed:
-                self.install()
+                self._install()
                 if self.mode != "signal":
                     return self.call(fn, *args, **kwargs)
+            keep = self._keep
             try:
-                self._armed = True
-                signal.setitimer(signal.ITIMER_REAL, self.timeout, 0.05)
-                try:
-                    value = fn(*args, **kwargs)
-                finally:
-                    self._armed = False
-                    signal.setitimer(signal.ITIMER_REAL, 0)
+                if keep:
+                    now = _perf_counter()
+                    if now - self._armed_at > 0.1 * self.timeout:
+                        signal.setitimer(signal.ITIMER_REAL, self.timeout, 0.05)
+                        self._armed_at = now
+                    self._armed = True
+                    try:
+                        value = fn(*args, **kwargs)
+                    finally:
+                        self._armed = False
+                else:
+                    self._armed = True
+                    signal.setitimer(signal.ITIMER_REAL, self.timeout, 0.05)
+                    try:
+                        value = fn(*args, **kwargs)
+                    finally:
+                        self._armed = False
+                        signal.setitimer(signal.ITIMER_REAL, 0)
             except Hang:
                 return None, self._hung()
             except KeyboardInterrupt:
@@ -932,30 +962,42 @@ class Integrity:
             self._verify(region)
             return
         s = self._stream()
-        call = self.run.guard.call
-        for addr, n in region.spans:
-            _, err = call(self.ep.write, s, addr, _pattern(region.ref, region.gen, addr, n))
-            if err is not None:
-                self._io_fail(region, addr, n, "writing", err)
-        # run the copies now, so they never race the spec's fences
-        _, err = call(self.ep.synchronize, s)
+        done: list = []
+        # one guarded call writes every stamp and runs the copies (so they
+        # never race the spec's fences); ``done`` says which span failed
+        _, err = self.run.guard.call(self._write_spans, s, region, done)
         if err is not None:
-            addr, n = region.spans[0]
+            addr, n = region.spans[len(done) if len(done) < len(region.spans) else 0]
             self._io_fail(region, addr, n, "writing", err)
+
+    def _write_spans(self, s: int, region: _Region, done: list) -> None:
+        write, ref, gen = self.ep.write, region.ref, region.gen
+        for addr, n in region.spans:
+            write(s, addr, _pattern(ref, gen, addr, n))
+            done.append(addr)
+        self.ep.synchronize(s)
+
+    def _read_spans(self, s: int, spans: list, got: list) -> None:
+        read = self.ep.read
+        for addr, n in spans:
+            got.append(read(s, addr, n))
 
     def _verify(self, region: _Region) -> None:
         s = self._stream()
-        for addr, n in region.spans:
-            got, err = self.run.guard.call(self.ep.read, s, addr, n)
-            if err is not None:
-                self._io_fail(region, addr, n, "reading", err)
-            if region.probe:
-                continue
+        got: list = []
+        spans = region.spans
+        _, err = self.run.guard.call(self._read_spans, s, spans, got)
+        if err is not None:
+            addr, n = spans[len(got)] if len(got) < len(spans) else spans[-1]
+            self._io_fail(region, addr, n, "reading", err)
+        if region.probe:
+            return
+        for (addr, n), data in zip(spans, got):
             want = _pattern(region.ref, region.gen, addr, n)
-            if bytes(got) != want:
+            if data != want and bytes(data) != want:
                 self.run.fail(region.blame_mismatch, "data",
                               f"bytes of #{region.ref} at {addr:#x}+{n} changed behind its back (expected the harness's "
-                              f"pattern, read {bytes(got)[:16].hex()}...): overlapping or prematurely reused memory")
+                              f"pattern, read {bytes(data)[:16].hex()}...): overlapping or prematurely reused memory")
 
     def _io_fail(self, region: _Region, addr: int, n: int, verb: str, err: BaseException) -> None:
         if isinstance(err, _HangResult):

@@ -479,10 +479,14 @@ class SimDevice:
     def check_access(self, address: int, size: int, *, write: bool, what: str = "access") -> DeviceFault | None:
         """The fault an access would raise (recorded), or None if every page is fine."""
         with self._lock:
-            if not is_int(address) or not is_int(size) or size < 0:
+            if not (type(address) is int or is_int(address)) or not (type(size) is int or is_int(size)) or size < 0:
                 return self._fault(f"{what}: bad range {address!r}+{size!r}", 0, "bad_range")
             ps = self.page_size
             first, last = address // ps, (address + max(size, 1) - 1) // ps
+            if first == last:  # one page: the common case
+                e = self._pt.get(first)
+                if e is not None and (e.writable or not write):
+                    return None
             for vp in range(first, last + 1):
                 e = self._pt.get(vp)
                 if e is None:
@@ -636,6 +640,24 @@ class SimDevice:
                 if item.fault is not None:
                     raise item.fault
             return ran
+
+    def read_now(self, stream: int, address: int, size: int) -> bytes | None:
+        """A device-to-host copy of ``[address, +size)`` run at once when
+        ``stream`` has nothing queued, as checking the copy, enqueueing it and
+        :meth:`run_until` would (a fault is recorded and raised, nothing
+        enqueued; else the stream's fence advances); ``None`` when work is
+        queued (enqueue it instead)."""
+        with self._lock:
+            s = self._stream(stream)
+            if s.queue:
+                return None
+            fault = self.check_access(address, size, write=False, what="copy")
+            if fault is not None:
+                raise fault
+            s.submitted += 1
+            s.completed = s.submitted
+            self.items_executed += 1
+            return self._read(address, size)
 
     def run_until(self, fence: Fence) -> None:
         """Advance ``fence.stream`` until ``fence`` is done."""

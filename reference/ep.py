@@ -101,6 +101,11 @@ class ReferenceEP:
         """Device-to-host copy ordered after the stream's queued work; waits for it."""
         if not is_int(size) or size <= 0:
             raise InvalidRequest(f"read size must be an int > 0, got {size!r}")
+        if not is_int(address):
+            raise InvalidRequest(f"address must be an int, got {address!r}")
+        data = self.sim.read_now(stream, address, size)  # nothing queued ahead: checked and run at once
+        if data is not None:
+            return data
         self._check_host_copy(address, size, write=False)
         item = WorkItem("read", reads=((address, size),))
         fence = self.sim.enqueue(stream, item)
