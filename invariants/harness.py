@@ -252,7 +252,7 @@ class HypothesisChooser:
         self._cd = None
         if hasattr(cd, "draw_integer") and hasattr(cd, "draw_boolean"):
             self._cd = cd
-            self._int = lambda lo, hi: cd.draw_integer(lo, hi)
+            self._int = cd.draw_integer  # (min_value, max_value)
             self._bool = cd.draw_boolean
         else:  # pragma: no cover - older/newer Hypothesis without the low-level API
             from hypothesis import strategies as st
@@ -949,6 +949,12 @@ class _Region:
     blame_fault: str
     blame_mismatch: str
     probe: bool = False  # not patterned: only checked to be readable (no fault)
+    want: list | None = None  # the pattern of each span (computed once)
+
+    def patterns(self) -> list:
+        if self.want is None:
+            self.want = [_pattern(self.ref, self.gen, addr, n) for addr, n in self.spans]
+        return self.want
 
 
 class Integrity:
@@ -1019,9 +1025,9 @@ class Integrity:
             self._io_fail(region, addr, n, "writing", err)
 
     def _write_spans(self, s: int, region: _Region, done: list) -> None:
-        write, ref, gen = self.ep.write, region.ref, region.gen
-        for addr, n in region.spans:
-            write(s, addr, _pattern(ref, gen, addr, n))
+        write = self.ep.write
+        for (addr, _n), data in zip(region.spans, region.patterns()):
+            write(s, addr, data)
             done.append(addr)
         self.ep.synchronize(s)
 
@@ -1040,8 +1046,7 @@ class Integrity:
             self._io_fail(region, addr, n, "reading", err)
         if region.probe:
             return
-        for (addr, n), data in zip(spans, got):
-            want = _pattern(region.ref, region.gen, addr, n)
+        for (addr, n), data, want in zip(spans, got, region.patterns()):
             if data != want and bytes(data) != want:
                 self.run.fail(region.blame_mismatch, "data",
                               f"bytes of #{region.ref} at {addr:#x}+{n} changed behind its back (expected the harness's "
