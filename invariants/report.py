@@ -149,3 +149,16 @@ def write_junit(path: str, all_results: dict[str, list[Any]]) -> None:
                 elif status == "N/A":
                     ET.SubElement(tc, "skipped", message=detail[:500])
     ET.ElementTree(suites).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def console(**kw):
+    """A rich console for reports: the terminal's width on a terminal, and
+    wide enough (160 columns) in CI logs and pipes so tables are not
+    truncated (rich assumes 80 columns when it cannot ask)."""
+    import sys
+
+    from rich.console import Console
+
+    if "width" not in kw and not sys.stdout.isatty():
+        kw["width"] = 160
+    return Console(**kw)

@@ -13,6 +13,8 @@ targets``), ``package.module:attr`` naming a factory, or ``mutant:NAME``.
 
 from __future__ import annotations
 
+from memspec.invariants.report import console as _report_console
+
 import argparse
 import sys
 
@@ -41,12 +43,11 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from memspec.invariants import report, runner
 
-    console = Console(stderr=False)
+    console = _report_console(stderr=False)
     targets = args.targets or [DEFAULT_TARGET]
     examples = args.examples  # None: the profile's (ci: 200 runs of 50 steps per level)
     steps = args.steps

@@ -16,6 +16,8 @@ failures so far.  Exit status 1 if anything failed.
 
 from __future__ import annotations
 
+from memspec.invariants.report import console as _report_console
+
 import argparse
 import sys
 import time
@@ -70,7 +72,6 @@ class Display:
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    from rich.console import Console
     from rich.live import Live
 
     from memspec.invariants import runner
@@ -78,7 +79,7 @@ def main(argv: list[str]) -> int:
 
     target = args.target or args.target_opt or DEFAULT_TARGET
     budget = args.seconds if args.seconds is not None else args.minutes * 60
-    console = Console()
+    console = _report_console()
     disp = Display(target, args.mode, budget)
     results = []
     deadline = time.perf_counter() + budget

@@ -11,6 +11,8 @@ reached within a CI budget; caching targets keep their own device.
 
 from __future__ import annotations
 
+from memspec.invariants.report import console as _report_console
+
 import argparse
 import statistics
 import sys
@@ -69,13 +71,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--list", action="store_true", help="list the mutants and exit")
     args = p.parse_args(argv)
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     from memspec.invariants.mutants import all_mutants
 
-    console = Console()
+    console = _report_console()
     ms = [m for m in all_mutants() if not args.only or m.name in args.only]
     if args.list:
         for m in ms:

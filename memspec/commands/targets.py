@@ -4,6 +4,8 @@ to load.  ``--probe`` builds each one to discover its capabilities."""
 
 from __future__ import annotations
 
+from memspec.invariants.report import console as _report_console
+
 import argparse
 import sys
 
@@ -12,7 +14,6 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="memspec targets", description=__doc__.split("\n\n")[0])
     p.add_argument("--no-probe", action="store_true", help="do not build targets to discover capabilities")
     args = p.parse_args(argv)
-    from rich.console import Console
     from rich.table import Table
 
     from memspec.invariants.discovery import capabilities, list_targets
@@ -41,7 +42,7 @@ def main(argv: list[str]) -> int:
             except Exception as e:  # noqa: BLE001 - a target that cannot be built is listed, not fatal
                 status = f"[yellow]unavailable[/]: {type(e).__name__}: {e}"
         t.add_row(ref.name, kind, caps, status, ref.source)
-    Console().print(t)
+    _report_console().print(t)
     return 0
 
 
