@@ -75,30 +75,28 @@ class _Release:
         self.ep.defer(fences, run)
 
 
-class RefAllocation:
-    """``OwningAllocation``: an allocation made through a binding and charged to ``holder``."""
+class _Owning:
+    """What both owning handles share: the holder's identity, the queued
+    release in ``_r``, and RAII (``with`` and ``__del__`` only enqueue it
+    through ``close``, which each kind defines)."""
 
-    def __init__(self, allocation: DeviceAllocation, holder: str, mechanism_id: str, context_id: str,
-                 allocator, lease: Lease, ep, governor, unpin: Callable[[], None]) -> None:
+    allocation: DeviceAllocation | VirtualAllocation
+    _r: _Release
+
+    def __init__(self, allocation, holder: str, mechanism_id: str, context_id: str,
+                 ep, governor, unpin: Callable[[], None]) -> None:
         self.allocation = allocation
         self.holder = holder
         self.mechanism_id = mechanism_id
         self.context_id = context_id
-        self.lease = lease
-        self._allocator = allocator   # the creator: release goes back through it (S1)
         self._r = _Release(ep, governor, unpin)
-        self._r.leases.append(lease)
 
     @property
     def address(self) -> int:
         return self.allocation.address
 
-    @property
-    def footprint(self) -> int:
-        return self.allocation.footprint
-
     def use(self, fence: Fence) -> None:
-        """Record that device work completing at ``fence`` uses this allocation."""
+        """Record that device work completing at ``fence`` uses this memory."""
         self._r.use(fence)
 
     def pending_fences(self) -> list[Fence]:
@@ -106,11 +104,6 @@ class RefAllocation:
 
     def on_released(self, fn: Callable[[int], None]) -> None:
         self._r.after.append(fn)
-
-    def close(self) -> None:
-        """Drop: enqueue the release on the EP's deferred-free queue. DoubleFree if repeated."""
-        alloc, allocator = self.allocation, self._allocator
-        self._r.close(lambda: allocator.deallocate(alloc))
 
     @property
     def closed(self) -> bool:
@@ -121,7 +114,7 @@ class RefAllocation:
         """The queued release has run (physical bytes freed, charge refunded)."""
         return self._r.released
 
-    def __enter__(self) -> "RefAllocation":
+    def __enter__(self):
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -135,11 +128,31 @@ class RefAllocation:
         except Exception:  # noqa: BLE001 - a finalizer must never raise
             pass
 
+
+class RefAllocation(_Owning):
+    """``OwningAllocation``: an allocation made through a binding and charged to ``holder``."""
+
+    def __init__(self, allocation: DeviceAllocation, holder: str, mechanism_id: str, context_id: str,
+                 allocator, lease: Lease, ep, governor, unpin: Callable[[], None]) -> None:
+        super().__init__(allocation, holder, mechanism_id, context_id, ep, governor, unpin)
+        self.lease = lease
+        self._allocator = allocator   # the creator: release goes back through it (S1)
+        self._r.leases.append(lease)
+
+    @property
+    def footprint(self) -> int:
+        return self.allocation.footprint
+
+    def close(self) -> None:
+        """Drop: enqueue the release on the EP's deferred-free queue. DoubleFree if repeated."""
+        alloc, allocator = self.allocation, self._allocator
+        self._r.close(lambda: allocator.deallocate(alloc))
+
     def __repr__(self) -> str:
         return f"RefAllocation({self.allocation.identity}, {self.holder}, {self.footprint} bytes)"
 
 
-class RefReservation:
+class RefReservation(_Owning):
     """``OwningReservation``: a holder's VA reservation and its charged commits.
 
     ``leases`` are the charges of its commits; a decommit refunds bytes from
@@ -149,19 +162,11 @@ class RefReservation:
 
     def __init__(self, allocation: VirtualAllocation, holder: str, mechanism_id: str, context_id: str,
                  backing, ep, governor, unpin: Callable[[], None]) -> None:
-        self.allocation = allocation
-        self.holder = holder
-        self.mechanism_id = mechanism_id
-        self.context_id = context_id
+        super().__init__(allocation, holder, mechanism_id, context_id, ep, governor, unpin)
         self.backing = backing        # the creator's VirtualBacking
-        self._r = _Release(ep, governor, unpin)
         self.lock = threading.RLock()
         self.pages: set[int] = set()          # page offsets committed (and charged) through the binding
         self.decommitting: dict = {}          # page offset -> its queued decommit (still mapped)
-
-    @property
-    def address(self) -> int:
-        return self.allocation.address
 
     @property
     def leases(self) -> list[Lease]:
@@ -180,48 +185,17 @@ class RefReservation:
         gov = self._r.governor
         return sum(gov.lease_bytes(lease) for lease in self._r.leases)
 
-    def use(self, fence: Fence) -> None:
-        self._r.use(fence)
-
     def fences(self) -> list[Fence]:
         with self._r.lock:
             return list(self._r.fences.values())
 
-    def pending_fences(self) -> list[Fence]:
-        return self._r.pending_fences()
-
     def before_release(self, fn: Callable[[], None]) -> None:
         self._r.before.append(fn)
-
-    def on_released(self, fn: Callable[[int], None]) -> None:
-        self._r.after.append(fn)
 
     def close(self) -> None:
         """Drop: enqueue release of the reservation (and refund). DoubleFree if repeated."""
         va, backing = self.allocation, self.backing
         self._r.close(lambda: backing.release(va))
-
-    @property
-    def closed(self) -> bool:
-        return self._r.closed
-
-    @property
-    def released(self) -> bool:
-        return self._r.released
-
-    def __enter__(self) -> "RefReservation":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if not self._r.closed:
-            self.close()
-
-    def __del__(self) -> None:
-        try:
-            if not self._r.closed:
-                self.close()
-        except Exception:  # noqa: BLE001
-            pass
 
     def __repr__(self) -> str:
         return f"RefReservation({self.allocation.identity}, {self.holder}, {self.allocation.size} bytes VA)"
