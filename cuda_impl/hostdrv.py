@@ -842,11 +842,15 @@ class HostDriver:
                 return (R.CUDA_ERROR_INVALID_HANDLE,)
             return (self._synchronize(s),)
 
-    def _synchronize(self, s: _Stream) -> R:
+    def _synchronize(self, s: _Stream, until: _Event | None = None) -> R:
+        """Give ``s`` device time until its queue is empty (or, with ``until``,
+        until that event's latest record is reached), releasing the lock
+        between tries; LAUNCH_TIMEOUT after ``sync_timeout`` seconds, else the
+        stream's pending error (cleared), else SUCCESS."""
         deadline = time.monotonic() + self.sync_timeout
         while True:
-            self._pump_stream(s)
-            if not s.queue:
+            self._pump_stream(s, until=until)
+            if (until.reached >= until.recorded) if until is not None else not s.queue:
                 break
             if time.monotonic() >= deadline:
                 return R.CUDA_ERROR_LAUNCH_TIMEOUT
@@ -910,22 +914,7 @@ class HostDriver:
             s = self._streams.get(ev.stream) if ev.stream is not None else None
             if s is None:
                 return (SUCCESS,)
-            deadline = time.monotonic() + self.sync_timeout
-            while True:
-                self._pump_stream(s, until=ev)
-                if ev.reached >= ev.recorded:
-                    break
-                if time.monotonic() >= deadline:
-                    return (R.CUDA_ERROR_LAUNCH_TIMEOUT,)
-                self._lock.release()
-                try:
-                    time.sleep(0.001)
-                finally:
-                    self._lock.acquire()
-            if s.error is not None:
-                err, s.error = s.error, None
-                return (err,)
-            return (SUCCESS,)
+            return (self._synchronize(s, until=ev),)
 
     def cuStreamWaitEvent(self, stream: Any, event: Any, flags: int):
         with self._lock:
@@ -974,27 +963,36 @@ class HostDriver:
             return src
         return bytes(memoryview(src).cast("B")[:n])
 
+    def _enqueue_checks(self, hStream: Any, count: Any, *device_ptrs: Any):
+        """Enqueue-time checks shared by the async copies and memset: the
+        stream exists (else INVALID_HANDLE); the byte count is not negative and
+        each device pointer names device memory for that many bytes (R11 at
+        enqueue; else INVALID_VALUE).  Returns ``(failure, stream, addresses,
+        n)``; ``failure`` is the result tuple to return, or None."""
+        s = self._stream(hStream)
+        if s is None:
+            return (R.CUDA_ERROR_INVALID_HANDLE,), None, (), 0
+        addrs, n = tuple(_i(p) for p in device_ptrs), int(count)
+        if n < 0 or not all(self._is_device_memory(a, n) for a in addrs):
+            return (R.CUDA_ERROR_INVALID_VALUE,), None, (), 0
+        return None, s, addrs, n
+
     def cuMemcpyHtoDAsync(self, dstDevice: Any, srcHost: Any, ByteCount: int, hStream: Any):
         with self._lock:
             self._count("cuMemcpyHtoDAsync")
-            s = self._stream(hStream)
-            if s is None:
-                return (R.CUDA_ERROR_INVALID_HANDLE,)
-            dst, n = _i(dstDevice), int(ByteCount)
-            if n < 0 or not self._is_device_memory(dst, n):
-                return (R.CUDA_ERROR_INVALID_VALUE,)
-            s.queue.append(("htod", dst, self._host_src(srcHost, n), n))
+            bad, s, addrs, n = self._enqueue_checks(hStream, ByteCount, dstDevice)
+            if bad:
+                return bad
+            s.queue.append(("htod", addrs[0], self._host_src(srcHost, n), n))
             return (SUCCESS,)
 
     def cuMemcpyDtoHAsync(self, dstHost: Any, srcDevice: Any, ByteCount: int, hStream: Any):
         with self._lock:
             self._count("cuMemcpyDtoHAsync")
-            s = self._stream(hStream)
-            if s is None:
-                return (R.CUDA_ERROR_INVALID_HANDLE,)
-            src, n = _i(srcDevice), int(ByteCount)
-            if n < 0 or not self._is_device_memory(src, n):
-                return (R.CUDA_ERROR_INVALID_VALUE,)
+            bad, s, addrs, n = self._enqueue_checks(hStream, ByteCount, srcDevice)
+            if bad:
+                return bad
+            src = addrs[0]
             if isinstance(dstHost, int):
                 dst, keep = dstHost, None
             else:
@@ -1006,25 +1004,19 @@ class HostDriver:
     def cuMemcpyDtoDAsync(self, dstDevice: Any, srcDevice: Any, ByteCount: int, hStream: Any):
         with self._lock:
             self._count("cuMemcpyDtoDAsync")
-            s = self._stream(hStream)
-            if s is None:
-                return (R.CUDA_ERROR_INVALID_HANDLE,)
-            dst, src, n = _i(dstDevice), _i(srcDevice), int(ByteCount)
-            if n < 0 or not self._is_device_memory(dst, n) or not self._is_device_memory(src, n):
-                return (R.CUDA_ERROR_INVALID_VALUE,)
-            s.queue.append(("dtod", dst, src, n))
+            bad, s, addrs, n = self._enqueue_checks(hStream, ByteCount, dstDevice, srcDevice)
+            if bad:
+                return bad
+            s.queue.append(("dtod", *addrs, n))
             return (SUCCESS,)
 
     def cuMemsetD8Async(self, dstDevice: Any, uc: int, N: int, hStream: Any):
         with self._lock:
             self._count("cuMemsetD8Async")
-            s = self._stream(hStream)
-            if s is None:
-                return (R.CUDA_ERROR_INVALID_HANDLE,)
-            dst, n = _i(dstDevice), int(N)
-            if n < 0 or not self._is_device_memory(dst, n):
-                return (R.CUDA_ERROR_INVALID_VALUE,)
-            s.queue.append(("memset", dst, int(uc) & 0xFF, n))
+            bad, s, addrs, n = self._enqueue_checks(hStream, N, dstDevice)
+            if bad:
+                return bad
+            s.queue.append(("memset", addrs[0], int(uc) & 0xFF, n))
             return (SUCCESS,)
 
     # ----------------------------------------------------------------------
@@ -1051,6 +1043,16 @@ class HostDriver:
         self.faults.append(Fault(s.handle, op, address, reason))
         s.error = R.CUDA_ERROR_ILLEGAL_ADDRESS
 
+    def _faulted(self, s: _Stream, kind: str, *ranges: tuple[int, int, int]) -> bool:
+        """Check each ``(address, n, need)`` the device is about to touch, in
+        order; at the first it may not, record the fault and say so."""
+        for addr, n, need in ranges:
+            why = self._device_range(addr, n, need)
+            if why:
+                self._fault(s, kind, addr, why)
+                return True
+        return False
+
     def _execute(self, s: _Stream, op: tuple) -> None:
         kind = op[0]
         if kind == "record":
@@ -1058,37 +1060,24 @@ class HostDriver:
             ev.reached = max(ev.reached, serial)
         elif kind == "htod":
             _, dst, src, n = op
-            why = self._device_range(dst, n, ACCESS_RW)
-            if why:
-                return self._fault(s, kind, dst, why)
-            ctypes.memmove(dst, src, n)
+            if not self._faulted(s, kind, (dst, n, ACCESS_RW)):
+                ctypes.memmove(dst, src, n)
         elif kind == "dtoh":
             _, dst, src, n, _keep = op
-            why = self._device_range(src, n, ACCESS_READ)
-            if why:
-                return self._fault(s, kind, src, why)
-            ctypes.memmove(dst, src, n)
+            if not self._faulted(s, kind, (src, n, ACCESS_READ)):
+                ctypes.memmove(dst, src, n)
         elif kind == "dtod":
             _, dst, src, n = op
-            why = self._device_range(src, n, ACCESS_READ)
-            if why:
-                return self._fault(s, kind, src, why)
-            why = self._device_range(dst, n, ACCESS_RW)
-            if why:
-                return self._fault(s, kind, dst, why)
-            ctypes.memmove(dst, src, n)
+            if not self._faulted(s, kind, (src, n, ACCESS_READ), (dst, n, ACCESS_RW)):
+                ctypes.memmove(dst, src, n)
         elif kind == "memset":
             _, dst, value, n = op
-            why = self._device_range(dst, n, ACCESS_RW)
-            if why:
-                return self._fault(s, kind, dst, why)
-            ctypes.memset(dst, value, n)
+            if not self._faulted(s, kind, (dst, n, ACCESS_RW)):
+                ctypes.memset(dst, value, n)
         elif kind == "write_value":
             _, a, value = op
-            why = self._device_range(a, 4, ACCESS_RW)
-            if why:
-                return self._fault(s, kind, a, why)
-            ctypes.c_uint32.from_address(a).value = value
+            if not self._faulted(s, kind, (a, 4, ACCESS_RW)):
+                ctypes.c_uint32.from_address(a).value = value
         # wait_value / wait_event: nothing to do once runnable
 
     def _pump_stream(self, s: _Stream, until: _Event | None = None, _busy: set | None = None) -> int:
