@@ -245,11 +245,13 @@ class HypothesisChooser:
     into Hypothesis for shrinking.
     """
 
-    __slots__ = ("_int", "_bool", "_cd")
+    __slots__ = ("_int", "_bool", "_cd", "_w", "_cum")
 
     def __init__(self, data: Any) -> None:
         cd = getattr(data, "conjecture_data", data)
         self._cd = None
+        self._w: tuple | None = None   # the last weights drawn by, and their running totals
+        self._cum: tuple = ()
         if hasattr(cd, "draw_integer") and hasattr(cd, "draw_boolean"):
             self._cd = cd
             self._int = cd.draw_integer  # (min_value, max_value)
@@ -272,8 +274,12 @@ class HypothesisChooser:
         here), which lands on the table's first, heaviest action; a plain
         draw costs about half a ``weights=`` draw, and shrinking still moves
         towards index 0."""
-        cum = _cumulative(weights)
-        return _weighted_index(cum, self._int(0, cum[-1] - 1))
+        if weights is self._w:
+            cum = self._cum
+        else:
+            cum = self._cum = _cumulative(weights)
+            self._w = weights
+        return bisect_right(cum, self._int(0, cum[-1] - 1))
 
     def choice(self, options: Sequence[Any]) -> Any:
         if not isinstance(options, (list, tuple, range)):
@@ -374,12 +380,15 @@ class ReplayChooser:
 class RecordingChooser:
     """Wraps a chooser and records the primitive choices it makes."""
 
+    __slots__ = ("inner", "record", "_integer")
+
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.record: list = []
+        self._integer = inner.integer
 
     def integer(self, lo: int, hi: int) -> int:
-        v = self.inner.integer(lo, hi)
+        v = self._integer(lo, hi)
         self.record.append(v)
         return v
 
@@ -537,6 +546,8 @@ class Run:
         self.failed = False
         self.nsteps = 0
         self._action = None
+        self._obs_cache: dict | None = None
+        self._checks: list | None = None
         try:
             self.instance = plan.factory(**plan.factory_kwargs)
             self.sut = plan.make_sut(self, self.instance)
@@ -552,6 +563,7 @@ class Run:
             raise SpecError(f"{self.machine.name}.init{plan.init_kwargs} raised {type(e).__name__}: {e}") from e
         self.integrity = make_integrity(self) if plan.integrity else None
         self.physical = PhysicalProbe.make(self)
+        self._checks = _step_checks(self.machine, self.state)
         self.nsteps = 0
         plan.stats.examples += 1
 
@@ -716,28 +728,49 @@ class Run:
     # -- checks ---------------------------------------------------------
     def check_after(self, touched: tuple, bound: tuple, args: dict | None = None) -> None:
         state = self.state
-        try:
-            bad = self.machine.check_invariants(state)
-        except Exception as e:  # noqa: BLE001
-            raise SpecError(f"an invariant check raised {type(e).__name__}: {e}") from e
-        if bad:
-            inv, why = bad[0]
-            self.fail(inv, "invariant", why)
+        checks = self._checks
+        if checks is None:
+            try:
+                bad = self.machine.check_invariants(state)
+            except Exception as e:  # noqa: BLE001
+                raise SpecError(f"an invariant check raised {type(e).__name__}: {e}") from e
+            if bad:
+                inv, why = bad[0]
+                self.fail(inv, "invariant", why)
+        else:
+            bad = None
+            try:
+                for inv, fn in checks:  # all of them, as check_invariants (a crash is a SpecError)
+                    why = fn(state)
+                    if why is not None and bad is None:
+                        bad = (inv, why)
+            except Exception as e:  # noqa: BLE001
+                raise SpecError(f"an invariant check raised {type(e).__name__}: {e}") from e
+            if bad is not None:
+                self.fail(bad[0], "invariant", bad[1])
         if self.plan.observations:
             self.check_observations(touched + bound)
         if self.physical is not None:
             self.physical.check(bound)
-        if self.integrity is not None:
-            regions = self.integrity.regions
-            named = tuple(v for v in (args or {}).values() if type(v) is int and v in regions)
-            self.integrity.after_step(touched + named, bound)
+        integrity = self.integrity
+        if integrity is not None:
+            if args:
+                # the refs the arguments name, each once (a second refresh of
+                # a ref in the same state finds nothing to do)
+                regions = integrity.regions
+                named = tuple(v for v in args.values() if type(v) is int and v in regions and v not in touched)
+                if named:
+                    touched = touched + named
+            integrity.after_step(touched, bound)
 
     def _observations_for(self, action: Any) -> list:
         """The plan's observations, those blamed on the action's own
         invariants first (in the action's order): when one wrong answer
         shows in several figures, the report names the rule the action is
         about."""
-        cache = self.plan.__dict__.setdefault("_obs_order", {})
+        cache = self._obs_cache
+        if cache is None:
+            cache = self._obs_cache = self.plan.__dict__.setdefault("_obs_order", {})
         key = getattr(action, "name", None)
         order = cache.get(key)
         if order is None:
@@ -756,11 +789,11 @@ class Run:
         is the failure."""
         state = self.state
         jobs = []
-        for obs in self._observations_for(getattr(self, "_action", None)):
+        add = jobs.append
+        for obs in self._observations_for(self._action):
             try:
-                refs = obs.refs(state, touched)
-                for r in refs:
-                    jobs.append((obs, r))
+                for r in obs.refs(state, touched):
+                    add((obs, r))
             except Exception as e:  # noqa: BLE001
                 raise SpecError(f"observation {obs.name}: refs() raised {type(e).__name__}: {e}") from e
         if not jobs:
@@ -836,6 +869,66 @@ class Run:
                     self.guard.call(c)
                 except Exception:  # noqa: BLE001 - teardown must not crash the harness
                     pass
+
+
+def _level_wrappers() -> dict:
+    """The code objects of the spec's level wrappers (``_sys``, ``_mech``,
+    ``_both`` in :mod:`memspec.spec.invariants`), or ``{}`` when that module
+    does not define them as expected."""
+    global _WRAPPERS
+    if _WRAPPERS is None:
+        try:
+            from memspec.spec import invariants as SI
+            from memspec.spec.state import MechState, SysState
+
+            _WRAPPERS = {SI._sys(len).__code__: ("sys", SysState), SI._mech(len).__code__: ("mech", MechState),
+                         SI._both(len, len).__code__: ("both", MechState)}
+        except Exception:  # noqa: BLE001 - no such wrappers: every check runs as it is
+            _WRAPPERS = {}
+    return _WRAPPERS
+
+
+_WRAPPERS: dict | None = None
+
+
+def _specialise(check: Callable, state: Any) -> Callable | None:
+    """``check`` narrowed to ``state``'s level: a ``_sys``/``_mech`` wrapper
+    is its predicate on its own level and ``None`` (holds vacuously, skipped)
+    on the other; ``_both`` is the predicate of ``state``'s level.  The same
+    answers, without the per-step ``isinstance`` dispatch (the state object
+    of a run never changes type)."""
+    code = getattr(check, "__code__", None)
+    info = _level_wrappers().get(code) if code is not None else None
+    if info is None or not check.__closure__:
+        return check
+    cells = dict(zip(code.co_freevars, (c.cell_contents for c in check.__closure__)))
+    kind, cls = info
+    mine = isinstance(state, cls)
+    if kind == "both":
+        return cells["mech"] if mine else cells["sys"]
+    return cells["fn"] if mine else None
+
+
+def _step_checks(machine: Any, state: Any) -> list | None:
+    """``[(invariant id, check)]`` to run after every step: every invariant
+    of ``machine`` in order, each narrowed to the run's level (see
+    :func:`_specialise`); those that hold vacuously at this level are left
+    out.  ``None`` (run ``machine.check_invariants``) when the machine
+    overrides how its invariants are checked."""
+    try:
+        from memspec.spec.core import Machine
+
+        if not isinstance(machine, Machine) or type(machine).check_invariants is not Machine.check_invariants \
+                or "check_invariants" in getattr(machine, "__dict__", {}):
+            return None
+        out = []
+        for inv in machine.invariants:
+            fn = _specialise(inv.check, state)
+            if fn is not None:
+                out.append((inv.id, fn))
+        return out
+    except Exception:  # noqa: BLE001 - fall back to the machine's own loop
+        return None
 
 
 class PhysicalProbe:
@@ -1063,9 +1156,11 @@ class Integrity:
 
     def refresh(self, ref: int) -> None:
         """Re-read the spec's view of ``ref``: (re)write it if its backed ranges changed, drop it if dead."""
-        obj = self.run.sut.refs.get(ref) if hasattr(self.run.sut, "refs") else None
+        run = self.run
+        refs = getattr(run.sut, "refs", None)
+        obj = refs.get(ref) if refs is not None else None
         try:
-            loc = self.locate(self.run, ref, obj)
+            loc = self.locate(run, ref, obj)
         except Exception as e:  # noqa: BLE001
             raise SpecError(f"locating the data of #{ref} raised {type(e).__name__}: {e}") from e
         old = self.regions.get(ref)
@@ -1074,11 +1169,11 @@ class Integrity:
                 del self.regions[ref]
             return
         spans, blame_fault, blame_mismatch = loc
-        sample = self.run.plan.integrity_sample
-        probe = bool(sample > 1 and (ref * 2654435761) % 4093 % sample)  # outside the sample: read, don't write
         if old is not None and old.spans == spans:
             old.blame_fault, old.blame_mismatch = blame_fault, blame_mismatch
             return
+        sample = run.plan.integrity_sample
+        probe = bool(sample > 1 and (ref * 2654435761) % 4093 % sample)  # outside the sample: read, don't write
         if old is not None:
             # Only ranges still covered keep their pattern: verify the spans
             # that remain, then rewrite the new layout.
@@ -1093,33 +1188,34 @@ class Integrity:
         self._write(region)
 
     def after_step(self, touched: tuple, bound: tuple) -> None:
+        refresh = self.refresh
         for r in bound:
-            self.refresh(r)
+            refresh(r)
         for r in touched:
             if r is not None and r not in bound:
-                self.refresh(r)
+                refresh(r)
         # round-robin verification of a few others
-        n = len(self.order)
+        order = self.order
+        regions = self.regions
         checked = 0
         tries = 0
-        while self.order and checked < VERIFY_PER_STEP and tries < 2 * VERIFY_PER_STEP:
+        while order and checked < VERIFY_PER_STEP and tries < 2 * VERIFY_PER_STEP:
             tries += 1
-            if self.cursor >= len(self.order):
-                self.cursor = 0
-            ref = self.order[self.cursor]
-            region = self.regions.get(ref)
-            if region is None:
+            cursor = self.cursor
+            if cursor >= len(order):
+                cursor = self.cursor = 0
+            ref = order[cursor]
+            if ref not in regions:
                 # dead: swap-remove
-                self.order[self.cursor] = self.order[-1]
-                self.order.pop()
+                order[cursor] = order[-1]
+                order.pop()
                 continue
-            self.cursor += 1
-            self.refresh(ref)  # liveness may have changed by a step that did not name it
-            region = self.regions.get(ref)
+            self.cursor = cursor + 1
+            refresh(ref)  # liveness may have changed by a step that did not name it
+            region = regions.get(ref)
             if region is not None:
                 self._verify(region)
             checked += 1
-        del n
 
     def verify_all(self) -> None:
         for ref in list(self.regions):

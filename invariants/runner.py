@@ -308,10 +308,17 @@ def build_state_machine(plan: H.Plan, guard: H.CallGuard | None = None) -> type:
         def __init__(self) -> None:
             super().__init__()
             self.run = H.Run(plan, g)
+            self._chooser: H.HypothesisChooser | None = None
+            self._data: Any = None
 
         @rule(data=st.data())
         def step(self, data):
-            self.run.step(H.HypothesisChooser(data))
+            # one chooser per example: every step draws from the same data
+            cd = getattr(data, "conjecture_data", data)
+            if cd is not self._data:
+                self._data = cd
+                self._chooser = H.HypothesisChooser(cd)
+            self.run.step(self._chooser)
 
         def teardown(self):
             self.run.teardown()
