@@ -20,27 +20,15 @@ reference counting, read-only protection, and possibly Copy-on-Write.*
 
 from __future__ import annotations
 
-from memspec.spec.api import DeviceKey, Identity, PhysicalHandle, ReserveRequest, VirtualAllocation
+from memspec.spec.api import Identity, PhysicalHandle, VirtualAllocation
 from memspec.spec.errors import DoubleFree, ForeignAllocation, InvalidRange, InvalidRequest, StaleHandle
 
 from memspec.reference.common import check_range, check_size, is_int
-from memspec.reference.vmm import PhysRecord, VaSpace
+from memspec.reference.vmm import OverVaSpace, PhysRecord
 
 
-class ReferenceSharedMapping:
+class ReferenceSharedMapping(OverVaSpace):
     """``SharedMapping`` over the :class:`VaSpace` of one mechanism instance."""
-
-    def __init__(self, space: VaSpace) -> None:
-        self._s = space
-
-    def device(self) -> DeviceKey:
-        return self._s.dev.key
-
-    def granularity(self) -> int:
-        return self._s.page
-
-    def reserve(self, request: ReserveRequest) -> VirtualAllocation:
-        return self._s.reserve(request)
 
     def free_reservation(self, allocation: VirtualAllocation) -> None:
         """End a reservation; InvalidRange if anything is still mapped in it."""

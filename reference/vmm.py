@@ -226,8 +226,9 @@ class VaSpace:
         return 0
 
 
-class ReferenceVirtualBacking:
-    """``VirtualBacking`` over a :class:`VaSpace` (see the module docstring)."""
+class OverVaSpace:
+    """What both capabilities of one mechanism share: its :class:`VaSpace`
+    (device, page, reservations)."""
 
     def __init__(self, space: VaSpace) -> None:
         self._s = space
@@ -242,6 +243,10 @@ class ReferenceVirtualBacking:
         """Reserve VA rounded up to the page; takes no physical bytes.
         Raises InvalidRequest (size/alignment), OutOfMemory (no VA left, e.g. 1 PiB)."""
         return self._s.reserve(request)
+
+
+class ReferenceVirtualBacking(OverVaSpace):
+    """``VirtualBacking`` over a :class:`VaSpace` (see the module docstring)."""
 
     def commit_range(self, allocation: VirtualAllocation, start: int, end: int) -> int:
         """Install private pages behind ``[start, end)``; return exactly
