@@ -37,9 +37,10 @@ from __future__ import annotations
 from typing import Any
 
 from memspec.spec import allocation, backing, contexts, governor, holders, registry, release
-from memspec.spec.core import Machine, Observation
+from memspec.spec.api import DeviceAllocation, VirtualAllocation
+from memspec.spec.core import DataRegion, Machine, Observation
 from memspec.spec.invariants import ALL
-from memspec.spec.state import Registry, SysState
+from memspec.spec.state import Registry, Seen, SysState
 
 
 def init(*, capacity: int, page: int, virtual_backing: bool, shared_mapping: bool, ep: bool = True,
@@ -112,6 +113,33 @@ OBSERVATIONS = [
 ]
 
 
+def regions(s: SysState, ref: int, obj: Any) -> DataRegion | None:
+    """An owning allocation (``OwningAllocation.allocation``) and the
+    committed pages of an owning reservation made by the target's own
+    mechanism, while the spec says they are live or their release is queued
+    behind a fence (the extra mechanism may live where the EP cannot copy).
+
+    Blame: live -- a fault is S5 (backing that was never installed), a
+    changed byte S11 (bytes counted twice); queued -- either is S4 (*backing
+    is released only after every fence of work that used it has completed*).
+    """
+    rec = s.owned.get(ref)
+    if rec is None or rec.state not in ("live", "queued") or getattr(rec, "creator", 0) != 0:
+        return None
+    inner = getattr(obj, "allocation", None)
+    fault, mismatch = ("S5", "S11") if rec.state == "live" else ("S4", "S4")
+    if rec.kind == "allocation" and isinstance(inner, DeviceAllocation):
+        return DataRegion(fault, mismatch, extent=(inner.address, inner.size), page=s.page)
+    if rec.kind == "reservation" and isinstance(inner, VirtualAllocation) and rec.committed:
+        return DataRegion(fault, mismatch, pages=(inner.address, rec.committed, s.page))
+    return None
+
+
+def unwrap(value: Any) -> Any:
+    """A :class:`Seen` answer binds the implementation object it wraps."""
+    return value.obj if isinstance(value, Seen) else value
+
+
 SYSTEM: Machine[SysState] = Machine(
     name="system",
     doc=__doc__ or "",
@@ -120,4 +148,7 @@ SYSTEM: Machine[SysState] = Machine(
     + holders.ACTIONS + contexts.ACTIONS,
     invariants=list(ALL),
     observations=OBSERVATIONS,
+    regions=regions,
+    unwrap=unwrap,
+    ep_blame="S7",
 )
