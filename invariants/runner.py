@@ -510,8 +510,8 @@ class _Parent:
             cause = "hang" if end.hang else "crash"
             if trace:
                 trace[-1].outcome = "hangs" if end.hang else "kills the process"
-            r.failures.append(Failure(self.target, r.level, blame, cause,
-                                      f"{end.death}, at {where}", trace, r.plan.stats.steps))
+            reason = end.death if end.what.startswith("step ") else f"{end.death}, at {where}"
+            r.failures.append(Failure(self.target, r.level, blame, cause, reason, trace, r.plan.stats.steps))
         self.results.append(r)
         self.done.append(r.level)
         self.current = None
