@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from memspec.invariants.choosers import RecordingChooser
 from memspec.invariants.errors import TARGET_ERROR, HangResult, SpecError, TargetError, Violation, violation_class
-from memspec.invariants.guard import CallGuard
+from memspec.invariants.guard import BUILD_SECONDS, CallGuard
 from memspec.invariants.integrity import make_integrity
 from memspec.spec import api
 from memspec.spec.errors import MemspecError
@@ -162,11 +162,14 @@ class Run:
         if plan.on_call is not None:
             plan.on_call(self, None)
         g = self.guard
-        g.blame, g.what = TARGET_ERROR, f"building the target {plan.target!r}"
-        self.instance, err = g.call(plan.factory, **plan.factory_kwargs)
-        if err is None:
-            g.what = f"wiring the {plan.level} level around the target"
-            self.sut, err = g.call(plan.make_sut, self, self.instance)
+        g.blame, g.what, g.limit = TARGET_ERROR, f"building the target {plan.target!r}", max(g.timeout, BUILD_SECONDS)
+        try:
+            self.instance, err = g.call(plan.factory, **plan.factory_kwargs)
+            if err is None:
+                g.what = f"wiring the {plan.level} level around the target"
+                self.sut, err = g.call(plan.make_sut, self, self.instance)
+        finally:
+            g.limit = None
         if isinstance(err, (SpecError, Violation)):
             raise err
         if err is not None:

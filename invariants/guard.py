@@ -43,7 +43,11 @@ from memspec.invariants.errors import HangResult
 # The watch: what the child is doing, in shared memory
 # --------------------------------------------------------------------------
 
-_LAYOUT = struct.Struct("<QI4x32s96s")   # calls started, inside a call, blame, what
+_LAYOUT = struct.Struct("<QI4xd32s96s")   # calls started, inside a call, seconds allowed, blame, what
+
+#: seconds a target's factory (and the wiring of a level around it) may take
+#: at least: a first call imports the target's modules
+BUILD_SECONDS = 20.0
 
 
 class Watch:
@@ -53,22 +57,19 @@ class Watch:
     def __init__(self) -> None:
         self.mem = mmap.mmap(-1, _LAYOUT.size)
         self.calls = 0
-        self._blame = b""
-        self._what = b""
 
-    def enter(self, blame: str, what: str) -> None:
+    def enter(self, blame: str, what: str, limit: float) -> None:
         self.calls += 1
-        b = blame.encode("utf-8", "replace")[:32] if blame is not self._blame else self._blame
-        w = what.encode("utf-8", "replace")[:96]
-        _LAYOUT.pack_into(self.mem, 0, self.calls, 1, b, w)
+        _LAYOUT.pack_into(self.mem, 0, self.calls, 1, limit, blame.encode("utf-8", "replace")[:32],
+                          what.encode("utf-8", "replace")[:96])
 
     def leave(self) -> None:
         struct.pack_into("<I", self.mem, 8, 0)
 
-    def read(self) -> tuple[int, bool, str, str]:
-        calls, inside, blame, what = _LAYOUT.unpack_from(self.mem, 0)
+    def read(self) -> tuple[int, bool, float, str, str]:
+        calls, inside, limit, blame, what = _LAYOUT.unpack_from(self.mem, 0)
         dec = lambda b: b.rstrip(b"\0").decode("utf-8", "replace")  # noqa: E731
-        return calls, bool(inside), dec(blame), dec(what)
+        return calls, bool(inside), limit, dec(blame), dec(what)
 
 
 # --------------------------------------------------------------------------
@@ -101,6 +102,8 @@ class CallGuard:
         self.mode = mode
         self.blame = ""
         self.what = ""
+        #: seconds the next calls may take when not ``timeout`` (building a target)
+        self.limit: float | None = None
         self._worker: _Worker | None = None
 
     def install(self) -> None:
@@ -121,7 +124,7 @@ class CallGuard:
             return self._thread_call(fn, args, kwargs)
         w = CallGuard.watch
         if w is not None:
-            w.enter(self.blame, self.what)
+            w.enter(self.blame, self.what, self.limit or self.timeout)
         try:
             return fn(*args, **kwargs), None
         except BaseException as e:  # noqa: BLE001 - a target may raise anything, SystemExit included
@@ -136,7 +139,7 @@ class CallGuard:
         box: list = []
         ev = threading.Event()
         self._worker.jobs.put((fn, args, kwargs, box, ev))
-        if not ev.wait(self.timeout):
+        if not ev.wait(self.limit or self.timeout):
             self._worker = None  # abandoned: it is stuck in the target
             return None, self._hung()
         return box[0]
@@ -208,7 +211,8 @@ def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Ca
 
     The child must send ``{"t": "done"}`` when its work is complete; a child
     that ends without it died.  A child whose Watch says it has been inside
-    one target call for longer than ``timeout`` seconds is killed (``SIGKILL``:
+    one target call for longer than the call's allowance (``timeout`` unless
+    the child said otherwise) is killed (``SIGKILL``:
     it cannot be caught, also not by code blocked in C) and reported as hung.
     Messages are untrusted text: parsed with ``json.loads`` only; a line that
     does not parse is ignored.
@@ -219,6 +223,12 @@ def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Ca
     if pid == 0:  # the child
         code = 0
         try:
+            try:
+                import faulthandler
+
+                faulthandler.disable()   # a crash is the parent's to report, not a stack dump on the terminal
+            except Exception:  # noqa: BLE001
+                pass
             os.close(r)
             CallGuard.watch = watch
             ch = Channel(w)
@@ -258,20 +268,21 @@ def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Ca
                     end.messages.append(msg)
                     if on_message is not None:
                         on_message(msg)
-            calls, inside, blame, what = watch.read()
+            calls, inside, limit, blame, what = watch.read()
             now = time.monotonic()
+            allowed = limit if limit > 0 else timeout
             if calls != last_calls or not inside:
                 last_calls, since = calls, now
-            elif now - since > timeout:
+            elif now - since > allowed:
                 end.hang, end.blame, end.what = True, blame, what
-                end.death = f"a call into the target did not return within {timeout:g} s ({what})"
+                end.death = f"a call into the target did not return within {allowed:g} s ({what})"
                 os.kill(pid, signal.SIGKILL)
                 break
     finally:
         os.close(r)
         _, status = os.waitpid(pid, 0)
         if not done and end.death is None:
-            _calls, inside, end.blame, end.what = watch.read()
+            _calls, inside, _limit, end.blame, end.what = watch.read()
             end.death = _describe_status(status) + (f" inside the target ({end.what})" if inside else "")
         watch.mem.close()
     return end

@@ -23,10 +23,11 @@ from memspec.invariants import engine as E
 from memspec.invariants.choosers import HypothesisChooser
 from memspec.invariants.discovery import TargetRef, resolve
 from memspec.invariants.errors import TARGET_ERROR, SpecError, TargetError, Violation
-from memspec.invariants.guard import CallGuard, Channel, supervise
+from memspec.invariants.guard import BUILD_SECONDS, CallGuard, Channel, supervise
 from memspec.invariants.levels import LEVELS, levels_for  # noqa: F401 - re-exported
 from memspec.invariants.planning import (applicability, build_probe, close_probe, kind_of,  # noqa: F401
                                          load_machine, machine_for, make_plan)
+from memspec.invariants.repro import write_repros  # noqa: F401 - re-exported
 
 # --------------------------------------------------------------------------
 # Results
@@ -338,14 +339,15 @@ def _child(ch: Channel, target: str, level: str, skip: list, opts: dict) -> None
     """The supervised child: probe the target once, plan each level, run it,
     and say everything on ``ch``.  Nothing it sends is code."""
     guard = CallGuard(opts["timeout"], "direct")
-    guard.blame, guard.what = TARGET_ERROR, f"building the target {target!r} (its factory)"
-    try:
-        tref = resolve(target)
-        if tref.factory is None:
-            raise LookupError(tref.error or "unavailable")
-    except Exception as e:  # noqa: BLE001
-        ch.send({"t": "error", "level": level, "error": f"{type(e).__name__}: {e}"})
+    guard.blame, guard.what = TARGET_ERROR, f"importing the target {target!r}"
+    guard.limit = max(opts["timeout"], BUILD_SECONDS)   # imports and a first factory call take their time
+    tref, err = guard.call(resolve, target)
+    if err is None and tref.factory is None:
+        err = LookupError(tref.error or "unavailable")
+    if err is not None:
+        ch.send({"t": "error", "level": level, "error": f"{type(err).__name__}: {err}"})
         return
+    guard.what = f"building the target {target!r} (its factory)"
     probe, err = guard.call(build_probe, tref, opts["capacity"])
     if err is not None:
         msg = str(err) if isinstance(err, TargetError) else \
@@ -375,6 +377,7 @@ def _child(ch: Channel, target: str, level: str, skip: list, opts: dict) -> None
     finally:
         guard.what = "closing the probe instance"
         guard.call(close_probe, probe)
+        guard.limit = None
     for plan in plans:
         _run_child_plan(ch, plan, opts)
 
@@ -505,7 +508,7 @@ class _Parent:
         r.plan.stats.seconds = r.seconds
         blame = end.blame or TARGET_ERROR
         if blame == TARGET_ERROR:
-            r.errors.append(f"target {self.target!r}: {end.death} -- {end.what or where}")
+            r.errors.append(f"target {self.target!r}: {end.death}" + ("" if end.what else f", {where}"))
         else:
             cause = "hang" if end.hang else "crash"
             if trace:
@@ -524,8 +527,6 @@ def conform(target: str, level: str = "all", *, profile: str = "ci", examples: i
             shrink_seconds: float | None = -1) -> list[PlanResult]:
     """Run every applicable level of ``target`` under supervision; one
     :class:`PlanResult` per level.  Never raises for what the target does."""
-    from memspec.invariants.repro import write_repros
-
     opts = {"profile": profile, "examples": examples, "steps": steps, "seed": seed, "db": db, "capacity": capacity,
             "timeout": timeout, "machine": machine, "shrink": shrink, "shrink_seconds": shrink_seconds}
     results: list[PlanResult] = []
@@ -552,6 +553,52 @@ def conform(target: str, level: str = "all", *, profile: str = "ci", examples: i
             if r.plan is not None:
                 write_repros(r, out_dir, target_name=target)
     return results
+
+
+def describe(target: str, level: str = "all", *, machine: str | None = None, timeout: float = 30.0) -> list:
+    """``[(level, [(invariant id, title)], error or None)]`` for ``target``,
+    learnt in a supervised child (the factory runs there, once)."""
+    def work(ch: Channel) -> None:
+        guard = CallGuard(timeout, "direct")
+        guard.blame, guard.what = TARGET_ERROR, f"importing the target {target!r}"
+        guard.limit = max(timeout, BUILD_SECONDS)
+        tref, err = guard.call(resolve, target)
+        if err is None and tref.factory is None:
+            err = LookupError(tref.error or "unavailable")
+        if err is not None:
+            ch.send({"t": "error", "level": level, "error": f"{type(err).__name__}: {err}"})
+            return
+        guard.what = f"building the target {target!r} (its factory)"
+        probe, err = guard.call(build_probe, tref, None)
+        if err is not None:
+            ch.send({"t": "error", "level": level, "error": f"{type(err).__name__}: {err}"})
+            return
+        try:
+            lv = [tref.mutant.level] if tref.mutant is not None and level == "all" else levels_for(probe.kind, level)
+            if not lv:
+                ch.send({"t": "error", "level": level, "error": f"level {level!r} does not apply to a target of kind {probe.kind!r}"})
+            for lvl in lv:
+                guard.what = f"probing the target for the {lvl} level"
+                plan, err = guard.call(make_plan, tref, lvl, machine=machine, probe=probe)
+                if err is not None:
+                    ch.send({"t": "error", "level": lvl, "error": f"{type(err).__name__}: {err}"})
+                else:
+                    ch.send({"t": "plan", "level": lvl,
+                             "invariants": [[inv.id, inv.title] for inv in plan.machine.invariants]})
+        finally:
+            guard.call(close_probe, probe)
+
+    end = supervise(work, timeout=timeout)
+    out = []
+    for m in end.messages:
+        if m.get("t") == "plan":
+            out.append((_str(m.get("level")), [(_str(x[0]), _str(x[1])) for x in m.get("invariants") or []
+                                              if isinstance(x, list) and len(x) == 2], None))
+        elif m.get("t") == "error":
+            out.append((_str(m.get("level")), [], _str(m.get("error"))))
+    if end.death is not None:
+        out.append((level, [], f"target {target!r}: {end.death}"))
+    return out
 
 
 def _kind_of(tref: TargetRef, capacity: int | None) -> str:

@@ -64,9 +64,8 @@ def main(argv: list[str]) -> int:
                 total = examples or hypothesis_settings(args.profile).max_examples
                 state["task"] = progress.add_task(f"{target} [{plan.level}]", total=total, info="")
 
-            def on_step(plan, state=state):
-                state["n"] += 1
-                if state["n"] & 63 == 0 and state["task"] is not None:
+            def on_step(plan, state=state):  # called with the child's progress, a few times a second
+                if state["task"] is not None:
                     st = plan.stats
                     progress.update(state["task"], completed=min(st.examples, progress.tasks[-1].total or st.examples),
                                     info=f"{st.steps} steps, {len(st.outcomes)} outcomes, {st.failures_seen} failing")
