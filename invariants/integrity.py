@@ -236,8 +236,10 @@ def _page_spans(address: int, pages: Any, page: int) -> list:
 
 
 def make_integrity(run: Any) -> Integrity | None:
-    """The run's data checks, when the machine describes regions and the SUT has an EP."""
-    ep = getattr(run.sut, "ep", None)
+    """The run's data checks, when the machine describes regions and the
+    target has an EP of its own (``TargetInstance.ep``: only the target's EP
+    reaches the target's memory; without one the checks are N/A)."""
+    ep = getattr(run.instance, "ep", None)
     regions = getattr(run.machine, "regions", None)
     if ep is None or regions is None:
         return None
