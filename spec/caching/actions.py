@@ -203,7 +203,7 @@ class _Witness:
     stream: int
 
 
-@action(role="caching", params={"size": SIZES, "stream": STREAM},
+@action(role="CachingAllocator", params={"size": SIZES, "stream": STREAM},
         perform=lambda sut, size, stream: sut.allocator.malloc(size, stream),
         invariants=("C2", "C3", "C4", "C5", "C7", "C8", "C9", "C1"), weight=6)
 def malloc(st: CachingState, size: int, stream: int):
@@ -235,7 +235,7 @@ def _free_step(st: CachingState, ref: int):
     return outcomes(Returns("None", accepts=lambda v: v is None, then=then, witness=lambda: None), blame="C3")
 
 
-@action(role="caching", params={"ref": LIVE_REF}, perform=lambda sut, ref: sut.allocator.free(sut.ref(ref)),
+@action(role="CachingAllocator", params={"ref": LIVE_REF}, perform=lambda sut, ref: sut.allocator.free(sut.ref(ref)),
         invariants=("C3", "C7", "C2", "C1"), weight=4)
 def free(st: CachingState, ref: int):
     """Free a live block. With uses on other streams (record_stream) it stays
@@ -246,14 +246,14 @@ def free(st: CachingState, ref: int):
     return _free_step(st, ref)
 
 
-@action(role="caching", params={"ref": FREED_REF}, perform=lambda sut, ref: sut.allocator.free(sut.ref(ref)),
+@action(role="CachingAllocator", params={"ref": FREED_REF}, perform=lambda sut, ref: sut.allocator.free(sut.ref(ref)),
         invariants=("C2",), weight=1)
 def double_free(st: CachingState, ref: int):
     """Freeing a block twice is refused (DoubleFree), even if its address was reused."""
     return only(DoubleFree, blame="C2", describe="the block was already freed")
 
 
-@action(role="caching", params={"ref": LIVE_REF, "stream": STREAM},
+@action(role="CachingAllocator", params={"ref": LIVE_REF, "stream": STREAM},
         perform=lambda sut, ref, stream: sut.allocator.record_stream(sut.ref(ref), stream),
         invariants=("C7",), weight=2)
 def record_stream(st: CachingState, ref: int, stream: int):
@@ -267,7 +267,7 @@ def record_stream(st: CachingState, ref: int, stream: int):
     return outcomes(Returns("None", accepts=lambda v: v is None, then=then, witness=lambda: None), blame="C7")
 
 
-@action(role="caching", params={"stream": STREAM},
+@action(role="CachingAllocator", params={"stream": STREAM},
         perform=lambda sut, stream: sut.allocator.complete_stream(stream), invariants=("C7",), weight=2)
 def complete_stream(st: CachingState, stream: int):
     """The device finished the work queued on ``stream``: its events are
@@ -277,7 +277,7 @@ def complete_stream(st: CachingState, stream: int):
     return outcomes(Returns("None", accepts=lambda v: v is None, then=then, witness=lambda: None), blame="C7")
 
 
-@action(role="caching", perform=lambda sut: sut.allocator.empty_cache(), invariants=("C6", "C3", "C7", "C2", "C1"),
+@action(role="CachingAllocator", perform=lambda sut: sut.allocator.empty_cache(), invariants=("C6", "C3", "C7", "C2", "C1"),
         weight=1)
 def empty_cache(st: CachingState):
     """Wait for all events, then release every segment that is one whole free

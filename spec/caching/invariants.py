@@ -148,14 +148,15 @@ INVARIANTS = [
     Invariant("C6", "empty_cache releases exactly the fully-free segments",
               "empty_cache() releases segments that are entirely free to the driver; it moves, merges, and "
               "defragments nothing inside partially-live segments", _recorded("C6")),
-    Invariant("C7", "no reuse before the events of other streams complete",
-              "GPU release must obey stream/fence ordering (seed 000); seed 003's caching allocator reuses a "
-              "block only on its stream, and only after the events of the other streams that used it complete", _c7),
+    Invariant("C7", "no reuse before the events of other streams complete (seed 000's fence rule)",
+              # seed 003 never names streams: this rule is seed 000's, applied to the caching allocator
+              # (a block is reused only on its stream, after the events of the other streams that used it)
+              "GPU release must obey stream/fence ordering", _c7),
     Invariant("C8", "expandable segments: OOM only at physical exhaustion",
               "A freed block's pages unmap — physical memory returns to the driver immediately — and a later large "
               "request maps fresh pages into a fresh contiguous VA run.", _recorded("C8")),
     Invariant("C9", "the OOM message's figures equal the state",
-              "The OOM message is the diagnosis: \"N GiB is reserved by PyTorch but unallocated\" = fragmentation",
+              "The OOM message is the diagnosis ... \"N GiB is reserved by PyTorch but unallocated\" = fragmentation",
               _recorded("C9")),
 ]
 
