@@ -38,10 +38,15 @@ def load_machine(ref: str) -> Any:
 
 def applicability(machine: Any, actions_all: list, actions_on: list, observations_all: list, observations_on: list,
                   caps: dict) -> dict:
-    """Invariant id -> reason it is N/A: every action and observation that
-    exercises it needs a capability the target lacks."""
+    """Invariant id -> reason it is N/A: the invariant needs a capability the
+    target lacks (``Invariant.requires``), or every action and observation
+    that exercises it does."""
     na = {}
     for inv in machine.invariants:
+        lacking = [r for r in getattr(inv, "requires", ()) if not caps.get(r)]
+        if lacking:
+            na[inv.id] = "capability absent: " + ", ".join(lacking)
+            continue
         users = [a for a in actions_all if inv.id in a.invariants]
         users += [o for o in observations_all if o.blame == inv.id]
         if not users:

@@ -260,6 +260,9 @@ class Invariant(Generic[S]):
     #: ``check`` then dispatches on the state's class.  A harness asks
     #: :meth:`check_for` once per run instead of dispatching every step.
     levels: dict | None = field(default=None, compare=False, hash=False)
+    #: capabilities without which nothing can break it (N/A for a target
+    #: that lacks one, e.g. ``("expandable_segments",)``)
+    requires: tuple[str, ...] = ()
 
     def check_for(self, state: Any) -> Callable[[Any], str | None] | None:
         """The predicate for ``state``'s level (``None``: vacuous there)."""

@@ -89,16 +89,20 @@ __all__ = [
 
 def init(*, policy: str = "pytorch", capacity: int = 64 * MiB, expandable: bool = False, max_split_size: int | None = None,
          roundup_power2_divisions: int | tuple[int, ...] = 0, memory_fraction: float | None = None,
-         garbage_collection_threshold: float = 0.0, arena_factor: float | None = None) -> CachingState:
-    """The initial state: no segments, no events."""
+         garbage_collection_threshold: float = 0.0, arena_factor: float | None = None,
+         streams: int = STREAMS) -> CachingState:
+    """The initial state: no segments, no events.  ``streams``: how many
+    streams the allocator serves (requests are drawn on ``[0, streams)``)."""
     if policy not in PRESETS:
         raise ValueError(f"unknown policy {policy!r}; expected one of {PRESETS}")
+    if not isinstance(streams, int) or streams < 1:
+        raise ValueError(f"streams must be a positive int, got {streams!r}")
     d = roundup_power2_divisions
     table = (d,) * 16 if isinstance(d, int) and d else tuple(d) if d else ()
     return CachingState(Policy(
         preset=policy, capacity=capacity, expandable=expandable, max_split_size=max_split_size or 0,
         divisions=table, memory_fraction=memory_fraction, gc_threshold=garbage_collection_threshold,
-        arena_factor=arena_factor or 0.0))
+        arena_factor=arena_factor or 0.0), streams=min(streams, STREAMS))
 
 
 CACHING: Machine[CachingState] = Machine(

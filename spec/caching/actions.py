@@ -41,7 +41,7 @@ def _sizes(state: Any, c: Any) -> int:
 
 
 SIZES = Domain("request size: small-pool, large-pool, boundaries (512 B, 1 MiB, 10 MiB) and big", _sizes)
-STREAM = Domain(f"stream in [0, {STREAMS})", lambda _s, c: c.integer(0, STREAMS - 1))
+STREAM = Domain(f"stream in [0, {STREAMS}) (the allocator's streams)", lambda s, c: c.integer(0, s.streams - 1))
 
 
 def _live(st: CachingState) -> list[int]:
@@ -255,7 +255,7 @@ def double_free(st: CachingState, ref: int):
 
 @action(role="CachingAllocator", params={"ref": LIVE_REF, "stream": STREAM},
         perform=lambda sut, ref, stream: sut.allocator.record_stream(sut.ref(ref), stream),
-        invariants=("C7",), weight=2)
+        invariants=("C7",), requires=("record_stream",), weight=2)
 def record_stream(st: CachingState, ref: int, stream: int):
     """``Tensor.record_stream``: work on ``stream`` uses the block; its free
     will wait for that work (an event recorded at free time)."""

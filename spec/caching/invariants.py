@@ -151,10 +151,11 @@ INVARIANTS = [
     Invariant("C7", "no reuse before the events of other streams complete (seed 000's fence rule)",
               # seed 003 never names streams: this rule is seed 000's, applied to the caching allocator
               # (a block is reused only on its stream, after the events of the other streams that used it)
-              "GPU release must obey stream/fence ordering", _c7),
+              "GPU release must obey stream/fence ordering", _c7, requires=("second_stream",)),
     Invariant("C8", "expandable segments: OOM only at physical exhaustion",
               "A freed block's pages unmap — physical memory returns to the driver immediately — and a later large "
-              "request maps fresh pages into a fresh contiguous VA run.", _recorded("C8")),
+              "request maps fresh pages into a fresh contiguous VA run.", _recorded("C8"),
+              requires=("expandable_segments",)),
     Invariant("C9", "the OOM message's figures equal the state",
               "The OOM message is the diagnosis ... \"N GiB is reserved by PyTorch but unallocated\" = fragmentation",
               _recorded("C9")),

@@ -84,6 +84,7 @@ class Segment:
 @dataclass
 class CachingState:
     policy: Policy
+    streams: int = 3                                          # streams requests are drawn on: [0, streams)
     segments: list[Segment] = field(default_factory=list)
     next_sid: int = 0
     next_ref: int = 1
