@@ -34,6 +34,7 @@ through ``sut.ref(id)``.  A KV request's reference id ``r`` is named
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from memspec.spec import context, ep, governor, holders, manager, vmm
@@ -140,12 +141,23 @@ def unwrap(value: Any) -> Any:
     return value.obj if isinstance(value, Seen) else value
 
 
+#: Actions that run device work on the target's memory (a stand-in kernel
+#: reading and writing an allocation): only an EP of the target's own
+#: reaches that memory, so without one they are not drawn (N/A, "ep").
+_KERNELS_ON_TARGET_MEMORY = ("use", "use_owned", "kv_use")
+
+
+def _needs_target_ep(actions: list) -> list:
+    return [replace(a, requires=a.requires + ("ep",)) if a.name in _KERNELS_ON_TARGET_MEMORY else a
+            for a in actions]
+
+
 SYSTEM: Machine[SysState] = Machine(
     name="system",
     doc=__doc__ or "",
     init=init,
-    actions=manager.ACTIONS + governor.ACTIONS + manager.BINDING_ACTIONS + ep.ACTIONS + vmm.SYS_ACTIONS
-    + holders.ACTIONS + context.ACTIONS,
+    actions=_needs_target_ep(manager.ACTIONS + governor.ACTIONS + manager.BINDING_ACTIONS + ep.ACTIONS
+                             + vmm.SYS_ACTIONS + holders.ACTIONS + context.ACTIONS),
     invariants=list(ALL),
     observations=OBSERVATIONS,
     regions=regions,
