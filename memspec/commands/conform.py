@@ -19,6 +19,7 @@ import argparse
 import sys
 
 from memspec.invariants.discovery import DEFAULT_TARGET
+from memspec.invariants.levels import LEVELS
 
 
 def parser() -> argparse.ArgumentParser:
@@ -31,7 +32,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
     p.add_argument("--junit", metavar="FILE", help="write the results as JUnit XML")
     p.add_argument("--db", metavar="DIR", help="Hypothesis example database directory (failures are replayed first)")
-    p.add_argument("--level", choices=("mechanism", "system", "caching", "all"), default="all")
+    p.add_argument("--level", choices=(*LEVELS, "all"), default="all")
     p.add_argument("--profile", choices=("ci", "dev", "fuzz"), default="ci")
     p.add_argument("--timeout", type=float, default=5.0, help="per-call timeout in seconds (a hang is a FAIL)")
     p.add_argument("--capacity", type=int, default=None, help="device capacity in bytes passed to the factory")
