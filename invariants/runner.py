@@ -340,7 +340,7 @@ def _child(ch: Channel, target: str, level: str, skip: list, opts: dict) -> None
     and say everything on ``ch``.  Nothing it sends is code."""
     guard = CallGuard(opts["timeout"], "direct")
     guard.blame, guard.what = TARGET_ERROR, f"importing the target {target!r}"
-    guard.limit = max(opts["timeout"], BUILD_SECONDS)   # imports and a first factory call take their time
+    guard.limit = opts["build_timeout"] or max(opts["timeout"], BUILD_SECONDS)   # imports and a first factory call
     tref, err = guard.call(resolve, target)
     if err is None and tref.factory is None:
         err = LookupError(tref.error or "unavailable")
@@ -402,6 +402,7 @@ def _run_child_plan(ch: Channel, plan: E.Plan, opts: dict) -> None:
 
     plan.on_call = on_call
     plan.on_step = on_step
+    plan.build_timeout = opts["build_timeout"]
     extra: dict = {}
     if not opts["shrink"]:
         from hypothesis import Phase
@@ -524,11 +525,15 @@ def conform(target: str, level: str = "all", *, profile: str = "ci", examples: i
             steps: int | None = None, seed: int | None = None, db: str | None = None, capacity: int | None = None,
             timeout: float = 5.0, out_dir: str | None = "memspec-out/repro", on_step: Callable | None = None,
             on_plan: Callable | None = None, machine: str | None = None, shrink: bool = True,
-            shrink_seconds: float | None = -1) -> list[PlanResult]:
+            shrink_seconds: float | None = -1, build_timeout: float | None = None) -> list[PlanResult]:
     """Run every applicable level of ``target`` under supervision; one
-    :class:`PlanResult` per level.  Never raises for what the target does."""
+    :class:`PlanResult` per level.  Never raises for what the target does.
+    ``timeout`` bounds each call into the target; ``build_timeout`` its
+    import and factory (default: the larger of ``timeout`` and
+    :data:`~memspec.invariants.guard.BUILD_SECONDS`)."""
     opts = {"profile": profile, "examples": examples, "steps": steps, "seed": seed, "db": db, "capacity": capacity,
-            "timeout": timeout, "machine": machine, "shrink": shrink, "shrink_seconds": shrink_seconds}
+            "timeout": timeout, "machine": machine, "shrink": shrink, "shrink_seconds": shrink_seconds,
+            "build_timeout": build_timeout}
     results: list[PlanResult] = []
     done: list[str] = []
     mutant = None

@@ -68,7 +68,7 @@ def test_a_base_exception_in_an_action_is_an_unexpected_exception():
     ("toy_factory_hangs", "did not return within"),
 ])
 def test_a_factory_that_exits_crashes_or_hangs_is_an_error_never_green(target, words):
-    results = conform(target)
+    results = conform(target, build_timeout=5)
     assert results and not any(r.ok for r in results)
     errors = " ".join(e for r in results for e in r.errors)
     assert words in errors, errors
