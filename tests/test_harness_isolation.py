@@ -117,3 +117,22 @@ def test_the_guard_never_uses_signals():
 
     code = [ln for ln in inspect.getsource(guard).splitlines() if not ln.strip().startswith(("#", "*", "``"))]
     assert not any("signal.SIGALRM" in ln or "setitimer" in ln or "signal.signal(" in ln for ln in code)
+
+
+def test_the_child_never_outlives_an_interrupted_supervisor():
+    import time
+
+    started = []
+
+    def work(ch):
+        ch.send({"t": "pid", "pid": os.getpid()})
+        time.sleep(3600)
+
+    def on_message(m):
+        started.append(m["pid"])
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        supervise(work, timeout=100, on_message=on_message)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(started[0], os.WNOHANG)        # already reaped: it was killed, not left running
