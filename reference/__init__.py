@@ -1,6 +1,6 @@
 """Pure-Python reference implementation of every role of seed 000 on an
 honest simulated device.  Imports only ``memspec.spec.api`` and
-``memspec.spec.errors`` from the spec (checked by tests/test_reference_layering.py).
+``memspec.spec.errors`` from the spec (checked by tests/test_layering.py; rules in docs/ARCHITECTURE.md).
 
 Modules, by role:
 
