@@ -35,6 +35,7 @@ the spec (layering rule).
 from __future__ import annotations
 
 import itertools
+import reprlib
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from typing import Any, Callable
@@ -335,18 +336,15 @@ class _Segment:
                  page: int = 0, owner: Any = None):
         self.address, self.size, self.stream, self.small = address, size, stream, small
         self.expandable, self.handle, self.page, self.owner = expandable, handle, page, owner
-        self.head: CachedBlock | None = None
+        self.head: _Block | None = None
 
 
-class CachedBlock:
-    """A block of a segment -- and, while allocated, the handle
-    :meth:`CachingAllocator.malloc` hands out: ``address``, ``size`` (after
-    rounding and the split decision), ``requested_size``, ``stream``.
+class _Block:
+    """A block of a segment: the allocator's own record (never handed out).
 
-    Every allocation gets a block object never handed out before (a split
-    makes a new front block; a whole-block reuse makes a fresh copy), so a
-    stale handle is never allocated again and its second free is refused even
-    when its address was recycled."""
+    ``allocated``, ``size``, ``requested_size``, ``stream``, the neighbour
+    links and the event counts are read only from here, never from a
+    :class:`CachedBlock` handle."""
 
     __slots__ = ("address", "size", "requested_size", "stream", "seg", "prev", "next", "allocated", "mapped",
                  "events", "uses", "gc_base")
@@ -354,8 +352,8 @@ class CachedBlock:
     def __init__(self, address: int, size: int, stream: int, seg: _Segment) -> None:
         self.address, self.size, self.stream, self.seg = address, size, stream, seg
         self.requested_size = 0
-        self.prev: CachedBlock | None = None
-        self.next: CachedBlock | None = None
+        self.prev: _Block | None = None
+        self.next: _Block | None = None
         self.allocated = False
         self.mapped = True
         self.events = 0
@@ -366,11 +364,42 @@ class CachedBlock:
         return self.prev is not None or self.next is not None
 
     def __repr__(self) -> str:
-        return (f"CachedBlock(address={self.address:#x}, size={self.size}, requested_size={self.requested_size}, "
-                f"stream={self.stream})")
+        return (f"_Block(address={self.address:#x}, size={self.size}, requested_size={self.requested_size}, "
+                f"stream={self.stream}, allocated={self.allocated})")
 
 
-_Block = CachedBlock
+def _describe(h: Any) -> str:
+    """A handle's fields for an error message, whatever they hold (never raises)."""
+    parts = []
+    for name in ("address", "size", "requested_size", "stream"):
+        v = getattr(h, name, None)
+        parts.append(f"{name}={v:#x}" if name == "address" and type(v) is int else f"{name}={reprlib.repr(v)}")
+    return "CachedBlock(" + ", ".join(parts) + ")"
+
+
+class CachedBlock:
+    """The handle :meth:`CachingAllocator.malloc` hands out: ``address``,
+    ``size`` (after rounding and the split decision), ``requested_size``,
+    ``stream`` -- a read-out for the caller, nothing more.
+
+    The allocator never trusts a handle's fields: ``free`` and
+    ``record_stream`` look the handle object up (by identity) in the
+    allocator's own record of live handles.  A copy (``copy.copy``), a
+    hand-built handle with a live block's address, a handle whose fields were
+    altered, or a handle already freed is not in that record and is refused
+    with a named error (DoubleFree, StaleHandle, ForeignAllocation), the
+    ledger unchanged.  Every malloc makes a new handle, so a stale one is
+    never live again even when its address was recycled."""
+
+    __slots__ = ("address", "size", "requested_size", "stream", "_owner", "_freed")
+
+    def __init__(self, address: int, size: int, requested_size: int, stream: int, owner: Any = None) -> None:
+        self.address, self.size, self.requested_size, self.stream = address, size, requested_size, stream
+        self._owner = owner
+        self._freed = False
+
+    def __repr__(self) -> str:
+        return _describe(self)
 
 
 class _Pool:
@@ -446,8 +475,8 @@ class CachingAllocator:
         self._large = _Pool(False)
         self._segments: dict[int, _Segment] = {}
         self._seg_alloc: dict[int, Any] = {}
-        self._n_live = 0
-        self._pending: set[CachedBlock] = set()
+        self._live: dict[CachedBlock, _Block] = {}  # the record: live handle (by identity) -> its block
+        self._pending: set[_Block] = set()
         self._issued: dict[int, int] = {}
         self._completed: dict[int, int] = {}
         self._events: dict[int, deque] = {}
@@ -510,8 +539,8 @@ class CachingAllocator:
 
     def set_per_process_memory_fraction(self, fraction: float) -> None:
         """cudaMalloc is refused when reserved + size > fraction * capacity."""
-        if not 0.0 <= fraction <= 1.0:
-            raise InvalidRequest(f"fraction must be in [0, 1], got {fraction}")
+        if type(fraction) not in (int, float) or not 0.0 <= fraction <= 1.0:  # nan fails both comparisons
+            raise InvalidRequest(f"fraction must be a number in [0, 1], got {fraction!r}")
         self.memory_fraction = fraction
         self._allowed = int(fraction * self.capacity)
 
@@ -537,6 +566,8 @@ class CachingAllocator:
         """The device finished every piece of work queued on ``stream`` so far:
         the events recorded on it are now complete (the allocator notices at
         the next malloc or empty_cache)."""
+        if type(stream) is not int or stream < 0:
+            raise InvalidRequest(f"stream must be a non-negative int, got {stream!r}")
         self._completed[stream] = self._issued.get(stream, 0)
 
     def synchronize(self) -> None:
@@ -547,7 +578,7 @@ class CachingAllocator:
         """``Tensor.record_stream``: the block is used by work on ``stream``;
         its free is then deferred until that work completes."""
         b = self._owned_live(block)
-        if not isinstance(stream, int) or stream < 0:
+        if type(stream) is not int or stream < 0:
             raise InvalidRequest(f"stream must be a non-negative int, got {stream!r}")
         if stream != b.stream:
             if b.uses is None:
@@ -671,7 +702,10 @@ class CachingAllocator:
         b = self._get_free_block(pool, stream, r)
         if b is None:
             b = self._slow_path(pool, stream, r, size)
-        return self._alloc_found(pool, b, r, size, stream)
+        b = self._alloc_found(pool, b, r, size, stream)
+        h = CachedBlock(b.address, b.size, size, stream, self)
+        self._live[h] = b
+        return h
 
     def _get_free_block(self, pool: _Pool, stream: int, r: int) -> _Block | None:
         if self.gc_threshold > 0.0 and self._allowed is not None:
@@ -752,7 +786,7 @@ class CachingAllocator:
             self._oom(pool, stream, r, alloc_size, size)
         return b
 
-    def _alloc_found(self, pool: _Pool, b: _Block, r: int, size: int, stream: int) -> CachedBlock:
+    def _alloc_found(self, pool: _Pool, b: _Block, r: int, size: int, stream: int) -> _Block:
         idx = SMALL if pool.small else LARGE
         already_split = b.prev is not None or b.next is not None
         exp = b.seg.expandable
@@ -780,17 +814,6 @@ class CachingAllocator:
                     _inc2(s, idx, remaining)
                     s = self._s_isplit
                     _inc2(s, idx, 1)
-        else:
-            old = b  # a fresh object: a stale handle to ``old`` is never live again
-            b = CachedBlock(old.address, old.size, stream, old.seg)
-            b.prev, b.next, b.mapped = old.prev, old.next, old.mapped
-            if b.prev is not None:
-                b.prev.next = b
-            else:
-                b.seg.head = b
-            if b.next is not None:
-                b.next.prev = b
-            old.prev = old.next = None
         if not split and already_split and not exp:
             s = self._s_isbytes
             _dec2(s, idx, b.size)
@@ -799,7 +822,6 @@ class CachingAllocator:
         b.allocated = True
         b.requested_size = size
         b.stream = stream
-        self._n_live += 1
         bs = b.size
         sa, sab, sac, sacb, srq = self._s_alloc, self._s_abytes, self._s_active, self._s_actbytes, self._s_req
         for j in (ALL, idx):  # Stat.increase, inlined: this is the hot path
@@ -1094,23 +1116,35 @@ class CachingAllocator:
 
     # ---------------------------------------------------------------- free
 
-    def _owned_live(self, block: Any) -> CachedBlock:
-        if type(block) is not CachedBlock:
-            raise InvalidRequest(f"not a block of a caching allocator: {block!r}")
-        if block.seg.owner is not self:
-            raise ForeignAllocation(f"{block!r} was allocated by another caching allocator")
-        if not block.allocated:
-            raise DoubleFree(f"{block!r} was already freed")
-        return block
+    def _refuse(self, handle: Any) -> Exception:
+        """The named error for a handle that is not in the live record (the
+        handle's own fields only choose the error's name and text)."""
+        if type(handle) is not CachedBlock:
+            return InvalidRequest(f"not a block of a caching allocator: {type(handle).__name__}")
+        what = _describe(handle)
+        if getattr(handle, "_owner", None) is not self:
+            return ForeignAllocation(f"{what} was not allocated by this caching allocator")
+        if getattr(handle, "_freed", False) is True:
+            return DoubleFree(f"{what} was already freed")
+        return StaleHandle(f"{what} is not a live handle of this allocator (a copy or a hand-built handle: "
+                           "only the object malloc returned is live)")
+
+    def _owned_live(self, handle: Any) -> _Block:
+        """The block of a live handle, from the allocator's own record."""
+        b = self._live.get(handle) if type(handle) is CachedBlock else None
+        if b is None:
+            raise self._refuse(handle)
+        return b
 
     def free(self, block: CachedBlock) -> None:
         """Free a block. Allocated stats drop at once; with uses on other
-        streams the block waits for their events (``active_pending_free``)."""
-        b = block
-        if type(b) is not CachedBlock or b.seg.owner is not self or not b.allocated:
-            self._owned_live(b)  # raises the right error
+        streams the block waits for their events (``active_pending_free``).
+        The handle is checked against the allocator's record, never its own fields."""
+        b = self._live.pop(block, None) if type(block) is CachedBlock else None
+        if b is None:
+            raise self._refuse(block)
+        block._freed = True
         b.allocated = False
-        self._n_live -= 1
         idx = SMALL if b.seg.small else LARGE
         bs = b.size
         sa, sab = self._s_alloc, self._s_abytes
@@ -1247,7 +1281,7 @@ class CachingAllocator:
         return self.stats.requested_bytes[ALL].current
 
     def live_blocks(self) -> int:
-        return self._n_live
+        return len(self._live)
 
     def segments(self) -> list[dict]:
         """Every segment in address order with its blocks: ``{address,
