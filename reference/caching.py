@@ -402,6 +402,18 @@ class CachedBlock:
         return _describe(self)
 
 
+def _sl_delete(bl: SortedList, maxes: list, lst: list, pos: int, idx: int) -> None:
+    """``SortedList._delete(pos, idx)``; its common cases inlined (no positional
+    index in use; the sublist stays non-empty and either is the only one or
+    is longer than half the load, so nothing is merged)."""
+    if not bl._index and len(lst) > 1 and (len(lst) > 501 or len(maxes) == 1):
+        del lst[idx]
+        bl._len -= 1
+        maxes[pos] = lst[-1]
+    else:
+        bl._delete(pos, idx)
+
+
 class _Pool:
     __slots__ = ("small", "blocks", "free", "unmapped", "unmapped_at", "gc_calls")
 
@@ -465,6 +477,7 @@ class CachingAllocator:
         if capacity is None:
             raise InvalidRequest("capacity is required with a custom driver")
         self.preset = preset
+        self._seed = preset == "seed"
         self.capacity = capacity
         self.device_index = device_index
         self._driver = driver
@@ -634,12 +647,7 @@ class CachingAllocator:
         idx = bisect_left(lst, v)
         if lst[idx] != v:  # pragma: no cover - a broken free list
             raise KeyError(v)
-        if len(lst) > 501 and not bl._index:  # SortedList._delete's common case, inlined
-            del lst[idx]
-            bl._len -= 1
-            maxes[pos] = lst[-1]
-        else:
-            bl._delete(pos, idx)
+        _sl_delete(bl, maxes, lst, pos, idx)
         del pool.free[b.address]
 
     def _insert_unmapped(self, pool: _Pool, b: _Block) -> None:
@@ -696,8 +704,12 @@ class CachingAllocator:
             raise OutOfMemory(ONE_EB_MESSAGE, requested=size, total_capacity=self.capacity, device=self.device_index)
         if self._n_events:
             self._process_events()
-        r = round_request(size, self.preset, self._divisions) if self._divisions or self.preset == "seed" else (
-            K_MIN_BLOCK if size < K_MIN_BLOCK else (size + 511) & ~511)
+        if self._divisions:
+            r = round_request(size, self.preset, self._divisions)
+        elif size <= K_SMALL_SIZE or not self._seed:
+            r = K_MIN_BLOCK if size < K_MIN_BLOCK else (size + 511) & ~511
+        else:  # the seed's 2 MiB ladder above 1 MiB
+            r = (size + K_ROUND_LARGE - 1) & ~(K_ROUND_LARGE - 1)
         pool = self._small if r <= K_SMALL_SIZE else self._large
         b = self._get_free_block(pool, stream, r)
         if b is None:
@@ -734,12 +746,7 @@ class CachingAllocator:
             if r >= ms and b.size >= r + K_LARGE_BUFFER:
                 return None  # nor one too oversized for a large request
         if key is not None:
-            if len(sub) > 501 and not bl._index:  # SortedList._delete's common case, inlined
-                del sub[idx]
-                bl._len -= 1
-                maxes[pos] = sub[-1]
-            else:
-                bl._delete(pos, idx)
+            _sl_delete(bl, maxes, sub, pos, idx)
             del pool.free[b.address]
         else:
             self._remove(pool, b)
@@ -806,19 +813,36 @@ class CachingAllocator:
             rest.size = remaining
             self._insert(pool, rest)
             if not exp:
-                if already_split:
-                    s = self._s_isbytes
-                    _dec2(s, idx, r)
-                else:
-                    s = self._s_isbytes
-                    _inc2(s, idx, remaining)
-                    s = self._s_isplit
-                    _inc2(s, idx, 1)
-        if not split and already_split and not exp:
-            s = self._s_isbytes
-            _dec2(s, idx, b.size)
-            s = self._s_isplit
-            _dec2(s, idx, 1)
+                sib = self._s_isbytes
+                if already_split:  # the inactive split shrinks by what is handed out
+                    for j in (ALL, idx):
+                        x = sib[j]
+                        x.current -= r
+                        x.freed += r
+                else:  # a new inactive split: the remainder
+                    sis = self._s_isplit
+                    for j in (ALL, idx):
+                        x = sib[j]
+                        c = x.current + remaining
+                        x.current = c
+                        x.allocated += remaining
+                        if c > x.peak:
+                            x.peak = c
+                        x = sis[j]
+                        c = x.current + 1
+                        x.current = c
+                        x.allocated += 1
+                        if c > x.peak:
+                            x.peak = c
+        elif already_split and not exp:  # a whole inactive split handed out
+            sib, sis, n = self._s_isbytes, self._s_isplit, b.size
+            for j in (ALL, idx):
+                x = sib[j]
+                x.current -= n
+                x.freed += n
+                x = sis[j]
+                x.current -= 1
+                x.freed += 1
         b.allocated = True
         b.requested_size = size
         b.stream = stream
@@ -1187,24 +1211,51 @@ class CachingAllocator:
             n = self._try_merge(pool, b, q)
             net_n -= 1
             net_b -= n
-        self._insert(pool, b)
+        v = (b.stream << 128) | (b.size << 64) | b.address  # _insert, inlined
+        bl = pool.blocks
+        maxes = bl._maxes
+        if maxes and not bl._index:
+            if v >= maxes[-1]:
+                pos = len(maxes) - 1
+                lst = bl._lists[pos]
+                lst.append(v)
+                maxes[pos] = v
+            else:
+                pos = bisect_right(maxes, v)
+                lst = bl._lists[pos]
+                insort(lst, v)
+            if len(lst) > 2000:
+                bl._expand(pos)
+            bl._len += 1
+        else:
+            bl.add(v)
+        pool.free[b.address] = b
+        b.gc_base = pool.gc_calls
         if b.prev is not None or b.next is not None:
             net_n += 1
             net_b += b.size
         idx = SMALL if pool.small else LARGE
-        if not b.seg.expandable:
-            if net_n:
-                s = self._s_isplit
+        if (net_n or net_b) and not b.seg.expandable:
+            sis, sib = self._s_isplit, self._s_isbytes
+            for j in (ALL, idx):  # Stat.increase / decrease, inlined
+                x = sis[j]
+                c = x.current + net_n
+                x.current = c
                 if net_n > 0:
-                    _inc2(s, idx, net_n)
+                    x.allocated += net_n
+                    if c > x.peak:
+                        x.peak = c
                 else:
-                    _dec2(s, idx, -net_n)
-            if net_b:
-                s = self._s_isbytes
+                    x.freed -= net_n
+                x = sib[j]
+                c = x.current + net_b
+                x.current = c
                 if net_b > 0:
-                    _inc2(s, idx, net_b)
+                    x.allocated += net_b
+                    if c > x.peak:
+                        x.peak = c
                 else:
-                    _dec2(s, idx, -net_b)
+                    x.freed -= net_b
         sac, sacb, srq = self._s_active, self._s_actbytes, self._s_req
         for j in (ALL, idx):
             s = sac[j]
