@@ -97,7 +97,6 @@ def _dec2(stat: list, idx: int, n: int) -> None:
     """``Stat.decrease(n)`` on the ``all`` entry and the pool's entry."""
     for s in (stat[ALL], stat[idx]):
         s.current -= n
-        s.freed += n
 
 
 def free_key(stream: int, size: int, addr: int) -> int:
@@ -347,11 +346,12 @@ class _Block:
     :class:`CachedBlock` handle."""
 
     __slots__ = ("address", "size", "requested_size", "stream", "seg", "prev", "next", "allocated", "mapped",
-                 "events", "uses", "gc_base")
+                 "events", "uses", "gc_base", "handle")
 
     def __init__(self, address: int, size: int, stream: int, seg: _Segment) -> None:
         self.address, self.size, self.stream, self.seg = address, size, stream, seg
         self.requested_size = 0
+        self.handle: CachedBlock | None = None  # the record: the one live handle of this block
         self.prev: _Block | None = None
         self.next: _Block | None = None
         self.allocated = False
@@ -383,19 +383,20 @@ class CachedBlock:
     ``stream`` -- a read-out for the caller, nothing more.
 
     The allocator never trusts a handle's fields: ``free`` and
-    ``record_stream`` look the handle object up (by identity) in the
-    allocator's own record of live handles.  A copy (``copy.copy``), a
-    hand-built handle with a live block's address, a handle whose fields were
-    altered, or a handle already freed is not in that record and is refused
+    ``record_stream`` accept a handle only when the allocator's own record --
+    the block's ``handle`` slot, set at malloc and cleared at free -- names
+    this very object (identity), and the block's segment is this allocator's.
+    A copy (``copy.copy``), a hand-built handle with a live block's address,
+    a handle whose fields were altered, or a handle already freed is refused
     with a named error (DoubleFree, StaleHandle, ForeignAllocation), the
     ledger unchanged.  Every malloc makes a new handle, so a stale one is
-    never live again even when its address was recycled."""
+    never live again even when its block or address is recycled."""
 
-    __slots__ = ("address", "size", "requested_size", "stream", "_owner", "_freed")
+    __slots__ = ("address", "size", "requested_size", "stream", "_block", "_freed")
 
-    def __init__(self, address: int, size: int, requested_size: int, stream: int, owner: Any = None) -> None:
+    def __init__(self, address: int, size: int, requested_size: int, stream: int, block: Any = None) -> None:
         self.address, self.size, self.requested_size, self.stream = address, size, requested_size, stream
-        self._owner = owner
+        self._block = block
         self._freed = False
 
     def __repr__(self) -> str:
@@ -488,7 +489,7 @@ class CachingAllocator:
         self._large = _Pool(False)
         self._segments: dict[int, _Segment] = {}
         self._seg_alloc: dict[int, Any] = {}
-        self._live: dict[CachedBlock, _Block] = {}  # the record: live handle (by identity) -> its block
+        self._n_live = 0
         self._pending: set[_Block] = set()
         self._issued: dict[int, int] = {}
         self._completed: dict[int, int] = {}
@@ -715,8 +716,9 @@ class CachingAllocator:
         if b is None:
             b = self._slow_path(pool, stream, r, size)
         b = self._alloc_found(pool, b, r, size, stream)
-        h = CachedBlock(b.address, b.size, size, stream, self)
-        self._live[h] = b
+        h = CachedBlock(b.address, b.size, size, stream, b)
+        b.handle = h
+        self._n_live += 1
         return h
 
     def _get_free_block(self, pool: _Pool, stream: int, r: int) -> _Block | None:
@@ -818,7 +820,6 @@ class CachingAllocator:
                     for j in (ALL, idx):
                         x = sib[j]
                         x.current -= r
-                        x.freed += r
                 else:  # a new inactive split: the remainder
                     sis = self._s_isplit
                     for j in (ALL, idx):
@@ -839,10 +840,8 @@ class CachingAllocator:
             for j in (ALL, idx):
                 x = sib[j]
                 x.current -= n
-                x.freed += n
                 x = sis[j]
                 x.current -= 1
-                x.freed += 1
         b.allocated = True
         b.requested_size = size
         b.stream = stream
@@ -1141,12 +1140,13 @@ class CachingAllocator:
     # ---------------------------------------------------------------- free
 
     def _refuse(self, handle: Any) -> Exception:
-        """The named error for a handle that is not in the live record (the
+        """The named error for a handle the record does not name (the
         handle's own fields only choose the error's name and text)."""
         if type(handle) is not CachedBlock:
             return InvalidRequest(f"not a block of a caching allocator: {type(handle).__name__}")
         what = _describe(handle)
-        if getattr(handle, "_owner", None) is not self:
+        b = getattr(handle, "_block", None)
+        if type(b) is not _Block or getattr(b.seg, "owner", None) is not self:
             return ForeignAllocation(f"{what} was not allocated by this caching allocator")
         if getattr(handle, "_freed", False) is True:
             return DoubleFree(f"{what} was already freed")
@@ -1155,18 +1155,29 @@ class CachingAllocator:
 
     def _owned_live(self, handle: Any) -> _Block:
         """The block of a live handle, from the allocator's own record."""
-        b = self._live.get(handle) if type(handle) is CachedBlock else None
-        if b is None:
-            raise self._refuse(handle)
-        return b
+        try:
+            b = handle._block
+            if (b.handle is handle and type(handle) is CachedBlock and type(b) is _Block and b.seg.owner is self
+                    and (b.prev.next if b.prev is not None else b.seg.head) is b):
+                return b
+        except AttributeError:
+            pass
+        raise self._refuse(handle)
 
     def free(self, block: CachedBlock) -> None:
         """Free a block. Allocated stats drop at once; with uses on other
         streams the block waits for their events (``active_pending_free``).
         The handle is checked against the allocator's record, never its own fields."""
-        b = self._live.pop(block, None) if type(block) is CachedBlock else None
-        if b is None:
-            raise self._refuse(block)
+        try:
+            b = block._block
+            p = b.prev
+            if (b.handle is not block or type(block) is not CachedBlock or type(b) is not _Block
+                    or b.seg.owner is not self or (p.next if p is not None else b.seg.head) is not b):
+                raise AttributeError  # not the live handle this allocator's record names
+        except AttributeError:
+            raise self._refuse(block) from None
+        b.handle = None
+        self._n_live -= 1
         block._freed = True
         b.allocated = False
         idx = SMALL if b.seg.small else LARGE
@@ -1175,10 +1186,8 @@ class CachingAllocator:
         for j in (ALL, idx):
             s = sa[j]
             s.current -= 1
-            s.freed += 1
             s = sab[j]
             s.current -= bs
-            s.freed += bs
         if self._trace is not None:
             self._record("free_requested", b.address, b.requested_size, b.stream)
         if self._max_split is not None and b.size >= self._max_split:
@@ -1245,8 +1254,6 @@ class CachingAllocator:
                     x.allocated += net_n
                     if c > x.peak:
                         x.peak = c
-                else:
-                    x.freed -= net_n
                 x = sib[j]
                 c = x.current + net_b
                 x.current = c
@@ -1254,19 +1261,14 @@ class CachingAllocator:
                     x.allocated += net_b
                     if c > x.peak:
                         x.peak = c
-                else:
-                    x.freed -= net_b
         sac, sacb, srq = self._s_active, self._s_actbytes, self._s_req
         for j in (ALL, idx):
             s = sac[j]
             s.current -= 1
-            s.freed += 1
             s = sacb[j]
             s.current -= orig
-            s.freed += orig
             s = srq[j]
             s.current -= req
-            s.freed += req
         if self.preset == "seed" and b.seg.expandable:
             self._unmap_block(pool, b)  # the toy: pages returned at free
 
@@ -1332,7 +1334,7 @@ class CachingAllocator:
         return self.stats.requested_bytes[ALL].current
 
     def live_blocks(self) -> int:
-        return len(self._live)
+        return self._n_live
 
     def segments(self) -> list[dict]:
         """Every segment in address order with its blocks: ``{address,

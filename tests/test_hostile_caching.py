@@ -186,3 +186,29 @@ def test_errors_are_named_for_other_allocators_and_garbage():
         with pytest.raises(MemspecError):
             a.free(junk)
     b.free(h)
+
+
+@pytest.mark.parametrize("preset,expandable", CONFIGS)
+def test_a_forged_internal_block_behind_a_forged_handle_is_refused(preset, expandable):
+    """Even a handle pointing at a hand-made internal block of a live
+    segment (claiming to be its record) is refused: the record is also the
+    segment's own block chain, which never links a forged block."""
+    import memspec.reference.caching as mod
+
+    a = _alloc(preset, expandable)
+    h = a.malloc(3 * MiB + 1)
+    real = getattr(h, "_block", None)
+    if real is None:
+        pytest.skip("handles without an internal block reference")
+    fake = mod._Block(h.address, h.size, h.stream, real.seg)
+    fake.allocated = True
+    forged = _hand_built(h)
+    forged._block = fake
+    fake.handle = forged
+    before = _ledger(a)
+    with pytest.raises(HANDLE_ERRORS):
+        a.free(forged)
+    with pytest.raises(HANDLE_ERRORS):
+        a.record_stream(forged, 2)
+    assert _ledger(a) == before
+    _assert_usable(a, [h])
