@@ -47,6 +47,19 @@ def test_tiny_budget_is_kept_in_both_modes(tmp_path, mode):
     # the loop runs until the deadline (not a timing race: it only stops once the clock has passed it)
     assert doc["elapsed_s"] >= budget
     assert doc["steps"] > 0 and doc["failures"] == [] and doc["errors"] == []
+    assert doc["shrink_s"] == 0.0  # nothing to shrink
+
+
+def test_a_failing_run_ends_within_budget_plus_one_shrink(tmp_path):
+    """A failure near the deadline is still shrunk, once; the overrun is that
+    shrink (reported as shrink_s) plus the work unit in flight."""
+    rc, doc = _run_inprocess(tmp_path, "mutant:foreign-free", "--mode", "walk", "--seconds", "3", "--jobs", "1",
+                             "--capacity", str(16 * MiB), "--shrink-seconds", "10")
+    assert rc == 1
+    assert [f["invariant"] for f in doc["failures"]] == ["S1"]
+    assert 0 < doc["shrink_s"]
+    assert doc["bound_s"] == pytest.approx(3 + 10 + 1.0)
+    assert doc["elapsed_s"] <= doc["bound_s"] + 10, doc  # + the replays around the shrink, generously
 
 
 def test_hypothesis_rounds_are_sized_from_the_measured_rate(tmp_path, monkeypatch):

@@ -25,7 +25,10 @@ plus the unit of work in flight at the deadline -- in walk mode one run of
 measured time per example to at most ``ROUND_SECONDS`` = min(10 s, budget/10,
 at least 1 s) each, and the first round is 2 examples).  The deadline is
 checked between rounds (Hypothesis) and between runs (walk); with ``--jobs``
-add the workers' start (about a second each, in parallel).
+add the workers' start.  "The shrink" is Hypothesis's: it takes no new
+shrink step after ``--shrink-seconds``, then replays the shrunk example once;
+every call inside a unit of work is bounded by ``--timeout``, so a target
+that hangs stretches a unit to at most its steps x ``--timeout``.
 
 A live display shows steps/s, the actions and outcomes covered and the
 failures so far.  ``--json FILE`` writes the figures, including the elapsed
@@ -99,12 +102,15 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="memspec fuzz", description=__doc__.split("\n\n")[0],
                                 epilog="Budget: ends within --minutes plus the shrink of one failure "
                                        "(--shrink-seconds) plus the work unit in flight (one walk run of --steps "
-                                       f"steps, or one Hypothesis round of <= {ROUND_SECONDS:.0f} s).")
+                                       f"steps, or one Hypothesis round of <= {ROUND_SECONDS:.0f} s and <= budget/10, "
+                                       "at least 1 s); with --jobs add the workers' start. The deadline is checked "
+                                       "between rounds (Hypothesis) and between runs (walk); --json reports the "
+                                       "elapsed time and this bound (bound_s).")
     p.add_argument("target", nargs="?", default=None, help=f"target (default {DEFAULT_TARGET})")
     p.add_argument("--target", dest="target_opt", default=None, help="same as the positional TARGET")
     p.add_argument("--minutes", type=positive_float, default=1.0,
                    help="time budget in minutes (> 0, finite). The command ends within it plus the shrink of one "
-                        "failure plus the unit of work in flight (see the module help)")
+                        "failure plus the unit of work in flight (the bound is stated below)")
     p.add_argument("--seconds", type=positive_float, default=None, help="budget in seconds (overrides --minutes)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=positive_int, default=None,
@@ -222,6 +228,7 @@ def main(argv: list[str]) -> int:
     import contextlib
 
     shrink = _ShrinkBudget(args.shrink_seconds)
+    disp.shrink = shrink
     live = contextlib.nullcontext() if args.quiet else Live(disp, console=console, refresh_per_second=4,
                                                               transient=False, redirect_stdout=False)
     with live:
@@ -249,6 +256,10 @@ class _ShrinkBudget:
     def __init__(self, seconds: float) -> None:
         self.left = seconds
         self.used = 0.0
+
+    def charge(self, seconds: float) -> None:
+        self.left -= seconds
+        self.used += seconds
 
     def take(self):
         """A context that bounds Hypothesis's shrinking by what is left and
@@ -294,6 +305,7 @@ def _report(console, args, disp, results, steps: int, *, jobs: int, workers: lis
             "target": disp.target, "mode": args.mode, "jobs": jobs, "seed": args.seed,
             "budget_s": disp.budget, "elapsed_s": el, "fuzz_s": fs,
             "bound_s": disp.budget + args.shrink_seconds + min(ROUND_SECONDS, max(1.0, disp.budget / 10)),
+            "shrink_s": getattr(disp, "shrink", None).used if getattr(disp, "shrink", None) else 0.0,
             "steps": steps, "steps_per_s": steps / fs if fs else 0.0, "workers": workers,
             "failures": [{"level": r.level, "invariant": f.invariant, "cause": f.cause, "reason": f.reason,
                           "steps": f.shrunk_length, "repro": f.repro} for r in results for f in r.failures],
@@ -350,8 +362,9 @@ def fuzz_hypothesis(plan, seconds: float, args, disp, *, shrink: _ShrinkBudget |
         sets = _round_settings(args, base + rnd, examples, first=rnd == 0, shrink=may_shrink, database=database)
         ex0 = plan.stats.examples
         t0 = time.perf_counter()
-        with shrink.take() if may_shrink else _null():
-            res = runner.run_hypothesis(plan, sets, seed=base + rnd, shrink_seconds=max(shrink.left, 0.0))
+        res = runner.run_hypothesis(plan, sets, seed=base + rnd, shrink_seconds=max(shrink.left, 0.0))
+        if may_shrink and res.failures:  # the round shrank: charge it all to the shrink budget (conservative)
+            shrink.charge(time.perf_counter() - t0)
         ran = plan.stats.examples - ex0
         if ran > 0 and not res.failures:
             per_example = max((time.perf_counter() - t0) / ran, 1e-4)
@@ -366,14 +379,6 @@ def fuzz_hypothesis(plan, seconds: float, args, disp, *, shrink: _ShrinkBudget |
         if res.errors or (res.failures and not may_shrink):
             break
     return out
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def fuzz_walk(plan, seconds: float, args, disp, *, shrink: _ShrinkBudget | None = None, seed: int | None = None,
@@ -596,6 +601,7 @@ def _shrink_in_parent(tref, args, levels, walk_failures, hyp_levels, disp) -> li
     from memspec.invariants import harness as H
 
     shrink = _ShrinkBudget(args.shrink_seconds)
+    disp.shrink = shrink
     database = open_database(args.db, args.db_readonly_github, args.db_artifact)
     results = []
     plans: dict[str, object] = {}
