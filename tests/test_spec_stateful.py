@@ -54,15 +54,15 @@ def test_every_action_is_reachable_in_a_random_walk():
 
 def test_a_broken_spec_is_caught_by_the_stateful_driver(monkeypatch):
     """The driver itself can fail: plant S11's double refund and run a random walk."""
-    from memspec.spec import release
+    from memspec.spec import ep
 
-    original = release.refund
+    original = ep.refund
 
     def twice(s, holder, n):
         original(s, holder, n)
         s.free += n
 
-    monkeypatch.setattr(release, "refund", twice)
+    monkeypatch.setattr(ep, "refund", twice)
     with pytest.raises(AssertionError, match="S11"):
         for seed in range(10):
             random_walk(SYSTEM, dict(capacity=64 * 4096, page=4096, virtual_backing=True, shared_mapping=True),
@@ -81,14 +81,19 @@ def test_doc_check_passes_and_detects_staleness(tmp_path, capsys):
 
 
 def test_spec_md_shows_roles_actions_invariants():
+    from memspec.spec.caching import CACHING
+    from memspec.spec.caching import CATALOG as CACHING_CATALOG
+    from memspec.spec.invariants import CATALOG
+
     text = render()
-    for machine in (MECHANISM, SYSTEM):
+    for machine in (MECHANISM, SYSTEM, CACHING):
+        assert f"## Machine `{machine.name}`" in text
         for a in machine.actions:
             assert f"`{a.name}(" in text
         for role in {a.role for a in machine.actions}:
             assert f"### {role}" in text
-    for k in range(1, 16):
-        assert f"| S{k} |" in text
+    for e in CATALOG + CACHING_CATALOG:
+        assert f"| {e.id} | {e.title} | *{e.quote}*" in text
     assert text.count("stateDiagram-v2") == 2
     assert render() == text, "generation is deterministic"
 
@@ -123,14 +128,14 @@ def test_witnesses_are_accepted_by_their_own_branches():
 
 def test_spec_check_command_fails_on_a_broken_spec(monkeypatch, capsys):
     from memspec.commands import spec_check
-    from memspec.spec import release
+    from memspec.spec import ep
 
-    original = release.refund
+    original = ep.refund
 
     def twice(s, holder, n):
         original(s, holder, n)
         s.free += n
 
-    monkeypatch.setattr(release, "refund", twice)
+    monkeypatch.setattr(ep, "refund", twice)
     assert spec_check.main(["--machine", "system", "--examples", "30", "--steps", "30", "--no-shrink"]) == 1
     assert "FAIL" in capsys.readouterr().out
