@@ -111,6 +111,7 @@ _MARKERS: tuple[tuple[str, bytes], ...] = (
     ("nccl", b"nccl"),
     ("cudnn", b"cudnn"),
     ("cublas", b"cublas_status_alloc_failed"),
+    ("allocfail", b"_status_alloc_failed"),       # CUBLAS_/CUDNN_/CUSOLVER_STATUS_ALLOC_FAILED
     ("driver", b"cuda error: out of memory"),
     ("driver", b"cuda runtime error (2)"),
     ("driver", b"cudaerrormemoryallocation"),
@@ -123,7 +124,7 @@ _MARKERS: tuple[tuple[str, bytes], ...] = (
     ("expandable", b"expandable_segments:true"),
 )
 #: Literals whose neighbourhood is read for figures.
-_SEEDS = (b"memory", b"allocat", b"resource_exhausted", b"alloc_failed", b"capac")
+_SEEDS = (b"memory", b"allocat", b"resource_exhausted", b"capac")
 _BEFORE, _AFTER = 700, 1400
 
 
@@ -476,7 +477,7 @@ def parse(data: bytes | str, *, pid: int | None = None) -> Figures:
     hints = {h for h, lit in _MARKERS if low.find(lit) >= 0}
     recs = _scan(low)
     ooms = [r for r in recs if r.kind != "driver" or r.requested is not None]
-    if not recs and not (hints & {"driver", "cublas", "tensorflow"}) and b"out of memory" not in low:
+    if not recs and not (hints & {"driver", "allocfail", "tensorflow"}) and b"out of memory" not in low:
         raise NotAnOOM("the text is not an out-of-memory message (no 'out of memory', 'Tried to allocate', "
                        "'RESOURCE_EXHAUSTED' or allocation-failure status found)")
     if not recs:
@@ -811,13 +812,6 @@ def triage(f: Figures, *, distributed: bool = False, cudnn_benchmark: bool = Fal
         return Verdict("does-not-fit", ev, _steps("does-not-fit-live", f, expandable_ok))
 
     # ---- the request could be placed by a perfect packer (or the figures cannot say)
-    if f.allocated is not None and cap and f.allocated >= 0.9 * cap and \
-            (f.reserved_unallocated is None or f.reserved_unallocated < 0.05 * cap) and others < 0.05 * cap:
-        ev.append(f"PyTorch's live tensors take {fmt(f.allocated)} = {100 * f.allocated / cap:.0f}% of the "
-                  f"{cap_name} {fmt(cap)}; reserved-but-unallocated is only "
-                  f"{fmt(f.reserved_unallocated)}: defragmenting would buy under 5% -- the workload is at the edge")
-        return Verdict("does-not-fit", ev, _steps("does-not-fit-live", f, expandable_ok))
-
     need = None
     if R is not None and room is not None:
         need = floor - room if floor > room else floor
@@ -829,18 +823,40 @@ def triage(f: Figures, *, distributed: bool = False, cudnn_benchmark: bool = Fal
     other_weight = others
     if f.other_processes is None and unlisted is not None:
         other_weight = max(0, unlisted - _CONTEXT_ALLOWANCE)
+    ratio = (f.reserved / f.allocated) if (f.reserved is not None and f.allocated) else None
+    headroom = (f.free + ru) if (f.free is not None and ru is not None) else None
+    hinted = bool(nccl_why or cudnn_why or graphs_why) or (T is not None and (f.private_pools or 0) >= T // 10)
+    strong_frag = ru is not None and need is not None and ru >= need and (
+        (ratio is not None and ratio >= 1.3)
+        or (R is not None and ru >= R and headroom is not None and cap and headroom >= 0.1 * cap))
+
+    # does-not-fit: the live set is at the card's edge (the "97% full of live tensors")
+    if f.allocated is not None and cap and f.allocated >= 0.9 * cap and (ru is None or ru < 0.05 * cap) \
+            and other_weight < 0.05 * cap:
+        ev.append(f"PyTorch's live tensors take {fmt(f.allocated)} = {100 * f.allocated / cap:.0f}% of the "
+                  f"{cap_name} {fmt(cap)}; reserved-but-unallocated is only {fmt(ru)}: defragmenting would buy "
+                  "under 5% -- the workload is at the edge")
+        return Verdict("does-not-fit", ev, _steps("does-not-fit-live", f, expandable_ok))
+    if headroom is not None and cap and headroom < 0.1 * cap and not strong_frag and not hinted \
+            and other_weight < max(need or 0, cap // 20):
+        ev.append(f"free {fmt(f.free)} + reserved-but-unallocated {fmt(ru)} = {fmt(headroom)} = "
+                  f"{100 * headroom / cap:.1f}% of the {cap_name} {fmt(cap)}: even perfectly packed, the card is "
+                  f"full of this process's memory"
+                  + (f" (reserved/allocated = {ratio:.2f}, ordinary churn)" if ratio else "")
+                  + " -- the workload does not fit")
+        return Verdict("does-not-fit", ev, _steps("does-not-fit-live", f, expandable_ok))
 
     # cause 1: fragmentation
-    if ru is not None and R is not None and need is not None and ru >= need and ru >= floor \
-            and ru >= other_weight:
-        ev.append(f"reserved-but-unallocated {fmt(ru)} >= the {fmt(floor)} requested, yet no cached block could "
-                  f"serve it: the free bytes are split between live blocks (fragmentation); "
+    if strong_frag and ru >= other_weight:
+        ev.append(f"reserved-but-unallocated {fmt(ru)} >= the {fmt(need)} the request lacks, yet no cached block "
+                  f"could serve it: the free bytes are split between live blocks (fragmentation); "
                   f"{formula} = {fmt(best)} >= {fmt(floor)}, so a packer that maps pages (expandable segments) "
                   "can place it")
         if f.largest_free_block is not None:
             ev.append(f"largest free block {fmt(f.largest_free_block)} < {fmt(floor)}")
-        if f.reserved and f.allocated:
-            ev.append(f"reserved/allocated = {fmt(f.reserved)}/{fmt(f.allocated)} = {f.reserved / f.allocated:.2f}")
+        if ratio is not None:
+            ev.append(f"reserved/allocated = {fmt(f.reserved)}/{fmt(f.allocated)} = {ratio:.2f}"
+                      + (" (>= 1.3: the seed's fragmentation signature)" if ratio >= 1.3 else ""))
         return Verdict("fragmentation", ev, _steps("fragmentation", f, expandable_ok))
     # cause 2: other processes
     if need is not None and other_weight >= need and (other_weight >= (T or 0) // 20):
@@ -870,13 +886,15 @@ def triage(f: Figures, *, distributed: bool = False, cudnn_benchmark: bool = Fal
         return Verdict("cudnn-workspace", ev, _steps("cudnn-workspace", f, expandable_ok))
     # cause 6: driver reserve
     if R is not None and room is not None and floor <= room and f.reserved is not None:
+        ev.append(f"nothing in the figures holds the memory the driver calls free: {fmt(f.free)} it reports "
+                  "is not allocatable to this process")
         return Verdict("driver-reserve", ev, _steps("driver-reserve", f, expandable_ok))
     if nonpt is not None and unlisted is not None and need is not None and unlisted >= need and unlisted > 0:
         ev.append(f"{fmt(unlisted)} of the card is held by nobody listed (total - free - this process - others): "
                   "the driver's reserve")
         return Verdict("driver-reserve", ev, _steps("driver-reserve", f, expandable_ok))
     # fragmentation, weaker: free + stranded cache would fit it
-    if ru is not None and best is not None and floor is not None and floor <= best and ru * 4 >= (need or floor):
+    if ru is not None and best is not None and floor is not None and floor <= best and need is not None and ru >= need:
         ev.append(f"{formula} = {fmt(best)} >= the {fmt(floor)} requested: the stranded {fmt(ru)} is what the "
                   "device lacks")
         return Verdict("fragmentation", ev, _steps("fragmentation", f, expandable_ok))
