@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_intermixed_args(argv)
     hints = dict(distributed=args.distributed, cudnn_benchmark=args.cudnn_benchmark, cuda_graphs=args.cuda_graphs)
     err = "memspec oom explain"
     snap = None

@@ -307,9 +307,7 @@ def _scan(low: bytes) -> list[Figures]:
                         cur.f.hints.add("overflow")
                         cur.oom = True
                     continue
-                if cur.f.requested is not None or cur.has_fig:
-                    new()
-                put("requested", got[0])
+                put("requested", got[0])   # a second 'Tried to allocate' starts the next message
                 cur.oom = True
             elif a == "xla":
                 got = _size_after(low, m.end())
