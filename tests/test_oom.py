@@ -415,3 +415,11 @@ def test_fmt_matches_pytorch_format_size():
     for n in (0, 1024, 1025, 5 * MiB, 3 * GiB + 7, 2 ** 45):
         assert lib.fmt(n) == format_size(n) or (n >= 2 ** 40 and lib.fmt(n).endswith("TiB"))
     assert not math.isnan(0.0)
+
+
+def test_huge_logs_read_a_bounded_part_and_say_so():
+    log = (FULL + "\n") * (2 * lib.MAX_READ // len(FULL))
+    f = lib.parse(log)
+    assert f.unread > 0 and f.messages > 100
+    v = lib.triage(f)
+    assert v.cause == "does-not-fit" and any("were not" in e for e in v.evidence)

@@ -82,7 +82,7 @@ _O = rb"[ \t\r\n\f\v]*+"
 
 #: Anchors inside a window: (name, pattern).  Each is tried only where its
 #: first word occurs; all are possessive.
-_ANCHORS = re.compile(b"|".join([
+_ANCHORS = re.compile(rb"(?=[otamfrcipl(gw])(?:" + b"|".join([
     rb"(?P<oom>out" + _W + rb"of" + _W + rb"memory)",
     rb"(?P<tried>tr(?:ied|ying)" + _W + rb"to" + _W + rb"allocate)",
     rb"(?P<xla>memory" + _W + rb"allocating)",
@@ -104,7 +104,7 @@ _ANCHORS = re.compile(b"|".join([
     rb"(?P<mpsalloc>mps" + _W + rb"allocated" + _O + rb":)",
     rb"(?P<maxallowed>max" + _W + rb"allowed" + _O + rb":)",
     rb"(?P<gpu>(?<![a-z])gpu" + _W + rb"(?P<dev>[0-9]{1,3}+)(?![0-9]))",
-]))
+]) + rb")")   # the look-ahead lets the engine skip bytes no anchor can start with
 
 #: Whole-text markers: (hint, literal in the lower-cased text).
 _MARKERS: tuple[tuple[str, bytes], ...] = (
@@ -124,8 +124,15 @@ _MARKERS: tuple[tuple[str, bytes], ...] = (
     ("expandable", b"expandable_segments:true"),
 )
 #: Literals whose neighbourhood is read for figures.
-_SEEDS = (b"memory", b"allocat", b"resource_exhausted", b"capac")
-_BEFORE, _AFTER = 700, 1400
+#: Literals that open an OOM message; the figures are read in a window around each.
+_SEEDS = (b"of memory", b"to allocate", b"outofmemory", b"out_of_memory", b"memoryallocation",
+          b"resource_exhausted", b"_alloc_failed", b"total capac")
+_BEFORE, _AFTER = 400, 2000
+#: at most this many bytes of message windows are read closely (~1,200 messages);
+#: the rest are counted, not read -- the work stays bounded whatever the log
+MAX_READ = 512 << 10
+#: markers looked for in the whole text; the others only where a window is read
+_GLOBAL_MARKERS = ("nccl", "cudnn")
 
 
 class NotAnOOM(ValueError):
@@ -164,6 +171,7 @@ class Figures:
     stats_notes: list[str] = field(default_factory=list)
     inactive_split: int | None = None
     segments: int | None = None
+    unread: int = 0            # bytes of message windows beyond MAX_READ, counted but not read
 
     def parsed(self) -> dict[str, Any]:
         """The ``--json`` ``parsed`` object: figures in bytes, absent when unknown."""
@@ -203,10 +211,10 @@ def to_bytes(data: bytes | str) -> bytes:
         except UnicodeDecodeError as e:
             raise BinaryInput(f"the input is not UTF-8 text (byte {e.start}: {e.reason}); "
                               "paste the error message, not a binary file") from None
-    nul = raw.find(b"\x00")
+    controls = len(raw.translate(None, _TEXT_OK))    # NUL included: one pass
+    nul = raw.find(b"\x00") if controls else -1
     if nul >= 0:
         raise BinaryInput(f"the input is binary (a NUL byte at offset {nul}); paste the error message text")
-    controls = len(raw.translate(None, _TEXT_OK))
     if raw and controls * 100 > len(raw):
         raise BinaryInput(f"the input is binary ({controls} control bytes in {len(raw)})")
     return raw
@@ -235,20 +243,25 @@ def _size_before(s: bytes, pos: int) -> int | None:
 
 
 def _windows(low: bytes) -> list[tuple[int, int]]:
-    """Merged [lo, hi) windows around every seed literal (C-level finds)."""
+    """Merged [lo, hi) windows around every seed literal (C-level finds).
+
+    After a hit the search resumes half a window further on; every window
+    reaches half a window further to cover the hits skipped, so dense logs
+    cost a few finds per window, not one per hit."""
     hits: list[int] = []
+    step = _AFTER // 2
     for lit in _SEEDS:
         p = low.find(lit)
         while p >= 0:
             hits.append(p)
-            p = low.find(lit, p + len(lit))
+            p = low.find(lit, p + step)
     if not hits:
         return []
     hits.sort()
     out: list[list[int]] = []
     n = len(low)
     for p in hits:
-        lo, hi = max(0, p - _BEFORE), min(n, p + _AFTER)
+        lo, hi = max(0, p - _BEFORE), min(n, p + _AFTER + step)
         if out and lo <= out[-1][1]:
             out[-1][1] = max(out[-1][1], hi)
         else:
@@ -265,7 +278,7 @@ class _Rec:
         self.oom = False
 
 
-def _scan(low: bytes) -> list[Figures]:
+def _scan(low: bytes, windows: list[tuple[int, int]]) -> list[Figures]:
     """Every OOM message in the text, in order (one Figures each)."""
     recs: list[_Rec] = []
     cur = _Rec()
@@ -286,7 +299,7 @@ def _scan(low: bytes) -> list[Figures]:
         cur.has_fig = True
 
     formats: dict[int, set[str]] = {}
-    for lo, hi in _windows(low):
+    for lo, hi in windows:
         new()
         for m in _ANCHORS.finditer(low, lo, hi):
             a = m.lastgroup
@@ -472,10 +485,23 @@ def parse(data: bytes | str, *, pid: int | None = None) -> Figures:
     :class:`BinaryInput` or :class:`NotAnOOM`."""
     raw = to_bytes(data)
     low = raw.lower()
-    hints = {h for h, lit in _MARKERS if low.find(lit) >= 0}
-    recs = _scan(low)
+    budget, read, unread = MAX_READ, [], 0
+    for lo, hi in _windows(low):
+        take = min(hi - lo, budget)
+        if take > 0:
+            read.append((lo, lo + take))
+        unread += (hi - lo) - max(take, 0)
+        budget -= max(take, 0)
+    hints = set()
+    for h, lit in _MARKERS:
+        if h in _GLOBAL_MARKERS:
+            if low.find(lit) >= 0:
+                hints.add(h)
+        elif any(low.find(lit, lo, hi) >= 0 for lo, hi in read):
+            hints.add(h)
+    recs = _scan(low, read)
     ooms = [r for r in recs if r.kind != "driver" or r.requested is not None]
-    if not recs and not (hints & {"driver", "allocfail", "tensorflow"}) and b"out of memory" not in low:
+    if not recs and not (hints & {"driver", "allocfail", "tensorflow"}):
         raise NotAnOOM("the text is not an out-of-memory message (no 'out of memory', 'Tried to allocate', "
                        "'RESOURCE_EXHAUSTED' or allocation-failure status found)")
     if not recs:
@@ -489,6 +515,7 @@ def parse(data: bytes | str, *, pid: int | None = None) -> Figures:
     best.hints |= hints
     best.messages = len(figured)
     best.devices = sorted({r.device for r in figured if r.device is not None})
+    best.unread = unread
     _complete(best)
     resolve_self(best, pid)
     return best
@@ -708,6 +735,9 @@ def triage(f: Figures, *, distributed: bool = False, cudnn_benchmark: bool = Fal
         ev.append(f"{f.messages} out-of-memory messages in the input" +
                   (f" (GPUs {', '.join(map(str, f.devices))})" if len(f.devices) > 1 else "") +
                   "; the one with the most figures is triaged")
+    if f.unread:
+        ev.append(f"the log holds more out-of-memory text than is read closely: the first {fmt(MAX_READ)} of it "
+                  f"were read, {fmt(f.unread)} more were not")
     if f.self_pid_note:
         ev.append(f.self_pid_note)
     for k, why in f.derived.items():
