@@ -423,3 +423,9 @@ def test_huge_logs_read_a_bounded_part_and_say_so():
     assert f.unread > 0 and f.messages > 100
     v = lib.triage(f)
     assert v.cause == "does-not-fit" and any("were not" in e for e in v.evidence)
+
+
+def test_a_binding_memory_fraction_is_named_first():
+    v = lib.triage(lib.parse(V1X_ALLOWED))
+    assert v.cause == "does-not-fit" and "set_per_process_memory_fraction" in v.next_steps[0]
+    assert not any("expandable" in s for s in v.next_steps)

@@ -430,8 +430,10 @@ def _complete(f: Figures) -> None:
     if f.reserved_unallocated is None and f.reserved is not None and f.allocated is not None:
         f.reserved_unallocated = max(0, f.reserved - f.allocated)
         f.derived["reserved_unallocated"] = "reserved - allocated"
-    if f.kind == "pytorch-2.x" and f.other_processes is None:
-        # PyTorch >= 2.1 lists every process on the device; no line means none.
+    if f.kind == "pytorch-2.x" and f.other_processes is None and f.this_process is not None:
+        # PyTorch >= 2.1 lists every process the driver reports; when it printed this
+        # process's own line, no other line means no other process.  (No line at all:
+        # the driver gave no list -- unknown, not none.)
         f.other_processes = []
 
 
@@ -960,6 +962,9 @@ def _steps(kind: str, f: Figures, expandable_ok: bool) -> list[str]:
                  "shard (FSDP/ZeRO), offload, or a larger device"]
         if expandable_ok:
             steps.insert(1, expandable)
+        if f.allowed is not None and f.free is not None and f.reserved is not None and f.free > f.allowed - f.reserved:
+            steps.insert(0, f"the per-process limit binds ({fmt(f.allowed)} allowed; the device has {fmt(f.free)} "
+                            "free): raise torch.cuda.set_per_process_memory_fraction, or shrink the batch to fit it")
     elif kind == "fragmentation":
         steps = []
         if expandable_ok:
