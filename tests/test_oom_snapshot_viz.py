@@ -193,3 +193,29 @@ def test_readers_catch_what_the_tools_would_choke_on():
     dropped = [e for i, e in enumerate(snap["device_traces"][0]) if i != first_free]
     with pytest.raises(AssertionError):
         viewer_reader({**snap, "device_traces": [dropped]})
+
+
+def test_a_pytorch_made_oom_entry_without_addr_is_read():
+    """PyTorch's own snapshots carry the OOM's free bytes only as ``device_free``."""
+    from memspec.triage import oom as lib
+
+    snap = {"segments": [{"device": 0, "address": 1 << 30, "total_size": 20 * MiB, "allocated_size": 4 * MiB,
+                          "active_size": 4 * MiB, "requested_size": 4 * MiB, "stream": 0, "segment_type": "large",
+                          "segment_pool_id": (0, 0), "is_expandable": False, "frames": [],
+                          "blocks": [{"address": 1 << 30, "size": 4 * MiB, "requested_size": 4 * MiB,
+                                      "state": "active_allocated", "frames": []},
+                                     {"address": (1 << 30) + 4 * MiB, "size": 16 * MiB, "requested_size": 0,
+                                      "state": "inactive", "frames": []}]}],
+            "device_traces": [[{"action": "segment_alloc", "addr": 1 << 30, "size": 20 * MiB, "stream": 0,
+                                "time_us": 1, "frames": []},
+                               {"action": "alloc", "addr": 1 << 30, "size": 4 * MiB, "stream": 0,
+                                "time_us": 2, "frames": []},
+                               {"action": "oom", "device_free": 2 * MiB, "size": 40 * MiB, "stream": 0,
+                                "time_us": 2, "frames": []}]],
+            "allocator_settings": {}, "external_annotations": []}
+    f = lib.figures_from_snapshot(snap)
+    assert (f.requested, f.free, f.reserved, f.allocated) == (40 * MiB, 2 * MiB, 20 * MiB, 4 * MiB)
+    assert cs.estimate_capacity(snap) == 22 * MiB
+    segsum_reader(snap)
+    trace_reader(snap)
+    assert viewer_reader(snap) == 3
