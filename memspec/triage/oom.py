@@ -46,7 +46,7 @@ import io
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 
@@ -79,6 +79,8 @@ _BACK_WINDOW = 80
 
 _W = rb"[ \t\r\n\f\v]++"      # whitespace run between words (wrapped lines)
 _O = rb"[ \t\r\n\f\v]*+"
+_OF = re.compile(_W + rb"of(?![a-z])")
+_IS_FREE = re.compile(_W + rb"is" + _W + rb"free")
 
 #: Anchors inside a window: (name, pattern).  Each is tried only where its
 #: first word occurs; all are possessive.
@@ -327,7 +329,7 @@ def _scan(low: bytes, windows: list[tuple[int, int]]) -> list[Figures]:
                 if got:
                     put("requested", got[0])
             elif a == "cap":
-                after = re.compile(_W + rb"of").match(low, m.end())
+                after = _OF.match(low, m.end())
                 if after:
                     got = _size_after(low, after.end())
                     put("total", got[0] if got else None)
@@ -341,7 +343,7 @@ def _scan(low: bytes, windows: list[tuple[int, int]]) -> list[Figures]:
                 put("free", _size_before(low, m.start()))
             elif a == "ofwhich":
                 got = _size_after(low, m.end())
-                if got and re.compile(_W + rb"is" + _W + rb"free").match(low, got[1]):
+                if got and _IS_FREE.match(low, got[1]):
                     put("free", got[0])
             elif a == "allowed":
                 put("allowed", _size_before(low, m.start()))
@@ -1062,6 +1064,3 @@ def figures_from_snapshot(snap: dict) -> Figures:
         f.other_processes = None
     return f
 
-
-def iter_causes() -> Iterable[tuple[str, str]]:
-    return CAUSES.items()
