@@ -47,6 +47,7 @@ def printed(s: str) -> tuple[float, float]:
 @dataclass
 class Row:
     id: str
+    basis: str
     parsed_ok: bool
     misread: list[str]
     cause: str
@@ -77,7 +78,7 @@ def score_entry(e: dict) -> Row:
     first = v.next_steps[0] if v.next_steps else ""
     want_words = FIRST_STEP.get(e["cause"], ())
     first_ok = any(w.lower() in first.lower() for w in want_words)
-    return Row(e["id"], not misread, misread, e["cause"], v.cause, first_ok, first)
+    return Row(e["id"], e["basis"].split(":")[0], not misread, misread, e["cause"], v.cause, first_ok, first)
 
 
 def score(entries: list[dict] | None = None) -> tuple[list[Row], dict[str, float]]:
@@ -88,17 +89,23 @@ def score(entries: list[dict] | None = None) -> tuple[list[Row], dict[str, float
                "parsed": sum(r.parsed_ok for r in rows) / n,
                "cause": sum(r.got == r.cause for r in rows) / n,
                "first_step": sum(r.first_ok for r in rows) / n}
+    for basis in ("thread", "inferred"):
+        sub = [r for r in rows if r.basis == basis]
+        summary[f"{basis}_n"] = len(sub)
+        summary[f"{basis}_cause"] = sum(r.got == r.cause for r in sub)
     return rows, summary
 
 
 def table(rows: list[Row], summary: dict[str, float]) -> str:
-    lines = [f"{'id':<26} {'parsed':<7} {'thread cause':<16} {'triage':<16} first-step"]
+    lines = [f"{'id':<26} {'basis':<9} {'parsed':<7} {'thread cause':<16} {'triage':<16} first-step"]
     for r in rows:
-        lines.append(f"{r.id:<26} {'yes' if r.parsed_ok else 'NO':<7} {r.cause:<16} "
+        lines.append(f"{r.id:<26} {r.basis:<9} {'yes' if r.parsed_ok else 'NO':<7} {r.cause:<16} "
                      f"{r.got + ('' if r.got == r.cause else ' X'):<16} {'yes' if r.first_ok else 'NO'}"
                      + ("" if r.parsed_ok else f"   misread: {'; '.join(r.misread)}"))
     lines.append(f"{summary['messages']} messages: parsed {summary['parsed']:.0%}, cause {summary['cause']:.0%}, "
-                 f"first step {summary['first_step']:.0%}")
+                 f"first step {summary['first_step']:.0%}; cause where the thread established it "
+                 f"{summary['thread_cause']}/{summary['thread_n']}, where inferred {summary['inferred_cause']}/"
+                 f"{summary['inferred_n']}")
     return "\n".join(lines)
 
 
