@@ -247,23 +247,27 @@ def _size_before(s: bytes, pos: int) -> int | None:
 def _windows(low: bytes) -> list[tuple[int, int]]:
     """Merged [lo, hi) windows around every seed literal (C-level finds).
 
-    After a hit the search resumes half a window further on; every window
-    reaches half a window further to cover the hits skipped, so dense logs
-    cost a few finds per window, not one per hit."""
-    hits: list[int] = []
-    step = _AFTER // 2
+    After a hit the search resumes ``skip`` bytes further on, and the hit's
+    window reaches ``skip`` further to cover the hits skipped; while hits keep
+    coming densely the skip doubles (up to 64 KiB), so a log that is nothing
+    but OOM messages costs a few thousand finds, not one per message."""
+    hits: list[tuple[int, int]] = []
+    base, top = _AFTER // 2, 64 << 10
     for lit in _SEEDS:
+        skip = base
         p = low.find(lit)
         while p >= 0:
-            hits.append(p)
-            p = low.find(lit, p + step)
+            hits.append((p, skip))
+            q = low.find(lit, p + skip)
+            skip = min(top, skip * 2) if 0 <= q < p + 2 * skip else base
+            p = q
     if not hits:
         return []
     hits.sort()
     out: list[list[int]] = []
     n = len(low)
-    for p in hits:
-        lo, hi = max(0, p - _BEFORE), min(n, p + _AFTER + step)
+    for p, skip in hits:
+        lo, hi = max(0, p - _BEFORE), min(n, p + _AFTER + skip)
         if out and lo <= out[-1][1]:
             out[-1][1] = max(out[-1][1], hi)
         else:
