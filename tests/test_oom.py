@@ -429,3 +429,12 @@ def test_a_binding_memory_fraction_is_named_first():
     v = lib.triage(lib.parse(V1X_ALLOWED))
     assert v.cause == "does-not-fit" and "set_per_process_memory_fraction" in v.next_steps[0]
     assert not any("expandable" in s for s in v.next_steps)
+
+
+def test_cli_on_100kb_of_digits_answers_and_exits_2(capsys):
+    """Issue 15 item 9 through the command: 100 KB of digits is refused at once with a clear message."""
+    assert cli.main(["explain", "9" * 100_000]) == 2
+    assert "not an out-of-memory message" in capsys.readouterr().err
+    assert cli.main(["explain", "--json", "CUDA out of memory. Tried to allocate " + "9" * 100_000 + " MiB"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["cause"] == "unknown" and "requested" not in out["parsed"]
