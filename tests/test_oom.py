@@ -438,3 +438,17 @@ def test_cli_on_100kb_of_digits_answers_and_exits_2(capsys):
     assert cli.main(["explain", "--json", "CUDA out of memory. Tried to allocate " + "9" * 100_000 + " MiB"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["cause"] == "unknown" and "requested" not in out["parsed"]
+
+
+def test_the_triage_library_imports_no_cli_and_no_memspec_module():
+    """memspec/triage is a library: the CLI calls it, it never calls back (stdlib only)."""
+    import ast
+    import pathlib
+
+    src = pathlib.Path(lib.__file__)
+    for path in src.parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                assert not (node.module or "").startswith("memspec"), (path.name, node.module)
+            elif isinstance(node, ast.Import):
+                assert not any(a.name.startswith("memspec") for a in node.names), path.name
