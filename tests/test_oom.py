@@ -452,3 +452,12 @@ def test_the_triage_library_imports_no_cli_and_no_memspec_module():
                 assert not (node.module or "").startswith("memspec"), (path.name, node.module)
             elif isinstance(node, ast.Import):
                 assert not any(a.name.startswith("memspec") for a in node.names), path.name
+
+
+def test_a_card_full_of_graph_pools_is_graph_pools_not_does_not_fit():
+    v = lib.triage(lib.parse(
+        "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 MiB. GPU 0 has a total capacity of 47.53 GiB of "
+        "which 896.00 KiB is free. Process 1686436 has 47.51 GiB memory in use. Of the allocated memory 47.00 GiB is "
+        "allocated by PyTorch, with 46.22 GiB allocated in private pools (e.g., CUDA Graphs), and 149.10 MiB is "
+        "reserved by PyTorch but unallocated."))
+    assert v.cause == "graph-pools" and "graph" in v.next_steps[0]

@@ -867,9 +867,10 @@ def triage(f: Figures, *, distributed: bool = False, cudnn_benchmark: bool = Fal
         or (R is not None and ru >= R and headroom is not None and cap and headroom >= 0.1 * cap))
 
     # does-not-fit: the live set is at the card's edge (the issue's "97% full of live tensors")
-    if f.allocated is not None and cap and f.allocated >= 0.9 * cap and (ru is None or ru < 0.05 * cap) \
+    live = f.allocated - (f.private_pools or 0) if f.allocated is not None else None   # graphs' pools aside
+    if live is not None and cap and live >= 0.9 * cap and (ru is None or ru < 0.05 * cap) \
             and other_weight < 0.05 * cap:
-        ev.append(f"PyTorch's live tensors take {fmt(f.allocated)} = {100 * f.allocated / cap:.0f}% of the "
+        ev.append(f"PyTorch's live tensors take {fmt(live)} = {100 * live / cap:.0f}% of the "
                   f"{cap_name} {fmt(cap)}; reserved-but-unallocated is only {fmt(ru)}: defragmenting would buy "
                   "under 5% -- the workload is at the edge")
         return Verdict("does-not-fit", ev, _steps("does-not-fit-live", f, expandable_ok))
