@@ -35,6 +35,7 @@ GROUPS: dict[str, str] = {
     "jobs": "bench.fuzz_jobs:run",
     "formal": "bench.formal:run",
     "gpu": "bench.gpu:run",
+    "oom": "bench.oom:run",
 }
 
 
