@@ -369,7 +369,7 @@ class Mechanism:
 # Targets
 # --------------------------------------------------------------------------
 
-def _host_vmm() -> Any:
+def host_vmm() -> Any:
     """A VirtualMemoryResource without ``Device(0)`` (which needs the real
     driver): ``__new__`` plus the attributes ``__init__`` would set."""
     from cuda.core._memory._virtual_memory_resource import VirtualMemoryResource, VirtualMemoryResourceOptions
@@ -485,7 +485,7 @@ def cuda_core_vmm(capacity: int | None = None) -> TargetInstance:
 
     def make() -> VmmAllocator:
         if b.host:
-            mr = _host_vmm()
+            mr = host_vmm()
             stream: Any = HostStream(_ep_stream(b.ep))
         else:
             from cuda.core import Device, Stream
