@@ -475,7 +475,10 @@ def _instance(b: _Bench, make_alloc: Callable[[], MemoryResourceAllocator], name
         cap = free - free % GRANULARITY
     inst = TargetInstance(mechanism=Mechanism(name, alloc), ep=b.ep, physical_bytes=physical_bytes,
                           capacity=cap, close=close)
-    return _with_extras(inst, make_foreign=make_foreign, driver=b.drv, emulator=b.drv.emulator)
+    # make_extra_mechanism: the system level's replacement mechanism must be reachable
+    # through this target's EP (the reference default lives on a detached simulated device)
+    return _with_extras(inst, make_foreign=make_foreign, make_extra_mechanism=make_foreign, driver=b.drv,
+                        emulator=b.drv.emulator)
 
 
 def cuda_core_vmm(capacity: int | None = None) -> TargetInstance:
