@@ -343,12 +343,12 @@ class SharedMapping(_Capability):
 class Mechanism:
     """The plugin instance as a ``DeviceMemoryMechanism``."""
 
-    def __init__(self, inst: Instance) -> None:
+    def __init__(self, inst: Instance, *, eager_only: bool = False) -> None:
         self.inst = inst
-        self.name = f"c:{inst.lib.name}"
+        self.name = f"c:{inst.lib.name}" + ("-eager" if eager_only else "")
         self._alloc = Allocator(inst)
-        self._vb = VirtualBacking(inst) if inst.lib.has_vb else None
-        self._sm = SharedMapping(inst) if inst.lib.has_sm else None
+        self._vb = VirtualBacking(inst) if inst.lib.has_vb and not eager_only else None
+        self._sm = SharedMapping(inst) if inst.lib.has_sm and not eager_only else None
 
     def allocator(self) -> Allocator:
         return self._alloc
@@ -468,10 +468,10 @@ def factory(path: str) -> Callable[..., TargetInstance]:
         first = Instance(lib, 0 if capacity is None else int(capacity))
         twins: list[Instance] = []
 
-        def make_foreign() -> Mechanism:
+        def make_foreign(eager_only: bool = False) -> Mechanism:
             t = Instance(lib, 0, share_with=first)
             twins.append(t)
-            return Mechanism(t)
+            return Mechanism(t, eager_only=eager_only)
 
         def close() -> None:
             for t in twins:
@@ -487,9 +487,11 @@ def factory(path: str) -> Callable[..., TargetInstance]:
                 ep = HostEP(first.key, int(base.value), int(size.value))
         inst = TargetInstance(mechanism=Mechanism(first), ep=ep, physical_bytes=probe,
                               capacity=int(first.call("capacity")), close=close)
-        # the system level's replacement mechanism: another instance on the same
-        # device, so its memory is reachable through the same EP
-        return _with_extras(inst, make_foreign=make_foreign, make_extra_mechanism=make_foreign)
+        # the system level's replacement mechanism (eager only, as the system
+        # spec assumes): another instance on the same device, so its memory is
+        # reachable through the same EP
+        return _with_extras(inst, make_foreign=make_foreign,
+                            make_extra_mechanism=lambda: make_foreign(eager_only=True))
 
     make.__name__ = f"c_plugin_{lib.name}"
     make.__doc__ = f"C plugin {lib.name} ({path})"

@@ -126,7 +126,7 @@ def arena_libs(tmp_path_factory):
         pytest.skip("no C compiler (cc/gcc) on this machine")
     out = tmp_path_factory.mktemp("cplugins")
     libs = {}
-    for name, flags in (("ok", []), ("broken", ["-DMEMSPEC_BROKEN_DOUBLE_FREE"])):
+    for name, flags in (("ok", []), ("broken", ["-DMEMSPEC_BROKEN_DOUBLE_FREE"]), ("vmm", ["-DMEMSPEC_EXAMPLE_VMM"])):
         lib = out / f"libarena_{name}.so"
         subprocess.run([cc, "-shared", "-fPIC", "-O2", "-Wall", "-Werror", f"-I{C_DIR}", *flags, "-o", str(lib),
                         str(C_DIR / "example_arena.c")], check=True, capture_output=True, timeout=120)
@@ -142,6 +142,18 @@ def test_c_example_arena_passes_the_suite(arena_libs):
         assert r.stats.steps > 0
     statuses = {inv: st for inv, _t, st, _d in results[0].rows()}
     assert statuses["S14"] == "PASS" and statuses["S5"] == "PASS"
+
+
+def test_c_example_with_virtual_backing_passes_the_suite(arena_libs):
+    results = runner.conform(f"c:{arena_libs['vmm']}", "all", examples=25, steps=25, out_dir=None)
+    assert [r.level for r in results] == ["mechanism", "system"]
+    for r in results:
+        assert r.ok and not r.errors, (r.level, r.errors, [(f.invariant, f.reason) for f in r.failures])
+    acts = results[0].stats.actions
+    for a in ("reserve", "commit_range", "decommit_range", "committed_bytes", "release_reservation"):
+        assert acts[a] > 0, acts
+    statuses = {inv: st for inv, _t, st, _d in results[1].rows()}
+    assert statuses["S12"] == "PASS" and statuses["S9"] == "PASS"
 
 
 def test_c_broken_twin_is_caught_with_the_expected_blame(arena_libs):
