@@ -394,6 +394,12 @@ def _with_extras(inst: TargetInstance, **extras: Any) -> TargetInstance:
     return inst
 
 
+def driver_of(inst: TargetInstance) -> Any:
+    """The checked :class:`~memspec.cuda_impl.driver.Driver` of an instance made here (read back from
+    what :func:`_with_extras` stored: the other place to port)."""
+    return inst.extras["driver"]
+
+
 @dataclass
 class _Bench:
     """What one cuda-core target instance is made of."""

@@ -28,6 +28,7 @@ import sys
 import threading
 from typing import Any
 
+from memspec.adapters.cuda_core import cuda_core_vmm, driver_of
 from memspec.spec.api import AllocationRequest, MiB
 
 #: seconds before the stream check's watchdog opens the held stream itself
@@ -35,14 +36,12 @@ WATCHDOG_S = 5.0
 
 
 def _target() -> Any:
-    from memspec.adapters.cuda_core import cuda_core_vmm
-
     return cuda_core_vmm()
 
 
 def _mapped(inst: Any, address: int) -> bool:
     """Is anything mapped at ``address``? (``cuMemRetainAllocationHandle``, released again)."""
-    drv = inst.extras["driver"]
+    drv = driver_of(inst)
     res, h = drv.backend.cuMemRetainAllocationHandle(address)
     if res != drv.types.CUresult.CUDA_SUCCESS:
         return False
@@ -59,7 +58,7 @@ def leak(size: int = 4 * MiB) -> dict:
         held = inst.physical_bytes() - before
         reported = a.deallocate(x)
         after = inst.physical_bytes() - before
-        out = {"driver": inst.extras["driver"].kind, "size": size, "footprint": x.footprint,
+        out = {"driver": driver_of(inst).kind, "size": size, "footprint": x.footprint,
                "held_after_allocate": held, "deallocate_returned": reported, "held_after_deallocate": after,
                "verdict": "REPRODUCED (S5): deallocate left the bytes allocated" if after else "not reproduced"}
         out["as_recorded"] = after == x.footprint
@@ -71,7 +70,7 @@ def leak(size: int = 4 * MiB) -> dict:
 def stream(size: int = 2 * MiB) -> dict:
     inst = _target()
     ep = inst.ep
-    gpu = inst.extras["emulator"] is None
+    gpu = driver_of(inst).emulator is None
     a = inst.mechanism.allocator()
     x = a.allocate(AllocationRequest(size))
     gate = ep.hold(0)                       # stream 0 (the one deallocate is given) waits on a host word
@@ -92,7 +91,7 @@ def stream(size: int = 2 * MiB) -> dict:
         timer.cancel()
     pending = not ep.fence_done(fence)
     mapped = _mapped(inst, x.address)
-    out = {"driver": inst.extras["driver"].kind, "fence_pending_at_release": pending,
+    out = {"driver": driver_of(inst).kind, "fence_pending_at_release": pending,
            "mapped_after_deallocate": mapped,
            "deallocate_waited_for_the_stream": opened_by_watchdog.is_set()}
     premature = pending and not mapped
@@ -124,7 +123,7 @@ def grow(first: int = 3 * MiB, new: int = 5 * MiB) -> dict:
         base = inst.physical_bytes()
         x = a.allocate(AllocationRequest(first))
         y = a.grow(x, new)
-        out: dict[str, Any] = {"driver": inst.extras["driver"].kind, "size": first, "footprint": x.footprint,
+        out: dict[str, Any] = {"driver": driver_of(inst).kind, "size": first, "footprint": x.footprint,
                                "new_size": new, "moved": y.address != x.address,
                                "buffer_size_after_grow": y.footprint, "held_after_grow": inst.physical_bytes() - base}
         try:

@@ -24,6 +24,7 @@ empties the cache again, so instances must not overlap in time.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -171,9 +172,7 @@ def torch_caching(capacity: int | None = None) -> TargetInstance:
     torch.cuda.reset_peak_memory_stats(0)
     torch.cuda.reset_accumulated_memory_stats(0)
     alloc = TorchCachingAllocator(torch, 0)
-    expandable = "expandable_segments:True" in (__import__("os").environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
+    expandable = "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
     inst = TargetInstance(mechanism=None, ep=None, physical_bytes=lambda: int(torch.cuda.memory_reserved(0)),
-                          capacity=cap, close=alloc.close)
-    inst.kind = "caching"
-    inst.allocator = alloc
+                          capacity=cap, close=alloc.close, kind="caching", allocator=alloc)
     return _with_extras(inst, policy="pytorch", expandable=expandable)
