@@ -67,3 +67,24 @@ def test_gpu_path_runs_conform_without_z3_or_crosshair():
     # cuda-core-vmm fails S5 (the leak), cuda-host passes; both ran to their tables
     assert "rc 1 0" in p.stdout, p.stdout[-3000:]
     assert "memspec conform cuda-core-vmm" in p.stdout and "memspec conform cuda-host" in p.stdout
+
+
+def test_linktree_makes_memspec_importable_without_pip(tmp_path):
+    """run.sh's fallback when pip cannot install (no network, no setuptools):
+    the symlink tree alone gives the packages and the target entry points."""
+    tree = tmp_path / "site"
+    p = subprocess.run([sys.executable, "tests/gpu/linktree.py", str(tree)], capture_output=True, text=True,
+                       timeout=60, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    code = (f"import sys; sys.path.insert(0, {str(tree)!r})\n"
+            "import memspec, memspec.spec.api, memspec.spec.caching, memspec.adapters.c_plugin\n"
+            "import importlib.metadata as md\n"
+            "print(memspec.__file__)\n"
+            "print(sorted(e.name for e in md.entry_points(group='memspec.targets')))\n")
+    # -S: no site-packages, so neither the editable install nor its metadata can answer
+    q = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert q.returncode == 0, q.stderr
+    first, names = q.stdout.splitlines()[:2]
+    assert first.startswith(str(tree))
+    for t in ("cuda-core-vmm", "cuda-host", "reference", "torch-caching"):
+        assert repr(t) in names, names
