@@ -13,8 +13,9 @@ What the adapter adds (and says so): a size that is not a positive ``int`` is
 refused with InvalidRequest (``torch.empty(0)`` would allocate nothing); a
 second free of a handle is refused with DoubleFree by the adapter's own
 bookkeeping (a tensor cannot be freed twice); ``torch.cuda.OutOfMemoryError``
-becomes OutOfMemory with the figures read from its message
-(:func:`memspec.commands.oom.parse_message`).  ``capacity`` is applied with
+becomes OutOfMemory carrying its message and the figures read from
+``torch.cuda`` at that moment (allocated, reserved, ``mem_get_info``; the
+largest free block is not exposed: None).  ``capacity`` is applied with
 ``torch.cuda.set_per_process_memory_fraction``.
 
 The allocator is process-global: a target instance starts by emptying the
@@ -48,15 +49,13 @@ class TorchBlock:
     tensor: Any = field(repr=False, default=None)
 
 
-def oom_error(e: BaseException, requested: int) -> OutOfMemory:
-    """PyTorch's OOM as OutOfMemory, figures parsed from its message (never evaluated)."""
-    from memspec.commands.oom import parse_message
-
-    f = parse_message(str(e))
-    return OutOfMemory(str(e), requested=f.tried if f.tried is not None else requested, total_capacity=f.total,
-                       free=f.free, allocated=f.allocated, reserved=f.reserved,
-                       reserved_unallocated=f.reserved_unallocated, largest_free_block=f.largest_free_block,
-                       device=f.device or 0)
+def oom_error(torch: Any, e: BaseException, requested: int, device: int = 0) -> OutOfMemory:
+    """PyTorch's OOM as OutOfMemory: its message, and the figures read from ``torch.cuda`` now."""
+    free, total = torch.cuda.mem_get_info(device)
+    allocated, reserved = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
+    return OutOfMemory(str(e), requested=requested, total_capacity=int(total), free=int(free),
+                       allocated=int(allocated), reserved=int(reserved),
+                       reserved_unallocated=int(reserved - allocated), largest_free_block=None, device=device)
 
 
 class TorchCachingAllocator:
@@ -83,7 +82,7 @@ class TorchCachingAllocator:
             with torch.cuda.stream(s):
                 t = torch.empty(size, dtype=torch.uint8, device=f"cuda:{self.device}")
         except torch.cuda.OutOfMemoryError as e:
-            raise oom_error(e, size) from None
+            raise oom_error(torch, e, size, self.device) from None
         ptr = int(t.data_ptr())
         block_size = self._block_size(ptr)
         b = TorchBlock(ptr, block_size, size, stream, self, t)
