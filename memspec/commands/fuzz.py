@@ -19,26 +19,29 @@ from __future__ import annotations
 from memspec.invariants.report import console as _report_console
 
 import argparse
+import shlex
 import sys
 import time
+
+from memspec.argtypes import TargetParser, minutes, out_dir, positive_int, seconds
 
 from memspec.invariants.discovery import DEFAULT_TARGET
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="memspec fuzz", description=__doc__.split("\n\n")[0])
+    p = TargetParser(prog="memspec fuzz", description=__doc__.split("\n\n")[0])
     p.add_argument("target", nargs="?", default=None, help=f"target (default {DEFAULT_TARGET})")
     p.add_argument("--target", dest="target_opt", default=None, help="same as the positional TARGET")
-    p.add_argument("--minutes", type=float, default=1.0)
-    p.add_argument("--seconds", type=float, default=None, help="budget in seconds (overrides --minutes)")
+    p.add_argument("--minutes", type=minutes, default=1.0)
+    p.add_argument("--seconds", type=seconds, default=None, help="budget in seconds (overrides --minutes)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--db", default="memspec-out/db", help="Hypothesis example database directory")
+    p.add_argument("--db", type=out_dir, default="memspec-out/db", help="Hypothesis example database directory")
     p.add_argument("--mode", choices=("hypothesis", "walk"), default="hypothesis")
     p.add_argument("--level", choices=("mechanism", "system", "caching", "all"), default="all")
-    p.add_argument("--steps", type=int, default=None, help="steps per run (default: profile / 200 for walk)")
-    p.add_argument("--timeout", type=float, default=5.0, help="per-call timeout in seconds")
-    p.add_argument("--capacity", type=int, default=None)
-    p.add_argument("--out", default="memspec-out/repro", help="directory for reproduction files")
+    p.add_argument("--steps", type=positive_int, default=None, help="steps per run (default: profile / 200 for walk)")
+    p.add_argument("--timeout", type=seconds, default=5.0, help="per-call timeout in seconds")
+    p.add_argument("--capacity", type=positive_int, default=None)
+    p.add_argument("--out", type=out_dir, default="memspec-out/repro", help="directory for reproduction files")
     p.add_argument("--machine", default=None, help=argparse.SUPPRESS)
     p.add_argument("--quiet", action="store_true")
     return p
@@ -119,7 +122,7 @@ def main(argv: list[str]) -> int:
     for r in results:
         for f in r.failures:
             console.print(f"[red]FAIL {f.invariant}[/] " + escape(f"[{f.cause}] ({r.level}, {f.shrunk_length} steps) {f.reason}")
-                          + (f"\n    python {f.repro}" if f.repro else ""))
+                          + (escape(f"\n    python {shlex.quote(str(f.repro))}") if f.repro else ""))
         for e in r.errors:
             console.print(f"[yellow]ERROR[/] ({r.level}) " + escape(e))
     console.print("[green]no failures[/]" if not bad else f"[red]{len(bad)} failure(s)[/]")

@@ -4,7 +4,7 @@
 [--expandable] [--capacity MiB]``
 
 * ``PICKLE``: a ``torch.cuda.memory._snapshot()`` pickle (PyTorch's
-  ``_dump_snapshot`` output or ours).  Without it, the seed's fragmented
+  ``_dump_snapshot`` output or ours) or the same structure as JSON.  Without it, the seed's fragmented
   40 MiB device (the moment of the 8 MiB OOM) is built on the reference
   allocator (``--preset``, default ``seed``).
 * ``--out FILE``: write the snapshot pickle (PyTorch's memory viewer reads it).
@@ -13,7 +13,11 @@
   expandable segments and answer *would expandable segments have avoided
   this OOM?*
 
-Only open pickles you trust.
+Untrusted files are safe to open: the pickle is read by an unpickler that
+accepts plain data only (dict, list, str, numbers; no globals, so nothing in
+the file can run), then every field memspec reads is type-checked; a bad file
+is a one-line error and exit status 2.  ``--out``/``--svg`` are checked for
+writability before anything runs; the SVG escapes every string it draws.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from memspec.spec.errors import InvalidRequest, OutOfMemory
+from memspec.argtypes import out_file, positive_int
+from memspec.spec.errors import MemspecError, OutOfMemory
 
 MB = 1 << 20
 
@@ -67,19 +72,19 @@ def main(argv: list[str]) -> int:
 
     ap = argparse.ArgumentParser(prog="memspec snapshot", description=__doc__.split("\n\n")[0])
     ap.add_argument("pickle", nargs="?", help="snapshot pickle to read (default: the seed's fragmented device)")
-    ap.add_argument("--out", help="write the snapshot pickle here")
-    ap.add_argument("--svg", help="draw the segments and blocks into this SVG file")
+    ap.add_argument("--out", type=out_file, help="write the snapshot pickle here")
+    ap.add_argument("--svg", type=out_file, help="draw the segments and blocks into this SVG file")
     ap.add_argument("--replay", action="store_true", help="replay the trace with and without expandable segments")
     ap.add_argument("--preset", choices=("pytorch", "seed"), help="policy for the replay / the demo (default: the snapshot's, else seed)")
     ap.add_argument("--expandable", action="store_true", help="build the demo with expandable segments")
-    ap.add_argument("--capacity", type=int, help="device capacity in MiB (default: from the snapshot)")
+    ap.add_argument("--capacity", type=positive_int, help="device capacity in MiB (default: from the snapshot)")
     args = ap.parse_args(argv)
     if args.capacity is not None and args.capacity <= 0:
         ap.error("--capacity must be positive")
     if args.pickle:
         try:
             snap = cs.load(args.pickle)
-        except (OSError, InvalidRequest) as e:
+        except (OSError, MemspecError) as e:
             print(f"memspec snapshot: cannot read {args.pickle}: {e}", file=sys.stderr)
             return 2
     else:
@@ -89,16 +94,24 @@ def main(argv: list[str]) -> int:
             a.set_allocator_settings(expandable_segments=True)
         snap = a.snapshot()
     print(describe(snap))
-    if args.out:
-        cs.dump(snap, args.out)
-        print(f"wrote {args.out}")
-    if args.svg:
-        with open(args.svg, "w", encoding="utf-8") as fh:
-            fh.write(cs.to_svg(snap))
-        print(f"wrote {args.svg}")
+    try:
+        if args.out:
+            cs.dump(snap, args.out)
+            print(f"wrote {args.out}")
+        if args.svg:
+            with open(args.svg, "w", encoding="utf-8") as fh:
+                fh.write(cs.to_svg(snap))
+            print(f"wrote {args.svg}")
+    except OSError as e:
+        print(f"memspec snapshot: cannot write: {e}", file=sys.stderr)
+        return 2
     if args.replay:
         cap = args.capacity * MB if args.capacity else None
-        avoided, fixed, exp = cs.would_expandable_avoid_oom(snap, preset=args.preset, capacity=cap)
+        try:
+            avoided, fixed, exp = cs.would_expandable_avoid_oom(snap, preset=args.preset, capacity=cap)
+        except MemspecError as e:
+            print(f"memspec snapshot: cannot replay {args.pickle}: {type(e).__name__}: {e}", file=sys.stderr)
+            return 2
         print(f"replay under {fixed.preset} on {fixed.capacity / MB:.2f} MiB: {fixed.allocs} allocs, "
               f"fixed segments -> {len(fixed.ooms)} OOM(s), expandable segments -> {len(exp.ooms)} OOM(s)")
         print("would expandable segments have avoided this OOM? " + ("YES" if avoided else "no"))
