@@ -15,16 +15,22 @@ Seed 000: *device context, stream, copy, kernel, fence, release ordering*.
 * Copies: ``write`` stages the bytes in pinned host memory
   (``cuMemHostAlloc``) and enqueues ``cuMemcpyHtoDAsync`` (a pageable source
   could make the driver synchronize with a held stream); the staging buffer
-  lives until the fence.  ``read`` enqueues ``cuMemcpyDtoHAsync`` into pinned
+  lives until the fence.  Host memory is bounded: at most ``STAGED_CAP``
+  (16 MiB) of write data is staged per stream -- a write that would pass it
+  first frees what completed fences allow, then waits for the stream (unless
+  a ``hold`` gate keeps it, where waiting could not finish).  ``read`` enqueues ``cuMemcpyDtoHAsync`` into pinned
   memory and synchronizes the stream.  A write into a page whose access is
   ``PROT_READ`` (``cuMemGetAccess``) raises ReadOnlyViolation before anything
   is enqueued.
 * Kernels: ``launch`` is a stand-in kernel built from copies, the same on the
   emulator and on a GPU: each read range is copied device-to-host into pinned
   scratch, each write range is read and written back unchanged (DtoH then
-  HtoD of the same bytes), in stream order.  So it touches exactly the
-  ranges it names, faults on an unmapped page (or a read-only one for
-  writes), and leaves data as it was.
+  HtoD of the same bytes), in stream order, in chunks of ``SCRATCH`` (2 MiB)
+  through one pinned scratch buffer per stream -- the copies of a stream run
+  in order, so the buffer can be reused, and a kernel over any number of
+  bytes holds no more than 2 MiB of host memory per stream.  So it touches
+  exactly the ranges it names, faults on an unmapped page (or a read-only one
+  for writes), and leaves data as it was.
 * Deferred free: ``defer(fences, release)`` only enqueues; ``poll`` runs, in
   order, the releases all of whose fences ``cuEventQuery`` reports complete.
   Nothing is unmapped under queued work (the cuda.core bug).
@@ -56,6 +62,11 @@ from memspec.cuda_impl.driver import CudaError, Driver, error_for
 CU_STREAM_NON_BLOCKING = 1
 CU_EVENT_DISABLE_TIMING = 2
 
+#: pinned scratch of each stream for the stand-in kernel's copies (reused in stream order)
+SCRATCH = 1 << 21
+#: most bytes of ``write`` data staged in pinned memory per stream while their copies are queued
+STAGED_CAP = 16 << 20
+
 
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
@@ -67,7 +78,9 @@ class _Stream:
     issued: int = 0                                    # last fence value handed out
     done: int = 0                                      # every fence <= done is complete
     fences: deque = field(default_factory=deque)       # (value, event) not yet known complete
-    staging: deque = field(default_factory=deque)      # (value, host ptr) freed once value is done
+    staging: deque = field(default_factory=deque)      # (value, host ptr, bytes) freed once value is done
+    staged: int = 0                                    # bytes in ``staging``
+    scratch: int = 0                                   # the stream's kernel scratch (SCRATCH bytes), 0 until used
 
 
 @dataclass
@@ -156,13 +169,14 @@ class CudaExecutionProvider:
             return self._spare_events.pop()
         return self.drv.cuEventCreate(CU_EVENT_DISABLE_TIMING)
 
-    def _fence(self, index: int, s: _Stream, staging: Sequence[int] = ()) -> Fence:
+    def _fence(self, index: int, s: _Stream, staging: Sequence[tuple[int, int]] = ()) -> Fence:
         ev = self._event()
         self.drv.cuEventRecord(ev, s.cu)
         s.issued += 1
         s.fences.append((s.issued, ev))
-        for p in staging:
-            s.staging.append((s.issued, p))
+        for p, n in staging:
+            s.staging.append((s.issued, p, n))
+            s.staged += n
         return Fence(index, s.issued)
 
     def _completed(self, s: _Stream, value: int) -> None:
@@ -171,7 +185,9 @@ class CudaExecutionProvider:
         while s.fences and s.fences[0][0] <= s.done:
             self._spare_events.append(s.fences.popleft()[1])
         while s.staging and s.staging[0][0] <= s.done:
-            self.drv.cuMemFreeHost(s.staging.popleft()[1])
+            _, p, n = s.staging.popleft()
+            s.staged -= n
+            self.drv.cuMemFreeHost(p)
 
     def _pinned(self, n: int) -> int:
         return int(self.drv.cuMemHostAlloc(max(n, 1), 0))
@@ -216,6 +232,7 @@ class CudaExecutionProvider:
             if n:
                 self._check_writable(address, n)
                 self.ctx.make_current()
+                self._bound_staging(stream, s, n)
                 p = self._pinned(n)
                 ctypes.memmove(p, data, n)
                 try:
@@ -223,8 +240,19 @@ class CudaExecutionProvider:
                 except CudaError as e:
                     self.drv.cuMemFreeHost(p)
                     raise self._fault(e, "write", address) from e
-                staging.append(p)
+                staging.append((p, n))
             return self._fence(stream, s, staging)
+
+    def _bound_staging(self, index: int, s: _Stream, n: int) -> None:
+        """Keep the stream's staged write bytes within ``STAGED_CAP``: free
+        what completed fences allow, then wait for the stream's queued work
+        (not while a gate holds it: that wait could not end)."""
+        if s.staged + n <= STAGED_CAP or not s.staging:
+            return
+        self.fence_done(Fence(index, s.issued))
+        if s.staged + n > STAGED_CAP and s.staging and not any(
+                g.stream == index and not g.is_open for g in self._gates):
+            self._sync(s)
 
     def read(self, stream: int, address: int, size: int) -> bytes:
         """Device-to-host copy after the stream's queued work; waits for it."""
@@ -256,28 +284,31 @@ class CudaExecutionProvider:
                 if n:
                     self._check_writable(a, n)
             self.ctx.make_current()
-            staging: list[int] = []
             error: BaseException | None = None
             try:
-                back: list[tuple[int, int, int]] = []
-                for a, n in rs + ws:
-                    if not n:
-                        continue
-                    p = self._pinned(n)
-                    staging.append(p)
-                    try:
-                        self.drv.cuMemcpyDtoHAsync(p, a, n, s.cu)
-                    except CudaError as e:
-                        raise self._fault(e, "kernel read", a) from e
-                    back.append((a, n, p))
-                for a, n, p in back[len(back) - len([w for w in ws if w[1]]):]:
-                    try:
-                        self.drv.cuMemcpyHtoDAsync(a, p, n, s.cu)
-                    except CudaError as e:
-                        raise self._fault(e, "kernel write", a) from e
+                if (rs or ws) and not s.scratch:
+                    s.scratch = self._pinned(SCRATCH)
+                for a, n in rs:
+                    for off in range(0, n, SCRATCH):
+                        k = min(SCRATCH, n - off)
+                        try:
+                            self.drv.cuMemcpyDtoHAsync(s.scratch, a + off, k, s.cu)
+                        except CudaError as e:
+                            raise self._fault(e, "kernel read", a + off) from e
+                for a, n in ws:
+                    for off in range(0, n, SCRATCH):
+                        k = min(SCRATCH, n - off)
+                        try:
+                            self.drv.cuMemcpyDtoHAsync(s.scratch, a + off, k, s.cu)
+                        except CudaError as e:
+                            raise self._fault(e, "kernel read", a + off) from e
+                        try:
+                            self.drv.cuMemcpyHtoDAsync(a + off, s.scratch, k, s.cu)
+                        except CudaError as e:
+                            raise self._fault(e, "kernel write", a + off) from e
             except MemspecError as e:
                 error = e
-            fence = self._fence(stream, s, staging)   # what was enqueued stays ordered
+            fence = self._fence(stream, s)   # what was enqueued stays ordered
             if error is not None:
                 raise error
             return fence
@@ -420,6 +451,10 @@ class CudaExecutionProvider:
                 s.fences.clear()
                 while s.staging:
                     self.drv.cuMemFreeHost(s.staging.popleft()[1])
+                s.staged = 0
+                if s.scratch:
+                    self.drv.cuMemFreeHost(s.scratch)
+                    s.scratch = 0
                 self.drv.cuStreamDestroy(s.cu)
             for ev in self._spare_events:
                 self.drv.cuEventDestroy(ev)
