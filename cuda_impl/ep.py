@@ -33,7 +33,12 @@ Seed 000: *device context, stream, copy, kernel, fence, release ordering*.
   for writes), and leaves data as it was.
 * Deferred free: ``defer(fences, release)`` only enqueues; ``poll`` runs, in
   order, the releases all of whose fences ``cuEventQuery`` reports complete.
-  Nothing is unmapped under queued work (the cuda.core bug).
+  Nothing is unmapped under queued work (the cuda.core bug).  A release that
+  raises stays queued, in its place, with its context pin, and is retried by
+  the next ``poll``.
+* Lifetime: after ``close`` every call raises InvalidRequest (the provider
+  is closed); a second ``close`` is a no-op (the first one freed everything,
+  or raised and left the provider open to be closed again).
 * Holding a stream (tests): ``hold(stream)`` enqueues ``cuStreamWaitValue32``
   on a host-mapped word (``cuMemHostAlloc(DEVICEMAP)`` +
   ``cuMemHostGetDevicePointer``); ``gate.open()`` writes the word from the host.
@@ -212,6 +217,8 @@ class CudaExecutionProvider:
 
     @staticmethod
     def _ranges(ranges: Any, what: str) -> list[tuple[int, int]]:
+        if not isinstance(ranges, (list, tuple)):
+            raise InvalidRequest(f"{what} must be a list of (address, size) pairs, got {type(ranges).__name__}")
         out = []
         for r in ranges:
             if not (isinstance(r, (tuple, list)) and len(r) == 2 and _is_int(r[0]) and _is_int(r[1]) and r[1] >= 0):
@@ -226,6 +233,8 @@ class CudaExecutionProvider:
             s = self._stream(stream)
             if not _is_int(address):
                 raise InvalidRequest(f"address must be an int, got {address!r}")
+            if not isinstance(data, (bytes, bytearray, memoryview)):
+                raise InvalidRequest(f"write takes bytes, got {type(data).__name__}")
             data = bytes(data)
             n = len(data)
             staging: list[int] = []
@@ -263,14 +272,19 @@ class CudaExecutionProvider:
             if size == 0:
                 return b""
             self.ctx.make_current()
-            p = self._pinned(size)
+            k = min(size, SCRATCH)
+            p = self._pinned(k)   # bounded: the copy runs in chunks through it
+            out = bytearray()
             try:
-                try:
-                    self.drv.cuMemcpyDtoHAsync(p, address, size, s.cu)
-                except CudaError as e:
-                    raise self._fault(e, "read", address) from e
-                self._sync(s)
-                return ctypes.string_at(p, size)
+                for off in range(0, size, k):
+                    n = min(k, size - off)
+                    try:
+                        self.drv.cuMemcpyDtoHAsync(p, address + off, n, s.cu)
+                    except CudaError as e:
+                        raise self._fault(e, "read", address + off) from e
+                    self._sync(s)
+                    out += ctypes.string_at(p, n)
+                return bytes(out)
             finally:
                 self.drv.cuMemFreeHost(p)
 
@@ -354,6 +368,7 @@ class CudaExecutionProvider:
     def defer(self, fences: Sequence[Fence], release: Callable[[], object]) -> None:
         """Enqueue ``release`` behind ``fences``; never runs it now (a drop only enqueues)."""
         with self._lock:
+            self._live()
             fences = tuple(fences)
             for f in fences:
                 self._check_fence(f)
@@ -371,6 +386,7 @@ class CudaExecutionProvider:
         mechanism and the accounting roles, which may call back into the EP)."""
         errors: list[BaseException] = []
         with self._lock:
+            self._live()
             ready: list[_Deferred] = []
             keep: deque[_Deferred] = deque()
             while self._queue:
@@ -382,16 +398,21 @@ class CudaExecutionProvider:
                     ok = False
                 (ready if ok else keep).append(d)
             self._queue = keep
+        failed: list[_Deferred] = []
         for d in ready:
             try:
                 d.release()
-            except BaseException as e:  # the entry is consumed either way
+            except BaseException as e:  # stays queued (with its pin) and is retried
                 errors.append(e)
-            finally:
+                failed.append(d)
+            else:
                 self.ctx.unpin()
+        if failed:
+            with self._lock:   # ahead of everything queued after them, in order
+                self._queue.extendleft(reversed(failed))
         if errors:
             raise errors[0]
-        return len(ready)
+        return len(ready) - len(failed)
 
     def pending_releases(self) -> int:
         with self._lock:
