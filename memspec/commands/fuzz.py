@@ -122,7 +122,8 @@ def main(argv: list[str]) -> int:
     for r in results:
         for f in r.failures:
             console.print(f"[red]FAIL {f.invariant}[/] " + escape(f"[{f.cause}] ({r.level}, {f.shrunk_length} steps) {f.reason}")
-                          + (escape(f"\n    python {shlex.quote(str(f.repro))}") if f.repro else ""))
+                          + (escape(f"\n    python {shlex.quote(str(f.repro))}") if f.repro else ""),
+                          soft_wrap=True)
         for e in r.errors:
             console.print(f"[yellow]ERROR[/] ({r.level}) " + escape(e))
     console.print("[green]no failures[/]" if not bad else f"[red]{len(bad)} failure(s)[/]")
