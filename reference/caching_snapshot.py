@@ -12,6 +12,12 @@ segment_free, segment_map, segment_unmap, oom``), ``allocator_settings`` and
 ``external_annotations``.  Each mapped range of an expandable segment is a
 segment of its own, as in PyTorch.
 
+:func:`load` is safe on untrusted files (bug reports, CI artifacts): a
+pickle is read by an unpickler that allows no globals -- plain dicts, lists,
+strings and numbers only, so nothing in the file can run -- or the file is
+JSON; then every field memspec reads is type-checked
+(:class:`SnapshotError`, an InvalidRequest, names the first bad one).
+
 Import and replay: :func:`replay` runs a snapshot's trace through either
 preset, with or without expandable segments, and answers seed 003's question
 *would expandable segments have avoided this OOM?*  :func:`to_svg` draws the
