@@ -127,9 +127,13 @@ _SEG_OPTIONAL = {"device": int, "allocated_size": int, "active_size": int, "requ
 _BLOCK_REQUIRED = {"size": int, "state": str}
 _BLOCK_OPTIONAL = {"address": int, "requested_size": int, "frames": list}
 _TRACE_REQUIRED = {"action": str}
-_TRACE_OPTIONAL = {"addr": int, "size": int, "stream": int, "time_us": (int, float), "frames": list}
-_TRACE_ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
-                  "segment_unmap", "snapshot", "oom")
+_TRACE_OPTIONAL = {"addr": int, "size": int, "stream": int, "time_us": (int, float), "frames": list,
+                   "device_free": int}
+#: actions memspec replays and the fields each needs (PyTorch's oom entries carry device_free, not addr);
+#: other actions (PyTorch adds some over versions) are kept, with their known fields type-checked
+_TRACE_NEEDS = {a: ("addr", "size") for a in ("alloc", "free_requested", "free_completed", "segment_alloc",
+                                                "segment_free", "segment_map", "segment_unmap")}
+_TRACE_NEEDS["oom"] = ("size",)
 _SETTINGS_TYPES = {"PYTORCH_CUDA_ALLOC_CONF": str, "max_split_size": (int, type(None)), "garbage_collection_threshold": (int, float, type(None)),
                    "expandable_segments": bool, "roundup_power2_divisions": list, "memspec_preset": str,
                    "memspec_capacity": int}
@@ -195,11 +199,10 @@ def check_snapshot(snap: Any) -> dict:
     for d, trace in enumerate(traces):
         for k, e in enumerate(trace):
             _check_fields(e, f"device_traces[{d}][{k}]", _TRACE_REQUIRED, _TRACE_OPTIONAL)
-            if e["action"] not in _TRACE_ACTIONS:
-                raise SnapshotError(f"device_traces[{d}][{k}]: unknown action {e['action']!r:.60}")
-            if e["action"] != "snapshot" and ("addr" not in e or "size" not in e):
-                raise SnapshotError(f"device_traces[{d}][{k}]: a {e['action']} entry needs 'addr' and 'size'")
-            if e.get("size", 0) < 0:
+            need = _TRACE_NEEDS.get(e["action"], ())
+            if any(f not in e for f in need):
+                raise SnapshotError(f"device_traces[{d}][{k}]: a {e['action']} entry needs {' and '.join(map(repr, need))}")
+            if e.get("size", 0) < 0 or e.get("device_free", 0) < 0:
                 raise SnapshotError(f"device_traces[{d}][{k}]: negative size")
     settings = snap.setdefault("allocator_settings", {})
     _check_fields(settings, "allocator_settings", {}, _SETTINGS_TYPES)

@@ -87,6 +87,14 @@ def test_own_and_json_snapshots_still_load(tmp_path):
     assert back["segments"][0]["total_size"] == snap["segments"][0]["total_size"]
 
 
+def test_pytorch_oom_entries_with_device_free_load():
+    snap = {"segments": [], "device_traces": [[{"action": "oom", "device_free": 3 * MiB, "size": 8 * MiB,
+                                                 "stream": 0, "time_us": 1, "frames": []},
+                                                {"action": "user_defined", "frames": []}]]}
+    back = cs.load(io.BytesIO(pickle.dumps(snap)))
+    assert back["device_traces"][0][0]["device_free"] == 3 * MiB
+
+
 def _seg(**over):
     seg = {"device": 0, "address": 0, "total_size": 2 * MiB, "allocated_size": 0, "active_size": 0,
            "requested_size": 0, "stream": 0, "segment_type": "large", "segment_pool_id": (0, 0),
@@ -105,7 +113,9 @@ def _seg(**over):
     ({"segments": [_seg(blocks=[{"size": "big", "state": "inactive"}])]}, "'size'"),
     ({"segments": [_seg(is_expandable="yes")]}, "'is_expandable'"),
     ({"segments": [], "device_traces": [[{"action": "alloc", "addr": 0}]]}, "'addr' and 'size'"),
-    ({"segments": [], "device_traces": [[{"action": "rm -rf", "addr": 0, "size": 1}]]}, "unknown action"),
+    ({"segments": [], "device_traces": [[{"action": ["alloc"], "addr": 0, "size": 1}]]}, "'action'"),
+    ({"segments": [], "device_traces": [[{"action": "oom", "device_free": "lots", "size": 1}]]}, "'device_free'"),
+    ({"segments": [], "device_traces": [[{"action": "oom", "device_free": 5}]]}, "'size'"),
     ({"segments": [], "device_traces": [[{"action": "alloc", "addr": 0, "size": 1.5}]]}, "'size'"),
     ({"segments": [], "device_traces": {"a": 1}}, "device_traces"),
     ({"segments": [], "allocator_settings": {"memspec_capacity": "10"}}, "memspec_capacity"),
