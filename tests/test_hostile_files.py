@@ -158,6 +158,16 @@ def test_snapshot_svg_escapes_block_strings(tmp_path):
     ET.fromstring(text)  # well-formed: no attribute broken out of
 
 
+def test_snapshot_strings_reach_the_terminal_escaped(tmp_path, capsys):
+    snap = {"segments": [_seg(segment_type="\x1b]0;owned\x07", blocks=[
+        {"address": 0, "size": 2 * MiB, "requested_size": 0, "state": "\x1b[2J", "frames": []}])]}
+    f = tmp_path / "snap.pickle"
+    f.write_bytes(pickle.dumps(snap))
+    assert snapshot_cmd.main([str(f)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\\x1b" in out
+
+
 def test_unwritable_snapshot_outputs_fail_before_anything_runs(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("x")

@@ -49,21 +49,27 @@ def fragmented_demo(preset: str = "seed", capacity: int = 40 * MB):
     return a
 
 
+def _plain(x: object) -> str:
+    """A string from the file, safe for a terminal: control characters escaped."""
+    s = str(x)
+    return s if s.isprintable() else repr(s)[1:-1]
+
+
 def describe(snap: dict) -> str:
     segs = snap["segments"]
     lines = [f"{len(segs)} segments, reserved {sum(s['total_size'] for s in segs) / MB:.2f} MiB, "
              f"allocated {sum(s['allocated_size'] for s in segs) / MB:.2f} MiB"]
     for s in segs:
-        lines.append(f"  {s['segment_type']:<5} {'exp ' if s.get('is_expandable') else ''}{s['address']:#x} "
+        lines.append(f"  {_plain(s['segment_type']):<5} {'exp ' if s.get('is_expandable') else ''}{s['address']:#x} "
                      f"{s['total_size'] / MB:.2f} MiB: " + " ".join(
-                         f"[{b['size'] / MB:.2f}M {dict(active_allocated='LIVE', inactive='FREE', active_pending_free='PENDING').get(b['state'], b['state'])}]"
+                         f"[{b['size'] / MB:.2f}M {dict(active_allocated='LIVE', inactive='FREE', active_pending_free='PENDING').get(b['state'], _plain(b['state']))}]"
                          for b in s["blocks"]))
     trace = (snap.get("device_traces") or [[]])[0]
     if trace:
         from collections import Counter
 
         c = Counter(e["action"] for e in trace)
-        lines.append("trace: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())))
+        lines.append("trace: " + ", ".join(f"{_plain(k)} {v}" for k, v in sorted(c.items())))
     return "\n".join(lines)
 
 
