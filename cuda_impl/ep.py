@@ -23,14 +23,17 @@ Seed 000: *device context, stream, copy, kernel, fence, release ordering*.
   ``PROT_READ`` (``cuMemGetAccess``) raises ReadOnlyViolation before anything
   is enqueued.
 * Kernels: ``launch`` is a stand-in kernel built from copies, the same on the
-  emulator and on a GPU: each read range is copied device-to-host into pinned
-  scratch, each write range is read and written back unchanged (DtoH then
-  HtoD of the same bytes), in stream order, in chunks of ``SCRATCH`` (2 MiB)
-  through one pinned scratch buffer per stream -- the copies of a stream run
-  in order, so the buffer can be reused, and a kernel over any number of
-  bytes holds no more than 2 MiB of host memory per stream.  So it touches
-  exactly the ranges it names, faults on an unmapped page (or a read-only one
-  for writes), and leaves data as it was.
+  emulator and on a GPU: it touches every mapping page (granule) of each
+  range it names -- one byte per page, at the range's start and at each page
+  boundary inside it: read ranges are copied device-to-host into a pinned
+  scratch byte, write ranges are read and written back unchanged (DtoH then
+  HtoD of the same byte), in stream order.  Faults are per page (the
+  driver's page table is), so it faults exactly where a kernel touching the
+  whole range would: on an unmapped page, or a read-only one for writes; and
+  it leaves data as it was.  Host memory is bounded: one 64-byte pinned
+  scratch per stream, whatever the kernel's size; and it does not make the
+  host touch device bytes the program never wrote (on the emulator, device
+  memory is host memory: copying whole ranges made every page resident).
 * Deferred free: ``defer(fences, release)`` only enqueues; ``poll`` runs, in
   order, the releases all of whose fences ``cuEventQuery`` reports complete.
   Nothing is unmapped under queued work (the cuda.core bug).  A release that
@@ -67,8 +70,10 @@ from memspec.cuda_impl.driver import CudaError, Driver, error_for
 CU_STREAM_NON_BLOCKING = 1
 CU_EVENT_DISABLE_TIMING = 2
 
-#: pinned scratch of each stream for the stand-in kernel's copies (reused in stream order)
+#: chunk of a ``read`` (the pinned buffer it copies through)
 SCRATCH = 1 << 21
+#: pinned scratch of each stream for the stand-in kernel's one-byte probes (reused in stream order)
+KERNEL_SCRATCH = 64
 #: most bytes of ``write`` data staged in pinned memory per stream while their copies are queued
 STAGED_CAP = 16 << 20
 
@@ -226,6 +231,14 @@ class CudaExecutionProvider:
             out.append((r[0], r[1]))
         return out
 
+    def _probes(self, address: int, size: int):
+        """One address in every mapping page of ``[address, address+size)``:
+        the start, then each page boundary inside the range."""
+        if size > 0:
+            yield address
+            g = self._gran
+            yield from range(address - address % g + g, address + size, g)
+
     # -- work -----------------------------------------------------------
     def write(self, stream: int, address: int, data: bytes) -> Fence:
         """Enqueue a host-to-device copy of ``data`` (staged in pinned memory)."""
@@ -301,25 +314,23 @@ class CudaExecutionProvider:
             error: BaseException | None = None
             try:
                 if (rs or ws) and not s.scratch:
-                    s.scratch = self._pinned(SCRATCH)
+                    s.scratch = self._pinned(KERNEL_SCRATCH)
                 for a, n in rs:
-                    for off in range(0, n, SCRATCH):
-                        k = min(SCRATCH, n - off)
+                    for p in self._probes(a, n):
                         try:
-                            self.drv.cuMemcpyDtoHAsync(s.scratch, a + off, k, s.cu)
+                            self.drv.cuMemcpyDtoHAsync(s.scratch, p, 1, s.cu)
                         except CudaError as e:
-                            raise self._fault(e, "kernel read", a + off) from e
+                            raise self._fault(e, "kernel read", p) from e
                 for a, n in ws:
-                    for off in range(0, n, SCRATCH):
-                        k = min(SCRATCH, n - off)
+                    for p in self._probes(a, n):
                         try:
-                            self.drv.cuMemcpyDtoHAsync(s.scratch, a + off, k, s.cu)
+                            self.drv.cuMemcpyDtoHAsync(s.scratch, p, 1, s.cu)
                         except CudaError as e:
-                            raise self._fault(e, "kernel read", a + off) from e
+                            raise self._fault(e, "kernel read", p) from e
                         try:
-                            self.drv.cuMemcpyHtoDAsync(a + off, s.scratch, k, s.cu)
+                            self.drv.cuMemcpyHtoDAsync(p, s.scratch, 1, s.cu)
                         except CudaError as e:
-                            raise self._fault(e, "kernel write", a + off) from e
+                            raise self._fault(e, "kernel write", p) from e
             except MemspecError as e:
                 error = e
             fence = self._fence(stream, s)   # what was enqueued stays ordered
