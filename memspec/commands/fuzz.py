@@ -49,9 +49,11 @@ import argparse
 import json
 import math
 import os
+import shlex
 import sys
 import time
 
+from memspec.argtypes import out_dir, out_file
 from memspec.invariants.discovery import DEFAULT_TARGET
 
 #: seed distance between two workers' seed ranges
@@ -115,7 +117,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=positive_int, default=None,
                    help="worker processes with distinct seeds and one shared database (default: all cores)")
-    p.add_argument("--db", default="memspec-out/db", help="Hypothesis example database directory")
+    p.add_argument("--db", type=out_dir, default="memspec-out/db", help="Hypothesis example database directory")
     p.add_argument("--db-readonly-github", metavar="OWNER/REPO", type=_github_repo, default=None,
                    help="also replay counterexamples from this repository's GitHub Actions artifact "
                         "(GitHubArtifactDatabase, read-only; token from $GITHUB_TOKEN)")
@@ -128,8 +130,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--shrink-seconds", type=_non_negative_float, default=SHRINK_SECONDS,
                    help="time to shrink failures, all of a run together (default %(default)s)")
     p.add_argument("--capacity", type=positive_int, default=None)
-    p.add_argument("--out", default="memspec-out/repro", help="directory for reproduction files")
-    p.add_argument("--json", metavar="FILE", default=None, help="write the run's figures and failures as JSON")
+    p.add_argument("--out", type=out_dir, default="memspec-out/repro", help="directory for reproduction files")
+    p.add_argument("--json", metavar="FILE", type=out_file, default=None, help="write the run's figures and failures as JSON")
     p.add_argument("--machine", default=None, help=argparse.SUPPRESS)
     p.add_argument("--quiet", action="store_true")
     return p
@@ -295,7 +297,8 @@ def _report(console, args, disp, results, steps: int, *, jobs: int, workers: lis
     for r in results:
         for f in r.failures:
             console.print(f"[red]FAIL {f.invariant}[/] " + escape(f"[{f.cause}] ({r.level}, {f.shrunk_length} steps) {f.reason}")
-                          + (f"\n    python {f.repro}" if f.repro else ""))
+                          + (escape(f"\n    python {shlex.quote(str(f.repro))}") if f.repro else ""),
+                          soft_wrap=True)   # one line: the command can be copied
         for e in r.errors:
             console.print(f"[yellow]ERROR[/] ({r.level}) " + escape(e))
     console.print("[green]no failures[/]" if not bad else f"[red]{len(bad)} failure(s)[/]")
