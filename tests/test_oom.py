@@ -471,6 +471,6 @@ def test_snapshot_that_loads_but_cannot_be_replayed_is_said_not_a_traceback(tmp_
     p = tmp_path / "noseg.pickle"
     p.write_bytes(pickle.dumps({"segments": [], "device_traces": [[
         {"action": "alloc", "addr": 0, "size": 512, "stream": 0}]]}))
-    assert cli.main(["--snapshot", str(p)]) == 0
+    assert cli.main(["explain", "--snapshot", str(p)]) == 0
     out = capsys.readouterr().out
     assert "replay not possible" in out and "capacity" in out
