@@ -41,7 +41,7 @@ def _target(make: Callable[[SimDevice], ReferenceMechanism], capacity: int | Non
         kind="mechanism",
         make_foreign=make_foreign,
         device=dev,
-        extras={"make_foreign": make_foreign},  # for the reference's own tests
+        extras={"device": dev, "make_foreign": make_foreign},  # for the reference's own tests
     )
 
 
