@@ -15,7 +15,8 @@ from typing import Any
 import z3
 
 from memspec.invariants.proofs import (
-    ARR, ARR2B, BARR, BOOL, INT, OK, PENDING, Act, Proof, St, at, merge, on_ok, outcome, upd,
+    ARR, ARR2, ARR2B, BARR, BOOL, INT, OK, PENDING, Act, Proof, St, at, count_append, count_change, merge, on_ok,
+    outcome, prefix_append, prefix_change, prefix_count, prefix_sum, upd,
 )
 from memspec.spec import kernels as K
 
@@ -508,7 +509,7 @@ def _s8_allocate(check: bool):
                       (z3.Not(ok_commit), "GrantDenied"))
         l2 = K.commit_grant(l1, a.n, a.actual)
         ok_state = _with_ledger(s, l2, astate=upd(s.astate, a.x, LIVE), fp=upd(s.fp, a.x, a.actual),
-                                sumfp=s.sumfp + a.actual)
+                                sumfp=s.sumfp + a.actual, P=prefix_append(s.P, s.n, a.actual), n=s.n + 1)
         nxt = merge(out == OK, ok_state, s)
         if not check:  # failure after the grant: the grant is not returned
             nxt = merge(z3.And(out != OK, K.can_grant(l0, a.n)), _with_ledger(s, l1), nxt)
@@ -519,7 +520,8 @@ def _s8_allocate(check: bool):
 def _s8_free(s: St, a: St):
     out = outcome((z3.Not(alive(s, a.x)), "DoubleFree"))
     l = K.refund(_ledger(s), at(s.fp, a.x))
-    return on_ok(out, s, _with_ledger(s, l, astate=upd(s.astate, a.x, FREED), sumfp=s.sumfp - at(s.fp, a.x)))
+    return on_ok(out, s, _with_ledger(s, l, astate=upd(s.astate, a.x, FREED), sumfp=s.sumfp - at(s.fp, a.x),
+                                      P=prefix_change(s.P, a.x, -at(s.fp, a.x))))
 
 
 def _s8_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
@@ -529,15 +531,26 @@ def _s8_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
 
 
 _ALLOC = {"x": INT, "n": INT, "oom": BOOL, "actual": INT}
-_ALLOC_PRE = lambda s, a: z3.And(at(s.astate, a.x) == NONE, a.n > 0, K.footprint_ok(a.n, a.actual, s.page))  # noqa: E731
+_ALLOC_PRE = lambda s, a: z3.And(a.x == s.n, a.n > 0, K.footprint_ok(a.n, a.actual, s.page))  # noqa: E731
+
+
+def _s8_inv(s: St, o: Any) -> Any:
+    """The ledger holds no grant between steps and ``charged`` is the sum of
+    live and queued footprints: a prefix-sum ghost ``P`` over the allocation
+    ids (dense, ``0 <= id < n``) checks the sum."""
+    return z3.And(K.ledger_ok(_ledger(s)), s.granted == 0, s.charged == s.sumfp, s.page > 0,
+                  z3.Implies(alive(s, o), at(s.fp, o) >= 0),
+                  z3.Implies(at(s.astate, o) != NONE, z3.And(0 <= o, o < s.n)),
+                  prefix_sum(s.P, s.n, lambda i: K.ite(alive(s, i), at(s.fp, i), 0)), s.sumfp == at(s.P, s.n))
 S8 = Proof(
     "S8", "exact-accounting", "If the allocation fails, the provisional grant must be returned ... act on the real allocated bytes",
-    fields={"cap": INT, "free": INT, "granted": INT, "charged": INT, "astate": ARR, "fp": ARR, "sumfp": INT, "page": INT},
+    fields={"cap": INT, "free": INT, "granted": INT, "charged": INT, "astate": ARR, "fp": ARR, "sumfp": INT, "page": INT,
+            "P": ARR, "n": INT},
     init=lambda s: z3.And(s.cap >= 0, s.free == s.cap, s.granted == 0, s.charged == 0, s.astate == Z0(),
-                          s.sumfp == 0, s.page > 0),
-    inv=lambda s, o: z3.And(K.ledger_ok(_ledger(s)), s.granted == 0, s.charged == s.sumfp, s.page > 0,
-                            z3.Implies(alive(s, o), at(s.fp, o) >= 0)),
+                          s.sumfp == 0, s.page > 0, s.n == 0, at(s.P, 0) == 0),
+    inv=_s8_inv,
     lemmas=lambda s, o, a: z3.Implies(alive(s, o), at(s.fp, o) <= s.sumfp),
+    lemma_doc="a live or queued footprint is at most the sum of footprints",
     actions=[
         Act("allocate", _ALLOC, _s8_allocate(True), pre=_ALLOC_PRE, objs=("x",)),
         Act("free", _X, _s8_free, objs=("x",)),
@@ -608,7 +621,8 @@ def _s10_create(s: St, a: St):
 def _s10_alloc(s: St, a: St):
     out = outcome((z3.Not(at(s.calive, a.c)), "NotRegistered"))
     return on_ok(out, s, s.set(astate=upd(s.astate, a.x, LIVE), actx=upd(s.actx, a.x, a.c),
-                               pins=upd(s.pins, a.c, at(s.pins, a.c) + 1)))
+                               pins=upd(s.pins, a.c, at(s.pins, a.c) + 1), PC=count_append(s.PC, s.n, a.c),
+                               n=s.n + 1))
 
 
 def _s10_drop(s: St, a: St):
@@ -619,7 +633,8 @@ def _s10_drop(s: St, a: St):
 def _s10_complete(s: St, a: St):
     out = outcome((at(s.astate, a.x) != QUEUED, "InvalidRequest"))
     c = at(s.actx, a.x)
-    return on_ok(out, s, s.set(astate=upd(s.astate, a.x, FREED), pins=upd(s.pins, c, at(s.pins, c) - 1)))
+    return on_ok(out, s, s.set(astate=upd(s.astate, a.x, FREED), pins=upd(s.pins, c, at(s.pins, c) - 1),
+                               PC=count_change(s.PC, a.x, c, -1)))
 
 
 def _s10_destroy(check: bool):
@@ -631,16 +646,27 @@ def _s10_destroy(check: bool):
     return step
 
 
+def _s10_inv(s: St, o: Any) -> Any:
+    """``pins[c]`` is the number of live or queued allocations made in ``c``:
+    a keyed prefix-count ghost over dense allocation ids checks it."""
+    return z3.And(z3.Implies(alive(s, o), at(s.calive, at(s.actx, o))), at(s.pins, o) >= 0,
+                  z3.Implies(at(s.astate, o) != NONE, z3.And(0 <= o, o < s.n)),
+                  prefix_count(s.PC, s.n, o, lambda c, i: z3.If(z3.And(alive(s, i), at(s.actx, i) == c), 1, 0)),
+                  at(s.pins, o) == at(at(s.PC, o), s.n))
+
+
 S10 = Proof(
     "S10", "context-pinned", "the context is not destroyed while an allocation is still alive",
-    fields={"astate": ARR, "actx": ARR, "calive": BARR, "pins": ARR},
-    init=lambda s: z3.And(s.astate == Z0(), s.calive == F0(), s.pins == Z0()),
-    inv=lambda s, o: z3.And(z3.Implies(alive(s, o), at(s.calive, at(s.actx, o))), at(s.pins, o) >= 0),
-    # pins[c] is the number of live or queued allocations made in c: each counts for at least one
+    fields={"astate": ARR, "actx": ARR, "calive": BARR, "pins": ARR, "PC": ARR2, "n": INT},
+    init=lambda s: z3.And(s.astate == Z0(), s.calive == F0(), s.pins == Z0(), s.n == 0,
+                          s.PC == z3.K(z3.IntSort(), Z0())),
+    inst=lambda s, o, a: [at(s.actx, o)] + [at(s.actx, a[k]) for k in ("x", "c") if k in a],
+    inv=_s10_inv,
     lemmas=lambda s, o, a: z3.Implies(alive(s, o), at(s.pins, at(s.actx, o)) >= 1),
+    lemma_doc="a live or queued allocation pins its context at least once",
     actions=[
         Act("create_context", {"c": INT}, _s10_create, pre=lambda s, a: z3.Not(at(s.calive, a.c))),
-        Act("allocate", {"x": INT, "c": INT}, _s10_alloc, pre=lambda s, a: at(s.astate, a.x) == NONE, objs=("x", "c")),
+        Act("allocate", {"x": INT, "c": INT}, _s10_alloc, pre=lambda s, a: a.x == s.n, objs=("x", "c")),
         Act("drop", _X, _s10_drop, objs=("x",)),
         Act("complete", _X, _s10_complete, objs=("x",)),
         Act("destroy_context", {"c": INT}, _s10_destroy(True), objs=("c",)),
@@ -667,7 +693,8 @@ def _s11_reserve(check: bool):
         if check:
             pairs.append((z3.Not(K.can_grant(l, a.n)), "GrantDenied"))
         return on_ok(outcome(*pairs), s, _with_ledger(s, K.grant(l, a.n), gstate=upd(s.gstate, a.g, G_OPEN),
-                                                     gbytes=upd(s.gbytes, a.g, a.n), sumg=s.sumg + a.n))
+                                                     gbytes=upd(s.gbytes, a.g, a.n), sumg=s.sumg + a.n,
+                                                     PG=prefix_append(s.PG, s.ng, a.n), ng=s.ng + 1))
     return step
 
 
@@ -675,7 +702,7 @@ def _s11_cancel(s: St, a: St):
     out = outcome((at(s.gstate, a.g) != G_OPEN, "InvalidRequest"))
     b = at(s.gbytes, a.g)
     return on_ok(out, s, _with_ledger(s, K.cancel_grant(_ledger(s), b), gstate=upd(s.gstate, a.g, G_CANCELLED),
-                                      sumg=s.sumg - b, ret=b))
+                                      sumg=s.sumg - b, ret=b, PG=prefix_change(s.PG, a.g, -b)))
 
 
 def _s11_commit(s: St, a: St):
@@ -684,37 +711,50 @@ def _s11_commit(s: St, a: St):
                   (z3.Not(K.can_commit(_ledger(s), b, a.actual)), "GrantDenied"))
     return on_ok(out, s, _with_ledger(s, K.commit_grant(_ledger(s), b, a.actual), gstate=upd(s.gstate, a.g, G_COMMITTED),
                                       lstate=upd(s.lstate, a.l, L_LIVE), lbytes=upd(s.lbytes, a.l, a.actual),
-                                      sumg=s.sumg - b, sumc=s.sumc + a.actual))
+                                      sumg=s.sumg - b, sumc=s.sumc + a.actual, PG=prefix_change(s.PG, a.g, -b),
+                                      PL=prefix_append(s.PL, s.nl, a.actual), nl=s.nl + 1))
 
 
 def _s11_refund(s: St, a: St):
     out = outcome((at(s.lstate, a.l) != L_LIVE, "InvalidRequest"))
     c = at(s.lbytes, a.l)
     return on_ok(out, s, _with_ledger(s, K.refund(_ledger(s), c), lstate=upd(s.lstate, a.l, L_REFUNDED),
-                                      sumc=s.sumc - c, ret=c))
+                                      sumc=s.sumc - c, ret=c, PL=prefix_change(s.PL, a.l, -c)))
+
+
+def _s11_inv(s: St, o: Any) -> Any:
+    """sumg / sumc are the sums of open grants' / live leases' bytes: prefix-sum
+    ghosts PG / PL over dense grant and lease ids check them."""
+    return z3.And(K.ledger_ok(_ledger(s)), s.granted == s.sumg, s.charged == s.sumc,
+                  z3.Implies(at(s.gstate, o) == G_OPEN, at(s.gbytes, o) > 0),
+                  z3.Implies(at(s.lstate, o) == L_LIVE, at(s.lbytes, o) >= 0),
+                  z3.Implies(at(s.gstate, o) != 0, z3.And(0 <= o, o < s.ng)),
+                  z3.Implies(at(s.lstate, o) != 0, z3.And(0 <= o, o < s.nl)),
+                  prefix_sum(s.PG, s.ng, lambda i: K.ite(at(s.gstate, i) == G_OPEN, at(s.gbytes, i), 0)),
+                  prefix_sum(s.PL, s.nl, lambda i: K.ite(at(s.lstate, i) == L_LIVE, at(s.lbytes, i), 0)),
+                  s.sumg == at(s.PG, s.ng), s.sumc == at(s.PL, s.nl))
 
 
 _G = {"g": INT}
 S11 = Proof(
     "S11", "ledger-conservation", "capacity = free + granted + charged, all >= 0; charges sum to live footprints",
     fields={"cap": INT, "free": INT, "granted": INT, "charged": INT, "gstate": ARR, "gbytes": ARR, "lstate": ARR,
-            "lbytes": ARR, "sumg": INT, "sumc": INT, "ret": INT},
+            "lbytes": ARR, "sumg": INT, "sumc": INT, "ret": INT, "PG": ARR, "ng": INT, "PL": ARR, "nl": INT},
     init=lambda s: z3.And(s.cap >= 0, s.free == s.cap, s.granted == 0, s.charged == 0, s.gstate == Z0(),
-                          s.lstate == Z0(), s.sumg == 0, s.sumc == 0),
-    inv=lambda s, o: z3.And(K.ledger_ok(_ledger(s)), s.granted == s.sumg, s.charged == s.sumc,
-                            z3.Implies(at(s.gstate, o) == G_OPEN, at(s.gbytes, o) > 0),
-                            z3.Implies(at(s.lstate, o) == L_LIVE, at(s.lbytes, o) >= 0)),
-    # sumg / sumc are the sums of open grants' / live leases' bytes
+                          s.lstate == Z0(), s.sumg == 0, s.sumc == 0, s.ng == 0, s.nl == 0,
+                          at(s.PG, 0) == 0, at(s.PL, 0) == 0),
+    inv=_s11_inv,
     lemmas=lambda s, o, a: z3.And(z3.Implies(at(s.gstate, o) == G_OPEN, at(s.gbytes, o) <= s.sumg),
                                   z3.Implies(at(s.lstate, o) == L_LIVE, at(s.lbytes, o) <= s.sumc)),
+    lemma_doc="an open grant's (a live lease's) bytes are at most the sum over open grants (live leases)",
     actions=[
-        Act("reserve", {"g": INT, "n": INT}, _s11_reserve(True), pre=lambda s, a: at(s.gstate, a.g) == 0, objs=("g",)),
+        Act("reserve", {"g": INT, "n": INT}, _s11_reserve(True), pre=lambda s, a: a.g == s.ng, objs=("g",)),
         Act("cancel", _G, _s11_cancel, objs=("g",)),
         Act("commit", {"g": INT, "l": INT, "actual": INT}, _s11_commit,
-            pre=lambda s, a: z3.And(a.actual >= 0, at(s.lstate, a.l) == 0), objs=("g", "l")),
+            pre=lambda s, a: z3.And(a.actual >= 0, a.l == s.nl), objs=("g", "l")),
         Act("refund_lease", {"l": INT}, _s11_refund, objs=("l",)),
     ],
-    unguarded=Act("reserve", {"g": INT, "n": INT}, _s11_reserve(False), pre=lambda s, a: at(s.gstate, a.g) == 0, objs=("g",)),
+    unguarded=Act("reserve", {"g": INT, "n": INT}, _s11_reserve(False), pre=lambda s, a: a.g == s.ng, objs=("g",)),
     guard="the Governor grants only what is free (can_grant)",
     safety=lambda s, o: z3.And(s.free >= 0, s.granted + s.charged <= s.cap),
     bmc_depth=1,
@@ -802,7 +842,7 @@ def _s13_map(s: St, a: St):
     return on_ok(out, s, s.set(mlive=upd(s.mlive, a.m, True), mh=upd(s.mh, a.m, a.h),
                                msize=upd(s.msize, a.m, at(s.hsize, a.h)), mro=upd(s.mro, a.m, a.ro),
                                mpriv=upd(s.mpriv, a.m, False), hmaps=upd(s.hmaps, a.h, at(s.hmaps, a.h) + 1),
-                               ret=at(s.hsize, a.h)))
+                               ret=at(s.hsize, a.h), PM=count_append(s.PM, s.nm, a.h), nm=s.nm + 1))
 
 
 def _mapping_errors(s: St, a: St) -> list:
@@ -815,6 +855,7 @@ def _s13_unmap(s: St, a: St):
     s1 = s.set(mlive=upd(s.mlive, a.m, False), ret=sz,
                # a shared mapping gives back its reference; a private (copied) one frees its own pages
                hmaps=K.ite(priv, s.hmaps, upd(s.hmaps, h, at(s.hmaps, h) - 1)),
+               PM=count_change(s.PM, a.m, h, K.ite(priv, 0, -1)),
                private=K.ite(priv, s.private - sz, s.private),
                physical=K.ite(priv, s.physical - sz, s.physical))
     return out, merge(out == OK, merge(priv, s1, _s13_maybe_free(s1, h)), s)
@@ -825,7 +866,7 @@ def _s13_cow(s: St, a: St):
     out = outcome(*_mapping_errors(s, a), (at(s.mpriv, a.m), "InvalidRange"),
                   (_oom(s, sz, a.oom), "OutOfMemory"))
     s1 = s.set(mpriv=upd(s.mpriv, a.m, True), private=s.private + sz, physical=s.physical + sz,
-               hmaps=upd(s.hmaps, h, at(s.hmaps, h) - 1), ret=sz)
+               hmaps=upd(s.hmaps, h, at(s.hmaps, h) - 1), ret=sz, PM=count_change(s.PM, a.m, h, -1))
     return on_ok(out, s, _s13_maybe_free(s1, h))
 
 
@@ -860,21 +901,26 @@ def _s13_inv(s: St, o: Any) -> Any:
         z3.Implies(at(s.mlive, o), z3.And(at(s.hexists, h), at(s.msize, o) == at(s.hsize, h))),
         z3.Implies(shared_map, z3.Not(at(s.hfreed, h))),
         z3.Not(at(s.wro, o)),
+        # hmaps[h] counts the live, not copied mappings of h: a keyed prefix-count
+        # ghost over dense mapping ids checks it
+        z3.Implies(at(s.mlive, o), z3.And(0 <= o, o < s.nm)),
+        z3.Implies(z3.Not(at(s.hexists, o)), at(s.hmaps, o) == 0),
+        prefix_count(s.PM, s.nm, o, lambda k, i: z3.If(z3.And(at(s.mlive, i), z3.Not(at(s.mpriv, i)),
+                                                              at(s.mh, i) == k), 1, 0)),
+        at(s.hmaps, o) == at(at(s.PM, o), s.nm),
     )
 
 
 def _s13_lemmas(s: St, o: Any, a: St) -> Any:
-    # hmaps[h] counts the live, not copied mappings of h: one such mapping
-    # means >= 1, two distinct ones >= 2.  Inv holds at every object, so also
-    # at the handle o maps.
+    # one live, not copied mapping of h means hmaps[h] >= 1, two distinct ones >= 2
     h = at(s.mh, o)
     shared_map = lambda x: z3.And(at(s.mlive, x), z3.Not(at(s.mpriv, x)))  # noqa: E731
-    one = z3.And(z3.Implies(shared_map(o), at(s.hmaps, h) >= 1), _s13_inv(s, h))
+    one = z3.Implies(shared_map(o), at(s.hmaps, h) >= 1)
     if "m" not in a:
         return one
     m = a["m"]
     two = z3.Implies(z3.And(o != m, shared_map(o), shared_map(m), at(s.mh, m) == h), at(s.hmaps, h) >= 2)
-    return z3.And(one, two, _s13_inv(s, at(s.mh, m)))
+    return z3.And(one, two)
 
 
 def _s13_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
@@ -891,15 +937,19 @@ S13 = Proof(
     "S13", "shared-lifetime", "shared physical pages are charged once, freed only after the last mapping and handle go; read-only mappings reject writes",
     fields={"page": INT, "capacity": INT, "physical": INT, "foreign": INT, "shared": INT, "private": INT,
             "hexists": BARR, "hsize": ARR, "hreleased": BARR, "hmaps": ARR, "hfreed": BARR,
-            "mlive": BARR, "mh": ARR, "msize": ARR, "mro": BARR, "mpriv": BARR, "wro": BARR, "ret": INT},
+            "mlive": BARR, "mh": ARR, "msize": ARR, "mro": BARR, "mpriv": BARR, "wro": BARR, "ret": INT,
+            "PM": ARR2, "nm": INT},
     init=lambda s: z3.And(s.page > 0, s.physical == 0, s.physical <= s.capacity, s.shared == 0, s.private == 0,
                           s.hexists == F0(), s.hmaps == Z0(), s.hfreed == F0(), s.hreleased == F0(),
-                          s.mlive == F0(), s.wro == F0()),
+                          s.mlive == F0(), s.wro == F0(), s.nm == 0, s.PM == z3.K(z3.IntSort(), Z0())),
     inv=_s13_inv, lemmas=_s13_lemmas, step_prop=_s13_prop,
+    lemma_doc="a handle's mapping count is at least its live shared mappings (1, or 2 for two distinct ones)",
+    # the invariant at the handle a mapping maps (sound: Inv is proved for every object)
+    inst=lambda s, o, a: [at(s.mh, o)] + [at(s.mh, a[k]) for k in ("m", "h") if k in a],
     actions=[
         Act("create", {"h": INT, "n": INT, "oom": BOOL}, _s13_create, pre=lambda s, a: z3.Not(at(s.hexists, a.h)), objs=("h",)),
         Act("map", {"m": INT, "h": INT, "ro": BOOL, "where": INT}, _s13_map,
-            pre=lambda s, a: z3.And(z3.Not(at(s.mlive, a.m)), at(s.hexists, a.h), _WHERE(s, a)),
+            pre=lambda s, a: z3.And(a.m == s.nm, at(s.hexists, a.h), _WHERE(s, a)),
             objs=("m", "h")),
         Act("unmap", _MAPARGS, _s13_unmap, pre=_WHERE, objs=("m",)),
         Act("copy_on_write", {**_MAPARGS, "oom": BOOL}, _s13_cow, pre=_WHERE, objs=("m",)),
@@ -974,7 +1024,7 @@ def _s15_issue(s: St, a: St):
     out = outcome((a.n <= 0, "InvalidRequest"))
     return on_ok(out, s, s.set(tstate=upd(s.tstate, a.t, T_PENDING), held=upd(s.held, a.t, 0),
                                ret=upd(s.ret, a.t, 0), amount=upd(s.amount, a.t, a.n),
-                               deadline=upd(s.deadline, a.t, a.dl)))
+                               deadline=upd(s.deadline, a.t, a.dl), PT=prefix_append(s.PT, s.nt, 0), nt=s.nt + 1))
 
 
 def _s15_receive(s: St, a: St):
@@ -985,20 +1035,21 @@ def _s15_receive(s: St, a: St):
     held = at(s.held, a.t) + a.r
     st = K.ite(z3.And(at(s.tstate, a.t) == T_PENDING, held >= at(s.amount, a.t)), T_GRANTED, at(s.tstate, a.t))
     return on_ok(out, s, _with_ledger(s, l, held=upd(s.held, a.t, held), tstate=upd(s.tstate, a.t, st),
-                                      sumheld=s.sumheld + a.r))
+                                      sumheld=s.sumheld + a.r, PT=prefix_change(s.PT, a.t, a.r)))
 
 
 def _s15_claim(s: St, a: St):
     out = outcome((at(s.tstate, a.t) != T_GRANTED, "InvalidTicket"))
     h = at(s.held, a.t)
     return on_ok(out, s, s.set(tstate=upd(s.tstate, a.t, T_CLAIMED), held=upd(s.held, a.t, 0),
-                               sumheld=s.sumheld - h, sumgr=s.sumgr + h, out_bytes=h))
+                               sumheld=s.sumheld - h, sumgr=s.sumgr + h, out_bytes=h, PT=prefix_change(s.PT, a.t, -h)))
 
 
 def _end(s: St, t: Any, st: int) -> St:
     h = at(s.held, t)
     return _with_ledger(s, K.return_grant(_ledger(s), h), tstate=upd(s.tstate, t, st), held=upd(s.held, t, 0),
-                        ret=upd(s.ret, t, at(s.ret, t) + 1), sumheld=s.sumheld - h, out_bytes=h)
+                        ret=upd(s.ret, t, at(s.ret, t) + 1), sumheld=s.sumheld - h, out_bytes=h,
+                        PT=prefix_change(s.PT, t, -h))
 
 
 def _s15_cancel(check: bool):
@@ -1022,6 +1073,9 @@ def _s15_inv(s: St, o: Any) -> Any:
         h >= 0, z3.Implies(_terminal(st), h == 0), z3.Implies(st == 0, z3.And(h == 0, r == 0)),
         r >= 0, r <= 1, z3.Implies(r == 1, z3.Or(st == T_CANCELLED, st == T_TIMED_OUT)),
         z3.Implies(z3.Or(st == T_CANCELLED, st == T_TIMED_OUT), r == 1),
+        # sumheld is the sum of what the tickets hold: a prefix-sum ghost over dense ticket ids
+        z3.Implies(st != 0, z3.And(0 <= o, o < s.nt)),
+        prefix_sum(s.PT, s.nt, lambda i: at(s.held, i)), s.sumheld == at(s.PT, s.nt),
     )
 
 
@@ -1030,14 +1084,15 @@ _EXISTS = lambda s, a: at(s.tstate, a.t) != 0  # noqa: E731  (the spec draws exi
 S15 = Proof(
     "S15", "ticket-exactly-once", "a pressure ticket's grant is returned exactly once on cancel/timeout; terminal tickets hold 0",
     fields={"cap": INT, "free": INT, "granted": INT, "charged": INT, "tstate": ARR, "held": ARR, "ret": ARR,
-            "amount": ARR, "deadline": ARR, "sumheld": INT, "sumgr": INT, "out_bytes": INT},
+            "amount": ARR, "deadline": ARR, "sumheld": INT, "sumgr": INT, "out_bytes": INT, "PT": ARR, "nt": INT},
     init=lambda s: z3.And(s.cap >= 0, s.free >= 0, s.charged >= 0, s.free + s.charged == s.cap, s.granted == 0,
-                          s.tstate == Z0(), s.held == Z0(), s.ret == Z0(), s.sumheld == 0, s.sumgr == 0),
+                          s.tstate == Z0(), s.held == Z0(), s.ret == Z0(), s.sumheld == 0, s.sumgr == 0,
+                          s.nt == 0, at(s.PT, 0) == 0),
     inv=_s15_inv,
-    # sumheld is the sum of what the tickets hold
     lemmas=lambda s, o, a: z3.Implies(z3.Not(_terminal(at(s.tstate, o))), at(s.held, o) <= s.sumheld),
+    lemma_doc="what a ticket holds is at most the sum of what the tickets hold",
     actions=[
-        Act("issue_ticket", {"t": INT, "n": INT, "dl": INT}, _s15_issue, pre=lambda s, a: at(s.tstate, a.t) == 0, objs=("t",)),
+        Act("issue_ticket", {"t": INT, "n": INT, "dl": INT}, _s15_issue, pre=lambda s, a: a.t == s.nt, objs=("t",)),
         Act("receive", {"t": INT, "r": INT}, _s15_receive, pre=lambda s, a: a.r >= 0, objs=("t",)),
         Act("claim", _T, _s15_claim, pre=_EXISTS, objs=("t",)),
         Act("cancel_ticket", _T, _s15_cancel(True), pre=_EXISTS, objs=("t",)),
