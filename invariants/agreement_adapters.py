@@ -8,7 +8,7 @@ from typing import Any
 
 from memspec.invariants import proofs_seed000 as E
 from memspec.invariants.agreement import Adapter, AgreementReport, Universe, flatten, walk_and_compare
-from memspec.invariants.proofs import Proof
+from memspec.invariants.proofs import Proof, prefix_values
 
 UMAX = 6  # objects of one kind in a sampled state (the walk restarts beyond)
 PAGE = 4096
@@ -155,6 +155,9 @@ def _s13_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
         "mpriv": (False, {mx[r]: m.private for r, m in ms.items()}),
         "wro": (False, {}),
         "ret": ret,
+        "nm": len(ms),
+        "PM": {hx[h]: prefix_values([1 if (m.live and not m.private and m.handle == h) else 0
+                                     for _r, m in sorted(ms.items())]) for h in hs},
     }
     return st, u
 
@@ -238,11 +241,12 @@ MECH_ADAPTERS = [
 ]
 
 
-def run_mechanism(samples: int, seed: int) -> list[AgreementReport]:
+def run_mechanism(samples: int, seed: int, inv_samples: int = 0) -> list[AgreementReport]:
     from memspec.spec.mechanism import MECHANISM
 
     proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS}
-    return walk_and_compare(MECHANISM, _mech_init, MECH_ADAPTERS, proofs, samples, seed, _mech_too_big)
+    return walk_and_compare(MECHANISM, _mech_init, MECH_ADAPTERS, proofs, samples, seed, _mech_too_big,
+                            inv_samples=inv_samples)
 
 
 
@@ -295,6 +299,9 @@ def _s11_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
         "lbytes": (0, {lx[r]: l_.nbytes for r, l_ in s.leases.items()}),
         "sumg": s.open_grants, "sumc": sum(l_.nbytes for l_ in s.leases.values() if not l_.refunded),
         "ret": ret,
+        "ng": len(s.grants), "nl": len(s.leases),
+        "PG": prefix_values([g.nbytes if g.state == "open" else 0 for _r, g in sorted(s.grants.items())]),
+        "PL": prefix_values([0 if l_.refunded else l_.nbytes for _r, l_ in sorted(s.leases.items())]),
     }
     return st, u
 
@@ -349,6 +356,7 @@ def _s15_state(s: Any, out_bytes: int = 0) -> tuple[dict[str, Any], Universe]:
         "amount": (0, {tx[r]: t.amount for r, t in ts.items()}),
         "deadline": (0, {tx[r]: t.deadline for r, t in ts.items()}),
         "sumheld": s.tickets_held, "sumgr": s.open_grants, "out_bytes": out_bytes,
+        "nt": len(ts), "PT": prefix_values([tk.held for _r, tk in sorted(ts.items())]),
     }
     return st, u
 
@@ -384,7 +392,7 @@ def _s10_state(s: Any) -> tuple[dict[str, Any], Universe]:
     u = Universe()
     u.add("context", [0])
     return {"astate": (0, {}), "actx": (0, {}), "calive": (False, {0: s.registry.context_alive}),
-            "pins": (0, {0: pins(s)})}, u
+            "pins": (0, {0: pins(s)}), "n": 0, "PC": {}}, u
 
 
 def _s10_project(s: Any, args: dict[str, Any], taken: str) -> Any:
@@ -443,15 +451,18 @@ SYS_ADAPTERS = [
 ]
 
 
-def run_system(samples: int, seed: int) -> list[AgreementReport]:
+def run_system(samples: int, seed: int, inv_samples: int = 0) -> list[AgreementReport]:
     from memspec.spec.system import SYSTEM
 
     proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS}
-    return walk_and_compare(SYSTEM, _sys_init, SYS_ADAPTERS, proofs, samples, seed, _sys_too_big)
+    return walk_and_compare(SYSTEM, _sys_init, SYS_ADAPTERS, proofs, samples, seed, _sys_too_big,
+                            inv_samples=inv_samples)
 
 
-def run_all(samples: int = 1000, seed: int = 0) -> list[AgreementReport]:
-    return run_mechanism(samples, seed) + run_system(samples, seed)
+def run_all(samples: int = 1000, seed: int = 0, inv_samples: int = 0) -> list[AgreementReport]:
+    """Transition agreement on ``samples`` states per adapter, invariant
+    agreement on the first ``inv_samples`` of them."""
+    return run_mechanism(samples, seed, inv_samples) + run_system(samples, seed, inv_samples)
 
 
 # -- S8: the binding's allocation transaction --------------------------------
@@ -472,6 +483,7 @@ def _s8_state(s: Any) -> tuple[dict[str, Any], Universe]:
         "astate": (0, {ox[r]: _ASTATE[o.state] for r, o in own.items()}),
         "fp": (0, {ox[r]: o.footprint for r, o in own.items()}),
         "sumfp": sum(o.footprint for o in own.values() if o.state != "freed"), "page": s.page,
+        "n": len(own), "P": prefix_values([0 if o.state == "freed" else o.footprint for _r, o in sorted(own.items())]),
     }
     return st, u
 

@@ -26,7 +26,7 @@ Checks, each ``proved`` or a counterexample:
 
 ``Lemmas`` (facts about ghost sums, e.g. "each non-negative term of a sum is
 at most the sum") are never assumed: before a consecution uses one as a
-hypothesis, ``Inv /\ Pre => Lemmas`` is itself checked (check
+hypothesis, ``Inv /\\ Pre => Lemmas`` is itself checked (check
 ``derive:<action>``).  A ghost sum is made checkable by a prefix-sum ghost
 (:func:`prefix_sum`): dense object ids ``0 <= i < n``, ``P[0] = 0``,
 ``P[i+1] = P[i] + c(i)``, ``P`` monotone, the sum ``= P[n]`` -- all part of
@@ -125,6 +125,8 @@ class Act:
     step: Callable[[St, St], tuple[Any, St]]
     pre: Callable[[St, St], Any] = lambda s, a: True
     objs: tuple[str, ...] = ()  # params naming objects: Inv is assumed at them too
+    #: the spec actions this encodes, ``"level:name"`` (checked against the spec's action tables)
+    spec: tuple[str, ...] = ()
 
 
 @dataclass
@@ -145,6 +147,9 @@ class Proof:
     #: further objects the invariant is instantiated at, ``inst(s, o, a) -> [terms]`` (sound: Inv
     #: is proved for a free object, so it holds at every term, e.g. at the context of allocation o)
     inst: Callable[[St, Any, St], list[Any]] | None = None
+    #: the invariant the proof is named for, without its auxiliary and ghost conjuncts: an
+    #: unguarded variant must break this (or the step property / safety), not any conjunct
+    named: Callable[[St, Any], Any] | None = None
     bmc_depth: int = 4
     bounded: str = ""  # which part is bounded, if any, and why
     #: extra closed formulas that must be valid, proved alongside: (name, formula)
@@ -273,6 +278,15 @@ def count_change(P2: Any, x: Any, key: Any, delta: Any) -> Any:
     return z3.Lambda([k], prefix_change(at(P2, k), x, z3.If(k == key, delta, 0)))
 
 
+def prefix_values(contribs: list[int]) -> tuple[int, dict[int, int]]:
+    """The concrete prefix-sum ghost of a list of contributions (for projections)."""
+    out, acc = {0: 0}, 0
+    for i, c in enumerate(contribs):
+        acc += c
+        out[i + 1] = acc
+    return (0, out)
+
+
 def _check_unsat(claim_negation: Any, timeout_ms: int = 20000) -> tuple[z3.CheckSatResult, z3.ModelRef | None]:
     sol = z3.Solver()
     sol.set("timeout", timeout_ms)
@@ -343,6 +357,29 @@ def prove(p: Proof) -> ProofResult:
     return res
 
 
+def branches(p: Proof, act: Act, timeout_ms: int = 10000) -> list[str]:
+    """The outcome branches ``act`` can take from any state meeting its
+    precondition (each found by a model; complete when the last query
+    answers unsat).  Without the invariant as hypothesis: an over-approximation,
+    so every branch listed must be sampled by the agreement walk."""
+    o = z3.Int("o")
+    s = fresh(p.fields, "b")
+    a = _args(act, "b")
+    out, _s2 = act.step(s, a)
+    sol = z3.Solver()
+    sol.set("timeout", timeout_ms)
+    pre = act.pre(s, a)
+    sol.add(z3.BoolVal(True) if isinstance(pre, bool) else pre)
+    found: list[str] = []
+    while sol.check() == z3.sat:
+        v = sol.model().eval(out, model_completion=True)
+        if not z3.is_int_value(v):
+            break
+        found.append(OUTCOMES[v.as_long()])
+        sol.add(out != v)
+    return sorted(found)
+
+
 def _val(m: z3.ModelRef, v: Any) -> Any:
     x = m.eval(v, model_completion=True)
     if z3.is_int_value(x):
@@ -389,7 +426,8 @@ def refute_unguarded(p: Proof, actions: list[Act] | None = None) -> tuple[bool, 
         sels.append(sel)
         argss.append(a)
         outs.append(out)
-        bad = [z3.Not(p.inv(nxt, o))] + bad_here
+        named = p.named if p.named is not None else p.inv
+        bad = [z3.Not(named(nxt, o))] + bad_here
         if p.safety is not None:
             bad.append(z3.Not(p.safety(nxt, o)))
         sol.push()
@@ -403,7 +441,8 @@ def refute_unguarded(p: Proof, actions: list[Act] | None = None) -> tuple[bool, 
                 args = ", ".join(f"{n}={_val(m, argss[j][n])}" for n in act.params)
                 tag = " [unguarded]" if act is p.unguarded else ""
                 lines.append(f"  {j + 1}. {act.name}({args}) -> {OUTCOMES[_val(m, outs[j])]}{tag}")
-            viol = "invariant broken" if not z3.is_true(m.eval(p.inv(states[-1], o), model_completion=True)) else "step property/safety broken"
+            viol = ("invariant broken" if not z3.is_true(m.eval(named(states[-1], o), model_completion=True))
+                    else "step property/safety broken")
             lines.append(f"  => {viol} at o={_val(m, o)}: " + _model_str(m, states[-1], [("o", o)]))
             return True, "\n".join(lines)
         sol.pop()
@@ -447,12 +486,22 @@ def concrete(kind: str, value: Any) -> Any:
         return bv(value)
     if kind == ARR2B:
         key: Any = (kind, tuple(sorted((i, tuple(sorted(t))) for i, t in value.items())))
+    elif kind == ARR2:  # {key: (default, {index: value})}, rows absent: all 0
+        key = (kind, tuple(sorted((i, d, tuple(sorted(r.items()))) for i, (d, r) in value.items())))
     else:
         key = (kind, value[0], tuple(sorted(value[1].items())))
     t = _CONCRETE.get(key)
     if t is not None:
         return t
-    if kind == ARR2B:
+    if kind == ARR2:
+        arr2 = z3.K(z3.IntSort(), z3.K(z3.IntSort(), iv(0)))
+        for i, (d, items) in sorted(value.items()):
+            row = z3.K(z3.IntSort(), iv(d))
+            for j, v in sorted(items.items()):
+                row = z3.Store(row, iv(j), iv(v))
+            arr2 = z3.Store(arr2, iv(i), row)
+        t = arr2
+    elif kind == ARR2B:
         arr2 = z3.K(z3.IntSort(), z3.K(z3.IntSort(), bv(False)))
         for i, trues in sorted(value.items()):
             row = z3.K(z3.IntSort(), bv(False))
@@ -518,19 +567,8 @@ class CompiledAct:
         return out
 
 
-def all_proofs() -> list[Proof]:
-    from memspec.invariants.proofs_seed000 import PROOFS
-
-    return list(PROOFS)
-
-
-def run_all(ids: list[str] | None = None) -> list[ProofResult]:
-    return [prove(p) for p in all_proofs() if ids is None or p.id in ids]
-
-
 __all__ = [
-    "Act", "Proof", "ProofResult", "CheckResult", "St", "prove", "refute_unguarded", "run_all",
-    "all_proofs", "CompiledAct", "OUTCOMES", "CODE", "OK", "PENDING", "INT", "BOOL", "ARR", "BARR",
+    "Act", "Proof", "ProofResult", "CheckResult", "St", "prove", "refute_unguarded", "branches", "CompiledAct", "OUTCOMES", "CODE", "OK", "PENDING", "INT", "BOOL", "ARR", "BARR",
     "merge", "upd", "at", "outcome", "on_ok", "fresh", "K", "prefix_sum", "prefix_append", "prefix_change",
-    "prefix_count", "count_append", "count_change", "ARR2",
+    "prefix_count", "count_append", "count_change", "ARR2", "prefix_values",
 ]

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from memspec.invariants import proofs_seed000 as E
-from memspec.invariants.agreement import run_agreement, walk_and_compare
+from memspec.invariants.agreement import walk_and_compare
+from memspec.invariants.agreement_adapters import run_all as run_agreement
 from memspec.invariants.proofs import Proof
 
 SAMPLES = 1000
