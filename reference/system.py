@@ -25,7 +25,7 @@ from memspec.reference.ep import ReferenceEP
 from memspec.reference.governor import ReferenceGovernor
 from memspec.reference.holders import KvPageStore, ModelResidency
 from memspec.reference.manager import ReferenceBinding, ReferenceManager
-from memspec.reference.mechanisms import eager_only
+from memspec.reference.mechanism import eager_only
 
 
 class ReferenceSystem:

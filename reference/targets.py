@@ -21,7 +21,7 @@ from memspec.spec.api import DEFAULT_PAGE, TargetInstance
 
 from memspec.reference.device import DEFAULT_CAPACITY, SimDevice
 from memspec.reference.ep import ReferenceEP
-from memspec.reference.mechanisms import ReferenceMechanism, eager_only, full, vmm_only
+from memspec.reference.mechanism import ReferenceMechanism, eager_only, full, vmm_only
 
 
 def _target(make: Callable[[SimDevice], ReferenceMechanism], capacity: int | None, page_size: int) -> TargetInstance:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memspec.spec import allocation, backing, sharing
+from memspec.spec import eager, shared, vmm
 from memspec.spec.api import SharedMapping, VirtualBacking
 from memspec.spec.core import Machine, Observation, Returns, action, outcomes
 from memspec.spec.invariants import ALL
@@ -137,9 +137,9 @@ MECHANISM: Machine[MechState] = Machine(
     doc=__doc__ or "",
     init=init,
     actions=[query_virtual_backing, query_shared_mapping]
-    + allocation.MECH_ACTIONS
-    + backing.MECH_ACTIONS
-    + sharing.MECH_ACTIONS,
+    + eager.MECH_ACTIONS
+    + vmm.MECH_ACTIONS
+    + shared.MECH_ACTIONS,
     invariants=list(ALL),
     observations=OBSERVATIONS,
 )

@@ -8,10 +8,10 @@ the EP keeps device operations correctly ordered, and the
 ProcessMemoryManager wires these roles together safely.*
 
 =======================  ===============================================
-ProcessMemoryManager     registry, selection, capabilities, context pins (``registry``, ``contexts``)
+ProcessMemoryManager     registry, selection, capabilities (``manager``), context pins (``context``)
 Governor / Authority     ledger, grants, leases, pressure tickets (``governor``)
-MemoryBinding            the allocation transaction, reservations (``allocation``, ``backing``)
-Execution Provider       streams, fences, deferred-free queue (``release``)
+MemoryBinding            the allocation transaction (``manager``), reservations (``vmm``)
+Execution Provider       streams, fences, deferred-free queue (``ep``)
 Holders                  ModelResidency, KvPageStore (``holders``)
 =======================  ===============================================
 
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memspec.spec import allocation, backing, contexts, governor, holders, registry, release
+from memspec.spec import context, ep, governor, holders, manager, vmm
 from memspec.spec.core import Machine, Observation
 from memspec.spec.invariants import ALL
 from memspec.spec.state import Registry, SysState
@@ -99,7 +99,7 @@ OBSERVATIONS = [
     Observation("governor.charged(kv)", "S9", _always, lambda s, _r: s.charged_by.get(governor.KV, 0),
                 lambda sut, _r: sut.governor.charged(sut.kv.name)),
     Observation("ep.pending_releases", "S7", _always, _expected_pending, lambda sut, _r: sut.ep.pending_releases()),
-    Observation("manager.pins > 0", "S10", _always, lambda s, _r: contexts.pins(s) > 0,
+    Observation("manager.pins > 0", "S10", _always, lambda s, _r: context.pins(s) > 0,
                 lambda sut, _r: sut.manager.pins(sut.context_id) > 0),
     Observation("weights.resident_bytes", "S6", _always,
                 lambda s, _r: sum(w.pages for w in s.weights.values() if w.resident) * s.page,
@@ -107,7 +107,7 @@ OBSERVATIONS = [
     Observation("kv.committed", "S9", _touched_kv, lambda s, r: s.kv[r].committed,
                 lambda sut, r: sut.kv.committed(holders.kv_name(r)), requires=("virtual_backing",)),
     Observation("reservation.committed", "S12", _touched_reservations,
-                lambda s, r: len(s.owned[r].committed) * s.page, lambda sut, r: backing.reservation_of(sut, r).committed(),
+                lambda s, r: len(s.owned[r].committed) * s.page, lambda sut, r: vmm.reservation_of(sut, r).committed(),
                 requires=("virtual_backing",)),
 ]
 
@@ -116,8 +116,8 @@ SYSTEM: Machine[SysState] = Machine(
     name="system",
     doc=__doc__ or "",
     init=init,
-    actions=registry.ACTIONS + governor.ACTIONS + allocation.SYS_ACTIONS + release.ACTIONS + backing.SYS_ACTIONS
-    + holders.ACTIONS + contexts.ACTIONS,
+    actions=manager.ACTIONS + governor.ACTIONS + manager.BINDING_ACTIONS + ep.ACTIONS + vmm.SYS_ACTIONS
+    + holders.ACTIONS + context.ACTIONS,
     invariants=list(ALL),
     observations=OBSERVATIONS,
 )
