@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from memspec.spec import allocation, holders, release, sharing
+from memspec.spec import eager as allocation, ep as release, holders, shared as sharing
 from memspec.spec.invariants import BY_ID
 from memspec.spec.mechanism import MECHANISM
-from memspec.spec.release import queue_snapshot
+from memspec.spec.ep import queue_snapshot
 from memspec.spec.selfcheck import drive
 from memspec.spec.state import Seen
 from memspec.spec.system import SYSTEM
