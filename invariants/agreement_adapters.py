@@ -386,13 +386,24 @@ def _s15_ticket_project(s: Any, args: dict[str, Any], taken: str) -> Any:
 
 # -- S10: destroy_context ----------------------------------------------------
 
-def _s10_state(s: Any) -> tuple[dict[str, Any], Universe]:
-    from memspec.spec.context import pins
+def _pins(s: Any) -> int:
+    """The context's pins recounted from the records (not the spec's ``pins()``,
+    which is what S10's agreement checks): live owned objects, open KV
+    requests, queued releases."""
+    return (sum(1 for o in s.owned.values() if o.state == "live") + sum(1 for q in s.kv.values() if q.state == "open")
+            + len(s.queue))
 
+
+def _s10_state(s: Any) -> tuple[dict[str, Any], Universe]:
+    """The objects that pin the one provider context: each live owned object
+    and open KV request (live), each queued release (queued)."""
     u = Universe()
     u.add("context", [0])
-    return {"astate": (0, {}), "actx": (0, {}), "calive": (False, {0: s.registry.context_alive}),
-            "pins": (0, {0: pins(s)}), "n": 0, "PC": {}}, u
+    n_live = sum(1 for o in s.owned.values() if o.state == "live") + sum(1 for q in s.kv.values() if q.state == "open")
+    states = [E.LIVE] * n_live + [E.QUEUED] * len(s.queue)
+    return {"astate": (0, dict(enumerate(states))), "actx": (0, {i: 0 for i in range(len(states))}),
+            "calive": (False, {0: s.registry.context_alive}), "pins": (0, {0: _pins(s)}),
+            "n": len(states), "PC": {0: prefix_values([1] * len(states))}}, u
 
 
 def _s10_project(s: Any, args: dict[str, Any], taken: str) -> Any:
