@@ -30,7 +30,7 @@ from typing import Any, Callable
 import z3
 
 from memspec.invariants.proofs import (
-    ARR, ARR2B, BARR, BOOL, INT, OUTCOMES, Act, Proof, St, _args, bv, concrete, fresh, iv,
+    ARR, ARR2, ARR2B, BARR, BOOL, INT, OUTCOMES, Act, Proof, St, _args, bv, concrete, fresh, iv,
 )
 from memspec.spec.core import Raises, Returns
 
@@ -79,9 +79,9 @@ class Compiled:
                 for i in range(nobj):
                     self.keys.append((f, i))
                     exprs.append(z3.Select(s2[f], i))
-            elif kind == ARR2B:
+            elif kind in (ARR2B, ARR2):
                 for i in range(nobj):
-                    for j in range(npages):
+                    for j in range(npages if kind == ARR2B else nobj):
                         self.keys.append((f, (i, j)))
                         exprs.append(z3.Select(z3.Select(s2[f], i), j))
             else:
@@ -232,6 +232,11 @@ def flatten(state: dict[str, Any], fields: dict[str, str], compare: tuple[str, .
             for i in range(n):
                 for j in range(u.pages):
                     out[(f, (i, j))] = j in v.get(i, set())
+        elif kind == ARR2:
+            for i in range(n):
+                d, items = v.get(i, (0, {}))
+                for j in range(n):
+                    out[(f, (i, j))] = items.get(j, d)
         else:
             out[(f, None)] = v
     return out

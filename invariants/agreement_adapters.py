@@ -522,30 +522,27 @@ def _s8_expected(s: Any, u: Universe, value: Any) -> Any:
 # -- S4 / S7: fences recorded by use, and drop --------------------------------
 
 def _fence_state(s: Any) -> tuple[dict[str, Any], Universe] | None:
-    if len(s.streams) > E.NSTREAMS:
-        return None
     u = Universe()
     own = _owned_allocs(s)
     ox = u.add("alloc", own)
-    sx = {ref: i for i, ref in enumerate(sorted(s.streams))}
-    st: dict[str, Any] = {"astate": (0, {ox[r]: _ASTATE[o.state] for r, o in own.items()})}
-    for i in range(E.NSTREAMS):
-        st[f"use{i}"] = (0, {})
-        st[f"iss{i}"] = 0
-        st[f"done{i}"] = 0
-    for ref, i in sx.items():
-        st[f"iss{i}"] = s.streams[ref].launched
-        st[f"done{i}"] = s.streams[ref].completed
+    sx = u.add("stream", s.streams)
+    use: dict[int, tuple[int, dict[int, int]]] = {}
     for r, o in own.items():
+        row: dict[int, int] = {}
         for f in o.fences:
             stream, item = s.fences[f]
-            key = f"use{sx[stream]}"
-            st[key][1][ox[r]] = max(st[key][1].get(ox[r], 0), item)
-    u.idx["stream"] = sx
+            row[sx[stream]] = max(row.get(sx[stream], 0), item)
+        use[ox[r]] = (0, row)
+    st: dict[str, Any] = {
+        "astate": (0, {ox[r]: _ASTATE[o.state] for r, o in own.items()}),
+        "use": use,
+        "iss": (0, {sx[r]: x.launched for r, x in s.streams.items()}),
+        "done": (0, {sx[r]: x.completed for r, x in s.streams.items()}),
+    }
     return st, u
 
 
-_FENCE_CMP = ("astate",) + tuple(f"{k}{i}" for i in range(E.NSTREAMS) for k in ("use", "iss", "done"))
+_FENCE_CMP = ("astate", "use", "iss", "done")
 
 
 def _fence_expected(s: Any, u: Universe, value: Any) -> Any:
@@ -559,7 +556,7 @@ def _fence_expected(s: Any, u: Universe, value: Any) -> Any:
 def _s4_use_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     pr = _fence_state(s)
     if pr is None:
-        return None  # more streams than the encoding's bounded set
+        return None
     st, u = pr
     return st, {"x": u.idx["alloc"][args["allocation"]], "st": u.idx["stream"][args["stream"]]}, u
 

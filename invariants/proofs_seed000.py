@@ -31,7 +31,6 @@ def catalog(inv_id: str) -> tuple[str, str, str]:
 NONE, LIVE, QUEUED, FREED = 0, 1, 2, 3
 Z0 = lambda: z3.K(z3.IntSort(), z3.IntVal(0))  # noqa: E731
 F0 = lambda: z3.K(z3.IntSort(), z3.BoolVal(False))  # noqa: E731
-NSTREAMS = 2  # streams are a bounded set (fences per stream stay unbounded counters)
 
 
 def alive(s: St, o: Any) -> Any:
@@ -183,35 +182,26 @@ S3 = Proof(
 # S4 fence-release  (and the queue used by S7)
 # ==========================================================================
 
-def _sel_stream(sv: Any, i: int) -> Any:
-    return sv == i
-
+# Streams are unbounded: ``iss[st]`` / ``done[st]`` count the work items
+# launched on / completed by stream ``st``; ``use[x][st]`` is the last item of
+# stream ``st`` that used allocation ``x`` (0: none).
 
 def _fence_fields() -> dict[str, str]:
-    f: dict[str, str] = {"astate": ARR}
-    for i in range(NSTREAMS):
-        f[f"use{i}"], f[f"iss{i}"], f[f"done{i}"] = ARR, INT, INT
-    return f
+    return {"astate": ARR, "use": ARR2, "iss": ARR, "done": ARR}
 
 
 def _fence_init(s: St) -> Any:
-    return z3.And(s.astate == Z0(), *[z3.And(s[f"iss{i}"] == 0, s[f"done{i}"] == 0, s[f"use{i}"] == Z0())
-                                      for i in range(NSTREAMS)])
+    return z3.And(s.astate == Z0(), s.iss == Z0(), s.done == Z0(), s.use == z3.K(z3.IntSort(), Z0()))
 
 
 def _q_alloc(s: St, a: St):
-    upd_ = {f"use{i}": upd(s[f"use{i}"], a.x, 0) for i in range(NSTREAMS)}
-    return on_ok(z3.IntVal(OK), s, s.set(astate=upd(s.astate, a.x, LIVE), **upd_))
+    return on_ok(z3.IntVal(OK), s, s.set(astate=upd(s.astate, a.x, LIVE), use=upd(s.use, a.x, Z0())))
 
 
 def _q_use(s: St, a: St):
     out = outcome((at(s.astate, a.x) != LIVE, "StaleHandle"))
-    upd_: dict[str, Any] = {}
-    for i in range(NSTREAMS):
-        hit = _sel_stream(a.st, i)
-        upd_[f"iss{i}"] = K.ite(hit, s[f"iss{i}"] + 1, s[f"iss{i}"])
-        upd_[f"use{i}"] = K.ite(hit, upd(s[f"use{i}"], a.x, s[f"iss{i}"] + 1), s[f"use{i}"])
-    return on_ok(out, s, s.set(**upd_))
+    item = at(s.iss, a.st) + 1
+    return on_ok(out, s, s.set(iss=upd(s.iss, a.st, item), use=upd(s.use, a.x, upd(at(s.use, a.x), a.st, item))))
 
 
 def _q_drop(s: St, a: St):
@@ -220,13 +210,12 @@ def _q_drop(s: St, a: St):
 
 
 def _q_progress(s: St, a: St):
-    upd_ = {f"done{i}": K.ite(_sel_stream(a.st, i), K.minimum(s[f"iss{i}"], s[f"done{i}"] + a.k), s[f"done{i}"])
-            for i in range(NSTREAMS)}
-    return on_ok(z3.IntVal(OK), s, s.set(**upd_))
+    return on_ok(z3.IntVal(OK), s, s.set(done=upd(s.done, a.st, K.minimum(at(s.iss, a.st), at(s.done, a.st) + a.k))))
 
 
 def _fences_done(s: St, x: Any) -> Any:
-    return z3.And(*[at(s[f"use{i}"], x) <= s[f"done{i}"] for i in range(NSTREAMS)])
+    st = z3.Int("fd_st")
+    return z3.ForAll([st], at(at(s.use, x), st) <= at(s.done, st))
 
 
 def _q_poll(check: bool):
@@ -239,7 +228,7 @@ def _q_poll(check: bool):
 
 
 _X = {"x": INT}
-_STREAM_PRE = lambda s, a: z3.And(a.st >= 0, a.st < NSTREAMS)  # noqa: E731
+_STREAM_PRE = lambda s, a: a.st >= 0  # noqa: E731
 _FENCE_ACTS = [
     Act("allocate", _X, _q_alloc, pre=lambda s, a: at(s.astate, a.x) == NONE, objs=("x",)),
     Act("use", {"x": INT, "st": INT}, _q_use, pre=_STREAM_PRE, objs=("x",)),
@@ -250,11 +239,10 @@ _FENCE_ACTS = [
 
 
 def _s4_inv(s: St, o: Any) -> Any:
-    parts = []
-    for i in range(NSTREAMS):
-        u, iss, done = at(s[f"use{i}"], o), s[f"iss{i}"], s[f"done{i}"]
-        parts += [0 <= done, done <= iss, u <= iss, z3.Implies(at(s.astate, o) == FREED, u <= done)]
-    return z3.And(*parts)
+    st = z3.Int("inv_st")
+    u, iss, done = at(at(s.use, o), st), at(s.iss, st), at(s.done, st)
+    return z3.ForAll([st], z3.And(0 <= done, done <= iss, u <= iss,
+                                  z3.Implies(at(s.astate, o) == FREED, u <= done)))
 
 
 S4 = Proof(
@@ -263,7 +251,6 @@ S4 = Proof(
     unguarded=Act("poll", _X, _q_poll(False), objs=("x",)),
     guard="the deferred-free queue frees only after every fence recorded on the allocation completed",
     bmc_depth=4,
-    bounded=f"streams: a fixed set of {NSTREAMS} (fence counters and objects unbounded)",
 )
 
 
@@ -472,15 +459,13 @@ def _s7_drop(check: bool):
         if check:
             return on_ok(out, s, s.set(astate=upd(s.astate, a.x, QUEUED)))
         # drop that synchronizes every stream and frees on the calling thread
-        syncs = {f"done{i}": s[f"iss{i}"] for i in range(NSTREAMS)}
-        return on_ok(out, s, s.set(astate=upd(s.astate, a.x, FREED), **syncs))
+        return on_ok(out, s, s.set(astate=upd(s.astate, a.x, FREED), done=s.iss))
     return step
 
 
 def _s7_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
     if name == "drop":  # enqueues; never frees, never synchronizes
-        return z3.And(z3.Implies(out == OK, at(s2.astate, a.x) == QUEUED),
-                      *[s2[f"done{i}"] == s[f"done{i}"] for i in range(NSTREAMS)])
+        return z3.And(z3.Implies(out == OK, at(s2.astate, a.x) == QUEUED), s2.done == s.done)
     return z3.BoolVal(True)
 
 
@@ -492,7 +477,6 @@ S7 = Proof(
     guard="Drop only enqueues on the deferred-free queue",
     step_prop=_s7_prop,
     bmc_depth=2,
-    bounded=f"streams: a fixed set of {NSTREAMS}",
 )
 
 
@@ -1155,8 +1139,7 @@ def _shared_map(s: St, x: Any) -> Any:
 NAMED: dict[str, Any] = {
     "S2": lambda s, h: at(s.committed, h) <= at(s.charge, h),
     "S3": lambda s, d: z3.Implies(at(s.snapgen, d) == at(s.gen, d), at(s.snap, d) == at(s.inst, d)),
-    "S4": lambda s, o: z3.And(*[z3.Implies(at(s.astate, o) == FREED, at(s[f"use{i}"], o) <= s[f"done{i}"])
-                                for i in range(NSTREAMS)]),
+    "S4": lambda s, o: z3.Implies(at(s.astate, o) == FREED, _fences_done(s, o)),
     "S5": lambda s, r: z3.BoolVal(True),  # a step property: a successful commit changes exactly the range
     "S6": lambda s, o: at(s.charge, o) >= 0,
     "S7": lambda s, o: z3.BoolVal(True),  # a step property: drop enqueues, never frees or synchronizes

@@ -214,9 +214,9 @@ def _json(records: list[dict[str, Any]], caching: Any, total: float) -> dict[str
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="memspec prove", description=__doc__.split("\n\n")[0])
     ap.add_argument("ids", nargs="*", help="invariant ids (default: all)")
-    ap.add_argument("--samples", type=int, default=600, help="transition-agreement samples per adapter (default 600)")
-    ap.add_argument("--inv-samples", type=int, default=150,
-                    help="invariant-agreement states per adapter (default 150)")
+    ap.add_argument("--samples", type=int, default=400, help="transition-agreement samples per adapter (default 400)")
+    ap.add_argument("--inv-samples", type=int, default=100,
+                    help="invariant-agreement states per adapter (default 100)")
     ap.add_argument("--traces", action="store_true", help="print each unguarded variant's counterexample trace")
     ap.add_argument("--json", metavar="FILE", help="write the per-invariant results as JSON")
     ap.add_argument("--seed", type=int, default=0)
