@@ -615,6 +615,7 @@ def _s9_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
         "kc": (0, {qx[r]: q.committed for r, q in s.kv.items()}),
         "view": (0, {qx[r]: q.committed for r, q in s.kv.items()}),
         "chg": (0, {qx[r]: q.own for r, q in s.kv.items()}),
+        "prefix": (0, {qx[r]: q.prefix for r, q in s.kv.items()}),
         "free": s.free, "page": s.page, "ret": ret,
     }
     return st, u

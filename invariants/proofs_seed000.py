@@ -589,10 +589,12 @@ _GROW = {"r": INT, "nb": INT, "fail": INT, "oom": BOOL, "refuse": BOOL}
 _GROW_PRE = lambda s, a: z3.Or(a.fail == 0, a.fail == 4, a.fail == 5)  # noqa: E731
 S9 = Proof(
     *catalog("S9"),
-    fields={"rsize": ARR, "kc": ARR, "view": ARR, "chg": ARR, "free": INT, "page": INT, "ret": INT},
-    init=lambda s: z3.And(s.kc == Z0(), s.view == Z0(), s.chg == Z0(), s.free >= 0, s.page > 0),
-    inv=lambda s, r: z3.And(at(s.view, r) == at(s.kc, r), at(s.chg, r) == at(s.kc, r), at(s.kc, r) >= 0,
-                            s.free >= 0, s.page > 0),
+    # kc: committed bytes of the request's view (its prefix, mapped read-only from the request it
+    # shares and charged there, plus its own growth); chg: what the request itself is charged
+    fields={"rsize": ARR, "kc": ARR, "view": ARR, "chg": ARR, "prefix": ARR, "free": INT, "page": INT, "ret": INT},
+    init=lambda s: z3.And(s.kc == s.prefix, s.view == s.prefix, s.chg == Z0(), s.free >= 0, s.page > 0),
+    inv=lambda s, r: z3.And(at(s.view, r) == at(s.kc, r), at(s.chg, r) + at(s.prefix, r) == at(s.kc, r),
+                            at(s.chg, r) >= 0, s.free >= 0, s.page > 0),
     actions=[Act("grow", _GROW, _s9_grow(True), pre=_GROW_PRE, objs=("r",))],
     unguarded=Act("grow", _GROW, _s9_grow(False), pre=_GROW_PRE, objs=("r",)),
     guard="a failure at step 4/5 rolls back the mapping (and returns the grant)",
@@ -1144,7 +1146,7 @@ NAMED: dict[str, Any] = {
     "S6": lambda s, o: at(s.charge, o) >= 0,
     "S7": lambda s, o: z3.BoolVal(True),  # a step property: drop enqueues, never frees or synchronizes
     "S8": lambda s, o: z3.And(s.granted == 0, s.charged == s.sumfp),
-    "S9": lambda s, r: z3.And(at(s.view, r) == at(s.kc, r), at(s.chg, r) == at(s.kc, r)),
+    "S9": lambda s, r: z3.And(at(s.view, r) == at(s.kc, r), at(s.chg, r) + at(s.prefix, r) == at(s.kc, r)),
     "S10": lambda s, o: z3.Implies(alive(s, o), at(s.calive, at(s.actx, o))),
     "S11": lambda s, o: K.ledger_ok(_ledger(s)),
     "S12": lambda s, r: z3.Implies(at(s.rstate, r) == LIVE, at(s.base, r) == at(s.base0, r)),
