@@ -447,6 +447,15 @@ def _s3_query_expected(s: Any, u: Universe, value: Any) -> Any:
     return flatten(st, E.S3.fields, ("inst", "gen", "answer"), u)
 
 
+def _s3_alloc_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    """allocate_owned answers which mechanism made the allocation: S3's query
+    (the mechanism installed now).  Its refusals (no grant, OOM, ...) are
+    S8's and S11's, outside S3's encoding."""
+    if taken != "ok":
+        return None
+    return _s3_query_project(s, args, taken)
+
+
 SYS_ADAPTERS = [
     Adapter("S11", "reserve", "reserve", _s11_reserve_project, _s11_expected, _S11_CMP),
     Adapter("S11", "commit", "commit", _s11_commit_project, _s11_expected, _S11_CMP),
@@ -459,6 +468,7 @@ SYS_ADAPTERS = [
     Adapter("S3", "select", "select", _s3_select_project, _s3_select_expected, ("inst", "gen")),
     Adapter("S3", "query", "binding_capabilities", _s3_query_project, _s3_query_expected, ("inst", "gen", "answer")),
     Adapter("S3", "query", "manager_capabilities", _s3_query_project, _s3_query_expected, ("inst", "gen", "answer")),
+    Adapter("S3", "query", "allocate_owned", _s3_alloc_project, _s3_query_expected, ("inst", "gen", "answer")),
 ]
 
 
