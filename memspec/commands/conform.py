@@ -44,11 +44,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=out_dir, default="memspec-out/repro", help="directory for reproduction files")
     p.add_argument("--machine", default=None, help=argparse.SUPPRESS)  # package.module:attr of another spec machine
     p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument("--corpus", action="store_true", help="replay the Z3-synthesized traces (memspec.invariants.corpus)")
     return p
 
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
+    if args.corpus:
+        from memspec.invariants.corpus import main as corpus_main
+
+        return corpus_main(args.targets or [DEFAULT_TARGET])
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from memspec.invariants import report, runner
