@@ -67,6 +67,8 @@ class Stats:
     seconds: float = 0.0
     actions: Counter = field(default_factory=Counter)
     outcomes: Counter = field(default_factory=Counter)
+    #: action name -> steps where the spec offered a returning (accepting) branch
+    offered: Counter = field(default_factory=Counter)
     #: invariant id -> total steps run (all examples) when it first failed
     first_failure_steps: dict = field(default_factory=dict)
     failures_seen: int = 0
@@ -107,10 +109,26 @@ class Plan:
     start_checks: list = field(default_factory=list)
     mutant: Any = None
     machine_ref: str | None = None  # "module:attr" of a machine other than the level's
+    #: swarm testing: each example draws which actions it uses and how often
+    swarm: bool = True
+    #: guidance: redraw arguments the spec can only refuse (see ``Run._draw_args``)
+    guide: bool = True
 
     @property
     def invariant_ids(self) -> list[str]:
         return [inv.id for inv in self.machine.invariants]
+
+    @property
+    def declares(self) -> dict[str, list[str]]:
+        """``{invariant id: [names of the machine's actions that declare it]}``
+        (every action of the machine, drawn or not: a declaring action that a
+        missing capability removed is the reason an invariant is untested)."""
+        return {inv.id: [a.name for a in self.machine.actions if inv.id in getattr(a, "invariants", ())]
+                for inv in self.machine.invariants}
+
+    @property
+    def action_names(self) -> list[str]:
+        return [a.name for a in self.actions]
 
     def titles(self) -> dict[str, str]:
         return {inv.id: inv.title for inv in self.machine.invariants}
@@ -159,6 +177,7 @@ class Run:
         self._action = None
         self._obs_cache: dict | None = None
         self._checks: list | None = None
+        self._swarm: tuple | None = None   # (actions, weights) of this example (swarm testing)
         if plan.on_call is not None:
             plan.on_call(self, None)
         g = self.guard
@@ -212,9 +231,10 @@ class Run:
         weighted = getattr(chooser, "weighted", None)
         acts = self.plan.actions
         if weighted is not None and len(acts) > 1:
-            ws = self.plan.__dict__.get("_weights")
-            if ws is None:
-                ws = self.plan.__dict__["_weights"] = tuple(x.weight for x in acts)
+            swarm = self._swarm
+            if swarm is None:
+                swarm = self._swarm = self._draw_swarm(chooser)
+            acts, ws = swarm
             state = self.state
             for _ in range(3):
                 a = acts[weighted(ws)]
@@ -245,14 +265,47 @@ class Run:
                         break
         return self._draw_args(a, chooser)
 
+    def _draw_swarm(self, chooser: Any) -> tuple:
+        """Swarm testing: each example draws, per action, one of *as
+        weighted*, *off*, *four times as likely*, *as weighted* (shrinking
+        goes to the first: the table's own weights), so that one example
+        spends its steps on a few actions and reaches deeper sequences of
+        them (Groce et al., *Swarm Testing*, ISSTA 2012).  An action that is
+        off is still drawn when nothing else is available."""
+        acts = self.plan.actions
+        if not self.plan.swarm:
+            ws = self.plan.__dict__.get("_weights")
+            if ws is None:
+                ws = self.plan.__dict__["_weights"] = tuple(x.weight for x in acts)
+            return acts, ws
+        on, ws = [], []
+        for a in acts:
+            k = chooser.integer(0, 3)
+            if k != 1:
+                on.append(a)
+                ws.append(a.weight * (SWARM_BOOST if k == 2 else 1))
+        if not on:
+            return acts, tuple(x.weight for x in acts)
+        return on, tuple(ws)
+
     def _draw_args(self, a: Any, chooser: Any) -> tuple[Any, dict, list]:
-        rec = RecordingChooser(chooser)
-        try:
-            args = a.draw_args(self.state, rec)
-        except SpecError:
-            raise
-        except Exception as e:  # noqa: BLE001
-            raise SpecError(f"drawing arguments of {a.name} raised {type(e).__name__}: {e}") from e
+        """Draw ``a``'s arguments.  Guidance towards accepting branches:
+        when the spec offers no accepting branch for the arguments drawn
+        (a claim of a ticket that is not granted, say), the chooser decides
+        (one boolean, so shrinking keeps or drops it) whether to draw again,
+        up to :data:`REDRAWS` times.  Only the kept draw's choices are
+        recorded (a replay draws once)."""
+        guided = self.plan.guide and getattr(chooser, "weighted", None) is not None
+        for attempt in range(REDRAWS + 1 if guided else 1):
+            rec = RecordingChooser(chooser)
+            try:
+                args = a.draw_args(self.state, rec)
+            except SpecError:
+                raise
+            except Exception as e:  # noqa: BLE001
+                raise SpecError(f"drawing arguments of {a.name} raised {type(e).__name__}: {e}") from e
+            if not guided or attempt == REDRAWS or _may_accept(a, self.state, args) or not chooser.boolean():
+                break
         return a, args, rec.record
 
     def step(self, chooser: Any) -> TraceStep:
@@ -273,6 +326,10 @@ class Run:
             outs = action.step(state, **args)
         except Exception as e:  # noqa: BLE001
             raise SpecError(f"{action.name}.step({args}) raised {type(e).__name__}: {e}") from e
+        for b in outs.branches:
+            if hasattr(b, "accepts"):  # a Returns branch: the call may succeed here
+                st.offered[action.name] += 1
+                break
         g = self.guard
         g.blame, g.what = outs.blame, f"step {self.nsteps}: {action.name}"
         if plan.on_call is not None:
@@ -491,6 +548,21 @@ class Run:
             if c is not None:
                 g.blame, g.what = TARGET_ERROR, "closing the target"
                 g.call(c)  # an error closing is not judged: teardown must not crash the harness
+
+
+#: how much more likely a swarm-boosted action is drawn in its example
+SWARM_BOOST = 4
+#: extra argument draws when the spec offers no accepting branch (guidance)
+REDRAWS = 2
+
+
+def _may_accept(action: Any, state: Any, args: dict) -> bool:
+    """Whether the spec offers an accepting (returning) branch for ``args``."""
+    try:
+        outs = action.step(state, **args)
+    except Exception:  # noqa: BLE001 - apply() reports the spec's crash
+        return True
+    return any(hasattr(b, "accepts") for b in outs.branches)
 
 
 def _step_checks(machine: Any, state: Any) -> list | None:
