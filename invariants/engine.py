@@ -69,6 +69,9 @@ class Stats:
     outcomes: Counter = field(default_factory=Counter)
     #: action name -> steps where the spec offered a returning (accepting) branch
     offered: Counter = field(default_factory=Counter)
+    #: action name -> steps that took an accepting branch (a return; for a
+    #: ``misuse`` action, its refusal)
+    accepted: Counter = field(default_factory=Counter)
     #: invariant id -> total steps run (all examples) when it first failed
     first_failure_steps: dict = field(default_factory=dict)
     failures_seen: int = 0
@@ -236,14 +239,21 @@ class Run:
                 swarm = self._swarm = self._draw_swarm(chooser)
             acts, ws = swarm
             state = self.state
-            for _ in range(3):
+            guided = self.plan.guide
+            tries = 0
+            for _ in range(3 + (REDRAWS if guided else 0)):
                 a = acts[weighted(ws)]
                 try:
                     ok = a.available(state)
                 except Exception as e:  # noqa: BLE001
                     raise SpecError(f"{a.name}: availability check raised {type(e).__name__}: {e}") from e
                 if ok:
-                    return self._draw_args(a, chooser)
+                    drawn = self._draw_args(a, chooser)
+                    # guidance: an action the spec can only refuse here may
+                    # give its step to another (the chooser decides)
+                    if not guided or tries == REDRAWS or drawn[3] or not chooser.boolean():
+                        return drawn[:3]
+                    tries += 1
         avail = self.available()
         if not avail:
             raise SpecError(f"{self.machine.name}: no action is available in this state")
@@ -263,7 +273,7 @@ class Run:
                     k -= a.weight
                     if k < 0:
                         break
-        return self._draw_args(a, chooser)
+        return self._draw_args(a, chooser)[:3]
 
     def _draw_swarm(self, chooser: Any) -> tuple:
         """Swarm testing: each example draws, per action, one of *as
@@ -288,15 +298,15 @@ class Run:
             return acts, tuple(x.weight for x in acts)
         return on, tuple(ws)
 
-    def _draw_args(self, a: Any, chooser: Any) -> tuple[Any, dict, list]:
+    def _draw_args(self, a: Any, chooser: Any) -> tuple[Any, dict, list, bool]:
         """Draw ``a``'s arguments.  Guidance towards accepting branches:
         when the spec offers no accepting branch for the arguments drawn
         (a claim of a ticket that is not granted, say), the chooser decides
         (one boolean, so shrinking keeps or drops it) whether to draw again,
-        up to :data:`REDRAWS` times.  Only the kept draw's choices are
+        up to :data:`ARG_REDRAWS` times.  Only the kept draw's choices are
         recorded (a replay draws once)."""
         guided = self.plan.guide and getattr(chooser, "weighted", None) is not None
-        for attempt in range(REDRAWS + 1 if guided else 1):
+        for attempt in range(ARG_REDRAWS + 1 if guided else 1):
             rec = RecordingChooser(chooser)
             try:
                 args = a.draw_args(self.state, rec)
@@ -304,9 +314,10 @@ class Run:
                 raise
             except Exception as e:  # noqa: BLE001
                 raise SpecError(f"drawing arguments of {a.name} raised {type(e).__name__}: {e}") from e
-            if not guided or attempt == REDRAWS or _may_accept(a, self.state, args) or not chooser.boolean():
+            accepting = _may_accept(a, self.state, args) if guided else True
+            if accepting or attempt == ARG_REDRAWS or not chooser.boolean():
                 break
-        return a, args, rec.record
+        return a, args, rec.record, accepting
 
     def step(self, chooser: Any) -> TraceStep:
         action, args, choices = self.choose(chooser)
@@ -326,10 +337,14 @@ class Run:
             outs = action.step(state, **args)
         except Exception as e:  # noqa: BLE001
             raise SpecError(f"{action.name}.step({args}) raised {type(e).__name__}: {e}") from e
-        for b in outs.branches:
-            if hasattr(b, "accepts"):  # a Returns branch: the call may succeed here
-                st.offered[action.name] += 1
-                break
+        misuse = getattr(action, "misuse", False)
+        if misuse:
+            st.offered[action.name] += 1
+        else:
+            for b in outs.branches:
+                if hasattr(b, "accepts"):  # a Returns branch: the call may succeed here
+                    st.offered[action.name] += 1
+                    break
         g = self.guard
         g.blame, g.what = outs.blame, f"step {self.nsteps}: {action.name}"
         if plan.on_call is not None:
@@ -344,6 +359,8 @@ class Run:
         is_return = err is None
         ts.outcome = ("returns " + branch.describe) if is_return else f"raises {type(err).__name__}"
         st.outcomes[(action.name, ts.outcome)] += 1
+        if is_return or misuse:
+            st.accepted[action.name] += 1
         try:
             result = branch.then(value if is_return else err)
         except Exception as e:  # noqa: BLE001
@@ -552,12 +569,16 @@ class Run:
 
 #: how much more likely a swarm-boosted action is drawn in its example
 SWARM_BOOST = 4
-#: extra argument draws when the spec offers no accepting branch (guidance)
+#: extra action draws when the spec offers no accepting branch (guidance)
 REDRAWS = 2
+#: extra argument draws of the same action when the spec offers no accepting branch
+ARG_REDRAWS = 6
 
 
 def _may_accept(action: Any, state: Any, args: dict) -> bool:
     """Whether the spec offers an accepting (returning) branch for ``args``."""
+    if getattr(action, "misuse", False):
+        return True
     try:
         outs = action.step(state, **args)
     except Exception:  # noqa: BLE001 - apply() reports the spec's crash

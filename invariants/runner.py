@@ -334,7 +334,7 @@ def _trace_from(msgs: list) -> list:
 
 def _stats_msg(st: E.Stats) -> dict:
     return {"examples": st.examples, "steps": st.steps, "seconds": st.seconds, "actions": dict(st.actions),
-            "outcomes": [[a, o, n] for (a, o), n in st.outcomes.items()], "offered": dict(st.offered),
+            "outcomes": [[a, o, n] for (a, o), n in st.outcomes.items()], "offered": dict(st.offered), "accepted": dict(st.accepted),
             "first": dict(st.first_failure_steps), "failing": st.failures_seen}
 
 
@@ -353,9 +353,10 @@ def _stats_into(st: E.Stats, m: dict) -> None:
     outs = m.get("outcomes")
     if isinstance(outs, list):
         st.outcomes = Counter({(str(x[0]), str(x[1])): _int(x[2]) for x in outs if isinstance(x, list) and len(x) == 3})
-    off = m.get("offered")
-    if isinstance(off, dict):
-        st.offered = Counter({str(k): _int(v) for k, v in off.items()})
+    for name in ("offered", "accepted"):
+        d = m.get(name)
+        if isinstance(d, dict):
+            setattr(st, name, Counter({str(k): _int(v) for k, v in d.items()}))
     first = m.get("first")
     if isinstance(first, dict):
         st.first_failure_steps = {str(k): _int(v) for k, v in first.items()}

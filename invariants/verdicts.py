@@ -13,6 +13,7 @@ the steps that took an accepting branch (the call returned; a refusal is a
   :data:`MIN_ACCEPTED` steps);
 * **UNTESTED** otherwise, with the reason (``claim succeeded 0 times in 23
   steps (the spec offered success 0 times)``): not a pass;
+  a ``misuse`` action (a double free) counts its refusals instead;
 * **N/A** when a capability the target lacks removes the invariant (decided
   by the plan, with its reason).
 
@@ -29,7 +30,12 @@ MIN_ACCEPTED = 3
 
 
 def accepted_counts(stats: Any) -> dict[str, int]:
-    """``{action: steps that took a returning branch}`` from the outcome tally."""
+    """``{action: steps that took an accepting branch}``: the engine's tally
+    (a return, or the refusal of a ``misuse`` action), else the returns in
+    the outcome tally."""
+    acc = getattr(stats, "accepted", None)
+    if acc:
+        return {str(k): int(v) for k, v in acc.items()}
     out: dict[str, int] = {}
     for (a, o), n in stats.outcomes.items():
         if o.startswith("returns"):
@@ -53,7 +59,9 @@ def coverage(declares: dict[str, list[str]], drawn: list[str], stats: Any,
                       "offered": int(offered.get(a, 0))} for a in decl}
         applicable = [a for a in decl if a in drawn_set]
         missing: list[str] = []
-        if not decl:
+        if stats.steps == 0:
+            missing.append("no step ran")
+        elif not decl:
             if stats.steps < threshold:
                 missing.append(f"checked after {stats.steps} steps (no action declares it; needs {threshold})")
         elif not applicable:

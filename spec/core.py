@@ -195,6 +195,10 @@ class Action(Generic[S]):
     invariants: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()  # capabilities: "virtual_backing", "shared_mapping", "ep"
     weight: int = 1
+    #: a misuse the spec always refuses (a double free): its refusal is the
+    #: answer that exercises its invariants (a harness counts those steps as
+    #: accepted); otherwise only a returning branch counts
+    misuse: bool = False
 
     @property
     def precondition(self) -> str:
@@ -217,6 +221,7 @@ def action(
     invariants: Sequence[str] = (),
     requires: Sequence[str] = (),
     weight: int = 1,
+    misuse: bool = False,
 ) -> Callable[[Callable[..., Outcomes]], Action[Any]]:
     """Decorator turning a ``step`` function into an :class:`Action`."""
 
@@ -232,6 +237,7 @@ def action(
             invariants=tuple(invariants),
             requires=tuple(requires),
             weight=weight,
+            misuse=misuse,
         )
 
     return wrap

@@ -247,7 +247,7 @@ def free(st: CachingState, ref: int):
 
 
 @action(role="CachingAllocator", params={"ref": FREED_REF}, perform=lambda sut, ref: sut.allocator.free(sut.ref(ref)),
-        invariants=("C2",), weight=1)
+        invariants=("C2",), weight=1, misuse=True)
 def double_free(st: CachingState, ref: int):
     """Freeing a block twice is refused (DoubleFree), even if its address was reused."""
     return only(DoubleFree, blame="C2", describe="the block was already freed")
