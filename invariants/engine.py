@@ -110,6 +110,8 @@ class Plan:
     on_call: Callable[["Run", "TraceStep | None"], None] | None = None
     #: the machine's start checks that apply (capability answers)
     start_checks: list = field(default_factory=list)
+    #: seconds the factory may take (``None``: the larger of ``timeout`` and ``BUILD_SECONDS``)
+    build_timeout: float | None = None
     mutant: Any = None
     machine_ref: str | None = None  # "module:attr" of a machine other than the level's
     #: swarm testing: each example draws which actions it uses and how often
@@ -184,7 +186,8 @@ class Run:
         if plan.on_call is not None:
             plan.on_call(self, None)
         g = self.guard
-        g.blame, g.what, g.limit = TARGET_ERROR, f"building the target {plan.target!r}", max(g.timeout, BUILD_SECONDS)
+        g.blame, g.what, g.limit = TARGET_ERROR, f"building the target {plan.target!r}", plan.build_timeout or max(
+            g.timeout, BUILD_SECONDS)
         try:
             self.instance, err = g.call(plan.factory, **plan.factory_kwargs)
             if err is None:

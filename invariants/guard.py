@@ -278,6 +278,12 @@ def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Ca
                 end.death = f"a call into the target did not return within {allowed:g} s ({what})"
                 os.kill(pid, signal.SIGKILL)
                 break
+    except BaseException:   # Ctrl-C or a bug of the caller's: the child must not outlive the supervisor
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        raise
     finally:
         os.close(r)
         _, status = os.waitpid(pid, 0)

@@ -367,7 +367,7 @@ def _child(ch: Channel, target: str, level: str, skip: list, opts: dict) -> None
     and say everything on ``ch``.  Nothing it sends is code."""
     guard = CallGuard(opts["timeout"], "direct")
     guard.blame, guard.what = TARGET_ERROR, f"importing the target {target!r}"
-    guard.limit = max(opts["timeout"], BUILD_SECONDS)   # imports and a first factory call take their time
+    guard.limit = opts["build_timeout"] or max(opts["timeout"], BUILD_SECONDS)   # imports and a first factory call
     tref, err = guard.call(resolve, target)
     if err is None and tref.factory is None:
         err = LookupError(tref.error or "unavailable")
@@ -417,7 +417,14 @@ def _run_child_plan(ch: Channel, plan: E.Plan, opts: dict) -> None:
     last = [0.0]
 
     def on_call(run: E.Run, ts: E.TraceStep | None) -> None:
-        ch.send({"t": "ex"} if ts is None else _step_msg(ts))
+        if ts is None:
+            ch.send({"t": "ex"})
+            return
+        msg = _step_msg(ts)
+        if len(run.trace) >= 2:   # what the previous step answered (the last one's answer may never come)
+            prev = run.trace[-2]
+            msg["po"], msg["pb"] = prev.outcome, list(prev.bound)
+        ch.send(msg)
 
     def on_step(p: E.Plan) -> None:
         now = time.perf_counter()
@@ -429,6 +436,7 @@ def _run_child_plan(ch: Channel, plan: E.Plan, opts: dict) -> None:
 
     plan.on_call = on_call
     plan.on_step = on_step
+    plan.build_timeout = opts["build_timeout"]
     extra: dict = {}
     if not opts["shrink"]:
         from hypothesis import Phase
@@ -463,11 +471,17 @@ class _Parent:
     def on_message(self, m: dict) -> None:
         t = m.get("t")
         if t == "s":
+            if self.trace and "po" in m:
+                self.trace[-1] = {**self.trace[-1], "o": m.get("po"), "b": m.get("pb")}
             self.trace.append(m)
-            if self.current is not None:
-                self.current.plan.stats.steps += 1
+            if self.current is not None:   # counted here too: a child that dies sends no result
+                st = self.current.plan.stats
+                st.steps += 1
+                st.actions[_str(m.get("a"))] += 1
         elif t == "ex":
             self.trace = []
+            if self.current is not None:
+                self.current.plan.stats.examples += 1
         elif t == "p" and self.current is not None:
             st = self.current.plan.stats
             st.examples, st.steps, st.failures_seen = _int(m.get("examples")), _int(m.get("steps")), _int(m.get("failing"))
@@ -555,13 +569,18 @@ def conform(target: str, level: str = "all", *, profile: str = "ci", examples: i
             steps: int | None = None, seed: int | None = None, db: str | None = None, capacity: int | None = None,
             timeout: float = 5.0, out_dir: str | None = "memspec-out/repro", on_step: Callable | None = None,
             on_plan: Callable | None = None, machine: str | None = None, shrink: bool = True,
-            shrink_seconds: float | None = -1, min_accepted: int = V.MIN_ACCEPTED) -> list[PlanResult]:
+            shrink_seconds: float | None = -1, build_timeout: float | None = None,
+            min_accepted: int = V.MIN_ACCEPTED) -> list[PlanResult]:
     """Run every applicable level of ``target`` under supervision; one
     :class:`PlanResult` per level.  Never raises for what the target does.
-    ``min_accepted``: accepting steps each declaring action needs for a PASS
-    (fewer: UNTESTED, see :mod:`~memspec.invariants.verdicts`)."""
+    ``timeout`` bounds each call into the target; ``build_timeout`` its
+    import and factory (default: the larger of ``timeout`` and
+    :data:`~memspec.invariants.guard.BUILD_SECONDS`).  ``min_accepted``:
+    accepting steps each declaring action needs for a PASS (fewer:
+    UNTESTED, see :mod:`~memspec.invariants.verdicts`)."""
     opts = {"profile": profile, "examples": examples, "steps": steps, "seed": seed, "db": db, "capacity": capacity,
-            "timeout": timeout, "machine": machine, "shrink": shrink, "shrink_seconds": shrink_seconds}
+            "timeout": timeout, "machine": machine, "shrink": shrink, "shrink_seconds": shrink_seconds,
+            "build_timeout": build_timeout}
     results: list[PlanResult] = []
     done: list[str] = []
     mutant = None

@@ -68,7 +68,7 @@ def test_a_base_exception_in_an_action_is_an_unexpected_exception():
     ("toy_factory_hangs", "did not return within"),
 ])
 def test_a_factory_that_exits_crashes_or_hangs_is_an_error_never_green(target, words):
-    results = conform(target)
+    results = conform(target, build_timeout=5)
     assert results and not any(r.ok for r in results)
     errors = " ".join(e for r in results for e in r.errors)
     assert words in errors, errors
@@ -117,3 +117,22 @@ def test_the_guard_never_uses_signals():
 
     code = [ln for ln in inspect.getsource(guard).splitlines() if not ln.strip().startswith(("#", "*", "``"))]
     assert not any("signal.SIGALRM" in ln or "setitimer" in ln or "signal.signal(" in ln for ln in code)
+
+
+def test_the_child_never_outlives_an_interrupted_supervisor():
+    import time
+
+    started = []
+
+    def work(ch):
+        ch.send({"t": "pid", "pid": os.getpid()})
+        time.sleep(3600)
+
+    def on_message(m):
+        started.append(m["pid"])
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        supervise(work, timeout=100, on_message=on_message)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(started[0], os.WNOHANG)        # already reaped: it was killed, not left running
