@@ -427,29 +427,28 @@ class Run:
 
     # -- checks ---------------------------------------------------------
     def check_after(self, touched: tuple, bound: tuple, args: dict | None = None) -> None:
+        """Every check after a step.  When several fail at once, the report
+        blames the rule that was broken, not its downstream figure (see
+        :meth:`_blame_first`); the others are listed as consequences."""
         state = self.state
         checks = self._checks
+        found: list = []   # [(invariant, cause, reason)] of this step
         if checks is None:
             try:
                 bad = self.machine.check_invariants(state)
             except Exception as e:  # noqa: BLE001
                 raise SpecError(f"an invariant check raised {type(e).__name__}: {e}") from e
-            if bad:
-                inv, why = bad[0]
-                self.fail(inv, "invariant", why)
+            found += [(inv, "invariant", why) for inv, why in bad]
         else:
-            bad = None
             try:
                 for inv, fn in checks:  # all of them, as check_invariants (a crash is a SpecError)
                     why = fn(state)
-                    if why is not None and bad is None:
-                        bad = (inv, why)
+                    if why is not None:
+                        found.append((inv, "invariant", why))
             except Exception as e:  # noqa: BLE001
                 raise SpecError(f"an invariant check raised {type(e).__name__}: {e}") from e
-            if bad is not None:
-                self.fail(bad[0], "invariant", bad[1])
         if self.plan.observations:
-            self.check_observations(touched + bound)
+            self.check_observations(touched + bound, found=found)
         integrity = self.integrity
         if integrity is not None:
             if args:
@@ -459,7 +458,51 @@ class Run:
                 named = tuple(v for v in args.values() if type(v) is int and v in regions and v not in touched)
                 if named:
                     touched = touched + named
-            integrity.after_step(touched, bound)
+            if not found:
+                integrity.after_step(touched, bound)
+            else:
+                try:  # a data check that fails too may be the rule broken
+                    integrity.after_step(touched, bound)
+                except Violation as v:
+                    found.append((v.invariant, v.cause, v.reason))
+        if found:
+            self._fail_found(found)
+
+    def _rank(self) -> dict:
+        """``{invariant: how many of the machine's actions declare it}``: a
+        rule few actions are about (fence ordering, a refcount, a ticket's
+        state) is more specific than one every action touches (the ledger's
+        totals), so it is the one a step broke when both fail."""
+        rank = self.plan.__dict__.get("_rank")
+        if rank is None:
+            rank = {}
+            for a in self.machine.actions:
+                for inv in getattr(a, "invariants", ()) or ():
+                    rank[inv] = rank.get(inv, 0) + 1
+            self.plan.__dict__["_rank"] = rank
+        return rank
+
+    def _blame_first(self, found: list) -> list:
+        """``found`` in blame order: the more specific rule first (fewer
+        declaring actions), then what the step's action declares, then a
+        failure of the data before an invariant before a figure, then the
+        order the checks ran."""
+        rank = self._rank()
+        own = set(getattr(self._action, "invariants", ()) or ())
+        n = len(self.machine.actions) + 1
+        cause_rank = {"data": 0, "invariant": 1, "observation": 2}
+        keyed = [((rank.get(inv, n), inv not in own, cause_rank.get(cause, 1), i), (inv, cause, why))
+                 for i, (inv, cause, why) in enumerate(found)]
+        return [x for _k, x in sorted(keyed)]
+
+    def _fail_found(self, found: list) -> None:
+        ordered = self._blame_first(found)
+        inv, cause, why = ordered[0]
+        rest = [x for x in ordered[1:] if x[0] != inv or x[2] != why]
+        if rest:
+            why += " -- consequences at this step: " + "; ".join(f"{i} [{c}] {w}" for i, c, w in rest[:4]) \
+                + (f"; {len(rest) - 4} more" if len(rest) > 4 else "")
+        self.fail(inv, cause, why)
 
     def _observations_for(self, action: Any) -> list:
         """The plan's observations, those blamed on the action's own
@@ -478,7 +521,8 @@ class Run:
             cache[key] = order
         return order
 
-    def check_observations(self, touched: tuple, start: list | None = None, cause: str = "observation") -> None:
+    def check_observations(self, touched: tuple, start: list | None = None, cause: str = "observation",
+                           found: list | None = None) -> None:
         """Compare every applicable observation's spec figure with the
         implementation's, in the action's order (see :meth:`_observations_for`).
 
@@ -521,8 +565,10 @@ class Run:
                 self.fail(obs.blame, "unexpected-exception" if not isinstance(err, MemspecError) else cause,
                           f"reading {self._where(obs, r)} raised {type(err).__name__}: {err} (spec: {expected!r})")
             if value != expected:
-                self.fail(obs.blame, cause,
-                          f"{self._where(obs, r)}: implementation says {_describe_value(value)}, spec says {expected!r}")
+                why = f"{self._where(obs, r)}: {_diff(expected, value)}"
+                if found is None:
+                    self.fail(obs.blame, cause, why)
+                found.append((obs.blame, cause, why))
         if hang is not None:
             obs, r = jobs[-1]
             self.fail(obs.blame, "hang", f"reading {self._where(obs, r)} hangs: {hang}")
@@ -600,6 +646,30 @@ def _step_checks(machine: Any, state: Any) -> list | None:
             or "check_invariants" in getattr(machine, "__dict__", {}):
         return None
     return machine.step_checks(state)
+
+
+def _diff(expected: Any, observed: Any) -> str:
+    """The expected and observed figures, as a difference: for two dicts
+    (or records) only the keys that differ; for numbers the signed gap."""
+    e, o = expected, observed
+    if hasattr(e, "__dict__") and hasattr(o, "__dict__") and not isinstance(e, type):
+        e, o = vars(e), vars(o)
+    if isinstance(e, dict) and isinstance(o, dict):
+        keys = [k for k in dict.fromkeys([*e, *o]) if e.get(k, _MISSING) != o.get(k, _MISSING)]
+        parts = [f"{k}: spec {_describe_value(e.get(k, _MISSING), 40)} != implementation "
+                 f"{_describe_value(o.get(k, _MISSING), 40)}" for k in keys[:6]]
+        return "figures differ -- " + "; ".join(parts) + (f"; {len(keys) - 6} more" if len(keys) > 6 else "")
+    if type(e) is int and type(o) is int:
+        return f"implementation says {o}, spec says {e} (implementation {o - e:+d})"
+    return f"implementation says {_describe_value(o)}, spec says {e!r}"
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<absent>"
+
+
+_MISSING = _Missing()
 
 
 def _safe_witness(b: Any) -> Any:

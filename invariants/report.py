@@ -172,12 +172,12 @@ def write_junit(path: str, all_results: dict[str, list[Any]]) -> None:
 
 def console(**kw):
     """A rich console for reports: the terminal's width on a terminal, and
-    wide enough (160 columns) in CI logs and pipes so tables are not
+    100 columns in CI logs and pipes (tables fold their detail column to fit) so tables are not
     truncated (rich assumes 80 columns when it cannot ask)."""
     import sys
 
     from rich.console import Console
 
     if "width" not in kw and not sys.stdout.isatty():
-        kw["width"] = 160
+        kw["width"] = 100
     return Console(**kw)

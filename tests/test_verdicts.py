@@ -114,3 +114,54 @@ def test_builtin_target_passes_every_row_at_a_moderate_budget(target, level):
     (res,) = runner.conform(target, level, examples=120, out_dir=None)
     rows = {inv: (st, d) for inv, _t, st, d in res.rows()}
     assert res.ok and not res.untested, rows
+
+
+# --------------------------------------------------------------------------
+# Blame the rule broken (deliverable 6)
+# --------------------------------------------------------------------------
+
+class _Act:
+    def __init__(self, name, invariants):
+        self.name, self.invariants = name, invariants
+
+
+def _run_with(actions, current):
+    from types import SimpleNamespace
+
+    from memspec.invariants import engine as E
+
+    run = E.Run.__new__(E.Run)
+    run.machine = SimpleNamespace(actions=actions)
+    run.plan = SimpleNamespace(stats=Stats())
+    run._action = current
+    run.trace, run.nsteps, run.failed = [], 3, False
+    return run
+
+
+def test_a_specific_rule_is_blamed_before_the_ledger_total_and_the_rest_are_consequences():
+    from memspec.invariants.errors import Violation
+
+    drop = _Act("drop", ("S7", "S11"))
+    acts = [_Act(f"a{i}", ("S11",)) for i in range(5)] + [drop, _Act("use", ("S4",)), _Act("poll", ("S4", "S11"))]
+    run = _run_with(acts, drop)
+    found = [("S11", "observation", "governor.free: implementation says 3, spec says 5"),
+             ("S4", "data", "bytes of #2 changed while its release was queued")]
+    order = [x[0] for x in run._blame_first(found)]
+    assert order == ["S4", "S11"]   # S4 is declared by 2 actions, S11 by 7: the fence rule is the one broken
+    with pytest.raises(Violation) as ei:
+        run._fail_found(found)
+    assert ei.value.invariant == "S4"
+    assert "consequences at this step: S11 [observation] governor.free" in ei.value.reason
+    # S7 (declared by drop alone) is more specific still
+    assert [x[0] for x in run._blame_first(found + [("S7", "observation", "ep.pending_releases")])] == ["S7", "S4", "S11"]
+    # at equal specificity, what the step's own action declares comes first
+    run2 = _run_with([_Act("x", ("S4",)), drop], drop)
+    assert [x[0] for x in run2._blame_first([("S4", "data", "x"), ("S7", "observation", "y")])] == ["S7", "S4"]
+
+
+def test_a_mismatch_prints_the_difference_of_the_figures():
+    from memspec.invariants.engine import _diff
+
+    assert _diff(5, 3) == "implementation says 3, spec says 5 (implementation -2)"
+    d = _diff({"allocated": 4, "reserved": 8, "segments": 1}, {"allocated": 4, "reserved": 6, "segments": 1})
+    assert d == "figures differ -- reserved: spec 8 != implementation 6"
