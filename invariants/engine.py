@@ -72,6 +72,9 @@ class Stats:
     #: action name -> steps that took an accepting branch (a return; for a
     #: ``misuse`` action, its refusal)
     accepted: Counter = field(default_factory=Counter)
+    #: "action.param=value" -> steps whose argument was one of the spec's
+    #: boundary values (``Domain.boundaries``)
+    boundaries: Counter = field(default_factory=Counter)
     #: invariant id -> total steps run (all examples) when it first failed
     first_failure_steps: dict = field(default_factory=dict)
     failures_seen: int = 0
@@ -336,6 +339,16 @@ class Run:
         ts = TraceStep(action.name, dict(args), list(choices or []), "", ())
         self.trace.append(ts)
         state = self.state
+        for k, dom in action.params.items():
+            bfn = getattr(dom, "boundaries", None)
+            if bfn is not None:
+                v = args.get(k)
+                try:
+                    hit = type(v) is int and v in bfn(state)
+                except Exception as e:  # noqa: BLE001
+                    raise SpecError(f"{action.name}: boundaries of {k} raised {type(e).__name__}: {e}") from e
+                if hit:
+                    st.boundaries[f"{action.name}.{k}={v}"] += 1
         try:
             outs = action.step(state, **args)
         except Exception as e:  # noqa: BLE001

@@ -89,6 +89,7 @@ def print_table(console: Any, target: str, results: list[Any]) -> None:
         console.print(
             f"  {r.level}: {st.steps} steps in {st.examples} runs, {st.seconds:.1f} s, "
             f"{st.rate():.0f} steps/s; actions covered {acts}/{total_acts}, outcomes seen {len(st.outcomes)}"
+            + (f"; spec boundary values hit {len(st.boundaries)}" if getattr(st, "boundaries", None) else "")
             + (f"; {len(r.failures)} failure(s)" if r.failures else "")
             + (f"; errors: {escape('; '.join(r.errors))}" if r.errors else ""))
 
@@ -111,6 +112,7 @@ def to_json(all_results: dict[str, list[Any]]) -> dict:
                 "accepted": dict(getattr(st, "accepted", {}) or {}),
                 "coverage": r.coverage() if hasattr(r, "coverage") else {},
                 "min_accepted": getattr(r, "min_accepted", None),
+                "boundaries_hit": dict(getattr(st, "boundaries", {}) or {}),
                 "capabilities": r.plan.capabilities if r.plan is not None else {},
                 "errors": r.errors,
                 "failures": [{

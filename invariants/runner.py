@@ -335,6 +335,7 @@ def _trace_from(msgs: list) -> list:
 def _stats_msg(st: E.Stats) -> dict:
     return {"examples": st.examples, "steps": st.steps, "seconds": st.seconds, "actions": dict(st.actions),
             "outcomes": [[a, o, n] for (a, o), n in st.outcomes.items()], "offered": dict(st.offered), "accepted": dict(st.accepted),
+            "boundaries": dict(st.boundaries),
             "first": dict(st.first_failure_steps), "failing": st.failures_seen}
 
 
@@ -353,7 +354,7 @@ def _stats_into(st: E.Stats, m: dict) -> None:
     outs = m.get("outcomes")
     if isinstance(outs, list):
         st.outcomes = Counter({(str(x[0]), str(x[1])): _int(x[2]) for x in outs if isinstance(x, list) and len(x) == 3})
-    for name in ("offered", "accepted"):
+    for name in ("offered", "accepted", "boundaries"):
         d = m.get(name)
         if isinstance(d, dict):
             setattr(st, name, Counter({str(k): _int(v) for k, v in d.items()}))

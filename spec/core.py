@@ -149,6 +149,9 @@ class Domain:
     draw: Callable[[Any, Chooser], Any]
     #: ``available(state)`` is False when nothing can be drawn (no handle yet)
     available: Callable[[Any], bool] = lambda _s: True
+    #: ``boundaries(state)``: the values at the spec's own thresholds this
+    #: domain draws (exactly and at +-1); a harness reports which a run hit
+    boundaries: Callable[[Any], Sequence[Any]] | None = None
 
 
 def ints(lo: int, hi: int, describe: str | None = None) -> Domain:
