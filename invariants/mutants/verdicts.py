@@ -19,6 +19,7 @@ from memspec.invariants.mutants import Mutant
 from memspec.invariants.mutants.caching import _factory  # noqa: F401 - re-exported for tests
 from memspec.invariants.mutants.seed000 import _with_role
 from memspec.reference.caching import K_MIN_BLOCK, K_MIN_LARGE_ALLOC, K_ROUND_LARGE, K_SMALL_SIZE, CachingAllocator
+from memspec.reference.caching import segment_bytes as _SEGMENT_BYTES
 from memspec.spec.api import TargetInstance
 
 # --------------------------------------------------------------------------
@@ -26,7 +27,25 @@ from memspec.spec.api import TargetInstance
 # --------------------------------------------------------------------------
 
 
-class SegmentLadderAt10MiB(CachingAllocator):
+class _Ladder(CachingAllocator):
+    """The reference allocator whose slow path asks ``allocation_size`` for
+    the segment size (a mutant overrides that one rule)."""
+
+    def _slow_path(self, pool, stream, r, size):
+        import memspec.reference.caching as rc
+
+        orig = rc.segment_bytes
+        rc.segment_bytes = lambda rounded, preset: self.allocation_size(rounded)
+        try:
+            return super()._slow_path(pool, stream, r, size)
+        finally:
+            rc.segment_bytes = orig
+
+    def allocation_size(self, rounded: int) -> int:
+        return _SEGMENT_BYTES(rounded, self.preset)
+
+
+class SegmentLadderAt10MiB(_Ladder):
     """A request of exactly 10 MiB gets a 20 MiB segment (``<=`` for ``<``
     on the segment-size ladder: *< 10 MiB -> 20 MiB; else the next 2 MiB
     multiple*)."""
@@ -37,7 +56,7 @@ class SegmentLadderAt10MiB(CachingAllocator):
         return super().allocation_size(rounded)
 
 
-class SegmentRoundsExactMultipleUp(CachingAllocator):
+class SegmentRoundsExactMultipleUp(_Ladder):
     """A large request that is already a 2 MiB multiple (>= 10 MiB) gets one
     2 MiB page more than it needs (the next multiple computed as ``n // 2
     MiB + 1``)."""
@@ -78,7 +97,7 @@ class SeedLargeSplitNeedsMoreThan2MiB(CachingAllocator):
         return super()._should_split(small, remaining, size)
 
 
-class SmallSegmentFor1MiBPlus(CachingAllocator):
+class SmallSegmentFor1MiBPlus(_Ladder):
     """A request of exactly 1 MiB gets a 20 MiB segment of the large ladder
     (``<`` for ``<=`` at the pool boundary of the segment ladder)."""
 

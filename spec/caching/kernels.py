@@ -27,12 +27,17 @@ def thresholds() -> dict[str, int]:
 
 def boundaries(max_split_size: int = 0, divisions: tuple[int, ...] = ()) -> tuple[int, ...]:
     """Request sizes at every threshold the kernels compare with, exactly and
-    at +-1: the ``K_*`` constants, ``max_split_size`` when set, and each
-    ``roundup_power2_divisions`` entry's start ``K_MIN_BLOCK * d``."""
+    at +-1: the ``K_*`` constants, ``max_split_size`` when set, each
+    ``roundup_power2_divisions`` entry's start ``K_MIN_BLOCK * d``, and the
+    differences of two of them (the split rules' remainders)."""
     points = set(thresholds().values())
     if max_split_size > 0:
         points.add(max_split_size)
     points.update(K_MIN_BLOCK * d for d in divisions if d > 1)
+    # a split leaves ``block - request``: the remainder sits exactly on a
+    # threshold when the request is the difference of two of them (a 20 MiB
+    # segment serving 19 MiB leaves exactly 1 MiB)
+    points.update(a - b for a in tuple(points) for b in tuple(points) if a > b)
     return tuple(sorted({p + d for p in points for d in (-1, 0, 1) if p + d > 0}))
 
 
