@@ -632,9 +632,9 @@ class Run:
 #: how much more likely a swarm-boosted action is drawn in its example
 SWARM_BOOST = 4
 #: extra action draws when the spec offers no accepting branch (guidance)
-REDRAWS = 2
+REDRAWS = 1
 #: extra argument draws of the same action when the spec offers no accepting branch
-ARG_REDRAWS = 6
+ARG_REDRAWS = 2
 
 
 def _may_accept(action: Any, state: Any, args: dict) -> bool:
