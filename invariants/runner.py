@@ -265,20 +265,65 @@ class shrink_budget:
 SHRINK_SECONDS: float | None = 30.0
 
 
+#: further passes after a pass that found failures (each draws only actions
+#: that no failure found so far ended on): every distinct failure in one run
+MORE_PASSES = 2
+
+
 def run_hypothesis(plan: E.Plan, settings: Any, *, seed: int | None = None,
-                   shrink_seconds: float | None = -1) -> PlanResult:
+                   shrink_seconds: float | None = -1, more_passes: int | None = None) -> PlanResult:
     """Drive the plan's state machine under ``settings`` in this process;
-    never raises for a target's misbehaviour (it lands in the result)."""
+    never raises for a target's misbehaviour (it lands in the result).
+
+    Every distinct failure in one run: after a pass that found failures, up
+    to ``more_passes`` (default :data:`MORE_PASSES`) further passes run with
+    the actions those failures ended on left out, so a second bug reachable
+    without them is reported with its own shrunk reproduction (a target that
+    crashes on one action still has its other actions checked)."""
+    result = PlanResult(plan.target, plan.level, plan)
+    actions = list(plan.actions)
+    seen = set()
+    left = MORE_PASSES if more_passes is None else more_passes
+    t0 = time.perf_counter()
+    try:
+        for n in range(left + 1):
+            before = len(result.failures)
+            _one_pass(plan, settings, seed, shrink_seconds, result, f":pass{n}" if n else "")
+            new = result.failures[before:]
+            fresh = []
+            for f in new:
+                key = (f.invariant, f.trace[-1].action if f.trace else None)
+                if key not in seen:
+                    seen.add(key)
+                    fresh.append(f)
+            result.failures[before:] = fresh
+            ended = {f.trace[-1].action for f in fresh if f.trace}
+            if not fresh or result.errors or not ended:
+                break
+            plan.actions = [a for a in plan.actions if a.name not in ended]
+            plan.__dict__.pop("_weights", None)
+            plan.__dict__.pop("_obs_order", None)
+            if not plan.actions:
+                break
+    finally:
+        plan.actions = actions
+        plan.__dict__.pop("_weights", None)
+        plan.__dict__.pop("_obs_order", None)
+        result.seconds = time.perf_counter() - t0
+        plan.stats.seconds += result.seconds
+    return result
+
+
+def _one_pass(plan: E.Plan, settings: Any, seed: int | None, shrink_seconds: float | None, result: PlanResult,
+              suffix: str) -> None:
     from hypothesis.stateful import get_state_machine_test
 
-    result = PlanResult(plan.target, plan.level, plan)
     guard = CallGuard(plan.timeout, plan.guard_mode)
     cls = build_state_machine(plan, guard)
     if seed is not None:
         cls._hypothesis_internal_use_seed = seed
     test = get_state_machine_test(cls, settings=settings)
-    test._hypothesis_internal_database_key = database_key(plan)
-    t0 = time.perf_counter()
+    test._hypothesis_internal_database_key = database_key(plan) + suffix.encode()
     try:
         with shrink_budget(SHRINK_SECONDS if shrink_seconds == -1 else shrink_seconds):
             test()
@@ -286,10 +331,6 @@ def run_hypothesis(plan: E.Plan, settings: Any, *, seed: int | None = None,
         raise
     except BaseException as e:  # noqa: BLE001 - everything a target does is a result
         collect(result, e)
-    finally:
-        result.seconds = time.perf_counter() - t0
-        plan.stats.seconds += result.seconds
-    return result
 
 
 # --------------------------------------------------------------------------
