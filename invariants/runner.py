@@ -125,6 +125,8 @@ class PlanResult:
                 out.append((inv, titles.get(inv, ""), "N/A", self.plan.na[inv]))
             elif self.errors:
                 out.append((inv, titles.get(inv, ""), "ERROR", self.errors[0]))
+            elif inv in cov and cov[inv].get("na"):
+                out.append((inv, titles.get(inv, ""), "N/A", cov[inv]["na"]))
             elif inv in cov and not cov[inv]["tested"]:
                 out.append((inv, titles.get(inv, ""), "UNTESTED", cov[inv]["reason"]))
             else:

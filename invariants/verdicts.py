@@ -15,7 +15,10 @@ the steps that took an accepting branch (the call returned; a refusal is a
   steps (the spec offered success 0 times)``): not a pass;
   a ``misuse`` action (a double free) counts its refusals instead;
 * **N/A** when a capability the target lacks removes the invariant (decided
-  by the plan, with its reason).
+  by the plan, with its reason), or when every declaring action was
+  answered ``Unsupported`` where the spec allowed nothing else (or never
+  became available because of that).  Such actions are left out of the
+  other rows' evidence too.
 
 The counts go into the JSON and JUnit reports.
 """
@@ -53,11 +56,24 @@ def coverage(declares: dict[str, list[str]], drawn: list[str], stats: Any,
     acc = accepted_counts(stats)
     offered = getattr(stats, "offered", {}) or {}
     drawn_set = set(drawn)
+    # actions the target answered Unsupported every time, where the spec
+    # allowed nothing else: a capability it lacks (seed 000: *unsupported
+    # must be an explicit absence*), so N/A, not untested
+    unsupported = sorted(a for a in drawn_set if stats.actions.get(a, 0) > 0 and not offered.get(a, 0)
+                         and stats.outcomes.get((a, "raises Unsupported"), 0) == stats.actions.get(a, 0))
     out: dict[str, dict] = {}
     for inv, decl in declares.items():
         counts = {a: {"steps": int(stats.actions.get(a, 0)), "accepted": acc.get(a, 0),
                       "offered": int(offered.get(a, 0))} for a in decl}
         applicable = [a for a in decl if a in drawn_set]
+        # with a capability absent, an action that never became available
+        # (nothing it needs could be made) is excused with it
+        excused = [a for a in applicable if a in unsupported or (unsupported and counts[a]["steps"] == 0)]
+        if applicable and len(excused) == len(applicable):
+            out[inv] = {"tested": False, "na": f"the target answers Unsupported to {', '.join(unsupported)}",
+                        "reason": "", "actions": counts}
+            continue
+        applicable = [a for a in applicable if a not in excused]
         missing: list[str] = []
         if stats.steps == 0:
             missing.append("no step ran")

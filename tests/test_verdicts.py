@@ -209,3 +209,17 @@ def test_a_crash_on_one_action_and_a_second_bug_are_both_reported_in_one_run():
     assert "T3" in by and by["T3"].cause == "data", rows
     assert all(s.action != "_free_step" for s in by["T3"].trace) or by["T3"].shrunk_length <= 4
     assert rows["T2"][0] == "UNTESTED"   # only reachable through a free that never succeeds
+
+
+def test_an_action_answered_unsupported_every_time_makes_its_rows_na_not_untested():
+    st = _stats({"reserve_owned": 103, "commit_owned": 0, "allocate_owned": 50}, {"allocate_owned": 40},
+                {"allocate_owned": 45})
+    st.outcomes = Counter({("reserve_owned", "raises Unsupported"): 103, ("allocate_owned", "returns x"): 40})
+    cov = verdicts.coverage({"S12": ["reserve_owned", "commit_owned"], "S14": ["allocate_owned", "reserve_owned"]},
+                            ["reserve_owned", "commit_owned", "allocate_owned"], st, 3)
+    assert cov["S12"]["na"] == "the target answers Unsupported to reserve_owned" and not cov["S12"]["tested"]
+    assert cov["S14"]["tested"]   # allocate_owned is the evidence; reserve_owned is excused
+    # a spec that offered success some time is not an absent capability
+    st.offered["reserve_owned"] = 1
+    cov = verdicts.coverage({"S12": ["reserve_owned"]}, ["reserve_owned"], st, 3)
+    assert "na" not in cov["S12"] and not cov["S12"]["tested"]
