@@ -216,12 +216,18 @@ class Run:
             self.check_observations((), plan.start_checks, "capability")
 
     # -- failing --------------------------------------------------------
-    def fail(self, invariant: str, cause: str, reason: str) -> None:
+    def fail(self, invariant: str, cause: str, reason: str, exc: BaseException | None = None) -> None:
+        """Raise the Violation; ``exc`` (what the target raised, if it
+        raised) is chained as its cause, so a reproduction shows the
+        target's own traceback."""
         self.failed = True
         st = self.plan.stats
         st.failures_seen += 1
         st.first_failure_steps.setdefault(invariant, st.steps)
-        raise violation_class(invariant)(invariant, cause, reason, self.trace, self.nsteps)
+        v = violation_class(invariant)(invariant, cause, reason, self.trace, self.nsteps)
+        if isinstance(exc, BaseException) and not isinstance(exc, HangResult):
+            raise v from exc
+        raise v
 
     # -- one step -------------------------------------------------------
     def available(self) -> list:
@@ -371,7 +377,7 @@ class Run:
         branch = outs.match(value, err)
         if branch is None:
             ts.outcome = self._describe_answer(value, err)
-            self.fail(outs.blame, *self._mismatch(action, args, outs, value, err))
+            self.fail(outs.blame, *self._mismatch(action, args, outs, value, err), exc=err)
         is_return = err is None
         ts.outcome = ("returns " + branch.describe) if is_return else f"raises {type(err).__name__}"
         st.outcomes[(action.name, ts.outcome)] += 1

@@ -223,3 +223,18 @@ def test_an_action_answered_unsupported_every_time_makes_its_rows_na_not_unteste
     st.offered["reserve_owned"] = 1
     cov = verdicts.coverage({"S12": ["reserve_owned"]}, ["reserve_owned"], st, 3)
     assert "na" not in cov["S12"] and not cov["S12"]["tested"]
+
+
+def test_a_reproduction_shows_the_targets_own_traceback_and_names_this_interpreter(tmp_path):
+    (res,) = runner.conform("tests.test_verdicts:toy_free_crashes", "mechanism", machine=TOY, examples=20, steps=10,
+                            out_dir=str(tmp_path))
+    f = next(x for x in res.failures if x.invariant == "T1")
+    p = subprocess.run([sys.executable, f.repro], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "reproduced: FAIL T1" in p.stdout
+    assert "the target raised:" in p.stderr and "RuntimeError: free is broken" in p.stderr
+    assert "in deallocate" in p.stderr          # the target's own frame
+    cli = subprocess.run([sys.executable, "-m", "memspec", "conform", "tests.test_verdicts:toy_free_crashes",
+                          "--machine", TOY, "--level", "mechanism", "--examples", "10", "--steps", "10", "--quiet",
+                          "--out", str(tmp_path / "r2")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert f"{sys.executable} " in cli.stdout
+    assert max(len(line) for line in cli.stdout.splitlines()) <= 100

@@ -95,7 +95,8 @@ def main(argv: list[str]) -> int:
             total_secs += r.stats.seconds
             for f in r.failures:
                 if f.repro:
-                    console.print(f"  [red]FAIL {f.invariant}[/] ({r.level}, {f.shrunk_length} steps): python {f.repro}")
+                    console.print(f"  [red]FAIL {f.invariant}[/] ({r.level}, {f.shrunk_length} steps): "
+                                  f"{sys.executable} {f.repro}")
     rate = total_steps / total_secs if total_secs else 0.0
     console.print(f"steps run: {total_steps}; {rate:.0f} steps/s; {total_secs:.1f} s")
     if args.json:
