@@ -121,6 +121,9 @@ class Plan:
     swarm: bool = True
     #: guidance: redraw arguments the spec can only refuse (see ``Run._draw_args``)
     guide: bool = True
+    #: some actions are left out (a later pass of ``run_hypothesis``): a
+    #: state where none of the rest is available ends nothing, the step is skipped
+    partial: bool = False
 
     @property
     def invariant_ids(self) -> list[str]:
@@ -268,6 +271,8 @@ class Run:
                     tries += 1
         avail = self.available()
         if not avail:
+            if self.plan.partial:
+                raise _Stuck
             raise SpecError(f"{self.machine.name}: no action is available in this state")
         n = len(avail)
         if n == 1:
@@ -331,8 +336,11 @@ class Run:
                 break
         return a, args, rec.record, accepting
 
-    def step(self, chooser: Any) -> TraceStep:
-        action, args, choices = self.choose(chooser)
+    def step(self, chooser: Any) -> TraceStep | None:
+        try:
+            action, args, choices = self.choose(chooser)
+        except _Stuck:  # a pass that leaves actions out may leave none available: nothing to do
+            return None
         return self.apply(action, args, choices)
 
     def apply(self, action: Any, args: dict, choices: list | None = None) -> TraceStep:
@@ -633,6 +641,10 @@ class Run:
             if c is not None:
                 g.blame, g.what = TARGET_ERROR, "closing the target"
                 g.call(c)  # an error closing is not judged: teardown must not crash the harness
+
+
+class _Stuck(Exception):
+    """No action of a partial table is available (see ``Plan.partial``)."""
 
 
 #: how much more likely a swarm-boosted action is drawn in its example

@@ -303,12 +303,14 @@ def run_hypothesis(plan: E.Plan, settings: Any, *, seed: int | None = None,
             if not fresh or result.errors or not ended:
                 break
             plan.actions = [a for a in plan.actions if a.name not in ended]
+            plan.partial = True
             plan.__dict__.pop("_weights", None)
             plan.__dict__.pop("_obs_order", None)
             if not plan.actions:
                 break
     finally:
         plan.actions = actions
+        plan.partial = False
         plan.__dict__.pop("_weights", None)
         plan.__dict__.pop("_obs_order", None)
         result.seconds = time.perf_counter() - t0
