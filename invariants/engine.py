@@ -510,17 +510,18 @@ class Run:
         return rank
 
     def _blame_first(self, found: list) -> list:
-        """``found`` in blame order: the invariants the step's action
-        declares, in the order it declares them (the spec lists the rule the
-        action is about before the ledger totals it also moves), then the
-        others, the more specific first (fewer declaring actions); then a
-        failure of the data before an invariant before a figure, then the
-        order the checks ran."""
+        """``found`` in blame order: the spec's own diagnosis (an invariant
+        failing on the spec state) before a data check before a figure read
+        from the implementation; within each, the invariants the step's
+        action declares, in the order it declares them (the spec lists the
+        rule the action is about before the ledger totals it also moves),
+        then the others, the more specific first (fewer declaring actions);
+        then the order the checks ran."""
         rank = self._rank()
         own = list(getattr(self._action, "invariants", ()) or ())
         n = len(self.machine.actions) + 1
-        cause_rank = {"data": 0, "invariant": 1, "observation": 2}
-        keyed = [(((0, own.index(inv)) if inv in own else (1, rank.get(inv, n)), cause_rank.get(cause, 1), i),
+        cause_rank = {"invariant": 0, "data": 1, "observation": 2}
+        keyed = [((cause_rank.get(cause, 1), (0, own.index(inv)) if inv in own else (1, rank.get(inv, n)), i),
                   (inv, cause, why)) for i, (inv, cause, why) in enumerate(found)]
         return [x for _k, x in sorted(keyed)]
 
