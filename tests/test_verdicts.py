@@ -151,10 +151,13 @@ def test_the_rule_broken_is_blamed_before_the_ledger_total_and_the_rest_are_cons
         run._fail_found(found)
     assert ei.value.invariant == "S4"
     assert "consequences at this step: S11 [observation] governor.free" in ei.value.reason
-    # an invariant the action does not declare comes after its own; among those the more specific first
+    # the spec's own diagnosis first, then data, then figures; within a kind the action's own
+    # invariants first, then the more specific (fewer declaring actions)
     run2 = _run_with(acts, _Act("x", ("S11",)))
     assert [x[0] for x in run2._blame_first([("S11", "observation", "a"), ("S7", "observation", "b"),
-                                             ("S4", "data", "c")])] == ["S11", "S7", "S4"]
+                                             ("S4", "data", "c"), ("S15", "invariant", "d")])] \
+        == ["S15", "S4", "S11", "S7"]
+    assert [x[0] for x in run2._blame_first([("S4", "observation", "a"), ("S7", "observation", "b")])] == ["S7", "S4"]
 
 
 def test_a_mismatch_prints_the_difference_of_the_figures():
