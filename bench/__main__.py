@@ -3,7 +3,7 @@ table, write JSON.
 
     python -m bench                 # everything (< 10 min on 2 cores)
     python -m bench --quick         # tiny sizes: a smoke run (seconds)
-    python -m bench --only caching  # one group: harness walk liveset caching formal gpu
+    python -m bench --only caching  # one group: harness walk liveset caching replay jobs formal gpu
     python -m bench --json out.json # default bench-results.json
     python -m bench --markdown t.md # also the table as Markdown
 
@@ -31,6 +31,8 @@ GROUPS: dict[str, str] = {
     "walk": "bench.harness:walk_rows",
     "liveset": "bench.harness:liveset_rows",
     "caching": "bench.caching:run",
+    "replay": "bench.replay:run",
+    "jobs": "bench.fuzz_jobs:run",
     "formal": "bench.formal:run",
     "gpu": "bench.gpu:run",
     "oom": "bench.oom:run",

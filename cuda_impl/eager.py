@@ -18,7 +18,7 @@ from memspec.spec.api import AllocationRequest, DeviceAllocation, DeviceKey, Ide
 from memspec.spec.errors import DoubleFree, ForeignAllocation, InvalidRequest, OutOfMemory, StaleHandle
 from memspec.cuda_impl.context import PrimaryContext
 from memspec.cuda_impl.driver import CudaError, CudaOutOfMemory, Driver
-from memspec.cuda_impl.vmm import _is_int, round_up
+from memspec.cuda_impl.vmm import _is_int, check_identity, round_up
 
 
 @dataclass
@@ -39,9 +39,14 @@ class CudaEagerAllocator:
         self._live: dict[Any, _Live] = {}
         self._issued = 0
         self._lock = threading.Lock()
+        self.closed = False   # set by the mechanism's close()
 
     def device(self) -> DeviceKey:
         return self._key
+
+    def _live_check(self) -> None:
+        if self.closed:
+            raise InvalidRequest(f"allocator {self._ids.creator} is closed (its mechanism was closed)")
 
     def live_bytes(self) -> int:
         with self._lock:
@@ -49,6 +54,7 @@ class CudaEagerAllocator:
 
     def allocate(self, request: AllocationRequest) -> DeviceAllocation:
         """Take ``footprint >= request.size`` bytes now.  Raises InvalidRequest, OutOfMemory."""
+        self._live_check()
         if not isinstance(request, AllocationRequest):
             raise InvalidRequest(f"expected an AllocationRequest, got {type(request).__name__}")
         size, alignment = request.size, request.alignment
@@ -83,18 +89,20 @@ class CudaEagerAllocator:
 
     def deallocate(self, allocation: DeviceAllocation) -> int:
         """``cuMemFree`` an allocation this allocator made; return its footprint."""
+        self._live_check()
         if not isinstance(allocation, DeviceAllocation):
             raise InvalidRequest(f"expected a DeviceAllocation, got {type(allocation).__name__}")
         ident = allocation.identity
-        if ident.creator != self._ids.creator:
-            raise ForeignAllocation(f"allocation {ident} was made by another allocator ({self._ids.creator} is this one)")
+        check_identity(ident, self._ids.creator, "allocation")
         with self._lock:
             live = self._live.get(ident)
             if live is None:
                 if ident.generation <= self._issued:
                     raise DoubleFree(f"allocation {ident} was already freed")
                 raise StaleHandle(f"allocation {ident} was never issued by this allocator")
-            if live.allocation.address != allocation.address or live.allocation.footprint != allocation.footprint:
+            a = live.allocation
+            if (a.address, a.size, a.footprint, a.device) != (allocation.address, allocation.size,
+                                                               allocation.footprint, allocation.device):
                 raise StaleHandle(f"allocation {ident} does not match the live one")
             self._ctx.make_current()
             self._drv.cuMemFree(live.base)

@@ -15,19 +15,33 @@ Seed 000: *device context, stream, copy, kernel, fence, release ordering*.
 * Copies: ``write`` stages the bytes in pinned host memory
   (``cuMemHostAlloc``) and enqueues ``cuMemcpyHtoDAsync`` (a pageable source
   could make the driver synchronize with a held stream); the staging buffer
-  lives until the fence.  ``read`` enqueues ``cuMemcpyDtoHAsync`` into pinned
+  lives until the fence.  Host memory is bounded: at most ``STAGED_CAP``
+  (16 MiB) of write data is staged per stream -- a write that would pass it
+  first frees what completed fences allow, then waits for the stream (unless
+  a ``hold`` gate keeps it, where waiting could not finish).  ``read`` enqueues ``cuMemcpyDtoHAsync`` into pinned
   memory and synchronizes the stream.  A write into a page whose access is
   ``PROT_READ`` (``cuMemGetAccess``) raises ReadOnlyViolation before anything
   is enqueued.
 * Kernels: ``launch`` is a stand-in kernel built from copies, the same on the
-  emulator and on a GPU: each read range is copied device-to-host into pinned
-  scratch, each write range is read and written back unchanged (DtoH then
-  HtoD of the same bytes), in stream order.  So it touches exactly the
-  ranges it names, faults on an unmapped page (or a read-only one for
-  writes), and leaves data as it was.
+  emulator and on a GPU: it touches every mapping page (granule) of each
+  range it names -- one byte per page, at the range's start and at each page
+  boundary inside it: read ranges are copied device-to-host into a pinned
+  scratch byte, write ranges are read and written back unchanged (DtoH then
+  HtoD of the same byte), in stream order.  Faults are per page (the
+  driver's page table is), so it faults exactly where a kernel touching the
+  whole range would: on an unmapped page, or a read-only one for writes; and
+  it leaves data as it was.  Host memory is bounded: one 64-byte pinned
+  scratch per stream, whatever the kernel's size; and it does not make the
+  host touch device bytes the program never wrote (on the emulator, device
+  memory is host memory: copying whole ranges made every page resident).
 * Deferred free: ``defer(fences, release)`` only enqueues; ``poll`` runs, in
   order, the releases all of whose fences ``cuEventQuery`` reports complete.
-  Nothing is unmapped under queued work (the cuda.core bug).
+  Nothing is unmapped under queued work (the cuda.core bug).  A release that
+  raises stays queued, in its place, with its context pin, and is retried by
+  the next ``poll``.
+* Lifetime: after ``close`` every call raises InvalidRequest (the provider
+  is closed); a second ``close`` is a no-op (the first one freed everything,
+  or raised and left the provider open to be closed again).
 * Holding a stream (tests): ``hold(stream)`` enqueues ``cuStreamWaitValue32``
   on a host-mapped word (``cuMemHostAlloc(DEVICEMAP)`` +
   ``cuMemHostGetDevicePointer``); ``gate.open()`` writes the word from the host.
@@ -56,6 +70,13 @@ from memspec.cuda_impl.driver import CudaError, Driver, error_for
 CU_STREAM_NON_BLOCKING = 1
 CU_EVENT_DISABLE_TIMING = 2
 
+#: chunk of a ``read`` (the pinned buffer it copies through)
+SCRATCH = 1 << 21
+#: pinned scratch of each stream for the stand-in kernel's one-byte probes (reused in stream order)
+KERNEL_SCRATCH = 64
+#: most bytes of ``write`` data staged in pinned memory per stream while their copies are queued
+STAGED_CAP = 16 << 20
+
 
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
@@ -67,7 +88,9 @@ class _Stream:
     issued: int = 0                                    # last fence value handed out
     done: int = 0                                      # every fence <= done is complete
     fences: deque = field(default_factory=deque)       # (value, event) not yet known complete
-    staging: deque = field(default_factory=deque)      # (value, host ptr) freed once value is done
+    staging: deque = field(default_factory=deque)      # (value, host ptr, bytes) freed once value is done
+    staged: int = 0                                    # bytes in ``staging``
+    scratch: int = 0                                   # the stream's kernel scratch (SCRATCH bytes), 0 until used
 
 
 @dataclass
@@ -156,13 +179,14 @@ class CudaExecutionProvider:
             return self._spare_events.pop()
         return self.drv.cuEventCreate(CU_EVENT_DISABLE_TIMING)
 
-    def _fence(self, index: int, s: _Stream, staging: Sequence[int] = ()) -> Fence:
+    def _fence(self, index: int, s: _Stream, staging: Sequence[tuple[int, int]] = ()) -> Fence:
         ev = self._event()
         self.drv.cuEventRecord(ev, s.cu)
         s.issued += 1
         s.fences.append((s.issued, ev))
-        for p in staging:
-            s.staging.append((s.issued, p))
+        for p, n in staging:
+            s.staging.append((s.issued, p, n))
+            s.staged += n
         return Fence(index, s.issued)
 
     def _completed(self, s: _Stream, value: int) -> None:
@@ -171,7 +195,9 @@ class CudaExecutionProvider:
         while s.fences and s.fences[0][0] <= s.done:
             self._spare_events.append(s.fences.popleft()[1])
         while s.staging and s.staging[0][0] <= s.done:
-            self.drv.cuMemFreeHost(s.staging.popleft()[1])
+            _, p, n = s.staging.popleft()
+            s.staged -= n
+            self.drv.cuMemFreeHost(p)
 
     def _pinned(self, n: int) -> int:
         return int(self.drv.cuMemHostAlloc(max(n, 1), 0))
@@ -196,12 +222,22 @@ class CudaExecutionProvider:
 
     @staticmethod
     def _ranges(ranges: Any, what: str) -> list[tuple[int, int]]:
+        if not isinstance(ranges, (list, tuple)):
+            raise InvalidRequest(f"{what} must be a list of (address, size) pairs, got {type(ranges).__name__}")
         out = []
         for r in ranges:
             if not (isinstance(r, (tuple, list)) and len(r) == 2 and _is_int(r[0]) and _is_int(r[1]) and r[1] >= 0):
                 raise InvalidRequest(f"{what} must be (address, size) pairs of ints, got {r!r}")
             out.append((r[0], r[1]))
         return out
+
+    def _probes(self, address: int, size: int):
+        """One address in every mapping page of ``[address, address+size)``:
+        the start, then each page boundary inside the range."""
+        if size > 0:
+            yield address
+            g = self._gran
+            yield from range(address - address % g + g, address + size, g)
 
     # -- work -----------------------------------------------------------
     def write(self, stream: int, address: int, data: bytes) -> Fence:
@@ -210,12 +246,15 @@ class CudaExecutionProvider:
             s = self._stream(stream)
             if not _is_int(address):
                 raise InvalidRequest(f"address must be an int, got {address!r}")
+            if not isinstance(data, (bytes, bytearray, memoryview)):
+                raise InvalidRequest(f"write takes bytes, got {type(data).__name__}")
             data = bytes(data)
             n = len(data)
             staging: list[int] = []
             if n:
                 self._check_writable(address, n)
                 self.ctx.make_current()
+                self._bound_staging(stream, s, n)
                 p = self._pinned(n)
                 ctypes.memmove(p, data, n)
                 try:
@@ -223,8 +262,19 @@ class CudaExecutionProvider:
                 except CudaError as e:
                     self.drv.cuMemFreeHost(p)
                     raise self._fault(e, "write", address) from e
-                staging.append(p)
+                staging.append((p, n))
             return self._fence(stream, s, staging)
+
+    def _bound_staging(self, index: int, s: _Stream, n: int) -> None:
+        """Keep the stream's staged write bytes within ``STAGED_CAP``: free
+        what completed fences allow, then wait for the stream's queued work
+        (not while a gate holds it: that wait could not end)."""
+        if s.staged + n <= STAGED_CAP or not s.staging:
+            return
+        self.fence_done(Fence(index, s.issued))
+        if s.staged + n > STAGED_CAP and s.staging and not any(
+                g.stream == index and not g.is_open for g in self._gates):
+            self._sync(s)
 
     def read(self, stream: int, address: int, size: int) -> bytes:
         """Device-to-host copy after the stream's queued work; waits for it."""
@@ -235,14 +285,19 @@ class CudaExecutionProvider:
             if size == 0:
                 return b""
             self.ctx.make_current()
-            p = self._pinned(size)
+            k = min(size, SCRATCH)
+            p = self._pinned(k)   # bounded: the copy runs in chunks through it
+            out = bytearray()
             try:
-                try:
-                    self.drv.cuMemcpyDtoHAsync(p, address, size, s.cu)
-                except CudaError as e:
-                    raise self._fault(e, "read", address) from e
-                self._sync(s)
-                return ctypes.string_at(p, size)
+                for off in range(0, size, k):
+                    n = min(k, size - off)
+                    try:
+                        self.drv.cuMemcpyDtoHAsync(p, address + off, n, s.cu)
+                    except CudaError as e:
+                        raise self._fault(e, "read", address + off) from e
+                    self._sync(s)
+                    out += ctypes.string_at(p, n)
+                return bytes(out)
             finally:
                 self.drv.cuMemFreeHost(p)
 
@@ -256,28 +311,29 @@ class CudaExecutionProvider:
                 if n:
                     self._check_writable(a, n)
             self.ctx.make_current()
-            staging: list[int] = []
             error: BaseException | None = None
             try:
-                back: list[tuple[int, int, int]] = []
-                for a, n in rs + ws:
-                    if not n:
-                        continue
-                    p = self._pinned(n)
-                    staging.append(p)
-                    try:
-                        self.drv.cuMemcpyDtoHAsync(p, a, n, s.cu)
-                    except CudaError as e:
-                        raise self._fault(e, "kernel read", a) from e
-                    back.append((a, n, p))
-                for a, n, p in back[len(back) - len([w for w in ws if w[1]]):]:
-                    try:
-                        self.drv.cuMemcpyHtoDAsync(a, p, n, s.cu)
-                    except CudaError as e:
-                        raise self._fault(e, "kernel write", a) from e
+                if (rs or ws) and not s.scratch:
+                    s.scratch = self._pinned(KERNEL_SCRATCH)
+                for a, n in rs:
+                    for p in self._probes(a, n):
+                        try:
+                            self.drv.cuMemcpyDtoHAsync(s.scratch, p, 1, s.cu)
+                        except CudaError as e:
+                            raise self._fault(e, "kernel read", p) from e
+                for a, n in ws:
+                    for p in self._probes(a, n):
+                        try:
+                            self.drv.cuMemcpyDtoHAsync(s.scratch, p, 1, s.cu)
+                        except CudaError as e:
+                            raise self._fault(e, "kernel read", p) from e
+                        try:
+                            self.drv.cuMemcpyHtoDAsync(p, s.scratch, 1, s.cu)
+                        except CudaError as e:
+                            raise self._fault(e, "kernel write", p) from e
             except MemspecError as e:
                 error = e
-            fence = self._fence(stream, s, staging)   # what was enqueued stays ordered
+            fence = self._fence(stream, s)   # what was enqueued stays ordered
             if error is not None:
                 raise error
             return fence
@@ -323,6 +379,7 @@ class CudaExecutionProvider:
     def defer(self, fences: Sequence[Fence], release: Callable[[], object]) -> None:
         """Enqueue ``release`` behind ``fences``; never runs it now (a drop only enqueues)."""
         with self._lock:
+            self._live()
             fences = tuple(fences)
             for f in fences:
                 self._check_fence(f)
@@ -340,6 +397,7 @@ class CudaExecutionProvider:
         mechanism and the accounting roles, which may call back into the EP)."""
         errors: list[BaseException] = []
         with self._lock:
+            self._live()
             ready: list[_Deferred] = []
             keep: deque[_Deferred] = deque()
             while self._queue:
@@ -351,16 +409,21 @@ class CudaExecutionProvider:
                     ok = False
                 (ready if ok else keep).append(d)
             self._queue = keep
+        failed: list[_Deferred] = []
         for d in ready:
             try:
                 d.release()
-            except BaseException as e:  # the entry is consumed either way
+            except BaseException as e:  # stays queued (with its pin) and is retried
                 errors.append(e)
-            finally:
+                failed.append(d)
+            else:
                 self.ctx.unpin()
+        if failed:
+            with self._lock:   # ahead of everything queued after them, in order
+                self._queue.extendleft(reversed(failed))
         if errors:
             raise errors[0]
-        return len(ready)
+        return len(ready) - len(failed)
 
     def pending_releases(self) -> int:
         with self._lock:
@@ -420,6 +483,10 @@ class CudaExecutionProvider:
                 s.fences.clear()
                 while s.staging:
                     self.drv.cuMemFreeHost(s.staging.popleft()[1])
+                s.staged = 0
+                if s.scratch:
+                    self.drv.cuMemFreeHost(s.scratch)
+                    s.scratch = 0
                 self.drv.cuStreamDestroy(s.cu)
             for ev in self._spare_events:
                 self.drv.cuEventDestroy(ev)

@@ -160,6 +160,33 @@ def _i(x: Any) -> int:
     return 0 if x is None else int(x)
 
 
+#: the host's user address space (x86-64 and AArch64 with 4-level tables:
+#: 128 TiB).  Every size, offset and size + alignment is checked against it
+#: before any system call: ctypes passes ``size_t`` modulo 2**64, so an
+#: unchecked 2**64 would reach mmap as a small size.
+HOST_VA_LIMIT = 1 << 47
+
+
+def _n(x: Any) -> int | None:
+    """A byte count or offset as an int in ``[0, HOST_VA_LIMIT]``; None for
+    anything else (negative, too large for the host, not an integer)."""
+    if isinstance(x, bool):
+        return None
+    try:
+        v = int(x)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if isinstance(x, float) and v != x:
+        return None
+    return v if 0 <= v <= HOST_VA_LIMIT else None
+
+
+def _too_big(x: Any) -> bool:
+    """An integer byte count larger than the host can map (OUT_OF_MEMORY, as
+    a driver answers a request beyond the device)."""
+    return isinstance(x, int) and not isinstance(x, bool) and x > HOST_VA_LIMIT
+
+
 # --------------------------------------------------------------------------
 # Emulator state
 # --------------------------------------------------------------------------
@@ -534,11 +561,13 @@ class HostDriver:
             self._count("cuMemCreate")
             if not self._initialized:
                 return (R.CUDA_ERROR_NOT_INITIALIZED, None)
-            size = int(size)
             bad = self._check_prop(prop)
             if bad is not None:
                 return (bad, None)
-            if size <= 0 or not self._aligned(size) or _i(flags) != 0:
+            if _too_big(size):
+                return (R.CUDA_ERROR_OUT_OF_MEMORY, None)
+            size = _n(size)
+            if size is None or size <= 0 or not self._aligned(size) or _i(flags) != 0:
                 return (R.CUDA_ERROR_INVALID_VALUE, None)
             if self.used + size > self.capacity:
                 return (R.CUDA_ERROR_OUT_OF_MEMORY, None)
@@ -583,12 +612,16 @@ class HostDriver:
             self._count("cuMemAddressReserve")
             if not self._initialized:
                 return (R.CUDA_ERROR_NOT_INITIALIZED, None)
-            size, alignment = int(size), int(alignment)
-            if size <= 0 or not self._aligned(size) or _i(flags) != 0:
+            if _too_big(size) and _n(alignment) is not None and _i(flags) == 0:
+                return (R.CUDA_ERROR_OUT_OF_MEMORY, None)   # more address space than the host has
+            size, alignment = _n(size), _n(alignment)
+            if size is None or alignment is None or size <= 0 or not self._aligned(size) or _i(flags) != 0:
                 return (R.CUDA_ERROR_INVALID_VALUE, None)
             if alignment < 0 or (alignment and (alignment & (alignment - 1) or not self._aligned(alignment))):
                 return (R.CUDA_ERROR_INVALID_VALUE, None)
             align = max(alignment, self.granularity)
+            if size + align > HOST_VA_LIMIT:
+                return (R.CUDA_ERROR_OUT_OF_MEMORY, None)   # more address space than the host has
             # the hint is not honoured (the driver need not honour it either)
             try:
                 raw = _sys_mmap(0, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE)
@@ -608,13 +641,16 @@ class HostDriver:
             self._count("cuMemAddressFree")
             if not self._initialized:
                 return (R.CUDA_ERROR_NOT_INITIALIZED,)
-            base, size = _i(ptr), int(size)
-            if self._reservations.get(base) != size:
+            base, size = _i(ptr), _n(size)
+            if size is None or self._reservations.get(base) != size:
                 return (R.CUDA_ERROR_INVALID_VALUE,)
             if next(iter(self._mappings.irange(base, base + size - 1)), None) is not None:
                 return (R.CUDA_ERROR_INVALID_VALUE,)
+            try:
+                _sys_munmap(base, size)
+            except OSError:
+                return (R.CUDA_ERROR_UNKNOWN,)   # nothing changed: the reservation stays
             del self._reservations[base]
-            _sys_munmap(base, size)
             return (SUCCESS,)
 
     def cuMemMap(self, ptr: Any, size: int, offset: int, handle: Any, flags: int):
@@ -622,8 +658,8 @@ class HostDriver:
             self._count("cuMemMap")
             if not self._initialized:
                 return (R.CUDA_ERROR_NOT_INITIALIZED,)
-            va, size, offset = _i(ptr), int(size), int(offset)
-            if size <= 0 or offset < 0 or _i(flags) != 0 or not self._aligned(va, size, offset):
+            va, size, offset = _i(ptr), _n(size), _n(offset)
+            if size is None or offset is None or size <= 0 or _i(flags) != 0 or not self._aligned(va, size, offset):
                 return (R.CUDA_ERROR_INVALID_VALUE,)
             phys = self._physical.get(_i(handle))
             if phys is None or phys.refs == 0 or offset + size > phys.size:
@@ -649,11 +685,14 @@ class HostDriver:
             self._count("cuMemUnmap")
             if not self._initialized:
                 return (R.CUDA_ERROR_NOT_INITIALIZED,)
-            va, size = _i(ptr), int(size)
+            va, size = _i(ptr), _n(size)
             m = self._mappings.get(va)
             if m is None or m.size != size:
                 return (R.CUDA_ERROR_INVALID_VALUE,)
-            _sys_mmap(va, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED)
+            try:
+                _sys_mmap(va, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED)
+            except OSError:
+                return (R.CUDA_ERROR_OUT_OF_MEMORY,)   # nothing changed: still mapped
             del self._mappings[va]
             for o in range(0, size, self.granularity):
                 del self._pages[va + o]
@@ -668,9 +707,9 @@ class HostDriver:
             self._count("cuMemSetAccess")
             if not self._initialized:
                 return (R.CUDA_ERROR_NOT_INITIALIZED,)
-            va, size = _i(ptr), int(size)
+            va, size = _i(ptr), _n(size)
             descs = list(desc) if isinstance(desc, (list, tuple)) else [desc]
-            if int(count) != len(descs) or not descs or size <= 0 or not self._aligned(va, size):
+            if size is None or _n(count) != len(descs) or not descs or size <= 0 or not self._aligned(va, size):
                 return (R.CUDA_ERROR_INVALID_VALUE,)
             flags = None
             for d in descs:
@@ -689,7 +728,10 @@ class HostDriver:
             pages = [self._pages.get(va + o) for o in range(0, size, g)]
             if any(p is None for p in pages):
                 return (R.CUDA_ERROR_INVALID_VALUE,)
-            _sys_mprotect(va, size, _HOST_PROT[flags])
+            try:
+                _sys_mprotect(va, size, _HOST_PROT[flags])
+            except OSError:
+                return (R.CUDA_ERROR_OUT_OF_MEMORY,)
             for p in pages:
                 p.access = flags
             return (SUCCESS,)
@@ -715,12 +757,14 @@ class HostDriver:
                 return (R.CUDA_ERROR_NOT_INITIALIZED, None)
             if not self._ctx_ok():
                 return (R.CUDA_ERROR_INVALID_CONTEXT, None)
-            n = int(bytesize)
-            if n <= 0:
+            if _too_big(bytesize):
+                return (R.CUDA_ERROR_OUT_OF_MEMORY, None)
+            n = _n(bytesize)
+            if n is None or n <= 0:
                 return (R.CUDA_ERROR_INVALID_VALUE, None)
             g = self.granularity
             size = -(-n // g) * g
-            if self.used + size > self.capacity:
+            if self.used + size > self.capacity or size + g > HOST_VA_LIMIT:
                 return (R.CUDA_ERROR_OUT_OF_MEMORY, None)
             fd = os.memfd_create("memspec-linear", os.MFD_CLOEXEC)
             try:
@@ -730,11 +774,16 @@ class HostDriver:
                 os.close(fd)
                 return (R.CUDA_ERROR_OUT_OF_MEMORY, None)
             base = (raw + g - 1) // g * g
+            try:
+                _sys_mmap(base, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0)
+            except OSError:
+                _sys_munmap(raw, size + g)
+                os.close(fd)
+                return (R.CUDA_ERROR_OUT_OF_MEMORY, None)
             if base > raw:
                 _sys_munmap(raw, base - raw)
             if raw + g - base:
                 _sys_munmap(base + size, raw + g - base)
-            _sys_mmap(base, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0)
             self._linear[base] = _Linear(base, size, fd)
             self.used += size
             return (SUCCESS, _cu.CUdeviceptr(base))
@@ -762,10 +811,15 @@ class HostDriver:
                 return (R.CUDA_ERROR_NOT_INITIALIZED, 0)
             if not self._ctx_ok():
                 return (R.CUDA_ERROR_INVALID_CONTEXT, 0)
-            n = int(bytesize)
-            if n <= 0:
+            if _too_big(bytesize):
+                return (R.CUDA_ERROR_OUT_OF_MEMORY, 0)
+            n = _n(bytesize)
+            if n is None or n <= 0:
                 return (R.CUDA_ERROR_INVALID_VALUE, 0)
-            buf = (ctypes.c_char * n)()
+            try:
+                buf = (ctypes.c_char * n)()
+            except (MemoryError, OverflowError, ValueError):
+                return (R.CUDA_ERROR_OUT_OF_MEMORY, 0)
             base = ctypes.addressof(buf)
             self._host[base] = _HostBlock(base, n, int(flags), buf)
             return (SUCCESS, base)
@@ -963,6 +1017,15 @@ class HostDriver:
             return src
         return bytes(memoryview(src).cast("B")[:n])
 
+    def _host_range_ok(self, p: Any, n: int) -> bool:
+        """An integer host pointer must name ``n`` bytes of one
+        ``cuMemHostAlloc`` block: the emulator cannot tell a valid pageable
+        pointer from a wild one, and a wild one would be written through."""
+        if not isinstance(p, int):
+            return True
+        blk = self._block_of(self._host, p)
+        return blk is not None and p + n <= blk.base + blk.size
+
     def _enqueue_checks(self, hStream: Any, count: Any, *device_ptrs: Any):
         """Enqueue-time checks shared by the async copies and memset: the
         stream exists (else INVALID_HANDLE); the byte count is not negative and
@@ -972,8 +1035,8 @@ class HostDriver:
         s = self._stream(hStream)
         if s is None:
             return (R.CUDA_ERROR_INVALID_HANDLE,), None, (), 0
-        addrs, n = tuple(_i(p) for p in device_ptrs), int(count)
-        if n < 0 or not all(self._is_device_memory(a, n) for a in addrs):
+        addrs, n = tuple(_i(p) for p in device_ptrs), _n(count)
+        if n is None or not all(self._is_device_memory(a, n) for a in addrs):
             return (R.CUDA_ERROR_INVALID_VALUE,), None, (), 0
         return None, s, addrs, n
 
@@ -983,6 +1046,8 @@ class HostDriver:
             bad, s, addrs, n = self._enqueue_checks(hStream, ByteCount, dstDevice)
             if bad:
                 return bad
+            if not self._host_range_ok(srcHost, n):
+                return (R.CUDA_ERROR_INVALID_VALUE,)
             s.queue.append(("htod", addrs[0], self._host_src(srcHost, n), n))
             return (SUCCESS,)
 
@@ -993,6 +1058,8 @@ class HostDriver:
             if bad:
                 return bad
             src = addrs[0]
+            if not self._host_range_ok(dstHost, n):
+                return (R.CUDA_ERROR_INVALID_VALUE,)
             if isinstance(dstHost, int):
                 dst, keep = dstHost, None
             else:

@@ -62,7 +62,11 @@ class CudaMechanism:
 
     def close(self, *, force: bool = False) -> None:
         """Drop the mechanism's context pin.  ContextBusy while anything it made
-        lives, unless ``force`` (teardown: frees everything first)."""
+        lives, unless ``force`` (teardown: frees everything first).  After
+        close every call of its allocator, VirtualBacking and SharedMapping
+        raises InvalidRequest (nothing re-retains the context); a second close
+        is a no-op -- the first left nothing allocated, or raised and left the
+        mechanism open, to be closed again."""
         if self._closed:
             return
         if self.live():
@@ -73,6 +77,7 @@ class CudaMechanism:
             self.ctx.make_current()
             self.drv.cuStreamDestroy(self.core._stream)
             self.core._stream = None
+        self.core.closed = self._allocator.closed = True
         self.ctx.unpin()
         self._closed = True
 

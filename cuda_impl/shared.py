@@ -35,7 +35,7 @@ from memspec.spec.errors import (
     StaleHandle,
 )
 from memspec.cuda_impl.driver import CudaError, CudaOutOfMemory
-from memspec.cuda_impl.vmm import Transaction, VmmCore, _is_int, _Page, _Reservation
+from memspec.cuda_impl.vmm import Transaction, VmmCore, _is_int, _Page, _Reservation, check_identity
 
 
 @dataclass(eq=False)
@@ -91,21 +91,24 @@ class CudaSharedMapping:
     # -- handles ------------------------------------------------------------
     def _handle(self, handle: Any, *, releasing: bool = False, live: bool = True) -> _Handle:
         c = self._core
+        c.live_check()
         if not isinstance(handle, PhysicalHandle):
             raise InvalidRequest(f"expected a PhysicalHandle, got {type(handle).__name__}")
-        if handle.identity.creator != c.ids.creator:
-            raise ForeignAllocation(f"physical handle {handle.identity} was made by another mechanism")
+        check_identity(handle.identity, c.ids.creator, "physical handle")
         c.ctx.make_current()
         h = c.handles.get(handle.identity)
         if h is None or (live and h.released):
             if releasing:
                 raise DoubleFree(f"physical handle {handle.identity} was already released")
             raise StaleHandle(f"physical handle {handle.identity} was released")
+        if h.ph.size != handle.size:
+            raise StaleHandle(f"physical handle {handle.identity} does not match the live one (size {handle.size!r:.40})")
         return h
 
     def create(self, size: int) -> PhysicalHandle:
         """Physical pages of ``size`` bytes (a positive multiple of the granularity)."""
         c = self._core
+        c.live_check()
         if not _is_int(size) or size <= 0 or size % c.gran:
             raise InvalidRequest(f"size must be a positive multiple of {c.gran}, got {size!r}")
         with c.lock:
@@ -127,6 +130,8 @@ class CudaSharedMapping:
         """Map the whole handle at ``allocation.address + offset``; return the bytes mapped."""
         c = self._core
         drv, g = c.drv, c.gran
+        if not isinstance(read_only, bool):
+            raise InvalidRequest(f"read_only must be a bool, got {read_only!r}")
         with c.lock:
             h = self._handle(handle)
             r = c.reservation(allocation)

@@ -72,17 +72,14 @@ def build(
     def faults() -> list[Any]:
         return list(drv.emulator.faults) if drv.emulator is not None else []
 
-    closed = [False]
-
     def close() -> None:
-        if closed[0]:
-            return
-        closed[0] = True
+        """Tear down the EP and every mechanism (force).  Idempotent: each part
+        closes once; a part whose close raised stays open and the next
+        close() retries it, so nothing is left allocated."""
         errors: list[BaseException] = []
-        for step in [lambda: ep.close(force=True), lambda: mech.close(force=True),
-                     *[(lambda m=m: m.close(force=True)) for m in foreign]]:
+        for part in [ep, mech, *foreign]:
             try:
-                step()
+                part.close(force=True)   # a no-op once that part is closed
             except BaseException as e:  # tear everything down, then report
                 errors.append(e)
         if errors:

@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 from memspec.spec.api import (
     DeviceKey,
+    Identity,
     IdentitySource,
     PhysicalHandle,
     ReserveRequest,
@@ -55,6 +56,17 @@ def _is_int(x: Any) -> bool:
 
 def round_up(n: int, g: int) -> int:
     return -(-n // g) * g
+
+
+def check_identity(ident: Any, creator: str, what: str) -> None:
+    """A handle's identity must be an :class:`Identity` with an int
+    generation (anything else -- a forged handle -- is InvalidRequest) made
+    by ``creator`` (else ForeignAllocation).  The caller then checks it
+    against its own records."""
+    if not isinstance(ident, Identity) or not isinstance(ident.creator, str) or not _is_int(ident.generation):
+        raise InvalidRequest(f"{what} handle has a forged identity {ident!r:.80}")
+    if ident.creator != creator:
+        raise ForeignAllocation(f"{what} {ident} was made by another mechanism ({creator} is this one)")
 
 
 @dataclass
@@ -128,13 +140,18 @@ class VmmCore:
         self.handles: dict[Any, Any] = {}       # Identity -> shared._Handle
         self.leak_creation_handles = leak_creation_handles
         self._stream: Any = None
+        self.closed = False       # set by the mechanism's close(): every later call is refused
+
+    def live_check(self) -> None:
+        if self.closed:
+            raise InvalidRequest(f"mechanism {self.ids.creator} is closed")
 
     # -- identity checks --------------------------------------------------
     def reservation(self, va: Any, *, releasing: bool = False) -> _Reservation:
+        self.live_check()
         if not isinstance(va, VirtualAllocation):
             raise InvalidRequest(f"expected a VirtualAllocation, got {type(va).__name__}")
-        if va.identity.creator != self.ids.creator:
-            raise ForeignAllocation(f"reservation {va.identity} was made by another mechanism ({self.ids.creator} is this one)")
+        check_identity(va.identity, self.ids.creator, "reservation")
         self.ctx.make_current()   # contexts are per thread; a drop may run on any thread
         r = self.reservations.get(va.identity)
         if r is None:
@@ -174,6 +191,7 @@ class VmmCore:
         return self._stream
 
     def new_reservation(self, request: Any) -> VirtualAllocation:
+        self.live_check()
         if not isinstance(request, ReserveRequest):
             raise InvalidRequest(f"expected a ReserveRequest, got {type(request).__name__}")
         size, alignment = request.size, request.alignment

@@ -7,7 +7,9 @@ returns a fresh system under test each call.  Targets are named three ways:
   ``reference-eager``, ``cuda-host``, ... or a plugin's own);
 * ``package.module:attr`` -- any importable factory;
 * ``mutant:NAME`` -- a planted-bug target of :mod:`memspec.invariants.mutants`
-  (a plain factory like any other; the name is kept for the report).
+  (a plain factory like any other; the name is kept for the report);
+* ``c:path/to/libplugin.so`` -- a C plugin (``adapters/c/memspec_plugin.h``),
+  loaded by :mod:`memspec.adapters.c_plugin`.
 """
 
 from __future__ import annotations
@@ -86,6 +88,10 @@ def resolve(name: str) -> TargetRef:
             if m.name == want:
                 return TargetRef(name, m.factory, f"mutant ({m.description})", mutant=m)
         raise LookupError(f"no mutant named {want!r}")
+    if name.startswith("c:"):
+        from memspec.adapters.c_plugin import factory as c_plugin_factory
+
+        return TargetRef(name, c_plugin_factory(name[2:]), f"C plugin {name[2:]}")
     if ":" in name:
         try:
             return TargetRef(name, _load_attr(name), "module attribute")

@@ -146,6 +146,7 @@ def caching_init(machine: Any, instance: api.TargetInstance, caps: dict) -> dict
 def mechanism_sut(run: Any, instance: api.TargetInstance) -> MechanismSUT:
     """The target's mechanism and its foreign twin (``make_foreign()``, or a
     second instance from the factory)."""
+    api.adopt_legacy_extras(instance)
     twin = None
     if instance.make_foreign is not None:
         foreign = instance.make_foreign()
@@ -159,6 +160,7 @@ def mechanism_sut(run: Any, instance: api.TargetInstance) -> MechanismSUT:
 def system_sut(run: Any, instance: api.TargetInstance) -> Any:
     """The roles of seed 000 around the target: those it brings
     (``TargetInstance.roles``), the reference's for the rest."""
+    api.adopt_legacy_extras(instance)
     from memspec.reference.system import build_system
 
     system = build_system(instance, capacity=instance.capacity)
@@ -168,6 +170,7 @@ def system_sut(run: Any, instance: api.TargetInstance) -> Any:
 
 
 def caching_sut(run: Any, instance: api.TargetInstance) -> CachingSUT:
+    api.adopt_legacy_extras(instance)
     return CachingSUT(instance)
 
 

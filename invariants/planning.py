@@ -67,6 +67,7 @@ def build_probe(tref: TargetRef, capacity: int | None) -> api.TargetInstance:
         raise TargetError(f"target {tref.name!r} factory raised {type(e).__name__}: {e}") from e
     if not isinstance(inst, api.TargetInstance):
         raise TargetError(f"target {tref.name!r} factory returned {type(inst).__name__}, not a TargetInstance")
+    api.adopt_legacy_extras(inst)
     if inst.kind not in api.TARGET_KINDS:
         raise TargetError(f"target {tref.name!r} has kind {inst.kind!r} (one of {', '.join(api.TARGET_KINDS)})")
     return inst

@@ -9,6 +9,7 @@ standalone reproduction, or skip with the N/A reason (capability absent).
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 import pytest
@@ -49,7 +50,7 @@ class MemspecItem(pytest.Item):
                 steps = "\n".join(f"  {i}. {s.action}({', '.join(f'{k}={v!r}' for k, v in s.args.items())}) -> {s.outcome}"
                                   for i, s in enumerate(f.trace, 1))
                 raise MemspecFailure(f"{inv} [{f.cause}] {f.reason}\nshrunk counterexample ({f.shrunk_length} steps):\n"
-                                     f"{steps}" + (f"\nreproduction: python {f.repro}" if f.repro else ""))
+                                     f"{steps}" + (f"\nreproduction: python {shlex.quote(str(f.repro))}" if f.repro else ""))
             return
         if res.errors:
             raise MemspecFailure("; ".join(res.errors))

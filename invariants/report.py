@@ -13,6 +13,7 @@ verdict.
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import xml.etree.ElementTree as ET
 from typing import Any, Iterable
@@ -162,7 +163,7 @@ def write_junit(path: str, all_results: dict[str, list[Any]]) -> None:
                         lines += [f"{i}. {s.action}({', '.join(f'{k}={v!r}' for k, v in s.args.items())}) -> {s.outcome}"
                                   for i, s in enumerate(f.trace, 1)]
                         if f.repro:
-                            lines.append(f"reproduction: {sys.executable} {f.repro}")
+                            lines.append(f"reproduction: {shlex.quote(sys.executable)} {shlex.quote(str(f.repro))}")
                     el.text = "\n".join(lines)
                 elif status == "ERROR":
                     ET.SubElement(tc, "error", message=detail[:500])

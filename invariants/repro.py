@@ -31,49 +31,71 @@ def _literal(v: Any) -> bool:
         return False
 
 
+def _data(v: Any, default: Any = None) -> str:
+    """Python source for ``v`` as plain data, or for ``default`` when ``v`` is
+    not a literal.  The text written is the repr of what
+    :func:`ast.literal_eval` rebuilt (builtin types only), never the repr of
+    an object the target handed over, so a target's ``__repr__`` or a string
+    full of ``\\r``, ``\\x0c`` or ``\\u2028`` can only ever become an
+    escaped string literal -- never a line of code or the end of a comment."""
+    try:
+        text = repr(v)
+        back = ast.literal_eval(text)
+        if back != v:
+            return repr(default)
+    except Exception:  # noqa: BLE001 - anything unusual is not data
+        return repr(default)
+    return repr(back)
+
+
 def _safe_name(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", s).strip("_")[:120] or "x"
 
 
 def render(failure: Any, plan: Any, target_name: str | None = None) -> str:
+    """The reproduction's source.  Text that the target (or a plugin) supplied
+    -- error messages, outcomes, the reason, names -- is written only as
+    repr-escaped data (``REASON``, ``OUTCOMES``, ``STEPS``), never inside a
+    comment or the docstring, so nothing in it can become code."""
     target = target_name or plan.target
-    titles = plan.titles()
-    lines = []
+    steps, outcomes = [], []
     for i, ts in enumerate(failure.trace, 1):
-        args = ts.args if _literal(ts.args) else None
-        note = ts.outcome + (f"; bound #{', #'.join(map(str, ts.bound))}" if ts.bound else "")
-        note = note.replace("\n", " ")
-        lines.append(f"    ({ts.action!r}, {args!r}, {list(ts.choices)!r}),  # {i}: {note[:150]}")
-    steps = "\n".join(lines)
-    reason = failure.reason.replace('"""', "'''")
+        steps.append(f"    ({_data(str(ts.action))}, {_data(ts.args)}, {_data(list(ts.choices), [])}),  # step {i}")
+        bound = ", ".join(f"#{b}" for b in ts.bound) if ts.bound else ""
+        outcomes.append(f"    {_data(str(ts.outcome) + (f'; bound {bound}' if bound else ''))},  # step {i}")
+    title = f"{failure.invariant} {plan.titles().get(failure.invariant, '')} [{failure.cause}]"
     return f'''#!/usr/bin/env python
-"""memspec reproduction: {failure.invariant} {titles.get(failure.invariant, "")} [{failure.cause}]
-target {target!r}, level {plan.level!r}, {len(failure.trace)} steps.
-
-{reason}
+"""memspec reproduction of a conformance failure (see FAILURE and REASON).
 
 Run it from the project root: ``python {{this file}}``.  While the bug is
-present it raises the same Violation ({failure.invariant}); once fixed it
-prints "did not reproduce" and exits 0.
+present it raises the same Violation; once fixed it prints "did not
+reproduce" and exits 0.
 """
 import os
 import sys
 
 sys.path.insert(0, os.getcwd())
-sys.path.insert(0, {os.getcwd()!r})
+sys.path.insert(0, {_data(os.getcwd())})
 
 from memspec.invariants.repro import replay_main  # noqa: E402
 
-TARGET = {target!r}
-LEVEL = {plan.level!r}
-CAPACITY = {plan.factory_kwargs.get("capacity")!r}
-TIMEOUT = {plan.timeout!r}
-EXPECT = ({failure.invariant!r}, {failure.cause!r})
-MACHINE = {plan.machine_ref!r}
+FAILURE = {_data(str(title))}
+REASON = {_data(str(failure.reason))}
+TARGET = {_data(str(target))}
+LEVEL = {_data(str(plan.level))}
+CAPACITY = {_data(plan.factory_kwargs.get("capacity"))}
+TIMEOUT = {_data(plan.timeout, 5.0)}
+EXPECT = ({_data(str(failure.invariant))}, {_data(str(failure.cause))})
+MACHINE = {_data(plan.machine_ref)}
 
 # (action, arguments or None when they are not literals, recorded choices)
 STEPS = [
-{steps}
+{chr(10).join(steps)}
+]
+
+# what each step did on the target (its outcome as recorded)
+OUTCOMES = [
+{chr(10).join(outcomes)}
 ]
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ the spec (layering rule).
 from __future__ import annotations
 
 import itertools
+import reprlib
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from typing import Any, Callable
@@ -96,7 +97,6 @@ def _dec2(stat: list, idx: int, n: int) -> None:
     """``Stat.decrease(n)`` on the ``all`` entry and the pool's entry."""
     for s in (stat[ALL], stat[idx]):
         s.current -= n
-        s.freed += n
 
 
 def free_key(stream: int, size: int, addr: int) -> int:
@@ -335,27 +335,25 @@ class _Segment:
                  page: int = 0, owner: Any = None):
         self.address, self.size, self.stream, self.small = address, size, stream, small
         self.expandable, self.handle, self.page, self.owner = expandable, handle, page, owner
-        self.head: CachedBlock | None = None
+        self.head: _Block | None = None
 
 
-class CachedBlock:
-    """A block of a segment -- and, while allocated, the handle
-    :meth:`CachingAllocator.malloc` hands out: ``address``, ``size`` (after
-    rounding and the split decision), ``requested_size``, ``stream``.
+class _Block:
+    """A block of a segment: the allocator's own record (never handed out).
 
-    Every allocation gets a block object never handed out before (a split
-    makes a new front block; a whole-block reuse makes a fresh copy), so a
-    stale handle is never allocated again and its second free is refused even
-    when its address was recycled."""
+    ``allocated``, ``size``, ``requested_size``, ``stream``, the neighbour
+    links and the event counts are read only from here, never from a
+    :class:`CachedBlock` handle."""
 
     __slots__ = ("address", "size", "requested_size", "stream", "seg", "prev", "next", "allocated", "mapped",
-                 "events", "uses", "gc_base")
+                 "events", "uses", "gc_base", "handle")
 
     def __init__(self, address: int, size: int, stream: int, seg: _Segment) -> None:
         self.address, self.size, self.stream, self.seg = address, size, stream, seg
         self.requested_size = 0
-        self.prev: CachedBlock | None = None
-        self.next: CachedBlock | None = None
+        self.handle: CachedBlock | None = None  # the record: the one live handle of this block
+        self.prev: _Block | None = None
+        self.next: _Block | None = None
         self.allocated = False
         self.mapped = True
         self.events = 0
@@ -366,11 +364,55 @@ class CachedBlock:
         return self.prev is not None or self.next is not None
 
     def __repr__(self) -> str:
-        return (f"CachedBlock(address={self.address:#x}, size={self.size}, requested_size={self.requested_size}, "
-                f"stream={self.stream})")
+        return (f"_Block(address={self.address:#x}, size={self.size}, requested_size={self.requested_size}, "
+                f"stream={self.stream}, allocated={self.allocated})")
 
 
-_Block = CachedBlock
+def _describe(h: Any) -> str:
+    """A handle's fields for an error message, whatever they hold (never raises)."""
+    parts = []
+    for name in ("address", "size", "requested_size", "stream"):
+        v = getattr(h, name, None)
+        parts.append(f"{name}={v:#x}" if name == "address" and type(v) is int else f"{name}={reprlib.repr(v)}")
+    return "CachedBlock(" + ", ".join(parts) + ")"
+
+
+class CachedBlock:
+    """The handle :meth:`CachingAllocator.malloc` hands out: ``address``,
+    ``size`` (after rounding and the split decision), ``requested_size``,
+    ``stream`` -- a read-out for the caller, nothing more.
+
+    The allocator never trusts a handle's fields: ``free`` and
+    ``record_stream`` accept a handle only when the allocator's own record --
+    the block's ``handle`` slot, set at malloc and cleared at free -- names
+    this very object (identity), and the block's segment is this allocator's.
+    A copy (``copy.copy``), a hand-built handle with a live block's address,
+    a handle whose fields were altered, or a handle already freed is refused
+    with a named error (DoubleFree, StaleHandle, ForeignAllocation), the
+    ledger unchanged.  Every malloc makes a new handle, so a stale one is
+    never live again even when its block or address is recycled."""
+
+    __slots__ = ("address", "size", "requested_size", "stream", "_block", "_freed")
+
+    def __init__(self, address: int, size: int, requested_size: int, stream: int, block: Any = None) -> None:
+        self.address, self.size, self.requested_size, self.stream = address, size, requested_size, stream
+        self._block = block
+        self._freed = False
+
+    def __repr__(self) -> str:
+        return _describe(self)
+
+
+def _sl_delete(bl: SortedList, maxes: list, lst: list, pos: int, idx: int) -> None:
+    """``SortedList._delete(pos, idx)``; its common cases inlined (no positional
+    index in use; the sublist stays non-empty and either is the only one or
+    is longer than half the load, so nothing is merged)."""
+    if not bl._index and len(lst) > 1 and (len(lst) > 501 or len(maxes) == 1):
+        del lst[idx]
+        bl._len -= 1
+        maxes[pos] = lst[-1]
+    else:
+        bl._delete(pos, idx)
 
 
 class _Pool:
@@ -436,6 +478,7 @@ class CachingAllocator:
         if capacity is None:
             raise InvalidRequest("capacity is required with a custom driver")
         self.preset = preset
+        self._seed = preset == "seed"
         self.capacity = capacity
         self.device_index = device_index
         self._driver = driver
@@ -447,7 +490,7 @@ class CachingAllocator:
         self._segments: dict[int, _Segment] = {}
         self._seg_alloc: dict[int, Any] = {}
         self._n_live = 0
-        self._pending: set[CachedBlock] = set()
+        self._pending: set[_Block] = set()
         self._issued: dict[int, int] = {}
         self._completed: dict[int, int] = {}
         self._events: dict[int, deque] = {}
@@ -510,8 +553,8 @@ class CachingAllocator:
 
     def set_per_process_memory_fraction(self, fraction: float) -> None:
         """cudaMalloc is refused when reserved + size > fraction * capacity."""
-        if not 0.0 <= fraction <= 1.0:
-            raise InvalidRequest(f"fraction must be in [0, 1], got {fraction}")
+        if type(fraction) not in (int, float) or not 0.0 <= fraction <= 1.0:  # nan fails both comparisons
+            raise InvalidRequest(f"fraction must be a number in [0, 1], got {fraction!r}")
         self.memory_fraction = fraction
         self._allowed = int(fraction * self.capacity)
 
@@ -537,6 +580,8 @@ class CachingAllocator:
         """The device finished every piece of work queued on ``stream`` so far:
         the events recorded on it are now complete (the allocator notices at
         the next malloc or empty_cache)."""
+        if type(stream) is not int or stream < 0:
+            raise InvalidRequest(f"stream must be a non-negative int, got {stream!r}")
         self._completed[stream] = self._issued.get(stream, 0)
 
     def synchronize(self) -> None:
@@ -547,7 +592,7 @@ class CachingAllocator:
         """``Tensor.record_stream``: the block is used by work on ``stream``;
         its free is then deferred until that work completes."""
         b = self._owned_live(block)
-        if not isinstance(stream, int) or stream < 0:
+        if type(stream) is not int or stream < 0:
             raise InvalidRequest(f"stream must be a non-negative int, got {stream!r}")
         if stream != b.stream:
             if b.uses is None:
@@ -603,12 +648,7 @@ class CachingAllocator:
         idx = bisect_left(lst, v)
         if lst[idx] != v:  # pragma: no cover - a broken free list
             raise KeyError(v)
-        if len(lst) > 501 and not bl._index:  # SortedList._delete's common case, inlined
-            del lst[idx]
-            bl._len -= 1
-            maxes[pos] = lst[-1]
-        else:
-            bl._delete(pos, idx)
+        _sl_delete(bl, maxes, lst, pos, idx)
         del pool.free[b.address]
 
     def _insert_unmapped(self, pool: _Pool, b: _Block) -> None:
@@ -665,13 +705,21 @@ class CachingAllocator:
             raise OutOfMemory(ONE_EB_MESSAGE, requested=size, total_capacity=self.capacity, device=self.device_index)
         if self._n_events:
             self._process_events()
-        r = round_request(size, self.preset, self._divisions) if self._divisions or self.preset == "seed" else (
-            K_MIN_BLOCK if size < K_MIN_BLOCK else (size + 511) & ~511)
+        if self._divisions:
+            r = round_request(size, self.preset, self._divisions)
+        elif size <= K_SMALL_SIZE or not self._seed:
+            r = K_MIN_BLOCK if size < K_MIN_BLOCK else (size + 511) & ~511
+        else:  # the seed's 2 MiB ladder above 1 MiB
+            r = (size + K_ROUND_LARGE - 1) & ~(K_ROUND_LARGE - 1)
         pool = self._small if r <= K_SMALL_SIZE else self._large
         b = self._get_free_block(pool, stream, r)
         if b is None:
             b = self._slow_path(pool, stream, r, size)
-        return self._alloc_found(pool, b, r, size, stream)
+        b = self._alloc_found(pool, b, r, size, stream)
+        h = CachedBlock(b.address, b.size, size, stream, b)
+        b.handle = h
+        self._n_live += 1
+        return h
 
     def _get_free_block(self, pool: _Pool, stream: int, r: int) -> _Block | None:
         if self.gc_threshold > 0.0 and self._allowed is not None:
@@ -700,12 +748,7 @@ class CachingAllocator:
             if r >= ms and b.size >= r + K_LARGE_BUFFER:
                 return None  # nor one too oversized for a large request
         if key is not None:
-            if len(sub) > 501 and not bl._index:  # SortedList._delete's common case, inlined
-                del sub[idx]
-                bl._len -= 1
-                maxes[pos] = sub[-1]
-            else:
-                bl._delete(pos, idx)
+            _sl_delete(bl, maxes, sub, pos, idx)
             del pool.free[b.address]
         else:
             self._remove(pool, b)
@@ -752,7 +795,7 @@ class CachingAllocator:
             self._oom(pool, stream, r, alloc_size, size)
         return b
 
-    def _alloc_found(self, pool: _Pool, b: _Block, r: int, size: int, stream: int) -> CachedBlock:
+    def _alloc_found(self, pool: _Pool, b: _Block, r: int, size: int, stream: int) -> _Block:
         idx = SMALL if pool.small else LARGE
         already_split = b.prev is not None or b.next is not None
         exp = b.seg.expandable
@@ -772,34 +815,36 @@ class CachingAllocator:
             rest.size = remaining
             self._insert(pool, rest)
             if not exp:
-                if already_split:
-                    s = self._s_isbytes
-                    _dec2(s, idx, r)
-                else:
-                    s = self._s_isbytes
-                    _inc2(s, idx, remaining)
-                    s = self._s_isplit
-                    _inc2(s, idx, 1)
-        else:
-            old = b  # a fresh object: a stale handle to ``old`` is never live again
-            b = CachedBlock(old.address, old.size, stream, old.seg)
-            b.prev, b.next, b.mapped = old.prev, old.next, old.mapped
-            if b.prev is not None:
-                b.prev.next = b
-            else:
-                b.seg.head = b
-            if b.next is not None:
-                b.next.prev = b
-            old.prev = old.next = None
-        if not split and already_split and not exp:
-            s = self._s_isbytes
-            _dec2(s, idx, b.size)
-            s = self._s_isplit
-            _dec2(s, idx, 1)
+                sib = self._s_isbytes
+                if already_split:  # the inactive split shrinks by what is handed out
+                    for j in (ALL, idx):
+                        x = sib[j]
+                        x.current -= r
+                else:  # a new inactive split: the remainder
+                    sis = self._s_isplit
+                    for j in (ALL, idx):
+                        x = sib[j]
+                        c = x.current + remaining
+                        x.current = c
+                        x.allocated += remaining
+                        if c > x.peak:
+                            x.peak = c
+                        x = sis[j]
+                        c = x.current + 1
+                        x.current = c
+                        x.allocated += 1
+                        if c > x.peak:
+                            x.peak = c
+        elif already_split and not exp:  # a whole inactive split handed out
+            sib, sis, n = self._s_isbytes, self._s_isplit, b.size
+            for j in (ALL, idx):
+                x = sib[j]
+                x.current -= n
+                x = sis[j]
+                x.current -= 1
         b.allocated = True
         b.requested_size = size
         b.stream = stream
-        self._n_live += 1
         bs = b.size
         sa, sab, sac, sacb, srq = self._s_alloc, self._s_abytes, self._s_active, self._s_actbytes, self._s_req
         for j in (ALL, idx):  # Stat.increase, inlined: this is the hot path
@@ -1094,33 +1139,55 @@ class CachingAllocator:
 
     # ---------------------------------------------------------------- free
 
-    def _owned_live(self, block: Any) -> CachedBlock:
-        if type(block) is not CachedBlock:
-            raise InvalidRequest(f"not a block of a caching allocator: {block!r}")
-        if block.seg.owner is not self:
-            raise ForeignAllocation(f"{block!r} was allocated by another caching allocator")
-        if not block.allocated:
-            raise DoubleFree(f"{block!r} was already freed")
-        return block
+    def _refuse(self, handle: Any) -> Exception:
+        """The named error for a handle the record does not name (the
+        handle's own fields only choose the error's name and text)."""
+        if type(handle) is not CachedBlock:
+            return InvalidRequest(f"not a block of a caching allocator: {type(handle).__name__}")
+        what = _describe(handle)
+        b = getattr(handle, "_block", None)
+        if type(b) is not _Block or getattr(b.seg, "owner", None) is not self:
+            return ForeignAllocation(f"{what} was not allocated by this caching allocator")
+        if getattr(handle, "_freed", False) is True:
+            return DoubleFree(f"{what} was already freed")
+        return StaleHandle(f"{what} is not a live handle of this allocator (a copy or a hand-built handle: "
+                           "only the object malloc returned is live)")
+
+    def _owned_live(self, handle: Any) -> _Block:
+        """The block of a live handle, from the allocator's own record."""
+        try:
+            b = handle._block
+            if (b.handle is handle and type(handle) is CachedBlock and type(b) is _Block and b.seg.owner is self
+                    and (b.prev.next if b.prev is not None else b.seg.head) is b):
+                return b
+        except AttributeError:
+            pass
+        raise self._refuse(handle)
 
     def free(self, block: CachedBlock) -> None:
         """Free a block. Allocated stats drop at once; with uses on other
-        streams the block waits for their events (``active_pending_free``)."""
-        b = block
-        if type(b) is not CachedBlock or b.seg.owner is not self or not b.allocated:
-            self._owned_live(b)  # raises the right error
-        b.allocated = False
+        streams the block waits for their events (``active_pending_free``).
+        The handle is checked against the allocator's record, never its own fields."""
+        try:
+            b = block._block
+            p = b.prev
+            if (b.handle is not block or type(block) is not CachedBlock or type(b) is not _Block
+                    or b.seg.owner is not self or (p.next if p is not None else b.seg.head) is not b):
+                raise AttributeError  # not the live handle this allocator's record names
+        except AttributeError:
+            raise self._refuse(block) from None
+        b.handle = None
         self._n_live -= 1
+        block._freed = True
+        b.allocated = False
         idx = SMALL if b.seg.small else LARGE
         bs = b.size
         sa, sab = self._s_alloc, self._s_abytes
         for j in (ALL, idx):
             s = sa[j]
             s.current -= 1
-            s.freed += 1
             s = sab[j]
             s.current -= bs
-            s.freed += bs
         if self._trace is not None:
             self._record("free_requested", b.address, b.requested_size, b.stream)
         if self._max_split is not None and b.size >= self._max_split:
@@ -1153,35 +1220,55 @@ class CachingAllocator:
             n = self._try_merge(pool, b, q)
             net_n -= 1
             net_b -= n
-        self._insert(pool, b)
+        v = (b.stream << 128) | (b.size << 64) | b.address  # _insert, inlined
+        bl = pool.blocks
+        maxes = bl._maxes
+        if maxes and not bl._index:
+            if v >= maxes[-1]:
+                pos = len(maxes) - 1
+                lst = bl._lists[pos]
+                lst.append(v)
+                maxes[pos] = v
+            else:
+                pos = bisect_right(maxes, v)
+                lst = bl._lists[pos]
+                insort(lst, v)
+            if len(lst) > 2000:
+                bl._expand(pos)
+            bl._len += 1
+        else:
+            bl.add(v)
+        pool.free[b.address] = b
+        b.gc_base = pool.gc_calls
         if b.prev is not None or b.next is not None:
             net_n += 1
             net_b += b.size
         idx = SMALL if pool.small else LARGE
-        if not b.seg.expandable:
-            if net_n:
-                s = self._s_isplit
+        if (net_n or net_b) and not b.seg.expandable:
+            sis, sib = self._s_isplit, self._s_isbytes
+            for j in (ALL, idx):  # Stat.increase / decrease, inlined
+                x = sis[j]
+                c = x.current + net_n
+                x.current = c
                 if net_n > 0:
-                    _inc2(s, idx, net_n)
-                else:
-                    _dec2(s, idx, -net_n)
-            if net_b:
-                s = self._s_isbytes
+                    x.allocated += net_n
+                    if c > x.peak:
+                        x.peak = c
+                x = sib[j]
+                c = x.current + net_b
+                x.current = c
                 if net_b > 0:
-                    _inc2(s, idx, net_b)
-                else:
-                    _dec2(s, idx, -net_b)
+                    x.allocated += net_b
+                    if c > x.peak:
+                        x.peak = c
         sac, sacb, srq = self._s_active, self._s_actbytes, self._s_req
         for j in (ALL, idx):
             s = sac[j]
             s.current -= 1
-            s.freed += 1
             s = sacb[j]
             s.current -= orig
-            s.freed += orig
             s = srq[j]
             s.current -= req
-            s.freed += req
         if self.preset == "seed" and b.seg.expandable:
             self._unmap_block(pool, b)  # the toy: pages returned at free
 

@@ -13,6 +13,12 @@ segment_free, segment_map, segment_unmap, oom``), ``allocator_settings`` and
 segment of its own, as in PyTorch.  The export itself
 (``CachingAllocator.snapshot()``) is :mod:`memspec.reference.caching_export`.
 
+:func:`load` is safe on untrusted files (bug reports, CI artifacts): a
+pickle is read by an unpickler that allows no globals -- plain dicts, lists,
+strings and numbers only, so nothing in the file can run -- or the file is
+JSON; then every field memspec reads is type-checked
+(:class:`SnapshotError`, an InvalidRequest, names the first bad one).
+
 Import and replay: :func:`replay` runs a snapshot's trace through either
 preset, with or without expandable segments, and answers seed 003's question
 *would expandable segments have avoided this OOM?*  :func:`to_svg` draws the
@@ -21,6 +27,9 @@ segments and their blocks (live, free, pending).
 
 from __future__ import annotations
 
+import html
+import io
+import json
 import pickle
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -42,23 +51,141 @@ def dump(snapshot: dict, f: BinaryIO | str) -> None:
         pickle.dump(snapshot, f)
 
 
-def load(f: BinaryIO | str) -> dict:
-    """Read a pickled snapshot (ours or PyTorch's) and check its shape.
+class SnapshotError(InvalidRequest):
+    """A snapshot file that is not plain snapshot data: unreadable, a pickle
+    that names any global (class, function), or a field of the wrong type."""
 
-    Only load snapshots you trust: this is :mod:`pickle`."""
-    try:
-        if isinstance(f, str):
-            with open(f, "rb") as fh:
-                snap = pickle.load(fh)
-        else:
-            snap = pickle.load(f)
-    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, IndexError) as e:
-        raise InvalidRequest(f"not a readable snapshot pickle: {type(e).__name__}: {e}") from e
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Unpickles plain data only (dict, list, tuple, str, bytes, int, float,
+    bool, None): every global lookup -- the way a pickle builds objects or
+    calls functions -- is refused, so loading runs nothing from the file."""
+
+    def find_class(self, module: str, name: str):  # noqa: D102
+        raise SnapshotError(f"snapshot pickle refers to {module}.{name}: only plain data (dict, list, str, int, ...) "
+                            "is accepted")
+
+
+#: segment field -> accepted types (PyTorch's ``_snapshot()``; older versions lack some optional ones)
+_SEG_REQUIRED = {"address": int, "total_size": int, "blocks": list}
+_SEG_OPTIONAL = {"device": int, "allocated_size": int, "active_size": int, "requested_size": int, "stream": int,
+                 "segment_type": str, "segment_pool_id": (list, tuple), "is_expandable": bool, "frames": list}
+_BLOCK_REQUIRED = {"size": int, "state": str}
+_BLOCK_OPTIONAL = {"address": int, "requested_size": int, "frames": list}
+_TRACE_REQUIRED = {"action": str}
+_TRACE_OPTIONAL = {"addr": int, "size": int, "stream": int, "time_us": (int, float), "frames": list,
+                   "device_free": int}
+#: actions memspec replays and the fields each needs (PyTorch's oom entries carry device_free, not addr);
+#: other actions (PyTorch adds some over versions) are kept, with their known fields type-checked
+_TRACE_NEEDS = {a: ("addr", "size") for a in ("alloc", "free_requested", "free_completed", "segment_alloc",
+                                                "segment_free", "segment_map", "segment_unmap")}
+_TRACE_NEEDS["oom"] = ("size",)
+_SETTINGS_TYPES = {"PYTORCH_CUDA_ALLOC_CONF": str, "max_split_size": (int, type(None)), "garbage_collection_threshold": (int, float, type(None)),
+                   "expandable_segments": bool, "roundup_power2_divisions": list, "memspec_preset": str,
+                   "memspec_capacity": int}
+_MAX_INT = 1 << 64
+
+
+def _typed(v: Any, types: tuple) -> bool:
+    if v is None:
+        return type(None) in types
+    if isinstance(v, bool):
+        return bool in types          # a bool is not an int here
+    if isinstance(v, int):
+        return int in types and -_MAX_INT < v < _MAX_INT
+    if isinstance(v, float):
+        return float in types and v == v and abs(v) != float("inf")
+    return isinstance(v, types)
+
+
+def _check_fields(obj: Any, where: str, required: dict, optional: dict) -> dict:
+    if not isinstance(obj, dict):
+        raise SnapshotError(f"{where}: expected a dict, got {type(obj).__name__}")
+    for key, types in list(required.items()) + list(optional.items()):
+        if key not in obj:
+            if key in required:
+                raise SnapshotError(f"{where}: missing field {key!r}")
+            continue
+        v = obj[key]
+        ok = _typed(v, types if isinstance(types, tuple) else (types,))
+        if not ok:
+            raise SnapshotError(f"{where}: field {key!r} has the wrong type or range ({type(v).__name__} {v!r:.60})")
+    return obj
+
+
+def check_snapshot(snap: Any) -> dict:
+    """Schema check of every field memspec reads; fills PyTorch's optional
+    fields an older snapshot lacks.  SnapshotError (an InvalidRequest) names
+    the first bad field."""
     if not isinstance(snap, dict) or "segments" not in snap:
-        raise InvalidRequest("not a memory snapshot: expected a dict with 'segments' (torch.cuda.memory._snapshot())")
-    snap.setdefault("device_traces", [[]])
-    snap.setdefault("allocator_settings", {})
+        raise SnapshotError("not a memory snapshot: expected a dict with 'segments' (torch.cuda.memory._snapshot())")
+    if not isinstance(snap["segments"], list):
+        raise SnapshotError("'segments' must be a list")
+    for i, seg in enumerate(snap["segments"]):
+        _check_fields(seg, f"segments[{i}]", _SEG_REQUIRED, _SEG_OPTIONAL)
+        if seg["address"] < 0 or seg["total_size"] < 0:
+            raise SnapshotError(f"segments[{i}]: negative address or size")
+        for j, b in enumerate(seg["blocks"]):
+            _check_fields(b, f"segments[{i}].blocks[{j}]", _BLOCK_REQUIRED, _BLOCK_OPTIONAL)
+            if b["size"] < 0:
+                raise SnapshotError(f"segments[{i}].blocks[{j}]: negative size")
+            b.setdefault("requested_size", b["size"])
+        live = [b for b in seg["blocks"] if b["state"] == "active_allocated"]
+        seg.setdefault("segment_type", "large" if seg["total_size"] > (1 << 20) else "small")
+        seg.setdefault("is_expandable", False)
+        seg.setdefault("allocated_size", sum(b["size"] for b in live))
+        addr = seg["address"]
+        for b in seg["blocks"]:   # PyTorch before 2.1 gave blocks no address: they are laid out in order
+            if "address" not in b:
+                b["address"] = addr
+            addr = b["address"] + b["size"]
+    traces = snap.setdefault("device_traces", [[]])
+    if not isinstance(traces, list) or not all(isinstance(t, list) for t in traces):
+        raise SnapshotError("'device_traces' must be a list of lists (one per device)")
+    for d, trace in enumerate(traces):
+        for k, e in enumerate(trace):
+            _check_fields(e, f"device_traces[{d}][{k}]", _TRACE_REQUIRED, _TRACE_OPTIONAL)
+            need = _TRACE_NEEDS.get(e["action"], ())
+            if any(f not in e for f in need):
+                raise SnapshotError(f"device_traces[{d}][{k}]: a {e['action']} entry needs {' and '.join(map(repr, need))}")
+            if e.get("size", 0) < 0 or e.get("device_free", 0) < 0:
+                raise SnapshotError(f"device_traces[{d}][{k}]: negative size")
+    settings = snap.setdefault("allocator_settings", {})
+    _check_fields(settings, "allocator_settings", {}, _SETTINGS_TYPES)
+    if settings.get("memspec_preset", "pytorch") not in ("pytorch", "seed"):
+        raise SnapshotError(f"allocator_settings: unknown memspec_preset {settings['memspec_preset']!r:.60}")
+    if settings.get("memspec_capacity", 1) <= 0:
+        raise SnapshotError("allocator_settings: memspec_capacity must be positive")
     return snap
+
+
+def load(f: BinaryIO | str) -> dict:
+    """Read a snapshot (ours or PyTorch's ``_dump_snapshot`` pickle, or the
+    same structure as JSON) and check every field memspec reads.
+
+    Safe on untrusted files: a pickle is read by an unpickler that accepts
+    only plain data (no globals: nothing in the file can build an object or
+    call a function), then :func:`check_snapshot` checks the schema.  Any
+    problem is a :class:`SnapshotError` (an InvalidRequest) naming it."""
+    if isinstance(f, str):
+        with open(f, "rb") as fh:
+            raw = fh.read()
+    else:
+        raw = f.read()
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "surrogateescape")
+    head = raw.lstrip()[:1]
+    try:
+        if head in (b"{", b"["):
+            snap = json.loads(raw.decode("utf-8"))
+        else:
+            snap = _PlainUnpickler(io.BytesIO(raw)).load()
+    except SnapshotError:
+        raise
+    except (pickle.UnpicklingError, ValueError, EOFError, TypeError, KeyError, IndexError, AttributeError,
+            ImportError, RecursionError, MemoryError, OverflowError) as e:
+        raise SnapshotError(f"not a readable snapshot (pickle or JSON): {type(e).__name__}: {str(e)[:200]}") from None
+    return check_snapshot(snap)
 
 
 # --------------------------------------------------------------------------
@@ -178,8 +305,9 @@ _COLOURS = {"active_allocated": "#d9534f", "inactive": "#5cb85c", "active_pendin
 _LABELS = {"active_allocated": "live", "inactive": "free", "active_pending_free": "pending"}
 
 
-def _esc(s: str) -> str:
-    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+def _esc(s: object) -> str:
+    """Text or attribute value for the SVG: every markup character escaped."""
+    return html.escape(str(s), quote=True)
 
 
 def to_svg(snap: dict, *, width: int = 900, row: int = 34) -> str:
@@ -204,7 +332,7 @@ def to_svg(snap: dict, *, width: int = 900, row: int = 34) -> str:
             w = max(b["size"] * scale, 0.5)
             state = b["state"]
             title = f'{_LABELS.get(state, state)} {b["size"]} bytes at {b["address"]:#x} (requested {b["requested_size"]})'
-            out.append(f'<rect class="{_LABELS.get(state, state)}" x="{x:.2f}" y="{y}" width="{w:.2f}" height="{row - 8}" '
+            out.append(f'<rect class="{_esc(_LABELS.get(state, state))}" x="{x:.2f}" y="{y}" width="{w:.2f}" height="{row - 8}" '
                        f'fill="{_COLOURS.get(state, "#999")}" stroke="#fff"><title>{_esc(title)}</title></rect>')
     ly = top + row * max(1, len(segs)) + 15
     for i, (state, colour) in enumerate(_COLOURS.items()):

@@ -41,12 +41,20 @@ ONE_EB_MESSAGE = "CUDA out of memory. Tried to allocate more than 1EB memory."
 
 class Stat:
     """PyTorch's ``Stat``: ``increase(n)``: current += n, peak = max(peak,
-    current), allocated += n; ``decrease(n)``: current -= n, freed += n."""
+    current), allocated += n; ``decrease(n)``: current -= n, freed += n.
 
-    __slots__ = ("current", "peak", "allocated", "freed")
+    ``freed`` is derived rather than counted (a decrease then touches one
+    field): since the last ``reset_accumulated`` (when ``base`` took the
+    current value), current = base + allocated - freed."""
+
+    __slots__ = ("current", "peak", "allocated", "base")
 
     def __init__(self) -> None:
-        self.current = self.peak = self.allocated = self.freed = 0
+        self.current = self.peak = self.allocated = self.base = 0
+
+    @property
+    def freed(self) -> int:
+        return self.base + self.allocated - self.current
 
     def increase(self, n: int) -> None:
         c = self.current + n
@@ -57,7 +65,10 @@ class Stat:
 
     def decrease(self, n: int) -> None:
         self.current -= n
-        self.freed += n
+
+    def reset_accumulated(self) -> None:
+        self.allocated = 0
+        self.base = self.current
 
     def as_dict(self) -> dict[str, int]:
         return {"current": self.current, "peak": self.peak, "allocated": self.allocated, "freed": self.freed}
@@ -102,9 +113,9 @@ class AllocatorStats:
     def reset_accumulated(self) -> None:
         for name in STAT_NAMES:
             for s in getattr(self, name):
-                s.allocated = s.freed = 0
+                s.reset_accumulated()
         for s in (self.oversize_allocations, self.oversize_segments):
-            s.allocated = s.freed = 0
+            s.reset_accumulated()
         self.num_alloc_retries = self.num_ooms = self.num_sync_all_streams = 0
         self.num_device_alloc = self.num_device_free = 0
 

@@ -319,6 +319,28 @@ class SimDevice:
         self._results: OrderedDict[Fence, list] = OrderedDict()
         self.faults: list[DeviceFault] = []
         self.items_executed = 0
+        self.closed = False
+
+    def _open(self) -> None:
+        if self.closed:
+            raise InvalidRequest(f"device {self.key} is closed")
+
+    def close(self) -> None:
+        """Tear the device down: every physical page, mapping, reservation and
+        queued item goes (nothing stays allocated), and every later call that
+        would take, map or run anything raises InvalidRequest.  A second close
+        is a no-op."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            self._allocated.clear()
+            self._data.clear()
+            self._mapcount.clear()
+            self._pt.clear()
+            self._in_use = 0     # the VA space is left as it was: va_reserve/va_free refuse from now on
+            for st in self._streams.values():
+                st.queue.clear()
 
     # ------------------------------------------------------------------
     # physical pages
@@ -346,6 +368,7 @@ class SimDevice:
     def alloc_pages(self, n: int) -> list[int]:
         """Take ``n`` physical pages; OutOfMemory (nothing taken) if fewer are free."""
         with self._lock:
+            self._open()
             if n > self.npages - self._in_use:
                 raise OutOfMemory(
                     f"device {self.key}: {n} pages of {self.page_size} bytes requested, "
@@ -372,6 +395,7 @@ class SimDevice:
         """Return physical pages. A page still mapped somewhere, or not held,
         is refused (InvalidRange) and nothing is returned."""
         with self._lock:
+            self._open()
             for p in pages:
                 if p not in self._allocated:
                     raise InvalidRange(f"physical page {p} is not held")
@@ -399,6 +423,7 @@ class SimDevice:
     def va_reserve(self, size: int, alignment: int = 0) -> int:
         """Reserve ``size`` bytes of VA (a page multiple); OutOfMemory if the VA space cannot."""
         with self._lock:
+            self._open()
             align = max(alignment, self.page_size)
             a = self._va.alloc(size, align)
             if a is None:
@@ -413,6 +438,7 @@ class SimDevice:
 
     def va_free(self, address: int, size: int) -> None:
         with self._lock:
+            self._open()
             vp = address // self.page_size
             for i in range(size // self.page_size):
                 if vp + i in self._pt:
@@ -423,6 +449,7 @@ class SimDevice:
         """Map consecutive virtual pages from ``address`` to ``phys``; every
         virtual page must be unmapped and every physical page held."""
         with self._lock:
+            self._open()
             if address % self.page_size:
                 raise InvalidRange(f"map at {address:#x} is not page aligned")
             vp = address // self.page_size
@@ -438,6 +465,7 @@ class SimDevice:
     def unmap(self, address: int, npages: int) -> list[int]:
         """Unmap ``npages`` mapped virtual pages; return their physical pages."""
         with self._lock:
+            self._open()
             vp = address // self.page_size
             for i in range(npages):
                 if vp + i not in self._pt:
@@ -561,6 +589,7 @@ class SimDevice:
 
     def new_stream(self) -> int:
         with self._lock:
+            self._open()
             sid = next(self._stream_ids)
             self._streams[sid] = _Stream(sid)
             return sid
@@ -573,6 +602,7 @@ class SimDevice:
 
     def enqueue(self, stream: int, item: WorkItem) -> Fence:
         with self._lock:
+            self._open()
             s = self._stream(stream)
             s.submitted += 1
             item.fence = Fence(s.sid, s.submitted)

@@ -114,7 +114,7 @@ class EagerAllocator:
                 f"allocation {ident} was not made by this allocator ({self.creator}); "
                 "seed 000: an allocation may only be released by the mechanism that created it"
             )
-        rec = self._live.get(ident)
+        rec = self._live.get(ident) if is_int(ident.generation) else None   # a forged generation: no record
         if rec is None:
             if is_int(ident.generation) and 0 < ident.generation <= self._issued:
                 raise DoubleFree(f"allocation {ident} at {allocation.address:#x} was already freed")

@@ -16,7 +16,15 @@ The deferred-free queue is the release flow of seed 000::
 collector finalizer on any thread, never blocks, never frees); :meth:`poll`
 moves entries into the pending list and runs, outside any EP lock, the
 releases whose fences have all completed.  Releases never run before their
-fences (invariant S4) and run in submission order among the ready ones.
+fences (invariant S4) and run in submission order among the ready ones.  A
+release that raises stays queued (in its place) and is retried by the next
+:meth:`poll`: what it holds -- charge, device bytes, context pin -- is
+released when it finally succeeds, never dropped with the error.
+
+Streams and fences belong to the EP that made them: another EP's stream or
+fence (they share one device's stream numbers) is refused with
+InvalidRequest.  :meth:`close` drains the EP and refuses all later work
+(InvalidRequest); a second close is a no-op.
 
 Host copies check the page table when enqueued: a copy into a read-only page
 raises ReadOnlyViolation and a copy touching an unmapped page raises
@@ -33,7 +41,7 @@ from collections import deque
 from typing import Callable, Sequence
 
 from memspec.spec.api import DeviceKey, Fence, new_creator_id
-from memspec.spec.errors import InvalidRequest, ReadOnlyViolation
+from memspec.spec.errors import ContextBusy, InvalidRequest, ReadOnlyViolation
 
 from memspec.reference.common import is_int
 from memspec.reference.device import SimDevice, WorkItem
@@ -55,6 +63,8 @@ class ReferenceEP:
         self.sim = device
         self.context_id = new_creator_id(name)
         self.default_stream = device.new_stream()
+        self._own: set[int] = {self.default_stream}   # streams made by this EP
+        self.closed = False
         self._incoming: deque[_Deferred] = deque()   # appended lock-free by defer()
         self._pending: list[_Deferred] = []
         self._poll_lock = threading.Lock()
@@ -68,7 +78,30 @@ class ReferenceEP:
         return self.sim.key
 
     def new_stream(self) -> int:
-        return self.sim.new_stream()
+        self._live()
+        sid = self.sim.new_stream()
+        self._own.add(sid)
+        return sid
+
+    def _live(self) -> None:
+        if self.closed:
+            raise InvalidRequest(f"execution provider {self.context_id} is closed")
+
+    def _mine(self, stream: object) -> int:
+        """``stream`` if this EP made it; InvalidRequest otherwise (closed EP,
+        another EP's stream, not an int)."""
+        self._live()
+        if not is_int(stream) or stream not in self._own:
+            raise InvalidRequest(f"stream {stream!r} was not made by this execution provider ({self.context_id})")
+        return stream  # type: ignore[return-value]
+
+    def check_fence(self, fence: object) -> Fence:
+        """``fence`` if it is a Fence on one of this EP's streams; InvalidRequest otherwise."""
+        if not isinstance(fence, Fence):
+            raise InvalidRequest(f"expected a Fence, got {type(fence).__name__}")
+        if not is_int(fence.stream) or fence.stream not in self._own:
+            raise InvalidRequest(f"{fence!r} is on a stream this execution provider ({self.context_id}) did not make")
+        return fence
 
     # -- copies and kernels (enqueue; return a fence) -------------------
 
@@ -84,6 +117,7 @@ class ReferenceEP:
 
     def write(self, stream: int, address: int, data: bytes) -> Fence:
         """Enqueue a host-to-device copy of ``data`` to ``address``."""
+        self._mine(stream)
         if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) == 0:
             raise InvalidRequest("write takes non-empty bytes")
         data = bytes(data)
@@ -92,6 +126,7 @@ class ReferenceEP:
 
     def fill(self, stream: int, address: int, size: int, byte: int) -> Fence:
         """Enqueue a memset of ``size`` bytes to ``byte``."""
+        self._mine(stream)
         if not is_int(size) or size <= 0 or not is_int(byte) or not 0 <= byte < 256:
             raise InvalidRequest(f"fill needs size > 0 and a byte value, got {size!r}/{byte!r}")
         self._check_host_copy(address, size, write=True)
@@ -99,6 +134,7 @@ class ReferenceEP:
 
     def read(self, stream: int, address: int, size: int) -> bytes:
         """Device-to-host copy ordered after the stream's queued work; waits for it."""
+        self._mine(stream)
         if not is_int(size) or size <= 0:
             raise InvalidRequest(f"read size must be an int > 0, got {size!r}")
         if not is_int(address):
@@ -116,6 +152,8 @@ class ReferenceEP:
 
     @staticmethod
     def _ranges(ranges: Sequence[tuple[int, int]], what: str) -> tuple[tuple[int, int], ...]:
+        if not isinstance(ranges, (list, tuple)):
+            raise InvalidRequest(f"{what} ranges must be a list of (address, size) pairs, got {type(ranges).__name__}")
         out = []
         for r in ranges:
             if not (isinstance(r, tuple) and len(r) == 2 and is_int(r[0]) and is_int(r[1]) and r[1] > 0):
@@ -133,45 +171,51 @@ class ReferenceEP:
     ) -> Fence:
         """Enqueue a stand-in kernel: when it runs it reads every ``reads``
         range (see :meth:`kernel_result`) and fills every ``writes`` range with ``pattern``."""
+        self._mine(stream)
+        if not is_int(pattern):
+            raise InvalidRequest(f"pattern must be an int, got {pattern!r}")
         item = WorkItem("kernel", reads=self._ranges(reads, "read"), writes=self._ranges(writes, "write"), byte=pattern & 0xFF)
         return self.sim.enqueue(stream, item)
 
     def kernel_result(self, fence: Fence) -> list[bytes] | None:
         """The bytes the kernel completing at ``fence`` read, once it has run."""
-        return self.sim.result(fence)
+        return self.sim.result(self.check_fence(fence))
 
     # -- fences and the clock -------------------------------------------
 
     def record(self, stream: int | None = None) -> Fence:
         """A fence after everything enqueued so far on ``stream``."""
-        return self.sim.current_fence(self.default_stream if stream is None else stream)
+        return self.sim.current_fence(self.default_stream if stream is None else self._mine(stream))
 
     def fence_done(self, fence: Fence) -> bool:
-        if not isinstance(fence, Fence):
-            raise InvalidRequest(f"expected a Fence, got {type(fence).__name__}")
-        return self.sim.fence_done(fence)
+        return self.sim.fence_done(self.check_fence(fence))
 
     def advance(self, stream: int, n: int = 1) -> int:
         """Run up to ``n`` queued items of ``stream`` (the explicit device clock)."""
-        return self.sim.advance(stream, n)
+        return self.sim.advance(self._mine(stream), n)
 
     def run_until(self, fence: Fence) -> None:
-        self.sim.run_until(fence)
+        self.sim.run_until(self.check_fence(fence))
 
     def synchronize(self, stream: int | None = None) -> None:
         """Let the device run the stream's (or every stream's) queued work.
         Does not run deferred releases: that is :meth:`poll`."""
-        self.sim.synchronize(stream)
+        if stream is None:
+            self._live()
+            for sid in sorted(self._own):
+                self.sim.synchronize(sid)
+        else:
+            self.sim.synchronize(self._mine(stream))
 
     # -- deferred-free queue --------------------------------------------
 
     def defer(self, fences: Sequence[Fence], release: Callable[[], object]) -> None:
         """Queue ``release`` behind ``fences``. Only enqueues: safe from any
         thread, including a garbage-collector finalizer; never blocks, never frees."""
+        self._live()
         fs = tuple(fences)
         for f in fs:
-            if not isinstance(f, Fence):
-                raise InvalidRequest(f"defer takes Fences, got {type(f).__name__}")
+            self.check_fence(f)
         if not callable(release):
             raise InvalidRequest("defer needs a callable release")
         self._seq += 1   # only used for ordering among ready releases; races are harmless
@@ -182,8 +226,10 @@ class ReferenceEP:
 
     def poll(self) -> int:
         """Run the queued releases whose fences are done; return how many ran.
-        An error raised by a release is recorded in :attr:`release_errors`
-        and the first one re-raised after the others have run."""
+        A release that raises stays queued, in its place, and is retried by
+        the next poll (nothing it holds is lost); the error is recorded in
+        :attr:`release_errors` and the first one re-raised after the others
+        have run."""
         with self._poll_lock:
             while self._incoming:
                 self._pending.append(self._incoming.popleft())
@@ -192,23 +238,43 @@ class ReferenceEP:
                 (ready if self._ready(d) else waiting).append(d)
             self._pending = waiting
         errors = []
+        failed = []
         for d in ready:
             try:
                 d.release()
             except BaseException as e:  # noqa: BLE001 - recorded, re-raised below
                 errors.append(e)
-        self.released += len(ready)
+                failed.append(d)
+        if failed:
+            with self._poll_lock:   # back in submission order, ahead of later entries
+                self._pending = sorted(failed + self._pending, key=lambda d: d.seq)
+        ran = len(ready) - len(failed)
+        self.released += ran
         if errors:
             self.release_errors.extend(errors)
             raise errors[0]
-        return len(ready)
+        return ran
 
     def pending_releases(self) -> int:
         with self._poll_lock:
             return len(self._pending) + len(self._incoming)
 
+    def close(self) -> None:
+        """Run all device work and every queued release, then refuse all later
+        work (InvalidRequest).  A release that still fails is raised and the
+        EP stays open (close again to retry); a second close is a no-op."""
+        if self.closed:
+            return
+        if self._incoming or self._pending or self.sim.queued():
+            self.drain()
+        if self.pending_releases():
+            raise ContextBusy(f"{self.context_id}: {self.pending_releases()} releases still queued")
+        self.closed = True
+
     def drain(self) -> int:
         """Run all device work, then every queued release (tests and teardown)."""
+        if self.closed:
+            return 0
         self.synchronize()
         n = 0
         while self.pending_releases():

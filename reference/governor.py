@@ -25,6 +25,13 @@ grant.  A terminal ticket holds 0; its bytes were returned exactly once
 (invariant S15).
 
 Every refusal leaves the ledger unchanged.
+
+Grants, leases and tickets are bound to the governor that issued them: ids
+come from one process-wide counter (so two governors never issue the same
+id) and every grant or lease handed back is checked against this
+governor's own record of it -- id, holder and issued size -- so another
+governor's grant, or a hand-built ``Lease(id, holder, nbytes=1)``, is
+refused with InvalidRequest and the ledger is unchanged.
 """
 
 from __future__ import annotations
@@ -36,6 +43,9 @@ from memspec.spec.api import Grant, Lease, Ticket, TicketState
 from memspec.spec.errors import GrantDenied, InvalidRequest, InvalidTicket
 
 from memspec.reference.common import check_size, is_int
+
+#: ids of grants, leases and tickets: unique across every governor of the process
+_IDS = itertools.count(1)
 
 
 class ReferenceGovernor:
@@ -51,8 +61,9 @@ class ReferenceGovernor:
         self._by_holder: dict[str, int] = {}
         self._grants: dict[int, Grant] = {}
         self._leases: dict[int, tuple[str, int]] = {}   # lease id -> (holder, bytes remaining)
+        self._issued_leases: dict[int, Lease] = {}       # lease id -> the Lease handed out (live ones)
         self._tickets: dict[int, Ticket] = {}
-        self._ids = itertools.count(1)
+        self._ids = _IDS
         self.generation = 1
         self.history: list[tuple[int, str, int]] = []   # (ticket id, event, bytes) for tests/demos
 
@@ -117,10 +128,33 @@ class ReferenceGovernor:
     def _take_grant(self, grant: object) -> Grant:
         if not isinstance(grant, Grant):
             raise InvalidRequest(f"expected a Grant, got {type(grant).__name__}")
-        live = self._grants.get(grant.grant_id)
+        live = self._grants.get(grant.grant_id) if is_int(grant.grant_id) else None
         if live is None or live != grant:
-            raise InvalidRequest(f"grant {grant.grant_id} is not live (already committed or cancelled)")
+            raise InvalidRequest(f"grant {grant.grant_id!r:.40} is not a live grant of {self.name} "
+                                 "(already committed or cancelled, or issued by another governor)")
         return live
+
+    def _lease(self, lease: object) -> tuple[str, int]:
+        """The live record of ``lease``: it must be exactly a Lease this
+        governor handed out (id, holder and issued size), not a copy altered
+        or built by hand, nor another governor's."""
+        if not isinstance(lease, Lease):
+            raise InvalidRequest(f"expected a Lease, got {type(lease).__name__}")
+        rec = self._leases.get(lease.lease_id) if is_int(lease.lease_id) else None
+        if rec is None or self._issued_leases.get(lease.lease_id) != lease:
+            raise InvalidRequest(f"lease {lease.lease_id!r:.40} is not a live lease of {self.name} "
+                                 "(already refunded, altered, or issued by another governor)")
+        return rec
+
+    def _new_lease(self, holder: str, nbytes: int) -> Lease:
+        lease = Lease(next(self._ids), holder, nbytes)
+        self._leases[lease.lease_id] = (holder, nbytes)
+        self._issued_leases[lease.lease_id] = lease
+        return lease
+
+    def _drop_lease(self, lease_id: int) -> None:
+        del self._leases[lease_id]
+        del self._issued_leases[lease_id]
 
     def commit(self, grant: Grant, actual: int) -> Lease:
         """Turn the grant into a charge of the *actual* bytes; the difference
@@ -141,9 +175,7 @@ class ReferenceGovernor:
             self._charged += actual
             if actual:
                 self._by_holder[g.holder] = self._by_holder.get(g.holder, 0) + actual
-            lease = Lease(next(self._ids), g.holder, actual)
-            self._leases[lease.lease_id] = (g.holder, actual)
-            return lease
+            return self._new_lease(g.holder, actual)
 
     def cancel(self, grant: Grant) -> int:
         """Return a provisional grant (seed 000: *If the allocation fails, the
@@ -159,18 +191,13 @@ class ReferenceGovernor:
         """Release a charge after its physical bytes were freed: all that is
         left of the lease, or ``nbytes`` of it (a partial decommit).  A
         lease refunded in full is gone; refunding it again is InvalidRequest."""
-        if not isinstance(lease, Lease):
-            raise InvalidRequest(f"expected a Lease, got {type(lease).__name__}")
         with self._lock:
-            rec = self._leases.get(lease.lease_id)
-            if rec is None or rec[0] != lease.holder:
-                raise InvalidRequest(f"lease {lease.lease_id} is not live (already refunded?)")
-            holder, left = rec
+            holder, left = self._lease(lease)
             n = left if nbytes is None else nbytes
             if not is_int(n) or n < 0 or n > left:
                 raise InvalidRequest(f"refund of {nbytes!r} bytes from lease {lease.lease_id} holding {left}")
             if n == left:
-                del self._leases[lease.lease_id]
+                self._drop_lease(lease.lease_id)
             else:
                 self._leases[lease.lease_id] = (holder, left - n)
             self._charged -= n
@@ -186,40 +213,36 @@ class ReferenceGovernor:
         """Carve ``nbytes`` of a live lease into a new lease of the same
         holder (the ledger does not change: the same bytes, a new record --
         used when pages change owner, e.g. a KV page becoming shared)."""
-        if not isinstance(lease, Lease):
-            raise InvalidRequest(f"expected a Lease, got {type(lease).__name__}")
         with self._lock:
-            rec = self._leases.get(lease.lease_id)
-            if rec is None:
-                raise InvalidRequest(f"lease {lease.lease_id} is not live")
-            holder, left = rec
+            holder, left = self._lease(lease)
             if not is_int(nbytes) or nbytes <= 0 or nbytes > left:
                 raise InvalidRequest(f"cannot split {nbytes!r} bytes from lease {lease.lease_id} holding {left}")
             if nbytes == left:
-                del self._leases[lease.lease_id]
+                self._drop_lease(lease.lease_id)
             else:
                 self._leases[lease.lease_id] = (holder, left - nbytes)
-            new = Lease(next(self._ids), holder, nbytes)
-            self._leases[new.lease_id] = (holder, nbytes)
-            return new
+            return self._new_lease(holder, nbytes)
 
     def merge(self, leases: list[Lease]) -> Lease:
         """One lease for several live leases of one holder (ledger unchanged)."""
         with self._lock:
-            recs = [self._leases.get(x.lease_id) for x in leases]
-            if not leases or None in recs or len({r[0] for r in recs}) != 1:  # type: ignore[index]
-                raise InvalidRequest("merge takes live leases of one holder")
+            if not isinstance(leases, (list, tuple)) or not leases:
+                raise InvalidRequest("merge takes a non-empty list of live leases of one holder")
+            recs = [self._lease(x) for x in leases]
+            if len({r[0] for r in recs}) != 1 or len({x.lease_id for x in leases}) != len(leases):
+                raise InvalidRequest("merge takes distinct live leases of one holder")
             for x in leases:
-                del self._leases[x.lease_id]
-            holder, total = recs[0][0], sum(r[1] for r in recs)  # type: ignore[index]
-            new = Lease(next(self._ids), holder, total)
-            self._leases[new.lease_id] = (holder, total)
-            return new
+                self._drop_lease(x.lease_id)
+            return self._new_lease(recs[0][0], sum(r[1] for r in recs))
 
     def lease_bytes(self, lease: Lease) -> int:
+        """Bytes left on a lease of this governor (0 once refunded)."""
         with self._lock:
-            rec = self._leases.get(lease.lease_id)
-            return 0 if rec is None else rec[1]
+            if not isinstance(lease, Lease):
+                raise InvalidRequest(f"expected a Lease, got {type(lease).__name__}")
+            if not is_int(lease.lease_id) or self._issued_leases.get(lease.lease_id) != lease:
+                return 0
+            return self._leases[lease.lease_id][1]
 
     # -- pressure tickets -----------------------------------------------
 
@@ -239,7 +262,7 @@ class ReferenceGovernor:
     def _ticket(self, ticket: object) -> Ticket:
         if not isinstance(ticket, Ticket):
             raise InvalidTicket(f"expected a Ticket, got {type(ticket).__name__}")
-        t = self._tickets.get(ticket.ticket_id)
+        t = self._tickets.get(ticket.ticket_id) if is_int(ticket.ticket_id) else None
         if t is None or t is not ticket:
             raise InvalidTicket(f"ticket {ticket.ticket_id} was not issued by this governor")
         return t

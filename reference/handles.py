@@ -12,6 +12,11 @@ A handle's release state lives in a separate :class:`_Release` object, so
 resurrecting the handle.  The queued release runs, after every recorded
 fence completes, through the **creator** mechanism (never the one installed
 now: invariant S1), then refunds the Governor and unpins the context.
+
+The release is resumable: each step (the ``before`` hooks, the free, each
+refund, the unpin, each ``after`` hook) is marked done when it succeeds, so
+a release that raises stays on the EP's queue and its retry continues where
+it stopped -- nothing is done twice and nothing it holds is dropped.
 """
 
 from __future__ import annotations
@@ -38,10 +43,14 @@ class _Release:
         self.freed_bytes = 0
         self.before: list[Callable[[], None]] = []   # run first (e.g. unmap a shared prefix)
         self.after: list[Callable[[int], None]] = []  # told the bytes freed
+        self._done = {"before": 0, "freed": False, "refunded": 0, "after": 0}   # progress of the release
 
     def use(self, fence: Fence) -> None:
         if not isinstance(fence, Fence):
             raise InvalidRequest(f"expected a Fence, got {type(fence).__name__}")
+        check = getattr(self.ep, "check_fence", None)
+        if check is not None:
+            check(fence)   # a fence of another EP could never be waited for here
         with self.lock:
             if self.closed:
                 raise StaleHandle("use of a handle after it was dropped")
@@ -60,17 +69,24 @@ class _Release:
             self.closed = True
             fences = list(self.fences.values())
 
-        def run() -> None:
-            for fn in self.before:
-                fn()
-            n = free()
-            for lease in self.leases:
-                self.governor.refund(lease)
-            self.freed_bytes = n
-            self.released = True
-            self.unpin()
-            for fn in self.after:
-                fn(n)
+        done = self._done
+
+        def run() -> None:   # resumable: a retry continues after the last step that succeeded
+            while done["before"] < len(self.before):
+                self.before[done["before"]]()
+                done["before"] += 1
+            if not done["freed"]:
+                self.freed_bytes = free()
+                done["freed"] = True
+            while done["refunded"] < len(self.leases):
+                self.governor.refund(self.leases[done["refunded"]])
+                done["refunded"] += 1
+            if not self.released:
+                self.unpin()
+                self.released = True
+            while done["after"] < len(self.after):
+                self.after[done["after"]](self.freed_bytes)
+                done["after"] += 1
 
         self.ep.defer(fences, run)
 

@@ -44,7 +44,7 @@ class ReferenceSharedMapping(OverVaSpace):
         ident = handle.identity
         if not isinstance(ident, Identity) or ident.creator != self._s.handle_ids.creator:
             raise ForeignAllocation(f"physical handle {ident} was not made by this mechanism")
-        ph = self._s.handles.get(ident)
+        ph = self._s.handles.get(ident) if is_int(ident.generation) else None   # a forged generation: no record
         if ph is None:
             was = is_int(ident.generation) and 0 < ident.generation <= self._s.handles_issued
             if releasing and was:

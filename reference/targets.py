@@ -37,12 +37,20 @@ def _target(make: Callable[[SimDevice], ReferenceMechanism], capacity: int | Non
         ep=ep,
         physical_bytes=dev.physical_bytes,
         capacity=dev.capacity,
-        close=lambda: None,
+        close=lambda: _close(ep, dev),
         kind="mechanism",
         make_foreign=make_foreign,
         device=dev,
-        extras={"make_foreign": make_foreign},  # for the reference's own tests
+        extras={"device": dev, "make_foreign": make_foreign},  # for the reference's own tests
     )
+
+
+def _close(ep: ReferenceEP, dev: SimDevice) -> None:
+    """Teardown: run the EP's queued work and releases, then close the
+    device (every page freed, all later work refused); idempotent."""
+    if not dev.closed:
+        ep.close()
+        dev.close()
 
 
 def reference(capacity: int | None = None, *, page_size: int = DEFAULT_PAGE) -> TargetInstance:

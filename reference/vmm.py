@@ -103,7 +103,7 @@ class VaSpace:
         ident = va.identity
         if not isinstance(ident, Identity) or ident.creator != self.ids.creator:
             raise ForeignAllocation(f"reservation {ident} was not made by this mechanism ({self.ids.creator})")
-        rec = self.reservations.get(ident)
+        rec = self.reservations.get(ident) if is_int(ident.generation) else None   # a forged generation: no record
         if rec is None:
             was = is_int(ident.generation) and 0 < ident.generation <= self.issued
             if releasing and was:

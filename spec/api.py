@@ -785,7 +785,8 @@ class TargetInstance:
     (``factory(capacity=None) -> TargetInstance``).  The harness builds one
     per example and never shares it between examples.
 
-    Every field the harness reads is here; ``extras`` is never read by it.
+    Every field the harness reads is here; of ``extras`` it reads only the
+    keys of the former contract (:func:`adopt_legacy_extras`).
 
     * ``mechanism`` -- the :class:`DeviceMemoryMechanism` under test
       (required for ``kind="mechanism"``; for ``kind="caching"`` the
@@ -812,7 +813,9 @@ class TargetInstance:
     * ``roles`` -- :class:`SystemRoles` the target brings at the system level.
     * ``device`` -- an object the reference roles may share with the target
       (the reference's ``SimDevice``); ``None`` for any other target.
-    * ``extras`` -- anything else the target exposes to its own tests.
+    * ``extras`` -- anything else the target exposes to its own tests (the
+      keys of the former untyped contract are still understood: see
+      :func:`adopt_legacy_extras`).
     """
 
     mechanism: DeviceMemoryMechanism | None
@@ -827,6 +830,29 @@ class TargetInstance:
     roles: SystemRoles | None = None
     device: object | None = None
     extras: dict = field(default_factory=dict)
+
+
+def adopt_legacy_extras(instance: TargetInstance) -> TargetInstance:
+    """Targets written against the former, untyped contract put these keys in
+    ``extras``; each is moved into its typed field (when that is unset) and
+    the instance returned.  ``make_foreign`` -> ``make_foreign``,
+    ``make_extra_mechanism`` -> ``roles.extra_mechanism``, ``device`` ->
+    ``device``, ``policy`` (+ ``expandable``) -> ``caching``."""
+    ex = instance.extras or {}
+    if not ex:
+        return instance
+    if instance.make_foreign is None and callable(ex.get("make_foreign")):
+        instance.make_foreign = ex["make_foreign"]
+    if callable(ex.get("make_extra_mechanism")):
+        roles = instance.roles or SystemRoles()
+        if roles.extra_mechanism is None:
+            instance.roles = SystemRoles(**{**{n: getattr(roles, n) for n in roles.given()},
+                                            "extra_mechanism": ex["make_extra_mechanism"]})
+    if instance.device is None and ex.get("device") is not None:
+        instance.device = ex["device"]
+    if instance.caching is None and instance.kind == "caching" and isinstance(ex.get("policy"), str):
+        instance.caching = CachingTarget(policy=ex["policy"], expandable=bool(ex.get("expandable", False)))
+    return instance
 
 
 #: A target factory: ``factory(capacity=None) -> TargetInstance``.

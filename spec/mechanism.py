@@ -135,7 +135,7 @@ OBSERVATIONS = [
         # The device's own count (``TargetInstance.physical_bytes``, counted
         # from the start of the run) must equal what the spec says is
         # installed plus what the foreign twin took on the same device.
-        "physical_bytes",
+        "physical bytes on the device",
         "S5",
         lambda s, _t: (None,),
         lambda s, _r: s.physical + s.foreign_bytes,

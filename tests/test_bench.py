@@ -179,3 +179,17 @@ def test_caching_workload_keeps_the_live_set_and_is_reproducible():
 
     seconds = workload.run_pairs(w, alloc, live.remove)
     assert seconds > 0 and len(live) == 50 and next(counter) == 250
+
+
+def test_jobs_and_replay_rows_are_measured(quick_results):
+    """``--jobs 2`` vs ``--jobs 1`` (same run) and the snapshot replay rate
+    come with their figures (and the replay with its peak memory)."""
+    jobs = _rows(quick_results, "fuzz --jobs ")
+    assert [r["name"][:14] for r in jobs] == ["fuzz --jobs 1 ", "fuzz --jobs 2 "], jobs
+    assert all(r["status"] == MEASURED for r in jobs), jobs
+    assert _num(jobs[1]["ratio"]) and jobs[1]["met"] in (True, False)
+    assert jobs[1]["extra"]["json"]["jobs"] == 2 and len(jobs[1]["extra"]["json"]["workers"]) == 2
+    replay = _rows(quick_results, "memspec snapshot --replay")
+    assert len(replay) == 1 and replay[0]["status"] == MEASURED, replay
+    assert replay[0]["extra"]["events"] >= 20_000 and "peak RSS" in replay[0]["note"]
+    assert "n/a" not in replay[0]["extra"]["peak_rss"]

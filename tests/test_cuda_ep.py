@@ -147,7 +147,8 @@ def test_unmap_before_fence_mutant_is_caught_as_a_fault():
         gate.open()
         with pytest.raises(DeviceFault):
             ep.synchronize(s)
-        assert [f.reason for f in bad.extras["faults"]()] == ["unmapped"]
+        reasons = [f.reason for f in bad.extras["faults"]()]   # one per 2 MiB scratch chunk of the kernel
+        assert reasons and set(reasons) == {"unmapped"}
     finally:
         bad.close()
 

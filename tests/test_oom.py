@@ -461,3 +461,16 @@ def test_a_card_full_of_graph_pools_is_graph_pools_not_does_not_fit():
         "allocated by PyTorch, with 46.22 GiB allocated in private pools (e.g., CUDA Graphs), and 149.10 MiB is "
         "reserved by PyTorch but unallocated."))
     assert v.cause == "graph-pools" and "graph" in v.next_steps[0]
+
+
+def test_snapshot_that_loads_but_cannot_be_replayed_is_said_not_a_traceback(tmp_path, capsys):
+    """A plain-data snapshot with traces but no segments: the replay cannot size a device.
+    The verdict must still print, with the reason the expandable-segments replay was skipped."""
+    import pickle
+
+    p = tmp_path / "noseg.pickle"
+    p.write_bytes(pickle.dumps({"segments": [], "device_traces": [[
+        {"action": "alloc", "addr": 0, "size": 512, "stream": 0}]]}))
+    assert cli.main(["explain", "--snapshot", str(p)]) == 0
+    out = capsys.readouterr().out
+    assert "replay not possible" in out and "capacity" in out

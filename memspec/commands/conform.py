@@ -18,7 +18,12 @@ from __future__ import annotations
 from memspec.invariants.report import console as _report_console
 
 import argparse
+import shlex
 import sys
+
+from rich.markup import escape
+
+from memspec.argtypes import out_dir, out_file, positive_int, seconds
 
 from memspec.invariants.discovery import DEFAULT_TARGET
 from memspec.invariants.levels import LEVELS
@@ -28,17 +33,17 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="memspec conform", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("targets", nargs="*", metavar="TARGET", help=f"targets to check (default: {DEFAULT_TARGET})")
-    p.add_argument("--examples", type=int, default=None, help="runs (fresh target each) per level (default: the profile's; ci 200)")
-    p.add_argument("--steps", type=int, default=None, help="steps per run (default: the profile's; ci 50)")
+    p.add_argument("--examples", type=positive_int, default=None, help="runs (fresh target each) per level (default: the profile's; ci 200)")
+    p.add_argument("--steps", type=positive_int, default=None, help="steps per run (default: the profile's; ci 50)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: derandomized under ci)")
-    p.add_argument("--json", metavar="FILE", help="write the results as JSON")
-    p.add_argument("--junit", metavar="FILE", help="write the results as JUnit XML")
-    p.add_argument("--db", metavar="DIR", help="Hypothesis example database directory (failures are replayed first)")
+    p.add_argument("--json", metavar="FILE", type=out_file, help="write the results as JSON")
+    p.add_argument("--junit", metavar="FILE", type=out_file, help="write the results as JUnit XML")
+    p.add_argument("--db", metavar="DIR", type=out_dir, help="Hypothesis example database directory (failures are replayed first)")
     p.add_argument("--level", choices=(*LEVELS, "all"), default="all")
     p.add_argument("--profile", choices=("ci", "dev", "fuzz"), default="ci")
-    p.add_argument("--timeout", type=float, default=5.0, help="per-call timeout in seconds (a hang is a FAIL)")
-    p.add_argument("--capacity", type=int, default=None, help="device capacity in bytes passed to the factory")
-    p.add_argument("--out", default="memspec-out/repro", help="directory for reproduction files")
+    p.add_argument("--timeout", type=seconds, default=5.0, help="per-call timeout in seconds (a hang is a FAIL)")
+    p.add_argument("--capacity", type=positive_int, default=None, help="device capacity in bytes passed to the factory")
+    p.add_argument("--out", type=out_dir, default="memspec-out/repro", help="directory for reproduction files")
     p.add_argument("--machine", default=None, help=argparse.SUPPRESS)  # package.module:attr of another spec machine
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.add_argument("--allow-untested", action="store_true",
@@ -96,7 +101,8 @@ def main(argv: list[str]) -> int:
             for f in r.failures:
                 if f.repro:
                     console.print(f"  [red]FAIL {f.invariant}[/] ({r.level}, {f.shrunk_length} steps): "
-                                  f"{sys.executable} {f.repro}")
+                                  + escape(f"{shlex.quote(sys.executable)} {shlex.quote(str(f.repro))}"),
+                                  soft_wrap=True)   # one line: the command can be copied
     rate = total_steps / total_secs if total_secs else 0.0
     console.print(f"steps run: {total_steps}; {rate:.0f} steps/s; {total_secs:.1f} s")
     if args.json:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 
+from memspec.argtypes import positive_int
+
 from memspec.reference.caching import CachingAllocator
 from memspec.spec.errors import OutOfMemory
 
@@ -117,7 +119,7 @@ PYTORCH_PARAGRAPH = (
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="memspec demo fragmentation", description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", choices=("seed", "pytorch", "both"), default="both")
-    ap.add_argument("--capacity", type=int, default=40, help="device capacity in MiB (default 40)")
+    ap.add_argument("--capacity", type=positive_int, default=40, help="device capacity in MiB (default 40)")
     args = ap.parse_args(argv)
     cap = args.capacity * MB
     if args.capacity <= 0:

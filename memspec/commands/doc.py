@@ -11,6 +11,8 @@ import difflib
 import sys
 from pathlib import Path
 
+from memspec.argtypes import out_file
+
 
 def default_path() -> Path:
     """docs/SPEC.md of the source tree (the repository this package was installed from), else of the cwd."""
@@ -25,7 +27,7 @@ def default_path() -> Path:
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="memspec doc", description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="exit 1 if the committed file is stale")
-    p.add_argument("--output", type=Path, default=None, help="where SPEC.md lives (default: docs/SPEC.md)")
+    p.add_argument("--output", type=lambda s: Path(out_file(s)), default=None, help="where SPEC.md lives (default: docs/SPEC.md)")
     args = p.parse_args(argv)
     from memspec.spec.doc import render
 

@@ -10,8 +10,35 @@ Modes:
   without Hypothesis's engine per step (several times faster); a failure is
   handed to Hypothesis for shrinking, then saved and written the same way.
 
+Parallel jobs (``--jobs N``, default: all cores): N worker processes fuzz
+with distinct seeds (worker ``w`` starts at ``seed + w * 1,000,003``) and
+share one example database (Hypothesis's directory database is safe for
+concurrent writers).  Workers do not shrink: the first failure any worker
+finds stops them all; the parent replays it (Hypothesis mode: from the shared
+database; walk mode: the worker's seed and run) and shrinks and reports each
+distinct failure once.  One live display sums the workers.
+
+The budget: the command ends within ``N`` minutes plus the shrink of one
+failure (``--shrink-seconds``, default 30 s, all failures of a run together)
+plus the unit of work in flight at the deadline -- in walk mode one run of
+``--steps`` steps, in Hypothesis mode one round (rounds are sized from the
+measured time per example to at most ``ROUND_SECONDS`` = min(10 s, budget/10,
+at least 1 s) each, and the first round is 2 examples).  The deadline is
+checked between rounds (Hypothesis) and between runs (walk); with ``--jobs``
+add the workers' start.  "The shrink" is Hypothesis's: it takes no new
+shrink step after ``--shrink-seconds``, then replays the shrunk example once;
+every call inside a unit of work is bounded by ``--timeout``, so a target
+that hangs stretches a unit to at most its steps x ``--timeout``.
+
 A live display shows steps/s, the actions and outcomes covered and the
-failures so far.  Exit status 1 if anything failed.
+failures so far.  ``--json FILE`` writes the figures, including the elapsed
+time measured by the command itself.  Exit status 1 if anything failed.
+
+Sharing counterexamples across machines: ``--db-readonly-github OWNER/REPO``
+reads the failures other runners uploaded as a GitHub Actions artifact
+(Hypothesis's ``GitHubArtifactDatabase``, read-only) and replays them first,
+while new failures go to the local ``--db`` (both combined with
+``MultiplexedDatabase``); see docs/CAMPAIGNS.md.
 """
 
 from __future__ import annotations
@@ -19,66 +46,173 @@ from __future__ import annotations
 from memspec.invariants.report import console as _report_console
 
 import argparse
+import json
+import math
+import os
+import shlex
 import sys
 import time
 
+from memspec.argtypes import out_dir, out_file
 from memspec.invariants.discovery import DEFAULT_TARGET
+
+#: seed distance between two workers' seed ranges
+SEED_STRIDE = 1_000_003
+#: an upper bound on one Hypothesis round, in seconds (also capped at budget/10)
+ROUND_SECONDS = 10.0
+#: seconds of shrinking for one failure (all failures of a run share it)
+SHRINK_SECONDS = 30.0
+
+
+def _positive_finite(kind: type):
+    def conv(text: str):
+        try:
+            v = kind(text)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"not a {kind.__name__}: {text!r}") from None
+        if isinstance(v, float) and not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"must be finite, got {text!r}")
+        if v <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+        return v
+    conv.__name__ = f"positive {kind.__name__}"
+    return conv
+
+
+positive_float = _positive_finite(float)
+positive_int = _positive_finite(int)
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"must be finite and >= 0, got {text!r}")
+    return v
+
+
+def _github_repo(text: str) -> str:
+    parts = text.split("/")
+    if len(parts) != 2 or not all(parts) or any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(f"expected OWNER/REPO, got {text!r}")
+    return text
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="memspec fuzz", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="memspec fuzz", description=__doc__.split("\n\n")[0],
+                                epilog="Budget: ends within --minutes plus the shrink of one failure "
+                                       "(--shrink-seconds) plus the work unit in flight (one walk run of --steps "
+                                       f"steps, or one Hypothesis round of <= {ROUND_SECONDS:.0f} s and <= budget/10, "
+                                       "at least 1 s); with --jobs add the workers' start. The deadline is checked "
+                                       "between rounds (Hypothesis) and between runs (walk); --json reports the "
+                                       "elapsed time and this bound (bound_s).")
     p.add_argument("target", nargs="?", default=None, help=f"target (default {DEFAULT_TARGET})")
     p.add_argument("--target", dest="target_opt", default=None, help="same as the positional TARGET")
-    p.add_argument("--minutes", type=float, default=1.0)
-    p.add_argument("--seconds", type=float, default=None, help="budget in seconds (overrides --minutes)")
+    p.add_argument("--minutes", type=positive_float, default=1.0,
+                   help="time budget in minutes (> 0, finite). The command ends within it plus the shrink of one "
+                        "failure plus the unit of work in flight (the bound is stated below)")
+    p.add_argument("--seconds", type=positive_float, default=None, help="budget in seconds (overrides --minutes)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--db", default="memspec-out/db", help="Hypothesis example database directory")
+    p.add_argument("--jobs", type=positive_int, default=None,
+                   help="worker processes with distinct seeds and one shared database (default: all cores)")
+    p.add_argument("--db", type=out_dir, default="memspec-out/db", help="Hypothesis example database directory")
+    p.add_argument("--db-readonly-github", metavar="OWNER/REPO", type=_github_repo, default=None,
+                   help="also replay counterexamples from this repository's GitHub Actions artifact "
+                        "(GitHubArtifactDatabase, read-only; token from $GITHUB_TOKEN)")
+    p.add_argument("--db-artifact", default="hypothesis-example-db",
+                   help="artifact name for --db-readonly-github (default %(default)s)")
     p.add_argument("--mode", choices=("hypothesis", "walk"), default="hypothesis")
     p.add_argument("--level", choices=("mechanism", "system", "caching", "all"), default="all")
-    p.add_argument("--steps", type=int, default=None, help="steps per run (default: profile / 200 for walk)")
-    p.add_argument("--timeout", type=float, default=5.0, help="per-call timeout in seconds")
-    p.add_argument("--capacity", type=int, default=None)
-    p.add_argument("--out", default="memspec-out/repro", help="directory for reproduction files")
+    p.add_argument("--steps", type=positive_int, default=None, help="steps per run (default: profile / 200 for walk)")
+    p.add_argument("--timeout", type=positive_float, default=5.0, help="per-call timeout in seconds")
+    p.add_argument("--shrink-seconds", type=_non_negative_float, default=SHRINK_SECONDS,
+                   help="time to shrink failures, all of a run together (default %(default)s)")
+    p.add_argument("--capacity", type=positive_int, default=None)
+    p.add_argument("--out", type=out_dir, default="memspec-out/repro", help="directory for reproduction files")
+    p.add_argument("--json", metavar="FILE", type=out_file, default=None, help="write the run's figures and failures as JSON")
     p.add_argument("--machine", default=None, help=argparse.SUPPRESS)
     p.add_argument("--quiet", action="store_true")
     return p
 
 
-class Display:
-    """The live panel: throughput, coverage, failures."""
+def open_database(db: str | None, github: str | None = None, artifact: str = "hypothesis-example-db"):
+    """The example database: the local directory ``db``, and with ``github``
+    (``OWNER/REPO``) that repository's artifact read-only in front of it.
+    Saves go to the local directory only."""
+    from hypothesis.database import DirectoryBasedExampleDatabase, MultiplexedDatabase, ReadOnlyDatabase
 
-    def __init__(self, target: str, mode: str, budget: float) -> None:
-        self.target, self.mode, self.budget = target, mode, budget
+    local = DirectoryBasedExampleDatabase(db) if db else None
+    if not github:
+        return local
+    from hypothesis.database import GitHubArtifactDatabase
+
+    owner, repo = github.split("/")
+    shared = ReadOnlyDatabase(GitHubArtifactDatabase(owner, repo, artifact_name=artifact))
+    return MultiplexedDatabase(local, shared) if local is not None else shared
+
+
+class Display:
+    """The live panel: throughput, coverage, failures (one per run, whatever the jobs)."""
+
+    def __init__(self, target: str, mode: str, budget: float, jobs: int = 1) -> None:
+        self.target, self.mode, self.budget, self.jobs = target, mode, budget, jobs
         self.t0 = time.perf_counter()
         self.plans: list = []
         self.failures: list[str] = []
+        #: --jobs: worker -> level -> (steps, covered action names, outcomes seen, total actions)
+        self.workers: dict[int, dict[str, tuple[int, frozenset, int, int]]] = {}
+        #: --jobs: worker -> level -> seconds fuzzed
+        self.worker_seconds: dict[int, dict[str, float]] = {}
+
+    def steps(self) -> int:
+        return sum(p.stats.steps for p in self.plans) + sum(
+            v[0] for w in self.workers.values() for v in w.values())
 
     def __rich__(self):
+        from rich.markup import escape
         from rich.table import Table
 
-        t = Table(title=f"memspec fuzz {self.target} ({self.mode})", show_header=False)
+        jobs = f", {self.jobs} jobs" if self.jobs > 1 else ""
+        t = Table(title=f"memspec fuzz {escape(self.target)} ({self.mode}{jobs})", show_header=False)
         el = time.perf_counter() - self.t0
-        steps = sum(p.stats.steps for p in self.plans)
+        steps = self.steps()
         t.add_row("elapsed", f"{el:.0f} / {self.budget:.0f} s")
         t.add_row("steps", f"{steps}  ({steps / el if el else 0:.0f} steps/s)")
         for p in self.plans:
             t.add_row(f"{p.level}: actions", f"{len(p.stats.actions)}/{len(p.actions)} covered")
             t.add_row(f"{p.level}: outcomes", f"{len(p.stats.outcomes)} seen")
-        from rich.markup import escape
-
+        levels: dict[str, list] = {}
+        for w in self.workers.values():
+            for lvl, v in w.items():
+                levels.setdefault(lvl, []).append(v)
+        for lvl, vs in levels.items():
+            covered = frozenset().union(*(v[1] for v in vs))
+            t.add_row(f"{lvl}: actions", f"{len(covered)}/{max(v[3] for v in vs)} covered ({len(vs)} workers)")
+            t.add_row(f"{lvl}: outcomes", f"{max(v[2] for v in vs)} seen (most of one worker)")
         t.add_row("failures", escape("\n".join(self.failures)) or "none")
         return t
 
 
+def _budget(args) -> float:
+    return args.seconds if args.seconds is not None else args.minutes * 60
+
+
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
+    if args.target and args.target_opt and args.target != args.target_opt:
+        parser().error(f"two different targets: {args.target!r} and --target {args.target_opt!r}")
+    jobs = args.jobs or os.cpu_count() or 1
+    if jobs > 1:
+        return main_jobs(args, jobs)
     from rich.live import Live
 
     from memspec.invariants import runner
     from memspec.invariants.discovery import resolve
 
     target = args.target or args.target_opt or DEFAULT_TARGET
-    budget = args.seconds if args.seconds is not None else args.minutes * 60
+    budget = _budget(args)
     console = _report_console()
     disp = Display(target, args.mode, budget)
     results = []
@@ -95,11 +229,15 @@ def main(argv: list[str]) -> int:
         return 2
     import contextlib
 
+    shrink = _ShrinkBudget(args.shrink_seconds)
+    disp.shrink = shrink
     live = contextlib.nullcontext() if args.quiet else Live(disp, console=console, refresh_per_second=4,
                                                               transient=False, redirect_stdout=False)
     with live:
         for i, lvl in enumerate(levels):
             share = (deadline - time.perf_counter()) / (len(levels) - i)
+            if share <= 0:
+                break
             try:
                 plan = runner.make_plan(tref, lvl, capacity=args.capacity, timeout=args.timeout, machine=args.machine)
             except Exception as e:  # noqa: BLE001
@@ -107,77 +245,433 @@ def main(argv: list[str]) -> int:
                 continue
             disp.plans.append(plan)
             if args.mode == "walk":
-                results += fuzz_walk(plan, share, args, disp)
+                results += fuzz_walk(plan, share, args, disp, shrink=shrink)
             else:
-                results += fuzz_hypothesis(plan, share, args, disp)
-    bad = [f for r in results for f in r.failures] + [e for r in results for e in r.errors]
+                results += fuzz_hypothesis(plan, share, args, disp, shrink=shrink)
     steps = sum(p.stats.steps for p in disp.plans)
-    el = time.perf_counter() - disp.t0
-    console.print(f"steps run: {steps}; {steps / el if el else 0:.0f} steps/s; {el:.1f} s; seed {args.seed}; db {args.db}")
+    return _report(console, args, disp, results, steps, jobs=1, workers=[])
+
+
+class _ShrinkBudget:
+    """The seconds of shrinking left to this run (one budget for all failures)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.left = seconds
+        self.used = 0.0
+
+    def charge(self, seconds: float) -> None:
+        self.left -= seconds
+        self.used += seconds
+
+    def take(self):
+        """A context that bounds Hypothesis's shrinking by what is left and
+        charges the time spent."""
+        from memspec.invariants import runner
+
+        me = self
+
+        class _Ctx:
+            def __enter__(self_inner):
+                self_inner.t0 = time.perf_counter()
+                self_inner.inner = runner.shrink_budget(max(me.left, 0.0))
+                self_inner.inner.__enter__()
+                return self_inner
+
+            def __exit__(self_inner, *exc):
+                self_inner.inner.__exit__(*exc)
+                dt = time.perf_counter() - self_inner.t0
+                me.left -= dt
+                me.used += dt
+                return False
+
+        return _Ctx()
+
+
+def _report(console, args, disp, results, steps: int, *, jobs: int, workers: list, fuzz_seconds: float | None = None) -> int:
     from rich.markup import escape
 
+    bad = [f for r in results for f in r.failures] + [e for r in results for e in r.errors]
+    el = time.perf_counter() - disp.t0
+    console.print(f"steps run: {steps}; {steps / el if el else 0:.0f} steps/s; {el:.1f} s; seed {args.seed}; "
+                  f"db {args.db}" + (f"; {jobs} jobs" if jobs > 1 else ""))
     for r in results:
         for f in r.failures:
             console.print(f"[red]FAIL {f.invariant}[/] " + escape(f"[{f.cause}] ({r.level}, {f.shrunk_length} steps) {f.reason}")
-                          + (f"\n    python {f.repro}" if f.repro else ""))
+                          + (escape(f"\n    python {shlex.quote(str(f.repro))}") if f.repro else ""),
+                          soft_wrap=True)   # one line: the command can be copied
         for e in r.errors:
             console.print(f"[yellow]ERROR[/] ({r.level}) " + escape(e))
     console.print("[green]no failures[/]" if not bad else f"[red]{len(bad)} failure(s)[/]")
+    if args.json:
+        fs = fuzz_seconds if fuzz_seconds is not None else el
+        doc = {
+            "target": disp.target, "mode": args.mode, "jobs": jobs, "seed": args.seed,
+            "budget_s": disp.budget, "elapsed_s": el, "fuzz_s": fs,
+            "bound_s": disp.budget + args.shrink_seconds + min(ROUND_SECONDS, max(1.0, disp.budget / 10)),
+            "shrink_s": getattr(disp, "shrink", None).used if getattr(disp, "shrink", None) else 0.0,
+            "steps": steps, "steps_per_s": steps / fs if fs else 0.0, "workers": workers,
+            "failures": [{"level": r.level, "invariant": f.invariant, "cause": f.cause, "reason": f.reason,
+                          "steps": f.shrunk_length, "repro": f.repro} for r in results for f in r.failures],
+            "errors": [{"level": r.level, "error": e} for r in results for e in r.errors],
+        }
+        try:
+            with open(args.json, "w") as fh:
+                json.dump(doc, fh, indent=2, default=str)
+        except OSError as e:
+            console.print(f"[red]cannot write {args.json}[/]: {e}")
+            return 2
     return 1 if bad else 0
 
 
-def fuzz_hypothesis(plan, seconds: float, args, disp) -> list:
+def _round_settings(args, seed: int, examples: int, *, first: bool, shrink: bool, database):
+    """Settings of one Hypothesis round: the ``fuzz`` profile, the shared
+    database; the reuse phase (replay of saved failures) only in the first
+    round, the shrink phase only when this process may shrink."""
+    from hypothesis import Phase, settings
+
+    from memspec import profiles as _profiles  # noqa: F401
     from memspec.invariants import runner
 
+    phases = [p for p in settings.get_profile("fuzz").phases
+              if (first or p is not Phase.reuse) and (shrink or p not in (Phase.shrink, Phase.explain))]
+    return runner.hypothesis_settings("fuzz", examples=examples, steps=args.steps, db=None, seed=seed,
+                                      database=database, phases=phases)
+
+
+def fuzz_hypothesis(plan, seconds: float, args, disp, *, shrink: _ShrinkBudget | None = None,
+                    seed: int | None = None, stop=None, database=None, may_shrink: bool = True) -> list:
+    """Rounds of fresh seeds until ``seconds`` are up (or ``stop()``).
+
+    A round's size comes from the time per example measured so far: at most
+    ``ROUND_SECONDS`` (and budget/10, at least 1 s) of examples, never more
+    than what is left; the first round is 2 examples (it also replays the
+    database).  So the deadline is checked every few seconds, not after a
+    round sized by guesswork."""
+    from memspec.invariants import runner
+
+    shrink = shrink or _ShrinkBudget(args.shrink_seconds)
+    if database is None:
+        database = open_database(args.db, args.db_readonly_github, args.db_artifact)
+    base = args.seed if seed is None else seed
+    cap = min(ROUND_SECONDS, max(1.0, _budget(args) / 10))
     end = time.perf_counter() + seconds
     out = []
     rnd = 0
     seen: set[str] = set()
-    while time.perf_counter() < end:
-        # rounds of fresh seeds; a round is small so the budget is honoured
+    per_example: float | None = None
+    while time.perf_counter() < end and not (stop and stop()):
         left = end - time.perf_counter()
-        examples = max(5, min(200, int(left * 5)))
-        sets = runner.hypothesis_settings("fuzz", examples=examples, steps=args.steps, db=args.db,
-                                          seed=args.seed + rnd)
-        res = runner.run_hypothesis(plan, sets, seed=args.seed + rnd)
+        examples = 2 if per_example is None else max(1, min(100_000, int(min(left, cap) / per_example)))
+        sets = _round_settings(args, base + rnd, examples, first=rnd == 0, shrink=may_shrink, database=database)
+        ex0 = plan.stats.examples
+        t0 = time.perf_counter()
+        res = runner.run_hypothesis(plan, sets, seed=base + rnd, shrink_seconds=max(shrink.left, 0.0))
+        if may_shrink and res.failures:  # the round shrank: charge it all to the shrink budget (conservative)
+            shrink.charge(time.perf_counter() - t0)
+        ran = plan.stats.examples - ex0
+        if ran > 0 and not res.failures:
+            per_example = max((time.perf_counter() - t0) / ran, 1e-4)
         res.failures = [f for f in res.failures if f.invariant not in seen]
         seen.update(f.invariant for f in res.failures)
-        runner.write_repros(res, args.out, target_name=plan.target)
+        if may_shrink:
+            runner.write_repros(res, args.out, target_name=plan.target)
         for f in res.failures:
             disp.failures.append(f"{plan.level} {f.invariant} [{f.cause}] {f.reason[:90]}")
         out.append(res)
         rnd += 1
-        if res.errors:
+        if res.errors or (res.failures and not may_shrink):
             break
     return out
 
 
-def fuzz_walk(plan, seconds: float, args, disp) -> list:
-    from hypothesis.database import DirectoryBasedExampleDatabase
-
+def fuzz_walk(plan, seconds: float, args, disp, *, shrink: _ShrinkBudget | None = None, seed: int | None = None,
+              stop=None, on_failure=None, database=None) -> list:
+    """Walks until ``seconds`` are up.  In-process (``on_failure`` None) each
+    new failure is shrunk (within the shrink budget) and the walk goes on
+    with the next seed; a worker hands its first failure to ``on_failure``
+    and stops."""
     from memspec.invariants import runner, walk
 
+    shrink = shrink or _ShrinkBudget(args.shrink_seconds)
     res = runner.PlanResult(plan.target, plan.level, plan)
-    db = DirectoryBasedExampleDatabase(args.db) if args.db else None
+    db = database if database is not None else open_database(args.db, args.db_readonly_github, args.db_artifact)
     end = time.perf_counter() + seconds
-    seed = args.seed
+    seed = args.seed if seed is None else seed
     seen: set[str] = set()
+
+    def progress(_w):
+        if stop is not None and stop():
+            raise _Stop()
+
     while time.perf_counter() < end:
-        w = walk.walk(plan, seconds=end - time.perf_counter(), seed=seed, run_length=args.steps or 200)
+        try:
+            w = walk.walk(plan, seconds=end - time.perf_counter(), seed=seed, run_length=args.steps or 200,
+                          on_progress=progress)
+        except _Stop:
+            break
         res.errors += w.errors
         for wf in w.failures:
             if wf.violation.invariant in seen:
                 continue
             seen.add(wf.violation.invariant)
-            v = walk.shrink(plan, wf, db=db) or wf.violation
-            f = runner.Failure(plan.target, plan.level, v.invariant, v.cause, v.reason, v.trace, wf.steps)
-            res.failures.append(f)
-            disp.failures.append(f"{plan.level} {f.invariant} [{f.cause}] {f.reason[:90]} (walk seed {wf.seed} run {wf.run_index})")
-        if w.errors or not w.failures:
+            if on_failure is not None:
+                on_failure(wf)
+                continue
+            res.failures.append(_shrink_walk_failure(plan, wf, db, shrink))
+            disp.failures.append(f"{plan.level} {wf.violation.invariant} [{wf.violation.cause}] "
+                                 f"{wf.violation.reason[:90]} (walk seed {wf.seed} run {wf.run_index})")
+        if w.errors or not w.failures or on_failure is not None:
             break
         seed += 1  # continue with the next seed after a failure
-    runner.write_repros(res, args.out, target_name=plan.target)
+    if on_failure is None:
+        runner.write_repros(res, args.out, target_name=plan.target)
     return [res]
+
+
+class _Stop(Exception):
+    """Another worker found a failure: stop between runs."""
+
+
+def _shrink_walk_failure(plan, wf, db, shrink: _ShrinkBudget):
+    from memspec.invariants import runner, walk
+
+    v = None
+    if shrink.left > 0:
+        with shrink.take():
+            v = walk.shrink(plan, wf, db=db)
+    v = v or wf.violation
+    return runner.Failure(plan.target, plan.level, v.invariant, v.cause, v.reason, v.trace, wf.steps)
+
+
+# --------------------------------------------------------------------------
+# --jobs N: worker processes
+# --------------------------------------------------------------------------
+
+def _worker(w: int, argv: list[str], deadline: float, queue, stop_event) -> None:
+    """One worker: fuzz every level with its own seed range until the
+    (wall-clock) deadline or until a worker found a failure; stream progress
+    and the first failure to the parent; never shrink."""
+    import threading
+
+    from memspec.invariants import runner
+    from memspec.invariants.discovery import resolve
+
+    args = parser().parse_args(argv)
+    target = args.target or args.target_opt or DEFAULT_TARGET
+    seed = args.seed + w * SEED_STRIDE
+    plans: list = []
+    done = threading.Event()
+
+    def send_progress() -> None:
+        for p in list(plans):
+            st = p.stats
+            queue.put(("progress", w, p.level, st.steps, frozenset(st.actions), len(st.outcomes), len(p.actions),
+                       st.seconds))
+
+    def pump() -> None:
+        while not done.wait(0.5):
+            send_progress()
+
+    th = threading.Thread(target=pump, daemon=True)
+    th.start()
+    try:
+        tref = resolve(target)
+        kind = runner._kind_of(tref, args.capacity)
+        levels = [tref.mutant.level] if tref.mutant is not None and args.level == "all" else runner.levels_for(kind, args.level)
+        database = open_database(args.db, args.db_readonly_github, args.db_artifact)
+        disp = Display(target, args.mode, _budget(args))
+        stop = stop_event.is_set
+        for i, lvl in enumerate(levels):
+            share = (deadline - time.time()) / (len(levels) - i)
+            if share <= 0 or stop():
+                break
+            plan = runner.make_plan(tref, lvl, capacity=args.capacity, timeout=args.timeout, machine=args.machine)
+            plans.append(plan)
+            if args.mode == "walk":
+                def found(wf, lvl=lvl):
+                    stop_event.set()
+                    queue.put(("walk-failure", w, lvl, wf.seed, wf.run_index, wf.violation.invariant,
+                               wf.violation.cause, wf.violation.reason, wf.steps))
+                rs = fuzz_walk(plan, share, args, disp, seed=seed, stop=stop, on_failure=found, database=database)
+            else:
+                rs = fuzz_hypothesis(plan, share, args, disp, seed=seed, stop=stop, database=database,
+                                     may_shrink=False)
+                for r in rs:
+                    for f in r.failures:
+                        stop_event.set()
+                        queue.put(("hyp-failure", w, lvl, f.invariant, f.cause, f.reason))
+            for r in rs:
+                for e in r.errors:
+                    queue.put(("error", w, lvl, e))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, never lost
+        queue.put(("error", w, "?", f"worker {w}: {type(e).__name__}: {e}"))
+    finally:
+        done.set()
+        th.join()
+        send_progress()
+        queue.put(("done", w))
+
+
+def main_jobs(args, jobs: int) -> int:
+    """``--jobs N``: N workers, one display, failures shrunk once in the parent."""
+    import contextlib
+    import multiprocessing as mp
+    import queue as queue_mod
+
+    from rich.live import Live
+
+    from memspec.invariants import runner
+    from memspec.invariants.discovery import resolve
+
+    target = args.target or args.target_opt or DEFAULT_TARGET
+    budget = _budget(args)
+    console = _report_console()
+    disp = Display(target, args.mode, budget, jobs)
+    try:
+        tref = resolve(target)
+        kind = runner._kind_of(tref, args.capacity)
+    except Exception as e:  # noqa: BLE001
+        console.print(f"[red]cannot fuzz {target}[/]: {type(e).__name__}: {e}")
+        return 2
+    levels = [tref.mutant.level] if tref.mutant is not None and args.level == "all" else runner.levels_for(kind, args.level)
+    if not levels:
+        console.print(f"[red]level {args.level!r} does not apply to a target of kind {kind!r}[/]")
+        return 2
+    argv = _argv_of(args)
+    # fork where the platform has it (workers start in milliseconds with the
+    # parent's imports; no thread has been started yet), spawn elsewhere
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() and sys.platform == "linux" else "spawn")
+    q = ctx.Queue()
+    stop_event = ctx.Event()
+    deadline = time.time() + budget
+    procs = [ctx.Process(target=_worker, args=(w, argv, deadline, q, stop_event), daemon=True,
+                         name=f"memspec-fuzz-{w}") for w in range(jobs)]
+    for p in procs:
+        p.start()
+    walk_failures: list[tuple] = []
+    hyp_failures: dict[str, dict[str, tuple]] = {}
+    errors: dict[str, list[str]] = {}
+    running = set(range(jobs))
+    live = contextlib.nullcontext() if args.quiet else Live(disp, console=console, refresh_per_second=4,
+                                                              transient=False, redirect_stdout=False)
+    with live:
+        while running:
+            try:
+                msg = q.get(timeout=0.5)
+            except queue_mod.Empty:
+                dead = [w for w in running if not procs[w].is_alive() and procs[w].exitcode is not None]
+                for w in dead:  # a worker that died without saying "done" (killed, crashed interpreter)
+                    if q.empty():
+                        errors.setdefault(levels[0], []).append(f"worker {w} died (exit {procs[w].exitcode})")
+                        running.discard(w)
+                continue
+            kind_ = msg[0]
+            if kind_ == "progress":
+                _, w, lvl, steps, covered, outcomes, n_actions, secs = msg
+                disp.workers.setdefault(w, {})[lvl] = (steps, covered, outcomes, n_actions)
+                disp.worker_seconds.setdefault(w, {})[lvl] = secs
+            elif kind_ == "walk-failure":
+                walk_failures.append(msg[1:])
+                disp.failures.append(f"{msg[2]} {msg[5]} [{msg[6]}] {str(msg[7])[:90]} (worker {msg[1]}; shrinking)")
+            elif kind_ == "hyp-failure":
+                hyp_failures.setdefault(msg[2], {}).setdefault(msg[3], (msg[4], msg[5]))
+                disp.failures.append(f"{msg[2]} {msg[3]} [{msg[4]}] {str(msg[5])[:90]} (worker {msg[1]}; shrinking)")
+            elif kind_ == "error":
+                errors.setdefault(msg[2], []).append(msg[3])
+            elif kind_ == "done":
+                running.discard(msg[1])
+    for p in procs:
+        p.join(timeout=10)
+    fuzz_seconds = time.perf_counter() - disp.t0
+    secs = disp.worker_seconds
+    workers = [{"worker": w, "seed": args.seed + w * SEED_STRIDE,
+                "steps": sum(v[0] for v in disp.workers.get(w, {}).values()),
+                "seconds": sum(secs.get(w, {}).values())} for w in range(jobs)]
+    steps = disp.steps()
+    # the parent shrinks and reports each distinct failure once
+    results = _shrink_in_parent(tref, args, levels, walk_failures, hyp_failures, disp)
+    for lvl, errs in errors.items():
+        r = next((r for r in results if r.level == lvl), None)
+        if r is None:
+            r = runner.PlanResult(target, lvl, None)
+            results.append(r)
+        r.errors += list(dict.fromkeys(errs))
+    return _report(console, args, disp, results, steps, jobs=jobs, workers=workers, fuzz_seconds=fuzz_seconds)
+
+
+def _shrink_in_parent(tref, args, levels, walk_failures, hyp_levels, disp) -> list:
+    from memspec.invariants import runner, walk
+    from memspec.invariants import harness as H
+
+    shrink = _ShrinkBudget(args.shrink_seconds)
+    disp.shrink = shrink
+    database = open_database(args.db, args.db_readonly_github, args.db_artifact)
+    results = []
+    plans: dict[str, object] = {}
+
+    def plan_of(lvl):
+        if lvl not in plans:
+            plans[lvl] = runner.make_plan(tref, lvl, capacity=args.capacity, timeout=args.timeout, machine=args.machine)
+        return plans[lvl]
+
+    by_level: dict[str, dict[str, tuple]] = {}
+    for (w, lvl, seed, run_index, inv, cause, reason, steps) in walk_failures:
+        by_level.setdefault(lvl, {}).setdefault(inv, (seed, run_index, cause, reason, steps))
+    for lvl, fails in by_level.items():
+        plan = plan_of(lvl)
+        res = runner.PlanResult(plan.target, lvl, plan)
+        guard = H.CallGuard(plan.timeout, plan.guard_mode)
+        for inv, (seed, run_index, cause, reason, steps) in fails.items():
+            guard.install()
+            try:
+                v, choices = walk.walk_once(plan, walk.run_seed(seed, run_index), args.steps or 200, guard)
+            finally:
+                guard.uninstall()
+            if v is None:  # the target did not fail again on replay: report the worker's finding as is
+                res.failures.append(runner.Failure(plan.target, lvl, inv, cause,
+                                                   f"{reason} (not reproduced on replay: nondeterministic target?)",
+                                                   [], steps))
+                continue
+            wf = walk.WalkFailure(v, seed, run_index, choices, steps)
+            res.failures.append(_shrink_walk_failure(plan, wf, database, shrink))
+        runner.write_repros(res, args.out, target_name=plan.target)
+        results.append(res)
+    for lvl in levels:
+        if lvl not in hyp_levels:
+            continue
+        plan = plan_of(lvl)
+        # replay the shared database (the workers saved their failures there) and shrink
+        from hypothesis import Phase
+
+        sets = runner.hypothesis_settings("fuzz", examples=1, steps=args.steps, db=None, database=database,
+                                          phases=[Phase.reuse, Phase.shrink])
+        with shrink.take():
+            res = runner.run_hypothesis(plan, sets, shrink_seconds=max(shrink.left, 0.0))
+        got = {f.invariant for f in res.failures}
+        for inv, (cause, reason) in hyp_levels[lvl].items():
+            if inv not in got:  # not reproduced from the database: report the worker's finding as it was
+                res.failures.append(runner.Failure(plan.target, lvl, inv, cause,
+                                                   f"{reason} (not reproduced on replay: nondeterministic target?)",
+                                                   [], None))
+        runner.write_repros(res, args.out, target_name=plan.target)
+        results.append(res)
+    disp.failures[:] = [f"{r.level} {f.invariant} [{f.cause}] {f.reason[:90]}" for r in results for f in r.failures]
+    return results
+
+
+def _argv_of(args) -> list[str]:
+    """The worker's command line: the parent's options (jobs left out)."""
+    out = []
+    target = args.target or args.target_opt
+    if target:
+        out.append(target)
+    for name in ("minutes", "seconds", "seed", "db", "db_readonly_github", "db_artifact", "mode", "level", "steps",
+                 "timeout", "shrink_seconds", "capacity", "out", "machine"):
+        v = getattr(args, name)
+        if v is not None:
+            out += [f"--{name.replace('_', '-')}", str(v)]
+    out.append("--quiet")
+    return out
 
 
 if __name__ == "__main__":  # pragma: no cover

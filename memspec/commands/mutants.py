@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from memspec.argtypes import out_dir, out_file, positive_int
 from memspec.spec.api import MiB
 
 
@@ -82,12 +83,12 @@ def kill_table(kills: list) -> "Any":
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="memspec mutants", description=__doc__.split("\n\n")[0])
     p.add_argument("--only", action="append", default=[], metavar="NAME", help="run only this mutant (repeatable)")
-    p.add_argument("--examples", type=int, default=100)
-    p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--capacity", type=int, default=16 * MiB, help="device capacity for the mutants' targets")
+    p.add_argument("--examples", type=positive_int, default=100)
+    p.add_argument("--steps", type=positive_int, default=40)
+    p.add_argument("--capacity", type=positive_int, default=16 * MiB, help="device capacity for the mutants' targets")
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--out", default="memspec-out/repro")
-    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--out", type=out_dir, default="memspec-out/repro")
+    p.add_argument("--json", metavar="FILE", type=out_file)
     p.add_argument("--list", action="store_true", help="list the mutants and exit")
     args = p.parse_args(argv)
     from rich.markup import escape

@@ -108,10 +108,16 @@ def main(argv: list[str]) -> int:
     if snap is not None and any(snap.get("device_traces") or []):
         from memspec.reference.caching_snapshot import would_expandable_avoid_oom
 
-        avoided, fixed, exp = would_expandable_avoid_oom(snap)
-        replay_lines = [f"replay ({fixed.preset}, capacity {lib.fmt(fixed.capacity)}): fixed segments -> "
-                        f"{len(fixed.ooms)} OOM(s); expandable segments -> {len(exp.ooms)} OOM(s)",
-                        "would expandable segments have avoided this OOM? " + ("YES" if avoided else "no")]
+        from memspec.spec.errors import MemspecError
+
+        try:
+            avoided, fixed, exp = would_expandable_avoid_oom(snap)
+        except MemspecError as e:  # a snapshot that loads but cannot be replayed (e.g. no segments)
+            replay_lines = [f"replay not possible, so expandable segments were not tried: {type(e).__name__}: {e}"]
+        else:
+            replay_lines = [f"replay ({fixed.preset}, capacity {lib.fmt(fixed.capacity)}): fixed segments -> "
+                            f"{len(fixed.ooms)} OOM(s); expandable segments -> {len(exp.ooms)} OOM(s)",
+                            "would expandable segments have avoided this OOM? " + ("YES" if avoided else "no")]
         v.evidence.extend(replay_lines)
     if args.json:
         print(json.dumps(v.as_json(f), indent=2))

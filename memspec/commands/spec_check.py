@@ -12,11 +12,13 @@ import argparse
 import sys
 import time
 
+from memspec.argtypes import positive_int
+
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="memspec spec-check", description=__doc__.splitlines()[0])
-    p.add_argument("--examples", type=int, default=200)
-    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--examples", type=positive_int, default=200)
+    p.add_argument("--steps", type=positive_int, default=50)
     p.add_argument("--seed", type=int, default=None, help="seed (default: derandomized)")
     p.add_argument("--machine", choices=("system", "mechanism", "all"), default="all")
     p.add_argument("--no-shrink", action="store_true", help="report the first failure as found (faster)")

@@ -1,6 +1,8 @@
 """``memspec targets``: the conformance targets found (entry point group
 ``memspec.targets``), with their kind and capabilities, or why they failed
-to load.  ``--probe`` builds each one to discover its capabilities."""
+to load.  Each target is built once to discover its capabilities (unless
+``--no-probe``); one that cannot run here (no GPU, library missing) is listed
+as unavailable with the reason."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ def main(argv: list[str]) -> int:
     for col in ("name", "kind", "capabilities", "status", "source"):
         t.add_column(col)
     for ref in list_targets():
-        kind, caps, status = "", "", "ok"
+        kind, caps, status = "", "", "available"
         if ref.error:
             status = f"[red]import failed[/]: {ref.error}"
         elif not args.no_probe:
@@ -40,7 +42,9 @@ def main(argv: list[str]) -> int:
                     if getattr(inst, "close", None):
                         inst.close()
             except Exception as e:  # noqa: BLE001 - a target that cannot be built is listed, not fatal
-                status = f"[yellow]unavailable[/]: {type(e).__name__}: {e}"
+                # TargetUnavailable / DriverUnavailable carry the reason as their message
+                why = str(e) if type(e).__name__.endswith("Unavailable") else f"{type(e).__name__}: {e}"
+                status = f"[yellow]unavailable[/]: {why}"
         t.add_row(ref.name, kind, caps, status, ref.source)
     _report_console().print(t)
     return 0

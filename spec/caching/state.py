@@ -98,6 +98,11 @@ class CachingState:
     violations: list[tuple[str, str]] = field(default_factory=list)
 
     # -- aggregates ------------------------------------------------------
+    def has(self, capability: str) -> bool:
+        """The capabilities this state models (a spec-only run draws what they allow)."""
+        return {"record_stream": True, "second_stream": self.streams > 1,
+                "expandable_segments": self.policy.expandable}.get(capability, False)
+
     def seg(self, sid: int) -> Segment:
         for s in self.segments:
             if s.sid == sid:

@@ -1,0 +1,85 @@
+"""Benchmark 7: ``memspec snapshot FILE --replay`` on a generated trace of
+1,000,000 events.
+
+The trace is recorded from the reference caching allocator (``pytorch``
+preset, ``record_history=True``) on the caching rows' mixed workload with
+1,000 live blocks, until it holds 1,000,000 events (alloc, free_requested,
+free_completed, segment_*), and written with ``caching_snapshot.dump``
+(outside the timing).  The timed run is the CLI as a user runs it, in a fresh
+interpreter: load the file, replay the trace with and without expandable
+segments, answer *would expandable segments have avoided this OOM?*.  The
+rate is trace events per wall second of that command (interpreter start and
+load included); memory is the command's peak RSS (``os.wait4``'s
+``ru_maxrss``).  No target: the figures say how long the answer takes.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import FAILED, Row, unavailable
+
+ROOT = Path(__file__).resolve().parents[1]
+EVENTS = 1_000_000
+QUICK_EVENTS = 20_000
+LIVE = 1_000
+
+
+def make_trace(events: int, path: Path) -> int:
+    """Record ``events`` trace events from the reference allocator; write the snapshot; return the count."""
+    from bench import workload
+    from memspec.reference.caching import CachingAllocator
+    from memspec.reference.caching_snapshot import dump
+
+    a = CachingAllocator(preset="pytorch", capacity=1 << 40, record_history=True, max_entries=events)
+    rng = random.Random("memspec-bench-replay")
+    live = [a.malloc(workload.mixed_size(rng)) for _ in range(LIVE)]
+    while len(a._trace) < events:
+        i = rng.randrange(LIVE)
+        a.free(live[i])
+        live[i] = a.malloc(workload.mixed_size(rng))
+    snap = a.snapshot()
+    dump(snap, str(path))
+    return len(snap["device_traces"][0])
+
+
+def run(quick: bool = False) -> list[Row]:
+    n = QUICK_EVENTS if quick else EVENTS
+    name = f"memspec snapshot --replay of a {n:,}-event trace"
+    try:
+        with tempfile.TemporaryDirectory(prefix="memspec-bench-replay-") as d:
+            path = Path(d) / "trace.pickle"
+            got = make_trace(n, path)
+            size = path.stat().st_size
+            cmd = [sys.executable, "-c", _CHILD, str(path)]
+            t0 = time.perf_counter()
+            p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+            dt = time.perf_counter() - t0
+            out = p.stdout + p.stderr
+    except (OSError, subprocess.TimeoutExpired, ValueError) as e:
+        return [unavailable(name, "events/s", "", f"{type(e).__name__}: {e}", status=FAILED)]
+    if p.returncode != 0:
+        return [unavailable(name, "events/s", "", f"exited {p.returncode}: {out[-200:]}", status=FAILED)]
+    last = [ln for ln in out.splitlines() if ln.startswith("replay under")][-1:] or [""]
+    rss = [ln for ln in out.splitlines() if ln.startswith("MAXRSS_KIB ")]
+    peak = f"{int(rss[-1].split()[1]) / 1024:.0f} MiB" if rss else "n/a"
+    return [Row(name, got / dt, "events/s", None, "", None,
+                f"{got:,} events in {dt:.1f} s (fresh interpreter, load + two replays); "
+                f"peak RSS {peak}; file {size / 2**20:.0f} MiB; {last[0][:90]}",
+                extra={"events": got, "seconds": dt, "file_bytes": size, "peak_rss": peak})]
+
+
+#: the child: ``memspec snapshot FILE --replay``, then its own peak RSS (KiB on Linux)
+_CHILD = (
+    "import resource, sys\n"
+    "from memspec.commands import snapshot\n"
+    "rc = snapshot.main([sys.argv[1], '--replay'])\n"
+    "print('MAXRSS_KIB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    "sys.exit(rc)\n"
+)
