@@ -30,7 +30,7 @@ from typing import Any, Callable
 import z3
 
 from memspec.invariants.proofs import (
-    ARR, ARR2B, BARR, BOOL, INT, OUTCOMES, Act, Proof, St, _args, bv, concrete, fresh, iv,
+    ARR, ARR2, ARR2B, BARR, BOOL, INT, OUTCOMES, Act, Proof, St, _args, bv, concrete, fresh, iv,
 )
 from memspec.spec.core import Raises, Returns
 
@@ -79,9 +79,9 @@ class Compiled:
                 for i in range(nobj):
                     self.keys.append((f, i))
                     exprs.append(z3.Select(s2[f], i))
-            elif kind == ARR2B:
+            elif kind in (ARR2B, ARR2):
                 for i in range(nobj):
-                    for j in range(npages):
+                    for j in range(npages if kind == ARR2B else nobj):
                         self.keys.append((f, (i, j)))
                         exprs.append(z3.Select(z3.Select(s2[f], i), j))
             else:
@@ -95,6 +95,17 @@ class Compiled:
         self.ev_bool = [e.sort() == z3.BoolSort() for e in self.ev]
         self.agree_expr = z3.And(self.pre, z3.Or(*[out == e for e in self.eo]),
                                  *[e == v for e, v in zip(exprs[1:], self.ev)])
+        self.out = out
+
+    def outcome(self, state: dict[str, Any], args: dict[str, Any]) -> str:
+        """The encoding's outcome on concrete values (the branch it takes)."""
+        v = z3.simplify(z3.substitute(self.out, *self._subs(state, args)))
+        if z3.is_int_value(v):
+            return OUTCOMES[v.as_long()]
+        for code, name in enumerate(OUTCOMES):  # a quantifier remained (some page committed?)
+            if self._truth(v == code):
+                return name
+        raise RuntimeError(f"{self.act.name}: no outcome decided for {v}")
 
     def _subs(self, state: dict[str, Any], args: dict[str, Any]) -> list[tuple[Any, Any]]:
         subs = [(self.s[f], concrete(k, state[f])) for f, k in self.p.fields.items()]
@@ -178,8 +189,11 @@ class AgreementReport:
     samples: int = 0
     skipped: int = 0
     seconds: float = 0.0
-    mismatches: list[str] = field(default_factory=list)
+    mismatches: list[str] = field(default_factory=list)  # every disagreement (no cap)
     outcomes: dict[str, int] = field(default_factory=dict)  # spec outcome followed -> samples
+    branches: dict[str, int] = field(default_factory=dict)  # encoding's outcome on agreeing samples -> samples
+    inv_samples: int = 0                                    # states the invariants were compared on
+    inv_disagreements: list[str] = field(default_factory=list)
 
 
 class Universe:
@@ -218,6 +232,11 @@ def flatten(state: dict[str, Any], fields: dict[str, str], compare: tuple[str, .
             for i in range(n):
                 for j in range(u.pages):
                     out[(f, (i, j))] = j in v.get(i, set())
+        elif kind == ARR2:
+            for i in range(n):
+                d, items = v.get(i, (0, {}))
+                for j in range(n):
+                    out[(f, (i, j))] = items.get(j, d)
         else:
             out[(f, None)] = v
     return out
@@ -242,9 +261,24 @@ def follow(branch: Any) -> Any:
     return None
 
 
+class InvariantEval:
+    """The encoded invariant of a proof at every object of a projected state,
+    as one closed formula decided by substitution (and a solver call where a
+    quantifier of a prefix-sum ghost remains)."""
+
+    def __init__(self, p: Proof, nobj: int) -> None:
+        self.p = p
+        self.s = fresh(p.fields, "iv")
+        self.expr = z3.And(*[p.inv(self.s, z3.IntVal(i)) for i in range(nobj)])
+
+    def holds(self, state: dict[str, Any]) -> bool:
+        subs = [(self.s[f], concrete(k, state[f])) for f, k in self.p.fields.items()]
+        return Compiled._truth(z3.substitute(self.expr, *subs))
+
+
 def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapter], proofs: dict[str, Proof],
                      samples: int, seed: int, too_big: Callable[[Any], bool], max_steps: int = 400000,
-                     restart_every: int = 60) -> list[AgreementReport]:
+                     restart_every: int = 60, inv_samples: int = 0) -> list[AgreementReport]:
     """Walk ``machine`` from ``init()``; at each step whose action has adapters,
     compare; stop when every adapter has ``samples`` samples."""
     rng = random.Random(seed)
@@ -254,6 +288,8 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
     for a in adapters:
         by_spec.setdefault(a.spec_action, []).append(a)
     compiled: dict[tuple[Any, ...], Compiled] = {}
+    inv_evals: dict[tuple[str, int], InvariantEval] = {}
+    from memspec.spec.invariants import BY_ID as SPEC_INVARIANTS
     state = init()
     steps_since = 0
     for _ in range(max_steps):
@@ -289,6 +325,8 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
                 rep.skipped += 1
                 continue
             todo.append((ad, rep, pr))
+        spec_before = {ad.invariant: SPEC_INVARIANTS[ad.invariant].check(state) is None
+                       for ad, rep, _pr in todo if rep.inv_samples < inv_samples}
         value = follow(branch)
         taken = outcome_name(branch)
         for ad, rep, (enc_state, enc_args, u) in todo:
@@ -303,19 +341,29 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
                 expected, perm = ad.expected(state, u, value), {"ok"}
             else:  # errors change nothing; any error the spec permits will do
                 expected, perm = flatten(enc_state, p.fields, ad.compare, u), allowed - {"ok"}
+            if rep.inv_samples < inv_samples:
+                # invariant agreement: the encoded invariant on the projected (pre-step) state
+                # against the executable invariant on the spec state it projects
+                ie = inv_evals.get((ad.invariant, u.nobj))
+                if ie is None:
+                    ie = inv_evals[(ad.invariant, u.nobj)] = InvariantEval(p, u.nobj)
+                enc_holds = ie.holds(enc_state)
+                spec_holds = spec_before[ad.invariant]
+                rep.inv_samples += 1
+                if enc_holds != spec_holds:
+                    rep.inv_disagreements.append(
+                        f"before {act.name}{args}: spec invariant {'holds' if spec_holds else 'fails'}, "
+                        f"encoding's {'holds' if enc_holds else 'fails'} on {enc_state}")
             ok = c.agrees(enc_state, enc_args, perm, expected)
             rep.samples += 1
             rep.outcomes[taken] = rep.outcomes.get(taken, 0) + 1
-            if not ok and len(rep.mismatches) < 5:
+            if ok:
+                got_out = c.outcome(enc_state, enc_args)
+                rep.branches[got_out] = rep.branches.get(got_out, 0) + 1
+            if not ok:
                 got = c.evaluate(enc_state, enc_args)
                 diff = {k: (got.get(k), v) for k, v in expected.items() if got.get(k) != v}
                 rep.mismatches.append(f"{act.name}{args} spec {taken} (permits {sorted(allowed)}), encoding "
                                       f"{got[('outcome', None)]}; differing (encoding, spec): {diff}")
             rep.seconds += time.perf_counter() - t0
     return list(reps.values())
-
-
-def run_agreement(samples: int = 1000, seed: int = 0) -> list[AgreementReport]:
-    from memspec.invariants.agreement_adapters import run_all
-
-    return run_all(samples, seed)

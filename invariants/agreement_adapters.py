@@ -8,7 +8,7 @@ from typing import Any
 
 from memspec.invariants import proofs_seed000 as E
 from memspec.invariants.agreement import Adapter, AgreementReport, Universe, flatten, walk_and_compare
-from memspec.invariants.proofs import Proof
+from memspec.invariants.proofs import Proof, prefix_values
 
 UMAX = 6  # objects of one kind in a sampled state (the walk restarts beyond)
 PAGE = 4096
@@ -155,6 +155,9 @@ def _s13_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
         "mpriv": (False, {mx[r]: m.private for r, m in ms.items()}),
         "wro": (False, {}),
         "ret": ret,
+        "nm": len(ms),
+        "PM": {hx[h]: prefix_values([1 if (m.live and not m.private and m.handle == h) else 0
+                                     for _r, m in sorted(ms.items())]) for h in hs},
     }
     return st, u
 
@@ -238,11 +241,12 @@ MECH_ADAPTERS = [
 ]
 
 
-def run_mechanism(samples: int, seed: int) -> list[AgreementReport]:
+def run_mechanism(samples: int, seed: int, inv_samples: int = 0) -> list[AgreementReport]:
     from memspec.spec.mechanism import MECHANISM
 
     proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS}
-    return walk_and_compare(MECHANISM, _mech_init, MECH_ADAPTERS, proofs, samples, seed, _mech_too_big)
+    return walk_and_compare(MECHANISM, _mech_init, MECH_ADAPTERS, proofs, samples, seed, _mech_too_big,
+                            inv_samples=inv_samples)
 
 
 
@@ -295,6 +299,9 @@ def _s11_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
         "lbytes": (0, {lx[r]: l_.nbytes for r, l_ in s.leases.items()}),
         "sumg": s.open_grants, "sumc": sum(l_.nbytes for l_ in s.leases.values() if not l_.refunded),
         "ret": ret,
+        "ng": len(s.grants), "nl": len(s.leases),
+        "PG": prefix_values([g.nbytes if g.state == "open" else 0 for _r, g in sorted(s.grants.items())]),
+        "PL": prefix_values([0 if l_.refunded else l_.nbytes for _r, l_ in sorted(s.leases.items())]),
     }
     return st, u
 
@@ -349,6 +356,7 @@ def _s15_state(s: Any, out_bytes: int = 0) -> tuple[dict[str, Any], Universe]:
         "amount": (0, {tx[r]: t.amount for r, t in ts.items()}),
         "deadline": (0, {tx[r]: t.deadline for r, t in ts.items()}),
         "sumheld": s.tickets_held, "sumgr": s.open_grants, "out_bytes": out_bytes,
+        "nt": len(ts), "PT": prefix_values([tk.held for _r, tk in sorted(ts.items())]),
     }
     return st, u
 
@@ -378,13 +386,24 @@ def _s15_ticket_project(s: Any, args: dict[str, Any], taken: str) -> Any:
 
 # -- S10: destroy_context ----------------------------------------------------
 
-def _s10_state(s: Any) -> tuple[dict[str, Any], Universe]:
-    from memspec.spec.context import pins
+def _pins(s: Any) -> int:
+    """The context's pins recounted from the records (not the spec's ``pins()``,
+    which is what S10's agreement checks): live owned objects, open KV
+    requests, queued releases."""
+    return (sum(1 for o in s.owned.values() if o.state == "live") + sum(1 for q in s.kv.values() if q.state == "open")
+            + len(s.queue))
 
+
+def _s10_state(s: Any) -> tuple[dict[str, Any], Universe]:
+    """The objects that pin the one provider context: each live owned object
+    and open KV request (live), each queued release (queued)."""
     u = Universe()
     u.add("context", [0])
-    return {"astate": (0, {}), "actx": (0, {}), "calive": (False, {0: s.registry.context_alive}),
-            "pins": (0, {0: pins(s)})}, u
+    n_live = sum(1 for o in s.owned.values() if o.state == "live") + sum(1 for q in s.kv.values() if q.state == "open")
+    states = [E.LIVE] * n_live + [E.QUEUED] * len(s.queue)
+    return {"astate": (0, dict(enumerate(states))), "actx": (0, {i: 0 for i in range(len(states))}),
+            "calive": (False, {0: s.registry.context_alive}), "pins": (0, {0: _pins(s)}),
+            "n": len(states), "PC": {0: prefix_values([1] * len(states))}}, u
 
 
 def _s10_project(s: Any, args: dict[str, Any], taken: str) -> Any:
@@ -428,6 +447,15 @@ def _s3_query_expected(s: Any, u: Universe, value: Any) -> Any:
     return flatten(st, E.S3.fields, ("inst", "gen", "answer"), u)
 
 
+def _s3_alloc_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    """allocate_owned answers which mechanism made the allocation: S3's query
+    (the mechanism installed now).  Its refusals (no grant, OOM, ...) are
+    S8's and S11's, outside S3's encoding."""
+    if taken != "ok":
+        return None
+    return _s3_query_project(s, args, taken)
+
+
 SYS_ADAPTERS = [
     Adapter("S11", "reserve", "reserve", _s11_reserve_project, _s11_expected, _S11_CMP),
     Adapter("S11", "commit", "commit", _s11_commit_project, _s11_expected, _S11_CMP),
@@ -440,18 +468,22 @@ SYS_ADAPTERS = [
     Adapter("S3", "select", "select", _s3_select_project, _s3_select_expected, ("inst", "gen")),
     Adapter("S3", "query", "binding_capabilities", _s3_query_project, _s3_query_expected, ("inst", "gen", "answer")),
     Adapter("S3", "query", "manager_capabilities", _s3_query_project, _s3_query_expected, ("inst", "gen", "answer")),
+    Adapter("S3", "query", "allocate_owned", _s3_alloc_project, _s3_query_expected, ("inst", "gen", "answer")),
 ]
 
 
-def run_system(samples: int, seed: int) -> list[AgreementReport]:
+def run_system(samples: int, seed: int, inv_samples: int = 0) -> list[AgreementReport]:
     from memspec.spec.system import SYSTEM
 
     proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS}
-    return walk_and_compare(SYSTEM, _sys_init, SYS_ADAPTERS, proofs, samples, seed, _sys_too_big)
+    return walk_and_compare(SYSTEM, _sys_init, SYS_ADAPTERS, proofs, samples, seed, _sys_too_big,
+                            inv_samples=inv_samples)
 
 
-def run_all(samples: int = 1000, seed: int = 0) -> list[AgreementReport]:
-    return run_mechanism(samples, seed) + run_system(samples, seed)
+def run_all(samples: int = 1000, seed: int = 0, inv_samples: int = 0) -> list[AgreementReport]:
+    """Transition agreement on ``samples`` states per adapter, invariant
+    agreement on the first ``inv_samples`` of them."""
+    return run_mechanism(samples, seed, inv_samples) + run_system(samples, seed, inv_samples)
 
 
 # -- S8: the binding's allocation transaction --------------------------------
@@ -472,6 +504,7 @@ def _s8_state(s: Any) -> tuple[dict[str, Any], Universe]:
         "astate": (0, {ox[r]: _ASTATE[o.state] for r, o in own.items()}),
         "fp": (0, {ox[r]: o.footprint for r, o in own.items()}),
         "sumfp": sum(o.footprint for o in own.values() if o.state != "freed"), "page": s.page,
+        "n": len(own), "P": prefix_values([0 if o.state == "freed" else o.footprint for _r, o in sorted(own.items())]),
     }
     return st, u
 
@@ -499,30 +532,27 @@ def _s8_expected(s: Any, u: Universe, value: Any) -> Any:
 # -- S4 / S7: fences recorded by use, and drop --------------------------------
 
 def _fence_state(s: Any) -> tuple[dict[str, Any], Universe] | None:
-    if len(s.streams) > E.NSTREAMS:
-        return None
     u = Universe()
     own = _owned_allocs(s)
     ox = u.add("alloc", own)
-    sx = {ref: i for i, ref in enumerate(sorted(s.streams))}
-    st: dict[str, Any] = {"astate": (0, {ox[r]: _ASTATE[o.state] for r, o in own.items()})}
-    for i in range(E.NSTREAMS):
-        st[f"use{i}"] = (0, {})
-        st[f"iss{i}"] = 0
-        st[f"done{i}"] = 0
-    for ref, i in sx.items():
-        st[f"iss{i}"] = s.streams[ref].launched
-        st[f"done{i}"] = s.streams[ref].completed
+    sx = u.add("stream", s.streams)
+    use: dict[int, tuple[int, dict[int, int]]] = {}
     for r, o in own.items():
+        row: dict[int, int] = {}
         for f in o.fences:
             stream, item = s.fences[f]
-            key = f"use{sx[stream]}"
-            st[key][1][ox[r]] = max(st[key][1].get(ox[r], 0), item)
-    u.idx["stream"] = sx
+            row[sx[stream]] = max(row.get(sx[stream], 0), item)
+        use[ox[r]] = (0, row)
+    st: dict[str, Any] = {
+        "astate": (0, {ox[r]: _ASTATE[o.state] for r, o in own.items()}),
+        "use": use,
+        "iss": (0, {sx[r]: x.launched for r, x in s.streams.items()}),
+        "done": (0, {sx[r]: x.completed for r, x in s.streams.items()}),
+    }
     return st, u
 
 
-_FENCE_CMP = ("astate",) + tuple(f"{k}{i}" for i in range(E.NSTREAMS) for k in ("use", "iss", "done"))
+_FENCE_CMP = ("astate", "use", "iss", "done")
 
 
 def _fence_expected(s: Any, u: Universe, value: Any) -> Any:
@@ -536,7 +566,7 @@ def _fence_expected(s: Any, u: Universe, value: Any) -> Any:
 def _s4_use_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     pr = _fence_state(s)
     if pr is None:
-        return None  # more streams than the encoding's bounded set
+        return None
     st, u = pr
     return st, {"x": u.idx["alloc"][args["allocation"]], "st": u.idx["stream"][args["stream"]]}, u
 
@@ -595,6 +625,7 @@ def _s9_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
         "kc": (0, {qx[r]: q.committed for r, q in s.kv.items()}),
         "view": (0, {qx[r]: q.committed for r, q in s.kv.items()}),
         "chg": (0, {qx[r]: q.own for r, q in s.kv.items()}),
+        "prefix": (0, {qx[r]: q.prefix for r, q in s.kv.items()}),
         "free": s.free, "page": s.page, "ret": ret,
     }
     return st, u

@@ -132,6 +132,41 @@ def ref_refund(free: int, granted: int, charged: int, n: int) -> Ledger4:
     return gov.ledger()
 
 
+def spec_ticket_receive(free: int, granted: int, charged: int, n: int) -> Ledger4:
+    """A pressure ticket receives ``n`` bytes a holder's releases refunded."""
+    if not _valid(free, granted, charged) or not (0 <= n <= free):
+        return None
+    l = K.Ledger(free + granted + charged, free, granted, charged)
+    return tuple(K.grant_from_free(l, n))  # type: ignore[return-value]
+
+
+def ref_ticket_receive(free: int, granted: int, charged: int, n: int) -> Ledger4:
+    if not _valid(free, granted, charged) or not (0 <= n <= free):
+        return None
+    gov, _ = _ref_governor(free, granted, charged)
+    t = gov.issue_ticket("requester", n + 1)
+    gov.respond(t, "holder", n)
+    return gov.ledger()
+
+
+def spec_ticket_cancel(free: int, granted: int, charged: int, n: int) -> Ledger4:
+    """A ticket holding ``n`` bytes is cancelled: they go back to free."""
+    if not _valid(free, granted, charged) or not (0 <= n <= free):
+        return None
+    l = K.grant_from_free(K.Ledger(free + granted + charged, free, granted, charged), n)
+    return tuple(K.return_grant(l, n))  # type: ignore[return-value]
+
+
+def ref_ticket_cancel(free: int, granted: int, charged: int, n: int) -> Ledger4:
+    if not _valid(free, granted, charged) or not (0 <= n <= free):
+        return None
+    gov, _ = _ref_governor(free, granted, charged)
+    t = gov.issue_ticket("requester", n + 1)
+    gov.respond(t, "holder", n)
+    gov.cancel_ticket(t)
+    return gov.ledger()
+
+
 #: (name, spec function, reference function, what is compared)
 KERNEL_PAIRS: list[tuple[str, str, str, str]] = [
     ("round_up", "memspec.invariants.contracts_pairs.spec_round_up", "memspec.invariants.contracts_pairs.ref_round_up",
@@ -144,6 +179,11 @@ KERNEL_PAIRS: list[tuple[str, str, str, str]] = [
      "kernels.cancel_grant vs ReferenceGovernor.cancel"),
     ("refund", "memspec.invariants.contracts_pairs.spec_refund", "memspec.invariants.contracts_pairs.ref_refund",
      "kernels.refund vs ReferenceGovernor.refund"),
+    ("grant_from_free", "memspec.invariants.contracts_pairs.spec_ticket_receive",
+     "memspec.invariants.contracts_pairs.ref_ticket_receive", "kernels.grant_from_free vs ReferenceGovernor.respond"),
+    ("return_grant", "memspec.invariants.contracts_pairs.spec_ticket_cancel",
+     "memspec.invariants.contracts_pairs.ref_ticket_cancel",
+     "kernels.grant_from_free+return_grant vs ReferenceGovernor.respond+cancel_ticket"),
 ]
 
 

@@ -24,9 +24,15 @@ Checks, each ``proved`` or a counterexample:
   removed) must be refuted: bounded model checking from ``Init`` finds the
   shortest trace to a violation, printed over concrete values.
 
-``Lemmas`` are facts about ghost sums (each non-negative term of a sum is at
-most the sum); they are sound because every action updates a ghost sum by
-exactly the change of the one object it touches.
+``Lemmas`` (facts about ghost sums, e.g. "each non-negative term of a sum is
+at most the sum") are never assumed: before a consecution uses one as a
+hypothesis, ``Inv /\\ Pre => Lemmas`` is itself checked (check
+``derive:<action>``).  A ghost sum is made checkable by a prefix-sum ghost
+(:func:`prefix_sum`): dense object ids ``0 <= i < n``, ``P[0] = 0``,
+``P[i+1] = P[i] + c(i)``, ``P`` monotone, the sum ``= P[n]`` -- all part of
+the invariant, so proved inductive like the rest.  A lemma that does not
+follow from the invariant is reported in ``assumed`` and the proof is
+*conditional*, never "proved".
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ import z3
 from memspec.spec import kernels as K
 from memspec.spec.errors import ALL_ERRORS
 
-INT, BOOL, ARR, BARR, ARR2B = "int", "bool", "arr", "barr", "arr2b"
+INT, BOOL, ARR, BARR, ARR2B, ARR2 = "int", "bool", "arr", "barr", "arr2b", "arr2"
 
 #: outcome codes: 0 ok, 1 pending (a queued release whose fences are not done), then each error class
 #: ("MemspecError": the spec only says *some* error of the contract, e.g. an injected failure)
@@ -61,6 +67,7 @@ def _sort(kind: str) -> z3.SortRef:
         ARR: z3.ArraySort(z3.IntSort(), z3.IntSort()),
         BARR: z3.ArraySort(z3.IntSort(), z3.BoolSort()),
         ARR2B: z3.ArraySort(z3.IntSort(), z3.ArraySort(z3.IntSort(), z3.BoolSort())),
+        ARR2: z3.ArraySort(z3.IntSort(), z3.ArraySort(z3.IntSort(), z3.IntSort())),
     }[kind]
 
 
@@ -118,6 +125,8 @@ class Act:
     step: Callable[[St, St], tuple[Any, St]]
     pre: Callable[[St, St], Any] = lambda s, a: True
     objs: tuple[str, ...] = ()  # params naming objects: Inv is assumed at them too
+    #: the spec actions this encodes, ``"level:name"`` (checked against the spec's action tables)
+    spec: tuple[str, ...] = ()
 
 
 @dataclass
@@ -134,6 +143,13 @@ class Proof:
     step_prop: Callable[[str, St, St, Any, St, Any], Any] | None = None
     safety: Callable[[St, Any], Any] | None = None
     lemmas: Callable[[St, Any, St], Any] | None = None
+    lemma_doc: str = "lemmas"  # what the lemmas say, in words (reported if not derived)
+    #: further objects the invariant is instantiated at, ``inst(s, o, a) -> [terms]`` (sound: Inv
+    #: is proved for a free object, so it holds at every term, e.g. at the context of allocation o)
+    inst: Callable[[St, Any, St], list[Any]] | None = None
+    #: the invariant the proof is named for, without its auxiliary and ghost conjuncts: an
+    #: unguarded variant must break this (or the step property / safety), not any conjunct
+    named: Callable[[St, Any], Any] | None = None
     bmc_depth: int = 4
     bounded: str = ""  # which part is bounded, if any, and why
     #: extra closed formulas that must be valid, proved alongside: (name, formula)
@@ -163,10 +179,22 @@ class ProofResult:
     unguarded_trace: str = ""
     unguarded_seconds: float = 0.0
     bounded: str = ""
+    #: hypotheses used but not proved (each makes the proof conditional)
+    assumed: list[str] = field(default_factory=list)
+
+    @property
+    def holds(self) -> bool:
+        """Every check passed (possibly under an assumption)."""
+        return all(c.ok for c in self.checks)
 
     @property
     def proved(self) -> bool:
-        return all(c.ok for c in self.checks)
+        """Every check passed and nothing was assumed."""
+        return self.holds and not self.assumed
+
+    @property
+    def status(self) -> str:
+        return "proved" if self.proved else ("conditional" if self.holds else "FAILED")
 
     @property
     def seconds(self) -> float:
@@ -190,16 +218,73 @@ def _args(act: Act, tag: str) -> St:
     return St({p: z3.Const(f"{p}@{tag}", _sort(k)) for p, k in act.params.items()})
 
 
-def _hyp(p: Proof, s: St, o: Any, act: Act | None, a: St | None) -> Any:
+def _hyp(p: Proof, s: St, o: Any, act: Act | None, a: St | None, lemmas: bool = True) -> Any:
     hs = [p.inv(s, o)]
     if act is not None and a is not None:
         hs += [p.inv(s, a[x]) for x in act.objs]
         hs.append(act.pre(s, a))
-    if p.lemmas is not None:
+    if p.inst is not None:
+        args = a if a is not None else St()
+        hs += [p.inv(s, x) for x in p.inst(s, o, args)]
+    if lemmas and p.lemmas is not None:
         hs.append(p.lemmas(s, o, a if a is not None else St()))
         if act is not None and a is not None:
             hs += [p.lemmas(s, a[x], a) for x in act.objs]
     return z3.And(*[z3.BoolVal(h) if isinstance(h, bool) else h for h in hs])
+
+
+def prefix_sum(P: Any, n: Any, c: Callable[[Any], Any]) -> Any:
+    """A checked prefix-sum ghost over dense ids ``0 <= i < n``: ``P[0] = 0``,
+    ``P[i+1] = P[i] + c(i)``, ``P`` monotone on ``[0, n]`` (so ``c(i) <= P[n]``
+    for every ``i < n`` whose ``c(i) >= 0``).  ``P[n]`` is then the sum of
+    ``c`` over the ids, with no lemma assumed: these facts are part of the
+    invariant and proved inductive with it."""
+    i, j = z3.Ints("ps_i ps_j")
+    return z3.And(
+        n >= 0, at(P, 0) == 0,
+        z3.ForAll([i], z3.Implies(z3.And(0 <= i, i < n), at(P, i + 1) == at(P, i) + c(i))),
+        z3.ForAll([i, j], z3.Implies(z3.And(0 <= i, i <= j, j <= n), at(P, i) <= at(P, j))),
+    )
+
+
+def prefix_append(P: Any, n: Any, v: Any) -> Any:
+    """``P`` after appending id ``n`` with contribution ``v``."""
+    return upd(P, n + 1, at(P, n) + v)
+
+
+def prefix_change(P: Any, x: Any, delta: Any) -> Any:
+    """``P`` after id ``x``'s contribution changed by ``delta``: every prefix past ``x`` moves."""
+    j = z3.Int("pc_j")
+    return z3.Lambda([j], z3.If(j > x, at(P, j) + delta, at(P, j)))
+
+
+def prefix_count(P2: Any, n: Any, k: Any, c: Callable[[Any, Any], Any]) -> Any:
+    """A keyed prefix-sum ghost, stated at one key ``k`` (the invariant's free
+    object, so it holds at every key): ``P2[k]`` is a :func:`prefix_sum` of
+    ``c(k, i)`` over the dense ids ``0 <= i < n`` (e.g. how many live
+    allocations context ``k`` has: ``P2[k][n]``)."""
+    return prefix_sum(at(P2, k), n, lambda i: c(k, i))
+
+
+def count_append(P2: Any, n: Any, key: Any) -> Any:
+    """``P2`` after appending id ``n``, counted once under ``key``."""
+    k = z3.Int("ca_k")
+    return z3.Lambda([k], prefix_append(at(P2, k), n, z3.If(k == key, 1, 0)))
+
+
+def count_change(P2: Any, x: Any, key: Any, delta: Any) -> Any:
+    """``P2`` after id ``x``'s count under ``key`` changed by ``delta``."""
+    k = z3.Int("cc_k")
+    return z3.Lambda([k], prefix_change(at(P2, k), x, z3.If(k == key, delta, 0)))
+
+
+def prefix_values(contribs: list[int]) -> tuple[int, dict[int, int]]:
+    """The concrete prefix-sum ghost of a list of contributions (for projections)."""
+    out, acc = {0: 0}, 0
+    for i, c in enumerate(contribs):
+        acc += c
+        out[i + 1] = acc
+    return (0, out)
 
 
 def _check_unsat(claim_negation: Any, timeout_ms: int = 20000) -> tuple[z3.CheckSatResult, z3.ModelRef | None]:
@@ -220,6 +305,21 @@ def prove(p: Proof) -> ProofResult:
     r, m = _check_unsat(z3.And(p.init(s), z3.Not(p.inv(s, o))))
     res.checks.append(CheckResult("init", r == z3.unsat, time.perf_counter() - t0,
                                   "proved" if r == z3.unsat else f"{r}: " + (_model_str(m, s, [("o", o)]) if m else "")))
+
+    for act in p.actions + ([] if p.safety is None else [None]):  # type: ignore[list-item]
+        if p.lemmas is None:
+            break
+        # the lemmas a consecution (or safety) uses follow from Inv and Pre
+        t0 = time.perf_counter()
+        a = _args(act, "a") if act is not None else St()
+        lem = [p.lemmas(s, o, a)] + ([p.lemmas(s, a[x], a) for x in act.objs] if act is not None else [])
+        r, m = _check_unsat(z3.And(_hyp(p, s, o, act, a if act is not None else None, lemmas=False),
+                                   z3.Not(z3.And(*lem))))
+        where = act.name if act is not None else "safety"
+        if r != z3.unsat:
+            res.assumed.append(f"{p.lemma_doc} (at {where}: not derived from the invariant, {r})")
+        res.checks.append(CheckResult(f"derive:{where}", True, time.perf_counter() - t0,
+                                      "derived" if r == z3.unsat else f"ASSUMED ({r})"))
 
     for act in p.actions:
         t0 = time.perf_counter()
@@ -255,6 +355,29 @@ def prove(p: Proof) -> ProofResult:
     res.unguarded_refuted, res.unguarded_trace = ok, trace
     res.unguarded_seconds = time.perf_counter() - t0
     return res
+
+
+def branches(p: Proof, act: Act, timeout_ms: int = 10000) -> list[str]:
+    """The outcome branches ``act`` can take from any state meeting its
+    precondition (each found by a model; complete when the last query
+    answers unsat).  Without the invariant as hypothesis: an over-approximation,
+    so every branch listed must be sampled by the agreement walk."""
+    o = z3.Int("o")
+    s = fresh(p.fields, "b")
+    a = _args(act, "b")
+    out, _s2 = act.step(s, a)
+    sol = z3.Solver()
+    sol.set("timeout", timeout_ms)
+    pre = act.pre(s, a)
+    sol.add(z3.BoolVal(True) if isinstance(pre, bool) else pre)
+    found: list[str] = []
+    while sol.check() == z3.sat:
+        v = sol.model().eval(out, model_completion=True)
+        if not z3.is_int_value(v):
+            break
+        found.append(OUTCOMES[v.as_long()])
+        sol.add(out != v)
+    return sorted(found)
 
 
 def _val(m: z3.ModelRef, v: Any) -> Any:
@@ -303,7 +426,8 @@ def refute_unguarded(p: Proof, actions: list[Act] | None = None) -> tuple[bool, 
         sels.append(sel)
         argss.append(a)
         outs.append(out)
-        bad = [z3.Not(p.inv(nxt, o))] + bad_here
+        named = p.named if p.named is not None else p.inv
+        bad = [z3.Not(named(nxt, o))] + bad_here
         if p.safety is not None:
             bad.append(z3.Not(p.safety(nxt, o)))
         sol.push()
@@ -317,7 +441,8 @@ def refute_unguarded(p: Proof, actions: list[Act] | None = None) -> tuple[bool, 
                 args = ", ".join(f"{n}={_val(m, argss[j][n])}" for n in act.params)
                 tag = " [unguarded]" if act is p.unguarded else ""
                 lines.append(f"  {j + 1}. {act.name}({args}) -> {OUTCOMES[_val(m, outs[j])]}{tag}")
-            viol = "invariant broken" if not z3.is_true(m.eval(p.inv(states[-1], o), model_completion=True)) else "step property/safety broken"
+            viol = ("invariant broken" if not z3.is_true(m.eval(named(states[-1], o), model_completion=True))
+                    else "step property/safety broken")
             lines.append(f"  => {viol} at o={_val(m, o)}: " + _model_str(m, states[-1], [("o", o)]))
             return True, "\n".join(lines)
         sol.pop()
@@ -361,12 +486,22 @@ def concrete(kind: str, value: Any) -> Any:
         return bv(value)
     if kind == ARR2B:
         key: Any = (kind, tuple(sorted((i, tuple(sorted(t))) for i, t in value.items())))
+    elif kind == ARR2:  # {key: (default, {index: value})}, rows absent: all 0
+        key = (kind, tuple(sorted((i, d, tuple(sorted(r.items()))) for i, (d, r) in value.items())))
     else:
         key = (kind, value[0], tuple(sorted(value[1].items())))
     t = _CONCRETE.get(key)
     if t is not None:
         return t
-    if kind == ARR2B:
+    if kind == ARR2:
+        arr2 = z3.K(z3.IntSort(), z3.K(z3.IntSort(), iv(0)))
+        for i, (d, items) in sorted(value.items()):
+            row = z3.K(z3.IntSort(), iv(d))
+            for j, v in sorted(items.items()):
+                row = z3.Store(row, iv(j), iv(v))
+            arr2 = z3.Store(arr2, iv(i), row)
+        t = arr2
+    elif kind == ARR2B:
         arr2 = z3.K(z3.IntSort(), z3.K(z3.IntSort(), bv(False)))
         for i, trues in sorted(value.items()):
             row = z3.K(z3.IntSort(), bv(False))
@@ -432,18 +567,8 @@ class CompiledAct:
         return out
 
 
-def all_proofs() -> list[Proof]:
-    from memspec.invariants.proofs_seed000 import PROOFS
-
-    return list(PROOFS)
-
-
-def run_all(ids: list[str] | None = None) -> list[ProofResult]:
-    return [prove(p) for p in all_proofs() if ids is None or p.id in ids]
-
-
 __all__ = [
-    "Act", "Proof", "ProofResult", "CheckResult", "St", "prove", "refute_unguarded", "run_all",
-    "all_proofs", "CompiledAct", "OUTCOMES", "CODE", "OK", "PENDING", "INT", "BOOL", "ARR", "BARR",
-    "merge", "upd", "at", "outcome", "on_ok", "fresh", "K",
+    "Act", "Proof", "ProofResult", "CheckResult", "St", "prove", "refute_unguarded", "branches", "CompiledAct", "OUTCOMES", "CODE", "OK", "PENDING", "INT", "BOOL", "ARR", "BARR",
+    "merge", "upd", "at", "outcome", "on_ok", "fresh", "K", "prefix_sum", "prefix_append", "prefix_change",
+    "prefix_count", "count_append", "count_change", "ARR2", "prefix_values",
 ]

@@ -202,8 +202,10 @@ def allocate_foreign(s: MechState, size: int) -> Any:
 
 def _free_allocation(s: MechState, ref: int, freed: int) -> None:
     rec = s.allocations[ref]
+    if rec.foreign:  # S1: the twin's allocation freed by the mechanism under test
+        s.foreign_frees += 1
     rec.live = False
-    del s.by_address[rec.address]
+    s.by_address.pop(rec.address, None)
     s.live_allocs.discard(ref)
     s.other_allocs.add(ref)
     s.live_count -= 1

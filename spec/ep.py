@@ -89,12 +89,25 @@ def releasing_mechanism(s: SysState, entry: QueueEntry) -> int:
     return entry.creator
 
 
+def recorded_creator(s: SysState, entry: QueueEntry) -> int:
+    """The creator as recorded on the object when it was made (the owned
+    record), not as copied into the queue entry: a drop that queued the
+    wrong creator, or a queue that frees through another mechanism, differ
+    from it (S1's record ``misreleased``)."""
+    if entry.owned is not None and entry.owned in s.owned:
+        return s.owned[entry.owned].creator
+    kv = getattr(entry, "kv", None)
+    if kv is not None and kv in s.kv:
+        return s.kv[kv].creator
+    return entry.creator
+
+
 def run_entry(s: SysState, entry: QueueEntry) -> None:
     """The queue runs one release: the creator mechanism frees, then the
     Governor refunds the charge (*Q->>A: actually deallocate; Q->>G:
     release/refund charge*).  Records what S1, S4 and S7 check."""
     via = releasing_mechanism(s, entry)
-    if via != entry.creator:
+    if via != recorded_creator(s, entry):
         s.misreleased += 1
     if not all(fence_known_done(s, f) for f in entry.fences):
         s.premature_frees += 1
@@ -152,13 +165,19 @@ def known_flags(s: SysState, pending: Any) -> list[bool]:
 
 def run_done(s: SysState, pending: Any, done: Any) -> int:
     """Run the releases reported done (learning that their fences are done)."""
+    reported = {seq for (seq, _fences), flag in zip(pending, done) if flag}
+    # first learn what the EP reported done; only then run -- and run only the
+    # reported ones, so a release run without its fences done stays visible
+    # to S4 (``premature_frees``) instead of being made "done" by the run
+    for seq, fences in pending:
+        if seq in reported:
+            for f in fences:
+                learn_done(s, f)
     s.in_poll = True
     try:
         ran = 0
-        for (seq, fences), flag in zip(pending, done):
-            if flag and seq in s.queue:
-                for f in fences:
-                    learn_done(s, f)
+        for seq, _fences in pending:
+            if seq in reported and seq in s.queue:
                 run_entry(s, s.queue[seq])
                 ran += 1
         return ran

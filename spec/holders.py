@@ -138,11 +138,13 @@ def unload_weight(s: SysState, weight: str) -> Any:
     return outcomes(Returns("None (release queued)", lambda v: v is None, then, lambda: None), blame="S7")
 
 
-def evict(s: SysState, w: Weight, *, by: str) -> None:
+def evict(s: SysState, w: Weight, *, by: str, pressure: bool = False) -> None:
     """A weight leaves residency: its owning allocation is dropped (queued).
     Records S6: only the holder releases, and never a hot weight under pressure."""
     if by != "holder":
         s.governor_evictions += 1
+    if pressure and w.hot:
+        s.hot_evictions += 1
     o = s.owned[w.owned]  # type: ignore[index]
     w.resident = False
     w.owned = None
@@ -229,7 +231,7 @@ def respond(s: SysState, answer: tuple[int, str, bool], pending: Any) -> Any:
 
     def then(v: Seen) -> None:
         for w in chosen(v) or []:
-            evict(s, w, by="holder")
+            evict(s, w, by="holder", pressure=True)
         kv_before = s.charged_by.get(KV, 0)
         run_done(s, pending, v["done"])
         if holder == KV and v["released"] > kv_before - s.charged_by.get(KV, 0):
@@ -440,6 +442,7 @@ def close_request(s: SysState, ref: int) -> None:
     s.live_objects -= 1
     e = new_entry(s, f"kv request {ref}", q.fences, q.creator, {}, 0, None, exact=False)
     e.on_run = lambda: release_request(s, ref)
+    e.kv = ref
     enqueue(s, e)
 
 

@@ -47,15 +47,6 @@ def either(a: Any, b: Any) -> Any:
     return bool(a) or bool(b)
 
 
-def negate(a: Any) -> Any:
-    """Logical not, also for a Z3 boolean."""
-    if _is_symbolic(a):
-        import z3
-
-        return z3.Not(a)
-    return not a
-
-
 def floordiv(a: int, b: int) -> int:
     """``a // b`` for ``b > 0``, also on Z3 integers.
 
@@ -129,26 +120,6 @@ def round_down(n: int, page: int) -> int:
     return floordiv(n, page) * page
 
 
-def is_aligned(n: int, page: int) -> bool:
-    """``n`` is a multiple of ``page``.
-
-    pre: page > 0
-    post: __return__ == (round_up(n, page) == n)
-    """
-    return mod(n, page) == 0
-
-
-def pages_in(start: int, end: int, page: int) -> int:
-    """Number of pages in the page-aligned range ``[start, end)``.
-
-    pre: page > 0
-    pre: 0 <= start <= end
-    pre: start % page == 0 and end % page == 0
-    post: __return__ * page == end - start
-    """
-    return floordiv(end - start, page)
-
-
 def page_span(start: int, end: int, page: int) -> int:
     """Bytes of the page-rounded range covering ``[start, end)``: what a
     successful commit of that range installs when nothing in it was backed
@@ -215,7 +186,7 @@ def grant(l: Ledger, n: int) -> Ledger:
     pre: n > 0 and n <= l.free
     post: not ledger_ok(l) or ledger_ok(__return__)
     post: sum(__return__[1:]) == sum(l[1:]) and __return__.capacity == l.capacity
-    post: __return__.granted == l.granted + n
+    post: tuple(__return__) == (l.capacity, l.free - n, l.granted + n, l.charged)
     """
     return Ledger(l.capacity, l.free - n, l.granted + n, l.charged)
 
@@ -227,7 +198,7 @@ def cancel_grant(l: Ledger, n: int) -> Ledger:
     pre: 0 < n <= l.granted
     post: not ledger_ok(l) or ledger_ok(__return__)
     post: sum(__return__[1:]) == sum(l[1:]) and __return__.capacity == l.capacity
-    post: __return__.free == l.free + n
+    post: tuple(__return__) == (l.capacity, l.free + n, l.granted - n, l.charged)
     """
     return Ledger(l.capacity, l.free + n, l.granted - n, l.charged)
 
@@ -249,7 +220,7 @@ def commit_grant(l: Ledger, granted: int, actual: int) -> Ledger:
     pre: actual >= 0 and actual - granted <= l.free
     post: not ledger_ok(l) or ledger_ok(__return__)
     post: sum(__return__[1:]) == sum(l[1:]) and __return__.capacity == l.capacity
-    post: __return__.charged == l.charged + actual
+    post: tuple(__return__) == (l.capacity, l.free + granted - actual, l.granted - granted, l.charged + actual)
     """
     return Ledger(l.capacity, l.free + granted - actual, l.granted - granted, l.charged + actual)
 
@@ -260,22 +231,9 @@ def refund(l: Ledger, n: int) -> Ledger:
     pre: 0 <= n <= l.charged
     post: not ledger_ok(l) or ledger_ok(__return__)
     post: sum(__return__[1:]) == sum(l[1:]) and __return__.capacity == l.capacity
-    post: __return__.free == l.free + n
+    post: tuple(__return__) == (l.capacity, l.free + n, l.granted, l.charged - n)
     """
     return Ledger(l.capacity, l.free + n, l.granted, l.charged - n)
-
-
-def release_to_ticket(l: Ledger, n: int) -> Ledger:
-    """A holder released ``n`` charged bytes in answer to a pressure ticket:
-    the charge moves to the ticket's grant (the ticket holds it, counted as
-    granted) so nobody else can take it before the requester claims.
-
-    pre: 0 <= n <= l.charged
-    post: not ledger_ok(l) or ledger_ok(__return__)
-    post: sum(__return__[1:]) == sum(l[1:]) and __return__.capacity == l.capacity
-    post: __return__.granted == l.granted + n
-    """
-    return Ledger(l.capacity, l.free, l.granted + n, l.charged - n)
 
 
 def grant_from_free(l: Ledger, n: int) -> Ledger:
@@ -285,7 +243,7 @@ def grant_from_free(l: Ledger, n: int) -> Ledger:
     pre: 0 <= n <= l.free
     post: not ledger_ok(l) or ledger_ok(__return__)
     post: sum(__return__[1:]) == sum(l[1:]) and __return__.capacity == l.capacity
-    post: __return__.granted == l.granted + n
+    post: tuple(__return__) == (l.capacity, l.free - n, l.granted + n, l.charged)
     """
     return Ledger(l.capacity, l.free - n, l.granted + n, l.charged)
 
@@ -298,7 +256,7 @@ def return_grant(l: Ledger, n: int) -> Ledger:
     pre: 0 <= n <= l.granted
     post: not ledger_ok(l) or ledger_ok(__return__)
     post: sum(__return__[1:]) == sum(l[1:]) and __return__.capacity == l.capacity
-    post: __return__.free == l.free + n
+    post: tuple(__return__) == (l.capacity, l.free + n, l.granted - n, l.charged)
     """
     return Ledger(l.capacity, l.free + n, l.granted - n, l.charged)
 

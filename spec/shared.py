@@ -361,10 +361,21 @@ def write_through(s: MechState, mapping: tuple[int, int]) -> Any:
     writable or private one it completes (None).
     """
     m = s.mappings[mapping[0]]
-    if m.read_only and not m.private:
+    if rejects_writes(m):
         return outcomes(Raises(ReadOnlyViolation, "read-only mapping"), Raises(DeviceFault, "write to a read-only page"),
                         blame="S13")
-    return outcomes(Returns("None", lambda v: v is None, witness=lambda: None), blame="S13")
+    return outcomes(Returns("None", lambda v: v is None, lambda v: _wrote(s, m), lambda: None), blame="S13")
+
+
+def rejects_writes(m: Any) -> bool:
+    """A read-only mapping that was not copied rejects writes."""
+    return m.read_only and not m.private
+
+
+def _wrote(s: MechState, m: Any) -> None:
+    """A write succeeded: S13's record if the mapping was read-only."""
+    if m.read_only and not m.private:
+        s.readonly_writes += 1
 
 
 MECH_ACTIONS = [shared_reserve, free_shared_reservation, create, map, unmap, copy_on_write, mapping_count,

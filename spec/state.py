@@ -274,6 +274,7 @@ class QueueEntry:
     owned: int | None = None   # Owned ref finished by this entry
     exact: bool = True         # the implementation queues exactly one release for it
     on_run: Any = None         # what else changes in the spec when it runs (a decommit's pages go)
+    kv: Any = None             # KV request released by this entry (its creator is recorded there, S1)
 
 
 @dataclass

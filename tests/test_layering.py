@@ -27,8 +27,6 @@ CLI = "cli"
 PENDING_REASON = "fixed on branch arch/proofs; lead removes marker at merge"
 PENDING_CYCLES = [
     ("memspec.invariants.repro", "memspec.invariants.runner"),
-    ("memspec.invariants.proofs", "memspec.invariants.proofs_seed000"),
-    ("memspec.invariants.agreement", "memspec.invariants.agreement_adapters"),
 ]
 PENDING_EDGES = [
     ("memspec.invariants.runner", "memspec.profiles"),

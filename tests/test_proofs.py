@@ -26,6 +26,42 @@ def test_proved_and_unguarded_refuted(proof: Proof) -> None:
     assert r.unguarded_refuted, f"{proof.id}: unguarded variant ({proof.guard}) was not refuted: {r.unguarded_trace}"
     assert "[unguarded]" in r.unguarded_trace
     assert "=>" in r.unguarded_trace
+    # nothing assumed, except S5's page-count lemma (reported, so S5 is conditional, never "proved")
+    if proof.id == "S5":
+        assert r.status == "conditional" and r.assumed and not r.proved
+    else:
+        assert r.status == "proved" and r.assumed == [], r.assumed
+
+
+def test_a_lemma_the_invariant_does_not_imply_is_reported_assumed() -> None:
+    """S8 without its prefix-sum ghost: the lemma "a footprint is at most the
+    sum" no longer follows, so the proof is conditional, not proved."""
+    from memspec.invariants import proofs_seed000 as m
+
+    weak = Proof(**{**m.S8.__dict__, "inv": lambda s, o: z3.And(
+        m.K.ledger_ok(m._ledger(s)), s.granted == 0, s.charged == s.sumfp, s.page > 0,
+        z3.Implies(m.alive(s, o), m.at(s.fp, o) >= 0))})
+    r = prove(weak)
+    assert r.assumed and r.status != "proved" and not r.proved
+
+
+def test_catalog_is_read_from_the_spec() -> None:
+    from memspec.spec.invariants import BY_ID
+
+    for p in PROOFS:
+        assert p.quote == BY_ID[p.id].quote and BY_ID[p.id].title.startswith(p.title)
+
+
+def test_encoded_actions_are_checked_against_the_spec_tables() -> None:
+    from dataclasses import replace
+
+    from memspec.invariants.proofs_catalog import declared, encoded
+
+    s9 = [p for p in PROOFS if p.id == "S9"][0]
+    assert encoded(s9) == declared("S9") == ["system:kv_grow"]
+    bogus = replace(s9, actions=[replace(a, spec=("system:no_such_action",)) for a in s9.actions])
+    with pytest.raises(ValueError, match="no spec machine"):
+        encoded(bogus)
 
 
 def test_a_broken_invariant_is_not_proved() -> None:

@@ -50,11 +50,16 @@ def parser() -> argparse.ArgumentParser:
                    help="exit 0 although some invariant is UNTESTED (its actions never succeeded often enough)")
     p.add_argument("--min-accepted", type=int, default=None,
                    help="accepting steps each declaring action needs for a PASS (default 3)")
+    p.add_argument("--corpus", action="store_true", help="replay the Z3-synthesized traces (memspec.invariants.corpus)")
     return p
 
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
+    if args.corpus:
+        from memspec.invariants.corpus import main as corpus_main
+
+        return corpus_main(args.targets or [DEFAULT_TARGET])
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from memspec.invariants import report, runner

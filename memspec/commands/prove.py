@@ -1,11 +1,20 @@
 """``memspec prove``: Z3 inductive proofs of the spec's invariants.
 
-Prints a matrix, one row per invariant: the inductive proof (initiation,
-consecution for every action touching it, safety where it is a
-strengthening), the refutation of its unguarded variant (a concrete trace),
-and the encoding-agreement samples of its actions against the executable
-spec.  Exit status 1 if any proof fails, any unguarded variant is *not*
-refuted, or any agreement sample disagrees.
+One row per invariant (S1-S15, C1-C9), and "proved" only when all of these
+hold (DESIGN.md, *What "proved" must mean*):
+
+* the inductive proof passes with nothing assumed (a lemma not derived from
+  the invariant makes it *conditional*);
+* its Z3 machine encodes every spec action that declares the invariant
+  (encoded/declared, read from the spec's action tables);
+* invariant agreement: on projections of reachable spec states the encoded
+  invariant holds exactly where the executable one does;
+* transition agreement: every branch of every encoded action that has a spec
+  counterpart was sampled and agreed (per-branch counts; 0 samples fails);
+* the unguarded variant (one guard removed) breaks the invariant it names.
+
+Exit status 1 if any invariant is not proved.  ``--json FILE`` writes the
+per-invariant record; ``--self-test`` plants breaks and prints a kill table.
 """
 
 from __future__ import annotations
@@ -13,122 +22,225 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import Any
+
+
+def _agreement(samples: int, inv_samples: int, seed: int) -> list[Any]:
+    from memspec.invariants.agreement_adapters import run_all
+
+    return run_all(samples=samples, seed=seed, inv_samples=inv_samples)
+
+
+def _seed000_record(p: Any, r: Any, reps: list[Any], branch_sets: dict[str, list[str]]) -> dict[str, Any]:
+    from memspec.invariants.proofs_catalog import declared, encoded
+
+    dec, enc = declared(p.id), encoded(p)
+    mine = [x for x in reps if x.invariant == p.id]
+    inv_n = sum(x.inv_samples for x in mine)
+    inv_bad = [m for x in mine for m in x.inv_disagreements]
+    trans: dict[str, dict[str, int]] = {}
+    mismatches: list[str] = []
+    for a in p.actions:
+        for spec_action in a.spec:
+            level, name = spec_action.split(":")
+            counts = {b: 0 for b in branch_sets[a.name]}
+            for x in mine:
+                if x.action == a.name and x.spec_action == name and level in ("mechanism", "system"):
+                    for b, n in x.branches.items():
+                        counts[b] = counts.get(b, 0) + n
+            trans[spec_action] = counts
+    for x in mine:
+        mismatches += [f"{x.action}: {m}" for m in x.mismatches]
+    unsampled = [f"{act}/{b}" for act, bs in trans.items() for b, n in bs.items() if n == 0]
+    return {
+        "id": p.id, "title": p.title,
+        "proved": False,  # set below
+        "status": r.status,
+        "bounded": p.bounded or None,
+        "assumed": list(r.assumed),
+        "declared_actions": dec, "encoded_actions": enc,
+        "invariant_agreement": {"samples": inv_n, "disagreements": len(inv_bad)},
+        "transition_agreement": trans,
+        "transition_mismatches": len(mismatches),
+        "unguarded": {"guard": p.guard, "refuted": r.unguarded_refuted,
+                      "named_invariant_violated": r.unguarded_refuted, "trace": r.unguarded_trace},
+        "checks": [{"name": c.name, "ok": c.ok, "seconds": round(c.seconds, 3), "detail": c.detail} for c in r.checks],
+        "_why": [],
+        "_details": {"inv": inv_bad[:3], "mismatch": mismatches[:3], "unsampled": unsampled},
+    }
+
+
+def _verdict(rec: dict[str, Any]) -> dict[str, Any]:
+    why = []
+    if rec["status"] != "proved":
+        why.append(rec["status"] if rec["status"] != "conditional" else "conditional: " + "; ".join(rec["assumed"]))
+    missing = sorted(set(rec["declared_actions"]) - set(rec["encoded_actions"]))
+    if missing:
+        why.append(f"not encoded: {', '.join(missing)}")
+    ia = rec["invariant_agreement"]
+    if ia["samples"] == 0:
+        why.append("invariant agreement: 0 samples")
+    elif ia["disagreements"]:
+        why.append(f"invariant agreement: {ia['disagreements']}/{ia['samples']} disagree")
+    if rec.get("transition_mismatches"):
+        why.append(f"transition agreement: {rec['transition_mismatches']} disagreements")
+    unsampled = [f"{a}/{b}" for a, bs in rec["transition_agreement"].items() for b, n in bs.items() if n == 0]
+    if not rec["transition_agreement"]:
+        why.append("transition agreement: no encoded action sampled")
+    elif unsampled:
+        why.append(f"branches with 0 samples: {', '.join(unsampled[:6])}" + (" ..." if len(unsampled) > 6 else ""))
+    if not rec["unguarded"]["refuted"]:
+        why.append("unguarded variant not refuted")
+    if rec["bounded"]:
+        why.append(f"bounded: {rec['bounded']}")
+    rec["_why"] = why
+    rec["proved"] = not why
+    return rec
+
+
+def _caching_records(caching: Any) -> list[dict[str, Any]]:
+    from memspec.invariants.proofs_catalog import declared
+    from memspec.spec.caching import INVARIANTS
+
+    out = []
+    for inv in INVARIANTS:
+        bounded = None
+        if caching is not None and inv.id in ("C1", "C2", "C3"):
+            bounded = "; ".join(f"{b.preset}: {b.results.get(inv.id)} (every malloc/free sequence from the empty "
+                                f"allocator, one stream, large pool; not an induction over any heap)"
+                                for b in caching.bounded)
+        rec = {
+            "id": inv.id, "title": inv.title, "proved": False, "status": "not proved",
+            "bounded": bounded or "not encoded in Z3 (checked on the executable spec by the conformance harness)",
+            "assumed": [], "declared_actions": declared(inv.id), "encoded_actions": [],
+            "invariant_agreement": {"samples": 0, "disagreements": 0},
+            "transition_agreement": {},
+            "unguarded": {"guard": None, "refuted": False, "named_invariant_violated": False},
+        }
+        rec["_why"] = [rec["bounded"], "no encoded action", "no unguarded variant"]
+        out.append(rec)
+    return out
+
+
+def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: bool, depth: int,
+        quiet: bool = False) -> tuple[list[dict[str, Any]], Any, float]:
+    from memspec.invariants.proofs import branches, prove
+    from memspec.invariants.proofs_catalog import all_proofs
+
+    t_all = time.perf_counter()
+    proofs = [p for p in all_proofs() if not ids or p.id in ids]
+    reps = _agreement(samples, inv_samples, seed) if samples else []
+    records = []
+    for p in proofs:
+        r = prove(p)
+        bsets = {a.name: branches(p, a) for a in p.actions}
+        records.append(_verdict(_seed000_record(p, r, reps, bsets)))
+    caching = None
+    if caching_on and (not ids or any(i.startswith("C") for i in ids)):
+        from memspec.invariants.proofs_caching import run_caching
+
+        caching = run_caching(depth=depth, samples=samples)
+    if not ids or any(i.startswith("C") for i in ids):
+        records += [r for r in _caching_records(caching) if not ids or r["id"] in ids]
+    return records, caching, time.perf_counter() - t_all
+
+
+def _print(records: list[dict[str, Any]], caching: Any, total: float, traces: bool) -> None:
+    hdr = (f"{'id':<4} {'invariant':<24} {'verdict':<12} {'proof':<12} {'encoded':<8} {'inv agree':<11} "
+           f"{'branches':<9} {'unguarded':<10}")
+    print(hdr)
+    print("-" * len(hdr))
+    for rec in records:
+        ta = rec["transition_agreement"]
+        nb = sum(len(b) for b in ta.values())
+        sampled = sum(1 for b in ta.values() for n in b.values() if n)
+        dec = set(rec["declared_actions"])
+        enc = len(dec & set(rec["encoded_actions"]))
+        ia = rec["invariant_agreement"]
+        print(f"{rec['id']:<4} {rec['title'][:24]:<24} {'PROVED' if rec['proved'] else 'NOT PROVED':<12} "
+              f"{rec['status']:<12} {f'{enc}/{len(dec)}':<8} "
+              f"{(str(ia['disagreements']) + '/' + str(ia['samples'])) if ia['samples'] else '-':<11} "
+              f"{f'{sampled}/{nb}':<9} {'refuted' if rec['unguarded']['refuted'] else 'NO':<10}")
+        for w in rec["_why"]:
+            print(f"     {w}")
+        for d in rec.get("_details", {}).get("inv", [])[:1]:
+            print(f"     e.g. {d[:300]}")
+        for d in rec.get("_details", {}).get("mismatch", [])[:1]:
+            print(f"     e.g. {d[:300]}")
+        for c in rec.get("checks", []):
+            if not c["ok"]:
+                print(f"     {c['name']}: {c['detail'][:300]}")
+        if traces and rec["unguarded"].get("trace"):
+            print(f"     without: {rec['unguarded']['guard']}")
+            print("\n".join("   " + line for line in rec["unguarded"]["trace"].splitlines()))
+    if caching is not None:
+        print(f"\ncaching allocator (seed 003): fragmentation synthesis and bounded checks [{caching.seconds:.1f}s]")
+        for syn, (rok, rtext) in zip(caching.synth, caching.replays):
+            if syn.depth is None:
+                print(f"  {syn.preset}: NO fragmentation OOM found up to depth {syn.trace}")
+                continue
+            print(f"  {syn.preset}: shortest fragmentation OOM: {syn.depth} op(s) then the failing malloc; "
+                  f"replayed on the executable spec: {'confirmed' if rok else 'NOT CONFIRMED'}")
+        for e in caching.expandable:
+            print(f"  {e.preset} + expandable: <= {e.depth} ops, {e.states} states; page-level fragmentation OOM: "
+                  + ("none" if e.page_level is None else "FOUND"))
+        print("  Z3 policy kernels vs spec/caching: "
+              + ("agree" if not caching.kernel_mismatches else f"{len(caching.kernel_mismatches)} DISAGREE"))
+    n_ok = sum(1 for r in records if r["proved"])
+    print(f"\n{n_ok}/{len(records)} invariants proved; total {total:.1f}s")
+
+
+def _json(records: list[dict[str, Any]], caching: Any, total: float) -> dict[str, Any]:
+    keys = ("proved", "bounded", "assumed", "declared_actions", "encoded_actions", "invariant_agreement",
+            "transition_agreement", "unguarded")
+    out: dict[str, Any] = {
+        "total_seconds": round(total, 2),
+        "ok": all(r["proved"] for r in records),
+        "invariants": {r["id"]: {k: r[k] for k in keys} for r in records},
+        "why_not_proved": {r["id"]: r["_why"] for r in records if not r["proved"]},
+    }
+    for r in records:
+        out["invariants"][r["id"]]["unguarded"] = {k: r["unguarded"][k]
+                                                   for k in ("guard", "refuted", "named_invariant_violated")}
+    if caching is not None:
+        out["caching"] = {
+            "synthesis": [{"preset": x.preset, "depth": x.depth, "trace": x.trace, "replay_confirmed": rr[0]}
+                          for x, rr in zip(caching.synth, caching.replays)],
+            "kernel_mismatches": caching.kernel_mismatches,
+        }
+    return out
 
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="memspec prove", description=__doc__.split("\n\n")[0])
     ap.add_argument("ids", nargs="*", help="invariant ids (default: all)")
-    ap.add_argument("--samples", type=int, default=1000, help="agreement samples per encoded action (default 1000)")
-    ap.add_argument("--no-agreement", action="store_true", help="skip the encoding-agreement samples")
+    ap.add_argument("--samples", type=int, default=400, help="transition-agreement samples per adapter (default 400)")
+    ap.add_argument("--inv-samples", type=int, default=100,
+                    help="invariant-agreement states per adapter (default 100)")
     ap.add_argument("--traces", action="store_true", help="print each unguarded variant's counterexample trace")
-    ap.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    ap.add_argument("--json", metavar="FILE", help="write the per-invariant results as JSON")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-caching", action="store_true", help="skip the caching allocator's fragmentation checks")
+    ap.add_argument("--no-caching", action="store_true", help="skip the caching allocator's Z3 checks")
     ap.add_argument("--depth", type=int, default=8, help="bound of the fragmentation searches (default 8)")
+    ap.add_argument("--self-test", action="store_true",
+                    help="plant breaks in encodings, spec actions and kernels; print the kill table")
     ns = ap.parse_args(argv)
 
-    from memspec.invariants.proofs import all_proofs, prove
+    if ns.self_test:
+        from memspec.invariants.proofs_selftest import main as self_test
 
-    proofs = [p for p in all_proofs() if not ns.ids or p.id in ns.ids]
-    if ns.ids and len(proofs) != len(set(ns.ids)):
-        known = ", ".join(p.id for p in all_proofs())
-        print(f"memspec prove: unknown invariant id in {ns.ids}; known: {known}")
+        return self_test()
+
+    from memspec.invariants.proofs_catalog import all_proofs
+
+    known = {p.id for p in all_proofs()} | {f"C{i}" for i in range(1, 10)}
+    unknown = [i for i in ns.ids if i not in known]
+    if unknown:
+        print(f"memspec prove: unknown invariant id(s) {unknown}; known: {', '.join(sorted(known))}")
         return 2
-
-    agree: dict[str, tuple[int, int, float, list[str]]] = {}
-    agreement_note = ""
-    t_all = time.perf_counter()
-    if not ns.no_agreement:
-        from memspec.invariants.agreement import run_agreement
-
-        for rep in run_agreement(samples=ns.samples, seed=ns.seed):
-            n, bad, secs, msgs = agree.get(rep.invariant, (0, 0, 0.0, []))
-            agree[rep.invariant] = (n + rep.samples, bad + len(rep.mismatches), secs + rep.seconds,
-                                    msgs + [f"{rep.action}: {m}" for m in rep.mismatches[:3]])
-
-    rows = []
-    failed = False
-    for p in proofs:
-        r = prove(p)
-        n, bad, secs, msgs = agree.get(p.id, (0, 0, 0.0, []))
-        ok = r.proved and r.unguarded_refuted and bad == 0
-        failed |= not ok
-        rows.append((p, r, n, bad, secs, msgs))
-
-    hdr = f"{'id':<4} {'invariant':<22} {'proved':<14} {'unguarded refuted':<22} {'agreement samples':<22}"
-    print(hdr)
-    print("-" * len(hdr))
-    for p, r, n, bad, secs, msgs in rows:
-        proved = f"{'proved' if r.proved else 'FAILED'} {r.seconds:5.2f}s"
-        unguarded = f"{'refuted' if r.unguarded_refuted else 'NOT REFUTED'} {r.unguarded_seconds:5.2f}s"
-        ag = "-" if ns.no_agreement else (f"{n} ok {secs:5.2f}s" if bad == 0 and n else
-                                          (f"{bad}/{n} DISAGREE" if n else "none encoded"))
-        print(f"{p.id:<4} {p.title:<22} {proved:<14} {unguarded:<22} {ag:<22}")
-        for c in r.checks:
-            if not c.ok:
-                print(f"     {c.name}: {c.detail}")
-        if not r.unguarded_refuted:
-            print(f"     unguarded variant ({p.guard}): {r.unguarded_trace}")
-        if ns.traces and r.unguarded_refuted:
-            print(f"     without: {p.guard}")
-            print("\n".join("   " + line for line in r.unguarded_trace.splitlines()))
-        for m in msgs:
-            print(f"     disagreement {m}")
-        if p.bounded:
-            print(f"     bounded: {p.bounded}")
-    caching = None
-    if not ns.no_caching and not ns.ids:
-        from memspec.invariants.proofs_caching import run_caching
-
-        caching = run_caching(depth=ns.depth, samples=ns.samples)
-        failed |= not caching.ok
-        print(f"\ncaching allocator (seed 003), large pool, one stream, capacity 40 MiB  [{caching.seconds:.1f}s]")
-        for syn, (rok, rtext) in zip(caching.synth, caching.replays):
-            if syn.depth is None:
-                print(f"  {syn.preset}: NO fragmentation OOM found up to depth {ns.depth} ({syn.trace[0]})")
-                continue
-            print(f"  {syn.preset}: shortest fragmentation OOM (Z3, {syn.seconds:.1f}s): {syn.depth} op(s) then the failing malloc;"
-                  f" free {syn.free_total // 2**20} MiB >= request {syn.rounded / 2**20:.2f} MiB")
-            for line in syn.trace:
-                print(f"      {line}")
-            print(f"    replayed on the executable spec: {'confirmed' if rok else 'NOT CONFIRMED'}: {rtext}")
-        for e in caching.expandable:
-            head = (f"  {e.preset} + expandable segments: every malloc/free sequence of length <= {e.depth} "
-                    f"(sizes {', '.join(f'{x / 2**20:g} MiB' for x in e.sizes)}; {e.states} states)")
-            print(head)
-            print("    page level (OOM although enough whole unpinned pages): " +
-                  ("none" if e.page_level is None else "FOUND: " + "; ".join(e.page_level)))
-            print("    byte level (OOM although capacity - allocated >= request): " +
-                  ("none" if e.byte_level is None else "; ".join(e.byte_level) +
-                   "  (live blocks pin partly used pages: physical exhaustion at page granularity)"))
-        print(f"  Z3 policy kernels vs spec/caching/kernels.py: {2 * ns.samples} samples, "
-              + ("agree" if not caching.kernel_mismatches else f"{len(caching.kernel_mismatches)} DISAGREE: {caching.kernel_mismatches[:2]}"))
-        for b in caching.bounded or []:
-            print(f"  {b.preset}: bounded proofs over every malloc/free sequence of <= {b.depth} ops, symbolic sizes "
-                  f"[{b.seconds:.1f}s]: " + "; ".join(f"{c} {v}" for c, v in b.results.items()))
-        print("  C4-C9 and inductive (unbounded) C proofs: not encoded (the conformance harness checks them on the executable spec)")
-    total = time.perf_counter() - t_all
-    print(f"\n{len(rows)} invariants; total {total:.2f}s" + (f"; {agreement_note}" if agreement_note else ""))
+    records, caching, total = run(ns.ids, ns.samples, ns.inv_samples, ns.seed, not ns.no_caching, ns.depth)
+    _print(records, caching, total, ns.traces)
     if ns.json:
         with open(ns.json, "w") as fh:
-            json.dump({
-                "total_seconds": total,
-                "ok": not failed,
-                "caching": None if caching is None else {
-                    "ok": caching.ok, "seconds": caching.seconds,
-                    "synthesis": [{"preset": x.preset, "depth": x.depth, "trace": x.trace, "request": x.request,
-                                   "rounded": x.rounded, "free": x.free_total, "replay_confirmed": rr[0],
-                                   "replay": rr[1]} for x, rr in zip(caching.synth, caching.replays)],
-                    "expandable": [{"preset": e.preset, "depth": e.depth, "sizes": list(e.sizes), "states": e.states,
-                                    "page_level": e.page_level, "byte_level": e.byte_level} for e in caching.expandable],
-                    "kernel_mismatches": caching.kernel_mismatches},
-                "invariants": [{
-                    "id": p.id, "title": p.title, "proved": r.proved,
-                    "checks": [{"name": c.name, "ok": c.ok, "seconds": c.seconds, "detail": c.detail} for c in r.checks],
-                    "unguarded_guard": p.guard, "unguarded_refuted": r.unguarded_refuted,
-                    "unguarded_trace": r.unguarded_trace, "unguarded_seconds": r.unguarded_seconds,
-                    "agreement_samples": n, "agreement_mismatches": bad, "agreement_seconds": secs,
-                    "bounded": p.bounded,
-                } for p, r, n, bad, secs, msgs in rows],
-            }, fh, indent=2)
-    return 1 if failed else 0
+            json.dump(_json(records, caching, total), fh, indent=2)
+    return 0 if all(r["proved"] for r in records) else 1
