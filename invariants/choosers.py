@@ -83,6 +83,8 @@ def _cumulative(weights: tuple) -> tuple:
         for w in weights:
             total += w
             out.append(total)
+        if len(_CUMULATIVE) > 4096:  # swarm testing makes a weight tuple per example
+            _CUMULATIVE.clear()
         cum = _CUMULATIVE[weights] = tuple(out)
     return cum
 

@@ -67,6 +67,14 @@ class Stats:
     seconds: float = 0.0
     actions: Counter = field(default_factory=Counter)
     outcomes: Counter = field(default_factory=Counter)
+    #: action name -> steps where the spec offered a returning (accepting) branch
+    offered: Counter = field(default_factory=Counter)
+    #: action name -> steps that took an accepting branch (a return; for a
+    #: ``misuse`` action, its refusal)
+    accepted: Counter = field(default_factory=Counter)
+    #: "action.param=value" -> steps whose argument was one of the spec's
+    #: boundary values (``Domain.boundaries``)
+    boundaries: Counter = field(default_factory=Counter)
     #: invariant id -> total steps run (all examples) when it first failed
     first_failure_steps: dict = field(default_factory=dict)
     failures_seen: int = 0
@@ -109,10 +117,29 @@ class Plan:
     build_timeout: float | None = None
     mutant: Any = None
     machine_ref: str | None = None  # "module:attr" of a machine other than the level's
+    #: swarm testing: each example draws which actions it uses and how often
+    swarm: bool = True
+    #: guidance: redraw arguments the spec can only refuse (see ``Run._draw_args``)
+    guide: bool = True
+    #: some actions are left out (a later pass of ``run_hypothesis``): a
+    #: state where none of the rest is available ends nothing, the step is skipped
+    partial: bool = False
 
     @property
     def invariant_ids(self) -> list[str]:
         return [inv.id for inv in self.machine.invariants]
+
+    @property
+    def declares(self) -> dict[str, list[str]]:
+        """``{invariant id: [names of the machine's actions that declare it]}``
+        (every action of the machine, drawn or not: a declaring action that a
+        missing capability removed is the reason an invariant is untested)."""
+        return {inv.id: [a.name for a in self.machine.actions if inv.id in getattr(a, "invariants", ())]
+                for inv in self.machine.invariants}
+
+    @property
+    def action_names(self) -> list[str]:
+        return [a.name for a in self.actions]
 
     def titles(self) -> dict[str, str]:
         return {inv.id: inv.title for inv in self.machine.invariants}
@@ -161,6 +188,7 @@ class Run:
         self._action = None
         self._obs_cache: dict | None = None
         self._checks: list | None = None
+        self._swarm: tuple | None = None   # (actions, weights) of this example (swarm testing)
         if plan.on_call is not None:
             plan.on_call(self, None)
         g = self.guard
@@ -191,12 +219,18 @@ class Run:
             self.check_observations((), plan.start_checks, "capability")
 
     # -- failing --------------------------------------------------------
-    def fail(self, invariant: str, cause: str, reason: str) -> None:
+    def fail(self, invariant: str, cause: str, reason: str, exc: BaseException | None = None) -> None:
+        """Raise the Violation; ``exc`` (what the target raised, if it
+        raised) is chained as its cause, so a reproduction shows the
+        target's own traceback."""
         self.failed = True
         st = self.plan.stats
         st.failures_seen += 1
         st.first_failure_steps.setdefault(invariant, st.steps)
-        raise violation_class(invariant)(invariant, cause, reason, self.trace, self.nsteps)
+        v = violation_class(invariant)(invariant, cause, reason, self.trace, self.nsteps)
+        if isinstance(exc, BaseException) and not isinstance(exc, HangResult):
+            raise v from exc
+        raise v
 
     # -- one step -------------------------------------------------------
     def available(self) -> list:
@@ -215,20 +249,30 @@ class Run:
         weighted = getattr(chooser, "weighted", None)
         acts = self.plan.actions
         if weighted is not None and len(acts) > 1:
-            ws = self.plan.__dict__.get("_weights")
-            if ws is None:
-                ws = self.plan.__dict__["_weights"] = tuple(x.weight for x in acts)
+            swarm = self._swarm
+            if swarm is None:
+                swarm = self._swarm = self._draw_swarm(chooser)
+            acts, ws = swarm
             state = self.state
-            for _ in range(3):
+            guided = self.plan.guide
+            tries = 0
+            for _ in range(3 + (REDRAWS if guided else 0)):
                 a = acts[weighted(ws)]
                 try:
                     ok = a.available(state)
                 except Exception as e:  # noqa: BLE001
                     raise SpecError(f"{a.name}: availability check raised {type(e).__name__}: {e}") from e
                 if ok:
-                    return self._draw_args(a, chooser)
+                    drawn = self._draw_args(a, chooser)
+                    # guidance: an action the spec can only refuse here may
+                    # give its step to another (the chooser decides)
+                    if not guided or tries == REDRAWS or drawn[3] or not chooser.boolean():
+                        return drawn[:3]
+                    tries += 1
         avail = self.available()
         if not avail:
+            if self.plan.partial:
+                raise _Stuck
             raise SpecError(f"{self.machine.name}: no action is available in this state")
         n = len(avail)
         if n == 1:
@@ -246,20 +290,57 @@ class Run:
                     k -= a.weight
                     if k < 0:
                         break
-        return self._draw_args(a, chooser)
+        return self._draw_args(a, chooser)[:3]
 
-    def _draw_args(self, a: Any, chooser: Any) -> tuple[Any, dict, list]:
-        rec = RecordingChooser(chooser)
+    def _draw_swarm(self, chooser: Any) -> tuple:
+        """Swarm testing: each example draws, per action, one of *as
+        weighted*, *off*, *four times as likely*, *as weighted* (shrinking
+        goes to the first: the table's own weights), so that one example
+        spends its steps on a few actions and reaches deeper sequences of
+        them (Groce et al., *Swarm Testing*, ISSTA 2012).  An action that is
+        off is still drawn when nothing else is available."""
+        acts = self.plan.actions
+        if not self.plan.swarm:
+            ws = self.plan.__dict__.get("_weights")
+            if ws is None:
+                ws = self.plan.__dict__["_weights"] = tuple(x.weight for x in acts)
+            return acts, ws
+        on, ws = [], []
+        for a in acts:
+            k = chooser.integer(0, 3)
+            if k != 1:
+                on.append(a)
+                ws.append(a.weight * (SWARM_BOOST if k == 2 else 1))
+        if not on:
+            return acts, tuple(x.weight for x in acts)
+        return on, tuple(ws)
+
+    def _draw_args(self, a: Any, chooser: Any) -> tuple[Any, dict, list, bool]:
+        """Draw ``a``'s arguments.  Guidance towards accepting branches:
+        when the spec offers no accepting branch for the arguments drawn
+        (a claim of a ticket that is not granted, say), the chooser decides
+        (one boolean, so shrinking keeps or drops it) whether to draw again,
+        up to :data:`ARG_REDRAWS` times.  Only the kept draw's choices are
+        recorded (a replay draws once)."""
+        guided = self.plan.guide and getattr(chooser, "weighted", None) is not None
+        for attempt in range(ARG_REDRAWS + 1 if guided else 1):
+            rec = RecordingChooser(chooser)
+            try:
+                args = a.draw_args(self.state, rec)
+            except SpecError:
+                raise
+            except Exception as e:  # noqa: BLE001
+                raise SpecError(f"drawing arguments of {a.name} raised {type(e).__name__}: {e}") from e
+            accepting = _may_accept(a, self.state, args) if guided else True
+            if accepting or attempt == ARG_REDRAWS or not chooser.boolean():
+                break
+        return a, args, rec.record, accepting
+
+    def step(self, chooser: Any) -> TraceStep | None:
         try:
-            args = a.draw_args(self.state, rec)
-        except SpecError:
-            raise
-        except Exception as e:  # noqa: BLE001
-            raise SpecError(f"drawing arguments of {a.name} raised {type(e).__name__}: {e}") from e
-        return a, args, rec.record
-
-    def step(self, chooser: Any) -> TraceStep:
-        action, args, choices = self.choose(chooser)
+            action, args, choices = self.choose(chooser)
+        except _Stuck:  # a pass that leaves actions out may leave none available: nothing to do
+            return None
         return self.apply(action, args, choices)
 
     def apply(self, action: Any, args: dict, choices: list | None = None) -> TraceStep:
@@ -272,10 +353,28 @@ class Run:
         ts = TraceStep(action.name, dict(args), list(choices or []), "", ())
         self.trace.append(ts)
         state = self.state
+        for k, dom in action.params.items():
+            bfn = getattr(dom, "boundaries", None)
+            if bfn is not None:
+                v = args.get(k)
+                try:
+                    hit = type(v) is int and v in bfn(state)
+                except Exception as e:  # noqa: BLE001
+                    raise SpecError(f"{action.name}: boundaries of {k} raised {type(e).__name__}: {e}") from e
+                if hit:
+                    st.boundaries[f"{action.name}.{k}={v}"] += 1
         try:
             outs = action.step(state, **args)
         except Exception as e:  # noqa: BLE001
             raise SpecError(f"{action.name}.step({args}) raised {type(e).__name__}: {e}") from e
+        misuse = getattr(action, "misuse", False)
+        if misuse:
+            st.offered[action.name] += 1
+        else:
+            for b in outs.branches:
+                if hasattr(b, "accepts"):  # a Returns branch: the call may succeed here
+                    st.offered[action.name] += 1
+                    break
         g = self.guard
         g.blame, g.what = outs.blame, f"step {self.nsteps}: {action.name}"
         if plan.on_call is not None:
@@ -286,10 +385,12 @@ class Run:
         branch = outs.match(value, err)
         if branch is None:
             ts.outcome = self._describe_answer(value, err)
-            self.fail(outs.blame, *self._mismatch(action, args, outs, value, err))
+            self.fail(outs.blame, *self._mismatch(action, args, outs, value, err), exc=err)
         is_return = err is None
         ts.outcome = ("returns " + branch.describe) if is_return else f"raises {type(err).__name__}"
         st.outcomes[(action.name, ts.outcome)] += 1
+        if is_return or misuse:
+            st.accepted[action.name] += 1
         try:
             result = branch.then(value if is_return else err)
         except Exception as e:  # noqa: BLE001
@@ -353,29 +454,28 @@ class Run:
 
     # -- checks ---------------------------------------------------------
     def check_after(self, touched: tuple, bound: tuple, args: dict | None = None) -> None:
+        """Every check after a step.  When several fail at once, the report
+        blames the rule that was broken, not its downstream figure (see
+        :meth:`_blame_first`); the others are listed as consequences."""
         state = self.state
         checks = self._checks
+        found: list = []   # [(invariant, cause, reason)] of this step
         if checks is None:
             try:
                 bad = self.machine.check_invariants(state)
             except Exception as e:  # noqa: BLE001
                 raise SpecError(f"an invariant check raised {type(e).__name__}: {e}") from e
-            if bad:
-                inv, why = bad[0]
-                self.fail(inv, "invariant", why)
+            found += [(inv, "invariant", why) for inv, why in bad]
         else:
-            bad = None
             try:
                 for inv, fn in checks:  # all of them, as check_invariants (a crash is a SpecError)
                     why = fn(state)
-                    if why is not None and bad is None:
-                        bad = (inv, why)
+                    if why is not None:
+                        found.append((inv, "invariant", why))
             except Exception as e:  # noqa: BLE001
                 raise SpecError(f"an invariant check raised {type(e).__name__}: {e}") from e
-            if bad is not None:
-                self.fail(bad[0], "invariant", bad[1])
         if self.plan.observations:
-            self.check_observations(touched + bound)
+            self.check_observations(touched + bound, found=found)
         integrity = self.integrity
         if integrity is not None:
             if args:
@@ -385,7 +485,54 @@ class Run:
                 named = tuple(v for v in args.values() if type(v) is int and v in regions and v not in touched)
                 if named:
                     touched = touched + named
-            integrity.after_step(touched, bound)
+            if not found:
+                integrity.after_step(touched, bound)
+            else:
+                try:  # a data check that fails too may be the rule broken
+                    integrity.after_step(touched, bound)
+                except Violation as v:
+                    found.append((v.invariant, v.cause, v.reason))
+        if found:
+            self._fail_found(found)
+
+    def _rank(self) -> dict:
+        """``{invariant: how many of the machine's actions declare it}``: a
+        rule few actions are about (fence ordering, a refcount, a ticket's
+        state) is more specific than one every action touches (the ledger's
+        totals), so it is the one a step broke when both fail."""
+        rank = self.plan.__dict__.get("_rank")
+        if rank is None:
+            rank = {}
+            for a in self.machine.actions:
+                for inv in getattr(a, "invariants", ()) or ():
+                    rank[inv] = rank.get(inv, 0) + 1
+            self.plan.__dict__["_rank"] = rank
+        return rank
+
+    def _blame_first(self, found: list) -> list:
+        """``found`` in blame order: the spec's own diagnosis (an invariant
+        failing on the spec state) before a data check before a figure read
+        from the implementation; within each, the invariants the step's
+        action declares, in the order it declares them (the spec lists the
+        rule the action is about before the ledger totals it also moves),
+        then the others, the more specific first (fewer declaring actions);
+        then the order the checks ran."""
+        rank = self._rank()
+        own = list(getattr(self._action, "invariants", ()) or ())
+        n = len(self.machine.actions) + 1
+        cause_rank = {"invariant": 0, "data": 1, "observation": 2}
+        keyed = [((cause_rank.get(cause, 1), (0, own.index(inv)) if inv in own else (1, rank.get(inv, n)), i),
+                  (inv, cause, why)) for i, (inv, cause, why) in enumerate(found)]
+        return [x for _k, x in sorted(keyed)]
+
+    def _fail_found(self, found: list) -> None:
+        ordered = self._blame_first(found)
+        inv, cause, why = ordered[0]
+        rest = [x for x in ordered[1:] if x[0] != inv or x[2] != why]
+        if rest:
+            why += " -- consequences at this step: " + "; ".join(f"{i} [{c}] {w}" for i, c, w in rest[:4]) \
+                + (f"; {len(rest) - 4} more" if len(rest) > 4 else "")
+        self.fail(inv, cause, why)
 
     def _observations_for(self, action: Any) -> list:
         """The plan's observations, those blamed on the action's own
@@ -404,7 +551,8 @@ class Run:
             cache[key] = order
         return order
 
-    def check_observations(self, touched: tuple, start: list | None = None, cause: str = "observation") -> None:
+    def check_observations(self, touched: tuple, start: list | None = None, cause: str = "observation",
+                           found: list | None = None) -> None:
         """Compare every applicable observation's spec figure with the
         implementation's, in the action's order (see :meth:`_observations_for`).
 
@@ -447,8 +595,10 @@ class Run:
                 self.fail(obs.blame, "unexpected-exception" if not isinstance(err, MemspecError) else cause,
                           f"reading {self._where(obs, r)} raised {type(err).__name__}: {err} (spec: {expected!r})")
             if value != expected:
-                self.fail(obs.blame, cause,
-                          f"{self._where(obs, r)}: implementation says {_describe_value(value)}, spec says {expected!r}")
+                why = f"{self._where(obs, r)}: {_diff(expected, value)}"
+                if found is None:
+                    self.fail(obs.blame, cause, why)
+                found.append((obs.blame, cause, why))
         if hang is not None:
             obs, r = jobs[-1]
             self.fail(obs.blame, "hang", f"reading {self._where(obs, r)} hangs: {hang}")
@@ -496,6 +646,29 @@ class Run:
                 g.call(c)  # an error closing is not judged: teardown must not crash the harness
 
 
+class _Stuck(Exception):
+    """No action of a partial table is available (see ``Plan.partial``)."""
+
+
+#: how much more likely a swarm-boosted action is drawn in its example
+SWARM_BOOST = 4
+#: extra action draws when the spec offers no accepting branch (guidance)
+REDRAWS = 1
+#: extra argument draws of the same action when the spec offers no accepting branch
+ARG_REDRAWS = 2
+
+
+def _may_accept(action: Any, state: Any, args: dict) -> bool:
+    """Whether the spec offers an accepting (returning) branch for ``args``."""
+    if getattr(action, "misuse", False):
+        return True
+    try:
+        outs = action.step(state, **args)
+    except Exception:  # noqa: BLE001 - apply() reports the spec's crash
+        return True
+    return any(hasattr(b, "accepts") for b in outs.branches)
+
+
 def _step_checks(machine: Any, state: Any) -> list | None:
     """``[(invariant id, check)]`` to run after every step (the machine's
     :meth:`~memspec.spec.core.Machine.step_checks`); ``None`` (run
@@ -507,6 +680,30 @@ def _step_checks(machine: Any, state: Any) -> list | None:
             or "check_invariants" in getattr(machine, "__dict__", {}):
         return None
     return machine.step_checks(state)
+
+
+def _diff(expected: Any, observed: Any) -> str:
+    """The expected and observed figures, as a difference: for two dicts
+    (or records) only the keys that differ; for numbers the signed gap."""
+    e, o = expected, observed
+    if hasattr(e, "__dict__") and hasattr(o, "__dict__") and not isinstance(e, type):
+        e, o = vars(e), vars(o)
+    if isinstance(e, dict) and isinstance(o, dict):
+        keys = [k for k in dict.fromkeys([*e, *o]) if e.get(k, _MISSING) != o.get(k, _MISSING)]
+        parts = [f"{k}: spec {_describe_value(e.get(k, _MISSING), 40)} != implementation "
+                 f"{_describe_value(o.get(k, _MISSING), 40)}" for k in keys[:6]]
+        return "figures differ -- " + "; ".join(parts) + (f"; {len(keys) - 6} more" if len(keys) > 6 else "")
+    if type(e) is int and type(o) is int:
+        return f"implementation says {o}, spec says {e} (implementation {o - e:+d})"
+    return f"implementation says {_describe_value(o)}, spec says {e!r}"
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<absent>"
+
+
+_MISSING = _Missing()
 
 
 def _safe_witness(b: Any) -> Any:

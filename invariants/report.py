@@ -2,18 +2,23 @@
 
 One row per invariant: **PASS**, **FAIL** (with the cause, the reason, and
 the standalone reproduction of its shortest counterexample), **N/A** with
-the reason (a capability the target explicitly lacks), or **ERROR** when the
-run could not judge it (the target could not be built, the spec crashed).
+the reason (a capability the target explicitly lacks), **UNTESTED** with the
+reason when the actions that declare it did not succeed often enough to
+judge it (see :mod:`~memspec.invariants.verdicts`: not a pass), or
+**ERROR** when the run could not judge it (the target could not be built,
+the spec crashed).  JSON and JUnit carry the per-action counts behind each
+verdict.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
+import sys
 import xml.etree.ElementTree as ET
 from typing import Any, Iterable
 
-ORDER = {"FAIL": 0, "ERROR": 1, "PASS": 2, "N/A": 3, "-": 4}
+ORDER = {"FAIL": 0, "ERROR": 1, "UNTESTED": 2, "PASS": 3, "N/A": 4, "-": 5}
 
 
 def merged_rows(results: Iterable[Any]) -> tuple[list[str], list[dict]]:
@@ -32,7 +37,7 @@ def merged_rows(results: Iterable[Any]) -> tuple[list[str], list[dict]]:
             row = rows.setdefault(inv, {"id": inv, "title": title, "cells": {}, "details": []})
             row["title"] = row["title"] or title
             row["cells"][r.level] = status
-            if status in ("FAIL", "ERROR", "N/A") and detail:
+            if status in ("FAIL", "ERROR", "N/A", "UNTESTED") and detail:
                 fail = next((f for f in r.failures if f.invariant == inv), None)
                 extra = f" -> {fail.repro}" if fail is not None and fail.repro else ""
                 row["details"].append((f"{r.level}: " if len(results) > 1 else "") + detail + extra)
@@ -43,19 +48,23 @@ def merged_rows(results: Iterable[Any]) -> tuple[list[str], list[dict]]:
             status = "FAIL"
         elif "ERROR" in sts:
             status = "ERROR"
+        elif "UNTESTED" in sts and "PASS" not in sts:
+            status = "UNTESTED"  # a level that ran it enough makes the row a PASS
         elif "PASS" in sts:
             status = "PASS"
         else:
             status = "N/A"
         # an N/A detail matters only when nothing else judged it
         details = [d for d in row["details"] if status == "N/A" or "capability absent" not in d and "no action" not in d]
+        if status == "PASS":
+            details = []
         out.append({"id": row["id"], "title": row["title"], "cells": row["cells"], "status": status,
                     "detail": " | ".join(details)})
     return levels, out
 
 
 def _style(status: str) -> str:
-    return {"PASS": "green", "FAIL": "bold red", "N/A": "dim", "ERROR": "yellow"}.get(status, "")
+    return {"PASS": "green", "FAIL": "bold red", "N/A": "dim", "ERROR": "yellow", "UNTESTED": "magenta"}.get(status, "")
 
 
 def print_table(console: Any, target: str, results: list[Any]) -> None:
@@ -82,6 +91,7 @@ def print_table(console: Any, target: str, results: list[Any]) -> None:
         console.print(
             f"  {r.level}: {st.steps} steps in {st.examples} runs, {st.seconds:.1f} s, "
             f"{st.rate():.0f} steps/s; actions covered {acts}/{total_acts}, outcomes seen {len(st.outcomes)}"
+            + (f"; spec boundary values hit {len(st.boundaries)}" if getattr(st, "boundaries", None) else "")
             + (f"; {len(r.failures)} failure(s)" if r.failures else "")
             + (f"; errors: {escape('; '.join(r.errors))}" if r.errors else ""))
 
@@ -101,6 +111,10 @@ def to_json(all_results: dict[str, list[Any]]) -> dict:
                 "steps_per_second": round(st.rate(), 1),
                 "actions": dict(st.actions),
                 "outcomes": {f"{a}: {o}": n for (a, o), n in st.outcomes.items()},
+                "accepted": dict(getattr(st, "accepted", {}) or {}),
+                "coverage": r.coverage() if hasattr(r, "coverage") else {},
+                "min_accepted": getattr(r, "min_accepted", None),
+                "boundaries_hit": dict(getattr(st, "boundaries", {}) or {}),
                 "capabilities": r.plan.capabilities if r.plan is not None else {},
                 "errors": r.errors,
                 "failures": [{
@@ -125,8 +139,9 @@ def write_junit(path: str, all_results: dict[str, list[Any]]) -> None:
     for target, results in all_results.items():
         for r in results:
             cases = r.rows()
+            cov = r.coverage() if hasattr(r, "coverage") else {}
             suite = ET.SubElement(suites, "testsuite", name=f"{target}/{r.level}", tests=str(max(1, len(cases))),
-                                  failures=str(sum(1 for c in cases if c[2] == "FAIL")),
+                                  failures=str(sum(1 for c in cases if c[2] in ("FAIL", "UNTESTED"))),
                                   errors=str(sum(1 for c in cases if c[2] == "ERROR") + (0 if cases else len(r.errors))),
                                   skipped=str(sum(1 for c in cases if c[2] == "N/A")),
                                   time=f"{r.stats.seconds:.3f}")
@@ -135,6 +150,11 @@ def write_junit(path: str, all_results: dict[str, list[Any]]) -> None:
                 ET.SubElement(tc, "error", message=r.errors[0][:500]).text = "\n".join(r.errors)
             for inv, title, status, detail in cases:
                 tc = ET.SubElement(suite, "testcase", classname=f"memspec.{target}.{r.level}", name=f"{inv} {title}".strip())
+                if inv in cov:
+                    props = ET.SubElement(tc, "properties")
+                    for a, c in cov[inv]["actions"].items():
+                        ET.SubElement(props, "property", name=f"{a}.steps", value=str(c["steps"]))
+                        ET.SubElement(props, "property", name=f"{a}.accepted", value=str(c["accepted"]))
                 if status == "FAIL":
                     f = next((x for x in r.failures if x.invariant == inv), None)
                     el = ET.SubElement(tc, "failure", message=detail[:500], type=f.cause if f else "FAIL")
@@ -143,23 +163,25 @@ def write_junit(path: str, all_results: dict[str, list[Any]]) -> None:
                         lines += [f"{i}. {s.action}({', '.join(f'{k}={v!r}' for k, v in s.args.items())}) -> {s.outcome}"
                                   for i, s in enumerate(f.trace, 1)]
                         if f.repro:
-                            lines.append(f"reproduction: python {shlex.quote(str(f.repro))}")
+                            lines.append(f"reproduction: {shlex.quote(sys.executable)} {shlex.quote(str(f.repro))}")
                     el.text = "\n".join(lines)
                 elif status == "ERROR":
                     ET.SubElement(tc, "error", message=detail[:500])
                 elif status == "N/A":
                     ET.SubElement(tc, "skipped", message=detail[:500])
+                elif status == "UNTESTED":  # not a pass: a failure of the run's coverage, typed so
+                    ET.SubElement(tc, "failure", message=("UNTESTED: " + detail)[:500], type="untested").text = detail
     ET.ElementTree(suites).write(path, encoding="utf-8", xml_declaration=True)
 
 
 def console(**kw):
     """A rich console for reports: the terminal's width on a terminal, and
-    wide enough (160 columns) in CI logs and pipes so tables are not
+    100 columns in CI logs and pipes (tables fold their detail column to fit) so tables are not
     truncated (rich assumes 80 columns when it cannot ask)."""
     import sys
 
     from rich.console import Console
 
     if "width" not in kw and not sys.stdout.isatty():
-        kw["width"] = 160
+        kw["width"] = 100
     return Console(**kw)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -135,6 +136,11 @@ def replay_main(target: str, level: str, steps: Sequence[tuple], *, expect: tupl
     try:
         replay(target, level, steps, capacity=capacity, timeout=timeout, machine=machine)
     except Violation as v:
+        if v.__cause__ is not None:  # the target's own traceback first
+            import traceback
+
+            print("the target raised:", file=sys.stderr)
+            traceback.print_exception(type(v.__cause__), v.__cause__, v.__cause__.__traceback__, file=sys.stderr)
         same = expect is None or v.invariant == expect[0]
         print(f"reproduced: FAIL {v.invariant} [{v.cause}] {v.reason}" if same
               else f"FAILED DIFFERENTLY: expected {expect[0]}, got {v.invariant} [{v.cause}] {v.reason}")

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from memspec.invariants import engine as E
+from memspec.invariants import verdicts as V
 from memspec.invariants.choosers import HypothesisChooser
 from memspec.invariants.discovery import TargetRef, resolve
 from memspec.invariants.errors import TARGET_ERROR, SpecError, TargetError, Violation
@@ -70,10 +71,15 @@ class PlanInfo:
     machine_ref: str | None
     stats: E.Stats = field(default_factory=E.Stats)
     mutant: Any = None
+    declares: dict = field(default_factory=dict)  # invariant id -> declaring action names
 
     @property
     def invariant_ids(self) -> list[str]:
         return [i for i, _t in self.invariants]
+
+    @property
+    def action_names(self) -> list[str]:
+        return list(self.actions)
 
     def titles(self) -> dict[str, str]:
         return dict(self.invariants)
@@ -87,6 +93,15 @@ class PlanResult:
     failures: list[Failure] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)   # spec/target/harness errors (not a target FAIL)
     seconds: float = 0.0
+    #: accepting steps each declaring action needs for a PASS (:mod:`~memspec.invariants.verdicts`)
+    min_accepted: int = V.MIN_ACCEPTED
+
+    def coverage(self) -> dict[str, dict]:
+        """Per invariant: tested or not, why, and the counts per declaring action."""
+        if self.plan is None:
+            return {}
+        return V.coverage(getattr(self.plan, "declares", {}) or {}, self.plan.action_names, self.stats,
+                          self.min_accepted)
 
     @property
     def stats(self) -> E.Stats:
@@ -101,6 +116,7 @@ class PlanResult:
         for f in self.failures:
             failed.setdefault(f.invariant, f)
         titles = self.plan.titles()
+        cov = self.coverage()
         for inv in self.plan.invariant_ids:
             if inv in failed:
                 f = failed[inv]
@@ -109,6 +125,10 @@ class PlanResult:
                 out.append((inv, titles.get(inv, ""), "N/A", self.plan.na[inv]))
             elif self.errors:
                 out.append((inv, titles.get(inv, ""), "ERROR", self.errors[0]))
+            elif inv in cov and cov[inv].get("na"):
+                out.append((inv, titles.get(inv, ""), "N/A", cov[inv]["na"]))
+            elif inv in cov and not cov[inv]["tested"]:
+                out.append((inv, titles.get(inv, ""), "UNTESTED", cov[inv]["reason"]))
             else:
                 out.append((inv, titles.get(inv, ""), "PASS", ""))
         for inv, f in failed.items():
@@ -119,6 +139,11 @@ class PlanResult:
     @property
     def ok(self) -> bool:
         return not self.failures and not self.errors
+
+    @property
+    def untested(self) -> list[str]:
+        """Invariants with no FAIL/ERROR/N/A whose actions did not run enough to judge."""
+        return [inv for inv, _t, st, _d in self.rows() if st == "UNTESTED"]
 
 
 # --------------------------------------------------------------------------
@@ -242,20 +267,67 @@ class shrink_budget:
 SHRINK_SECONDS: float | None = 30.0
 
 
+#: further passes after a pass that found failures (each draws only actions
+#: that no failure found so far ended on): every distinct failure in one run
+MORE_PASSES = 2
+
+
 def run_hypothesis(plan: E.Plan, settings: Any, *, seed: int | None = None,
-                   shrink_seconds: float | None = -1) -> PlanResult:
+                   shrink_seconds: float | None = -1, more_passes: int | None = None) -> PlanResult:
     """Drive the plan's state machine under ``settings`` in this process;
-    never raises for a target's misbehaviour (it lands in the result)."""
+    never raises for a target's misbehaviour (it lands in the result).
+
+    Every distinct failure in one run: after a pass that found failures, up
+    to ``more_passes`` (default :data:`MORE_PASSES`) further passes run with
+    the actions those failures ended on left out, so a second bug reachable
+    without them is reported with its own shrunk reproduction (a target that
+    crashes on one action still has its other actions checked)."""
+    result = PlanResult(plan.target, plan.level, plan)
+    actions = list(plan.actions)
+    seen = set()
+    left = MORE_PASSES if more_passes is None else more_passes
+    t0 = time.perf_counter()
+    try:
+        for n in range(left + 1):
+            before = len(result.failures)
+            _one_pass(plan, settings, seed, shrink_seconds, result, f":pass{n}" if n else "")
+            new = result.failures[before:]
+            fresh = []
+            for f in new:
+                key = (f.invariant, f.trace[-1].action if f.trace else None)
+                if key not in seen:
+                    seen.add(key)
+                    fresh.append(f)
+            result.failures[before:] = fresh
+            ended = {f.trace[-1].action for f in fresh if f.trace}
+            if not fresh or result.errors or not ended:
+                break
+            plan.actions = [a for a in plan.actions if a.name not in ended]
+            plan.partial = True
+            plan.__dict__.pop("_weights", None)
+            plan.__dict__.pop("_obs_order", None)
+            if not plan.actions:
+                break
+    finally:
+        plan.actions = actions
+        plan.partial = False
+        plan.__dict__.pop("_weights", None)
+        plan.__dict__.pop("_obs_order", None)
+        result.seconds = time.perf_counter() - t0
+        plan.stats.seconds += result.seconds
+    return result
+
+
+def _one_pass(plan: E.Plan, settings: Any, seed: int | None, shrink_seconds: float | None, result: PlanResult,
+              suffix: str) -> None:
     from hypothesis.stateful import get_state_machine_test
 
-    result = PlanResult(plan.target, plan.level, plan)
     guard = CallGuard(plan.timeout, plan.guard_mode)
     cls = build_state_machine(plan, guard)
     if seed is not None:
         cls._hypothesis_internal_use_seed = seed
     test = get_state_machine_test(cls, settings=settings)
-    test._hypothesis_internal_database_key = database_key(plan)
-    t0 = time.perf_counter()
+    test._hypothesis_internal_database_key = database_key(plan) + suffix.encode()
     try:
         with shrink_budget(SHRINK_SECONDS if shrink_seconds == -1 else shrink_seconds):
             test()
@@ -263,10 +335,6 @@ def run_hypothesis(plan: E.Plan, settings: Any, *, seed: int | None = None,
         raise
     except BaseException as e:  # noqa: BLE001 - everything a target does is a result
         collect(result, e)
-    finally:
-        result.seconds = time.perf_counter() - t0
-        plan.stats.seconds += result.seconds
-    return result
 
 
 # --------------------------------------------------------------------------
@@ -311,7 +379,8 @@ def _trace_from(msgs: list) -> list:
 
 def _stats_msg(st: E.Stats) -> dict:
     return {"examples": st.examples, "steps": st.steps, "seconds": st.seconds, "actions": dict(st.actions),
-            "outcomes": [[a, o, n] for (a, o), n in st.outcomes.items()],
+            "outcomes": [[a, o, n] for (a, o), n in st.outcomes.items()], "offered": dict(st.offered), "accepted": dict(st.accepted),
+            "boundaries": dict(st.boundaries),
             "first": dict(st.first_failure_steps), "failing": st.failures_seen}
 
 
@@ -330,6 +399,10 @@ def _stats_into(st: E.Stats, m: dict) -> None:
     outs = m.get("outcomes")
     if isinstance(outs, list):
         st.outcomes = Counter({(str(x[0]), str(x[1])): _int(x[2]) for x in outs if isinstance(x, list) and len(x) == 3})
+    for name in ("offered", "accepted", "boundaries"):
+        d = m.get(name)
+        if isinstance(d, dict):
+            setattr(st, name, Counter({str(k): _int(v) for k, v in d.items()}))
     first = m.get("first")
     if isinstance(first, dict):
         st.first_failure_steps = {str(k): _int(v) for k, v in first.items()}
@@ -385,7 +458,7 @@ def _child(ch: Channel, target: str, level: str, skip: list, opts: dict) -> None
 def _run_child_plan(ch: Channel, plan: E.Plan, opts: dict) -> None:
     ch.send({"t": "plan", "level": plan.level, "target": plan.target,
              "invariants": [[inv.id, inv.title] for inv in plan.machine.invariants], "na": plan.na,
-             "capabilities": plan.capabilities, "actions": [a.name for a in plan.actions],
+             "capabilities": plan.capabilities, "actions": [a.name for a in plan.actions], "declares": plan.declares,
              "timeout": plan.timeout, "factory_kwargs": plan.factory_kwargs, "machine_ref": plan.machine_ref})
     last = [0.0]
 
@@ -439,6 +512,7 @@ class _Parent:
         self.current: PlanResult | None = None
         self.trace: list = []
         self.stopped = False
+        self.min_accepted = V.MIN_ACCEPTED
 
     def on_message(self, m: dict) -> None:
         t = m.get("t")
@@ -470,7 +544,10 @@ class _Parent:
                             float(m.get("timeout") or 5.0), {"capacity": fkw["capacity"]} if "capacity" in fkw else {},
                             m.get("machine_ref") if isinstance(m.get("machine_ref"), str) else None,
                             mutant=self.mutant)
-            self.current = PlanResult(self.target, lvl, info)
+            decl = m.get("declares")
+            if isinstance(decl, dict):
+                info.declares = {_str(k): [_str(a) for a in v] for k, v in decl.items() if isinstance(v, list)}
+            self.current = PlanResult(self.target, lvl, info, min_accepted=self.min_accepted)
             self.trace = []
             self._t0 = time.perf_counter()
             if self.on_plan is not None:
@@ -538,12 +615,15 @@ def conform(target: str, level: str = "all", *, profile: str = "ci", examples: i
             steps: int | None = None, seed: int | None = None, db: str | None = None, capacity: int | None = None,
             timeout: float = 5.0, out_dir: str | None = "memspec-out/repro", on_step: Callable | None = None,
             on_plan: Callable | None = None, machine: str | None = None, shrink: bool = True,
-            shrink_seconds: float | None = -1, build_timeout: float | None = None) -> list[PlanResult]:
+            shrink_seconds: float | None = -1, build_timeout: float | None = None,
+            min_accepted: int = V.MIN_ACCEPTED) -> list[PlanResult]:
     """Run every applicable level of ``target`` under supervision; one
     :class:`PlanResult` per level.  Never raises for what the target does.
     ``timeout`` bounds each call into the target; ``build_timeout`` its
     import and factory (default: the larger of ``timeout`` and
-    :data:`~memspec.invariants.guard.BUILD_SECONDS`)."""
+    :data:`~memspec.invariants.guard.BUILD_SECONDS`).  ``min_accepted``:
+    accepting steps each declaring action needs for a PASS (fewer:
+    UNTESTED, see :mod:`~memspec.invariants.verdicts`)."""
     opts = {"profile": profile, "examples": examples, "steps": steps, "seed": seed, "db": db, "capacity": capacity,
             "timeout": timeout, "machine": machine, "shrink": shrink, "shrink_seconds": shrink_seconds,
             "build_timeout": build_timeout}
@@ -557,6 +637,7 @@ def conform(target: str, level: str = "all", *, profile: str = "ci", examples: i
             mutant = None
     for _attempt in range(len(LEVELS) + 1):
         parent = _Parent(target, level, results, done, on_step, on_plan, mutant)
+        parent.min_accepted = min_accepted
         end = supervise(lambda ch: _child(ch, target, level, list(done), opts), timeout=timeout,
                         on_message=parent.on_message)
         if end.death is None:

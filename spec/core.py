@@ -149,6 +149,9 @@ class Domain:
     draw: Callable[[Any, Chooser], Any]
     #: ``available(state)`` is False when nothing can be drawn (no handle yet)
     available: Callable[[Any], bool] = lambda _s: True
+    #: ``boundaries(state)``: the values at the spec's own thresholds this
+    #: domain draws (exactly and at +-1); a harness reports which a run hit
+    boundaries: Callable[[Any], Sequence[Any]] | None = None
 
 
 def ints(lo: int, hi: int, describe: str | None = None) -> Domain:
@@ -195,6 +198,10 @@ class Action(Generic[S]):
     invariants: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()  # capabilities: "virtual_backing", "shared_mapping", "ep"
     weight: int = 1
+    #: a misuse the spec always refuses (a double free): its refusal is the
+    #: answer that exercises its invariants (a harness counts those steps as
+    #: accepted); otherwise only a returning branch counts
+    misuse: bool = False
 
     @property
     def precondition(self) -> str:
@@ -217,6 +224,7 @@ def action(
     invariants: Sequence[str] = (),
     requires: Sequence[str] = (),
     weight: int = 1,
+    misuse: bool = False,
 ) -> Callable[[Callable[..., Outcomes]], Action[Any]]:
     """Decorator turning a ``step`` function into an :class:`Action`."""
 
@@ -232,6 +240,7 @@ def action(
             invariants=tuple(invariants),
             requires=tuple(requires),
             weight=weight,
+            misuse=misuse,
         )
 
     return wrap

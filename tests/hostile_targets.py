@@ -109,9 +109,9 @@ TOY = core.Machine(
         core.action(role="allocator", params={"ref": core.pick("live", lambda s: s.live_list)}, perform=_free_perform,
                     weight=2, invariants=("T1",))(_free_step),
         core.action(role="allocator", params={"ref": core.pick("freed", lambda s: s.freed)}, perform=_free_perform,
-                    invariants=("T2",))(_free_again_step),
+                    invariants=("T2",), misuse=True)(_free_again_step),
         core.action(role="allocator", params={"size": core.ints(-4, 0)}, perform=_alloc_perform,
-                    invariants=("T2",))(_bad_size_step),
+                    invariants=("T2",), misuse=True)(_bad_size_step),
     ],
     invariants=[
         core.Invariant("T1", "ledger", "the Governor keeps the accounts",

@@ -18,7 +18,7 @@ def _assert_all_pass(results, expected_levels, ids):
         assert r.ok, (r.level, r.errors, [(f.invariant, f.cause, f.reason) for f in r.failures])
         statuses = {inv: st for inv, _t, st, _d in r.rows()}
         assert set(statuses) >= ids, statuses
-        assert "FAIL" not in statuses.values()
+        assert "FAIL" not in statuses.values() and "ERROR" not in statuses.values()
         assert r.stats.steps > 0
 
 

@@ -43,7 +43,7 @@ BROKEN_GOVERNOR = textwrap.dedent('''
 ''')
 
 
-def _conform(tmp_path, attr):
+def _conform(tmp_path, attr, *extra):
     pkg = tmp_path / "my_allocator_project"
     pkg.mkdir(exist_ok=True)
     (pkg / "__init__.py").write_text("")
@@ -51,7 +51,7 @@ def _conform(tmp_path, attr):
     js = tmp_path / f"{attr}.json"
     cmd = [sys.executable, "-m", "memspec", "conform", f"my_allocator_project.governor_target:{attr}",
            "--level", "system", "--examples", "100", "--steps", "40", "--capacity", str(16 << 20), "--quiet",
-           "--json", str(js), "--out", str(tmp_path / "repro")]
+           "--json", str(js), "--out", str(tmp_path / "repro"), *extra]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT, os.environ.get("PYTHONPATH", "")])}
     p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
     return p, json.loads(js.read_text())["targets"][0]
@@ -68,7 +68,8 @@ def test_a_broken_governor_brought_by_the_target_is_blamed_on_the_ledger_rule(tm
 
 
 def test_the_same_package_with_the_reference_governor_passes(tmp_path):
-    p, t = _conform(tmp_path, "healthy")
+    # a 16 MiB device at 100 x 40 steps may leave a deep protocol UNTESTED (not a pass, not a failure)
+    p, t = _conform(tmp_path, "healthy", "--allow-untested")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
     assert t["ok"]
 

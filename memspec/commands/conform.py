@@ -4,8 +4,10 @@ For each target (default ``reference``) and level (``mechanism``, ``system``;
 ``caching`` for a caching-allocator target) the harness drives the spec and
 the target side by side under Hypothesis, then prints one row per invariant:
 PASS, FAIL (with the shortest counterexample written as a standalone Python
-reproduction under ``--out``), or N/A with the reason.  Exit status 1 on any
-FAIL or ERROR.
+reproduction under ``--out``), N/A with the reason, or UNTESTED with the
+reason (the actions that declare it did not succeed ``--min-accepted``
+times: not a pass).  Exit status 1 on any FAIL or ERROR, and on any
+UNTESTED unless ``--allow-untested``.
 
 A TARGET is an entry point of the group ``memspec.targets`` (see ``memspec
 targets``), ``package.module:attr`` naming a factory, or ``mutant:NAME``.
@@ -44,6 +46,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=out_dir, default="memspec-out/repro", help="directory for reproduction files")
     p.add_argument("--machine", default=None, help=argparse.SUPPRESS)  # package.module:attr of another spec machine
     p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument("--allow-untested", action="store_true",
+                   help="exit 0 although some invariant is UNTESTED (its actions never succeeded often enough)")
+    p.add_argument("--min-accepted", type=int, default=None,
+                   help="accepting steps each declaring action needs for a PASS (default 3)")
     p.add_argument("--corpus", action="store_true", help="replay the Z3-synthesized traces (memspec.invariants.corpus)")
     return p
 
@@ -63,6 +69,7 @@ def main(argv: list[str]) -> int:
     examples = args.examples  # None: the profile's (ci: 200 runs of 50 steps per level)
     steps = args.steps
     all_results: dict[str, list] = {}
+    extra = {} if args.min_accepted is None else {"min_accepted": args.min_accepted}
     progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
                         TimeElapsedColumn(), console=console, transient=True, disable=args.quiet)
     with progress:
@@ -84,19 +91,22 @@ def main(argv: list[str]) -> int:
             all_results[target] = runner.conform(
                 target, args.level, profile=args.profile, examples=examples, steps=steps, seed=args.seed,
                 db=args.db, capacity=args.capacity, timeout=args.timeout, out_dir=args.out,
-                on_step=on_step, on_plan=on_plan, machine=args.machine)
+                on_step=on_step, on_plan=on_plan, machine=args.machine, **extra)
     ok = True
+    untested = 0
     total_steps = 0
     total_secs = 0.0
     for target, results in all_results.items():
         report.print_table(console, target, results)
         for r in results:
             ok = ok and r.ok
+            untested += len(r.untested)
             total_steps += r.stats.steps
             total_secs += r.stats.seconds
             for f in r.failures:
                 if f.repro:
-                    console.print(f"  [red]FAIL {f.invariant}[/] ({r.level}, {f.shrunk_length} steps): " + escape(f"python {shlex.quote(str(f.repro))}"),
+                    console.print(f"  [red]FAIL {f.invariant}[/] ({r.level}, {f.shrunk_length} steps): "
+                                  + escape(f"{shlex.quote(sys.executable)} {shlex.quote(str(f.repro))}"),
                                   soft_wrap=True)   # one line: the command can be copied
     rate = total_steps / total_secs if total_secs else 0.0
     console.print(f"steps run: {total_steps}; {rate:.0f} steps/s; {total_secs:.1f} s")
@@ -104,8 +114,15 @@ def main(argv: list[str]) -> int:
         report.write_json(args.json, all_results)
     if args.junit:
         report.write_junit(args.junit, all_results)
-    console.print("[green]all invariants hold[/]" if ok else "[red]conformance FAILED[/]")
-    return 0 if ok else 1
+    if not ok:
+        console.print("[red]conformance FAILED[/]")
+        return 1
+    if untested:
+        console.print(f"[magenta]{untested} invariant row(s) UNTESTED[/] (not a pass"
+                      + ("; allowed by --allow-untested)" if args.allow_untested else "; --allow-untested to accept)"))
+        return 0 if args.allow_untested else 1
+    console.print("[green]all invariants hold[/]")
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -18,6 +18,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from memspec.argtypes import out_dir, out_file, positive_int
 from memspec.spec.api import MiB
@@ -61,6 +62,24 @@ def run_mutant(m, *, examples: int, steps: int, capacity: int | None, out_dir: s
     return k
 
 
+def kill_table(kills: list) -> "Any":
+    """The kill table, 100 columns wide at most: mutant, level, expected,
+    caught by, steps to detection, shrunk length, seconds, verdict."""
+    from rich.table import Table
+
+    t = Table(title="memspec mutants: kill table (steps: to detection; shrunk: steps)", width=100)
+    t.add_column("mutant", overflow="fold")
+    for col in ("level", "expected", "caught by"):
+        t.add_column(col, overflow="fold")
+    for col in ("steps", "shrunk", "seconds", "verdict"):
+        t.add_column(col, no_wrap=True)
+    style = {"KILLED": "green", "WRONG": "yellow", "SURVIVED": "bold red", "ERROR": "bold red"}
+    for k in kills:
+        t.add_row(k.name, k.level, k.expected, ", ".join(k.caught_by) or "-", str(k.steps_to_detection or "-"),
+                  str(k.shrunk_length or "-"), f"{k.seconds:.1f}", f"[{style[k.verdict]}]{k.verdict}[/]")
+    return t
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="memspec mutants", description=__doc__.split("\n\n")[0])
     p.add_argument("--only", action="append", default=[], metavar="NAME", help="run only this mutant (repeatable)")
@@ -73,7 +92,6 @@ def main(argv: list[str]) -> int:
     p.add_argument("--list", action="store_true", help="list the mutants and exit")
     args = p.parse_args(argv)
     from rich.markup import escape
-    from rich.table import Table
 
     from memspec.invariants.mutants import all_mutants
 
@@ -87,21 +105,15 @@ def main(argv: list[str]) -> int:
         console.print(f"[red]no mutant named {', '.join(args.only)}[/]")
         return 2
     kills = []
-    for m in ms:
-        console.print(f"  {m.name} ({m.invariant}, {m.level})...", end="")
+    t_start = time.perf_counter()
+    for i, m in enumerate(ms, 1):
+        console.print(f"  [{i}/{len(ms)}, {time.perf_counter() - t_start:.0f} s] {m.name} ({m.invariant}, {m.level})...",
+                      end="")
         k = run_mutant(m, examples=args.examples, steps=args.steps, capacity=args.capacity, out_dir=args.out,
                        seed=args.seed)
         console.print(f" {k.verdict} in {k.seconds:.1f} s")
         kills.append(k)
-    t = Table(title="memspec mutants: kill table")
-    t.add_column("mutant", no_wrap=True)
-    for col in ("level", "expected", "caught by", "steps to detection", "shrunk length", "verdict"):
-        t.add_column(col)
-    style = {"KILLED": "green", "WRONG": "yellow", "SURVIVED": "bold red", "ERROR": "bold red"}
-    for k in kills:
-        t.add_row(k.name, k.level, k.expected, ", ".join(k.caught_by) or "-", str(k.steps_to_detection or "-"),
-                  str(k.shrunk_length or "-"), f"[{style[k.verdict]}]{k.verdict}[/]")
-    console.print(t)
+    console.print(kill_table(kills))
     killed = [k for k in kills if k.verdict == "KILLED"]
     det = [k.steps_to_detection for k in killed if k.steps_to_detection is not None]
     shr = [k.shrunk_length for k in killed if k.shrunk_length is not None]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memspec.spec.api import MiB
-from memspec.spec.caching.kernels import K_SMALL_SIZE, choose_pool, format_mib, format_size, should_split
+from memspec.spec.caching.kernels import K_ROUND_LARGE, K_SMALL_SIZE, boundaries, choose_pool, format_mib, format_size, should_split
 from memspec.spec.caching.policy import Prediction, _free_block, _release_cached, predict_malloc
 from memspec.spec.caching.state import LIVE, PENDING, UNMAPPED, CachingState, _violate
 from memspec.spec.core import Domain, Raises, Returns, action, only, outcomes
@@ -29,18 +29,39 @@ def _commit(st: CachingState, new: CachingState) -> None:
     st.__dict__.update(new.__dict__)
 
 
+_BOUNDARIES: dict = {}   # Policy (frozen) -> its boundaries
+
+
+def size_boundaries(state: Any) -> tuple[int, ...]:
+    """The request sizes at a threshold of the policy, exactly and at +-1
+    (:func:`~memspec.spec.caching.kernels.boundaries`: the rounding ladder,
+    the pools, the segment-size ladder incl. exactly 10 MiB, the split
+    rules, ``max_split_size``), and the device exactly full and one 2 MiB
+    page over (what is not reserved yet, and that plus a page)."""
+    pol = state.policy
+    cached = _BOUNDARIES.get(pol)
+    if cached is None:
+        cached = _BOUNDARIES[pol] = boundaries(pol.max_split_size or 0, tuple(pol.divisions or ()))
+    left = (pol.allowed if pol.allowed is not None else pol.capacity) - state.reserved()
+    if left <= 0:
+        return cached
+    return cached + (left, left + K_ROUND_LARGE)
+
+
 def _sizes(state: Any, c: Any) -> int:
     kind = c.integer(0, 9)
     if kind <= 3:
         return c.integer(1, K_SMALL_SIZE)                 # small pool
-    if kind <= 7:
+    if kind <= 6:
         return c.integer(K_SMALL_SIZE + 1, 12 * MiB)      # large pool, 20 MiB segments
-    if kind == 8:
-        return c.choice((512, K_SMALL_SIZE, K_SMALL_SIZE + 1, 2 * MiB, 3 * MiB + 1, 5 * MiB + 1, 10 * MiB + 1, 21 * MiB))
+    if kind <= 8:
+        return c.choice(size_boundaries(state))           # every threshold of the policy, exactly and +-1
     return c.integer(12 * MiB, 40 * MiB)
 
 
-SIZES = Domain("request size: small-pool, large-pool, boundaries (512 B, 1 MiB, 10 MiB) and big", _sizes)
+SIZES = Domain("request size: small-pool, large-pool, every threshold of the policy exactly and at +-1 "
+               "(512 B, 1 MiB, 2 MiB, 10 MiB, 20 MiB, max_split_size, the device full and a page over) and big",
+               _sizes, boundaries=size_boundaries)
 STREAM = Domain(f"stream in [0, {STREAMS}) (the allocator's streams)", lambda s, c: c.integer(0, s.streams - 1))
 
 
@@ -247,7 +268,7 @@ def free(st: CachingState, ref: int):
 
 
 @action(role="CachingAllocator", params={"ref": FREED_REF}, perform=lambda sut, ref: sut.allocator.free(sut.ref(ref)),
-        invariants=("C2",), weight=1)
+        invariants=("C2",), weight=1, misuse=True)
 def double_free(st: CachingState, ref: int):
     """Freeing a block twice is refused (DoubleFree), even if its address was reused."""
     return only(DoubleFree, blame="C2", describe="the block was already freed")

@@ -17,6 +17,30 @@ K_MIN_LARGE_ALLOC = 10 * MiB
 K_ROUND_LARGE = 2 * MiB
 
 
+def thresholds() -> dict[str, int]:
+    """Every constant of the policy above (``K_*``): the thresholds of the
+    rounding ladder, the pools, the segment-size ladder and the split rules.
+    A harness draws each exactly and at +-1 (a new ``K_`` constant is drawn
+    without editing a list)."""
+    return {k: v for k, v in globals().items() if k.startswith("K_") and type(v) is int}
+
+
+def boundaries(max_split_size: int = 0, divisions: tuple[int, ...] = ()) -> tuple[int, ...]:
+    """Request sizes at every threshold the kernels compare with, exactly and
+    at +-1: the ``K_*`` constants, ``max_split_size`` when set, each
+    ``roundup_power2_divisions`` entry's start ``K_MIN_BLOCK * d``, and the
+    differences of two of them (the split rules' remainders)."""
+    points = set(thresholds().values())
+    if max_split_size > 0:
+        points.add(max_split_size)
+    points.update(K_MIN_BLOCK * d for d in divisions if d > 1)
+    # a split leaves ``block - request``: the remainder sits exactly on a
+    # threshold when the request is the difference of two of them (a 20 MiB
+    # segment serving 19 MiB leaves exactly 1 MiB)
+    points.update(a - b for a in tuple(points) for b in tuple(points) if a > b)
+    return tuple(sorted({p + d for p in points for d in (-1, 0, 1) if p + d > 0}))
+
+
 def round_size(size: int, seed_preset: bool = False, divisions: int = 0) -> int:
     """The rounding ladder.
 
