@@ -100,6 +100,18 @@ def _outcomes_of(action: Any, state: Any, args: dict) -> str:
         return f"(the spec could not describe its outcomes: {type(e).__name__}: {e})"
 
 
+def _named(args: dict, known: set) -> list:
+    return [v for v in args.values() if type(v) is int and v in known]
+
+
+def _answer(run: Any, ts: Any) -> str:
+    """The implementation's answer: the branch it took (or what it did
+    instead), and the objects it returned (their reprs: target text)."""
+    refs = getattr(getattr(run, "sut", None), "refs", None) or {}
+    bound = [f"#{b} = {_r(refs[b], 120)}" for b in ts.bound if b in refs]
+    return ts.outcome + (f"; {', '.join(bound)}" if bound else "")
+
+
 def replay_failure(plan: Any, failure: Any) -> tuple[list[dict], dict]:
     """Replay ``failure.trace`` on a fresh target and spec and record, per
     step, the call, the permitted outcomes, the implementation's answer and a
@@ -118,6 +130,7 @@ def replay_failure(plan: Any, failure: Any) -> tuple[list[dict], dict]:
     guard = H.CallGuard(plan.timeout, plan.guard_mode)
     guard.install()
     run = None
+    known: set = set()   # refs bound so far: an int argument naming one names an object
     try:
         run = H.Run(fresh, guard)
         for i, ts in enumerate(trace, 1):
@@ -131,18 +144,21 @@ def replay_failure(plan: Any, failure: Any) -> tuple[list[dict], dict]:
             try:
                 done = run.apply(action, args, ts.choices)
             except H.Violation as v:
-                row["answer"] = run.trace[-1].outcome if run.trace else ""
+                last = run.trace[-1] if run.trace else None
+                row["answer"] = _answer(run, last) if last is not None else ""
+                row["bound"] = list(last.bound) if last is not None else []
                 row["failing"] = True
                 row["picture"] = P.state_model(run.state)
-                row["marks"] = P.marks_from(v.reason, v.invariant)
+                row["marks"] = P.marks_from(v.reason, v.invariant, v.reason, refs=_named(args, known))
                 info["reproduced"] = v.invariant == failure.invariant
                 info["note"] = ("reproduced" if info["reproduced"] else
                                 f"the replay failed differently: {v.invariant} [{v.cause}] {v.reason}")
                 if i < len(trace):
                     info["note"] += f" (at step {i} of {len(trace)})"
                 break
-            row["answer"] = done.outcome
+            row["answer"] = _answer(run, done)
             row["bound"] = list(done.bound)
+            known.update(done.bound)
             row["picture"] = P.state_model(run.state)
         else:
             try:
@@ -152,7 +168,7 @@ def replay_failure(plan: Any, failure: Any) -> tuple[list[dict], dict]:
                 info["note"] = f"reproduced by the end-of-run check: {v.reason}"
                 if steps:
                     steps[-1]["failing"] = True
-                    steps[-1]["marks"] = P.marks_from(v.reason, v.invariant)
+                    steps[-1]["marks"] = P.marks_from(v.reason, v.invariant, v.reason)
             else:
                 info["note"] = "did not reproduce: every step of the replay passed (a nondeterministic target?)"
     except Exception as e:  # noqa: BLE001 - a report never fails on a replay
@@ -173,7 +189,7 @@ def replay_failure(plan: Any, failure: Any) -> tuple[list[dict], dict]:
                       "bound": list(ts.bound), "failing": False, "picture": None, "marks": None})
     if not any(s["failing"] for s in steps):
         steps[-1]["failing"] = True
-        steps[-1]["marks"] = P.marks_from(failure.reason, failure.invariant)
+        steps[-1]["marks"] = P.marks_from(failure.reason, failure.invariant, failure.reason)
     return steps, info
 
 
@@ -181,7 +197,7 @@ def _unreplayed(trace: list, failure: Any) -> list[dict]:
     out = [{"index": i, "action": ts.action, "call": _call(ts.action, ts.args),
             "args": {k: _r(v) for k, v in ts.args.items()}, "permitted": "", "answer": ts.outcome,
             "bound": list(ts.bound), "failing": i == len(trace), "picture": None,
-            "marks": P.marks_from(failure.reason, failure.invariant) if i == len(trace) else None}
+            "marks": P.marks_from(failure.reason, failure.invariant, failure.reason) if i == len(trace) else None}
            for i, ts in enumerate(trace, 1)]
     return out
 

@@ -66,6 +66,7 @@ MARK = "#d0021b"
 
 _REF = re.compile(r"#(\d+)")
 _ADDR = re.compile(r"0x[0-9a-fA-F]+")
+_DEC_ADDR = re.compile(r"(?<![\w.#])\d{7,}(?![\w.])")   # a decimal address in a list of figures
 
 
 def esc(s: Any) -> str:
@@ -87,12 +88,15 @@ def fmt_bytes(n: Any) -> str:
     return f"{n} B"
 
 
-def marks_from(text: str, invariant: str | None = None, label: str | None = None) -> dict:
-    """What a failure's reason names: reference ids (``#3``) and addresses (``0x...``)."""
+def marks_from(text: str, invariant: str | None = None, label: str | None = None,
+               refs: Iterable[int] = ()) -> dict:
+    """What a failure's reason names: reference ids (``#3``, and ``refs``
+    the caller knows it names) and addresses (``0x...``, or decimal
+    figures of seven digits and more, as a list of addresses prints)."""
     text = text or ""
-    return {"refs": sorted({int(m) for m in _REF.findall(text)}),
-            "addresses": sorted({int(m, 16) for m in _ADDR.findall(text)}),
-            "invariant": invariant or "", "label": label or ""}
+    addrs = {int(m, 16) for m in _ADDR.findall(text)} | {int(m) for m in _DEC_ADDR.findall(text)}
+    return {"refs": sorted({int(m) for m in _REF.findall(text)} | {int(r) for r in refs}),
+            "addresses": sorted(addrs), "invariant": invariant or "", "label": label or ""}
 
 
 # ==========================================================================
@@ -200,10 +204,19 @@ def _mechanism_model(s: Any) -> dict:
 
 
 def _fence(s: Any, f: Any) -> dict:
-    stream, item = f
-    st = s.streams.get(stream)
-    done = st is not None and st.completed >= item
-    return {"stream": stream, "item": item, "done": bool(done)}
+    """A fence (its reference id; the state maps it to ``(stream, work item)``):
+    done once the stream is known to have completed that item."""
+    ref = None
+    if isinstance(f, int) and not isinstance(f, bool):
+        ref = f
+        f = s.fences.get(f, (None, None))
+    try:
+        stream, item = f
+    except (TypeError, ValueError):
+        stream, item = None, None
+    st = s.streams.get(stream) if stream is not None else None
+    done = st is not None and item is not None and st.completed >= item
+    return {"ref": ref, "stream": stream, "item": item, "done": bool(done)}
 
 
 def _system_model(s: Any) -> dict:
@@ -350,6 +363,13 @@ def _is_marked(marks: dict | None, ref: Any = None, lo: Any = None, size: Any = 
     return False
 
 
+def _widths(sizes: list, scale: float, least: float = 6.0) -> list[float]:
+    """Widths of consecutive parts: proportional, but none under ``least``
+    pixels (a 512 B block in a 2 MiB segment stays visible); the row grows
+    by what the small ones gained."""
+    return [max(least, max(0, n) * scale) for n in sizes]
+
+
 def _legend(c: _Canvas, states: Iterable[str]) -> None:
     c.y += 6
     x = 8
@@ -365,33 +385,40 @@ def _legend(c: _Canvas, states: Iterable[str]) -> None:
 
 def _mark_note(c: _Canvas, x: float, y: float, marks: dict, what: str) -> None:
     inv = marks.get("invariant") or "failure"
-    c.text(x, y, f"\u2717 {inv}: {what}", size=10, weight="bold", fill=MARK, cls="mark-note")
+    label = marks.get("label") or ""
+    text = f"\u2717 {inv}: {what}" + (f": {label}" if label else "")
+    room = max(20, int((c.w - x - 8) / 6.1))
+    c.text(x, y, text if len(text) <= room else text[: room - 3] + "...", size=10, weight="bold", fill=MARK,
+           cls="mark-note")
 
 
 def _page_row(c: _Canvas, label: str, runs: list[dict], npages: int, width: float, *, marked: bool, marks: dict | None,
               attrs: dict, note: str = "", dash_states: tuple = ("queued",)) -> None:
-    """One labelled bar of pages, drawn as runs of equal state."""
+    """One labelled bar of pages, drawn as runs of equal state; a marked
+    object gets a red outline and, on the line below, what the failure says."""
     left = 250
     h = 16
-    c.text(8, c.y + 12, label[:40], size=10)
+    c.text(8, c.y + 12, label[:38], size=10)
     x0 = left
-    scale = width / max(1, npages)
-    for r in runs:
+    widths = _widths([r["count"] for r in runs], width / max(1, npages))
+    width = sum(widths)
+    x = x0
+    for r, rw in zip(runs, widths):
         st = r["state"]
-        c.rect(x0 + r["start"] * scale, c.y, r["count"] * scale, h, COLOURS.get(st, "#999"), stroke="#fff", sw=0.4,
+        x += rw
+        c.rect(x - rw, c.y, rw, h, COLOURS.get(st, "#999"), stroke="#fff", sw=0.4,
                dash=st in dash_states,
                title=f"pages {r['start']}..{r['start'] + r['count'] - 1}: {st}",
                attrs={"class": f"page {st}", "data-state": st})
     a = dict(attrs)
     a["class"] = "object" + (" marked" if marked else "")
     c.rect(x0, c.y, width, h, "none", stroke=MARK if marked else "#333", sw=2.5 if marked else 0.8, attrs=a)
-    tx = x0 + width + 6
     if note:
-        c.text(tx, c.y + 12, note[:48], size=10)
-        tx += 6.2 * min(len(note), 48) + 6
-    if marked and marks is not None:
-        _mark_note(c, min(tx, c.w - 200), c.y + 12, marks, "named by the failure")
+        c.text(x0 + width + 6, c.y + 12, note[:60], size=10)
     c.y += h + 4
+    if marked and marks is not None:
+        _mark_note(c, x0, c.y + 10, marks, "named by the failure")
+        c.y += 16
 
 
 def svg(model: dict, marks: dict | None = None, *, width: int = 900, uid: str = "p", title: str = "") -> str:
@@ -434,7 +461,7 @@ def _draw_mechanism(c: _Canvas, m: dict, marks: dict | None) -> None:
     biggest = max((r["size"] for r in m["ranges"]), default=1) or 1
     for r in m["ranges"]:
         npages = sum(x["count"] for x in r["pages"])
-        w = max(60.0, (c.w - 470) * (r["size"] / biggest) ** 0.5)
+        w = max(60.0, (c.w - 600) * (r["size"] / biggest) ** 0.5)
         addr = f"{r['address']:#x}" if isinstance(r["address"], int) else "?"
         who = "twin " if r.get("foreign") else ""
         label = f"#{r['ref']} {who}{r['kind']} @{addr}"
@@ -453,6 +480,9 @@ def _draw_mechanism(c: _Canvas, m: dict, marks: dict | None) -> None:
             c.text(16, c.y + 11, f"#{h['ref']}: {fmt_bytes(h['size'])}, {h['mappings']} mapping(s), {st}", size=10,
                    fill=MARK if marked else "#222", cls="handle" + (" marked" if marked else ""))
             c.y += 14
+            if marked and marks is not None:
+                _mark_note(c, 40, c.y + 10, marks, "handle named by the failure")
+                c.y += 16
     _legend(c, ("reserved", "committed", "eager", "shared", "read-only", "private", "foreign", "freed"))
     _records(c, m.get("records") or {})
 
@@ -504,7 +534,7 @@ def _draw_system(c: _Canvas, m: dict, marks: dict | None) -> None:
             lease = L["lease_bytes"].get(h, 0)
             c.text(16, c.y + 11, str(h)[:28], size=10)
             x = 250.0
-            span = c.w - 470
+            span = c.w - 660
             if g:
                 w = span * g / biggest
                 c.rect(x, c.y, w, 13, COLOURS["ledger-granted"], title=f"{h} granted {fmt_bytes(g)}")
@@ -522,7 +552,7 @@ def _draw_system(c: _Canvas, m: dict, marks: dict | None) -> None:
         biggest = max((o["footprint"] or o["size"] or 1) for o in m["owned"])
         for o in m["owned"]:
             npages = sum(x["count"] for x in o["pages"])
-            w = max(50.0, (c.w - 500) * ((o["footprint"] or o["size"] or 1) / biggest) ** 0.5)
+            w = max(50.0, (c.w - 600) * ((o["footprint"] or o["size"] or 1) / biggest) ** 0.5)
             label = f"#{o['ref']} {o['kind']} of {o['holder']}"
             pend = [f for f in o["fences"] if not f["done"]]
             note = f"{fmt_bytes(o['footprint'])} {o['state']}"
@@ -546,14 +576,16 @@ def _draw_system(c: _Canvas, m: dict, marks: dict | None) -> None:
         for f in q["fences"]:
             col = "#5cb85c" if f["done"] else MARK
             c.parts.append(f'<circle cx="{x + 5:.1f}" cy="{c.y + 6:.1f}" r="5" fill="{col}" class="fence '
-                           f'{"done" if f["done"] else "pending"}"><title>stream #{esc(f["stream"])} item '
+                           f'{"done" if f["done"] else "pending"}"><title>fence #{esc(f.get("ref"))}: stream #{esc(f["stream"])} item '
                            f'{esc(f["item"])}: {"done" if f["done"] else "pending"}</title></circle>')
-            label = f"stream #{f['stream']} item {f['item']} {'done' if f['done'] else 'PENDING'}"
+            label = (f"fence #{f.get('ref')}: stream #{f['stream']} item {f['item']} "
+                     f"{'done' if f['done'] else 'PENDING'}")
             c.text(x + 14, c.y + 10, label, size=10)
             x += 24 + 6.2 * len(label)
-        if marked and marks is not None:
-            _mark_note(c, max(x + 10, 420), c.y + 10, marks, "release of the object the failure names")
         c.y += 16
+        if marked and marks is not None:
+            _mark_note(c, 40, c.y + 10, marks, "the release of the object the failure names")
+            c.y += 16
     if m["streams"]:
         c.heading("streams (work launched / completed)")
         for st in m["streams"]:
@@ -603,11 +635,13 @@ def _draw_caching(c: _Canvas, m: dict, marks: dict | None) -> None:
         c.text(8, c.y + 13, f"seg {s['sid']} {kind} @{addr}"[:40], size=10)
         size = s["size"] if isinstance(s["size"], int) and s["size"] > 0 else 1
         w = max(60.0, span * size / biggest)
-        scale = w / size
+        widths = _widths([b["size"] if isinstance(b["size"], int) else 0 for b in s["blocks"]], w / size)
+        w = max(w, sum(widths))
         any_mark = False
-        for b in s["blocks"]:
+        bx = float(left)
+        for b, bw in zip(s["blocks"], widths):
             st = b["state"]
-            bx = left + (b["offset"] if isinstance(b["offset"], int) else 0) * scale
+            bx += bw
             baddr = base + b["offset"] if isinstance(base, int) and isinstance(b["offset"], int) else None
             marked = _is_marked(marks, b["ref"], baddr, b["size"] if isinstance(b["size"], int) else None)
             any_mark = any_mark or marked
@@ -618,16 +652,17 @@ def _draw_caching(c: _Canvas, m: dict, marks: dict | None) -> None:
             attrs = {"class": f"block {st}" + (" marked" if marked else ""), "data-state": st}
             if b["ref"] is not None:
                 attrs["data-ref"] = b["ref"]
-            c.rect(bx, c.y, (b["size"] if isinstance(b["size"], int) else 0) * scale, 18,
+            c.rect(bx - bw, c.y, bw, 18,
                    COLOURS.get(st if st != "live" else "allocated", "#999"),
                    stroke=MARK if marked else "#fff", sw=2.5 if marked else 0.6, dash=st == "pending",
                    title=title, attrs=attrs)
         c.rect(left, c.y, w, 18, "none", stroke="#333", attrs={"class": "segment", "data-sid": s["sid"]})
         note = fmt_bytes(s["size"]) + f", stream {s['stream']}"
         c.text(left + w + 6, c.y + 13, note, size=10)
-        if any_mark and marks is not None:
-            _mark_note(c, left + w + 12 + 6.2 * len(note), c.y + 13, marks, "block named by the failure")
         c.y += 22
+        if any_mark and marks is not None:
+            _mark_note(c, left, c.y + 8, marks, "block named by the failure")
+            c.y += 16
     if m.get("events"):
         c.heading("events not yet processed (block waits for another stream)")
         for stream, value, ref in m["events"]:
