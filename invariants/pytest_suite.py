@@ -29,9 +29,16 @@ class MemspecItem(pytest.Item):
         key = (self.target, self.level)
         if key not in self.cache:
             o = self.opts
-            (res,) = runner.conform(self.target, self.level, profile=o["profile"], examples=o["examples"],
-                                    steps=o["steps"], seed=o["seed"], out_dir=o["out"], timeout=o["timeout"],
-                                    machine=o["machine"])
+            from hypothesis.statistics import collector, describe_statistics
+
+            def note(stats: dict) -> None:  # --hypothesis-show-statistics: the run's events on this item
+                stats["nodeid"] = self.nodeid
+                self.hypothesis_statistics = describe_statistics(stats)
+
+            with collector.with_value(note):
+                (res,) = runner.conform(self.target, self.level, profile=o["profile"], examples=o["examples"],
+                                        steps=o["steps"], seed=o["seed"], out_dir=o["out"], timeout=o["timeout"],
+                                        machine=o["machine"])
             self.cache[key] = res
         return self.cache[key]
 

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from memspec.spec import api
 from memspec.invariants import harness as H
+from memspec.invariants import signals
 from memspec.invariants.discovery import TargetRef, capabilities, resolve
 
 LEVELS = ("mechanism", "system", "caching")
@@ -318,9 +319,10 @@ def build_state_machine(plan: H.Plan, guard: H.CallGuard | None = None) -> type:
             if cd is not self._data:
                 self._data = cd
                 self._chooser = H.HypothesisChooser(cd)
-            self.run.step(self._chooser)
+            signals.step(self.run, self.run.step(self._chooser))  # Hypothesis event()s: action, branch, boundaries
 
         def teardown(self):
+            signals.example_end(self.run)
             self.run.teardown()
 
     safe = "".join(ch if ch.isalnum() else "_" for ch in f"{plan.target}_{plan.level}")

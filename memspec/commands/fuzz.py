@@ -41,6 +41,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="memspec-out/repro", help="directory for reproduction files")
     p.add_argument("--machine", default=None, help=argparse.SUPPRESS)
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report of the run")
     return p
 
 
@@ -122,6 +123,12 @@ def main(argv: list[str]) -> int:
                           + (f"\n    python {f.repro}" if f.repro else ""))
         for e in r.errors:
             console.print(f"[yellow]ERROR[/] ({r.level}) " + escape(e))
+    if args.html:
+        from memspec.invariants import html_report
+
+        html_report.write_html(args.html, {target: results}, html_report.parameters_from_args(args, (
+            "mode", "level", "minutes", "seconds", "seed", "steps", "capacity", "timeout", "db")), tool="memspec fuzz")
+        console.print(f"report: {args.html}")
     console.print("[green]no failures[/]" if not bad else f"[red]{len(bad)} failure(s)[/]")
     return 1 if bad else 0
 

@@ -1,0 +1,69 @@
+"""Hypothesis-native signals of a conformance run.
+
+Every step of the conformance state machine records Hypothesis
+:func:`~hypothesis.event`\\ s -- the action drawn, the outcome branch the
+implementation took, and the boundary values its arguments hit -- so that
+``pytest --hypothesis-show-statistics`` (with the memspec plugin) and
+Hypothesis's observability output (``HYPOTHESIS_EXPERIMENTAL_OBSERVABILITY``,
+read by tools such as Tyche) show the distribution of what ran.  At the end
+of each example :func:`~hypothesis.target` is told how many distinct outcome
+branches the example took, which steers Hypothesis's targeted phase towards
+sequences that reach rarer branches.
+
+Boundaries come from the spec, not from a list here: the integer arguments
+of the machine's ``init`` (the page, the capacity) and the ``K_*`` constants
+of the module that defines the machine (the caching allocator's block,
+pool and segment thresholds), each exactly and at +-1.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+#: argument values below this are reference ids or counts, not sizes
+_LEAST = 256
+
+
+def boundaries(plan: Any) -> dict[int, str]:
+    """``{value: name}`` of the boundary values of ``plan``'s machine (cached on the plan)."""
+    cached = plan.__dict__.get("_memspec_boundaries")
+    if cached is not None:
+        return cached
+    named: dict[str, int] = {}
+    for k, v in (getattr(plan, "init_kwargs", None) or {}).items():
+        if type(v) is int and v >= _LEAST:
+            named[k] = v
+    init = getattr(getattr(plan, "machine", None), "init", None)
+    mod = sys.modules.get(getattr(init, "__module__", "") or "")
+    if mod is not None:
+        for k, v in vars(mod).items():
+            if k.startswith("K_") and type(v) is int and v >= _LEAST:
+                named[k] = v
+    out: dict[int, str] = {}
+    for k, v in sorted(named.items(), key=lambda kv: kv[1]):
+        for d, suffix in ((0, ""), (-1, "-1"), (1, "+1")):
+            out.setdefault(v + d, k + suffix)
+    plan.__dict__["_memspec_boundaries"] = out
+    return out
+
+
+def step(run: Any, ts: Any) -> None:
+    """Events for one executed step (``ts``: the engine's trace step)."""
+    from hypothesis import event
+
+    event(f"action: {ts.action}")
+    event(f"outcome: {ts.action} -> {ts.outcome}")
+    bounds = boundaries(run.plan)
+    if bounds:
+        for k, v in ts.args.items():
+            if type(v) is int and v in bounds:
+                event(f"boundary: {ts.action}.{k} = {bounds[v]}")
+
+
+def example_end(run: Any) -> None:
+    """``target()`` the number of distinct outcome branches the example took."""
+    from hypothesis import target
+
+    trace = getattr(run, "trace", None) or ()
+    target(float(len({(t.action, t.outcome) for t in trace})), label="distinct outcome branches")
