@@ -220,7 +220,7 @@ def build_record(all_results: dict[str, list[Any]], parameters: dict | None = No
                     titles.setdefault(inv.id, inv.title)
         invs = []
         for row in rows:
-            cov = {r.level: coverage_of(r.plan, row["id"]) for r in results if row["id"] in row["cells"]}
+            cov = {r.level: coverage_of(r.plan, row["id"]) for r in results if r.level in row["cells"]}
             invs.append({"id": row["id"], "title": row["title"], "quote": quotes.get(row["id"], ""),
                          "status": row["status"], "cells": dict(row["cells"]), "detail": row["detail"],
                          "coverage": cov})
