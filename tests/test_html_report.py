@@ -297,6 +297,15 @@ def test_snapshot_svg_is_xml_with_blocks_by_state(tmp_path):
     root = ET.fromstring(out.read_text())
     blocks = [r for r in root.iter("{http://www.w3.org/2000/svg}rect") if "block" in (r.get("class") or "")]
     assert {b.get("data-state") for b in blocks} == {"live", "free"}  # the seed's fragmented device at its OOM
+    # memspec oom explain --snapshot ... --svg: the same picture of the snapshot it explains
+    from memspec.commands import oom
+
+    pkl, drawn = tmp_path / "s.pickle", tmp_path / "oom.svg"
+    assert snapshot_cmd.main(["--out", str(pkl)]) == 0
+    assert oom.main(["explain", "--snapshot", str(pkl), "--svg", str(drawn)]) == 0
+    assert drawn.read_text() == out.read_text()
+    with pytest.raises(SystemExit):
+        oom.main(["explain", "--svg", str(drawn), "CUDA out of memory."])
 
 
 def test_snapshot_svg_escapes_what_the_snapshot_says():

@@ -224,7 +224,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--distributed", action="store_true", help="NCCL communicators are alive")
     ap.add_argument("--graphs", action="store_true", help="CUDA graphs were captured")
     ap.add_argument("--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark=True")
+    ap.add_argument("--svg", help="with --snapshot: draw its segments and blocks into this SVG file")
     args = ap.parse_args(argv)
+    if args.svg and not args.snapshot:
+        ap.error("--svg draws a snapshot: give --snapshot PICKLE")
     hints = dict(distributed=args.distributed, graphs=args.graphs, cudnn_benchmark=args.cudnn_benchmark)
     if args.snapshot:
         from memspec.reference.caching_snapshot import load, would_expandable_avoid_oom
@@ -238,6 +241,12 @@ def main(argv: list[str]) -> int:
             return 2
         f = figures_from_snapshot(snap)
         print(explain(f, **hints))
+        if args.svg:
+            from memspec.invariants.pictures import snapshot_svg
+
+            with open(args.svg, "w", encoding="utf-8") as fh:
+                fh.write(snapshot_svg(snap))
+            print(f"wrote {args.svg}")
         if (snap.get("device_traces") or [[]])[0]:
             avoided, fixed, exp = would_expandable_avoid_oom(snap)
             print(f"replay ({fixed.preset}, capacity {_fmt(fixed.capacity)}): fixed segments -> "
