@@ -322,7 +322,6 @@ def build_state_machine(plan: H.Plan, guard: H.CallGuard | None = None) -> type:
             signals.step(self.run, self.run.step(self._chooser))  # Hypothesis event()s: action, branch, boundaries
 
         def teardown(self):
-            signals.example_end(self.run)
             self.run.teardown()
 
     safe = "".join(ch if ch.isalnum() else "_" for ch in f"{plan.target}_{plan.level}")
