@@ -5,7 +5,8 @@ Each factory returns a fresh :class:`~memspec.spec.api.TargetInstance`:
 ``mechanism`` (eager ``cuMemAlloc`` allocator + VMM VirtualBacking +
 SharedMapping), ``ep`` (streams, event fences, copies, deferred-free queue),
 ``physical_bytes`` (``total - free`` from ``cuMemGetInfo``, minus what was
-in use when the target was made), ``capacity`` and ``close``.  ``extras``:
+in use when the target was made), ``capacity``, ``close``, ``make_foreign``
+and ``roles.extra_mechanism`` (both below).  ``extras``, for the tests:
 
 * ``driver``: the checked :class:`~memspec.cuda_impl.driver.Driver`;
 * ``emulator``: the :class:`~memspec.cuda_impl.hostdrv.HostDriver` (None on a GPU);
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from memspec.spec.api import MiB, TargetInstance
+from memspec.spec.api import MiB, SystemRoles, TargetInstance
 from memspec.cuda_impl.context import PrimaryContext
 from memspec.cuda_impl.driver import Driver, DriverUnavailable, open_driver
 from memspec.cuda_impl.ep import CudaExecutionProvider
@@ -95,6 +96,8 @@ def build(
         capacity=cap,
         close=close,
         kind="mechanism",
+        make_foreign=make_foreign,
+        roles=SystemRoles(extra_mechanism=make_extra_mechanism),
         extras={
             "driver": drv,
             "emulator": drv.emulator,

@@ -379,7 +379,7 @@ def _s15_ticket_project(s: Any, args: dict[str, Any], taken: str) -> Any:
 # -- S10: destroy_context ----------------------------------------------------
 
 def _s10_state(s: Any) -> tuple[dict[str, Any], Universe]:
-    from memspec.spec.contexts import pins
+    from memspec.spec.context import pins
 
     u = Universe()
     u.add("context", [0])
@@ -568,7 +568,7 @@ def _s2_state(s: Any) -> tuple[dict[str, Any], Universe]:
 
 
 def _s2_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    from memspec.spec.backing import pages, range_legal
+    from memspec.spec.vmm import pages, range_legal
 
     ref, start, end = args["span"]
     o = s.owned[ref]

@@ -23,7 +23,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-KERNEL_MODULES = ["memspec.spec.kernels", "memspec.spec.caching"]
+KERNEL_MODULES = ["memspec.spec.kernels", "memspec.spec.caching.kernels"]
 
 _ERR = re.compile(r"^(?P<file>[^:]+):(?P<line>\d+): error: (?P<msg>.*)$")
 

@@ -7,7 +7,7 @@ returns a fresh system under test each call.  Targets are named three ways:
   ``reference-eager``, ``cuda-host``, ... or a plugin's own);
 * ``package.module:attr`` -- any importable factory;
 * ``mutant:NAME`` -- a planted-bug target of :mod:`memspec.invariants.mutants`
-  (its ``patch_system`` comes along).
+  (a plain factory like any other; the name is kept for the report).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import importlib
 import importlib.metadata
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from memspec.invariants.levels import mechanism_capabilities
 
 GROUP = "memspec.targets"
 DEFAULT_TARGET = "reference"
@@ -32,10 +34,6 @@ class TargetRef:
     error: str | None = None
     mutant: Any = None
     meta: dict = field(default_factory=dict)
-
-    @property
-    def patch_system(self) -> Callable | None:
-        return getattr(self.mutant, "patch_system", None) if self.mutant is not None else None
 
 
 def _entry_points() -> list:
@@ -107,12 +105,4 @@ def resolve(name: str) -> TargetRef:
 
 def capabilities(instance: Any) -> dict[str, bool]:
     """Discover what a fresh instance provides (``None`` = explicitly absent)."""
-    mech = instance.mechanism
-    vb = mech.virtual_backing() if mech is not None else None
-    sm = mech.shared_mapping() if mech is not None else None
-    return {
-        "virtual_backing": vb is not None,
-        "shared_mapping": sm is not None,
-        "ep": getattr(instance, "ep", None) is not None,
-        "physical_bytes": getattr(instance, "physical_bytes", None) is not None,
-    }
+    return mechanism_capabilities(instance)

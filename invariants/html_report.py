@@ -44,7 +44,6 @@ and the SVG: a message holding markup is shown as text.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import datetime as _dt
 import json
 from typing import Any, Iterable
@@ -72,10 +71,31 @@ def _call(action: str, args: dict) -> str:
     return f"{action}({', '.join(f'{k}={_r(v, 60)}' for k, v in args.items())})"
 
 
-def coverage_of(plan: Any, inv_id: str) -> dict | None:
+def machine_of(plan: Any) -> Any:
+    """The spec machine of a plan: an engine plan carries it; the supervisor's
+    view of a plan run in a child names it (the level's, or ``machine_ref``).
+    Spec code only: nothing of the target runs here."""
+    m = getattr(plan, "machine", None)
+    if m is not None:
+        return m
+    from memspec.invariants import planning
+
+    ref = getattr(plan, "machine_ref", None)
+    try:
+        return planning.load_machine(ref) if ref else planning.machine_for(plan.level)
+    except Exception:  # noqa: BLE001 - no machine: no quotes, coverage not recorded
+        return None
+
+
+def _action_names(plan: Any) -> set:
+    return {a if isinstance(a, str) else getattr(a, "name", str(a)) for a in getattr(plan, "actions", []) or []}
+
+
+def coverage_of(plan: Any, inv_id: str, machine: Any = None) -> dict | None:
     """What exercised ``inv_id`` in a run of ``plan``: steps per declaring
-    action, outcome branches they took, observations blamed on it.  Prefers a
-    ``coverage`` mapping the plan's stats carry when the engine records one."""
+    action (of those the run could draw), the outcome branches they took, the
+    observations blamed on it.  Prefers a ``coverage`` mapping the plan's
+    stats carry when the engine records one; ``None`` when nothing was recorded."""
     if plan is None:
         return None
     st = plan.stats
@@ -83,11 +103,15 @@ def coverage_of(plan: Any, inv_id: str) -> dict | None:
     if isinstance(own, dict) and inv_id in own:
         c = own[inv_id]
         return dict(c) if isinstance(c, dict) else {"recorded": _r(c)}
-    actions = [a for a in getattr(plan, "actions", []) if inv_id in getattr(a, "invariants", ())]
-    obs = [o.name for o in getattr(plan, "observations", []) if getattr(o, "blame", None) == inv_id]
-    names = {a.name for a in actions}
-    branches = {f"{a}: {o}": n for (a, o), n in sorted(st.outcomes.items()) if a in names}
-    return {"actions": {a.name: int(st.actions.get(a.name, 0)) for a in actions}, "branches": branches,
+    machine = machine if machine is not None else machine_of(plan)
+    if machine is None:
+        return None
+    drawn = _action_names(plan)
+    actions = [a.name for a in machine.actions if inv_id in getattr(a, "invariants", ()) and a.name in drawn]
+    obs = [o.name for o in getattr(machine, "observations", []) if getattr(o, "blame", None) == inv_id]
+    names = set(actions)
+    branches = {f"{a}: {o}": int(n) for (a, o), n in sorted(st.outcomes.items()) if a in names}
+    return {"actions": {a: int(st.actions.get(a, 0)) for a in actions}, "branches": branches,
             "observations": obs, "steps": int(st.steps)}
 
 
@@ -112,93 +136,135 @@ def _answer(run: Any, ts: Any) -> str:
     return ts.outcome + (f"; {', '.join(bound)}" if bound else "")
 
 
-def replay_failure(plan: Any, failure: Any) -> tuple[list[dict], dict]:
-    """Replay ``failure.trace`` on a fresh target and spec and record, per
-    step, the call, the permitted outcomes, the implementation's answer and a
-    picture model of the spec's state after it.  Never raises: a replay that
-    does not reproduce (or breaks) is said so in the second value."""
-    from memspec.invariants import harness as H
+def _step_row(i: int, ts: Any, **kw: Any) -> dict:
+    row = {"index": i, "action": ts.action, "call": _call(ts.action, ts.args),
+           "args": {k: _r(v) for k, v in ts.args.items()}, "permitted": "", "answer": ts.outcome,
+           "bound": list(ts.bound), "failing": False, "picture": None, "marks": None}
+    row.update(kw)
+    return row
 
-    trace = list(failure.trace)
-    steps: list[dict] = []
-    info = {"reproduced": False, "note": ""}
+
+def _replay_in_child(ch: Any, target: str, level: str, trace: list, expect: str, opts: dict) -> None:
+    """The supervised child of :func:`replay_failure`: rebuild the plan, run
+    the steps on a fresh target and spec, and send one message per step
+    (plain data: strings, numbers, the picture model) and how it ended."""
+    from memspec.invariants import engine as E
+    from memspec.invariants.choosers import ReplayChooser
+    from memspec.invariants.errors import TARGET_ERROR, Violation
+    from memspec.invariants.guard import BUILD_SECONDS, CallGuard
+    from memspec.invariants.planning import make_plan
+
+    guard = CallGuard(opts["timeout"], "direct")
+    guard.blame, guard.what = TARGET_ERROR, f"planning the replay of {target!r}"
+    guard.limit = max(opts["timeout"], BUILD_SECONDS)
+    plan, err = guard.call(make_plan, target, level, capacity=opts["capacity"], timeout=opts["timeout"],
+                           machine=opts["machine"])
+    guard.limit = None
+    if err is not None:
+        ch.send({"t": "end", "reproduced": False, "note": f"could not plan the replay: {type(err).__name__}: {err}"})
+        return
+    run = E.Run(plan, guard)
+    known: set = set()
     try:
-        fresh = dataclasses.replace(plan, stats=H.Stats(), on_step=None)
-    except Exception as e:  # noqa: BLE001
-        info["note"] = f"could not prepare a replay: {type(e).__name__}: {e}"
-        return _unreplayed(trace, failure), info
-    guard = H.CallGuard(plan.timeout, plan.guard_mode)
-    guard.install()
-    run = None
-    known: set = set()   # refs bound so far: an int argument naming one names an object
-    try:
-        run = H.Run(fresh, guard)
         for i, ts in enumerate(trace, 1):
-            action = fresh.machine.action(ts.action)
+            action = plan.machine.action(ts.action)
             args = dict(ts.args)
-            permitted = _outcomes_of(action, run.state, args)
+            if action.params and not args:   # arguments that were not literals: drawn again from the choices
+                args = action.draw_args(run.state, ReplayChooser(ts.choices))
             row = {"index": i, "action": ts.action, "call": _call(ts.action, args),
-                   "args": {k: _r(v) for k, v in args.items()}, "permitted": permitted, "answer": "",
-                   "bound": [], "failing": False, "picture": None, "marks": None}
-            steps.append(row)
+                   "args": {k: _r(v) for k, v in args.items()}, "permitted": _outcomes_of(action, run.state, args),
+                   "answer": "", "bound": [], "failing": False, "picture": None, "marks": None}
             try:
                 done = run.apply(action, args, ts.choices)
-            except H.Violation as v:
+            except Violation as v:
                 last = run.trace[-1] if run.trace else None
-                row["answer"] = _answer(run, last) if last is not None else ""
-                row["bound"] = list(last.bound) if last is not None else []
-                row["failing"] = True
-                row["picture"] = P.state_model(run.state)
-                row["marks"] = P.marks_from(v.reason, v.invariant, v.reason, refs=_named(args, known))
-                info["reproduced"] = v.invariant == failure.invariant
-                info["note"] = ("reproduced" if info["reproduced"] else
-                                f"the replay failed differently: {v.invariant} [{v.cause}] {v.reason}")
+                row.update(answer=_answer(run, last) if last is not None else "",
+                           bound=list(last.bound) if last is not None else [], failing=True,
+                           picture=P.state_model(run.state),
+                           marks=P.marks_from(v.reason, v.invariant, v.reason, refs=_named(args, known)))
+                ch.send({"t": "step", "row": row})
+                note = "reproduced" if v.invariant == expect else \
+                    f"the replay failed differently: {v.invariant} [{v.cause}] {v.reason}"
                 if i < len(trace):
-                    info["note"] += f" (at step {i} of {len(trace)})"
-                break
-            row["answer"] = _answer(run, done)
-            row["bound"] = list(done.bound)
+                    note += f" (at step {i} of {len(trace)})"
+                ch.send({"t": "end", "reproduced": v.invariant == expect, "note": note})
+                return
+            row.update(answer=_answer(run, done), bound=list(done.bound), picture=P.state_model(run.state))
             known.update(done.bound)
-            row["picture"] = P.state_model(run.state)
-        else:
-            try:
-                run.teardown()
-            except H.Violation as v:
-                info["reproduced"] = v.invariant == failure.invariant
-                info["note"] = f"reproduced by the end-of-run check: {v.reason}"
-                if steps:
-                    steps[-1]["failing"] = True
-                    steps[-1]["marks"] = P.marks_from(v.reason, v.invariant, v.reason)
-            else:
-                info["note"] = "did not reproduce: every step of the replay passed (a nondeterministic target?)"
-    except Exception as e:  # noqa: BLE001 - a report never fails on a replay
-        info["note"] = f"the replay stopped: {type(e).__name__}: {e}"
+            ch.send({"t": "step", "row": row})
+        try:
+            run.teardown()
+        except Violation as v:
+            ch.send({"t": "end", "reproduced": v.invariant == expect, "failing_last": True,
+                     "marks": P.marks_from(v.reason, v.invariant, v.reason),
+                     "note": f"reproduced by the end-of-run check: {v.reason}"})
+            return
+        ch.send({"t": "end", "reproduced": False,
+                 "note": "did not reproduce: every step of the replay passed (a nondeterministic target?)"})
     finally:
-        if run is not None:
-            try:
-                run.close()
-            except Exception:  # noqa: BLE001
-                pass
-        guard.uninstall()
-    if not steps:
-        return _unreplayed(trace, failure), info
-    # steps the replay did not reach keep what the run recorded
-    for i, ts in enumerate(trace[len(steps):], len(steps) + 1):
-        steps.append({"index": i, "action": ts.action, "call": _call(ts.action, ts.args),
-                      "args": {k: _r(v) for k, v in ts.args.items()}, "permitted": "", "answer": ts.outcome,
-                      "bound": list(ts.bound), "failing": False, "picture": None, "marks": None})
-    if not any(s["failing"] for s in steps):
+        run.close()
+
+
+def replay_failure(plan: Any, failure: Any, *, target: str | None = None) -> tuple[list[dict], dict]:
+    """Replay ``failure.trace`` on a fresh target and spec -- in a supervised
+    child, as the conformance run itself: the target's code never runs in
+    this process -- and record, per step, the call, the permitted outcomes,
+    the implementation's answer and a picture model of the spec's state after
+    it.  Never raises: a replay that does not reproduce, hangs or crashes is
+    said so in the second value, and the steps it did not reach keep what the
+    run recorded."""
+    from memspec.invariants.guard import supervise
+
+    trace = list(failure.trace)
+    info: dict = {"reproduced": False, "note": ""}
+    rows: list[dict] = []
+    end_msg: dict = {}
+    target = target or plan.target
+    opts = {"timeout": float(getattr(plan, "timeout", 5.0) or 5.0),
+            "capacity": (getattr(plan, "factory_kwargs", None) or {}).get("capacity"),
+            "machine": getattr(plan, "machine_ref", None)}
+
+    def on_message(m: dict) -> None:
+        if m.get("t") == "step" and isinstance(m.get("row"), dict):
+            rows.append(m["row"])
+        elif m.get("t") == "end":
+            end_msg.update(m)
+
+    try:
+        end = supervise(lambda ch: _replay_in_child(ch, target, plan.level, trace, failure.invariant, opts),
+                        timeout=opts["timeout"], on_message=on_message)
+    except Exception as e:  # noqa: BLE001 - a report never fails on a replay
+        end, end_msg["note"] = None, f"the replay could not start: {type(e).__name__}: {e}"
+    steps = []
+    for i, ts in enumerate(trace, 1):
+        got = rows[i - 1] if i <= len(rows) else None
+        if isinstance(got, dict):
+            row = _step_row(i, ts)
+            for k in ("call", "args", "permitted", "answer", "bound", "failing", "picture", "marks"):
+                if k in got:
+                    row[k] = got[k]
+            steps.append(row)
+        else:
+            steps.append(_step_row(i, ts))
+    info["reproduced"] = bool(end_msg.get("reproduced"))
+    info["note"] = str(end_msg.get("note") or "")
+    death = getattr(end, "death", None) if end is not None else None
+    if death:
+        info["note"] = (info["note"] + "; " if info["note"] else "") + f"the replay ended: {death}"
+    if end_msg.get("failing_last") and steps:
+        steps[-1]["failing"] = True
+        steps[-1]["marks"] = end_msg.get("marks")
+    if steps and not any(s.get("failing") for s in steps):
         steps[-1]["failing"] = True
         steps[-1]["marks"] = P.marks_from(failure.reason, failure.invariant, failure.reason)
     return steps, info
 
 
 def _unreplayed(trace: list, failure: Any) -> list[dict]:
-    out = [{"index": i, "action": ts.action, "call": _call(ts.action, ts.args),
-            "args": {k: _r(v) for k, v in ts.args.items()}, "permitted": "", "answer": ts.outcome,
-            "bound": list(ts.bound), "failing": i == len(trace), "picture": None,
-            "marks": P.marks_from(failure.reason, failure.invariant, failure.reason) if i == len(trace) else None}
-           for i, ts in enumerate(trace, 1)]
+    out = [_step_row(i, ts) for i, ts in enumerate(trace, 1)]
+    if out:
+        out[-1]["failing"] = True
+        out[-1]["marks"] = P.marks_from(failure.reason, failure.invariant, failure.reason)
     return out
 
 
@@ -213,14 +279,17 @@ def build_record(all_results: dict[str, list[Any]], parameters: dict | None = No
         levels, rows = merged_rows(results)
         quotes: dict[str, str] = {}
         titles: dict[str, str] = {}
+        machines = {}
         for r in results:
             if r.plan is not None:
-                for inv in r.plan.machine.invariants:
+                m = machines[r.level] = machine_of(r.plan)
+                for inv in getattr(m, "invariants", None) or []:
                     quotes.setdefault(inv.id, inv.quote)
                     titles.setdefault(inv.id, inv.title)
         invs = []
         for row in rows:
-            cov = {r.level: coverage_of(r.plan, row["id"]) for r in results if r.level in row["cells"]}
+            cov = {r.level: coverage_of(r.plan, row["id"], machines.get(r.level))
+                   for r in results if r.level in row["cells"]}
             invs.append({"id": row["id"], "title": row["title"], "quote": quotes.get(row["id"], ""),
                          "status": row["status"], "cells": dict(row["cells"]), "detail": row["detail"],
                          "coverage": cov})
@@ -229,29 +298,22 @@ def build_record(all_results: dict[str, list[Any]], parameters: dict | None = No
             st = r.stats
             fails = []
             for f in r.failures:
-                # counts first: a replay must not change them (it runs on a copy of the plan)
+                if replay and r.plan is not None:
+                    steps, rp = replay_failure(r.plan, f, target=target)
+                else:
+                    steps, rp = _unreplayed(list(f.trace), f), {"reproduced": False, "note": "not replayed"}
                 fails.append({"invariant": f.invariant, "title": titles.get(f.invariant, ""),
                               "quote": quotes.get(f.invariant, ""), "cause": f.cause, "reason": f.reason,
                               "steps_to_detection": f.steps_to_detection, "shrunk_length": f.shrunk_length,
-                              "repro": f.repro, "flaky": bool(f.flaky), "_failure": f})
+                              "repro": f.repro, "flaky": bool(f.flaky), "replay": rp, "steps": steps})
             runs.append({"level": r.level, "steps": st.steps, "examples": st.examples,
                          "seconds": round(st.seconds, 3), "steps_per_second": round(st.rate(), 1),
                          "actions": dict(st.actions),
                          "outcomes": {f"{a}: {o}": n for (a, o), n in sorted(st.outcomes.items())},
                          "capabilities": dict(r.plan.capabilities) if r.plan is not None else {},
-                         "errors": list(r.errors), "failures": fails, "_plan": r.plan})
+                         "errors": list(r.errors), "failures": fails})
         targets.append({"target": target, "ok": all(r.ok for r in results), "levels": levels,
                         "invariants": invs, "runs": runs})
-    for t in targets:
-        for run in t["runs"]:
-            plan = run.pop("_plan")
-            for f in run["failures"]:
-                failure = f.pop("_failure")
-                if replay and plan is not None:
-                    f["steps"], f["replay"] = replay_failure(plan, failure)
-                else:
-                    f["steps"] = _unreplayed(list(failure.trace), failure)
-                    f["replay"] = {"reproduced": False, "note": "not replayed"}
     return {"schema": SCHEMA, "tool": tool,
             "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "parameters": {k: v for k, v in (parameters or {}).items()}, "targets": targets}
@@ -402,13 +464,21 @@ def _failure_html(t: dict, run: dict, f: dict, fid: str) -> str:
                 out.append(f'<blockquote class="seed">{esc(f["quote"])}</blockquote>')
             out.append(f'<pre class="reason">{esc(f["reason"])}</pre>')
         if s.get("picture"):
-            title = f"spec state after step {s['index']}"
-            out.append(f'<div class="pic">{P.svg(s["picture"], s.get("marks"), uid=sid, title=title)}</div>')
+            out.append(f'<div class="pic">{_picture(s, sid)}</div>')
         else:
             out.append('<p class="muted">no picture: the replay did not reach this step</p>')
         out.append("</section>")
     out.append("</div>")
     return "".join(out)
+
+
+def _picture(s: dict, sid: str) -> str:
+    """The step's picture; a picture model that cannot be drawn (it came from
+    a supervised child: data, not trusted) is said so, never raised."""
+    try:
+        return P.svg(s["picture"], s.get("marks"), uid=sid, title=f"spec state after step {s['index']}")
+    except Exception as e:  # noqa: BLE001
+        return f'<p class="muted">the picture could not be drawn: {esc(type(e).__name__)}: {esc(e)}</p>'
 
 
 def render(record: dict) -> str:

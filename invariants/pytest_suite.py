@@ -29,16 +29,14 @@ class MemspecItem(pytest.Item):
         key = (self.target, self.level)
         if key not in self.cache:
             o = self.opts
-            from hypothesis.statistics import collector, describe_statistics
+            from memspec.invariants.signals import HypothesisStatistics
 
-            def note(stats: dict) -> None:  # --hypothesis-show-statistics: the run's events on this item
-                stats["nodeid"] = self.nodeid
-                self.hypothesis_statistics = describe_statistics(stats)
-
-            with collector.with_value(note):
+            with HypothesisStatistics() as stats:  # --hypothesis-show-statistics: the run's events, on this item
                 (res,) = runner.conform(self.target, self.level, profile=o["profile"], examples=o["examples"],
                                         steps=o["steps"], seed=o["seed"], out_dir=o["out"], timeout=o["timeout"],
                                         machine=o["machine"])
+            if stats.stats:
+                self.hypothesis_statistics = stats.texts(self.nodeid)
             self.cache[key] = res
         return self.cache[key]
 
@@ -77,24 +75,14 @@ class MemspecTarget(pytest.Collector):
         self.target, self.opts, self.cache = target, opts, cache
 
     def collect(self):
-        from memspec.invariants.discovery import resolve
-
-        try:
-            tref = resolve(self.target)
-            kind = runner._kind_of(tref, None)
-            levels = runner.levels_for(kind, self.opts["level"])
-        except Exception as e:  # noqa: BLE001
-            yield _ErrorItem.from_parent(self, name="setup", message=f"{type(e).__name__}: {e}")
-            return
-        for lvl in levels:
-            try:
-                plan = runner.make_plan(tref, lvl, machine=self.opts["machine"])
-            except Exception as e:  # noqa: BLE001
-                yield _ErrorItem.from_parent(self, name=f"{lvl}/setup", message=f"{type(e).__name__}: {e}")
+        # the target's factory runs in a supervised child, never in pytest's process
+        for lvl, invariants, error in runner.describe(self.target, self.opts["level"], machine=self.opts["machine"]):
+            if error is not None:
+                yield _ErrorItem.from_parent(self, name=f"{lvl}/setup", message=error)
                 continue
-            for inv in plan.machine.invariants:
-                yield MemspecItem.from_parent(self, name=f"{lvl}/{inv.id} {inv.title}", target=self.target, level=lvl,
-                                              invariant=inv.id, cache=self.cache, opts=self.opts)
+            for inv, title in invariants:
+                yield MemspecItem.from_parent(self, name=f"{lvl}/{inv} {title}", target=self.target, level=lvl,
+                                              invariant=inv, cache=self.cache, opts=self.opts)
 
 
 class _ErrorItem(pytest.Item):

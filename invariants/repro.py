@@ -16,7 +16,11 @@ import re
 from pathlib import Path
 from typing import Any, Sequence
 
-from memspec.invariants import harness as H
+from memspec.invariants import engine as E
+from memspec.invariants.choosers import ReplayChooser
+from memspec.invariants.errors import Violation
+from memspec.invariants.guard import CallGuard
+from memspec.invariants.planning import make_plan
 
 
 def _literal(v: Any) -> bool:
@@ -30,7 +34,7 @@ def _safe_name(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", s).strip("_")[:120] or "x"
 
 
-def render(failure: Any, plan: H.Plan, target_name: str | None = None) -> str:
+def render(failure: Any, plan: Any, target_name: str | None = None) -> str:
     target = target_name or plan.target
     titles = plan.titles()
     lines = []
@@ -77,7 +81,7 @@ if __name__ == "__main__":
 '''
 
 
-def write_repro(failure: Any, plan: H.Plan, out_dir: str, target_name: str | None = None) -> Path:
+def write_repro(failure: Any, plan: Any, out_dir: str, target_name: str | None = None) -> Path:
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
     name = _safe_name(f"{target_name or plan.target}-{plan.level}-{failure.invariant}-{failure.cause}") + ".py"
@@ -87,37 +91,42 @@ def write_repro(failure: Any, plan: H.Plan, out_dir: str, target_name: str | Non
 
 
 def replay(target: str, level: str, steps: Sequence[tuple], *, capacity: int | None = None,
-           timeout: float = 5.0, machine: str | None = None) -> H.Run:
+           timeout: float = 5.0, machine: str | None = None) -> E.Run:
     """Replay ``steps`` on a fresh target and spec; raises the Violation if one occurs."""
-    from memspec.invariants.runner import make_plan
-
     plan = make_plan(target, level, capacity=capacity, timeout=timeout, machine=machine)
-    guard = H.CallGuard(timeout)
-    guard.install()
+    guard = CallGuard(timeout)
+    run = E.Run(plan, guard)
     try:
-        run = H.Run(plan, guard)
-        try:
-            for name, args, choices in steps:
-                action = plan.machine.action(name)
-                if args is None:
-                    args = action.draw_args(run.state, H.ReplayChooser(choices))
-                run.apply(action, args, choices)
-            run.teardown()
-        finally:
-            run.close()
-        return run
+        for name, args, choices in steps:
+            action = plan.machine.action(name)
+            if args is None:
+                args = action.draw_args(run.state, ReplayChooser(choices))
+            run.apply(action, args, choices)
+        run.teardown()
     finally:
-        guard.uninstall()
+        run.close()
+    return run
 
 
 def replay_main(target: str, level: str, steps: Sequence[tuple], *, expect: tuple | None = None,
                 capacity: int | None = None, timeout: float = 5.0, machine: str | None = None) -> int:
     try:
         replay(target, level, steps, capacity=capacity, timeout=timeout, machine=machine)
-    except H.Violation as v:
+    except Violation as v:
         same = expect is None or v.invariant == expect[0]
         print(f"reproduced: FAIL {v.invariant} [{v.cause}] {v.reason}" if same
               else f"FAILED DIFFERENTLY: expected {expect[0]}, got {v.invariant} [{v.cause}] {v.reason}")
         raise
     print(f"did not reproduce: {len(steps)} steps ran and every check passed on {target!r} at level {level!r}")
     return 0
+
+
+def write_repros(result: Any, out_dir: str, target_name: str | None = None) -> None:
+    """Write the reproduction of every failure of ``result`` (a
+    :class:`~memspec.invariants.runner.PlanResult`); a file that cannot be
+    written is an error of the result, not a crash."""
+    for f in result.failures:
+        try:
+            f.repro = str(write_repro(f, result.plan, out_dir, target_name=target_name))
+        except Exception as e:  # noqa: BLE001
+            result.errors.append(f"could not write a reproduction for {f.invariant}: {type(e).__name__}: {e}")

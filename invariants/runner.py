@@ -1,40 +1,44 @@
-"""Running the harness: build a :class:`~memspec.invariants.harness.Plan`
-for a target at a level, drive it with Hypothesis (a
+"""Running the harness: plan a target at each level that applies (see
+:mod:`~memspec.invariants.levels`), drive each plan with Hypothesis (a
 ``RuleBasedStateMachine`` whose single rule draws an action from the spec's
 action table), and collect per-invariant results.
 
-Levels (issue 4, "Two levels"):
-
-* ``mechanism`` -- the spec's ``MECHANISM`` machine over the target's
-  ``DeviceMemoryMechanism`` (capabilities discovered and passed to ``init``;
-  the actions of absent capabilities are not drawn and their invariants are
-  N/A unless another action covers them);
-* ``system`` -- ``SYSTEM`` over the reference roles wired around the
-  target's mechanism (``memspec.reference.system.build_system``);
-* ``caching`` -- ``CACHING`` over a target of kind ``caching``.
+:func:`conform` runs all of it under supervision (:func:`~memspec.invariants.guard.supervise`):
+the target's code -- its factory included -- runs in a forked child; the
+parent only reads what the child says.  A hang (also in C code), a
+segfault, ``os._exit``, ``sys.exit`` or any ``BaseException`` is then a
+reported FAIL or ERROR naming the step and the action, with a reproduction
+of the example's steps so far, and the run carries on with the next level.
 """
 
 from __future__ import annotations
 
+import ast
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from memspec.spec import api
-from memspec.invariants import harness as H
+from memspec.invariants import engine as E
 from memspec.invariants import signals
-from memspec.invariants.discovery import TargetRef, capabilities, resolve
-
-LEVELS = ("mechanism", "system", "caching")
-
+from memspec.invariants.choosers import HypothesisChooser
+from memspec.invariants.discovery import TargetRef, resolve
+from memspec.invariants.errors import TARGET_ERROR, SpecError, TargetError, Violation
+from memspec.invariants.guard import BUILD_SECONDS, CallGuard, Channel, supervise
+from memspec.invariants.levels import LEVELS, levels_for  # noqa: F401 - re-exported
+from memspec.invariants.planning import (applicability, build_probe, close_probe, kind_of,  # noqa: F401
+                                         load_machine, machine_for, make_plan)
+from memspec.invariants.repro import write_repros  # noqa: F401 - re-exported
 
 # --------------------------------------------------------------------------
 # Results
 # --------------------------------------------------------------------------
 
+
 @dataclass
 class Failure:
-    """One shrunk counterexample."""
+    """One shrunk counterexample (or, for a hang or a crash, the example's
+    steps up to the call that never came back)."""
 
     target: str
     level: str
@@ -52,24 +56,49 @@ class Failure:
 
 
 @dataclass
+class PlanInfo:
+    """What the supervisor knows of a plan run in a child: what the report,
+    the reproduction and the progress display read of a :class:`~memspec.invariants.engine.Plan`."""
+
+    target: str
+    level: str
+    invariants: list          # [(id, title)]
+    na: dict
+    capabilities: dict
+    actions: list             # action names drawn
+    timeout: float
+    factory_kwargs: dict
+    machine_ref: str | None
+    stats: E.Stats = field(default_factory=E.Stats)
+    mutant: Any = None
+
+    @property
+    def invariant_ids(self) -> list[str]:
+        return [i for i, _t in self.invariants]
+
+    def titles(self) -> dict[str, str]:
+        return dict(self.invariants)
+
+
+@dataclass
 class PlanResult:
     target: str
     level: str
-    plan: H.Plan | None
+    plan: Any   # an engine Plan (in-process) or a PlanInfo (supervised)
     failures: list[Failure] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)   # spec/target/harness errors (not a target FAIL)
     seconds: float = 0.0
 
     @property
-    def stats(self) -> H.Stats:
-        return self.plan.stats if self.plan is not None else H.Stats()
+    def stats(self) -> E.Stats:
+        return self.plan.stats if self.plan is not None else E.Stats()
 
     def rows(self) -> list[tuple[str, str, str, str]]:
         """``(invariant id, title, status, detail)`` for every invariant of the level."""
         if self.plan is None:
             return []
         out = []
-        failed = {}
+        failed: dict = {}
         for f in self.failures:
             failed.setdefault(f.invariant, f)
         titles = self.plan.titles()
@@ -94,222 +123,22 @@ class PlanResult:
 
 
 # --------------------------------------------------------------------------
-# Plans
+# Hypothesis driver (in the process that calls it)
 # --------------------------------------------------------------------------
 
-def machine_for(level: str) -> Any:
-    if level == "mechanism":
-        from memspec.spec.mechanism import MECHANISM
-
-        return MECHANISM
-    if level == "system":
-        from memspec.spec.system import SYSTEM
-
-        return SYSTEM
-    if level == "caching":
-        from memspec.spec.caching import CACHING
-
-        return CACHING
-    raise ValueError(f"unknown level {level!r} (one of {', '.join(LEVELS)})")
-
-
-def levels_for(kind: str, level: str) -> list[str]:
-    """Which levels apply to a target of ``kind`` when ``level`` is asked."""
-    if kind == "caching":
-        return ["caching"] if level in ("all", "caching") else []
-    if level == "all":
-        return ["mechanism", "system"]
-    return [level] if level in ("mechanism", "system") else []
-
-
-def _page_of(instance: api.TargetInstance) -> int:
-    mech = instance.mechanism
-    for getter in ("virtual_backing", "shared_mapping"):
-        cap = getattr(mech, getter)() if mech is not None else None
-        if cap is not None:
-            try:
-                return int(cap.granularity())
-            except Exception:  # noqa: BLE001
-                pass
-    return api.DEFAULT_PAGE
-
-
-def _mechanism_sut(run: H.Run, instance: api.TargetInstance) -> H.MechanismSUT:
-    make_foreign = (instance.extras or {}).get("make_foreign")
-    if make_foreign is not None:
-        # the target's own twin (an independent mechanism on the same device:
-        # its handles may even reuse addresses of ours)
-        foreign = api.TargetInstance(mechanism=make_foreign(), ep=instance.ep, capacity=instance.capacity)
-    else:
-        foreign = run.plan.factory(**run.plan.factory_kwargs)
-        run.foreign = foreign
-    sut = H.MechanismSUT(instance, foreign)
-    check_capability_answers(run, instance.mechanism, run.plan.capabilities)
-    return sut
-
-
-def check_capability_answers(run: H.Run, mech: Any, caps: dict) -> None:
-    """Seed 000, *"when a capability is unsupported, return an explicit absence
-    or error rather than a successful no-op"*: an absent capability answers
-    ``None`` (every time), a present one is an object with the protocol's
-    methods.  Blamed on S5."""
-    for cap, proto in (("virtual_backing", api.VirtualBacking), ("shared_mapping", api.SharedMapping)):
-        got, err = run.guard.call(getattr(mech, cap))
-        if err is not None:
-            run.fail("S5", "capability", f"{cap}() raised {type(err).__name__}: {err}")
-        if caps.get(cap):
-            if got is None:
-                run.fail("S5", "capability", f"{cap}() answered None now but an object when discovered")
-            missing = [m for m in proto.__dict__ if not m.startswith("_") and callable(getattr(proto, m, None))
-                       and not callable(getattr(got, m, None))]
-            if missing:
-                run.fail("S5", "capability", f"{cap}() object lacks {', '.join(sorted(missing))}")
-        elif got is not None:
-            run.fail("S5", "capability", f"{cap}() answered {type(got).__name__} now but None when discovered")
-
-
-def _system_sut(patch: Callable | None) -> Callable:
-    def make(run: H.Run, instance: api.TargetInstance) -> Any:
-        from memspec.reference.system import build_system
-
-        system = build_system(instance, capacity=instance.capacity)
-        if patch is not None:
-            system = patch(system) or system
-        if not hasattr(system, "refs"):
-            system.refs = {}
-        return system
-
-    return make
-
-
-def _caching_sut(run: H.Run, instance: api.TargetInstance) -> H.CachingSUT:
-    return H.CachingSUT(instance)
-
-
-def _caching_init(instance: api.TargetInstance) -> dict:
-    ex = instance.extras or {}
-    alloc = instance.allocator
-    policy = ex.get("policy", getattr(alloc, "policy", None))
-    if policy is not None and not isinstance(policy, str):
-        policy = getattr(policy, "name", policy)
-    kw = {"policy": policy, "capacity": instance.capacity, "expandable": bool(ex.get("expandable", getattr(alloc, "expandable", False)))}
-    try:  # other policy knobs the target names in extras and the machine's init accepts
-        import inspect
-
-        from memspec.spec.caching import CACHING
-
-        params = inspect.signature(CACHING.init).parameters
-        kw.update({k: v for k, v in ex.items() if k in params and k not in kw})
-    except Exception:  # noqa: BLE001
-        pass
-    return kw
-
-
-def applicability(machine: Any, actions_all: list, actions_on: list, observations_all: list, observations_on: list,
-                  caps: dict) -> dict:
-    """Invariant id -> reason it is N/A: every action and observation that
-    exercises it needs a capability the target lacks."""
-    na = {}
-    for inv in machine.invariants:
-        users = [a for a in actions_all if inv.id in a.invariants]
-        users += [o for o in observations_all if o.blame == inv.id]
-        if not users:
-            continue
-        live = [a for a in actions_on if inv.id in a.invariants] + [o for o in observations_on if o.blame == inv.id]
-        if not live:
-            need = sorted({r for u in users for r in u.requires if not caps.get(r)})
-            na[inv.id] = ("capability absent: " + ", ".join(need)) if need else "no action exercises it"
-    return na
-
-
-def load_machine(ref: str) -> Any:
-    """A spec machine named ``package.module:attr`` (for machines other than the built-in levels)."""
-    import importlib
-    import os
-    import sys
-
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    mod, _, attr = ref.partition(":")
-    obj: Any = importlib.import_module(mod)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def make_plan(target: str | TargetRef, level: str, *, capacity: int | None = None, timeout: float = 5.0,
-              integrity: bool = True, guard_mode: str = "auto", patch_system: Callable | None = None,
-              machine: str | None = None) -> H.Plan:
-    """Resolve the target, probe a fresh instance for its kind and
-    capabilities, and fix the machine, init arguments and applicable actions."""
-    tref = resolve(target) if isinstance(target, str) else target
-    if tref.factory is None:
-        raise LookupError(f"target {tref.name!r} is unavailable: {tref.error}")
-    fkw = {"capacity": capacity} if capacity is not None else {}
-    try:
-        probe = tref.factory(**fkw)
-    except Exception as e:  # noqa: BLE001
-        raise H.TargetError(f"target {tref.name!r} factory raised {type(e).__name__}: {e}") from e
-    try:
-        caps = capabilities(probe) if probe.mechanism is not None else {"virtual_backing": False, "shared_mapping": False,
-                                                                        "ep": probe.ep is not None, "physical_bytes": False}
-        machine_ref = machine
-        machine = load_machine(machine_ref) if machine_ref else machine_for(level)
-        patch = patch_system or tref.patch_system
-        if level == "mechanism":
-            init = {"capacity": probe.capacity, "page": _page_of(probe), "virtual_backing": caps["virtual_backing"],
-                    "shared_mapping": caps["shared_mapping"]}
-            make_sut: Callable = _mechanism_sut
-        elif level == "system":
-            init = {"capacity": probe.capacity, "page": _page_of(probe), "virtual_backing": caps["virtual_backing"],
-                    "shared_mapping": caps["shared_mapping"]}
-            make_sut = _system_sut(patch)
-        else:
-            init = _caching_init(probe)
-            make_sut = _caching_sut
-    finally:
-        c = getattr(probe, "close", None)
-        if c is not None:
-            try:
-                c()
-            except Exception:  # noqa: BLE001
-                pass
-    try:
-        import inspect
-
-        if "ep" in inspect.signature(machine.init).parameters and level in ("mechanism", "system"):
-            init["ep"] = bool(caps.get("ep"))
-    except (TypeError, ValueError):
-        pass
-    acts = [a for a in machine.actions if all(caps.get(r, False) for r in a.requires)]
-    # Heaviest first: Hypothesis favours small choices (and shrinks towards
-    # them), so index 0 of the weighted draw should be a main action.
-    acts.sort(key=lambda a: -a.weight)
-    obs = [o for o in machine.observations if all(caps.get(r, False) for r in o.requires)]
-    na = applicability(machine, machine.actions, acts, machine.observations, obs, caps)
-    return H.Plan(target=tref.name, level=level, factory=tref.factory, machine=machine, init_kwargs=init,
-                  actions=acts, observations=obs, capabilities=caps, na=na, make_sut=make_sut,
-                  factory_kwargs=fkw, timeout=timeout, guard_mode=guard_mode, integrity=integrity,
-                  mutant=tref.mutant, machine_ref=machine_ref)
-
-
-# --------------------------------------------------------------------------
-# Hypothesis driver
-# --------------------------------------------------------------------------
-
-def build_state_machine(plan: H.Plan, guard: H.CallGuard | None = None) -> type:
+def build_state_machine(plan: E.Plan, guard: CallGuard | None = None) -> type:
     """A ``RuleBasedStateMachine`` class for the plan: one rule that draws an
     available action of the spec and runs it on spec and target."""
     from hypothesis import strategies as st
     from hypothesis.stateful import RuleBasedStateMachine, rule
 
-    g = guard or H.CallGuard(plan.timeout, plan.guard_mode)
+    g = guard or CallGuard(plan.timeout, plan.guard_mode)
 
     class ConformanceMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
-            self.run = H.Run(plan, g)
-            self._chooser: H.HypothesisChooser | None = None
+            self.run = E.Run(plan, g)
+            self._chooser: HypothesisChooser | None = None
             self._data: Any = None
 
         @rule(data=st.data())
@@ -318,7 +147,7 @@ def build_state_machine(plan: H.Plan, guard: H.CallGuard | None = None) -> type:
             cd = getattr(data, "conjecture_data", data)
             if cd is not self._data:
                 self._data = cd
-                self._chooser = H.HypothesisChooser(cd)
+                self._chooser = HypothesisChooser(cd)
             signals.step(self.run, self.run.step(self._chooser))  # Hypothesis event()s: action, branch, boundaries
 
         def teardown(self):
@@ -332,7 +161,8 @@ def build_state_machine(plan: H.Plan, guard: H.CallGuard | None = None) -> type:
 def hypothesis_settings(profile: str = "ci", *, examples: int | None = None, steps: int | None = None,
                         db: str | None = None, seed: int | None = None, **extra: Any):
     from hypothesis import Verbosity, settings
-    from memspec import profiles as _profiles  # noqa: F401 - registers the profiles
+
+    from memspec.invariants import profiles as _profiles  # noqa: F401 - registers the profiles
 
     base = settings.get_profile(profile)
     kw: dict[str, Any] = {"verbosity": Verbosity.quiet, "deadline": None, "report_multiple_bugs": True}
@@ -350,7 +180,7 @@ def hypothesis_settings(profile: str = "ci", *, examples: int | None = None, ste
     return settings(base, **kw)
 
 
-def database_key(plan: H.Plan, flavour: str = "stateful") -> bytes:
+def database_key(plan: E.Plan, flavour: str = "stateful") -> bytes:
     m = plan.mutant.name if plan.mutant is not None else ""
     return f"memspec:{flavour}:{plan.target}:{plan.level}:{m}:{plan.machine.name}".encode()
 
@@ -371,12 +201,12 @@ def collect(result: PlanResult, exc: BaseException) -> None:
     """Sort what a Hypothesis run raised into failures and errors."""
     plan = result.plan
     for e, flaky in _flatten(exc):
-        if isinstance(e, H.Violation):
+        if isinstance(e, Violation):
             result.failures.append(Failure(plan.target, plan.level, e.invariant, e.cause, e.reason, e.trace,
                                            plan.stats.first_failure_steps.get(e.invariant), flaky=flaky))
-        elif isinstance(e, H.SpecError):
+        elif isinstance(e, SpecError):
             result.errors.append(f"spec error: {e}")
-        elif isinstance(e, H.TargetError):
+        elif isinstance(e, TargetError):
             result.errors.append(str(e))
         else:
             result.errors.append(f"harness error: {type(e).__name__}: {e}")
@@ -413,20 +243,19 @@ class shrink_budget:
 SHRINK_SECONDS: float | None = 30.0
 
 
-def run_hypothesis(plan: H.Plan, settings: Any, *, seed: int | None = None,
+def run_hypothesis(plan: E.Plan, settings: Any, *, seed: int | None = None,
                    shrink_seconds: float | None = -1) -> PlanResult:
-    """Drive the plan's state machine under ``settings``; never raises for a
-    target's misbehaviour (it lands in the result)."""
+    """Drive the plan's state machine under ``settings`` in this process;
+    never raises for a target's misbehaviour (it lands in the result)."""
     from hypothesis.stateful import get_state_machine_test
 
     result = PlanResult(plan.target, plan.level, plan)
-    guard = H.CallGuard(plan.timeout, plan.guard_mode)
+    guard = CallGuard(plan.timeout, plan.guard_mode)
     cls = build_state_machine(plan, guard)
     if seed is not None:
         cls._hypothesis_internal_use_seed = seed
     test = get_state_machine_test(cls, settings=settings)
     test._hypothesis_internal_database_key = database_key(plan)
-    guard.install()
     t0 = time.perf_counter()
     try:
         with shrink_budget(SHRINK_SECONDS if shrink_seconds == -1 else shrink_seconds):
@@ -436,77 +265,348 @@ def run_hypothesis(plan: H.Plan, settings: Any, *, seed: int | None = None,
     except BaseException as e:  # noqa: BLE001 - everything a target does is a result
         collect(result, e)
     finally:
-        guard.uninstall()
         result.seconds = time.perf_counter() - t0
         plan.stats.seconds += result.seconds
     return result
 
 
-def write_repros(result: PlanResult, out_dir: str, target_name: str | None = None) -> None:
-    from memspec.invariants.repro import write_repro
+# --------------------------------------------------------------------------
+# Supervised conformance runs
+# --------------------------------------------------------------------------
 
-    for f in result.failures:
+def _literal_repr(v: Any) -> str | None:
+    try:
+        r = repr(v)
+        return r if ast.literal_eval(r) == v else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _step_msg(ts: E.TraceStep) -> dict:
+    return {"t": "s", "a": ts.action, "args": _literal_repr(ts.args), "c": list(ts.choices)}
+
+
+def _trace_msg(trace: list) -> list:
+    return [{"a": ts.action, "args": _literal_repr(ts.args), "c": list(ts.choices), "o": ts.outcome,
+             "b": list(ts.bound)} for ts in trace]
+
+
+def _trace_from(msgs: list) -> list:
+    """Trace steps rebuilt from the child's (untrusted) messages: literals only."""
+    out = []
+    for m in msgs:
+        if not isinstance(m, dict):
+            continue
+        args: Any = m.get("args")
         try:
-            f.repro = str(write_repro(f, result.plan, out_dir, target_name=target_name))
-        except Exception as e:  # noqa: BLE001
-            result.errors.append(f"could not write a reproduction for {f.invariant}: {type(e).__name__}: {e}")
+            args = ast.literal_eval(args) if isinstance(args, str) else {}
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            args = {}
+        if not isinstance(args, dict):
+            args = {}
+        choices = [c for c in m.get("c") or [] if isinstance(c, (int, bool))]
+        bound = tuple(b for b in m.get("b") or [] if isinstance(b, int))
+        out.append(E.TraceStep(str(m.get("a")), args, choices, str(m.get("o", "")), bound))
+    return out
+
+
+def _stats_msg(st: E.Stats) -> dict:
+    return {"examples": st.examples, "steps": st.steps, "seconds": st.seconds, "actions": dict(st.actions),
+            "outcomes": [[a, o, n] for (a, o), n in st.outcomes.items()],
+            "first": dict(st.first_failure_steps), "failing": st.failures_seen}
+
+
+def _int(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
+def _stats_into(st: E.Stats, m: dict) -> None:
+    st.examples, st.steps = _int(m.get("examples")), _int(m.get("steps"))
+    sec = m.get("seconds")
+    st.seconds = float(sec) if isinstance(sec, (int, float)) else 0.0
+    st.failures_seen = _int(m.get("failing"))
+    acts = m.get("actions")
+    if isinstance(acts, dict):
+        st.actions = Counter({str(k): _int(v) for k, v in acts.items()})
+    outs = m.get("outcomes")
+    if isinstance(outs, list):
+        st.outcomes = Counter({(str(x[0]), str(x[1])): _int(x[2]) for x in outs if isinstance(x, list) and len(x) == 3})
+    first = m.get("first")
+    if isinstance(first, dict):
+        st.first_failure_steps = {str(k): _int(v) for k, v in first.items()}
+
+
+def _child(ch: Channel, target: str, level: str, skip: list, opts: dict) -> None:
+    """The supervised child: probe the target once, plan each level, run it,
+    and say everything on ``ch``.  Nothing it sends is code."""
+    guard = CallGuard(opts["timeout"], "direct")
+    guard.blame, guard.what = TARGET_ERROR, f"importing the target {target!r}"
+    guard.limit = opts["build_timeout"] or max(opts["timeout"], BUILD_SECONDS)   # imports and a first factory call
+    tref, err = guard.call(resolve, target)
+    if err is None and tref.factory is None:
+        err = LookupError(tref.error or "unavailable")
+    if err is not None:
+        ch.send({"t": "error", "level": level, "error": f"{type(err).__name__}: {err}"})
+        return
+    guard.what = f"building the target {target!r} (its factory)"
+    probe, err = guard.call(build_probe, tref, opts["capacity"])
+    if err is not None:
+        msg = str(err) if isinstance(err, TargetError) else \
+            f"target {tref.name!r} factory raised {type(err).__module__}.{type(err).__name__}: {err}"
+        ch.send({"t": "error", "level": level, "error": msg})
+        return
+    plans: list = []
+    try:
+        kind = probe.kind
+        lv = levels_for(kind, level)
+        if tref.mutant is not None and level == "all":
+            lv = [tref.mutant.level]
+        if not lv:
+            ch.send({"t": "error", "level": level,
+                     "error": f"level {level!r} does not apply to a target of kind {kind!r}"})
+            return
+        for lvl in lv:
+            if lvl in skip:
+                continue
+            guard.what = f"probing the target for the {lvl} level"
+            plan, err = guard.call(make_plan, tref, lvl, capacity=opts["capacity"], timeout=opts["timeout"],
+                                   machine=opts["machine"], probe=probe)
+            if err is not None:
+                ch.send({"t": "error", "level": lvl, "error": f"{type(err).__name__}: {err}"})
+                continue
+            plans.append(plan)
+    finally:
+        guard.what = "closing the probe instance"
+        guard.call(close_probe, probe)
+        guard.limit = None
+    for plan in plans:
+        _run_child_plan(ch, plan, opts)
+
+
+def _run_child_plan(ch: Channel, plan: E.Plan, opts: dict) -> None:
+    ch.send({"t": "plan", "level": plan.level, "target": plan.target,
+             "invariants": [[inv.id, inv.title] for inv in plan.machine.invariants], "na": plan.na,
+             "capabilities": plan.capabilities, "actions": [a.name for a in plan.actions],
+             "timeout": plan.timeout, "factory_kwargs": plan.factory_kwargs, "machine_ref": plan.machine_ref})
+    last = [0.0]
+
+    def on_call(run: E.Run, ts: E.TraceStep | None) -> None:
+        ch.send({"t": "ex"} if ts is None else _step_msg(ts))
+
+    def on_step(p: E.Plan) -> None:
+        now = time.perf_counter()
+        if now - last[0] > 0.2:
+            last[0] = now
+            st = p.stats
+            ch.send({"t": "p", "examples": st.examples, "steps": st.steps, "failing": st.failures_seen,
+                     "outcomes": len(st.outcomes)})
+
+    plan.on_call = on_call
+    plan.on_step = on_step
+    plan.build_timeout = opts["build_timeout"]
+    extra: dict = {}
+    if not opts["shrink"]:
+        from hypothesis import Phase
+
+        extra["phases"] = [Phase.explicit, Phase.reuse, Phase.generate]
+    sets = hypothesis_settings(opts["profile"], examples=opts["examples"], steps=opts["steps"], db=opts["db"],
+                               seed=opts["seed"], **extra)
+    res = run_hypothesis(plan, sets, seed=opts["seed"], shrink_seconds=opts["shrink_seconds"])
+    ch.send({"t": "result", "level": plan.level, "errors": res.errors, "stats": _stats_msg(plan.stats),
+             "failures": [{"invariant": f.invariant, "cause": f.cause, "reason": f.reason,
+                           "trace": _trace_msg(f.trace), "std": f.steps_to_detection, "flaky": f.flaky}
+                          for f in res.failures]})
+
+
+def _str(v: Any) -> str:
+    return v if isinstance(v, str) else repr(v)
+
+
+class _Parent:
+    """The supervisor's view of one child: the plans it announced, the
+    current example's steps, the results."""
+
+    def __init__(self, target: str, level: str, results: list, done: list, on_step: Callable | None,
+                 on_plan: Callable | None, mutant: Any) -> None:
+        self.target, self.level, self.results, self.done = target, level, results, done
+        self.on_step, self.on_plan, self.mutant = on_step, on_plan, mutant
+        self.current: PlanResult | None = None
+        self.trace: list = []
+        self.stopped = False
+
+    def on_message(self, m: dict) -> None:
+        t = m.get("t")
+        if t == "s":
+            self.trace.append(m)
+            if self.current is not None:
+                self.current.plan.stats.steps += 1
+        elif t == "ex":
+            self.trace = []
+        elif t == "p" and self.current is not None:
+            st = self.current.plan.stats
+            st.examples, st.steps, st.failures_seen = _int(m.get("examples")), _int(m.get("steps")), _int(m.get("failing"))
+            if self.on_step is not None:
+                self.on_step(self.current.plan)
+        elif t == "plan":
+            lvl = _str(m.get("level"))
+            inv = [(_str(x[0]), _str(x[1])) for x in m.get("invariants") or [] if isinstance(x, list) and len(x) == 2]
+            na = {_str(k): _str(v) for k, v in (m.get("na") or {}).items()} if isinstance(m.get("na"), dict) else {}
+            caps = {_str(k): bool(v) for k, v in (m.get("capabilities") or {}).items()} \
+                if isinstance(m.get("capabilities"), dict) else {}
+            fkw = m.get("factory_kwargs") if isinstance(m.get("factory_kwargs"), dict) else {}
+            info = PlanInfo(self.target, lvl, inv, na, caps, [_str(a) for a in m.get("actions") or []],
+                            float(m.get("timeout") or 5.0), {"capacity": fkw["capacity"]} if "capacity" in fkw else {},
+                            m.get("machine_ref") if isinstance(m.get("machine_ref"), str) else None,
+                            mutant=self.mutant)
+            self.current = PlanResult(self.target, lvl, info)
+            self.trace = []
+            self._t0 = time.perf_counter()
+            if self.on_plan is not None:
+                self.on_plan(info)
+        elif t == "result" and self.current is not None:
+            r = self.current
+            _stats_into(r.plan.stats, m.get("stats") or {})
+            r.seconds = r.plan.stats.seconds
+            r.errors += [_str(e) for e in m.get("errors") or []]
+            for f in m.get("failures") or []:
+                if isinstance(f, dict):
+                    r.failures.append(Failure(self.target, r.level, _str(f.get("invariant")), _str(f.get("cause")),
+                                              _str(f.get("reason")), _trace_from(f.get("trace") or []),
+                                              f.get("std") if isinstance(f.get("std"), int) else None,
+                                              flaky=bool(f.get("flaky"))))
+            self.results.append(r)
+            self.done.append(r.level)
+            self.current = None
+        elif t == "error":
+            r = PlanResult(self.target, _str(m.get("level")), None)
+            r.errors.append(_str(m.get("error")))
+            self.results.append(r)
+            self.done.append(r.level)
+            if self.current is None and r.level == self.level:
+                self.stopped = True
+        elif t == "fatal":
+            r = self.current or PlanResult(self.target, self.level, None)
+            r.errors.append(f"harness error: {_str(m.get('error'))}")
+            if self.current is not None:
+                self.results.append(r)
+                self.done.append(r.level)
+                self.current = None
+            else:
+                self.results.append(r)
+                self.stopped = True
+
+    def died(self, end: Any) -> None:
+        """The child ended without finishing: report it where it happened."""
+        trace = _trace_from(self.trace)
+        where = f"step {len(trace)} ({trace[-1].action})" if trace else "before the first step"
+        r = self.current
+        if r is None:
+            r = PlanResult(self.target, self.level, None)
+            r.errors.append(f"target {self.target!r}: {end.death}")
+            self.results.append(r)
+            self.stopped = True
+            return
+        r.seconds = time.perf_counter() - self._t0
+        r.plan.stats.seconds = r.seconds
+        blame = end.blame or TARGET_ERROR
+        if blame == TARGET_ERROR:
+            r.errors.append(f"target {self.target!r}: {end.death}" + ("" if end.what else f", {where}"))
+        else:
+            cause = "hang" if end.hang else "crash"
+            if trace:
+                trace[-1].outcome = "hangs" if end.hang else "kills the process"
+            reason = end.death if end.what.startswith("step ") else f"{end.death}, at {where}"
+            r.failures.append(Failure(self.target, r.level, blame, cause, reason, trace, r.plan.stats.steps))
+        self.results.append(r)
+        self.done.append(r.level)
+        self.current = None
 
 
 def conform(target: str, level: str = "all", *, profile: str = "ci", examples: int | None = None,
             steps: int | None = None, seed: int | None = None, db: str | None = None, capacity: int | None = None,
             timeout: float = 5.0, out_dir: str | None = "memspec-out/repro", on_step: Callable | None = None,
             on_plan: Callable | None = None, machine: str | None = None, shrink: bool = True,
-            shrink_seconds: float | None = -1) -> list[PlanResult]:
-    """Run every applicable level of ``target``; one :class:`PlanResult` per level."""
+            shrink_seconds: float | None = -1, build_timeout: float | None = None) -> list[PlanResult]:
+    """Run every applicable level of ``target`` under supervision; one
+    :class:`PlanResult` per level.  Never raises for what the target does.
+    ``timeout`` bounds each call into the target; ``build_timeout`` its
+    import and factory (default: the larger of ``timeout`` and
+    :data:`~memspec.invariants.guard.BUILD_SECONDS`)."""
+    opts = {"profile": profile, "examples": examples, "steps": steps, "seed": seed, "db": db, "capacity": capacity,
+            "timeout": timeout, "machine": machine, "shrink": shrink, "shrink_seconds": shrink_seconds,
+            "build_timeout": build_timeout}
     results: list[PlanResult] = []
-    try:
-        tref = resolve(target)
-        if tref.factory is None:
-            raise LookupError(tref.error or "unavailable")
-        probe_kind = _kind_of(tref, capacity)
-    except Exception as e:  # noqa: BLE001
-        r = PlanResult(target, level, None)
-        r.errors.append(f"{type(e).__name__}: {e}")
-        return [r]
-    lv = levels_for(probe_kind, level)
-    if tref.mutant is not None and level == "all":
-        lv = [tref.mutant.level]
-    if not lv:
-        r = PlanResult(target, level, None)
-        r.errors.append(f"level {level!r} does not apply to a target of kind {probe_kind!r}")
-        return [r]
-    extra: dict = {}
-    if not shrink:
-        from hypothesis import Phase
-
-        extra["phases"] = [Phase.explicit, Phase.reuse, Phase.generate]
-    sets = hypothesis_settings(profile, examples=examples, steps=steps, db=db, seed=seed, **extra)
-    for lvl in lv:
+    done: list[str] = []
+    mutant = None
+    if target.startswith("mutant:"):  # the shipped catalog: trusted, named in the report
         try:
-            plan = make_plan(tref, lvl, capacity=capacity, timeout=timeout, machine=machine)
-        except Exception as e:  # noqa: BLE001
-            r = PlanResult(target, lvl, None)
-            r.errors.append(f"{type(e).__name__}: {e}")
-            results.append(r)
-            continue
-        plan.on_step = on_step
-        if on_plan is not None:
-            on_plan(plan)
-        res = run_hypothesis(plan, sets, seed=seed, shrink_seconds=shrink_seconds)
-        if out_dir:
-            write_repros(res, out_dir, target_name=target)
-        results.append(res)
+            mutant = resolve(target).mutant
+        except LookupError:
+            mutant = None
+    for _attempt in range(len(LEVELS) + 1):
+        parent = _Parent(target, level, results, done, on_step, on_plan, mutant)
+        end = supervise(lambda ch: _child(ch, target, level, list(done), opts), timeout=timeout,
+                        on_message=parent.on_message)
+        if end.death is None:
+            if parent.current is not None:  # said "done" in the middle of a plan: not possible, but never lost
+                parent.died(end)
+            break
+        parent.died(end)
+        if parent.stopped:
+            break
+    if out_dir:
+        for r in results:
+            if r.plan is not None:
+                write_repros(r, out_dir, target_name=target)
     return results
 
 
+def describe(target: str, level: str = "all", *, machine: str | None = None, timeout: float = 30.0) -> list:
+    """``[(level, [(invariant id, title)], error or None)]`` for ``target``,
+    learnt in a supervised child (the factory runs there, once)."""
+    def work(ch: Channel) -> None:
+        guard = CallGuard(timeout, "direct")
+        guard.blame, guard.what = TARGET_ERROR, f"importing the target {target!r}"
+        guard.limit = max(timeout, BUILD_SECONDS)
+        tref, err = guard.call(resolve, target)
+        if err is None and tref.factory is None:
+            err = LookupError(tref.error or "unavailable")
+        if err is not None:
+            ch.send({"t": "error", "level": level, "error": f"{type(err).__name__}: {err}"})
+            return
+        guard.what = f"building the target {target!r} (its factory)"
+        probe, err = guard.call(build_probe, tref, None)
+        if err is not None:
+            ch.send({"t": "error", "level": level, "error": f"{type(err).__name__}: {err}"})
+            return
+        try:
+            lv = [tref.mutant.level] if tref.mutant is not None and level == "all" else levels_for(probe.kind, level)
+            if not lv:
+                ch.send({"t": "error", "level": level, "error": f"level {level!r} does not apply to a target of kind {probe.kind!r}"})
+            for lvl in lv:
+                guard.what = f"probing the target for the {lvl} level"
+                plan, err = guard.call(make_plan, tref, lvl, machine=machine, probe=probe)
+                if err is not None:
+                    ch.send({"t": "error", "level": lvl, "error": f"{type(err).__name__}: {err}"})
+                else:
+                    ch.send({"t": "plan", "level": lvl,
+                             "invariants": [[inv.id, inv.title] for inv in plan.machine.invariants]})
+        finally:
+            guard.call(close_probe, probe)
+
+    end = supervise(work, timeout=timeout)
+    out = []
+    for m in end.messages:
+        if m.get("t") == "plan":
+            out.append((_str(m.get("level")), [(_str(x[0]), _str(x[1])) for x in m.get("invariants") or []
+                                              if isinstance(x, list) and len(x) == 2], None))
+        elif m.get("t") == "error":
+            out.append((_str(m.get("level")), [], _str(m.get("error"))))
+    if end.death is not None:
+        out.append((level, [], f"target {target!r}: {end.death}"))
+    return out
+
+
 def _kind_of(tref: TargetRef, capacity: int | None) -> str:
-    inst = tref.factory(**({"capacity": capacity} if capacity is not None else {}))
-    try:
-        return getattr(inst, "kind", "mechanism")
-    finally:
-        c = getattr(inst, "close", None)
-        if c is not None:
-            try:
-                c()
-            except Exception:  # noqa: BLE001
-                pass
+    """The kind of ``tref``'s instances (one instance built and closed here)."""
+    return kind_of(tref, capacity)

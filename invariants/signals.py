@@ -62,3 +62,74 @@ def step(run: Any, ts: Any) -> None:
         for k, v in ts.args.items():
             if type(v) is int and v in bounds:
                 event(f"boundary: {ts.action}.{k} = {bounds[v]}")
+
+
+class HypothesisStatistics:
+    """Hypothesis's statistics of the runs inside a ``with`` block, also of
+    runs in a forked child (``memspec conform`` runs the engine in a
+    supervised child, where Hypothesis's own collector callback would set a
+    value in the child's memory only): each run's statistics are appended as
+    one JSON line to a temporary file and read back, as data, when the block
+    ends.  ``texts(nodeid)`` gives them as ``--hypothesis-show-statistics``
+    prints them."""
+
+    def __init__(self) -> None:
+        self.stats: list[dict] = []
+        self._path: str | None = None
+        self._cm: Any = None
+
+    def __enter__(self) -> "HypothesisStatistics":
+        import os
+        import tempfile
+
+        from hypothesis.statistics import collector
+
+        fd, self._path = tempfile.mkstemp(prefix="memspec-stats-", suffix=".jsonl")
+        os.close(fd)
+        path = self._path
+
+        def note(stats: dict) -> None:
+            import json
+
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(stats, default=str) + "\n")
+
+        self._cm = collector.with_value(note)
+        self._cm.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        import json
+        import os
+
+        self._cm.__exit__(*exc)
+        try:
+            with open(self._path or "", encoding="utf-8") as fh:
+                for line in fh:
+                    try:
+                        d = json.loads(line)
+                    except ValueError:
+                        continue
+                    if isinstance(d, dict):
+                        self.stats.append(d)
+        except OSError:
+            pass
+        finally:
+            try:
+                os.unlink(self._path or "")
+            except OSError:
+                pass
+        return False
+
+    def texts(self, nodeid: str | None = None) -> str:
+        from hypothesis.statistics import describe_statistics
+
+        out = []
+        for d in self.stats:
+            if nodeid is not None:
+                d = {**d, "nodeid": nodeid}
+            try:
+                out.append(describe_statistics(d))
+            except Exception as e:  # noqa: BLE001 - malformed statistics are reported, not raised
+                out.append(f"(statistics could not be described: {type(e).__name__}: {e})")
+        return "\n\n".join(out)

@@ -1,50 +1,9 @@
-"""Hypothesis settings profiles, registered in one place.
-
-* ``ci``   -- bounded and derandomized: fits the CI budget (the default under pytest).
-* ``dev``  -- a quick local loop.
-* ``fuzz`` -- long runs (GPU runners, nightly).
-
-Select with ``HYPOTHESIS_PROFILE=<name>`` or ``memspec ... --profile``.
-"""
+"""Hypothesis settings profiles (``ci``, ``dev``, ``fuzz``): defined in
+:mod:`memspec.invariants.profiles`, below the CLI layer; importing this
+module registers them too."""
 
 from __future__ import annotations
 
-import os
+from memspec.invariants.profiles import load  # noqa: F401 - registers the profiles
 
-from hypothesis import HealthCheck, Phase, settings
-
-_SUPPRESS = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large]
-
-settings.register_profile(
-    "ci",
-    max_examples=200,
-    stateful_step_count=50,
-    derandomize=True,
-    deadline=None,
-    database=None,
-    print_blob=True,
-    suppress_health_check=_SUPPRESS,
-)
-settings.register_profile(
-    "dev",
-    max_examples=50,
-    stateful_step_count=30,
-    deadline=None,
-    suppress_health_check=_SUPPRESS,
-)
-settings.register_profile(
-    "fuzz",
-    max_examples=100_000,
-    stateful_step_count=200,
-    deadline=None,
-    print_blob=True,
-    suppress_health_check=_SUPPRESS,
-    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
-)
-
-
-def load(name: str | None = None) -> str:
-    """Load the named profile (default: ``$HYPOTHESIS_PROFILE`` or ``ci``)."""
-    name = name or os.environ.get("HYPOTHESIS_PROFILE", "ci")
-    settings.load_profile(name)
-    return name
+__all__ = ["load"]

@@ -8,6 +8,8 @@ Without the option this plugin does nothing.
 
 from __future__ import annotations
 
+from memspec.invariants.levels import LEVELS
+
 
 def pytest_addoption(parser):  # pragma: no cover - exercised through pytest itself
     group = parser.getgroup("memspec")
@@ -18,7 +20,7 @@ def pytest_addoption(parser):  # pragma: no cover - exercised through pytest its
         metavar="TARGET",
         help="run memspec's conformance suite against TARGET (entry-point name or package.module:attr); repeatable",
     )
-    group.addoption("--memspec-level", default="all", choices=("mechanism", "system", "caching", "all"),
+    group.addoption("--memspec-level", default="all", choices=(*LEVELS, "all"),
                     help="which levels of the suite to run (default all that apply)")
     group.addoption("--memspec-examples", type=int, default=None, help="runs per level (default: the profile's)")
     group.addoption("--memspec-steps", type=int, default=None, help="steps per run (default: the profile's)")

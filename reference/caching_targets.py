@@ -4,13 +4,14 @@ Each factory returns a fresh :class:`~memspec.spec.api.TargetInstance` of
 ``kind="caching"`` whose ``allocator`` is a
 :class:`~memspec.reference.caching.CachingAllocator` on its own simulated
 device (a cudaMalloc with ``capacity`` bytes and a page-granular VMM sharing
-that capacity); ``mechanism`` is that device's mechanism.  ``extras`` names
-the policy for ``CACHING.init``.
+that capacity); ``mechanism`` is that device's mechanism.  ``caching`` (a
+:class:`~memspec.spec.api.CachingTarget`) names the policy and whether
+segments are expandable.
 """
 
 from __future__ import annotations
 
-from memspec.spec.api import MiB, TargetInstance
+from memspec.spec.api import CachingTarget, MiB, TargetInstance
 from memspec.reference.caching import CachingAllocator, SimulatedDevice
 
 DEFAULT_CAPACITY = 64 * MiB
@@ -28,7 +29,8 @@ def make_target(preset: str, *, capacity: int | None = None, expandable: bool = 
         capacity=cap,
         kind="caching",
         allocator=alloc,
-        extras={"policy": preset, "expandable": expandable},
+        caching=CachingTarget(policy=preset, expandable=expandable),
+        extras={"policy": preset, "expandable": expandable},  # for the target's own tests
     )
 
 

@@ -8,9 +8,9 @@ Each factory builds a fresh :class:`~.device.SimDevice` (default 256 MiB of
 2 MiB pages, so fuzzing reaches OutOfMemory quickly), the mechanism, and a
 :class:`~.ep.ReferenceEP` over the same device.  ``physical_bytes`` probes the
 pages actually held on the device (independent of any bookkeeping).
-``extras``: ``device`` (the SimDevice) and ``make_foreign`` (a second,
-independent mechanism of the same kind on the same device: the source of
-*foreign* handles).
+``device`` is the SimDevice (the reference roles of the system level share
+it) and ``make_foreign`` makes a second, independent mechanism of the same
+kind on the same device: the source of *foreign* handles.
 """
 
 from __future__ import annotations
@@ -21,13 +21,17 @@ from memspec.spec.api import DEFAULT_PAGE, TargetInstance
 
 from memspec.reference.device import DEFAULT_CAPACITY, SimDevice
 from memspec.reference.ep import ReferenceEP
-from memspec.reference.mechanisms import ReferenceMechanism, eager_only, full, vmm_only
+from memspec.reference.mechanism import ReferenceMechanism, eager_only, full, vmm_only
 
 
 def _target(make: Callable[[SimDevice], ReferenceMechanism], capacity: int | None, page_size: int) -> TargetInstance:
     dev = SimDevice(capacity or DEFAULT_CAPACITY, page_size)
     mech = make(dev)
     ep = ReferenceEP(dev)
+
+    def make_foreign() -> ReferenceMechanism:
+        return make(dev)
+
     return TargetInstance(
         mechanism=mech,
         ep=ep,
@@ -35,7 +39,9 @@ def _target(make: Callable[[SimDevice], ReferenceMechanism], capacity: int | Non
         capacity=dev.capacity,
         close=lambda: None,
         kind="mechanism",
-        extras={"device": dev, "make_foreign": lambda: make(dev)},
+        make_foreign=make_foreign,
+        device=dev,
+        extras={"make_foreign": make_foreign},  # for the reference's own tests
     )
 
 

@@ -705,29 +705,127 @@ class CachingAllocator(Protocol):
 # Targets (what `memspec conform` runs against)
 # --------------------------------------------------------------------------
 
-@dataclass
-class TargetInstance:
-    """A fresh system under test, made by a target factory.
+#: The levels a target can be checked at (see ``memspec.invariants.levels``):
+#: ``"mechanism"`` and ``"system"`` for a seed-000 mechanism target,
+#: ``"caching"`` for a seed-003 caching allocator.
+TARGET_KINDS = ("mechanism", "caching")
 
-    ``mechanism`` is required. ``ep`` is the target's own execution provider
-    (needed for data-integrity checks through copies; without it those checks
-    are N/A).  ``physical_bytes`` probes the physical bytes the target holds
-    right now (e.g. ``cuMemGetInfo`` or the simulated device's page count),
-    independent of its own bookkeeping.  ``close`` tears everything down.
+
+@dataclass(frozen=True)
+class CachingTarget:
+    """What a caching-level target tells the harness about its allocator
+    (``TargetInstance.caching``).  Every field is read once, when the run is
+    planned; nothing here is called during a step.
+
+    * ``policy`` -- the spec's policy the allocator claims to follow:
+      ``"pytorch"`` (PyTorch 2.5's rounding, split and segment rules) or
+      ``"seed"`` (seed 003's toy).  Required: the spec cannot predict block
+      sizes without it.
+    * ``expandable`` -- ``expandable_segments:True`` (segments grow by pages
+      instead of new ``cudaMalloc`` calls).
+    * ``streams`` -- how many streams the allocator accepts (``1``: only
+      stream 0; the actions that need a second stream are then N/A).
+    * ``record_stream`` -- the allocator implements ``record_stream`` (else
+      the cross-stream invariants are N/A, "record_stream absent").
+    * ``options`` -- further keyword arguments of the caching machine's
+      ``init`` the allocator is configured with (e.g. ``max_split_size``);
+      an unknown name is an error of the target, reported at planning.
     """
 
-    mechanism: DeviceMemoryMechanism
+    policy: str
+    expandable: bool = False
+    streams: int = 2
+    record_stream: bool = True
+    options: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SystemRoles:
+    """Roles a system-level target brings itself (``TargetInstance.roles``).
+
+    At the system level the harness wires seed 000's roles around the
+    target's mechanism: *the ProcessMemoryManager wires these roles together
+    safely*.  Every role left ``None`` is filled by the reference
+    implementation; a role given here replaces the reference one, so an
+    allocator project can put its own Governor, manager, binding or holders
+    under the suite.  Each is a *factory*, called once per example in this
+    order, with what the roles before it produced:
+
+    * ``governor(capacity) -> Governor`` -- the authority;
+    * ``manager() -> ProcessMemoryManager`` -- registry, selection, pins;
+    * ``binding(manager, device, context_id, authority_id) -> MemoryBinding``
+      -- default ``manager.bind(device, context_id, authority_id)``;
+    * ``weights(binding) -> ModelResidencyHolder`` and
+      ``kv(binding) -> KvPageStoreHolder`` -- the holders;
+    * ``extra_mechanism() -> DeviceMemoryMechanism`` -- the eager-only
+      mechanism registered second (the replacement ``select`` installs); it
+      must live where the target's EP can copy to (default: a reference
+      eager mechanism on a simulated device, which suits only a target
+      without its own EP).
+
+    The EP is ``TargetInstance.ep`` (a reference EP when absent).
+    """
+
+    governor: Callable[[int], "Governor"] | None = None
+    manager: Callable[[], "ProcessMemoryManager"] | None = None
+    binding: Callable[..., "MemoryBinding"] | None = None
+    weights: Callable[["MemoryBinding"], "ModelResidencyHolder"] | None = None
+    kv: Callable[["MemoryBinding"], "KvPageStoreHolder"] | None = None
+    extra_mechanism: Callable[[], "DeviceMemoryMechanism"] | None = None
+
+    def given(self) -> list[str]:
+        """The names of the roles this target brings."""
+        return [n for n in ("governor", "manager", "binding", "weights", "kv", "extra_mechanism")
+                if getattr(self, n) is not None]
+
+
+@dataclass
+class TargetInstance:
+    """A fresh system under test, made by a target factory
+    (``factory(capacity=None) -> TargetInstance``).  The harness builds one
+    per example and never shares it between examples.
+
+    Every field the harness reads is here; ``extras`` is never read by it.
+
+    * ``mechanism`` -- the :class:`DeviceMemoryMechanism` under test
+      (required for ``kind="mechanism"``; for ``kind="caching"`` the
+      mechanism the allocator draws its segments from, or ``None``).
+    * ``ep`` -- the target's own :class:`ExecutionProvider`: the harness
+      writes and reads back a pattern in every region a caller can see
+      through its copies, and the system level uses it as the EP.  ``None``:
+      the data checks and the actions that need an EP are N/A.
+    * ``physical_bytes()`` -- the physical bytes the target holds right now
+      (``cuMemGetInfo``, a simulated device's page count), independent of its
+      own bookkeeping; compared after every mechanism-level step with what
+      the spec says is installed.  ``None``: that observation is N/A.
+    * ``capacity`` -- the device's bytes (the Governor's capacity at the
+      system level, the OOM limit at the caching level).
+    * ``close()`` -- tear everything down at the end of an example.
+    * ``kind`` -- ``"mechanism"`` or ``"caching"`` (:data:`TARGET_KINDS`).
+    * ``allocator`` -- for ``kind="caching"``: the :class:`CachingAllocator`.
+    * ``caching`` -- for ``kind="caching"``: its :class:`CachingTarget`
+      (policy, expandable segments, streams, ``record_stream``).
+    * ``make_foreign()`` -- a second, independent mechanism of the same kind
+      on the same device (its handles are *foreign* to ``mechanism``: the
+      mechanism must refuse them).  ``None``: the harness calls the factory
+      once more for the twin.
+    * ``roles`` -- :class:`SystemRoles` the target brings at the system level.
+    * ``device`` -- an object the reference roles may share with the target
+      (the reference's ``SimDevice``); ``None`` for any other target.
+    * ``extras`` -- anything else the target exposes to its own tests.
+    """
+
+    mechanism: DeviceMemoryMechanism | None
     ep: ExecutionProvider | None = None
     physical_bytes: Callable[[], int] | None = None
     capacity: int | None = None
     close: Callable[[], None] | None = None
-    #: which spec machine applies: ``"mechanism"`` (seed 000 contract, and the
-    #: system level around it) or ``"caching"`` (seed 003's caching allocator,
-    #: then ``allocator`` is the caching allocator under test).
     kind: str = "mechanism"
     allocator: object | None = None
-    #: anything else a target wants to expose to its tests (e.g. a foreign
-    #: instance factory, the host emulator)
+    caching: CachingTarget | None = None
+    make_foreign: Callable[[], DeviceMemoryMechanism] | None = None
+    roles: SystemRoles | None = None
+    device: object | None = None
     extras: dict = field(default_factory=dict)
 
 

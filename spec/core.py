@@ -45,6 +45,10 @@ def _nothing(_: Any) -> None:
     return None
 
 
+def _same(v: Any) -> Any:
+    return v
+
+
 # --------------------------------------------------------------------------
 # Outcomes
 # --------------------------------------------------------------------------
@@ -251,6 +255,23 @@ class Invariant(Generic[S]):
     quote: str  # the seed sentence it encodes
     check: Callable[[Any], str | None]
     full_check: Callable[[Any], str | None] | None = None
+    #: ``{state class: predicate or None}`` when the invariant reads a
+    #: different record per level (``None``: holds vacuously at that level);
+    #: ``check`` then dispatches on the state's class.  A harness asks
+    #: :meth:`check_for` once per run instead of dispatching every step.
+    levels: dict | None = field(default=None, compare=False, hash=False)
+    #: capabilities without which nothing can break it (N/A for a target
+    #: that lacks one, e.g. ``("expandable_segments",)``)
+    requires: tuple[str, ...] = ()
+
+    def check_for(self, state: Any) -> Callable[[Any], str | None] | None:
+        """The predicate for ``state``'s level (``None``: vacuous there)."""
+        if self.levels is None:
+            return self.check
+        for cls, fn in self.levels.items():
+            if isinstance(state, cls):
+                return fn
+        return None
 
 
 @dataclass(frozen=True)
@@ -270,10 +291,44 @@ class Observation:
     requires: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class DataRegion:
+    """Memory a caller can see, which must keep the bytes written into it.
+
+    Either one ``extent`` ``(address, size)`` or ``pages``: ``(base,
+    page indices, page size)`` of committed pages.  A harness writes a
+    pattern there through the EP and reads it back later: a fault is blamed
+    on ``blame_fault`` (the spec says it is backed), changed bytes on
+    ``blame_mismatch`` (someone else's bytes live there).
+    """
+
+    blame_fault: str
+    blame_mismatch: str
+    extent: tuple[int, int] | None = None
+    pages: tuple[int, Any, int] | None = None
+    #: the page size of an ``extent`` (a harness stamps page boundaries)
+    page: int = 0
+
+
 @dataclass
 class Machine(Generic[S]):
     """A whole executable spec: how to make the initial state, its action
-    table, invariants and observations.  The harness needs nothing else."""
+    table, invariants and observations.  The harness needs nothing else.
+
+    What a harness needs beyond the actions, the machine says too, so that
+    the harness knows no machine by name:
+
+    * ``regions(state, ref, obj) -> DataRegion | None`` -- which bytes of
+      reference ``ref`` (bound to the implementation's ``obj``) a caller can
+      see now; ``None``: none (dead, foreign, or not memory).
+    * ``start_checks`` -- observations compared once, when a run starts
+      (``refs`` is ignored; ``expected(state, None)`` against
+      ``observed(sut, None)``), e.g. capability answers.
+    * ``unwrap(value)`` -- the implementation object inside what a
+      ``perform`` returned (the harness binds that to the reference id).
+    * ``ep_blame`` -- the invariant blamed when the EP the harness reads
+      memory through fails outside any action (e.g. ``new_stream``).
+    """
 
     name: str
     doc: str
@@ -281,6 +336,21 @@ class Machine(Generic[S]):
     actions: list[Action[S]]
     invariants: list[Invariant[S]]
     observations: list[Observation] = field(default_factory=list)
+    regions: Callable[[Any, int, Any], DataRegion | None] | None = None
+    start_checks: list[Observation] = field(default_factory=list)
+    unwrap: Callable[[Any], Any] = _same
+    ep_blame: str | None = None
+
+    def step_checks(self, state: S) -> list[tuple[str, Callable[[Any], str | None]]]:
+        """``[(invariant id, predicate)]`` for ``state``'s level, in order,
+        leaving out the invariants that hold vacuously there: the same
+        answers as :meth:`check_invariants`, without a per-step dispatch."""
+        out = []
+        for inv in self.invariants:
+            fn = inv.check_for(state)
+            if fn is not None:
+                out.append((inv.id, fn))
+        return out
 
     def invariant(self, id: str) -> Invariant[S]:
         for inv in self.invariants:

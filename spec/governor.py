@@ -210,7 +210,7 @@ def refund_lease(s: SysState, lease: int) -> Any:
         return only(InvalidRequest, blame="S11", describe="already refunded")
 
     def then(_v: int) -> None:
-        from memspec.spec.release import refund
+        from memspec.spec.ep import refund
 
         l_.refunded = True
         s.lease_bytes[l_.holder] -= l_.nbytes

@@ -47,9 +47,9 @@ from memspec.spec.api import Fence, TicketState
 from memspec.spec.core import Domain, Raises, Returns, action, booleans, only, outcomes
 from memspec.spec.errors import GrantDenied, InvalidRange, InvalidRequest, InvalidTicket, MemspecError, OutOfMemory, Unsupported
 from memspec.spec.state import KvRequest, Seen, SysState, Weight, add, new_ref
-from memspec.spec.allocation import context_alive, drop_owned, new_owned, physical_total
+from memspec.spec.manager import context_alive, drop_owned, new_owned, physical_total
 from memspec.spec.governor import KV, WEIGHTS, charge_at_footprint, holder_name, ticket_receive
-from memspec.spec.release import PENDING, done_flags, enqueue, flags_ok, known_flags, launch, new_entry, refund, run_done
+from memspec.spec.ep import PENDING, done_flags, enqueue, flags_ok, known_flags, launch, new_entry, refund, run_done
 
 WEIGHT_PAGES = {"w0": 1, "w1": 2, "w2": 4, "w3": 8}
 

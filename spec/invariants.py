@@ -25,16 +25,39 @@ from memspec.spec.state import MechState, SysState
 KV = "kv"
 
 
-def _sys(fn: Callable[[SysState], str | None]) -> Callable[[Any], str | None]:
-    return lambda s: fn(s) if isinstance(s, SysState) else None
+class _Levels:
+    """A predicate per level: ``check`` dispatches on the state's class and
+    ``levels`` (read by :meth:`Invariant.check_for`) names each one."""
+
+    __slots__ = ("mech", "sys")
+
+    def __init__(self, mech: Callable[[MechState], str | None] | None,
+                 sys: Callable[[SysState], str | None] | None) -> None:
+        self.mech, self.sys = mech, sys
+
+    def __call__(self, s: Any) -> str | None:
+        fn = self.mech if isinstance(s, MechState) else self.sys if isinstance(s, SysState) else None
+        return fn(s) if fn is not None else None
+
+    @property
+    def levels(self) -> dict:
+        return {MechState: self.mech, SysState: self.sys}
 
 
-def _mech(fn: Callable[[MechState], str | None]) -> Callable[[Any], str | None]:
-    return lambda s: fn(s) if isinstance(s, MechState) else None
+def _sys(fn: Callable[[SysState], str | None]) -> _Levels:
+    return _Levels(None, fn)
 
 
-def _both(mech: Callable[[MechState], str | None], sys: Callable[[SysState], str | None]) -> Callable[[Any], str | None]:
-    return lambda s: mech(s) if isinstance(s, MechState) else sys(s)
+def _mech(fn: Callable[[MechState], str | None]) -> _Levels:
+    return _Levels(fn, None)
+
+
+def _both(mech: Callable[[MechState], str | None], sys: Callable[[SysState], str | None]) -> _Levels:
+    return _Levels(mech, sys)
+
+
+def _inv(id: str, title: str, quote: str, check: _Levels, full_check: _Levels | None = None) -> Invariant:
+    return Invariant(id, title, quote, check, full_check, levels=check.levels)
 
 
 def _first(*reasons: str | None) -> str | None:
@@ -59,7 +82,7 @@ def _s1_mech(s: MechState) -> str | None:
     return None
 
 
-S1 = Invariant(
+S1 = _inv(
     "S1", "creator-free: an allocation is released only by the mechanism/context that created it",
     "an allocation may only be released by the mechanism/context that created it",
     _both(_s1_mech, _s1_sys),
@@ -73,7 +96,7 @@ def _s2(s: SysState) -> str | None:
     return None
 
 
-S2 = Invariant(
+S2 = _inv(
     "S2", "charge-before-commit: physical bytes committed for a holder never exceed its charge",
     "a charge must be obtained before physical commit", _sys(_s2),
 )
@@ -88,7 +111,7 @@ def _s3(s: SysState) -> str | None:
     return None
 
 
-S3 = Invariant(
+S3 = _inv(
     "S3", "fresh-capability: a capability query answers for the mechanism installed now",
     "a capability query must not return a stale allocator snapshot", _sys(_s3),
 )
@@ -100,7 +123,7 @@ def _s4(s: SysState) -> str | None:
     return None
 
 
-S4 = Invariant(
+S4 = _inv(
     "S4", "fence-release: backing is released only after every fence of work that used it completed",
     "GPU release must obey stream/fence ordering", _sys(_s4),
 )
@@ -137,7 +160,7 @@ def _s5_sys(s: SysState) -> str | None:
     return None
 
 
-S5 = Invariant(
+S5 = _inv(
     "S5", "no-silent-noop: unsupported is an explicit absence/error; a commit changes committed bytes by exactly its range",
     "unsupported must not masquerade as a successful no-op", _both(_s5_mech, _s5_sys),
     full_check=_both(_s5_mech_full, _s5_sys),
@@ -154,7 +177,7 @@ def _s6(s: SysState) -> str | None:
     return None
 
 
-S6 = Invariant(
+S6 = _inv(
     "S6", "holder-chooses: the Governor only issues tickets; only holders release, and 0 is a valid answer",
     "the Governor does not choose a holder's victim", _sys(_s6),
 )
@@ -166,7 +189,7 @@ def _s7(s: SysState) -> str | None:
     return None
 
 
-S7 = Invariant(
+S7 = _inv(
     "S7", "role-separation: drop enqueues and never frees; the manager never synchronizes streams",
     "the manager selects the allocator but does not duplicate the EP's stream/context responsibilities",
     _sys(_s7),
@@ -207,7 +230,7 @@ def _s8_full(s: SysState) -> str | None:
     return None
 
 
-S8 = Invariant(
+S8 = _inv(
     "S8", "exact-accounting: a failed allocation returns its grant; charges equal actual footprints",
     "If the allocation fails, the provisional grant must be returned. When the actual footprint differs from "
     "the plan, act on the real allocated bytes; do not silently keep incorrect accounts.",
@@ -228,7 +251,7 @@ def _s9(s: SysState) -> str | None:
     return None
 
 
-S9 = Invariant(
+S9 = _inv(
     "S9", "transactional-growth: a failed growth rolls back the mapping, returns the grant, keeps the old view",
     "If step 4 or 5 fails: roll back the provisional mapping; return the grant; keep the old KV view and request "
     "state; do not expose a partially committed new state.", _sys(_s9),
@@ -244,7 +267,7 @@ def _s10(s: SysState) -> str | None:
     return None
 
 
-S10 = Invariant(
+S10 = _inv(
     "S10", "context-pinned: a context outlives every allocation and queued release made in it",
     "Establish provider/context pinning: the context is not destroyed while an allocation is still alive.",
     _sys(_s10),
@@ -269,7 +292,7 @@ def _s11_mech(s: MechState) -> str | None:
     return None
 
 
-S11 = Invariant(
+S11 = _inv(
     "S11", "ledger-conservation: capacity = free + granted + charged, all >= 0; charges are the holders' sum",
     "Total capacity: 24 GB / Approved: 22 GB / Request: 500 MB / Result: can approve",
     _both(_s11_mech, _s11_sys),
@@ -282,7 +305,7 @@ def _s12(s: SysState) -> str | None:
     return None
 
 
-S12 = Invariant(
+S12 = _inv(
     "S12", "stable-address: commit/decommit never move a reservation's base address",
     "The pointer stays the same, so tensor bindings or graph captures that depend on a stable address do not "
     "have to be rebuilt as the KV grows.", _sys(_s12),
@@ -319,7 +342,7 @@ def _s13_sys(s: SysState) -> str | None:
     return None
 
 
-S13 = Invariant(
+S13 = _inv(
     "S13", "shared-lifetime: shared pages charged once, freed only after the last mapping and handle; read-only rejects writes",
     "This requires a physical handle, multi-address mapping, reference counting, read-only protection, and "
     "possibly Copy-on-Write.", _both(_s13_mech_full, _s13_sys), full_check=_both(_s13_mech_full, _s13_sys),
@@ -340,7 +363,7 @@ def _s14_sys(s: SysState) -> str | None:
     return None
 
 
-S14 = Invariant(
+S14 = _inv(
     "S14", "no-reuse-of-identity: a stale handle is rejected even if its address was reused",
     "DeviceAllocation is an owning handle. It must remember, or indirectly reference: the allocator that "
     "created it; the corresponding device and provider context; the queue/fence needed for safe release; the "
@@ -367,7 +390,7 @@ def _s15_full(s: SysState) -> str | None:
     return None
 
 
-S15 = Invariant(
+S15 = _inv(
     "S15", "ticket-exactly-once: a ticket's grant is returned exactly once on cancel/timeout; terminal tickets hold 0",
     "When memory is tight, all it can send is: pressure ticket: try to free 1 GB, priority = ..., deadline = ...",
     _sys(lambda s: _s15_full(s) if len(s.tickets) <= 64 else _s15(s)), full_check=_sys(_s15_full),

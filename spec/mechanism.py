@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from memspec.spec import allocation, backing, sharing
-from memspec.spec.api import SharedMapping, VirtualBacking
-from memspec.spec.core import Machine, Observation, Returns, action, outcomes
+from memspec.spec import eager, shared, vmm
+from memspec.spec.api import DeviceAllocation, SharedMapping, VirtualBacking
+from memspec.spec.core import DataRegion, Machine, Observation, Returns, action, outcomes
 from memspec.spec.invariants import ALL
 from memspec.spec.state import MechState
 
@@ -129,7 +129,72 @@ OBSERVATIONS = [
         lambda sut, h: sut.mechanism.shared_mapping().mapping_count(sut.ref(h)),
         requires=("shared_mapping",),
     ),
+    Observation(
+        # Seed 000, *no silent no-ops*: a release (or commit) answered as
+        # done whose bytes did not move is a success that did not happen.
+        # The device's own count (``TargetInstance.physical_bytes``, counted
+        # from the start of the run) must equal what the spec says is
+        # installed plus what the foreign twin took on the same device.
+        "physical_bytes",
+        "S5",
+        lambda s, _t: (None,),
+        lambda s, _r: s.physical + s.foreign_bytes,
+        lambda sut, _r: sut.physical_bytes(),
+        requires=("physical_bytes",),
+    ),
 ]
+
+
+def _capability_answer(getter: str, protocol: type) -> Any:
+    """What ``mechanism.<getter>()`` answers, in the spec's terms: ``None``,
+    ``"present"`` (an object with every method of ``protocol``), or what is
+    missing."""
+
+    def observed(sut: Any, _r: Any) -> Any:
+        got = getattr(sut.mechanism, getter)()
+        if got is None:
+            return None
+        missing = sorted(m for m in protocol.__dict__ if not m.startswith("_") and callable(getattr(protocol, m, None))
+                         and not callable(getattr(got, m, None)))
+        return f"an object lacking {', '.join(missing)}" if missing else "present"
+
+    return observed
+
+
+#: Seed 000, *"when a capability is unsupported, return an explicit absence
+#: or error rather than a successful no-op"*: at the start of a run each
+#: capability query answers as it did when the target was discovered -- an
+#: object with the protocol's methods, or ``None``.
+START_CHECKS = [
+    Observation("virtual_backing()", "S5", lambda s, _t: (None,),
+                lambda s, _r: "present" if s.virtual_backing else None,
+                _capability_answer("virtual_backing", VirtualBacking)),
+    Observation("shared_mapping()", "S5", lambda s, _t: (None,),
+                lambda s, _r: "present" if s.shared_mapping else None,
+                _capability_answer("shared_mapping", SharedMapping)),
+]
+
+
+def regions(s: MechState, ref: int, obj: Any) -> DataRegion | None:
+    """The bytes a caller of the mechanism can see: a live own allocation's
+    ``[address, address+size)`` and a live own VirtualBacking reservation's
+    committed pages.
+
+    Blame: a fault on either is S5 (*a commit/allocation that returns
+    success without mapping*); a changed byte is S11 (two live ranges on the
+    same physical bytes: the device's accounts count bytes that do not
+    exist).  Shared mappings alias by design and carry no pattern.
+    """
+    rec = s.allocations.get(ref)
+    if rec is not None:
+        if rec.live and not rec.foreign:
+            addr = obj.address if isinstance(obj, DeviceAllocation) else rec.address
+            return DataRegion("S5", "S11", extent=(addr, rec.size), page=s.page)
+        return None
+    res = s.reservations.get(ref)
+    if res is not None and res.live and not res.foreign and res.kind == "backing" and res.committed:
+        return DataRegion("S5", "S11", pages=(res.address, res.committed, s.page))
+    return None
 
 
 MECHANISM: Machine[MechState] = Machine(
@@ -137,9 +202,12 @@ MECHANISM: Machine[MechState] = Machine(
     doc=__doc__ or "",
     init=init,
     actions=[query_virtual_backing, query_shared_mapping]
-    + allocation.MECH_ACTIONS
-    + backing.MECH_ACTIONS
-    + sharing.MECH_ACTIONS,
+    + eager.MECH_ACTIONS
+    + vmm.MECH_ACTIONS
+    + shared.MECH_ACTIONS,
     invariants=list(ALL),
     observations=OBSERVATIONS,
+    regions=regions,
+    start_checks=START_CHECKS,
+    ep_blame="S7",
 )

@@ -8,10 +8,10 @@ the EP keeps device operations correctly ordered, and the
 ProcessMemoryManager wires these roles together safely.*
 
 =======================  ===============================================
-ProcessMemoryManager     registry, selection, capabilities, context pins (``registry``, ``contexts``)
+ProcessMemoryManager     registry, selection, capabilities (``manager``), context pins (``context``)
 Governor / Authority     ledger, grants, leases, pressure tickets (``governor``)
-MemoryBinding            the allocation transaction, reservations (``allocation``, ``backing``)
-Execution Provider       streams, fences, deferred-free queue (``release``)
+MemoryBinding            the allocation transaction (``manager``), reservations (``vmm``)
+Execution Provider       streams, fences, deferred-free queue (``ep``)
 Holders                  ModelResidency, KvPageStore (``holders``)
 =======================  ===============================================
 
@@ -34,12 +34,14 @@ through ``sut.ref(id)``.  A KV request's reference id ``r`` is named
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from memspec.spec import allocation, backing, contexts, governor, holders, registry, release
-from memspec.spec.core import Machine, Observation
+from memspec.spec import context, ep, governor, holders, manager, vmm
+from memspec.spec.api import DeviceAllocation, VirtualAllocation
+from memspec.spec.core import DataRegion, Machine, Observation
 from memspec.spec.invariants import ALL
-from memspec.spec.state import Registry, SysState
+from memspec.spec.state import Registry, Seen, SysState
 
 
 def init(*, capacity: int, page: int, virtual_backing: bool, shared_mapping: bool, ep: bool = True,
@@ -99,7 +101,7 @@ OBSERVATIONS = [
     Observation("governor.charged(kv)", "S9", _always, lambda s, _r: s.charged_by.get(governor.KV, 0),
                 lambda sut, _r: sut.governor.charged(sut.kv.name)),
     Observation("ep.pending_releases", "S7", _always, _expected_pending, lambda sut, _r: sut.ep.pending_releases()),
-    Observation("manager.pins > 0", "S10", _always, lambda s, _r: contexts.pins(s) > 0,
+    Observation("manager.pins > 0", "S10", _always, lambda s, _r: context.pins(s) > 0,
                 lambda sut, _r: sut.manager.pins(sut.context_id) > 0),
     Observation("weights.resident_bytes", "S6", _always,
                 lambda s, _r: sum(w.pages for w in s.weights.values() if w.resident) * s.page,
@@ -107,17 +109,58 @@ OBSERVATIONS = [
     Observation("kv.committed", "S9", _touched_kv, lambda s, r: s.kv[r].committed,
                 lambda sut, r: sut.kv.committed(holders.kv_name(r)), requires=("virtual_backing",)),
     Observation("reservation.committed", "S12", _touched_reservations,
-                lambda s, r: len(s.owned[r].committed) * s.page, lambda sut, r: backing.reservation_of(sut, r).committed(),
+                lambda s, r: len(s.owned[r].committed) * s.page, lambda sut, r: vmm.reservation_of(sut, r).committed(),
                 requires=("virtual_backing",)),
 ]
+
+
+def regions(s: SysState, ref: int, obj: Any) -> DataRegion | None:
+    """An owning allocation (``OwningAllocation.allocation``) and the
+    committed pages of an owning reservation made by the target's own
+    mechanism, while the spec says they are live or their release is queued
+    behind a fence (the extra mechanism may live where the EP cannot copy).
+
+    Blame: live -- a fault is S5 (backing that was never installed), a
+    changed byte S11 (bytes counted twice); queued -- either is S4 (*backing
+    is released only after every fence of work that used it has completed*).
+    """
+    rec = s.owned.get(ref)
+    if rec is None or rec.state not in ("live", "queued") or getattr(rec, "creator", 0) != 0:
+        return None
+    inner = getattr(obj, "allocation", None)
+    fault, mismatch = ("S5", "S11") if rec.state == "live" else ("S4", "S4")
+    if rec.kind == "allocation" and isinstance(inner, DeviceAllocation):
+        return DataRegion(fault, mismatch, extent=(inner.address, inner.size), page=s.page)
+    if rec.kind == "reservation" and isinstance(inner, VirtualAllocation) and rec.committed:
+        return DataRegion(fault, mismatch, pages=(inner.address, rec.committed, s.page))
+    return None
+
+
+def unwrap(value: Any) -> Any:
+    """A :class:`Seen` answer binds the implementation object it wraps."""
+    return value.obj if isinstance(value, Seen) else value
+
+
+#: Actions that run device work on the target's memory (a stand-in kernel
+#: reading and writing an allocation): only an EP of the target's own
+#: reaches that memory, so without one they are not drawn (N/A, "ep").
+_KERNELS_ON_TARGET_MEMORY = ("use", "use_owned", "kv_use")
+
+
+def _needs_target_ep(actions: list) -> list:
+    return [replace(a, requires=a.requires + ("ep",)) if a.name in _KERNELS_ON_TARGET_MEMORY else a
+            for a in actions]
 
 
 SYSTEM: Machine[SysState] = Machine(
     name="system",
     doc=__doc__ or "",
     init=init,
-    actions=registry.ACTIONS + governor.ACTIONS + allocation.SYS_ACTIONS + release.ACTIONS + backing.SYS_ACTIONS
-    + holders.ACTIONS + contexts.ACTIONS,
+    actions=_needs_target_ep(manager.ACTIONS + governor.ACTIONS + manager.BINDING_ACTIONS + ep.ACTIONS
+                             + vmm.SYS_ACTIONS + holders.ACTIONS + context.ACTIONS),
     invariants=list(ALL),
     observations=OBSERVATIONS,
+    regions=regions,
+    unwrap=unwrap,
+    ep_blame="S7",
 )

@@ -9,12 +9,14 @@ targets can be named ``tests.hostile_targets:NAME`` on a command line.
 
 from __future__ import annotations
 
+import ctypes
+import os
+import sys
 import threading
 import time
 
 from memspec.spec import api, core
 from memspec.spec.errors import DeviceFault, DoubleFree, InvalidRequest, OutOfMemory, StaleHandle
-from memspec.invariants import harness as H
 
 TOY_CAPACITY = 64 * 1024
 
@@ -24,8 +26,9 @@ TOY_CAPACITY = 64 * 1024
 # --------------------------------------------------------------------------
 
 class ToyState:
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, virtual_backing: bool = False) -> None:
         self.capacity = capacity
+        self.virtual_backing = virtual_backing
         self.used = 0
         self.live: dict[int, int] = {}   # ref -> footprint
         self.live_list: list[int] = []
@@ -80,10 +83,26 @@ def _bad_size_step(s: ToyState, size: int) -> core.Outcomes:
     return core.only(InvalidRequest, blame="T2")
 
 
+def _toy_regions(s: ToyState, ref: int, obj) -> core.DataRegion | None:
+    """A live allocation's bytes: a fault is T1 (success without backing), a changed byte T3."""
+    if ref in s.live and isinstance(obj, api.DeviceAllocation):
+        return core.DataRegion("T1", "T3", extent=(obj.address, obj.size))
+    return None
+
+
+def _vb_answer(sut, _r):
+    got = sut.mechanism.virtual_backing()
+    if got is None:
+        return None
+    missing = sorted(m for m in ("commit_range", "decommit_range", "reserve", "release") if not callable(getattr(got, m, None)))
+    return f"an object that lacks {', '.join(missing)}" if missing else "present"
+
+
 TOY = core.Machine(
     name="toy",
     doc="A toy eager allocator with a byte ledger (tests of the engine only).",
-    init=lambda *, capacity=None, page=None, virtual_backing=False, shared_mapping=False: ToyState(capacity or TOY_CAPACITY),
+    init=lambda *, capacity=None, page=None, virtual_backing=False, shared_mapping=False: ToyState(
+        capacity or TOY_CAPACITY, virtual_backing),
     actions=[
         core.action(role="allocator", params={"size": core.ints(1, 8192)}, perform=_alloc_perform, weight=3,
                     invariants=("T1",))(_alloc_step),
@@ -100,23 +119,21 @@ TOY = core.Machine(
         core.Invariant("T2", "errors", "one exception per meaning", lambda s: None),
         core.Invariant("T3", "data", "overlapping allocations are caught", lambda s: None),
         core.Invariant("T4", "virtual", "needs virtual backing", lambda s: None),
+        core.Invariant("T5", "capabilities", "an absent capability is None, never a stub", lambda s: None),
     ],
     observations=[
         core.Observation("used bytes", "T1", refs=lambda s, t: (None,), expected=lambda s, r: s.used,
                          observed=lambda sut, r: sut.mechanism.allocator().used_bytes()),
     ],
+    regions=_toy_regions,
+    start_checks=[core.Observation("virtual_backing()", "T5", refs=lambda s, t: (None,),
+                                   expected=lambda s, r: "present" if s.virtual_backing else None,
+                                   observed=_vb_answer)],
 )
 # an action only a mechanism with virtual backing gets: T4 is N/A on the toy
 TOY.actions.append(core.action(role="backing", params={}, perform=lambda sut: None, requires=("virtual_backing",),
                                invariants=("T4",))(lambda s: core.outcomes(core.Returns("None"), blame="T4")))
 TOY.actions[-1] = core.Action(**{**TOY.actions[-1].__dict__, "name": "reserve"})
-
-
-@H.register_locator("toy")
-def _toy_locate(run, ref, obj):
-    if ref in run.state.live and isinstance(obj, api.DeviceAllocation):
-        return [(obj.address, obj.size)], "T1", "T3"
-    return None
 
 
 # --------------------------------------------------------------------------
@@ -254,6 +271,17 @@ class _Hostile(ToyAllocator):
                 threading.Event().wait()
             if self.mode == "exit":
                 raise SystemExit(3)
+            if self.mode == "segfault":
+                ctypes.string_at(0)                      # SIGSEGV inside C
+            if self.mode == "hang-c-sleep":
+                ctypes.CDLL(None).sleep(3600)            # blocks in libc's sleep(): no Python bytecode runs
+            if self.mode == "hang-pipe":
+                r, _w = os.pipe()
+                os.read(r, 1)                            # a blocking read nobody will ever answer
+            if self.mode == "os-exit":
+                os._exit(0)                              # "success" exit status, no result
+            if self.mode == "base-exception":
+                raise _HostileBase("not an Exception")
         return super().allocate(request)
 
 
@@ -272,10 +300,39 @@ toy_hangs = _hostile("hang")
 toy_hangs_busy = _hostile("hang-busy")
 toy_hangs_lock = _hostile("hang-lock")
 toy_exits = _hostile("exit")
+toy_segfaults = _hostile("segfault")
+toy_hangs_in_c = _hostile("hang-c-sleep")
+toy_hangs_on_pipe = _hostile("hang-pipe")
+toy_os_exits = _hostile("os-exit")
+toy_raises_base_exception = _hostile("base-exception")
+
+
+class _HostileBase(BaseException):
+    """A BaseException that is neither SystemExit nor KeyboardInterrupt."""
 
 
 def toy_factory_raises(capacity=None):
     raise RuntimeError("hostile factory")
+
+
+def toy_factory_exits_0(capacity=None):
+    sys.exit(0)                       # would turn a run green if the harness took it for the end
+
+
+def toy_factory_os_exits(capacity=None):
+    os._exit(0)
+
+
+def toy_factory_hangs(capacity=None):
+    ctypes.CDLL(None).sleep(3600)
+
+
+def toy_factory_base_exception(capacity=None):
+    raise _HostileBase("hostile factory")
+
+
+def toy_factory_segfaults(capacity=None):
+    ctypes.string_at(0)
 
 
 # Hostile wrappers of the reference mechanism (used once it exists).

@@ -30,7 +30,7 @@ from memspec.spec.errors import (
 )
 from memspec.reference.device import RangeAllocator, SimDevice, WorkItem
 from memspec.reference.ep import ReferenceEP
-from memspec.reference.mechanisms import eager_only, full, vmm_only
+from memspec.reference.mechanism import eager_only, full, vmm_only
 
 PAGE = 2 * MiB
 PIB = 1 << 50

@@ -12,11 +12,11 @@ from typing import Any, Callable
 
 import pytest
 
-from memspec.spec import allocation, contexts, governor, holders, registry, release, sharing
+from memspec.spec import context, ep, governor, holders, manager, shared
 from memspec.spec.api import DeviceAllocation, DeviceKey, Identity
 from memspec.spec.invariants import ALL, BY_ID
 from memspec.spec.mechanism import MECHANISM
-from memspec.spec.release import queue_snapshot
+from memspec.spec.ep import queue_snapshot
 from memspec.spec.selfcheck import drive, force
 from memspec.spec.state import Seen
 from memspec.spec.system import SYSTEM
@@ -68,7 +68,7 @@ def test_s1_creator_free():
         poll_all(s)
         return s
 
-    both_ways("S1", scenario, lambda mp: mp.setattr(release, "releasing_mechanism", lambda s, e: s.registry.installed))
+    both_ways("S1", scenario, lambda mp: mp.setattr(ep, "releasing_mechanism", lambda s, e: s.registry.installed))
 
 
 # S2 -- growth commits pages without charging them
@@ -100,7 +100,7 @@ def test_s3_fresh_capability():
         return s
 
     snapshot = (0, True, True)
-    both_ways("S3", scenario, lambda mp: mp.setattr(registry, "current_capabilities", lambda s: snapshot))
+    both_ways("S3", scenario, lambda mp: mp.setattr(manager, "current_capabilities", lambda s: snapshot))
 
 
 # S4 -- poll runs every queued release, fences or not
@@ -117,11 +117,11 @@ def test_s4_fence_release():
     def eager(s, pending, done):
         s.in_poll = True
         for seq, _f in pending:
-            release.run_entry(s, s.queue[seq])
+            ep.run_entry(s, s.queue[seq])
         s.in_poll = False
         return len(pending)
 
-    both_ways("S4", scenario, lambda mp: mp.setattr(release, "run_done", eager))
+    both_ways("S4", scenario, lambda mp: mp.setattr(ep, "run_done", eager))
 
 
 # S5 -- a commit that did nothing accepted as success (the guard removed)
@@ -174,13 +174,13 @@ def test_s7_drop_only_enqueues():
         drive(SYSTEM, s, "drop", allocation=a)
         return s
 
-    original = allocation.drop_owned
+    original = manager.drop_owned
 
     def freeing(s, o, fences, exact=True):
         original(s, o, fences, exact=exact)
-        release.run_entry(s, s.queue[max(s.queue)])
+        ep.run_entry(s, s.queue[max(s.queue)])
 
-    both_ways("S7", scenario, lambda mp: mp.setattr(allocation, "drop_owned", freeing))
+    both_ways("S7", scenario, lambda mp: mp.setattr(manager, "drop_owned", freeing))
 
 
 # S8 -- charged at the plan, not at the actual footprint
@@ -231,7 +231,7 @@ def test_s10_context_pinned():
         only.then(None)
         return s
 
-    both_ways("S10", scenario, lambda mp: mp.setattr(contexts, "pins", lambda s: 0))
+    both_ways("S10", scenario, lambda mp: mp.setattr(context, "pins", lambda s: 0))
 
 
 # S11 -- a refund credited twice
@@ -243,13 +243,13 @@ def test_s11_ledger_conservation():
         poll_all(s)
         return s
 
-    original = release.refund
+    original = ep.refund
 
     def twice(s, holder, n):
         original(s, holder, n)
         s.free += n
 
-    both_ways("S11", scenario, lambda mp: mp.setattr(release, "refund", twice))
+    both_ways("S11", scenario, lambda mp: mp.setattr(ep, "refund", twice))
 
 
 # S12 -- a commit that moved the reservation, accepted (the guard removed)
@@ -286,7 +286,7 @@ def test_s13_shared_lifetime_mechanism():
             return h.size
         return 0
 
-    both_ways("S13", scenario, lambda mp: mp.setattr(sharing, "_maybe_free", eager_free))
+    both_ways("S13", scenario, lambda mp: mp.setattr(shared, "_maybe_free", eager_free))
 
 
 def test_s13_shared_lifetime_kv():

@@ -54,15 +54,15 @@ def test_every_action_is_reachable_in_a_random_walk():
 
 def test_a_broken_spec_is_caught_by_the_stateful_driver(monkeypatch):
     """The driver itself can fail: plant S11's double refund and run a random walk."""
-    from memspec.spec import release
+    from memspec.spec import ep
 
-    original = release.refund
+    original = ep.refund
 
     def twice(s, holder, n):
         original(s, holder, n)
         s.free += n
 
-    monkeypatch.setattr(release, "refund", twice)
+    monkeypatch.setattr(ep, "refund", twice)
     with pytest.raises(AssertionError, match="S11"):
         for seed in range(10):
             random_walk(SYSTEM, dict(capacity=64 * 4096, page=4096, virtual_backing=True, shared_mapping=True),
@@ -123,14 +123,14 @@ def test_witnesses_are_accepted_by_their_own_branches():
 
 def test_spec_check_command_fails_on_a_broken_spec(monkeypatch, capsys):
     from memspec.commands import spec_check
-    from memspec.spec import release
+    from memspec.spec import ep
 
-    original = release.refund
+    original = ep.refund
 
     def twice(s, holder, n):
         original(s, holder, n)
         s.free += n
 
-    monkeypatch.setattr(release, "refund", twice)
+    monkeypatch.setattr(ep, "refund", twice)
     assert spec_check.main(["--machine", "system", "--examples", "30", "--steps", "30", "--no-shrink"]) == 1
     assert "FAIL" in capsys.readouterr().out

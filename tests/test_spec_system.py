@@ -16,7 +16,7 @@ from memspec.spec.errors import (
     OutOfMemory,
     Unsupported,
 )
-from memspec.spec.release import queue_snapshot
+from memspec.spec.ep import queue_snapshot
 from memspec.spec.selfcheck import drive, permits
 from memspec.spec.state import Seen
 from memspec.spec.system import SYSTEM

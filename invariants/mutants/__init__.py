@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 from memspec.spec.api import TargetInstance
 
@@ -19,10 +19,9 @@ from memspec.spec.api import TargetInstance
 class Mutant:
     """A planted bug.
 
-    ``factory(**kw) -> TargetInstance`` makes the broken target (for a bug in a
-    mechanism or EP).  For a bug in a role (governor, manager, holder, owning
-    handle) ``factory`` makes the healthy target and ``patch_system(system)``
-    breaks the wired system the harness built around it.
+    ``factory(**kw) -> TargetInstance`` makes the broken target, through
+    the public target contract only: a broken mechanism or EP, or a broken
+    role the target brings itself (``TargetInstance.roles``).
     """
 
     name: str
@@ -30,7 +29,6 @@ class Mutant:
     description: str
     factory: Callable[..., TargetInstance]
     level: str = "mechanism"  # "mechanism" | "system" | "caching"
-    patch_system: Callable[[Any], Any] | None = None
 
 
 def all_mutants() -> list[Mutant]:

@@ -1,10 +1,13 @@
 """Planted bugs for the invariants of seed 000 (S1-S15): one rule broken each.
 
 Each mutant subclasses or wraps a reference class and changes exactly one
-behaviour.  Mechanism bugs come as a ``factory`` (a reference target whose
-mechanism object has the broken class); role bugs (governor, manager,
-binding, EP queue, owning handles, holders) come as ``patch_system``, which
-breaks the system the harness wires around a healthy reference target.
+behaviour.  Every mutant is a plain target factory, planted through the
+public target contract (``memspec conform memspec.invariants.mutants.seed000:NAME``
+works as well as ``mutant:NAME``): mechanism bugs are a reference target
+whose mechanism object has the broken class; role bugs (governor, manager,
+binding, EP queue, owning handles, holders) are a reference target that
+brings the broken role itself (``TargetInstance.roles``, a
+:class:`~memspec.spec.api.SystemRoles`), the reference filling the rest.
 
 The harness must catch every one, blamed on the invariant named here
 (``memspec mutants``).
@@ -15,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from memspec.invariants.mutants import Mutant
-from memspec.spec.api import TargetInstance
+from memspec.spec.api import SystemRoles, TargetInstance
 from memspec.spec.errors import DoubleFree, InvalidRange, StaleHandle
 
 
@@ -33,7 +36,7 @@ def _reference(kind: str = "reference") -> Callable[..., TargetInstance]:
 def _mechanism_mutant(kind: str, attr: str, cls_factory: Callable[[type], type]) -> Callable[..., TargetInstance]:
     """A reference target whose mechanism's ``attr`` object (``_alloc``,
     ``_vb``, ``_sm``) is switched to a broken subclass of its class.  The
-    foreign twin (``extras['make_foreign']``) stays healthy."""
+    foreign twin (``make_foreign``) stays healthy."""
 
     def factory(capacity: int | None = None) -> TargetInstance:
         inst = _reference(kind)(capacity)
@@ -130,12 +133,11 @@ MECHANISM_MUTANTS = [
 # System level: the roles wired around a healthy reference mechanism
 # --------------------------------------------------------------------------
 
-def _commit_before_charge(system: Any) -> Any:
+def _commit_before_charge(b: Any) -> Any:
     """S2: the binding installs the pages first and asks the Governor
     afterwards; a refusal is swallowed (the pages stay, uncharged)."""
     from memspec.spec.errors import GrantDenied
 
-    b = system.binding
 
     def commit(reservation, start, end):
         res = b._own(reservation)
@@ -151,13 +153,12 @@ def _commit_before_charge(system: Any) -> Any:
         return n
 
     b.commit = commit
-    return system
+    return b
 
 
-def _stale_capabilities(system: Any) -> Any:
+def _stale_capabilities(mgr: Any) -> Any:
     """S3: the manager answers capability queries from a snapshot taken at
     the first query, even after another mechanism was selected."""
-    mgr = system.manager
     orig = mgr.capabilities
     snap: dict = {}
 
@@ -167,17 +168,16 @@ def _stale_capabilities(system: Any) -> Any:
         return snap[device]
 
     mgr.capabilities = capabilities
-    return system
+    return mgr
 
 
-def _release_before_fence(system: Any) -> Any:
+def _release_before_fence(b: Any) -> Any:
     """S4: dropping an owning allocation frees its memory at once; only the
     refund waits in the deferred-free queue for the fences (the memory is
     gone while queued work may still read it -- the "unmap before the fence"
     bug of a real VMM resource)."""
     import types
 
-    b = system.binding
     orig = b.allocate
 
     def close(h):
@@ -192,13 +192,14 @@ def _release_before_fence(system: Any) -> Any:
         return h
 
     b.allocate = allocate
-    return system
+    return b
 
 
-def _governor_evicts(system: Any) -> Any:
+def _governor_evicts(weights: Any) -> Any:
     """S6: issuing a pressure ticket, the Governor unloads the cold weights
-    itself instead of asking the holder."""
-    gov, weights = system.governor, system.weights
+    itself instead of asking the holder (planted where the Governor can
+    reach them: the weights holder, made with the binding and its Governor)."""
+    gov = weights.binding.governor
     orig = gov.issue_ticket
 
     def issue_ticket(*a, **kw):
@@ -208,26 +209,24 @@ def _governor_evicts(system: Any) -> Any:
         return orig(*a, **kw)
 
     gov.issue_ticket = issue_ticket
-    return system
+    return weights
 
 
-def _drop_frees_synchronously(system: Any) -> Any:
+def _drop_frees_synchronously(ep: Any) -> Any:
     """S7: dropping an owning handle runs its release on the caller's thread
     at once instead of enqueuing it."""
-    ep = system.ep
 
     def defer(fences, release):
         release()
 
     ep.defer = defer
-    return system
+    return ep
 
 
-def _charge_at_plan(system: Any) -> Any:
+def _charge_at_plan(b: Any) -> Any:
     """S8: the binding charges the planned (requested) bytes, not the
     footprint the allocator actually took (seed 000: *act on the real
     allocated bytes; do not silently keep incorrect accounts*)."""
-    b = system.binding
     gov = b.governor
     orig_commit = gov.commit
     orig_allocate = b.allocate
@@ -245,10 +244,10 @@ def _charge_at_plan(system: Any) -> Any:
 
     gov.commit = commit
     b.allocate = allocate
-    return system
+    return b
 
 
-def _growth_keeps_partial_mapping(system: Any) -> Any:
+def _growth_keeps_partial_mapping(b: Any) -> Any:
     """S9: a KV growth that fails after committing part of its pages rolls
     back the grant but keeps the pages mapped."""
     from memspec.reference.manager import GrowthTxn
@@ -258,7 +257,6 @@ def _growth_keeps_partial_mapping(system: Any) -> Any:
             self.pieces.clear()        # forget to decommit what step 4 installed
             super().rollback()
 
-    b = system.binding
     orig = b.transaction
 
     def transaction(reservation, start, end):
@@ -267,14 +265,12 @@ def _growth_keeps_partial_mapping(system: Any) -> Any:
         return t
 
     b.transaction = transaction
-    return system
+    return b
 
 
-def _destroy_pinned_context(system: Any) -> Any:
+def _destroy_pinned_context(mgr: Any) -> Any:
     """S10: the manager destroys a provider context although allocations
     (or queued releases) made in it are alive."""
-    mgr = system.manager
-
     def destroy_context(context_id):
         with mgr._lock:
             mgr.context(context_id)
@@ -283,14 +279,12 @@ def _destroy_pinned_context(system: Any) -> Any:
             mgr.destroyed.add(context_id)
 
     mgr.destroy_context = destroy_context
-    return system
+    return mgr
 
 
-def _cancel_leaks_grant(system: Any) -> Any:
+def _cancel_leaks_grant(gov: Any) -> Any:
     """S11: cancelling a provisional grant takes it off the granted figure
     but never puts the bytes back into free."""
-    gov = system.governor
-
     def cancel(grant):
         with gov._lock:
             g = gov._take_grant(grant)
@@ -299,15 +293,14 @@ def _cancel_leaks_grant(system: Any) -> Any:
             return g.nbytes
 
     gov.cancel = cancel
-    return system
+    return gov
 
 
-def _moving_reservation(system: Any) -> Any:
+def _moving_reservation(b: Any) -> Any:
     """S12: decommitting part of an owning reservation moves it: the handle
     comes back describing a base address one reservation further on."""
     from memspec.spec.api import VirtualAllocation
 
-    b = system.binding
     orig = b.decommit
 
     def decommit(reservation, start, end):
@@ -317,14 +310,13 @@ def _moving_reservation(system: Any) -> Any:
         return n
 
     b.decommit = decommit
-    return system
+    return b
 
 
-def _ticket_refunded_twice(system: Any) -> Any:
+def _ticket_refunded_twice(gov: Any) -> Any:
     """S15: cancelling a ticket that is already cancelled returns its bytes again."""
     from memspec.spec.api import TicketState
 
-    gov = system.governor
     orig = gov.cancel_ticket
     returned: dict = {}
 
@@ -341,29 +333,65 @@ def _ticket_refunded_twice(system: Any) -> Any:
         return n
 
     gov.cancel_ticket = cancel_ticket
-    return system
+    return gov
 
 
-def _system(name: str, invariant: str, description: str, patch: Callable[[Any], Any], kind: str = "reference") -> Mutant:
-    return Mutant(name, invariant, description, _reference(kind), level="system", patch_system=patch)
+def _with_role(kind: str, role: str, plant: Callable[[Any], Any]) -> Callable[..., TargetInstance]:
+    """A reference target that brings one broken role through the contract:
+    the reference role, made as the harness would, with ``plant`` applied."""
+
+    def factory(capacity: int | None = None) -> TargetInstance:
+        from memspec.reference.ep import ReferenceEP
+        from memspec.reference.governor import ReferenceGovernor
+        from memspec.reference.holders import ModelResidency
+        from memspec.reference.manager import ReferenceManager
+
+        inst = _reference(kind)(capacity)
+        if role == "ep":
+            inst.ep = plant(inst.ep if inst.ep is not None else ReferenceEP(inst.device))
+            return inst
+        makers = {
+            "governor": lambda cap: plant(ReferenceGovernor(cap)),
+            "manager": lambda: plant(ReferenceManager()),
+            "binding": lambda mgr, device, ctx, auth: plant(mgr.bind(device, ctx, auth)),
+            "weights": lambda binding: plant(ModelResidency(binding)),
+        }
+        inst.roles = SystemRoles(**{role: makers[role]})
+        return inst
+
+    factory.__name__ = plant.__name__.lstrip("_")
+    return factory
+
+
+def _system(name: str, invariant: str, description: str, role: str, plant: Callable[[Any], Any],
+            kind: str = "reference") -> Mutant:
+    return Mutant(name, invariant, description, _with_role(kind, role, plant), level="system")
 
 
 SYSTEM_MUTANTS = [
     _system("commit-before-charge", "S2", "the binding commits pages before the charge and swallows a refusal",
-            _commit_before_charge, "reference-vmm"),
-    _system("stale-capabilities", "S3", "a cached capability snapshot after mechanism replacement", _stale_capabilities),
-    _system("release-before-fence", "S4", "the deferred-free queue releases before the fence", _release_before_fence),
-    _system("governor-evicts", "S6", "the governor evicts holder data itself", _governor_evicts),
-    _system("drop-frees-synchronously", "S7", "a drop that frees synchronously", _drop_frees_synchronously),
+            "binding", _commit_before_charge, "reference-vmm"),
+    _system("stale-capabilities", "S3", "a cached capability snapshot after mechanism replacement", "manager",
+            _stale_capabilities),
+    _system("release-before-fence", "S4", "the deferred-free queue releases before the fence", "binding",
+            _release_before_fence),
+    _system("governor-evicts", "S6", "the governor evicts holder data itself", "weights", _governor_evicts),
+    _system("drop-frees-synchronously", "S7", "a drop that frees synchronously", "ep", _drop_frees_synchronously),
     _system("charge-at-plan", "S8", "an allocation is charged its requested size, not its actual footprint",
-            _charge_at_plan),
-    _system("growth-keeps-partial-mapping", "S9", "a growth that keeps a partial mapping on failure",
+            "binding", _charge_at_plan),
+    _system("growth-keeps-partial-mapping", "S9", "a growth that keeps a partial mapping on failure", "binding",
             _growth_keeps_partial_mapping, "reference-vmm"),
-    _system("destroy-pinned-context", "S10", "a context destroyed with live allocations", _destroy_pinned_context),
-    _system("cancel-leaks-grant", "S11", "a cancelled grant never returns to free", _cancel_leaks_grant),
-    _system("moving-reservation", "S12", "a decommit moves the reservation's base address", _moving_reservation,
-            "reference-vmm"),
-    _system("ticket-refunded-twice", "S15", "a ticket refunded twice", _ticket_refunded_twice),
+    _system("destroy-pinned-context", "S10", "a context destroyed with live allocations", "manager",
+            _destroy_pinned_context),
+    _system("cancel-leaks-grant", "S11", "a cancelled grant never returns to free", "governor", _cancel_leaks_grant),
+    _system("moving-reservation", "S12", "a decommit moves the reservation's base address", "binding",
+            _moving_reservation, "reference-vmm"),
+    _system("ticket-refunded-twice", "S15", "a ticket refunded twice", "governor", _ticket_refunded_twice),
 ]
 
 MUTANTS: list[Mutant] = list(MECHANISM_MUTANTS) + SYSTEM_MUTANTS
+
+#: every mutant as a plain ``module:attr`` target, e.g.
+#: ``memspec conform memspec.invariants.mutants.seed000:cancel_leaks_grant``
+TARGETS: dict[str, Callable[..., TargetInstance]] = {m.name.replace("-", "_"): m.factory for m in MUTANTS}
+globals().update(TARGETS)

@@ -19,6 +19,7 @@ import argparse
 import sys
 
 from memspec.invariants.discovery import DEFAULT_TARGET
+from memspec.invariants.levels import LEVELS
 
 
 def parser() -> argparse.ArgumentParser:
@@ -33,7 +34,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report (verdicts, coverage, "
                    "each failure replayed step by step with pictures of the spec's state)")
     p.add_argument("--db", metavar="DIR", help="Hypothesis example database directory (failures are replayed first)")
-    p.add_argument("--level", choices=("mechanism", "system", "caching", "all"), default="all")
+    p.add_argument("--level", choices=(*LEVELS, "all"), default="all")
     p.add_argument("--profile", choices=("ci", "dev", "fuzz"), default="ci")
     p.add_argument("--timeout", type=float, default=5.0, help="per-call timeout in seconds (a hang is a FAIL)")
     p.add_argument("--capacity", type=int, default=None, help="device capacity in bytes passed to the factory")
@@ -66,9 +67,8 @@ def main(argv: list[str]) -> int:
                 total = examples or hypothesis_settings(args.profile).max_examples
                 state["task"] = progress.add_task(f"{target} [{plan.level}]", total=total, info="")
 
-            def on_step(plan, state=state):
-                state["n"] += 1
-                if state["n"] & 63 == 0 and state["task"] is not None:
+            def on_step(plan, state=state):  # called with the child's progress, a few times a second
+                if state["task"] is not None:
                     st = plan.stats
                     progress.update(state["task"], completed=min(st.examples, progress.tasks[-1].total or st.examples),
                                     info=f"{st.steps} steps, {len(st.outcomes)} outcomes, {st.failures_seen} failing")

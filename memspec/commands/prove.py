@@ -101,7 +101,7 @@ def main(argv: list[str]) -> int:
             print("    byte level (OOM although capacity - allocated >= request): " +
                   ("none" if e.byte_level is None else "; ".join(e.byte_level) +
                    "  (live blocks pin partly used pages: physical exhaustion at page granularity)"))
-        print(f"  Z3 policy kernels vs spec/caching.py: {2 * ns.samples} samples, "
+        print(f"  Z3 policy kernels vs spec/caching/kernels.py: {2 * ns.samples} samples, "
               + ("agree" if not caching.kernel_mismatches else f"{len(caching.kernel_mismatches)} DISAGREE: {caching.kernel_mismatches[:2]}"))
         for b in caching.bounded or []:
             print(f"  {b.preset}: bounded proofs over every malloc/free sequence of <= {b.depth} ops, symbolic sizes "

@@ -50,7 +50,7 @@ from memspec.spec.state import (
     remember_identity,
     witness_identity,
 )
-from memspec.spec.allocation import WITNESS_DEVICE
+from memspec.spec.eager import WITNESS_DEVICE
 
 # ==========================================================================
 # Part 1 -- mechanism level
@@ -347,7 +347,7 @@ def reservation_of(sut: Any, ref: int) -> Any:
 
 
 def _perform_res_reserve(sut: Any, size: Any) -> Seen:
-    from memspec.spec.allocation import mechanism_index
+    from memspec.spec.manager import mechanism_index
     from memspec.spec.governor import SESSION
 
     o = sut.binding.reserve(SESSION, size)
@@ -371,7 +371,7 @@ def reserve_owned(s: SysState, size: Any) -> Any:
     reservation of the installed mechanism with at least ``round_up(size,
     page)`` bytes; nothing is charged (no physical bytes).
     """
-    from memspec.spec.allocation import new_owned
+    from memspec.spec.manager import new_owned
     from memspec.spec.governor import SESSION
 
     if not s.registry.capabilities[s.registry.installed][0]:
@@ -485,7 +485,7 @@ def decommit_owned(s: SysState, span: tuple[int, int, int]) -> Any:
     A later commit over a page whose decommit is still queued takes it back.
     """
     from memspec.spec.governor import SESSION
-    from memspec.spec.release import enqueue, new_entry
+    from memspec.spec.ep import enqueue, new_entry
 
     ref, start, end = span
     o = s.owned[ref]
@@ -537,7 +537,7 @@ def use_owned(s: SysState, reservation: int, stream: int) -> Any:
 
     Returns the fence.
     """
-    from memspec.spec.release import launch
+    from memspec.spec.ep import launch
 
     def then(_v: Any) -> int:
         f = launch(s, stream)
@@ -555,7 +555,7 @@ def close_owned(s: SysState, reservation: int) -> Any:
 
     Returns None; nothing is freed now (S7).
     """
-    from memspec.spec.allocation import drop_owned
+    from memspec.spec.manager import drop_owned
 
     o = s.owned[reservation]
 

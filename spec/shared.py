@@ -26,8 +26,8 @@ from memspec.spec.api import PhysicalHandle, ReserveRequest
 from memspec.spec.core import Domain, Raises, Returns, action, booleans, only, outcomes
 from memspec.spec.errors import DeviceFault, DoubleFree, InvalidRange, InvalidRequest, OutOfMemory, ReadOnlyViolation, StaleHandle
 from memspec.spec.state import oom_rule, MechHandle, MechMapping, MechState, from_refs, is_size, new_ref, remember_identity, witness_identity
-from memspec.spec.allocation import WITNESS_DEVICE
-from memspec.spec.backing import handle_errors, reserve_outcomes, RESERVE_SIZES
+from memspec.spec.eager import WITNESS_DEVICE
+from memspec.spec.vmm import handle_errors, reserve_outcomes, RESERVE_SIZES
 
 
 def _sm(sut: Any) -> Any:

@@ -1,0 +1,546 @@
+"""The conformance engine: drive a spec :class:`~memspec.spec.core.Machine`
+and an implementation side by side, one action at a time.
+
+Generic over the machine: nothing here knows an action, a state field or an
+invariant by name.  Each step
+
+1. draws an *available* action from the machine's action table (by weight)
+   and its arguments through a :class:`~memspec.spec.core.Chooser`;
+2. asks the spec for the set of permitted outcomes (``action.step``);
+3. performs the same call on the implementation through the
+   :class:`~memspec.invariants.guard.CallGuard` (anything it raises is an
+   answer to judge; a hang or a crash is the supervisor's to report);
+4. finds the branch the implementation took (``Outcomes.match``), or fails
+   blamed on ``Outcomes.blame`` naming the cause (wrong outcome, unexpected
+   exception type, wrong return type, hang);
+5. lets the spec follow that branch (``branch.then``) and binds the returned
+   implementation object(s) (``Machine.unwrap``) to the reference id(s)
+   ``then`` returned;
+6. checks every invariant (``Machine.step_checks``), the observations of the
+   refs the step touched plus the global ones, and the data written into
+   the regions the machine describes (``Machine.regions``).
+
+A failure raises a :class:`Violation` (an ``AssertionError``) whose class is
+specific to the invariant blamed, so Hypothesis shrinks each invariant's
+counterexample separately and the report attributes it to that invariant.
+
+Seed 000 is the yardstick: *"unsupported must not masquerade as a successful
+no-op"* -- so the harness never trusts what the implementation says about
+itself: it compares with the spec and reads the bytes back.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from memspec.invariants.choosers import RecordingChooser
+from memspec.invariants.errors import TARGET_ERROR, HangResult, SpecError, TargetError, Violation, violation_class
+from memspec.invariants.guard import BUILD_SECONDS, CallGuard
+from memspec.invariants.integrity import make_integrity
+from memspec.spec import api
+from memspec.spec.errors import MemspecError
+
+
+class RefTable:
+    """``refs`` + ``ref(id)``: the implementation objects bound to spec ids."""
+
+    def __init__(self) -> None:
+        self.refs: dict[int, object] = {}
+
+    def ref(self, ref_id: int) -> object:
+        try:
+            return self.refs[ref_id]
+        except KeyError:
+            raise SpecError(f"the spec asked for reference #{ref_id}, which no step bound") from None
+
+
+# --------------------------------------------------------------------------
+# Plan: everything fixed for one (target, level)
+# --------------------------------------------------------------------------
+
+@dataclass
+class Stats:
+    examples: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+    actions: Counter = field(default_factory=Counter)
+    outcomes: Counter = field(default_factory=Counter)
+    #: invariant id -> total steps run (all examples) when it first failed
+    first_failure_steps: dict = field(default_factory=dict)
+    failures_seen: int = 0
+
+    def rate(self) -> float:
+        return self.steps / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class Plan:
+    """A target at one level, with the machine, its init arguments, the
+    actions/observations that apply, and the invariants that do not (N/A)."""
+
+    target: str
+    level: str
+    factory: Callable[..., api.TargetInstance]
+    machine: Any
+    init_kwargs: dict
+    actions: list
+    observations: list
+    capabilities: dict
+    na: dict  # invariant id -> reason
+    make_sut: Callable[[Any, api.TargetInstance], Any]
+    factory_kwargs: dict = field(default_factory=dict)
+    timeout: float = 5.0
+    guard_mode: str = "auto"
+    integrity: bool = True
+    #: pattern one new region in ``integrity_sample`` (chosen by its ref id,
+    #: so a replay patterns a superset); 1 = every region
+    integrity_sample: int = 1
+    stats: Stats = field(default_factory=Stats)
+    on_step: Callable[["Plan"], None] | None = None
+    #: called with (run, trace step) before each action's call on the target,
+    #: and with (run, None) when an example starts (a supervised child
+    #: reports its trace through it)
+    on_call: Callable[["Run", "TraceStep | None"], None] | None = None
+    #: the machine's start checks that apply (capability answers)
+    start_checks: list = field(default_factory=list)
+    #: seconds the factory may take (``None``: the larger of ``timeout`` and ``BUILD_SECONDS``)
+    build_timeout: float | None = None
+    mutant: Any = None
+    machine_ref: str | None = None  # "module:attr" of a machine other than the level's
+
+    @property
+    def invariant_ids(self) -> list[str]:
+        return [inv.id for inv in self.machine.invariants]
+
+    def titles(self) -> dict[str, str]:
+        return {inv.id: inv.title for inv in self.machine.invariants}
+
+    def new_run(self, guard: CallGuard | None = None) -> "Run":
+        return Run(self, guard)
+
+
+def _describe_value(v: Any, limit: int = 120) -> str:
+    try:
+        r = repr(v)
+    except Exception:  # noqa: BLE001 - a hostile __repr__
+        r = f"<{type(v).__name__} with a failing repr>"
+    return r if len(r) <= limit else r[: limit - 3] + "..."
+
+
+@dataclass
+class TraceStep:
+    """One executed step: the action, its arguments (and the primitive
+    choices that drew them), what happened, and the ids bound."""
+
+    action: str
+    args: dict
+    choices: list
+    outcome: str
+    bound: tuple = ()
+
+
+# --------------------------------------------------------------------------
+# Run: one example (a fresh target, a fresh spec state)
+# --------------------------------------------------------------------------
+
+class Run:
+    """One execution from the initial state: a fresh target instance and spec state."""
+
+    def __init__(self, plan: Plan, guard: CallGuard | None = None) -> None:
+        self.plan = plan
+        self.machine = plan.machine
+        self.guard = guard or CallGuard(plan.timeout, plan.guard_mode)
+        self.trace: list[TraceStep] = []
+        self.instance: api.TargetInstance | None = None
+        self.foreign: api.TargetInstance | None = None
+        self.closed = False
+        self.failed = False
+        self.nsteps = 0
+        self._action = None
+        self._obs_cache: dict | None = None
+        self._checks: list | None = None
+        if plan.on_call is not None:
+            plan.on_call(self, None)
+        g = self.guard
+        g.blame, g.what, g.limit = TARGET_ERROR, f"building the target {plan.target!r}", plan.build_timeout or max(
+            g.timeout, BUILD_SECONDS)
+        try:
+            self.instance, err = g.call(plan.factory, **plan.factory_kwargs)
+            if err is None:
+                g.what = f"wiring the {plan.level} level around the target"
+                self.sut, err = g.call(plan.make_sut, self, self.instance)
+        finally:
+            g.limit = None
+        if isinstance(err, (SpecError, Violation)):
+            raise err
+        if err is not None:
+            what = "hangs" if isinstance(err, HangResult) else f"raised {type(err).__name__}: {err}"
+            raise TargetError(f"target {plan.target!r} could not be built: {g.what} {what}") from err
+        try:
+            self.state = self.machine.init(**plan.init_kwargs)
+        except Exception as e:  # noqa: BLE001
+            raise SpecError(f"{self.machine.name}.init{plan.init_kwargs} raised {type(e).__name__}: {e}") from e
+        self.integrity = make_integrity(self) if plan.integrity else None
+        self._checks = _step_checks(self.machine, self.state)
+        self.nsteps = 0
+        plan.stats.examples += 1
+        if plan.start_checks:
+            self._action = None
+            self.check_observations((), plan.start_checks, "capability")
+
+    # -- failing --------------------------------------------------------
+    def fail(self, invariant: str, cause: str, reason: str) -> None:
+        self.failed = True
+        st = self.plan.stats
+        st.failures_seen += 1
+        st.first_failure_steps.setdefault(invariant, st.steps)
+        raise violation_class(invariant)(invariant, cause, reason, self.trace, self.nsteps)
+
+    # -- one step -------------------------------------------------------
+    def available(self) -> list:
+        state = self.state
+        try:
+            return [a for a in self.plan.actions if a.available(state)]
+        except Exception as e:  # noqa: BLE001
+            raise SpecError(f"an action's availability check raised {type(e).__name__}: {e}") from e
+
+    def choose(self, chooser: Any) -> tuple[Any, dict, list]:
+        """Draw an available action (by weight) and its arguments.
+
+        First up to three draws over the whole table (weights fixed, so the
+        draw costs one availability check instead of one per action); if
+        all land on unavailable actions, one draw over the available ones."""
+        weighted = getattr(chooser, "weighted", None)
+        acts = self.plan.actions
+        if weighted is not None and len(acts) > 1:
+            ws = self.plan.__dict__.get("_weights")
+            if ws is None:
+                ws = self.plan.__dict__["_weights"] = tuple(x.weight for x in acts)
+            state = self.state
+            for _ in range(3):
+                a = acts[weighted(ws)]
+                try:
+                    ok = a.available(state)
+                except Exception as e:  # noqa: BLE001
+                    raise SpecError(f"{a.name}: availability check raised {type(e).__name__}: {e}") from e
+                if ok:
+                    return self._draw_args(a, chooser)
+        avail = self.available()
+        if not avail:
+            raise SpecError(f"{self.machine.name}: no action is available in this state")
+        n = len(avail)
+        if n == 1:
+            a = avail[0]
+        else:
+            weighted = getattr(chooser, "weighted", None)
+            if weighted is not None:
+                a = avail[weighted(tuple(x.weight for x in avail))]
+            else:
+                total = 0
+                for x in avail:
+                    total += x.weight
+                k = chooser.integer(0, total - 1)
+                for a in avail:
+                    k -= a.weight
+                    if k < 0:
+                        break
+        return self._draw_args(a, chooser)
+
+    def _draw_args(self, a: Any, chooser: Any) -> tuple[Any, dict, list]:
+        rec = RecordingChooser(chooser)
+        try:
+            args = a.draw_args(self.state, rec)
+        except SpecError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise SpecError(f"drawing arguments of {a.name} raised {type(e).__name__}: {e}") from e
+        return a, args, rec.record
+
+    def step(self, chooser: Any) -> TraceStep:
+        action, args, choices = self.choose(chooser)
+        return self.apply(action, args, choices)
+
+    def apply(self, action: Any, args: dict, choices: list | None = None) -> TraceStep:
+        """Run ``action(**args)`` on spec and implementation and check everything."""
+        plan = self.plan
+        st = plan.stats
+        st.steps += 1
+        self.nsteps += 1
+        st.actions[action.name] += 1
+        ts = TraceStep(action.name, dict(args), list(choices or []), "", ())
+        self.trace.append(ts)
+        state = self.state
+        try:
+            outs = action.step(state, **args)
+        except Exception as e:  # noqa: BLE001
+            raise SpecError(f"{action.name}.step({args}) raised {type(e).__name__}: {e}") from e
+        g = self.guard
+        g.blame, g.what = outs.blame, f"step {self.nsteps}: {action.name}"
+        if plan.on_call is not None:
+            plan.on_call(self, ts)
+        value, err = g.call(action.perform, self.sut, **args)
+        if isinstance(err, SpecError):
+            raise err
+        branch = outs.match(value, err)
+        if branch is None:
+            ts.outcome = self._describe_answer(value, err)
+            self.fail(outs.blame, *self._mismatch(action, args, outs, value, err))
+        is_return = err is None
+        ts.outcome = ("returns " + branch.describe) if is_return else f"raises {type(err).__name__}"
+        st.outcomes[(action.name, ts.outcome)] += 1
+        try:
+            result = branch.then(value if is_return else err)
+        except Exception as e:  # noqa: BLE001
+            raise SpecError(f"{action.name}: following branch {ts.outcome!r} raised {type(e).__name__}: {e}") from e
+        bound = self._bind(result, value) if is_return else ()
+        ts.bound = bound
+        self._action = action
+        self.check_after(outs.touched, bound, args)
+        if plan.on_step is not None:
+            plan.on_step(plan)
+        return ts
+
+    @staticmethod
+    def _describe_answer(value: Any, err: BaseException | None) -> str:
+        if isinstance(err, HangResult):
+            return "hangs"
+        if err is not None:
+            return f"raises {type(err).__name__}: {err}"
+        return f"returns {_describe_value(value)}"
+
+    def _mismatch(self, action, args, outs, value, err) -> tuple[str, str]:
+        expected = outs.describe()
+        call = f"{action.name}({', '.join(f'{k}={_describe_value(v, 40)}' for k, v in args.items())})"
+        if isinstance(err, HangResult):
+            return "hang", f"{call} hangs: {err} (expected: {expected})"
+        if err is not None and not isinstance(err, MemspecError):
+            return "unexpected-exception", (
+                f"{call} raised {type(err).__module__}.{type(err).__name__}: {err} -- not an error of the contract "
+                f"(expected: {expected})")
+        if err is not None:
+            return "outcome", f"{call} raised {type(err).__name__}: {err} (expected: {expected})"
+        # A normal return that no Returns branch accepts.
+        returns = [b for b in outs.branches if hasattr(b, "accepts")]
+        if isinstance(value, _NEVER_RETURNED):
+            return "wrong-type", (f"{call} returned {type(value).__module__}.{type(value).__name__} "
+                                  f"{_describe_value(value)}: no call of the contract returns that (expected: {expected})")
+        if not returns:
+            return "outcome", f"{call} returned {_describe_value(value)} instead of raising (expected: {expected})"
+        if _wrong_type(returns, value):
+            return "wrong-type", (f"{call} returned {type(value).__module__}.{type(value).__name__} "
+                                  f"{_describe_value(value)}: not the type the contract returns (expected: {expected})")
+        return "outcome", f"{call} returned {_describe_value(value)} (expected: {expected})"
+
+    def _bind(self, result: Any, value: Any) -> tuple:
+        refs = getattr(self.sut, "refs", None)
+        if refs is None:
+            return ()
+        value = self.machine.unwrap(value)  # what perform read, as the machine wraps it: bind the implementation object
+        if isinstance(result, int) and not isinstance(result, bool):
+            refs[result] = value
+            return (result,)
+        if isinstance(result, tuple) and result and all(isinstance(r, int) and not isinstance(r, bool) for r in result):
+            if isinstance(value, (tuple, list)) and len(value) == len(result):
+                for r, v in zip(result, value):
+                    refs[r] = v
+            else:
+                for r in result:
+                    refs[r] = value
+            return result
+        return ()
+
+    # -- checks ---------------------------------------------------------
+    def check_after(self, touched: tuple, bound: tuple, args: dict | None = None) -> None:
+        state = self.state
+        checks = self._checks
+        if checks is None:
+            try:
+                bad = self.machine.check_invariants(state)
+            except Exception as e:  # noqa: BLE001
+                raise SpecError(f"an invariant check raised {type(e).__name__}: {e}") from e
+            if bad:
+                inv, why = bad[0]
+                self.fail(inv, "invariant", why)
+        else:
+            bad = None
+            try:
+                for inv, fn in checks:  # all of them, as check_invariants (a crash is a SpecError)
+                    why = fn(state)
+                    if why is not None and bad is None:
+                        bad = (inv, why)
+            except Exception as e:  # noqa: BLE001
+                raise SpecError(f"an invariant check raised {type(e).__name__}: {e}") from e
+            if bad is not None:
+                self.fail(bad[0], "invariant", bad[1])
+        if self.plan.observations:
+            self.check_observations(touched + bound)
+        integrity = self.integrity
+        if integrity is not None:
+            if args:
+                # the refs the arguments name, each once (a second refresh of
+                # a ref in the same state finds nothing to do)
+                regions = integrity.regions
+                named = tuple(v for v in args.values() if type(v) is int and v in regions and v not in touched)
+                if named:
+                    touched = touched + named
+            integrity.after_step(touched, bound)
+
+    def _observations_for(self, action: Any) -> list:
+        """The plan's observations, those blamed on the action's own
+        invariants first (in the action's order): when one wrong answer
+        shows in several figures, the report names the rule the action is
+        about."""
+        cache = self._obs_cache
+        if cache is None:
+            cache = self._obs_cache = self.plan.__dict__.setdefault("_obs_order", {})
+        key = getattr(action, "name", None)
+        order = cache.get(key)
+        if order is None:
+            invs = list(getattr(action, "invariants", ()) or ())
+            rank = {inv: i for i, inv in enumerate(invs)}
+            order = sorted(self.plan.observations, key=lambda o: rank.get(o.blame, len(rank)))
+            cache[key] = order
+        return order
+
+    def check_observations(self, touched: tuple, start: list | None = None, cause: str = "observation") -> None:
+        """Compare every applicable observation's spec figure with the
+        implementation's, in the action's order (see :meth:`_observations_for`).
+
+        The implementation's figures are read in one guarded call (queries
+        have no effects); the first difference, error or hang in that order
+        is the failure."""
+        state = self.state
+        jobs = []
+        add = jobs.append
+        if start is not None:
+            jobs = [(obs, None) for obs in start]
+        else:
+            for obs in self._observations_for(self._action):
+                try:
+                    for r in obs.refs(state, touched):
+                        add((obs, r))
+                except Exception as e:  # noqa: BLE001
+                    raise SpecError(f"observation {obs.name}: refs() raised {type(e).__name__}: {e}") from e
+        if not jobs:
+            return
+        box: list = []
+        g = self.guard
+        g.blame, g.what = jobs[0][0].blame, f"step {self.nsteps}: reading {jobs[0][0].name}"
+        _, hang = g.call(self._observe_all, jobs, box)
+        got = box[:]  # a worker abandoned in a hang may still append
+        if hang is not None and not isinstance(hang, HangResult):
+            raise hang if isinstance(hang, SpecError) else SpecError(
+                f"reading the observations raised {type(hang).__name__}: {hang}")
+        for i, (obs, r) in enumerate(jobs):
+            try:
+                expected = obs.expected(state, r)
+            except Exception as e:  # noqa: BLE001
+                raise SpecError(f"observation {obs.name}: expected() raised {type(e).__name__}: {e}") from e
+            if i == len(got):  # the read that hung
+                self.fail(obs.blame, "hang", f"reading {self._where(obs, r)} hangs: {hang}")
+            value, err = got[i]
+            if err is not None:
+                if isinstance(err, SpecError):
+                    raise err
+                self.fail(obs.blame, "unexpected-exception" if not isinstance(err, MemspecError) else cause,
+                          f"reading {self._where(obs, r)} raised {type(err).__name__}: {err} (spec: {expected!r})")
+            if value != expected:
+                self.fail(obs.blame, cause,
+                          f"{self._where(obs, r)}: implementation says {_describe_value(value)}, spec says {expected!r}")
+        if hang is not None:
+            obs, r = jobs[-1]
+            self.fail(obs.blame, "hang", f"reading {self._where(obs, r)} hangs: {hang}")
+
+    def _observe_all(self, jobs: list, got: list) -> None:
+        """Run under the guard: each observation's ``observed`` in turn, its
+        ``(value, error)`` appended to ``got`` (a hang stops the loop)."""
+        sut = self.sut
+        for obs, r in jobs:
+            try:
+                got.append((obs.observed(sut, r), None))
+            except BaseException as e:  # noqa: BLE001 - a target may raise anything
+                got.append((None, e))
+
+    @staticmethod
+    def _where(obs: Any, r: Any) -> str:
+        return f"{obs.name}" + (f" of #{r}" if r is not None else "")
+
+    def teardown(self) -> None:
+        """End of the example: full invariant scan, full data verify, close the target."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            if self.failed:
+                return
+            try:
+                bad = self.machine.check_invariants(self.state, full=True)
+            except Exception as e:  # noqa: BLE001
+                raise SpecError(f"a full invariant check raised {type(e).__name__}: {e}") from e
+            if bad:
+                inv, why = bad[0]
+                self.fail(inv, "invariant", why + " (full check at end of run)")
+            if self.integrity is not None:
+                self.integrity.verify_all()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        g = self.guard
+        for inst in (self.instance, getattr(self, "foreign", None)):
+            c = getattr(inst, "close", None) if inst is not None else None
+            if c is not None:
+                g.blame, g.what = TARGET_ERROR, "closing the target"
+                g.call(c)  # an error closing is not judged: teardown must not crash the harness
+
+
+def _step_checks(machine: Any, state: Any) -> list | None:
+    """``[(invariant id, check)]`` to run after every step (the machine's
+    :meth:`~memspec.spec.core.Machine.step_checks`); ``None`` (run
+    ``machine.check_invariants``) when the machine overrides how its
+    invariants are checked or does not say."""
+    from memspec.spec.core import Machine
+
+    if not isinstance(machine, Machine) or type(machine).check_invariants is not Machine.check_invariants \
+            or "check_invariants" in getattr(machine, "__dict__", {}):
+        return None
+    return machine.step_checks(state)
+
+
+def _safe_witness(b: Any) -> Any:
+    try:
+        return b.witness() if b.witness is not None else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+#: types no call of the contract ever returns
+_NEVER_RETURNED = (str, bytes, bytearray, float, complex, dict, set, frozenset)
+
+
+def _wrong_type(returns: list, value: Any) -> bool:
+    """A return is of the wrong type when the spec's witnesses show another
+    type, or when every ``accepts`` predicate crashes on it (a predicate over
+    a handle's fields applied to a string, say)."""
+    if isinstance(value, _NEVER_RETURNED):
+        return True
+    kinds = set()
+    for b in returns:
+        w = _safe_witness(b)
+        if w is not None:
+            kinds.add(type(w))
+    if kinds:
+        if isinstance(value, bool) or not any(isinstance(value, k) for k in kinds):
+            # ints are interchangeable with bools only when the spec says so
+            if not (bool in kinds and isinstance(value, bool)):
+                return True
+        return False
+    crashed = 0
+    for b in returns:
+        try:
+            b.accepts(value)
+        except Exception:  # noqa: BLE001
+            crashed += 1
+    return crashed == len(returns)

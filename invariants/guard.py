@@ -1,0 +1,294 @@
+"""Calling untrusted target code: the per-call guard and the supervisor.
+
+A conformance run executes code the harness does not trust (the target's
+factory, its mechanism, its roles).  Two layers keep a misbehaving target
+from turning a run green, hanging it or killing it -- with no signal
+injected into the Python code that runs (no ``SIGALRM``):
+
+* :class:`CallGuard` runs one call and turns *anything* it raises
+  (``SystemExit`` and other ``BaseException`` included) into a value the
+  engine judges.  Before each call it writes into a :class:`Watch` -- a few
+  bytes of memory shared with the supervising process -- a call counter,
+  "inside a call", and the invariant and action a hang here is blamed on.
+  That costs a ``struct.pack_into``, no system call.
+* :func:`supervise` runs the whole conformance work in a forked child and
+  watches it: a call that stays inside the target longer than the timeout
+  (also in C code: ``ctypes``, a blocking read), a segfault, ``os._exit``,
+  or a child that dies any other way is reported by the parent from what
+  the child had already said (the level, the example's steps so far) and
+  the Watch; the parent then carries on with the next level or target.
+
+In a process without a supervisor (a reproduction, a random walk in the
+foreground, the benchmarks) :class:`CallGuard` in ``"thread"`` mode runs
+calls on a worker thread and waits with a timeout, abandoning a hung one.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import queue
+import select
+import signal
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from memspec.invariants.errors import HangResult
+
+# --------------------------------------------------------------------------
+# The watch: what the child is doing, in shared memory
+# --------------------------------------------------------------------------
+
+_LAYOUT = struct.Struct("<QI4xd32s96s")   # calls started, inside a call, seconds allowed, blame, what
+
+#: seconds a target's factory (and the wiring of a level around it) may take
+#: at least: a first call imports the target's modules
+BUILD_SECONDS = 20.0
+
+
+class Watch:
+    """A shared-memory slot (``mmap`` made before ``fork``): the child writes,
+    the supervisor reads."""
+
+    def __init__(self) -> None:
+        self.mem = mmap.mmap(-1, _LAYOUT.size)
+        self.calls = 0
+
+    def enter(self, blame: str, what: str, limit: float) -> None:
+        self.calls += 1
+        _LAYOUT.pack_into(self.mem, 0, self.calls, 1, limit, blame.encode("utf-8", "replace")[:32],
+                          what.encode("utf-8", "replace")[:96])
+
+    def leave(self) -> None:
+        struct.pack_into("<I", self.mem, 8, 0)
+
+    def read(self) -> tuple[int, bool, float, str, str]:
+        calls, inside, limit, blame, what = _LAYOUT.unpack_from(self.mem, 0)
+        dec = lambda b: b.rstrip(b"\0").decode("utf-8", "replace")  # noqa: E731
+        return calls, bool(inside), limit, dec(blame), dec(what)
+
+
+# --------------------------------------------------------------------------
+# The per-call guard
+# --------------------------------------------------------------------------
+
+class CallGuard:
+    """Run implementation calls; ``call`` returns ``(value, None)`` or
+    ``(None, error)`` for anything the call raised (a hang, in thread mode, is
+    a :class:`~memspec.invariants.errors.HangResult` error).
+
+    ``blame``/``what`` name the invariant a hang or crash in the next calls
+    is blamed on and what they are doing; the engine sets them before it
+    calls the target.
+
+    Modes: ``"direct"`` (under a supervisor: the call runs on the caller's
+    thread and the :class:`Watch` says it is inside the target), ``"thread"``
+    (no supervisor: a persistent worker thread runs the call and the caller
+    waits at most ``timeout`` seconds), ``"auto"`` (direct when a watch is
+    installed in this process, else thread).
+    """
+
+    #: the watch of this process when it is a supervised child
+    watch: Watch | None = None
+
+    def __init__(self, timeout: float = 5.0, mode: str = "auto") -> None:
+        self.timeout = float(timeout)
+        if mode == "auto" or mode == "signal":   # "signal" is gone: no injected exceptions
+            mode = "direct" if CallGuard.watch is not None else "thread"
+        self.mode = mode
+        self.blame = ""
+        self.what = ""
+        #: seconds the next calls may take when not ``timeout`` (building a target)
+        self.limit: float | None = None
+        self._worker: _Worker | None = None
+
+    def install(self) -> None:
+        """Kept for callers of the former signal mode: nothing to install."""
+
+    def uninstall(self) -> None:
+        """Kept for callers of the former signal mode: nothing to undo."""
+
+    def _hung(self) -> HangResult:
+        r = HangResult(f"did not return within {self.timeout:g} s")
+        # Once a target has hung, shrinking replays the hang many times: wait
+        # less from now on (a call that takes this long already failed once).
+        self.timeout = max(0.05, min(self.timeout, self.timeout / 4))
+        return r
+
+    def call(self, fn: Callable, *args: Any, **kwargs: Any) -> tuple[Any, BaseException | None]:
+        if self.mode != "direct":
+            return self._thread_call(fn, args, kwargs)
+        w = CallGuard.watch
+        if w is not None:
+            w.enter(self.blame, self.what, self.limit or self.timeout)
+        try:
+            return fn(*args, **kwargs), None
+        except BaseException as e:  # noqa: BLE001 - a target may raise anything, SystemExit included
+            return None, e
+        finally:
+            if w is not None:
+                w.leave()
+
+    def _thread_call(self, fn: Callable, args: tuple, kwargs: dict) -> tuple[Any, BaseException | None]:
+        if self._worker is None:
+            self._worker = _Worker()
+        box: list = []
+        ev = threading.Event()
+        self._worker.jobs.put((fn, args, kwargs, box, ev))
+        if not ev.wait(self.limit or self.timeout):
+            self._worker = None  # abandoned: it is stuck in the target
+            return None, self._hung()
+        return box[0]
+
+
+class _Worker:
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        t = threading.Thread(target=self._loop, name="memspec-call", daemon=True)
+        t.start()
+
+    def _loop(self) -> None:
+        while True:
+            fn, args, kwargs, box, ev = self.jobs.get()
+            try:
+                box.append((fn(*args, **kwargs), None))
+            except BaseException as e:  # noqa: BLE001
+                box.append((None, e))
+            ev.set()
+
+
+# --------------------------------------------------------------------------
+# The supervisor
+# --------------------------------------------------------------------------
+
+class Channel:
+    """The child's end: one JSON object per line to the supervisor."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def send(self, msg: dict) -> None:
+        data = (json.dumps(msg, default=repr, separators=(",", ":")) + "\n").encode()
+        view = memoryview(data)
+        while view:
+            n = os.write(self.fd, view)
+            view = view[n:]
+
+
+@dataclass
+class Ending:
+    """How a supervised child ended: ``messages`` it sent (parsed), and
+    when it did not finish its work, ``death`` (what killed it) with the
+    :class:`Watch` reading at that moment (``inside``, ``blame``, ``what``)."""
+
+    messages: list = field(default_factory=list)
+    death: str | None = None
+    hang: bool = False
+    blame: str = ""
+    what: str = ""
+
+
+def _describe_status(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = str(sig)
+        return f"the process died of signal {name}" + (" (a segmentation fault)" if sig == signal.SIGSEGV else "")
+    if os.WIFEXITED(status):
+        return f"the process exited with status {os.WEXITSTATUS(status)} (os._exit or the like)"
+    return f"the process ended with wait status {status}"
+
+
+def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Callable[[dict], None] | None = None,
+              poll: float = 0.05) -> Ending:
+    """Run ``work(channel)`` in a forked child; return how it ended.
+
+    The child must send ``{"t": "done"}`` when its work is complete; a child
+    that ends without it died.  A child whose Watch says it has been inside
+    one target call for longer than the call's allowance (``timeout`` unless
+    the child said otherwise) is killed (``SIGKILL``:
+    it cannot be caught, also not by code blocked in C) and reported as hung.
+    Messages are untrusted text: parsed with ``json.loads`` only; a line that
+    does not parse is ignored.
+    """
+    watch = Watch()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 0
+        try:
+            try:
+                import faulthandler
+
+                faulthandler.disable()   # a crash is the parent's to report, not a stack dump on the terminal
+            except Exception:  # noqa: BLE001
+                pass
+            os.close(r)
+            CallGuard.watch = watch
+            ch = Channel(w)
+            try:
+                work(ch)
+                ch.send({"t": "done"})
+            except BaseException as e:  # noqa: BLE001 - reported, never propagated into the parent's stack
+                try:
+                    ch.send({"t": "fatal", "error": f"{type(e).__name__}: {e}"})
+                except BaseException:  # noqa: BLE001
+                    code = 3
+        finally:
+            os._exit(code)
+    os.close(w)
+    end = Ending()
+    buf = b""
+    last_calls, since = -1, time.monotonic()
+    done = False
+    try:
+        while True:
+            ready, _, _ = select.select([r], [], [], poll)
+            if ready:
+                chunk = os.read(r, 1 << 16)
+                if not chunk:
+                    break
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    try:
+                        msg = json.loads(line)
+                    except ValueError:
+                        continue
+                    if not isinstance(msg, dict):
+                        continue
+                    if msg.get("t") == "done":
+                        done = True
+                    end.messages.append(msg)
+                    if on_message is not None:
+                        on_message(msg)
+            calls, inside, limit, blame, what = watch.read()
+            now = time.monotonic()
+            allowed = limit if limit > 0 else timeout
+            if calls != last_calls or not inside:
+                last_calls, since = calls, now
+            elif now - since > allowed:
+                end.hang, end.blame, end.what = True, blame, what
+                end.death = f"a call into the target did not return within {allowed:g} s ({what})"
+                os.kill(pid, signal.SIGKILL)
+                break
+    except BaseException:   # Ctrl-C or a bug of the caller's: the child must not outlive the supervisor
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        raise
+    finally:
+        os.close(r)
+        _, status = os.waitpid(pid, 0)
+        if not done and end.death is None:
+            _calls, inside, _limit, end.blame, end.what = watch.read()
+            end.death = _describe_status(status) + (f" inside the target ({end.what})" if inside else "")
+        watch.mem.close()
+    return end

@@ -1,0 +1,163 @@
+"""Caching invariants C1-C9, each quoting seed 003.
+
+Some are predicates over the state (C1, C3, C5, C7; C2 and C4 over the
+layout); the others (C6, C8, C9) fail when an action recorded a diagnosed
+answer against that rule.  :func:`layout_violations` also judges an
+implementation's ``snapshot()`` layout (see :mod:`.observations`).
+"""
+
+from __future__ import annotations
+
+from memspec.spec.caching.kernels import K_ROUND_LARGE, K_SMALL_SIZE
+from memspec.spec.caching.state import FREE, LIVE, PENDING, UNMAPPED, Block, CachingState
+from memspec.spec.core import Invariant
+
+
+def _recorded(inv: str):
+    def check(st: CachingState) -> str | None:
+        for i, why in st.violations:
+            if i == inv:
+                return why
+        return None
+    return check
+
+
+def layout_violations(segments: list[dict]) -> dict[str, str | None]:
+    """C2/C3/C4 over a layout in ``snapshot()['segments']`` form (used on the
+    spec's own state and on the implementation's snapshot)."""
+    out: dict[str, str | None] = {"C2": None, "C3": None, "C4": None}
+    for s in segments:
+        at = s["address"]
+        prev_state = None
+        for b in s["blocks"]:
+            if b["address"] != at and out["C2"] is None:
+                out["C2"] = f"segment {s['address']:#x}: block at {b['address']:#x}, expected {at:#x} (gap or overlap)"
+            at = b["address"] + b["size"]
+            st = b["state"]
+            if st == "inactive" and prev_state == "inactive" and out["C3"] is None:
+                out["C3"] = f"segment {s['address']:#x}: adjacent free blocks at {b['address']:#x} left uncoalesced"
+            prev_state = st
+            if st == "active_allocated" and out["C4"] is None:
+                pool = "small" if b["requested_size"] <= K_SMALL_SIZE else "large"
+                if pool != s["segment_type"]:
+                    out["C4"] = (f"a {pool}-pool request ({b['requested_size']} bytes) lives in a "
+                                 f"{s['segment_type']}-pool segment at {s['address']:#x}")
+        if at != s["address"] + s["total_size"] and out["C2"] is None:
+            out["C2"] = f"segment {s['address']:#x}: blocks end at {at:#x}, the segment at {s['address'] + s['total_size']:#x}"
+    return out
+
+
+def spec_segments(st: CachingState) -> list[dict]:
+    """The spec's layout in ``snapshot()['segments']`` form: mapped ranges of
+    arenas are segments of their own, as in PyTorch."""
+    names = {FREE: "inactive", LIVE: "active_allocated", PENDING: "active_pending_free"}
+    out = []
+    for s in st.segments:
+        if s.base is None:
+            continue
+        runs: list[list[Block]] = []
+        cur: list[Block] = []
+        for b in s.blocks:
+            if b.state == UNMAPPED:
+                if cur:
+                    runs.append(cur)
+                cur = []
+            else:
+                cur.append(b)
+        if cur:
+            runs.append(cur)
+        for run in runs:
+            out.append({
+                "address": s.base + run[0].offset, "total_size": sum(b.size for b in run),
+                "segment_type": "small" if s.small else "large", "is_expandable": s.expandable, "stream": s.stream,
+                "blocks": [{"address": s.base + b.offset, "size": b.size, "state": names[b.state],
+                            "requested_size": b.requested if b.state != FREE else 0} for b in run],
+            })
+    out.sort(key=lambda d: d["address"])
+    return out
+
+
+def _c1(st: CachingState) -> str | None:
+    for small in (None, True, False):
+        name = {None: "all", True: "small_pool", False: "large_pool"}[small]
+        res = st.reserved(small)
+        act = st.figure((LIVE, PENDING), small)
+        req = st.figure((LIVE, PENDING), small, requested=True)
+        if not (res >= act >= req):
+            return f"{name}: reserved {res} >= allocated {act} >= requested {req} fails"
+    if st.reserved() > st.policy.capacity:
+        return f"reserved {st.reserved()} exceeds the device's {st.policy.capacity} bytes"
+    return _recorded("C1")(st)
+
+
+def _layout_check(inv: str):
+    def check(st: CachingState) -> str | None:
+        why = _recorded(inv)(st)
+        if why:
+            return why
+        return layout_violations(spec_segments(st))[inv]
+    return check
+
+
+def _c3(st: CachingState) -> str | None:
+    why = _layout_check("C3")(st)
+    if why:
+        return why
+    for s in st.segments:  # unmapped runs of an arena coalesce too
+        for a, b in zip(s.blocks, s.blocks[1:]):
+            if a.state == b.state == UNMAPPED:
+                return f"segment {s.sid}: adjacent unmapped blocks at offsets {a.offset} and {b.offset}"
+    return None
+
+
+def _c5(st: CachingState) -> str | None:
+    why = _recorded("C5")(st)
+    if why:
+        return why
+    if st.policy.seed and not st.policy.expandable:
+        for s in st.segments:
+            if not s.small:
+                for b in s.blocks:
+                    if b.size % K_ROUND_LARGE:
+                        return f"segment {s.sid}: a {b.size}-byte large-pool block (the remainder floor is 2 MiB)"
+    return None
+
+
+def _c7(st: CachingState) -> str | None:
+    why = _recorded("C7")(st)
+    if why:
+        return why
+    for s in st.segments:
+        for b in s.blocks:
+            if b.state == PENDING and b.waits <= 0:
+                return f"segment {s.sid}: block at offset {b.offset} pending with no event"
+    return None
+
+
+INVARIANTS = [
+    Invariant("C1", "reserved >= allocated >= requested",
+              "reserved ≥ allocated ≥ requested, always.", _c1),
+    Invariant("C2", "blocks tile their segment",
+              "SEGMENT 0 = one cudaMalloc VA reservation ... the span would have to cross a live tensor", _layout_check("C2")),
+    Invariant("C3", "adjacent free blocks coalesce",
+              "coalesce — every hole's neighbors are live 6 MiB blocks, and adjacent free blocks would merge", _c3),
+    Invariant("C4", "pools never mix; best fit within the pool",
+              "Pools never mix. A 900 KiB request will not carve a large-pool free block", _layout_check("C4")),
+    Invariant("C5", "split only with a legal remainder",
+              "A free block splits only if the remainder is itself legal (≥ 512 B small pool, ≥ 2 MiB large pool)", _c5),
+    Invariant("C6", "empty_cache releases exactly the fully-free segments",
+              "empty_cache() releases segments that are entirely free to the driver; it moves, merges, and "
+              "defragments nothing inside partially-live segments", _recorded("C6")),
+    Invariant("C7", "no reuse before the events of other streams complete (seed 000's fence rule)",
+              # seed 003 never names streams: this rule is seed 000's, applied to the caching allocator
+              # (a block is reused only on its stream, after the events of the other streams that used it)
+              "GPU release must obey stream/fence ordering", _c7, requires=("second_stream",)),
+    Invariant("C8", "expandable segments: OOM only at physical exhaustion",
+              "A freed block's pages unmap — physical memory returns to the driver immediately — and a later large "
+              "request maps fresh pages into a fresh contiguous VA run.", _recorded("C8"),
+              requires=("expandable_segments",)),
+    Invariant("C9", "the OOM message's figures equal the state",
+              "The OOM message is the diagnosis ... \"N GiB is reserved by PyTorch but unallocated\" = fragmentation",
+              _recorded("C9")),
+]
+
