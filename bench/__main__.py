@@ -33,6 +33,7 @@ GROUPS: dict[str, str] = {
     "caching": "bench.caching:run",
     "formal": "bench.formal:run",
     "gpu": "bench.gpu:run",
+    "report": "bench.report:run",
 }
 
 
