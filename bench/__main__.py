@@ -3,7 +3,7 @@ table, write JSON.
 
     python -m bench                 # everything (< 10 min on 2 cores)
     python -m bench --quick         # tiny sizes: a smoke run (seconds)
-    python -m bench --only caching  # one group: harness walk liveset caching formal gpu
+    python -m bench --only caching  # one group: harness walk liveset caching formal gpu report
     python -m bench --json out.json # default bench-results.json
     python -m bench --markdown t.md # also the table as Markdown
 
