@@ -251,6 +251,14 @@ def replay_failure(plan: Any, failure: Any, *, target: str | None = None) -> tup
     death = getattr(end, "death", None) if end is not None else None
     if death:
         info["note"] = (info["note"] + "; " if info["note"] else "") + f"the replay ended: {death}"
+        if len(rows) == len(trace) - 1 and failure.cause in ("hang", "crash") and \
+                bool(getattr(end, "hang", False)) == (failure.cause == "hang"):
+            # the last call hung (or killed the process) again: the spec's state is the previous step's
+            info["reproduced"] = True
+            info["note"] = f"reproduced: {death}"
+            if steps and len(steps) >= 2 and steps[-1].get("picture") is None:
+                steps[-1]["picture"] = steps[-2].get("picture")
+                steps[-1]["answer"] = "hangs" if failure.cause == "hang" else "kills the process"
     if end_msg.get("failing_last") and steps:
         steps[-1]["failing"] = True
         steps[-1]["marks"] = end_msg.get("marks")
@@ -299,7 +307,7 @@ def build_record(all_results: dict[str, list[Any]], parameters: dict | None = No
             fails = []
             for f in r.failures:
                 if replay and r.plan is not None:
-                    steps, rp = replay_failure(r.plan, f, target=target)
+                    steps, rp = replay_failure(r.plan, f)
                 else:
                     steps, rp = _unreplayed(list(f.trace), f), {"reproduced": False, "note": "not replayed"}
                 fails.append({"invariant": f.invariant, "title": titles.get(f.invariant, ""),

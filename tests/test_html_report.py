@@ -366,3 +366,36 @@ def test_headless_chromium_renders_a_screenshot(tmp_path, mutant_report):
     assert p.returncode == 0, p.stderr[-2000:]
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+# --------------------------------------------------------------------------
+# Replays that go wrong, and fuzz --html
+# --------------------------------------------------------------------------
+
+def test_a_replay_that_hangs_is_said_so_and_the_report_still_renders():
+    """The replay runs the target in a supervised child: a target that hangs
+    in the replay is killed there, and the report says so."""
+    (r,) = runner.conform("tests.hostile_targets:reference_hangs", "mechanism", examples=10, steps=10, timeout=0.3,
+                          out_dir=None)
+    assert r.failures and {f.cause for f in r.failures} == {"hang"}
+    rec = html_report.build_record({"hangs": [r]})
+    f = rec["targets"][0]["runs"][0]["failures"][0]
+    assert f["replay"]["reproduced"] and "did not return" in f["replay"]["note"], f["replay"]
+    assert f["steps"][-1]["answer"] == "hangs" and f["steps"][-1]["picture"] == f["steps"][-2]["picture"]
+    doc = parse(html_report.render(rec))
+    assert len(doc.find_all("section", cls="step")) == len(f["steps"]) == f["shrunk_length"]
+    assert len(doc.find_all("section", cls="failing")) == 1
+
+
+def test_fuzz_writes_the_report_too(tmp_path):
+    from memspec.commands import fuzz
+
+    page = tmp_path / "fuzz.html"
+    rc = fuzz.main(["mutant:release-before-fence", "--seconds", "8", "--capacity", str(16 << 20), "--quiet",
+                    "--db", str(tmp_path / "db"), "--out", str(tmp_path / "repro"), "--html", str(page)])
+    assert rc == 1
+    doc = parse(page.read_text(encoding="utf-8"))
+    assert "memspec fuzz" in doc.find_all("h1")[0].all_text()
+    fails = doc.find_all("div", cls="failure")
+    assert fails and any("S4" in d.find_all("h3")[0].all_text() for d in fails)
+    assert all(d.find_all("section", cls="failing") for d in fails)
