@@ -124,8 +124,19 @@ def _outcomes_of(action: Any, state: Any, args: dict) -> str:
         return f"(the spec could not describe its outcomes: {type(e).__name__}: {e})"
 
 
-def _named(args: dict, known: set) -> list:
-    return [v for v in args.values() if type(v) is int and v in known]
+def _named(action: Any, args: dict, known: set) -> list:
+    """The references a call names: arguments drawn from a domain of
+    references (one with an availability rule: there is nothing to pick
+    before a step binds one -- sizes and flags are always available) whose
+    value a step of the replay bound."""
+    out = []
+    for k, v in args.items():
+        d = action.params.get(k)
+        field = getattr(type(d), "__dataclass_fields__", {}).get("available")
+        default = getattr(field, "default", None)
+        if type(v) is int and v in known and d is not None and getattr(d, "available", default) is not default:
+            out.append(v)
+    return out
 
 
 def _answer(run: Any, ts: Any) -> str:
@@ -181,7 +192,7 @@ def _replay_in_child(ch: Any, target: str, level: str, trace: list, expect: str,
                 row.update(answer=_answer(run, last) if last is not None else "",
                            bound=list(last.bound) if last is not None else [], failing=True,
                            picture=P.state_model(run.state),
-                           marks=P.marks_from(v.reason, v.invariant, v.reason, refs=_named(args, known)))
+                           marks=P.marks_from(v.reason, v.invariant, v.reason, refs=_named(action, args, known)))
                 ch.send({"t": "step", "row": row})
                 note = "reproduced" if v.invariant == expect else \
                     f"the replay failed differently: {v.invariant} [{v.cause}] {v.reason}"
