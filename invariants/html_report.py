@@ -335,7 +335,33 @@ def build_record(all_results: dict[str, list[Any]], parameters: dict | None = No
                         "invariants": invs, "runs": runs})
     return {"schema": SCHEMA, "tool": tool,
             "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "parameters": {k: v for k, v in (parameters or {}).items()}, "targets": targets}
+            "parameters": _effective(parameters or {}), "targets": targets}
+
+
+def _effective(parameters: dict) -> dict:
+    """The parameters as given, the profile's figures where none was given,
+    and the versions that ran."""
+    out = dict(parameters)
+    prof = out.get("profile")
+    if isinstance(prof, str) and (out.get("examples") is None or out.get("steps") is None):
+        try:
+            from memspec.invariants.runner import hypothesis_settings
+
+            st = hypothesis_settings(prof)
+            if out.get("examples") is None:
+                out["examples"] = f"{st.max_examples} (profile {prof})"
+            if out.get("steps") is None:
+                out["steps"] = f"{st.stateful_step_count} (profile {prof})"
+        except Exception:  # noqa: BLE001 - an unknown profile is shown as given
+            pass
+    try:
+        from importlib.metadata import version
+
+        out.setdefault("memspec version", version("memspec"))
+        out.setdefault("hypothesis version", version("hypothesis"))
+    except Exception:  # noqa: BLE001
+        pass
+    return out
 
 
 def write_html(path: str, all_results: dict[str, list[Any]], parameters: dict | None = None, *,
