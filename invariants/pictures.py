@@ -493,6 +493,18 @@ def _holder_colours(names: Iterable[str]) -> dict:
     return {h: HOLDER_COLOURS[i % len(HOLDER_COLOURS)] for i, h in enumerate(sorted(set(names)))}
 
 
+_LEDGER_OBS = re.compile(r"governor\.(free|granted|charged)(?:\(([^)]*)\))?")
+
+
+def _ledger_named(marks: dict | None) -> set:
+    """Ledger parts a failure's text names through the Governor's observations
+    (``governor.free``, ``governor.charged(kv)``): ``{"free"}``, ``{"charged to kv"}``."""
+    out: set = set()
+    for part, holder in _LEDGER_OBS.findall((marks or {}).get("label") or ""):
+        out.add(f"charged to {holder}" if part == "charged" and holder else part)
+    return out
+
+
 def _draw_system(c: _Canvas, m: dict, marks: dict | None) -> None:
     L = m["ledger"]
     cap = m["capacity"] or 1
@@ -511,13 +523,23 @@ def _draw_system(c: _Canvas, m: dict, marks: dict | None) -> None:
     segs.append(("granted (held by tickets)", L["tickets_held"], COLOURS["ledger-tickets"]))
     for h in sorted(L["charged_by"]):
         segs.append((f"charged to {h}", L["charged_by"][h], hc.get(h, "#777")))
+    named = _ledger_named(marks)
+    any_mark = False
     for name, n, col in segs:
         if n and n > 0:
             w = bar * n / cap
-            c.rect(x, c.y, w, 16, col, title=f"{name}: {fmt_bytes(n)}", attrs={"class": "ledger", "data-part": name})
+            hit = any(name == k or name.startswith(k + " ") for k in named)
+            any_mark = any_mark or hit
+            c.rect(x, c.y, w, 16, col, stroke=MARK if hit else "#555", sw=2.5 if hit else 0.6,
+                   title=f"{name}: {fmt_bytes(n)}",
+                   attrs={"class": "ledger" + (" marked" if hit else ""), "data-part": name})
             x += w
     c.rect(8, c.y, bar, 16, "none", stroke="#333")
     c.y += 22
+    if named and marks is not None:
+        _mark_note(c, 8, c.y + 8, marks, "the ledger figure the implementation disagrees on"
+                   if any_mark else "a ledger figure (zero in the spec)")
+        c.y += 16
     if total != cap or min(L["free"], L["granted"], L["charged"]) < 0:
         c.text(8, c.y + 10, f"\u2717 the ledger does not add up: free + granted + charged = {fmt_bytes(total)}, "
                             f"capacity {fmt_bytes(cap)}", size=11, weight="bold", fill=MARK, cls="ledger-bad")
@@ -534,7 +556,7 @@ def _draw_system(c: _Canvas, m: dict, marks: dict | None) -> None:
             lease = L["lease_bytes"].get(h, 0)
             c.text(16, c.y + 11, str(h)[:28], size=10)
             x = 250.0
-            span = c.w - 660
+            span = c.w - 760
             if g:
                 w = span * g / biggest
                 c.rect(x, c.y, w, 13, COLOURS["ledger-granted"], title=f"{h} granted {fmt_bytes(g)}")

@@ -399,3 +399,17 @@ def test_fuzz_writes_the_report_too(tmp_path):
     fails = doc.find_all("div", cls="failure")
     assert fails and any("S4" in d.find_all("h3")[0].all_text() for d in fails)
     assert all(d.find_all("section", cls="failing") for d in fails)
+
+
+def test_a_ledger_figure_named_by_the_failure_is_outlined():
+    """S11's observations name the Governor's figures (``governor.free``):
+    the picture outlines that part of the ledger bar, and only that part."""
+    model = _hand_record()["targets"][0]["runs"][0]["failures"][0]["steps"][0]["picture"]
+    marks = pictures.marks_from("", "S11", "governor.free: implementation says 1048575, spec says 1048576")
+    root = ET.fromstring(pictures.svg(model, marks))
+    parts = {r.get("data-part"): "marked" in (r.get("class") or "")
+             for r in root.iter("{http://www.w3.org/2000/svg}rect") if r.get("data-part")}
+    assert parts["free"] is True and not any(v for k, v in parts.items() if k != "free"), parts
+    plain = ET.fromstring(pictures.svg(model, pictures.marks_from("", "S11", "something else")))
+    assert not [r for r in plain.iter("{http://www.w3.org/2000/svg}rect") if "marked" in (r.get("class") or "")
+                and r.get("data-part")]
