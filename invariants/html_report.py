@@ -9,9 +9,11 @@ Two steps, so the report can be rebuilt, diffed or archived as data:
 
 1. :func:`build_record` turns the runner's results into a **run record**, a
    JSON-able dict (``json.dumps`` works on it as it is).  Each failure's
-   shrunk counterexample is replayed on a fresh target and spec, and the
-   spec's state after every step is kept as a picture model
-   (:func:`memspec.invariants.pictures.state_model`).
+   shrunk counterexample is replayed on a fresh target and spec in a
+   supervised child (the target's code never runs in the reporting
+   process), and the spec's state after every step comes back as a picture
+   model (:func:`memspec.invariants.pictures.state_model`): data, drawn
+   defensively (a model that cannot be drawn is said so).
 2. :func:`render` is a pure function from a run record to the HTML text.
 
 The run record (``schema: "memspec.run/1"``)::
