@@ -413,3 +413,15 @@ def test_a_ledger_figure_named_by_the_failure_is_outlined():
     plain = ET.fromstring(pictures.svg(model, pictures.marks_from("", "S11", "something else")))
     assert not [r for r in plain.iter("{http://www.w3.org/2000/svg}rect") if "marked" in (r.get("class") or "")
                 and r.get("data-part")]
+
+
+def test_a_malformed_picture_model_is_said_so_not_raised():
+    """Picture models come back from the supervised child as data: one that
+    cannot be drawn leaves a note in its step, and the rest of the report stands."""
+    rec = _hand_record()
+    step = rec["targets"][0]["runs"][0]["failures"][0]["steps"][0]
+    step["picture"] = {"level": "system", "ledger": MARKUP, "capacity": "many"}
+    doc = parse(html_report.render(rec))
+    (sec,) = doc.find_all("section", cls="step")
+    assert "the picture could not be drawn" in sec.all_text() and not sec.find_all("svg")
+    assert doc.find_all("table", cls="verdicts")
