@@ -391,7 +391,14 @@ def _run_child_plan(ch: Channel, plan: E.Plan, opts: dict) -> None:
     last = [0.0]
 
     def on_call(run: E.Run, ts: E.TraceStep | None) -> None:
-        ch.send({"t": "ex"} if ts is None else _step_msg(ts))
+        if ts is None:
+            ch.send({"t": "ex"})
+            return
+        msg = _step_msg(ts)
+        if len(run.trace) >= 2:   # what the previous step answered (the last one's answer may never come)
+            prev = run.trace[-2]
+            msg["po"], msg["pb"] = prev.outcome, list(prev.bound)
+        ch.send(msg)
 
     def on_step(p: E.Plan) -> None:
         now = time.perf_counter()
@@ -437,11 +444,17 @@ class _Parent:
     def on_message(self, m: dict) -> None:
         t = m.get("t")
         if t == "s":
+            if self.trace and "po" in m:
+                self.trace[-1] = {**self.trace[-1], "o": m.get("po"), "b": m.get("pb")}
             self.trace.append(m)
-            if self.current is not None:
-                self.current.plan.stats.steps += 1
+            if self.current is not None:   # counted here too: a child that dies sends no result
+                st = self.current.plan.stats
+                st.steps += 1
+                st.actions[_str(m.get("a"))] += 1
         elif t == "ex":
             self.trace = []
+            if self.current is not None:
+                self.current.plan.stats.examples += 1
         elif t == "p" and self.current is not None:
             st = self.current.plan.stats
             st.examples, st.steps, st.failures_seen = _int(m.get("examples")), _int(m.get("steps")), _int(m.get("failing"))

@@ -1,6 +1,6 @@
 """Pure-Python reference implementation of every role of seed 000 on an
 honest simulated device.  Imports only ``memspec.spec.api`` and
-``memspec.spec.errors`` from the spec (checked by tests/test_reference_layering.py).
+``memspec.spec.errors`` from the spec (checked by tests/test_layering.py; rules in docs/ARCHITECTURE.md).
 
 Modules, by role:
 
@@ -10,7 +10,7 @@ Modules, by role:
 * ``eager``      -- EagerAllocator (DeviceAllocator); footprint = size rounded up to the page.
 * ``vmm``        -- VaSpace (reservation table) and ReferenceVirtualBacking.
 * ``shared``     -- ReferenceSharedMapping (handles, refcounts, read-only, copy-on-write).
-* ``mechanisms`` -- ReferenceMechanism bundles: full / eager_only / vmm_only.
+* ``mechanism``  -- ReferenceMechanism bundles: full / eager_only / vmm_only.
 * ``governor``   -- ReferenceGovernor: grants, leases, pressure tickets.
 * ``ep``         -- ReferenceEP: copies, kernels, fences, deferred-free queue.
 * ``handles``    -- RefAllocation / RefReservation: owning handles whose drop only enqueues.
@@ -18,4 +18,7 @@ Modules, by role:
 * ``holders``    -- ModelResidency and KvPageStore.
 * ``system``     -- build_system(instance) -> ReferenceSystem (SystemUnderTest).
 * ``targets``    -- the ``reference``, ``reference-eager``, ``reference-vmm`` target factories.
+* ``caching``, ``caching_stats``, ``caching_export``, ``caching_snapshot``, ``caching_targets``
+                 -- seed 003's caching allocator, its statistics, its snapshot export,
+                    snapshot load/replay/drawing, and its conformance targets.
 """

@@ -1281,7 +1281,7 @@ class CachingAllocator:
     def snapshot(self) -> dict:
         """``torch.cuda.memory._snapshot()``-compatible structure (see
         :mod:`memspec.reference.caching_snapshot`)."""
-        from memspec.reference.caching_snapshot import export_snapshot
+        from memspec.reference.caching_export import export_snapshot
 
         return export_snapshot(self)
 

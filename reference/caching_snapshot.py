@@ -10,7 +10,8 @@ block ``address, size, requested_size, state, frames`` with states
 with actions ``alloc, free_requested, free_completed, segment_alloc,
 segment_free, segment_map, segment_unmap, oom``), ``allocator_settings`` and
 ``external_annotations``.  Each mapped range of an expandable segment is a
-segment of its own, as in PyTorch.
+segment of its own, as in PyTorch.  The export itself
+(``CachingAllocator.snapshot()``) is :mod:`memspec.reference.caching_export`.
 
 Import and replay: :func:`replay` runs a snapshot's trace through either
 preset, with or without expandable segments, and answers seed 003's question
@@ -24,67 +25,12 @@ import pickle
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
+from memspec.reference.caching import CachingAllocator
 from memspec.spec.api import MiB
 from memspec.spec.errors import InvalidRequest, OutOfMemory
 
 _SETTINGS_KEYS = ("PYTORCH_CUDA_ALLOC_CONF", "max_split_size", "garbage_collection_threshold", "expandable_segments",
                   "roundup_power2_divisions")
-
-
-def export_snapshot(alloc: Any) -> dict:
-    """``torch.cuda.memory._snapshot()`` of a :class:`~memspec.reference.caching.CachingAllocator`."""
-    segments = []
-    for seg in alloc.segments():
-        runs: list[list[dict]] = []
-        cur: list[dict] = []
-        for b in seg["blocks"]:
-            if b["state"] == "unmapped":
-                if cur:
-                    runs.append(cur)
-                cur = []
-            else:
-                cur.append(b)
-        if cur:
-            runs.append(cur)
-        for run in runs:
-            blocks = [{"address": b["address"], "size": b["size"], "requested_size": b["requested_size"],
-                       "state": b["state"], "frames": []} for b in run]
-            segments.append({
-                "device": alloc.device_index,
-                "address": run[0]["address"],
-                "total_size": sum(b["size"] for b in run),
-                "allocated_size": sum(b["size"] for b in run if b["state"] == "active_allocated"),
-                "active_size": sum(b["size"] for b in run if b["state"] != "inactive"),
-                "requested_size": sum(b["requested_size"] for b in run if b["state"] != "inactive"),
-                "stream": seg["stream"],
-                "segment_type": seg["segment_type"],
-                "segment_pool_id": (0, 0),
-                "is_expandable": seg["is_expandable"],
-                "frames": [],
-                "blocks": blocks,
-            })
-    segments.sort(key=lambda s: s["address"])
-    trace = [{"action": a, "addr": addr, "size": size, "stream": stream, "time_us": t, "frames": []}
-             for (a, addr, size, stream, t) in alloc.trace_entries()]
-    ms = alloc.stats.max_split_size
-    conf = [f"expandable_segments:{'True' if alloc.expandable else 'False'}"]
-    if ms != -1:
-        conf.append(f"max_split_size_mb:{ms // MiB}")
-    return {
-        "segments": segments,
-        "device_traces": [trace],
-        "allocator_settings": {
-            "PYTORCH_CUDA_ALLOC_CONF": ",".join(conf),
-            "max_split_size": ms,
-            "garbage_collection_threshold": alloc.gc_threshold,
-            "expandable_segments": alloc.expandable,
-            "roundup_power2_divisions": list(alloc._divisions or ()),
-            # memspec's own keys (PyTorch's viewer ignores unknown keys)
-            "memspec_preset": alloc.preset,
-            "memspec_capacity": alloc.capacity,
-        },
-        "external_annotations": [],
-    }
 
 
 def dump(snapshot: dict, f: BinaryIO | str) -> None:
@@ -169,8 +115,6 @@ def replay(snap: dict, *, preset: str | None = None, expandable: bool | None = N
     retried: recorded if it fails again, freed at once if it succeeds.  A run
     of ``segment_free``/``segment_unmap`` entries that no free caused is an
     ``empty_cache()`` (or an OOM retry) and is replayed as one."""
-    from memspec.reference.caching import CachingAllocator
-
     settings = snap.get("allocator_settings", {})
     preset = preset or settings.get("memspec_preset", "pytorch")
     if expandable is None:

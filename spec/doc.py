@@ -16,8 +16,9 @@ import inspect
 from typing import Any
 
 from memspec.spec.caching import CACHING
+from memspec.spec.caching import CATALOG as CACHING_CATALOG
 from memspec.spec.core import Action, Machine
-from memspec.spec.invariants import ALL
+from memspec.spec.invariants import CATALOG
 from memspec.spec.mechanism import MECHANISM
 from memspec.spec.selfcheck import RandomChooser, usable
 from memspec.spec.system import SYSTEM
@@ -161,17 +162,22 @@ def _machine_section(machine: Machine[Any], title: str) -> list[str]:
     return out
 
 
+def _other_seed(seed: str, page: str) -> str:
+    return f" (seed {seed})" if seed != page else ""
+
+
 def render() -> str:
     """The whole of docs/SPEC.md."""
     out = [HEADER]
     out += ["## Invariants", "", "| id | invariant | the seed says | machines |", "|---|---|---|---|"]
-    for inv in ALL:
+    for inv in CATALOG:
         where = [m.name for m in (MECHANISM, SYSTEM) if any(inv.id in a.invariants for a in m.actions)]
-        out.append(f"| {inv.id} | {inv.title} | *{inv.quote}* | {', '.join(where)} |")
+        out.append(f"| {inv.id} | {inv.title} | *{inv.quote}*{_other_seed(inv.seed, '000')} | {', '.join(where)} |")
     out.append("")
     out += ["## Caching invariants (seed 003)", "", "| id | invariant | the seed says | machines |", "|---|---|---|---|"]
-    for inv in CACHING.invariants:
-        out.append(f"| {inv.id} | {inv.title} | *{inv.quote}* | {CACHING.name} |")
+    for inv in CACHING_CATALOG:
+        where = [CACHING.name] if any(inv.id in a.invariants for a in CACHING.actions) else []
+        out.append(f"| {inv.id} | {inv.title} | *{inv.quote}*{_other_seed(inv.seed, '003')} | {', '.join(where)} |")
     out.append("")
     out += ["## The life of an allocation", "", _mermaid(ALLOCATION_LIFE, SYSTEM), ""]
     out += ["## The life of a pressure ticket", "", _mermaid(TICKET_LIFE, SYSTEM), ""]

@@ -15,7 +15,8 @@ and holds vacuously where the level has nothing to say.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
 
 from memspec.spec import kernels as K
 from memspec.spec.api import TicketState
@@ -399,3 +400,33 @@ S15 = _inv(
 
 ALL: list[Invariant] = [S1, S2, S3, S4, S5, S6, S7, S8, S9, S10, S11, S12, S13, S14, S15]
 BY_ID: dict[str, Invariant] = {i.id: i for i in ALL}
+
+
+# --------------------------------------------------------------------------
+# The catalog: each invariant's id, title and seed quote, defined once here
+# (the predicates above carry them); the proofs, docs/SPEC.md and the tests
+# read it instead of restating ids, titles or quotes.
+# --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """One invariant as the proofs, the docs and the tests name it."""
+
+    id: str
+    title: str
+    quote: str  # the seed sentence(s) it encodes, verbatim ("..." marks a cut)
+    seed: str   # the design text quoted: "000" or "003"
+
+
+def catalog_of(invariants: Iterable[Invariant], seed: str, *, quoted_from: dict[str, str] | None = None
+               ) -> tuple[CatalogEntry, ...]:
+    """The catalog of ``invariants`` in their order; ``quoted_from`` names the
+    entries whose quote comes from another seed than ``seed``."""
+    other = quoted_from or {}
+    return tuple(CatalogEntry(i.id, i.title, i.quote, other.get(i.id, seed)) for i in invariants)
+
+
+#: S1-S15, in order (seed 000); the caching allocator's C1-C9 are
+#: :data:`memspec.spec.caching.CATALOG`
+CATALOG: tuple[CatalogEntry, ...] = catalog_of(ALL, "000")
+IDS: tuple[str, ...] = tuple(e.id for e in CATALOG)

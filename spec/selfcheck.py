@@ -180,19 +180,20 @@ def state_machine(machine: Machine[Any], *, capacity: int = 64 * 4096, page: int
 
 
 def run(machine: Machine[Any], *, examples: int, steps: int, seed: int | None = None,
-        stats: dict[str, int] | None = None, shrink: bool = True) -> dict[str, int]:
-    """Run the spec's stateful test; raises on the first broken invariant (shrunk unless ``shrink=False``)."""
-    from hypothesis import HealthCheck, Phase, settings
+        stats: dict[str, int] | None = None, shrink: bool = True, base: Any = None) -> dict[str, int]:
+    """Run the spec's stateful test; raises on the first broken invariant (shrunk unless ``shrink=False``).
+
+    ``base``: the Hypothesis ``settings`` to build on (``memspec spec-check``
+    passes its ``ci`` profile); default: the settings currently loaded.  The
+    spec does not know the CLI's profiles."""
+    from hypothesis import Phase, settings
     from hypothesis.stateful import run_state_machine_as_test
 
     stats = stats if stats is not None else {}
     cls = state_machine(machine, stats=stats)
     if seed is not None:
         random.seed(seed)
-    # the ci profile's settings, without importing the CLI layer's profiles
-    ci = settings(deadline=None, database=None, print_blob=True,
-                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
-    cfg = settings(ci, max_examples=examples, stateful_step_count=steps,
+    cfg = settings(base if base is not None else settings(), max_examples=examples, stateful_step_count=steps,
                    derandomize=seed is None,
                    phases=list(Phase) if shrink else [Phase.explicit, Phase.reuse, Phase.generate])
     run_state_machine_as_test(cls, settings=cfg)

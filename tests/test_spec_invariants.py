@@ -14,7 +14,7 @@ import pytest
 
 from memspec.spec import context, ep, governor, holders, manager, shared
 from memspec.spec.api import DeviceAllocation, DeviceKey, Identity
-from memspec.spec.invariants import ALL, BY_ID
+from memspec.spec.invariants import ALL, BY_ID, CATALOG
 from memspec.spec.mechanism import MECHANISM
 from memspec.spec.ep import queue_snapshot
 from memspec.spec.selfcheck import drive, force
@@ -53,9 +53,18 @@ def both_ways(inv: str, scenario: Callable[[], Any], plant: Callable[[pytest.Mon
 
 
 def test_every_invariant_has_id_title_quote():
-    assert [i.id for i in ALL] == [f"S{k}" for k in range(1, 16)]
-    for i in ALL:
-        assert i.title and len(i.quote) > 20
+    assert [e.id for e in CATALOG] == [f"S{k}" for k in range(1, len(CATALOG) + 1)]
+    assert [(e.id, e.title, e.quote) for e in CATALOG] == [(i.id, i.title, i.quote) for i in ALL]
+    for e in CATALOG:
+        assert e.title and len(e.quote) > 20 and e.seed == "000"
+
+
+@pytest.mark.parametrize("entry", CATALOG, ids=[e.id for e in CATALOG])
+def test_every_invariant_has_a_planted_bug_test_here(entry):
+    """Adding an invariant to the catalog without a test that plants a bug it must catch fails here."""
+    prefix = f"test_{entry.id.lower()}_"
+    assert [n for n in globals() if n.startswith(prefix) and callable(globals()[n])], \
+        f"no {prefix}* test plants a bug for {entry.id}"
 
 
 # S1 -- release through the installed mechanism instead of the creator

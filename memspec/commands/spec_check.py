@@ -21,6 +21,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--machine", choices=("system", "mechanism", "all"), default="all")
     p.add_argument("--no-shrink", action="store_true", help="report the first failure as found (faster)")
     args = p.parse_args(argv)
+    from hypothesis import settings
+
+    from memspec import profiles  # noqa: F401  (registers the profiles)
     from memspec.spec.mechanism import MECHANISM
     from memspec.spec.selfcheck import run
     from memspec.spec.system import SYSTEM
@@ -31,7 +34,8 @@ def main(argv: list[str]) -> int:
         stats: dict[str, int] = {}
         t0 = time.perf_counter()
         try:
-            run(m, examples=args.examples, steps=args.steps, seed=args.seed, stats=stats, shrink=not args.no_shrink)
+            run(m, examples=args.examples, steps=args.steps, seed=args.seed, stats=stats, shrink=not args.no_shrink,
+                base=settings.get_profile("ci"))
             verdict = "PASS"
         except Exception as e:  # a broken invariant (shrunk) or a spec error
             verdict = f"FAIL: {type(e).__name__}: {e}"

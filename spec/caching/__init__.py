@@ -61,7 +61,7 @@ from memspec.spec.caching.actions import (
     FREED_REF, LIVE_REF, ONE_EB, SIZES, STREAM, STREAMS, complete_stream, double_free, empty_cache, free, malloc,
     record_stream,
 )
-from memspec.spec.caching.invariants import INVARIANTS, layout_violations, spec_segments
+from memspec.spec.caching.invariants import CATALOG, IDS, INVARIANTS, layout_violations, spec_segments
 from memspec.spec.caching.kernels import (
     K_LARGE_BUFFER, K_MIN_BLOCK, K_MIN_LARGE_ALLOC, K_ROUND_LARGE, K_SMALL_BUFFER, K_SMALL_SIZE, choose_pool,
     divisions_for, format_mib, format_size, round_size, segment_size, should_split,
@@ -84,7 +84,7 @@ __all__ = [
     "ONE_EB", "STREAMS", "SIZES", "STREAM", "LIVE_REF", "FREED_REF",
     "malloc", "free", "double_free", "record_stream", "complete_stream", "empty_cache",
     # invariants and observations
-    "INVARIANTS", "layout_violations", "spec_segments", "OBSERVATIONS",
+    "INVARIANTS", "CATALOG", "IDS", "layout_violations", "spec_segments", "OBSERVATIONS",
 ]
 
 def init(*, policy: str = "pytorch", capacity: int = 64 * MiB, expandable: bool = False, max_split_size: int | None = None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from memspec.spec.caching.kernels import K_ROUND_LARGE, K_SMALL_SIZE
 from memspec.spec.caching.state import FREE, LIVE, PENDING, UNMAPPED, Block, CachingState
 from memspec.spec.core import Invariant
+from memspec.spec.invariants import CatalogEntry, catalog_of
 
 
 def _recorded(inv: str):
@@ -161,3 +162,7 @@ INVARIANTS = [
               _recorded("C9")),
 ]
 
+
+#: C1-C9, in order: ids, titles and quotes (seed 003; C7 quotes seed 000's fence rule)
+CATALOG: tuple[CatalogEntry, ...] = catalog_of(INVARIANTS, "003", quoted_from={"C7": "000"})
+IDS: tuple[str, ...] = tuple(e.id for e in CATALOG)
