@@ -46,8 +46,15 @@ def export_snapshot(alloc: Any) -> dict:
                 "blocks": blocks,
             })
     segments.sort(key=lambda s: s["address"])
-    trace = [{"action": a, "addr": addr, "size": size, "stream": stream, "time_us": t, "frames": []}
-             for (a, addr, size, stream, t) in alloc.trace_entries()]
+    trace = []
+    for (a, addr, size, stream, t) in alloc.trace_entries():
+        e = {"action": a, "addr": addr, "size": size, "stream": stream, "time_us": t, "frames": []}
+        if a == "oom":
+            # PyTorch records the device's free bytes of an OOM as ``device_free``
+            # (torch/cuda/_memory_viz.py ``trace`` and MemoryViz.js read it); ``addr``
+            # carries the same figure for memspec's older readers.
+            e["device_free"] = addr
+        trace.append(e)
     ms = alloc.stats.max_split_size
     conf = [f"expandable_segments:{'True' if alloc.expandable else 'False'}"]
     if ms != -1:

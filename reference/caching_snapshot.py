@@ -6,8 +6,8 @@ The structure PyTorch 2.5 pickles with ``torch.cuda.memory._dump_snapshot``
 stream, segment_type, segment_pool_id, is_expandable, frames, blocks``; each
 block ``address, size, requested_size, state, frames`` with states
 ``active_allocated``, ``active_pending_free``, ``inactive``), ``device_traces``
-(one list per device of ``{action, addr, size, stream, time_us, frames}``
-with actions ``alloc, free_requested, free_completed, segment_alloc,
+(one list per device of ``{action, addr, size, stream, time_us, frames}``,
+``oom`` entries with ``device_free``, with actions ``alloc, free_requested, free_completed, segment_alloc,
 segment_free, segment_map, segment_unmap, oom``), ``allocator_settings`` and
 ``external_annotations``.  Each mapped range of an expandable segment is a
 segment of its own, as in PyTorch.  The export itself
@@ -99,7 +99,7 @@ def estimate_capacity(snap: dict) -> int:
         elif a in ("segment_free", "segment_unmap"):
             reserved -= e["size"]
         elif a == "oom":
-            return reserved + int(e.get("addr", 0))
+            return reserved + int(e.get("device_free", e.get("addr", 0)))
         peak = max(peak, reserved)
     if peak == 0:
         peak = sum(s["total_size"] for s in snap["segments"])

@@ -1,4 +1,4 @@
-"""Snapshots (torch.cuda.memory._snapshot() form), replay, SVG, and ``memspec oom explain``."""
+"""Snapshots (torch.cuda.memory._snapshot() form), replay, SVG.  (``memspec oom explain``: tests/test_oom*.py.)"""
 
 from __future__ import annotations
 
@@ -122,46 +122,3 @@ def test_load_refuses_what_is_not_a_snapshot(tmp_path):
     with pytest.raises(InvalidRequest):
         cs.load(str(p))
     assert oom.main(["explain", "--snapshot", str(p)]) == 2
-
-
-SEED_OOM = ("CUDA out of memory. Tried to allocate 20 MiB (device 40 MiB; 40 MiB reserved; "
-            "16 MiB is reserved but unallocated; largest free block 4 MiB)")
-NIGHT_OOM = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 39.39 GiB of which "
-             "1.10 GiB is free. Process 23187 has 27.30 GiB memory in use. Of the allocated memory 8.10 GiB is "
-             "allocated by PyTorch, and 1.20 GiB is reserved by PyTorch but unallocated. If reserved but unallocated "
-             "memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.")
-GRAPH_OOM = ("CUDA out of memory. Tried to allocate 512.00 MiB. GPU 0 has a total capacity of 39.39 GiB of which "
-             "100.00 MiB is free. Of the allocated memory 38.50 GiB is allocated by PyTorch, with 1.40 GiB allocated "
-             "in private pools (e.g., CUDA Graphs), and 20.00 MiB is reserved by PyTorch but unallocated.")
-FULL_OOM = ("CUDA out of memory. Tried to allocate 512.00 MiB. GPU 0 has a total capacity of 23.65 GiB of which "
-            "200.00 MiB is free. Of the allocated memory 22.00 GiB is allocated by PyTorch, and 30.00 MiB is "
-            "reserved by PyTorch but unallocated.")
-
-
-@pytest.mark.parametrize("text,hints,cause", [
-    (SEED_OOM, {}, 1), (NIGHT_OOM, {}, 2), (FULL_OOM, {"distributed": True}, 3), (GRAPH_OOM, {}, 4),
-    (FULL_OOM, {"cudnn_benchmark": True}, 5), (FULL_OOM, {}, 6)])
-def test_oom_triage(text, hints, cause):
-    f = oom.parse_message(text)
-    assert oom.triage(f, **hints).cause == cause
-
-
-def test_oom_figures_parsed():
-    f = oom.parse_message(NIGHT_OOM)
-    assert f.kind == "pytorch" and f.processes == {23187: int(27.3 * (1 << 30))}
-    assert f.tried == 2 << 30 and f.reserved_unallocated == round(1.2 * (1 << 30))
-    f = oom.parse_message(SEED_OOM)
-    assert (f.kind, f.tried, f.reserved_unallocated, f.largest_free_block) == ("seed", 20 * MiB, 16 * MiB, 4 * MiB)
-    assert oom.triage(oom.parse_message("CUDA out of memory. Tried to allocate more than 1EB memory.")).cause is None
-
-
-def test_oom_explain_command(capsys, tmp_path):
-    assert oom.main(["explain", SEED_OOM]) == 0
-    out = capsys.readouterr().out
-    assert "verdict: cause #1, fragmentation" in out and "expandable_segments:True" in out
-    p = tmp_path / "snap.pickle"
-    cs.dump(snapshot_cmd.fragmented_demo("seed").snapshot(), str(p))
-    assert oom.main(["explain", "--snapshot", str(p)]) == 0
-    out = capsys.readouterr().out
-    assert "cause #1" in out and "would expandable segments have avoided this OOM? YES" in out
-    assert oom.main(["explain", "hello world"]) == 2
