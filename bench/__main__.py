@@ -3,7 +3,7 @@ table, write JSON.
 
     python -m bench                 # everything (< 10 min on 2 cores)
     python -m bench --quick         # tiny sizes: a smoke run (seconds)
-    python -m bench --only caching  # one group: harness walk liveset caching replay jobs formal gpu
+    python -m bench --only caching  # one group: harness walk liveset caching replay jobs formal gpu report oom
     python -m bench --json out.json # default bench-results.json
     python -m bench --markdown t.md # also the table as Markdown
 
@@ -35,6 +35,7 @@ GROUPS: dict[str, str] = {
     "jobs": "bench.fuzz_jobs:run",
     "formal": "bench.formal:run",
     "gpu": "bench.gpu:run",
+    "report": "bench.report:run",
     "oom": "bench.oom:run",
 }
 

@@ -30,9 +30,14 @@ class MemspecItem(pytest.Item):
         key = (self.target, self.level)
         if key not in self.cache:
             o = self.opts
-            (res,) = runner.conform(self.target, self.level, profile=o["profile"], examples=o["examples"],
-                                    steps=o["steps"], seed=o["seed"], out_dir=o["out"], timeout=o["timeout"],
-                                    machine=o["machine"])
+            from memspec.invariants.signals import HypothesisStatistics
+
+            with HypothesisStatistics() as stats:  # --hypothesis-show-statistics: the run's events, on this item
+                (res,) = runner.conform(self.target, self.level, profile=o["profile"], examples=o["examples"],
+                                        steps=o["steps"], seed=o["seed"], out_dir=o["out"], timeout=o["timeout"],
+                                        machine=o["machine"])
+            if stats.stats:
+                self.hypothesis_statistics = stats.texts(self.nodeid)
             self.cache[key] = res
         return self.cache[key]
 

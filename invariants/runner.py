@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from memspec.invariants import engine as E
 from memspec.invariants import verdicts as V
+from memspec.invariants import signals
 from memspec.invariants.choosers import HypothesisChooser
 from memspec.invariants.discovery import TargetRef, resolve
 from memspec.invariants.errors import TARGET_ERROR, SpecError, TargetError, Violation
@@ -172,7 +173,7 @@ def build_state_machine(plan: E.Plan, guard: CallGuard | None = None) -> type:
             if cd is not self._data:
                 self._data = cd
                 self._chooser = HypothesisChooser(cd)
-            self.run.step(self._chooser)
+            signals.step(self.run, self.run.step(self._chooser))  # Hypothesis event()s: action, branch, boundaries
 
         def teardown(self):
             self.run.teardown()

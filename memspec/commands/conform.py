@@ -38,6 +38,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="random seed (default: derandomized under ci)")
     p.add_argument("--json", metavar="FILE", type=out_file, help="write the results as JSON")
     p.add_argument("--junit", metavar="FILE", type=out_file, help="write the results as JUnit XML")
+    p.add_argument("--html", metavar="FILE", type=out_file, help="write a self-contained HTML report (verdicts, coverage, "
+                   "each failure replayed step by step with pictures of the spec's state)")
     p.add_argument("--db", metavar="DIR", type=out_dir, help="Hypothesis example database directory (failures are replayed first)")
     p.add_argument("--level", choices=(*LEVELS, "all"), default="all")
     p.add_argument("--profile", choices=("ci", "dev", "fuzz"), default="ci")
@@ -114,6 +116,12 @@ def main(argv: list[str]) -> int:
         report.write_json(args.json, all_results)
     if args.junit:
         report.write_junit(args.junit, all_results)
+    if args.html:
+        from memspec.invariants import html_report
+
+        html_report.write_html(args.html, all_results, html_report.parameters_from_args(args, (
+            "level", "profile", "examples", "steps", "seed", "capacity", "timeout", "db")))
+        console.print(f"report: {args.html}")
     if not ok:
         console.print("[red]conformance FAILED[/]")
         return 1

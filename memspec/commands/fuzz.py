@@ -134,6 +134,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", type=out_file, default=None, help="write the run's figures and failures as JSON")
     p.add_argument("--machine", default=None, help=argparse.SUPPRESS)
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report of the run")
     return p
 
 
@@ -301,6 +302,12 @@ def _report(console, args, disp, results, steps: int, *, jobs: int, workers: lis
                           soft_wrap=True)   # one line: the command can be copied
         for e in r.errors:
             console.print(f"[yellow]ERROR[/] ({r.level}) " + escape(e))
+    if args.html:
+        from memspec.invariants import html_report
+
+        html_report.write_html(args.html, {target: results}, html_report.parameters_from_args(args, (
+            "mode", "level", "minutes", "seconds", "seed", "steps", "capacity", "timeout", "db")), tool="memspec fuzz")
+        console.print(f"report: {args.html}")
     console.print("[green]no failures[/]" if not bad else f"[red]{len(bad)} failure(s)[/]")
     if args.json:
         fs = fuzz_seconds if fuzz_seconds is not None else el

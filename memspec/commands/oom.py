@@ -64,11 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help="CUDA graphs were captured (torch.cuda.graph, torch.compile mode='reduce-overhead')")
     ap.add_argument("--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark=True")
     ap.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    ap.add_argument("--svg", metavar="FILE", help="with --snapshot: draw its segments and blocks into this SVG file")
     return ap
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_intermixed_args(argv)
+    if args.svg and not args.snapshot:
+        print("memspec oom explain: --svg draws a snapshot: give --snapshot PICKLE", file=sys.stderr)
+        return 2
     hints = dict(distributed=args.distributed, cudnn_benchmark=args.cudnn_benchmark, cuda_graphs=args.cuda_graphs)
     err = "memspec oom explain"
     snap = None
@@ -123,4 +127,9 @@ def main(argv: list[str]) -> int:
         print(json.dumps(v.as_json(f), indent=2))
     else:
         print(lib.explain_text(f, v))
+    if args.svg and snap is not None:  # the same picture as ``memspec snapshot --svg``
+        from memspec.invariants.pictures import snapshot_svg
+
+        with open(args.svg, "w", encoding="utf-8") as fh:
+            fh.write(snapshot_svg(snap))
     return 0

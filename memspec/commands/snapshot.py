@@ -74,6 +74,7 @@ def describe(snap: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
+    from memspec.invariants.pictures import snapshot_svg
     from memspec.reference import caching_snapshot as cs
 
     ap = argparse.ArgumentParser(prog="memspec snapshot", description=__doc__.split("\n\n")[0])
@@ -106,7 +107,7 @@ def main(argv: list[str]) -> int:
             print(f"wrote {args.out}")
         if args.svg:
             with open(args.svg, "w", encoding="utf-8") as fh:
-                fh.write(cs.to_svg(snap))
+                fh.write(snapshot_svg(snap))
             print(f"wrote {args.svg}")
     except OSError as e:
         print(f"memspec snapshot: cannot write: {e}", file=sys.stderr)
