@@ -287,6 +287,10 @@ def run_hypothesis(plan: E.Plan, settings: Any, *, seed: int | None = None,
     actions = list(plan.actions)
     seen = set()
     left = MORE_PASSES if more_passes is None else more_passes
+    from hypothesis import Phase
+
+    if Phase.generate not in settings.phases:
+        left = 0  # a replay-only run (reuse/shrink) cannot explore further: one pass
     t0 = time.perf_counter()
     try:
         for n in range(left + 1):

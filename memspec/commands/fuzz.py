@@ -305,7 +305,7 @@ def _report(console, args, disp, results, steps: int, *, jobs: int, workers: lis
     if args.html:
         from memspec.invariants import html_report
 
-        html_report.write_html(args.html, {target: results}, html_report.parameters_from_args(args, (
+        html_report.write_html(args.html, {disp.target: results}, html_report.parameters_from_args(args, (
             "mode", "level", "minutes", "seconds", "seed", "steps", "capacity", "timeout", "db")), tool="memspec fuzz")
         console.print(f"report: {args.html}")
     console.print("[green]no failures[/]" if not bad else f"[red]{len(bad)} failure(s)[/]")
