@@ -273,6 +273,13 @@ SHRINK_SECONDS: float | None = 30.0
 MORE_PASSES = 2
 
 
+def _last_action(f: Any) -> str | None:
+    """The action a failure's trace ended on (None when the trace is empty or
+    its last entry was never decoded, e.g. a supervised child that died)."""
+    last = f.trace[-1] if f.trace else None
+    return getattr(last, "action", None)
+
+
 def run_hypothesis(plan: E.Plan, settings: Any, *, seed: int | None = None,
                    shrink_seconds: float | None = -1, more_passes: int | None = None) -> PlanResult:
     """Drive the plan's state machine under ``settings`` in this process;
@@ -299,12 +306,12 @@ def run_hypothesis(plan: E.Plan, settings: Any, *, seed: int | None = None,
             new = result.failures[before:]
             fresh = []
             for f in new:
-                key = (f.invariant, f.trace[-1].action if f.trace else None)
+                key = (f.invariant, _last_action(f))
                 if key not in seen:
                     seen.add(key)
                     fresh.append(f)
             result.failures[before:] = fresh
-            ended = {f.trace[-1].action for f in fresh if f.trace}
+            ended = {a for a in (_last_action(f) for f in fresh) if a is not None}
             if not fresh or result.errors or not ended:
                 break
             plan.actions = [a for a in plan.actions if a.name not in ended]

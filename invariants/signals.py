@@ -52,9 +52,13 @@ def boundaries(plan: Any) -> dict[int, str]:
 
 
 def step(run: Any, ts: Any) -> None:
-    """Events for one executed step (``ts``: the engine's trace step)."""
+    """Events for one executed step (``ts``: the engine's trace step; None
+    when the engine skipped the step because no action was available)."""
     from hypothesis import event
 
+    if ts is None:
+        event("action: (none available)")
+        return
     event(f"action: {ts.action}")
     event(f"outcome: {ts.action} -> {ts.outcome}")
     bounds = boundaries(run.plan)
