@@ -117,8 +117,10 @@ def test_repro_commands_are_shell_quoted(tmp_path):
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env={**os.environ, "COLUMNS": "1000"})
     assert p.returncode == 1, p.stdout + p.stderr
-    line = next(ln for ln in p.stdout.splitlines() if ": python " in ln)
-    shown = line.split(": python ", 1)[1].strip()
+    # the command runs the reproduction with the interpreter that ran memspec
+    exe = shlex.quote(sys.executable)
+    line = next(ln for ln in p.stdout.splitlines() if f": {exe} " in ln)
+    shown = line.split(f": {exe} ", 1)[1].strip()
     (path,) = shlex.split(shown)                      # one argument, exactly the file written
     assert os.path.exists(path) and os.path.dirname(path) == str(out)
     assert not (tmp_path / "pwned").exists()

@@ -21,12 +21,14 @@ def main(argv: list[str]) -> int:
     from memspec.invariants.discovery import capabilities, list_targets
 
     t = Table(title="memspec targets")
+    reasons: list[tuple[str, str]] = []
     for col in ("name", "kind", "capabilities", "status", "source"):
         t.add_column(col)
     for ref in list_targets():
         kind, caps, status = "", "", "available"
         if ref.error:
             status = f"[red]import failed[/]: {ref.error}"
+            reasons.append((ref.name, f"import failed: {ref.error}"))
         elif not args.no_probe:
             try:
                 inst = ref.factory()
@@ -45,8 +47,15 @@ def main(argv: list[str]) -> int:
                 # TargetUnavailable / DriverUnavailable carry the reason as their message
                 why = str(e) if type(e).__name__.endswith("Unavailable") else f"{type(e).__name__}: {e}"
                 status = f"[yellow]unavailable[/]: {why}"
+                reasons.append((ref.name, f"unavailable: {why}"))
         t.add_row(ref.name, kind, caps, status, ref.source)
-    _report_console().print(t)
+    con = _report_console()
+    con.print(t)
+    if reasons:  # the table wraps long reasons: each in full, on one line
+        from rich.markup import escape
+
+        for name, why in reasons:
+            con.print(escape(f"{name}: {why}"), soft_wrap=True)
     return 0
 
 
