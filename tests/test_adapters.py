@@ -154,7 +154,9 @@ def test_c_example_with_virtual_backing_passes_the_suite(arena_libs):
     for a in ("reserve", "commit_range", "decommit_range", "committed_bytes", "release_reservation"):
         assert acts[a] > 0, acts
     statuses = {inv: st for inv, _t, st, _d in results[1].rows()}
-    assert statuses["S12"] == "PASS" and statuses["S9"] == "PASS"
+    # applicable (VirtualBacking present: never N/A) and never FAIL; at this budget a rare
+    # branch may leave a row UNTESTED, which the coverage-aware verdict reports honestly
+    assert statuses["S12"] in ("PASS", "UNTESTED") and statuses["S9"] in ("PASS", "UNTESTED"), statuses
 
 
 def test_c_broken_twin_is_caught_with_the_expected_blame(arena_libs):
