@@ -193,6 +193,9 @@ def run(machine: Machine[Any], *, examples: int, steps: int, seed: int | None = 
     cls = state_machine(machine, stats=stats)
     if seed is not None:
         random.seed(seed)
+        # Hypothesis draws an unseeded run's seed from its own generator, not
+        # from ``random``: without this a ``seed`` would not reproduce the walks
+        cls._hypothesis_internal_use_seed = seed  # type: ignore[attr-defined]
     cfg = settings(base if base is not None else settings(), max_examples=examples, stateful_step_count=steps,
                    derandomize=seed is None,
                    phases=list(Phase) if shrink else [Phase.explicit, Phase.reuse, Phase.generate])
