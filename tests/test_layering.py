@@ -262,22 +262,9 @@ def test_layer_imports_only_what_its_rule_allows(layer):
     assert bad == [], f"{layer} breaks its rule in docs/ARCHITECTURE.md: " + "; ".join(f"{a} imports {b}" for a, b in bad)
 
 
-@pytest.mark.parametrize("edge", [pytest.param(e, id=f"{e[0]}->{e[1]}",
-                                               marks=pytest.mark.xfail(strict=True, reason=PENDING_REASON))
-                                  for e in PENDING_EDGES])
-def test_pending_layer_break_is_gone(edge):
-    assert edge not in layer_violations(GRAPH), f"{edge[0]} still imports {edge[1]}"
-
-
 def test_no_import_cycles():
     found = [c for c in CYCLES if not _pending_cycle(c)]
     report = "\n".join(describe(c) for c in CYCLES)
     assert found == [], f"import cycles (deferred imports included):\n{report}"
 
 
-@pytest.mark.parametrize("pair", [pytest.param(p, id=f"{p[0].rsplit('.', 1)[1]}<->{p[1].rsplit('.', 1)[1]}",
-                                               marks=pytest.mark.xfail(strict=True, reason=PENDING_REASON))
-                                  for p in PENDING_CYCLES])
-def test_pending_cycle_is_gone(pair):
-    still = [c for c in CYCLES if set(pair) <= set(c)]
-    assert still == [], "still a cycle: " + "; ".join(describe(c) for c in still)
