@@ -39,7 +39,7 @@ def test_role_mutants_are_plain_targets_of_the_public_contract():
 
 
 # Known open defect, not hidden: shared-freed-while-mapped is caught when this test
-# runs alone and by `memspec mutants` (KILLED), but was missed once after the whole
+# runs alone and by `memspec mutants` (KILLED), but was missed in both full-suite runs after the whole
 # suite's earlier tests ran in the same process -- an order dependence not yet found.
 _ORDER_DEPENDENT = {"shared-freed-while-mapped"}
 _PARAMS = [pytest.param(m, id=m.name, marks=pytest.mark.xfail(
