@@ -43,19 +43,6 @@ from memspec.spec import api
 from memspec.spec.errors import MemspecError
 
 
-class RefTable:
-    """``refs`` + ``ref(id)``: the implementation objects bound to spec ids."""
-
-    def __init__(self) -> None:
-        self.refs: dict[int, object] = {}
-
-    def ref(self, ref_id: int) -> object:
-        try:
-            return self.refs[ref_id]
-        except KeyError:
-            raise SpecError(f"the spec asked for reference #{ref_id}, which no step bound") from None
-
-
 # --------------------------------------------------------------------------
 # Plan: everything fixed for one (target, level)
 # --------------------------------------------------------------------------
