@@ -532,18 +532,28 @@ def _contrib(st: Any, b: Any, which: int) -> Any:
     return z3.If(st == which, b, 0)
 
 
+def _charged(st: Any, b: Any) -> Any:
+    """What an item adds to ``charged``: its bytes while live, queued or a lease."""
+    return z3.If(z3.And(st >= I_LIVE, st <= I_LEASE), b, 0)
+
+
+#: the holder every kind of charge item belongs to (a queued piece: any)
+_KIND_HOLDER = {K_ALLOC: SESSION_H, K_WEIGHT: WEIGHTS_H, K_KV: KV_H, K_LEASE: SESSION_H, K_RES: SESSION_H}
+
+
 def _item_set(s: St, x: Any, nst: Any, nb: Any) -> St:
     """Charge item ``x`` (existing) now in state ``nst`` with ``nb`` bytes: the ghosts follow."""
     h, st, b = at(s.ih, x), at(s.ist, x), at(s.ib, x)
     kw = {P: _kchg(s[P], x, h, _contrib(nst, nb, w) - _contrib(st, b, w)) for P, w in _BUCKETS}
-    return s.set(ist=upd(s.ist, x, nst), ib=upd(s.ib, x, nb), **kw)
+    return s.set(ist=upd(s.ist, x, nst), ib=upd(s.ib, x, nb), PC=prefix_change(s.PC, x, _charged(nst, nb) - _charged(st, b)),
+                 **kw)
 
 
 def _item_new(s: St, h: Any, kind: int, nst: int, b: Any) -> St:
     """A new charge item (id ``n``) of holder ``h``."""
     kw = {P: _kput(s[P], s.n, h, _contrib(z3.IntVal(nst), b, w)) for P, w in _BUCKETS}
     return s.set(ist=upd(s.ist, s.n, nst), ih=upd(s.ih, s.n, h), ik=upd(s.ik, s.n, kind), ib=upd(s.ib, s.n, b),
-                 n=s.n + 1, **kw)
+                 PC=prefix_append(s.PC, s.n, _charged(z3.IntVal(nst), b)), n=s.n + 1, **kw)
 
 
 def _hadd(arr: Any, h: Any, d: Any) -> Any:
@@ -745,6 +755,8 @@ def _l_inv(s: St, o: Any) -> Any:
         at(s.cb, o) == at(s.lb, o) + at(s.qb, o) + at(s.lsb, o),
         # charge items: dense ids, a holder, bytes >= 0
         z3.Implies(live_item(o), z3.And(0 <= o, o < s.n, 0 <= at(s.ih, o), at(s.ih, o) <= 2, at(s.ib, o) >= 0)),
+        *[z3.Implies(z3.And(live_item(o), at(s.ik, o) == k), at(s.ih, o) == h) for k, h in _KIND_HOLDER.items()],
+        prefix_sum(s.PC, s.n, lambda i: _charged(at(s.ist, i), at(s.ib, i))), s.charged == at(s.PC, s.n),
         *[z3.And(prefix_count(s[P], s.n, o, lambda k, i, w=w: z3.If(z3.And(at(s.ist, i) == w, at(s.ih, i) == k),
                                                                      at(s.ib, i), 0)),
                  at(s[tot], o) == at(at(s[P], o), s.n))
@@ -768,7 +780,7 @@ _L_FIELDS = {"cap": INT, "free": INT, "granted": INT, "charged": INT, "og": INT,
              "cb": ARR, "lb": ARR, "qb": ARR, "lsb": ARR,
              "gst": ARR, "gb": ARR, "PG": ARR, "ng": INT,
              "tst": ARR, "tb": ARR, "ta": ARR, "PT": ARR, "nt": INT,
-             "ist": ARR, "ih": ARR, "ik": ARR, "ib": ARR, "n": INT, "PLV": ARR2, "PQ": ARR2, "PLS": ARR2,
+             "ist": ARR, "ih": ARR, "ik": ARR, "ib": ARR, "n": INT, "PLV": ARR2, "PQ": ARR2, "PLS": ARR2, "PC": ARR,
              "phys": INT, "mcap": INT, "mst": ARR, "mb": ARR, "PMB": ARR, "nm": INT}
 
 
@@ -776,15 +788,15 @@ def _l_init(s: St) -> Any:
     return z3.And(s.cap >= 0, s.free == s.cap, s.granted == 0, s.charged == 0, s.og == 0, s.th == 0, s.page > 0,
                   s.cb == Z0(), s.lb == Z0(), s.qb == Z0(), s.lsb == Z0(),
                   s.gst == Z0(), s.ng == 0, at(s.PG, 0) == 0, s.tst == Z0(), s.tb == Z0(), s.nt == 0, at(s.PT, 0) == 0,
-                  s.ist == Z0(), s.n == 0, s.PLV == Z00(), s.PQ == Z00(), s.PLS == Z00(),
+                  s.ist == Z0(), s.n == 0, s.PLV == Z00(), s.PQ == Z00(), s.PLS == Z00(), at(s.PC, 0) == 0,
                   s.phys == 0, s.mcap >= 0, s.mst == Z0(), s.nm == 0, at(s.PMB, 0) == 0)
 
 
 def _l_inst(s: St, o: Any, a: St) -> list:
-    """The invariant also at the holder of the item an action names and at
-    the three holders (whose charges sum to ``charged``), where the action
-    takes bytes from a holder's charge."""
-    return [z3.IntVal(h) for h in HOLDERS_H] + [at(s.ih, a["x"])] if "x" in a else []
+    """No further instance: ``charged`` is itself a checked prefix sum over
+    the items (so a refund of one item's bytes keeps it >= 0), and each
+    holder's buckets are stated at the invariant's free object."""
+    return []
 
 
 def _kind(k: int):
