@@ -712,7 +712,10 @@ def _l_respond(s: St, a: St):
     victim: dropped, run, and its bytes reported.  The reported bytes move
     from free into the ticket (ticket_receive)."""
     out = outcome((_terminal(at(s.tst, a.t)), "InvalidTicket"))
-    ran = merge(a.mode == 0, s, _run(merge(a.mode == 2, _enqueue(s, a.x), s), a.x))
+    h, b = at(s.ih, a.x), at(s.ib, a.x)
+    # the victim's release is queued and runs at once: live -> refunded (its queued bytes come and go)
+    evicted = _item_set(_refund(s, h, b, lb=_hadd(s.lb, h, -b)), a.x, I_GONE, b)
+    ran = merge(a.mode == 0, s, merge(a.mode == 2, evicted, _run(s, a.x)))
     r = K.ite(a.mode == 2, at(s.ib, a.x), 0)
     held = at(s.tb, a.t) + r
     nst = K.ite(z3.And(at(s.tst, a.t) == T_PENDING, held >= at(s.ta, a.t)), T_GRANTED, at(s.tst, a.t))
