@@ -268,12 +268,19 @@ class InvariantEval:
 
     def __init__(self, p: Proof, nobj: int) -> None:
         self.p, self.nobj = p, nobj
+        self.s = fresh(p.fields, "iv")
+        self.exprs: dict[tuple[Any, ...], Any] = {}
 
     def holds(self, state: dict[str, Any]) -> bool:
-        # built on the concrete state itself, so a prefix-sum ghost over a concrete count is unrolled
-        # (proofs.prefix_sum) rather than left as a quantifier for a solver
-        s = St({f: concrete(k, state[f]) for f, k in self.p.fields.items()})
-        return Compiled._truth(z3.And(*[self.p.inv(s, z3.IntVal(i)) for i in range(self.nobj)]))
+        # one formula per tuple of the proof's id counts (``Proof.counts``): with the counts concrete,
+        # a prefix-sum ghost is unrolled (proofs.prefix_sum) instead of left as a quantifier
+        key = tuple(state[f] for f in self.p.counts)
+        expr = self.exprs.get(key)
+        if expr is None:
+            s = self.s.set(**{f: iv(state[f]) for f in self.p.counts})
+            expr = self.exprs[key] = z3.And(*[self.p.inv(s, z3.IntVal(i)) for i in range(self.nobj)])
+        subs = [(self.s[f], concrete(k, state[f])) for f, k in self.p.fields.items() if f not in self.p.counts]
+        return Compiled._truth(z3.substitute(expr, *subs))
 
 
 def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapter], proofs: dict[str, Proof],

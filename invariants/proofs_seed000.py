@@ -787,6 +787,9 @@ _L_FIELDS = {"cap": INT, "free": INT, "granted": INT, "charged": INT, "og": INT,
              "phys": INT, "mcap": INT, "mst": ARR, "mb": ARR, "PMB": ARR, "nm": INT}
 
 
+_L_COUNTS = ("n", "ng", "nt", "nm")  # the dense-id counts of the ghosts
+
+
 def _l_init(s: St) -> Any:
     return z3.And(s.cap >= 0, s.free == s.cap, s.granted == 0, s.charged == 0, s.og == 0, s.th == 0, s.page > 0,
                   s.cb == Z0(), s.lb == Z0(), s.qb == Z0(), s.lsb == Z0(),
@@ -856,6 +859,7 @@ def _s8_named(s: St, o: Any) -> Any:
 S8 = Proof(
     *catalog("S8"),
     fields=dict(_L_FIELDS), init=_l_init, inv=_l_inv, inst=_l_inst,
+    counts=_L_COUNTS,
     actions=_l_acts("reserve", "commit", "cancel", "allocate_owned", "load_weight", "m_allocate"),
     unguarded=Act("commit", {"g": INT, "actual": INT}, _l_commit(False),
                   pre=lambda s, a: z3.And(at(s.gst, a.g) != 0, a.actual >= 0), objs=("g",)),
@@ -995,6 +999,7 @@ def _s11_named(s: St, o: Any) -> Any:
 S11 = Proof(
     *catalog("S11"),
     fields=dict(_L_FIELDS), init=_l_init, inv=_l_inv, inst=_l_inst,
+    counts=_L_COUNTS,
     actions=_l_acts("reserve", "commit", "cancel", "refund_lease", "allocate_owned", "load_weight", "commit_owned",
                     "kv_grow", "drop", "unload_weight", "poll", "claim", "cancel_ticket", "expire", "respond",
                     "m_allocate", "m_deallocate"),
