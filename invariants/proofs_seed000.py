@@ -387,63 +387,88 @@ S5 = Proof(
 
 
 # ==========================================================================
-# S6 holder-chooses
+# S6 holder-chooses  (mirrors spec/governor.py issue_ticket, spec/holders.py
+# set_hot and respond: the Governor only issues tickets; a holder answers by
+# choosing its own victims -- ModelResidency only cold resident weights,
+# KvPageStore none, reporting at most what its own releases refunded)
 # ==========================================================================
 
 T_PENDING, T_GRANTED, T_CLAIMED, T_CANCELLED, T_TIMED_OUT = 1, 2, 3, 4, 5
+H_WEIGHTS, H_KV = 0, 1  # the holders that answer tickets
 
 
 def _s6_issue(s: St, a: St):
-    return on_ok(z3.IntVal(OK), s, s.set(tstate=upd(s.tstate, a.t, T_PENDING), held=upd(s.held, a.t, 0)))
+    out = outcome((a.n <= 0, "InvalidRequest"))
+    return on_ok(out, s, s.set(tstate=upd(s.tstate, a.t, T_PENDING), held=upd(s.held, a.t, 0),
+                               amount=upd(s.amount, a.t, a.n)))
 
 
-def _s6_respond(check: bool):
-    def step(s: St, a: St):
-        pend = at(s.tstate, a.t) == T_PENDING
-        pairs = [(z3.Not(pend), "InvalidTicket")]
-        if check:
-            pairs.append((a.r > at(s.charge, a.h), "InvalidRequest"))
-        out = outcome(*pairs)
-        return on_ok(out, s, s.set(charge=upd(s.charge, a.h, at(s.charge, a.h) - a.r),
-                                   held=upd(s.held, a.t, at(s.held, a.t) + a.r)))
-    return step
+def _s6_set_hot(s: St, a: St):
+    return on_ok(z3.IntVal(OK), s, s.set(hot=upd(s.hot, a.w, a.h)))
 
 
-def _s6_cancel(s: St, a: St):
-    pend = at(s.tstate, a.t) == T_PENDING
-    out = outcome((z3.Not(pend), "InvalidTicket"))
-    return on_ok(out, s, s.set(tstate=upd(s.tstate, a.t, T_CANCELLED), held=upd(s.held, a.t, 0),
-                               free=s.free + at(s.held, a.t)))
+def _s6_evict(s: St, w: Any, go: Any) -> St:
+    """holders.evict(by="holder", pressure=True) of weight ``w`` when ``go``:
+    it leaves residency; a hot one is recorded (S6's ``hot_evictions``)."""
+    return s.set(res=upd(s.res, w, z3.And(at(s.res, w), z3.Not(go))),
+                 hot_ev=s.hot_ev + K.ite(z3.And(go, at(s.hot, w)), 1, 0))
 
 
-def _s6_load(s: St, a: St):
-    out = outcome((a.n > s.free, "GrantDenied"))
-    return on_ok(out, s, s.set(charge=upd(s.charge, a.h, at(s.charge, a.h) + a.n), free=s.free - a.n))
+def _s6_respond(s: St, a: St):
+    """``holder`` answers ticket ``t``: ModelResidency evicts ``nv`` (0..2)
+    victims ``v1``, ``v2`` and reports their bytes; KvPageStore evicts none and
+    reports ``r``, at most the ``refunded`` bytes its own releases gave back
+    (more is an overclaim).  The ticket holds the report; granted once it
+    holds its amount.  A terminal ticket: InvalidTicket."""
+    out = outcome((z3.Or(at(s.tstate, a.t) == 0, _terminal(at(s.tstate, a.t))), "InvalidTicket"))
+    wts = a.holder == H_WEIGHTS
+    s1 = _s6_evict(_s6_evict(s, a.v1, z3.And(wts, a.nv >= 1)), a.v2, z3.And(wts, a.nv >= 2))
+    r = K.ite(wts, K.ite(a.nv >= 1, at(s.wb, a.v1), 0) + K.ite(a.nv >= 2, at(s.wb, a.v2), 0), a.r)
+    held = at(s.held, a.t) + r
+    st = K.ite(z3.Or(at(s.tstate, a.t) == T_GRANTED, held >= at(s.amount, a.t)), T_GRANTED, at(s.tstate, a.t))
+    return on_ok(out, s, s1.set(held=upd(s.held, a.t, held), tstate=upd(s.tstate, a.t, st),
+                                over=s.over + K.ite(z3.And(z3.Not(wts), a.r > a.refunded), 1, 0)))
+
+
+def _s6_pre(check: bool):
+    """The holder's choice: a known ticket; victims distinct weights (and,
+    the guard, resident and cold); KV reports ``0 <= r <= refunded``."""
+    def pre(s: St, a: St) -> Any:
+        def ok_victim(v: Any) -> Any:
+            return z3.And(at(s.res, v), z3.Not(at(s.hot, v))) if check else at(s.res, v)
+        wts = z3.And(a.holder == H_WEIGHTS, 0 <= a.nv, a.nv <= 2, z3.Implies(a.nv >= 1, ok_victim(a.v1)),
+                     z3.Implies(a.nv >= 2, z3.And(ok_victim(a.v2), a.v2 != a.v1)))
+        kv = z3.And(a.holder == H_KV, a.nv == 0, 0 <= a.r, a.r <= a.refunded)
+        return z3.And(at(s.tstate, a.t) != 0, z3.Or(wts, kv))
+    return pre
 
 
 def _s6_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
-    if name in ("issue", "cancel"):  # the Governor's own actions take nothing from any holder
-        return at(s2.charge, o) == at(s.charge, o)
-    if name == "respond":  # only the answering holder's charge moves, and 0 is a valid answer
-        return z3.And(z3.Implies(o != a.h, at(s2.charge, o) == at(s.charge, o)),
-                      z3.Implies(z3.And(a.r == 0, at(s.tstate, a.t) == T_PENDING), out == OK))
+    if name == "issue_ticket":  # the Governor's own action takes nothing from any holder
+        return at(s2.res, o) == at(s.res, o)
+    if name == "respond":  # only the answering holder's weights move, and 0 is a valid answer
+        return z3.And(z3.Implies(a.holder != H_WEIGHTS, at(s2.res, o) == at(s.res, o)),
+                      z3.Implies(z3.And(a.holder == H_KV, a.r == 0, at(s.tstate, a.t) == T_PENDING), out == OK))
     return z3.BoolVal(True)
 
 
-_TRH = {"t": INT, "h": INT, "r": INT}
+_S6_RESPOND = {"t": INT, "holder": INT, "nv": INT, "v1": INT, "v2": INT, "r": INT, "refunded": INT}
 S6 = Proof(
     *catalog("S6"),
-    fields={"charge": ARR, "tstate": ARR, "held": ARR, "free": INT},
-    init=lambda s: z3.And(s.charge == Z0(), s.tstate == Z0(), s.held == Z0(), s.free >= 0),
-    inv=lambda s, o: z3.And(at(s.charge, o) >= 0, at(s.held, o) >= 0, s.free >= 0),
+    fields={"res": BARR, "hot": BARR, "wb": ARR, "tstate": ARR, "held": ARR, "amount": ARR,
+            "gov_ev": INT, "hot_ev": INT, "over": INT},
+    # any weights resident (hot or cold) and of any size >= 0: load_weight (S8/S11's) may have loaded them
+    init=lambda s: z3.And(s.tstate == Z0(), s.held == Z0(), s.gov_ev == 0, s.hot_ev == 0, s.over == 0,
+                          z3.ForAll([z3.Int("w0")], at(s.wb, z3.Int("w0")) >= 0)),
+    inv=lambda s, o: z3.And(s.gov_ev == 0, s.hot_ev == 0, s.over == 0, at(s.held, o) >= 0,
+                            z3.Implies(at(s.res, o), at(s.wb, o) >= 0)),
     actions=[
-        Act("load", {"h": INT, "n": INT}, _s6_load, pre=lambda s, a: a.n > 0, objs=("h",)),
-        Act("issue", {"t": INT}, _s6_issue, pre=lambda s, a: at(s.tstate, a.t) == 0, objs=("t",)),
-        Act("respond", _TRH, _s6_respond(True), pre=lambda s, a: a.r >= 0, objs=("t", "h")),
-        Act("cancel", {"t": INT}, _s6_cancel, objs=("t",)),
+        Act("issue_ticket", {"t": INT, "n": INT}, _s6_issue, pre=lambda s, a: at(s.tstate, a.t) == 0, objs=("t",)),
+        Act("set_hot", {"w": INT, "h": BOOL}, _s6_set_hot, pre=lambda s, a: at(s.res, a.w), objs=("w",)),
+        Act("respond", _S6_RESPOND, _s6_respond, pre=_s6_pre(True), objs=("t", "v1", "v2")),
     ],
-    unguarded=Act("respond", _TRH, _s6_respond(False), pre=lambda s, a: a.r >= 0, objs=("t", "h")),
-    guard="a holder releases at most what it holds (its own charge), 0 allowed",
+    unguarded=Act("respond", _S6_RESPOND, _s6_respond, pre=_s6_pre(False), objs=("t", "v1", "v2")),
+    guard="ModelResidency's victims are cold resident weights (a hot weight is never released under pressure)",
     step_prop=_s6_prop,
     bmc_depth=2,
 )
@@ -1372,8 +1397,7 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
            "progress": ("system:synchronize",), "poll": ("system:poll",)},
     "S5": {"query_virtual_backing": ("mechanism:query_virtual_backing",), "commit_range": ("mechanism:commit_range",),
            "decommit_range": ("mechanism:decommit_range",), "release_reservation": ("mechanism:release_reservation",)},
-    "S6": {"load": ("system:load_weight",), "issue": ("system:issue_ticket",), "respond": ("system:respond",),
-           "cancel": ("system:cancel_ticket",)},
+    "S6": {n: (f"system:{n}",) for n in ("issue_ticket", "set_hot", "respond")},
     "S7": {"allocate": ("system:allocate_owned",), "use": ("system:use",), "drop": ("system:drop",),
            "progress": ("system:synchronize",), "poll": ("system:poll",)},
     "S8": {"reserve": ("system:reserve",), "commit": ("system:commit",), "cancel": ("system:cancel",),
@@ -1404,7 +1428,7 @@ NAMED: dict[str, Any] = {
     "S3": lambda s, d: z3.Implies(at(s.snapgen, d) == at(s.gen, d), at(s.snap, d) == at(s.inst, d)),
     "S4": lambda s, o: z3.Implies(at(s.astate, o) == FREED, _fences_done(s, o)),
     "S5": lambda s, r: z3.BoolVal(True),  # a step property: a successful commit changes exactly the range
-    "S6": lambda s, o: at(s.charge, o) >= 0,
+    "S6": lambda s, o: z3.And(s.gov_ev == 0, s.hot_ev == 0, s.over == 0),
     "S7": lambda s, o: z3.BoolVal(True),  # a step property: drop enqueues, never frees or synchronizes
     "S8": _s8_named,
     "S9": lambda s, r: z3.And(at(s.view, r) == at(s.kc, r), at(s.chg, r) + at(s.prefix, r) == at(s.kc, r)),
