@@ -737,10 +737,12 @@ def _l_respond(s: St, a: St):
     victim: dropped, run, and its bytes reported.  The reported bytes move
     from free into the ticket (ticket_receive)."""
     out = outcome((_terminal(at(s.tst, a.t)), "InvalidTicket"))
-    h, b = at(s.ih, a.x), at(s.ib, a.x)
-    # the victim's release is queued and runs at once: live -> refunded (its queued bytes come and go)
-    evicted = _item_set(_refund(s, h, b, lb=_hadd(s.lb, h, -b)), a.x, I_GONE, b)
-    ran = merge(a.mode == 0, s, merge(a.mode == 2, evicted, _run(s, a.x)))
+    h, b, st0 = at(s.ih, a.x), at(s.ib, a.x), at(s.ist, a.x)
+    # the release runs: a queued one (mode 1), or the victim's, queued and run at once (mode 2: live ->
+    # refunded, its queued bytes come and go); either way the item's charge is refunded
+    gone = _item_set(_refund(s, h, b, lb=_hadd(s.lb, h, -_contrib(st0, b, I_LIVE)),
+                             qb=_hadd(s.qb, h, -_contrib(st0, b, I_QUEUED))), a.x, I_GONE, b)
+    ran = merge(a.mode == 0, s, gone)
     r = K.ite(a.mode == 2, at(s.ib, a.x), 0)
     held = at(s.tb, a.t) + r
     nst = K.ite(z3.And(at(s.tst, a.t) == T_PENDING, held >= at(s.ta, a.t)), T_GRANTED, at(s.tst, a.t))
@@ -771,6 +773,21 @@ def _m_release(s: St, a: St):
                                PMB=prefix_change(s.PMB, a.x, -b)))
 
 
+def _holder_part(s: St, o: Any) -> Any:
+    """At a holder ``o`` (0..2): its charge is its live footprints, queued
+    refunds and leases, each the sum over its charge items (keyed prefix-sum
+    ghosts).  Nothing to say at any other object (on a concrete object
+    outside 0..2 the formula is not built: invariant agreement's fast path)."""
+    if z3.is_int_value(o) and not 0 <= o.as_long() <= 2:
+        return z3.BoolVal(True)
+    return z3.Implies(z3.And(0 <= o, o <= 2), z3.And(
+        at(s.cb, o) == at(s.lb, o) + at(s.qb, o) + at(s.lsb, o),
+        *[z3.And(prefix_count(s[P], s.n, o, lambda k, i, w=w: z3.If(z3.And(at(s.ist, i) == w, at(s.ih, i) == k),
+                                                                     at(s.ib, i), 0)),
+                 at(s[tot], o) == at(at(s[P], o), s.n))
+          for (P, w), tot in zip(_BUCKETS, ("lb", "qb", "lsb"))]))
+
+
 def _l_inv(s: St, o: Any) -> Any:
     """The ledger is conserved; granted is the open grants plus the tickets'
     holdings; each holder's charge is its live footprints, queued refunds and
@@ -780,15 +797,11 @@ def _l_inv(s: St, o: Any) -> Any:
     return z3.And(
         K.ledger_ok(_ledger(s)), s.page > 0,
         s.granted == s.og + s.th, s.charged == at(s.cb, 0) + at(s.cb, 1) + at(s.cb, 2),
-        at(s.cb, o) == at(s.lb, o) + at(s.qb, o) + at(s.lsb, o),
+        _holder_part(s, o),
         # charge items: dense ids, a holder, bytes >= 0
         z3.Implies(live_item(o), z3.And(0 <= o, o < s.n, 0 <= at(s.ih, o), at(s.ih, o) <= 2, at(s.ib, o) >= 0)),
         *[z3.Implies(z3.And(live_item(o), at(s.ik, o) == k), at(s.ih, o) == h) for k, h in _KIND_HOLDER.items()],
         prefix_sum(s.PC, s.n, lambda i: _charged(at(s.ist, i), at(s.ib, i))), s.charged == at(s.PC, s.n),
-        *[z3.And(prefix_count(s[P], s.n, o, lambda k, i, w=w: z3.If(z3.And(at(s.ist, i) == w, at(s.ih, i) == k),
-                                                                     at(s.ib, i), 0)),
-                 at(s[tot], o) == at(at(s[P], o), s.n))
-          for (P, w), tot in zip(_BUCKETS, ("lb", "qb", "lsb"))],
         # grants
         z3.Implies(at(s.gst, o) != 0, z3.And(0 <= o, o < s.ng, at(s.gb, o) >= 0)),
         prefix_sum(s.PG, s.ng, lambda i: _contrib(at(s.gst, i), at(s.gb, i), G_OPEN)), s.og == at(s.PG, s.ng),
@@ -878,7 +891,7 @@ def _s8_named(s: St, o: Any) -> Any:
     """S8 on the records: granted is the open grants plus what tickets hold,
     and a holder's charge is its live footprints, queued refunds and leases."""
     return z3.And(s.granted == at(s.PG, s.ng) + at(s.PT, s.nt),
-                  at(s.cb, o) == sum(at(at(s[P], o), s.n) for P, _w in _BUCKETS))
+                  z3.Implies(z3.And(0 <= o, o <= 2), at(s.cb, o) == sum(at(at(s[P], o), s.n) for P, _w in _BUCKETS)))
 
 
 S8 = Proof(
@@ -1017,7 +1030,8 @@ S10 = Proof(
 def _s11_named(s: St, o: Any) -> Any:
     """capacity == free + granted + charged, all >= 0; the holders' charges
     sum to charged, each >= 0; the device holds 0..capacity physical bytes."""
-    return z3.And(K.ledger_ok(_ledger(s)), s.charged == at(s.cb, 0) + at(s.cb, 1) + at(s.cb, 2), at(s.cb, o) >= 0,
+    return z3.And(K.ledger_ok(_ledger(s)), s.charged == at(s.cb, 0) + at(s.cb, 1) + at(s.cb, 2),
+                  z3.Implies(z3.And(0 <= o, o <= 2), at(s.cb, o) >= 0),
                   0 <= s.phys, s.phys <= s.mcap)
 
 
