@@ -179,6 +179,11 @@ class Adapter:
     project: Callable[[Any, dict[str, Any]], Any]
     expected: Callable[[Any, Any, Any], dict[Key, Any]]
     compare: tuple[str, ...]
+    #: at most this many samples (and invariant-agreement states) for this adapter, when fewer than
+    #: the run asks for: an encoding whose projection is costly (a whole ledger) keeps ``memspec prove``
+    #: within its time budget; ``None``: the run's figures
+    max_samples: int | None = None
+    max_inv_samples: int | None = None
 
 
 @dataclass
@@ -291,6 +296,9 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
     rng = random.Random(seed)
     chooser = RandomChooser(rng)
     reps = {(a.invariant, a.action, a.spec_action): AgreementReport(a.invariant, a.action, a.spec_action) for a in adapters}
+    want = {(a.invariant, a.action, a.spec_action): min(samples, a.max_samples or samples) for a in adapters}
+    want_inv = {(a.invariant, a.action, a.spec_action): min(inv_samples, a.max_inv_samples or inv_samples)
+                for a in adapters}
     by_spec: dict[str, list[Adapter]] = {}
     for a in adapters:
         by_spec.setdefault(a.spec_action, []).append(a)
@@ -300,14 +308,15 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
     state = init()
     steps_since = 0
     for _ in range(max_steps):
-        if all(r.samples >= samples for r in reps.values()):
+        if all(r.samples >= want[k] for k, r in reps.items()):
             break
         if steps_since >= restart_every or too_big(state):
             state, steps_since = init(), 0
         steps_since += 1
         acts = [a for a in machine.actions if a.available(state) and all(state.has(c) for c in a.requires)]
         # favour actions whose adapters still need samples
-        needy = [a for a in acts if any(reps[(ad.invariant, ad.action, ad.spec_action)].samples < samples
+        needy = [a for a in acts if any(reps[(ad.invariant, ad.action, ad.spec_action)].samples
+                                        < want[(ad.invariant, ad.action, ad.spec_action)]
                                         for ad in by_spec.get(a.name, []))]
         pool = needy if needy and rng.random() < 0.85 else acts
         if not pool:
@@ -323,7 +332,7 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
         todo = []
         for ad in by_spec.get(act.name, []):
             rep = reps[(ad.invariant, ad.action, ad.spec_action)]
-            if rep.samples >= samples:
+            if rep.samples >= want[(ad.invariant, ad.action, ad.spec_action)]:
                 continue
             t0 = time.perf_counter()
             pr = ad.project(state, args, outcome_name(branch))
@@ -333,7 +342,7 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
                 continue
             todo.append((ad, rep, pr))
         spec_before = {ad.invariant: SPEC_INVARIANTS[ad.invariant].check(state) is None
-                       for ad, rep, _pr in todo if rep.inv_samples < inv_samples}
+                       for ad, rep, _pr in todo if rep.inv_samples < want_inv[(ad.invariant, ad.action, ad.spec_action)]}
         value = follow(branch)
         taken = outcome_name(branch)
         for ad, rep, (enc_state, enc_args, u) in todo:
@@ -348,7 +357,7 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
                 expected, perm = ad.expected(state, u, value), {"ok"}
             else:  # errors change nothing; any error the spec permits will do
                 expected, perm = flatten(enc_state, p.fields, ad.compare, u), allowed - {"ok"}
-            if rep.inv_samples < inv_samples:
+            if rep.inv_samples < want_inv[(ad.invariant, ad.action, ad.spec_action)]:
                 # invariant agreement: the encoded invariant on the projected (pre-step) state
                 # against the executable invariant on the spec state it projects
                 ie = inv_evals.get((ad.invariant, u.nobj))

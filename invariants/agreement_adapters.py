@@ -788,12 +788,16 @@ def _l_respond_p(s: Any, args: dict[str, Any], taken: str) -> Any:
 
 
 _L_RET = ("cancel", "refund_lease", "claim", "cancel_ticket")
+#: the ledger projection is the whole Governor state (about 7 ms a sample, 30 ms an invariant
+#: evaluation): S8 / S11 sample 23 adapters, so each is capped to keep ``memspec prove`` in budget
+_L_MAX, _L_MAX_INV = 150, 20
 
 
 def _l_ad(inv: str, act: str, spec: str, project: Any, items: bool = True) -> Adapter:
     """``items``: compare the charge items too (not where a queued piece leaves the queue)."""
     return Adapter(inv, act, spec, project, _l_expected,
-                   (_L_CMP_ITEMS if items else _L_CMP) + (("ret",) if act in _L_RET else ()))
+                   (_L_CMP_ITEMS if items else _L_CMP) + (("ret",) if act in _L_RET else ()),
+                   max_samples=_L_MAX, max_inv_samples=_L_MAX_INV)
 
 
 _L_SYS = [("reserve", "reserve", _l_reserve_p, True), ("commit", "commit", _l_commit_p, True),
@@ -867,8 +871,10 @@ def _l_m_dealloc_p(s: Any, args: dict[str, Any], taken: str) -> Any:
 
 
 MECH_ADAPTERS += [
-    Adapter(inv, "m_allocate", "allocate", _l_m_alloc_p, _l_mech_expected, _M_CMP) for inv in ("S8", "S11")
-] + [Adapter("S11", "m_deallocate", "deallocate", _l_m_dealloc_p, _l_mech_expected, _M_CMP + ("ret",))]
+    Adapter(inv, "m_allocate", "allocate", _l_m_alloc_p, _l_mech_expected, _M_CMP, _L_MAX, _L_MAX_INV)
+    for inv in ("S8", "S11")
+] + [Adapter("S11", "m_deallocate", "deallocate", _l_m_dealloc_p, _l_mech_expected, _M_CMP + ("ret",), _L_MAX,
+             _L_MAX_INV)]
 
 
 # -- S6: tickets answered by the holders that choose their own victims ---------
