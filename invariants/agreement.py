@@ -179,6 +179,11 @@ class Adapter:
     project: Callable[[Any, dict[str, Any]], Any]
     expected: Callable[[Any, Any, Any], dict[Key, Any]]
     compare: tuple[str, ...]
+    #: when > 0, the number of spec outcomes this action should be sampled on
+    #: in equal shares: a sample whose outcome already has its share
+    #: (``samples // balance``) is skipped, so a rarer outcome (a decommit that
+    #: succeeds) is still reached; skips are bounded (20 x ``samples``)
+    balance: int = 0
 
 
 @dataclass
@@ -317,6 +322,10 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
         for ad in by_spec.get(act.name, []):
             rep = reps[(ad.invariant, ad.action, ad.spec_action)]
             if rep.samples >= samples:
+                continue
+            if (ad.balance and rep.outcomes.get(outcome_name(branch), 0) >= max(1, samples // ad.balance)
+                    and rep.skipped < 20 * samples):
+                rep.skipped += 1
                 continue
             t0 = time.perf_counter()
             pr = ad.project(state, args, outcome_name(branch))

@@ -32,12 +32,17 @@ def _mech_too_big(s: Any) -> bool:
 # -- S1 / S14: DeviceAllocator.deallocate ----------------------------------
 
 def _s1_state(s: Any) -> tuple[dict[str, Any], Universe]:
+    """Mechanism level: each allocation, made by the mechanism under test (0)
+    or by its twin (1, a foreign handle); every freed one was freed by its
+    creator unless the spec recorded a foreign free (then: by mechanism -1)."""
     u = Universe()
     ix = u.add("alloc", s.allocations)
+    by = (lambda a: -1) if s.foreign_frees else (lambda a: 1 if a.foreign else 0)
     st = {
         "astate": (0, {ix[r]: (E.LIVE if a.live else E.FREED) for r, a in s.allocations.items()}),
         "amech": (0, {ix[r]: (1 if a.foreign else 0) for r, a in s.allocations.items()}),
-        "actx": (0, {}), "fmech": (0, {}), "fctx": (0, {}),
+        "actx": (0, {}), "fctx": (0, {}), "inst": 0,
+        "fmech": (0, {ix[r]: by(a) for r, a in s.allocations.items() if not a.live}),
     }
     return st, u
 
@@ -47,9 +52,24 @@ def _s1_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     return st, {"x": u.idx["alloc"][args["handle"]], "m": 0, "c": 0}, u
 
 
+_S1_CMP = ("astate", "amech", "fmech", "fctx", "inst")
+
+
 def _s1_expected(s: Any, u: Universe, value: Any) -> Any:
-    st, _ = _s1_state(s)
-    return flatten(st, E.S1.fields, ("astate", "amech"), u)
+    st, u2 = _s1_state(s)
+    _adopt(u, u2)
+    return flatten(st, E.S1.fields, _S1_CMP, u)
+
+
+def _s1_alloc_project(foreign: bool) -> Any:
+    def project(s: Any, args: dict[str, Any], taken: str) -> Any:
+        """A refused allocation (OutOfMemory, InvalidRequest) makes nothing:
+        no S1 record to compare (its accounting is S8's and S11's)."""
+        if taken != "ok":
+            return None
+        st, u = _s1_state(s)
+        return st, {"x": _new_slot(u, "alloc"), "m": 1 if foreign else 0, "c": 0}, u
+    return project
 
 
 def _s14_state(s: Any) -> tuple[dict[str, Any], Universe]:
@@ -225,7 +245,6 @@ def _s13_write_project(s: Any, args: dict[str, Any], taken: str) -> Any:
 
 
 MECH_ADAPTERS = [
-    Adapter("S1", "release", "deallocate", _s1_project, _s1_expected, ("astate", "amech")),
     Adapter("S14", "free", "deallocate", _s14_project, _s14_expected, ("astate", "addr")),
     Adapter("S5", "query_virtual_backing", "query_virtual_backing", _s5_query_project, _s5_query_expected,
             _S5_CMP + ("answer",)),
@@ -384,38 +403,6 @@ def _s15_ticket_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     return st, {"t": u.idx["ticket"][args["ticket"]]}, u
 
 
-# -- S10: destroy_context ----------------------------------------------------
-
-def _pins(s: Any) -> int:
-    """The context's pins recounted from the records (not the spec's ``pins()``,
-    which is what S10's agreement checks): live owned objects, open KV
-    requests, queued releases."""
-    return (sum(1 for o in s.owned.values() if o.state == "live") + sum(1 for q in s.kv.values() if q.state == "open")
-            + len(s.queue))
-
-
-def _s10_state(s: Any) -> tuple[dict[str, Any], Universe]:
-    """The objects that pin the one provider context: each live owned object
-    and open KV request (live), each queued release (queued)."""
-    u = Universe()
-    u.add("context", [0])
-    n_live = sum(1 for o in s.owned.values() if o.state == "live") + sum(1 for q in s.kv.values() if q.state == "open")
-    states = [E.LIVE] * n_live + [E.QUEUED] * len(s.queue)
-    return {"astate": (0, dict(enumerate(states))), "actx": (0, {i: 0 for i in range(len(states))}),
-            "calive": (False, {0: s.registry.context_alive}), "pins": (0, {0: _pins(s)}),
-            "n": len(states), "PC": {0: prefix_values([1] * len(states))}}, u
-
-
-def _s10_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _s10_state(s)
-    return st, {"c": 0}, u
-
-
-def _s10_expected(s: Any, u: Universe, value: Any) -> Any:
-    st, _ = _s10_state(s)
-    return flatten(st, E.S10.fields, ("calive", "pins"), u)
-
-
 # -- S3: selection and capability queries ------------------------------------
 
 def _s3_state(s: Any, answer: int = 0) -> tuple[dict[str, Any], Universe]:
@@ -464,7 +451,6 @@ SYS_ADAPTERS = [
     Adapter("S15", "issue_ticket", "issue_ticket", _s15_issue_project, _s15_expected, _S15_CMP),
     Adapter("S15", "claim", "claim", _s15_ticket_project, _s15_expected, _S15_CMP + ("out_bytes",)),
     Adapter("S15", "cancel_ticket", "cancel_ticket", _s15_ticket_project, _s15_expected, _S15_CMP + ("out_bytes",)),
-    Adapter("S10", "destroy_context", "destroy_context", _s10_project, _s10_expected, ("calive", "pins")),
     Adapter("S3", "select", "select", _s3_select_project, _s3_select_expected, ("inst", "gen")),
     Adapter("S3", "query", "binding_capabilities", _s3_query_project, _s3_query_expected, ("inst", "gen", "answer")),
     Adapter("S3", "query", "manager_capabilities", _s3_query_project, _s3_query_expected, ("inst", "gen", "answer")),
@@ -529,60 +515,8 @@ def _s8_expected(s: Any, u: Universe, value: Any) -> Any:
     return flatten(st, E.S8.fields, _S8_CMP, u)
 
 
-# -- S4 / S7: fences recorded by use, and drop --------------------------------
-
-def _fence_state(s: Any) -> tuple[dict[str, Any], Universe] | None:
-    u = Universe()
-    own = _owned_allocs(s)
-    ox = u.add("alloc", own)
-    sx = u.add("stream", s.streams)
-    use: dict[int, tuple[int, dict[int, int]]] = {}
-    for r, o in own.items():
-        row: dict[int, int] = {}
-        for f in o.fences:
-            stream, item = s.fences[f]
-            row[sx[stream]] = max(row.get(sx[stream], 0), item)
-        use[ox[r]] = (0, row)
-    st: dict[str, Any] = {
-        "astate": (0, {ox[r]: _ASTATE[o.state] for r, o in own.items()}),
-        "use": use,
-        "iss": (0, {sx[r]: x.launched for r, x in s.streams.items()}),
-        "done": (0, {sx[r]: x.completed for r, x in s.streams.items()}),
-    }
-    return st, u
-
-
-_FENCE_CMP = ("astate", "use", "iss", "done")
-
-
-def _fence_expected(s: Any, u: Universe, value: Any) -> Any:
-    pr = _fence_state(s)
-    assert pr is not None
-    st, u2 = pr
-    _adopt(u, u2)
-    return flatten(st, E.S4.fields, _FENCE_CMP, u)
-
-
-def _s4_use_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    pr = _fence_state(s)
-    if pr is None:
-        return None
-    st, u = pr
-    return st, {"x": u.idx["alloc"][args["allocation"]], "st": u.idx["stream"][args["stream"]]}, u
-
-
-def _s7_drop_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    pr = _fence_state(s)
-    if pr is None:
-        return None
-    st, u = pr
-    return st, {"x": u.idx["alloc"][args["allocation"]]}, u
-
-
 SYS_ADAPTERS += [
     Adapter("S8", "allocate", "allocate_owned", _s8_project, _s8_expected, _S8_CMP),
-    Adapter("S4", "use", "use", _s4_use_project, _fence_expected, _FENCE_CMP),
-    Adapter("S7", "drop", "drop", _s7_drop_project, _fence_expected, _FENCE_CMP),
 ]
 
 
@@ -647,3 +581,216 @@ def _s9_expected(s: Any, u: Universe, value: Any) -> Any:
 
 
 SYS_ADAPTERS.append(Adapter("S9", "grow", "kv_grow", _s9_project, _s9_expected, _S9_CMP + ("ret",)))
+
+
+# -- S1 (system), S4, S7, S10: the deferred-free queue ------------------------
+#
+# The objects of these encodings are everything released through the queue:
+# owned records (allocation, weight, reservation) and KV requests by
+# reference id, then queued decommits (queue entries of neither) by entry
+# sequence number.  Each is keyed; the dense index of a key is fixed by the
+# state before the step, and an object the step makes gets the next index.
+# States, fences and creators are read from the records themselves (never
+# from the spec's own ``pins()``, ``known_flags`` or ``releasing_mechanism``).
+
+_KV_STATE = {"open": E.LIVE, "closed": E.QUEUED, "released": E.FREED}
+
+
+def _queue_objects(s: Any) -> list[tuple[Any, int, list[int], int]]:
+    """``(key, lifecycle code, fence refs, creator)`` of every queue object."""
+    out = [(("ref", r), _ASTATE[o.state], o.fences, o.creator) for r, o in s.owned.items()]
+    out += [(("ref", r), _KV_STATE[q.state], q.fences, q.creator) for r, q in s.kv.items()]
+    out.sort(key=lambda t: t[0][1])
+    out += [(("entry", seq), E.QUEUED, e.fences, e.creator) for seq, e in sorted(s.queue.items())
+            if e.owned is None and getattr(e, "kv", None) is None]
+    return out
+
+
+class QueueUniverse(Universe):
+    """A :class:`Universe` whose objects are keyed (see :func:`_queue_objects`)."""
+
+    def index(self, keys: list[Any]) -> dict[Any, int]:
+        """Dense indices of ``keys``: those known keep theirs, new ones follow."""
+        m = dict(self.idx.get("q", {}))
+        for k in keys:
+            if k not in m:
+                m[k] = len(m)
+        self.idx["q"] = m
+        return m
+
+
+def _fence_known_done(s: Any, f: int) -> bool:
+    stream, item = s.fences[f]
+    return s.streams[stream].completed >= item
+
+
+def _qstate(s: Any, u: QueueUniverse | None = None) -> tuple[dict[str, Any], QueueUniverse]:
+    """The S4/S7 fence machine: objects' states, ``use[x][stream]`` the last
+    work item of each stream recorded on x, streams' launched/completed."""
+    objs = _queue_objects(s)
+    u = u if u is not None else QueueUniverse()
+    ix = u.index([k for k, *_ in objs])
+    sx = {r: i for i, r in enumerate(sorted(s.streams))}
+    u.idx["stream"] = sx
+    use: dict[int, tuple[int, dict[int, int]]] = {}
+    for k, _st, fences, _c in objs:
+        row: dict[int, int] = {}
+        for f in fences:
+            stream, item = s.fences[f]
+            row[sx[stream]] = max(row.get(sx[stream], 0), item)
+        use[ix[k]] = (0, row)
+    astate = {ix[k]: code for k, code, _f, _c in objs}
+    for k, i in ix.items():  # a queued decommit that ran is gone from the queue: freed
+        if k[0] == "entry" and i not in astate:
+            astate[i] = E.FREED
+    st = {"astate": (0, astate), "use": use,
+          "iss": (0, {sx[r]: x.launched for r, x in s.streams.items()}),
+          "done": (0, {sx[r]: x.completed for r, x in s.streams.items()})}
+    return st, u
+
+
+_Q_CMP = ("astate", "use", "iss", "done")
+
+
+def _stream_ix(u: Any, stream: int) -> int:
+    return u.idx["stream"][stream]
+
+
+def _q_obj(s: Any, u: Any, ref: int) -> int:
+    return u.idx["q"][("ref", ref)]
+
+
+def _decommit_bad(s: Any, span: tuple[int, int, int]) -> bool:
+    """The range is not page-aligned inside the reservation, or one of its
+    pages is not committed (read from the owned record)."""
+    ref, start, end = span
+    o = s.owned[ref]
+    if not (0 <= start < end <= o.size and start % s.page == 0 and end % s.page == 0):
+        return True
+    return not all(p in o.committed for p in range(start // s.page, end // s.page))
+
+
+def _q_adapters(inv: str) -> list[Adapter]:
+    """The fence machine's adapters for ``inv`` (S4 and S7 share the machine)."""
+    exp = _keyed_expected(inv, _qstate, _Q_CMP)
+    obj = lambda key: (lambda s, u, a: {"x": _q_obj(s, u, a[key])})  # noqa: E731
+    use = lambda key: (lambda s, u, a: {"x": _q_obj(s, u, a[key]), "st": _stream_ix(u, a["stream"])})  # noqa: E731
+    return [
+        # allocate_owned's refusals make nothing (S8's and S11's to compare)
+        Adapter(inv, "allocate", "allocate_owned", _keyed(_qstate, lambda s, u, a: {"x": _new(u)}, True), exp, _Q_CMP),
+        Adapter(inv, "use", "use", _keyed(_qstate, use("allocation")), exp, _Q_CMP),
+        Adapter(inv, "use", "use_owned", _keyed(_qstate, use("reservation")), exp, _Q_CMP),
+        Adapter(inv, "use", "kv_use", _keyed(_qstate, use("request")), exp, _Q_CMP),
+        Adapter(inv, "drop", "drop", _keyed(_qstate, obj("allocation")), exp, _Q_CMP),
+        Adapter(inv, "close", "close_owned", _keyed(_qstate, obj("reservation")), exp, _Q_CMP),
+        Adapter(inv, "close", "kv_close", _keyed(_qstate, obj("request")), exp, _Q_CMP),
+        Adapter(inv, "close", "unload_weight",
+                _keyed(_qstate, lambda s, u, a: {"x": _q_obj(s, u, s.weights[a["weight"]].owned)}), exp, _Q_CMP),
+        Adapter(inv, "decommit", "decommit_owned",
+                _keyed(_qstate, lambda s, u, a: {"x": _q_obj(s, u, a["span"][0]), "y": _new(u),
+                                                 "bad": _decommit_bad(s, a["span"])}), exp, _Q_CMP, balance=2),
+        Adapter(inv, "synchronize", "synchronize",
+                _keyed(_qstate, lambda s, u, a: {"st": 0 if a["stream"] is None else _stream_ix(u, a["stream"]),
+                                                 "every": a["stream"] is None}), exp, _Q_CMP),
+        Adapter(inv, "poll", "poll", _keyed(_qstate, lambda s, u, a: {}), exp, _Q_CMP),
+    ]
+
+
+
+
+def _ready(s: Any, u: Any) -> tuple[bool, dict[int, bool]]:
+    """Which queued objects have every fence known done (what the EP must
+    report done just before ``poll``), from the streams' records."""
+    ix = u.idx["q"]
+    return (False, {ix[k]: all(_fence_known_done(s, f) for f in fences)
+                    for k, code, fences, _c in _queue_objects(s) if code == E.QUEUED})
+
+
+def _s10_state(s: Any, u: QueueUniverse | None = None) -> tuple[dict[str, Any], QueueUniverse]:
+    """S10: every queue object, made in the one provider context (0)."""
+    objs = _queue_objects(s)
+    u = u if u is not None else QueueUniverse()
+    ix = u.index([k for k, *_ in objs])
+    astate = {ix[k]: code for k, code, _f, _c in objs}
+    for k, i in ix.items():
+        if k[0] == "entry" and i not in astate:
+            astate[i] = E.FREED
+    return {"astate": (0, astate), "actx": (0, {}), "calive": (False, {0: s.registry.context_alive})}, u
+
+
+def _s1_sys_state(s: Any, u: QueueUniverse | None = None) -> tuple[dict[str, Any], QueueUniverse]:
+    """S1 at the system level: every queue object with its creator; a freed
+    one was freed by its creator unless the spec recorded a release through
+    another mechanism (``misreleased``: then by mechanism -1)."""
+    objs = _queue_objects(s)
+    u = u if u is not None else QueueUniverse()
+    ix = u.index([k for k, *_ in objs])
+    astate = {ix[k]: code for k, code, _f, _c in objs}
+    amech = {ix[k]: c for k, _code, _f, c in objs}
+    for k, i in ix.items():
+        if k[0] == "entry" and i not in astate:
+            astate[i] = E.FREED
+            amech[i] = getattr(u, "creators", {}).get(k, 0)
+    u.creators = {**getattr(u, "creators", {}), **{k: c for k, _code, _f, c in objs}}  # type: ignore[attr-defined]
+    fmech = {i: (-1 if s.misreleased else amech.get(i, 0)) for i, code in astate.items() if code == E.FREED}
+    return {"astate": (0, astate), "amech": (0, amech), "actx": (0, {}), "fmech": (0, fmech), "fctx": (0, {}),
+            "inst": s.registry.installed}, u
+
+
+def _keyed_expected(inv: str, state: Any, cmp: tuple[str, ...]) -> Any:
+    fields = E.PROOFS[[p.id for p in E.PROOFS].index(inv)].fields
+
+    def expected(s: Any, u: Any, value: Any) -> Any:
+        m = u.idx["q"]
+        if ("new", 0) in m:  # the object the step made takes the slot reserved for it
+            new = [k for k, *_ in _queue_objects(s) if k not in m]
+            m[new[-1]] = m.pop(("new", 0))
+        st, _ = state(s, u)
+        return flatten(st, fields, cmp, u)
+    return expected
+
+
+def _keyed(state: Any, arg: Any, ok_only: bool = False) -> Any:
+    def project(s: Any, args: dict[str, Any], taken: str) -> Any:
+        if ok_only and taken != "ok":
+            return None
+        st, u = state(s)
+        return st, arg(s, u, args), u
+    return project
+
+
+def _new(u: Any) -> int:
+    return u.index([("new", 0)])[("new", 0)]
+
+
+_S10_CMP = ("astate", "calive")
+_S1_SYS_CMP = ("astate", "amech", "fmech", "inst")
+_S10_EXP = _keyed_expected("S10", _s10_state, _S10_CMP)
+_S1_EXP = _keyed_expected("S1", _s1_sys_state, _S1_SYS_CMP)
+_ONE = lambda key: (lambda s, u, a: {"x": _q_obj(s, u, a[key])})  # noqa: E731
+
+SYS_ADAPTERS += [
+    # allocate_owned's refusals make nothing (S8's and S11's to compare)
+    Adapter("S10", "allocate", "allocate_owned", _keyed(_s10_state, lambda s, u, a: {"x": _new(u), "c": 0}, True),
+            _S10_EXP, _S10_CMP),
+    Adapter("S10", "drop", "drop", _keyed(_s10_state, _ONE("allocation")), _S10_EXP, _S10_CMP),
+    Adapter("S10", "close", "close_owned", _keyed(_s10_state, _ONE("reservation")), _S10_EXP, _S10_CMP),
+    Adapter("S10", "close", "kv_close", _keyed(_s10_state, _ONE("request")), _S10_EXP, _S10_CMP),
+    Adapter("S10", "decommit", "decommit_owned",
+            _keyed(_s10_state, lambda s, u, a: {"x": _q_obj(s, u, a["span"][0]), "y": _new(u),
+                                                "bad": _decommit_bad(s, a["span"])}), _S10_EXP, _S10_CMP, balance=2),
+    Adapter("S10", "poll", "poll", _keyed(_s10_state, lambda s, u, a: {"ready": _ready(s, u)}), _S10_EXP, _S10_CMP),
+    Adapter("S10", "destroy_context", "destroy_context", _keyed(_s10_state, lambda s, u, a: {"c": 0}),
+            _S10_EXP, _S10_CMP),
+    Adapter("S1", "select", "select", _keyed(_s1_sys_state, lambda s, u, a: {"m": a["mechanism"]}),
+            _S1_EXP, _S1_SYS_CMP),
+    Adapter("S1", "poll", "poll", _keyed(_s1_sys_state, lambda s, u, a: {"ready": _ready(s, u)}),
+            _S1_EXP, _S1_SYS_CMP),
+]
+
+MECH_ADAPTERS += [
+    Adapter("S1", "release", "deallocate", _s1_project, _s1_expected, _S1_CMP),
+    Adapter("S1", "allocate", "allocate", _s1_alloc_project(False), _s1_expected, _S1_CMP),
+    Adapter("S1", "allocate", "allocate_foreign", _s1_alloc_project(True), _s1_expected, _S1_CMP),
+]
+SYS_ADAPTERS += _q_adapters("S4") + _q_adapters("S7")

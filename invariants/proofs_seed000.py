@@ -40,13 +40,23 @@ def alive(s: St, o: Any) -> Any:
 # ==========================================================================
 # S1 creator-free
 # ==========================================================================
+# ``amech[x]`` / ``actx[x]``: the mechanism and context that created object
+# ``x``; ``fmech[x]`` / ``fctx[x]``: those that released it; ``inst``: the
+# mechanism installed now (the system level may replace it: *If something
+# caches the old allocator and then uses it to free a pointer created by the
+# new allocator, that causes a cross-allocator free*).
 
 def _s1_alloc(s: St, a: St):
+    """An allocation made by mechanism ``m`` (0: the one under test, 1: its
+    twin, the source of foreign handles) in context ``c``."""
     return on_ok(z3.IntVal(OK), s, s.set(astate=upd(s.astate, a.x, LIVE), amech=upd(s.amech, a.x, a.m),
                                          actx=upd(s.actx, a.x, a.c)))
 
 
 def _s1_release(check: bool):
+    """``deallocate`` through mechanism ``m`` in context ``c``: a handle that
+    mechanism did not create is refused (ForeignAllocation); one freed
+    already, DoubleFree.  Unguarded: the creator is not checked."""
     def step(s: St, a: St):
         st = at(s.astate, a.x)
         foreign = z3.Or(at(s.amech, a.x) != a.m, at(s.actx, a.x) != a.c) if check else z3.BoolVal(False)
@@ -56,18 +66,47 @@ def _s1_release(check: bool):
     return step
 
 
+def _s1_enqueue(s: St, a: St):
+    """A live object's release is queued (drop, close_owned, unload_weight,
+    kv_close; a decommit queues part of one): S1 does not depend on which, so
+    any live object may be queued at any time (an over-approximation)."""
+    return on_ok(z3.IntVal(OK), s, s.set(astate=upd(s.astate, a.x, QUEUED)))
+
+
+def _s1_select(s: St, a: St):
+    """``select``: mechanism ``m`` is installed (what was made before keeps its creator)."""
+    return on_ok(z3.IntVal(OK), s, s.set(inst=a.m))
+
+
+def _s1_poll(s: St, a: St):
+    """``poll`` runs the queued releases the EP reports done (``ready``), each
+    *released by the mechanism/context that created it* -- not by the one
+    installed now."""
+    j = z3.Int("s1_j")
+    runs = z3.And(at(s.astate, j) == QUEUED, at(a.ready, j))
+    return on_ok(z3.IntVal(OK), s, s.set(
+        astate=z3.Lambda([j], z3.If(runs, FREED, at(s.astate, j))),
+        fmech=z3.Lambda([j], z3.If(runs, at(s.amech, j), at(s.fmech, j))),
+        fctx=z3.Lambda([j], z3.If(runs, at(s.actx, j), at(s.fctx, j)))))
+
+
 _P3 = {"x": INT, "m": INT, "c": INT}
+#: the mechanism level has no queue: a handle drawn for deallocate is live or freed
+_S1_MECH_HANDLE = lambda s, a: z3.Or(at(s.astate, a.x) == LIVE, at(s.astate, a.x) == FREED)  # noqa: E731
 S1 = Proof(
     *catalog("S1"),
-    fields={"astate": ARR, "amech": ARR, "actx": ARR, "fmech": ARR, "fctx": ARR},
+    fields={"astate": ARR, "amech": ARR, "actx": ARR, "fmech": ARR, "fctx": ARR, "inst": INT},
     init=lambda s: s.astate == Z0(),
     inv=lambda s, o: z3.Implies(at(s.astate, o) == FREED,
                                 z3.And(at(s.fmech, o) == at(s.amech, o), at(s.fctx, o) == at(s.actx, o))),
     actions=[
         Act("allocate", _P3, _s1_alloc, pre=lambda s, a: at(s.astate, a.x) == NONE, objs=("x",)),
-        Act("release", _P3, _s1_release(True), objs=("x",)),
+        Act("release", _P3, _s1_release(True), pre=_S1_MECH_HANDLE, objs=("x",)),
+        Act("enqueue", {"x": INT}, _s1_enqueue, pre=lambda s, a: at(s.astate, a.x) == LIVE, objs=("x",)),
+        Act("select", {"m": INT}, _s1_select),
+        Act("poll", {"ready": BARR}, _s1_poll),
     ],
-    unguarded=Act("release", _P3, _s1_release(False), objs=("x",)),
+    unguarded=Act("release", _P3, _s1_release(False), pre=_S1_MECH_HANDLE, objs=("x",)),
     guard="release checks the handle's creating mechanism and context (else ForeignAllocation)",
     bmc_depth=2,
 )
@@ -184,7 +223,12 @@ S3 = Proof(
 
 # Streams are unbounded: ``iss[st]`` / ``done[st]`` count the work items
 # launched on / completed by stream ``st``; ``use[x][st]`` is the last item of
-# stream ``st`` that used allocation ``x`` (0: none).
+# stream ``st`` that used object ``x`` (0: none).  An object is anything whose
+# release goes through the deferred-free queue (seed 000: *owning handle Drop
+# -> enter the EP/context deferred-free queue -> wait for the related
+# stream/fence to finish -> allocator actually frees*): an owning allocation,
+# a weight, an owning reservation, a KV request, or a queued decommit of some
+# of a reservation's pages.
 
 def _fence_fields() -> dict[str, str]:
     return {"astate": ARR, "use": ARR2, "iss": ARR, "done": ARR}
@@ -195,21 +239,42 @@ def _fence_init(s: St) -> Any:
 
 
 def _q_alloc(s: St, a: St):
+    """An object is made (an owning allocation): live, no work has used it yet."""
     return on_ok(z3.IntVal(OK), s, s.set(astate=upd(s.astate, a.x, LIVE), use=upd(s.use, a.x, Z0())))
 
 
 def _q_use(s: St, a: St):
-    out = outcome((at(s.astate, a.x) != LIVE, "StaleHandle"))
+    """*H->>E: submit GPU work that uses the allocation*: one more work item
+    on stream ``st``, recorded as the object's fence on that stream."""
     item = at(s.iss, a.st) + 1
-    return on_ok(out, s, s.set(iss=upd(s.iss, a.st, item), use=upd(s.use, a.x, upd(at(s.use, a.x), a.st, item))))
+    return on_ok(z3.IntVal(OK), s, s.set(iss=upd(s.iss, a.st, item),
+                                         use=upd(s.use, a.x, upd(at(s.use, a.x), a.st, item))))
 
 
 def _q_drop(s: St, a: St):
+    """*Drop should be responsible for enqueuing*: a live object's release is
+    queued (a second drop: DoubleFree); nothing is freed, no stream waited on."""
     out = outcome((at(s.astate, a.x) != LIVE, "DoubleFree"))
     return on_ok(out, s, s.set(astate=upd(s.astate, a.x, QUEUED)))
 
 
+def _q_decommit(s: St, a: St):
+    """A decommit of a live reservation's pages (``bad``: a page of the range
+    is not committed, InvalidRange) queues their release as a new object
+    ``y``, behind every fence recorded on the reservation so far."""
+    out = outcome((a.bad, "InvalidRange"))
+    return on_ok(out, s, s.set(astate=upd(s.astate, a.y, QUEUED), use=upd(s.use, a.y, at(s.use, a.x))))
+
+
+def _q_sync(s: St, a: St):
+    """``synchronize(stream)`` (``every``: all streams): the device runs the
+    stream's queued work, so every work item launched on it is done."""
+    return on_ok(z3.IntVal(OK), s, s.set(done=z3.If(a.every, s.iss, upd(s.done, a.st, at(s.iss, a.st)))))
+
+
 def _q_progress(s: St, a: St):
+    """The device completes ``k`` more items of a stream on its own (the EP
+    may report such a fence done before anyone synchronizes)."""
     return on_ok(z3.IntVal(OK), s, s.set(done=upd(s.done, a.st, K.minimum(at(s.iss, a.st), at(s.done, a.st) + a.k))))
 
 
@@ -219,22 +284,30 @@ def _fences_done(s: St, x: Any) -> Any:
 
 
 def _q_poll(check: bool):
+    """``poll``: the queue runs every queued release whose fences are all done
+    (*wait for the related stream/fence to finish*; then *allocator actually
+    frees*); the others stay queued.  Unguarded: every queued release runs."""
     def step(s: St, a: St):
-        q = at(s.astate, a.x) == QUEUED
-        ready = _fences_done(s, a.x) if check else z3.BoolVal(True)
-        out = outcome((z3.Not(q), "InvalidRequest"), (z3.Not(ready), "pending"))
-        return on_ok(out, s, s.set(astate=upd(s.astate, a.x, FREED)))
+        j = z3.Int("poll_j")
+        runs = z3.And(at(s.astate, j) == QUEUED, _fences_done(s, j) if check else z3.BoolVal(True))
+        return on_ok(z3.IntVal(OK), s, s.set(astate=z3.Lambda([j], z3.If(runs, FREED, at(s.astate, j)))))
     return step
 
 
 _X = {"x": INT}
 _STREAM_PRE = lambda s, a: a.st >= 0  # noqa: E731
+_LIVE_X = lambda s, a: at(s.astate, a.x) == LIVE  # noqa: E731
 _FENCE_ACTS = [
     Act("allocate", _X, _q_alloc, pre=lambda s, a: at(s.astate, a.x) == NONE, objs=("x",)),
-    Act("use", {"x": INT, "st": INT}, _q_use, pre=_STREAM_PRE, objs=("x",)),
-    Act("drop", _X, _q_drop, objs=("x",)),
+    Act("use", {"x": INT, "st": INT}, _q_use, pre=lambda s, a: z3.And(_STREAM_PRE(s, a), _LIVE_X(s, a)), objs=("x",)),
+    Act("drop", _X, _q_drop, pre=lambda s, a: at(s.astate, a.x) != NONE, objs=("x",)),
+    # close_owned, unload_weight, kv_close: the same enqueue, drawn on live objects only
+    Act("close", _X, _q_drop, pre=_LIVE_X, objs=("x",)),
+    Act("decommit", {"x": INT, "y": INT, "bad": BOOL}, _q_decommit,
+        pre=lambda s, a: z3.And(_LIVE_X(s, a), at(s.astate, a.y) == NONE), objs=("x", "y")),
+    Act("synchronize", {"st": INT, "every": BOOL}, _q_sync, pre=_STREAM_PRE),
     Act("progress", {"st": INT, "k": INT}, _q_progress, pre=lambda s, a: z3.And(_STREAM_PRE(s, a), a.k >= 1)),
-    Act("poll", _X, _q_poll(True), objs=("x",)),
+    Act("poll", {}, _q_poll(True)),
 ]
 
 
@@ -248,7 +321,7 @@ def _s4_inv(s: St, o: Any) -> Any:
 S4 = Proof(
     *catalog("S4"),
     fields=_fence_fields(), init=_fence_init, inv=_s4_inv, actions=list(_FENCE_ACTS),
-    unguarded=Act("poll", _X, _q_poll(False), objs=("x",)),
+    unguarded=Act("poll", {}, _q_poll(False)),
     guard="the deferred-free queue frees only after every fence recorded on the allocation completed",
     bmc_depth=4,
 )
@@ -454,26 +527,34 @@ S6 = Proof(
 # ==========================================================================
 
 def _s7_drop(check: bool):
+    """Drop of an owning handle (and close_owned, unload_weight, kv_close).
+    Unguarded: a drop that *synchronizes the whole GPU on an arbitrary thread*
+    and frees on the spot."""
     def step(s: St, a: St):
         out = outcome((at(s.astate, a.x) != LIVE, "DoubleFree"))
         if check:
             return on_ok(out, s, s.set(astate=upd(s.astate, a.x, QUEUED)))
-        # drop that synchronizes every stream and frees on the calling thread
         return on_ok(out, s, s.set(astate=upd(s.astate, a.x, FREED), done=s.iss))
     return step
 
 
 def _s7_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
-    if name == "drop":  # enqueues; never frees, never synchronizes
-        return z3.And(z3.Implies(out == OK, at(s2.astate, a.x) == QUEUED), s2.done == s.done)
+    """*Drop should be responsible for enqueuing, not for synchronizing the
+    whole GPU on an arbitrary thread or freeing immediately*: every
+    enqueueing action leaves its object queued and no stream's progress
+    changed, and frees nothing else."""
+    if name in ("drop", "close", "decommit"):
+        x = a.y if name == "decommit" else a.x
+        return z3.And(z3.Implies(out == OK, at(s2.astate, x) == QUEUED), s2.done == s.done,
+                      z3.Implies(at(s2.astate, o) == FREED, at(s.astate, o) == FREED))
     return z3.BoolVal(True)
 
 
 S7 = Proof(
     *catalog("S7"),
     fields=_fence_fields(), init=_fence_init, inv=_s4_inv,
-    actions=[a if a.name != "drop" else Act("drop", _X, _s7_drop(True), objs=("x",)) for a in _FENCE_ACTS],
-    unguarded=Act("drop", _X, _s7_drop(False), objs=("x",)),
+    actions=[a if a.name != "drop" else Act("drop", _X, _s7_drop(True), pre=a.pre, objs=("x",)) for a in _FENCE_ACTS],
+    unguarded=Act("drop", _X, _s7_drop(False), pre=lambda s, a: at(s.astate, a.x) != NONE, objs=("x",)),
     guard="Drop only enqueues on the deferred-free queue",
     step_prop=_s7_prop,
     bmc_depth=2,
@@ -605,65 +686,82 @@ S9 = Proof(
 # ==========================================================================
 # S10 context-pinned
 # ==========================================================================
+# Objects as for S4 (anything released through the deferred-free queue),
+# each made in context ``actx[x]``; ``calive[c]``: context ``c`` exists.
+# A context's pins are its live and queued objects, stated as they are
+# (*the context is not destroyed while an allocation is still alive*), so no
+# counter or ghost sum is needed: destroy_context asks whether one exists.
 
 def _s10_create(s: St, a: St):
+    """The provider context is created (the system starts with it)."""
     return on_ok(z3.IntVal(OK), s, s.set(calive=upd(s.calive, a.c, True)))
 
 
 def _s10_alloc(s: St, a: St):
-    out = outcome((z3.Not(at(s.calive, a.c)), "NotRegistered"))
-    return on_ok(out, s, s.set(astate=upd(s.astate, a.x, LIVE), actx=upd(s.actx, a.x, a.c),
-                               pins=upd(s.pins, a.c, at(s.pins, a.c) + 1), PC=count_append(s.PC, s.n, a.c),
-                               n=s.n + 1))
+    """An owning allocation is made in the binding's context (the binding is
+    used only while its context is alive)."""
+    return on_ok(z3.IntVal(OK), s, s.set(astate=upd(s.astate, a.x, LIVE), actx=upd(s.actx, a.x, a.c)))
 
 
 def _s10_drop(s: St, a: St):
+    """Drop / close: the release is queued; the object still pins its context."""
     out = outcome((at(s.astate, a.x) != LIVE, "DoubleFree"))
     return on_ok(out, s, s.set(astate=upd(s.astate, a.x, QUEUED)))
 
 
-def _s10_complete(s: St, a: St):
-    out = outcome((at(s.astate, a.x) != QUEUED, "InvalidRequest"))
-    c = at(s.actx, a.x)
-    return on_ok(out, s, s.set(astate=upd(s.astate, a.x, FREED), pins=upd(s.pins, c, at(s.pins, c) - 1),
-                               PC=count_change(s.PC, a.x, c, -1)))
+def _s10_decommit(s: St, a: St):
+    """A decommit queues a release ``y`` made in the reservation's context."""
+    out = outcome((a.bad, "InvalidRange"))
+    return on_ok(out, s, s.set(astate=upd(s.astate, a.y, QUEUED), actx=upd(s.actx, a.y, at(s.actx, a.x))))
+
+
+def _s10_poll(s: St, a: St):
+    """``poll`` runs the queued releases the EP reports done (``ready``):
+    they stop pinning their context."""
+    j = z3.Int("s10_j")
+    runs = z3.And(at(s.astate, j) == QUEUED, at(a.ready, j))
+    return on_ok(z3.IntVal(OK), s, s.set(astate=z3.Lambda([j], z3.If(runs, FREED, at(s.astate, j)))))
+
+
+def _pinned(s: St, c: Any) -> Any:
+    """Some live or queued object was made in context ``c``."""
+    j = z3.Int("pin_j")
+    return z3.Exists([j], z3.And(alive(s, j), at(s.actx, j) == c))
 
 
 def _s10_destroy(check: bool):
+    """destroy_context: while pinned, ContextBusy and it stays alive.
+    Unguarded: destroyed whatever still pins it."""
     def step(s: St, a: St):
-        pairs = [(z3.Not(at(s.calive, a.c)), "NotRegistered")]
-        if check:
-            pairs.append((at(s.pins, a.c) != 0, "ContextBusy"))
+        pairs = [(_pinned(s, a.c), "ContextBusy")] if check else []
         return on_ok(outcome(*pairs), s, s.set(calive=upd(s.calive, a.c, False)))
     return step
 
 
 def _s10_inv(s: St, o: Any) -> Any:
-    """``pins[c]`` is the number of live or queued allocations made in ``c``:
-    a keyed prefix-count ghost over dense allocation ids checks it."""
-    return z3.And(z3.Implies(alive(s, o), at(s.calive, at(s.actx, o))), at(s.pins, o) >= 0,
-                  z3.Implies(at(s.astate, o) != NONE, z3.And(0 <= o, o < s.n)),
-                  prefix_count(s.PC, s.n, o, lambda c, i: z3.If(z3.And(alive(s, i), at(s.actx, i) == c), 1, 0)),
-                  at(s.pins, o) == at(at(s.PC, o), s.n))
+    """A live or queued object's context is alive."""
+    return z3.Implies(alive(s, o), at(s.calive, at(s.actx, o)))
 
 
+_C = {"c": INT}
+_S10_LIVE = lambda s, a: at(s.astate, a.x) == LIVE  # noqa: E731
 S10 = Proof(
     *catalog("S10"),
-    fields={"astate": ARR, "actx": ARR, "calive": BARR, "pins": ARR, "PC": ARR2, "n": INT},
-    init=lambda s: z3.And(s.astate == Z0(), s.calive == F0(), s.pins == Z0(), s.n == 0,
-                          s.PC == z3.K(z3.IntSort(), Z0())),
-    inst=lambda s, o, a: [at(s.actx, o)] + [at(s.actx, a[k]) for k in ("x", "c") if k in a],
+    fields={"astate": ARR, "actx": ARR, "calive": BARR},
+    init=lambda s: z3.And(s.astate == Z0(), s.calive == F0()),
     inv=_s10_inv,
-    lemmas=lambda s, o, a: z3.Implies(alive(s, o), at(s.pins, at(s.actx, o)) >= 1),
-    lemma_doc="a live or queued allocation pins its context at least once",
     actions=[
-        Act("create_context", {"c": INT}, _s10_create, pre=lambda s, a: z3.Not(at(s.calive, a.c))),
-        Act("allocate", {"x": INT, "c": INT}, _s10_alloc, pre=lambda s, a: a.x == s.n, objs=("x", "c")),
-        Act("drop", _X, _s10_drop, objs=("x",)),
-        Act("complete", _X, _s10_complete, objs=("x",)),
-        Act("destroy_context", {"c": INT}, _s10_destroy(True), objs=("c",)),
+        Act("create_context", _C, _s10_create, pre=lambda s, a: z3.Not(at(s.calive, a.c))),
+        Act("allocate", {"x": INT, "c": INT}, _s10_alloc,
+            pre=lambda s, a: z3.And(at(s.astate, a.x) == NONE, at(s.calive, a.c)), objs=("x",)),
+        Act("drop", _X, _s10_drop, pre=lambda s, a: at(s.astate, a.x) != NONE, objs=("x",)),
+        Act("close", _X, _s10_drop, pre=_S10_LIVE, objs=("x",)),
+        Act("decommit", {"x": INT, "y": INT, "bad": BOOL}, _s10_decommit,
+            pre=lambda s, a: z3.And(_S10_LIVE(s, a), at(s.astate, a.y) == NONE), objs=("x", "y")),
+        Act("poll", {"ready": BARR}, _s10_poll),
+        Act("destroy_context", _C, _s10_destroy(True), pre=lambda s, a: at(s.calive, a.c)),
     ],
-    unguarded=Act("destroy_context", {"c": INT}, _s10_destroy(False), objs=("c",)),
+    unguarded=Act("destroy_context", _C, _s10_destroy(False), pre=lambda s, a: at(s.calive, a.c)),
     guard="destroy_context raises ContextBusy while allocations or queued releases pin it",
     bmc_depth=3,
 )
@@ -1107,23 +1205,27 @@ PROOFS = [S1, S2, S3, S4, S5, S6, S7, S8, S9, S10, S11, S12, S13, S14, S15]
 # ==========================================================================
 
 ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
-    "S1": {"allocate": ("mechanism:allocate", "mechanism:allocate_foreign"), "release": ("mechanism:deallocate",)},
+    "S1": {"allocate": ("mechanism:allocate", "mechanism:allocate_foreign"), "release": ("mechanism:deallocate",),
+           "select": ("system:select",), "poll": ("system:poll",)},
     "S2": {"reserve": ("system:reserve",), "commit": ("system:commit",), "cancel": ("system:cancel",),
            "commit_owned": ("system:commit_owned",)},
     "S3": {"select": ("system:select",), "query": ("system:binding_capabilities", "system:manager_capabilities",
                                                     "system:allocate_owned")},
-    "S4": {"allocate": ("system:allocate_owned",), "use": ("system:use",), "drop": ("system:drop",),
-           "progress": ("system:synchronize",), "poll": ("system:poll",)},
+    "S4": {"allocate": ("system:allocate_owned",), "use": ("system:use", "system:use_owned", "system:kv_use"),
+           "drop": ("system:drop",), "close": ("system:close_owned", "system:unload_weight", "system:kv_close"),
+           "decommit": ("system:decommit_owned",), "synchronize": ("system:synchronize",), "poll": ("system:poll",)},
     "S5": {"query_virtual_backing": ("mechanism:query_virtual_backing",), "commit_range": ("mechanism:commit_range",),
            "decommit_range": ("mechanism:decommit_range",), "release_reservation": ("mechanism:release_reservation",)},
     "S6": {"load": ("system:load_weight",), "issue": ("system:issue_ticket",), "respond": ("system:respond",),
            "cancel": ("system:cancel_ticket",)},
-    "S7": {"allocate": ("system:allocate_owned",), "use": ("system:use",), "drop": ("system:drop",),
-           "progress": ("system:synchronize",), "poll": ("system:poll",)},
+    "S7": {"allocate": ("system:allocate_owned",), "use": ("system:use", "system:use_owned", "system:kv_use"),
+           "drop": ("system:drop",), "close": ("system:close_owned", "system:unload_weight", "system:kv_close"),
+           "decommit": ("system:decommit_owned",), "synchronize": ("system:synchronize",), "poll": ("system:poll",)},
     "S8": {"allocate": ("system:allocate_owned",), "free": ("system:poll",)},
     "S9": {"grow": ("system:kv_grow",)},
-    "S10": {"allocate": ("system:allocate_owned",), "drop": ("system:drop",), "complete": ("system:poll",),
-            "destroy_context": ("system:destroy_context",)},
+    "S10": {"allocate": ("system:allocate_owned",), "drop": ("system:drop",),
+            "close": ("system:close_owned", "system:kv_close"), "decommit": ("system:decommit_owned",),
+            "poll": ("system:poll",), "destroy_context": ("system:destroy_context",)},
     "S11": {"reserve": ("system:reserve",), "cancel": ("system:cancel",), "commit": ("system:commit",),
             "refund_lease": ("system:refund_lease",)},
     "S12": {"reserve": ("system:reserve_owned",), "commit": ("system:commit_owned",),
