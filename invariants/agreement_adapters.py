@@ -670,29 +670,35 @@ def _decommit_bad(s: Any, span: tuple[int, int, int]) -> bool:
     return not all(p in o.committed for p in range(start // s.page, end // s.page))
 
 
-def _q_adapters(inv: str) -> list[Adapter]:
-    """The fence machine's adapters for ``inv`` (S4 and S7 share the machine)."""
+#: a decommit succeeds only on committed pages of a live owning reservation
+_DECOMMIT_HELPERS = ("reserve_owned", "commit_owned")
+
+
+def _q_adapters(inv: str, also: tuple[str, ...] = ()) -> list[Adapter]:
+    """The fence machine's adapters for ``inv`` (and ``also``: S7 encodes
+    every action by the same step as S4, so each sample counts for both)."""
     exp = _keyed_expected(inv, _qstate, _Q_CMP)
     obj = lambda key: (lambda s, u, a: {"x": _q_obj(s, u, a[key])})  # noqa: E731
     use = lambda key: (lambda s, u, a: {"x": _q_obj(s, u, a[key]), "st": _stream_ix(u, a["stream"])})  # noqa: E731
     return [
         # allocate_owned's refusals make nothing (S8's and S11's to compare)
-        Adapter(inv, "allocate", "allocate_owned", _keyed(_qstate, lambda s, u, a: {"x": _new(u)}, True), exp, _Q_CMP),
-        Adapter(inv, "use", "use", _keyed(_qstate, use("allocation")), exp, _Q_CMP),
-        Adapter(inv, "use", "use_owned", _keyed(_qstate, use("reservation")), exp, _Q_CMP),
-        Adapter(inv, "use", "kv_use", _keyed(_qstate, use("request")), exp, _Q_CMP),
-        Adapter(inv, "drop", "drop", _keyed(_qstate, obj("allocation")), exp, _Q_CMP),
-        Adapter(inv, "close", "close_owned", _keyed(_qstate, obj("reservation")), exp, _Q_CMP),
-        Adapter(inv, "close", "kv_close", _keyed(_qstate, obj("request")), exp, _Q_CMP),
+        Adapter(inv, "allocate", "allocate_owned", _keyed(_qstate, lambda s, u, a: {"x": _new(u)}, True), exp, _Q_CMP, also=also, finite=True),
+        Adapter(inv, "use", "use", _keyed(_qstate, use("allocation")), exp, _Q_CMP, also=also, finite=True),
+        Adapter(inv, "use", "use_owned", _keyed(_qstate, use("reservation")), exp, _Q_CMP, also=also, finite=True),
+        Adapter(inv, "use", "kv_use", _keyed(_qstate, use("request")), exp, _Q_CMP, also=also, finite=True),
+        Adapter(inv, "drop", "drop", _keyed(_qstate, obj("allocation")), exp, _Q_CMP, also=also, finite=True),
+        Adapter(inv, "close", "close_owned", _keyed(_qstate, obj("reservation")), exp, _Q_CMP, also=also, finite=True),
+        Adapter(inv, "close", "kv_close", _keyed(_qstate, obj("request")), exp, _Q_CMP, also=also, finite=True),
         Adapter(inv, "close", "unload_weight",
-                _keyed(_qstate, lambda s, u, a: {"x": _q_obj(s, u, s.weights[a["weight"]].owned)}), exp, _Q_CMP),
+                _keyed(_qstate, lambda s, u, a: {"x": _q_obj(s, u, s.weights[a["weight"]].owned)}), exp, _Q_CMP, also=also, finite=True),
         Adapter(inv, "decommit", "decommit_owned",
                 _keyed(_qstate, lambda s, u, a: {"x": _q_obj(s, u, a["span"][0]), "y": _new(u),
-                                                 "bad": _decommit_bad(s, a["span"])}), exp, _Q_CMP, balance=2),
+                                                 "bad": _decommit_bad(s, a["span"])}), exp, _Q_CMP, balance=2, also=also, finite=True,
+                helpers=_DECOMMIT_HELPERS),
         Adapter(inv, "synchronize", "synchronize",
                 _keyed(_qstate, lambda s, u, a: {"st": 0 if a["stream"] is None else _stream_ix(u, a["stream"]),
-                                                 "every": a["stream"] is None}), exp, _Q_CMP),
-        Adapter(inv, "poll", "poll", _keyed(_qstate, lambda s, u, a: {}), exp, _Q_CMP),
+                                                 "every": a["stream"] is None}), exp, _Q_CMP, also=also, finite=True),
+        Adapter(inv, "poll", "poll", _keyed(_qstate, lambda s, u, a: {}), exp, _Q_CMP, also=also, finite=True),
     ]
 
 
@@ -772,20 +778,21 @@ _ONE = lambda key: (lambda s, u, a: {"x": _q_obj(s, u, a[key])})  # noqa: E731
 SYS_ADAPTERS += [
     # allocate_owned's refusals make nothing (S8's and S11's to compare)
     Adapter("S10", "allocate", "allocate_owned", _keyed(_s10_state, lambda s, u, a: {"x": _new(u), "c": 0}, True),
-            _S10_EXP, _S10_CMP),
-    Adapter("S10", "drop", "drop", _keyed(_s10_state, _ONE("allocation")), _S10_EXP, _S10_CMP),
-    Adapter("S10", "close", "close_owned", _keyed(_s10_state, _ONE("reservation")), _S10_EXP, _S10_CMP),
-    Adapter("S10", "close", "kv_close", _keyed(_s10_state, _ONE("request")), _S10_EXP, _S10_CMP),
+            _S10_EXP, _S10_CMP, finite=True),
+    Adapter("S10", "drop", "drop", _keyed(_s10_state, _ONE("allocation")), _S10_EXP, _S10_CMP, finite=True),
+    Adapter("S10", "close", "close_owned", _keyed(_s10_state, _ONE("reservation")), _S10_EXP, _S10_CMP, finite=True),
+    Adapter("S10", "close", "kv_close", _keyed(_s10_state, _ONE("request")), _S10_EXP, _S10_CMP, finite=True),
     Adapter("S10", "decommit", "decommit_owned",
             _keyed(_s10_state, lambda s, u, a: {"x": _q_obj(s, u, a["span"][0]), "y": _new(u),
-                                                "bad": _decommit_bad(s, a["span"])}), _S10_EXP, _S10_CMP, balance=2),
-    Adapter("S10", "poll", "poll", _keyed(_s10_state, lambda s, u, a: {"ready": _ready(s, u)}), _S10_EXP, _S10_CMP),
+                                                "bad": _decommit_bad(s, a["span"])}), _S10_EXP, _S10_CMP, balance=2, finite=True,
+            helpers=_DECOMMIT_HELPERS),
+    Adapter("S10", "poll", "poll", _keyed(_s10_state, lambda s, u, a: {"ready": _ready(s, u)}), _S10_EXP, _S10_CMP, finite=True),
     Adapter("S10", "destroy_context", "destroy_context", _keyed(_s10_state, lambda s, u, a: {"c": 0}),
-            _S10_EXP, _S10_CMP),
+            _S10_EXP, _S10_CMP, finite=True),
     Adapter("S1", "select", "select", _keyed(_s1_sys_state, lambda s, u, a: {"m": a["mechanism"]}),
-            _S1_EXP, _S1_SYS_CMP),
+            _S1_EXP, _S1_SYS_CMP, finite=True),
     Adapter("S1", "poll", "poll", _keyed(_s1_sys_state, lambda s, u, a: {"ready": _ready(s, u)}),
-            _S1_EXP, _S1_SYS_CMP),
+            _S1_EXP, _S1_SYS_CMP, finite=True),
 ]
 
 MECH_ADAPTERS += [
@@ -793,4 +800,4 @@ MECH_ADAPTERS += [
     Adapter("S1", "allocate", "allocate", _s1_alloc_project(False), _s1_expected, _S1_CMP),
     Adapter("S1", "allocate", "allocate_foreign", _s1_alloc_project(True), _s1_expected, _S1_CMP),
 ]
-SYS_ADAPTERS += _q_adapters("S4") + _q_adapters("S7")
+SYS_ADAPTERS += _q_adapters("S4", also=("S7",))

@@ -526,16 +526,11 @@ S6 = Proof(
 # S7 role-separation
 # ==========================================================================
 
-def _s7_drop(check: bool):
-    """Drop of an owning handle (and close_owned, unload_weight, kv_close).
-    Unguarded: a drop that *synchronizes the whole GPU on an arbitrary thread*
-    and frees on the spot."""
-    def step(s: St, a: St):
-        out = outcome((at(s.astate, a.x) != LIVE, "DoubleFree"))
-        if check:
-            return on_ok(out, s, s.set(astate=upd(s.astate, a.x, QUEUED)))
-        return on_ok(out, s, s.set(astate=upd(s.astate, a.x, FREED), done=s.iss))
-    return step
+def _s7_drop_frees(s: St, a: St):
+    """The unguarded drop: the release skips the deferred-free queue and frees
+    on the spot (the guarded one is S4's ``_q_drop``: it only enqueues)."""
+    out = outcome((at(s.astate, a.x) != LIVE, "DoubleFree"))
+    return on_ok(out, s, s.set(astate=upd(s.astate, a.x, FREED)))
 
 
 def _s7_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
@@ -553,8 +548,9 @@ def _s7_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
 S7 = Proof(
     *catalog("S7"),
     fields=_fence_fields(), init=_fence_init, inv=_s4_inv,
-    actions=[a if a.name != "drop" else Act("drop", _X, _s7_drop(True), pre=a.pre, objs=("x",)) for a in _FENCE_ACTS],
-    unguarded=Act("drop", _X, _s7_drop(False), pre=lambda s, a: at(s.astate, a.x) != NONE, objs=("x",)),
+    # the queue machine of S4, action by action (so S4's agreement samples are S7's too)
+    actions=list(_FENCE_ACTS),
+    unguarded=Act("drop", _X, _s7_drop_frees, pre=_FENCE_ACTS[2].pre, objs=("x",)),
     guard="Drop only enqueues on the deferred-free queue",
     step_prop=_s7_prop,
     bmc_depth=2,
