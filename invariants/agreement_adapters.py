@@ -53,31 +53,99 @@ def _s1_expected(s: Any, u: Universe, value: Any) -> Any:
 
 
 def _s14_state(s: Any) -> tuple[dict[str, Any], Universe]:
+    """Every object with an identity (allocations, reservations, physical
+    handles; own or foreign) renumbered densely in creation order, so the
+    identity of object ``i`` is ``i`` and the next identity is their count."""
+    from memspec.spec.state import is_size  # noqa: F401  (the spec's own size rule is not reused here)
+
     u = Universe()
-    own = {r: a for r, a in s.allocations.items() if not a.foreign}
-    ix = u.add("alloc", own)
+    objs: dict[int, Any] = {**s.allocations, **s.reservations, **s.handles}
+    ix = u.add("obj", objs)
+
+    def live(r: int) -> bool:
+        o = objs[r]
+        return (not o.released) if r in s.handles else o.live
+
     st = {
-        "astate": (0, {ix[r]: (E.LIVE if a.live else E.FREED) for r, a in own.items()}),
-        "gen": (0, {ix[r]: ix[r] for r in own}),
-        "addr": (0, {ix[r]: a.address for r, a in own.items()}),
-        "owner": (0, {ix[r]: ix[r] for r in own}),
-        "nextgen": len(own),
+        "astate": (0, {ix[r]: (E.LIVE if live(r) else E.FREED) for r in objs}),
+        "gen": (0, {ix[r]: ix[r] for r in objs}),
+        "owner": (0, {ix[r]: ix[r] for r in objs}),
+        "nextgen": len(objs),
+        "addr": (0, {ix[r]: (o.address if r not in s.handles else 0) for r, o in objs.items()}),
+        "addrd": (False, {ix[r]: True for r in s.allocations}),
+        "foreign": (False, {ix[r]: bool(getattr(o, "foreign", False)) for r, o in objs.items()}),
+        "byaddr": (E.NOADDR, {addr: ix[r] for addr, r in s.by_address.items()}),
     }
     return st, u
 
 
+def _s14_sys_state(s: Any) -> tuple[dict[str, Any], Universe]:
+    """The system level: the owning objects the binding handed out."""
+    u = Universe()
+    ix = u.add("obj", s.owned)
+    st = {
+        "astate": (0, {ix[r]: (E.LIVE if o.state == "live" else E.FREED) for r, o in s.owned.items()}),
+        "gen": (0, {ix[r]: ix[r] for r in s.owned}), "owner": (0, {ix[r]: ix[r] for r in s.owned}),
+        "nextgen": len(s.owned), "addr": (0, {}), "addrd": (False, {}), "foreign": (False, {}),
+        "byaddr": (E.NOADDR, {}),
+    }
+    return st, u
+
+
+_S14_CMP = ("astate", "addrd", "foreign", "nextgen")
+
+
+def _s14_expected_with(state_fn: Any) -> Any:
+    def expected(s: Any, u: Universe, value: Any) -> Any:
+        st, u2 = state_fn(s)
+        _adopt(u, u2)
+        return flatten(st, E.S14.fields, _S14_CMP, u)
+    return expected
+
+
+def _s14_err(errors: tuple[str, ...], cond: dict[str, bool], taken: str) -> int:
+    """The index (1-based) of the first error outside S14 that the spec state
+    forces (``cond``); else the error the walk follows where the spec only
+    allows one (an OutOfMemory, a page-rounded plan over the budget); else 0."""
+    for i, e in enumerate(errors):
+        if cond.get(e):
+            return i + 1
+    return errors.index(taken) + 1 if taken in errors else 0
+
+
+def _not_size(x: Any) -> bool:
+    return not (isinstance(x, int) and not isinstance(x, bool) and x > 0)
+
+
+def _s14_make_project(errors_of: str, kind: str) -> Any:
+    errors = E._S14_MAKE[errors_of][0]
+
+    def project(s: Any, args: dict[str, Any], taken: str) -> Any:
+        st, u = _s14_state(s) if kind == "mech" else _s14_sys_state(s)
+        size = args["size"]
+        cond = {"InvalidRequest": _not_size(size) or (errors_of == "create" and size % s.page != 0)}
+        if errors_of == "allocate_owned" and not cond["InvalidRequest"]:
+            cond["GrantDenied"] = size > s.free
+        if errors_of == "reserve_owned":
+            cond["Unsupported"] = not s.registry.capabilities[s.registry.installed][0]
+        err = _s14_err(errors, cond, taken)
+        # a fresh address no live allocation owns (the spec's witness picks it after this step)
+        ad = max([0] + [k + 1 for k in st["byaddr"][1]]) if errors_of == "allocate" else 0
+        return st, {"x": _new_slot(u, "obj"), "ad": ad, "err": err}, u
+    return project
+
+
 def _s14_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    a = s.allocations[args["handle"]]
-    if a.foreign:
-        return None  # S14's encoding has no foreign handles (S1's does)
     st, u = _s14_state(s)
-    x = u.idx["alloc"][args["handle"]]
-    return st, {"x": x, "y": x}, u
+    return st, {"x": u.idx["obj"][args["handle"]]}, u
 
 
-def _s14_expected(s: Any, u: Universe, value: Any) -> Any:
-    st, _ = _s14_state(s)
-    return flatten(st, E.S14.fields, ("astate", "addr"), u)
+def _s14_res_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s14_state(s)
+    ref = args["reservation"]
+    r = s.reservations[ref]
+    mapped = r.live and not r.foreign and bool(getattr(r, "backed", ()))
+    return st, {"x": u.idx["obj"][ref], "err": 1 if mapped else 0}, u
 
 
 # -- S5: VirtualBacking ----------------------------------------------------
@@ -226,7 +294,15 @@ def _s13_write_project(s: Any, args: dict[str, Any], taken: str) -> Any:
 
 MECH_ADAPTERS = [
     Adapter("S1", "release", "deallocate", _s1_project, _s1_expected, ("astate", "amech")),
-    Adapter("S14", "free", "deallocate", _s14_project, _s14_expected, ("astate", "addr")),
+    Adapter("S14", "free", "deallocate", _s14_project, _s14_expected_with(_s14_state), _S14_CMP),
+    Adapter("S14", "release_reservation", "release_reservation", _s14_res_project, _s14_expected_with(_s14_state),
+            _S14_CMP),
+    Adapter("S14", "free_shared_reservation", "free_shared_reservation", _s14_res_project,
+            _s14_expected_with(_s14_state), _S14_CMP),
+] + [
+    Adapter("S14", n, n, _s14_make_project(n, "mech"), _s14_expected_with(_s14_state), _S14_CMP)
+    for n in ("allocate", "create", "reserve", "shared_reserve")
+] + [
     Adapter("S5", "query_virtual_backing", "query_virtual_backing", _s5_query_project, _s5_query_expected,
             _S5_CMP + ("answer",)),
     Adapter("S5", "commit_range", "commit_range", _s5_span_project, _s5_ret_expected, _S5_CMP + ("ret",)),
@@ -469,6 +545,9 @@ SYS_ADAPTERS = [
     Adapter("S3", "query", "binding_capabilities", _s3_query_project, _s3_query_expected, ("inst", "gen", "answer")),
     Adapter("S3", "query", "manager_capabilities", _s3_query_project, _s3_query_expected, ("inst", "gen", "answer")),
     Adapter("S3", "query", "allocate_owned", _s3_alloc_project, _s3_query_expected, ("inst", "gen", "answer")),
+] + [
+    Adapter("S14", n, n, _s14_make_project(n, "sys"), _s14_expected_with(_s14_sys_state), _S14_CMP)
+    for n in ("allocate_owned", "reserve_owned")
 ]
 
 

@@ -955,49 +955,136 @@ S13 = Proof(
 
 
 # ==========================================================================
-# S14 no-reuse-of-identity
+# S14 no-reuse-of-identity  (mirrors spec/eager.py allocate/deallocate,
+# spec/vmm.py reserve/release_reservation/reserve_owned, spec/sharing.py
+# shared_reserve/create/free_shared_reservation, spec/manager.py allocate_owned)
+#
+# Every object (allocation, reservation, physical handle) gets a fresh
+# identity ``gen`` from the counter ``nextgen`` (``owner`` maps an identity
+# back to its object, so two objects never share one).  Eager allocations
+# also own their address in ``byaddr`` (the spec's ``by_address``); an
+# address is reused once its allocation is freed.  The errors outside S14
+# (a size that is not a size, the Governor's or the device's refusal, no
+# VirtualBacking) are the argument ``err``, computed by the agreement
+# adapter from the spec state (an OutOfMemory the spec merely allows: from
+# the branch the walk follows).
 # ==========================================================================
 
-def _s14_alloc(s: St, a: St):
-    return on_ok(z3.IntVal(OK), s, s.set(astate=upd(s.astate, a.x, LIVE), gen=upd(s.gen, a.x, s.nextgen),
-                                         addr=upd(s.addr, a.x, a.ad), owner=upd(s.owner, s.nextgen, a.x),
-                                         nextgen=s.nextgen + 1))
+NOADDR = -1
+
+
+def _s14_make(errors: tuple[str, ...], addressed: bool):
+    """A creation: ``err == k`` raises ``errors[k-1]``; else object ``x`` is
+    live with the next identity (and, if ``addressed``, owns address ``ad``)."""
+    def step(s: St, a: St):
+        out = outcome(*[(a.err == i + 1, e) for i, e in enumerate(errors)])
+        return on_ok(out, s, s.set(astate=upd(s.astate, a.x, LIVE), gen=upd(s.gen, a.x, s.nextgen),
+                                   owner=upd(s.owner, s.nextgen, a.x), nextgen=s.nextgen + 1,
+                                   addr=upd(s.addr, a.x, a.ad), addrd=upd(s.addrd, a.x, addressed),
+                                   foreign=upd(s.foreign, a.x, False),
+                                   byaddr=upd(s.byaddr, a.ad, a.x) if addressed else s.byaddr))
+
+    def pre(s: St, a: St) -> Any:
+        free_addr = at(s.byaddr, a.ad) == NOADDR if addressed else z3.BoolVal(True)
+        return z3.And(at(s.astate, a.x) == NONE, a.x >= 0, a.ad >= 0, free_addr, a.err >= 0, a.err <= len(errors))
+    return step, pre
 
 
 def _s14_free(check: bool):
+    """DeviceAllocator.deallocate: the allocation at the handle's address is
+    freed.  The guard: the handle's own identity must still be live (else
+    StaleHandle when its address now belongs to a newer allocation,
+    DoubleFree otherwise) -- without it a stale handle frees whatever lives
+    at its recycled address."""
     def step(s: St, a: St):
-        if check:  # resolve the handle by its identity
-            st = at(s.astate, a.x)
-            out = outcome((st == FREED, "DoubleFree"), (st != LIVE, "StaleHandle"))
-            return on_ok(out, s, s.set(astate=upd(s.astate, a.x, FREED)))
-        # resolve by address only: whatever is live at the handle's address is freed
-        st = at(s.astate, a.y)
-        out = outcome((st != LIVE, "StaleHandle"))
-        return on_ok(out, s, s.set(astate=upd(s.astate, a.y, FREED)))
+        here = at(s.byaddr, at(s.addr, a.x))
+        reused = here != NOADDR
+        errs = [(at(s.foreign, a.x), "ForeignAllocation")]
+        if check:
+            errs += [(z3.And(at(s.astate, a.x) != LIVE, reused), "StaleHandle"), (at(s.astate, a.x) != LIVE, "DoubleFree")]
+        else:
+            errs += [(z3.Not(reused), "DoubleFree")]  # nothing lives at the address
+        out = outcome(*errs)
+        return on_ok(out, s, s.set(astate=upd(s.astate, here, FREED), byaddr=upd(s.byaddr, at(s.addr, a.x), NOADDR)))
+    return step
+
+
+def _s14_release(errors: tuple[str, ...]):
+    """release_reservation / free_shared_reservation: resolved by identity;
+    a foreign one is refused, a released one is DoubleFree (or StaleHandle);
+    ``err == k`` raises ``errors[k-1]`` (free_shared_reservation: still mapped)."""
+    def step(s: St, a: St):
+        out = outcome((at(s.foreign, a.x), "ForeignAllocation"), (at(s.astate, a.x) != LIVE, "DoubleFree"),
+                      *[(a.err == i + 1, e) for i, e in enumerate(errors)])
+        return on_ok(out, s, s.set(astate=upd(s.astate, a.x, FREED)))
     return step
 
 
 def _s14_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
-    if name == "free":  # a handle that is not live is rejected and nothing changes
+    if name in ("free", "release_reservation", "free_shared_reservation"):
+        # a handle that is not live is rejected and nothing changes
         return z3.Implies(at(s.astate, a.x) != LIVE, z3.And(out != OK, at(s2.astate, o) == at(s.astate, o)))
     return z3.BoolVal(True)
 
 
-_XY = {"x": INT, "y": INT}
-_SAME_ADDR = lambda s, a: z3.And(at(s.astate, a.x) != NONE, at(s.addr, a.y) == at(s.addr, a.x))  # noqa: E731
+def _s14_owns_address(s: St, o: Any) -> Any:
+    """A live own eager allocation owns its address (the spec's ``by_address``
+    holds exactly the live allocations)."""
+    return z3.Implies(z3.And(at(s.astate, o) == LIVE, at(s.addrd, o), z3.Not(at(s.foreign, o))),
+                      at(s.byaddr, at(s.addr, o)) == o)
+
+
+def _s14_inv(s: St, o: Any) -> Any:
+    return z3.And(s.nextgen >= 0, _s14_owns_address(s, o),
+                  z3.Implies(at(s.astate, o) != NONE,
+                             z3.And(o >= 0, at(s.owner, at(s.gen, o)) == o, at(s.gen, o) < s.nextgen, at(s.gen, o) >= 0,
+                                    z3.Implies(at(s.addrd, o), at(s.addr, o) >= 0))),
+                  # what an address is owned by is a live own eager allocation at that address
+                  z3.Implies(z3.And(o >= 0, at(s.byaddr, o) != NOADDR),
+                             z3.And(at(s.astate, at(s.byaddr, o)) == LIVE, at(s.addrd, at(s.byaddr, o)),
+                                    z3.Not(at(s.foreign, at(s.byaddr, o))), at(s.addr, at(s.byaddr, o)) == o)))
+
+
+_S14_MAKE = {  # encoded action -> (errors outside S14, owns an address)
+    "allocate": (("InvalidRequest", "OutOfMemory"), True),
+    "create": (("InvalidRequest", "OutOfMemory"), False),
+    "reserve": (("InvalidRequest", "OutOfMemory"), False),
+    "shared_reserve": (("InvalidRequest", "OutOfMemory"), False),
+    "allocate_owned": (("InvalidRequest", "GrantDenied", "OutOfMemory"), False),
+    "reserve_owned": (("Unsupported", "InvalidRequest", "OutOfMemory"), False),
+}
+_XE = {"x": INT, "ad": INT, "err": INT}
+_LIVE_OR_FREED = lambda s, a: z3.Or(at(s.astate, a.x) == LIVE, at(s.astate, a.x) == FREED)  # noqa: E731  (drawn: existing)
+_ALLOC = lambda s, a: z3.And(_LIVE_OR_FREED(s, a), at(s.addrd, a.x))  # noqa: E731  (an eager allocation)
+_NOT_ALLOC = lambda s, a: z3.And(_LIVE_OR_FREED(s, a), z3.Not(at(s.addrd, a.x)))  # noqa: E731  (a reservation)
+
+
+def _s14_make_act(name: str) -> Act:
+    errors, addressed = _S14_MAKE[name]
+    step, pre = _s14_make(errors, addressed)
+    return Act(name, _XE, step, pre=pre, objs=("x",))
+
+
 S14 = Proof(
     *catalog("S14"),
-    fields={"astate": ARR, "gen": ARR, "addr": ARR, "owner": ARR, "nextgen": INT},
-    init=lambda s: z3.And(s.astate == Z0(), s.nextgen == 0),
-    inv=lambda s, o: z3.And(s.nextgen >= 0, z3.Implies(at(s.astate, o) != NONE,
-                                z3.And(at(s.owner, at(s.gen, o)) == o, at(s.gen, o) < s.nextgen, at(s.gen, o) >= 0))),
-    actions=[
-        Act("allocate", {"x": INT, "ad": INT}, _s14_alloc, pre=lambda s, a: at(s.astate, a.x) == NONE, objs=("x",)),
-        Act("free", _XY, _s14_free(True), pre=_SAME_ADDR, objs=("x", "y")),
+    fields={"astate": ARR, "gen": ARR, "addr": ARR, "addrd": BARR, "foreign": BARR, "byaddr": ARR, "owner": ARR,
+            "nextgen": INT},
+    init=lambda s: z3.And(s.astate == Z0(), s.nextgen == 0, s.byaddr == z3.K(z3.IntSort(), z3.IntVal(NOADDR))),
+    inv=_s14_inv,
+    actions=[_s14_make_act(n) for n in _S14_MAKE] + [
+        Act("free", {"x": INT}, _s14_free(True), pre=_ALLOC, objs=("x",)),
+        Act("release_reservation", {"x": INT}, _s14_release(()), pre=_NOT_ALLOC, objs=("x",)),
+        Act("free_shared_reservation", {"x": INT, "err": INT}, _s14_release(("InvalidRange",)),
+            pre=lambda s, a: z3.And(_NOT_ALLOC(s, a), z3.Not(at(s.foreign, a.x)), a.err >= 0, a.err <= 1),
+            objs=("x",)),
     ],
-    unguarded=Act("free", _XY, _s14_free(False), pre=_SAME_ADDR, objs=("x", "y")),
-    guard="a handle is resolved by its identity (creator + generation), not by its address",
+    unguarded=Act("free", {"x": INT}, _s14_free(False), pre=_ALLOC, objs=("x",)),
+    guard="deallocate resolves a handle by its identity: a handle no longer live is refused (StaleHandle/DoubleFree) "
+          "even when a newer allocation lives at its address",
     step_prop=_s14_prop,
+    # the invariant at the addresses an action reads (sound: Inv is proved for every integer)
+    inst=lambda s, o, a: [at(s.addr, o)] + ([at(s.addr, a.x), at(s.byaddr, at(s.addr, a.x))] if "x" in a else [])
+    + ([a.ad] if "ad" in a else []),
     safety=lambda s, o: z3.Implies(at(s.astate, o) != NONE, at(s.gen, o) < s.nextgen),
     bmc_depth=4,
 )
@@ -1129,7 +1216,11 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
     "S12": {"reserve": ("system:reserve_owned",), "commit": ("system:commit_owned",),
             "decommit": ("system:decommit_owned",)},
     "S13": {n: (f"mechanism:{n}",) for n in ("create", "map", "unmap", "copy_on_write", "release_handle", "write_through")},
-    "S14": {"allocate": ("mechanism:allocate",), "free": ("mechanism:deallocate",)},
+    "S14": {"allocate": ("mechanism:allocate",), "free": ("mechanism:deallocate",), "create": ("mechanism:create",),
+            "reserve": ("mechanism:reserve",), "shared_reserve": ("mechanism:shared_reserve",),
+            "release_reservation": ("mechanism:release_reservation",),
+            "free_shared_reservation": ("mechanism:free_shared_reservation",),
+            "allocate_owned": ("system:allocate_owned",), "reserve_owned": ("system:reserve_owned",)},
     "S15": {"issue_ticket": ("system:issue_ticket",), "receive": ("system:respond",), "claim": ("system:claim",),
             "cancel_ticket": ("system:cancel_ticket",), "expire": ("system:expire",)},
 }
@@ -1153,7 +1244,7 @@ NAMED: dict[str, Any] = {
     "S12": lambda s, r: z3.Implies(at(s.rstate, r) == LIVE, at(s.base, r) == at(s.base0, r)),
     "S13": lambda s, o: z3.And(z3.Implies(_shared_map(s, o), z3.Not(at(s.hfreed, at(s.mh, o)))),
                                z3.Not(at(s.wro, o))),
-    "S14": lambda s, o: z3.BoolVal(True),  # a step property + safety: a stale handle is rejected
+    "S14": lambda s, o: _s14_owns_address(s, o),  # + the step property: a stale handle is rejected
     "S15": lambda s, o: z3.And(at(s.ret, o) <= 1,
                                z3.Implies(_terminal(at(s.tstate, o)), at(s.held, o) == 0)),
 }
