@@ -317,6 +317,64 @@ MECH_ADAPTERS = [
 ]
 
 
+# -- S12: mechanism reservations keep their address --------------------------
+
+def _aligned_nonempty(lo: int, hi: int, page: int) -> bool:
+    return 0 <= lo < hi and lo % page == 0 and hi % page == 0
+
+
+def _s12_bad(page: int, size: int, committed: Any, lo: int, hi: int, commit: bool) -> bool:
+    """InvalidRange for a reason other than S12's guard (the end past the
+    reservation): misaligned, empty, reversed, a page already (commit) or
+    not (decommit) committed."""
+    if not _aligned_nonempty(lo, hi, page):
+        return True
+    if hi > size:
+        return False  # the guard's case
+    span = range(lo // page, hi // page)
+    return any(p in committed for p in span) if commit else not all(p in committed for p in span)
+
+
+def _s12_mech_state(s: Any) -> tuple[dict[str, Any], Universe]:
+    u = Universe()
+    res = {r: v for r, v in s.reservations.items() if v.kind == "backing"}
+    ix = u.add("res", res)
+    st = {
+        "rstate": (0, {ix[r]: (E.LIVE if v.live else E.FREED) for r, v in res.items()}),
+        "base": (0, {ix[r]: v.address for r, v in res.items()}),
+        "base0": (0, {ix[r]: v.address for r, v in res.items()}),
+        "rsize": (0, {ix[r]: v.size for r, v in res.items()}),
+        "kc": (0, {ix[r]: len(v.committed) * s.page for r, v in res.items()}),
+        "rforeign": (False, {ix[r]: v.foreign for r, v in res.items()}),
+        "nextva": s.w_next_address, "free": 0, "cap": s.virtual_backing, "scap": s.shared_mapping,
+    }
+    return st, u
+
+
+_S12_MECH_CMP = ("rstate", "base", "rsize", "kc")
+
+
+def _s12_mech_project(commit: bool) -> Any:
+    def project(s: Any, args: dict[str, Any], taken: str) -> Any:
+        st, u = _s12_mech_state(s)
+        ref, lo, hi = args["span"]
+        r = s.reservations[ref]
+        return st, {"r": u.idx["res"][ref], "lo": lo, "hi": hi, "oom": taken == "OutOfMemory",
+                    "bad": _s12_bad(s.page, r.size, r.committed, lo, hi, commit)}, u
+    return project
+
+
+def _s12_mech_expected(s: Any, u: Universe, value: Any) -> Any:
+    st, _ = _s12_mech_state(s)
+    return flatten(st, E.S12.fields, _S12_MECH_CMP, u)
+
+
+MECH_ADAPTERS += [
+    Adapter("S12", "commit_range", "commit_range", _s12_mech_project(True), _s12_mech_expected, _S12_MECH_CMP),
+    Adapter("S12", "decommit_range", "decommit_range", _s12_mech_project(False), _s12_mech_expected, _S12_MECH_CMP),
+]
+
+
 def run_mechanism(samples: int, seed: int, inv_samples: int = 0) -> list[AgreementReport]:
     from memspec.spec.mechanism import MECHANISM
 
@@ -726,3 +784,85 @@ def _s9_expected(s: Any, u: Universe, value: Any) -> Any:
 
 
 SYS_ADAPTERS.append(Adapter("S9", "grow", "kv_grow", _s9_project, _s9_expected, _S9_CMP + ("ret",)))
+
+
+# -- S12: owning reservations and KV requests keep their address ---------------
+
+def _s12_sys_state(s: Any) -> tuple[dict[str, Any], Universe]:
+    """Owning reservations (base: the address the target reported, base0:
+    the one reserved) and KV requests (the store's stable range, whose
+    address the spec does not see: 0) as one kind of reservation."""
+    u = Universe()
+    res = {r: o for r, o in s.owned.items() if o.kind == "reservation"}
+    ix = u.add("res", {**res, **s.kv})
+    vb, sm = s.registry.capabilities[s.registry.installed]
+    st = {
+        "rstate": (0, {**{ix[r]: (E.LIVE if o.state == "live" else E.FREED) for r, o in res.items()},
+                       **{ix[r]: (E.LIVE if q.state == "open" else E.FREED) for r, q in s.kv.items()}}),
+        "base": (0, {ix[r]: o.address for r, o in res.items()}),
+        "base0": (0, {ix[r]: o.base for r, o in res.items()}),
+        "rsize": (0, {**{ix[r]: o.size for r, o in res.items()}, **{ix[r]: q.max_bytes for r, q in s.kv.items()}}),
+        "kc": (0, {**{ix[r]: len(o.committed) * s.page for r, o in res.items()},
+                   **{ix[r]: q.committed for r, q in s.kv.items()}}),
+        "rforeign": (False, {}), "nextva": s.w_next_address, "free": s.free, "cap": vb, "scap": sm,
+    }
+    return st, u
+
+
+_S12_SYS_CMP = ("rstate", "base", "rsize", "kc", "free")
+
+
+def _s12_sys_expected(cmp: tuple[str, ...]) -> Any:
+    def expected(s: Any, u: Universe, value: Any) -> Any:
+        st, u2 = _s12_sys_state(s)
+        _adopt(u, u2)
+        return flatten(st, E.S12.fields, cmp, u)
+    return expected
+
+
+def _s12_span_project(commit: bool) -> Any:
+    def project(s: Any, args: dict[str, Any], taken: str) -> Any:
+        st, u = _s12_sys_state(s)
+        ref, lo, hi = args["span"]
+        o = s.owned[ref]
+        return st, {"r": u.idx["res"][ref], "lo": lo, "hi": hi, "oom": taken == "OutOfMemory",
+                    "bad": _s12_bad(s.page, o.size, o.committed, lo, hi, commit)}, u
+    return project
+
+
+def _s12_reserve_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    from memspec.spec import kernels as K
+
+    st, u = _s12_sys_state(s)
+    size = args["size"]
+    bad = _not_size(size)
+    return st, {"r": _new_slot(u, "res"), "n": s.page if bad else K.round_up(size, s.page), "bad": bad,
+                "oom": taken == "OutOfMemory"}, u
+
+
+def _s12_kv_open_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    _ref, max_bytes, origin, prefix = args["request"]
+    st, u = _s12_sys_state(s)
+    bad = origin is not None and (prefix > s.kv[origin].own or prefix > max_bytes)
+    return st, {"r": _new_slot(u, "res"), "n": max_bytes, "bad": bad, "oom": False, "prefix": origin is not None}, u
+
+
+def _s12_kv_grow_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    from memspec.spec import kernels as K
+
+    r, new, fail_at = args["growth"]
+    st, u = _s12_sys_state(s)
+    return st, {"r": u.idx["res"][r], "end": K.round_up(new, s.page), "refuse": taken == "InvalidRequest",
+                "fail": fail_at in (4, 5), "oom": taken == "OutOfMemory"}, u
+
+
+SYS_ADAPTERS += [
+    Adapter("S12", "reserve_owned", "reserve_owned", _s12_reserve_project,
+            _s12_sys_expected(("rstate", "base", "base0", "rsize", "kc")), ("rstate", "base", "base0", "rsize", "kc")),
+    Adapter("S12", "kv_open", "kv_open", _s12_kv_open_project, _s12_sys_expected(("rstate", "rsize")),
+            ("rstate", "rsize")),
+    Adapter("S12", "commit", "commit_owned", _s12_span_project(True), _s12_sys_expected(_S12_SYS_CMP), _S12_SYS_CMP),
+    Adapter("S12", "decommit", "decommit_owned", _s12_span_project(False), _s12_sys_expected(_S12_SYS_CMP),
+            _S12_SYS_CMP),
+    Adapter("S12", "kv_grow", "kv_grow", _s12_kv_grow_project, _s12_sys_expected(_S12_SYS_CMP), _S12_SYS_CMP),
+]

@@ -754,49 +754,114 @@ S11 = Proof(
 
 
 # ==========================================================================
-# S12 stable-address
+# S12 stable-address  (mirrors spec/vmm.py reserve_owned, commit_owned,
+# decommit_owned, commit_range, decommit_range and spec/holders.py kv_open,
+# kv_grow)
+#
+# A reservation (an owning reservation, a KV request's stable range, a
+# mechanism reservation) has a base address ``base`` (``base0``: the one it
+# was reserved at) and a size.  Every committing action has the same body:
+# to install backing up to ``end`` the range must cover ``end``; a range
+# that does not is grown by reserving a bigger one elsewhere and moving the
+# pointer (what an allocator without VMM does: allocate bigger, copy).  The
+# one guard that keeps the pointer stable is the range check: ``end`` past
+# the reservation is InvalidRange.  Byte ends are page-rounded by the
+# adapter (``end``), so the machine is linear; what S12 does not talk about
+# (misaligned or empty ranges, a page already (not) committed, a prefix
+# larger than its origin) is the argument ``bad``; an OutOfMemory the spec
+# merely allows is ``oom``; kv_grow's injected failure ``fail`` and its
+# permitted refusal of a no-op ``refuse``.
 # ==========================================================================
 
-def _s12_reserve(s: St, a: St):
-    size = K.round_up(a.n, s.page)
-    return on_ok(z3.IntVal(OK), s, s.set(rstate=upd(s.rstate, a.r, LIVE), base=upd(s.base, a.r, s.nextva),
-                                         base0=upd(s.base0, a.r, s.nextva), rsize=upd(s.rsize, a.r, size),
-                                         nextva=s.nextva + size))
+def _s12_place(s: St, r: Any, end: Any) -> St:
+    """Back the range up to ``end``: a reservation too small is re-reserved
+    bigger at the next free address (the pointer moves)."""
+    moved = end > at(s.rsize, r)
+    return s.set(base=upd(s.base, r, K.ite(moved, s.nextva, at(s.base, r))),
+                 rsize=upd(s.rsize, r, K.maximum(at(s.rsize, r), end)),
+                 nextva=K.ite(moved, s.nextva + end, s.nextva))
 
 
-def _s12_commit(check: bool):
+def _s12_range_guard(s: St, r: Any, end: Any) -> tuple[Any, str]:
+    """The guard S12 rests on: a commit stays inside the reservation."""
+    return (end > at(s.rsize, r), "InvalidRange")
+
+
+def _s12_commit_owned(check: bool):
     def step(s: St, a: St):
-        live = at(s.rstate, a.r) == LIVE
-        end = K.round_up(a.e, s.page)
-        if check:
-            out = outcome((z3.Not(live), "StaleHandle"), (end > at(s.rsize, a.r), "InvalidRange"))
-            return on_ok(out, s, s.set(kc=upd(s.kc, a.r, K.maximum(at(s.kc, a.r), end))))
-        # grows past the reservation by re-reserving a bigger range elsewhere (the pointer moves)
-        out = outcome((z3.Not(live), "StaleHandle"))
-        moved = end > at(s.rsize, a.r)
-        return on_ok(out, s, s.set(kc=upd(s.kc, a.r, K.maximum(at(s.kc, a.r), end)),
-                                   base=upd(s.base, a.r, K.ite(moved, s.nextva, at(s.base, a.r))),
-                                   rsize=upd(s.rsize, a.r, K.maximum(at(s.rsize, a.r), end)),
-                                   nextva=K.ite(moved, s.nextva + end, s.nextva)))
+        errs = [(a.bad, "InvalidRange")] + ([_s12_range_guard(s, a.r, a.hi)] if check else []) + [
+            (a.hi - a.lo > s.free, "GrantDenied"), (a.oom, "OutOfMemory")]
+        out = outcome(*errs)
+        return on_ok(out, s, _s12_place(s, a.r, a.hi).set(free=s.free - (a.hi - a.lo),
+                                                           kc=upd(s.kc, a.r, at(s.kc, a.r) + (a.hi - a.lo))))
     return step
 
 
-def _s12_decommit(s: St, a: St):
-    out = outcome((at(s.rstate, a.r) != LIVE, "StaleHandle"), (z3.Or(a.e < 0, a.e > at(s.kc, a.r)), "InvalidRange"))
-    return on_ok(out, s, s.set(kc=upd(s.kc, a.r, K.round_down(a.e, s.page))))
+def _s12_commit_range(s: St, a: St):
+    out = outcome((at(s.rforeign, a.r), "ForeignAllocation"), (at(s.rstate, a.r) != LIVE, "StaleHandle"),
+                  (a.bad, "InvalidRange"), _s12_range_guard(s, a.r, a.hi), (a.oom, "OutOfMemory"))
+    return on_ok(out, s, _s12_place(s, a.r, a.hi).set(kc=upd(s.kc, a.r, at(s.kc, a.r) + (a.hi - a.lo))))
 
 
+def _s12_decommit_range(s: St, a: St):
+    out = outcome((at(s.rforeign, a.r), "ForeignAllocation"), (at(s.rstate, a.r) != LIVE, "StaleHandle"),
+                  (a.bad, "InvalidRange"), _s12_range_guard(s, a.r, a.hi))
+    return on_ok(out, s, s.set(kc=upd(s.kc, a.r, at(s.kc, a.r) - (a.hi - a.lo))))
+
+
+def _s12_decommit_owned(s: St, a: St):
+    """The pages leave now, their refund is queued: no figure of S12 but the
+    committed bytes changes, and the address stays."""
+    out = outcome((a.bad, "InvalidRange"), _s12_range_guard(s, a.r, a.hi))
+    return on_ok(out, s, s.set(kc=upd(s.kc, a.r, at(s.kc, a.r) - (a.hi - a.lo))))
+
+
+def _s12_kv_grow(s: St, a: St):
+    """Grow to ``end`` (page-rounded new bytes; ``max_bytes`` is a page multiple)."""
+    delta = a.end - at(s.kc, a.r)
+    out = outcome(_s12_range_guard(s, a.r, a.end), (z3.And(delta <= 0, a.refuse), "InvalidRequest"),
+                  (delta <= 0, "ok"), (delta > s.free, "GrantDenied"), (a.fail, "MemspecError"),
+                  (a.oom, "OutOfMemory"))
+    grown = _s12_place(s, a.r, a.end).set(free=s.free - delta, kc=upd(s.kc, a.r, a.end))
+    return out, merge(z3.And(out == OK, delta > 0), grown, s)
+
+
+def _s12_reserve(unsupported: Any, oom: bool = True):
+    def step(s: St, a: St):
+        out = outcome((unsupported(s, a), "Unsupported"), (a.bad, "InvalidRequest"),
+                      *([(a.oom, "OutOfMemory")] if oom else []))
+        return on_ok(out, s, s.set(rstate=upd(s.rstate, a.r, LIVE), base=upd(s.base, a.r, s.nextva),
+                                   base0=upd(s.base0, a.r, s.nextva), rsize=upd(s.rsize, a.r, a.n),
+                                   kc=upd(s.kc, a.r, 0), rforeign=upd(s.rforeign, a.r, False),
+                                   nextva=s.nextva + a.n + 1))
+    return step
+
+
+_S12_RES = {"r": INT, "n": INT, "bad": BOOL, "oom": BOOL}
+_S12_SPAN = {"r": INT, "lo": INT, "hi": INT, "bad": BOOL, "oom": BOOL}
+_S12_NEW = lambda s, a: z3.And(at(s.rstate, a.r) == NONE, a.n > 0)  # noqa: E731
+_S12_DRAWN = lambda s, a: at(s.rstate, a.r) != NONE  # noqa: E731  (an existing reservation)
+_S12_LIVE = lambda s, a: at(s.rstate, a.r) == LIVE  # noqa: E731  (drawn from the live ones)
 S12 = Proof(
     *catalog("S12"),
-    fields={"rstate": ARR, "base": ARR, "base0": ARR, "rsize": ARR, "kc": ARR, "nextva": INT, "page": INT},
-    init=lambda s: z3.And(s.rstate == Z0(), s.page > 0, s.nextva >= 0),
-    inv=lambda s, r: z3.And(s.page > 0, z3.Implies(at(s.rstate, r) == LIVE, at(s.base, r) == at(s.base0, r))),
+    fields={"rstate": ARR, "base": ARR, "base0": ARR, "rsize": ARR, "kc": ARR, "rforeign": BARR, "nextva": INT,
+            "free": INT, "cap": BOOL, "scap": BOOL},
+    init=lambda s: z3.And(s.rstate == Z0(), s.nextva >= 0),
+    inv=lambda s, r: z3.Implies(at(s.rstate, r) == LIVE, at(s.base, r) == at(s.base0, r)),
     actions=[
-        Act("reserve", {"r": INT, "n": INT}, _s12_reserve, pre=lambda s, a: z3.And(at(s.rstate, a.r) == NONE, a.n > 0), objs=("r",)),
-        Act("commit", {"r": INT, "e": INT}, _s12_commit(True), pre=lambda s, a: a.e > 0, objs=("r",)),
-        Act("decommit", {"r": INT, "e": INT}, _s12_decommit, objs=("r",)),
+        Act("reserve_owned", _S12_RES, _s12_reserve(lambda s, a: z3.Not(s.cap)), pre=_S12_NEW, objs=("r",)),
+        Act("kv_open", {**_S12_RES, "prefix": BOOL}, _s12_reserve(lambda s, a: z3.Or(z3.Not(s.cap),
+                                                                                    z3.And(a.prefix, z3.Not(s.scap))),
+                                                       oom=False),
+            pre=_S12_NEW, objs=("r",)),
+        Act("commit", _S12_SPAN, _s12_commit_owned(True), pre=_S12_LIVE, objs=("r",)),
+        Act("decommit", _S12_SPAN, _s12_decommit_owned, pre=_S12_LIVE, objs=("r",)),
+        Act("kv_grow", {"r": INT, "end": INT, "refuse": BOOL, "fail": BOOL, "oom": BOOL}, _s12_kv_grow,
+            pre=lambda s, a: at(s.rstate, a.r) == LIVE, objs=("r",)),
+        Act("commit_range", _S12_SPAN, _s12_commit_range, pre=_S12_DRAWN, objs=("r",)),
+        Act("decommit_range", _S12_SPAN, _s12_decommit_range, pre=_S12_DRAWN, objs=("r",)),
     ],
-    unguarded=Act("commit", {"r": INT, "e": INT}, _s12_commit(False), pre=lambda s, a: a.e > 0, objs=("r",)),
+    unguarded=Act("commit", _S12_SPAN, _s12_commit_owned(False), pre=_S12_LIVE, objs=("r",)),
     guard="commit stays inside the reservation (else InvalidRange), never relocating it",
     bmc_depth=2,
 )
@@ -1213,8 +1278,9 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
             "destroy_context": ("system:destroy_context",)},
     "S11": {"reserve": ("system:reserve",), "cancel": ("system:cancel",), "commit": ("system:commit",),
             "refund_lease": ("system:refund_lease",)},
-    "S12": {"reserve": ("system:reserve_owned",), "commit": ("system:commit_owned",),
-            "decommit": ("system:decommit_owned",)},
+    "S12": {"reserve_owned": ("system:reserve_owned",), "kv_open": ("system:kv_open",),
+            "commit": ("system:commit_owned",), "decommit": ("system:decommit_owned",), "kv_grow": ("system:kv_grow",),
+            "commit_range": ("mechanism:commit_range",), "decommit_range": ("mechanism:decommit_range",)},
     "S13": {n: (f"mechanism:{n}",) for n in ("create", "map", "unmap", "copy_on_write", "release_handle", "write_through")},
     "S14": {"allocate": ("mechanism:allocate",), "free": ("mechanism:deallocate",), "create": ("mechanism:create",),
             "reserve": ("mechanism:reserve",), "shared_reserve": ("mechanism:shared_reserve",),
