@@ -620,7 +620,8 @@ def run_system(samples: int, seed: int, inv_samples: int = 0) -> list[AgreementR
 def run_all(samples: int = 1000, seed: int = 0, inv_samples: int = 0) -> list[AgreementReport]:
     """Transition agreement on ``samples`` states per adapter, invariant
     agreement on the first ``inv_samples`` of them."""
-    return run_mechanism(samples, seed, inv_samples) + run_system(samples, seed, inv_samples)
+    return (run_mechanism(samples, seed, inv_samples) + run_system(samples, seed, inv_samples)
+            + run_small_system(samples, seed, inv_samples))
 
 
 # -- S8: the binding's allocation transaction --------------------------------
@@ -866,3 +867,32 @@ SYS_ADAPTERS += [
             _S12_SYS_CMP),
     Adapter("S12", "kv_grow", "kv_grow", _s12_kv_grow_project, _s12_sys_expected(_S12_SYS_CMP), _S12_SYS_CMP),
 ]
+
+
+# -- a small device: reservations larger than it (the OutOfMemory the spec allows) --
+
+def _small_sys_init() -> Any:
+    from memspec.spec.system import init
+
+    return init(capacity=2 * PAGE, page=PAGE, virtual_backing=True, shared_mapping=True)
+
+
+#: spec actions whose OutOfMemory branch needs a size past the device: reserve_owned
+#: draws at most 8 pages, fewer than the main walk's 16
+SMALL_SYS_ADAPTERS = [a for a in SYS_ADAPTERS if a.spec_action == "reserve_owned" and a.invariant in ("S12", "S14")]
+
+
+def run_small_system(samples: int, seed: int, inv_samples: int = 0) -> list[AgreementReport]:
+    from memspec.spec.system import SYSTEM
+
+    proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS}
+    n = max(20, samples // 8)
+    return walk_and_compare(SYSTEM, _small_sys_init, SMALL_SYS_ADAPTERS, proofs, n, seed + 1, _sys_too_big,
+                            inv_samples=min(inv_samples, n))
+
+
+def _extra_small(n: int, seed: int, inv: int, ids: set[str]) -> list[AgreementReport]:
+    return run_small_system(n, seed, inv) if ids & {"S12", "S14"} else []
+
+
+EXTRA_WALKS = [_extra_small]
