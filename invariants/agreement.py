@@ -278,9 +278,11 @@ class InvariantEval:
 
 def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapter], proofs: dict[str, Proof],
                      samples: int, seed: int, too_big: Callable[[Any], bool], max_steps: int = 400000,
-                     restart_every: int = 60, inv_samples: int = 0) -> list[AgreementReport]:
+                     restart_every: int = 60, inv_samples: int = 0, favour: float = 0.85) -> list[AgreementReport]:
     """Walk ``machine`` from ``init()``; at each step whose action has adapters,
-    compare; stop when every adapter has ``samples`` samples."""
+    compare; stop when every adapter has ``samples`` samples.  ``favour``: how
+    often a step is drawn among the actions whose adapters still need samples
+    (a focused walk lowers it, so the actions building rare states run too)."""
     rng = random.Random(seed)
     chooser = RandomChooser(rng)
     reps = {(a.invariant, a.action, a.spec_action): AgreementReport(a.invariant, a.action, a.spec_action) for a in adapters}
@@ -302,7 +304,7 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
         # favour actions whose adapters still need samples
         needy = [a for a in acts if any(reps[(ad.invariant, ad.action, ad.spec_action)].samples < samples
                                         for ad in by_spec.get(a.name, []))]
-        pool = needy if needy and rng.random() < 0.85 else acts
+        pool = needy if needy and rng.random() < favour else acts
         if not pool:
             state, steps_since = init(), 0
             continue

@@ -206,6 +206,8 @@ def _s13_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
     u = Universe()
     hx = u.add("handle", s.handles)
     mx = u.add("mapping", s.mappings)
+    shared_res = {r: v for r, v in s.reservations.items() if v.kind == "shared"}
+    rx = u.add("res", shared_res)
     hs, ms = s.handles, s.mappings
     st = {
         "page": s.page, "capacity": s.capacity, "physical": s.physical, "foreign": getattr(s, "foreign_bytes", 0),
@@ -221,38 +223,35 @@ def _s13_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
         "msize": (0, {mx[r]: m.size for r, m in ms.items()}),
         "mro": (False, {mx[r]: m.read_only for r, m in ms.items()}),
         "mpriv": (False, {mx[r]: m.private for r, m in ms.items()}),
-        "wro": (False, {}),
+        "rowrites": s.readonly_writes,
+        "rlive": (False, {rx[r]: v.live for r, v in shared_res.items()}),
         "ret": ret,
         "nm": len(ms),
         "PM": {hx[h]: prefix_values([1 if (m.live and not m.private and m.handle == h) else 0
                                      for _r, m in sorted(ms.items())]) for h in hs},
+        # the KV part of S13 is the system level's
+        "cap": s.virtual_backing, "scap": s.shared_mapping, "kst": (0, {}), "kown": (0, {}), "korig": (-1, {}),
+        "kpre": (0, {}),
     }
     return st, u
 
 
 _S13_CMP = ("physical", "shared", "private", "hexists", "hsize", "hreleased", "hmaps", "hfreed",
-            "mlive", "mh", "msize", "mro", "mpriv")
+            "mlive", "mh", "msize", "mro", "mpriv", "rowrites", "rlive")
 
 
-def _where(s: Any, ref: int, off: int | None = None, size: int | None = None) -> int:
+def _misplaced(s: Any, ref: int, off: int, size: int) -> bool:
+    """A map that does not fit: misaligned, past the end, or over a backed page."""
     r = s.reservations[ref]
-    if r.foreign:
-        return 1
-    if not r.live:
-        return 2
-    if off is None:
-        return 0
     if off % s.page or off + size > r.size or off < 0:
-        return 3
-    if any(p in r.backed for p in range(off // s.page, (off + size) // s.page)):
-        return 3
-    return 0
+        return True
+    return any(p in r.backed for p in range(off // s.page, (off + size) // s.page))
 
 
 def _s13_expected(s: Any, u: Universe, value: Any) -> Any:
     st, u2 = _s13_state(s, ret=value if isinstance(value, int) else 0)
     # a mapping made by this step gets the next dense index, as in the projection
-    for k in ("handle", "mapping"):
+    for k in ("handle", "mapping", "res"):
         if len(u2.idx[k]) > len(u.idx[k]):
             u.idx[k] = u2.idx[k]
     return flatten(st, E.S13.fields, _S13_CMP + ("ret",), u)
@@ -273,13 +272,13 @@ def _s13_map_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     ref, off = args["place"]
     u.idx["mapping"] = {**u.idx["mapping"], -1: len(u.idx["mapping"])}
     return st, {"m": len(s.mappings), "h": u.idx["handle"][args["handle"]], "ro": args["read_only"],
-                "where": _where(s, ref, off, h.size)}, u
+                "r": u.idx["res"][ref], "bad": _misplaced(s, ref, off, h.size)}, u
 
 
 def _s13_mapping_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     st, u = _s13_state(s)
     mref, res, _off, size = args["mapping"]
-    return st, {"m": u.idx["mapping"][mref], "size": size, "where": _where(s, res), "oom": taken == "OutOfMemory"}, u
+    return st, {"m": u.idx["mapping"][mref], "size": size, "oom": taken == "OutOfMemory"}, u
 
 
 def _s13_handle_project(s: Any, args: dict[str, Any], taken: str) -> Any:
@@ -290,6 +289,13 @@ def _s13_handle_project(s: Any, args: dict[str, Any], taken: str) -> Any:
 def _s13_write_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     st, u = _s13_state(s)
     return st, {"m": u.idx["mapping"][args["mapping"][0]]}, u
+
+
+def _s13_free_res_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s13_state(s)
+    ref = args["reservation"]
+    r = s.reservations[ref]
+    return st, {"r": u.idx["res"][ref], "mapped": bool(r.backed)}, u
 
 
 MECH_ADAPTERS = [
@@ -314,6 +320,9 @@ MECH_ADAPTERS = [
     Adapter("S13", "copy_on_write", "copy_on_write", _s13_mapping_project, _s13_expected, _S13_CMP + ("ret",)),
     Adapter("S13", "release_handle", "release_handle", _s13_handle_project, _s13_expected, _S13_CMP + ("ret",)),
     Adapter("S13", "write_through", "write_through", _s13_write_project, _s13_expected, _S13_CMP),
+    Adapter("S13", "mapping_count", "mapping_count", _s13_handle_project, _s13_expected, _S13_CMP + ("ret",)),
+    Adapter("S13", "free_shared_reservation", "free_shared_reservation", _s13_free_res_project, _s13_expected,
+            _S13_CMP),
 ]
 
 
@@ -621,7 +630,7 @@ def run_all(samples: int = 1000, seed: int = 0, inv_samples: int = 0) -> list[Ag
     """Transition agreement on ``samples`` states per adapter, invariant
     agreement on the first ``inv_samples`` of them."""
     return (run_mechanism(samples, seed, inv_samples) + run_system(samples, seed, inv_samples)
-            + run_small_system(samples, seed, inv_samples))
+            + run_small_system(samples, seed, inv_samples) + run_focused(samples, seed, inv_samples))
 
 
 # -- S8: the binding's allocation transaction --------------------------------
@@ -895,4 +904,89 @@ def _extra_small(n: int, seed: int, inv: int, ids: set[str]) -> list[AgreementRe
     return run_small_system(n, seed, inv) if ids & {"S12", "S14"} else []
 
 
-EXTRA_WALKS = [_extra_small]
+# -- focused walks: the spec's own machine restricted to a few of its actions -----
+#
+# Branches the full walk reaches rarely (a KV prefix larger than what its
+# origin committed; a shared reservation freed while still mapped) are
+# reached by walking only the actions that build those states.  The states
+# are reachable in the full machine (the same actions from the same init).
+
+class _Focused:
+    def __init__(self, machine: Any, names: tuple[str, ...]) -> None:
+        self.actions = [a for a in machine.actions if a.name in names]
+
+
+_KV_FOCUS = ("kv_open", "kv_grow", "kv_close")
+_SHARED_FOCUS = ("shared_reserve", "create", "map", "unmap", "free_shared_reservation")
+
+
+def run_focused(samples: int, seed: int, inv_samples: int = 0) -> list[AgreementReport]:
+    from memspec.spec.mechanism import MECHANISM
+    from memspec.spec.system import SYSTEM
+
+    proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS}
+    n = max(20, samples // 8)
+    kv = [a for a in SYS_ADAPTERS if a.spec_action == "kv_open" and a.invariant in ("S12", "S13")]
+    sh = [a for a in MECH_ADAPTERS if a.spec_action == "free_shared_reservation" and a.invariant in ("S13", "S14")]
+    n_kv = max(40, samples // 3)  # an oversized prefix is ~3% of kv_open's draws
+    return (walk_and_compare(_Focused(SYSTEM, _KV_FOCUS), _sys_init, kv, proofs, n_kv, seed + 2, _sys_too_big,
+                             inv_samples=min(inv_samples, n_kv), favour=0.1)
+            + walk_and_compare(_Focused(MECHANISM, _SHARED_FOCUS), _mech_init, sh, proofs, n, seed + 3, _mech_too_big,
+                               inv_samples=min(inv_samples, n), favour=0.1))
+
+
+def _extra_focused(n: int, seed: int, inv: int, ids: set[str]) -> list[AgreementReport]:
+    return run_focused(n, seed, inv) if ids & {"S12", "S13", "S14"} else []
+
+
+EXTRA_WALKS = [_extra_small, _extra_focused]
+
+
+# -- S13: KvPageStore read-only prefixes ------------------------------------------
+
+_KST = {"open": 1, "closed": 2, "released": 2}
+
+
+def _s13_sys_state(s: Any) -> tuple[dict[str, Any], Universe]:
+    u = Universe()
+    qx = u.add("request", s.kv)
+    vb, sm = s.registry.capabilities[s.registry.installed]
+    st = {
+        "page": s.page, "capacity": s.capacity, "physical": 0, "foreign": 0, "shared": 0, "private": 0,
+        "hexists": (False, {}), "hsize": (0, {}), "hreleased": (False, {}), "hmaps": (0, {}), "hfreed": (False, {}),
+        "mlive": (False, {}), "mh": (0, {}), "msize": (0, {}), "mro": (False, {}), "mpriv": (False, {}),
+        "rowrites": 0, "ret": 0, "PM": {}, "nm": 0, "rlive": (False, {}), "cap": vb, "scap": sm,
+        "kst": (0, {qx[r]: _KST[q.state] for r, q in s.kv.items()}),
+        "kown": (0, {qx[r]: q.own for r, q in s.kv.items()}),
+        "korig": (-1, {qx[r]: qx[q.prefix_of] for r, q in s.kv.items() if q.prefix_of is not None}),
+        "kpre": (0, {qx[r]: q.prefix for r, q in s.kv.items()}),
+    }
+    return st, u
+
+
+_S13_KV_CMP = ("kst", "kown", "korig", "kpre")
+
+
+def _s13_sys_expected(s: Any, u: Universe, value: Any) -> Any:
+    st, u2 = _s13_sys_state(s)
+    _adopt(u, u2)
+    return flatten(st, E.S13.fields, _S13_KV_CMP, u)
+
+
+def _s13_kv_open_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    _ref, max_bytes, origin, prefix = args["request"]
+    st, u = _s13_sys_state(s)
+    q = _new_slot(u, "request")
+    return st, {"q": q, "n": max_bytes, "org": u.idx["request"][origin] if origin is not None else 0,
+                "p": prefix if origin is not None else 0, "hasorig": origin is not None}, u
+
+
+def _s13_kv_close_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s13_sys_state(s)
+    return st, {"q": u.idx["request"][args["request"]]}, u
+
+
+SYS_ADAPTERS += [
+    Adapter("S13", "kv_open", "kv_open", _s13_kv_open_project, _s13_sys_expected, _S13_KV_CMP),
+    Adapter("S13", "kv_close", "kv_close", _s13_kv_close_project, _s13_sys_expected, _S13_KV_CMP),
+]

@@ -868,10 +868,17 @@ S12 = Proof(
 
 
 # ==========================================================================
-# S13 shared-lifetime  (mirrors spec/sharing.py: create, map, unmap,
-# copy_on_write, release_handle, write_through).  The reservation side of
-# map/unmap (foreign, released, misplaced or already-backed range) is the
-# argument ``where``: 0 legal, 1 foreign, 2 released, 3 bad range.
+# S13 shared-lifetime  (mirrors spec/shared.py: create, map, unmap,
+# copy_on_write, mapping_count, release_handle, write_through,
+# free_shared_reservation, and spec/holders.py kv_open, kv_close).  Shared
+# reservations are ``rlive``; a misplaced or already-backed range is the
+# argument ``bad``, a reservation with a page still mapped ``mapped``.  No foreign shared reservation exists (the
+# twin makes only VirtualBacking ones) and unmap/copy_on_write are drawn
+# from the live mappings (whose reservation is live: it cannot be freed
+# while mapped), so those errors are outside the actions' domains.
+# KvPageStore prefixes: request ``q`` open (``kst`` 1, closed 2) maps
+# ``kpre[q]`` read-only bytes of origin ``korig[q]`` (-1: none), whose
+# committed bytes ``kown`` must cover every open sharer's prefix.
 # ==========================================================================
 
 def _s13_maybe_free(s: St, h: Any) -> St:
@@ -880,10 +887,6 @@ def _s13_maybe_free(s: St, h: Any) -> St:
     return s.set(hfreed=upd(s.hfreed, h, z3.Or(at(s.hfreed, h), go)),
                  shared=K.ite(go, s.shared - at(s.hsize, h), s.shared),
                  physical=K.ite(go, s.physical - at(s.hsize, h), s.physical))
-
-
-def _where(w: Any) -> list:
-    return [(w == 1, "ForeignAllocation"), (w == 2, "StaleHandle")]
 
 
 def _s13_create(s: St, a: St):
@@ -895,7 +898,8 @@ def _s13_create(s: St, a: St):
 
 
 def _s13_map(s: St, a: St):
-    out = outcome(*_where(a.where), (at(s.hreleased, a.h), "StaleHandle"), (a.where == 3, "InvalidRange"))
+    out = outcome((z3.Not(at(s.rlive, a.r)), "StaleHandle"), (at(s.hreleased, a.h), "StaleHandle"),
+                  (a.bad, "InvalidRange"))
     return on_ok(out, s, s.set(mlive=upd(s.mlive, a.m, True), mh=upd(s.mh, a.m, a.h),
                                msize=upd(s.msize, a.m, at(s.hsize, a.h)), mro=upd(s.mro, a.m, a.ro),
                                mpriv=upd(s.mpriv, a.m, False), hmaps=upd(s.hmaps, a.h, at(s.hmaps, a.h) + 1),
@@ -903,7 +907,7 @@ def _s13_map(s: St, a: St):
 
 
 def _mapping_errors(s: St, a: St) -> list:
-    return _where(a.where) + [(z3.Or(z3.Not(at(s.mlive, a.m)), a.size != at(s.msize, a.m)), "InvalidRange")]
+    return [(z3.Or(z3.Not(at(s.mlive, a.m)), a.size != at(s.msize, a.m)), "InvalidRange")]
 
 
 def _s13_unmap(s: St, a: St):
@@ -943,9 +947,46 @@ def _s13_release(check: bool):
 
 
 def _s13_write(s: St, a: St):
+    """The write lands in the mapping's pages; the guard: through a read-only
+    (not copied) mapping it is rejected.  ``rowrites`` counts the writes that
+    landed through a read-only mapping (the spec's ``readonly_writes``)."""
     ro = z3.And(at(s.mro, a.m), z3.Not(at(s.mpriv, a.m)))
     out = outcome((ro, "ReadOnlyViolation"))
-    return on_ok(out, s, s.set(wro=upd(s.wro, a.m, z3.Or(at(s.wro, a.m), ro))))
+    return on_ok(out, s, s.set(rowrites=s.rowrites + K.ite(ro, 1, 0)))
+
+
+def _s13_count(s: St, a: St):
+    """mapping_count: the handle's live mappings; a freed handle is stale."""
+    out = outcome((at(s.hfreed, a.h), "StaleHandle"))
+    return on_ok(out, s, s.set(ret=at(s.hmaps, a.h)))
+
+
+def _s13_free_res(s: St, a: St):
+    """free_shared_reservation: nothing may be mapped in it (else InvalidRange;
+    ``mapped``: some page of it is backed, from the adapter -- the proof does
+    not track which reservation a mapping is in)."""
+    out = outcome((z3.Not(at(s.rlive, a.r)), "DoubleFree"), (a.mapped, "InvalidRange"))
+    return on_ok(out, s, s.set(rlive=upd(s.rlive, a.r, False)))
+
+
+def _s13_kv_open(s: St, a: St):
+    """kv_open: a prefix maps ``p`` committed bytes of an open origin, charged
+    once there; it must not exceed what the origin committed."""
+    out = outcome((z3.Or(z3.Not(s.cap), z3.And(a.hasorig, z3.Not(s.scap))), "Unsupported"),
+                  (z3.And(a.hasorig, z3.Or(a.p > at(s.kown, a.org), a.p > a.n)), "InvalidRequest"))
+    return on_ok(out, s, s.set(kst=upd(s.kst, a.q, 1), kown=upd(s.kown, a.q, 0),
+                               korig=upd(s.korig, a.q, K.ite(a.hasorig, a.org, -1)),
+                               kpre=upd(s.kpre, a.q, K.ite(a.hasorig, a.p, 0))))
+
+
+def _s13_kv_close(s: St, a: St):
+    """kv_close: the release is queued (it runs in poll); the request is closed."""
+    return on_ok(z3.IntVal(OK), s, s.set(kst=upd(s.kst, a.q, 2)))
+
+
+def _s13_prefix_covered(s: St, o: Any) -> Any:
+    """An open request's read-only prefix is backed by its origin's committed bytes."""
+    return z3.Implies(z3.And(at(s.kst, o) == 1, at(s.korig, o) >= 0), at(s.kown, at(s.korig, o)) >= at(s.kpre, o))
 
 
 def _s13_inv(s: St, o: Any) -> Any:
@@ -957,7 +998,11 @@ def _s13_inv(s: St, o: Any) -> Any:
         z3.Implies(at(s.hexists, o), at(s.hsize, o) > 0),
         z3.Implies(at(s.mlive, o), z3.And(at(s.hexists, h), at(s.msize, o) == at(s.hsize, h))),
         z3.Implies(shared_map, z3.Not(at(s.hfreed, h))),
-        z3.Not(at(s.wro, o)),
+        s.rowrites == 0,
+        # KV prefixes
+        _s13_prefix_covered(s, o), at(s.kown, o) >= 0,
+        z3.Implies(at(s.kst, o) == 0, z3.And(at(s.korig, o) == -1, at(s.kpre, o) == 0)),
+        z3.Implies(z3.And(at(s.kst, o) != 0, at(s.korig, o) >= 0), at(s.kst, at(s.korig, o)) != 0),
         # hmaps[h] counts the live, not copied mappings of h: a keyed prefix-count
         # ghost over dense mapping ids checks it
         z3.Implies(at(s.mlive, o), z3.And(0 <= o, o < s.nm)),
@@ -985,33 +1030,43 @@ def _s13_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
         return z3.And(s2.physical == s.physical, s2.shared == s.shared)
     if name == "release_handle":
         return z3.Implies(out == OK, s2.ret == K.ite(at(s.hmaps, a.h) == 0, at(s.hsize, a.h), 0))
+    if name == "mapping_count":
+        return z3.Implies(out == OK, s2.ret == at(s.hmaps, a.h))
     return z3.BoolVal(True)
 
 
-_MAPARGS = {"m": INT, "size": INT, "where": INT}
-_WHERE = lambda s, a: z3.And(a.where >= 0, a.where <= 3)  # noqa: E731
+_MAPARGS = {"m": INT, "size": INT}
+_DRAWN_MAPPING = lambda s, a: at(s.mlive, a.m)  # noqa: E731  (drawn from the live mappings)
 S13 = Proof(
     *catalog("S13"),
     fields={"page": INT, "capacity": INT, "physical": INT, "foreign": INT, "shared": INT, "private": INT,
             "hexists": BARR, "hsize": ARR, "hreleased": BARR, "hmaps": ARR, "hfreed": BARR,
-            "mlive": BARR, "mh": ARR, "msize": ARR, "mro": BARR, "mpriv": BARR, "wro": BARR, "ret": INT,
-            "PM": ARR2, "nm": INT},
+            "mlive": BARR, "mh": ARR, "msize": ARR, "mro": BARR, "mpriv": BARR, "rowrites": INT, "ret": INT,
+            "PM": ARR2, "nm": INT, "rlive": BARR,
+            "cap": BOOL, "scap": BOOL, "kst": ARR, "kown": ARR, "korig": ARR, "kpre": ARR},
     init=lambda s: z3.And(s.page > 0, s.physical == 0, s.physical <= s.capacity, s.shared == 0, s.private == 0,
                           s.hexists == F0(), s.hmaps == Z0(), s.hfreed == F0(), s.hreleased == F0(),
-                          s.mlive == F0(), s.wro == F0(), s.nm == 0, s.PM == z3.K(z3.IntSort(), Z0())),
+                          s.mlive == F0(), s.rowrites == 0, s.nm == 0, s.PM == z3.K(z3.IntSort(), Z0()),
+                          s.kst == Z0(), s.kown == Z0(), s.korig == z3.K(z3.IntSort(), z3.IntVal(-1)), s.kpre == Z0()),
     inv=_s13_inv, lemmas=_s13_lemmas, step_prop=_s13_prop,
     lemma_doc="a handle's mapping count is at least its live shared mappings (1, or 2 for two distinct ones)",
     # the invariant at the handle a mapping maps (sound: Inv is proved for every object)
     inst=lambda s, o, a: [at(s.mh, o)] + [at(s.mh, a[k]) for k in ("m", "h") if k in a],
     actions=[
         Act("create", {"h": INT, "n": INT, "oom": BOOL}, _s13_create, pre=lambda s, a: z3.Not(at(s.hexists, a.h)), objs=("h",)),
-        Act("map", {"m": INT, "h": INT, "ro": BOOL, "where": INT}, _s13_map,
-            pre=lambda s, a: z3.And(a.m == s.nm, at(s.hexists, a.h), _WHERE(s, a)),
+        Act("map", {"m": INT, "h": INT, "r": INT, "ro": BOOL, "bad": BOOL}, _s13_map,
+            pre=lambda s, a: z3.And(a.m == s.nm, at(s.hexists, a.h)),
             objs=("m", "h")),
-        Act("unmap", _MAPARGS, _s13_unmap, pre=_WHERE, objs=("m",)),
-        Act("copy_on_write", {**_MAPARGS, "oom": BOOL}, _s13_cow, pre=_WHERE, objs=("m",)),
+        Act("unmap", _MAPARGS, _s13_unmap, pre=_DRAWN_MAPPING, objs=("m",)),
+        Act("copy_on_write", {**_MAPARGS, "oom": BOOL}, _s13_cow, pre=_DRAWN_MAPPING, objs=("m",)),
         Act("release_handle", {"h": INT}, _s13_release(True), pre=lambda s, a: at(s.hexists, a.h), objs=("h",)),
         Act("write_through", {"m": INT}, _s13_write, pre=lambda s, a: at(s.mlive, a.m), objs=("m",)),
+        Act("mapping_count", {"h": INT}, _s13_count, pre=lambda s, a: at(s.hexists, a.h), objs=("h",)),
+        Act("free_shared_reservation", {"r": INT, "mapped": BOOL}, _s13_free_res),
+        Act("kv_open", {"q": INT, "n": INT, "org": INT, "p": INT, "hasorig": BOOL}, _s13_kv_open,
+            pre=lambda s, a: z3.And(at(s.kst, a.q) == 0, a.q >= 0, a.p >= 0,
+                                    z3.Implies(a.hasorig, z3.And(a.org >= 0, a.org != a.q, at(s.kst, a.org) == 1)))),
+        Act("kv_close", {"q": INT}, _s13_kv_close, pre=lambda s, a: at(s.kst, a.q) == 1),
     ],
     unguarded=Act("release_handle", {"h": INT}, _s13_release(False), pre=lambda s, a: at(s.hexists, a.h), objs=("h",)),
     guard="physical pages are freed only when the last mapping is gone",
@@ -1281,7 +1336,9 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
     "S12": {"reserve_owned": ("system:reserve_owned",), "kv_open": ("system:kv_open",),
             "commit": ("system:commit_owned",), "decommit": ("system:decommit_owned",), "kv_grow": ("system:kv_grow",),
             "commit_range": ("mechanism:commit_range",), "decommit_range": ("mechanism:decommit_range",)},
-    "S13": {n: (f"mechanism:{n}",) for n in ("create", "map", "unmap", "copy_on_write", "release_handle", "write_through")},
+    "S13": {**{n: (f"mechanism:{n}",) for n in ("create", "map", "unmap", "copy_on_write", "release_handle",
+                                                 "write_through", "mapping_count", "free_shared_reservation")},
+            "kv_open": ("system:kv_open",), "kv_close": ("system:kv_close",)},
     "S14": {"allocate": ("mechanism:allocate",), "free": ("mechanism:deallocate",), "create": ("mechanism:create",),
             "reserve": ("mechanism:reserve",), "shared_reserve": ("mechanism:shared_reserve",),
             "release_reservation": ("mechanism:release_reservation",),
@@ -1309,7 +1366,8 @@ NAMED: dict[str, Any] = {
     "S11": lambda s, o: K.ledger_ok(_ledger(s)),
     "S12": lambda s, r: z3.Implies(at(s.rstate, r) == LIVE, at(s.base, r) == at(s.base0, r)),
     "S13": lambda s, o: z3.And(z3.Implies(_shared_map(s, o), z3.Not(at(s.hfreed, at(s.mh, o)))),
-                               z3.Not(at(s.wro, o))),
+                               s.rowrites == 0,
+                               _s13_prefix_covered(s, o)),
     "S14": lambda s, o: _s14_owns_address(s, o),  # + the step property: a stale handle is rejected
     "S15": lambda s, o: z3.And(at(s.ret, o) <= 1,
                                z3.Implies(_terminal(at(s.tstate, o)), at(s.held, o) == 0)),
