@@ -150,25 +150,31 @@ def _s14_res_project(s: Any, args: dict[str, Any], taken: str) -> Any:
 
 # -- S5: VirtualBacking ----------------------------------------------------
 
+_S5_SYS_EMPTY = {"free": 0, "ostate": (0, {}), "rcap": (False, {}), "osize": (0, {}), "ocb": (0, {}),
+                 "kst": (0, {}), "kcap": (False, {})}
+
+
 def _s5_state(s: Any, ret: int = 0, answer: int = 0) -> tuple[dict[str, Any], Universe]:
     u = Universe()
     res = {r: v for r, v in s.reservations.items() if v.kind == "backing"}
     ix = u.add("res", res)
     u.pages = max([v.size // s.page for v in res.values()] + [0]) + 2
     st = {
-        "cap": s.virtual_backing, "page": s.page, "capacity": s.capacity, "physical": s.physical,
-        "foreign": getattr(s, "foreign_bytes", 0),
+        "cap": s.virtual_backing, "scap": s.shared_mapping, "page": s.page, "capacity": s.capacity,
+        "physical": s.physical, "foreign": s.foreign_bytes,
+        "other": s.eager_bytes + s.shared_bytes + s.private_bytes, "ctot": s.committed_bytes,
+        "absent": s.absent_answered,
         "rlive": (False, {ix[r]: v.live for r, v in res.items()}),
         "rforeign": (False, {ix[r]: v.foreign for r, v in res.items()}),
         "rsize": (0, {ix[r]: v.size for r, v in res.items()}),
         "pc": {ix[r]: set(v.committed) for r, v in res.items()},
         "reported": (0, {ix[r]: v.reported for r, v in res.items()}),
-        "answer": answer, "ret": ret,
+        "answer": answer, "ret": ret, **_S5_SYS_EMPTY,
     }
     return st, u
 
 
-_S5_CMP = ("cap", "physical", "rlive", "rforeign", "rsize", "pc", "reported")
+_S5_CMP = ("cap", "physical", "ctot", "absent", "rlive", "rforeign", "rsize", "pc", "reported")
 
 
 def _s5_span_project(s: Any, args: dict[str, Any], taken: str) -> Any:
@@ -178,8 +184,9 @@ def _s5_span_project(s: Any, args: dict[str, Any], taken: str) -> Any:
 
 
 def _s5_ret_expected(s: Any, u: Universe, value: Any) -> Any:
-    st, u2 = _s5_state(s, ret=value)
-    u2.pages = u.pages
+    st, u2 = _s5_state(s, ret=value if _is_int(value) else 0)
+    _adopt(u, u2)
+    u.pages = max(u.pages, u2.pages)
     return flatten(st, E.S5.fields, _S5_CMP + ("ret",), u)
 
 
@@ -188,6 +195,16 @@ def _s5_release_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     if args["reservation"] not in u.idx["res"]:
         return None
     return st, {"r": u.idx["res"][args["reservation"]]}, u
+
+
+def _s5_reserve_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    from memspec.spec import kernels as K
+
+    st, u = _s5_state(s)
+    size = args["size"]
+    bad = _not_size(size)
+    return st, {"r": _new_slot(u, "res"), "n": s.page if bad else K.round_up(size, s.page), "bad": bad,
+                "oom": taken == "OutOfMemory"}, u
 
 
 def _s5_query_project(s: Any, args: dict[str, Any], taken: str) -> Any:
@@ -311,6 +328,10 @@ MECH_ADAPTERS = [
 ] + [
     Adapter("S5", "query_virtual_backing", "query_virtual_backing", _s5_query_project, _s5_query_expected,
             _S5_CMP + ("answer",)),
+    Adapter("S5", "query_shared_mapping", "query_shared_mapping", _s5_query_project, _s5_query_expected,
+            _S5_CMP + ("answer",)),
+    Adapter("S5", "reserve", "reserve", _s5_reserve_project, _s5_ret_expected, _S5_CMP),
+    Adapter("S5", "committed_bytes", "committed_bytes", _s5_release_project, _s5_ret_expected, _S5_CMP + ("ret",)),
     Adapter("S5", "commit_range", "commit_range", _s5_span_project, _s5_ret_expected, _S5_CMP + ("ret",)),
     Adapter("S5", "decommit_range", "decommit_range", _s5_span_project, _s5_ret_expected, _S5_CMP + ("ret",)),
     Adapter("S5", "release_reservation", "release_reservation", _s5_release_project, _s5_ret_expected, _S5_CMP + ("ret",)),
@@ -630,7 +651,8 @@ def run_all(samples: int = 1000, seed: int = 0, inv_samples: int = 0) -> list[Ag
     """Transition agreement on ``samples`` states per adapter, invariant
     agreement on the first ``inv_samples`` of them."""
     return (run_mechanism(samples, seed, inv_samples) + run_system(samples, seed, inv_samples)
-            + run_small_system(samples, seed, inv_samples) + run_focused(samples, seed, inv_samples))
+            + run_small_system(samples, seed, inv_samples) + run_focused(samples, seed, inv_samples)
+            + run_bare_mechanism(samples, seed, inv_samples))
 
 
 # -- S8: the binding's allocation transaction --------------------------------
@@ -889,6 +911,7 @@ def _small_sys_init() -> Any:
 #: spec actions whose OutOfMemory branch needs a size past the device: reserve_owned
 #: draws at most 8 pages, fewer than the main walk's 16
 SMALL_SYS_ADAPTERS = [a for a in SYS_ADAPTERS if a.spec_action == "reserve_owned" and a.invariant in ("S12", "S14")]
+#: (S5's adapters are appended below, where they are defined)
 
 
 def run_small_system(samples: int, seed: int, inv_samples: int = 0) -> list[AgreementReport]:
@@ -901,7 +924,7 @@ def run_small_system(samples: int, seed: int, inv_samples: int = 0) -> list[Agre
 
 
 def _extra_small(n: int, seed: int, inv: int, ids: set[str]) -> list[AgreementReport]:
-    return run_small_system(n, seed, inv) if ids & {"S12", "S14"} else []
+    return run_small_system(n, seed, inv) if ids & {"S5", "S12", "S14"} else []
 
 
 # -- focused walks: the spec's own machine restricted to a few of its actions -----
@@ -926,7 +949,7 @@ def run_focused(samples: int, seed: int, inv_samples: int = 0) -> list[Agreement
 
     proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS}
     n = max(20, samples // 8)
-    kv = [a for a in SYS_ADAPTERS if a.spec_action == "kv_open" and a.invariant in ("S12", "S13")]
+    kv = [a for a in SYS_ADAPTERS if a.spec_action == "kv_open" and a.invariant in ("S5", "S12", "S13")]
     sh = [a for a in MECH_ADAPTERS if a.spec_action == "free_shared_reservation" and a.invariant in ("S13", "S14")]
     n_kv = max(40, samples // 3)  # an oversized prefix is ~3% of kv_open's draws
     return (walk_and_compare(_Focused(SYSTEM, _KV_FOCUS), _sys_init, kv, proofs, n_kv, seed + 2, _sys_too_big,
@@ -936,7 +959,7 @@ def run_focused(samples: int, seed: int, inv_samples: int = 0) -> list[Agreement
 
 
 def _extra_focused(n: int, seed: int, inv: int, ids: set[str]) -> list[AgreementReport]:
-    return run_focused(n, seed, inv) if ids & {"S12", "S13", "S14"} else []
+    return run_focused(n, seed, inv) if ids & {"S5", "S12", "S13", "S14"} else []
 
 
 EXTRA_WALKS = [_extra_small, _extra_focused]
@@ -990,3 +1013,100 @@ SYS_ADAPTERS += [
     Adapter("S13", "kv_open", "kv_open", _s13_kv_open_project, _s13_sys_expected, _S13_KV_CMP),
     Adapter("S13", "kv_close", "kv_close", _s13_kv_close_project, _s13_sys_expected, _S13_KV_CMP),
 ]
+
+
+# -- S5: the binding's reservations and KV requests need VirtualBacking ---------
+
+def _s5_sys_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
+    u = Universe()
+    res = {r: o for r, o in s.owned.items() if o.kind == "reservation"}
+    ox = u.add("res", res)
+    qx = u.add("kv", s.kv)
+    caps = s.registry.capabilities
+    vb, sm = caps[s.registry.installed]
+    st = {
+        "cap": vb, "scap": sm, "page": s.page, "capacity": s.capacity, "physical": 0, "foreign": 0, "other": 0,
+        "ctot": 0, "absent": 0, "rlive": (False, {}), "rforeign": (False, {}), "rsize": (0, {}), "pc": {},
+        "reported": (0, {}), "answer": 0, "ret": ret, "free": s.free,
+        "ostate": (0, {ox[r]: (E.LIVE if r in s.reservations else E.FREED) for r in res}),
+        "rcap": (False, {ox[r]: caps[o.creator][0] for r, o in res.items()}),
+        "osize": (0, {ox[r]: o.size for r, o in res.items()}),
+        "ocb": (0, {ox[r]: len(o.committed) * s.page for r, o in res.items()}),
+        "kst": (0, {qx[r]: (E.LIVE if q.state == "open" else E.FREED) for r, q in s.kv.items()}),
+        "kcap": (False, {qx[r]: caps[q.creator][0] for r, q in s.kv.items()}),
+    }
+    return st, u
+
+
+def _s5_sys_expected(cmp: tuple[str, ...]) -> Any:
+    def expected(s: Any, u: Universe, value: Any) -> Any:
+        facts = getattr(value, "facts", None)  # commit_owned returns Seen(None, {"bytes": ..., "address": ...})
+        ret = facts.get("bytes", 0) if isinstance(facts, dict) else 0
+        st, u2 = _s5_sys_state(s, ret=ret if _is_int(ret) else 0)
+        _adopt(u, u2)
+        return flatten(st, E.S5.fields, cmp, u)
+    return expected
+
+
+def _s5_reserve_owned_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    from memspec.spec import kernels as K
+
+    st, u = _s5_sys_state(s)
+    size = args["size"]
+    bad = _not_size(size)
+    return st, {"r": _new_slot(u, "res"), "n": s.page if bad else K.round_up(size, s.page), "bad": bad,
+                "oom": taken == "OutOfMemory"}, u
+
+
+def _s5_commit_owned_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s5_sys_state(s)
+    ref, lo, hi = args["span"]
+    o = s.owned[ref]
+    return st, {"r": u.idx["res"][ref], "lo": lo, "hi": hi, "oom": taken == "OutOfMemory",
+                "bad": _s12_bad(s.page, o.size, o.committed, lo, hi, True)}, u
+
+
+def _s5_kv_open_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    _ref, max_bytes, origin, prefix = args["request"]
+    st, u = _s5_sys_state(s)
+    bad = origin is not None and (prefix > s.kv[origin].own or prefix > max_bytes)
+    return st, {"q": _new_slot(u, "kv"), "bad": bad, "prefix": origin is not None}, u
+
+
+_S5_OWN_CMP = ("ostate", "rcap", "osize", "ocb", "free")
+SYS_ADAPTERS += [
+    Adapter("S5", "reserve_owned", "reserve_owned", _s5_reserve_owned_project, _s5_sys_expected(_S5_OWN_CMP),
+            _S5_OWN_CMP),
+    Adapter("S5", "commit_owned", "commit_owned", _s5_commit_owned_project,
+            _s5_sys_expected(_S5_OWN_CMP + ("ret",)), _S5_OWN_CMP + ("ret",)),
+    Adapter("S5", "kv_open", "kv_open", _s5_kv_open_project, _s5_sys_expected(("kst", "kcap")), ("kst", "kcap")),
+]
+
+
+# on a small device reserve_owned may be refused (OutOfMemory) and commit_owned outruns the budget (GrantDenied)
+SMALL_SYS_ADAPTERS += [a for a in SYS_ADAPTERS if a.invariant == "S5" and a.spec_action in ("reserve_owned", "commit_owned")]
+
+
+# -- S5: a mechanism without VirtualBacking or SharedMapping answers None -------
+
+def _bare_mech_init() -> Any:
+    from memspec.spec.mechanism import init
+
+    return init(capacity=12 * PAGE, page=PAGE, virtual_backing=False, shared_mapping=False, ep=True)
+
+
+def run_bare_mechanism(samples: int, seed: int, inv_samples: int = 0) -> list[AgreementReport]:
+    from memspec.spec.mechanism import MECHANISM
+
+    proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS}
+    ads = [a for a in MECH_ADAPTERS if a.invariant == "S5" and a.spec_action.startswith("query_")]
+    n = max(20, samples // 8)
+    return walk_and_compare(MECHANISM, _bare_mech_init, ads, proofs, n, seed + 4, _mech_too_big,
+                            inv_samples=min(inv_samples, n))
+
+
+def _extra_bare(n: int, seed: int, inv: int, ids: set[str]) -> list[AgreementReport]:
+    return run_bare_mechanism(n, seed, inv) if "S5" in ids else []
+
+
+EXTRA_WALKS.append(_extra_bare)

@@ -255,8 +255,28 @@ S4 = Proof(
 
 
 # ==========================================================================
-# S5 no-silent-noop  (mirrors spec/backing.py: commit_range, decommit_range,
-# release_reservation, and spec/mechanism.py: query_virtual_backing)
+# S5 no-silent-noop  (mirrors spec/vmm.py: reserve, commit_range,
+# decommit_range, committed_bytes, release_reservation, reserve_owned,
+# commit_owned; spec/mechanism.py: query_virtual_backing,
+# query_shared_mapping; spec/holders.py: kv_open)
+#
+# The invariant is the spec's own (spec/invariants.py ``_s5_mech`` /
+# ``_s5_sys``): no absent capability was ever answered with an object
+# (``absent``: the spec's ``absent_answered``); the physical bytes the
+# mechanism reported are the pages installed (``physical == other + ctot``,
+# ``other``: eager, shared and private bytes, which no S5 action changes);
+# every live owning reservation and open KV request was made by a mechanism
+# with VirtualBacking (``rcap``/``kcap``).  Each commit/decommit changes the
+# reservation's reported bytes, the total and ``physical`` by exactly
+# ``end - start`` and returns it (a step property); ``committed_bytes``
+# answers the bytes the commits reported.  Nothing here needs a page count:
+# the page set ``pc`` decides only the guards, so the machine holds for a
+# symbolic page with no lemma.  VirtualBacking's methods exist only on a
+# mechanism that has it (``requires``), so their domain is ``cap``; the
+# explicit refusal without it is the system level's (reserve_owned,
+# kv_open: Unsupported).  Sizes that are not sizes, a misaligned or
+# already-committed owned range, an oversized prefix are the argument ``bad``;
+# an OutOfMemory the spec allows is ``oom``.
 # ==========================================================================
 
 def _in_range(p: Any, lo: Any, hi: Any, page: Any) -> Any:
@@ -283,29 +303,35 @@ def _s5_handle_errors(s: St, r: Any) -> list:
     return [(at(s.rforeign, r), "ForeignAllocation"), (z3.Not(at(s.rlive, r)), "StaleHandle")]
 
 
-def _s5_query(s: St, a: St):
-    return on_ok(z3.IntVal(OK), s, s.set(answer=K.ite(s.cap, 1, 0)))
-
-
-def _s5_commit(check: bool):
+def _s5_query(which: str, check: bool):
+    """A capability query: the object when present, ``None`` when absent (the
+    guard); a stub answered for an absent capability is counted in ``absent``."""
     def step(s: St, a: St):
-        n = a.hi - a.lo
-        pg = z3.Int("pg")
-        row = at(s.pc, a.r)
-        new_row = z3.Lambda([pg], z3.Or(at(row, pg), _in_range(pg, a.lo, a.hi, s.page)))
-        ok = s.set(pc=upd(s.pc, a.r, new_row), reported=upd(s.reported, a.r, at(s.reported, a.r) + n),
-                   physical=s.physical + n, ret=n)
-        errors = _s5_handle_errors(s, a.r) + [
-            (z3.Not(K.range_ok(a.lo, a.hi, at(s.rsize, a.r), s.page)), "InvalidRange"),
-            (_some_page(s, a.r, a.lo, a.hi, True), "InvalidRange"),
-            (_oom(s, n, a.oom), "OutOfMemory"),
-        ]
-        if check:
-            return on_ok(outcome((z3.Not(s.cap), "Unsupported"), *errors), s, ok)
-        # the default method of a mechanism without backing: Ok(()) and nothing happens
-        out = outcome(*[(z3.And(s.cap, c), e) for c, e in errors])
-        return out, merge(out == OK, merge(s.cap, ok, s.set(ret=0)), s)
+        present = s[which]
+        answer = K.ite(present, 1, 0) if check else z3.IntVal(1)
+        return on_ok(z3.IntVal(OK), s, s.set(answer=answer,
+                                             absent=s.absent + K.ite(z3.And(z3.Not(present), answer == 1), 1, 0)))
     return step
+
+
+def _s5_reserve(s: St, a: St):
+    out = outcome((a.bad, "InvalidRequest"), (a.oom, "OutOfMemory"))
+    return on_ok(out, s, s.set(rlive=upd(s.rlive, a.r, True), rforeign=upd(s.rforeign, a.r, False),
+                               rsize=upd(s.rsize, a.r, a.n), reported=upd(s.reported, a.r, 0),
+                               pc=upd(s.pc, a.r, z3.K(z3.IntSort(), z3.BoolVal(False)))))
+
+
+def _s5_commit(s: St, a: St):
+    n = a.hi - a.lo
+    pg = z3.Int("pg")
+    row = at(s.pc, a.r)
+    new_row = z3.Lambda([pg], z3.Or(at(row, pg), _in_range(pg, a.lo, a.hi, s.page)))
+    out = outcome(*_s5_handle_errors(s, a.r),
+                  (z3.Not(K.range_ok(a.lo, a.hi, at(s.rsize, a.r), s.page)), "InvalidRange"),
+                  (_some_page(s, a.r, a.lo, a.hi, True), "InvalidRange"),
+                  (_oom(s, n, a.oom), "OutOfMemory"))
+    return on_ok(out, s, s.set(pc=upd(s.pc, a.r, new_row), reported=upd(s.reported, a.r, at(s.reported, a.r) + n),
+                               physical=s.physical + n, ctot=s.ctot + n, ret=n))
 
 
 def _s5_decommit(s: St, a: St):
@@ -313,75 +339,102 @@ def _s5_decommit(s: St, a: St):
     pg = z3.Int("pg")
     row = at(s.pc, a.r)
     new_row = z3.Lambda([pg], z3.And(at(row, pg), z3.Not(_in_range(pg, a.lo, a.hi, s.page))))
-    out = outcome((z3.Not(s.cap), "Unsupported"), *_s5_handle_errors(s, a.r),
+    out = outcome(*_s5_handle_errors(s, a.r),
                   (z3.Not(K.range_ok(a.lo, a.hi, at(s.rsize, a.r), s.page)), "InvalidRange"),
                   (_some_page(s, a.r, a.lo, a.hi, False), "InvalidRange"))
     return on_ok(out, s, s.set(pc=upd(s.pc, a.r, new_row), reported=upd(s.reported, a.r, at(s.reported, a.r) - n),
-                               physical=s.physical - n, ret=n))
+                               physical=s.physical - n, ctot=s.ctot - n, ret=n))
+
+
+def _s5_committed_bytes(s: St, a: St):
+    out = outcome(*_s5_handle_errors(s, a.r))
+    return on_ok(out, s, s.set(ret=at(s.reported, a.r)))
 
 
 def _s5_release(s: St, a: St):
     n = at(s.reported, a.r)
-    out = outcome((z3.Not(s.cap), "Unsupported"), *_s5_handle_errors(s, a.r))
+    out = outcome(*_s5_handle_errors(s, a.r))
     return on_ok(out, s, s.set(pc=upd(s.pc, a.r, z3.K(z3.IntSort(), z3.BoolVal(False))), reported=upd(s.reported, a.r, 0),
-                               physical=s.physical - n, rlive=upd(s.rlive, a.r, False), ret=n))
+                               physical=s.physical - n, ctot=s.ctot - n, rlive=upd(s.rlive, a.r, False), ret=n))
 
 
-def _span_lemma(page: int) -> Any:
-    lo, hi = z3.Ints("lo hi")
-    return z3.Implies(K.range_ok(lo, hi, hi, page), K.page_span(lo, hi, page) == hi - lo)
+def _s5_reserve_owned(check: bool):
+    """The binding's reserve: without the installed mechanism's VirtualBacking,
+    Unsupported (the guard); the reservation records whether its creator has it."""
+    def step(s: St, a: St):
+        out = outcome(*([(z3.Not(s.cap), "Unsupported")] if check else []), (a.bad, "InvalidRequest"),
+                      (a.oom, "OutOfMemory"))
+        return on_ok(out, s, s.set(ostate=upd(s.ostate, a.r, LIVE), rcap=upd(s.rcap, a.r, s.cap),
+                                   osize=upd(s.osize, a.r, a.n), ocb=upd(s.ocb, a.r, 0)))
+    return step
 
 
-def _s5_lemmas(s: St, o: Any, a: St) -> Any:
-    """``reported[r]`` is ``page`` times the number of committed pages of r and
-    ``physical`` the sum of ``reported`` (ghost sums the actions maintain by the
-    exact change): so each is >= 0, each reservation's is <= physical, and a
-    legal range whose pages are all committed counts for its whole length."""
-    facts = [at(s.reported, o) >= 0, at(s.reported, o) <= s.physical]
-    if "r" in a and "lo" in a:
-        all_committed = z3.Not(_some_page(s, a.r, a.lo, a.hi, False))
-        facts.append(z3.Implies(z3.And(K.range_ok(a.lo, a.hi, at(s.rsize, a.r), s.page), all_committed),
-                                at(s.reported, a.r) >= a.hi - a.lo))
-    return z3.And(*facts)
+def _s5_commit_owned(s: St, a: St):
+    n = a.hi - a.lo
+    out = outcome((z3.Or(a.bad, a.hi > at(s.osize, a.r)), "InvalidRange"), (n > s.free, "GrantDenied"),
+                  (a.oom, "OutOfMemory"))
+    return on_ok(out, s, s.set(ocb=upd(s.ocb, a.r, at(s.ocb, a.r) + n), free=s.free - n, ret=n))
+
+
+def _s5_kv_open(s: St, a: St):
+    out = outcome((z3.Or(z3.Not(s.cap), z3.And(a.prefix, z3.Not(s.scap))), "Unsupported"), (a.bad, "InvalidRequest"))
+    return on_ok(out, s, s.set(kst=upd(s.kst, a.q, LIVE), kcap=upd(s.kcap, a.q, s.cap)))
+
+
+def _s5_named(s: St, o: Any) -> Any:
+    """The spec's S5 (both levels), at object ``o``."""
+    return z3.And(s.absent == 0, s.physical == s.other + s.ctot,
+                  z3.Implies(at(s.ostate, o) == LIVE, at(s.rcap, o)), z3.Implies(at(s.kst, o) == LIVE, at(s.kcap, o)))
 
 
 def _s5_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
-    if name == "query_virtual_backing":  # explicit absence
-        return s2.answer == K.ite(s.cap, 1, 0)
+    if name in ("query_virtual_backing", "query_shared_mapping"):  # explicit absence
+        return s2.answer == K.ite(s["cap" if name == "query_virtual_backing" else "scap"], 1, 0)
     if name in ("commit_range", "decommit_range"):
         sign = 1 if name == "commit_range" else -1
         delta = at(s2.reported, a.r) - at(s.reported, a.r)
-        return z3.And(
-            z3.Implies(out == OK, z3.And(s2.ret == a.hi - a.lo, s2.ret > 0, delta == sign * s2.ret,
-                                         s2.physical - s.physical == sign * s2.ret)),
-            z3.Implies(z3.Not(s.cap), out == code_of("Unsupported")))
+        return z3.Implies(out == OK, z3.And(s2.ret == a.hi - a.lo, s2.ret > 0, delta == sign * s2.ret,
+                                            s2.physical - s.physical == sign * s2.ret, s2.ctot - s.ctot == sign * s2.ret))
+    if name == "commit_owned":
+        return z3.Implies(out == OK, z3.And(s2.ret == a.hi - a.lo, at(s2.ocb, a.r) - at(s.ocb, a.r) == s2.ret))
+    if name == "committed_bytes":
+        return z3.Implies(out == OK, s2.ret == at(s.reported, a.r))
+    if name == "release_reservation":
+        return z3.Implies(out == OK, z3.And(s2.ret == at(s.reported, a.r), s.physical - s2.physical == s2.ret))
     return z3.BoolVal(True)
 
 
 _SPAN = {"r": INT, "lo": INT, "hi": INT}
 _SPAN_OOM = {**_SPAN, "oom": BOOL}
+_CAP = lambda s, a: s.cap  # noqa: E731  (VirtualBacking's methods exist only when it is provided)
+_S5_RES = {"r": INT, "n": INT, "bad": BOOL, "oom": BOOL}
 S5 = Proof(
     *catalog("S5"),
-    fields={"cap": BOOL, "page": INT, "capacity": INT, "physical": INT, "foreign": INT, "rlive": BARR, "rforeign": BARR,
-            "rsize": ARR, "pc": ARR2B, "reported": ARR, "answer": INT, "ret": INT},
-    init=lambda s: z3.And(s.page > 0, s.capacity >= 0, s.physical == 0, s.rlive == F0(),
-                          s.reported == Z0(), s.pc == z3.K(z3.IntSort(), z3.K(z3.IntSort(), z3.BoolVal(False)))),
-    inv=lambda s, r: z3.And(s.page > 0, s.physical <= s.capacity, s.physical >= 0),
-    lemmas=_s5_lemmas,
+    fields={"cap": BOOL, "scap": BOOL, "page": INT, "capacity": INT, "physical": INT, "foreign": INT, "other": INT,
+            "ctot": INT, "absent": INT, "rlive": BARR, "rforeign": BARR, "rsize": ARR, "pc": ARR2B, "reported": ARR,
+            "answer": INT, "ret": INT, "free": INT, "ostate": ARR, "rcap": BARR, "osize": ARR, "ocb": ARR,
+            "kst": ARR, "kcap": BARR},
+    init=lambda s: z3.And(s.page > 0, s.capacity >= 0, s.physical == 0, s.other == 0, s.ctot == 0, s.absent == 0,
+                          s.rlive == F0(), s.reported == Z0(), s.ostate == Z0(), s.kst == Z0(),
+                          s.pc == z3.K(z3.IntSort(), z3.K(z3.IntSort(), z3.BoolVal(False)))),
+    inv=lambda s, r: z3.And(s.page > 0, _s5_named(s, r)),
     actions=[
-        Act("query_virtual_backing", {}, _s5_query),
-        Act("commit_range", _SPAN_OOM, _s5_commit(True), objs=("r",)),
-        Act("decommit_range", _SPAN, _s5_decommit, objs=("r",)),
-        Act("release_reservation", {"r": INT}, _s5_release, objs=("r",)),
+        Act("query_virtual_backing", {}, _s5_query("cap", True)),
+        Act("query_shared_mapping", {}, _s5_query("scap", True)),
+        Act("reserve", _S5_RES, _s5_reserve, pre=lambda s, a: z3.And(s.cap, z3.Not(at(s.rlive, a.r)))),
+        Act("commit_range", _SPAN_OOM, _s5_commit, pre=_CAP),
+        Act("decommit_range", _SPAN, _s5_decommit, pre=_CAP),
+        Act("committed_bytes", {"r": INT}, _s5_committed_bytes, pre=_CAP),
+        Act("release_reservation", {"r": INT}, _s5_release, pre=_CAP),
+        Act("reserve_owned", _S5_RES, _s5_reserve_owned(True), pre=lambda s, a: at(s.ostate, a.r) == NONE),
+        Act("commit_owned", {**_SPAN, "bad": BOOL, "oom": BOOL}, _s5_commit_owned,
+            pre=lambda s, a: at(s.ostate, a.r) == LIVE),
+        Act("kv_open", {"q": INT, "bad": BOOL, "prefix": BOOL}, _s5_kv_open, pre=lambda s, a: at(s.kst, a.q) == NONE),
     ],
-    unguarded=Act("commit_range", _SPAN_OOM, _s5_commit(False), objs=("r",)),
-    guard="without VirtualBacking a commit raises Unsupported (no successful no-op)",
+    unguarded=Act("reserve_owned", _S5_RES, _s5_reserve_owned(False), pre=lambda s, a: at(s.ostate, a.r) == NONE),
+    guard="reserve through the binding needs the installed mechanism's VirtualBacking (else Unsupported), never "
+          "a reservation no commit can back",
     step_prop=_s5_prop,
-    # the range is page aligned, so its bytes are exactly its page-rounded span
-    # (linear for a fixed page: proved for the page sizes the project uses)
-    bounded="page symbolic everywhere except the lemma page_span(lo, hi) == hi - lo for aligned ranges, proved "
-            "for pages 512 B, 4 KiB, 64 KiB, 2 MiB, 20 MiB (with a symbolic page it is nonlinear: Z3 answers unknown)",
-    lemmas_proved=[(f"page_span==hi-lo @page={pg}", _span_lemma(pg)) for pg in (512, 4096, 65536, 2 << 20, 20 << 20)],
     bmc_depth=1,
 )
 
@@ -1321,8 +1374,9 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
                                                     "system:allocate_owned")},
     "S4": {"allocate": ("system:allocate_owned",), "use": ("system:use",), "drop": ("system:drop",),
            "progress": ("system:synchronize",), "poll": ("system:poll",)},
-    "S5": {"query_virtual_backing": ("mechanism:query_virtual_backing",), "commit_range": ("mechanism:commit_range",),
-           "decommit_range": ("mechanism:decommit_range",), "release_reservation": ("mechanism:release_reservation",)},
+    "S5": {**{n: (f"mechanism:{n}",) for n in ("query_virtual_backing", "query_shared_mapping", "reserve", "commit_range",
+                                                "decommit_range", "committed_bytes", "release_reservation")},
+           **{n: (f"system:{n}",) for n in ("reserve_owned", "commit_owned", "kv_open")}},
     "S6": {"load": ("system:load_weight",), "issue": ("system:issue_ticket",), "respond": ("system:respond",),
            "cancel": ("system:cancel_ticket",)},
     "S7": {"allocate": ("system:allocate_owned",), "use": ("system:use",), "drop": ("system:drop",),
@@ -1357,7 +1411,7 @@ NAMED: dict[str, Any] = {
     "S2": lambda s, h: at(s.committed, h) <= at(s.charge, h),
     "S3": lambda s, d: z3.Implies(at(s.snapgen, d) == at(s.gen, d), at(s.snap, d) == at(s.inst, d)),
     "S4": lambda s, o: z3.Implies(at(s.astate, o) == FREED, _fences_done(s, o)),
-    "S5": lambda s, r: z3.BoolVal(True),  # a step property: a successful commit changes exactly the range
+    "S5": _s5_named,  # + the step properties: a successful commit changes exactly the range
     "S6": lambda s, o: at(s.charge, o) >= 0,
     "S7": lambda s, o: z3.BoolVal(True),  # a step property: drop enqueues, never frees or synchronizes
     "S8": lambda s, o: z3.And(s.granted == 0, s.charged == s.sumfp),
