@@ -34,7 +34,7 @@ def _agreement(samples: int, inv_samples: int, seed: int) -> list[Any]:
 def _seed000_record(p: Any, r: Any, reps: list[Any], branch_sets: dict[str, list[str]]) -> dict[str, Any]:
     from memspec.invariants.proofs_catalog import declared, encoded
 
-    dec, enc = declared(p.id), encoded(p)
+    dec, enc = declared(getattr(p, "declared_by", p.id)), encoded(p)  # G1 is on S15's machine
     mine = [x for x in reps if x.invariant == p.id]
     inv_n = sum(x.inv_samples for x in mine)
     inv_bad = [m for x in mine for m in x.inv_disagreements]
