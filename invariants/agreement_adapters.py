@@ -485,7 +485,7 @@ def run_tickets(samples: int, seed: int, inv_samples: int = 0) -> list[Agreement
     visits is a reachable SYSTEM state: a subset of its actions from its init)."""
     from memspec.spec.system import SYSTEM
 
-    proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS}
+    proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS + E.MORE_PROOFS}
     ads = [a for inv in ("S15", "G1") if inv in proofs for a in _s15_adapters(inv)]
     return walk_and_compare(_Restricted(SYSTEM, _TICKET_WALK), _tickets_init, ads, proofs, samples, seed + 15,
                             _sys_too_big, inv_samples=inv_samples)
