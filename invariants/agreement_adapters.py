@@ -457,6 +457,9 @@ def _s15_adapters(inv: str) -> list[Adapter]:
     ]
 
 
+#: S15's and G1's adapters (one machine, two properties), sampled by :func:`run_tickets`
+TICKET_ADAPTERS = _s15_adapters("S15") + _s15_adapters("G1")
+
 #: the ticket protocol's actions and what it needs (resident cold weights to release): the walk
 #: that samples S15 and G1 runs on these, so that granted tickets (claim ok) are common
 _TICKET_WALK = ("issue_ticket", "respond", "claim", "cancel_ticket", "expire", "reconfigure", "load_weight",
@@ -486,7 +489,7 @@ def run_tickets(samples: int, seed: int, inv_samples: int = 0) -> list[Agreement
     from memspec.spec.system import SYSTEM
 
     proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS + E.MORE_PROOFS}
-    ads = [a for inv in ("S15", "G1") if inv in proofs for a in _s15_adapters(inv)]
+    ads = [a for a in TICKET_ADAPTERS if a.invariant in proofs]
     return walk_and_compare(_Restricted(SYSTEM, _TICKET_WALK), _tickets_init, ads, proofs, samples, seed + 15,
                             _sys_too_big, inv_samples=inv_samples)
 

@@ -348,7 +348,7 @@ def realize(level: str, wanted: list[Goal], *, steps: int = 3000, seed: int = 0,
                 pool = needy if needy and rng.random() < 0.7 else avail
                 act = rng.choices(pool, weights=[a.weight for a in pool])[0]
                 best = None
-                for _try in range(6):
+                for _try in range(4):
                     args = act.draw_args(run.state, chooser)
                     outs = act.step(run.state, **args)
                     hits = []
@@ -401,16 +401,37 @@ class Seed000Replay:
     detail: str
 
 
-def replay_seed000(target: str, trace: Seed000Trace, timeout: float = 5.0) -> Seed000Replay:
-    """Run the trace on ``target`` under the harness; the last step must end as on the reference."""
-    from memspec.invariants import harness as H
-    from memspec.invariants.repro import replay as harness_replay
+_PLANS: dict[tuple[str, str], Any] = {}
 
+
+def _plan(target: str, level: str, timeout: float) -> Any:
+    from memspec.invariants.planning import make_plan
+
+    key = (target, level)
+    if key not in _PLANS:
+        _PLANS[key] = make_plan(target, level, capacity=SEED000_CAPACITY, timeout=timeout)
+    return _PLANS[key]
+
+
+def replay_seed000(target: str, trace: Seed000Trace, timeout: float = 5.0) -> Seed000Replay:
+    """Run the trace on a fresh instance of ``target`` under the harness (as
+    :func:`memspec.invariants.repro.replay`, one plan per target and level);
+    the last step must end as on the reference."""
+    from memspec.invariants import engine as E
+    from memspec.invariants.guard import CallGuard
+
+    plan = _plan(target, trace.goal.level, timeout)
+    run = None
     try:
-        run = harness_replay(target, trace.goal.level, [(a, args, []) for a, args in trace.steps],
-                             capacity=SEED000_CAPACITY, timeout=timeout)
-    except H.Violation as v:
+        run = E.Run(plan, CallGuard(timeout))
+        for name, args in trace.steps:
+            run.apply(plan.machine.action(name), dict(args), [])
+        run.teardown()
+    except E.Violation as v:
         return Seed000Replay(trace, target, False, f"{v.invariant} [{v.cause}] {v.reason}")
+    finally:
+        if run is not None:
+            run.close()
     last = _outcome_name(run.trace[-1]) if run.trace else ""
     if last != trace.expect:
         return Seed000Replay(trace, target, False, f"last step {last}, the spec's branch on the reference was "
