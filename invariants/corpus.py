@@ -16,9 +16,10 @@ What the corpus holds:
   and every encoded action with a spec counterpart (the agreement adapters
   of :mod:`memspec.invariants.agreement_adapters`), one trace per outcome
   branch Z3 finds for it (:func:`memspec.invariants.proofs.branches`), and
-  one per unguarded variant: a step where the guarded encoding refuses and
-  the unguarded one (the guard removed) accepts -- the step Z3's
-  refutation turns on.
+  one per unguarded variant: a step where removing the guard changes what
+  the encoding does (the guarded action refuses where the unguarded one
+  accepts, or both accept with different next states) -- the step Z3's
+  refutation of the unguarded variant turns on.
 
 How a seed-000 trace is found (:func:`realize`): the encodings are abstract
 machines, so a trace is realized at the spec level by a walk of the spec
@@ -306,6 +307,64 @@ class _Evaluator:
             return None
 
 
+    def differs(self, ad: Any, guarded: Any, unguarded: Any, state: Any, args: dict[str, Any],
+                taken: str) -> str | None:
+        """Where removing the guard changes what the encoding does here: the
+        guarded outcome (``"refused: <error>"``), or ``"effect"`` when both
+        accept but the next states differ; ``None`` where the guard is idle.
+        One closed formula per (proof, universe), decided by substitution."""
+        import z3
+
+        from memspec.invariants.agreement import Compiled
+        from memspec.invariants.proofs import ARR, BARR, BOOL, INT, _args, fresh
+
+        try:
+            pr = ad.project(state, args, taken)
+        except Exception:  # noqa: BLE001
+            return None
+        if pr is None:
+            return None
+        enc_state, enc_args, u = pr
+        p = self.proofs[ad.invariant]
+        key = ("diff", p.id, id(guarded), id(unguarded), u.nobj)
+        c = self.cache.get(key)
+        if c is None:
+            st, a = fresh(p.fields, "gd"), _args(guarded, "gd")
+            og, sg = guarded.step(st, a)
+            ou, su = unguarded.step(st, a)
+            diffs = []
+            for f, k in p.fields.items():
+                if k in (INT, BOOL):
+                    diffs.append(sg[f] != su[f])
+                elif k in (ARR, BARR):
+                    diffs += [z3.Select(sg[f], i) != z3.Select(su[f], i) for i in range(u.nobj)]
+            c = self.cache[key] = (st, a, og, ou, z3.Or(og != ou, *diffs))
+        st, a, og, ou, expr = c
+        subs = [(st[f], concrete(k, enc_state[f])) for f, k in p.fields.items()]
+        subs += [(a[n], concrete(k, enc_args[n])) for n, k in guarded.params.items()]
+        try:
+            if not Compiled._truth(z3.substitute(expr, *subs)):
+                return None
+            go = z3.simplify(z3.substitute(og, *subs))
+            uo = z3.simplify(z3.substitute(ou, *subs))
+        except Exception:  # noqa: BLE001
+            return None
+        if not (z3.is_int_value(go) and z3.is_int_value(uo)):
+            return None
+        from memspec.invariants.proofs import OUTCOMES
+
+        gname, uname = OUTCOMES[go.as_long()], OUTCOMES[uo.as_long()]
+        if gname != uname:
+            return f"refused: {gname}" if uname == "ok" else None
+        return "effect"
+
+
+def concrete(kind: str, value: Any) -> Any:
+    from memspec.invariants.proofs import concrete as lit
+
+    return lit(kind, value)
+
+
 def _permitted(outs: Any) -> list[str]:
     from memspec.invariants.agreement import outcome_name
 
@@ -356,13 +415,14 @@ def realize(level: str, wanted: list[Goal], *, steps: int = 3000, seed: int = 0,
                         for g, ad, enc in by_spec.get(act.name, []):
                             if g in found:
                                 continue
-                            got = ev.outcome(ad, enc, run.state, args, taken)
                             if g.kind == "unguarded":
-                                ok_guarded = ev.outcome(ad, ev.proofs[g.invariant].action(g.action), run.state,
-                                                        args, taken)
-                                if got == "ok" and ok_guarded not in (None, "ok"):
-                                    hits.append((g, taken, ok_guarded))
-                            elif got == g.branch:
+                                guarded = ev.proofs[g.invariant].action(g.action)
+                                d = ev.differs(ad, guarded, enc, run.state, args, taken)
+                                if d is not None:
+                                    hits.append((g, taken, d))
+                                continue
+                            got = ev.outcome(ad, enc, run.state, args, taken)
+                            if got == g.branch:
                                 hits.append((g, taken, got))
                     if best is None or hits:
                         best = (args, hits)
