@@ -1,7 +1,8 @@
 """``memspec prove``: Z3 inductive proofs of the spec's invariants.
 
-One row per invariant (S1-S15, C1-C9), and "proved" only when all of these
-hold (DESIGN.md, *What "proved" must mean*):
+One row per invariant (S1-S15, C1-C9), plus G1 (configuration generations,
+on S15's machine) and P1 (progress, :mod:`memspec.invariants.proofs_progress`),
+and "proved" only when all of these hold (DESIGN.md, *What "proved" must mean*):
 
 * the inductive proof passes with nothing assumed (a lemma not derived from
   the invariant makes it *conditional*);
