@@ -502,16 +502,17 @@ def _s11_refund_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     return st, {"l": u.idx["lease"][args["lease"]]}, u
 
 
-# -- S15: pressure tickets --------------------------------------------------
+# -- S15 / G1: pressure tickets and configuration generations ----------------
 
 _TSTATE = {"pending": E.T_PENDING, "granted": E.T_GRANTED, "claimed": E.T_CLAIMED, "cancelled": E.T_CANCELLED,
-           "timed_out": E.T_TIMED_OUT}
+           "timed_out": E.T_TIMED_OUT, "failed": E.T_FAILED}
 
 
 def _s15_state(s: Any, out_bytes: int = 0) -> tuple[dict[str, Any], Universe]:
     u = Universe()
     tx = u.add("ticket", s.tickets)
     ts = s.tickets
+    order = [tk for _r, tk in sorted(ts.items())]
     st = {
         "cap": s.capacity, "free": s.free, "granted": s.granted, "charged": s.charged,
         "tstate": (0, {tx[r]: _TSTATE.get(t.state, 9) for r, t in ts.items()}),
@@ -519,13 +520,16 @@ def _s15_state(s: Any, out_bytes: int = 0) -> tuple[dict[str, Any], Universe]:
         "ret": (0, {tx[r]: t.returns for r, t in ts.items()}),
         "amount": (0, {tx[r]: t.amount for r, t in ts.items()}),
         "deadline": (0, {tx[r]: t.deadline for r, t in ts.items()}),
-        "sumheld": s.tickets_held, "sumgr": s.open_grants, "out_bytes": out_bytes,
-        "nt": len(ts), "PT": prefix_values([tk.held for _r, tk in sorted(ts.items())]),
+        "tgen": (0, {tx[r]: t.generation for r, t in ts.items()}),
+        "gen": s.generation,
+        "sumheld": s.tickets_held, "sumgr": s.open_grants, "out_bytes": out_bytes, "nt": len(ts),
+        "PP": prefix_values([tk.held if tk.state == "pending" else 0 for tk in order]),
+        "PN": prefix_values([tk.held if tk.state == "granted" else 0 for tk in order]),
     }
     return st, u
 
 
-_S15_CMP = ("cap", "free", "granted", "charged", "tstate", "held", "ret", "amount", "deadline")
+_S15_CMP = ("cap", "free", "granted", "charged", "tstate", "held", "ret", "amount", "deadline", "tgen", "gen")
 
 
 def _s15_expected(s: Any, u: Universe, value: Any) -> Any:
@@ -533,6 +537,12 @@ def _s15_expected(s: Any, u: Universe, value: Any) -> Any:
     st, u2 = _s15_state(s, out_bytes=n if _is_int(n) else 0)
     _adopt(u, u2)
     return flatten(st, E.S15.fields, _S15_CMP + ("out_bytes",), u)
+
+
+def _s15_plain_expected(s: Any, u: Universe, value: Any) -> Any:
+    st, u2 = _s15_state(s)
+    _adopt(u, u2)
+    return flatten(st, E.S15.fields, _S15_CMP, u)
 
 
 def _s15_issue_project(s: Any, args: dict[str, Any], taken: str) -> Any:
@@ -546,6 +556,106 @@ def _s15_issue_project(s: Any, args: dict[str, Any], taken: str) -> Any:
 def _s15_ticket_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     st, u = _s15_state(s)
     return st, {"t": u.idx["ticket"][args["ticket"]]}, u
+
+
+def _s15_respond_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    """A holder's answer: ``r`` is what its releases refunded -- the value the
+    step returns, filled in by :func:`_s15_respond_expected`.  Skipped when
+    releases are already queued: the answer runs those too (other holders'
+    refunds, outside the encoding)."""
+    if s.queue and taken == "ok":
+        return None
+    st, u = _s15_state(s)
+    enc_args = {"t": u.idx["ticket"][args["answer"][0]], "r": 0}
+    u.enc_args = enc_args  # type: ignore[attr-defined]
+    return st, enc_args, u
+
+
+def _s15_respond_expected(s: Any, u: Universe, value: Any) -> Any:
+    u.enc_args["r"] = value["released"]  # type: ignore[attr-defined]
+    return _s15_plain_expected(s, u, value)
+
+
+def _due(s: Any, now: Any) -> list[int]:
+    t_now, live = now
+    return [r for r in live if 0 < s.tickets[r].deadline <= t_now]
+
+
+def _s15_expire_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    """The spec times out every due ticket; the encoding one ticket ``t``: the
+    due one (ok), or -- when none is due -- a terminal ticket (InvalidTicket)
+    or a live one not due (InvalidRequest), alternating with the clock.
+    Skipped when several are due (several encoded steps)."""
+    due = _due(s, args["now"])
+    if len(due) > 1 or not s.tickets:
+        return None
+    st, u = _s15_state(s)
+    if due:
+        t = due[0]
+    else:
+        terminal = sorted(r for r, tk in s.tickets.items() if _TSTATE[tk.state] in (3, 4, 5, 6))
+        live = sorted(r for r in s.tickets if r not in terminal)
+        pool = (terminal or live) if args["now"][0] % 2 == 0 else (live or terminal)
+        t = pool[len(s.tickets) % len(pool)]
+    return st, {"t": u.idx["ticket"][t], "now": args["now"][0]}, u
+
+
+def _s15_expire_permit(value: Any, enc_args: dict[str, Any]) -> set[str]:
+    return {"ok"} if len(tuple(value)) == 1 else {"InvalidTicket", "InvalidRequest"}
+
+
+def _s15_reconfigure_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s15_state(s)
+    return st, {}, u
+
+
+def _s15_adapters(inv: str) -> list[Adapter]:
+    return [
+        Adapter(inv, "issue_ticket", "issue_ticket", _s15_issue_project, _s15_plain_expected, _S15_CMP),
+        Adapter(inv, "respond", "respond", _s15_respond_project, _s15_respond_expected, _S15_CMP),
+        Adapter(inv, "claim", "claim", _s15_ticket_project, _s15_expected, _S15_CMP + ("out_bytes",)),
+        Adapter(inv, "cancel_ticket", "cancel_ticket", _s15_ticket_project, _s15_expected, _S15_CMP + ("out_bytes",)),
+        Adapter(inv, "expire", "expire", _s15_expire_project, _s15_plain_expected, _S15_CMP,
+                permit=_s15_expire_permit),
+        Adapter(inv, "reconfigure", "reconfigure", _s15_reconfigure_project, _s15_plain_expected, _S15_CMP),
+    ]
+
+
+#: S15's and G1's adapters (one machine, two properties), sampled by :func:`run_tickets`
+TICKET_ADAPTERS = _s15_adapters("S15") + _s15_adapters("G1")
+
+#: the ticket protocol's actions and what it needs (resident cold weights to release): the walk
+#: that samples S15 and G1 runs on these, so that granted tickets (claim ok) are common
+_TICKET_WALK = ("issue_ticket", "respond", "claim", "cancel_ticket", "expire", "reconfigure", "load_weight",
+                "set_hot", "unload_weight")
+
+
+def _tickets_init() -> Any:
+    """SYSTEM's init, then ModelResidency loads two cold weights (spec steps, so
+    the state is reachable): a holder then has bytes to release for a ticket."""
+    from memspec.spec.selfcheck import drive
+    from memspec.spec.system import SYSTEM
+
+    s = _sys_init()
+    for name in ("w1", "w2"):
+        drive(SYSTEM, s, "load_weight", weight=(name, False, s.weights[name].pages * s.page))
+    return s
+
+
+class _Restricted:
+    def __init__(self, machine: Any, names: tuple[str, ...]) -> None:
+        self.actions = [a for a in machine.actions if a.name in names]
+
+
+def run_tickets(samples: int, seed: int, inv_samples: int = 0) -> list[AgreementReport]:
+    """S15 and G1 on the ticket protocol's actions of SYSTEM (every state it
+    visits is a reachable SYSTEM state: a subset of its actions from its init)."""
+    from memspec.spec.system import SYSTEM
+
+    proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS + E.MORE_PROOFS}
+    ads = [a for a in TICKET_ADAPTERS if a.invariant in proofs]
+    return walk_and_compare(_Restricted(SYSTEM, _TICKET_WALK), _tickets_init, ads, proofs, samples, seed + 15,
+                            _sys_too_big, inv_samples=inv_samples)
 
 
 # -- S10: destroy_context ----------------------------------------------------
@@ -625,9 +735,6 @@ SYS_ADAPTERS = [
     Adapter("S11", "commit", "commit", _s11_commit_project, _s11_expected, _S11_CMP),
     Adapter("S11", "cancel", "cancel", _s11_cancel_project, _s11_expected, _S11_CMP + ("ret",)),
     Adapter("S11", "refund_lease", "refund_lease", _s11_refund_project, _s11_expected, _S11_CMP + ("ret",)),
-    Adapter("S15", "issue_ticket", "issue_ticket", _s15_issue_project, _s15_expected, _S15_CMP),
-    Adapter("S15", "claim", "claim", _s15_ticket_project, _s15_expected, _S15_CMP + ("out_bytes",)),
-    Adapter("S15", "cancel_ticket", "cancel_ticket", _s15_ticket_project, _s15_expected, _S15_CMP + ("out_bytes",)),
     Adapter("S10", "destroy_context", "destroy_context", _s10_project, _s10_expected, ("calive", "pins")),
     Adapter("S3", "select", "select", _s3_select_project, _s3_select_expected, ("inst", "gen")),
     Adapter("S3", "query", "binding_capabilities", _s3_query_project, _s3_query_expected, ("inst", "gen", "answer")),
@@ -652,7 +759,7 @@ def run_all(samples: int = 1000, seed: int = 0, inv_samples: int = 0) -> list[Ag
     agreement on the first ``inv_samples`` of them."""
     return (run_mechanism(samples, seed, inv_samples) + run_system(samples, seed, inv_samples)
             + run_small_system(samples, seed, inv_samples) + run_focused(samples, seed, inv_samples)
-            + run_bare_mechanism(samples, seed, inv_samples))
+            + run_bare_mechanism(samples, seed, inv_samples) + run_tickets(samples, seed, inv_samples))
 
 
 # -- S8: the binding's allocation transaction --------------------------------

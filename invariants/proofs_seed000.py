@@ -1265,43 +1265,80 @@ S14 = Proof(
 
 # ==========================================================================
 # S15 ticket-exactly-once  (mirrors spec/governor.py: issue_ticket, claim,
-# cancel_ticket, and ticket_receive / ticket_end for one ticket)
+# cancel_ticket, expire, reconfigure; spec/holders.py: respond)
+#
+# Configuration generations: every ticket records the generation it was
+# issued in (tgen); reconfigure bumps gen and fails every pending ticket at
+# once, returning what they held.  Two prefix-sum ghosts split what the
+# tickets hold into pending (PP) and the rest (PN, i.e. granted), so that
+# reconfigure's "every pending ticket gives its bytes back" is one step:
+# free += PP[nt], and PP becomes 0 everywhere.
 # ==========================================================================
 
+T_FAILED = 6
+
+
 def _terminal(st: Any) -> Any:
-    return z3.Or(st == T_CLAIMED, st == T_CANCELLED, st == T_TIMED_OUT)
+    return z3.Or(st == T_CLAIMED, st == T_CANCELLED, st == T_TIMED_OUT, st == T_FAILED)
+
+
+def _returned(st: Any) -> Any:
+    """The terminal states that give the held bytes back (claim hands them over instead)."""
+    return z3.Or(st == T_CANCELLED, st == T_TIMED_OUT, st == T_FAILED)
+
+
+def _pend_part(st: Any, h: Any) -> Any:
+    return z3.If(st == T_PENDING, h, 0)
+
+
+def _gr_part(st: Any, h: Any) -> Any:
+    return z3.If(st == T_GRANTED, h, 0)
+
+
+def _moved(s: St, t: Any, st2: Any, h2: Any) -> dict[str, Any]:
+    """The ghosts after ticket ``t`` goes to state ``st2`` holding ``h2``."""
+    st, h = at(s.tstate, t), at(s.held, t)
+    return {"PP": prefix_change(s.PP, t, _pend_part(st2, h2) - _pend_part(st, h)),
+            "PN": prefix_change(s.PN, t, _gr_part(st2, h2) - _gr_part(st, h))}
 
 
 def _s15_issue(s: St, a: St):
     out = outcome((a.n <= 0, "InvalidRequest"))
     return on_ok(out, s, s.set(tstate=upd(s.tstate, a.t, T_PENDING), held=upd(s.held, a.t, 0),
                                ret=upd(s.ret, a.t, 0), amount=upd(s.amount, a.t, a.n),
-                               deadline=upd(s.deadline, a.t, a.dl), PT=prefix_append(s.PT, s.nt, 0), nt=s.nt + 1))
+                               deadline=upd(s.deadline, a.t, a.dl), tgen=upd(s.tgen, a.t, s.gen),
+                               PP=prefix_append(s.PP, s.nt, 0), PN=prefix_append(s.PN, s.nt, 0), nt=s.nt + 1))
 
 
-def _s15_receive(s: St, a: St):
-    """A holder's release refunded ``r`` bytes; they move from free into the ticket."""
-    out = outcome((z3.Not(z3.Or(at(s.tstate, a.t) == T_PENDING, at(s.tstate, a.t) == T_GRANTED)), "InvalidTicket"),
-                  (a.r > s.free, "InvalidRequest"))
-    l = K.grant_from_free(_ledger(s), a.r)
-    held = at(s.held, a.t) + a.r
-    st = K.ite(z3.And(at(s.tstate, a.t) == T_PENDING, held >= at(s.amount, a.t)), T_GRANTED, at(s.tstate, a.t))
-    return on_ok(out, s, _with_ledger(s, l, held=upd(s.held, a.t, held), tstate=upd(s.tstate, a.t, st),
-                                      sumheld=s.sumheld + a.r, PT=prefix_change(s.PT, a.t, a.r)))
+def _s15_respond(check_gen: bool = True):
+    def step(s: St, a: St):
+        """A holder answers ticket ``t``: its releases refund ``r`` bytes of its
+        charge to free (spec/ep.py refund), and the Governor moves them from
+        free into the ticket (spec/governor.py ticket_receive)."""
+        st = at(s.tstate, a.t)
+        stale = z3.And(st == T_PENDING, at(s.tgen, a.t) != s.gen) if check_gen else z3.BoolVal(False)
+        out = outcome((z3.Not(z3.Or(st == T_PENDING, st == T_GRANTED)), "InvalidTicket"), (stale, "InvalidTicket"))
+        l = K.grant_from_free(K.refund(_ledger(s), a.r), a.r)
+        held = at(s.held, a.t) + a.r
+        st2 = K.ite(z3.And(st == T_PENDING, held >= at(s.amount, a.t)), T_GRANTED, st)
+        return on_ok(out, s, _with_ledger(s, l, held=upd(s.held, a.t, held), tstate=upd(s.tstate, a.t, st2),
+                                          sumheld=s.sumheld + a.r, **_moved(s, a.t, st2, held)))
+    return step
 
 
 def _s15_claim(s: St, a: St):
     out = outcome((at(s.tstate, a.t) != T_GRANTED, "InvalidTicket"))
     h = at(s.held, a.t)
     return on_ok(out, s, s.set(tstate=upd(s.tstate, a.t, T_CLAIMED), held=upd(s.held, a.t, 0),
-                               sumheld=s.sumheld - h, sumgr=s.sumgr + h, out_bytes=h, PT=prefix_change(s.PT, a.t, -h)))
+                               sumheld=s.sumheld - h, sumgr=s.sumgr + h, out_bytes=h,
+                               **_moved(s, a.t, T_CLAIMED, 0)))
 
 
 def _end(s: St, t: Any, st: int) -> St:
     h = at(s.held, t)
     return _with_ledger(s, K.return_grant(_ledger(s), h), tstate=upd(s.tstate, t, st), held=upd(s.held, t, 0),
                         ret=upd(s.ret, t, at(s.ret, t) + 1), sumheld=s.sumheld - h, out_bytes=h,
-                        PT=prefix_change(s.PT, t, -h))
+                        **_moved(s, t, st, 0))
 
 
 def _s15_cancel(check: bool):
@@ -1312,51 +1349,116 @@ def _s15_cancel(check: bool):
 
 
 def _s15_expire(s: St, a: St):
+    """One ticket's timeout: the spec's expire times out every due ticket, one
+    after the other; here ``t``'s part (an error outcome: ``t`` is left alone)."""
     st = at(s.tstate, a.t)
     dl = at(s.deadline, a.t)
     out = outcome((_terminal(st), "InvalidTicket"), (z3.Not(z3.And(0 < dl, dl <= a.now)), "InvalidRequest"))
     return on_ok(out, s, _end(s, a.t, T_TIMED_OUT))
 
 
+def _s15_reconfigure(fail_stale: bool):
+    def step(s: St, a: St):
+        """A new generation; every pending ticket fails at once and gives back what it holds."""
+        if not fail_stale:
+            return on_ok(z3.IntVal(OK), s, s.set(gen=s.gen + 1))
+        i = z3.Int("rc_i")
+        pend = lambda x: at(s.tstate, x) == T_PENDING  # noqa: E731
+        back = at(s.PP, s.nt)
+        return on_ok(z3.IntVal(OK), s, _with_ledger(
+            s, K.return_grant(_ledger(s), back), gen=s.gen + 1,
+            tstate=z3.Lambda([i], z3.If(pend(i), T_FAILED, at(s.tstate, i))),
+            held=z3.Lambda([i], z3.If(pend(i), 0, at(s.held, i))),
+            ret=z3.Lambda([i], z3.If(pend(i), at(s.ret, i) + 1, at(s.ret, i))),
+            sumheld=s.sumheld - back, out_bytes=back, PP=z3.K(z3.IntSort(), z3.IntVal(0))))
+    return step
+
+
 def _s15_inv(s: St, o: Any) -> Any:
     st, h, r = at(s.tstate, o), at(s.held, o), at(s.ret, o)
     return z3.And(
         K.ledger_ok(_ledger(s)), s.granted == s.sumheld + s.sumgr, s.sumgr >= 0,
-        h >= 0, z3.Implies(_terminal(st), h == 0), z3.Implies(st == 0, z3.And(h == 0, r == 0)),
-        r >= 0, r <= 1, z3.Implies(r == 1, z3.Or(st == T_CANCELLED, st == T_TIMED_OUT)),
-        z3.Implies(z3.Or(st == T_CANCELLED, st == T_TIMED_OUT), r == 1),
-        # sumheld is the sum of what the tickets hold: a prefix-sum ghost over dense ticket ids
+        st >= 0, st <= T_FAILED, h >= 0, z3.Implies(_terminal(st), h == 0), z3.Implies(st == 0, z3.And(h == 0, r == 0)),
+        r >= 0, r <= 1, z3.Implies(r == 1, _returned(st)), z3.Implies(_returned(st), r == 1),
+        # generations: no pending ticket of an older configuration
+        z3.Implies(st != 0, at(s.tgen, o) <= s.gen), z3.Implies(st == T_PENDING, at(s.tgen, o) == s.gen),
+        # what the tickets hold: pending (PP) + granted (PN), prefix-sum ghosts over dense ticket ids
         z3.Implies(st != 0, z3.And(0 <= o, o < s.nt)),
-        prefix_sum(s.PT, s.nt, lambda i: at(s.held, i)), s.sumheld == at(s.PT, s.nt),
+        prefix_sum(s.PP, s.nt, lambda i: _pend_part(at(s.tstate, i), at(s.held, i))),
+        prefix_sum(s.PN, s.nt, lambda i: _gr_part(at(s.tstate, i), at(s.held, i))),
+        s.sumheld == at(s.PP, s.nt) + at(s.PN, s.nt),
     )
 
 
 _T = {"t": INT}
 _EXISTS = lambda s, a: at(s.tstate, a.t) != 0  # noqa: E731  (the spec draws existing tickets)
-S15 = Proof(
-    *catalog("S15"),
-    fields={"cap": INT, "free": INT, "granted": INT, "charged": INT, "tstate": ARR, "held": ARR, "ret": ARR,
-            "amount": ARR, "deadline": ARR, "sumheld": INT, "sumgr": INT, "out_bytes": INT, "PT": ARR, "nt": INT},
-    init=lambda s: z3.And(s.cap >= 0, s.free >= 0, s.charged >= 0, s.free + s.charged == s.cap, s.granted == 0,
-                          s.tstate == Z0(), s.held == Z0(), s.ret == Z0(), s.sumheld == 0, s.sumgr == 0,
-                          s.nt == 0, at(s.PT, 0) == 0),
-    inv=_s15_inv,
-    lemmas=lambda s, o, a: z3.Implies(z3.Not(_terminal(at(s.tstate, o))), at(s.held, o) <= s.sumheld),
-    lemma_doc="what a ticket holds is at most the sum of what the tickets hold",
-    actions=[
+#: a holder releases only bytes it is charged for (the spec's victims are its own resident weights)
+_RESPOND_PRE = lambda s, a: z3.And(a.r >= 0, a.r <= s.charged, at(s.tstate, a.t) != 0)  # noqa: E731
+_S15_FIELDS = {"cap": INT, "free": INT, "granted": INT, "charged": INT, "tstate": ARR, "held": ARR, "ret": ARR,
+               "amount": ARR, "deadline": ARR, "tgen": ARR, "gen": INT, "sumheld": INT, "sumgr": INT,
+               "out_bytes": INT, "PP": ARR, "PN": ARR, "nt": INT}
+
+
+def _s15_init(s: St) -> Any:
+    return z3.And(s.cap >= 0, s.free >= 0, s.charged >= 0, s.free + s.charged == s.cap, s.granted == 0,
+                  s.tstate == Z0(), s.held == Z0(), s.ret == Z0(), s.sumheld == 0, s.sumgr == 0,
+                  s.nt == 0, at(s.PP, 0) == 0, at(s.PN, 0) == 0)
+
+
+def _s15_actions(fail_stale: bool = True) -> list[Act]:
+    return [
         Act("issue_ticket", {"t": INT, "n": INT, "dl": INT}, _s15_issue, pre=lambda s, a: a.t == s.nt, objs=("t",)),
-        Act("receive", {"t": INT, "r": INT}, _s15_receive, pre=lambda s, a: a.r >= 0, objs=("t",)),
+        Act("respond", {"t": INT, "r": INT}, _s15_respond(), pre=_RESPOND_PRE, objs=("t",)),
         Act("claim", _T, _s15_claim, pre=_EXISTS, objs=("t",)),
         Act("cancel_ticket", _T, _s15_cancel(True), pre=_EXISTS, objs=("t",)),
         Act("expire", {"t": INT, "now": INT}, _s15_expire, pre=_EXISTS, objs=("t",)),
-    ],
+        Act("reconfigure", {}, _s15_reconfigure(fail_stale)),
+    ]
+
+
+S15 = Proof(
+    *catalog("S15"),
+    fields=dict(_S15_FIELDS),
+    init=_s15_init,
+    inv=_s15_inv,
+    lemmas=lambda s, o, a: z3.Implies(z3.Not(_terminal(at(s.tstate, o))), at(s.held, o) <= s.sumheld),
+    lemma_doc="what a ticket holds is at most the sum of what the tickets hold",
+    actions=_s15_actions(),
     unguarded=Act("cancel_ticket", _T, _s15_cancel(False), pre=_EXISTS, objs=("t",)),
     guard="cancel of a terminal ticket raises InvalidTicket (its grant was already returned)",
     bmc_depth=3,
 )
 
 
+def _g1_step(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
+    """A ticket of an older generation that is not granted (nor claimed) never becomes either."""
+    old = z3.And(at(s.tgen, o) < s.gen, at(s.tstate, o) != T_GRANTED, at(s.tstate, o) != T_CLAIMED)
+    return z3.Implies(old, z3.And(at(s2.tstate, o) != T_GRANTED, at(s2.tstate, o) != T_CLAIMED))
+
+
+#: G1: configuration-generation invalidation of pending tickets (issue 13, from the onnx-genai TLA+
+#: specs the design comes from), on S15's machine: same state, same actions, its own guard.
+G1 = Proof(
+    "G1", "generation",
+    "When memory is tight, all it can send is: pressure ticket: try to free 1 GB, priority = ..., deadline = ... "
+    "(and: Total capacity: 24 GB / Approved: 22 GB -- the configuration the tickets were issued under)",
+    fields=dict(_S15_FIELDS),
+    init=_s15_init,
+    inv=_s15_inv,
+    lemmas=lambda s, o, a: z3.Implies(z3.Not(_terminal(at(s.tstate, o))), at(s.held, o) <= s.sumheld),
+    lemma_doc="what a ticket holds is at most the sum of what the tickets hold",
+    actions=_s15_actions(),
+    unguarded=Act("reconfigure", {}, _s15_reconfigure(False)),
+    guard="reconfigure fails every pending ticket of the older generation (their bytes returned once)",
+    step_prop=_g1_step,
+    bmc_depth=3,
+)
+G1.declared_by = "S15"  # type: ignore[attr-defined]  (the spec's actions declare S15; G1 is part of it)
+
+
 PROOFS = [S1, S2, S3, S4, S5, S6, S7, S8, S9, S10, S11, S12, S13, S14, S15]
+#: proofs of properties that are not catalog invariants (G1 lives on S15's machine)
+MORE_PROOFS = [G1]
 
 
 # ==========================================================================
@@ -1398,9 +1500,11 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
             "release_reservation": ("mechanism:release_reservation",),
             "free_shared_reservation": ("mechanism:free_shared_reservation",),
             "allocate_owned": ("system:allocate_owned",), "reserve_owned": ("system:reserve_owned",)},
-    "S15": {"issue_ticket": ("system:issue_ticket",), "receive": ("system:respond",), "claim": ("system:claim",),
-            "cancel_ticket": ("system:cancel_ticket",), "expire": ("system:expire",)},
+    "S15": {"issue_ticket": ("system:issue_ticket",), "respond": ("system:respond",), "claim": ("system:claim",),
+            "cancel_ticket": ("system:cancel_ticket",), "expire": ("system:expire",),
+            "reconfigure": ("system:reconfigure",)},
 }
+ENCODES["G1"] = ENCODES["S15"]  # G1 is on S15's machine
 
 
 def _shared_map(s: St, x: Any) -> Any:
@@ -1425,13 +1529,14 @@ NAMED: dict[str, Any] = {
     "S14": lambda s, o: _s14_owns_address(s, o),  # + the step property: a stale handle is rejected
     "S15": lambda s, o: z3.And(at(s.ret, o) <= 1,
                                z3.Implies(_terminal(at(s.tstate, o)), at(s.held, o) == 0)),
+    "G1": lambda s, o: z3.Implies(at(s.tstate, o) == T_PENDING, at(s.tgen, o) == s.gen),
 }
 
 
 def _annotate() -> None:
     from dataclasses import replace
 
-    for p in PROOFS:
+    for p in PROOFS + MORE_PROOFS:
         enc = ENCODES.get(p.id, {})
         p.actions = [replace(a, spec=enc.get(a.name, ())) for a in p.actions]
         p.unguarded = replace(p.unguarded, spec=enc.get(p.unguarded.name, ()))
