@@ -272,13 +272,13 @@ class InvariantEval:
     quantifier of a prefix-sum ghost remains)."""
 
     def __init__(self, p: Proof, nobj: int) -> None:
-        self.p = p
-        self.s = fresh(p.fields, "iv")
-        self.expr = z3.And(*[p.inv(self.s, z3.IntVal(i)) for i in range(nobj)])
+        self.p, self.nobj = p, nobj
 
     def holds(self, state: dict[str, Any]) -> bool:
-        subs = [(self.s[f], concrete(k, state[f])) for f, k in self.p.fields.items()]
-        return Compiled._truth(z3.substitute(self.expr, *subs))
+        # built on the concrete state itself, so a prefix-sum ghost over a concrete count is unrolled
+        # (proofs.prefix_sum) rather than left as a quantifier for a solver
+        s = St({f: concrete(k, state[f]) for f, k in self.p.fields.items()})
+        return Compiled._truth(z3.And(*[self.p.inv(s, z3.IntVal(i)) for i in range(self.nobj)]))
 
 
 def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapter], proofs: dict[str, Proof],
