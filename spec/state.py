@@ -109,6 +109,8 @@ class MechHandle:
     released: bool = False
     mappings: int = 0
     freed: bool = False
+    #: writes a caller made through its writable mappings (the bytes changed)
+    writes: int = 0
 
 
 @dataclass
@@ -124,6 +126,8 @@ class MechMapping:
     read_only: bool
     private: bool = False
     live: bool = True
+    #: writes a caller made into the private copy (after copy-on-write)
+    writes: int = 0
 
 
 @dataclass

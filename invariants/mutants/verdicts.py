@@ -270,3 +270,130 @@ NOT_YET_KILLED: list[Mutant] = [
 TARGETS: dict[str, Callable[..., TargetInstance]] = {m.name.replace("-", "_"): m.factory
                                                      for m in MUTANTS + NOT_YET_KILLED}
 globals().update(TARGETS)
+
+
+# --------------------------------------------------------------------------
+# Shared memory carries data (issue 12, deliverable 4): aliases, copy-on-write,
+# read-only on every page -- reference mechanisms whose SharedMapping breaks
+# one rule about the bytes (the accounts stay right: only a data check sees it)
+# --------------------------------------------------------------------------
+
+
+def _with_device_map(sm: Any, wrap: Callable[[Callable], Callable], call: Callable[[], Any]) -> Any:
+    """Run ``call`` with the simulated device's ``map`` replaced by ``wrap(map)``."""
+    dev = sm._s.dev
+    dev.map = wrap(type(dev).map.__get__(dev))
+    try:
+        return call()
+    finally:
+        del dev.map
+
+
+def _ro_later_pages_writable(base: type) -> type:
+    class ReadOnlyFirstPageOnly(base):
+        """S13: a read-only mapping protects its first page only: the pages
+        after it are mapped writable (a write there succeeds)."""
+
+        def map(self, handle, allocation, offset, *, read_only):
+            if read_only is not True:
+                return super().map(handle, allocation, offset, read_only=read_only)
+
+            def wrap(orig):
+                def split(address, phys, *, writable=True):
+                    orig(address, list(phys)[:1], writable=writable)
+                    if len(phys) > 1:
+                        orig(address + self._s.page, list(phys)[1:], writable=True)
+                return split
+
+            return _with_device_map(self, wrap, lambda: super(ReadOnlyFirstPageOnly, self).map(
+                handle, allocation, offset, read_only=read_only))
+
+    return ReadOnlyFirstPageOnly
+
+
+def _alias_other_bytes(base: type) -> type:
+    class AliasShowsOtherPages(base):
+        """S13: a second mapping of a handle maps its pages in the wrong
+        order: the alias shows other bytes of the handle than the first
+        mapping at the same offset (the accounts are right)."""
+
+        def map(self, handle, allocation, offset, *, read_only):
+            try:
+                ph = self._handle(handle)
+                again = bool(ph.mappings) and len(ph.pages) > 1
+            except Exception:  # noqa: BLE001 - super() reports the error
+                again = False
+            if not again:
+                return super().map(handle, allocation, offset, read_only=read_only)
+
+            def wrap(orig):
+                def reversed_map(address, phys, *, writable=True):
+                    orig(address, list(phys)[::-1], writable=writable)
+                return reversed_map
+
+            return _with_device_map(self, wrap, lambda: super(AliasShowsOtherPages, self).map(
+                handle, allocation, offset, read_only=read_only))
+
+    return AliasShowsOtherPages
+
+
+def _cow_loses_bytes(base: type) -> type:
+    class CopyOnWriteWithoutCopy(base):
+        """S13: copy-on-write installs private pages but does not copy the
+        shared bytes into them (*private pages with the same bytes*)."""
+
+        def copy_on_write(self, allocation, offset, size):
+            dev = self._s.dev
+            dev.copy_page = lambda src, dst: None
+            try:
+                return super().copy_on_write(allocation, offset, size)
+            finally:
+                del dev.copy_page
+
+    return CopyOnWriteWithoutCopy
+
+
+def _cow_still_shared(base: type) -> type:
+    class CopyOnWriteKeepsSharing(base):
+        """S13: copy-on-write copies the bytes into private pages but keeps
+        the mapping on the shared pages: a later write through the "copy"
+        shows through every other mapping of the handle."""
+
+        def copy_on_write(self, allocation, offset, size):
+            dev = self._s.dev
+            orig_map, orig_unmap = type(dev).map.__get__(dev), type(dev).unmap.__get__(dev)
+            kept: dict = {}
+
+            def unmap(address, npages):
+                kept[address] = dev.entry(address)
+                return orig_unmap(address, npages)
+
+            def map_(address, phys, *, writable=True):
+                old = kept.get(address)
+                if old is not None and len(phys) == 1:
+                    return orig_map(address, [old.phys], writable=True)   # the shared page again
+                return orig_map(address, phys, writable=writable)
+
+            dev.unmap, dev.map = unmap, map_
+            try:
+                return super().copy_on_write(allocation, offset, size)
+            finally:
+                del dev.unmap, dev.map
+
+    return CopyOnWriteKeepsSharing
+
+
+def _mech(name: str, inv: str, attr: str, make: Callable[[type], type]) -> Mutant:
+    from memspec.invariants.mutants.seed000 import _mechanism_mutant
+
+    return Mutant(name, inv, (make(object).__doc__ or "").strip().split("\n\n")[0].replace("\n", " "),
+                  _mechanism_mutant("reference", attr, make), level="mechanism")
+
+
+MUTANTS += [
+    _mech("shared-read-only-first-page-only", "S13", "_sm", _ro_later_pages_writable),
+    _mech("shared-alias-shows-other-pages", "S13", "_sm", _alias_other_bytes),
+    _mech("shared-cow-loses-bytes", "S13", "_sm", _cow_loses_bytes),
+]
+TARGETS.update({m.name.replace("-", "_"): m.factory for m in MUTANTS[-3:]})
+globals().update(TARGETS)
