@@ -85,8 +85,10 @@ class Integrity:
     a writable one is then stamped with a new pattern, read back through up
     to ``MAX_ALIASES`` others at once (a write through one alias is visible
     through every other); when an alias goes, one that remains is read back
-    (the bytes survive until the last alias goes).  A read-only alias is only
-    read.  A region that stops being an alias and declares ``copy_of`` that
+    (the bytes survive until the last alias goes).  A read-only alias
+    (``writable=False``) is never stamped; when it appears, a write at each
+    of its stamps (every page, sampled as below, and its end) must be
+    refused with an error of the contract and leave the bytes unchanged.  A region that stops being an alias and declares ``copy_of`` that
     key (copy-on-write) must hold the key's bytes at that moment; then the
     copy and the source are each written and the other read back (neither
     write shows through the other).  ``DataRegion.version`` changes when a
@@ -171,6 +173,15 @@ class Integrity:
                 self.run.fail(region.blame_mismatch, "data",
                               f"bytes of #{region.ref} at {addr:#x}+{n}: {what} (read {bytes(data)[:16].hex()}..., "
                               f"expected {want[:16].hex()}...)")
+
+    def _io_fail(self, region: _Region, addr: int, n: int, verb: str, err: BaseException) -> None:
+        if isinstance(err, HangResult):
+            self.run.fail(region.blame_fault, "hang", f"{verb} #{region.ref} at {addr:#x}+{n} through the EP hangs")
+        if isinstance(err, DeviceFault):
+            self.run.fail(region.blame_fault, "data",
+                          f"{verb} #{region.ref} at {addr:#x}+{n} faulted ({err}) although the spec says it is backed")
+        cause = "unexpected-exception" if not isinstance(err, MemspecError) else "data"
+        self.run.fail(region.blame_fault, cause, f"{verb} #{region.ref} at {addr:#x}+{n} raised {type(err).__name__}: {err}")
 
     # -- own regions ---------------------------------------------------------
     def _write(self, region: _Region) -> None:
@@ -346,7 +357,33 @@ class Integrity:
             self.order.append(ref)
         # a new alias shows the bytes last written through another
         self._verify_alias(region, "a new alias does not show the bytes of the memory it maps")
+        if not writable and not probe:
+            self._probe_read_only(region)
         self._stamp_shared(region)
+
+    def _probe_read_only(self, region: _Region) -> None:
+        """A region a caller may not write: a write at each of its stamps
+        (every page, sampled to ``MAX_STAMPS`` pages, and its end) must be
+        refused with an error of the contract, and the bytes must not change."""
+        spans = region.spans
+        before = self._get(region, spans)
+        for (addr, n), old in zip(spans, before):
+            data = bytes(b ^ 0xA5 for b in bytes(old))
+            s = self._stream()
+            _, err = self.run.guard.call(self._write_spans, s, [(addr, n)], [data], [])
+            if err is None:
+                self.run.fail(region.blame_mismatch, "data",
+                              f"a write into read-only #{region.ref} at {addr:#x}+{n} was accepted "
+                              "(a write anywhere in a read-only region must be refused)")
+            self.stream = None   # the refused copy's stream is not reused
+            if isinstance(err, HangResult) or not isinstance(err, MemspecError):
+                self._io_fail(region, addr, n, "writing (must be refused)", err)
+        after = self._get(region, spans)
+        for (addr, n), old, new in zip(spans, before, after):
+            if bytes(old) != bytes(new):
+                self.run.fail(region.blame_mismatch, "data",
+                              f"a refused write changed the bytes of read-only #{region.ref} at {addr:#x}+{n} "
+                              f"(read {bytes(new)[:16].hex()}..., was {bytes(old)[:16].hex()}...)")
 
     def after_step(self, touched: tuple, bound: tuple) -> None:
         refresh = self.refresh

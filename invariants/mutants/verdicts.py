@@ -397,3 +397,30 @@ MUTANTS += [
 ]
 TARGETS.update({m.name.replace("-", "_"): m.factory for m in MUTANTS[-3:]})
 globals().update(TARGETS)
+
+
+# --------------------------------------------------------------------------
+# Alignment above the page (issue 12, deliverable 3)
+# --------------------------------------------------------------------------
+
+
+def _ignores_alignment(base: type) -> type:
+    from memspec.spec.api import AllocationRequest, is_power_of_two
+
+    class AlignsToPageOnly(base):
+        """S8: an alignment above the page is ignored: the allocation is
+        aligned to the page only (the request's ``alignment`` is dropped)."""
+
+        def allocate(self, request):
+            page = self._dev.page_size
+            if isinstance(request, AllocationRequest) and is_power_of_two(request.alignment) \
+                    and request.alignment > page:
+                request = AllocationRequest(request.size, page)
+            return super().allocate(request)
+
+    return AlignsToPageOnly
+
+
+MUTANTS += [_mech("allocator-ignores-alignment-above-page", "S8", "_alloc", _ignores_alignment)]
+TARGETS.update({m.name.replace("-", "_"): m.factory for m in MUTANTS[-1:]})
+globals().update(TARGETS)
