@@ -7,7 +7,7 @@ Which regions exist and whom to blame comes from the machine
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from memspec.invariants.errors import HangResult, SpecError
@@ -269,6 +269,11 @@ class Integrity:
         obj = refs.get(ref) if refs is not None else None
         try:
             loc = self.describe(run.state, ref, obj)
+        except Exception as e:  # noqa: BLE001
+            raise SpecError(f"locating the data of #{ref} raised {type(e).__name__}: {e}") from e
+        if loc is not None and getattr(loc, "locate", None) is not None:
+            loc = self._located(ref, loc)
+        try:
             if loc is not None:
                 if loc.extent is not None:
                     spans = self._spans(loc.extent[0], loc.extent[1], loc.page)
@@ -332,6 +337,22 @@ class Integrity:
                     self._verify(region)
                     break
 
+    def _located(self, ref: int, loc: Any) -> Any:
+        """``loc`` at the address its ``locate`` reads from the implementation
+        now (one guarded call); ``None`` when the implementation does not say."""
+        box: list = []
+        _, err = self.run.guard.call(lambda: box.append(loc.locate(self.run.sut)))
+        if err is not None:
+            if isinstance(err, HangResult):
+                self.run.fail(loc.blame_fault, "hang", f"locating the memory of #{ref} hangs")
+            cause = "unexpected-exception" if not isinstance(err, MemspecError) else "data"
+            self.run.fail(loc.blame_fault, cause, f"locating the memory of #{ref} raised {type(err).__name__}: {err}")
+        base = box[0] if box else None
+        if type(base) is not int:
+            return None
+        off, n = loc.extent
+        return replace(loc, extent=(base + off, n), locate=None)
+
     def _refresh_alias(self, ref: int, old: _Region | None, spans: list, key: Any, base: int, version: Any,
                        writable: bool, blame_fault: str, blame_mismatch: str) -> None:
         sh = self.shared.get(key)
@@ -357,7 +378,7 @@ class Integrity:
             self.order.append(ref)
         # a new alias shows the bytes last written through another
         self._verify_alias(region, "a new alias does not show the bytes of the memory it maps")
-        if not writable and not probe:
+        if writable is False and not probe:
             self._probe_read_only(region)
         self._stamp_shared(region)
 

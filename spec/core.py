@@ -323,9 +323,10 @@ class DataRegion:
     #: one is read back through the others, and the bytes survive until the
     #: last alias goes
     alias: tuple[Any, int] | None = None
-    #: ``False``: a caller may not write here (a read-only mapping): a
-    #: harness only reads it
-    writable: bool = True
+    #: ``False``: a caller may not write here (a read-only mapping): a write
+    #: anywhere must be refused and leave the bytes unchanged; ``None``: only
+    #: part of it is writable (a harness only reads it)
+    writable: bool | None = True
     #: ``key`` of the alias this region was until now (copy-on-write): it
     #: must hold the bytes the alias showed when it stopped being one, and
     #: from then on neither side's writes show through the other
@@ -333,6 +334,11 @@ class DataRegion:
     #: changes whenever a caller's own write (an action of the spec) changed
     #: the bytes: a harness writes its pattern anew instead of comparing
     version: Any = None
+    #: ``locate(sut) -> address | None``: the region lies at ``extent``
+    #: *offset* from the address the implementation reports now (a holder's
+    #: weight or KV request, whose memory the contract names by key, not by a
+    #: handle); ``None``: the implementation does not say (no check)
+    locate: Callable[[Any], Any] | None = None
 
 
 @dataclass

@@ -294,6 +294,8 @@ class KvRequest:
     sharers: dict[int, int] = field(default_factory=dict)  # sharer request -> its prefix bytes, until its release runs
     fences: list[tuple[int, int]] = field(default_factory=list)
     state: str = "open"        # open | closed (release queued) | released (private pages gone)
+    #: the most bytes of it ever shared as a prefix (those pages stay read-only here)
+    shared_upto: int = 0
 
     @property
     def committed(self) -> int:
