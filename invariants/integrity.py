@@ -376,8 +376,11 @@ class Integrity:
         sh.aliases[ref] = None
         if old is None:
             self.order.append(ref)
-        # a new alias shows the bytes last written through another
-        self._verify_alias(region, "a new alias does not show the bytes of the memory it maps")
+        # a new alias shows the bytes last written through another; a region
+        # that grew or moved still shows what was written before
+        self._verify_alias(region, "the bytes written before did not survive its growth or move"
+                           if old is not None and old.key == key else
+                           "a new alias does not show the bytes of the memory it maps")
         if writable is False and not probe:
             self._probe_read_only(region)
         self._stamp_shared(region)

@@ -424,3 +424,83 @@ def _ignores_alignment(base: type) -> type:
 MUTANTS += [_mech("allocator-ignores-alignment-above-page", "S8", "_alloc", _ignores_alignment)]
 TARGETS.update({m.name.replace("-", "_"): m.factory for m in MUTANTS[-1:]})
 globals().update(TARGETS)
+
+
+# --------------------------------------------------------------------------
+# Holders keep their data (issue 12, deliverable 4): KV pages across growth,
+# model weights while resident -- reference holders brought as roles
+# --------------------------------------------------------------------------
+
+
+def _with_holder(role: str, plant: Callable[[Any], Any]) -> Callable[..., TargetInstance]:
+    """A reference target that brings one broken holder (``weights`` or
+    ``kv``) through ``TargetInstance.roles``."""
+    from memspec.invariants.mutants.seed000 import _reference
+
+    def factory(capacity: int | None = None) -> TargetInstance:
+        from memspec.reference.holders import KvPageStore, ModelResidency
+        from memspec.spec.api import SystemRoles
+
+        inst = _reference("reference")(capacity)
+        cls = {"weights": ModelResidency, "kv": KvPageStore}[role]
+        inst.roles = SystemRoles(**{role: lambda binding: plant(cls(binding))})
+        return inst
+
+    factory.__name__ = plant.__name__.lstrip("_")
+    return factory
+
+
+def _kv_grow_loses_last_page(store: Any) -> Any:
+    """S9: growing a request's KV re-initialises the last page it had before
+    the growth (it reads zeros after it): the old view is not kept."""
+    orig = store.grow
+
+    def grow(request, new_bytes, *, fail_at=None):
+        req = store._reqs.get(request) if isinstance(request, str) else None
+        cur = req.view.nbytes if req is not None else 0
+        n = orig(request, new_bytes, fail_at=fail_at)
+        if n and cur:
+            page = req.res.backing.granularity()
+            ep = store.binding.ep
+            stream = getattr(ep, "default_stream", 0)
+            try:
+                ep.write(stream, req.res.address + cur - page, bytes(page))
+                ep.synchronize(stream)
+            except Exception:  # noqa: BLE001 - a read-only shared page: left alone
+                pass
+        return n
+
+    store.grow = grow
+    return store
+
+
+def _cold_weight_moved_without_copy(weights: Any) -> Any:
+    """S6: marking a weight cold moves it to a fresh allocation (to compact
+    the hot ones) without copying its bytes: it reads back other bytes."""
+    orig = weights.set_hot
+
+    def set_hot(weight, hot):
+        if hot or weight not in weights._weights:
+            return orig(weight, hot)
+        with weights._lock:
+            h, _ = weights._get(weight)
+            new = weights.binding.allocate(weights.name, h.allocation.size)
+            weights._weights[weight] = (new, False)
+        h.close()
+        return None
+
+    weights.set_hot = set_hot
+    return weights
+
+
+def _holder(name: str, inv: str, role: str, plant: Callable[[Any], Any]) -> Mutant:
+    return Mutant(name, inv, (plant.__doc__ or "").strip().split("\n\n")[0].replace("\n", " "),
+                  _with_holder(role, plant), level="system")
+
+
+MUTANTS += [
+    _holder("kv-grow-loses-last-page", "S9", "kv", _kv_grow_loses_last_page),
+    _holder("cold-weight-moved-without-copy", "S6", "weights", _cold_weight_moved_without_copy),
+]
+TARGETS.update({m.name.replace("-", "_"): m.factory for m in MUTANTS[-2:]})
+globals().update(TARGETS)
