@@ -504,3 +504,45 @@ MUTANTS += [
 ]
 TARGETS.update({m.name.replace("-", "_"): m.factory for m in MUTANTS[-2:]})
 globals().update(TARGETS)
+
+
+# --------------------------------------------------------------------------
+# Caching blocks keep their bytes (issue 12, deliverable 4)
+# --------------------------------------------------------------------------
+
+
+class SplitTagsThePreviousBlock(CachingAllocator):
+    """A block split off a free block gets a 512-byte boundary tag written
+    just below it -- over the last 512 bytes of the block before it in the
+    segment, which may be live (the accounts and the layout are right: only
+    the bytes show it)."""
+
+    memory: Any = None
+
+    def _alloc_found(self, pool, b, r, size, stream):
+        got = super()._alloc_found(pool, b, r, size, stream)
+        if self.memory is not None and got.prev is not None:
+            self.memory.write(0, got.address - K_MIN_BLOCK, bytes(K_MIN_BLOCK))
+        return got
+
+
+def _caching_with_memory(cls: type, preset: str = "pytorch") -> Callable[..., TargetInstance]:
+    """A reference caching target whose allocator (``cls``) writes into the
+    blocks' memory (the target's EP)."""
+
+    def factory(capacity: int | None = None) -> TargetInstance:
+        from memspec.reference.caching_targets import make_target
+
+        inst = make_target(preset, capacity=capacity, allocator_cls=cls)
+        inst.allocator.memory = inst.ep
+        return inst
+
+    factory.__name__ = cls.__name__
+    return factory
+
+
+MUTANTS += [Mutant(name="caching-split-tags-the-previous-block", invariant="C2",
+                   description=(SplitTagsThePreviousBlock.__doc__ or "").strip().split("\n\n")[0].replace("\n", " "),
+                   factory=_caching_with_memory(SplitTagsThePreviousBlock), level="caching")]
+TARGETS.update({m.name.replace("-", "_"): m.factory for m in MUTANTS[-1:]})
+globals().update(TARGETS)
