@@ -451,8 +451,9 @@ def _with_holder(role: str, plant: Callable[[Any], Any]) -> Callable[..., Target
 
 
 def _kv_grow_loses_last_page(store: Any) -> Any:
-    """S9: growing a request's KV re-initialises the last page it had before
-    the growth (it reads zeros after it): the old view is not kept."""
+    """S9: growing a request's KV re-initialises the pages it had before the
+    growth (each reads zeros at its start and the last one at its end
+    after it): the old view is not kept."""
     orig = store.grow
 
     def grow(request, new_bytes, *, fail_at=None):
@@ -463,11 +464,12 @@ def _kv_grow_loses_last_page(store: Any) -> Any:
             page = req.res.backing.granularity()
             ep = store.binding.ep
             stream = getattr(ep, "default_stream", 0)
-            try:
-                ep.write(stream, req.res.address + cur - page, bytes(page))
-                ep.synchronize(stream)
-            except Exception:  # noqa: BLE001 - a read-only shared page: left alone
-                pass
+            for at in list(range(0, cur, page)) + [cur - 64]:
+                try:
+                    ep.write(stream, req.res.address + at, bytes(64))
+                    ep.synchronize(stream)
+                except Exception:  # noqa: BLE001 - a read-only shared page: left alone
+                    pass
         return n
 
     store.grow = grow
