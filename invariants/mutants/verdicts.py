@@ -353,36 +353,6 @@ def _cow_loses_bytes(base: type) -> type:
     return CopyOnWriteWithoutCopy
 
 
-def _cow_still_shared(base: type) -> type:
-    class CopyOnWriteKeepsSharing(base):
-        """S13: copy-on-write copies the bytes into private pages but keeps
-        the mapping on the shared pages: a later write through the "copy"
-        shows through every other mapping of the handle."""
-
-        def copy_on_write(self, allocation, offset, size):
-            dev = self._s.dev
-            orig_map, orig_unmap = type(dev).map.__get__(dev), type(dev).unmap.__get__(dev)
-            kept: dict = {}
-
-            def unmap(address, npages):
-                kept[address] = dev.entry(address)
-                return orig_unmap(address, npages)
-
-            def map_(address, phys, *, writable=True):
-                old = kept.get(address)
-                if old is not None and len(phys) == 1:
-                    return orig_map(address, [old.phys], writable=True)   # the shared page again
-                return orig_map(address, phys, writable=writable)
-
-            dev.unmap, dev.map = unmap, map_
-            try:
-                return super().copy_on_write(allocation, offset, size)
-            finally:
-                del dev.unmap, dev.map
-
-    return CopyOnWriteKeepsSharing
-
-
 def _mech(name: str, inv: str, attr: str, make: Callable[[type], type]) -> Mutant:
     from memspec.invariants.mutants.seed000 import _mechanism_mutant
 
