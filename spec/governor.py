@@ -105,17 +105,27 @@ def charge_at_footprint(s: SysState, holder: str, planned: int, footprint: int) 
 # --------------------------------------------------------------------------
 
 
+def grant_boundaries(s: SysState) -> tuple[int, ...]:
+    """The grant sizes at the ledger's thresholds (:func:`~memspec.spec.kernels.size_boundaries`):
+    the page exactly and +-1, what is free exactly (the ledger full) and one page over, the capacity."""
+    return K.size_boundaries(s.page, max(s.free, 0), s.capacity)
+
+
 def _draw_grant_size(s: SysState, c: Any) -> Any:
-    k = c.integer(0, 9)
+    k = c.integer(0, 10)
     if k <= 6:
         return c.integer(1, 3) * s.page // 2
     if k == 7:
         return c.choice((0, -1))
+    if k == 10:
+        return c.choice(grant_boundaries(s))
     return s.capacity + s.page
 
 
 @action(role="Governor",
-        params={"nbytes": Domain("mostly half-pages, sometimes 0, negative or more than the capacity", _draw_grant_size)},
+        params={"nbytes": Domain("mostly half-pages, sometimes 0, negative, more than the capacity, or a "
+                                 "threshold exactly and +-1 (the page, all that is free, the capacity)",
+                                 _draw_grant_size, boundaries=grant_boundaries)},
         perform=lambda sut, nbytes: sut.governor.reserve(SESSION, nbytes), invariants=("S8", "S11"), weight=2)
 def reserve(s: SysState, nbytes: Any) -> Any:
     """Ask for a provisional grant of ``nbytes`` for the session holder.
