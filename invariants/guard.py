@@ -170,14 +170,15 @@ class CallGuard:
         return box[0]
 
 
-    def run_watched(self, fn: Callable, *args: Any, poll: float = 0.02) -> tuple[Any, BaseException | None]:
+    def run_watched(self, fn: Callable, *args: Any, poll: float | None = None) -> tuple[Any, BaseException | None]:
         """``"watched"`` mode: run ``fn(*args)`` -- a unit of work whose
         target calls go through this guard -- on the worker thread and wait
         for it, polling the guard's call counter every ``poll`` seconds.  A
         call that stays inside the target longer than its allowance
         (``limit`` or ``timeout``) is a hang: the worker is abandoned and
         ``(None, HangResult)`` returned, with ``blame``/``what`` naming the
-        call, as the hung worker left them."""
+        call, as the hung worker left them.  ``poll`` defaults to a tenth of
+        the timeout (10-250 ms): each wake-up takes the GIL from the worker."""
         if self.mode != "watched":
             raise ValueError(f"run_watched needs a guard in 'watched' mode, not {self.mode!r}")
         if self._worker is None:
@@ -187,6 +188,8 @@ class CallGuard:
         self.depth = 0
         self._owner = self._worker.ident
         self._worker.jobs.put((fn, args, {}, box, ev))
+        if poll is None:
+            poll = min(0.25, max(0.01, self.timeout / 10))
         last, since = -1, time.monotonic()
         while not ev.wait(poll):
             calls, inside = self.calls, self.depth > 0
