@@ -1360,10 +1360,14 @@ def _l_mech_expected(s: Any, u: Universe, value: Any) -> Any:
 def _l_m_alloc_p(s: Any, args: dict[str, Any], taken: str) -> Any:
     from memspec.spec import kernels as K
 
-    size = _size(args["size"])
+    from memspec.spec.eager import ALIGNMENT
+
+    size, align = _size(args["size"]), args.get("alignment", ALIGNMENT)
+    bad = not (_is_int(align) and align > 0 and align & (align - 1) == 0)
     st, u = _l_mech_state(s)
     _l_new(u, "mitem")
-    return st, {"size": size, "fp": K.round_up(size, s.page) if size else 0, "oom": taken == "OutOfMemory"}, u
+    fp = K.round_up(size, s.page) if size and not bad else 0  # the walk's footprint: the witness's
+    return st, {"size": size, "bad_align": bad, "fp": fp, "oom": taken == "OutOfMemory"}, u
 
 
 def _l_m_dealloc_p(s: Any, args: dict[str, Any], taken: str) -> Any:

@@ -885,7 +885,7 @@ def _l_respond(s: St, a: St):
 
 def _m_allocate(check: bool):
     def step(s: St, a: St):
-        pairs = [(a.size <= 0, "InvalidRequest")]
+        pairs = [(z3.Or(a.size <= 0, a.bad_align), "InvalidRequest")]
         if check:
             pairs.append((s.phys + a.fp > s.mcap, "OutOfMemory"))
         pairs.append((a.oom, "OutOfMemory"))
@@ -1007,8 +1007,10 @@ _L_ACTS: dict[str, Act] = {a.name: a for a in [
             a.mode == 0, z3.And(a.mode == 1, at(s.ist, a.x) == I_QUEUED),
             z3.And(a.mode == 2, _kind(K_WEIGHT)(s, a), at(s.ist, a.x) == I_LIVE, at(s.ih, a.x) == WEIGHTS_H))),
         objs=("t", "x")),
-    Act("m_allocate", {"size": INT, "fp": INT, "oom": BOOL}, _m_allocate(True),
-        pre=lambda s, a: z3.Or(a.size <= 0, K.footprint_ok(a.size, a.fp, s.page))),
+    # ``bad_align``: an alignment that is not a power of two; the footprint is at least the size
+    # (aligned_footprint: the page-rounded size plus the alignment beyond the page)
+    Act("m_allocate", {"size": INT, "bad_align": BOOL, "fp": INT, "oom": BOOL}, _m_allocate(True),
+        pre=lambda s, a: z3.Or(a.size <= 0, a.bad_align, a.fp >= a.size)),
     Act("m_deallocate", {"x": INT, "foreign": BOOL}, _m_release, pre=lambda s, a: at(s.mst, a.x) != 0, objs=("x",)),
 ]}
 
