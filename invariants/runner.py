@@ -50,6 +50,8 @@ class Failure:
     steps_to_detection: int | None
     repro: str | None = None
     flaky: bool = False
+    #: the device capacity of the failing example (per-example capacity; None: the plan's)
+    capacity: int | None = None
 
     @property
     def shrunk_length(self) -> int:
@@ -162,7 +164,7 @@ def build_state_machine(plan: E.Plan, guard: CallGuard | None = None) -> type:
     class ConformanceMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
-            self.run = E.Run(plan, g)
+            self.run: E.Run | None = None   # built at the first step: it draws the example's device capacity
             self._chooser: HypothesisChooser | None = None
             self._data: Any = None
 
@@ -173,10 +175,14 @@ def build_state_machine(plan: E.Plan, guard: CallGuard | None = None) -> type:
             if cd is not self._data:
                 self._data = cd
                 self._chooser = HypothesisChooser(cd)
-            signals.step(self.run, self.run.step(self._chooser))  # Hypothesis event()s: action, branch, boundaries
+            run = self.run
+            if run is None:
+                run = self.run = E.Run(plan, g, self._chooser)
+            signals.step(run, run.step(self._chooser))  # Hypothesis event()s: action, branch, boundaries
 
         def teardown(self):
-            self.run.teardown()
+            if self.run is not None:
+                self.run.teardown()
 
     safe = "".join(ch if ch.isalnum() else "_" for ch in f"{plan.target}_{plan.level}")
     ConformanceMachine.__name__ = ConformanceMachine.__qualname__ = f"Conformance_{safe}"
@@ -228,7 +234,8 @@ def collect(result: PlanResult, exc: BaseException) -> None:
     for e, flaky in _flatten(exc):
         if isinstance(e, Violation):
             result.failures.append(Failure(plan.target, plan.level, e.invariant, e.cause, e.reason, e.trace,
-                                           plan.stats.first_failure_steps.get(e.invariant), flaky=flaky))
+                                           plan.stats.first_failure_steps.get(e.invariant), flaky=flaky,
+                                           capacity=getattr(e, "capacity", None)))
         elif isinstance(e, SpecError):
             result.errors.append(f"spec error: {e}")
         elif isinstance(e, TargetError):
@@ -476,7 +483,7 @@ def _run_child_plan(ch: Channel, plan: E.Plan, opts: dict) -> None:
 
     def on_call(run: E.Run, ts: E.TraceStep | None) -> None:
         if ts is None:
-            ch.send({"t": "ex"})
+            ch.send({"t": "ex", "cap": run.capacity})
             return
         msg = _step_msg(ts)
         if len(run.trace) >= 2:   # what the previous step answered (the last one's answer may never come)
@@ -505,8 +512,14 @@ def _run_child_plan(ch: Channel, plan: E.Plan, opts: dict) -> None:
     res = run_hypothesis(plan, sets, seed=opts["seed"], shrink_seconds=opts["shrink_seconds"])
     ch.send({"t": "result", "level": plan.level, "errors": res.errors, "stats": _stats_msg(plan.stats),
              "failures": [{"invariant": f.invariant, "cause": f.cause, "reason": f.reason,
-                           "trace": _trace_msg(f.trace), "std": f.steps_to_detection, "flaky": f.flaky}
+                           "trace": _trace_msg(f.trace), "std": f.steps_to_detection, "flaky": f.flaky,
+                           "cap": f.capacity}
                           for f in res.failures]})
+
+
+def _cap(v: Any) -> int | None:
+    """A device capacity the (untrusted) child named: a positive int, or None."""
+    return v if type(v) is int and v > 0 else None
 
 
 def _str(v: Any) -> str:
@@ -523,6 +536,7 @@ class _Parent:
         self.on_step, self.on_plan, self.mutant = on_step, on_plan, mutant
         self.current: PlanResult | None = None
         self.trace: list = []
+        self.capacity: int | None = None   # the device capacity of the current example
         self.stopped = False
         self.min_accepted = V.MIN_ACCEPTED
 
@@ -538,6 +552,7 @@ class _Parent:
                 st.actions[_str(m.get("a"))] += 1
         elif t == "ex":
             self.trace = []
+            self.capacity = _cap(m.get("cap"))
             if self.current is not None:
                 self.current.plan.stats.examples += 1
         elif t == "p" and self.current is not None:
@@ -574,7 +589,7 @@ class _Parent:
                     r.failures.append(Failure(self.target, r.level, _str(f.get("invariant")), _str(f.get("cause")),
                                               _str(f.get("reason")), _trace_from(f.get("trace") or []),
                                               f.get("std") if isinstance(f.get("std"), int) else None,
-                                              flaky=bool(f.get("flaky"))))
+                                              flaky=bool(f.get("flaky")), capacity=_cap(f.get("cap"))))
             self.results.append(r)
             self.done.append(r.level)
             self.current = None
@@ -617,7 +632,8 @@ class _Parent:
             if trace:
                 trace[-1].outcome = "hangs" if end.hang else "kills the process"
             reason = end.death if end.what.startswith("step ") else f"{end.death}, at {where}"
-            r.failures.append(Failure(self.target, r.level, blame, cause, reason, trace, r.plan.stats.steps))
+            r.failures.append(Failure(self.target, r.level, blame, cause, reason, trace, r.plan.stats.steps,
+                                      capacity=self.capacity))
         self.results.append(r)
         self.done.append(r.level)
         self.current = None

@@ -59,7 +59,7 @@ def walk_once(plan: H.Plan, seed: int, run_length: int, guard: H.CallGuard) -> t
     rng = random.Random(seed)
     record: list = []
     chooser = H.RandomChooser(rng, record)
-    run = H.Run(plan, guard)
+    run = H.Run(plan, guard, chooser)
     try:
         for _ in range(run_length):
             record.append(False)  # "continue", as the shrink loop draws it
@@ -138,7 +138,7 @@ def shrink_test(plan: H.Plan, max_steps: int, guard: H.CallGuard) -> Callable:
     def memspec_walk_replay(data):
         cd = data.conjecture_data
         chooser = H.HypothesisChooser(cd)
-        run = H.Run(plan, guard)
+        run = H.Run(plan, guard, chooser)
         try:
             i = 0
             while True:
