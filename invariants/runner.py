@@ -288,7 +288,8 @@ def _last_action(f: Any) -> str | None:
 
 
 def run_hypothesis(plan: E.Plan, settings: Any, *, seed: int | None = None,
-                   shrink_seconds: float | None = -1, more_passes: int | None = None) -> PlanResult:
+                   shrink_seconds: float | None = -1, more_passes: int | None = None,
+                   minimize_steps: bool = True) -> PlanResult:
     """Drive the plan's state machine under ``settings`` in this process;
     never raises for a target's misbehaviour (it lands in the result).
 
@@ -327,6 +328,8 @@ def run_hypothesis(plan: E.Plan, settings: Any, *, seed: int | None = None,
             plan.__dict__.pop("_obs_order", None)
             if not plan.actions:
                 break
+        if minimize_steps:
+            result.failures[:] = [minimize(plan, f) for f in result.failures]
     finally:
         plan.actions = actions
         plan.partial = False
@@ -335,6 +338,75 @@ def run_hypothesis(plan: E.Plan, settings: Any, *, seed: int | None = None,
         result.seconds = time.perf_counter() - t0
         plan.stats.seconds += result.seconds
     return result
+
+
+#: replays the step minimizer may spend on one failure
+MINIMIZE_REPLAYS = 80
+
+
+def _refused(ts: Any) -> bool:
+    return str(getattr(ts, "outcome", "")).startswith("raises ")
+
+
+def minimize(plan: E.Plan, failure: Failure, *, replays: int | None = None) -> Failure:
+    """Remove the steps Hypothesis's shrinker left in a counterexample that
+    the failure does not need: first every refusal at once, then each
+    refusal, then each other step (latest first).  A removal is kept only
+    when a replay of the remaining steps (same arguments, same device)
+    fails the same invariant, so the counterexample stays a counterexample;
+    Hypothesis deletes steps by their choices, and a refused step whose
+    choices feed a later draw survives its shrinking, this does not.
+    A hang or a crash is left as it is (replaying it is the supervisor's
+    business).  At most ``replays`` (default :data:`MINIMIZE_REPLAYS`)."""
+    trace = list(failure.trace)
+    if len(trace) < 2 or failure.cause in ("hang", "crash") or any(not isinstance(ts, E.TraceStep) for ts in trace):
+        return failure
+    budget = [MINIMIZE_REPLAYS if replays is None else replays]
+    saved = (plan.stats, plan.on_call, plan.on_step)
+    plan.stats, plan.on_call, plan.on_step = E.Stats(), None, None
+    guard = CallGuard(plan.timeout, plan.guard_mode)
+    best: list = [trace, None]
+
+    def fails(steps: list) -> bool:
+        if budget[0] <= 0:
+            return False
+        budget[0] -= 1
+        run = None
+        try:
+            run = E.Run(plan, guard, capacity=failure.capacity)
+            for ts in steps:
+                run.apply(plan.machine.action(ts.action), dict(ts.args), list(ts.choices))
+            run.teardown()
+        except Violation as v:
+            if v.invariant == failure.invariant and len(v.trace) < len(best[0]):
+                best[0], best[1] = list(v.trace), v
+                return True
+            return False
+        except Exception:  # noqa: BLE001 - a replay that cannot run (a ref no step bound) keeps the step
+            return False
+        finally:
+            if run is not None:
+                run.close()
+        return False
+
+    try:
+        refusals = [i for i, ts in enumerate(trace) if _refused(ts)]
+        if refusals and len(refusals) < len(trace):
+            fails([ts for i, ts in enumerate(trace) if i not in set(refusals)])
+        for flt in (_refused, lambda ts: True):
+            i = len(best[0]) - 2              # the last step is where it fails: keep it
+            while i >= 0 and budget[0] > 0:
+                cur = best[0]
+                if flt(cur[i]):
+                    fails(cur[:i] + cur[i + 1:])
+                i = min(i - 1, len(best[0]) - 2)
+    finally:
+        plan.stats, plan.on_call, plan.on_step = saved
+    v = best[1]
+    if v is None:
+        return failure
+    return Failure(failure.target, failure.level, failure.invariant, v.cause, v.reason, list(v.trace),
+                   failure.steps_to_detection, failure.repro, failure.flaky, failure.capacity)
 
 
 def _one_pass(plan: E.Plan, settings: Any, seed: int | None, shrink_seconds: float | None, result: PlanResult,

@@ -182,8 +182,7 @@ def _needs_target_ep(actions: list) -> list:
 #: A harness that calls a row PASS only when every declaring action
 #: succeeded (coverage-aware verdicts) needs them drawn more often than the
 #: table's defaults.  ``{action name: weight}``.
-PROTOCOL_WEIGHTS = {"claim": 10, "respond": 8, "issue_ticket": 3, "load_weight": 4, "cancel_ticket": 2, "use_owned": 3,
-                    "decommit_owned": 2, "use": 8, "expire": 3}
+PROTOCOL_WEIGHTS = {"claim": 8, "respond": 5, "decommit_owned": 2, "use": 8, "expire": 3}
 
 
 def _weighted(actions: list) -> list:
