@@ -75,6 +75,7 @@ class PlanInfo:
     stats: E.Stats = field(default_factory=E.Stats)
     mutant: Any = None
     declares: dict = field(default_factory=dict)  # invariant id -> declaring action names
+    undrawn: dict = field(default_factory=dict)   # action name -> capabilities it needs that the target lacks
 
     @property
     def invariant_ids(self) -> list[str]:
@@ -130,6 +131,8 @@ class PlanResult:
                 out.append((inv, titles.get(inv, ""), "ERROR", self.errors[0]))
             elif inv in cov and cov[inv].get("na"):
                 out.append((inv, titles.get(inv, ""), "N/A", cov[inv]["na"]))
+            elif inv in cov and not cov[inv]["tested"] and (why := self._capability_absent(inv)):
+                out.append((inv, titles.get(inv, ""), "N/A", why))
             elif inv in cov and not cov[inv]["tested"]:
                 out.append((inv, titles.get(inv, ""), "UNTESTED", cov[inv]["reason"]))
             else:
@@ -138,6 +141,17 @@ class PlanResult:
             if inv not in titles:
                 out.append((inv, "", "FAIL", f"[{f.cause}] {f.reason}"))
         return out
+
+    def _capability_absent(self, inv: str) -> str | None:
+        """The N/A reason when no action declaring ``inv`` is drawn because
+        each needs a capability the target lacks (``use_owned`` without an
+        Execution Provider); None otherwise."""
+        decl = (getattr(self.plan, "declares", {}) or {}).get(inv) or []
+        undrawn = _undrawn(self.plan)
+        if not decl or any(a not in undrawn for a in decl):
+            return None
+        need = sorted({r for a in decl for r in undrawn[a]})
+        return f"capability absent: {', '.join(need)} (needed by {', '.join(decl)})" if need else None
 
     @property
     def ok(self) -> bool:
@@ -549,7 +563,7 @@ def _child(ch: Channel, target: str, level: str, skip: list, opts: dict) -> None
 def _run_child_plan(ch: Channel, plan: E.Plan, opts: dict) -> None:
     ch.send({"t": "plan", "level": plan.level, "target": plan.target,
              "invariants": [[inv.id, inv.title] for inv in plan.machine.invariants], "na": plan.na,
-             "capabilities": plan.capabilities, "actions": [a.name for a in plan.actions], "declares": plan.declares,
+             "capabilities": plan.capabilities, "actions": [a.name for a in plan.actions], "declares": plan.declares, "undrawn": _undrawn(plan),
              "timeout": plan.timeout, "factory_kwargs": plan.factory_kwargs, "machine_ref": plan.machine_ref})
     last = [0.0]
 
@@ -587,6 +601,21 @@ def _run_child_plan(ch: Channel, plan: E.Plan, opts: dict) -> None:
                            "trace": _trace_msg(f.trace), "std": f.steps_to_detection, "flaky": f.flaky,
                            "cap": f.capacity}
                           for f in res.failures]})
+
+
+def _undrawn(plan: Any) -> dict:
+    """``{action name: [capabilities it needs that the target lacks]}`` for
+    the machine's actions a plan does not draw (an engine Plan or a PlanInfo)."""
+    got = getattr(plan, "undrawn", None)
+    if isinstance(got, dict):
+        return got
+    machine = getattr(plan, "machine", None)
+    if machine is None:
+        return {}
+    caps = getattr(plan, "capabilities", {}) or {}
+    drawn = set(plan.action_names)
+    return {a.name: [r for r in getattr(a, "requires", ()) if not caps.get(r)] for a in machine.actions
+            if a.name not in drawn}
 
 
 def _cap(v: Any) -> int | None:
@@ -643,6 +672,9 @@ class _Parent:
                             float(m.get("timeout") or 5.0), {"capacity": fkw["capacity"]} if "capacity" in fkw else {},
                             m.get("machine_ref") if isinstance(m.get("machine_ref"), str) else None,
                             mutant=self.mutant)
+            und = m.get("undrawn")
+            if isinstance(und, dict):
+                info.undrawn = {_str(k): [_str(r) for r in v] for k, v in und.items() if isinstance(v, list)}
             decl = m.get("declares")
             if isinstance(decl, dict):
                 info.declares = {_str(k): [_str(a) for a in v] for k, v in decl.items() if isinstance(v, list)}
