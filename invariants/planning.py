@@ -65,9 +65,11 @@ def applicability(machine: Any, actions_all: list, actions_on: list, observation
 #: steps, and the out-of-memory paths of the small device are still taken.
 LARGE_DEVICE = 4
 
-#: levels whose machine is sized by the target's device (the caching level's
-#: targets keep their own device and policy sizes)
-SIZED_LEVELS = ("mechanism", "system")
+#: levels that draw the device per example: the system level, where a small
+#: device refuses before the protocols get deep (the caching level's targets
+#: keep their own device; the mechanism level keeps the one device, whose
+#: out-of-memory paths are what it checks)
+SIZED_LEVELS = ("system",)
 
 
 def build_probe(tref: TargetRef, capacity: int | None) -> api.TargetInstance:

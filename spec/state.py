@@ -423,10 +423,6 @@ class RefSet:
     def at(self, i: int) -> int:
         return self.items[i]
 
-    def newest(self) -> int:
-        """The reference added last of those still in the set (ids only grow)."""
-        return max(self.items)
-
 
 # --------------------------------------------------------------------------
 # Small helpers the role modules share
@@ -461,12 +457,7 @@ def from_refs(describe: str, *sets: Any) -> Any:
     def draw(state: Any, chooser: Any) -> int:
         avail = options(state)
         rs = avail[chooser.integer(0, len(avail) - 1)] if len(avail) > 1 else avail[0]
-        n = len(rs)
-        # recency: about a third of the draws name the newest reference, so
-        # a protocol (use on two streams, drop, poll; respond, claim,
-        # expire) runs its steps on one object instead of spreading them
-        i = chooser.integer(0, n - 1 + (n + 1) // 2 if n > 1 else 0)
-        return rs.at(i) if i < n else rs.newest()
+        return rs.at(chooser.integer(0, len(rs) - 1))
 
     return Domain(describe, draw, lambda s: bool(options(s)))
 
