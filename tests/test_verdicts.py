@@ -297,3 +297,38 @@ def test_an_action_undrawn_for_a_missing_capability_gives_na_with_the_reason_not
     info.undrawn = {"use_owned": []}
     rows = {inv: (status, detail) for inv, _t, status, detail in runner.PlanResult("t", "system", info).rows()}
     assert rows["S4"][0] == "UNTESTED"
+
+
+def test_the_draws_do_not_depend_on_what_the_process_imported(tmp_path, monkeypatch):
+    """The cause of an order-dependent miss: Hypothesis mixes the literal
+    constants of every local module in ``sys.modules`` into its draws; a
+    run must draw the same after more of the project (or a test module full
+    of constants) was imported."""
+    import contextlib
+    import importlib.util
+
+    from memspec.spec.api import MiB
+
+    def outcomes() -> Counter:
+        plan = runner.make_plan("reference", "system", capacity=16 * MiB)
+        runner.run_hypothesis(plan, runner.hypothesis_settings("ci", examples=30, steps=20), minimize_steps=False)
+        return Counter(plan.stats.outcomes)
+
+    def import_constants(name: str, first: int) -> None:
+        src = tmp_path / f"{name}.py"
+        src.write_text("SIZES = [" + ", ".join(str(k) for k in range(first, first + 150)) + ", "
+                       + ", ".join(str(k * 4096 + first) for k in range(1, 50)) + "]\n"
+                       "NAMES = ['session', 'weights', 'kv']\n")
+        spec = importlib.util.spec_from_file_location(name, src)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        monkeypatch.setitem(sys.modules, name, mod)
+
+    before = outcomes()
+    import_constants("memspec_test_local_constants_a", 1)
+    assert outcomes() == before
+    # without the fixed pool the same import changes the draws (the check can fail)
+    monkeypatch.setattr(runner, "stable_constants", contextlib.nullcontext)
+    base = outcomes()
+    import_constants("memspec_test_local_constants_b", 151)
+    assert outcomes() != base
