@@ -180,6 +180,8 @@ class Run:
         self.failed = False
         self.nsteps = 0
         self._action = None
+        #: (action, args, Outcomes or None) the guidance computed for the step being drawn
+        self._outs: tuple | None = None
         self._obs_cache: dict | None = None
         self._checks: list | None = None
         self._swarm: tuple | None = None   # (actions, weights) of this example (swarm testing)
@@ -337,7 +339,14 @@ class Run:
                 raise
             except Exception as e:  # noqa: BLE001
                 raise SpecError(f"drawing arguments of {a.name} raised {type(e).__name__}: {e}") from e
-            accepting = _may_accept(a, self.state, args) if guided else True
+            if guided:
+                outs = _spec_outcomes(a, self.state, args)
+                # kept for apply(): the same action, arguments and state give the same outcomes
+                self._outs = (a, args, outs)
+                accepting = outs is None or getattr(a, "misuse", False) or any(
+                    hasattr(b, "accepts") for b in outs.branches)
+            else:
+                accepting = True
             if accepting or attempt == ARG_REDRAWS or not chooser.boolean():
                 break
         return a, args, rec.record, accepting
@@ -369,10 +378,14 @@ class Run:
                     raise SpecError(f"{action.name}: boundaries of {k} raised {type(e).__name__}: {e}") from e
                 if hit:
                     st.boundaries[f"{action.name}.{k}={v}"] += 1
-        try:
-            outs = action.step(state, **args)
-        except Exception as e:  # noqa: BLE001
-            raise SpecError(f"{action.name}.step({args}) raised {type(e).__name__}: {e}") from e
+        drawn, self._outs = self._outs, None
+        if drawn is not None and drawn[0] is action and drawn[1] is args and drawn[2] is not None:
+            outs = drawn[2]  # computed by the guidance of choose() on this very state
+        else:
+            try:
+                outs = action.step(state, **args)
+            except Exception as e:  # noqa: BLE001
+                raise SpecError(f"{action.name}.step({args}) raised {type(e).__name__}: {e}") from e
         misuse = getattr(action, "misuse", False)
         if misuse:
             st.offered[action.name] += 1
@@ -664,15 +677,13 @@ REDRAWS = 1
 ARG_REDRAWS = 2
 
 
-def _may_accept(action: Any, state: Any, args: dict) -> bool:
-    """Whether the spec offers an accepting (returning) branch for ``args``."""
-    if getattr(action, "misuse", False):
-        return True
+def _spec_outcomes(action: Any, state: Any, args: dict) -> Any:
+    """``action.step(state, **args)``, or ``None`` when the spec crashes
+    (apply() steps again and reports the crash)."""
     try:
-        outs = action.step(state, **args)
-    except Exception:  # noqa: BLE001 - apply() reports the spec's crash
-        return True
-    return any(hasattr(b, "accepts") for b in outs.branches)
+        return action.step(state, **args)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _step_checks(machine: Any, state: Any) -> list | None:

@@ -26,11 +26,9 @@ def test_proved_and_unguarded_refuted(proof: Proof) -> None:
     assert r.unguarded_refuted, f"{proof.id}: unguarded variant ({proof.guard}) was not refuted: {r.unguarded_trace}"
     assert "[unguarded]" in r.unguarded_trace
     assert "=>" in r.unguarded_trace
-    # nothing assumed, except S5's page-count lemma (reported, so S5 is conditional, never "proved")
-    if proof.id == "S5":
-        assert r.status == "conditional" and r.assumed and not r.proved
-    else:
-        assert r.status == "proved" and r.assumed == [], r.assumed
+    # nothing assumed and nothing bounded
+    assert r.status == "proved" and r.assumed == [], r.assumed
+    assert not proof.bounded or proof.id not in ("S5", "S12", "S13", "S14"), proof.bounded
 
 
 def test_a_lemma_the_invariant_does_not_imply_is_reported_assumed() -> None:
@@ -82,3 +80,78 @@ def test_refutation_fails_when_the_variant_keeps_its_guard() -> None:
     same = Proof(**{**m.S10.__dict__, "unguarded": m.S10.action("destroy_context")})
     ok, why = refute_unguarded(same)
     assert not ok and "no violation" in why
+
+
+# --------------------------------------------------------------------------
+# S5, S12, S13, S14: every declaring action encoded; each guard is necessary
+# --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("inv_id", ["S5", "S12", "S13", "S14"])
+def test_mechanism_invariants_encode_every_declaring_action(inv_id: str) -> None:
+    from memspec.invariants.proofs_catalog import declared, encoded
+
+    p = [x for x in PROOFS if x.id == inv_id][0]
+    assert set(declared(inv_id)) <= set(encoded(p)), sorted(set(declared(inv_id)) - set(encoded(p)))
+
+
+def _without_guard(p: Proof) -> Proof:
+    """The proof with its guarded action replaced by the unguarded variant."""
+    return Proof(**{**p.__dict__, "actions": [p.unguarded if a.name == p.unguarded.name else a for a in p.actions]})
+
+
+@pytest.mark.parametrize("inv_id", ["S5", "S12", "S13", "S14"])
+def test_removing_the_guard_breaks_the_proof(inv_id: str) -> None:
+    """The unguarded variant is the same action with one guard removed: put in
+    place of the guarded one, consecution fails at that action (the guard is
+    what the proof rests on, not a body that cannot violate anything)."""
+    p = [x for x in PROOFS if x.id == inv_id][0]
+    r = prove(_without_guard(p))
+    bad = [c.name for c in r.checks if not c.ok]
+    assert f"step:{p.unguarded.name}" in bad, (bad, [c.detail for c in r.checks if not c.ok])
+    assert not r.proved
+
+
+def test_s12_guarded_commit_writes_the_base() -> None:
+    """S12's committing actions share one body that re-reserves (moves the
+    base) when the range does not fit: only the range guard keeps the address."""
+    from memspec.invariants import proofs_seed000 as m
+
+    s = St({"rstate": z3.K(z3.IntSort(), z3.IntVal(m.LIVE)), "base": z3.K(z3.IntSort(), z3.IntVal(5)),
+            "base0": z3.K(z3.IntSort(), z3.IntVal(5)), "rsize": z3.K(z3.IntSort(), z3.IntVal(8)),
+            "kc": z3.K(z3.IntSort(), z3.IntVal(0)), "rforeign": z3.K(z3.IntSort(), z3.BoolVal(False)),
+            "nextva": z3.IntVal(100), "free": z3.IntVal(100), "cap": z3.BoolVal(True), "scap": z3.BoolVal(True)})
+    a = St({"r": z3.IntVal(0), "lo": z3.IntVal(0), "hi": z3.IntVal(16), "bad": z3.BoolVal(False),
+            "oom": z3.BoolVal(False)})
+    out, s2 = m.S12.unguarded.step(s, a)
+    assert z3.simplify(out).as_long() == 0 and z3.simplify(at_(s2.base, 0)).as_long() == 100
+    out, s2 = m.S12.action("commit").step(s, a)
+    assert z3.simplify(out).as_long() != 0 and z3.simplify(at_(s2.base, 0)).as_long() == 5
+
+
+def at_(arr, i):
+    return z3.Select(arr, i)
+
+
+def test_s13_read_only_write_counter_can_fail() -> None:
+    """``rowrites`` is the spec's readonly_writes: a write_through without the
+    read-only guard counts one, and the invariant fails there."""
+    from memspec.invariants import proofs_seed000 as m
+
+    unguarded = Act("write_through", {"m": "int"}, lambda s, a: on_ok(z3.IntVal(0), s, s.set(
+        rowrites=s.rowrites + m.K.ite(z3.And(m.at(s.mro, a.m), z3.Not(m.at(s.mpriv, a.m))), 1, 0))),
+        pre=lambda s, a: m.at(s.mlive, a.m))
+    bad = Proof(**{**m.S13.__dict__, "actions": [unguarded if a.name == "write_through" else a for a in m.S13.actions]})
+    r = prove(bad)
+    assert not [c for c in r.checks if c.name == "step:write_through"][0].ok
+
+
+@pytest.mark.parametrize("inv_id,action", [("S5", "commit_range"), ("S12", "kv_grow"), ("S13", "kv_open"),
+                                           ("S14", "reserve_owned")])
+def test_dropping_an_encoded_action_drops_coverage(inv_id: str, action: str) -> None:
+    from dataclasses import replace
+
+    from memspec.invariants.proofs_catalog import declared, encoded
+
+    p = [x for x in PROOFS if x.id == inv_id][0]
+    fewer = replace(p, actions=[a for a in p.actions if a.name != action])
+    assert set(declared(inv_id)) - set(encoded(fewer))
