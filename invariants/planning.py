@@ -65,11 +65,6 @@ def applicability(machine: Any, actions_all: list, actions_on: list, observation
 #: steps, and the out-of-memory paths of the small device are still taken.
 LARGE_DEVICE = 4
 
-#: levels that draw the device per example: the system level, where a small
-#: device refuses before the protocols get deep (the caching level's targets
-#: keep their own device; the mechanism level keeps the one device, whose
-#: out-of-memory paths are what it checks)
-SIZED_LEVELS = ("system",)
 
 
 def build_probe(tref: TargetRef, capacity: int | None) -> api.TargetInstance:
@@ -129,7 +124,7 @@ def make_plan(target: str | TargetRef, level: str, *, capacity: int | None = Non
     na = applicability(mach, mach.actions, acts, mach.observations, obs, caps)
     make_sut: Callable = lv.make_sut
     capacities: tuple = ()
-    if capacity is not None and level in SIZED_LEVELS and init.get("capacity") == capacity:
+    if capacity is not None and lv.sized_device and init.get("capacity") == capacity:
         capacities = (capacity, capacity * LARGE_DEVICE)
     return Plan(target=tref.name, level=level, factory=tref.factory, machine=mach, init_kwargs=init,
                 actions=acts, observations=obs, capabilities=caps, na=na, make_sut=make_sut,
