@@ -30,7 +30,7 @@ from typing import Any, Callable
 import z3
 
 from memspec.invariants.proofs import (
-    ARR, ARR2, ARR2B, BARR, BOOL, INT, OUTCOMES, Act, Proof, St, _args, bv, concrete, fresh, iv,
+    ARR, ARR2, ARR2B, BARR, BOOL, INT, OUTCOMES, Act, Proof, St, _args, bv, concrete, fresh, iv, limit,
 )
 from memspec.spec.core import Raises, Returns
 
@@ -164,15 +164,13 @@ class Compiled:
             return True
         if z3.is_false(v):
             return False
-        sol = z3.Solver()  # a quantifier remained: decide the closed formula
-        sol.set("timeout", 5000)
+        sol = limit(z3.Solver(), 5000)  # a quantifier remained: decide the closed formula
         sol.add(v)
         r = sol.check()
         if r == z3.unknown:
             # a universal formula (every stream's fences done) is decided by
             # its negation: an existential, which is quantifier-free for Z3
-            neg = z3.Solver()
-            neg.set("timeout", 5000)
+            neg = limit(z3.Solver(), 5000)
             neg.add(z3.Not(v))
             rn = neg.check()
             if rn == z3.unknown:
