@@ -196,8 +196,14 @@ def run(machine: Machine[Any], *, examples: int, steps: int, seed: int | None = 
         # Hypothesis draws an unseeded run's seed from its own generator, not
         # from ``random``: without this a ``seed`` would not reproduce the walks
         cls._hypothesis_internal_use_seed = seed  # type: ignore[attr-defined]
+    from hypothesis import HealthCheck
+
+    # No deadline and no "too slow" health check: whether the walk runs (and
+    # so the verdict) must not depend on how loaded the machine is.
     cfg = settings(base if base is not None else settings(), max_examples=examples, stateful_step_count=steps,
-                   derandomize=seed is None,
+                   derandomize=seed is None, deadline=None,
+                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
+                                          HealthCheck.data_too_large],
                    phases=list(Phase) if shrink else [Phase.explicit, Phase.reuse, Phase.generate])
     run_state_machine_as_test(cls, settings=cfg)
     return stats
