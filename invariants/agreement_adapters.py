@@ -697,33 +697,101 @@ def _owned_allocs(s: Any) -> dict[int, Any]:
     return {r: o for r, o in s.owned.items() if o.kind == "allocation"}
 
 
-# -- S2: the binding's charge-then-commit -------------------------------------
+# -- S2: charge before commit, per holder --------------------------------------
+
+def _s2_holders() -> dict[str, int]:
+    from memspec.spec.governor import KV, SESSION, WEIGHTS
+
+    return {SESSION: 0, WEIGHTS: 1, KV: 2}
+
 
 def _s2_state(s: Any) -> tuple[dict[str, Any], Universe]:
-    from memspec.spec.governor import SESSION
-
+    """Installed bytes and charge per holder (session 0, weights 1, KV 2), and free."""
     u = Universe()
-    u.add("holder", [0])
-    return {"committed": (0, {0: s.physical_by.get(SESSION, 0)}), "charge": (0, {0: s.charged_by.get(SESSION, 0)}),
-            "grant": (0, {0: 0}), "free": s.free}, u
+    hx = _s2_holders()
+    u.add("holder", list(hx.values()))
+    return {"committed": (0, {i: s.physical_by.get(h, 0) for h, i in hx.items()}),
+            "charge": (0, {i: s.charged_by.get(h, 0) for h, i in hx.items()}), "free": s.free}, u
 
 
-def _s2_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    from memspec.spec.vmm import pages, range_legal
-
-    ref, start, end = args["span"]
-    o = s.owned[ref]
-    bad = not range_legal(s, o, start, end) or any(p in o.committed for p in pages(s, start, end))
-    st, u = _s2_state(s)
-    return st, {"h": 0, "n": end - start if end > start else 1, "bad_range": bad, "oom": taken == "OutOfMemory"}, u
+_S2_CMP = ("committed", "charge", "free")
 
 
 def _s2_expected(s: Any, u: Universe, value: Any) -> Any:
     st, _ = _s2_state(s)
-    return flatten(st, E.S2.fields, ("committed", "charge", "free"), u)
+    return flatten(st, E.S2.fields, _S2_CMP, u)
 
 
-SYS_ADAPTERS.append(Adapter("S2", "commit_owned", "commit_owned", _s2_project, _s2_expected, ("committed", "charge", "free")))
+def _s2_range_bad(s: Any, span: tuple[int, int, int]) -> bool:
+    """Not a page range inside the reservation, or a page of it committed already (read from the record)."""
+    ref, start, end = span
+    o = s.owned[ref]
+    if not (0 <= start < end <= o.size and start % s.page == 0 and end % s.page == 0):
+        return True
+    return any(p in o.committed for p in range(start // s.page, end // s.page))
+
+
+def _s2_commit_owned_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    ref, start, end = args["span"]
+    st, u = _s2_state(s)
+    return st, {"n": end - start if end > start else 1, "bad_range": _s2_range_bad(s, args["span"]),
+                "oom": taken == "OutOfMemory"}, u
+
+
+def _s2_allocate_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    """The session's footprint is the page-rounded size (the walk's witness);
+    not a positive int: InvalidRequest before any accounting, outside S2."""
+    size = args["size"]
+    if not _is_int(size) or size <= 0:
+        return None
+    st, u = _s2_state(s)
+    return st, {"h": 0, "fp": -(-size // s.page) * s.page, "oom": taken == "OutOfMemory"}, u
+
+
+def _s2_load_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s2_state(s)
+    return st, {"h": 1, "fp": args["weight"][2], "oom": taken == "OutOfMemory"}, u
+
+
+def _s2_reserve_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    """Not a positive int: InvalidRequest before any accounting, outside S2."""
+    n = args["nbytes"]
+    if not _is_int(n) or n <= 0:
+        return None
+    st, u = _s2_state(s)
+    return st, {"n": n}, u
+
+
+def _s2_cancel_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    g = s.grants[args["grant"]]
+    st, u = _s2_state(s)
+    return st, {"gb": g.nbytes, "open": g.state == "open"}, u
+
+
+def _s2_commit_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    ref, actual = args["grant"]
+    g = s.grants[ref]
+    st, u = _s2_state(s)
+    return st, {"h": _s2_holders()[g.holder], "gb": g.nbytes, "actual": actual, "open": g.state == "open"}, u
+
+
+def _s2_grow_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    r, new, fail_at = args["growth"]
+    q = s.kv[r]
+    st, u = _s2_state(s)
+    return st, {"n": -(-new // s.page) * s.page - q.committed, "past": new > q.max_bytes,
+                "refuse": taken == "InvalidRequest", "fail": fail_at in (4, 5), "oom": taken == "OutOfMemory"}, u
+
+
+SYS_ADAPTERS += [
+    Adapter("S2", "commit_owned", "commit_owned", _s2_commit_owned_project, _s2_expected, _S2_CMP),
+    Adapter("S2", "allocate", "allocate_owned", _s2_allocate_project, _s2_expected, _S2_CMP),
+    Adapter("S2", "allocate", "load_weight", _s2_load_project, _s2_expected, _S2_CMP),
+    Adapter("S2", "reserve", "reserve", _s2_reserve_project, _s2_expected, _S2_CMP),
+    Adapter("S2", "cancel", "cancel", _s2_cancel_project, _s2_expected, _S2_CMP),
+    Adapter("S2", "commit", "commit", _s2_commit_project, _s2_expected, _S2_CMP),
+    Adapter("S2", "grow", "kv_grow", _s2_grow_project, _s2_expected, _S2_CMP),
+]
 
 
 # -- S9: KvPageStore growth ---------------------------------------------------
