@@ -1534,27 +1534,29 @@ def _q_adapters(inv: str, also: tuple[str, ...] = ()) -> list[Adapter]:
     """The fence machine's adapters for ``inv`` (and ``also``: S7 encodes
     every action by the same step as S4, so each sample counts for both)."""
     exp = _keyed_expected(inv, _qstate, _Q_CMP)
+
+    def ad(action: str, spec_action: str, arg: Any, ok_only: bool = False, **kw: Any) -> Adapter:
+        return Adapter(inv, action, spec_action, _keyed(_qstate, arg, ok_only), exp, _Q_CMP, also=also,
+                       finite=True, **kw)
+
     obj = lambda key: (lambda s, u, a: {"x": _q_obj(s, u, a[key])})  # noqa: E731
     use = lambda key: (lambda s, u, a: {"x": _q_obj(s, u, a[key]), "st": _stream_ix(u, a["stream"])})  # noqa: E731
     return [
         # allocate_owned's refusals make nothing (S8's and S11's to compare)
-        Adapter(inv, "allocate", "allocate_owned", _keyed(_qstate, lambda s, u, a: {"x": _new(u)}, True), exp, _Q_CMP, also=also, finite=True),
-        Adapter(inv, "use", "use", _keyed(_qstate, use("allocation")), exp, _Q_CMP, also=also, finite=True),
-        Adapter(inv, "use", "use_owned", _keyed(_qstate, use("reservation")), exp, _Q_CMP, also=also, finite=True),
-        Adapter(inv, "use", "kv_use", _keyed(_qstate, use("request")), exp, _Q_CMP, also=also, finite=True),
-        Adapter(inv, "drop", "drop", _keyed(_qstate, obj("allocation")), exp, _Q_CMP, also=also, finite=True),
-        Adapter(inv, "close", "close_owned", _keyed(_qstate, obj("reservation")), exp, _Q_CMP, also=also, finite=True),
-        Adapter(inv, "close", "kv_close", _keyed(_qstate, obj("request")), exp, _Q_CMP, also=also, finite=True),
-        Adapter(inv, "close", "unload_weight",
-                _keyed(_qstate, lambda s, u, a: {"x": _q_obj(s, u, s.weights[a["weight"]].owned)}), exp, _Q_CMP, also=also, finite=True),
-        Adapter(inv, "decommit", "decommit_owned",
-                _keyed(_qstate, lambda s, u, a: {"x": _q_obj(s, u, a["span"][0]), "y": _new(u),
-                                                 "bad": _decommit_bad(s, a["span"])}), exp, _Q_CMP, balance=2, also=also, finite=True,
-                helpers=_DECOMMIT_HELPERS),
-        Adapter(inv, "synchronize", "synchronize",
-                _keyed(_qstate, lambda s, u, a: {"st": 0 if a["stream"] is None else _stream_ix(u, a["stream"]),
-                                                 "every": a["stream"] is None}), exp, _Q_CMP, also=also, finite=True),
-        Adapter(inv, "poll", "poll", _keyed(_qstate, lambda s, u, a: {}), exp, _Q_CMP, also=also, finite=True),
+        ad("allocate", "allocate_owned", lambda s, u, a: {"x": _new(u)}, ok_only=True),
+        ad("use", "use", use("allocation")),
+        ad("use", "use_owned", use("reservation")),
+        ad("use", "kv_use", use("request")),
+        ad("drop", "drop", obj("allocation")),
+        ad("close", "close_owned", obj("reservation")),
+        ad("close", "kv_close", obj("request")),
+        ad("close", "unload_weight", lambda s, u, a: {"x": _q_obj(s, u, s.weights[a["weight"]].owned)}),
+        ad("decommit", "decommit_owned", lambda s, u, a: {"x": _q_obj(s, u, a["span"][0]), "y": _new(u),
+                                                          "bad": _decommit_bad(s, a["span"])},
+           balance=2, helpers=_DECOMMIT_HELPERS),
+        ad("synchronize", "synchronize",
+           lambda s, u, a: {"st": 0 if a["stream"] is None else _stream_ix(u, a["stream"]), "every": a["stream"] is None}),
+        ad("poll", "poll", lambda s, u, a: {}),
     ]
 
 
@@ -1631,24 +1633,28 @@ _S10_EXP = _keyed_expected("S10", _s10_state, _S10_CMP)
 _S1_EXP = _keyed_expected("S1", _s1_sys_state, _S1_SYS_CMP)
 _ONE = lambda key: (lambda s, u, a: {"x": _q_obj(s, u, a[key])})  # noqa: E731
 
+
+def _s10(action: str, spec_action: str, arg: Any, ok_only: bool = False, **kw: Any) -> Adapter:
+    return Adapter("S10", action, spec_action, _keyed(_s10_state, arg, ok_only), _S10_EXP, _S10_CMP, finite=True, **kw)
+
+
+def _s1(action: str, spec_action: str, arg: Any) -> Adapter:
+    return Adapter("S1", action, spec_action, _keyed(_s1_sys_state, arg), _S1_EXP, _S1_SYS_CMP, finite=True)
+
+
 SYS_ADAPTERS += [
     # allocate_owned's refusals make nothing (S8's and S11's to compare)
-    Adapter("S10", "allocate", "allocate_owned", _keyed(_s10_state, lambda s, u, a: {"x": _new(u), "c": 0}, True),
-            _S10_EXP, _S10_CMP, finite=True),
-    Adapter("S10", "drop", "drop", _keyed(_s10_state, _ONE("allocation")), _S10_EXP, _S10_CMP, finite=True),
-    Adapter("S10", "close", "close_owned", _keyed(_s10_state, _ONE("reservation")), _S10_EXP, _S10_CMP, finite=True),
-    Adapter("S10", "close", "kv_close", _keyed(_s10_state, _ONE("request")), _S10_EXP, _S10_CMP, finite=True),
-    Adapter("S10", "decommit", "decommit_owned",
-            _keyed(_s10_state, lambda s, u, a: {"x": _q_obj(s, u, a["span"][0]), "y": _new(u),
-                                                "bad": _decommit_bad(s, a["span"])}), _S10_EXP, _S10_CMP, balance=2, finite=True,
-            helpers=_DECOMMIT_HELPERS),
-    Adapter("S10", "poll", "poll", _keyed(_s10_state, lambda s, u, a: {"ready": _ready(s, u)}), _S10_EXP, _S10_CMP, finite=True),
-    Adapter("S10", "destroy_context", "destroy_context", _keyed(_s10_state, lambda s, u, a: {"c": 0}),
-            _S10_EXP, _S10_CMP, finite=True),
-    Adapter("S1", "select", "select", _keyed(_s1_sys_state, lambda s, u, a: {"m": a["mechanism"]}),
-            _S1_EXP, _S1_SYS_CMP, finite=True),
-    Adapter("S1", "poll", "poll", _keyed(_s1_sys_state, lambda s, u, a: {"ready": _ready(s, u)}),
-            _S1_EXP, _S1_SYS_CMP, finite=True),
+    _s10("allocate", "allocate_owned", lambda s, u, a: {"x": _new(u), "c": 0}, ok_only=True),
+    _s10("drop", "drop", _ONE("allocation")),
+    _s10("close", "close_owned", _ONE("reservation")),
+    _s10("close", "kv_close", _ONE("request")),
+    _s10("decommit", "decommit_owned", lambda s, u, a: {"x": _q_obj(s, u, a["span"][0]), "y": _new(u),
+                                                        "bad": _decommit_bad(s, a["span"])},
+         balance=2, helpers=_DECOMMIT_HELPERS),
+    _s10("poll", "poll", lambda s, u, a: {"ready": _ready(s, u)}),
+    _s10("destroy_context", "destroy_context", lambda s, u, a: {"c": 0}),
+    _s1("select", "select", lambda s, u, a: {"m": a["mechanism"]}),
+    _s1("poll", "poll", lambda s, u, a: {"ready": _ready(s, u)}),
 ]
 
 MECH_ADAPTERS += [
