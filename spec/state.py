@@ -109,6 +109,8 @@ class MechHandle:
     released: bool = False
     mappings: int = 0
     freed: bool = False
+    #: writes a caller made through its writable mappings (the bytes changed)
+    writes: int = 0
 
 
 @dataclass
@@ -124,6 +126,8 @@ class MechMapping:
     read_only: bool
     private: bool = False
     live: bool = True
+    #: writes a caller made into the private copy (after copy-on-write)
+    writes: int = 0
 
 
 @dataclass
@@ -291,6 +295,8 @@ class KvRequest:
     sharers: dict[int, int] = field(default_factory=dict)  # sharer request -> its prefix bytes, until its release runs
     fences: list[tuple[int, int]] = field(default_factory=list)
     state: str = "open"        # open | closed (release queued) | released (private pages gone)
+    #: the most bytes of it ever shared as a prefix (those pages stay read-only here)
+    shared_upto: int = 0
 
     @property
     def committed(self) -> int:
