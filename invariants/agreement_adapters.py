@@ -697,33 +697,101 @@ def _owned_allocs(s: Any) -> dict[int, Any]:
     return {r: o for r, o in s.owned.items() if o.kind == "allocation"}
 
 
-# -- S2: the binding's charge-then-commit -------------------------------------
+# -- S2: charge before commit, per holder --------------------------------------
+
+def _s2_holders() -> dict[str, int]:
+    from memspec.spec.governor import KV, SESSION, WEIGHTS
+
+    return {SESSION: 0, WEIGHTS: 1, KV: 2}
+
 
 def _s2_state(s: Any) -> tuple[dict[str, Any], Universe]:
-    from memspec.spec.governor import SESSION
-
+    """Installed bytes and charge per holder (session 0, weights 1, KV 2), and free."""
     u = Universe()
-    u.add("holder", [0])
-    return {"committed": (0, {0: s.physical_by.get(SESSION, 0)}), "charge": (0, {0: s.charged_by.get(SESSION, 0)}),
-            "grant": (0, {0: 0}), "free": s.free}, u
+    hx = _s2_holders()
+    u.add("holder", list(hx.values()))
+    return {"committed": (0, {i: s.physical_by.get(h, 0) for h, i in hx.items()}),
+            "charge": (0, {i: s.charged_by.get(h, 0) for h, i in hx.items()}), "free": s.free}, u
 
 
-def _s2_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    from memspec.spec.vmm import pages, range_legal
-
-    ref, start, end = args["span"]
-    o = s.owned[ref]
-    bad = not range_legal(s, o, start, end) or any(p in o.committed for p in pages(s, start, end))
-    st, u = _s2_state(s)
-    return st, {"h": 0, "n": end - start if end > start else 1, "bad_range": bad, "oom": taken == "OutOfMemory"}, u
+_S2_CMP = ("committed", "charge", "free")
 
 
 def _s2_expected(s: Any, u: Universe, value: Any) -> Any:
     st, _ = _s2_state(s)
-    return flatten(st, E.S2.fields, ("committed", "charge", "free"), u)
+    return flatten(st, E.S2.fields, _S2_CMP, u)
 
 
-SYS_ADAPTERS.append(Adapter("S2", "commit_owned", "commit_owned", _s2_project, _s2_expected, ("committed", "charge", "free")))
+def _s2_range_bad(s: Any, span: tuple[int, int, int]) -> bool:
+    """Not a page range inside the reservation, or a page of it committed already (read from the record)."""
+    ref, start, end = span
+    o = s.owned[ref]
+    if not (0 <= start < end <= o.size and start % s.page == 0 and end % s.page == 0):
+        return True
+    return any(p in o.committed for p in range(start // s.page, end // s.page))
+
+
+def _s2_commit_owned_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    ref, start, end = args["span"]
+    st, u = _s2_state(s)
+    return st, {"n": end - start if end > start else 1, "bad_range": _s2_range_bad(s, args["span"]),
+                "oom": taken == "OutOfMemory"}, u
+
+
+def _s2_allocate_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    """The session's footprint is the page-rounded size (the walk's witness);
+    not a positive int: InvalidRequest before any accounting, outside S2."""
+    size = args["size"]
+    if not _is_int(size) or size <= 0:
+        return None
+    st, u = _s2_state(s)
+    return st, {"h": 0, "fp": -(-size // s.page) * s.page, "oom": taken == "OutOfMemory"}, u
+
+
+def _s2_load_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s2_state(s)
+    return st, {"h": 1, "fp": args["weight"][2], "oom": taken == "OutOfMemory"}, u
+
+
+def _s2_reserve_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    """Not a positive int: InvalidRequest before any accounting, outside S2."""
+    n = args["nbytes"]
+    if not _is_int(n) or n <= 0:
+        return None
+    st, u = _s2_state(s)
+    return st, {"n": n}, u
+
+
+def _s2_cancel_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    g = s.grants[args["grant"]]
+    st, u = _s2_state(s)
+    return st, {"gb": g.nbytes, "open": g.state == "open"}, u
+
+
+def _s2_commit_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    ref, actual = args["grant"]
+    g = s.grants[ref]
+    st, u = _s2_state(s)
+    return st, {"h": _s2_holders()[g.holder], "gb": g.nbytes, "actual": actual, "open": g.state == "open"}, u
+
+
+def _s2_grow_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    r, new, fail_at = args["growth"]
+    q = s.kv[r]
+    st, u = _s2_state(s)
+    return st, {"n": -(-new // s.page) * s.page - q.committed, "past": new > q.max_bytes,
+                "refuse": taken == "InvalidRequest", "fail": fail_at in (4, 5), "oom": taken == "OutOfMemory"}, u
+
+
+SYS_ADAPTERS += [
+    Adapter("S2", "commit_owned", "commit_owned", _s2_commit_owned_project, _s2_expected, _S2_CMP),
+    Adapter("S2", "allocate", "allocate_owned", _s2_allocate_project, _s2_expected, _S2_CMP),
+    Adapter("S2", "allocate", "load_weight", _s2_load_project, _s2_expected, _S2_CMP),
+    Adapter("S2", "reserve", "reserve", _s2_reserve_project, _s2_expected, _S2_CMP),
+    Adapter("S2", "cancel", "cancel", _s2_cancel_project, _s2_expected, _S2_CMP),
+    Adapter("S2", "commit", "commit", _s2_commit_project, _s2_expected, _S2_CMP),
+    Adapter("S2", "grow", "kv_grow", _s2_grow_project, _s2_expected, _S2_CMP),
+]
 
 
 # -- S9: KvPageStore growth ---------------------------------------------------
@@ -1482,27 +1550,29 @@ def _q_adapters(inv: str, also: tuple[str, ...] = ()) -> list[Adapter]:
     """The fence machine's adapters for ``inv`` (and ``also``: S7 encodes
     every action by the same step as S4, so each sample counts for both)."""
     exp = _keyed_expected(inv, _qstate, _Q_CMP)
+
+    def ad(action: str, spec_action: str, arg: Any, ok_only: bool = False, **kw: Any) -> Adapter:
+        return Adapter(inv, action, spec_action, _keyed(_qstate, arg, ok_only), exp, _Q_CMP, also=also,
+                       finite=True, **kw)
+
     obj = lambda key: (lambda s, u, a: {"x": _q_obj(s, u, a[key])})  # noqa: E731
     use = lambda key: (lambda s, u, a: {"x": _q_obj(s, u, a[key]), "st": _stream_ix(u, a["stream"])})  # noqa: E731
     return [
         # allocate_owned's refusals make nothing (S8's and S11's to compare)
-        Adapter(inv, "allocate", "allocate_owned", _keyed(_qstate, lambda s, u, a: {"x": _new(u)}, True), exp, _Q_CMP, also=also, finite=True),
-        Adapter(inv, "use", "use", _keyed(_qstate, use("allocation")), exp, _Q_CMP, also=also, finite=True),
-        Adapter(inv, "use", "use_owned", _keyed(_qstate, use("reservation")), exp, _Q_CMP, also=also, finite=True),
-        Adapter(inv, "use", "kv_use", _keyed(_qstate, use("request")), exp, _Q_CMP, also=also, finite=True),
-        Adapter(inv, "drop", "drop", _keyed(_qstate, obj("allocation")), exp, _Q_CMP, also=also, finite=True),
-        Adapter(inv, "close", "close_owned", _keyed(_qstate, obj("reservation")), exp, _Q_CMP, also=also, finite=True),
-        Adapter(inv, "close", "kv_close", _keyed(_qstate, obj("request")), exp, _Q_CMP, also=also, finite=True),
-        Adapter(inv, "close", "unload_weight",
-                _keyed(_qstate, lambda s, u, a: {"x": _q_obj(s, u, s.weights[a["weight"]].owned)}), exp, _Q_CMP, also=also, finite=True),
-        Adapter(inv, "decommit", "decommit_owned",
-                _keyed(_qstate, lambda s, u, a: {"x": _q_obj(s, u, a["span"][0]), "y": _new(u),
-                                                 "bad": _decommit_bad(s, a["span"])}), exp, _Q_CMP, balance=2, also=also, finite=True,
-                helpers=_DECOMMIT_HELPERS),
-        Adapter(inv, "synchronize", "synchronize",
-                _keyed(_qstate, lambda s, u, a: {"st": 0 if a["stream"] is None else _stream_ix(u, a["stream"]),
-                                                 "every": a["stream"] is None}), exp, _Q_CMP, also=also, finite=True),
-        Adapter(inv, "poll", "poll", _keyed(_qstate, lambda s, u, a: {}), exp, _Q_CMP, also=also, finite=True),
+        ad("allocate", "allocate_owned", lambda s, u, a: {"x": _new(u)}, ok_only=True),
+        ad("use", "use", use("allocation")),
+        ad("use", "use_owned", use("reservation")),
+        ad("use", "kv_use", use("request")),
+        ad("drop", "drop", obj("allocation")),
+        ad("close", "close_owned", obj("reservation")),
+        ad("close", "kv_close", obj("request")),
+        ad("close", "unload_weight", lambda s, u, a: {"x": _q_obj(s, u, s.weights[a["weight"]].owned)}),
+        ad("decommit", "decommit_owned", lambda s, u, a: {"x": _q_obj(s, u, a["span"][0]), "y": _new(u),
+                                                          "bad": _decommit_bad(s, a["span"])},
+           balance=2, helpers=_DECOMMIT_HELPERS),
+        ad("synchronize", "synchronize",
+           lambda s, u, a: {"st": 0 if a["stream"] is None else _stream_ix(u, a["stream"]), "every": a["stream"] is None}),
+        ad("poll", "poll", lambda s, u, a: {}),
     ]
 
 
@@ -1579,24 +1649,28 @@ _S10_EXP = _keyed_expected("S10", _s10_state, _S10_CMP)
 _S1_EXP = _keyed_expected("S1", _s1_sys_state, _S1_SYS_CMP)
 _ONE = lambda key: (lambda s, u, a: {"x": _q_obj(s, u, a[key])})  # noqa: E731
 
+
+def _s10(action: str, spec_action: str, arg: Any, ok_only: bool = False, **kw: Any) -> Adapter:
+    return Adapter("S10", action, spec_action, _keyed(_s10_state, arg, ok_only), _S10_EXP, _S10_CMP, finite=True, **kw)
+
+
+def _s1(action: str, spec_action: str, arg: Any) -> Adapter:
+    return Adapter("S1", action, spec_action, _keyed(_s1_sys_state, arg), _S1_EXP, _S1_SYS_CMP, finite=True)
+
+
 SYS_ADAPTERS += [
     # allocate_owned's refusals make nothing (S8's and S11's to compare)
-    Adapter("S10", "allocate", "allocate_owned", _keyed(_s10_state, lambda s, u, a: {"x": _new(u), "c": 0}, True),
-            _S10_EXP, _S10_CMP, finite=True),
-    Adapter("S10", "drop", "drop", _keyed(_s10_state, _ONE("allocation")), _S10_EXP, _S10_CMP, finite=True),
-    Adapter("S10", "close", "close_owned", _keyed(_s10_state, _ONE("reservation")), _S10_EXP, _S10_CMP, finite=True),
-    Adapter("S10", "close", "kv_close", _keyed(_s10_state, _ONE("request")), _S10_EXP, _S10_CMP, finite=True),
-    Adapter("S10", "decommit", "decommit_owned",
-            _keyed(_s10_state, lambda s, u, a: {"x": _q_obj(s, u, a["span"][0]), "y": _new(u),
-                                                "bad": _decommit_bad(s, a["span"])}), _S10_EXP, _S10_CMP, balance=2, finite=True,
-            helpers=_DECOMMIT_HELPERS),
-    Adapter("S10", "poll", "poll", _keyed(_s10_state, lambda s, u, a: {"ready": _ready(s, u)}), _S10_EXP, _S10_CMP, finite=True),
-    Adapter("S10", "destroy_context", "destroy_context", _keyed(_s10_state, lambda s, u, a: {"c": 0}),
-            _S10_EXP, _S10_CMP, finite=True),
-    Adapter("S1", "select", "select", _keyed(_s1_sys_state, lambda s, u, a: {"m": a["mechanism"]}),
-            _S1_EXP, _S1_SYS_CMP, finite=True),
-    Adapter("S1", "poll", "poll", _keyed(_s1_sys_state, lambda s, u, a: {"ready": _ready(s, u)}),
-            _S1_EXP, _S1_SYS_CMP, finite=True),
+    _s10("allocate", "allocate_owned", lambda s, u, a: {"x": _new(u), "c": 0}, ok_only=True),
+    _s10("drop", "drop", _ONE("allocation")),
+    _s10("close", "close_owned", _ONE("reservation")),
+    _s10("close", "kv_close", _ONE("request")),
+    _s10("decommit", "decommit_owned", lambda s, u, a: {"x": _q_obj(s, u, a["span"][0]), "y": _new(u),
+                                                        "bad": _decommit_bad(s, a["span"])},
+         balance=2, helpers=_DECOMMIT_HELPERS),
+    _s10("poll", "poll", lambda s, u, a: {"ready": _ready(s, u)}),
+    _s10("destroy_context", "destroy_context", lambda s, u, a: {"c": 0}),
+    _s1("select", "select", lambda s, u, a: {"m": a["mechanism"]}),
+    _s1("poll", "poll", lambda s, u, a: {"ready": _ready(s, u)}),
 ]
 
 MECH_ADAPTERS += [

@@ -115,62 +115,90 @@ S1 = Proof(
 # ==========================================================================
 # S2 charge-before-commit
 # ==========================================================================
+# Per holder ``h`` (0 session, 1 ModelResidency, 2 KvPageStore):
+# ``committed[h]`` the physical bytes installed for it, ``charge[h]`` what
+# the Governor charges it; ``free`` the Governor's free bytes.  Every action
+# that installs physical bytes first obtains their charge (*a charge must be
+# obtained before physical commit*): the Governor can charge at most what is
+# free (``K.minimum(n, free)``), and the guard refuses (GrantDenied) unless
+# all ``n`` bytes are.  The unguarded variant drops that guard: the bytes are
+# mapped, the Governor charges what it can.
+
+def _s2_install(s: St, h: Any, n: Any) -> St:
+    """Charge ``n`` bytes to holder ``h`` (as much as is free), then install them."""
+    return s.set(committed=upd(s.committed, h, at(s.committed, h) + n),
+                 charge=upd(s.charge, h, at(s.charge, h) + K.minimum(n, s.free)), free=s.free - n)
+
 
 def _s2_reserve(s: St, a: St):
+    """Governor ``reserve``: a provisional grant of ``n`` bytes leaves free (GrantDenied if more than is free)."""
     out = outcome((z3.Not(K.can_grant(K.Ledger(0, s.free, 0, 0), a.n)), "GrantDenied"))
-    return on_ok(out, s, s.set(free=s.free - a.n, grant=upd(s.grant, a.h, at(s.grant, a.h) + a.n)))
-
-
-def _s2_commit(check: bool):
-    def step(s: St, a: St):
-        g = at(s.grant, a.h)
-        if check:
-            out = outcome((a.n > g, "InvalidRequest"))
-            take = a.n
-        else:
-            out = z3.IntVal(OK)
-            take = K.minimum(a.n, g)  # commit first, charge only what the grant covers
-        return on_ok(out, s, s.set(committed=upd(s.committed, a.h, at(s.committed, a.h) + a.n),
-                                   charge=upd(s.charge, a.h, at(s.charge, a.h) + take),
-                                   grant=upd(s.grant, a.h, g - take)))
-    return step
-
-
-def _s2_commit_owned(s: St, a: St):
-    """spec/backing.py commit_owned: charge-then-commit in one step (the range
-    check is S5's, given as ``bad_range``; ``oom`` is the device's answer)."""
-    out = outcome((a.bad_range, "InvalidRange"), (a.n > s.free, "GrantDenied"), (a.oom, "OutOfMemory"))
-    return on_ok(out, s, s.set(committed=upd(s.committed, a.h, at(s.committed, a.h) + a.n),
-                               charge=upd(s.charge, a.h, at(s.charge, a.h) + a.n), free=s.free - a.n))
-
-
-def _s2_decommit(s: St, a: St):
-    out = outcome((a.n > at(s.committed, a.h), "InvalidRange"))
-    return on_ok(out, s, s.set(committed=upd(s.committed, a.h, at(s.committed, a.h) - a.n),
-                               charge=upd(s.charge, a.h, at(s.charge, a.h) - a.n), free=s.free + a.n))
+    return on_ok(out, s, s.set(free=s.free - a.n))
 
 
 def _s2_cancel(s: St, a: St):
-    return on_ok(z3.IntVal(OK), s, s.set(free=s.free + at(s.grant, a.h), grant=upd(s.grant, a.h, 0)))
+    """Governor ``cancel``: an open grant's ``gb`` bytes return to free (not open: InvalidRequest)."""
+    out = outcome((z3.Not(a.open), "InvalidRequest"))
+    return on_ok(out, s, s.set(free=s.free + a.gb))
 
 
-_HN = {"h": INT, "n": INT}
+def _s2_commit(s: St, a: St):
+    """Governor ``commit``: an open grant of ``gb`` bytes becomes a lease of
+    ``actual`` bytes charged to ``h``; the difference comes from free
+    (GrantDenied if more than is free).  Installs nothing."""
+    out = outcome((z3.Not(a.open), "InvalidRequest"), (a.actual - a.gb > s.free, "GrantDenied"))
+    return on_ok(out, s, s.set(charge=upd(s.charge, a.h, at(s.charge, a.h) + a.actual),
+                               free=s.free - (a.actual - a.gb)))
+
+
+def _s2_allocate(s: St, a: St):
+    """``allocate_owned`` (holder 0) and ``load_weight`` (holder 1): the
+    allocation transaction charges the footprint ``fp`` (GrantDenied if it is
+    not free), then the device allocates it (or OutOfMemory, grant returned)."""
+    out = outcome((a.fp > s.free, "GrantDenied"), (a.oom, "OutOfMemory"))
+    return on_ok(out, s, _s2_install(s, a.h, a.fp))
+
+
+def _s2_commit_owned(check: bool):
+    """``commit_owned``: charge-then-commit ``n`` bytes of a reservation
+    (``bad_range``: InvalidRange, S5's check; ``oom``: the device's answer)."""
+    def step(s: St, a: St):
+        pairs = [(a.bad_range, "InvalidRange")] + ([(a.n > s.free, "GrantDenied")] if check else [])
+        out = outcome(*pairs, (a.oom, "OutOfMemory"))
+        return on_ok(out, s, _s2_install(s, 0, a.n))
+    return step
+
+
+def _s2_grow(s: St, a: St):
+    """``kv_grow`` by ``n`` bytes (holder 2): past the request's maximum,
+    InvalidRange (``past``); nothing to grow, 0 or InvalidRequest
+    (``refuse``); the growth not free, GrantDenied; an injected failure
+    (``fail``) or OutOfMemory is rolled back; else charged, then committed."""
+    grows = a.n > 0
+    out = outcome((a.past, "InvalidRange"), (z3.And(z3.Not(grows), a.refuse), "InvalidRequest"),
+                  (z3.And(grows, a.n > s.free), "GrantDenied"), (z3.And(grows, a.fail), "MemspecError"),
+                  (z3.And(grows, a.oom), "OutOfMemory"))
+    return on_ok(out, s, _s2_install(s, 2, K.ite(grows, a.n, 0)))
+
+
+_S2_OWNED = {"n": INT, "bad_range": BOOL, "oom": BOOL}
 S2 = Proof(
     *catalog("S2"),
-    fields={"committed": ARR, "charge": ARR, "grant": ARR, "free": INT},
-    init=lambda s: z3.And(s.committed == Z0(), s.charge == Z0(), s.grant == Z0(), s.free >= 0),
-    inv=lambda s, h: z3.And(0 <= at(s.committed, h), at(s.committed, h) <= at(s.charge, h),
-                            at(s.grant, h) >= 0, s.free >= 0),
+    fields={"committed": ARR, "charge": ARR, "free": INT},
+    init=lambda s: z3.And(s.committed == Z0(), s.charge == Z0(), s.free >= 0),
+    inv=lambda s, h: z3.And(0 <= at(s.committed, h), at(s.committed, h) <= at(s.charge, h), s.free >= 0),
     actions=[
-        Act("reserve", _HN, _s2_reserve, pre=lambda s, a: a.n > 0, objs=("h",)),
-        Act("commit", _HN, _s2_commit(True), pre=lambda s, a: a.n > 0, objs=("h",)),
-        Act("decommit", _HN, _s2_decommit, pre=lambda s, a: a.n > 0, objs=("h",)),
-        Act("cancel", {"h": INT}, _s2_cancel, objs=("h",)),
-        Act("commit_owned", {"h": INT, "n": INT, "bad_range": BOOL, "oom": BOOL}, _s2_commit_owned,
-            pre=lambda s, a: a.n > 0, objs=("h",)),
+        Act("reserve", {"n": INT}, _s2_reserve, pre=lambda s, a: a.n > 0),
+        Act("cancel", {"gb": INT, "open": BOOL}, _s2_cancel, pre=lambda s, a: a.gb > 0),
+        Act("commit", {"h": INT, "gb": INT, "actual": INT, "open": BOOL}, _s2_commit,
+            pre=lambda s, a: z3.And(a.gb > 0, a.actual >= 0), objs=("h",)),
+        Act("allocate", {"h": INT, "fp": INT, "oom": BOOL}, _s2_allocate,
+            pre=lambda s, a: z3.And(a.fp > 0, z3.Or(a.h == 0, a.h == 1)), objs=("h",)),
+        Act("commit_owned", _S2_OWNED, _s2_commit_owned(True), pre=lambda s, a: a.n > 0),
+        Act("grow", {"n": INT, "past": BOOL, "refuse": BOOL, "fail": BOOL, "oom": BOOL}, _s2_grow),
     ],
-    unguarded=Act("commit", _HN, _s2_commit(False), pre=lambda s, a: a.n > 0, objs=("h",)),
-    guard="commit requires a grant covering the bytes (the charge) before mapping them",
+    unguarded=Act("commit_owned", _S2_OWNED, _s2_commit_owned(False), pre=lambda s, a: a.n > 0),
+    guard="commit_owned requires the Governor to charge all the bytes (else GrantDenied) before mapping them",
     bmc_depth=2,
 )
 
@@ -1863,7 +1891,8 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
     "S1": {"allocate": ("mechanism:allocate", "mechanism:allocate_foreign"), "release": ("mechanism:deallocate",),
            "select": ("system:select",), "poll": ("system:poll",)},
     "S2": {"reserve": ("system:reserve",), "commit": ("system:commit",), "cancel": ("system:cancel",),
-           "commit_owned": ("system:commit_owned",)},
+           "allocate": ("system:allocate_owned", "system:load_weight"), "commit_owned": ("system:commit_owned",),
+           "grow": ("system:kv_grow",)},
     "S3": {"select": ("system:select",), "query": ("system:binding_capabilities", "system:manager_capabilities",
                                                     "system:allocate_owned")},
     "S4": {"allocate": ("system:allocate_owned",), "use": ("system:use", "system:use_owned", "system:kv_use"),

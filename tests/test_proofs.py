@@ -195,3 +195,58 @@ def test_dropping_an_encoded_action_drops_coverage(inv_id: str, action: str) -> 
     p = [x for x in PROOFS if x.id == inv_id][0]
     fewer = replace(p, actions=[a for a in p.actions if a.name != action])
     assert set(declared(inv_id)) - set(encoded(fewer))
+
+
+# --------------------------------------------------------------------------
+# S1, S2, S4, S7, S10: every declaring action encoded; each guard is necessary
+# --------------------------------------------------------------------------
+
+MINE = ["S1", "S2", "S4", "S7", "S10"]
+
+
+@pytest.mark.parametrize("inv_id", MINE)
+def test_queue_and_charge_invariants_encode_every_declaring_action(inv_id: str) -> None:
+    from memspec.invariants.proofs_catalog import declared, encoded
+
+    p = [x for x in PROOFS if x.id == inv_id][0]
+    assert set(declared(inv_id)) <= set(encoded(p)), sorted(set(declared(inv_id)) - set(encoded(p)))
+
+
+@pytest.mark.parametrize("inv_id", MINE)
+def test_removing_the_guard_breaks_the_proof_queue_and_charge(inv_id: str) -> None:
+    """The unguarded variant in place of its guarded action: consecution fails
+    at that action, and nothing was assumed (the guard carries the proof)."""
+    p = [x for x in PROOFS if x.id == inv_id][0]
+    assert prove(p).proved
+    r = prove(_without_guard(p))
+    bad = [c.name for c in r.checks if not c.ok]
+    assert f"step:{p.unguarded.name}" in bad, (bad, [c.detail for c in r.checks if not c.ok])
+
+
+@pytest.mark.parametrize("inv_id,action", [("S1", "poll"), ("S1", "select"), ("S2", "grow"), ("S2", "allocate"),
+                                           ("S4", "decommit"), ("S4", "use"), ("S7", "close"), ("S10", "close")])
+def test_dropping_an_encoded_action_drops_coverage_queue_and_charge(inv_id: str, action: str) -> None:
+    from dataclasses import replace
+
+    from memspec.invariants.proofs_catalog import declared, encoded
+
+    p = [x for x in PROOFS if x.id == inv_id][0]
+    fewer = replace(p, actions=[a for a in p.actions if a.name != action])
+    assert set(declared(inv_id)) - set(encoded(fewer))
+
+
+def test_s4_poll_checks_every_stream_not_two() -> None:
+    """Streams are unbounded: a poll that checks only streams 0 and 1 is
+    refuted (work on a third stream is still running)."""
+    from memspec.invariants import proofs_seed000 as m
+
+    def poll_two_streams(s, a):
+        j = z3.Int("j")
+        done = z3.And(*[m.at(m.at(s.use, j), k) <= m.at(s.done, k) for k in (0, 1)])
+        runs = z3.And(m.at(s.astate, j) == m.QUEUED, done)
+        return on_ok(z3.IntVal(0), s, s.set(astate=z3.Lambda([j], z3.If(runs, m.FREED, m.at(s.astate, j)))))
+
+    two = Proof(**{**m.S4.__dict__, "actions": [Act("poll", {}, poll_two_streams) if a.name == "poll" else a
+                                                for a in m.S4.actions]})
+    r = prove(two)
+    assert not [c for c in r.checks if c.name == "step:poll"][0].ok
