@@ -473,7 +473,7 @@ def malloc_pre(s: St, a: St, guards: frozenset = frozenset()) -> Any:
     oom_path = z3.And(z3.Not(m["eb"]), z3.Not(m["found"]), z3.Not(m["room"]))
     return z3.And(z3.Not(s.md), a.size >= 1, 0 <= a.t, a.t < STREAMS,
                   z3.Or(m["eb"], m["best"], z3.And(a.b == -1, m["none"])),
-                  z3.Implies(new_path, _fresh_base(s, a.base, m["alloc"])),
+                  z3.Implies(new_path, _fresh_base(s, a.base, m["alloc"]) if "fresh" not in guards else a.base >= 0),
                   # the pytorch retry with max_split_size > 0 (release_available) is not encoded
                   z3.Implies(z3.And(oom_path, z3.Not(s.seed)), s.ms == 0),
                   z3.Implies(z3.And(oom_path, s.seed), _largest_free_ok(s, a.lf, a.lw)))
@@ -809,7 +809,7 @@ def _deps(name: str) -> tuple[str, ...]:
     return tuple(SUMS) if name in ("reserved", "step:C6", "step:C9") else ()
 
 
-def consecution(act: Act, timeout_ms: int = 30000) -> list[tuple[str, str, float]]:
+def consecution(act: Act, timeout_ms: int = 30000, only: tuple[str, ...] = ()) -> list[tuple[str, str, float]]:
     """``Inv /\\ Pre /\\ Step => Inv'`` conjunct by conjunct, and the step
     properties: ``(goal, result, seconds)``.  A conjunct that reads no field
     the step changed is ``framed`` (it is literally its own hypothesis).  Each
@@ -826,6 +826,8 @@ def consecution(act: Act, timeout_ms: int = 30000) -> list[tuple[str, str, float
     todo = [(n, g, True) for n, g in goals(s2)] + [(f"step:{i}", (lambda i=i: step_ok(act.name, s, a, out, s2)[i]), False)
                                                     for i in props]
     for name, g, is_inv in todo:
+        if only and name not in only:
+            continue
         t0 = time.process_time()
         if is_inv and _framed(s, s2, lambda st, name=name: dict(goals(st))[name]()):
             res.append((name, "framed", time.process_time() - t0))
@@ -854,3 +856,138 @@ def initiation() -> str:
     sol = z3.Solver()
     sol.add(init(s), z3.Not(g))
     return "proved" if sol.check() == z3.unsat else "FAILED"
+
+
+# --------------------------------------------------------------------------
+# unguarded variants: the same action with one guard removed
+# --------------------------------------------------------------------------
+
+#: invariant -> (encoded action, guard removed, the guard in words)
+UNGUARDED: dict[str, tuple[str, str, str]] = {
+    "C1": ("malloc:new", "room", "a new segment only if reserved + its size fits the device"),
+    "C2": ("malloc:new", "fresh", "a new segment's base is disjoint from every segment"),
+    "C3": ("free:merge", "merge-next", "a freed block merges with its next neighbour when that is free"),
+    "C4": ("malloc:fit", "pool", "a candidate block is of the request's pool"),
+    "C5": ("malloc:fit", "split", "split only if should_split (the remainder is legal)"),
+    "C6": ("empty_cache", "whole", "empty_cache releases a free block only if it is its whole segment"),
+    "C7": ("process_event:free", "event", "an event is processed only when its stream completed it"),
+    "C9": ("malloc_retry:oom", "after", "the OOM figures are taken after the retry released the cache"),
+}
+
+#: the refutation's search: heaps of at most this many blocks (every quantifier expanded exactly)
+REFUTE_BLOCKS = 4
+
+
+def refute(inv_id: str, timeout_ms: int = 60000) -> tuple[bool, str]:
+    """A well-formed heap (the whole inductive invariant holds on it, at most
+    :data:`REFUTE_BLOCKS` blocks, every quantifier expanded exactly) from which
+    the unguarded action breaks the invariant it names.  ``(refuted, trace)``."""
+    from memspec.invariants.proofs import _args, fresh
+
+    act_name, guard, words = UNGUARDED[inv_id]
+    act = next(x for x in actions(frozenset({guard})) if x.name == act_name)
+    s = fresh(FIELDS, "u")
+    a = _args(act, "u")
+    MODE.kind, MODE.bound = "bounded", REFUTE_BLOCKS + 2
+    try:
+        out, s2 = act.step(s, a)
+        named = NAMED.get(inv_id)
+        bad = [z3.Not(named(s2))] if named is not None else []
+        props = step_ok(act_name, s, a, out, s2)
+        if inv_id in props:
+            bad.append(z3.Not(props[inv_id]))
+        hyp = z3.And(inv(s), s.n <= REFUTE_BLOCKS, act.pre(s, a))
+    finally:
+        MODE.kind, MODE.bound = "forall", 0
+    sol = z3.Solver()
+    sol.set("timeout", timeout_ms)
+    sol.add(hyp, z3.Or(*bad))
+    r = sol.check()
+    if r != z3.sat:
+        return False, f"without '{words}': no violation of {inv_id} found ({r})"
+    m = sol.model()
+    ev = lambda x: m.eval(x, model_completion=True)  # noqa: E731
+    n = ev(s.n).as_long()
+    lines = [f"  from a well-formed heap of {n} block(s) (seed preset: {ev(s.seed)}, capacity {ev(s.cap)}, "
+             f"max_split_size {ev(s.ms)}):"]
+    for i in range(n):
+        if z3.is_true(ev(at(s.al, i))):
+            lines.append(f"    block {i}: addr {ev(at(s.ad, i))} size {ev(at(s.sz, i))} "
+                         f"{('free', 'live', 'pending')[ev(at(s.k, i)).as_long()]} stream {ev(at(s.sr, i))} "
+                         f"segment {ev(at(s.sb, i))}+{ev(at(s.ss, i))}")
+    lines.append(f"  {act_name}(" + ", ".join(f"{k}={ev(v)}" for k, v in a.items()) + f") [without: {words}]")
+    lines.append(f"  => {inv_id} violated")
+    return True, "\n".join(lines)
+
+
+# --------------------------------------------------------------------------
+# the C rows of ``memspec prove``
+# --------------------------------------------------------------------------
+
+#: what the encoding leaves out, per invariant (a proof with a restriction is reported bounded, never proved)
+NOT_ENCODED = ("expandable segments, garbage_collection_threshold, memory_fraction and roundup_power2_divisions "
+               "are not encoded; pytorch's OOM path with max_split_size > 0 (release_available) is excluded by "
+               "malloc's precondition")
+BOUNDED: dict[str, str] = {
+    **{f"C{i}": f"one encoding for both presets (seed a symbolic flag) over an arbitrary well-formed heap; "
+                f"{NOT_ENCODED}" for i in range(1, 10) if i != 8},
+    "C8": "not encoded: expandable segments (physical pages of a VA arena) have no Z3 encoding yet",
+}
+
+
+def run_heap(timeout_ms: int = 20000, ids: list[str] | None = None) -> dict[str, Any]:
+    """Initiation, C1 as a consequence, consecution of every encoded action
+    (shared by C1-C9: one inductive invariant), and each invariant's
+    unguarded variant.  Returns checks, per-invariant refutations, seconds."""
+    t0 = time.process_time()
+    checks: list[tuple[str, str, float]] = [("init", initiation(), 0.0), ("safety:C1", safety_c1(timeout_ms), 0.0)]
+    for act in actions():
+        for goal, result, secs in consecution(act, timeout_ms):
+            checks.append((f"step:{act.name}:{goal}", result, secs))
+    bad = kernel_boundary_agreement()
+    checks.append(("kernels at every threshold vs spec/caching", "proved" if not bad else f"{len(bad)} mismatches: {bad[:2]}", 0.0))
+    refuted = {c: refute(c) for c in UNGUARDED if ids is None or c in ids}
+    return {"checks": checks, "refuted": refuted, "seconds": time.process_time() - t0,
+            "actions": {a.name: list(a.spec) for a in actions()}}
+
+
+def kernel_boundary_agreement(max_split_sizes: tuple[int, ...] = (0, 4 * MiB)) -> list[str]:
+    """The Z3 kernels (rounding, segment size, split rule) against
+    spec/caching's at every threshold of the policy exactly and at +-1
+    (:func:`memspec.spec.caching.kernels.boundaries`: request sizes and the
+    split rules' remainders), both presets, both pools, with and without
+    ``max_split_size``; the mismatches.  Read from the spec's module at call
+    time, so a patched spec kernel is what is compared."""
+    from memspec.spec.caching import kernels as SK
+
+    n, r, rem, ms = z3.Ints("kb_n kb_r kb_rem kb_ms")
+    seed = z3.Bool("kb_seed")
+    small = z3.Bool("kb_small")
+    st = St({"seed": seed, "ms": ms})
+    er, es, ep = z_round(st, n), z_segment(st, r), z_split(st, rem, r, small)
+    bad: list[str] = []
+    for msz in max_split_sizes:
+        points = SK.boundaries(msz)
+        for preset_seed in (False, True):
+            base = [(seed, z3.BoolVal(preset_seed)), (ms, z3.IntVal(msz))]
+            for size in points:
+                rounded = SK.round_size(size, preset_seed)
+                got_r = z3.simplify(z3.substitute(er, *base, (n, z3.IntVal(size)))).as_long()
+                got_s = z3.simplify(z3.substitute(es, *base, (r, z3.IntVal(rounded)))).as_long()
+                want_s = SK.segment_size(rounded, preset_seed)
+                if (got_r, got_s) != (rounded, want_s):
+                    bad.append(f"seed={preset_seed} size={size}: z3 round/segment {(got_r, got_s)}, spec {(rounded, want_s)}")
+            # the split rule reads the request only through ``request < max_split_size``: the requests at
+            # that threshold (+-1 block) and one below every threshold, against every remainder
+            reqs = sorted({SK.round_size(x, preset_seed) for x in points if msz and abs(x - msz) <= K_MIN_BLOCK}
+                          | {K_MIN_BLOCK, SK.round_size(3 * MiB, preset_seed)})
+            for rounded in reqs:
+                for sm in (True, False):
+                    for remaining in points:
+                        got = z3.is_true(z3.simplify(z3.substitute(
+                            ep, *base, (small, z3.BoolVal(sm)), (rem, z3.IntVal(remaining)), (r, z3.IntVal(rounded)))))
+                        want = SK.should_split(remaining, rounded, sm, preset_seed, False, msz)
+                        if got != want:
+                            bad.append(f"seed={preset_seed} small={sm} ms={msz} request={rounded} remaining={remaining}: "
+                                       f"z3 split={got}, spec split={want}")
+    return bad
