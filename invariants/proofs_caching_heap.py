@@ -230,7 +230,7 @@ def block_wf(s: St, i: Any) -> Any:
     p, q = at(s.pv, i), at(s.nx, i)
     us = [at(s[f"u{t}"], i) for t in range(STREAMS)]
     return z3.Implies(at(s.al, i), z3.And(
-        sz > 0, sz % K_MIN_BLOCK == 0, sb % K_MIN_BLOCK == 0, ad % K_MIN_BLOCK == 0, sb >= 0,
+        sz > 0, sb >= 0,
         sb <= ad, ad + sz <= sb + ss,
         z3.Or(kk == FREE, kk == LIVE, kk == PEND),
         z3.If(kk == FREE, rq == 0, z3.And(0 < rq, rq <= sz)),
@@ -806,7 +806,9 @@ def _deps(name: str) -> tuple[str, ...]:
     """The ghost sums a goal's hypothesis needs (fewer hypotheses: still sound)."""
     if name.startswith("sum:"):
         return (name.split(":")[1],)
-    return tuple(SUMS) if name in ("reserved", "step:C6", "step:C9") else ()
+    if name == "reserved":
+        return tuple(nm for nm in SUMS if nm[0] in "NWA")
+    return tuple(SUMS) if name in ("step:C6", "step:C9") else ()
 
 
 def consecution(act: Act, timeout_ms: int = 30000, only: tuple[str, ...] = ()) -> list[tuple[str, str, float]]:
