@@ -158,3 +158,17 @@ def test_threshold_agreement_catches_a_strict_seed_split_rule(monkeypatch) -> No
     monkeypatch.setattr(SK, "should_split", strict)
     bad = H.kernel_boundary_agreement()
     assert any("remaining=2097152" in b and "seed=True" in b for b in bad), bad[:3]
+
+
+def test_self_test_kills_the_caching_breaks() -> None:
+    """The C entries of ``memspec prove --self-test``: the strict seed split rule and
+    two heap-encoding breaks are each caught, naming the invariant."""
+    from memspec.invariants import proofs_selftest as ST
+
+    mine = [b for b in ST.catalog() if b.invariant in ("C5", "C3", "C7")
+            and (b.detectors[0] in ("caching-kernels", "heap:C3", "heap:C7"))]
+    assert {b.detectors[0] for b in mine} == {"caching-kernels", "heap:C3", "heap:C7"}
+    rows, problems = ST.run_self_test(mine)
+    assert not problems, problems
+    for b, caught, _t in rows:
+        assert caught and ST.names(b, caught) and b.invariant in caught, (b.name, caught)
