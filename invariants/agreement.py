@@ -60,17 +60,62 @@ def outcome_name(branch: Any) -> str:
 Key = tuple[str, Any]
 
 
+def substitute(t: Any, *pairs: tuple[Any, Any]) -> Any:
+    """``z3.substitute`` without z3py's per-pair sort checks (the pairs are
+    built here from the encoding's own fields, so the sorts match); those
+    checks cost more than the substitution itself on every sample."""
+    n = len(pairs)
+    src, dst = (z3.Ast * n)(), (z3.Ast * n)()
+    for i, (f, v) in enumerate(pairs):
+        src[i], dst[i] = f.as_ast(), v.as_ast()
+    return z3.z3._to_expr_ref(z3.Z3_substitute(t.ctx.ref(), t.as_ast(), n, src, dst), t.ctx)
+
+
+def instantiate(e: Any, indices: list[int], memo: dict[int, Any] | None = None) -> Any:
+    """``e`` with each single-variable ``ForAll``/``Exists`` replaced by the
+    conjunction/disjunction of its body at ``indices`` (lambdas are first
+    beta-reduced by ``simplify``).  Exact on concrete states whose arrays
+    store only at indices in ``indices`` when the body reads arrays only at
+    the bound variable: every other index reads the defaults, as does the
+    one index of ``indices`` never stored (``-1``).  Opt-in per adapter
+    (``Adapter.finite``); spares a solver call per sample."""
+    seen: dict[int, tuple[Any, Any]] = {} if memo is None else memo  # id -> (term, result): the term kept alive
+
+    def go(x: Any) -> Any:
+        k = x.get_id()
+        if k in seen:
+            return seen[k][1]
+        y = x
+        if z3.is_quantifier(x):
+            if not x.is_lambda() and x.num_vars() == 1:
+                body = go(x.body())
+                parts = [z3.substitute_vars(body, iv(i)) for i in indices]
+                y = z3.And(*parts) if x.is_forall() else z3.Or(*parts)
+        elif z3.is_app(x) and x.num_args() > 0:
+            kids = x.children()
+            new = [go(c) for c in kids]
+            if any(a is not b for a, b in zip(new, kids)):
+                y = x.decl()(*new)
+        seen[k] = (x, y)
+        return y
+    return go(z3.simplify(e)) if z3.is_expr(e) else e
+
+
 class Compiled:
     """An encoded action's relation over symbolic state, compiled once per
     (action, universe sizes), evaluated on concrete values."""
 
-    def __init__(self, p: Proof, act: Act, nobj: int, npages: int, compare: tuple[str, ...]) -> None:
+    def __init__(self, p: Proof, act: Act, nobj: int, npages: int, compare: tuple[str, ...],
+                 finite: bool = False) -> None:
         self.p, self.act = p, act
         self.s = fresh(p.fields, "cs")
         self.a = _args(act, "ca")
         out, s2 = act.step(self.s, self.a)
         pre = act.pre(self.s, self.a)
         self.pre = z3.BoolVal(True) if isinstance(pre, bool) else pre
+        memo: dict[int, Any] = {}
+        fin = (lambda e: instantiate(e, list(range(nobj)) + [-1], memo)) if finite else (lambda e: e)
+        out, self.pre = fin(out), fin(self.pre)
         self.keys: list[Key] = [("outcome", None)]
         exprs: list[Any] = [out]
         for f in compare:
@@ -87,7 +132,7 @@ class Compiled:
             else:
                 self.keys.append((f, None))
                 exprs.append(s2[f])
-        self.exprs = exprs
+        self.exprs = exprs = [exprs[0]] + [fin(e) for e in exprs[1:]]
         # one closed formula per sample: outcome in the permitted set and every
         # compared value equal to the spec's (placeholders substituted per sample)
         self.eo = [z3.Int(f"expected_outcome_{k}") for k in range(4)]
@@ -99,7 +144,7 @@ class Compiled:
 
     def outcome(self, state: dict[str, Any], args: dict[str, Any]) -> str:
         """The encoding's outcome on concrete values (the branch it takes)."""
-        v = z3.simplify(z3.substitute(self.out, *self._subs(state, args)))
+        v = z3.simplify(substitute(self.out, *self._subs(state, args)))
         if z3.is_int_value(v):
             return OUTCOMES[v.as_long()]
         for code, name in enumerate(OUTCOMES):  # a quantifier remained (some page committed?)
@@ -124,7 +169,15 @@ class Compiled:
         sol.add(v)
         r = sol.check()
         if r == z3.unknown:
-            raise RuntimeError(f"could not decide {v}")
+            # a universal formula (every stream's fences done) is decided by
+            # its negation: an existential, which is quantifier-free for Z3
+            neg = z3.Solver()
+            neg.set("timeout", 5000)
+            neg.add(z3.Not(v))
+            rn = neg.check()
+            if rn == z3.unknown:
+                raise RuntimeError(f"could not decide {v}")
+            return rn == z3.unsat
         return r == z3.sat
 
     def agrees(self, state: dict[str, Any], args: dict[str, Any], allowed: set[str], expected: dict[Key, Any]) -> bool:
@@ -135,14 +188,14 @@ class Compiled:
         for key, ph, isb in zip(self.keys[1:], self.ev, self.ev_bool):
             v = expected[key]
             subs.append((ph, bv(v) if isb else iv(v)))
-        return self._truth(z3.substitute(self.agree_expr, *subs))
+        return self._truth(substitute(self.agree_expr, *subs))
 
     def evaluate(self, state: dict[str, Any], args: dict[str, Any]) -> dict[Key, Any]:
         """Every compiled output on concrete values (for the report of a mismatch)."""
         subs = self._subs(state, args)
         out: dict[Key, Any] = {}
         for key, e in zip(self.keys, self.exprs):
-            v = z3.simplify(z3.substitute(e, *subs))
+            v = z3.simplify(substitute(e, *subs))
             if z3.is_int_value(v):
                 out[key] = v.as_long()
             elif z3.is_true(v) or z3.is_false(v):
@@ -179,6 +232,32 @@ class Adapter:
     project: Callable[[Any, dict[str, Any]], Any]
     expected: Callable[[Any, Any, Any], dict[Key, Any]]
     compare: tuple[str, ...]
+    #: when > 0, the number of spec outcomes this action should be sampled on
+    #: in equal shares: a sample whose outcome already has its share
+    #: (``samples // balance``) is skipped, so a rarer outcome (a decommit that
+    #: succeeds) is still reached; skips are bounded (5 x ``samples``)
+    balance: int = 0
+    #: spec actions that lead to this action's rarer outcomes (a commit before
+    #: a decommit): the walk favours them too while this adapter needs samples
+    helpers: tuple[str, ...] = ()
+    #: further invariants whose proofs encode this action by the very same
+    #: step (same ``step`` and ``pre`` functions, same fields): each sample is
+    #: credited to them too, with their own invariant agreement (S7 shares S4's machine)
+    also: tuple[str, ...] = ()
+    #: concrete evaluation instantiates the encoding's quantifiers over the
+    #: universe (see :func:`instantiate`; the projection must keep every
+    #: array's stores at dense indices ``0 <= i < nobj``)
+    finite: bool = False
+    #: where one spec step stands for several encoded outcomes (the spec's ``expire``
+    #: times out every due ticket; the encoding one ticket, an error when that one
+    #: is not due): ``permit(value, enc_args) -> the encoded outcomes the accepted
+    #: step permits``; the expected state is then the spec's state after the step
+    permit: Callable[[Any, dict[str, Any]], set[str]] | None = None
+    #: at most this many samples (and invariant-agreement states) for this adapter, when fewer than
+    #: the run asks for: an encoding whose projection is costly (a whole ledger) keeps ``memspec prove``
+    #: within its time budget; ``None``: the run's figures
+    max_samples: int | None = None
+    max_inv_samples: int | None = None
 
 
 @dataclass
@@ -266,43 +345,79 @@ class InvariantEval:
     as one closed formula decided by substitution (and a solver call where a
     quantifier of a prefix-sum ghost remains)."""
 
-    def __init__(self, p: Proof, nobj: int) -> None:
-        self.p = p
-        self.s = fresh(p.fields, "iv")
-        self.expr = z3.And(*[p.inv(self.s, z3.IntVal(i)) for i in range(nobj)])
+    def __init__(self, p: Proof, nobj: int, finite: bool = False) -> None:
+        self.p, self.nobj, self.finite = p, nobj, finite
+        if finite:  # quantifiers instantiated over the universe once, then substituted per state
+            self.s = fresh(p.fields, "iv")
+            self.expr = instantiate(z3.And(*[p.inv(self.s, z3.IntVal(i)) for i in range(nobj)]),
+                                    list(range(nobj)) + [-1])
 
     def holds(self, state: dict[str, Any]) -> bool:
-        subs = [(self.s[f], concrete(k, state[f])) for f, k in self.p.fields.items()]
-        return Compiled._truth(z3.substitute(self.expr, *subs))
+        if self.finite:
+            subs = [(self.s[f], concrete(k, state[f])) for f, k in self.p.fields.items()]
+            return Compiled._truth(substitute(self.expr, *subs))
+        if self.p.counts:
+            # one formula per tuple of the proof's id counts (``Proof.counts``): with the counts concrete,
+            # a prefix-sum ghost is unrolled (proofs.prefix_sum), built once and substituted per state
+            key = tuple(state[f] for f in self.p.counts)
+            if not hasattr(self, "by_counts"):
+                self.sym, self.by_counts = fresh(self.p.fields, "ivc"), {}
+            expr = self.by_counts.get(key)
+            if expr is None:
+                sc = self.sym.set(**{f: iv(state[f]) for f in self.p.counts})
+                expr = self.by_counts[key] = z3.And(*[self.p.inv(sc, z3.IntVal(i)) for i in range(self.nobj)])
+            subs = [(self.sym[f], concrete(k, state[f])) for f, k in self.p.fields.items() if f not in self.p.counts]
+            return Compiled._truth(z3.substitute(expr, *subs))
+        # built on the concrete state itself, so a prefix-sum ghost over a concrete count is unrolled
+        # (proofs.prefix_sum) rather than left as a quantifier for a solver
+        s = St({f: concrete(k, state[f]) for f, k in self.p.fields.items()})
+        return Compiled._truth(z3.And(*[self.p.inv(s, z3.IntVal(i)) for i in range(self.nobj)]))
 
 
 def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapter], proofs: dict[str, Proof],
                      samples: int, seed: int, too_big: Callable[[Any], bool], max_steps: int = 400000,
-                     restart_every: int = 60, inv_samples: int = 0) -> list[AgreementReport]:
+                     restart_every: int = 60, inv_samples: int = 0, favour: float = 0.85) -> list[AgreementReport]:
     """Walk ``machine`` from ``init()``; at each step whose action has adapters,
-    compare; stop when every adapter has ``samples`` samples."""
+    compare; stop when every adapter has ``samples`` samples.  ``favour``: how
+    often a step is drawn among the actions whose adapters still need samples
+    (a focused walk lowers it, so the actions building rare states run too)."""
     rng = random.Random(seed)
     chooser = RandomChooser(rng)
     reps = {(a.invariant, a.action, a.spec_action): AgreementReport(a.invariant, a.action, a.spec_action) for a in adapters}
+    for a in adapters:
+        for inv2 in a.also:
+            mine, theirs = proofs[a.invariant], proofs[inv2]
+            if (mine.fields != theirs.fields or mine.action(a.action).step is not theirs.action(a.action).step
+                    or mine.action(a.action).pre is not theirs.action(a.action).pre):
+                raise ValueError(f"{inv2}/{a.action} is not {a.invariant}/{a.action}: it needs its own adapter")
+            reps[(inv2, a.action, a.spec_action)] = AgreementReport(inv2, a.action, a.spec_action)
+    want = {k: min(samples, a.max_samples or samples) for a in adapters
+            for k in [(i, a.action, a.spec_action) for i in (a.invariant,) + a.also]}
+    want_inv = {k: min(inv_samples, a.max_inv_samples or inv_samples) for a in adapters
+                for k in [(i, a.action, a.spec_action) for i in (a.invariant,) + a.also]}
     by_spec: dict[str, list[Adapter]] = {}
+    by_helper: dict[str, list[Adapter]] = {}
     for a in adapters:
         by_spec.setdefault(a.spec_action, []).append(a)
+        for h in a.helpers:
+            by_helper.setdefault(h, []).append(a)
     compiled: dict[tuple[Any, ...], Compiled] = {}
-    inv_evals: dict[tuple[str, int], InvariantEval] = {}
+    inv_evals: dict[tuple[str, int, bool], InvariantEval] = {}
     from memspec.spec.invariants import BY_ID as SPEC_INVARIANTS
     state = init()
     steps_since = 0
     for _ in range(max_steps):
-        if all(r.samples >= samples for r in reps.values()):
+        if all(r.samples >= want[k] for k, r in reps.items()):
             break
         if steps_since >= restart_every or too_big(state):
             state, steps_since = init(), 0
         steps_since += 1
         acts = [a for a in machine.actions if a.available(state) and all(state.has(c) for c in a.requires)]
         # favour actions whose adapters still need samples
-        needy = [a for a in acts if any(reps[(ad.invariant, ad.action, ad.spec_action)].samples < samples
-                                        for ad in by_spec.get(a.name, []))]
-        pool = needy if needy and rng.random() < 0.85 else acts
+        needy = [a for a in acts if any(reps[(ad.invariant, ad.action, ad.spec_action)].samples
+                                        < want[(ad.invariant, ad.action, ad.spec_action)]
+                                        for ad in by_spec.get(a.name, []) + by_helper.get(a.name, []))]
+        pool = needy if needy and rng.random() < favour else acts
         if not pool:
             state, steps_since = init(), 0
             continue
@@ -316,7 +431,11 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
         todo = []
         for ad in by_spec.get(act.name, []):
             rep = reps[(ad.invariant, ad.action, ad.spec_action)]
-            if rep.samples >= samples:
+            if rep.samples >= want[(ad.invariant, ad.action, ad.spec_action)]:
+                continue
+            if (ad.balance and rep.outcomes.get(outcome_name(branch), 0) >= max(1, samples // ad.balance)
+                    and rep.skipped < 5 * samples):
+                rep.skipped += 1
                 continue
             t0 = time.perf_counter()
             pr = ad.project(state, args, outcome_name(branch))
@@ -325,45 +444,59 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
                 rep.skipped += 1
                 continue
             todo.append((ad, rep, pr))
-        spec_before = {ad.invariant: SPEC_INVARIANTS[ad.invariant].check(state) is None
-                       for ad, rep, _pr in todo if rep.inv_samples < inv_samples}
+        # an encoding on another invariant's machine (G1 on S15's) is compared with that invariant's check
+        spec_before = {i: SPEC_INVARIANTS[getattr(proofs[i], "declared_by", i)].check(state) is None
+                       for ad, rep, _pr in todo for i in (ad.invariant,) + ad.also
+                       if reps[(i, ad.action, ad.spec_action)].inv_samples < want_inv[(i, ad.action, ad.spec_action)]}
         value = follow(branch)
         taken = outcome_name(branch)
         for ad, rep, (enc_state, enc_args, u) in todo:
             t0 = time.perf_counter()
             p = proofs[ad.invariant]
             enc_act = p.action(ad.action)
-            key = (ad.invariant, ad.action, u.nobj, u.pages, ad.compare)
+            key = (ad.invariant, ad.action, u.nobj, u.pages, ad.compare, ad.finite)
             c = compiled.get(key)
             if c is None:
-                c = compiled[key] = Compiled(p, enc_act, u.nobj, u.pages, ad.compare)
+                c = compiled[key] = Compiled(p, enc_act, u.nobj, u.pages, ad.compare, ad.finite)
             if taken == "ok":
                 expected, perm = ad.expected(state, u, value), {"ok"}
+                if ad.permit is not None:
+                    perm = ad.permit(value, enc_args)
             else:  # errors change nothing; any error the spec permits will do
                 expected, perm = flatten(enc_state, p.fields, ad.compare, u), allowed - {"ok"}
-            if rep.inv_samples < inv_samples:
-                # invariant agreement: the encoded invariant on the projected (pre-step) state
-                # against the executable invariant on the spec state it projects
-                ie = inv_evals.get((ad.invariant, u.nobj))
-                if ie is None:
-                    ie = inv_evals[(ad.invariant, u.nobj)] = InvariantEval(p, u.nobj)
-                enc_holds = ie.holds(enc_state)
-                spec_holds = spec_before[ad.invariant]
-                rep.inv_samples += 1
-                if enc_holds != spec_holds:
-                    rep.inv_disagreements.append(
-                        f"before {act.name}{args}: spec invariant {'holds' if spec_holds else 'fails'}, "
-                        f"encoding's {'holds' if enc_holds else 'fails'} on {enc_state}")
             ok = c.agrees(enc_state, enc_args, perm, expected)
-            rep.samples += 1
-            rep.outcomes[taken] = rep.outcomes.get(taken, 0) + 1
+            got_out, mismatch = None, None
             if ok:
                 got_out = c.outcome(enc_state, enc_args)
-                rep.branches[got_out] = rep.branches.get(got_out, 0) + 1
-            if not ok:
+            else:
                 got = c.evaluate(enc_state, enc_args)
                 diff = {k: (got.get(k), v) for k, v in expected.items() if got.get(k) != v}
-                rep.mismatches.append(f"{act.name}{args} spec {taken} (permits {sorted(allowed)}), encoding "
-                                      f"{got[('outcome', None)]}; differing (encoding, spec): {diff}")
+                mismatch = (f"{act.name}{args} spec {taken} (permits {sorted(allowed)}), encoding "
+                            f"{got[('outcome', None)]}; differing (encoding, spec): {diff}")
+            holds: dict[Any, bool] = {}  # encoded invariant (by function) on this projection
+            for inv_id in (ad.invariant,) + ad.also:
+                r_ = reps[(inv_id, ad.action, ad.spec_action)]
+                p_ = proofs[inv_id]
+                if r_.inv_samples < want_inv[(inv_id, ad.action, ad.spec_action)]:
+                    # invariant agreement: the encoded invariant on the projected (pre-step) state
+                    # against the executable invariant on the spec state it projects
+                    if p_.inv not in holds:
+                        ie = inv_evals.get((inv_id, u.nobj, ad.finite))
+                        if ie is None:
+                            ie = inv_evals[(inv_id, u.nobj, ad.finite)] = InvariantEval(p_, u.nobj, ad.finite)
+                        holds[p_.inv] = ie.holds(enc_state)
+                    enc_holds = holds[p_.inv]
+                    spec_holds = spec_before[inv_id]
+                    r_.inv_samples += 1
+                    if enc_holds != spec_holds:
+                        r_.inv_disagreements.append(
+                            f"before {act.name}{args}: spec invariant {'holds' if spec_holds else 'fails'}, "
+                            f"encoding's {'holds' if enc_holds else 'fails'} on {enc_state}")
+                r_.samples += 1
+                r_.outcomes[taken] = r_.outcomes.get(taken, 0) + 1
+                if got_out is not None:
+                    r_.branches[got_out] = r_.branches.get(got_out, 0) + 1
+                if mismatch is not None:
+                    r_.mismatches.append(mismatch)
             rep.seconds += time.perf_counter() - t0
     return list(reps.values())

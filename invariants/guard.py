@@ -21,6 +21,10 @@ injected into the Python code that runs (no ``SIGALRM``):
 In a process without a supervisor (a reproduction, a random walk in the
 foreground, the benchmarks) :class:`CallGuard` in ``"thread"`` mode runs
 calls on a worker thread and waits with a timeout, abandoning a hung one.
+A random walk uses ``"watched"`` mode instead (:meth:`CallGuard.run_watched`):
+a whole run goes to the worker thread once and its calls are direct, each
+bumping a counter the waiting thread polls -- the :class:`Watch` protocol
+between two threads -- so a step pays no thread hand-off per call.
 """
 
 from __future__ import annotations
@@ -88,8 +92,11 @@ class CallGuard:
     Modes: ``"direct"`` (under a supervisor: the call runs on the caller's
     thread and the :class:`Watch` says it is inside the target), ``"thread"``
     (no supervisor: a persistent worker thread runs the call and the caller
-    waits at most ``timeout`` seconds), ``"auto"`` (direct when a watch is
-    installed in this process, else thread).
+    waits at most ``timeout`` seconds), ``"watched"`` (the calls run directly
+    inside a unit of work that :meth:`run_watched` put on a worker thread;
+    the thread waiting for it sees a call that stays inside the target too
+    long), ``"auto"`` (direct when a watch is installed in this process,
+    else thread).
     """
 
     #: the watch of this process when it is a supervised child
@@ -105,6 +112,10 @@ class CallGuard:
         #: seconds the next calls may take when not ``timeout`` (building a target)
         self.limit: float | None = None
         self._worker: _Worker | None = None
+        #: ``"watched"`` mode: calls started, and how deep inside calls the worker is
+        self.calls = 0
+        self.depth = 0
+        self._owner: int | None = None
 
     def install(self) -> None:
         """Kept for callers of the former signal mode: nothing to install."""
@@ -120,7 +131,21 @@ class CallGuard:
         return r
 
     def call(self, fn: Callable, *args: Any, **kwargs: Any) -> tuple[Any, BaseException | None]:
-        if self.mode != "direct":
+        mode = self.mode
+        if mode == "watched":
+            if threading.get_ident() != self._owner:
+                # a unit of work abandoned in a hang came back: it must not
+                # touch the target or the counters of the work after it
+                raise Abandoned("this unit of work was abandoned in a hang")
+            self.calls += 1
+            self.depth += 1
+            try:
+                return fn(*args, **kwargs), None
+            except BaseException as e:  # noqa: BLE001 - a target may raise anything, SystemExit included
+                return None, e
+            finally:
+                self.depth -= 1
+        if mode != "direct":
             return self._thread_call(fn, args, kwargs)
         w = CallGuard.watch
         if w is not None:
@@ -145,11 +170,49 @@ class CallGuard:
         return box[0]
 
 
+    def run_watched(self, fn: Callable, *args: Any, poll: float | None = None) -> tuple[Any, BaseException | None]:
+        """``"watched"`` mode: run ``fn(*args)`` -- a unit of work whose
+        target calls go through this guard -- on the worker thread and wait
+        for it, polling the guard's call counter every ``poll`` seconds.  A
+        call that stays inside the target longer than its allowance
+        (``limit`` or ``timeout``) is a hang: the worker is abandoned and
+        ``(None, HangResult)`` returned, with ``blame``/``what`` naming the
+        call, as the hung worker left them.  ``poll`` defaults to a tenth of
+        the timeout (10-250 ms): each wake-up takes the GIL from the worker."""
+        if self.mode != "watched":
+            raise ValueError(f"run_watched needs a guard in 'watched' mode, not {self.mode!r}")
+        if self._worker is None:
+            self._worker = _Worker()
+        box: list = []
+        ev = threading.Event()
+        self.depth = 0
+        self._owner = self._worker.ident
+        self._worker.jobs.put((fn, args, {}, box, ev))
+        if poll is None:
+            poll = min(0.25, max(0.01, self.timeout / 10))
+        last, since = -1, time.monotonic()
+        while not ev.wait(poll):
+            calls, inside = self.calls, self.depth > 0
+            now = time.monotonic()
+            if calls != last or not inside:
+                last, since = calls, now
+            elif now - since > (self.limit or self.timeout):
+                self._worker = self._owner = None  # abandoned: it is stuck in the target
+                return None, self._hung()
+        return box[0]
+
+
+class Abandoned(BaseException):
+    """Raised in a unit of work that :meth:`CallGuard.run_watched` abandoned
+    when it calls the guard again (its target call came back after all)."""
+
+
 class _Worker:
     def __init__(self) -> None:
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         t = threading.Thread(target=self._loop, name="memspec-call", daemon=True)
         t.start()
+        self.ident = t.ident
 
     def _loop(self) -> None:
         while True:

@@ -154,6 +154,10 @@ class Proof:
     bounded: str = ""  # which part is bounded, if any, and why
     #: extra closed formulas that must be valid, proved alongside: (name, formula)
     lemmas_proved: list[tuple[str, Any]] = field(default_factory=list)
+    #: ``INT`` fields that count dense ids (the bounds of prefix-sum ghosts): invariant agreement
+    #: builds the invariant once per tuple of their concrete values, so each ghost is unrolled
+    #: (:func:`prefix_sum`) and a concrete state decides it by substitution, with no solver call
+    counts: tuple[str, ...] = ()
 
     def action(self, name: str) -> Act:
         for a in self.actions:
@@ -239,6 +243,13 @@ def prefix_sum(P: Any, n: Any, c: Callable[[Any], Any]) -> Any:
     for every ``i < n`` whose ``c(i) >= 0``).  ``P[n]`` is then the sum of
     ``c`` over the ids, with no lemma assumed: these facts are part of the
     invariant and proved inductive with it."""
+    if isinstance(n, int) or z3.is_int_value(n):
+        # a concrete state (invariant agreement): the same facts unrolled, no quantifier left to decide
+        k = n if isinstance(n, int) else n.as_long()
+        if k < 0:
+            return z3.BoolVal(False)
+        return z3.And(at(P, 0) == 0, *[at(P, i + 1) == at(P, i) + c(i) for i in range(k)],
+                      *[at(P, i) <= at(P, i + 1) for i in range(k)])
     i, j = z3.Ints("ps_i ps_j")
     return z3.And(
         n >= 0, at(P, 0) == 0,

@@ -57,7 +57,7 @@ def _patched(module: Any, name: str, value: Any) -> Iterator[None]:
 
 
 def _proof(inv: str) -> Proof:
-    return next(p for p in E.PROOFS if p.id == inv)
+    return next(p for p in E.PROOFS + E.MORE_PROOFS if p.id == inv)
 
 
 def _guard_removed(inv: str) -> Callable[[], Proof]:
@@ -78,23 +78,26 @@ def _swap(inv: str, action: str, step: Callable[[Any, Any], Any]) -> Callable[[]
 
 # -- encoding breaks that are not "the guard removed" -------------------------
 
-def _s10_alloc_no_pin(s: Any, a: Any) -> Any:
-    out = outcome((z3.Not(E.at(s.calive, a.c)), "NotRegistered"))
-    return on_ok(out, s, s.set(astate=upd(s.astate, a.x, E.LIVE), actx=upd(s.actx, a.x, a.c),
-                               PC=E.count_append(s.PC, s.n, a.c), n=s.n + 1))
+def _s10_alloc_no_context(s: Any, a: Any) -> Any:
+    """allocate that does not record the context it was made in (so nothing pins it)."""
+    return on_ok(z3.IntVal(E.OK), s, s.set(astate=upd(s.astate, a.x, E.LIVE)))
 
 
-def _s8_free_no_refund(s: Any, a: Any) -> Any:
-    out = outcome((z3.Not(E.alive(s, a.x)), "DoubleFree"))
-    return on_ok(out, s, s.set(astate=upd(s.astate, a.x, E.FREED), sumfp=s.sumfp - E.at(s.fp, a.x),
-                               P=E.prefix_change(s.P, a.x, -E.at(s.fp, a.x))))
+def _s8_commit_keeps_open_grant(s: Any, a: Any) -> Any:
+    """commit turns the grant into a lease but the open-grant total keeps its bytes."""
+    b = E.at(s.gb, a.g)
+    out = outcome((E.at(s.gst, a.g) != E.G_OPEN, "InvalidRequest"),
+                  (z3.Not(K.can_commit(E._ledger(s), b, a.actual)), "GrantDenied"))
+    s1 = E._with_ledger(s, K.commit_grant(E._ledger(s), b, a.actual), gst=upd(s.gst, a.g, E.G_COMMITTED),
+                        PG=E.prefix_change(s.PG, a.g, -b), cb=E._hadd(s.cb, E.SESSION_H, a.actual),
+                        lsb=E._hadd(s.lsb, E.SESSION_H, a.actual))  # og not decremented
+    return on_ok(out, s, E._item_new(s1, E.SESSION_H, E.K_LEASE, E.I_LEASE, a.actual))
 
 
 def _s11_refund_ghost_stale(s: Any, a: Any) -> Any:
-    out = outcome((E.at(s.lstate, a.l) != E.L_LIVE, "InvalidRequest"))
-    c = E.at(s.lbytes, a.l)
-    return on_ok(out, s, E._with_ledger(s, K.refund(E._ledger(s), c), lstate=upd(s.lstate, a.l, E.L_REFUNDED),
-                                        sumc=s.sumc - c, ret=c))  # the prefix-sum ghost not updated
+    b, h = E.at(s.ib, a.x), E.at(s.ih, a.x)
+    out = outcome((E.at(s.ist, a.x) != E.I_LEASE, "InvalidRequest"))
+    return on_ok(out, s, E._refund(s, h, b, lsb=E._hadd(s.lsb, h, -b), ret=b))  # the lease item (ghost) not updated
 
 
 def _s15_claim_keeps_held(s: Any, a: Any) -> Any:
@@ -291,10 +294,10 @@ def catalog() -> list[Break]:
         out.append(Break(f"{inv} encoding: {p.unguarded.name} without its guard ({p.guard})", "encoding", inv,
                          ("prove",), proof=_guard_removed(inv)))
     out += [
-        Break("S10 encoding: allocate does not count the pin", "encoding", "S10", ("prove",),
-              proof=_swap("S10", "allocate", _s10_alloc_no_pin)),
-        Break("S8 encoding: free does not refund the footprint", "encoding", "S8", ("prove",),
-              proof=_swap("S8", "free", _s8_free_no_refund)),
+        Break("S10 encoding: allocate does not record its context (no pin)", "encoding", "S10", ("prove",),
+              proof=_swap("S10", "allocate", _s10_alloc_no_context)),
+        Break("S8 encoding: commit keeps the grant's bytes in the open grants", "encoding", "S8", ("prove",),
+              proof=_swap("S8", "commit", _s8_commit_keeps_open_grant)),
         Break("S11 encoding: refund_lease leaves the prefix-sum ghost stale", "encoding", "S11", ("prove",),
               proof=_swap("S11", "refund_lease", _s11_refund_ghost_stale)),
         Break("S15 encoding: claim keeps the ticket's held bytes", "encoding", "S15", ("prove",),
@@ -348,6 +351,7 @@ def catalog() -> list[Break]:
     for inv, (act_name, _guard, words) in UNGUARDED.items():
         out.append(Break(f"{inv} encoding (caching heap): {act_name} without '{words}'", "encoding", inv,
                          (f"heap:{inv}",)))
+    out += _generation_progress_breaks()
     return out
 
 
@@ -376,9 +380,12 @@ def detect_agreement(inv: str, samples: int = 150) -> str | None:
     from memspec.spec.mechanism import MECHANISM
     from memspec.spec.system import SYSTEM
 
-    proofs = {p.id: p for p in E.PROOFS}
-    for machine, init, ads, too_big in ((MECHANISM, A._mech_init, A.MECH_ADAPTERS, A._mech_too_big),
-                                        (SYSTEM, A._sys_init, A.SYS_ADAPTERS, A._sys_too_big)):
+    proofs = {p.id: p for p in E.PROOFS + E.MORE_PROOFS}
+    walks = [(MECHANISM, A._mech_init, A.MECH_ADAPTERS, A._mech_too_big),
+             (SYSTEM, A._sys_init, A.SYS_ADAPTERS, A._sys_too_big)]
+    if hasattr(A, "TICKET_ADAPTERS"):  # S15 / G1 sample on the ticket protocol's walk
+        walks.append((A._Restricted(SYSTEM, A._TICKET_WALK), A._tickets_init, A.TICKET_ADAPTERS, A._sys_too_big))
+    for machine, init, ads, too_big in walks:
         mine = [a for a in ads if a.invariant == inv]
         if not mine:
             continue
@@ -467,6 +474,8 @@ def run_detector(d: str, b: Break, baselines: dict[str, Any]) -> str | None:
         return detect_heap(d.split(":")[1])
     if d == "caching-kernels":
         return detect_caching_kernels()
+    if d == "progress":
+        return detect_progress()
     raise ValueError(d)
 
 
@@ -482,6 +491,10 @@ def run_self_test(breaks: list[Break] | None = None) -> tuple[list[tuple[Break, 
         why = detect_agreement(inv)
         if why:
             problems[f"agreement:{inv}"] = why
+    if any("progress" in b.detectors for b in breaks):
+        why = detect_progress()
+        if why:
+            problems["progress"] = why
     for d in sorted({d for b in breaks for d in b.detectors if d.startswith("spec-")}):
         why = detect_spec_check(d.split(":")[1]) if d.startswith("spec-check") else detect_caching_walk()
         if why:
@@ -529,10 +542,69 @@ def main() -> int:
     killed = sum(1 for _b, c, _s in rows if c)
     covered = sorted({b.invariant for b, c, _s in rows if c and names(b, c)}, key=lambda x: (x[0], int(x[1:])))
     print(f"\n{killed}/{len(rows)} breaks killed; invariants covered by a killed break: {', '.join(covered)}")
-    missing = [i for i in [f"S{k}" for k in range(1, 16)] + [f"C{k}" for k in range(1, 10)] if i not in covered]
+    missing = [i for i in [f"S{k}" for k in range(1, 16)] + [f"C{k}" for k in range(1, 10)] + ["G1", "P1"]
+               if i not in covered]
     if missing:
         print(f"no killed break for: {', '.join(missing)}")
     for k, v in problems.items():
         print(f"detector {k} fires on the unbroken project (not counted): {v}")
     print(f"self-test {time.perf_counter() - t0:.1f}s")
     return 0 if killed == len(rows) and not problems else 1
+
+
+# ==========================================================================
+# G1 (configuration generations) and P1 (progress)
+# ==========================================================================
+
+def _s15_respond_never_grants(s: Any, a: Any) -> Any:
+    """S15's respond, but a ticket that reaches its amount stays pending."""
+    out, s2 = E._s15_respond()(s, a)
+    return out, s2.set(tstate=s.tstate)
+
+
+@contextmanager
+def _s15_machine_swapped(action: str, step: Callable[[Any, Any], Any]) -> Iterator[None]:
+    """S15's machine (which P1's sequence runs on) with one action's step replaced."""
+    p = E.S15
+    with _patched(E, "S15", replace(p, actions=[replace(a, step=step) if a.name == action else a
+                                                for a in p.actions])):
+        yield
+
+
+def _ticket_end_keeps_failed(orig: Any) -> Any:
+    from memspec.spec.api import TicketState
+
+    def ticket_end(s: Any, t: Any, state: str) -> int:
+        if state == TicketState.FAILED:
+            return 0  # reconfigure "fails" the ticket but leaves it pending, holding its bytes
+        return orig(s, t, state)
+    return ticket_end
+
+
+def detect_progress() -> str | None:
+    """P1: Z3's admission proof over S15's machine, then the spec walk."""
+    from memspec.invariants.proofs_progress import check_on_spec, prove_progress
+
+    z = prove_progress()
+    if not z.proved:
+        return f"progress: P1 not proved by Z3 ({z.detail[:100]})"
+    w = check_on_spec(150, 0)
+    if w.counterexamples:
+        return f"progress: P1 not admitted on the spec: {w.counterexamples[0][:120]}"
+    return None
+
+
+def _generation_progress_breaks() -> list[Break]:
+    p = _proof("G1")
+    return [
+        Break(f"G1 encoding: {p.unguarded.name} without its guard ({p.guard})", "encoding", "G1", ("prove",),
+              proof=_guard_removed("G1")),
+        Break("S15 spec: reconfigure leaves the old generation's tickets pending", "spec", "S15",
+              ("agreement", "spec-check:system"), patch=_spec_patch("memspec.spec.governor", "ticket_end",
+                                                        _ticket_end_keeps_failed)),
+        Break("P1 encoding: respond never grants a ticket that holds its amount", "encoding", "P1", ("progress",),
+              patch=lambda: _s15_machine_swapped("respond", _s15_respond_never_grants)),
+        Break("P1 spec: ModelResidency cannot release its cold weights", "spec", "P1", ("progress",),
+              patch=_spec_patch("memspec.spec.holders", "victims",
+                                lambda _o: (lambda s, released: [] if released == 0 else None))),
+    ]

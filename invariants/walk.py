@@ -55,11 +55,40 @@ def run_seed(seed: int, index: int) -> int:
 
 
 def walk_once(plan: H.Plan, seed: int, run_length: int, guard: H.CallGuard) -> tuple[H.Violation | None, list]:
-    """One run of ``run_length`` steps from a fresh target; ``(violation or None, choices)``."""
+    """One run of ``run_length`` steps from a fresh target; ``(violation or None, choices)``.
+
+    With a guard in ``"watched"`` mode the whole run is one unit of work on
+    the guard's worker thread (:meth:`~memspec.invariants.guard.CallGuard.run_watched`):
+    no thread hand-off per target call.  A call that hangs there fails the
+    run blamed on what the guard was told the call was for, as in
+    ``"thread"`` mode."""
+    if guard.mode != "watched":
+        return _walk_once(plan, seed, run_length, guard, [])
+    holder: list = []
+    out, err = guard.run_watched(_walk_once, plan, seed, run_length, guard, holder)
+    if err is None:
+        return out
+    if not isinstance(err, H.HangResult):
+        raise err  # a SpecError / TargetError, as the run raised it
+    if not holder:  # the factory or the wiring around it hung
+        raise H.TargetError(f"target {plan.target!r} could not be built: {guard.what} hangs ({err})")
+    run, record = holder
+    run.failed = True
+    st = plan.stats
+    st.failures_seen += 1
+    st.first_failure_steps.setdefault(guard.blame, st.steps)
+    if run.trace and not run.trace[-1].outcome:
+        run.trace[-1].outcome = "hangs"
+    v = H.violation_class(guard.blame)(guard.blame, "hang", f"{guard.what} hangs: {err}", run.trace, run.nsteps)
+    return v, record
+
+
+def _walk_once(plan: H.Plan, seed: int, run_length: int, guard: H.CallGuard, holder: list) -> tuple:
     rng = random.Random(seed)
     record: list = []
     chooser = H.RandomChooser(rng, record)
-    run = H.Run(plan, guard)
+    run = H.Run(plan, guard, chooser)
+    holder += (run, record)
     try:
         for _ in range(run_length):
             record.append(False)  # "continue", as the shrink loop draws it
@@ -88,6 +117,8 @@ def walk(plan: H.Plan, *, seconds: float | None = None, max_steps: int | None = 
     old_sample = plan.integrity_sample
     plan.integrity_sample = integrity_sample
     g = guard or H.CallGuard(plan.timeout, plan.guard_mode)
+    if guard is None and g.mode == "thread":
+        g.mode = "watched"  # no supervisor: one thread hand-off per run, not per call
     g.install()
     seen: set[str] = set()
     t0 = time.perf_counter()
@@ -138,7 +169,7 @@ def shrink_test(plan: H.Plan, max_steps: int, guard: H.CallGuard) -> Callable:
     def memspec_walk_replay(data):
         cd = data.conjecture_data
         chooser = H.HypothesisChooser(cd)
-        run = H.Run(plan, guard)
+        run = H.Run(plan, guard, chooser)
         try:
             i = 0
             while True:

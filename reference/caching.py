@@ -501,6 +501,7 @@ class CachingAllocator:
         self.arena_factor = arena_factor if arena_factor is not None else (16.0 if preset == "seed" else 1.125)
         self.memory_fraction = None
         self._allowed: int | None = None
+        self._ever_expandable = False
         self.set_allocator_settings(
             expandable_segments=expandable_segments,
             max_split_size=max_split_size,
@@ -513,6 +514,14 @@ class CachingAllocator:
         self._s_alloc, self._s_abytes = s.allocation, s.allocated_bytes
         self._s_active, self._s_actbytes = s.active, s.active_bytes
         self._s_req, self._s_isplit, self._s_isbytes = s.requested_bytes, s.inactive_split, s.inactive_split_bytes
+        #: per pool index (SMALL, LARGE): the Stat objects the fused paths
+        #: update, ``all`` then the pool's, in one tuple (mutated in place by
+        #: the resets, so these stay the live ones)
+        self._hot = [None] + [
+            (s.allocation[ALL], s.allocation[j], s.allocated_bytes[ALL], s.allocated_bytes[j], s.active[ALL],
+             s.active[j], s.active_bytes[ALL], s.active_bytes[j], s.requested_bytes[ALL], s.requested_bytes[j],
+             s.inactive_split[ALL], s.inactive_split[j], s.inactive_split_bytes[ALL], s.inactive_split_bytes[j])
+            for j in (SMALL, LARGE)]
 
     # ---------------------------------------------------------------- settings
 
@@ -529,6 +538,7 @@ class CachingAllocator:
             if expandable_segments and self._backing is None:
                 raise InvalidRequest("expandable segments need a VirtualBacking")
             self.expandable = bool(expandable_segments)
+            self._ever_expandable = self._ever_expandable or self.expandable
         if max_split_size != "keep":
             if max_split_size is not None:
                 if not isinstance(max_split_size, int) or max_split_size <= K_LARGE_BUFFER:
@@ -550,6 +560,11 @@ class CachingAllocator:
             if not 0.0 <= garbage_collection_threshold < 1.0:
                 raise InvalidRequest("garbage_collection_threshold must be in [0, 1)")
             self.gc_threshold = garbage_collection_threshold
+        # the fused paths of malloc/free: the plain allocator (no subclass
+        # overriding a hook, no expandable segment ever, no max_split_size,
+        # no garbage collection threshold) -- the same steps as the hooks
+        self._fast = (type(self) is CachingAllocator and not self._ever_expandable and self._max_split is None
+                      and not self.gc_threshold)
 
     def set_per_process_memory_fraction(self, fraction: float) -> None:
         """cudaMalloc is refused when reserved + size > fraction * capacity."""
@@ -712,14 +727,149 @@ class CachingAllocator:
         else:  # the seed's 2 MiB ladder above 1 MiB
             r = (size + K_ROUND_LARGE - 1) & ~(K_ROUND_LARGE - 1)
         pool = self._small if r <= K_SMALL_SIZE else self._large
-        b = self._get_free_block(pool, stream, r)
-        if b is None:
-            b = self._slow_path(pool, stream, r, size)
-        b = self._alloc_found(pool, b, r, size, stream)
+        if self._fast:
+            b = self._malloc_fused(pool, r, size, stream)
+        else:
+            b = self._get_free_block(pool, stream, r)
+            if b is None:
+                b = self._slow_path(pool, stream, r, size)
+            b = self._alloc_found(pool, b, r, size, stream)
         h = CachedBlock(b.address, b.size, size, stream, b)
         b.handle = h
         self._n_live += 1
         return h
+
+    def _malloc_fused(self, pool: _Pool, r: int, size: int, stream: int) -> _Block:
+        """``_get_free_block`` + ``_slow_path`` + ``_alloc_found`` in one
+        frame, for the plain allocator (``self._fast``: no expandable
+        segment, no max_split_size, no garbage collection, no hook
+        overridden), with the statistics updated straight-line.  The same
+        steps and the same figures as the hooks (the conformance tests run
+        this path; the mutants, subclasses, run the hooks)."""
+        bl = pool.blocks
+        lo = (stream << 128) | (r << 64)
+        maxes = bl._maxes
+        b = None
+        if maxes and lo <= maxes[-1]:  # best fit: two C bisects, no positional index
+            pos = bisect_left(maxes, lo)
+            sub = bl._lists[pos]
+            i = bisect_left(sub, lo)
+            key = sub[i]
+            if key >> 128 == stream:
+                _sl_delete(bl, maxes, sub, pos, i)
+                b = pool.free.pop(key & _M64)
+        if b is None:
+            b = self._slow_path(pool, stream, r, size)
+        small = pool.small
+        (a0, a1, ab0, ab1, ac0, ac1, acb0, acb1, rq0, rq1, isp0, isp1, isb0, isb1) = self._hot[SMALL if small else LARGE]
+        prev = b.prev
+        already_split = prev is not None or b.next is not None
+        remaining = b.size - r
+        if self._seed:
+            split = remaining >= (K_MIN_BLOCK if small else K_ROUND_LARGE)
+        else:
+            split = remaining >= K_MIN_BLOCK if small else remaining > K_SMALL_SIZE
+        if split:
+            rest = b
+            b = _Block(rest.address, r, stream, rest.seg)
+            b.prev = prev
+            if prev is not None:
+                prev.next = b
+            else:
+                b.seg.head = b
+            b.next = rest
+            rest.prev = b
+            rest.address += r
+            rest.size = remaining
+            self._insert(pool, rest)
+            if already_split:  # the inactive split shrinks by what is handed out
+                isb0.current -= r
+                isb1.current -= r
+            else:  # a new inactive split: the remainder
+                c = isb0.current + remaining
+                isb0.current = c
+                isb0.allocated += remaining
+                if c > isb0.peak:
+                    isb0.peak = c
+                c = isb1.current + remaining
+                isb1.current = c
+                isb1.allocated += remaining
+                if c > isb1.peak:
+                    isb1.peak = c
+                c = isp0.current + 1
+                isp0.current = c
+                isp0.allocated += 1
+                if c > isp0.peak:
+                    isp0.peak = c
+                c = isp1.current + 1
+                isp1.current = c
+                isp1.allocated += 1
+                if c > isp1.peak:
+                    isp1.peak = c
+        elif already_split:  # a whole inactive split handed out
+            n = b.size
+            isb0.current -= n
+            isb1.current -= n
+            isp0.current -= 1
+            isp1.current -= 1
+        b.allocated = True
+        b.requested_size = size
+        b.stream = stream
+        bs = b.size
+        # Stat.increase of allocation, allocated_bytes, active, active_bytes, requested_bytes (all, pool)
+        c = a0.current + 1
+        a0.current = c
+        a0.allocated += 1
+        if c > a0.peak:
+            a0.peak = c
+        c = a1.current + 1
+        a1.current = c
+        a1.allocated += 1
+        if c > a1.peak:
+            a1.peak = c
+        c = ab0.current + bs
+        ab0.current = c
+        ab0.allocated += bs
+        if c > ab0.peak:
+            ab0.peak = c
+        c = ab1.current + bs
+        ab1.current = c
+        ab1.allocated += bs
+        if c > ab1.peak:
+            ab1.peak = c
+        c = ac0.current + 1
+        ac0.current = c
+        ac0.allocated += 1
+        if c > ac0.peak:
+            ac0.peak = c
+        c = ac1.current + 1
+        ac1.current = c
+        ac1.allocated += 1
+        if c > ac1.peak:
+            ac1.peak = c
+        c = acb0.current + bs
+        acb0.current = c
+        acb0.allocated += bs
+        if c > acb0.peak:
+            acb0.peak = c
+        c = acb1.current + bs
+        acb1.current = c
+        acb1.allocated += bs
+        if c > acb1.peak:
+            acb1.peak = c
+        c = rq0.current + size
+        rq0.current = c
+        rq0.allocated += size
+        if c > rq0.peak:
+            rq0.peak = c
+        c = rq1.current + size
+        rq1.current = c
+        rq1.allocated += size
+        if c > rq1.peak:
+            rq1.peak = c
+        if self._trace is not None:
+            self._record("alloc", b.address, size, stream)
+        return b
 
     def _get_free_block(self, pool: _Pool, stream: int, r: int) -> _Block | None:
         if self.gc_threshold > 0.0 and self._allowed is not None:
@@ -1201,8 +1351,98 @@ class CachingAllocator:
                 self._n_events += 1
             b.uses = None
             self._pending.add(b)
+        elif self._fast:
+            self._free_fused(b)
         else:
             self._free_block(b)
+
+    def _free_fused(self, b: _Block) -> None:
+        """``_free_block`` with its merges (``_try_merge``) in one frame, for
+        the plain allocator (see :meth:`_malloc_fused`): the same steps and
+        figures.  No block is expandable here, so every block is mapped."""
+        if self._trace is not None:
+            self._record("free_completed", b.address, b.requested_size, b.stream)
+        small = b.seg.small
+        pool = self._small if small else self._large
+        orig, req = b.size, b.requested_size
+        net_n = net_b = 0
+        p = b.prev
+        if p is not None and not p.allocated and not p.events and not p.uses:
+            self._remove(pool, p)
+            b.address = p.address
+            pp = b.prev = p.prev
+            if pp is not None:
+                pp.next = b
+            else:
+                b.seg.head = b
+            b.size += p.size
+            net_n -= 1
+            net_b -= p.size
+        q = b.next
+        if q is not None and not q.allocated and not q.events and not q.uses:
+            self._remove(pool, q)
+            qn = b.next = q.next
+            if qn is not None:
+                qn.prev = b
+            b.size += q.size
+            net_n -= 1
+            net_b -= q.size
+        v = (b.stream << 128) | (b.size << 64) | b.address  # _insert, inlined
+        bl = pool.blocks
+        maxes = bl._maxes
+        if maxes and not bl._index:
+            if v >= maxes[-1]:
+                pos = len(maxes) - 1
+                lst = bl._lists[pos]
+                lst.append(v)
+                maxes[pos] = v
+            else:
+                pos = bisect_right(maxes, v)
+                lst = bl._lists[pos]
+                insort(lst, v)
+            if len(lst) > 2000:
+                bl._expand(pos)
+            bl._len += 1
+        else:
+            bl.add(v)
+        pool.free[b.address] = b
+        b.gc_base = pool.gc_calls
+        if b.prev is not None or b.next is not None:
+            net_n += 1
+            net_b += b.size
+        (_a0, _a1, _ab0, _ab1, ac0, ac1, acb0, acb1, rq0, rq1, isp0, isp1, isb0, isb1) = self._hot[SMALL if small else LARGE]
+        if net_n:  # Stat.increase / decrease of inactive_split(_bytes), inlined
+            c = isp0.current + net_n
+            isp0.current = c
+            if net_n > 0:
+                isp0.allocated += net_n
+                if c > isp0.peak:
+                    isp0.peak = c
+            c = isp1.current + net_n
+            isp1.current = c
+            if net_n > 0:
+                isp1.allocated += net_n
+                if c > isp1.peak:
+                    isp1.peak = c
+        if net_b:
+            c = isb0.current + net_b
+            isb0.current = c
+            if net_b > 0:
+                isb0.allocated += net_b
+                if c > isb0.peak:
+                    isb0.peak = c
+            c = isb1.current + net_b
+            isb1.current = c
+            if net_b > 0:
+                isb1.allocated += net_b
+                if c > isb1.peak:
+                    isb1.peak = c
+        ac0.current -= 1
+        ac1.current -= 1
+        acb0.current -= orig
+        acb1.current -= orig
+        rq0.current -= req
+        rq1.current -= req
 
     def _free_block(self, b: _Block) -> None:
         if self._trace is not None:

@@ -91,6 +91,13 @@ class ModelResidency:
         with self._lock:
             return self._get(weight)[0]
 
+    def address(self, weight: str) -> int | None:
+        """Where a loaded weight's bytes are (``None``: not loaded) -- the
+        contract's optional ``ModelResidencyHolder.address``."""
+        with self._lock:
+            got = self._weights.get(weight) if isinstance(weight, str) else None
+            return None if got is None else got[0].allocation.address
+
     def use(self, weight: str, fence: Fence) -> None:
         """Record in-flight work reading the weight (it is not released before ``fence``)."""
         with self._lock:
@@ -228,6 +235,13 @@ class KvPageStore:
     def reservation(self, request: str) -> RefReservation:
         with self._lock:
             return self._req(request).res
+
+    def address(self, request: str) -> int | None:
+        """The stable address of an open request's KV (``None``: not open) --
+        the contract's optional ``KvPageStoreHolder.address``."""
+        with self._lock:
+            r = self._reqs.get(request) if isinstance(request, str) else None
+            return None if r is None else r.res.address
 
     # -- open / grow ------------------------------------------------------
 

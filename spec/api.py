@@ -441,6 +441,11 @@ class Governor(Protocol):
     def cancel_ticket(self, ticket: Ticket) -> int: ...
     def expire(self, now: int) -> list[Ticket]: ...
 
+    def reconfigure(self) -> int:
+        """The configuration changes: a new generation (returned); every ticket
+        still pending from an older generation fails, its bytes returned once."""
+        ...
+
 
 @runtime_checkable
 class Holder(Protocol):
@@ -573,7 +578,11 @@ class ProcessMemoryManager(Protocol):
 
 @runtime_checkable
 class ModelResidencyHolder(Protocol):
-    """Seed 000: *ModelResidency: two cold weights can free 700 MB.*"""
+    """Seed 000: *ModelResidency: two cold weights can free 700 MB.*
+
+    Optional: ``address(weight) -> int | None`` -- where a loaded weight's
+    bytes are now (``None``: not loaded).  A holder that has it gets its
+    weights' data checked (written, and read back while resident)."""
 
     name: str
 
@@ -590,7 +599,12 @@ class ModelResidencyHolder(Protocol):
 @runtime_checkable
 class KvPageStoreHolder(Protocol):
     """Seed 000: *KvPageStore: all pages are in use by in-flight kernels, can
-    free only 0.*  Grows a request's KV by the 6-step transaction."""
+    free only 0.*  Grows a request's KV by the 6-step transaction.
+
+    Optional: ``address(request) -> int | None`` -- the stable address of an
+    open request's KV (``None``: not open).  A store that has it gets its
+    pages' data checked (earlier pages survive growth; a shared prefix reads
+    the same through the origin and the sharer and refuses writes)."""
 
     name: str
 

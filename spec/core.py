@@ -317,6 +317,28 @@ class DataRegion:
     pages: tuple[int, Any, int] | None = None
     #: the page size of an ``extent`` (a harness stamps page boundaries)
     page: int = 0
+    #: ``(key, offset)``: these bytes are those of shared memory ``key``
+    #: (a physical handle) from ``offset`` on; every region with the same
+    #: key is an alias and must show the same bytes: what is written through
+    #: one is read back through the others, and the bytes survive until the
+    #: last alias goes
+    alias: tuple[Any, int] | None = None
+    #: ``False``: a caller may not write here (a read-only mapping): a write
+    #: anywhere must be refused and leave the bytes unchanged; ``None``: only
+    #: part of it is writable (a harness only reads it)
+    writable: bool | None = True
+    #: ``key`` of the alias this region was until now (copy-on-write): it
+    #: must hold the bytes the alias showed when it stopped being one, and
+    #: from then on neither side's writes show through the other
+    copy_of: Any = None
+    #: changes whenever a caller's own write (an action of the spec) changed
+    #: the bytes: a harness writes its pattern anew instead of comparing
+    version: Any = None
+    #: ``locate(sut) -> address | None``: the region lies at ``extent``
+    #: *offset* from the address the implementation reports now (a holder's
+    #: weight or KV request, whose memory the contract names by key, not by a
+    #: handle); ``None``: the implementation does not say (no check)
+    locate: Callable[[Any], Any] | None = None
 
 
 @dataclass

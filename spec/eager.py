@@ -15,7 +15,7 @@ import itertools
 from typing import Any
 
 from memspec.spec import kernels as K
-from memspec.spec.api import AllocationRequest, DeviceAllocation, DeviceKey, Fence
+from memspec.spec.api import AllocationRequest, DeviceAllocation, DeviceKey, Fence, is_power_of_two
 from memspec.spec.core import Domain, Raises, Returns, action, only, outcomes
 from memspec.spec.errors import (
     DoubleFree,
@@ -63,8 +63,56 @@ def _draw_size(s: Any, c: Any) -> Any:
     return c.integer(1, max(1, s.capacity // 2))
 
 
+def _room(s: Any) -> int:
+    return s.free if isinstance(s, SysState) else s.capacity - s.physical
+
+
+def size_boundaries(s: Any) -> tuple[int, ...]:
+    """The sizes at the spec's thresholds (:func:`~memspec.spec.kernels.size_boundaries`):
+    the page exactly and +-1, two pages, the device exactly full and one page over."""
+    return K.size_boundaries(s.page, max(_room(s), 0), s.capacity)
+
+
+def _draw_size(s: Any, c: Any) -> Any:
+    """Mostly legal sizes (bytes, whole pages), sometimes illegal ones
+    (0, negative, not an int), more than the device holds, or a size at
+    one of the spec's thresholds (:func:`size_boundaries`)."""
+    kind = c.integer(0, 12)
+    if kind <= 5:
+        return c.integer(1, 3 * s.page)
+    if kind <= 7:
+        return c.integer(1, 4) * s.page
+    if kind == 8:
+        return c.choice((0, -s.page, 1.5, "4096"))
+    if kind == 9:
+        return 4 * s.capacity + 1
+    if kind == 10:
+        room = _room(s)
+        if room > 0:
+            return c.integer(max(1, room - s.page + 1), room)  # all that is left: fragmentation shows
+    if kind == 12:
+        return c.choice(size_boundaries(s))
+    return c.integer(1, max(1, s.capacity // 2))
+
+
 SIZES = Domain("a byte count: mostly 1..3 pages, sometimes 0, negative, not an int, 4x the capacity, "
-               "or all that is still free", _draw_size)
+               "all that is still free, or a threshold of the spec exactly and +-1 (the page, two pages, "
+               "the device exactly full and one page over)", _draw_size, boundaries=size_boundaries)
+
+
+def alignment_boundaries(s: Any) -> tuple[int, ...]:
+    """:func:`~memspec.spec.kernels.alignment_boundaries` of the state's page."""
+    return K.alignment_boundaries(s.page, ALIGNMENT)
+
+
+def _draw_alignment(s: Any, c: Any) -> int:
+    if c.integer(0, 3) < 3:
+        return ALIGNMENT                     # the request's default (shrinks here)
+    return c.choice(alignment_boundaries(s))
+
+
+ALIGNMENTS = Domain("mostly the default 256; else a threshold exactly and +-1: 256, the page, 2 and 4 pages "
+                    "(a power of two is legal, +-1 is not)", _draw_alignment, boundaries=alignment_boundaries)
 
 
 # ==========================================================================
@@ -72,12 +120,21 @@ SIZES = Domain("a byte count: mostly 1..3 pages, sometimes 0, negative, not an i
 # ==========================================================================
 
 
+def span(size: int, footprint: int, page: int) -> int:
+    """The bytes from an allocation's address on that are its own: its
+    footprint, but no more than its size rounded up to the page (an
+    allocation aligned above the page may start inside its footprint: the
+    bytes before the aligned start are its too, those after it need not be)."""
+    return min(footprint, K.round_up(size, page))
+
+
 def _overlaps(s: MechState, address: int, footprint: int) -> bool:
-    """Does ``[address, address+footprint)`` overlap a live allocation? O(log n)."""
+    """Does ``[address, address+footprint)`` overlap a live allocation's
+    :func:`span`? O(log n)."""
     idx = s.by_address.bisect_right(address)
     if idx > 0:
         prev = s.allocations[s.by_address.peekitem(idx - 1)[1]]
-        if prev.address + prev.footprint > address:
+        if prev.address + span(prev.size, prev.footprint, s.page) > address:
             return True
     if idx < len(s.by_address):
         nxt = s.by_address.peekitem(idx)[0]
@@ -86,20 +143,20 @@ def _overlaps(s: MechState, address: int, footprint: int) -> bool:
     return False
 
 
-def _witness_allocation(s: MechState, size: int) -> DeviceAllocation:
+def _witness_allocation(s: MechState, size: int, align: int = ALIGNMENT) -> DeviceAllocation:
     """A value a conforming allocator could return: a page-rounded footprint,
     reusing a freed address when one fits (so stale handles meet recycled
     addresses in spec-only runs)."""
     fp = K.round_up(size, s.page)
     address = None
     for a, old in list(itertools.islice(s.w_freed.items(), 4)):
-        if old >= fp and not _overlaps(s, a, fp):
+        if old >= fp and a % align == 0 and not _overlaps(s, a, fp):
             address = a
             del s.w_freed[a]
             break
     if address is None:
-        address = s.w_next_address
-        s.w_next_address += K.round_up(fp, s.page) + s.page
+        address = K.round_up(s.w_next_address, align)
+        s.w_next_address = address + K.round_up(fp, s.page) + s.page
     return DeviceAllocation(address, size, fp, witness_identity(s), WITNESS_DEVICE)
 
 
@@ -121,51 +178,61 @@ def _record_allocation(s: MechState, v: DeviceAllocation, *, foreign: bool = Fal
     return ref
 
 
-def _perform_allocate(sut: Any, size: Any) -> DeviceAllocation:
-    return sut.mechanism.allocator().allocate(AllocationRequest(size))
+def _perform_allocate(sut: Any, size: Any, alignment: int = ALIGNMENT) -> DeviceAllocation:
+    return sut.mechanism.allocator().allocate(AllocationRequest(size, alignment))
 
 
-@action(role="DeviceAllocator", params={"size": SIZES}, perform=_perform_allocate, invariants=("S8", "S11", "S14"), weight=4)
-def allocate(s: MechState, size: Any) -> Any:
-    """Ask the allocator for ``size`` bytes (any value; the allocator validates).
+@action(role="DeviceAllocator", params={"size": SIZES, "alignment": ALIGNMENTS}, perform=_perform_allocate,
+        invariants=("S8", "S11", "S14"), weight=4)
+def allocate(s: MechState, size: Any, alignment: int = ALIGNMENT) -> Any:
+    """Ask the allocator for ``size`` bytes aligned to ``alignment`` (any
+    values; the allocator validates).
 
-    A size that is not a positive int is refused with InvalidRequest and
-    nothing is taken.  Otherwise the allocator returns an allocation with
-    ``size`` as requested, a footprint in ``[size, round_up(size, page)]``,
-    an address aligned to 256 that overlaps no live allocation and a fresh
-    identity, and takes the footprint from the device at once (*An ordinary
-    eager allocator takes the full physical capacity when the allocation is
-    created*).  OutOfMemory is allowed when fragmentation could explain it,
-    never when the device is empty and ``size <= capacity``, always when the
-    footprint cannot fit.
+    A size that is not a positive int, or an alignment that is not a power
+    of two, is refused with InvalidRequest and nothing is taken.  Otherwise
+    the allocator returns an allocation with ``size`` as requested, a
+    footprint in ``[size, aligned_footprint(size, alignment, page)]`` (the
+    request rounded up to the page, plus ``alignment - page`` for an
+    alignment above the page), an address aligned to ``alignment`` (and to
+    256) that overlaps no live allocation and a fresh identity, and takes
+    the footprint from the device at once (*An ordinary eager allocator
+    takes the full physical capacity when the allocation is created*).
+    OutOfMemory is allowed when fragmentation could explain it, never when
+    the device is empty and the most the footprint may be fits, always when
+    the footprint cannot fit.
     """
     if not is_size(size):
         return only(InvalidRequest, blame="S5", describe="size is not a positive int; nothing taken")
-    hi = K.round_up(size, s.page)
+    if not is_power_of_two(alignment):
+        return only(InvalidRequest, blame="S5", describe=f"alignment {alignment!r} is not a power of two; nothing taken")
+    hi = K.aligned_footprint(size, alignment, s.page)
+    align = max(alignment, ALIGNMENT)
 
     def accepts(v: Any) -> bool:
         return (
             isinstance(v, DeviceAllocation)
             and v.size == size
             and type(v.footprint) is int
-            and K.footprint_ok(size, v.footprint, s.page)
-            and v.address % ALIGNMENT == 0
+            and size <= v.footprint <= hi
+            and v.address % align == 0
             and s.physical + v.footprint <= s.capacity
             and v.identity not in s.identities
-            and not _overlaps(s, v.address, v.footprint)
+            and not _overlaps(s, v.address, span(size, v.footprint, s.page))
         )
 
     branches: list[Any] = []
     if s.physical + size <= s.capacity:
         branches.append(
             Returns(
-                f"an allocation of {size} bytes, footprint in [{size}, {hi}], fresh identity, no overlap",
+                f"an allocation of {size} bytes, footprint in [{size}, {hi}], address aligned to {align}, "
+                "fresh identity, no overlap",
                 accepts,
                 lambda v: _record_allocation(s, v),
-                (lambda: _witness_allocation(s, size)) if s.physical + hi <= s.capacity else None,
+                (lambda: _witness_allocation(s, size, align)) if s.physical + K.round_up(size, s.page) <= s.capacity
+                else None,
             )
         )
-    if not (s.physical + s.foreign_bytes == 0 and size <= s.capacity):
+    if not (s.physical + s.foreign_bytes == 0 and hi <= s.capacity):
         branches.append(Raises(OutOfMemory, "no contiguous room (fragmentation) or no room at all"))
     return outcomes(*branches, blame="S8")
 

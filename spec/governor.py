@@ -21,7 +21,17 @@ The ledger of the authority (S11)::
 
 A pressure ticket goes ``pending -> granted -> claimed``; ``pending`` or
 ``granted`` may be cancelled or time out; a terminal ticket holds 0 and the
-bytes it held were given back exactly once (S15).  Holders answer tickets
+bytes it held were given back exactly once (S15).
+
+Configuration generations: the Governor's configuration (the budget it
+approves against, *Total capacity: 24 GB / Approved: 22 GB*) carries a
+generation, and every ticket the generation it was issued in.  When the
+configuration changes (``reconfigure``) the generation moves on and every
+ticket still *pending* from an older one fails: the bytes it held go back to
+*free* exactly once, it can never be granted or claimed afterwards, and a
+holder answering it is told (InvalidTicket).  A ticket already *granted*
+keeps its bytes for the requester.  (The configuration's figures are not
+part of the model: capacity stays what ``init`` set.)  Holders answer tickets
 (``memspec.spec.holders``): the bytes a holder's releases refunded move from
 *free* into the ticket, so nobody else takes them before the requester claims.
 """
@@ -95,17 +105,27 @@ def charge_at_footprint(s: SysState, holder: str, planned: int, footprint: int) 
 # --------------------------------------------------------------------------
 
 
+def grant_boundaries(s: SysState) -> tuple[int, ...]:
+    """The grant sizes at the ledger's thresholds (:func:`~memspec.spec.kernels.size_boundaries`):
+    the page exactly and +-1, what is free exactly (the ledger full) and one page over, the capacity."""
+    return K.size_boundaries(s.page, max(s.free, 0), s.capacity)
+
+
 def _draw_grant_size(s: SysState, c: Any) -> Any:
-    k = c.integer(0, 9)
+    k = c.integer(0, 10)
     if k <= 6:
         return c.integer(1, 3) * s.page // 2
     if k == 7:
         return c.choice((0, -1))
+    if k == 10:
+        return c.choice(grant_boundaries(s))
     return s.capacity + s.page
 
 
 @action(role="Governor",
-        params={"nbytes": Domain("mostly half-pages, sometimes 0, negative or more than the capacity", _draw_grant_size)},
+        params={"nbytes": Domain("mostly half-pages, sometimes 0, negative, more than the capacity, or a "
+                                 "threshold exactly and +-1 (the page, all that is free, the capacity)",
+                                 _draw_grant_size, boundaries=grant_boundaries)},
         perform=lambda sut, nbytes: sut.governor.reserve(SESSION, nbytes), invariants=("S8", "S11"), weight=2)
 def reserve(s: SysState, nbytes: Any) -> Any:
     """Ask for a provisional grant of ``nbytes`` for the session holder.
@@ -226,6 +246,8 @@ def refund_lease(s: SysState, lease: int) -> Any:
 
 def ticket_receive(s: SysState, t: TicketRec, n: int) -> None:
     """``n`` bytes a holder's releases refunded move from free into the ticket."""
+    if t.state == TicketState.PENDING and t.generation != s.generation:
+        s.stale_tickets += 1  # a pending ticket of an older configuration should have failed
     _set(s, K.grant_from_free(ledger(s), n))
     t.held += n
     t.received += n
@@ -273,7 +295,7 @@ def issue_ticket(s: SysState, request: tuple[int, int, int]) -> Any:
 
     def then(_v: Ticket) -> int:
         ref = new_ref(s)
-        s.tickets[ref] = TicketRec(ref, amount, priority, deadline)
+        s.tickets[ref] = TicketRec(ref, amount, priority, deadline, generation=s.generation)
         s.ticket_refs.add(ref)
         return ref
 
@@ -338,18 +360,20 @@ def cancel_ticket(s: SysState, ticket: int) -> Any:
 
 def _draw_now(s: SysState, c: Any) -> tuple[int, tuple[int, ...]]:
     now = s.clock + c.integer(0, 4)
-    live = tuple(r for r in s.ticket_refs if s.tickets[r].state not in TicketState.TERMINAL)
-    return (now, live)
+    return (now, tuple(s.ticket_refs))
 
 
 def _perform_expire(sut: Any, now: tuple[int, tuple[int, ...]]) -> tuple[int, ...]:
-    t, live = now
+    """The references of the tickets the implementation says it timed out,
+    of every ticket issued: a terminal one (claimed, cancelled) timed out
+    again shows in the answer instead of being dropped from it."""
+    t, issued = now
     ids = {x.ticket_id for x in sut.governor.expire(t)}
-    return tuple(r for r in live if sut.ref(r).ticket_id in ids)
+    return tuple(r for r in issued if sut.ref(r).ticket_id in ids)
 
 
 @action(role="Governor",
-        params={"now": Domain("(the time now, the live tickets): now advances by 0..4", _draw_now)},
+        params={"now": Domain("(the time now, the tickets issued): now advances by 0..4", _draw_now)},
         perform=_perform_expire, invariants=("S15", "S11"))
 def expire(s: SysState, now: tuple[int, tuple[int, ...]]) -> Any:
     """Time out every live ticket whose deadline (0: none) has passed.
@@ -357,8 +381,9 @@ def expire(s: SysState, now: tuple[int, tuple[int, ...]]) -> Any:
     Returns exactly the live tickets with ``0 < deadline <= now``; each
     becomes timed out and its bytes go back to *free*, exactly once.
     """
-    t_now, live = now
-    due = tuple(r for r in live if 0 < s.tickets[r].deadline <= t_now)
+    t_now, issued = now
+    due = tuple(r for r in issued if s.tickets[r].state not in TicketState.TERMINAL
+                and 0 < s.tickets[r].deadline <= t_now)
 
     def then(_v: Any) -> None:
         s.clock = max(s.clock, t_now)
@@ -368,4 +393,27 @@ def expire(s: SysState, now: tuple[int, tuple[int, ...]]) -> Any:
     return outcomes(Returns(f"the tickets {list(due)}", lambda v: tuple(v) == due, then, lambda: due), blame="S15")
 
 
-ACTIONS = [reserve, commit, cancel, refund_lease, issue_ticket, claim, cancel_ticket, expire]
+@action(role="Governor", perform=lambda sut: sut.governor.reconfigure(), invariants=("S15", "S11"))
+def reconfigure(s: SysState) -> Any:
+    """The Governor's configuration changes: a new generation.
+
+    Returns the new generation, an int.  Every ticket still *pending* from
+    an older generation fails: the bytes it held go back to *free*, exactly
+    once, and it holds 0; it can never be granted or claimed, and a holder
+    that answers it gets InvalidTicket.  Granted tickets are kept.
+    """
+    stale = [r for r in s.ticket_refs if s.tickets[r].state == TicketState.PENDING]
+
+    def accepts(v: Any) -> bool:
+        return type(v) is int
+
+    def then(_v: Any) -> None:
+        s.generation += 1
+        for r in stale:
+            ticket_end(s, s.tickets[r], TicketState.FAILED)
+
+    return outcomes(Returns(f"a new generation; the pending tickets {stale} fail", accepts, then,
+                            lambda: s.generation + 1), blame="S15", touched=tuple(stale))
+
+
+ACTIONS = [reserve, commit, cancel, refund_lease, issue_ticket, claim, cancel_ticket, expire, reconfigure]

@@ -89,10 +89,11 @@ def load_weight(s: SysState, weight: tuple[str, bool, int]) -> Any:
         return only(GrantDenied, blame="S8", describe=f"{n} > free {s.free}")
     installed = s.registry.installed
 
-    def then(_v: Any) -> None:
+    def then(_v: Any) -> int:
         charge_at_footprint(s, WEIGHTS, n, n)
         o = new_owned(s, "weight", WEIGHTS, n, n, installed)
         w.resident, w.hot, w.owned = True, hot, o.ref
+        return o.ref   # the weight's memory (its data is checked while resident)
 
     branches: list[Any] = [Returns("None (resident, charged)", lambda v: v is None, then, lambda: None)]
     if not (physical_total(s) == 0 and n <= s.device_capacity):
@@ -119,7 +120,9 @@ def set_hot(s: SysState, weight: str, hot: bool) -> Any:
     def then(_v: Any) -> None:
         s.weights[weight].hot = hot
 
-    return outcomes(Returns("None", lambda v: v is None, then, lambda: None), blame="S6")
+    owned = s.weights[weight].owned
+    return outcomes(Returns("None", lambda v: v is None, then, lambda: None), blame="S6",
+                    touched=(owned,) if owned is not None else ())
 
 
 @action(role="ModelResidency", params={"weight": RESIDENT},
@@ -314,10 +317,12 @@ def kv_open(s: SysState, request: tuple[int, int, int | None, int]) -> Any:
         s.kv[ref] = q
         if origin is not None:
             s.kv[origin].sharers[ref] = prefix
+            s.kv[origin].shared_upto = max(s.kv[origin].shared_upto, prefix)
         s.live_objects += 1
         return ref  # type: ignore[return-value]
 
-    return outcomes(Returns("None", lambda v: v is None, then, lambda: None), blame="S5", touched=(ref,))
+    return outcomes(Returns("None", lambda v: v is None, then, lambda: None), blame="S5",
+                    touched=(ref,) if origin is None else (ref, origin))
 
 
 def _draw_grow(s: SysState, c: Any) -> tuple[int, int, int | None]:

@@ -270,3 +270,43 @@ def footprint_ok(requested: int, actual: int, page: int) -> Any:
     post: __return__ == (requested <= actual <= round_up(requested, page))
     """
     return both(requested <= actual, actual <= round_up(requested, page))
+
+
+def aligned_footprint(requested: int, alignment: int, page: int) -> int:
+    """The most an allocation of ``requested`` bytes aligned to
+    ``alignment`` may take: the request rounded up to the page, and for an
+    alignment above the page also the ``alignment - page`` bytes an
+    allocator may take to find an aligned start (a driver that only aligns
+    to its granularity over-allocates that much).
+
+    pre: page > 0 and requested > 0 and alignment > 0
+    post: __return__ >= requested
+    post: __return__ % page == 0
+    post: alignment > page or __return__ == round_up(requested, page)
+    """
+    return round_up(requested + maximum(alignment - page, 0), page)
+
+
+# --------------------------------------------------------------------------
+# Boundaries: the values at the kernels' own thresholds (a harness draws them)
+# --------------------------------------------------------------------------
+
+def size_boundaries(page: int, room: int, capacity: int) -> tuple[int, ...]:
+    """Request sizes at every threshold the mechanism's kernels compare a
+    size with, exactly and at +-1: the page (``round_up``'s step: seed 003,
+    *the smallest currency unit is a page*) and two of them (a second page
+    starts), what is still free (``room``: the device exactly full) and one
+    page over it, and the capacity and one page over it.  Only positive
+    sizes (the illegal ones are drawn elsewhere)."""
+    points = {page, 2 * page, room, room + page, capacity, capacity + page}
+    return tuple(sorted({p + d for p in points for d in (-1, 0, 1) if p + d > 0}))
+
+
+def alignment_boundaries(page: int, default: int) -> tuple[int, ...]:
+    """Alignments at every threshold :func:`aligned_footprint` and the
+    address check compare with: the request's default, the page, the powers
+    of two above the page up to four pages (an allocator that aligns only to
+    its page is caught there), each exactly (legal: a power of two) and at
+    +-1 (illegal: not a power of two, refused with InvalidRequest)."""
+    points = {default, page, 2 * page, 4 * page}
+    return tuple(sorted({p + d for p in points for d in (-1, 0, 1) if p + d > 0}))

@@ -183,8 +183,27 @@ def regions(s: MechState, ref: int, obj: Any) -> DataRegion | None:
     Blame: a fault on either is S5 (*a commit/allocation that returns
     success without mapping*); a changed byte is S11 (two live ranges on the
     same physical bytes: the device's accounts count bytes that do not
-    exist).  Shared mappings alias by design and carry no pattern.
+    exist).
+
+    A live mapping of a physical handle is an *alias* of the handle's bytes
+    (key ``("handle", h)``): *A's virtual address and B's virtual address
+    -- same batch of prefix physical pages*; a write through one is seen
+    through every other, and the bytes live as long as the handle does.  A
+    read-only mapping is read, never written.  After copy-on-write the
+    mapping holds *private pages with the same bytes* (``copy_of`` the
+    handle).  A fault or a changed byte on a mapping is S13.
     """
+    m = s.mappings.get(ref)
+    if m is not None:
+        res = s.reservations.get(m.reservation)
+        if not m.live or res is None or not res.live or res.foreign:
+            return None
+        extent = (res.address + m.offset, m.size)
+        key = ("handle", m.handle)
+        if m.private:
+            return DataRegion("S13", "S13", extent=extent, page=s.page, copy_of=key, version=m.writes)
+        return DataRegion("S13", "S13", extent=extent, page=s.page, alias=(key, 0), writable=not m.read_only,
+                          version=s.handles[m.handle].writes)
     rec = s.allocations.get(ref)
     if rec is not None:
         if rec.live and not rec.foreign:

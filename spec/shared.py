@@ -20,9 +20,10 @@ pages with the same bytes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from memspec.spec.api import PhysicalHandle, ReserveRequest
+from memspec.spec.api import DEFAULT_PAGE, PhysicalHandle, ReserveRequest
 from memspec.spec.core import Domain, Raises, Returns, action, booleans, only, outcomes
 from memspec.spec.errors import DeviceFault, DoubleFree, InvalidRange, InvalidRequest, OutOfMemory, ReadOnlyViolation, StaleHandle
 from memspec.spec.state import oom_rule, MechHandle, MechMapping, MechState, from_refs, is_size, new_ref, remember_identity, witness_identity
@@ -131,13 +132,16 @@ def _draw_place(s: MechState, c: Any) -> tuple[int, int]:
     ref = s.shared_refs.at(c.integer(0, len(s.shared_refs) - 1))
     r = s.reservations[ref]
     n = max(1, r.size // s.page)
-    off = c.integer(0, n) * s.page
+    # half the time the start (where any handle that fits the reservation
+    # fits), else any page, the end included
+    off = 0 if c.boolean() else c.integer(0, n) * s.page
     if c.integer(0, 7) == 0:
         off += s.page // 2
     return (ref, off)
 
 
-PLACE = Domain("(shared reservation, offset): mostly page-aligned, sometimes misaligned or at the end",
+PLACE = Domain("(shared reservation, offset): half the time its start, else any page (the end included), "
+               "sometimes misaligned",
                _draw_place, lambda s: len(s.shared_refs) > 0)
 
 
@@ -148,7 +152,7 @@ def _perform_map(sut: Any, handle: int, place: tuple[int, int], read_only: bool)
 
 @action(role="SharedMapping",
         params={"handle": from_refs("a physical handle", lambda s: s.handle_refs), "place": PLACE, "read_only": booleans()},
-        perform=_perform_map, requires=("shared_mapping",), invariants=("S13",), weight=3)
+        perform=_perform_map, requires=("shared_mapping",), invariants=("S13",), weight=5)
 def map(s: MechState, handle: int, place: tuple[int, int], read_only: bool) -> Any:  # noqa: A001
     """Map a whole handle at ``offset`` of a shared reservation, read-only or not.
 
@@ -236,7 +240,7 @@ def unmap(s: MechState, mapping: tuple[int, int]) -> Any:
     m = s.mappings[mref]
     errs = _mapping_errors(s, m, size)
     if errs:
-        return outcomes(*errs, blame="S13", touched=(m.handle,))
+        return outcomes(*errs, blame="S13", touched=(m.handle, mref))
     h = s.handles[m.handle]
     r = s.reservations[m.reservation]
 
@@ -253,7 +257,7 @@ def unmap(s: MechState, mapping: tuple[int, int]) -> Any:
             s.physical -= _maybe_free(s, h)
 
     return outcomes(Returns(f"exactly {m.size}", lambda v: type(v) is int and v == m.size, then, lambda: m.size),
-                    blame="S13", touched=(m.handle,))
+                    blame="S13", touched=(m.handle, mref))
 
 
 def _perform_cow(sut: Any, mapping: tuple[int, int, int, int]) -> int:
@@ -262,7 +266,7 @@ def _perform_cow(sut: Any, mapping: tuple[int, int, int, int]) -> int:
 
 
 @action(role="SharedMapping", params={"mapping": MAPPING}, perform=_perform_cow,
-        requires=("shared_mapping",), invariants=("S13", "S11"))
+        requires=("shared_mapping",), invariants=("S13", "S11"), weight=3)
 def copy_on_write(s: MechState, mapping: tuple[int, int]) -> Any:
     """Replace the shared pages of one mapping by private writable copies.
 
@@ -277,10 +281,10 @@ def copy_on_write(s: MechState, mapping: tuple[int, int]) -> Any:
     if not errs and m.private:
         errs = [Raises(InvalidRange, "the pages there are private already")]
     if errs:
-        return outcomes(*errs, blame="S13", touched=(m.handle,))
+        return outcomes(*errs, blame="S13", touched=(m.handle, mref))
     may_return, may_oom = oom_rule(s, m.size)
     if not may_return:
-        return only(OutOfMemory, blame="S13", touched=(m.handle,))
+        return only(OutOfMemory, blame="S13", touched=(m.handle, mref))
     h = s.handles[m.handle]
 
     def then(v: int) -> None:
@@ -293,7 +297,7 @@ def copy_on_write(s: MechState, mapping: tuple[int, int]) -> Any:
     branches: list[Any] = [Returns(f"exactly {m.size}", lambda v: type(v) is int and v == m.size, then, lambda: m.size)]
     if may_oom:
         branches.append(Raises(OutOfMemory, "the device is full (the twin holds pages of it)"))
-    return outcomes(*branches, blame="S13", touched=(m.handle,))
+    return outcomes(*branches, blame="S13", touched=(m.handle, mref))
 
 
 def _perform_count(sut: Any, handle: int) -> int:
@@ -343,28 +347,88 @@ def release_handle(s: MechState, handle: int) -> Any:
 # -- read-only protection -------------------------------------------------
 
 
-def _perform_write(sut: Any, mapping: tuple[int, int, int, int]) -> None:
-    _mref, res, offset, _size = mapping
-    stream = sut.ep.new_stream()
-    sut.ep.write(stream, sut.ref(res).address + offset, bytes(range(64)))
-    sut.ep.synchronize(stream)
+#: bytes written at the start of every page of a mapping (and at its end)
+WRITE_BYTES = 64
+
+
+@dataclass(frozen=True)
+class PagesWritten:
+    """What :func:`write_through` saw when the pages of one mapping did not
+    all answer alike: the offsets written and the offsets refused (a
+    read-only mapping whose later pages are writable, say)."""
+
+    written: tuple[int, ...]
+    refused: tuple[str, ...]
+
+    def __repr__(self) -> str:
+        return f"written at offsets {list(self.written)}, refused at {list(self.refused)}"
+
+
+def _perform_write(sut: Any, mapping: tuple[int, int, int, int]) -> Any:
+    """Write ``WRITE_BYTES`` at the start of every page of the mapping and at
+    its end, each its own copy and synchronize: every page is tried, so one
+    that accepts a write among pages that refuse it shows (PagesWritten)."""
+    _mref, res, offset, size = mapping
+    ep = sut.ep
+    stream = ep.new_stream()
+    base = sut.ref(res).address + offset
+    page = _page_of(sut)
+    places = list(range(0, size, page)) + [size - WRITE_BYTES]
+    written, refused, first = [], [], None
+    for off in places:
+        try:
+            ep.write(stream, base + off, bytes((off // page + i) & 0xFF for i in range(WRITE_BYTES)))
+            ep.synchronize(stream)
+            written.append(off)
+        except (ReadOnlyViolation, DeviceFault) as e:
+            refused.append(f"{off}: {type(e).__name__}")
+            first = first or e
+    if written and refused:
+        return PagesWritten(tuple(written), tuple(refused))
+    if first is not None:
+        raise first
     return None
 
 
-@action(role="SharedMapping", params={"mapping": MAPPING}, perform=_perform_write,
-        requires=("shared_mapping", "ep"), invariants=("S13",))
-def write_through(s: MechState, mapping: tuple[int, int]) -> Any:
-    """Copy 64 bytes from the host into the first page of a live mapping, then synchronize.
+def _page_of(sut: Any) -> int:
+    sm = _sm(sut)
+    g = getattr(sm, "granularity", None)
+    return int(g()) if callable(g) else DEFAULT_PAGE
 
-    Through a read-only (not copied) mapping the write is rejected:
-    ReadOnlyViolation, or DeviceFault when the device reports it; through a
-    writable or private one it completes (None).
+
+def _draw_exact_mapping(s: MechState, c: Any) -> tuple[int, int, int, int]:
+    mref = s.mapping_refs.at(c.integer(0, len(s.mapping_refs) - 1))
+    if c.boolean():
+        # the widest read-only mapping: the protection of its later pages
+        ro = [r for r in s.mapping_refs if rejects_writes(s.mappings[r])]
+        if ro:
+            mref = max(ro, key=lambda r: (s.mappings[r].size, r))
+    m = s.mappings[mref]
+    return (mref, m.reservation, m.offset, m.size)
+
+
+EXACT_MAPPING = Domain("(mapping, reservation, offset, size): a live mapping made by map, with its exact size; "
+                       "half the time the widest read-only one", _draw_exact_mapping, lambda s: len(s.mapping_refs) > 0)
+
+
+@action(role="SharedMapping", params={"mapping": EXACT_MAPPING}, perform=_perform_write,
+        requires=("shared_mapping", "ep"), invariants=("S13",), weight=4)
+def write_through(s: MechState, mapping: tuple[int, int]) -> Any:
+    """Copy 64 bytes from the host to the start of every page of a live
+    mapping and to its end, each followed by a synchronize.
+
+    Through a read-only (not copied) mapping every write is rejected:
+    ReadOnlyViolation, or DeviceFault when the device reports it, and the
+    bytes there do not change (*read-only protection*); through a writable
+    or private one every write completes (None).  Some pages written and
+    others refused is neither.
     """
     m = s.mappings[mapping[0]]
     if rejects_writes(m):
         return outcomes(Raises(ReadOnlyViolation, "read-only mapping"), Raises(DeviceFault, "write to a read-only page"),
-                        blame="S13")
-    return outcomes(Returns("None", lambda v: v is None, lambda v: _wrote(s, m), lambda: None), blame="S13")
+                        blame="S13", touched=(mapping[0],))
+    return outcomes(Returns("None", lambda v: v is None, lambda v: _wrote(s, m), lambda: None), blame="S13",
+                    touched=(mapping[0],))
 
 
 def rejects_writes(m: Any) -> bool:
@@ -376,6 +440,10 @@ def _wrote(s: MechState, m: Any) -> None:
     """A write succeeded: S13's record if the mapping was read-only."""
     if m.read_only and not m.private:
         s.readonly_writes += 1
+    if m.private:
+        m.writes += 1
+    else:
+        s.handles[m.handle].writes += 1
 
 
 MECH_ACTIONS = [shared_reserve, free_shared_reservation, create, map, unmap, copy_on_write, mapping_count,

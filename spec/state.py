@@ -109,6 +109,8 @@ class MechHandle:
     released: bool = False
     mappings: int = 0
     freed: bool = False
+    #: writes a caller made through its writable mappings (the bytes changed)
+    writes: int = 0
 
 
 @dataclass
@@ -124,6 +126,8 @@ class MechMapping:
     read_only: bool
     private: bool = False
     live: bool = True
+    #: writes a caller made into the private copy (after copy-on-write)
+    writes: int = 0
 
 
 @dataclass
@@ -228,6 +232,7 @@ class TicketRec:
     returned: int = 0          # bytes given back to free (cancel/timeout), ever
     returns: int = 0           # how many times bytes were given back (S15: <= 1)
     claimed: int = 0           # bytes handed to the requester as a grant
+    generation: int = 1        # the Governor's configuration generation when it was issued
 
 
 @dataclass
@@ -290,6 +295,8 @@ class KvRequest:
     sharers: dict[int, int] = field(default_factory=dict)  # sharer request -> its prefix bytes, until its release runs
     fences: list[tuple[int, int]] = field(default_factory=list)
     state: str = "open"        # open | closed (release queued) | released (private pages gone)
+    #: the most bytes of it ever shared as a prefix (those pages stay read-only here)
+    shared_upto: int = 0
 
     @property
     def committed(self) -> int:
@@ -329,6 +336,10 @@ class SysState:
     tickets_received: int = 0
     tickets_returned: int = 0
     tickets_claimed: int = 0
+    #: the Governor's configuration generation (``reconfigure`` bumps it; the
+    #: pending tickets of an older generation fail)
+    generation: int = 1
+    stale_tickets: int = 0         # S15: a ticket of an older generation was answered or granted while pending
     clock: int = 0
     # -- EP
     streams: dict[int, Stream] = field(default_factory=dict)

@@ -87,6 +87,24 @@ def _touched_kv(s: SysState, touched: tuple[int, ...]) -> list[int]:
     return [r for r in touched if r in s.kv and s.kv[r].state == "open"]
 
 
+def _changed_tickets(s: SysState, _touched: tuple[int, ...]) -> list[int]:
+    """The tickets whose state or held bytes the step changed in the spec
+    (a claim, a cancel, a time-out, a holder's answer)."""
+    seen = s.__dict__.setdefault("_observed_tickets", {})
+    out = []
+    for r in s.ticket_refs:
+        t = s.tickets[r]
+        now = (t.state, t.held)
+        if seen.get(r) != now:
+            seen[r] = now
+            out.append(r)
+    return out
+
+
+def _ticket_figures(t: Any) -> tuple:
+    return (t.state, t.held)
+
+
 def _touched_reservations(s: SysState, touched: tuple[int, ...]) -> list[int]:
     return [r for r in touched if r in s.owned and s.owned[r].kind == "reservation" and s.owned[r].state == "live"]
 
@@ -106,6 +124,10 @@ OBSERVATIONS = [
     Observation("weights.resident_bytes", "S6", _always,
                 lambda s, _r: sum(w.pages for w in s.weights.values() if w.resident) * s.page,
                 lambda sut, _r: sut.weights.resident_bytes()),
+    # The Ticket the Governor issued is the live record of the request
+    # (``Ticket.state``, ``Ticket.held``): *terminal tickets hold 0*.
+    Observation("ticket (state, held)", "S15", _changed_tickets,
+                lambda s, r: _ticket_figures(s.tickets[r]), lambda sut, r: _ticket_figures(sut.ref(r))),
     Observation("kv.committed", "S9", _touched_kv, lambda s, r: s.kv[r].committed,
                 lambda sut, r: sut.kv.committed(holders.kv_name(r)), requires=("virtual_backing",)),
     Observation("reservation.committed", "S12", _touched_reservations,
@@ -124,7 +146,12 @@ def regions(s: SysState, ref: int, obj: Any) -> DataRegion | None:
     changed byte S11 (bytes counted twice); queued -- either is S4 (*backing
     is released only after every fence of work that used it has completed*).
     """
+    q = s.kv.get(ref)
+    if q is not None:
+        return _kv_region(s, ref, q)
     rec = s.owned.get(ref)
+    if rec is not None and rec.kind == "weight":
+        return _weight_region(s, ref, rec)
     if rec is None or rec.state not in ("live", "queued") or getattr(rec, "creator", 0) != 0:
         return None
     inner = getattr(obj, "allocation", None)
@@ -134,6 +161,53 @@ def regions(s: SysState, ref: int, obj: Any) -> DataRegion | None:
     if rec.kind == "reservation" and isinstance(inner, VirtualAllocation) and rec.committed:
         return DataRegion(fault, mismatch, pages=(inner.address, rec.committed, s.page))
     return None
+
+
+def _holder_address(holder: Any, name: str) -> int | None:
+    """``holder.address(name)`` when the holder reports where its memory is
+    (an optional method of the contract), else ``None``."""
+    fn = getattr(holder, "address", None)
+    return fn(name) if callable(fn) else None
+
+
+def _weight_region(s: SysState, ref: int, rec: Any) -> DataRegion | None:
+    """A resident weight: *ModelResidency* holds its bytes until it is
+    unloaded or released under pressure.  Its memory is named by the weight
+    (``weights.address(name)``), so the bytes are keyed by the weight's load
+    (``("weight", ref)``): wherever the holder keeps it, it reads back what
+    was written.  A fault is S5, changed bytes S6 (*only the holder
+    understands the data*: it must keep it)."""
+    w = next((w for w in s.weights.values() if w.owned == ref), None)
+    if w is None or not w.resident or rec.state != "live" or getattr(rec, "creator", 0) != 0:
+        return None
+    name = w.name
+    return DataRegion("S5", "S6", extent=(0, w.pages * s.page), page=s.page, alias=(("weight", ref), 0),
+                      locate=lambda sut: _holder_address(sut.weights, name))
+
+
+def _kv_region(s: SysState, ref: int, q: Any) -> DataRegion | None:
+    """An open KV request's committed pages, at ``kv.address(name)``.  A
+    request's own pages are the bytes of key ``("kv", ref)``; a sharer's
+    first ``prefix`` bytes are *the same batch of prefix physical pages* as
+    its origin's, mapped read-only: key ``("kv", origin)`` (a write there
+    must be refused, the bytes read the same through both).  After growth
+    the earlier pages keep their bytes (*keep the old KV view*): a fault is
+    S5, a changed byte S9.  An origin whose prefix was ever shared is only
+    read (its prefix pages are read-only from then on); a sharer's pages
+    past its prefix are not checked."""
+    if q.state != "open" or q.creator != 0:
+        return None
+    name = q.name
+    locate = lambda sut: _holder_address(sut.kv, name)  # noqa: E731
+    if q.prefix_of is not None:
+        if q.prefix <= 0:
+            return None
+        return DataRegion("S5", "S13", extent=(0, q.prefix), page=s.page, alias=(("kv", q.prefix_of), 0),
+                          writable=False, locate=locate)
+    if q.own <= 0:
+        return None
+    return DataRegion("S5", "S9", extent=(0, q.own), page=s.page, alias=(("kv", ref), 0),
+                      writable=True if q.shared_upto == 0 else None, locate=locate)
 
 
 def unwrap(value: Any) -> Any:

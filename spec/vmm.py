@@ -57,18 +57,28 @@ from memspec.spec.eager import WITNESS_DEVICE
 # ==========================================================================
 
 
+def reserve_boundaries(s: Any) -> tuple[int, ...]:
+    """The sizes at the spec's thresholds (:func:`~memspec.spec.kernels.size_boundaries`):
+    the page exactly and +-1, two pages, the device's free bytes and capacity and one page over."""
+    return K.size_boundaries(s.page, max(s.capacity - s.physical, 0), s.capacity)
+
+
 def _draw_reserve_size(s: Any, c: Any) -> Any:
-    kind = c.integer(0, 9)
+    kind = c.integer(0, 10)
     if kind <= 6:
         return c.integer(1, 8) * s.page
     if kind == 7:
         return c.integer(1, 3 * s.page)
     if kind == 8:
         return c.choice((0, -1, 2.5))
+    if kind == 10:
+        return c.choice(reserve_boundaries(s))
     return 2 * s.capacity
 
 
-RESERVE_SIZES = Domain("mostly 1..8 pages, sometimes a ragged size, 0, negative, not an int, or 2x the capacity", _draw_reserve_size)
+RESERVE_SIZES = Domain("mostly 1..8 pages, sometimes a ragged size, 0, negative, not an int, 2x the capacity, "
+                       "or a threshold of the spec exactly and +-1 (the page, two pages, the capacity)",
+                       _draw_reserve_size, boundaries=reserve_boundaries)
 
 
 def witness_reservation(s: Any, size: int, creator: str = "spec-va") -> VirtualAllocation:

@@ -19,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import time
+
 import pytest
 
 from memspec.commands import fuzz
@@ -73,15 +75,30 @@ def test_hypothesis_rounds_are_sized_from_the_measured_rate(tmp_path, monkeypatc
         asked.append(examples)
         return real(args, seed, examples, **kw)
 
+    class Clock:
+        """The fuzz module's clock, advanced 0.25 s per reading: the round
+        sizing is then a function of the code alone, not of the machine's load."""
+        now = 0.0
+
+        def __getattr__(self, name):
+            return getattr(time, name)
+
+        def perf_counter(self):
+            Clock.now += 0.25
+            return Clock.now
+
     monkeypatch.setattr(fuzz, "_round_settings", spy)
+    monkeypatch.setattr(fuzz, "time", Clock())
     rc, doc = _run_inprocess(tmp_path, "reference", "--mode", "hypothesis", "--seconds", "3", "--jobs", "1",
                              "--level", "mechanism")
     assert rc == 0
     assert asked[0] == 2 and len(asked) >= 2
-    per_example = doc["elapsed_s"] / max(1, sum(asked))
+    # each round reads the clock twice around the run: 0.25 s for its examples
     cap = min(fuzz.ROUND_SECONDS, max(1.0, 3 / 10))
-    # generous: a round is sized to at most cap / (measured seconds per example); allow 5x estimate drift
-    assert max(asked[1:]) <= 5 * cap / per_example + 1
+    for prev, nxt in zip(asked, asked[1:]):
+        per_example = 0.25 / prev
+        assert nxt <= int(cap / per_example), asked  # never more than fit in one round at the measured rate
+    assert max(asked[1:]) > asked[0], asked  # and sized from the rate, not kept at the first round's 2
 
 
 @pytest.mark.parametrize("flag,value", [("--minutes", "-1"), ("--minutes", "nan"), ("--minutes", "inf"),

@@ -19,8 +19,8 @@ def test_the_second_catalog_ships_its_killed_mutants_and_lists_the_rest():
     names = {m.name for m in all_mutants()}
     assert {m.name for m in V.MUTANTS} <= names           # shipped: `memspec mutants` runs them
     levels = {m.level for m in V.MUTANTS}
-    assert levels == {"caching", "system"}
-    assert {m.invariant for m in V.MUTANTS} >= {"C2", "C5", "S4", "S15"}
+    assert levels == {"caching", "system", "mechanism"}
+    assert {m.invariant for m in V.MUTANTS} >= {"C2", "C5", "S4", "S15", "S13", "S9", "S6", "S8"}
 
 
 @pytest.mark.parametrize("m", V.MUTANTS + V.NOT_YET_KILLED, ids=[m.name for m in V.MUTANTS + V.NOT_YET_KILLED])
@@ -42,3 +42,50 @@ def test_the_threshold_mutants_differ_from_the_reference_only_at_their_threshold
     for r in (10 * MiB - 512, 10 * MiB + 2 * MiB, 2 * MiB):
         assert bad.allocation_size(r) == good.allocation_size(r)
     assert bad.allocation_size(10 * MiB) != good.allocation_size(10 * MiB)
+
+
+#: the mutants only a data check (or the every-page write) sees: the accounts stay right
+DATA = {
+    "shared-read-only-first-page-only": "S13",
+    "shared-alias-shows-other-pages": "S13",
+    "shared-cow-loses-bytes": "S13",
+    "kv-grow-loses-last-page": "S9",
+    "cold-weight-moved-without-copy": "S6",
+    "caching-split-tags-the-previous-block": "C2",
+    "allocator-ignores-alignment-above-page": "S8",
+}
+
+
+def test_the_data_and_alignment_mutants_are_shipped():
+    names = {m.name: m.invariant for m in V.MUTANTS}
+    assert {n: names.get(n) for n in DATA} == DATA
+
+
+@pytest.mark.parametrize("name", sorted(DATA))
+def test_each_data_or_alignment_mutant_is_killed_at_the_ci_profile_with_its_blame(name):
+    from memspec.invariants import runner
+
+    m = next(m for m in V.MUTANTS if m.name == name)
+    (res,) = runner.conform(f"mutant:{name}", "all", profile="ci", examples=100, steps=40,
+                            capacity=16 * MiB if m.level != "caching" else None, out_dir=None, shrink_seconds=2)
+    assert not res.errors, res.errors
+    blamed = [f for f in res.failures if f.invariant == DATA[name]]
+    assert blamed, f"{name}: caught by {sorted({f.invariant for f in res.failures}) or 'nothing'}"
+    if name != "allocator-ignores-alignment-above-page":
+        # the rule broken is about the bytes: a data check or the every-page write names it
+        assert any(f.cause in ("data", "outcome", "wrong-type") for f in blamed), [f.cause for f in blamed]
+
+
+def test_the_data_mutants_break_nothing_but_the_bytes():
+    """The accounts of a data mutant stay right: a run without data checks
+    (``integrity=False``) finds nothing on the ones whose only symptom is
+    the bytes (the every-page write and alignment are outcome checks)."""
+    from memspec.invariants import walk as W
+    from memspec.invariants.planning import make_plan
+
+    for name in ("shared-alias-shows-other-pages", "shared-cow-loses-bytes", "caching-split-tags-the-previous-block"):
+        m = next(m for m in V.MUTANTS if m.name == name)
+        plan = make_plan(f"mutant:{name}", m.level, capacity=16 * MiB if m.level != "caching" else None,
+                         integrity=False)
+        res = W.walk(plan, max_steps=1500, seed=3, run_length=40)
+        assert not res.failures, (name, [f.violation for f in res.failures])

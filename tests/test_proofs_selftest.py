@@ -22,7 +22,7 @@ def test_catalog_has_20_breaks_over_every_seed000_invariant() -> None:
 
 
 def test_planted_breaks_are_killed_by_their_rule() -> None:
-    breaks = _pick("S10 encoding: allocate does not count the pin", "S4 spec: poll frees regardless of fences",
+    breaks = _pick("S10 encoding: allocate does not record its context (no pin)", "S4 spec: poll frees regardless of fences",
                    "S11 kernel: can_grant ignores what is free", "C3 spec: freed blocks are not coalesced")
     rows, problems = run_self_test(breaks)
     assert not problems, problems

@@ -270,3 +270,251 @@ NOT_YET_KILLED: list[Mutant] = [
 TARGETS: dict[str, Callable[..., TargetInstance]] = {m.name.replace("-", "_"): m.factory
                                                      for m in MUTANTS + NOT_YET_KILLED}
 globals().update(TARGETS)
+
+
+# --------------------------------------------------------------------------
+# Shared memory carries data (issue 12, deliverable 4): aliases, copy-on-write,
+# read-only on every page -- reference mechanisms whose SharedMapping breaks
+# one rule about the bytes (the accounts stay right: only a data check sees it)
+# --------------------------------------------------------------------------
+
+
+def _with_device_map(sm: Any, wrap: Callable[[Callable], Callable], call: Callable[[], Any]) -> Any:
+    """Run ``call`` with the simulated device's ``map`` replaced by ``wrap(map)``."""
+    dev = sm._s.dev
+    dev.map = wrap(type(dev).map.__get__(dev))
+    try:
+        return call()
+    finally:
+        del dev.map
+
+
+def _ro_later_pages_writable(base: type) -> type:
+    class ReadOnlyFirstPageOnly(base):
+        """S13: a read-only mapping protects its first page only: the pages
+        after it are mapped writable (a write there succeeds)."""
+
+        def map(self, handle, allocation, offset, *, read_only):
+            if read_only is not True:
+                return super().map(handle, allocation, offset, read_only=read_only)
+
+            def wrap(orig):
+                def split(address, phys, *, writable=True):
+                    orig(address, list(phys)[:1], writable=writable)
+                    if len(phys) > 1:
+                        orig(address + self._s.page, list(phys)[1:], writable=True)
+                return split
+
+            return _with_device_map(self, wrap, lambda: super(ReadOnlyFirstPageOnly, self).map(
+                handle, allocation, offset, read_only=read_only))
+
+    return ReadOnlyFirstPageOnly
+
+
+def _alias_other_bytes(base: type) -> type:
+    class AliasShowsOtherPages(base):
+        """S13: a second mapping of a handle maps its pages in the wrong
+        order: the alias shows other bytes of the handle than the first
+        mapping at the same offset (the accounts are right)."""
+
+        def map(self, handle, allocation, offset, *, read_only):
+            try:
+                ph = self._handle(handle)
+                again = bool(ph.mappings) and len(ph.pages) > 1
+            except Exception:  # noqa: BLE001 - super() reports the error
+                again = False
+            if not again:
+                return super().map(handle, allocation, offset, read_only=read_only)
+
+            def wrap(orig):
+                def reversed_map(address, phys, *, writable=True):
+                    orig(address, list(phys)[::-1], writable=writable)
+                return reversed_map
+
+            return _with_device_map(self, wrap, lambda: super(AliasShowsOtherPages, self).map(
+                handle, allocation, offset, read_only=read_only))
+
+    return AliasShowsOtherPages
+
+
+def _cow_loses_bytes(base: type) -> type:
+    class CopyOnWriteWithoutCopy(base):
+        """S13: copy-on-write installs private pages but does not copy the
+        shared bytes into them (*private pages with the same bytes*)."""
+
+        def copy_on_write(self, allocation, offset, size):
+            dev = self._s.dev
+            dev.copy_page = lambda src, dst: None
+            try:
+                return super().copy_on_write(allocation, offset, size)
+            finally:
+                del dev.copy_page
+
+    return CopyOnWriteWithoutCopy
+
+
+def _mech(name: str, inv: str, attr: str, make: Callable[[type], type]) -> Mutant:
+    from memspec.invariants.mutants.seed000 import _mechanism_mutant
+
+    return Mutant(name, inv, (make(object).__doc__ or "").strip().split("\n\n")[0].replace("\n", " "),
+                  _mechanism_mutant("reference", attr, make), level="mechanism")
+
+
+MUTANTS += [
+    _mech("shared-read-only-first-page-only", "S13", "_sm", _ro_later_pages_writable),
+    _mech("shared-alias-shows-other-pages", "S13", "_sm", _alias_other_bytes),
+    _mech("shared-cow-loses-bytes", "S13", "_sm", _cow_loses_bytes),
+]
+TARGETS.update({m.name.replace("-", "_"): m.factory for m in MUTANTS[-3:]})
+globals().update(TARGETS)
+
+
+# --------------------------------------------------------------------------
+# Alignment above the page (issue 12, deliverable 3)
+# --------------------------------------------------------------------------
+
+
+def _ignores_alignment(base: type) -> type:
+    from memspec.spec.api import AllocationRequest, is_power_of_two
+
+    class AlignsToPageOnly(base):
+        """S8: an alignment above the page is ignored: the allocation is
+        aligned to the page only (the request's ``alignment`` is dropped)."""
+
+        def allocate(self, request):
+            page = self._dev.page_size
+            if isinstance(request, AllocationRequest) and is_power_of_two(request.alignment) \
+                    and request.alignment > page:
+                request = AllocationRequest(request.size, page)
+            return super().allocate(request)
+
+    return AlignsToPageOnly
+
+
+MUTANTS += [_mech("allocator-ignores-alignment-above-page", "S8", "_alloc", _ignores_alignment)]
+TARGETS.update({m.name.replace("-", "_"): m.factory for m in MUTANTS[-1:]})
+globals().update(TARGETS)
+
+
+# --------------------------------------------------------------------------
+# Holders keep their data (issue 12, deliverable 4): KV pages across growth,
+# model weights while resident -- reference holders brought as roles
+# --------------------------------------------------------------------------
+
+
+def _with_holder(role: str, plant: Callable[[Any], Any]) -> Callable[..., TargetInstance]:
+    """A reference target that brings one broken holder (``weights`` or
+    ``kv``) through ``TargetInstance.roles``."""
+    from memspec.invariants.mutants.seed000 import _reference
+
+    def factory(capacity: int | None = None) -> TargetInstance:
+        from memspec.reference.holders import KvPageStore, ModelResidency
+        from memspec.spec.api import SystemRoles
+
+        inst = _reference("reference")(capacity)
+        cls = {"weights": ModelResidency, "kv": KvPageStore}[role]
+        inst.roles = SystemRoles(**{role: lambda binding: plant(cls(binding))})
+        return inst
+
+    factory.__name__ = plant.__name__.lstrip("_")
+    return factory
+
+
+def _kv_grow_loses_last_page(store: Any) -> Any:
+    """S9: growing a request's KV re-initialises the pages it had before the
+    growth (each reads zeros at its start and the last one at its end
+    after it): the old view is not kept."""
+    orig = store.grow
+
+    def grow(request, new_bytes, *, fail_at=None):
+        req = store._reqs.get(request) if isinstance(request, str) else None
+        cur = req.view.nbytes if req is not None else 0
+        n = orig(request, new_bytes, fail_at=fail_at)
+        if n and cur:
+            page = req.res.backing.granularity()
+            ep = store.binding.ep
+            stream = getattr(ep, "default_stream", 0)
+            for at in list(range(0, cur, page)) + [cur - 64]:
+                try:
+                    ep.write(stream, req.res.address + at, bytes(64))
+                    ep.synchronize(stream)
+                except Exception:  # noqa: BLE001 - a read-only shared page: left alone
+                    pass
+        return n
+
+    store.grow = grow
+    return store
+
+
+def _cold_weight_moved_without_copy(weights: Any) -> Any:
+    """S6: marking a weight cold moves it to a fresh allocation (to compact
+    the hot ones) without copying its bytes: it reads back other bytes."""
+    orig = weights.set_hot
+
+    def set_hot(weight, hot):
+        if hot or weight not in weights._weights:
+            return orig(weight, hot)
+        with weights._lock:
+            h, _ = weights._get(weight)
+            new = weights.binding.allocate(weights.name, h.allocation.size)
+            weights._weights[weight] = (new, False)
+        h.close()
+        return None
+
+    weights.set_hot = set_hot
+    return weights
+
+
+def _holder(name: str, inv: str, role: str, plant: Callable[[Any], Any]) -> Mutant:
+    return Mutant(name, inv, (plant.__doc__ or "").strip().split("\n\n")[0].replace("\n", " "),
+                  _with_holder(role, plant), level="system")
+
+
+MUTANTS += [
+    _holder("kv-grow-loses-last-page", "S9", "kv", _kv_grow_loses_last_page),
+    _holder("cold-weight-moved-without-copy", "S6", "weights", _cold_weight_moved_without_copy),
+]
+TARGETS.update({m.name.replace("-", "_"): m.factory for m in MUTANTS[-2:]})
+globals().update(TARGETS)
+
+
+# --------------------------------------------------------------------------
+# Caching blocks keep their bytes (issue 12, deliverable 4)
+# --------------------------------------------------------------------------
+
+
+class SplitTagsThePreviousBlock(CachingAllocator):
+    """A block split off a free block gets a 512-byte boundary tag written
+    just below it -- over the last 512 bytes of the block before it in the
+    segment, which may be live (the accounts and the layout are right: only
+    the bytes show it)."""
+
+    memory: Any = None
+
+    def _alloc_found(self, pool, b, r, size, stream):
+        got = super()._alloc_found(pool, b, r, size, stream)
+        if self.memory is not None and got.prev is not None:
+            self.memory.write(0, got.address - K_MIN_BLOCK, bytes(K_MIN_BLOCK))
+        return got
+
+
+def _caching_with_memory(cls: type, preset: str = "pytorch") -> Callable[..., TargetInstance]:
+    """A reference caching target whose allocator (``cls``) writes into the
+    blocks' memory (the target's EP)."""
+
+    def factory(capacity: int | None = None) -> TargetInstance:
+        from memspec.reference.caching_targets import make_target
+
+        inst = make_target(preset, capacity=capacity, allocator_cls=cls)
+        inst.allocator.memory = inst.ep
+        return inst
+
+    factory.__name__ = cls.__name__
+    return factory
+
+
+MUTANTS += [Mutant(name="caching-split-tags-the-previous-block", invariant="C2",
+                   description=(SplitTagsThePreviousBlock.__doc__ or "").strip().split("\n\n")[0].replace("\n", " "),
+                   factory=_caching_with_memory(SplitTagsThePreviousBlock), level="caching")]
+TARGETS.update({m.name.replace("-", "_"): m.factory for m in MUTANTS[-1:]})
+globals().update(TARGETS)

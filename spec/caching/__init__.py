@@ -69,7 +69,7 @@ from memspec.spec.caching.kernels import (
 from memspec.spec.caching.observations import OBSERVATIONS
 from memspec.spec.caching.policy import Prediction, predict_malloc
 from memspec.spec.caching.state import FREE, LIVE, PENDING, PRESETS, UNMAPPED, Block, CachingState, Policy, Segment
-from memspec.spec.core import Machine
+from memspec.spec.core import DataRegion, Machine
 
 __all__ = [
     "CACHING", "init",
@@ -105,6 +105,24 @@ def init(*, policy: str = "pytorch", capacity: int = 64 * MiB, expandable: bool 
         arena_factor=arena_factor or 0.0), streams=min(streams, STREAMS))
 
 
+def regions(st: CachingState, ref: int, obj: object) -> DataRegion | None:
+    """A live block's requested bytes ``[address, address + requested_size)``
+    (what the caller may use): they keep what was written into them until
+    the block is freed, whatever the allocator splits off, coalesces or
+    hands out around them.  A fault or a changed byte is C2 (*blocks tile
+    their segment*: someone else's block lies on these bytes)."""
+    sid = st.where.get(ref)
+    if sid is None:
+        return None
+    seg, i = st.block_of(ref)
+    if seg.blocks[i].state != LIVE:
+        return None
+    address, n = getattr(obj, "address", None), getattr(obj, "requested_size", None)
+    if type(address) is not int or type(n) is not int or n <= 0:
+        return None
+    return DataRegion("C2", "C2", extent=(address, n), page=K_ROUND_LARGE)
+
+
 CACHING: Machine[CachingState] = Machine(
     name="caching",
     doc=__doc__ or "",
@@ -112,4 +130,5 @@ CACHING: Machine[CachingState] = Machine(
     actions=[malloc, free, double_free, record_stream, complete_stream, empty_cache],
     invariants=INVARIANTS,
     observations=OBSERVATIONS,
+    regions=regions,
 )
