@@ -247,6 +247,46 @@ def _reserved_short() -> Iterator[None]:
         yield
 
 
+# -- caching heap-encoding breaks (invariants/proofs_caching_heap) -----------------
+
+#: C invariant -> the goal of its unguarded action's consecution that the guard protects
+HEAP_GOALS = {"C1": ("reserved",), "C2": ("C2:pair",), "C3": ("C3",), "C4": ("C4",), "C5": ("step:C5",),
+              "C6": ("step:C6",), "C7": ("step:C7",), "C9": ("step:C9",)}
+
+
+def detect_heap(inv: str) -> str | None:
+    """The invariant's guarded action proves its goal and the same action with
+    the guard removed (:data:`proofs_caching_heap.UNGUARDED`) does not."""
+    from memspec.invariants import proofs_caching_heap as H
+
+    act_name, guard, words = H.UNGUARDED[inv]
+    only = HEAP_GOALS[inv]
+    good = next(a for a in H.actions() if a.name == act_name)
+    if any(r not in ("proved", "framed") for _n, r, _t in H.consecution(good, 60000, only=only)):
+        return None  # fires unbroken: proves nothing
+    bad = next(a for a in H.actions(frozenset({guard})) if a.name == act_name)
+    for name, r, _t in H.consecution(bad, 60000, only=only):
+        if r not in ("proved", "framed"):
+            return f"prove (caching heap): {act_name} without '{words}': {name} {r} ({inv})"
+    return None
+
+
+def detect_caching_kernels() -> str | None:
+    from memspec.invariants.proofs_caching_heap import kernel_boundary_agreement
+
+    bad = kernel_boundary_agreement()
+    return f"prove (caching kernels at thresholds): {bad[0]} (C5)" if bad else None
+
+
+def _strict_seed_split(orig: Any) -> Any:
+    def should_split(remaining: int, size: int, small: bool, seed_preset: bool = False, expandable: bool = False,
+                     max_split_size: int = 0) -> bool:
+        if seed_preset:
+            return remaining > (512 if small else 2 * 1024 * 1024)
+        return orig(remaining, size, small, seed_preset, expandable, max_split_size)
+    return should_split
+
+
 def catalog() -> list[Break]:
     out: list[Break] = []
     for inv in [f"S{i}" for i in range(1, 16)]:
@@ -303,7 +343,14 @@ def catalog() -> list[Break]:
               patch=_spec_patch("memspec.spec.caching.policy", "_merge_around", _merge_loses_next)),
         Break("C4 spec: best fit searches both pools", "spec", "C4", ("spec-walk:caching",),
               patch=_spec_patch("memspec.spec.caching.policy", "_candidates", _any_pool)),
+        Break("C5 kernel: the seed split rule is strict (remainder > 2 MiB)", "kernel", "C5", ("caching-kernels",),
+              patch=_spec_patch("memspec.spec.caching.kernels", "should_split", _strict_seed_split)),
     ]
+    from memspec.invariants.proofs_caching_heap import UNGUARDED
+
+    for inv, (act_name, _guard, words) in UNGUARDED.items():
+        out.append(Break(f"{inv} encoding (caching heap): {act_name} without '{words}'", "encoding", inv,
+                         (f"heap:{inv}",)))
     out += _generation_progress_breaks()
     return out
 
@@ -423,6 +470,10 @@ def run_detector(d: str, b: Break, baselines: dict[str, Any]) -> str | None:
         return detect_spec_check(d.split(":")[1])
     if d == "spec-walk:caching":
         return detect_caching_walk()
+    if d.startswith("heap:"):
+        return detect_heap(d.split(":")[1])
+    if d == "caching-kernels":
+        return detect_caching_kernels()
     if d == "progress":
         return detect_progress()
     raise ValueError(d)
@@ -448,6 +499,10 @@ def run_self_test(breaks: list[Break] | None = None) -> tuple[list[tuple[Break, 
         why = detect_spec_check(d.split(":")[1]) if d.startswith("spec-check") else detect_caching_walk()
         if why:
             problems[d] = why
+    if any("caching-kernels" in b.detectors for b in breaks):
+        why = detect_caching_kernels()
+        if why:
+            problems["caching-kernels"] = why
     rows = []
     for b in breaks:
         t0 = time.perf_counter()

@@ -72,3 +72,103 @@ def test_bounded_proof_catches_a_free_that_does_not_coalesce(monkeypatch) -> Non
     monkeypatch.setattr(PC, "free", free_without_merge)
     r = PC.bounded_c_invariants("seed", depth=3)
     assert r.results["C3"].startswith("VIOLATED"), r.results
+
+
+# --------------------------------------------------------------------------
+# C1-C9 over an arbitrary well-formed heap (proofs_caching_heap)
+# --------------------------------------------------------------------------
+
+def test_heap_initiation_and_c1_as_a_consequence() -> None:
+    from memspec.invariants import proofs_caching_heap as H
+
+    assert H.initiation() == "proved"
+    assert H.safety_c1() == "proved"
+
+
+@pytest.mark.parametrize("action", ["double_free", "record_stream", "complete_stream", "empty_cache_wait",
+                                    "empty_cache", "malloc:eb", "malloc:retry", "process_event:wait"])
+def test_heap_consecution_of_an_action(action: str) -> None:
+    from memspec.invariants import proofs_caching_heap as H
+
+    act = next(a for a in H.actions() if a.name == action)
+    res = H.consecution(act, timeout_ms=60000)
+    assert res and all(r in ("proved", "framed") for _n, r, _t in res), [x for x in res if x[1] not in ("proved", "framed")]
+
+
+def test_heap_consecution_fails_when_empty_cache_releases_any_free_block() -> None:
+    """A planted break (empty_cache without the whole-segment guard) is not proved."""
+    from memspec.invariants import proofs_caching_heap as H
+
+    act = next(a for a in H.actions(frozenset({"whole"})) if a.name == "empty_cache")
+    res = dict((n, r) for n, r, _t in H.consecution(act, timeout_ms=60000, only=("C2:block", "step:C6")))
+    assert res["step:C6"] != "proved" or res["C2:block"] != "proved", res
+
+
+@pytest.mark.parametrize("inv", ["C1", "C2", "C3", "C4", "C5", "C6", "C7", "C9"])
+def test_each_unguarded_variant_breaks_its_named_invariant(inv: str) -> None:
+    from memspec.invariants import proofs_caching_heap as H
+
+    ok, trace = H.refute(inv)
+    assert ok, trace
+    assert f"=> {inv} violated" in trace and H.UNGUARDED[inv][0] in trace
+
+
+def test_guarded_action_is_not_refuted() -> None:
+    """The refutation search is not vacuous: with its guard kept, the C4 action breaks nothing."""
+    from memspec.invariants import proofs_caching_heap as H
+
+    saved = H.UNGUARDED["C4"]
+    H.UNGUARDED["C4"] = ("malloc:fit", "none-removed", "nothing removed")
+    try:
+        ok, trace = H.refute("C4")
+    finally:
+        H.UNGUARDED["C4"] = saved
+    assert not ok, trace
+
+
+def test_heap_encoding_covers_every_declaring_spec_action() -> None:
+    from memspec.invariants import proofs_caching_heap as H
+    from memspec.invariants.proofs_catalog import declared, machines
+
+    known = {f"{lvl}:{a.name}" for lvl, m in machines().items() for a in m.actions}
+    enc = {n for a in H.actions() for n in a.spec}
+    assert enc <= known
+    for i in range(1, 10):
+        assert set(declared(f"C{i}")) <= enc, f"C{i}"
+
+
+def test_z3_kernels_agree_with_the_spec_at_every_threshold() -> None:
+    from memspec.invariants import proofs_caching_heap as H
+
+    assert H.kernel_boundary_agreement() == []
+
+
+def test_threshold_agreement_catches_a_strict_seed_split_rule(monkeypatch) -> None:
+    """The issue's slip: the seed preset's split rule with > instead of >= is caught at the 2 MiB remainder."""
+    from memspec.invariants import proofs_caching_heap as H
+    from memspec.spec.caching import kernels as SK
+
+    orig = SK.should_split
+
+    def strict(remaining, size, small, seed_preset=False, expandable=False, max_split_size=0):  # type: ignore[no-untyped-def]
+        if seed_preset:
+            return remaining > (SK.K_MIN_BLOCK if small else SK.K_ROUND_LARGE)
+        return orig(remaining, size, small, seed_preset, expandable, max_split_size)
+
+    monkeypatch.setattr(SK, "should_split", strict)
+    bad = H.kernel_boundary_agreement()
+    assert any("remaining=2097152" in b and "seed=True" in b for b in bad), bad[:3]
+
+
+def test_self_test_kills_the_caching_breaks() -> None:
+    """The C entries of ``memspec prove --self-test``: the strict seed split rule and
+    two heap-encoding breaks are each caught, naming the invariant."""
+    from memspec.invariants import proofs_selftest as ST
+
+    mine = [b for b in ST.catalog() if b.invariant in ("C5", "C3", "C7")
+            and (b.detectors[0] in ("caching-kernels", "heap:C3", "heap:C7"))]
+    assert {b.detectors[0] for b in mine} == {"caching-kernels", "heap:C3", "heap:C7"}
+    rows, problems = ST.run_self_test(mine)
+    assert not problems, problems
+    for b, caught, _t in rows:
+        assert caught and ST.names(b, caught) and b.invariant in caught, (b.name, caught)

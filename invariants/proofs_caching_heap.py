@@ -1,0 +1,995 @@
+"""C1-C9 by induction over an arbitrary well-formed caching heap (seed 003).
+
+Seed 003: *segments (one cudaMalloc each) ... each tiled by blocks; two pools
+... "out of memory" almost never means out of bytes; it means out of
+contiguous, policy-satisfiable memory.*
+
+The state is an *arbitrary* heap, not one reached from the empty allocator in
+a few steps: block ids ``0 <= i < n`` (dense; a block merged away or released
+is dead: ``al[i]`` false), each with its address ``ad``, size ``sz``, kind
+``k`` (0 free, 1 live, 2 pending), requested bytes ``rq``, pool ``sm``
+(small), stream ``sr``, and its segment (``sb`` base, ``ss`` size: a segment
+is the set of alive blocks with that base).  ``pv``/``nx`` are ghost witnesses
+of the tiling (the block ending where this one starts / starting where it
+ends, ``-1`` at the segment's edge).  Streams are the spec's three
+(``STREAMS = 3``): per stream the recorded-use flag ``u<s>`` and event value
+``e<s>`` of each block, and the stream's issued/completed event counters.
+
+Well-formedness is the inductive invariant (:func:`wf`): sizes positive and
+512-aligned, every block inside its segment, blocks of one segment pairwise
+disjoint, segments pairwise disjoint, each block's start the segment start or
+the end of its ``pv`` block (and its end the segment end or the start of its
+``nx`` block), one pool and one stream per segment, requested <= size.  With
+non-overlap that is tiling (C2).  The byte figures are checked prefix-sum
+ghosts (:func:`memspec.invariants.proofs.prefix_sum`): free / active (live +
+pending) / live / slack (size - requested) / whole-free-segment bytes per
+pool, proved inductive with the rest, so C1's sums need no lemma.
+
+Actions (each a total function of state and arguments, tied to the spec
+actions it stands for):
+
+* ``malloc`` (``caching:malloc``): round, pick the pool, best fit among the
+  free blocks of that pool and stream (the chosen block ``b`` is an argument
+  and the precondition says it is *the* best one: smallest, then lowest
+  address; or ``b = -1`` and no block fits), the ``max_split_size`` rules of
+  ``get_free_block``, split if ``should_split``, else a new segment at a fresh
+  base (the driver's choice, an argument) if the device has room, else
+  (pytorch) *retry* (outcome ``pending``: every stream's events complete and
+  the request waits in ``md``), else OutOfMemory with its figures;
+* ``malloc_retry`` (``caching:malloc``): the retry's second half once every
+  pending block was processed: release every whole-free segment, then a new
+  segment or OutOfMemory;
+* ``process_event`` (``caching:malloc``, ``caching:empty_cache``): the event
+  of stream ``s`` on a pending block is complete: drop it; the last one frees
+  the block, which coalesces with free neighbours (the spec runs this at the
+  start of malloc and in empty_cache);
+* ``free`` (``caching:free``): a live block with recorded uses becomes pending
+  with one event per stream; otherwise free and coalesced;
+* ``double_free``, ``record_stream``, ``complete_stream``;
+* ``empty_cache_wait`` / ``empty_cache`` (``caching:empty_cache``): every
+  stream's events complete, then (once processed) release exactly the
+  whole-free segments and return their bytes.
+
+Not encoded: expandable segments (C8 is therefore not proved),
+``garbage_collection_threshold``, ``memory_fraction``,
+``roundup_power2_divisions``, and the pytorch OOM path's
+``release_available`` when ``max_split_size > 0`` (the precondition excludes
+it; the encoded configurations say so in ``bounded``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import z3
+
+from memspec.invariants.proofs import (
+    ARR, BARR, BOOL, CODE, INT, OK, PENDING, Act, Proof, St, at, upd,
+)
+
+MiB = 1 << 20
+K_MIN_BLOCK = 512
+K_SMALL = MiB
+K_SMALL_BUFFER = 2 * MiB
+K_LARGE_BUFFER = 20 * MiB
+K_MIN_LARGE_ALLOC = 10 * MiB
+K_ROUND_LARGE = 2 * MiB
+ONE_EB = 1 << 60
+STREAMS = 3
+FREE, LIVE, PEND = 0, 1, 2
+OOM = CODE["OutOfMemory"]
+DOUBLE = CODE["DoubleFree"]
+
+#: the ghost prefix sums: name -> (pool, contribution kind)
+#: N free bytes not a whole segment, W whole-free segments, A active (live + pending), L live, Q slack (size - requested)
+SUMS = {f"{c}{p}": (p == "s", c) for c in ("N", "W", "A", "L", "Q") for p in ("s", "l")}
+
+FIELDS: dict[str, str] = {
+    "n": INT, "al": BARR, "ad": ARR, "sz": ARR, "k": ARR, "rq": ARR, "sm": BARR, "sr": ARR,
+    "sb": ARR, "ss": ARR, "pv": ARR, "nx": ARR,
+    **{f"u{s}": BARR for s in range(STREAMS)}, **{f"e{s}": ARR for s in range(STREAMS)},
+    **{f"i{s}": INT for s in range(STREAMS)}, **{f"c{s}": INT for s in range(STREAMS)},
+    "seed": BOOL, "ms": INT, "cap": INT, "Rs": INT, "Rl": INT,
+    "md": BOOL, "mn": INT, "mt": INT,           # a malloc waiting in its OOM retry
+    "ret": INT,                                  # empty_cache's answer
+    "oq": INT, "orr": INT, "oa": INT, "olf": INT,  # the last OOM's figures
+    **{name: ARR for name in SUMS},
+}
+#: fields compared by the agreement (the rest are ghosts)
+GHOSTS = ("pv", "nx", *SUMS)
+
+
+# --------------------------------------------------------------------------
+# quantifiers over block ids, in four modes:
+#  * a concrete heap (``n`` a Python int): the conjunction over the ids;
+#  * "skolem" (a goal): the body at a fresh constant in range (the negated
+#    goal is then quantifier-free: some id breaks it);
+#  * "inst" (a hypothesis): the body at every term of a finite set (sound:
+#    a universally quantified hypothesis implies each instance);
+#  * "bounded" (model checking from the empty allocator): the conjunction
+#    over ids below a bound every reachable ``n`` stays under.
+# --------------------------------------------------------------------------
+
+class _Mode:
+    kind = "forall"
+    terms: list = []      # every instance term (action terms and skolems, each also +1)
+    terms1: list = []     # the action terms and skolems (pairs of these)
+    anchors: list = []    # skolems, 0 and n (a monotonicity pair has one of these)
+    skolems: list = []
+    bound = 0
+
+
+MODE = _Mode()
+
+
+def _all(n: Any, body: Callable[[Any], Any], hi: int = 0, wide: bool = False) -> Any:
+    """``for every id 0 <= i < n + hi: body(i)`` (``wide``: instantiated at the +1 terms too)."""
+    if isinstance(n, int):
+        return z3.And(*[body(z3.IntVal(i)) for i in range(n + hi)]) if n + hi else z3.BoolVal(True)
+    lim = n + hi
+    if MODE.kind == "skolem":
+        i = z3.Int(f"sk{len(MODE.skolems)}")
+        MODE.skolems.append(i)
+        return z3.Implies(z3.And(0 <= i, i < lim), body(i))
+    if MODE.kind == "inst":
+        return z3.And(*[z3.Implies(z3.And(0 <= x, x < lim), body(x)) for x in (MODE.terms if wide else MODE.terms1)])
+    if MODE.kind == "bounded":
+        return z3.And(*[z3.Implies(x < lim, body(z3.IntVal(x))) for x in range(MODE.bound + hi)])
+    i = z3.FreshInt("i")
+    return z3.ForAll([i], z3.Implies(z3.And(0 <= i, i < lim), body(i)))
+
+
+def _all2(n: Any, body: Callable[[Any, Any], Any], hi: int = 0) -> Any:
+    if isinstance(n, int):
+        ids = [z3.IntVal(i) for i in range(n + hi)]
+        return z3.And(*[body(i, j) for i in ids for j in ids]) if ids else z3.BoolVal(True)
+    lim = n + hi
+    if MODE.kind == "skolem":
+        i, j = z3.Int(f"sk{len(MODE.skolems)}"), z3.Int(f"sk{len(MODE.skolems) + 1}")
+        MODE.skolems += [i, j]
+        return z3.Implies(z3.And(0 <= i, i < lim, 0 <= j, j < lim), body(i, j))
+    if MODE.kind == "inst":
+        if hi:
+            anchors = {a.get_id() for a in MODE.anchors}
+            pairs = [(x, y) for x in MODE.terms for y in MODE.terms
+                     if x.get_id() in anchors or y.get_id() in anchors]
+        else:
+            pairs = [(x, y) for x in MODE.terms1 for y in MODE.terms1]
+        return z3.And(*[z3.Implies(z3.And(0 <= x, x < lim, 0 <= y, y < lim), body(x, y)) for x, y in pairs])
+    if MODE.kind == "bounded":
+        ids = range(MODE.bound + hi)
+        return z3.And(*[z3.Implies(z3.And(x < lim, y < lim), body(z3.IntVal(x), z3.IntVal(y))) for x in ids for y in ids])
+    i, j = z3.FreshInt("i"), z3.FreshInt("j")
+    return z3.ForAll([i, j], z3.Implies(z3.And(0 <= i, i < lim, 0 <= j, j < lim), body(i, j)))
+
+
+def _sum(n: Any, P: Any, c: Callable[[Any], Any]) -> Any:
+    """``P`` is the checked prefix-sum ghost of ``c`` over the ids ``0 <= i < n``:
+    ``P[0] = 0``, ``P[i+1] = P[i] + c(i)``, ``P`` monotone on ``[0, n]``."""
+    return z3.And(at(P, 0) == 0, _all(n, lambda i: at(P, i + 1) == at(P, i) + c(i), wide=True),
+                  _all2(n, lambda i, j: z3.Implies(i <= j, at(P, i) <= at(P, j)), hi=1))
+
+
+# --------------------------------------------------------------------------
+# the policy kernels (spec/caching/kernels.py, re-stated from the seed's words)
+# --------------------------------------------------------------------------
+
+def ceil_to(x: Any, unit: int) -> Any:
+    return ((x + unit - 1) / unit) * unit
+
+
+def z_round(s: St, n: Any) -> Any:
+    """Every request rounds to a 512 B multiple (pytorch: below 512 -> 512); the toy: above 1 MiB, 2 MiB multiples."""
+    seed_r = z3.If(n <= K_SMALL, ceil_to(n, K_MIN_BLOCK), ceil_to(n, K_ROUND_LARGE))
+    torch_r = z3.If(n < K_MIN_BLOCK, K_MIN_BLOCK, ceil_to(n, K_MIN_BLOCK))
+    return z3.If(s.seed, seed_r, torch_r)
+
+
+def z_segment(s: St, r: Any) -> Any:
+    """<= 1 MiB: 2 MiB; the toy: max(20 MiB, r); pytorch: < 10 MiB: 20 MiB, else the next 2 MiB multiple."""
+    return z3.If(r <= K_SMALL, K_SMALL_BUFFER,
+                 z3.If(s.seed, z3.If(r > K_LARGE_BUFFER, r, K_LARGE_BUFFER),
+                       z3.If(r < K_MIN_LARGE_ALLOC, K_LARGE_BUFFER, ceil_to(r, K_ROUND_LARGE))))
+
+
+def z_split(s: St, rem: Any, r: Any, small: Any) -> Any:
+    """The toy: remainder >= 512 B small pool, >= 2 MiB large pool; pytorch: small pool >= 512,
+    large pool ``r < max_split_size`` (0 = unlimited) and remainder > 1 MiB."""
+    seed_s = z3.If(small, rem >= K_MIN_BLOCK, rem >= K_ROUND_LARGE)
+    torch_s = z3.If(small, rem >= K_MIN_BLOCK, z3.And(z3.Or(s.ms == 0, r < s.ms), rem > K_SMALL))
+    return z3.If(s.seed, seed_s, torch_s)
+
+
+# --------------------------------------------------------------------------
+# invariants
+# --------------------------------------------------------------------------
+
+def _contrib(s: St, name: str) -> Callable[[Any], Any]:
+    small, c = SUMS[name]
+
+    def f(i: Any) -> Any:
+        mine = z3.And(at(s.al, i), at(s.sm, i) == small)
+        kk, size = at(s.k, i), at(s.sz, i)
+        whole = size == at(s.ss, i)
+        val = {"N": z3.If(z3.And(kk == FREE, z3.Not(whole)), size, 0), "A": z3.If(kk != FREE, size, 0),
+               "L": z3.If(kk == LIVE, size, 0), "Q": z3.If(kk != FREE, size - at(s.rq, i), 0),
+               "W": z3.If(z3.And(kk == FREE, whole), size, 0)}[c]
+        return z3.If(mine, val, 0)
+    return f
+
+
+def total(s: St, name: str) -> Any:
+    return at(s[name], s.n)
+
+
+def block_wf(s: St, i: Any) -> Any:
+    """One block is well formed: inside its segment, 512-aligned, a legal kind,
+    pool and segment size agree, its pv/nx witnesses are the neighbours."""
+    ad, sz, kk, rq, ss, sb = at(s.ad, i), at(s.sz, i), at(s.k, i), at(s.rq, i), at(s.ss, i), at(s.sb, i)
+    p, q = at(s.pv, i), at(s.nx, i)
+    us = [at(s[f"u{t}"], i) for t in range(STREAMS)]
+    return z3.Implies(at(s.al, i), z3.And(
+        sz > 0, sb >= 0,
+        sb <= ad, ad + sz <= sb + ss,
+        z3.Or(kk == FREE, kk == LIVE, kk == PEND),
+        z3.If(kk == FREE, rq == 0, z3.And(0 < rq, rq <= sz)),
+        at(s.sm, i) == (ss == K_SMALL_BUFFER), ss >= K_SMALL_BUFFER,
+        0 <= at(s.sr, i), at(s.sr, i) < STREAMS,
+        # the tiling witnesses
+        z3.If(p == -1, ad == sb, z3.And(0 <= p, p < s.n, p != i, at(s.al, p), at(s.sb, p) == sb,
+                                        at(s.ad, p) + at(s.sz, p) == ad, at(s.nx, p) == i)),
+        z3.If(q == -1, ad + sz == sb + ss, z3.And(0 <= q, q < s.n, q != i, at(s.al, q), at(s.sb, q) == sb,
+                                                  at(s.ad, q) == ad + sz, at(s.pv, q) == i)),
+        # recorded uses are of other streams; events only on pending blocks, each <= its stream's issued count
+        *[z3.Implies(us[t], at(s.sr, i) != t) for t in range(STREAMS)],
+        *[z3.Implies(z3.And(kk == PEND, us[t]), z3.And(at(s[f"e{t}"], i) >= 1, at(s[f"e{t}"], i) <= s[f"i{t}"]))
+          for t in range(STREAMS)],
+        z3.Implies(kk == FREE, z3.And(*[z3.Not(u) for u in us])),
+    ))
+
+
+def pair_wf(s: St, i: Any, j: Any) -> Any:
+    """Two alive blocks: the same segment (base) -> disjoint, same size, pool,
+    stream; different segments -> disjoint segments."""
+    same = at(s.sb, i) == at(s.sb, j)
+    return z3.Implies(z3.And(at(s.al, i), at(s.al, j), i != j), z3.If(
+        same,
+        z3.And(at(s.ss, i) == at(s.ss, j), at(s.sr, i) == at(s.sr, j),
+               z3.Or(at(s.ad, i) + at(s.sz, i) <= at(s.ad, j), at(s.ad, j) + at(s.sz, j) <= at(s.ad, i))),
+        z3.Or(at(s.sb, i) + at(s.ss, i) <= at(s.sb, j), at(s.sb, j) + at(s.ss, j) <= at(s.sb, i))))
+
+
+def scalars_wf(s: St) -> Any:
+    return z3.And(s.n >= 0, s.cap >= 0, s.ms >= 0,
+                  *[z3.And(0 <= s[f"c{t}"], s[f"c{t}"] <= s[f"i{t}"]) for t in range(STREAMS)],
+                  z3.Implies(s.md, z3.And(s.mn >= 1, s.mn < ONE_EB, 0 <= s.mt, s.mt < STREAMS, z3.Not(s.seed),
+                                          *[s[f"c{t}"] == s[f"i{t}"] for t in range(STREAMS)])))
+
+
+def sums_wf(s: St, names: tuple[str, ...]) -> Any:
+    return z3.And(*[_sum(s.n, s[nm], _contrib(s, nm)) for nm in names])
+
+
+def reserved_wf(s: St) -> Any:
+    """reserved (per pool) = free + active bytes of the pool, and fits the device."""
+    return z3.And(s.Rs == total(s, "Ns") + total(s, "Ws") + total(s, "As"),
+                  s.Rl == total(s, "Nl") + total(s, "Wl") + total(s, "Al"),
+                  s.Rs + s.Rl <= s.cap)
+
+
+def wf(s: St) -> Any:
+    return z3.And(scalars_wf(s), _all(s.n, lambda i: block_wf(s, i)), _all2(s.n, lambda i, j: pair_wf(s, i, j)))
+
+
+def c1(s: St) -> Any:
+    """reserved >= allocated >= requested, per pool and in all; reserved <= the device."""
+    parts = []
+    for p in ("s", "l"):
+        # reserved >= allocated; allocated - requested (the slack) >= 0
+        parts += [s[f"R{p}"] >= total(s, f"A{p}"), total(s, f"Q{p}") >= 0]
+    return z3.And(*parts, s.Rs + s.Rl <= s.cap)
+
+
+def c2(s: St) -> Any:
+    """Blocks tile their segment: every block inside it, no two overlap, each
+    start the segment start or another block's end (and each end likewise)."""
+    return wf(s)
+
+
+def c3(s: St) -> Any:
+    """No two adjacent free blocks."""
+    return _all2(s.n, lambda i, j: z3.Implies(
+        z3.And(at(s.al, i), at(s.al, j), at(s.sb, i) == at(s.sb, j), at(s.ad, i) + at(s.sz, i) == at(s.ad, j)),
+        z3.Not(z3.And(at(s.k, i) == FREE, at(s.k, j) == FREE))))
+
+
+def c4(s: St) -> Any:
+    """Pools never mix: an active block of a small-pool segment serves a request <= 1 MiB and vice versa."""
+    return _all(s.n, lambda i: z3.Implies(z3.And(at(s.al, i), at(s.k, i) != FREE),
+                                          at(s.sm, i) == (at(s.rq, i) <= K_SMALL)))
+
+
+def c5(s: St) -> Any:
+    """The toy's large pool holds only 2 MiB multiples (a remainder below 2 MiB is never split off)."""
+    return _all(s.n, lambda i: z3.Implies(z3.And(at(s.al, i), s.seed, z3.Not(at(s.sm, i))),
+                                          at(s.sz, i) % K_ROUND_LARGE == 0))
+
+
+def c7(s: St) -> Any:
+    """A pending block waits for at least one event of another stream; a free one for none."""
+    return _all(s.n, lambda i: z3.Implies(z3.And(at(s.al, i), at(s.k, i) == PEND),
+                                          z3.Or(*[at(s[f"u{t}"], i) for t in range(STREAMS)])))
+
+
+# --------------------------------------------------------------------------
+# transitions
+# --------------------------------------------------------------------------
+
+def _lam_arr(f: Callable[[Any], Any], sort: Any = None) -> Any:
+    j = z3.FreshInt("j")
+    return z3.Lambda([j], f(j))
+
+
+def _update_sums(s: St, s2: St, touched: list[tuple[Any, Any]], appended: int) -> St:
+    """Re-establish the prefix-sum ghosts after the base fields changed at the
+    ``touched`` ids (each ``(id, valid)``, pairwise distinct when valid) and
+    ``appended`` new ids ``n .. n+appended-1``."""
+    out = St(s2)
+    for nm in SUMS:
+        c_old, c_new = _contrib(s, nm), _contrib(s2, nm)
+        deltas = [(x, z3.If(ok, c_new(x) - c_old(x), 0)) for x, ok in touched]
+        P = s[nm]
+
+        def moved(j: Any, P: Any = P, deltas: Any = deltas) -> Any:
+            return at(P, j) + z3.Sum([z3.If(j > x, d, 0) for x, d in deltas] or [z3.IntVal(0)])
+        P2 = _lam_arr(moved)
+        for q in range(appended):
+            P2 = upd(P2, s.n + q + 1, at(P2, s.n + q) + c_new(s.n + q))
+        out[nm] = P2
+    return out
+
+
+def _merge_free(s: St, b: Any, guards: frozenset = frozenset()) -> tuple[St, list[tuple[Any, Any]]]:
+    """Block ``b`` becomes free and coalesces with free neighbours (keeping its id)."""
+    p, q = at(s.pv, b), at(s.nx, b)
+    mp = z3.And(p != -1, at(s.k, p) == FREE)
+    mq = z3.And(q != -1, at(s.k, q) == FREE) if "merge-next" not in guards else z3.BoolVal(False)
+    ad = z3.If(mp, at(s.ad, p), at(s.ad, b))
+    size = at(s.sz, b) + z3.If(mp, at(s.sz, p), 0) + z3.If(mq, at(s.sz, q), 0)
+    newp = z3.If(mp, at(s.pv, p), p)
+    newq = z3.If(mq, at(s.nx, q), q)
+    al, pv, nx = s.al, s.pv, s.nx
+    al = z3.If(mp, upd(al, p, False), al)
+    al = z3.If(mq, upd(al, q, False), al)
+    out = s.set(al=al, ad=upd(s.ad, b, ad), sz=upd(s.sz, b, size), k=upd(s.k, b, FREE), rq=upd(s.rq, b, 0),
+                **{f"u{t}": upd(s[f"u{t}"], b, False) for t in range(STREAMS)},
+                **{f"e{t}": upd(s[f"e{t}"], b, 0) for t in range(STREAMS)})
+    pv = upd(pv, b, newp)
+    nx = upd(nx, b, newq)
+    pv = z3.If(newq != -1, upd(pv, newq, b), pv)
+    nx = z3.If(newp != -1, upd(nx, newp, b), nx)
+    out = out.set(pv=pv, nx=nx)
+    touched = [(b, z3.BoolVal(True)), (p, mp), (q, mq)]
+    return out, touched
+
+
+def _cand(s: St, j: Any, r: Any, small: Any, t: Any, guards: frozenset = frozenset()) -> Any:
+    parts = [at(s.al, j), at(s.k, j) == FREE, at(s.sz, j) >= r]
+    if "pool" not in guards:
+        parts.append(at(s.sm, j) == small)
+    if "stream" not in guards:
+        parts.append(at(s.sr, j) == t)
+    return z3.And(*parts)
+
+
+def _whole_free(s: St, j: Any) -> Any:
+    return z3.And(at(s.al, j), at(s.k, j) == FREE, at(s.sz, j) == at(s.ss, j))
+
+
+def _no_pending(s: St) -> Any:
+    return _all(s.n, lambda j: z3.Not(z3.And(at(s.al, j), at(s.k, j) == PEND)))
+
+
+def _fresh_base(s: St, base: Any, size: Any) -> Any:
+    return z3.And(base >= 0, base % K_MIN_BLOCK == 0,
+                  _all(s.n, lambda j: z3.Implies(at(s.al, j), z3.Or(base + size <= at(s.sb, j),
+                                                                   at(s.sb, j) + at(s.ss, j) <= base))))
+
+
+def _release_whole(s: St, guards: frozenset = frozenset()) -> St:
+    """Release every whole-free segment: its single free block dies; the pool's reserved and free bytes drop by it."""
+    whole = (lambda j: _whole_free(s, j)) if "whole" not in guards else \
+        (lambda j: z3.And(at(s.al, j), at(s.k, j) == FREE))
+    al = _lam_arr(lambda j: z3.And(at(s.al, j), z3.Not(whole(j))))
+    out = s.set(al=al, Rs=s.Rs - total(s, "Ws"), Rl=s.Rl - total(s, "Wl"))
+    for p in ("s", "l"):   # whole-free blocks count only in W
+        out[f"W{p}"] = z3.K(z3.IntSort(), z3.IntVal(0))
+    return out
+
+
+def _new_segment(s: St, r: Any, small: Any, t: Any, base: Any, alloc: Any, rqn: Any) -> St:
+    """A new segment at ``base``: its first block serves the request, the legal remainder stays free."""
+    split = z_split(s, alloc - r, r, small)
+    n = s.n
+    out = s.set(n=n + z3.If(split, 2, 1))
+    fields = {"al": True, "ad": base, "sz": z3.If(split, r, alloc), "k": LIVE, "rq": rqn, "sm": small, "sr": t,
+              "sb": base, "ss": alloc, "pv": -1, "nx": z3.If(split, n + 1, -1)}
+    rem = {"al": split, "ad": base + r, "sz": alloc - r, "k": FREE, "rq": 0, "sm": small, "sr": t,
+           "sb": base, "ss": alloc, "pv": n, "nx": -1}
+    for f in fields:
+        out[f] = upd(upd(s[f], n, fields[f]), n + 1, z3.If(split, rem[f], at(s[f], n + 1)))
+    for tt in range(STREAMS):
+        out[f"u{tt}"] = upd(upd(s[f"u{tt}"], n, False), n + 1, z3.If(split, False, at(s[f"u{tt}"], n + 1)))
+        out[f"e{tt}"] = upd(upd(s[f"e{tt}"], n, 0), n + 1, z3.If(split, 0, at(s[f"e{tt}"], n + 1)))
+    out["Rs"] = s.Rs + z3.If(small, alloc, 0)
+    out["Rl"] = s.Rl + z3.If(small, 0, alloc)
+    # appended ids: 2 (the second is dead when no split: contributes 0)
+    out = _update_sums(s, out, [], 2)
+    out["n"] = n + z3.If(split, 2, 1)
+    return out
+
+
+def _oom_figures(s: St, tried: Any, lf: Any) -> St:
+    res = s.Rs + s.Rl
+    return s.set(oq=tried, orr=res, oa=total(s, "Ls") + total(s, "Ll"), olf=lf)
+
+
+def _largest_free_ok(s: St, lf: Any, lw: Any) -> Any:
+    """``lf`` is the largest free block (0 if none), ``lw`` its id -- the OOM message's figure."""
+    return z3.And(lf >= 0, _all(s.n, lambda j: z3.Implies(z3.And(at(s.al, j), at(s.k, j) == FREE), at(s.sz, j) <= lf)),
+                  z3.Or(lf == 0, z3.And(0 <= lw, lw < s.n, at(s.al, lw), at(s.k, lw) == FREE, at(s.sz, lw) == lf)))
+
+
+MALLOC_PARAMS = {"size": INT, "t": INT, "b": INT, "base": INT, "lf": INT, "lw": INT}
+
+
+def malloc_parts(s: St, a: St, guards: frozenset = frozenset()) -> dict[str, Any]:
+    """The pieces of malloc shared by its step, its precondition and the agreement's branch names."""
+    n, t = a.size, a.t
+    r = z_round(s, n)
+    small = r <= K_SMALL
+    alloc = z_segment(s, r)
+    b = a.b
+    bsz = at(s.sz, b)
+    cand = lambda j: _cand(s, j, r, small, t, guards)  # noqa: E731
+    better = lambda j: z3.Or(at(s.sz, j) > bsz, z3.And(at(s.sz, j) == bsz, at(s.ad, j) >= at(s.ad, b)))  # noqa: E731
+    best = z3.And(0 <= b, b < s.n, cand(b),
+                  z3.BoolVal(True) if "best" in guards else _all(s.n, lambda j: z3.Implies(cand(j), better(j))))
+    none = _all(s.n, lambda j: z3.Not(cand(j)))
+    msrej = z3.And(s.ms > 0, z3.Or(z3.And(r < s.ms, bsz >= s.ms), z3.And(r >= s.ms, bsz >= r + K_LARGE_BUFFER)))
+    found = z3.And(b >= 0, z3.Not(msrej))
+    room = s.Rs + s.Rl + alloc <= s.cap
+    if "room" in guards:
+        room = z3.BoolVal(True)
+    split = z_split(s, bsz - r, r, small) if "split" not in guards else bsz - r > 0
+    return dict(r=r, small=small, alloc=alloc, best=best, none=none, found=found, room=room, split=split,
+                eb=n >= ONE_EB)
+
+
+def malloc_pre(s: St, a: St, guards: frozenset = frozenset()) -> Any:
+    m = malloc_parts(s, a, guards)
+    new_path = z3.And(z3.Not(m["eb"]), z3.Not(m["found"]), m["room"])
+    oom_path = z3.And(z3.Not(m["eb"]), z3.Not(m["found"]), z3.Not(m["room"]))
+    return z3.And(z3.Not(s.md), a.size >= 1, 0 <= a.t, a.t < STREAMS,
+                  z3.Or(m["eb"], m["best"], z3.And(a.b == -1, m["none"])),
+                  z3.Implies(new_path, _fresh_base(s, a.base, m["alloc"]) if "fresh" not in guards else a.base >= 0),
+                  # the pytorch retry with max_split_size > 0 (release_available) is not encoded
+                  z3.Implies(z3.And(oom_path, z3.Not(s.seed)), s.ms == 0),
+                  z3.Implies(z3.And(oom_path, s.seed), _largest_free_ok(s, a.lf, a.lw)))
+
+
+MALLOC_PATHS = ("fit", "new", "oom", "retry", "eb")
+
+
+def malloc_step(s: St, a: St, path: str, guards: frozenset = frozenset()) -> tuple[Any, St]:
+    m = malloc_parts(s, a, guards)
+    r, small, alloc, b = m["r"], m["small"], m["alloc"], a.b
+    # (1) the best fit, split if legal
+    split = m["split"]
+    bsz = at(s.sz, b)
+    n = s.n
+    fit = St(s)
+    for f, v in (("sz", z3.If(split, r, bsz)), ("k", LIVE), ("rq", a.size)):
+        fit[f] = upd(s[f], b, v)
+    rem = {"al": split, "ad": at(s.ad, b) + r, "sz": bsz - r, "k": FREE, "rq": 0, "sm": at(s.sm, b),
+           "sr": at(s.sr, b), "sb": at(s.sb, b), "ss": at(s.ss, b), "pv": b, "nx": at(s.nx, b)}
+    for f, v in rem.items():
+        fit[f] = upd(fit[f], n, z3.If(split, v, at(s[f], n)))
+    for tt in range(STREAMS):
+        fit[f"u{tt}"] = upd(upd(s[f"u{tt}"], b, False), n, z3.If(split, False, at(s[f"u{tt}"], n)))
+        fit[f"e{tt}"] = upd(upd(s[f"e{tt}"], b, 0), n, z3.If(split, 0, at(s[f"e{tt}"], n)))
+    q = at(s.nx, b)
+    fit["nx"] = z3.If(split, upd(fit["nx"], b, n), fit["nx"])
+    fit["pv"] = z3.If(z3.And(split, q != -1), upd(fit["pv"], q, n), fit["pv"])
+    fit = _update_sums(s, fit, [(b, z3.BoolVal(True))], 1)
+    fit["n"] = n + z3.If(split, 1, 0)
+    # (2) a new segment
+    new = _new_segment(s, r, small, a.t, a.base, alloc, a.size)
+    # (3) pytorch: retry after every event completes; the toy: OutOfMemory
+    retry = s.set(md=True, mn=a.size, mt=a.t, **{f"c{tt}": s[f"i{tt}"] for tt in range(STREAMS)})
+    oom = _oom_figures(s, alloc, a.lf)
+    return {"eb": (OOM, s), "fit": (OK, fit), "new": (OK, new), "oom": (OOM, oom), "retry": (PENDING, retry)}[path]
+
+
+def malloc_path(s: St, a: St, path: str, guards: frozenset = frozenset()) -> Any:
+    """Which way malloc goes: over 1 EB; the best fit; a new segment; the toy's
+    OutOfMemory; pytorch's retry (release the cache, then try again)."""
+    m = malloc_parts(s, a, guards)
+    no = z3.And(z3.Not(m["eb"]), z3.Not(m["found"]))
+    return {"eb": m["eb"], "fit": z3.And(z3.Not(m["eb"]), m["found"]), "new": z3.And(no, m["room"]),
+            "oom": z3.And(no, z3.Not(m["room"]), s.seed), "retry": z3.And(no, z3.Not(m["room"]), z3.Not(s.seed))}[path]
+
+
+def retry_parts(s: St, a: St) -> dict[str, Any]:
+    r = z_round(s, s.mn)
+    small = r <= K_SMALL
+    alloc = z_segment(s, r)
+    rel = _release_whole(s)
+    room = rel.Rs + rel.Rl + alloc <= rel.cap
+    return dict(r=r, small=small, alloc=alloc, rel=rel, room=room)
+
+
+def retry_pre(s: St, a: St, path: str) -> Any:
+    m = retry_parts(s, a)
+    return z3.And(s.md, _no_pending(s),
+                  _fresh_base(m["rel"], a.base, m["alloc"]) if path == "new" else
+                  z3.And(z3.Not(m["room"]), _largest_free_ok(m["rel"], a.lf, a.lw)),
+                  m["room"] if path == "new" else z3.BoolVal(True))
+
+
+def retry_step(s: St, a: St, path: str, guards: frozenset = frozenset()) -> tuple[Any, St]:
+    m = retry_parts(s, a)
+    rel = m["rel"].set(md=False, mn=0, mt=0)
+    if path == "new":
+        return OK, _new_segment(rel, m["r"], m["small"], s.mt, a.base, m["alloc"], s.mn)
+    # the figures of the state after the release (the unguarded variant: of the state before it)
+    return OOM, _oom_figures(rel if "after" not in guards else s.set(md=False, mn=0, mt=0), m["alloc"], a.lf)
+
+
+def process_pre(s: St, a: St, guards: frozenset = frozenset()) -> Any:
+    b, t = a.b, a.t
+    ev = [z3.And(t == tt, at(s[f"u{tt}"], b),
+                 z3.BoolVal(True) if "event" in guards else s[f"c{tt}"] >= at(s[f"e{tt}"], b))
+          for tt in range(STREAMS)]
+    return z3.And(0 <= b, b < s.n, at(s.al, b), at(s.k, b) == PEND, z3.Or(*ev))
+
+
+def process_step(s: St, a: St, path: str) -> tuple[Any, St]:
+    b, t = a.b, a.t
+    dropped = s.set(**{f"u{tt}": z3.If(t == tt, upd(s[f"u{tt}"], b, False), s[f"u{tt}"]) for tt in range(STREAMS)},
+                    **{f"e{tt}": z3.If(t == tt, upd(s[f"e{tt}"], b, 0), s[f"e{tt}"]) for tt in range(STREAMS)})
+    if path == "wait":
+        return OK, dropped
+    freed, touched = _merge_free(dropped, b)
+    return OK, _update_sums(s, freed, touched, 0)
+
+
+def process_last(s: St, a: St) -> Any:
+    """The event processed is the block's last one: it becomes free."""
+    return z3.And(*[z3.Or(a.t == tt, z3.Not(at(s[f"u{tt}"], a.b))) for tt in range(STREAMS)])
+
+
+def free_step(s: St, a: St, path: str, guards: frozenset = frozenset()) -> tuple[Any, St]:
+    b = a.b
+    us = [at(s[f"u{tt}"], b) for tt in range(STREAMS)]
+    has = z3.Or(*us) if "uses" not in guards else z3.BoolVal(False)
+    pend = s.set(k=upd(s.k, b, PEND), **{f"i{tt}": s[f"i{tt}"] + z3.If(us[tt], 1, 0) for tt in range(STREAMS)},
+                 **{f"e{tt}": z3.If(us[tt], upd(s[f"e{tt}"], b, s[f"i{tt}"] + 1), s[f"e{tt}"])
+                    for tt in range(STREAMS)})
+    pend = _update_sums(s, pend, [(b, z3.BoolVal(True))], 0)
+    freed, touched = _merge_free(s, b, guards)
+    freed = _update_sums(s, freed, touched, 0)
+    return OK, (pend if path == "pending" else freed)
+
+
+def free_path(s: St, a: St, path: str, guards: frozenset = frozenset()) -> Any:
+    has = z3.Or(*[at(s[f"u{tt}"], a.b) for tt in range(STREAMS)])
+    if "uses" in guards:
+        has = z3.BoolVal(False)
+    return has if path == "pending" else z3.Not(has)
+
+
+def live_pre(s: St, a: St) -> Any:
+    return z3.And(0 <= a.b, a.b < s.n, at(s.al, a.b), at(s.k, a.b) == LIVE, z3.Not(s.md))
+
+
+def record_step(s: St, a: St) -> tuple[Any, St]:
+    b, t = a.b, a.t
+    other = t != at(s.sr, b)
+    return OK, s.set(**{f"u{tt}": z3.If(z3.And(t == tt, other), upd(s[f"u{tt}"], b, True), s[f"u{tt}"])
+                        for tt in range(STREAMS)})
+
+
+def complete_step(s: St, a: St) -> tuple[Any, St]:
+    return OK, s.set(**{f"c{tt}": z3.If(a.t == tt, s[f"i{tt}"], s[f"c{tt}"]) for tt in range(STREAMS)})
+
+
+def wait_step(s: St, a: St) -> tuple[Any, St]:
+    return OK, s.set(**{f"c{tt}": s[f"i{tt}"] for tt in range(STREAMS)})
+
+
+def empty_step(s: St, a: St, guards: frozenset = frozenset()) -> tuple[Any, St]:
+    out = _release_whole(s, guards)
+    return OK, out.set(ret=s.Rs + s.Rl - (out.Rs + out.Rl))
+
+
+def double_step(s: St, a: St) -> tuple[Any, St]:
+    return DOUBLE, s
+
+
+_T = z3.BoolVal(True)
+
+
+def actions(guards: frozenset = frozenset()) -> list[Act]:
+    """Every encoded action, one per outcome path (each tied to the spec action
+    it stands for); ``guards`` names guards to remove (the unguarded variants)."""
+    def pre_t(s: St, a: St) -> Any:
+        return z3.And(0 <= a.t, a.t < STREAMS, z3.Not(s.md))
+
+    def mk_malloc(path: str) -> Act:
+        return Act(f"malloc:{path}", MALLOC_PARAMS, lambda s, a: malloc_step(s, a, path, guards),
+                   lambda s, a: z3.And(malloc_pre(s, a, guards), malloc_path(s, a, path, guards)),
+                   spec=("caching:malloc",))
+
+    def mk_free(path: str) -> Act:
+        return Act(f"free:{path}", {"b": INT}, lambda s, a: free_step(s, a, path, guards),
+                   lambda s, a: z3.And(live_pre(s, a), free_path(s, a, path, guards)), spec=("caching:free",))
+
+    def mk_process(path: str) -> Act:
+        def pre(s: St, a: St) -> Any:
+            last = process_last(s, a)
+            return z3.And(process_pre(s, a, guards), last if path == "free" else z3.Not(last))
+        return Act(f"process_event:{path}", {"b": INT, "t": INT}, lambda s, a: process_step(s, a, path), pre,
+                   spec=("caching:malloc", "caching:empty_cache"))
+
+    def mk_retry(path: str) -> Act:
+        return Act(f"malloc_retry:{path}", {"base": INT, "lf": INT, "lw": INT},
+                   lambda s, a: retry_step(s, a, path, guards), lambda s, a: retry_pre(s, a, path),
+                   spec=("caching:malloc",))
+
+    return [
+        *[mk_malloc(p) for p in MALLOC_PATHS], mk_retry("new"), mk_retry("oom"),
+        mk_process("wait"), mk_process("free"), mk_free("pending"), mk_free("merge"),
+        Act("double_free", {}, double_step, lambda s, a: z3.Not(s.md), spec=("caching:double_free",)),
+        Act("record_stream", {"b": INT, "t": INT}, record_step, lambda s, a: z3.And(live_pre(s, a), 0 <= a.t, a.t < STREAMS),
+            spec=("caching:record_stream",)),
+        Act("complete_stream", {"t": INT}, complete_step, pre_t, spec=("caching:complete_stream",)),
+        Act("empty_cache_wait", {}, wait_step, lambda s, a: z3.Not(s.md), spec=("caching:empty_cache",)),
+        Act("empty_cache", {}, lambda s, a: empty_step(s, a, guards), lambda s, a: z3.And(z3.Not(s.md), _no_pending(s)),
+            spec=("caching:empty_cache",)),
+    ]
+
+
+def init(s: St) -> Any:
+    """The empty allocator: no blocks, no events, zero sums; any capacity, max_split_size, preset."""
+    zero = z3.K(z3.IntSort(), z3.IntVal(0))
+    return z3.And(s.n == 0, s.cap >= 0, s.ms >= 0, s.Rs == 0, s.Rl == 0, z3.Not(s.md),
+                  *[z3.And(s[f"i{t}"] == 0, s[f"c{t}"] == 0) for t in range(STREAMS)],
+                  *[s[nm] == zero for nm in SUMS])
+
+
+# --------------------------------------------------------------------------
+# the inductive invariant, the named invariants, the step properties
+# --------------------------------------------------------------------------
+
+def inv(s: St, sums: tuple[str, ...] | None = None) -> Any:
+    """The inductive invariant: well-formedness (C2), the checked prefix-sum
+    ghosts, reserved = free + active bytes <= the device, and C3, C4, C5, C7
+    (C1 follows from it: :func:`c1`, proved as a safety check).  ``sums``: only
+    these ghosts (a weaker hypothesis, so still sound)."""
+    return z3.And(wf(s), sums_wf(s, tuple(SUMS) if sums is None else sums), reserved_wf(s), c3(s), c4(s), c5(s), c7(s))
+
+
+def step_ok(name: str, s: St, a: St, out: Any, s2: St) -> dict[str, Any]:
+    """Properties of one transition, by invariant (each must hold on every step)."""
+    props: dict[str, Any] = {}
+    if name in ("malloc:fit", "malloc:oom"):
+        m = malloc_parts(s, a)
+        fit = z3.BoolVal(True)
+        b, r, small = a.b, m["r"], m["small"]
+        rem = at(s.sz, b) - r
+    if name == "malloc:fit":
+        # C4: served from the request's pool, the best fit (smallest, then lowest address)
+        props["C4"] = z3.Implies(fit, z3.And(at(s.sm, b) == small, _all(s.n, lambda j: z3.Implies(
+            _cand(s, j, r, small, a.t), z3.Or(at(s.sz, j) > at(s.sz, b),
+                                               z3.And(at(s.sz, j) == at(s.sz, b), at(s.ad, j) >= at(s.ad, b)))))))
+        # C5: a split leaves a legal remainder (seed 003: >= 512 B small pool, >= 2 MiB large pool; pytorch:
+        # > 1 MiB and below max_split_size); a block is handed over whole only when the remainder is illegal
+        legal = z3.If(small, rem >= K_MIN_BLOCK,
+                      z3.If(s.seed, rem >= K_ROUND_LARGE, z3.And(rem > K_SMALL, z3.Or(s.ms == 0, r < s.ms))))
+        split_done = z3.And(at(s2.sz, b) == r, rem > 0)
+        props["C5"] = z3.Implies(fit, z3.And(z3.Implies(split_done, legal), z3.Implies(z3.Not(split_done), z3.Not(legal))))
+        # C7: a block is reused only on its own stream, and only when free (not pending)
+        props["C7"] = z3.Implies(fit, z3.And(at(s.sr, b) == a.t, at(s.k, b) == FREE))
+    if name == "malloc:oom":
+        props["C9"] = _figures_ok(s2, m["alloc"], a.lf, a.lw)
+    if name == "malloc_retry:oom":
+        m = retry_parts(s, a)
+        props["C9"] = _figures_ok(s2, m["alloc"], a.lf, a.lw)
+    if name.startswith("process_event"):
+        ev = [z3.Implies(a.t == tt, s[f"c{tt}"] >= at(s[f"e{tt}"], a.b)) for tt in range(STREAMS)]
+        props["C7"] = z3.And(*ev)
+    if name == "empty_cache":
+        # C6: exactly the whole-free segments go, and the answer is their bytes
+        props["C6"] = z3.And(_all(s.n, lambda o: at(s2.al, o) == z3.And(at(s.al, o), z3.Not(_whole_free(s, o)))),
+                             s2.ret == total(s, "Ws") + total(s, "Wl"))
+    return props
+
+
+def _figures_ok(s2: St, tried: Any, lf: Any, lw: Any) -> Any:
+    """C9: the OOM's figures are the state's: the request tried, reserved, allocated (live), largest free block."""
+    return z3.And(s2.oq == tried, s2.orr == s2.Rs + s2.Rl, s2.oa == total(s2, "Ls") + total(s2, "Ll"),
+                  s2.olf == lf, _largest_free_ok(s2, lf, lw))
+
+
+NAMED: dict[str, Callable[[St], Any]] = {
+    "C1": c1, "C2": c2, "C3": c3, "C4": c4, "C5": c5, "C6": lambda s: z3.BoolVal(True), "C7": c7,
+    "C9": lambda s: z3.BoolVal(True),
+}
+
+
+# --------------------------------------------------------------------------
+# the proof: initiation and consecution by quantifier instantiation
+# --------------------------------------------------------------------------
+
+def goals(s2: St) -> list[tuple[str, Callable[[], Any]]]:
+    """The invariant's conjuncts, each checked as its own query."""
+    out: list[tuple[str, Callable[[], Any]]] = [
+        ("scalars", lambda: scalars_wf(s2)),
+        ("C2:block", lambda: _all(s2.n, lambda i: block_wf(s2, i))),
+        ("C2:pair", lambda: _all2(s2.n, lambda i, j: pair_wf(s2, i, j))),
+    ]
+    for nm in SUMS:
+        c = _contrib(s2, nm)
+        out.append((f"sum:{nm}:step", lambda nm=nm, c=c: z3.And(
+            at(s2[nm], 0) == 0, _all(s2.n, lambda i: at(s2[nm], i + 1) == at(s2[nm], i) + c(i)))))
+        out.append((f"sum:{nm}:mono", lambda nm=nm: _all2(s2.n, lambda i, j: z3.Implies(
+            i <= j, at(s2[nm], i) <= at(s2[nm], j)), hi=1)))
+    out += [("reserved", lambda: reserved_wf(s2)), ("C3", lambda: c3(s2)),
+            ("C4", lambda: c4(s2)), ("C5", lambda: c5(s2)), ("C7", lambda: c7(s2))]
+    return out
+
+
+def _terms(s: St, a: St, extra: list[Any]) -> None:
+    """The instance terms of a hypothesis: the goal's skolems, the ids the action touches, 0 and n."""
+    base: list[Any] = [s.n, s.n + 1, z3.IntVal(0)] + list(extra)
+    for e in extra:
+        base += [at(s.pv, e), at(s.nx, e)]
+    if "b" in a:
+        b = a.b
+        p, q = at(s.pv, b), at(s.nx, b)
+        base += [b, p, q, at(s.pv, p), at(s.nx, q)]
+    if "lw" in a:
+        base.append(a.lw)
+    out = []
+    for x in base:
+        out += [x, x + 1]
+    MODE.terms, MODE.terms1 = out, base
+    MODE.anchors = base + [x + 1 for x in extra]
+
+
+def _check(hyp: Callable[[], Any], goal: Callable[[], Any], s: St, a: St, timeout_ms: int = 30000) -> tuple[Any, Any]:
+    MODE.kind, MODE.skolems = "skolem", []
+    g = goal()
+    sks = list(MODE.skolems)
+    MODE.kind = "inst"
+    _terms(s, a, sks)
+    try:
+        h = hyp()
+    finally:
+        MODE.kind, MODE.terms, MODE.terms1, MODE.anchors, MODE.skolems = "forall", [], [], [], []
+    sol = z3.Solver()
+    sol.set("timeout", timeout_ms)
+    sol.add(h, z3.Not(g))
+    r = sol.check()
+    return r, (sol.model() if r == z3.sat else None)
+
+
+def _framed(s: St, s2: St, g: Callable[[St], Any]) -> bool:
+    """The conjunct reads no field the step changed: it is its own hypothesis."""
+    probe = St({f: s[f] if z3.eq(s2[f], s[f]) else z3.Const(f"changed@{f}", s[f].sort()) for f in s})
+    e = g(probe)
+    seen, stack = set(), [e]
+    while stack:
+        x = stack.pop()
+        if x.get_id() in seen:
+            continue
+        seen.add(x.get_id())
+        if z3.is_const(x) and x.decl().name().startswith("changed@"):
+            return False
+        stack.extend(x.children())
+    return True
+
+
+def _deps(name: str) -> tuple[str, ...]:
+    """The ghost sums a goal's hypothesis needs (fewer hypotheses: still sound)."""
+    if name.startswith("sum:"):
+        return (name.split(":")[1],)
+    if name == "reserved":
+        return tuple(nm for nm in SUMS if nm[0] in "NWA")
+    return tuple(SUMS) if name in ("step:C6", "step:C9") else ()
+
+
+def consecution(act: Act, timeout_ms: int = 30000, only: tuple[str, ...] = ()) -> list[tuple[str, str, float]]:
+    """``Inv /\\ Pre /\\ Step => Inv'`` conjunct by conjunct, and the step
+    properties: ``(goal, result, seconds)``.  A conjunct that reads no field
+    the step changed is ``framed`` (it is literally its own hypothesis).  Each
+    goal's quantifiers become skolem constants; the hypothesis (with the ghost
+    sums the goal needs) is instantiated at them and at the ids the action touches."""
+    from memspec.invariants.proofs import _args, fresh
+
+    s = fresh(FIELDS, "s")
+    a = _args(act, "a")
+    out, s2 = act.step(s, a)
+    s2 = St({f: (v if z3.is_ast(v) else (z3.BoolVal(v) if isinstance(v, bool) else z3.IntVal(v))) for f, v in s2.items()})
+    res: list[tuple[str, str, float]] = []
+    props = step_ok(act.name, s, a, out, s2)
+    todo = [(n, g, True) for n, g in goals(s2)] + [(f"step:{i}", (lambda i=i: step_ok(act.name, s, a, out, s2)[i]), False)
+                                                    for i in props]
+    for name, g, is_inv in todo:
+        if only and name not in only:
+            continue
+        t0 = time.process_time()
+        if is_inv and _framed(s, s2, lambda st, name=name: dict(goals(st))[name]()):
+            res.append((name, "framed", time.process_time() - t0))
+            continue
+        r, _m = _check(lambda name=name: z3.And(inv(s, _deps(name)), act.pre(s, a)), g, s, a, timeout_ms)
+        res.append((name, "proved" if r == z3.unsat else str(r), time.process_time() - t0))
+    return res
+
+
+def safety_c1(timeout_ms: int = 30000) -> str:
+    """C1 follows from the invariant: reserved = free + active >= active; slack >= 0; reserved <= the device."""
+    from memspec.invariants.proofs import fresh
+
+    s = fresh(FIELDS, "s")
+    r, _m = _check(lambda: inv(s), lambda: c1(s), s, St(), timeout_ms)
+    return "proved" if r == z3.unsat else str(r)
+
+
+def initiation() -> str:
+    from memspec.invariants.proofs import fresh
+
+    s = fresh(FIELDS, "s")
+    MODE.kind, MODE.skolems = "skolem", []
+    g = inv(s)
+    MODE.kind, MODE.skolems = "forall", []
+    sol = z3.Solver()
+    sol.add(init(s), z3.Not(g))
+    return "proved" if sol.check() == z3.unsat else "FAILED"
+
+
+# --------------------------------------------------------------------------
+# unguarded variants: the same action with one guard removed
+# --------------------------------------------------------------------------
+
+#: invariant -> (encoded action, guard removed, the guard in words)
+UNGUARDED: dict[str, tuple[str, str, str]] = {
+    "C1": ("malloc:new", "room", "a new segment only if reserved + its size fits the device"),
+    "C2": ("malloc:new", "fresh", "a new segment's base is disjoint from every segment"),
+    "C3": ("free:merge", "merge-next", "a freed block merges with its next neighbour when that is free"),
+    "C4": ("malloc:fit", "pool", "a candidate block is of the request's pool"),
+    "C5": ("malloc:fit", "split", "split only if should_split (the remainder is legal)"),
+    "C6": ("empty_cache", "whole", "empty_cache releases a free block only if it is its whole segment"),
+    "C7": ("process_event:free", "event", "an event is processed only when its stream completed it"),
+    "C9": ("malloc_retry:oom", "after", "the OOM figures are taken after the retry released the cache"),
+}
+
+#: the refutation's search: heaps of at most this many blocks (every quantifier expanded exactly)
+REFUTE_BLOCKS = 4
+
+
+def refute(inv_id: str, timeout_ms: int = 60000) -> tuple[bool, str]:
+    """A well-formed heap (the whole inductive invariant holds on it, at most
+    :data:`REFUTE_BLOCKS` blocks, every quantifier expanded exactly) from which
+    the unguarded action breaks the invariant it names.  ``(refuted, trace)``."""
+    from memspec.invariants.proofs import _args, fresh
+
+    act_name, guard, words = UNGUARDED[inv_id]
+    act = next(x for x in actions(frozenset({guard})) if x.name == act_name)
+    s = fresh(FIELDS, "u")
+    a = _args(act, "u")
+    MODE.kind, MODE.bound = "bounded", REFUTE_BLOCKS + 2
+    try:
+        out, s2 = act.step(s, a)
+        named = NAMED.get(inv_id)
+        bad = [z3.Not(named(s2))] if named is not None else []
+        props = step_ok(act_name, s, a, out, s2)
+        if inv_id in props:
+            bad.append(z3.Not(props[inv_id]))
+        hyp = z3.And(inv(s), s.n <= REFUTE_BLOCKS, act.pre(s, a))
+    finally:
+        MODE.kind, MODE.bound = "forall", 0
+    sol = z3.Solver()
+    sol.set("timeout", timeout_ms)
+    sol.add(hyp, z3.Or(*bad))
+    r = sol.check()
+    if r != z3.sat:
+        return False, f"without '{words}': no violation of {inv_id} found ({r})"
+    m = sol.model()
+    ev = lambda x: m.eval(x, model_completion=True)  # noqa: E731
+    n = ev(s.n).as_long()
+    lines = [f"  from a well-formed heap of {n} block(s) (seed preset: {ev(s.seed)}, capacity {ev(s.cap)}, "
+             f"max_split_size {ev(s.ms)}):"]
+    for i in range(n):
+        if z3.is_true(ev(at(s.al, i))):
+            lines.append(f"    block {i}: addr {ev(at(s.ad, i))} size {ev(at(s.sz, i))} "
+                         f"{('free', 'live', 'pending')[ev(at(s.k, i)).as_long()]} stream {ev(at(s.sr, i))} "
+                         f"segment {ev(at(s.sb, i))}+{ev(at(s.ss, i))}")
+    lines.append(f"  {act_name}(" + ", ".join(f"{k}={ev(v)}" for k, v in a.items()) + f") [without: {words}]")
+    lines.append(f"  => {inv_id} violated")
+    return True, "\n".join(lines)
+
+
+# --------------------------------------------------------------------------
+# the C rows of ``memspec prove``
+# --------------------------------------------------------------------------
+
+#: what the encoding leaves out, per invariant (a proof with a restriction is reported bounded, never proved)
+NOT_ENCODED = ("expandable segments, garbage_collection_threshold, memory_fraction and roundup_power2_divisions "
+               "are not encoded; pytorch's OOM path with max_split_size > 0 (release_available) is excluded by "
+               "malloc's precondition")
+BOUNDED: dict[str, str] = {
+    **{f"C{i}": f"one encoding for both presets (seed a symbolic flag) over an arbitrary well-formed heap; "
+                f"{NOT_ENCODED}" for i in range(1, 10) if i != 8},
+    "C8": "not encoded: expandable segments (physical pages of a VA arena) have no Z3 encoding yet",
+}
+
+
+def run_heap(timeout_ms: int = 20000, ids: list[str] | None = None) -> dict[str, Any]:
+    """Initiation, C1 as a consequence, consecution of every encoded action
+    (shared by C1-C9: one inductive invariant), and each invariant's
+    unguarded variant.  Returns checks, per-invariant refutations, seconds."""
+    t0 = time.process_time()
+    checks: list[tuple[str, str, float]] = [("init", initiation(), 0.0), ("safety:C1", safety_c1(timeout_ms), 0.0)]
+    for act in actions():
+        for goal, result, secs in consecution(act, timeout_ms):
+            checks.append((f"step:{act.name}:{goal}", result, secs))
+    bad = kernel_boundary_agreement()
+    checks.append(("kernels at every threshold vs spec/caching", "proved" if not bad else f"{len(bad)} mismatches: {bad[:2]}", 0.0))
+    refuted = {c: refute(c) for c in UNGUARDED if ids is None or c in ids}
+    return {"checks": checks, "refuted": refuted, "seconds": time.process_time() - t0,
+            "actions": {a.name: list(a.spec) for a in actions()}}
+
+
+def kernel_boundary_agreement(max_split_sizes: tuple[int, ...] = (0, 4 * MiB)) -> list[str]:
+    """The Z3 kernels (rounding, segment size, split rule) against
+    spec/caching's at every threshold of the policy exactly and at +-1
+    (:func:`memspec.spec.caching.kernels.boundaries`: request sizes and the
+    split rules' remainders), both presets, both pools, with and without
+    ``max_split_size``; the mismatches.  Read from the spec's module at call
+    time, so a patched spec kernel is what is compared."""
+    from memspec.spec.caching import kernels as SK
+
+    n, r, rem, ms = z3.Ints("kb_n kb_r kb_rem kb_ms")
+    seed = z3.Bool("kb_seed")
+    small = z3.Bool("kb_small")
+    st = St({"seed": seed, "ms": ms})
+    er, es, ep = z_round(st, n), z_segment(st, r), z_split(st, rem, r, small)
+    bad: list[str] = []
+    for msz in max_split_sizes:
+        points = SK.boundaries(msz)
+        for preset_seed in (False, True):
+            base = [(seed, z3.BoolVal(preset_seed)), (ms, z3.IntVal(msz))]
+            for size in points:
+                rounded = SK.round_size(size, preset_seed)
+                got_r = z3.simplify(z3.substitute(er, *base, (n, z3.IntVal(size)))).as_long()
+                got_s = z3.simplify(z3.substitute(es, *base, (r, z3.IntVal(rounded)))).as_long()
+                want_s = SK.segment_size(rounded, preset_seed)
+                if (got_r, got_s) != (rounded, want_s):
+                    bad.append(f"seed={preset_seed} size={size}: z3 round/segment {(got_r, got_s)}, spec {(rounded, want_s)}")
+            # the split rule reads the request only through ``request < max_split_size``: the requests at
+            # that threshold (+-1 block) and one below every threshold, against every remainder
+            reqs = sorted({SK.round_size(x, preset_seed) for x in points if msz and abs(x - msz) <= K_MIN_BLOCK}
+                          | {K_MIN_BLOCK, SK.round_size(3 * MiB, preset_seed)})
+            for rounded in reqs:
+                for sm in (True, False):
+                    for remaining in points:
+                        got = z3.is_true(z3.simplify(z3.substitute(
+                            ep, *base, (small, z3.BoolVal(sm)), (rem, z3.IntVal(remaining)), (r, z3.IntVal(rounded)))))
+                        want = SK.should_split(remaining, rounded, sm, preset_seed, False, msz)
+                        if got != want:
+                            bad.append(f"seed={preset_seed} small={sm} ms={msz} request={rounded} remaining={remaining}: "
+                                       f"z3 split={got}, spec split={want}")
+    return bad
