@@ -30,6 +30,8 @@ from typing import Any
 
 import z3
 
+from memspec.invariants.proofs import limit  # Z3 resource limits, not wall-clock timeouts
+
 from memspec.spec.api import MiB
 
 K_MIN_BLOCK = 512
@@ -211,8 +213,7 @@ def synthesize(preset: str, capacity: int = 40 * MiB, max_depth: int = 8, unit: 
     t0 = time.perf_counter()
     N, S = 2 * max_depth + 2, max_depth + 1
     for k in range(0, max_depth + 1):
-        sol = z3.Solver()
-        sol.set("timeout", 30000)
+        sol = limit(z3.Solver(), 30000)
         st = initial(N, S)
         ops = []
         for t in range(k):
@@ -516,8 +517,7 @@ def bounded_c_invariants(preset: str, depth: int = 6, capacity: int = 40 * MiB) 
     N, S = 2 * depth + 2, depth + 1
     results = {c: f"holds up to depth {depth}" for c in ("C1", "C2", "C3")}
     st = initial(N, S)
-    sol = z3.Solver()
-    sol.set("timeout", 60000)
+    sol = limit(z3.Solver(), 60000)
     for t in range(depth):
         is_alloc, n, idx = z3.Bool(f"alloc{t}"), z3.Int(f"n{t}"), z3.Int(f"slot{t}")
         sol.add(n > K_SMALL, n <= capacity)

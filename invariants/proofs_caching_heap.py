@@ -64,6 +64,8 @@ from typing import Any, Callable
 
 import z3
 
+from memspec.invariants.proofs import limit  # Z3 resource limits, not wall-clock timeouts
+
 from memspec.invariants.proofs import (
     ARR, BARR, BOOL, CODE, INT, OK, PENDING, Act, Proof, St, at, upd,
 )
@@ -779,8 +781,7 @@ def _check(hyp: Callable[[], Any], goal: Callable[[], Any], s: St, a: St, timeou
         h = hyp()
     finally:
         MODE.kind, MODE.terms, MODE.terms1, MODE.anchors, MODE.skolems = "forall", [], [], [], []
-    sol = z3.Solver()
-    sol.set("timeout", timeout_ms)
+    sol = limit(z3.Solver(), timeout_ms)
     sol.add(h, z3.Not(g))
     r = sol.check()
     return r, (sol.model() if r == z3.sat else None)
@@ -901,8 +902,7 @@ def refute(inv_id: str, timeout_ms: int = 60000) -> tuple[bool, str]:
         hyp = z3.And(inv(s), s.n <= REFUTE_BLOCKS, act.pre(s, a))
     finally:
         MODE.kind, MODE.bound = "forall", 0
-    sol = z3.Solver()
-    sol.set("timeout", timeout_ms)
+    sol = limit(z3.Solver(), timeout_ms)
     sol.add(hyp, z3.Or(*bad))
     r = sol.check()
     if r != z3.sat:
