@@ -80,7 +80,13 @@ def test_hostile_reference_wrappers_are_reported_not_fatal(target, cause):
     (r,) = runner.conform(f"tests.hostile_targets:{target}", "mechanism", examples=10, steps=10, timeout=0.3,
                           out_dir=None)
     assert r.failures and not r.errors
-    assert {f.cause for f in r.failures} == {cause}
+    causes = {f.cause for f in r.failures}
+    if cause == "wrong-type":
+        # where the spec permits only a refusal (an alignment that is not a
+        # power of two), a returned int is the wrong outcome, a distinct failure
+        assert cause in causes and causes <= {cause, "outcome"}, causes
+    else:
+        assert causes == {cause}
 
 
 def test_pytest_plugin_runs_the_suite_in_a_users_session(tmp_path):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 
 from memspec.spec.api import (AllocationRequest, DeviceAllocation, DeviceKey, IdentitySource, MiB,
-                              TargetInstance)
+                              TargetInstance, is_power_of_two)
 from memspec.spec.errors import DoubleFree, ForeignAllocation, InvalidRequest, OutOfMemory, StaleHandle
 
 PAGE = 2 * MiB
@@ -48,11 +48,15 @@ class EagerAllocator:
         size = request.size
         if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
             raise InvalidRequest(f"size must be a positive int, got {size!r}")
+        align = request.alignment
+        if not is_power_of_two(align):
+            raise InvalidRequest(f"alignment must be a power of two, got {align!r}")
+        step = max(align // PAGE, 1)                             # an alignment above the page: start pages
         n = -(-size // PAGE)
         with self.dev.lock:
             free = sorted(self.dev.free_pages)
             for i in range(len(free) - n + 1):
-                if free[i + n - 1] - free[i] == n - 1:          # n consecutive free pages
+                if free[i] % step == 0 and free[i + n - 1] - free[i] == n - 1:   # n consecutive free pages, aligned
                     pages = free[i:i + n]
                     break
             else:
