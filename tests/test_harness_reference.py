@@ -77,8 +77,9 @@ def test_walk_on_the_healthy_reference_finds_nothing():
     ("reference_hangs", "hang"),
 ])
 def test_hostile_reference_wrappers_are_reported_not_fatal(target, cause):
-    (r,) = runner.conform(f"tests.hostile_targets:{target}", "mechanism", examples=10, steps=10, timeout=0.3,
-                          out_dir=None)
+    # a short call timeout only for the target that hangs: a healthy call slowed by load is no hang
+    (r,) = runner.conform(f"tests.hostile_targets:{target}", "mechanism", examples=10, steps=10,
+                          timeout=0.3 if cause == "hang" else 60, out_dir=None)
     assert r.failures and not r.errors
     assert {f.cause for f in r.failures} == {cause}
 
