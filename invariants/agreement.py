@@ -253,6 +253,11 @@ class Adapter:
     #: is not due): ``permit(value, enc_args) -> the encoded outcomes the accepted
     #: step permits``; the expected state is then the spec's state after the step
     permit: Callable[[Any, dict[str, Any]], set[str]] | None = None
+    #: at most this many samples (and invariant-agreement states) for this adapter, when fewer than
+    #: the run asks for: an encoding whose projection is costly (a whole ledger) keeps ``memspec prove``
+    #: within its time budget; ``None``: the run's figures
+    max_samples: int | None = None
+    max_inv_samples: int | None = None
 
 
 @dataclass
@@ -351,6 +356,18 @@ class InvariantEval:
         if self.finite:
             subs = [(self.s[f], concrete(k, state[f])) for f, k in self.p.fields.items()]
             return Compiled._truth(substitute(self.expr, *subs))
+        if self.p.counts:
+            # one formula per tuple of the proof's id counts (``Proof.counts``): with the counts concrete,
+            # a prefix-sum ghost is unrolled (proofs.prefix_sum), built once and substituted per state
+            key = tuple(state[f] for f in self.p.counts)
+            if not hasattr(self, "by_counts"):
+                self.sym, self.by_counts = fresh(self.p.fields, "ivc"), {}
+            expr = self.by_counts.get(key)
+            if expr is None:
+                sc = self.sym.set(**{f: iv(state[f]) for f in self.p.counts})
+                expr = self.by_counts[key] = z3.And(*[self.p.inv(sc, z3.IntVal(i)) for i in range(self.nobj)])
+            subs = [(self.sym[f], concrete(k, state[f])) for f, k in self.p.fields.items() if f not in self.p.counts]
+            return Compiled._truth(z3.substitute(expr, *subs))
         # built on the concrete state itself, so a prefix-sum ghost over a concrete count is unrolled
         # (proofs.prefix_sum) rather than left as a quantifier for a solver
         s = St({f: concrete(k, state[f]) for f, k in self.p.fields.items()})
@@ -374,6 +391,10 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
                     or mine.action(a.action).pre is not theirs.action(a.action).pre):
                 raise ValueError(f"{inv2}/{a.action} is not {a.invariant}/{a.action}: it needs its own adapter")
             reps[(inv2, a.action, a.spec_action)] = AgreementReport(inv2, a.action, a.spec_action)
+    want = {k: min(samples, a.max_samples or samples) for a in adapters
+            for k in [(i, a.action, a.spec_action) for i in (a.invariant,) + a.also]}
+    want_inv = {k: min(inv_samples, a.max_inv_samples or inv_samples) for a in adapters
+                for k in [(i, a.action, a.spec_action) for i in (a.invariant,) + a.also]}
     by_spec: dict[str, list[Adapter]] = {}
     by_helper: dict[str, list[Adapter]] = {}
     for a in adapters:
@@ -386,14 +407,15 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
     state = init()
     steps_since = 0
     for _ in range(max_steps):
-        if all(r.samples >= samples for r in reps.values()):
+        if all(r.samples >= want[k] for k, r in reps.items()):
             break
         if steps_since >= restart_every or too_big(state):
             state, steps_since = init(), 0
         steps_since += 1
         acts = [a for a in machine.actions if a.available(state) and all(state.has(c) for c in a.requires)]
         # favour actions whose adapters still need samples
-        needy = [a for a in acts if any(reps[(ad.invariant, ad.action, ad.spec_action)].samples < samples
+        needy = [a for a in acts if any(reps[(ad.invariant, ad.action, ad.spec_action)].samples
+                                        < want[(ad.invariant, ad.action, ad.spec_action)]
                                         for ad in by_spec.get(a.name, []) + by_helper.get(a.name, []))]
         pool = needy if needy and rng.random() < favour else acts
         if not pool:
@@ -409,7 +431,7 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
         todo = []
         for ad in by_spec.get(act.name, []):
             rep = reps[(ad.invariant, ad.action, ad.spec_action)]
-            if rep.samples >= samples:
+            if rep.samples >= want[(ad.invariant, ad.action, ad.spec_action)]:
                 continue
             if (ad.balance and rep.outcomes.get(outcome_name(branch), 0) >= max(1, samples // ad.balance)
                     and rep.skipped < 5 * samples):
@@ -424,7 +446,8 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
             todo.append((ad, rep, pr))
         # an encoding on another invariant's machine (G1 on S15's) is compared with that invariant's check
         spec_before = {i: SPEC_INVARIANTS[getattr(proofs[i], "declared_by", i)].check(state) is None
-                       for ad, rep, _pr in todo if rep.inv_samples < inv_samples for i in (ad.invariant,) + ad.also}
+                       for ad, rep, _pr in todo for i in (ad.invariant,) + ad.also
+                       if reps[(i, ad.action, ad.spec_action)].inv_samples < want_inv[(i, ad.action, ad.spec_action)]}
         value = follow(branch)
         taken = outcome_name(branch)
         for ad, rep, (enc_state, enc_args, u) in todo:
@@ -454,7 +477,7 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
             for inv_id in (ad.invariant,) + ad.also:
                 r_ = reps[(inv_id, ad.action, ad.spec_action)]
                 p_ = proofs[inv_id]
-                if r_.inv_samples < inv_samples:
+                if r_.inv_samples < want_inv[(inv_id, ad.action, ad.spec_action)]:
                     # invariant agreement: the encoded invariant on the projected (pre-step) state
                     # against the executable invariant on the spec state it projects
                     if p_.inv not in holds:

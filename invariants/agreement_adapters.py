@@ -1288,12 +1288,16 @@ def _l_respond_p(s: Any, args: dict[str, Any], taken: str) -> Any:
 
 
 _L_RET = ("cancel", "refund_lease", "claim", "cancel_ticket")
+#: the ledger projection is the whole Governor state (about 7 ms a sample, 30 ms an invariant
+#: evaluation): S8 / S11 sample 23 adapters, so each is capped to keep ``memspec prove`` in budget
+_L_MAX, _L_MAX_INV = 150, 20
 
 
-def _l_ad(inv: str, act: str, spec: str, project: Any, items: bool = True) -> Adapter:
+def _l_ad(inv: str, act: str, spec: str, project: Any, items: bool = True, also: tuple[str, ...] = ()) -> Adapter:
     """``items``: compare the charge items too (not where a queued piece leaves the queue)."""
     return Adapter(inv, act, spec, project, _l_expected,
-                   (_L_CMP_ITEMS if items else _L_CMP) + (("ret",) if act in _L_RET else ()))
+                   (_L_CMP_ITEMS if items else _L_CMP) + (("ret",) if act in _L_RET else ()), also=also,
+                   max_samples=_L_MAX, max_inv_samples=_L_MAX_INV)
 
 
 _L_SYS = [("reserve", "reserve", _l_reserve_p, True), ("commit", "commit", _l_commit_p, True),
@@ -1305,8 +1309,9 @@ _L_SYS11 = [("refund_lease", "refund_lease", _l_refund_p, True),
             ("poll", "poll", _l_poll_p, False), ("claim", "claim", _l_claim_p, True),
             ("cancel_ticket", "cancel_ticket", _l_ticket_p, True), ("expire", "expire", _l_expire_p, True),
             ("respond", "respond", _l_respond_p, False)]
-SYS_ADAPTERS += [_l_ad("S8", a, sa, pr, it) for a, sa, pr, it in _L_SYS]
-SYS_ADAPTERS += [_l_ad("S11", a, sa, pr, it) for a, sa, pr, it in _L_SYS + _L_SYS11]
+# S8's actions are encoded by S11's very steps (one ledger model): each sample counts for both
+SYS_ADAPTERS += [_l_ad("S11", a, sa, pr, it, also=("S8",)) for a, sa, pr, it in _L_SYS]
+SYS_ADAPTERS += [_l_ad("S11", a, sa, pr, it) for a, sa, pr, it in _L_SYS11]
 
 
 # -- S8 / S11 at the mechanism level: the device's physical bytes --------------
@@ -1355,10 +1360,14 @@ def _l_mech_expected(s: Any, u: Universe, value: Any) -> Any:
 def _l_m_alloc_p(s: Any, args: dict[str, Any], taken: str) -> Any:
     from memspec.spec import kernels as K
 
-    size = _size(args["size"])
+    from memspec.spec.eager import ALIGNMENT
+
+    size, align = _size(args["size"]), args.get("alignment", ALIGNMENT)
+    bad = not (_is_int(align) and align > 0 and align & (align - 1) == 0)
     st, u = _l_mech_state(s)
     _l_new(u, "mitem")
-    return st, {"size": size, "fp": K.round_up(size, s.page) if size else 0, "oom": taken == "OutOfMemory"}, u
+    fp = K.round_up(size, s.page) if size and not bad else 0  # the walk's footprint: the witness's
+    return st, {"size": size, "bad_align": bad, "fp": fp, "oom": taken == "OutOfMemory"}, u
 
 
 def _l_m_dealloc_p(s: Any, args: dict[str, Any], taken: str) -> Any:
@@ -1367,8 +1376,12 @@ def _l_m_dealloc_p(s: Any, args: dict[str, Any], taken: str) -> Any:
 
 
 MECH_ADAPTERS += [
-    Adapter(inv, "m_allocate", "allocate", _l_m_alloc_p, _l_mech_expected, _M_CMP) for inv in ("S8", "S11")
-] + [Adapter("S11", "m_deallocate", "deallocate", _l_m_dealloc_p, _l_mech_expected, _M_CMP + ("ret",))]
+    # S8's encoding of allocate is S11's (same step, same fields): each sample counts for both
+    Adapter("S11", "m_allocate", "allocate", _l_m_alloc_p, _l_mech_expected, _M_CMP, also=("S8",),
+            max_samples=_L_MAX, max_inv_samples=_L_MAX_INV),
+    Adapter("S11", "m_deallocate", "deallocate", _l_m_dealloc_p, _l_mech_expected, _M_CMP + ("ret",),
+            max_samples=_L_MAX, max_inv_samples=_L_MAX_INV),
+]
 
 
 # -- S1 (system), S4, S7, S10: the deferred-free queue ------------------------
@@ -1589,3 +1602,67 @@ MECH_ADAPTERS += [
     Adapter("S1", "allocate", "allocate_foreign", _s1_alloc_project(True), _s1_expected, _S1_CMP),
 ]
 SYS_ADAPTERS += _q_adapters("S4", also=("S7",))
+
+
+# -- S6: tickets answered by the holders that choose their own victims ---------
+
+def _s6_state(s: Any) -> tuple[dict[str, Any], Universe]:
+    u = Universe()
+    wx = u.add("weight", s.weights)
+    tx = u.add("ticket", s.tickets)
+    ws, ts = s.weights, sorted(s.tickets.items())
+    st = {
+        "res": (False, {wx[n]: w.resident for n, w in ws.items()}),
+        "hot": (False, {wx[n]: w.hot for n, w in ws.items()}),
+        "wb": (0, {wx[n]: w.pages * s.page for n, w in ws.items()}),
+        "tstate": (0, {tx[r]: _TSTATE.get(t.state, 9) for r, t in ts}),
+        "held": (0, {tx[r]: t.held for r, t in ts}), "amount": (0, {tx[r]: t.amount for r, t in ts}),
+        "gov_ev": s.governor_evictions, "hot_ev": s.hot_evictions, "over": s.overclaims,
+    }
+    return st, u
+
+
+_S6_CMP = ("res", "hot", "tstate", "held", "amount", "gov_ev", "hot_ev", "over")
+
+
+def _s6_expected(s: Any, u: Universe, value: Any) -> Any:
+    st, u2 = _s6_state(s)
+    _adopt(u, u2)
+    return flatten(st, E.S6.fields, _S6_CMP, u)
+
+
+def _s6_issue_p(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s6_state(s)
+    return st, {"t": _new_slot(u, "ticket"), "n": _size(args["request"][0])}, u
+
+
+def _s6_set_hot_p(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s6_state(s)
+    return st, {"w": u.idx["weight"][args["weight"]], "h": bool(args["hot"])}, u
+
+
+def _s6_respond_p(s: Any, args: dict[str, Any], taken: str) -> Any:
+    """The walk's answer (respond's witness): ModelResidency's first two cold
+    resident weights; KvPageStore 0, with what its own done releases refund."""
+    t_ref, holder, terminal = args["answer"]
+    st, u = _s6_state(s)
+    a = {"t": u.idx["ticket"][t_ref], "holder": E.H_WEIGHTS if holder == "weights" else E.H_KV, "nv": 0,
+         "v1": 0, "v2": 0, "r": 0, "refunded": 0}
+    if terminal or taken != "ok":
+        return st, a, u
+    if holder == "weights":
+        cold = [n for n, w in s.weights.items() if w.resident and not w.hot][:2]
+        a["nv"] = len(cold)
+        for k, n in zip(("v1", "v2"), cold):
+            a[k] = u.idx["weight"][n]
+    else:
+        done = set(_done_seqs(s, args["pending"]))
+        a["refunded"] = sum(e.refund.get("kv", 0) for q, e in s.queue.items() if q in done)
+    return st, a, u
+
+
+SYS_ADAPTERS += [
+    Adapter("S6", "issue_ticket", "issue_ticket", _s6_issue_p, _s6_expected, _S6_CMP),
+    Adapter("S6", "set_hot", "set_hot", _s6_set_hot_p, _s6_expected, _S6_CMP),
+    Adapter("S6", "respond", "respond", _s6_respond_p, _s6_expected, _S6_CMP),
+]

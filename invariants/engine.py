@@ -111,6 +111,12 @@ class Plan:
     #: some actions are left out (a later pass of ``run_hypothesis``): a
     #: state where none of the rest is available ends nothing, the step is skipped
     partial: bool = False
+    #: per-example device capacity: a run given a chooser draws one of these
+    #: (index 0, the small device, is what shrinking moves towards), so one
+    #: run reaches both the out-of-memory paths of a small device and the
+    #: protocols a small device refuses before they get deep (empty: the
+    #: factory's ``capacity`` for every example)
+    capacities: tuple = ()
 
     @property
     def invariant_ids(self) -> list[str]:
@@ -162,7 +168,8 @@ class TraceStep:
 class Run:
     """One execution from the initial state: a fresh target instance and spec state."""
 
-    def __init__(self, plan: Plan, guard: CallGuard | None = None) -> None:
+    def __init__(self, plan: Plan, guard: CallGuard | None = None, chooser: Any = None,
+                 capacity: int | None = None) -> None:
         self.plan = plan
         self.machine = plan.machine
         self.guard = guard or CallGuard(plan.timeout, plan.guard_mode)
@@ -178,13 +185,21 @@ class Run:
         self._obs_cache: dict | None = None
         self._checks: list | None = None
         self._swarm: tuple | None = None   # (actions, weights) of this example (swarm testing)
+        fkw = plan.factory_kwargs
+        caps = plan.capacities
+        if capacity is None and chooser is not None and len(caps) > 1:
+            capacity = caps[chooser.integer(0, len(caps) - 1)]
+        if capacity is not None and capacity != fkw.get("capacity"):
+            fkw = {**fkw, "capacity": capacity}
+        #: the device capacity of this example (a reproduction rebuilds the target with it)
+        self.capacity = fkw.get("capacity")
         if plan.on_call is not None:
             plan.on_call(self, None)
         g = self.guard
         g.blame, g.what, g.limit = TARGET_ERROR, f"building the target {plan.target!r}", plan.build_timeout or max(
             g.timeout, BUILD_SECONDS)
         try:
-            self.instance, err = g.call(plan.factory, **plan.factory_kwargs)
+            self.instance, err = g.call(plan.factory, **fkw)
             if err is None:
                 g.what = f"wiring the {plan.level} level around the target"
                 self.sut, err = g.call(plan.make_sut, self, self.instance)
@@ -195,10 +210,13 @@ class Run:
         if err is not None:
             what = "hangs" if isinstance(err, HangResult) else f"raised {type(err).__name__}: {err}"
             raise TargetError(f"target {plan.target!r} could not be built: {g.what} {what}") from err
+        init = plan.init_kwargs
+        if fkw is not plan.factory_kwargs and "capacity" in init:
+            init = {**init, "capacity": self.instance.capacity}   # the spec's device is this example's
         try:
-            self.state = self.machine.init(**plan.init_kwargs)
+            self.state = self.machine.init(**init)
         except Exception as e:  # noqa: BLE001
-            raise SpecError(f"{self.machine.name}.init{plan.init_kwargs} raised {type(e).__name__}: {e}") from e
+            raise SpecError(f"{self.machine.name}.init{init} raised {type(e).__name__}: {e}") from e
         self.integrity = make_integrity(self) if plan.integrity else None
         self._checks = _step_checks(self.machine, self.state)
         self.nsteps = 0
@@ -217,6 +235,7 @@ class Run:
         st.failures_seen += 1
         st.first_failure_steps.setdefault(invariant, st.steps)
         v = violation_class(invariant)(invariant, cause, reason, self.trace, self.nsteps)
+        v.capacity = getattr(self, "capacity", None)
         if isinstance(exc, BaseException) and not isinstance(exc, HangResult):
             raise v from exc
         raise v

@@ -190,6 +190,12 @@ class Level:
     capabilities: Callable[[api.TargetInstance], dict]
     init: Callable[[Any, api.TargetInstance, dict], dict]
     make_sut: Callable[[Any, api.TargetInstance], Any]
+    #: draws the device per example (small, or ``planning.LARGE_DEVICE`` times
+    #: larger): the system level, where a small device refuses before the
+    #: protocols get deep (the caching level's targets keep their own device;
+    #: the mechanism level keeps the one device, whose out-of-memory paths are
+    #: what it checks)
+    sized_device: bool = False
 
     def machine(self) -> Any:
         import importlib
@@ -201,7 +207,8 @@ class Level:
 LEVELS: dict[str, Level] = {lv.name: lv for lv in (
     Level("mechanism", "memspec.spec.mechanism:MECHANISM", ("mechanism",), mechanism_capabilities, mechanism_init,
           mechanism_sut),
-    Level("system", "memspec.spec.system:SYSTEM", ("mechanism",), mechanism_capabilities, mechanism_init, system_sut),
+    Level("system", "memspec.spec.system:SYSTEM", ("mechanism",), mechanism_capabilities, mechanism_init, system_sut,
+          sized_device=True),
     Level("caching", "memspec.spec.caching:CACHING", ("caching",), caching_capabilities, caching_init, caching_sut),
 )}
 

@@ -154,6 +154,10 @@ class Proof:
     bounded: str = ""  # which part is bounded, if any, and why
     #: extra closed formulas that must be valid, proved alongside: (name, formula)
     lemmas_proved: list[tuple[str, Any]] = field(default_factory=list)
+    #: ``INT`` fields that count dense ids (the bounds of prefix-sum ghosts): invariant agreement
+    #: builds the invariant once per tuple of their concrete values, so each ghost is unrolled
+    #: (:func:`prefix_sum`) and a concrete state decides it by substitution, with no solver call
+    counts: tuple[str, ...] = ()
 
     def action(self, name: str) -> Act:
         for a in self.actions:

@@ -96,7 +96,7 @@ def prove_progress() -> ProgressResult:
     _obl, admitted = _sequence(s, n, cold)
     r, m = _check_unsat(z3.And(hyp, n <= s.free + cold, z3.Not(admitted)))
     res.proved = r == z3.unsat
-    res.detail = "proved" if res.proved else f"{r}: {m}"
+    res.detail = "proved" if res.proved else f"{r}: " + " ".join(str(m).split())[:400]
     sol = z3.Solver()
     sol.add(hyp, n > s.free, n <= s.free + cold)
     res.vacuous = sol.check() != z3.sat

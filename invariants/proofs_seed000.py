@@ -513,63 +513,88 @@ S5 = Proof(
 
 
 # ==========================================================================
-# S6 holder-chooses
+# S6 holder-chooses  (mirrors spec/governor.py issue_ticket, spec/holders.py
+# set_hot and respond: the Governor only issues tickets; a holder answers by
+# choosing its own victims -- ModelResidency only cold resident weights,
+# KvPageStore none, reporting at most what its own releases refunded)
 # ==========================================================================
 
 T_PENDING, T_GRANTED, T_CLAIMED, T_CANCELLED, T_TIMED_OUT = 1, 2, 3, 4, 5
+H_WEIGHTS, H_KV = 0, 1  # the holders that answer tickets
 
 
 def _s6_issue(s: St, a: St):
-    return on_ok(z3.IntVal(OK), s, s.set(tstate=upd(s.tstate, a.t, T_PENDING), held=upd(s.held, a.t, 0)))
+    out = outcome((a.n <= 0, "InvalidRequest"))
+    return on_ok(out, s, s.set(tstate=upd(s.tstate, a.t, T_PENDING), held=upd(s.held, a.t, 0),
+                               amount=upd(s.amount, a.t, a.n)))
 
 
-def _s6_respond(check: bool):
-    def step(s: St, a: St):
-        pend = at(s.tstate, a.t) == T_PENDING
-        pairs = [(z3.Not(pend), "InvalidTicket")]
-        if check:
-            pairs.append((a.r > at(s.charge, a.h), "InvalidRequest"))
-        out = outcome(*pairs)
-        return on_ok(out, s, s.set(charge=upd(s.charge, a.h, at(s.charge, a.h) - a.r),
-                                   held=upd(s.held, a.t, at(s.held, a.t) + a.r)))
-    return step
+def _s6_set_hot(s: St, a: St):
+    return on_ok(z3.IntVal(OK), s, s.set(hot=upd(s.hot, a.w, a.h)))
 
 
-def _s6_cancel(s: St, a: St):
-    pend = at(s.tstate, a.t) == T_PENDING
-    out = outcome((z3.Not(pend), "InvalidTicket"))
-    return on_ok(out, s, s.set(tstate=upd(s.tstate, a.t, T_CANCELLED), held=upd(s.held, a.t, 0),
-                               free=s.free + at(s.held, a.t)))
+def _s6_evict(s: St, w: Any, go: Any) -> St:
+    """holders.evict(by="holder", pressure=True) of weight ``w`` when ``go``:
+    it leaves residency; a hot one is recorded (S6's ``hot_evictions``)."""
+    return s.set(res=upd(s.res, w, z3.And(at(s.res, w), z3.Not(go))),
+                 hot_ev=s.hot_ev + K.ite(z3.And(go, at(s.hot, w)), 1, 0))
 
 
-def _s6_load(s: St, a: St):
-    out = outcome((a.n > s.free, "GrantDenied"))
-    return on_ok(out, s, s.set(charge=upd(s.charge, a.h, at(s.charge, a.h) + a.n), free=s.free - a.n))
+def _s6_respond(s: St, a: St):
+    """``holder`` answers ticket ``t``: ModelResidency evicts ``nv`` (0..2)
+    victims ``v1``, ``v2`` and reports their bytes; KvPageStore evicts none and
+    reports ``r``, at most the ``refunded`` bytes its own releases gave back
+    (more is an overclaim).  The ticket holds the report; granted once it
+    holds its amount.  A terminal ticket: InvalidTicket."""
+    out = outcome((z3.Or(at(s.tstate, a.t) == 0, _terminal(at(s.tstate, a.t))), "InvalidTicket"))
+    wts = a.holder == H_WEIGHTS
+    s1 = _s6_evict(_s6_evict(s, a.v1, z3.And(wts, a.nv >= 1)), a.v2, z3.And(wts, a.nv >= 2))
+    r = K.ite(wts, K.ite(a.nv >= 1, at(s.wb, a.v1), 0) + K.ite(a.nv >= 2, at(s.wb, a.v2), 0), a.r)
+    held = at(s.held, a.t) + r
+    st = K.ite(z3.Or(at(s.tstate, a.t) == T_GRANTED, held >= at(s.amount, a.t)), T_GRANTED, at(s.tstate, a.t))
+    return on_ok(out, s, s1.set(held=upd(s.held, a.t, held), tstate=upd(s.tstate, a.t, st),
+                                over=s.over + K.ite(z3.And(z3.Not(wts), a.r > a.refunded), 1, 0)))
+
+
+def _s6_pre(check: bool):
+    """The holder's choice: a known ticket; victims distinct weights (and,
+    the guard, resident and cold); KV reports ``0 <= r <= refunded``."""
+    def pre(s: St, a: St) -> Any:
+        def ok_victim(v: Any) -> Any:
+            return z3.And(at(s.res, v), z3.Not(at(s.hot, v))) if check else at(s.res, v)
+        wts = z3.And(a.holder == H_WEIGHTS, 0 <= a.nv, a.nv <= 2, z3.Implies(a.nv >= 1, ok_victim(a.v1)),
+                     z3.Implies(a.nv >= 2, z3.And(ok_victim(a.v2), a.v2 != a.v1)))
+        kv = z3.And(a.holder == H_KV, a.nv == 0, 0 <= a.r, a.r <= a.refunded)
+        return z3.And(at(s.tstate, a.t) != 0, z3.Or(wts, kv))
+    return pre
 
 
 def _s6_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
-    if name in ("issue", "cancel"):  # the Governor's own actions take nothing from any holder
-        return at(s2.charge, o) == at(s.charge, o)
-    if name == "respond":  # only the answering holder's charge moves, and 0 is a valid answer
-        return z3.And(z3.Implies(o != a.h, at(s2.charge, o) == at(s.charge, o)),
-                      z3.Implies(z3.And(a.r == 0, at(s.tstate, a.t) == T_PENDING), out == OK))
+    if name == "issue_ticket":  # the Governor's own action takes nothing from any holder
+        return at(s2.res, o) == at(s.res, o)
+    if name == "respond":  # only the answering holder's weights move, and 0 is a valid answer
+        return z3.And(z3.Implies(a.holder != H_WEIGHTS, at(s2.res, o) == at(s.res, o)),
+                      z3.Implies(z3.And(a.holder == H_KV, a.r == 0, at(s.tstate, a.t) == T_PENDING), out == OK))
     return z3.BoolVal(True)
 
 
-_TRH = {"t": INT, "h": INT, "r": INT}
+_S6_RESPOND = {"t": INT, "holder": INT, "nv": INT, "v1": INT, "v2": INT, "r": INT, "refunded": INT}
 S6 = Proof(
     *catalog("S6"),
-    fields={"charge": ARR, "tstate": ARR, "held": ARR, "free": INT},
-    init=lambda s: z3.And(s.charge == Z0(), s.tstate == Z0(), s.held == Z0(), s.free >= 0),
-    inv=lambda s, o: z3.And(at(s.charge, o) >= 0, at(s.held, o) >= 0, s.free >= 0),
+    fields={"res": BARR, "hot": BARR, "wb": ARR, "tstate": ARR, "held": ARR, "amount": ARR,
+            "gov_ev": INT, "hot_ev": INT, "over": INT},
+    # any weights resident (hot or cold) and of any size >= 0: load_weight (S8/S11's) may have loaded them
+    init=lambda s: z3.And(s.tstate == Z0(), s.held == Z0(), s.gov_ev == 0, s.hot_ev == 0, s.over == 0,
+                          z3.ForAll([z3.Int("w0")], at(s.wb, z3.Int("w0")) >= 0)),
+    inv=lambda s, o: z3.And(s.gov_ev == 0, s.hot_ev == 0, s.over == 0, at(s.held, o) >= 0,
+                            z3.Implies(at(s.res, o), at(s.wb, o) >= 0)),
     actions=[
-        Act("load", {"h": INT, "n": INT}, _s6_load, pre=lambda s, a: a.n > 0, objs=("h",)),
-        Act("issue", {"t": INT}, _s6_issue, pre=lambda s, a: at(s.tstate, a.t) == 0, objs=("t",)),
-        Act("respond", _TRH, _s6_respond(True), pre=lambda s, a: a.r >= 0, objs=("t", "h")),
-        Act("cancel", {"t": INT}, _s6_cancel, objs=("t",)),
+        Act("issue_ticket", {"t": INT, "n": INT}, _s6_issue, pre=lambda s, a: at(s.tstate, a.t) == 0, objs=("t",)),
+        Act("set_hot", {"w": INT, "h": BOOL}, _s6_set_hot, pre=lambda s, a: at(s.res, a.w), objs=("w",)),
+        Act("respond", _S6_RESPOND, _s6_respond, pre=_s6_pre(True), objs=("t", "v1", "v2")),
     ],
-    unguarded=Act("respond", _TRH, _s6_respond(False), pre=lambda s, a: a.r >= 0, objs=("t", "h")),
-    guard="a holder releases at most what it holds (its own charge), 0 allowed",
+    unguarded=Act("respond", _S6_RESPOND, _s6_respond, pre=_s6_pre(False), objs=("t", "v1", "v2")),
+    guard="ModelResidency's victims are cold resident weights (a hot weight is never released under pressure)",
     step_prop=_s6_prop,
     bmc_depth=2,
 )
@@ -842,10 +867,12 @@ def _l_respond(s: St, a: St):
     victim: dropped, run, and its bytes reported.  The reported bytes move
     from free into the ticket (ticket_receive)."""
     out = outcome((_terminal(at(s.tst, a.t)), "InvalidTicket"))
-    h, b = at(s.ih, a.x), at(s.ib, a.x)
-    # the victim's release is queued and runs at once: live -> refunded (its queued bytes come and go)
-    evicted = _item_set(_refund(s, h, b, lb=_hadd(s.lb, h, -b)), a.x, I_GONE, b)
-    ran = merge(a.mode == 0, s, merge(a.mode == 2, evicted, _run(s, a.x)))
+    h, b, st0 = at(s.ih, a.x), at(s.ib, a.x), at(s.ist, a.x)
+    # the release runs: a queued one (mode 1), or the victim's, queued and run at once (mode 2: live ->
+    # refunded, its queued bytes come and go); either way the item's charge is refunded
+    gone = _item_set(_refund(s, h, b, lb=_hadd(s.lb, h, -_contrib(st0, b, I_LIVE)),
+                             qb=_hadd(s.qb, h, -_contrib(st0, b, I_QUEUED))), a.x, I_GONE, b)
+    ran = merge(a.mode == 0, s, gone)
     r = K.ite(a.mode == 2, at(s.ib, a.x), 0)
     held = at(s.tb, a.t) + r
     nst = K.ite(z3.And(at(s.tst, a.t) == T_PENDING, held >= at(s.ta, a.t)), T_GRANTED, at(s.tst, a.t))
@@ -858,7 +885,7 @@ def _l_respond(s: St, a: St):
 
 def _m_allocate(check: bool):
     def step(s: St, a: St):
-        pairs = [(a.size <= 0, "InvalidRequest")]
+        pairs = [(z3.Or(a.size <= 0, a.bad_align), "InvalidRequest")]
         if check:
             pairs.append((s.phys + a.fp > s.mcap, "OutOfMemory"))
         pairs.append((a.oom, "OutOfMemory"))
@@ -876,6 +903,21 @@ def _m_release(s: St, a: St):
                                PMB=prefix_change(s.PMB, a.x, -b)))
 
 
+def _holder_part(s: St, o: Any) -> Any:
+    """At a holder ``o`` (0..2): its charge is its live footprints, queued
+    refunds and leases, each the sum over its charge items (keyed prefix-sum
+    ghosts).  Nothing to say at any other object (on a concrete object
+    outside 0..2 the formula is not built: invariant agreement's fast path)."""
+    if z3.is_int_value(o) and not 0 <= o.as_long() <= 2:
+        return z3.BoolVal(True)
+    return z3.Implies(z3.And(0 <= o, o <= 2), z3.And(
+        at(s.cb, o) == at(s.lb, o) + at(s.qb, o) + at(s.lsb, o),
+        *[z3.And(prefix_count(s[P], s.n, o, lambda k, i, w=w: z3.If(z3.And(at(s.ist, i) == w, at(s.ih, i) == k),
+                                                                     at(s.ib, i), 0)),
+                 at(s[tot], o) == at(at(s[P], o), s.n))
+          for (P, w), tot in zip(_BUCKETS, ("lb", "qb", "lsb"))]))
+
+
 def _l_inv(s: St, o: Any) -> Any:
     """The ledger is conserved; granted is the open grants plus the tickets'
     holdings; each holder's charge is its live footprints, queued refunds and
@@ -885,15 +927,11 @@ def _l_inv(s: St, o: Any) -> Any:
     return z3.And(
         K.ledger_ok(_ledger(s)), s.page > 0,
         s.granted == s.og + s.th, s.charged == at(s.cb, 0) + at(s.cb, 1) + at(s.cb, 2),
-        at(s.cb, o) == at(s.lb, o) + at(s.qb, o) + at(s.lsb, o),
+        _holder_part(s, o),
         # charge items: dense ids, a holder, bytes >= 0
         z3.Implies(live_item(o), z3.And(0 <= o, o < s.n, 0 <= at(s.ih, o), at(s.ih, o) <= 2, at(s.ib, o) >= 0)),
         *[z3.Implies(z3.And(live_item(o), at(s.ik, o) == k), at(s.ih, o) == h) for k, h in _KIND_HOLDER.items()],
         prefix_sum(s.PC, s.n, lambda i: _charged(at(s.ist, i), at(s.ib, i))), s.charged == at(s.PC, s.n),
-        *[z3.And(prefix_count(s[P], s.n, o, lambda k, i, w=w: z3.If(z3.And(at(s.ist, i) == w, at(s.ih, i) == k),
-                                                                     at(s.ib, i), 0)),
-                 at(s[tot], o) == at(at(s[P], o), s.n))
-          for (P, w), tot in zip(_BUCKETS, ("lb", "qb", "lsb"))],
         # grants
         z3.Implies(at(s.gst, o) != 0, z3.And(0 <= o, o < s.ng, at(s.gb, o) >= 0)),
         prefix_sum(s.PG, s.ng, lambda i: _contrib(at(s.gst, i), at(s.gb, i), G_OPEN)), s.og == at(s.PG, s.ng),
@@ -915,6 +953,9 @@ _L_FIELDS = {"cap": INT, "free": INT, "granted": INT, "charged": INT, "og": INT,
              "tst": ARR, "tb": ARR, "ta": ARR, "PT": ARR, "nt": INT,
              "ist": ARR, "ih": ARR, "ik": ARR, "ib": ARR, "n": INT, "PLV": ARR2, "PQ": ARR2, "PLS": ARR2, "PC": ARR,
              "phys": INT, "mcap": INT, "mst": ARR, "mb": ARR, "PMB": ARR, "nm": INT}
+
+
+_L_COUNTS = ("n", "ng", "nt", "nm")  # the dense-id counts of the ghosts
 
 
 def _l_init(s: St) -> Any:
@@ -966,8 +1007,10 @@ _L_ACTS: dict[str, Act] = {a.name: a for a in [
             a.mode == 0, z3.And(a.mode == 1, at(s.ist, a.x) == I_QUEUED),
             z3.And(a.mode == 2, _kind(K_WEIGHT)(s, a), at(s.ist, a.x) == I_LIVE, at(s.ih, a.x) == WEIGHTS_H))),
         objs=("t", "x")),
-    Act("m_allocate", {"size": INT, "fp": INT, "oom": BOOL}, _m_allocate(True),
-        pre=lambda s, a: z3.Or(a.size <= 0, K.footprint_ok(a.size, a.fp, s.page))),
+    # ``bad_align``: an alignment that is not a power of two; the footprint is at least the size
+    # (aligned_footprint: the page-rounded size plus the alignment beyond the page)
+    Act("m_allocate", {"size": INT, "bad_align": BOOL, "fp": INT, "oom": BOOL}, _m_allocate(True),
+        pre=lambda s, a: z3.Or(a.size <= 0, a.bad_align, a.fp >= a.size)),
     Act("m_deallocate", {"x": INT, "foreign": BOOL}, _m_release, pre=lambda s, a: at(s.mst, a.x) != 0, objs=("x",)),
 ]}
 
@@ -980,12 +1023,13 @@ def _s8_named(s: St, o: Any) -> Any:
     """S8 on the records: granted is the open grants plus what tickets hold,
     and a holder's charge is its live footprints, queued refunds and leases."""
     return z3.And(s.granted == at(s.PG, s.ng) + at(s.PT, s.nt),
-                  at(s.cb, o) == sum(at(at(s[P], o), s.n) for P, _w in _BUCKETS))
+                  z3.Implies(z3.And(0 <= o, o <= 2), at(s.cb, o) == sum(at(at(s[P], o), s.n) for P, _w in _BUCKETS)))
 
 
 S8 = Proof(
     *catalog("S8"),
     fields=dict(_L_FIELDS), init=_l_init, inv=_l_inv, inst=_l_inst,
+    counts=_L_COUNTS,
     actions=_l_acts("reserve", "commit", "cancel", "allocate_owned", "load_weight", "m_allocate"),
     unguarded=Act("commit", {"g": INT, "actual": INT}, _l_commit(False),
                   pre=lambda s, a: z3.And(at(s.gst, a.g) != 0, a.actual >= 0), objs=("g",)),
@@ -1135,13 +1179,15 @@ S10 = Proof(
 def _s11_named(s: St, o: Any) -> Any:
     """capacity == free + granted + charged, all >= 0; the holders' charges
     sum to charged, each >= 0; the device holds 0..capacity physical bytes."""
-    return z3.And(K.ledger_ok(_ledger(s)), s.charged == at(s.cb, 0) + at(s.cb, 1) + at(s.cb, 2), at(s.cb, o) >= 0,
+    return z3.And(K.ledger_ok(_ledger(s)), s.charged == at(s.cb, 0) + at(s.cb, 1) + at(s.cb, 2),
+                  z3.Implies(z3.And(0 <= o, o <= 2), at(s.cb, o) >= 0),
                   0 <= s.phys, s.phys <= s.mcap)
 
 
 S11 = Proof(
     *catalog("S11"),
     fields=dict(_L_FIELDS), init=_l_init, inv=_l_inv, inst=_l_inst,
+    counts=_L_COUNTS,
     actions=_l_acts("reserve", "commit", "cancel", "refund_lease", "allocate_owned", "load_weight", "commit_owned",
                     "kv_grow", "drop", "unload_weight", "poll", "claim", "cancel_ticket", "expire", "respond",
                     "m_allocate", "m_deallocate"),
@@ -1826,8 +1872,7 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
     "S5": {**{n: (f"mechanism:{n}",) for n in ("query_virtual_backing", "query_shared_mapping", "reserve", "commit_range",
                                                 "decommit_range", "committed_bytes", "release_reservation")},
            **{n: (f"system:{n}",) for n in ("reserve_owned", "commit_owned", "kv_open")}},
-    "S6": {"load": ("system:load_weight",), "issue": ("system:issue_ticket",), "respond": ("system:respond",),
-           "cancel": ("system:cancel_ticket",)},
+    "S6": {n: (f"system:{n}",) for n in ("issue_ticket", "set_hot", "respond")},
     "S7": {"allocate": ("system:allocate_owned",), "use": ("system:use", "system:use_owned", "system:kv_use"),
            "drop": ("system:drop",), "close": ("system:close_owned", "system:unload_weight", "system:kv_close"),
            "decommit": ("system:decommit_owned",), "synchronize": ("system:synchronize",), "poll": ("system:poll",)},
@@ -1869,7 +1914,7 @@ NAMED: dict[str, Any] = {
     "S3": lambda s, d: z3.Implies(at(s.snapgen, d) == at(s.gen, d), at(s.snap, d) == at(s.inst, d)),
     "S4": lambda s, o: z3.Implies(at(s.astate, o) == FREED, _fences_done(s, o)),
     "S5": _s5_named,  # + the step properties: a successful commit changes exactly the range
-    "S6": lambda s, o: at(s.charge, o) >= 0,
+    "S6": lambda s, o: z3.And(s.gov_ev == 0, s.hot_ev == 0, s.over == 0),
     "S7": lambda s, o: z3.BoolVal(True),  # a step property: drop enqueues, never frees or synchronizes
     "S8": _s8_named,
     "S9": lambda s, r: z3.And(at(s.view, r) == at(s.kc, r), at(s.chg, r) + at(s.prefix, r) == at(s.kc, r)),

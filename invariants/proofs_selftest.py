@@ -83,17 +83,21 @@ def _s10_alloc_no_context(s: Any, a: Any) -> Any:
     return on_ok(z3.IntVal(E.OK), s, s.set(astate=upd(s.astate, a.x, E.LIVE)))
 
 
-def _s8_free_no_refund(s: Any, a: Any) -> Any:
-    out = outcome((z3.Not(E.alive(s, a.x)), "DoubleFree"))
-    return on_ok(out, s, s.set(astate=upd(s.astate, a.x, E.FREED), sumfp=s.sumfp - E.at(s.fp, a.x),
-                               P=E.prefix_change(s.P, a.x, -E.at(s.fp, a.x))))
+def _s8_commit_keeps_open_grant(s: Any, a: Any) -> Any:
+    """commit turns the grant into a lease but the open-grant total keeps its bytes."""
+    b = E.at(s.gb, a.g)
+    out = outcome((E.at(s.gst, a.g) != E.G_OPEN, "InvalidRequest"),
+                  (z3.Not(K.can_commit(E._ledger(s), b, a.actual)), "GrantDenied"))
+    s1 = E._with_ledger(s, K.commit_grant(E._ledger(s), b, a.actual), gst=upd(s.gst, a.g, E.G_COMMITTED),
+                        PG=E.prefix_change(s.PG, a.g, -b), cb=E._hadd(s.cb, E.SESSION_H, a.actual),
+                        lsb=E._hadd(s.lsb, E.SESSION_H, a.actual))  # og not decremented
+    return on_ok(out, s, E._item_new(s1, E.SESSION_H, E.K_LEASE, E.I_LEASE, a.actual))
 
 
 def _s11_refund_ghost_stale(s: Any, a: Any) -> Any:
-    out = outcome((E.at(s.lstate, a.l) != E.L_LIVE, "InvalidRequest"))
-    c = E.at(s.lbytes, a.l)
-    return on_ok(out, s, E._with_ledger(s, K.refund(E._ledger(s), c), lstate=upd(s.lstate, a.l, E.L_REFUNDED),
-                                        sumc=s.sumc - c, ret=c))  # the prefix-sum ghost not updated
+    b, h = E.at(s.ib, a.x), E.at(s.ih, a.x)
+    out = outcome((E.at(s.ist, a.x) != E.I_LEASE, "InvalidRequest"))
+    return on_ok(out, s, E._refund(s, h, b, lsb=E._hadd(s.lsb, h, -b), ret=b))  # the lease item (ghost) not updated
 
 
 def _s15_claim_keeps_held(s: Any, a: Any) -> Any:
@@ -252,8 +256,8 @@ def catalog() -> list[Break]:
     out += [
         Break("S10 encoding: allocate does not record its context (no pin)", "encoding", "S10", ("prove",),
               proof=_swap("S10", "allocate", _s10_alloc_no_context)),
-        Break("S8 encoding: free does not refund the footprint", "encoding", "S8", ("prove",),
-              proof=_swap("S8", "free", _s8_free_no_refund)),
+        Break("S8 encoding: commit keeps the grant's bytes in the open grants", "encoding", "S8", ("prove",),
+              proof=_swap("S8", "commit", _s8_commit_keeps_open_grant)),
         Break("S11 encoding: refund_lease leaves the prefix-sum ghost stale", "encoding", "S11", ("prove",),
               proof=_swap("S11", "refund_lease", _s11_refund_ghost_stale)),
         Break("S15 encoding: claim keeps the ticket's held bytes", "encoding", "S15", ("prove",),

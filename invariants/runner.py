@@ -50,6 +50,8 @@ class Failure:
     steps_to_detection: int | None
     repro: str | None = None
     flaky: bool = False
+    #: the device capacity of the failing example (per-example capacity; None: the plan's)
+    capacity: int | None = None
 
     @property
     def shrunk_length(self) -> int:
@@ -73,6 +75,7 @@ class PlanInfo:
     stats: E.Stats = field(default_factory=E.Stats)
     mutant: Any = None
     declares: dict = field(default_factory=dict)  # invariant id -> declaring action names
+    undrawn: dict = field(default_factory=dict)   # action name -> capabilities it needs that the target lacks
 
     @property
     def invariant_ids(self) -> list[str]:
@@ -128,6 +131,8 @@ class PlanResult:
                 out.append((inv, titles.get(inv, ""), "ERROR", self.errors[0]))
             elif inv in cov and cov[inv].get("na"):
                 out.append((inv, titles.get(inv, ""), "N/A", cov[inv]["na"]))
+            elif inv in cov and not cov[inv]["tested"] and (why := self._capability_absent(inv)):
+                out.append((inv, titles.get(inv, ""), "N/A", why))
             elif inv in cov and not cov[inv]["tested"]:
                 out.append((inv, titles.get(inv, ""), "UNTESTED", cov[inv]["reason"]))
             else:
@@ -136,6 +141,17 @@ class PlanResult:
             if inv not in titles:
                 out.append((inv, "", "FAIL", f"[{f.cause}] {f.reason}"))
         return out
+
+    def _capability_absent(self, inv: str) -> str | None:
+        """The N/A reason when no action declaring ``inv`` is drawn because
+        each needs a capability the target lacks (``use_owned`` without an
+        Execution Provider); None otherwise."""
+        decl = (getattr(self.plan, "declares", {}) or {}).get(inv) or []
+        undrawn = _undrawn(self.plan)
+        if not decl or any(a not in undrawn for a in decl):
+            return None
+        need = sorted({r for a in decl for r in undrawn[a]})
+        return f"capability absent: {', '.join(need)} (needed by {', '.join(decl)})" if need else None
 
     @property
     def ok(self) -> bool:
@@ -162,7 +178,7 @@ def build_state_machine(plan: E.Plan, guard: CallGuard | None = None) -> type:
     class ConformanceMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
-            self.run = E.Run(plan, g)
+            self.run: E.Run | None = None   # built at the first step: it draws the example's device capacity
             self._chooser: HypothesisChooser | None = None
             self._data: Any = None
 
@@ -173,10 +189,14 @@ def build_state_machine(plan: E.Plan, guard: CallGuard | None = None) -> type:
             if cd is not self._data:
                 self._data = cd
                 self._chooser = HypothesisChooser(cd)
-            signals.step(self.run, self.run.step(self._chooser))  # Hypothesis event()s: action, branch, boundaries
+            run = self.run
+            if run is None:
+                run = self.run = E.Run(plan, g, self._chooser)
+            signals.step(run, run.step(self._chooser))  # Hypothesis event()s: action, branch, boundaries
 
         def teardown(self):
-            self.run.teardown()
+            if self.run is not None:
+                self.run.teardown()
 
     safe = "".join(ch if ch.isalnum() else "_" for ch in f"{plan.target}_{plan.level}")
     ConformanceMachine.__name__ = ConformanceMachine.__qualname__ = f"Conformance_{safe}"
@@ -228,7 +248,8 @@ def collect(result: PlanResult, exc: BaseException) -> None:
     for e, flaky in _flatten(exc):
         if isinstance(e, Violation):
             result.failures.append(Failure(plan.target, plan.level, e.invariant, e.cause, e.reason, e.trace,
-                                           plan.stats.first_failure_steps.get(e.invariant), flaky=flaky))
+                                           plan.stats.first_failure_steps.get(e.invariant), flaky=flaky,
+                                           capacity=getattr(e, "capacity", None)))
         elif isinstance(e, SpecError):
             result.errors.append(f"spec error: {e}")
         elif isinstance(e, TargetError):
@@ -281,7 +302,8 @@ def _last_action(f: Any) -> str | None:
 
 
 def run_hypothesis(plan: E.Plan, settings: Any, *, seed: int | None = None,
-                   shrink_seconds: float | None = -1, more_passes: int | None = None) -> PlanResult:
+                   shrink_seconds: float | None = -1, more_passes: int | None = None,
+                   minimize_steps: bool = True) -> PlanResult:
     """Drive the plan's state machine under ``settings`` in this process;
     never raises for a target's misbehaviour (it lands in the result).
 
@@ -320,6 +342,8 @@ def run_hypothesis(plan: E.Plan, settings: Any, *, seed: int | None = None,
             plan.__dict__.pop("_obs_order", None)
             if not plan.actions:
                 break
+        if minimize_steps:
+            result.failures[:] = [minimize(plan, f) for f in result.failures]
     finally:
         plan.actions = actions
         plan.partial = False
@@ -328,6 +352,161 @@ def run_hypothesis(plan: E.Plan, settings: Any, *, seed: int | None = None,
         result.seconds = time.perf_counter() - t0
         plan.stats.seconds += result.seconds
     return result
+
+
+#: replays the step minimizer may spend on one failure
+MINIMIZE_REPLAYS = 150
+
+
+def _ints(v: Any) -> set:
+    """The ints in an argument value (nested in tuples, lists, dicts)."""
+    if type(v) is int:
+        return {v}
+    if isinstance(v, dict):
+        v = list(v.values())
+    if isinstance(v, (tuple, list)):
+        out: set = set()
+        for x in v:
+            out |= _ints(x)
+        return out
+    return set()
+
+
+def _refused(ts: Any) -> bool:
+    return str(getattr(ts, "outcome", "")).startswith("raises ")
+
+
+def minimize(plan: E.Plan, failure: Failure, *, replays: int | None = None) -> Failure:
+    """Remove the steps Hypothesis's shrinker left in a counterexample that
+    the failure does not need: first every refusal at once, then each
+    refusal, then each other step (latest first; a step that bound a
+    reference also together with the later steps that name it), twice.  A removal is kept only
+    when a replay of the remaining steps (same arguments, same device)
+    fails the same invariant, so the counterexample stays a counterexample;
+    Hypothesis deletes steps by their choices, and a refused step whose
+    choices feed a later draw survives its shrinking, this does not.
+    A hang or a crash is left as it is (replaying it is the supervisor's
+    business).  At most ``replays`` (default :data:`MINIMIZE_REPLAYS`)."""
+    trace = list(failure.trace)
+    if len(trace) < 2 or failure.cause in ("hang", "crash") or any(not isinstance(ts, E.TraceStep) for ts in trace):
+        return failure
+    budget = [MINIMIZE_REPLAYS if replays is None else replays]
+    saved = (plan.stats, plan.on_call, plan.on_step)
+    plan.stats, plan.on_call, plan.on_step = E.Stats(), None, None
+    guard = CallGuard(plan.timeout, plan.guard_mode)
+    best: list = [trace, None]
+
+    def fails(steps: list) -> bool:
+        if budget[0] <= 0:
+            return False
+        budget[0] -= 1
+        run = None
+        try:
+            run = E.Run(plan, guard, capacity=failure.capacity)
+            for ts in steps:
+                run.apply(plan.machine.action(ts.action), dict(ts.args), list(ts.choices))
+            run.teardown()
+        except Violation as v:
+            if v.invariant == failure.invariant and len(v.trace) < len(best[0]):
+                best[0], best[1] = list(v.trace), v
+                return True
+            return False
+        except Exception:  # noqa: BLE001 - a replay that cannot run (a ref no step bound) keeps the step
+            return False
+        finally:
+            if run is not None:
+                run.close()
+        return False
+
+    try:
+        refusals = [i for i, ts in enumerate(trace) if _refused(ts)]
+        if refusals and len(refusals) < len(trace):
+            fails([ts for i, ts in enumerate(trace) if i not in set(refusals)])
+        for flt in (_refused, lambda ts: True, lambda ts: True):   # the last pass: what the second freed
+            i = len(best[0]) - 2              # the last step is where it fails: keep it
+            while i >= 0 and budget[0] > 0:
+                cur = best[0]
+                if flt(cur[i]) and not fails(cur[:i] + cur[i + 1:]) and cur[i].bound:
+                    # a step that bound a reference, with the later steps that name it
+                    used = set(cur[i].bound)
+                    drop = {i} | {j for j in range(i + 1, len(cur) - 1) if used & _ints(cur[j].args)}
+                    if len(drop) > 1:
+                        fails([ts for j, ts in enumerate(cur) if j not in drop])
+                i = min(i - 1, len(best[0]) - 2)
+    finally:
+        plan.stats, plan.on_call, plan.on_step = saved
+    v = best[1]
+    if v is None:
+        return failure
+    return Failure(failure.target, failure.level, failure.invariant, v.cause, v.reason, list(v.trace),
+                   failure.steps_to_detection, failure.repro, failure.flaky, failure.capacity)
+
+
+class stable_constants:
+    """Make a run's draws independent of what else the process imported.
+
+    Hypothesis mixes into its draws (about 5% of integers) the literal
+    constants of every *local* module in ``sys.modules`` at the time
+    (``hypothesis.internal.conjecture.providers._get_local_constants``).  A
+    derandomized run therefore drew differently after a test suite had
+    imported more of the project than a test run alone: the cause of the
+    order-dependent miss of ``shared-freed-while-mapped`` (caught alone,
+    missed in the full suite).  Inside this block the pool is fixed: the
+    constants of the spec's own modules (its page sizes and thresholds),
+    whatever the process imported."""
+
+    _pool: Any = None
+
+    def __enter__(self):
+        self.old = None
+        try:
+            from hypothesis.internal.conjecture import providers
+        except ImportError:  # pragma: no cover - an older Hypothesis without local constants
+            return self
+        if not hasattr(providers, "_get_local_constants"):  # pragma: no cover
+            return self
+        pool = stable_constants._pool
+        if pool is None:
+            pool = stable_constants._pool = _spec_constants()
+        self.old = providers._get_local_constants
+        providers._get_local_constants = lambda: pool
+        _clear_constants_cache(providers)
+        return self
+
+    def __exit__(self, *exc):
+        if self.old is not None:
+            from hypothesis.internal.conjecture import providers
+
+            providers._get_local_constants = self.old
+            _clear_constants_cache(providers)
+        return False
+
+
+def _clear_constants_cache(providers: Any) -> None:
+    cache = getattr(providers, "CONSTANTS_CACHE", None)
+    inner = getattr(cache, "cache", None)
+    if inner is not None and hasattr(inner, "clear"):
+        inner.clear()
+
+
+def _spec_constants() -> Any:
+    """The literal constants of the modules of ``memspec.spec`` (every one,
+    imported here in name order), as Hypothesis collects them."""
+    import importlib
+    import pkgutil
+
+    from hypothesis.internal.constants_ast import Constants, constants_from_module
+
+    import memspec.spec as spec_pkg
+
+    out = Constants()
+    names = sorted(m.name for m in pkgutil.walk_packages(spec_pkg.__path__, "memspec.spec."))
+    for name in names:
+        try:
+            out |= constants_from_module(importlib.import_module(name))
+        except Exception:  # noqa: BLE001 - a module whose source cannot be read adds nothing
+            continue
+    return out
 
 
 def _one_pass(plan: E.Plan, settings: Any, seed: int | None, shrink_seconds: float | None, result: PlanResult,
@@ -341,7 +520,7 @@ def _one_pass(plan: E.Plan, settings: Any, seed: int | None, shrink_seconds: flo
     test = get_state_machine_test(cls, settings=settings)
     test._hypothesis_internal_database_key = database_key(plan) + suffix.encode()
     try:
-        with shrink_budget(SHRINK_SECONDS if shrink_seconds == -1 else shrink_seconds):
+        with shrink_budget(SHRINK_SECONDS if shrink_seconds == -1 else shrink_seconds), stable_constants():
             test()
     except KeyboardInterrupt:
         raise
@@ -470,13 +649,13 @@ def _child(ch: Channel, target: str, level: str, skip: list, opts: dict) -> None
 def _run_child_plan(ch: Channel, plan: E.Plan, opts: dict) -> None:
     ch.send({"t": "plan", "level": plan.level, "target": plan.target,
              "invariants": [[inv.id, inv.title] for inv in plan.machine.invariants], "na": plan.na,
-             "capabilities": plan.capabilities, "actions": [a.name for a in plan.actions], "declares": plan.declares,
+             "capabilities": plan.capabilities, "actions": [a.name for a in plan.actions], "declares": plan.declares, "undrawn": _undrawn(plan),
              "timeout": plan.timeout, "factory_kwargs": plan.factory_kwargs, "machine_ref": plan.machine_ref})
     last = [0.0]
 
     def on_call(run: E.Run, ts: E.TraceStep | None) -> None:
         if ts is None:
-            ch.send({"t": "ex"})
+            ch.send({"t": "ex", "cap": run.capacity})
             return
         msg = _step_msg(ts)
         if len(run.trace) >= 2:   # what the previous step answered (the last one's answer may never come)
@@ -505,8 +684,29 @@ def _run_child_plan(ch: Channel, plan: E.Plan, opts: dict) -> None:
     res = run_hypothesis(plan, sets, seed=opts["seed"], shrink_seconds=opts["shrink_seconds"])
     ch.send({"t": "result", "level": plan.level, "errors": res.errors, "stats": _stats_msg(plan.stats),
              "failures": [{"invariant": f.invariant, "cause": f.cause, "reason": f.reason,
-                           "trace": _trace_msg(f.trace), "std": f.steps_to_detection, "flaky": f.flaky}
+                           "trace": _trace_msg(f.trace), "std": f.steps_to_detection, "flaky": f.flaky,
+                           "cap": f.capacity}
                           for f in res.failures]})
+
+
+def _undrawn(plan: Any) -> dict:
+    """``{action name: [capabilities it needs that the target lacks]}`` for
+    the machine's actions a plan does not draw (an engine Plan or a PlanInfo)."""
+    got = getattr(plan, "undrawn", None)
+    if isinstance(got, dict):
+        return got
+    machine = getattr(plan, "machine", None)
+    if machine is None:
+        return {}
+    caps = getattr(plan, "capabilities", {}) or {}
+    drawn = set(plan.action_names)
+    return {a.name: [r for r in getattr(a, "requires", ()) if not caps.get(r)] for a in machine.actions
+            if a.name not in drawn}
+
+
+def _cap(v: Any) -> int | None:
+    """A device capacity the (untrusted) child named: a positive int, or None."""
+    return v if type(v) is int and v > 0 else None
 
 
 def _str(v: Any) -> str:
@@ -523,6 +723,7 @@ class _Parent:
         self.on_step, self.on_plan, self.mutant = on_step, on_plan, mutant
         self.current: PlanResult | None = None
         self.trace: list = []
+        self.capacity: int | None = None   # the device capacity of the current example
         self.stopped = False
         self.min_accepted = V.MIN_ACCEPTED
 
@@ -538,6 +739,7 @@ class _Parent:
                 st.actions[_str(m.get("a"))] += 1
         elif t == "ex":
             self.trace = []
+            self.capacity = _cap(m.get("cap"))
             if self.current is not None:
                 self.current.plan.stats.examples += 1
         elif t == "p" and self.current is not None:
@@ -556,6 +758,9 @@ class _Parent:
                             float(m.get("timeout") or 5.0), {"capacity": fkw["capacity"]} if "capacity" in fkw else {},
                             m.get("machine_ref") if isinstance(m.get("machine_ref"), str) else None,
                             mutant=self.mutant)
+            und = m.get("undrawn")
+            if isinstance(und, dict):
+                info.undrawn = {_str(k): [_str(r) for r in v] for k, v in und.items() if isinstance(v, list)}
             decl = m.get("declares")
             if isinstance(decl, dict):
                 info.declares = {_str(k): [_str(a) for a in v] for k, v in decl.items() if isinstance(v, list)}
@@ -574,7 +779,7 @@ class _Parent:
                     r.failures.append(Failure(self.target, r.level, _str(f.get("invariant")), _str(f.get("cause")),
                                               _str(f.get("reason")), _trace_from(f.get("trace") or []),
                                               f.get("std") if isinstance(f.get("std"), int) else None,
-                                              flaky=bool(f.get("flaky"))))
+                                              flaky=bool(f.get("flaky")), capacity=_cap(f.get("cap"))))
             self.results.append(r)
             self.done.append(r.level)
             self.current = None
@@ -617,7 +822,8 @@ class _Parent:
             if trace:
                 trace[-1].outcome = "hangs" if end.hang else "kills the process"
             reason = end.death if end.what.startswith("step ") else f"{end.death}, at {where}"
-            r.failures.append(Failure(self.target, r.level, blame, cause, reason, trace, r.plan.stats.steps))
+            r.failures.append(Failure(self.target, r.level, blame, cause, reason, trace, r.plan.stats.steps,
+                                      capacity=self.capacity))
         self.results.append(r)
         self.done.append(r.level)
         self.current = None

@@ -87,7 +87,7 @@ def _walk_once(plan: H.Plan, seed: int, run_length: int, guard: H.CallGuard, hol
     rng = random.Random(seed)
     record: list = []
     chooser = H.RandomChooser(rng, record)
-    run = H.Run(plan, guard)
+    run = H.Run(plan, guard, chooser)
     holder += (run, record)
     try:
         for _ in range(run_length):
@@ -169,7 +169,7 @@ def shrink_test(plan: H.Plan, max_steps: int, guard: H.CallGuard) -> Callable:
     def memspec_walk_replay(data):
         cd = data.conjecture_data
         chooser = H.HypothesisChooser(cd)
-        run = H.Run(plan, guard)
+        run = H.Run(plan, guard, chooser)
         try:
             i = 0
             while True:

@@ -87,6 +87,24 @@ def _touched_kv(s: SysState, touched: tuple[int, ...]) -> list[int]:
     return [r for r in touched if r in s.kv and s.kv[r].state == "open"]
 
 
+def _changed_tickets(s: SysState, _touched: tuple[int, ...]) -> list[int]:
+    """The tickets whose state or held bytes the step changed in the spec
+    (a claim, a cancel, a time-out, a holder's answer)."""
+    seen = s.__dict__.setdefault("_observed_tickets", {})
+    out = []
+    for r in s.ticket_refs:
+        t = s.tickets[r]
+        now = (t.state, t.held)
+        if seen.get(r) != now:
+            seen[r] = now
+            out.append(r)
+    return out
+
+
+def _ticket_figures(t: Any) -> tuple:
+    return (t.state, t.held)
+
+
 def _touched_reservations(s: SysState, touched: tuple[int, ...]) -> list[int]:
     return [r for r in touched if r in s.owned and s.owned[r].kind == "reservation" and s.owned[r].state == "live"]
 
@@ -106,6 +124,10 @@ OBSERVATIONS = [
     Observation("weights.resident_bytes", "S6", _always,
                 lambda s, _r: sum(w.pages for w in s.weights.values() if w.resident) * s.page,
                 lambda sut, _r: sut.weights.resident_bytes()),
+    # The Ticket the Governor issued is the live record of the request
+    # (``Ticket.state``, ``Ticket.held``): *terminal tickets hold 0*.
+    Observation("ticket (state, held)", "S15", _changed_tickets,
+                lambda s, r: _ticket_figures(s.tickets[r]), lambda sut, r: _ticket_figures(sut.ref(r))),
     Observation("kv.committed", "S9", _touched_kv, lambda s, r: s.kv[r].committed,
                 lambda sut, r: sut.kv.committed(holders.kv_name(r)), requires=("virtual_backing",)),
     Observation("reservation.committed", "S12", _touched_reservations,

@@ -240,3 +240,95 @@ def test_a_reproduction_shows_the_targets_own_traceback_and_names_this_interpret
     assert f"{sys.executable} " in cli.stdout
     table = [line for line in cli.stdout.splitlines() if line[:1] in "┏┃┡│└"]
     assert table and max(len(line) for line in table) <= 100
+
+
+# --------------------------------------------------------------------------
+# Deliverable 5: per-example device capacity; shrinking removes refusals
+# --------------------------------------------------------------------------
+
+def test_one_run_draws_both_the_small_and_the_large_device_per_example():
+    from memspec.invariants import planning
+    from memspec.spec.api import MiB
+
+    plan = runner.make_plan("reference", "system", capacity=16 * MiB)
+    assert plan.capacities == (16 * MiB, planning.LARGE_DEVICE * 16 * MiB)
+    seen = Counter()
+    plan.on_call = lambda run, ts: seen.update([run.capacity]) if ts is None else None
+    res = runner.run_hypothesis(plan, runner.hypothesis_settings("ci", examples=20, steps=10))
+    assert not res.failures and not res.errors
+    assert seen[16 * MiB] > 0 and seen[planning.LARGE_DEVICE * 16 * MiB] > 0, seen
+    # without a capacity the target keeps its own device: nothing is drawn
+    assert runner.make_plan("reference", "system").capacities == ()
+
+
+def test_the_minimizer_drops_refusals_and_keeps_a_counterexample():
+    from memspec.invariants import repro
+    from memspec.invariants.mutants.verdicts import ticket_expires_one_tick_late
+    from memspec.spec.api import MiB
+
+    target = "memspec.invariants.mutants.verdicts:ticket_expires_one_tick_late"
+    assert ticket_expires_one_tick_late is not None
+    plan = runner.make_plan(target, "system", capacity=16 * MiB)
+    res = runner.run_hypothesis(plan, runner.hypothesis_settings("ci", examples=100, steps=40), shrink_seconds=0.5,
+                                more_passes=0, minimize_steps=False)
+    (f,) = [f for f in res.failures if f.invariant == "S15"]
+    m = runner.minimize(plan, f)
+    assert m.invariant == "S15" and len(m.trace) <= len(f.trace)
+    assert len(m.trace) <= 10, [ts.action for ts in m.trace]
+    refused = [ts for ts in m.trace[:-1] if runner._refused(ts)]
+    assert len(refused) <= 1, [(ts.action, ts.outcome) for ts in refused]
+    # still a counterexample: a replay of the minimized steps fails S15
+    with pytest.raises(runner.Violation) as ei:
+        repro.replay(target, "system", [(ts.action, ts.args, ts.choices) for ts in m.trace],
+                     capacity=m.capacity or 16 * MiB)
+    assert ei.value.invariant == "S15"
+
+
+def test_an_action_undrawn_for_a_missing_capability_gives_na_with_the_reason_not_untested():
+    st = _stats({"allocate_owned": 50}, {"allocate_owned": 50})
+    st.steps = 50
+    info = runner.PlanInfo("t", "system", [("S4", "fences"), ("S8", "charges")], {}, {"ep": False},
+                           ["allocate_owned"], 5.0, {}, None, stats=st,
+                           declares={"S4": ["use_owned"], "S8": ["allocate_owned", "reserve"]},
+                           undrawn={"use_owned": ["ep"], "reserve": []})
+    rows = {inv: (status, detail) for inv, _t, status, detail in runner.PlanResult("t", "system", info).rows()}
+    assert rows["S4"] == ("N/A", "capability absent: ep (needed by use_owned)")
+    # an action left out for another reason (no capability missing) does not excuse its invariant
+    info.undrawn = {"use_owned": []}
+    rows = {inv: (status, detail) for inv, _t, status, detail in runner.PlanResult("t", "system", info).rows()}
+    assert rows["S4"][0] == "UNTESTED"
+
+
+def test_the_draws_do_not_depend_on_what_the_process_imported(tmp_path, monkeypatch):
+    """The cause of an order-dependent miss: Hypothesis mixes the literal
+    constants of every local module in ``sys.modules`` into its draws; a
+    run must draw the same after more of the project (or a test module full
+    of constants) was imported."""
+    import contextlib
+    import importlib.util
+
+    from memspec.spec.api import MiB
+
+    def outcomes() -> Counter:
+        plan = runner.make_plan("reference", "system", capacity=16 * MiB)
+        runner.run_hypothesis(plan, runner.hypothesis_settings("ci", examples=30, steps=20), minimize_steps=False)
+        return Counter(plan.stats.outcomes)
+
+    def import_constants(name: str, first: int) -> None:
+        src = tmp_path / f"{name}.py"
+        src.write_text("SIZES = [" + ", ".join(str(k) for k in range(first, first + 150)) + ", "
+                       + ", ".join(str(k * 4096 + first) for k in range(1, 50)) + "]\n"
+                       "NAMES = ['session', 'weights', 'kv']\n")
+        spec = importlib.util.spec_from_file_location(name, src)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        monkeypatch.setitem(sys.modules, name, mod)
+
+    before = outcomes()
+    import_constants("memspec_test_local_constants_a", 1)
+    assert outcomes() == before
+    # without the fixed pool the same import changes the draws (the check can fail)
+    monkeypatch.setattr(runner, "stable_constants", contextlib.nullcontext)
+    base = outcomes()
+    import_constants("memspec_test_local_constants_b", 151)
+    assert outcomes() != base
