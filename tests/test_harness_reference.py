@@ -77,14 +77,17 @@ def test_walk_on_the_healthy_reference_finds_nothing():
     ("reference_hangs", "hang"),
 ])
 def test_hostile_reference_wrappers_are_reported_not_fatal(target, cause):
-    (r,) = runner.conform(f"tests.hostile_targets:{target}", "mechanism", examples=10, steps=10, timeout=0.3,
-                          out_dir=None)
+    # a short call timeout only for the target that hangs: a healthy call slowed by load is no hang
+    (r,) = runner.conform(f"tests.hostile_targets:{target}", "mechanism", examples=10, steps=10,
+                          timeout=0.3 if cause == "hang" else 60, out_dir=None)
     assert r.failures and not r.errors
     causes = {f.cause for f in r.failures}
     if cause == "wrong-type":
-        # where the spec permits only a refusal (an alignment that is not a
-        # power of two), a returned int is the wrong outcome, a distinct failure
-        assert cause in causes and causes <= {cause, "outcome"}, causes
+        # the wrapper's 12345 also answers requests that must be refused: that is an "outcome"
+        # failure naming the same value. Whether the run reaches one depends on how far the
+        # (time-bounded) search and shrink get, so a loaded machine may or may not show it.
+        assert "wrong-type" in causes and causes <= {"wrong-type", "outcome"}, causes
+        assert all("12345" in f.reason for f in r.failures)
     else:
         assert causes == {cause}
 
@@ -117,7 +120,7 @@ def test_targets_command_lists_the_reference_targets():
 
 def test_fuzz_walk_mode_cli_saves_failures_and_reproductions(tmp_path):
     db, out = tmp_path / "db", tmp_path / "repro"
-    cmd = [sys.executable, "-m", "memspec", "fuzz", "mutant:foreign-free", "--mode", "walk", "--seconds", "6",
+    cmd = [sys.executable, "-m", "memspec", "fuzz", "mutant:foreign-free", "--mode", "walk", "--seconds", "20",
            "--capacity", str(16 * MiB), "--db", str(db), "--out", str(out), "--quiet"]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 1, p.stdout + p.stderr

@@ -454,10 +454,13 @@ def _shrink_walk_failure(plan, wf, db, shrink: _ShrinkBudget):
 # --jobs N: worker processes
 # --------------------------------------------------------------------------
 
-def _worker(w: int, argv: list[str], deadline: float, queue, stop_event) -> None:
-    """One worker: fuzz every level with its own seed range until the
-    (wall-clock) deadline or until a worker found a failure; stream progress
-    and the first failure to the parent; never shrink."""
+def _worker(w: int, argv: list[str], budget: float, queue, stop_event) -> None:
+    """One worker: fuzz every level with its own seed range for ``budget``
+    seconds from the end of its start (the workers' start is on top of the
+    budget, as ``--help`` states: a slow start on a loaded machine must not
+    eat the budget and leave a worker no time to run) or until a worker found
+    a failure; stream progress and the first failure to the parent; never
+    shrink."""
     import threading
 
     from memspec.invariants import runner
@@ -488,8 +491,9 @@ def _worker(w: int, argv: list[str], deadline: float, queue, stop_event) -> None
         database = open_database(args.db, args.db_readonly_github, args.db_artifact)
         disp = Display(target, args.mode, _budget(args))
         stop = stop_event.is_set
+        deadline = time.perf_counter() + budget
         for i, lvl in enumerate(levels):
-            share = (deadline - time.time()) / (len(levels) - i)
+            share = (deadline - time.perf_counter()) / (len(levels) - i)
             if share <= 0 or stop():
                 break
             plan = runner.make_plan(tref, lvl, capacity=args.capacity, timeout=args.timeout, machine=args.machine)
@@ -550,8 +554,7 @@ def main_jobs(args, jobs: int) -> int:
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() and sys.platform == "linux" else "spawn")
     q = ctx.Queue()
     stop_event = ctx.Event()
-    deadline = time.time() + budget
-    procs = [ctx.Process(target=_worker, args=(w, argv, deadline, q, stop_event), daemon=True,
+    procs = [ctx.Process(target=_worker, args=(w, argv, budget, q, stop_event), daemon=True,
                          name=f"memspec-fuzz-{w}") for w in range(jobs)]
     for p in procs:
         p.start()
