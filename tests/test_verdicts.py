@@ -269,7 +269,7 @@ def test_the_minimizer_drops_refusals_and_keeps_a_counterexample():
     target = "memspec.invariants.mutants.verdicts:ticket_expires_one_tick_late"
     assert ticket_expires_one_tick_late is not None
     plan = runner.make_plan(target, "system", capacity=16 * MiB)
-    res = runner.run_hypothesis(plan, runner.hypothesis_settings("ci", examples=100, steps=40), shrink_seconds=0.5,
+    res = runner.run_hypothesis(plan, runner.hypothesis_settings("ci", examples=100, steps=40), shrink_seconds=300,
                                 more_passes=0, minimize_steps=False)
     (f,) = [f for f in res.failures if f.invariant == "S15"]
     m = runner.minimize(plan, f)
