@@ -22,6 +22,7 @@ are not compared.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -179,6 +180,10 @@ class Adapter:
     project: Callable[[Any, dict[str, Any]], Any]
     expected: Callable[[Any, Any, Any], dict[Key, Any]]
     compare: tuple[str, ...]
+    #: the share of the walk's ``samples`` (and ``inv_samples``) this adapter
+    #: needs; past it, a sample is still taken when the spec follows an
+    #: outcome this adapter has seen fewer than ``RARE`` times (rare branches)
+    weight: float = 1.0
 
 
 @dataclass
@@ -194,6 +199,7 @@ class AgreementReport:
     branches: dict[str, int] = field(default_factory=dict)  # encoding's outcome on agreeing samples -> samples
     inv_samples: int = 0                                    # states the invariants were compared on
     inv_disagreements: list[str] = field(default_factory=list)
+    target: int = 0                                         # the samples the walk had to take
 
 
 class Universe:
@@ -276,6 +282,14 @@ class InvariantEval:
         return Compiled._truth(z3.substitute(self.expr, *subs))
 
 
+#: past its share, an adapter still samples an outcome the spec followed fewer times than this
+RARE = 3
+
+
+def _share(n: int, weight: float) -> int:
+    return n if weight >= 1 else max(1, math.ceil(n * weight))
+
+
 def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapter], proofs: dict[str, Proof],
                      samples: int, seed: int, too_big: Callable[[Any], bool], max_steps: int = 400000,
                      restart_every: int = 60, inv_samples: int = 0, favour: float = 0.85) -> list[AgreementReport]:
@@ -285,7 +299,11 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
     (a focused walk lowers it, so the actions building rare states run too)."""
     rng = random.Random(seed)
     chooser = RandomChooser(rng)
-    reps = {(a.invariant, a.action, a.spec_action): AgreementReport(a.invariant, a.action, a.spec_action) for a in adapters}
+    reps = {(a.invariant, a.action, a.spec_action): AgreementReport(a.invariant, a.action, a.spec_action,
+                                                                    target=_share(samples, a.weight))
+            for a in adapters}
+    inv_target = {k: _share(inv_samples, a.weight) for a in adapters
+                  for k in [(a.invariant, a.action, a.spec_action)]}
     by_spec: dict[str, list[Adapter]] = {}
     for a in adapters:
         by_spec.setdefault(a.spec_action, []).append(a)
@@ -295,14 +313,15 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
     state = init()
     steps_since = 0
     for _ in range(max_steps):
-        if all(r.samples >= samples for r in reps.values()):
+        if all(r.samples >= r.target for r in reps.values()):
             break
         if steps_since >= restart_every or too_big(state):
             state, steps_since = init(), 0
         steps_since += 1
         acts = [a for a in machine.actions if a.available(state) and all(state.has(c) for c in a.requires)]
         # favour actions whose adapters still need samples
-        needy = [a for a in acts if any(reps[(ad.invariant, ad.action, ad.spec_action)].samples < samples
+        needy = [a for a in acts if any(reps[(ad.invariant, ad.action, ad.spec_action)].samples
+                                        < reps[(ad.invariant, ad.action, ad.spec_action)].target
                                         for ad in by_spec.get(a.name, []))]
         pool = needy if needy and rng.random() < favour else acts
         if not pool:
@@ -318,7 +337,7 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
         todo = []
         for ad in by_spec.get(act.name, []):
             rep = reps[(ad.invariant, ad.action, ad.spec_action)]
-            if rep.samples >= samples:
+            if rep.samples >= rep.target and (ad.weight >= 1 or rep.outcomes.get(outcome_name(branch), 0) >= RARE):
                 continue
             t0 = time.perf_counter()
             pr = ad.project(state, args, outcome_name(branch))
@@ -328,7 +347,7 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
                 continue
             todo.append((ad, rep, pr))
         spec_before = {ad.invariant: SPEC_INVARIANTS[ad.invariant].check(state) is None
-                       for ad, rep, _pr in todo if rep.inv_samples < inv_samples}
+                       for ad, rep, _pr in todo if rep.inv_samples < inv_target[(ad.invariant, ad.action, ad.spec_action)]}
         value = follow(branch)
         taken = outcome_name(branch)
         for ad, rep, (enc_state, enc_args, u) in todo:
@@ -343,7 +362,7 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
                 expected, perm = ad.expected(state, u, value), {"ok"}
             else:  # errors change nothing; any error the spec permits will do
                 expected, perm = flatten(enc_state, p.fields, ad.compare, u), allowed - {"ok"}
-            if rep.inv_samples < inv_samples:
+            if rep.inv_samples < inv_target[(ad.invariant, ad.action, ad.spec_action)]:
                 # invariant agreement: the encoded invariant on the projected (pre-step) state
                 # against the executable invariant on the spec state it projects
                 ie = inv_evals.get((ad.invariant, u.nobj))
