@@ -446,72 +446,17 @@ def _adopt(u: Universe, u2: Universe) -> None:
             u.idx[k] = m
 
 
-# -- S11: the Governor's grants and leases ----------------------------------
-
-_GSTATE = {"open": E.G_OPEN, "committed": E.G_COMMITTED, "cancelled": E.G_CANCELLED}
-
-
-def _s11_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
-    u = Universe()
-    gx = u.add("grant", s.grants)
-    lx = u.add("lease", s.leases)
-    st = {
-        "cap": s.capacity, "free": s.free, "granted": s.granted, "charged": s.charged,
-        "gstate": (0, {gx[r]: _GSTATE[g.state] for r, g in s.grants.items()}),
-        "gbytes": (0, {gx[r]: g.nbytes for r, g in s.grants.items()}),
-        "lstate": (0, {lx[r]: (E.L_REFUNDED if l_.refunded else E.L_LIVE) for r, l_ in s.leases.items()}),
-        "lbytes": (0, {lx[r]: l_.nbytes for r, l_ in s.leases.items()}),
-        "sumg": s.open_grants, "sumc": sum(l_.nbytes for l_ in s.leases.values() if not l_.refunded),
-        "ret": ret,
-        "ng": len(s.grants), "nl": len(s.leases),
-        "PG": prefix_values([g.nbytes if g.state == "open" else 0 for _r, g in sorted(s.grants.items())]),
-        "PL": prefix_values([0 if l_.refunded else l_.nbytes for _r, l_ in sorted(s.leases.items())]),
-    }
-    return st, u
-
-
-_S11_CMP = ("cap", "free", "granted", "charged", "gstate", "gbytes", "lstate", "lbytes")
-
-
-def _s11_expected(s: Any, u: Universe, value: Any) -> Any:
-    st, u2 = _s11_state(s, ret=value if _is_int(value) else 0)
-    _adopt(u, u2)
-    return flatten(st, E.S11.fields, _S11_CMP + ("ret",), u)
-
-
-def _s11_reserve_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    if not _is_int(args["nbytes"]):
-        return None
-    st, u = _s11_state(s)
-    return st, {"g": _new_slot(u, "grant"), "n": args["nbytes"]}, u
-
-
-def _s11_commit_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _s11_state(s)
-    ref, actual = args["grant"]
-    return st, {"g": u.idx["grant"][ref], "l": _new_slot(u, "lease"), "actual": actual}, u
-
-
-def _s11_cancel_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _s11_state(s)
-    return st, {"g": u.idx["grant"][args["grant"]]}, u
-
-
-def _s11_refund_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _s11_state(s)
-    return st, {"l": u.idx["lease"][args["lease"]]}, u
-
-
-# -- S15: pressure tickets --------------------------------------------------
+# -- S15 / G1: pressure tickets and configuration generations ----------------
 
 _TSTATE = {"pending": E.T_PENDING, "granted": E.T_GRANTED, "claimed": E.T_CLAIMED, "cancelled": E.T_CANCELLED,
-           "timed_out": E.T_TIMED_OUT}
+           "timed_out": E.T_TIMED_OUT, "failed": E.T_FAILED}
 
 
 def _s15_state(s: Any, out_bytes: int = 0) -> tuple[dict[str, Any], Universe]:
     u = Universe()
     tx = u.add("ticket", s.tickets)
     ts = s.tickets
+    order = [tk for _r, tk in sorted(ts.items())]
     st = {
         "cap": s.capacity, "free": s.free, "granted": s.granted, "charged": s.charged,
         "tstate": (0, {tx[r]: _TSTATE.get(t.state, 9) for r, t in ts.items()}),
@@ -519,13 +464,16 @@ def _s15_state(s: Any, out_bytes: int = 0) -> tuple[dict[str, Any], Universe]:
         "ret": (0, {tx[r]: t.returns for r, t in ts.items()}),
         "amount": (0, {tx[r]: t.amount for r, t in ts.items()}),
         "deadline": (0, {tx[r]: t.deadline for r, t in ts.items()}),
-        "sumheld": s.tickets_held, "sumgr": s.open_grants, "out_bytes": out_bytes,
-        "nt": len(ts), "PT": prefix_values([tk.held for _r, tk in sorted(ts.items())]),
+        "tgen": (0, {tx[r]: t.generation for r, t in ts.items()}),
+        "gen": s.generation,
+        "sumheld": s.tickets_held, "sumgr": s.open_grants, "out_bytes": out_bytes, "nt": len(ts),
+        "PP": prefix_values([tk.held if tk.state == "pending" else 0 for tk in order]),
+        "PN": prefix_values([tk.held if tk.state == "granted" else 0 for tk in order]),
     }
     return st, u
 
 
-_S15_CMP = ("cap", "free", "granted", "charged", "tstate", "held", "ret", "amount", "deadline")
+_S15_CMP = ("cap", "free", "granted", "charged", "tstate", "held", "ret", "amount", "deadline", "tgen", "gen")
 
 
 def _s15_expected(s: Any, u: Universe, value: Any) -> Any:
@@ -533,6 +481,12 @@ def _s15_expected(s: Any, u: Universe, value: Any) -> Any:
     st, u2 = _s15_state(s, out_bytes=n if _is_int(n) else 0)
     _adopt(u, u2)
     return flatten(st, E.S15.fields, _S15_CMP + ("out_bytes",), u)
+
+
+def _s15_plain_expected(s: Any, u: Universe, value: Any) -> Any:
+    st, u2 = _s15_state(s)
+    _adopt(u, u2)
+    return flatten(st, E.S15.fields, _S15_CMP, u)
 
 
 def _s15_issue_project(s: Any, args: dict[str, Any], taken: str) -> Any:
@@ -546,6 +500,106 @@ def _s15_issue_project(s: Any, args: dict[str, Any], taken: str) -> Any:
 def _s15_ticket_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     st, u = _s15_state(s)
     return st, {"t": u.idx["ticket"][args["ticket"]]}, u
+
+
+def _s15_respond_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    """A holder's answer: ``r`` is what its releases refunded -- the value the
+    step returns, filled in by :func:`_s15_respond_expected`.  Skipped when
+    releases are already queued: the answer runs those too (other holders'
+    refunds, outside the encoding)."""
+    if s.queue and taken == "ok":
+        return None
+    st, u = _s15_state(s)
+    enc_args = {"t": u.idx["ticket"][args["answer"][0]], "r": 0}
+    u.enc_args = enc_args  # type: ignore[attr-defined]
+    return st, enc_args, u
+
+
+def _s15_respond_expected(s: Any, u: Universe, value: Any) -> Any:
+    u.enc_args["r"] = value["released"]  # type: ignore[attr-defined]
+    return _s15_plain_expected(s, u, value)
+
+
+def _due(s: Any, now: Any) -> list[int]:
+    t_now, live = now
+    return [r for r in live if 0 < s.tickets[r].deadline <= t_now]
+
+
+def _s15_expire_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    """The spec times out every due ticket; the encoding one ticket ``t``: the
+    due one (ok), or -- when none is due -- a terminal ticket (InvalidTicket)
+    or a live one not due (InvalidRequest), alternating with the clock.
+    Skipped when several are due (several encoded steps)."""
+    due = _due(s, args["now"])
+    if len(due) > 1 or not s.tickets:
+        return None
+    st, u = _s15_state(s)
+    if due:
+        t = due[0]
+    else:
+        terminal = sorted(r for r, tk in s.tickets.items() if _TSTATE[tk.state] in (3, 4, 5, 6))
+        live = sorted(r for r in s.tickets if r not in terminal)
+        pool = (terminal or live) if args["now"][0] % 2 == 0 else (live or terminal)
+        t = pool[len(s.tickets) % len(pool)]
+    return st, {"t": u.idx["ticket"][t], "now": args["now"][0]}, u
+
+
+def _s15_expire_permit(value: Any, enc_args: dict[str, Any]) -> set[str]:
+    return {"ok"} if len(tuple(value)) == 1 else {"InvalidTicket", "InvalidRequest"}
+
+
+def _s15_reconfigure_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s15_state(s)
+    return st, {}, u
+
+
+def _s15_adapters(inv: str) -> list[Adapter]:
+    return [
+        Adapter(inv, "issue_ticket", "issue_ticket", _s15_issue_project, _s15_plain_expected, _S15_CMP),
+        Adapter(inv, "respond", "respond", _s15_respond_project, _s15_respond_expected, _S15_CMP),
+        Adapter(inv, "claim", "claim", _s15_ticket_project, _s15_expected, _S15_CMP + ("out_bytes",)),
+        Adapter(inv, "cancel_ticket", "cancel_ticket", _s15_ticket_project, _s15_expected, _S15_CMP + ("out_bytes",)),
+        Adapter(inv, "expire", "expire", _s15_expire_project, _s15_plain_expected, _S15_CMP,
+                permit=_s15_expire_permit),
+        Adapter(inv, "reconfigure", "reconfigure", _s15_reconfigure_project, _s15_plain_expected, _S15_CMP),
+    ]
+
+
+#: S15's and G1's adapters (one machine, two properties), sampled by :func:`run_tickets`
+TICKET_ADAPTERS = _s15_adapters("S15") + _s15_adapters("G1")
+
+#: the ticket protocol's actions and what it needs (resident cold weights to release): the walk
+#: that samples S15 and G1 runs on these, so that granted tickets (claim ok) are common
+_TICKET_WALK = ("issue_ticket", "respond", "claim", "cancel_ticket", "expire", "reconfigure", "load_weight",
+                "set_hot", "unload_weight")
+
+
+def _tickets_init() -> Any:
+    """SYSTEM's init, then ModelResidency loads two cold weights (spec steps, so
+    the state is reachable): a holder then has bytes to release for a ticket."""
+    from memspec.spec.selfcheck import drive
+    from memspec.spec.system import SYSTEM
+
+    s = _sys_init()
+    for name in ("w1", "w2"):
+        drive(SYSTEM, s, "load_weight", weight=(name, False, s.weights[name].pages * s.page))
+    return s
+
+
+class _Restricted:
+    def __init__(self, machine: Any, names: tuple[str, ...]) -> None:
+        self.actions = [a for a in machine.actions if a.name in names]
+
+
+def run_tickets(samples: int, seed: int, inv_samples: int = 0) -> list[AgreementReport]:
+    """S15 and G1 on the ticket protocol's actions of SYSTEM (every state it
+    visits is a reachable SYSTEM state: a subset of its actions from its init)."""
+    from memspec.spec.system import SYSTEM
+
+    proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS + E.MORE_PROOFS}
+    ads = [a for a in TICKET_ADAPTERS if a.invariant in proofs]
+    return walk_and_compare(_Restricted(SYSTEM, _TICKET_WALK), _tickets_init, ads, proofs, samples, seed + 15,
+                            _sys_too_big, inv_samples=inv_samples)
 
 
 # -- S10: destroy_context ----------------------------------------------------
@@ -621,13 +675,6 @@ def _s3_alloc_project(s: Any, args: dict[str, Any], taken: str) -> Any:
 
 
 SYS_ADAPTERS = [
-    Adapter("S11", "reserve", "reserve", _s11_reserve_project, _s11_expected, _S11_CMP),
-    Adapter("S11", "commit", "commit", _s11_commit_project, _s11_expected, _S11_CMP),
-    Adapter("S11", "cancel", "cancel", _s11_cancel_project, _s11_expected, _S11_CMP + ("ret",)),
-    Adapter("S11", "refund_lease", "refund_lease", _s11_refund_project, _s11_expected, _S11_CMP + ("ret",)),
-    Adapter("S15", "issue_ticket", "issue_ticket", _s15_issue_project, _s15_expected, _S15_CMP),
-    Adapter("S15", "claim", "claim", _s15_ticket_project, _s15_expected, _S15_CMP + ("out_bytes",)),
-    Adapter("S15", "cancel_ticket", "cancel_ticket", _s15_ticket_project, _s15_expected, _S15_CMP + ("out_bytes",)),
     Adapter("S10", "destroy_context", "destroy_context", _s10_project, _s10_expected, ("calive", "pins")),
     Adapter("S3", "select", "select", _s3_select_project, _s3_select_expected, ("inst", "gen")),
     Adapter("S3", "query", "binding_capabilities", _s3_query_project, _s3_query_expected, ("inst", "gen", "answer")),
@@ -652,50 +699,16 @@ def run_all(samples: int = 1000, seed: int = 0, inv_samples: int = 0) -> list[Ag
     agreement on the first ``inv_samples`` of them."""
     return (run_mechanism(samples, seed, inv_samples) + run_system(samples, seed, inv_samples)
             + run_small_system(samples, seed, inv_samples) + run_focused(samples, seed, inv_samples)
-            + run_bare_mechanism(samples, seed, inv_samples))
+            + run_bare_mechanism(samples, seed, inv_samples) + run_tickets(samples, seed, inv_samples))
 
 
-# -- S8: the binding's allocation transaction --------------------------------
+# -- owned allocations (used by S4 / S7) --------------------------------------
 
 _ASTATE = {"live": E.LIVE, "queued": E.QUEUED, "freed": E.FREED}
 
 
 def _owned_allocs(s: Any) -> dict[int, Any]:
     return {r: o for r, o in s.owned.items() if o.kind == "allocation"}
-
-
-def _s8_state(s: Any) -> tuple[dict[str, Any], Universe]:
-    u = Universe()
-    own = _owned_allocs(s)
-    ox = u.add("alloc", own)
-    st = {
-        "cap": s.capacity, "free": s.free, "granted": s.granted, "charged": s.charged,
-        "astate": (0, {ox[r]: _ASTATE[o.state] for r, o in own.items()}),
-        "fp": (0, {ox[r]: o.footprint for r, o in own.items()}),
-        "sumfp": sum(o.footprint for o in own.values() if o.state != "freed"), "page": s.page,
-        "n": len(own), "P": prefix_values([0 if o.state == "freed" else o.footprint for _r, o in sorted(own.items())]),
-    }
-    return st, u
-
-
-_S8_CMP = ("cap", "free", "granted", "charged", "astate", "fp")
-
-
-def _s8_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    from memspec.spec import kernels as K
-
-    size = args["size"]
-    if not _is_int(size) or size <= 0:
-        return None  # not a size: InvalidRequest before any accounting (no arithmetic to compare)
-    st, u = _s8_state(s)
-    return st, {"x": _new_slot(u, "alloc"), "n": size, "oom": taken == "OutOfMemory",
-                "actual": K.round_up(size, s.page)}, u
-
-
-def _s8_expected(s: Any, u: Universe, value: Any) -> Any:
-    st, u2 = _s8_state(s)
-    _adopt(u, u2)
-    return flatten(st, E.S8.fields, _S8_CMP, u)
 
 
 # -- S4 / S7: fences recorded by use, and drop --------------------------------
@@ -749,7 +762,6 @@ def _s7_drop_project(s: Any, args: dict[str, Any], taken: str) -> Any:
 
 
 SYS_ADAPTERS += [
-    Adapter("S8", "allocate", "allocate_owned", _s8_project, _s8_expected, _S8_CMP),
     Adapter("S4", "use", "use", _s4_use_project, _fence_expected, _FENCE_CMP),
     Adapter("S7", "drop", "drop", _s7_drop_project, _fence_expected, _FENCE_CMP),
 ]
@@ -1110,6 +1122,323 @@ def _extra_bare(n: int, seed: int, inv: int, ids: set[str]) -> list[AgreementRep
 
 
 EXTRA_WALKS.append(_extra_bare)
+
+
+# -- S8 / S11: the ledger model ----------------------------------------------
+# Every figure is recomputed from the spec's records (grants, tickets, owned
+# objects, KV requests, leases, queue entries), except the running totals the
+# spec keeps (open_grants, tickets_held, charged_by, live/queued/lease bytes
+# by holder), which are projected as they are: the encoding proves them equal
+# to the records' sums, and the agreement checks that the spec keeps them so.
+
+from memspec.spec.api import Grant  # noqa: E402
+
+_GSTATE = {"open": E.G_OPEN, "committed": E.G_COMMITTED, "cancelled": E.G_CANCELLED}
+_HOLDER_IX = {"session": E.SESSION_H, "weights": E.WEIGHTS_H, "kv": E.KV_H}
+_OWNED_KIND = {"allocation": E.K_ALLOC, "weight": E.K_WEIGHT, "reservation": E.K_RES}
+_OWNED_STATE = {"live": E.I_LIVE, "queued": E.I_QUEUED, "freed": E.I_GONE}
+
+
+def _l_items(s: Any) -> list[tuple[Any, int, int, int, int]]:
+    """``(key, holder, kind, state, bytes)`` of every charge item, in id order:
+    queued pieces not of an owned object first (by queue seq), then owned
+    objects, KV requests and leases by reference (a new one comes last)."""
+    items: list[tuple[Any, int, int, int, int]] = []
+    for seq, e in s.queue.items():
+        if e.owned is not None and e.owned in s.owned:
+            continue
+        for h, nb in sorted(e.refund.items()):
+            items.append(((0, seq, h), _HOLDER_IX[h], E.K_PIECE, E.I_QUEUED, nb))
+    for r, o in s.owned.items():
+        if o.kind in _OWNED_KIND:
+            items.append(((1, r), _HOLDER_IX[o.holder], _OWNED_KIND[o.kind], _OWNED_STATE[o.state], o.footprint))
+    for r, q in s.kv.items():
+        items.append(((1, r), E.KV_H, E.K_KV, E.I_LIVE, q.own))
+    for r, l_ in s.leases.items():
+        items.append(((1, r), _HOLDER_IX[l_.holder], E.K_LEASE, E.I_GONE if l_.refunded else E.I_LEASE, l_.nbytes))
+    return sorted(items, key=lambda t: t[0])
+
+
+def _l_zero_mech() -> dict[str, Any]:
+    return {"phys": 0, "mcap": 0, "mst": (0, {}), "mb": (0, {}), "PMB": prefix_values([]), "nm": 0}
+
+
+def _l_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
+    u = Universe()
+    u.add("holder", list(E.HOLDERS_H))
+    gx = u.add("grant", s.grants)
+    tx = u.add("ticket", s.tickets)
+    items = _l_items(s)
+    u.idx["item"] = {it[0]: i for i, it in enumerate(items)}
+    hx = {name: ix for name, ix in _HOLDER_IX.items()}
+
+    def per_holder(d: dict[str, int]) -> tuple[int, dict[int, int]]:
+        return (0, {hx[h]: n for h, n in d.items()})
+
+    def keyed(which: int) -> dict[int, Any]:
+        return {h: prefix_values([nb if (st == which and hh == h) else 0 for _k, hh, _kd, st, nb in items])
+                for h in E.HOLDERS_H}
+
+    grants, tickets = sorted(s.grants.items()), sorted(s.tickets.items())
+    st = {
+        "cap": s.capacity, "free": s.free, "granted": s.granted, "charged": s.charged, "og": s.open_grants,
+        "th": s.tickets_held, "page": s.page, "ret": ret,
+        "cb": per_holder(s.charged_by), "lb": per_holder(s.live_bytes_by), "qb": per_holder(s.queued_bytes_by),
+        "lsb": per_holder(s.lease_bytes),
+        "gst": (0, {gx[r]: _GSTATE[g.state] for r, g in grants}), "gb": (0, {gx[r]: g.nbytes for r, g in grants}),
+        "PG": prefix_values([g.nbytes if g.state == "open" else 0 for _r, g in grants]), "ng": len(grants),
+        "tst": (0, {tx[r]: _TSTATE.get(t.state, 9) for r, t in tickets}), "tb": (0, {tx[r]: t.held for r, t in tickets}),
+        "ta": (0, {tx[r]: t.amount for r, t in tickets}), "PT": prefix_values([t.held for _r, t in tickets]),
+        "nt": len(tickets),
+        "ist": (0, {i: it[3] for i, it in enumerate(items)}), "ih": (0, {i: it[1] for i, it in enumerate(items)}),
+        "ik": (0, {i: it[2] for i, it in enumerate(items)}), "ib": (0, {i: it[4] for i, it in enumerate(items)}),
+        "n": len(items), "PLV": keyed(E.I_LIVE), "PQ": keyed(E.I_QUEUED), "PLS": keyed(E.I_LEASE),
+        "PC": prefix_values([nb if st_ in (E.I_LIVE, E.I_QUEUED, E.I_LEASE) else 0 for _k, _h, _kd, st_, nb in items]),
+        **_l_zero_mech(),
+    }
+    return st, u
+
+
+_L_CMP = ("cap", "free", "granted", "charged", "og", "th", "cb", "lb", "qb", "lsb", "gst", "gb", "tst", "tb")
+_L_CMP_ITEMS = _L_CMP + ("ist", "ib")
+
+
+def _l_expected(s: Any, u: Universe, value: Any) -> Any:
+    ret = value if _is_int(value) else getattr(value, "nbytes", 0) if isinstance(value, Grant) else 0
+    st, u2 = _l_state(s, ret=ret)
+    for k in ("grant", "ticket"):
+        if len(u2.idx[k]) >= len(u.idx[k]):
+            u.idx[k] = u2.idx[k]
+    if len(u2.idx["item"]) >= len(u.idx["item"]):
+        u.idx["item"] = u2.idx["item"]
+    return flatten(st, E.S11.fields, _L_CMP_ITEMS + ("ret",), u)
+
+
+def _l_new(u: Universe, kind: str) -> int:
+    n = len(u.idx[kind])
+    u.idx[kind] = {**u.idx[kind], ("new", n): n}
+    return n
+
+
+def _size(x: Any) -> int:
+    return x if _is_int(x) and x > 0 else 0
+
+
+def _l_reserve_p(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _l_state(s)
+    return st, {"g": _l_new(u, "grant"), "nb": _size(args["nbytes"])}, u
+
+
+def _l_commit_p(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _l_state(s)
+    ref, actual = args["grant"]
+    _l_new(u, "item")
+    return st, {"g": u.idx["grant"][ref], "actual": actual}, u
+
+
+def _l_cancel_p(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _l_state(s)
+    return st, {"g": u.idx["grant"][args["grant"]]}, u
+
+
+def _l_refund_p(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _l_state(s)
+    return st, {"x": u.idx["item"][(1, args["lease"])]}, u
+
+
+def _l_alloc_p(s: Any, args: dict[str, Any], taken: str) -> Any:
+    from memspec.spec import kernels as K
+
+    size = _size(args["size"])
+    st, u = _l_state(s)
+    _l_new(u, "item")
+    return st, {"size": size, "fp": K.round_up(size, s.page) if size else 0, "oom": taken == "OutOfMemory"}, u
+
+
+def _l_load_p(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _l_state(s)
+    _l_new(u, "item")
+    return st, {"nb": args["weight"][2], "oom": taken == "OutOfMemory"}, u
+
+
+def _l_commit_owned_p(s: Any, args: dict[str, Any], taken: str) -> Any:
+    from memspec.spec.vmm import pages, range_legal
+
+    ref, start, end = args["span"]
+    o = s.owned[ref]
+    bad = not range_legal(s, o, start, end) or any(p in o.committed for p in pages(s, start, end))
+    st, u = _l_state(s)
+    return st, {"x": u.idx["item"][(1, ref)], "nb": max(end - start, 1), "bad": bad, "oom": taken == "OutOfMemory"}, u
+
+
+def _l_kv_grow_p(s: Any, args: dict[str, Any], taken: str) -> Any:
+    from memspec.spec import kernels as K
+
+    r, new, fail_at = args["growth"]
+    q = s.kv[r]
+    st, u = _l_state(s)
+    return st, {"x": u.idx["item"][(1, r)], "d": K.round_up(new, s.page) - q.committed, "past": new > q.max_bytes,
+                "refuse": taken == "InvalidRequest", "fail": fail_at in (4, 5), "oom": taken == "OutOfMemory"}, u
+
+
+def _l_drop_p(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _l_state(s)
+    return st, {"x": u.idx["item"][(1, args["allocation"])]}, u
+
+
+def _l_unload_p(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _l_state(s)
+    return st, {"x": u.idx["item"][(1, s.weights[args["weight"]].owned)]}, u
+
+
+def _done_seqs(s: Any, pending: Any) -> list[int]:
+    """The queued releases the walk's poll runs: those whose fences the spec knows done."""
+    from memspec.spec.ep import known_flags
+
+    return [seq for (seq, _f), done in zip(pending, known_flags(s, pending)) if done and seq in s.queue]
+
+
+def _entry_item(s: Any, u: Universe, seq: int) -> int | None:
+    """The charge item a queue entry releases (one refund of one holder), else None."""
+    e = s.queue[seq]
+    if e.owned is not None and e.owned in s.owned:
+        return u.idx["item"][(1, e.owned)]
+    if len(e.refund) != 1:
+        return None
+    (h,) = e.refund
+    return u.idx["item"][(0, seq, h)]
+
+
+def _l_poll_p(s: Any, args: dict[str, Any], taken: str) -> Any:
+    seqs = _done_seqs(s, args["pending"])
+    if len(seqs) > 1:
+        return None  # several releases: the encoding runs one per step
+    st, u = _l_state(s)
+    x = _entry_item(s, u, seqs[0]) if seqs else 0
+    if x is None:
+        return None
+    return st, {"x": x, "none": not seqs}, u
+
+
+def _l_claim_p(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _l_state(s)
+    return st, {"t": u.idx["ticket"][args["ticket"]], "g": _l_new(u, "grant")}, u
+
+
+def _l_ticket_p(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _l_state(s)
+    return st, {"t": u.idx["ticket"][args["ticket"]]}, u
+
+
+def _l_expire_p(s: Any, args: dict[str, Any], taken: str) -> Any:
+    t_now, live = args["now"]
+    due = [r for r in live if 0 < s.tickets[r].deadline <= t_now]
+    if len(due) > 1:
+        return None  # several tickets: the encoding times out one per step
+    st, u = _l_state(s)
+    return st, {"t": u.idx["ticket"][due[0]] if due else 0, "none": not due}, u
+
+
+def _l_respond_p(s: Any, args: dict[str, Any], taken: str) -> Any:
+    t_ref, holder, terminal = args["answer"]
+    st, u = _l_state(s)
+    t = u.idx["ticket"][t_ref]
+    if terminal or taken != "ok":
+        return st, {"t": t, "x": 0, "mode": 0}, u
+    seqs = _done_seqs(s, args["pending"])
+    victims = [w for w in s.weights.values() if w.resident and not w.hot][:2] if holder == "weights" else []
+    if len(seqs) + len(victims) > 1:
+        return None  # several releases: the encoding runs one per step
+    if victims:
+        return st, {"t": t, "x": u.idx["item"][(1, victims[0].owned)], "mode": 2}, u
+    if seqs:
+        x = _entry_item(s, u, seqs[0])
+        return None if x is None else (st, {"t": t, "x": x, "mode": 1}, u)
+    return st, {"t": t, "x": 0, "mode": 0}, u
+
+
+_L_RET = ("cancel", "refund_lease", "claim", "cancel_ticket")
+
+
+def _l_ad(inv: str, act: str, spec: str, project: Any, items: bool = True) -> Adapter:
+    """``items``: compare the charge items too (not where a queued piece leaves the queue)."""
+    return Adapter(inv, act, spec, project, _l_expected,
+                   (_L_CMP_ITEMS if items else _L_CMP) + (("ret",) if act in _L_RET else ()))
+
+
+_L_SYS = [("reserve", "reserve", _l_reserve_p, True), ("commit", "commit", _l_commit_p, True),
+          ("cancel", "cancel", _l_cancel_p, True), ("allocate_owned", "allocate_owned", _l_alloc_p, True),
+          ("load_weight", "load_weight", _l_load_p, True)]
+_L_SYS11 = [("refund_lease", "refund_lease", _l_refund_p, True),
+            ("commit_owned", "commit_owned", _l_commit_owned_p, True), ("kv_grow", "kv_grow", _l_kv_grow_p, True),
+            ("drop", "drop", _l_drop_p, True), ("unload_weight", "unload_weight", _l_unload_p, True),
+            ("poll", "poll", _l_poll_p, False), ("claim", "claim", _l_claim_p, True),
+            ("cancel_ticket", "cancel_ticket", _l_ticket_p, True), ("expire", "expire", _l_expire_p, True),
+            ("respond", "respond", _l_respond_p, False)]
+SYS_ADAPTERS += [_l_ad("S8", a, sa, pr, it) for a, sa, pr, it in _L_SYS]
+SYS_ADAPTERS += [_l_ad("S11", a, sa, pr, it) for a, sa, pr, it in _L_SYS + _L_SYS11]
+
+
+# -- S8 / S11 at the mechanism level: the device's physical bytes --------------
+
+def _l_mech_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
+    """The ledger is the system level's (all 0 here); the device holds
+    ``physical`` bytes, the sum of what its live objects hold: own live
+    allocations (footprint), backing reservations (committed bytes), handles
+    not freed, private (copied) mappings."""
+    u = Universe()
+    objs: list[tuple[Any, int, int]] = []
+    for r, a in s.allocations.items():
+        objs.append((("a", r), E.I_LIVE if (a.live and not a.foreign) else E.I_GONE, 0 if a.foreign else a.footprint))
+    for r, v in s.reservations.items():
+        if v.kind == "backing":
+            objs.append((("r", r), E.I_LIVE if v.live else E.I_GONE, v.reported))
+    for r, h in s.handles.items():
+        objs.append((("h", r), E.I_GONE if h.freed else E.I_LIVE, h.size))
+    for r, m in s.mappings.items():
+        objs.append((("m", r), E.I_LIVE if (m.live and m.private) else E.I_GONE, m.size))
+    objs.sort(key=lambda o: o[0][1])  # by reference: a new object comes last
+    u.idx["mitem"] = {k: i for i, (k, _st, _b) in enumerate(objs)}
+    u.idx["holder"] = {h: h for h in E.HOLDERS_H}
+    st = {"cap": 0, "free": 0, "granted": 0, "charged": 0, "og": 0, "th": 0, "page": s.page, "ret": ret,
+          "cb": (0, {}), "lb": (0, {}), "qb": (0, {}), "lsb": (0, {}), "gst": (0, {}), "gb": (0, {}),
+          "PG": prefix_values([]), "ng": 0, "tst": (0, {}), "tb": (0, {}), "ta": (0, {}), "PT": prefix_values([]),
+          "nt": 0, "ist": (0, {}), "ih": (0, {}), "ik": (0, {}), "ib": (0, {}), "n": 0,
+          "PLV": {}, "PQ": {}, "PLS": {}, "PC": prefix_values([]),
+          "phys": s.physical, "mcap": s.capacity,
+          "mst": (0, {i: st_ for i, (_k, st_, _b) in enumerate(objs)}),
+          "mb": (0, {i: b for i, (_k, _st, b) in enumerate(objs)}),
+          "PMB": prefix_values([b if st_ == E.I_LIVE else 0 for _k, st_, b in objs]), "nm": len(objs)}
+    return st, u
+
+
+_M_CMP = ("phys", "mst", "mb")
+
+
+def _l_mech_expected(s: Any, u: Universe, value: Any) -> Any:
+    st, u2 = _l_mech_state(s, ret=value if _is_int(value) else 0)
+    if len(u2.idx["mitem"]) >= len(u.idx["mitem"]):
+        u.idx["mitem"] = u2.idx["mitem"]
+    return flatten(st, E.S11.fields, _M_CMP + ("ret",), u)
+
+
+def _l_m_alloc_p(s: Any, args: dict[str, Any], taken: str) -> Any:
+    from memspec.spec import kernels as K
+
+    size = _size(args["size"])
+    st, u = _l_mech_state(s)
+    _l_new(u, "mitem")
+    return st, {"size": size, "fp": K.round_up(size, s.page) if size else 0, "oom": taken == "OutOfMemory"}, u
+
+
+def _l_m_dealloc_p(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _l_mech_state(s)
+    return st, {"x": u.idx["mitem"][("a", args["handle"])], "foreign": s.allocations[args["handle"]].foreign}, u
+
+
+MECH_ADAPTERS += [
+    Adapter(inv, "m_allocate", "allocate", _l_m_alloc_p, _l_mech_expected, _M_CMP) for inv in ("S8", "S11")
+] + [Adapter("S11", "m_deallocate", "deallocate", _l_m_dealloc_p, _l_mech_expected, _M_CMP + ("ret",))]
 
 
 # S5, S12, S13, S14 have many actions each: a quarter of the walk's samples per

@@ -5,13 +5,34 @@ against every target through the conformance harness, which checks at each
 step that the target takes the branch the spec takes.  ``memspec conform
 --corpus`` runs them.
 
-What the corpus holds now: for each caching preset (``pytorch``, ``seed``)
-the shortest fragmentation OOM Z3 synthesizes
-(:func:`memspec.invariants.proofs_caching.synthesize`: free bytes >= the
-request, yet malloc fails) as a ``malloc``/``free`` sequence on the caching
-machine.  Not yet in it: the unguarded refutations of S1-S15 and the
-per-branch traces of the encoded actions (they are traces of the abstract
-encodings; translating them to spec-level actions is not done).
+What the corpus holds:
+
+* for each caching preset (``pytorch``, ``seed``) the shortest fragmentation
+  OOM Z3 synthesizes (:func:`memspec.invariants.proofs_caching.synthesize`:
+  free bytes >= the request, yet malloc fails) as a ``malloc``/``free``
+  sequence on the caching machine;
+* for every Z3 encoding of seed 000 that exists when the corpus is built
+  (:func:`memspec.invariants.proofs_catalog.all_proofs`, read at run time)
+  and every encoded action with a spec counterpart (the agreement adapters
+  of :mod:`memspec.invariants.agreement_adapters`), one trace per outcome
+  branch Z3 finds for it (:func:`memspec.invariants.proofs.branches`), and
+  one per unguarded variant: a step where removing the guard changes what
+  the encoding does (the guarded action refuses where the unguarded one
+  accepts, or both accept with different next states) -- the step Z3's
+  refutation of the unguarded variant turns on.
+
+How a seed-000 trace is found (:func:`realize`): the encodings are abstract
+machines, so a trace is realized at the spec level by a walk of the spec
+machine run against the reference target (the harness checks every step).
+Z3 drives it: before each step, each candidate's arguments are projected
+onto the encodings and the encoded relation decides which branch the step
+takes there; candidates that reach a branch (or a guard) no trace reaches
+yet are preferred; a step whose encoded branch is the goal and whose target
+answer is consistent with it ends the goal's trace.  Replaying a trace on a
+target (:func:`replay_seed000`) runs it under the harness (every step must
+take a branch the spec permits) and the last step must end in the outcome
+recorded on the reference: the implementation takes the branch the spec
+takes.
 """
 
 from __future__ import annotations
@@ -112,17 +133,367 @@ def replay(target: str, trace: CorpusTrace, timeout: float = 5.0) -> ReplayResul
 
 
 def run_corpus(targets: list[str], depth: int = 6) -> tuple[list[ReplayResult], int]:
-    """Replay the whole corpus on every target; ``(results, number of traces)``."""
+    """Replay the caching corpus on every target; ``(results, number of traces)``."""
     corpus = build_corpus(depth)
     return [replay(t, tr) for t in targets for tr in corpus], len(corpus)
 
 
-def main(targets: list[str]) -> int:
-    """``memspec conform --corpus``: print one row per (target, trace)."""
-    results, n = run_corpus(targets)
+def _is_caching(target: str) -> bool:
+    from memspec.invariants.planning import kind_of
+    from memspec.invariants.discovery import resolve
+
+    try:
+        return kind_of(resolve(target), None) == "caching"
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def main(targets: list[str], steps: int = 3000) -> int:
+    """``memspec conform --corpus``: one row per (target, trace), then the counts."""
+    caching_targets = [t for t in targets if _is_caching(t)]
+    seed_targets = [t for t in targets if t not in caching_targets]
+    results, n = run_corpus(caching_targets) if caching_targets else ([], 0)
     branches = {b for r in results for b in r.branches}
     for r in results:
         print(f"{r.target:<30} {r.trace.name:<28} {'PASS' if r.ok else 'FAIL'}  {r.detail}")
-    print(f"\ncorpus: {n} Z3 trace(s) x {len(targets)} target(s); {len(branches)} distinct (action, branch) pairs "
-          f"taken; {sum(1 for r in results if not r.ok)} failure(s)")
-    return 0 if results and all(r.ok for r in results) else 1
+    failures = sum(1 for r in results if not r.ok)
+    if caching_targets:
+        print(f"\ncaching corpus: {n} Z3 trace(s) x {len(caching_targets)} target(s); {len(branches)} distinct "
+              f"(action, branch) pairs taken; {failures} failure(s)")
+    ran = bool(results)
+    if seed_targets:
+        gs, traces = build_seed000(steps=steps)
+        reps = [replay_seed000(t, tr) for t in seed_targets for tr in traces]
+        for r in reps:
+            if not r.ok:
+                print(f"{r.target:<30} {r.trace.goal.name:<60} FAIL  {r.detail}")
+        failures += sum(1 for r in reps if not r.ok)
+        ran = ran or bool(reps)
+        missing = [g.name for g in gs if g not in {t.goal for t in traces}]
+        nb = len([g for g in gs if g.kind == "branch"])
+        nu = len(gs) - nb
+        cov_b = len([t for t in traces if t.goal.kind == "branch"])
+        print(f"\nseed-000 corpus: {len(traces)} Z3-driven trace(s) ({cov_b}/{nb} encoded branches, "
+              f"{len(traces) - cov_b}/{nu} unguarded variants) x {len(seed_targets)} target(s): "
+              f"{sum(1 for r in reps if r.ok)}/{len(reps)} replays on the spec's branches")
+        for name in missing:
+            print(f"  not reached in {steps} steps per level: {name}")
+    return 0 if ran and not failures else 1
+
+
+# ==========================================================================
+# Seed 000: a trace per encoded branch and per unguarded variant
+# ==========================================================================
+
+#: the device every seed-000 trace is realized and replayed on (32 pages of 2 MiB:
+#: small, so refusals for want of memory are reachable)
+SEED000_CAPACITY = 64 * MiB
+REALIZE_ON = "reference"
+
+
+@dataclass(frozen=True)
+class Goal:
+    level: str          # "mechanism" or "system"
+    invariant: str
+    action: str         # the encoded action
+    spec_action: str
+    branch: str         # the encoded outcome; "unguarded" goals: the guard's refusal
+    kind: str = "branch"
+
+    @property
+    def name(self) -> str:
+        tag = "unguarded" if self.kind == "unguarded" else self.branch
+        return f"{self.invariant}:{self.level}:{self.spec_action}/{self.action}/{tag}"
+
+
+@dataclass
+class Seed000Trace:
+    goal: Goal
+    steps: list[tuple[str, dict[str, Any]]]
+    expect: str         # the last step's outcome on the reference: "ok" or the error's name
+    encoded: str        # the encoding's branch at the last step
+
+
+def _adapters() -> list[Any]:
+    """Every adapter the agreement module defines now (any module-level list of them)."""
+    from memspec.invariants import agreement_adapters as A
+    from memspec.invariants.agreement import Adapter
+
+    seen: dict[tuple[str, str, str], Any] = {}
+    for v in vars(A).values():
+        if isinstance(v, list) and v and all(isinstance(x, Adapter) for x in v):
+            for ad in v:
+                seen.setdefault((ad.invariant, ad.action, ad.spec_action), ad)
+    return list(seen.values())
+
+
+def _level_of(spec_action: str) -> str | None:
+    from memspec.spec.mechanism import MECHANISM
+    from memspec.spec.system import SYSTEM
+
+    for lvl, m in (("system", SYSTEM), ("mechanism", MECHANISM)):
+        if any(a.name == spec_action for a in m.actions):
+            return lvl
+    return None
+
+
+def _lvl_for(ad: Any) -> str | None:
+    """The level an adapter projects from: the mechanism adapters project MechState."""
+    from memspec.invariants import agreement_adapters as A
+
+    if ad in getattr(A, "MECH_ADAPTERS", []):
+        return "mechanism"
+    return _level_of(ad.spec_action) if _level_of(ad.spec_action) == "system" else None
+
+
+def goals() -> list[Goal]:
+    """Every branch of every encoded action with an adapter, and every unguarded
+    variant with one, for the encodings that exist now."""
+    from memspec.invariants.proofs import branches
+    from memspec.invariants.proofs_catalog import all_proofs
+
+    proofs = {p.id: p for p in all_proofs()}
+    out: list[Goal] = []
+    cache: dict[tuple[str, str], list[str]] = {}
+    for ad in _adapters():
+        p = proofs.get(ad.invariant)
+        lvl = _lvl_for(ad)
+        if p is None or lvl is None:
+            continue
+        try:
+            act = p.action(ad.action)
+        except KeyError:
+            continue
+        key = (p.id, act.name)
+        if key not in cache:
+            cache[key] = branches(p, act)
+        out += [Goal(lvl, p.id, act.name, ad.spec_action, b) for b in cache[key]]
+        if p.unguarded.name == act.name:
+            out.append(Goal(lvl, p.id, act.name, ad.spec_action, "refused", "unguarded"))
+    return out
+
+
+def _outcome_name(ts: Any) -> str:
+    return "ok" if ts.outcome.startswith("returns") else ts.outcome.split()[1].rstrip(":")
+
+
+class _Evaluator:
+    """The encoded outcome of a candidate step, from the projected pre-state."""
+
+    def __init__(self) -> None:
+        from memspec.invariants.proofs_catalog import all_proofs
+
+        self.proofs = {p.id: p for p in all_proofs()}
+        self.cache: dict[tuple[Any, ...], Any] = {}
+
+    def outcome(self, ad: Any, act: Any, state: Any, args: dict[str, Any], taken: str) -> str | None:
+        from memspec.invariants.agreement import Compiled
+
+        try:
+            pr = ad.project(state, args, taken)
+        except Exception:  # noqa: BLE001  (a projection outside its scope: no goal here)
+            return None
+        if pr is None:
+            return None
+        enc_state, enc_args, u = pr
+        p = self.proofs[ad.invariant]
+        key = (p.id, act.name, id(act), u.nobj, u.pages)
+        c = self.cache.get(key)
+        if c is None:
+            c = self.cache[key] = Compiled(p, act, u.nobj, u.pages, ())
+        try:
+            return c.outcome(enc_state, enc_args)
+        except Exception:  # noqa: BLE001
+            return None
+
+
+    def differs(self, ad: Any, guarded: Any, unguarded: Any, state: Any, args: dict[str, Any],
+                taken: str) -> str | None:
+        """Where removing the guard changes what the encoding does here: the
+        guarded outcome (``"refused: <error>"``), or ``"effect"`` when both
+        accept but the next states differ; ``None`` where the guard is idle.
+        One closed formula per (proof, universe), decided by substitution."""
+        import z3
+
+        from memspec.invariants.agreement import Compiled
+        from memspec.invariants.proofs import ARR, BARR, BOOL, INT, _args, fresh
+
+        try:
+            pr = ad.project(state, args, taken)
+        except Exception:  # noqa: BLE001
+            return None
+        if pr is None:
+            return None
+        enc_state, enc_args, u = pr
+        p = self.proofs[ad.invariant]
+        key = ("diff", p.id, id(guarded), id(unguarded), u.nobj)
+        c = self.cache.get(key)
+        if c is None:
+            st, a = fresh(p.fields, "gd"), _args(guarded, "gd")
+            og, sg = guarded.step(st, a)
+            ou, su = unguarded.step(st, a)
+            diffs = []
+            for f, k in p.fields.items():
+                if k in (INT, BOOL):
+                    diffs.append(sg[f] != su[f])
+                elif k in (ARR, BARR):
+                    diffs += [z3.Select(sg[f], i) != z3.Select(su[f], i) for i in range(u.nobj)]
+            c = self.cache[key] = (st, a, og, ou, z3.Or(og != ou, *diffs))
+        st, a, og, ou, expr = c
+        subs = [(st[f], concrete(k, enc_state[f])) for f, k in p.fields.items()]
+        subs += [(a[n], concrete(k, enc_args[n])) for n, k in guarded.params.items()]
+        try:
+            if not Compiled._truth(z3.substitute(expr, *subs)):
+                return None
+            go = z3.simplify(z3.substitute(og, *subs))
+            uo = z3.simplify(z3.substitute(ou, *subs))
+        except Exception:  # noqa: BLE001
+            return None
+        if not (z3.is_int_value(go) and z3.is_int_value(uo)):
+            return None
+        from memspec.invariants.proofs import OUTCOMES
+
+        gname, uname = OUTCOMES[go.as_long()], OUTCOMES[uo.as_long()]
+        if gname != uname:
+            return f"refused: {gname}" if uname == "ok" else None
+        return "effect"
+
+
+def concrete(kind: str, value: Any) -> Any:
+    from memspec.invariants.proofs import concrete as lit
+
+    return lit(kind, value)
+
+
+def _permitted(outs: Any) -> list[str]:
+    from memspec.invariants.agreement import outcome_name
+
+    return sorted({outcome_name(b) for b in outs.branches})
+
+
+def realize(level: str, wanted: list[Goal], *, steps: int = 3000, seed: int = 0,
+            restart_every: int = 30) -> dict[Goal, Seed000Trace]:
+    """Walk the spec at ``level`` against the reference target, Z3's encoded
+    relations steering towards the goals (module docstring); the trace found
+    for each goal reached."""
+    import random
+
+    from memspec.invariants import engine as E
+    from memspec.invariants.agreement import RandomChooser
+    from memspec.invariants.guard import CallGuard
+    from memspec.invariants.planning import make_plan
+
+    rng = random.Random(seed)
+    chooser = RandomChooser(rng)
+    plan = make_plan(REALIZE_ON, level, capacity=SEED000_CAPACITY)
+    ev = _Evaluator()
+    by_spec: dict[str, list[tuple[Goal, Any, Any]]] = {}
+    ads = {(a.invariant, a.action, a.spec_action): a for a in _adapters()}
+    for g in wanted:
+        ad = ads[(g.invariant, g.action, g.spec_action)]
+        p = ev.proofs[g.invariant]
+        act = p.unguarded if g.kind == "unguarded" else p.action(g.action)
+        by_spec.setdefault(g.spec_action, []).append((g, ad, act))
+    found: dict[Goal, Seed000Trace] = {}
+    done = 0
+    while done < steps and len(found) < len(wanted):
+        run = E.Run(plan, CallGuard(plan.timeout))
+        trail: list[tuple[str, dict[str, Any]]] = []
+        try:
+            for _ in range(restart_every):
+                done += 1
+                avail = run.available()
+                needy = [a for a in avail if any(g not in found for g, _ad, _act in by_spec.get(a.name, []))]
+                pool = needy if needy and rng.random() < 0.7 else avail
+                act = rng.choices(pool, weights=[a.weight for a in pool])[0]
+                best = None
+                for _try in range(4):
+                    args = act.draw_args(run.state, chooser)
+                    outs = act.step(run.state, **args)
+                    hits = []
+                    for taken in _permitted(outs):
+                        for g, ad, enc in by_spec.get(act.name, []):
+                            if g in found:
+                                continue
+                            if g.kind == "unguarded":
+                                guarded = ev.proofs[g.invariant].action(g.action)
+                                d = ev.differs(ad, guarded, enc, run.state, args, taken)
+                                if d is not None:
+                                    hits.append((g, taken, d))
+                                continue
+                            got = ev.outcome(ad, enc, run.state, args, taken)
+                            if got == g.branch:
+                                hits.append((g, taken, got))
+                    if best is None or hits:
+                        best = (args, hits)
+                    if hits:
+                        break
+                args, hits = best
+                ts = run.apply(act, args, [])
+                trail.append((act.name, dict(args)))
+                took = _outcome_name(ts)
+                for g, taken, enc_out in hits:
+                    if g not in found and taken == took:
+                        found[g] = Seed000Trace(g, list(trail), took, enc_out)
+        except E.Violation:  # the reference failing a check here is a finding of its own, not a trace
+            pass
+        finally:
+            run.close()
+    return found
+
+
+def build_seed000(steps: int = 3000, seed: int = 0) -> tuple[list[Goal], list[Seed000Trace]]:
+    """The goals Z3's encodings give now and the traces realized for them."""
+    gs = goals()
+    out: list[Seed000Trace] = []
+    for level in ("mechanism", "system"):
+        mine = [g for g in gs if g.level == level]
+        if mine:
+            out += list(realize(level, mine, steps=steps, seed=seed).values())
+    return gs, out
+
+
+@dataclass
+class Seed000Replay:
+    trace: Seed000Trace
+    target: str
+    ok: bool
+    detail: str
+
+
+_PLANS: dict[tuple[str, str], Any] = {}
+
+
+def _plan(target: str, level: str, timeout: float) -> Any:
+    from memspec.invariants.planning import make_plan
+
+    key = (target, level)
+    if key not in _PLANS:
+        _PLANS[key] = make_plan(target, level, capacity=SEED000_CAPACITY, timeout=timeout)
+    return _PLANS[key]
+
+
+def replay_seed000(target: str, trace: Seed000Trace, timeout: float = 5.0) -> Seed000Replay:
+    """Run the trace on a fresh instance of ``target`` under the harness (as
+    :func:`memspec.invariants.repro.replay`, one plan per target and level);
+    the last step must end as on the reference."""
+    from memspec.invariants import engine as E
+    from memspec.invariants.guard import CallGuard
+
+    plan = _plan(target, trace.goal.level, timeout)
+    run = None
+    try:
+        run = E.Run(plan, CallGuard(timeout))
+        for name, args in trace.steps:
+            run.apply(plan.machine.action(name), dict(args), [])
+        run.teardown()
+    except E.Violation as v:
+        return Seed000Replay(trace, target, False, f"{v.invariant} [{v.cause}] {v.reason}")
+    finally:
+        if run is not None:
+            run.close()
+    last = _outcome_name(run.trace[-1]) if run.trace else ""
+    if last != trace.expect:
+        return Seed000Replay(trace, target, False, f"last step {last}, the spec's branch on the reference was "
+                             f"{trace.expect}")
+    return Seed000Replay(trace, target, True, f"{len(run.trace)} steps on the spec's branches; ends {last}")

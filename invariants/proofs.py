@@ -239,6 +239,13 @@ def prefix_sum(P: Any, n: Any, c: Callable[[Any], Any]) -> Any:
     for every ``i < n`` whose ``c(i) >= 0``).  ``P[n]`` is then the sum of
     ``c`` over the ids, with no lemma assumed: these facts are part of the
     invariant and proved inductive with it."""
+    if isinstance(n, int) or z3.is_int_value(n):
+        # a concrete state (invariant agreement): the same facts unrolled, no quantifier left to decide
+        k = n if isinstance(n, int) else n.as_long()
+        if k < 0:
+            return z3.BoolVal(False)
+        return z3.And(at(P, 0) == 0, *[at(P, i + 1) == at(P, i) + c(i) for i in range(k)],
+                      *[at(P, i) <= at(P, i + 1) for i in range(k)])
     i, j = z3.Ints("ps_i ps_j")
     return z3.And(
         n >= 0, at(P, 0) == 0,

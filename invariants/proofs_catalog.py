@@ -8,11 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 from memspec.invariants.proofs import Proof, ProofResult, prove
-from memspec.invariants.proofs_seed000 import PROOFS
+from memspec.invariants.proofs_seed000 import MORE_PROOFS, PROOFS
 
 
 def all_proofs() -> list[Proof]:
-    return list(PROOFS)
+    return list(PROOFS) + list(MORE_PROOFS)
 
 
 def run_all(ids: list[str] | None = None) -> list[ProofResult]:

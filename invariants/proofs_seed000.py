@@ -534,7 +534,21 @@ S7 = Proof(
 
 
 # ==========================================================================
-# S8 exact-accounting
+# S8 exact-accounting and S11 ledger-conservation: ONE ledger model
+# (mirrors spec/governor.py, spec/manager.py, spec/holders.py, spec/ep.py,
+# spec/vmm.py commit_owned, spec/eager.py allocate/deallocate)
+#
+# The Governor's ledger (cap, free, granted, charged), the spec's running
+# totals (open grants ``og``, ticket holdings ``th``, per holder: charge
+# ``cb``, live footprints ``lb``, queued refunds ``qb``, unrefunded leases
+# ``lsb``) and the records they summarise: grants, tickets, and *charge
+# items* -- every charged thing a holder has: an owning allocation, a weight,
+# an owning reservation's committed bytes, a KV request's own pages (live),
+# a release waiting in the deferred-free queue (queued), a lease.  Each
+# summary is checked by a prefix-sum ghost over dense ids (keyed by holder
+# for the per-holder ones), part of the invariant, so nothing is assumed.
+# The device side (mechanism level): physical bytes against capacity, the
+# sum of what the live mechanism objects hold.
 # ==========================================================================
 
 def _ledger(s: St) -> K.Ledger:
@@ -545,65 +559,361 @@ def _with_ledger(s: St, l: K.Ledger, **kw: Any) -> St:
     return s.set(cap=l.capacity, free=l.free, granted=l.granted, charged=l.charged, **kw)
 
 
-def _s8_allocate(check: bool):
+SESSION_H, WEIGHTS_H, KV_H = 0, 1, 2          # the spec's holders
+HOLDERS_H = (SESSION_H, WEIGHTS_H, KV_H)
+G_OPEN, G_COMMITTED, G_CANCELLED = 1, 2, 3    # grant states
+I_LIVE, I_QUEUED, I_LEASE, I_GONE = 1, 2, 3, 4  # charge-item states
+K_ALLOC, K_WEIGHT, K_KV, K_LEASE, K_PIECE, K_RES = 1, 2, 3, 4, 5, 6  # charge-item kinds
+
+
+def _kput(P2: Any, n: Any, key: Any, v: Any) -> Any:
+    """Keyed prefix sums after appending id ``n`` contributing ``v`` under ``key``."""
+    k = z3.Int("kp_k")
+    return z3.Lambda([k], prefix_append(at(P2, k), n, z3.If(k == key, v, 0)))
+
+
+def _kchg(P2: Any, x: Any, key: Any, d: Any) -> Any:
+    """Keyed prefix sums after id ``x``'s contribution under ``key`` changed by ``d``."""
+    k = z3.Int("kc_k")
+    return z3.Lambda([k], prefix_change(at(P2, k), x, z3.If(k == key, d, 0)))
+
+
+_BUCKETS = (("PLV", I_LIVE), ("PQ", I_QUEUED), ("PLS", I_LEASE))
+
+
+def _contrib(st: Any, b: Any, which: int) -> Any:
+    return z3.If(st == which, b, 0)
+
+
+def _charged(st: Any, b: Any) -> Any:
+    """What an item adds to ``charged``: its bytes while live, queued or a lease."""
+    return z3.If(z3.And(st >= I_LIVE, st <= I_LEASE), b, 0)
+
+
+#: the holder every kind of charge item belongs to (a queued piece: any)
+_KIND_HOLDER = {K_ALLOC: SESSION_H, K_WEIGHT: WEIGHTS_H, K_KV: KV_H, K_LEASE: SESSION_H, K_RES: SESSION_H}
+
+
+def _item_set(s: St, x: Any, nst: Any, nb: Any) -> St:
+    """Charge item ``x`` (existing) now in state ``nst`` with ``nb`` bytes: the ghosts follow."""
+    h, st, b = at(s.ih, x), at(s.ist, x), at(s.ib, x)
+    kw = {P: _kchg(s[P], x, h, _contrib(nst, nb, w) - _contrib(st, b, w)) for P, w in _BUCKETS}
+    return s.set(ist=upd(s.ist, x, nst), ib=upd(s.ib, x, nb), PC=prefix_change(s.PC, x, _charged(nst, nb) - _charged(st, b)),
+                 **kw)
+
+
+def _item_new(s: St, h: Any, kind: int, nst: int, b: Any) -> St:
+    """A new charge item (id ``n``) of holder ``h``."""
+    kw = {P: _kput(s[P], s.n, h, _contrib(z3.IntVal(nst), b, w)) for P, w in _BUCKETS}
+    return s.set(ist=upd(s.ist, s.n, nst), ih=upd(s.ih, s.n, h), ik=upd(s.ik, s.n, kind), ib=upd(s.ib, s.n, b),
+                 PC=prefix_append(s.PC, s.n, _charged(z3.IntVal(nst), b)), n=s.n + 1, **kw)
+
+
+def _hadd(arr: Any, h: Any, d: Any) -> Any:
+    return upd(arr, h, at(arr, h) + d)
+
+
+def _charge(s: St, h: Any, planned: Any, fp: Any, **kw: Any) -> St:
+    """governor.charge_at_footprint: grant ``planned``, charge the footprint ``fp`` to ``h``."""
+    l = K.commit_grant(K.grant(_ledger(s), planned), planned, fp)
+    return _with_ledger(s, l, cb=_hadd(s.cb, h, fp), **kw)
+
+
+def _refund(s: St, h: Any, b: Any, **kw: Any) -> St:
+    """ep.refund: a charge of ``b`` bytes of holder ``h`` released."""
+    return _with_ledger(s, K.refund(_ledger(s), b), cb=_hadd(s.cb, h, -b), **kw)
+
+
+# -- the Governor: grants and leases (spec/governor.py) ---------------------
+
+def _l_reserve(check: bool):
     def step(s: St, a: St):
-        l0 = _ledger(s)
-        l1 = K.grant(l0, a.n)
-        ok_commit = K.can_commit(l1, a.n, a.actual)
-        out = outcome((z3.Not(K.can_grant(l0, a.n)), "GrantDenied"), (a.oom, "OutOfMemory"),
-                      (z3.Not(ok_commit), "GrantDenied"))
-        l2 = K.commit_grant(l1, a.n, a.actual)
-        ok_state = _with_ledger(s, l2, astate=upd(s.astate, a.x, LIVE), fp=upd(s.fp, a.x, a.actual),
-                                sumfp=s.sumfp + a.actual, P=prefix_append(s.P, s.n, a.actual), n=s.n + 1)
-        nxt = merge(out == OK, ok_state, s)
-        if not check:  # failure after the grant: the grant is not returned
-            nxt = merge(z3.And(out != OK, K.can_grant(l0, a.n)), _with_ledger(s, l1), nxt)
-        return out, nxt
+        l = _ledger(s)
+        pairs = [(a.nb <= 0, "InvalidRequest")]
+        if check:
+            pairs.append((z3.Not(K.can_grant(l, a.nb)), "GrantDenied"))
+        return on_ok(outcome(*pairs), s, _with_ledger(s, K.grant(l, a.nb), gst=upd(s.gst, a.g, G_OPEN),
+                                                     gb=upd(s.gb, a.g, a.nb), og=s.og + a.nb,
+                                                     PG=prefix_append(s.PG, s.ng, a.nb), ng=s.ng + 1))
     return step
 
 
-def _s8_free(s: St, a: St):
-    out = outcome((z3.Not(alive(s, a.x)), "DoubleFree"))
-    l = K.refund(_ledger(s), at(s.fp, a.x))
-    return on_ok(out, s, _with_ledger(s, l, astate=upd(s.astate, a.x, FREED), sumfp=s.sumfp - at(s.fp, a.x),
-                                      P=prefix_change(s.P, a.x, -at(s.fp, a.x))))
+def _l_commit(check: bool):
+    def step(s: St, a: St):
+        b = at(s.gb, a.g)
+        pairs = [(at(s.gst, a.g) != G_OPEN, "InvalidRequest")] if check else []
+        pairs.append((z3.Not(K.can_commit(_ledger(s), b, a.actual)), "GrantDenied"))
+        s1 = _with_ledger(s, K.commit_grant(_ledger(s), b, a.actual), gst=upd(s.gst, a.g, G_COMMITTED), og=s.og - b,
+                          PG=prefix_change(s.PG, a.g, -b if check else -_contrib(at(s.gst, a.g), b, G_OPEN)),
+                          cb=_hadd(s.cb, SESSION_H, a.actual), lsb=_hadd(s.lsb, SESSION_H, a.actual))
+        return on_ok(outcome(*pairs), s, _item_new(s1, SESSION_H, K_LEASE, I_LEASE, a.actual))
+    return step
 
 
-def _s8_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
-    if name == "allocate":
-        return z3.Implies(out != OK, z3.And(s2.free == s.free, s2.granted == s.granted, s2.charged == s.charged))
-    return z3.BoolVal(True)
+def _l_cancel(s: St, a: St):
+    b = at(s.gb, a.g)
+    out = outcome((at(s.gst, a.g) != G_OPEN, "InvalidRequest"))
+    return on_ok(out, s, _with_ledger(s, K.cancel_grant(_ledger(s), b), gst=upd(s.gst, a.g, G_CANCELLED),
+                                      og=s.og - b, ret=b, PG=prefix_change(s.PG, a.g, -b)))
 
 
-_ALLOC = {"x": INT, "n": INT, "oom": BOOL, "actual": INT}
-_ALLOC_PRE = lambda s, a: z3.And(a.x == s.n, a.n > 0, K.footprint_ok(a.n, a.actual, s.page))  # noqa: E731
+def _l_refund_lease(s: St, a: St):
+    b, h = at(s.ib, a.x), at(s.ih, a.x)
+    out = outcome((at(s.ist, a.x) != I_LEASE, "InvalidRequest"))
+    s1 = _refund(s, h, b, lsb=_hadd(s.lsb, h, -b), ret=b)
+    return on_ok(out, s, _item_set(s1, a.x, I_GONE, b))
 
 
-def _s8_inv(s: St, o: Any) -> Any:
-    """The ledger holds no grant between steps and ``charged`` is the sum of
-    live and queued footprints: a prefix-sum ghost ``P`` over the allocation
-    ids (dense, ``0 <= id < n``) checks the sum."""
-    return z3.And(K.ledger_ok(_ledger(s)), s.granted == 0, s.charged == s.sumfp, s.page > 0,
-                  z3.Implies(alive(s, o), at(s.fp, o) >= 0),
-                  z3.Implies(at(s.astate, o) != NONE, z3.And(0 <= o, o < s.n)),
-                  prefix_sum(s.P, s.n, lambda i: K.ite(alive(s, i), at(s.fp, i), 0)), s.sumfp == at(s.P, s.n))
+# -- the allocation transaction (spec/manager.py, holders.py, vmm.py) --------
+
+def _l_allocate_owned(s: St, a: St):
+    """allocate_owned: grant ``size``, allocate (the device may refuse:
+    ``oom``), commit the charge at the footprint (which must fit, else the
+    plan is refused); every failure returns the grant."""
+    l0 = _ledger(s)
+    l1 = K.grant(l0, a.size)
+    out = outcome((a.size <= 0, "InvalidRequest"), (z3.Not(K.can_grant(l0, a.size)), "GrantDenied"),
+                  (a.oom, "OutOfMemory"), (z3.Not(K.can_commit(l1, a.size, a.fp)), "GrantDenied"))
+    s1 = _charge(s, SESSION_H, a.size, a.fp, lb=_hadd(s.lb, SESSION_H, a.fp))
+    return on_ok(out, s, _item_new(s1, SESSION_H, K_ALLOC, I_LIVE, a.fp))
+
+
+def _l_load_weight(s: St, a: St):
+    out = outcome((z3.Not(K.can_grant(_ledger(s), a.nb)), "GrantDenied"), (a.oom, "OutOfMemory"))
+    s1 = _charge(s, WEIGHTS_H, a.nb, a.nb, lb=_hadd(s.lb, WEIGHTS_H, a.nb))
+    return on_ok(out, s, _item_new(s1, WEIGHTS_H, K_WEIGHT, I_LIVE, a.nb))
+
+
+def _l_commit_owned(s: St, a: St):
+    """commit_owned on reservation item ``x``: charge-then-commit ``nb`` bytes."""
+    out = outcome((a.bad, "InvalidRange"), (z3.Not(K.can_grant(_ledger(s), a.nb)), "GrantDenied"),
+                  (a.oom, "OutOfMemory"))
+    s1 = _charge(s, SESSION_H, a.nb, a.nb, lb=_hadd(s.lb, SESSION_H, a.nb))
+    return on_ok(out, s, _item_set(s1, a.x, I_LIVE, at(s.ib, a.x) + a.nb))
+
+
+def _l_kv_grow(s: St, a: St):
+    """kv_grow of request item ``x`` by ``d`` bytes (the page-rounded growth):
+    ``past``: beyond max_bytes; ``refuse``: nothing to grow answered
+    InvalidRequest; ``fail``: a failure injected at step 4/5; ``oom``."""
+    out = outcome((a.past, "InvalidRange"), (z3.And(a.d <= 0, a.refuse), "InvalidRequest"), (a.d <= 0, "ok"),
+                  (z3.Not(K.can_grant(_ledger(s), a.d)), "GrantDenied"), (a.fail, "MemspecError"),
+                  (a.oom, "OutOfMemory"))
+    s1 = _item_set(_charge(s, KV_H, a.d, a.d, lb=_hadd(s.lb, KV_H, a.d)), a.x, I_LIVE, at(s.ib, a.x) + a.d)
+    return out, merge(z3.And(out == OK, a.d > 0), s1, s)
+
+
+# -- releases: drop, unload, the deferred-free queue (spec/ep.py) -------------
+
+def _enqueue(s: St, x: Any) -> St:
+    """drop_owned: a live item's footprint moves from live to queued (never refunded here)."""
+    h, b = at(s.ih, x), at(s.ib, x)
+    return _item_set(s.set(lb=_hadd(s.lb, h, -b), qb=_hadd(s.qb, h, b)), x, I_QUEUED, b)
+
+
+def _run(s: St, x: Any) -> St:
+    """ep.run_entry: a queued release runs; its holder's charge is refunded."""
+    h, b = at(s.ih, x), at(s.ib, x)
+    return _item_set(_refund(s, h, b, qb=_hadd(s.qb, h, -b)), x, I_GONE, b)
+
+
+def _l_drop(s: St, a: St):
+    out = outcome((at(s.ist, a.x) != I_LIVE, "DoubleFree"))
+    return on_ok(out, s, _enqueue(s, a.x))
+
+
+def _l_unload(s: St, a: St):
+    return on_ok(z3.IntVal(OK), s, _enqueue(s, a.x))
+
+
+def _l_poll(s: St, a: St):
+    """poll runs the releases whose fences are done, one release per step
+    (``run_done`` runs them one after another); ``none``: nothing was done."""
+    return on_ok(z3.IntVal(OK), s, merge(a.none, s, _run(s, a.x)))
+
+
+# -- pressure tickets (spec/governor.py, holders.py respond) ----------------
+
+def _tend(s: St, t: Any, st: int) -> St:
+    """governor.ticket_end: the ticket's holdings go back to free, once."""
+    h = at(s.tb, t)
+    return _with_ledger(s, K.return_grant(_ledger(s), h), tst=upd(s.tst, t, st), tb=upd(s.tb, t, 0), th=s.th - h,
+                        ret=h, PT=prefix_change(s.PT, t, -h))
+
+
+def _l_claim(s: St, a: St):
+    out = outcome((at(s.tst, a.t) != T_GRANTED, "InvalidTicket"))
+    h = at(s.tb, a.t)
+    return on_ok(out, s, s.set(tst=upd(s.tst, a.t, T_CLAIMED), tb=upd(s.tb, a.t, 0), th=s.th - h, og=s.og + h, ret=h,
+                               PT=prefix_change(s.PT, a.t, -h), gst=upd(s.gst, a.g, G_OPEN), gb=upd(s.gb, a.g, h),
+                               PG=prefix_append(s.PG, s.ng, h), ng=s.ng + 1))
+
+
+def _l_cancel_ticket(s: St, a: St):
+    out = outcome((_terminal(at(s.tst, a.t)), "InvalidTicket"))
+    return on_ok(out, s, _tend(s, a.t, T_CANCELLED))
+
+
+def _l_expire(s: St, a: St):
+    """expire times out every due live ticket, one ticket per step; ``none``: none due."""
+    return on_ok(z3.IntVal(OK), s, merge(a.none, s, _tend(s, a.t, T_TIMED_OUT)))
+
+
+def _l_respond(s: St, a: St):
+    """A holder answers ticket ``t``: ``mode`` 0 nothing released; 1 a queued
+    release ``x`` of its own ran (0 reported); 2 the cold weight ``x`` was its
+    victim: dropped, run, and its bytes reported.  The reported bytes move
+    from free into the ticket (ticket_receive)."""
+    out = outcome((_terminal(at(s.tst, a.t)), "InvalidTicket"))
+    h, b = at(s.ih, a.x), at(s.ib, a.x)
+    # the victim's release is queued and runs at once: live -> refunded (its queued bytes come and go)
+    evicted = _item_set(_refund(s, h, b, lb=_hadd(s.lb, h, -b)), a.x, I_GONE, b)
+    ran = merge(a.mode == 0, s, merge(a.mode == 2, evicted, _run(s, a.x)))
+    r = K.ite(a.mode == 2, at(s.ib, a.x), 0)
+    held = at(s.tb, a.t) + r
+    nst = K.ite(z3.And(at(s.tst, a.t) == T_PENDING, held >= at(s.ta, a.t)), T_GRANTED, at(s.tst, a.t))
+    s1 = _with_ledger(ran, K.grant_from_free(_ledger(ran), r), tb=upd(s.tb, a.t, held), tst=upd(s.tst, a.t, nst),
+                      th=s.th + r, PT=prefix_change(s.PT, a.t, r))
+    return on_ok(out, s, s1)
+
+
+# -- the device (mechanism level: spec/eager.py) -----------------------------
+
+def _m_allocate(check: bool):
+    def step(s: St, a: St):
+        pairs = [(a.size <= 0, "InvalidRequest")]
+        if check:
+            pairs.append((s.phys + a.fp > s.mcap, "OutOfMemory"))
+        pairs.append((a.oom, "OutOfMemory"))
+        return on_ok(outcome(*pairs), s, s.set(phys=s.phys + a.fp, mst=upd(s.mst, s.nm, I_LIVE),
+                                               mb=upd(s.mb, s.nm, a.fp), PMB=prefix_append(s.PMB, s.nm, a.fp),
+                                               nm=s.nm + 1))
+    return step
+
+
+def _m_release(s: St, a: St):
+    """deallocate: a live allocation it made is freed and its footprint returned."""
+    b = at(s.mb, a.x)
+    out = outcome((a.foreign, "ForeignAllocation"), (at(s.mst, a.x) != I_LIVE, "StaleHandle"))
+    return on_ok(out, s, s.set(phys=s.phys - b, mst=upd(s.mst, a.x, I_GONE), ret=b,
+                               PMB=prefix_change(s.PMB, a.x, -b)))
+
+
+def _l_inv(s: St, o: Any) -> Any:
+    """The ledger is conserved; granted is the open grants plus the tickets'
+    holdings; each holder's charge is its live footprints, queued refunds and
+    leases; the running totals equal their records (prefix-sum ghosts)."""
+    def live_item(i: Any) -> Any:
+        return at(s.ist, i) != 0
+    return z3.And(
+        K.ledger_ok(_ledger(s)), s.page > 0,
+        s.granted == s.og + s.th, s.charged == at(s.cb, 0) + at(s.cb, 1) + at(s.cb, 2),
+        at(s.cb, o) == at(s.lb, o) + at(s.qb, o) + at(s.lsb, o),
+        # charge items: dense ids, a holder, bytes >= 0
+        z3.Implies(live_item(o), z3.And(0 <= o, o < s.n, 0 <= at(s.ih, o), at(s.ih, o) <= 2, at(s.ib, o) >= 0)),
+        *[z3.Implies(z3.And(live_item(o), at(s.ik, o) == k), at(s.ih, o) == h) for k, h in _KIND_HOLDER.items()],
+        prefix_sum(s.PC, s.n, lambda i: _charged(at(s.ist, i), at(s.ib, i))), s.charged == at(s.PC, s.n),
+        *[z3.And(prefix_count(s[P], s.n, o, lambda k, i, w=w: z3.If(z3.And(at(s.ist, i) == w, at(s.ih, i) == k),
+                                                                     at(s.ib, i), 0)),
+                 at(s[tot], o) == at(at(s[P], o), s.n))
+          for (P, w), tot in zip(_BUCKETS, ("lb", "qb", "lsb"))],
+        # grants
+        z3.Implies(at(s.gst, o) != 0, z3.And(0 <= o, o < s.ng, at(s.gb, o) >= 0)),
+        prefix_sum(s.PG, s.ng, lambda i: _contrib(at(s.gst, i), at(s.gb, i), G_OPEN)), s.og == at(s.PG, s.ng),
+        # tickets
+        z3.Implies(at(s.tst, o) != 0, z3.And(0 <= o, o < s.nt)), at(s.tb, o) >= 0,
+        z3.Implies(z3.Or(at(s.tst, o) == 0, _terminal(at(s.tst, o))), at(s.tb, o) == 0),
+        prefix_sum(s.PT, s.nt, lambda i: at(s.tb, i)), s.th == at(s.PT, s.nt),
+        # the device
+        0 <= s.phys, s.phys <= s.mcap,
+        z3.Implies(at(s.mst, o) != 0, z3.And(0 <= o, o < s.nm, at(s.mb, o) >= 0)),
+        prefix_sum(s.PMB, s.nm, lambda i: _contrib(at(s.mst, i), at(s.mb, i), I_LIVE)), s.phys == at(s.PMB, s.nm),
+    )
+
+
+Z00 = lambda: z3.K(z3.IntSort(), Z0())  # noqa: E731
+_L_FIELDS = {"cap": INT, "free": INT, "granted": INT, "charged": INT, "og": INT, "th": INT, "page": INT, "ret": INT,
+             "cb": ARR, "lb": ARR, "qb": ARR, "lsb": ARR,
+             "gst": ARR, "gb": ARR, "PG": ARR, "ng": INT,
+             "tst": ARR, "tb": ARR, "ta": ARR, "PT": ARR, "nt": INT,
+             "ist": ARR, "ih": ARR, "ik": ARR, "ib": ARR, "n": INT, "PLV": ARR2, "PQ": ARR2, "PLS": ARR2, "PC": ARR,
+             "phys": INT, "mcap": INT, "mst": ARR, "mb": ARR, "PMB": ARR, "nm": INT}
+
+
+def _l_init(s: St) -> Any:
+    return z3.And(s.cap >= 0, s.free == s.cap, s.granted == 0, s.charged == 0, s.og == 0, s.th == 0, s.page > 0,
+                  s.cb == Z0(), s.lb == Z0(), s.qb == Z0(), s.lsb == Z0(),
+                  s.gst == Z0(), s.ng == 0, at(s.PG, 0) == 0, s.tst == Z0(), s.tb == Z0(), s.nt == 0, at(s.PT, 0) == 0,
+                  s.ist == Z0(), s.n == 0, s.PLV == Z00(), s.PQ == Z00(), s.PLS == Z00(), at(s.PC, 0) == 0,
+                  s.phys == 0, s.mcap >= 0, s.mst == Z0(), s.nm == 0, at(s.PMB, 0) == 0)
+
+
+def _l_inst(s: St, o: Any, a: St) -> list:
+    """No further instance: ``charged`` is itself a checked prefix sum over
+    the items (so a refund of one item's bytes keeps it >= 0), and each
+    holder's buckets are stated at the invariant's free object."""
+    return []
+
+
+def _kind(k: int):
+    return lambda s, a: at(s.ik, a.x) == k
+
+
+_ITEM = lambda s, a: at(s.ist, a.x) != 0  # noqa: E731
+_L_ACTS: dict[str, Act] = {a.name: a for a in [
+    Act("reserve", {"g": INT, "nb": INT}, _l_reserve(True), pre=lambda s, a: a.g == s.ng, objs=("g",)),
+    Act("commit", {"g": INT, "actual": INT}, _l_commit(True),
+        pre=lambda s, a: z3.And(at(s.gst, a.g) != 0, a.actual >= 0), objs=("g",)),
+    Act("cancel", {"g": INT}, _l_cancel, pre=lambda s, a: at(s.gst, a.g) != 0, objs=("g",)),
+    Act("refund_lease", {"x": INT}, _l_refund_lease, pre=lambda s, a: z3.And(_ITEM(s, a), _kind(K_LEASE)(s, a)),
+        objs=("x",)),
+    Act("allocate_owned", {"size": INT, "fp": INT, "oom": BOOL}, _l_allocate_owned,
+        pre=lambda s, a: z3.Or(a.size <= 0, K.footprint_ok(a.size, a.fp, s.page))),
+    Act("load_weight", {"nb": INT, "oom": BOOL}, _l_load_weight, pre=lambda s, a: a.nb > 0),
+    Act("commit_owned", {"x": INT, "nb": INT, "bad": BOOL, "oom": BOOL}, _l_commit_owned,
+        pre=lambda s, a: z3.And(_ITEM(s, a), _kind(K_RES)(s, a), at(s.ist, a.x) == I_LIVE, a.nb > 0), objs=("x",)),
+    Act("kv_grow", {"x": INT, "d": INT, "past": BOOL, "refuse": BOOL, "fail": BOOL, "oom": BOOL}, _l_kv_grow,
+        pre=lambda s, a: z3.And(_ITEM(s, a), _kind(K_KV)(s, a), at(s.ist, a.x) == I_LIVE), objs=("x",)),
+    Act("drop", {"x": INT}, _l_drop, pre=lambda s, a: z3.And(_ITEM(s, a), _kind(K_ALLOC)(s, a)), objs=("x",)),
+    Act("unload_weight", {"x": INT}, _l_unload,
+        pre=lambda s, a: z3.And(_kind(K_WEIGHT)(s, a), at(s.ist, a.x) == I_LIVE), objs=("x",)),
+    Act("poll", {"x": INT, "none": BOOL}, _l_poll, pre=lambda s, a: z3.Or(a.none, at(s.ist, a.x) == I_QUEUED),
+        objs=("x",)),
+    Act("claim", {"t": INT, "g": INT}, _l_claim, pre=lambda s, a: z3.And(at(s.tst, a.t) != 0, a.g == s.ng),
+        objs=("t", "g")),
+    Act("cancel_ticket", {"t": INT}, _l_cancel_ticket, pre=lambda s, a: at(s.tst, a.t) != 0, objs=("t",)),
+    Act("expire", {"t": INT, "none": BOOL}, _l_expire,
+        pre=lambda s, a: z3.Or(a.none, z3.And(at(s.tst, a.t) != 0, z3.Not(_terminal(at(s.tst, a.t))))), objs=("t",)),
+    Act("respond", {"t": INT, "x": INT, "mode": INT}, _l_respond,
+        pre=lambda s, a: z3.And(at(s.tst, a.t) != 0, z3.Or(
+            a.mode == 0, z3.And(a.mode == 1, at(s.ist, a.x) == I_QUEUED),
+            z3.And(a.mode == 2, _kind(K_WEIGHT)(s, a), at(s.ist, a.x) == I_LIVE, at(s.ih, a.x) == WEIGHTS_H))),
+        objs=("t", "x")),
+    Act("m_allocate", {"size": INT, "fp": INT, "oom": BOOL}, _m_allocate(True),
+        pre=lambda s, a: z3.Or(a.size <= 0, K.footprint_ok(a.size, a.fp, s.page))),
+    Act("m_deallocate", {"x": INT, "foreign": BOOL}, _m_release, pre=lambda s, a: at(s.mst, a.x) != 0, objs=("x",)),
+]}
+
+
+def _l_acts(*names: str) -> list[Act]:
+    return [_L_ACTS[n] for n in names]
+
+
+def _s8_named(s: St, o: Any) -> Any:
+    """S8 on the records: granted is the open grants plus what tickets hold,
+    and a holder's charge is its live footprints, queued refunds and leases."""
+    return z3.And(s.granted == at(s.PG, s.ng) + at(s.PT, s.nt),
+                  at(s.cb, o) == sum(at(at(s[P], o), s.n) for P, _w in _BUCKETS))
+
+
 S8 = Proof(
     *catalog("S8"),
-    fields={"cap": INT, "free": INT, "granted": INT, "charged": INT, "astate": ARR, "fp": ARR, "sumfp": INT, "page": INT,
-            "P": ARR, "n": INT},
-    init=lambda s: z3.And(s.cap >= 0, s.free == s.cap, s.granted == 0, s.charged == 0, s.astate == Z0(),
-                          s.sumfp == 0, s.page > 0, s.n == 0, at(s.P, 0) == 0),
-    inv=_s8_inv,
-    lemmas=lambda s, o, a: z3.Implies(alive(s, o), at(s.fp, o) <= s.sumfp),
-    lemma_doc="a live or queued footprint is at most the sum of footprints",
-    actions=[
-        Act("allocate", _ALLOC, _s8_allocate(True), pre=_ALLOC_PRE, objs=("x",)),
-        Act("free", _X, _s8_free, objs=("x",)),
-    ],
-    unguarded=Act("allocate", _ALLOC, _s8_allocate(False), pre=_ALLOC_PRE, objs=("x",)),
-    guard="a failed allocation cancels its provisional grant",
-    step_prop=_s8_prop,
-    bmc_depth=1,
+    fields=dict(_L_FIELDS), init=_l_init, inv=_l_inv, inst=_l_inst,
+    actions=_l_acts("reserve", "commit", "cancel", "allocate_owned", "load_weight", "m_allocate"),
+    unguarded=Act("commit", {"g": INT, "actual": INT}, _l_commit(False),
+                  pre=lambda s, a: z3.And(at(s.gst, a.g) != 0, a.actual >= 0), objs=("g",)),
+    guard="only an open grant can be committed (a committed or cancelled one: InvalidRequest)",
+    bmc_depth=3,
 )
 
 
@@ -723,85 +1033,26 @@ S10 = Proof(
 
 
 # ==========================================================================
-# S11 ledger-conservation  (mirrors spec/governor.py: reserve, commit,
-# cancel, refund_lease)
+# S11 ledger-conservation: the ledger model of S8 (above), every action
+# that declares S11 (system level: the Governor, the binding, the holders,
+# the deferred-free queue; mechanism level: the device's physical bytes)
 # ==========================================================================
 
-G_OPEN, G_COMMITTED, G_CANCELLED = 1, 2, 3
-L_LIVE, L_REFUNDED = 1, 2
+def _s11_named(s: St, o: Any) -> Any:
+    """capacity == free + granted + charged, all >= 0; the holders' charges
+    sum to charged, each >= 0; the device holds 0..capacity physical bytes."""
+    return z3.And(K.ledger_ok(_ledger(s)), s.charged == at(s.cb, 0) + at(s.cb, 1) + at(s.cb, 2), at(s.cb, o) >= 0,
+                  0 <= s.phys, s.phys <= s.mcap)
 
 
-def _s11_reserve(check: bool):
-    def step(s: St, a: St):
-        l = _ledger(s)
-        pairs = [(a.n <= 0, "InvalidRequest")]
-        if check:
-            pairs.append((z3.Not(K.can_grant(l, a.n)), "GrantDenied"))
-        return on_ok(outcome(*pairs), s, _with_ledger(s, K.grant(l, a.n), gstate=upd(s.gstate, a.g, G_OPEN),
-                                                     gbytes=upd(s.gbytes, a.g, a.n), sumg=s.sumg + a.n,
-                                                     PG=prefix_append(s.PG, s.ng, a.n), ng=s.ng + 1))
-    return step
-
-
-def _s11_cancel(s: St, a: St):
-    out = outcome((at(s.gstate, a.g) != G_OPEN, "InvalidRequest"))
-    b = at(s.gbytes, a.g)
-    return on_ok(out, s, _with_ledger(s, K.cancel_grant(_ledger(s), b), gstate=upd(s.gstate, a.g, G_CANCELLED),
-                                      sumg=s.sumg - b, ret=b, PG=prefix_change(s.PG, a.g, -b)))
-
-
-def _s11_commit(s: St, a: St):
-    b = at(s.gbytes, a.g)
-    out = outcome((at(s.gstate, a.g) != G_OPEN, "InvalidRequest"),
-                  (z3.Not(K.can_commit(_ledger(s), b, a.actual)), "GrantDenied"))
-    return on_ok(out, s, _with_ledger(s, K.commit_grant(_ledger(s), b, a.actual), gstate=upd(s.gstate, a.g, G_COMMITTED),
-                                      lstate=upd(s.lstate, a.l, L_LIVE), lbytes=upd(s.lbytes, a.l, a.actual),
-                                      sumg=s.sumg - b, sumc=s.sumc + a.actual, PG=prefix_change(s.PG, a.g, -b),
-                                      PL=prefix_append(s.PL, s.nl, a.actual), nl=s.nl + 1))
-
-
-def _s11_refund(s: St, a: St):
-    out = outcome((at(s.lstate, a.l) != L_LIVE, "InvalidRequest"))
-    c = at(s.lbytes, a.l)
-    return on_ok(out, s, _with_ledger(s, K.refund(_ledger(s), c), lstate=upd(s.lstate, a.l, L_REFUNDED),
-                                      sumc=s.sumc - c, ret=c, PL=prefix_change(s.PL, a.l, -c)))
-
-
-def _s11_inv(s: St, o: Any) -> Any:
-    """sumg / sumc are the sums of open grants' / live leases' bytes: prefix-sum
-    ghosts PG / PL over dense grant and lease ids check them."""
-    return z3.And(K.ledger_ok(_ledger(s)), s.granted == s.sumg, s.charged == s.sumc,
-                  z3.Implies(at(s.gstate, o) == G_OPEN, at(s.gbytes, o) > 0),
-                  z3.Implies(at(s.lstate, o) == L_LIVE, at(s.lbytes, o) >= 0),
-                  z3.Implies(at(s.gstate, o) != 0, z3.And(0 <= o, o < s.ng)),
-                  z3.Implies(at(s.lstate, o) != 0, z3.And(0 <= o, o < s.nl)),
-                  prefix_sum(s.PG, s.ng, lambda i: K.ite(at(s.gstate, i) == G_OPEN, at(s.gbytes, i), 0)),
-                  prefix_sum(s.PL, s.nl, lambda i: K.ite(at(s.lstate, i) == L_LIVE, at(s.lbytes, i), 0)),
-                  s.sumg == at(s.PG, s.ng), s.sumc == at(s.PL, s.nl))
-
-
-_G = {"g": INT}
 S11 = Proof(
     *catalog("S11"),
-    fields={"cap": INT, "free": INT, "granted": INT, "charged": INT, "gstate": ARR, "gbytes": ARR, "lstate": ARR,
-            "lbytes": ARR, "sumg": INT, "sumc": INT, "ret": INT, "PG": ARR, "ng": INT, "PL": ARR, "nl": INT},
-    init=lambda s: z3.And(s.cap >= 0, s.free == s.cap, s.granted == 0, s.charged == 0, s.gstate == Z0(),
-                          s.lstate == Z0(), s.sumg == 0, s.sumc == 0, s.ng == 0, s.nl == 0,
-                          at(s.PG, 0) == 0, at(s.PL, 0) == 0),
-    inv=_s11_inv,
-    lemmas=lambda s, o, a: z3.And(z3.Implies(at(s.gstate, o) == G_OPEN, at(s.gbytes, o) <= s.sumg),
-                                  z3.Implies(at(s.lstate, o) == L_LIVE, at(s.lbytes, o) <= s.sumc)),
-    lemma_doc="an open grant's (a live lease's) bytes are at most the sum over open grants (live leases)",
-    actions=[
-        Act("reserve", {"g": INT, "n": INT}, _s11_reserve(True), pre=lambda s, a: a.g == s.ng, objs=("g",)),
-        Act("cancel", _G, _s11_cancel, objs=("g",)),
-        Act("commit", {"g": INT, "l": INT, "actual": INT}, _s11_commit,
-            pre=lambda s, a: z3.And(a.actual >= 0, a.l == s.nl), objs=("g", "l")),
-        Act("refund_lease", {"l": INT}, _s11_refund, objs=("l",)),
-    ],
-    unguarded=Act("reserve", {"g": INT, "n": INT}, _s11_reserve(False), pre=lambda s, a: a.g == s.ng, objs=("g",)),
+    fields=dict(_L_FIELDS), init=_l_init, inv=_l_inv, inst=_l_inst,
+    actions=_l_acts("reserve", "commit", "cancel", "refund_lease", "allocate_owned", "load_weight", "commit_owned",
+                    "kv_grow", "drop", "unload_weight", "poll", "claim", "cancel_ticket", "expire", "respond",
+                    "m_allocate", "m_deallocate"),
+    unguarded=Act("reserve", {"g": INT, "nb": INT}, _l_reserve(False), pre=lambda s, a: a.g == s.ng, objs=("g",)),
     guard="the Governor grants only what is free (can_grant)",
-    safety=lambda s, o: z3.And(s.free >= 0, s.granted + s.charged <= s.cap),
     bmc_depth=1,
 )
 
@@ -1265,43 +1516,80 @@ S14 = Proof(
 
 # ==========================================================================
 # S15 ticket-exactly-once  (mirrors spec/governor.py: issue_ticket, claim,
-# cancel_ticket, and ticket_receive / ticket_end for one ticket)
+# cancel_ticket, expire, reconfigure; spec/holders.py: respond)
+#
+# Configuration generations: every ticket records the generation it was
+# issued in (tgen); reconfigure bumps gen and fails every pending ticket at
+# once, returning what they held.  Two prefix-sum ghosts split what the
+# tickets hold into pending (PP) and the rest (PN, i.e. granted), so that
+# reconfigure's "every pending ticket gives its bytes back" is one step:
+# free += PP[nt], and PP becomes 0 everywhere.
 # ==========================================================================
 
+T_FAILED = 6
+
+
 def _terminal(st: Any) -> Any:
-    return z3.Or(st == T_CLAIMED, st == T_CANCELLED, st == T_TIMED_OUT)
+    return z3.Or(st == T_CLAIMED, st == T_CANCELLED, st == T_TIMED_OUT, st == T_FAILED)
+
+
+def _returned(st: Any) -> Any:
+    """The terminal states that give the held bytes back (claim hands them over instead)."""
+    return z3.Or(st == T_CANCELLED, st == T_TIMED_OUT, st == T_FAILED)
+
+
+def _pend_part(st: Any, h: Any) -> Any:
+    return z3.If(st == T_PENDING, h, 0)
+
+
+def _gr_part(st: Any, h: Any) -> Any:
+    return z3.If(st == T_GRANTED, h, 0)
+
+
+def _moved(s: St, t: Any, st2: Any, h2: Any) -> dict[str, Any]:
+    """The ghosts after ticket ``t`` goes to state ``st2`` holding ``h2``."""
+    st, h = at(s.tstate, t), at(s.held, t)
+    return {"PP": prefix_change(s.PP, t, _pend_part(st2, h2) - _pend_part(st, h)),
+            "PN": prefix_change(s.PN, t, _gr_part(st2, h2) - _gr_part(st, h))}
 
 
 def _s15_issue(s: St, a: St):
     out = outcome((a.n <= 0, "InvalidRequest"))
     return on_ok(out, s, s.set(tstate=upd(s.tstate, a.t, T_PENDING), held=upd(s.held, a.t, 0),
                                ret=upd(s.ret, a.t, 0), amount=upd(s.amount, a.t, a.n),
-                               deadline=upd(s.deadline, a.t, a.dl), PT=prefix_append(s.PT, s.nt, 0), nt=s.nt + 1))
+                               deadline=upd(s.deadline, a.t, a.dl), tgen=upd(s.tgen, a.t, s.gen),
+                               PP=prefix_append(s.PP, s.nt, 0), PN=prefix_append(s.PN, s.nt, 0), nt=s.nt + 1))
 
 
-def _s15_receive(s: St, a: St):
-    """A holder's release refunded ``r`` bytes; they move from free into the ticket."""
-    out = outcome((z3.Not(z3.Or(at(s.tstate, a.t) == T_PENDING, at(s.tstate, a.t) == T_GRANTED)), "InvalidTicket"),
-                  (a.r > s.free, "InvalidRequest"))
-    l = K.grant_from_free(_ledger(s), a.r)
-    held = at(s.held, a.t) + a.r
-    st = K.ite(z3.And(at(s.tstate, a.t) == T_PENDING, held >= at(s.amount, a.t)), T_GRANTED, at(s.tstate, a.t))
-    return on_ok(out, s, _with_ledger(s, l, held=upd(s.held, a.t, held), tstate=upd(s.tstate, a.t, st),
-                                      sumheld=s.sumheld + a.r, PT=prefix_change(s.PT, a.t, a.r)))
+def _s15_respond(check_gen: bool = True):
+    def step(s: St, a: St):
+        """A holder answers ticket ``t``: its releases refund ``r`` bytes of its
+        charge to free (spec/ep.py refund), and the Governor moves them from
+        free into the ticket (spec/governor.py ticket_receive)."""
+        st = at(s.tstate, a.t)
+        stale = z3.And(st == T_PENDING, at(s.tgen, a.t) != s.gen) if check_gen else z3.BoolVal(False)
+        out = outcome((z3.Not(z3.Or(st == T_PENDING, st == T_GRANTED)), "InvalidTicket"), (stale, "InvalidTicket"))
+        l = K.grant_from_free(K.refund(_ledger(s), a.r), a.r)
+        held = at(s.held, a.t) + a.r
+        st2 = K.ite(z3.And(st == T_PENDING, held >= at(s.amount, a.t)), T_GRANTED, st)
+        return on_ok(out, s, _with_ledger(s, l, held=upd(s.held, a.t, held), tstate=upd(s.tstate, a.t, st2),
+                                          sumheld=s.sumheld + a.r, **_moved(s, a.t, st2, held)))
+    return step
 
 
 def _s15_claim(s: St, a: St):
     out = outcome((at(s.tstate, a.t) != T_GRANTED, "InvalidTicket"))
     h = at(s.held, a.t)
     return on_ok(out, s, s.set(tstate=upd(s.tstate, a.t, T_CLAIMED), held=upd(s.held, a.t, 0),
-                               sumheld=s.sumheld - h, sumgr=s.sumgr + h, out_bytes=h, PT=prefix_change(s.PT, a.t, -h)))
+                               sumheld=s.sumheld - h, sumgr=s.sumgr + h, out_bytes=h,
+                               **_moved(s, a.t, T_CLAIMED, 0)))
 
 
 def _end(s: St, t: Any, st: int) -> St:
     h = at(s.held, t)
     return _with_ledger(s, K.return_grant(_ledger(s), h), tstate=upd(s.tstate, t, st), held=upd(s.held, t, 0),
                         ret=upd(s.ret, t, at(s.ret, t) + 1), sumheld=s.sumheld - h, out_bytes=h,
-                        PT=prefix_change(s.PT, t, -h))
+                        **_moved(s, t, st, 0))
 
 
 def _s15_cancel(check: bool):
@@ -1312,51 +1600,116 @@ def _s15_cancel(check: bool):
 
 
 def _s15_expire(s: St, a: St):
+    """One ticket's timeout: the spec's expire times out every due ticket, one
+    after the other; here ``t``'s part (an error outcome: ``t`` is left alone)."""
     st = at(s.tstate, a.t)
     dl = at(s.deadline, a.t)
     out = outcome((_terminal(st), "InvalidTicket"), (z3.Not(z3.And(0 < dl, dl <= a.now)), "InvalidRequest"))
     return on_ok(out, s, _end(s, a.t, T_TIMED_OUT))
 
 
+def _s15_reconfigure(fail_stale: bool):
+    def step(s: St, a: St):
+        """A new generation; every pending ticket fails at once and gives back what it holds."""
+        if not fail_stale:
+            return on_ok(z3.IntVal(OK), s, s.set(gen=s.gen + 1))
+        i = z3.Int("rc_i")
+        pend = lambda x: at(s.tstate, x) == T_PENDING  # noqa: E731
+        back = at(s.PP, s.nt)
+        return on_ok(z3.IntVal(OK), s, _with_ledger(
+            s, K.return_grant(_ledger(s), back), gen=s.gen + 1,
+            tstate=z3.Lambda([i], z3.If(pend(i), T_FAILED, at(s.tstate, i))),
+            held=z3.Lambda([i], z3.If(pend(i), 0, at(s.held, i))),
+            ret=z3.Lambda([i], z3.If(pend(i), at(s.ret, i) + 1, at(s.ret, i))),
+            sumheld=s.sumheld - back, out_bytes=back, PP=z3.K(z3.IntSort(), z3.IntVal(0))))
+    return step
+
+
 def _s15_inv(s: St, o: Any) -> Any:
     st, h, r = at(s.tstate, o), at(s.held, o), at(s.ret, o)
     return z3.And(
         K.ledger_ok(_ledger(s)), s.granted == s.sumheld + s.sumgr, s.sumgr >= 0,
-        h >= 0, z3.Implies(_terminal(st), h == 0), z3.Implies(st == 0, z3.And(h == 0, r == 0)),
-        r >= 0, r <= 1, z3.Implies(r == 1, z3.Or(st == T_CANCELLED, st == T_TIMED_OUT)),
-        z3.Implies(z3.Or(st == T_CANCELLED, st == T_TIMED_OUT), r == 1),
-        # sumheld is the sum of what the tickets hold: a prefix-sum ghost over dense ticket ids
+        st >= 0, st <= T_FAILED, h >= 0, z3.Implies(_terminal(st), h == 0), z3.Implies(st == 0, z3.And(h == 0, r == 0)),
+        r >= 0, r <= 1, z3.Implies(r == 1, _returned(st)), z3.Implies(_returned(st), r == 1),
+        # generations: no pending ticket of an older configuration
+        z3.Implies(st != 0, at(s.tgen, o) <= s.gen), z3.Implies(st == T_PENDING, at(s.tgen, o) == s.gen),
+        # what the tickets hold: pending (PP) + granted (PN), prefix-sum ghosts over dense ticket ids
         z3.Implies(st != 0, z3.And(0 <= o, o < s.nt)),
-        prefix_sum(s.PT, s.nt, lambda i: at(s.held, i)), s.sumheld == at(s.PT, s.nt),
+        prefix_sum(s.PP, s.nt, lambda i: _pend_part(at(s.tstate, i), at(s.held, i))),
+        prefix_sum(s.PN, s.nt, lambda i: _gr_part(at(s.tstate, i), at(s.held, i))),
+        s.sumheld == at(s.PP, s.nt) + at(s.PN, s.nt),
     )
 
 
 _T = {"t": INT}
 _EXISTS = lambda s, a: at(s.tstate, a.t) != 0  # noqa: E731  (the spec draws existing tickets)
-S15 = Proof(
-    *catalog("S15"),
-    fields={"cap": INT, "free": INT, "granted": INT, "charged": INT, "tstate": ARR, "held": ARR, "ret": ARR,
-            "amount": ARR, "deadline": ARR, "sumheld": INT, "sumgr": INT, "out_bytes": INT, "PT": ARR, "nt": INT},
-    init=lambda s: z3.And(s.cap >= 0, s.free >= 0, s.charged >= 0, s.free + s.charged == s.cap, s.granted == 0,
-                          s.tstate == Z0(), s.held == Z0(), s.ret == Z0(), s.sumheld == 0, s.sumgr == 0,
-                          s.nt == 0, at(s.PT, 0) == 0),
-    inv=_s15_inv,
-    lemmas=lambda s, o, a: z3.Implies(z3.Not(_terminal(at(s.tstate, o))), at(s.held, o) <= s.sumheld),
-    lemma_doc="what a ticket holds is at most the sum of what the tickets hold",
-    actions=[
+#: a holder releases only bytes it is charged for (the spec's victims are its own resident weights)
+_RESPOND_PRE = lambda s, a: z3.And(a.r >= 0, a.r <= s.charged, at(s.tstate, a.t) != 0)  # noqa: E731
+_S15_FIELDS = {"cap": INT, "free": INT, "granted": INT, "charged": INT, "tstate": ARR, "held": ARR, "ret": ARR,
+               "amount": ARR, "deadline": ARR, "tgen": ARR, "gen": INT, "sumheld": INT, "sumgr": INT,
+               "out_bytes": INT, "PP": ARR, "PN": ARR, "nt": INT}
+
+
+def _s15_init(s: St) -> Any:
+    return z3.And(s.cap >= 0, s.free >= 0, s.charged >= 0, s.free + s.charged == s.cap, s.granted == 0,
+                  s.tstate == Z0(), s.held == Z0(), s.ret == Z0(), s.sumheld == 0, s.sumgr == 0,
+                  s.nt == 0, at(s.PP, 0) == 0, at(s.PN, 0) == 0)
+
+
+def _s15_actions(fail_stale: bool = True) -> list[Act]:
+    return [
         Act("issue_ticket", {"t": INT, "n": INT, "dl": INT}, _s15_issue, pre=lambda s, a: a.t == s.nt, objs=("t",)),
-        Act("receive", {"t": INT, "r": INT}, _s15_receive, pre=lambda s, a: a.r >= 0, objs=("t",)),
+        Act("respond", {"t": INT, "r": INT}, _s15_respond(), pre=_RESPOND_PRE, objs=("t",)),
         Act("claim", _T, _s15_claim, pre=_EXISTS, objs=("t",)),
         Act("cancel_ticket", _T, _s15_cancel(True), pre=_EXISTS, objs=("t",)),
         Act("expire", {"t": INT, "now": INT}, _s15_expire, pre=_EXISTS, objs=("t",)),
-    ],
+        Act("reconfigure", {}, _s15_reconfigure(fail_stale)),
+    ]
+
+
+S15 = Proof(
+    *catalog("S15"),
+    fields=dict(_S15_FIELDS),
+    init=_s15_init,
+    inv=_s15_inv,
+    lemmas=lambda s, o, a: z3.Implies(z3.Not(_terminal(at(s.tstate, o))), at(s.held, o) <= s.sumheld),
+    lemma_doc="what a ticket holds is at most the sum of what the tickets hold",
+    actions=_s15_actions(),
     unguarded=Act("cancel_ticket", _T, _s15_cancel(False), pre=_EXISTS, objs=("t",)),
     guard="cancel of a terminal ticket raises InvalidTicket (its grant was already returned)",
     bmc_depth=3,
 )
 
 
+def _g1_step(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
+    """A ticket of an older generation that is not granted (nor claimed) never becomes either."""
+    old = z3.And(at(s.tgen, o) < s.gen, at(s.tstate, o) != T_GRANTED, at(s.tstate, o) != T_CLAIMED)
+    return z3.Implies(old, z3.And(at(s2.tstate, o) != T_GRANTED, at(s2.tstate, o) != T_CLAIMED))
+
+
+#: G1: configuration-generation invalidation of pending tickets (issue 13, from the onnx-genai TLA+
+#: specs the design comes from), on S15's machine: same state, same actions, its own guard.
+G1 = Proof(
+    "G1", "generation",
+    "When memory is tight, all it can send is: pressure ticket: try to free 1 GB, priority = ..., deadline = ... "
+    "(and: Total capacity: 24 GB / Approved: 22 GB -- the configuration the tickets were issued under)",
+    fields=dict(_S15_FIELDS),
+    init=_s15_init,
+    inv=_s15_inv,
+    lemmas=lambda s, o, a: z3.Implies(z3.Not(_terminal(at(s.tstate, o))), at(s.held, o) <= s.sumheld),
+    lemma_doc="what a ticket holds is at most the sum of what the tickets hold",
+    actions=_s15_actions(),
+    unguarded=Act("reconfigure", {}, _s15_reconfigure(False)),
+    guard="reconfigure fails every pending ticket of the older generation (their bytes returned once)",
+    step_prop=_g1_step,
+    bmc_depth=3,
+)
+G1.declared_by = "S15"  # type: ignore[attr-defined]  (the spec's actions declare S15; G1 is part of it)
+
+
 PROOFS = [S1, S2, S3, S4, S5, S6, S7, S8, S9, S10, S11, S12, S13, S14, S15]
+#: proofs of properties that are not catalog invariants (G1 lives on S15's machine)
+MORE_PROOFS = [G1]
 
 
 # ==========================================================================
@@ -1381,12 +1734,16 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
            "cancel": ("system:cancel_ticket",)},
     "S7": {"allocate": ("system:allocate_owned",), "use": ("system:use",), "drop": ("system:drop",),
            "progress": ("system:synchronize",), "poll": ("system:poll",)},
-    "S8": {"allocate": ("system:allocate_owned",), "free": ("system:poll",)},
+    "S8": {"reserve": ("system:reserve",), "commit": ("system:commit",), "cancel": ("system:cancel",),
+           "allocate_owned": ("system:allocate_owned",), "load_weight": ("system:load_weight",),
+           "m_allocate": ("mechanism:allocate",)},
     "S9": {"grow": ("system:kv_grow",)},
     "S10": {"allocate": ("system:allocate_owned",), "drop": ("system:drop",), "complete": ("system:poll",),
             "destroy_context": ("system:destroy_context",)},
-    "S11": {"reserve": ("system:reserve",), "cancel": ("system:cancel",), "commit": ("system:commit",),
-            "refund_lease": ("system:refund_lease",)},
+    "S11": {**{n: (f"system:{n}",) for n in ("reserve", "commit", "cancel", "refund_lease", "allocate_owned",
+                                             "load_weight", "commit_owned", "kv_grow", "drop", "unload_weight",
+                                             "poll", "claim", "cancel_ticket", "expire", "respond")},
+            "m_allocate": ("mechanism:allocate",), "m_deallocate": ("mechanism:deallocate",)},
     "S12": {"reserve_owned": ("system:reserve_owned",), "kv_open": ("system:kv_open",),
             "commit": ("system:commit_owned",), "decommit": ("system:decommit_owned",), "kv_grow": ("system:kv_grow",),
             "commit_range": ("mechanism:commit_range",), "decommit_range": ("mechanism:decommit_range",)},
@@ -1398,9 +1755,11 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
             "release_reservation": ("mechanism:release_reservation",),
             "free_shared_reservation": ("mechanism:free_shared_reservation",),
             "allocate_owned": ("system:allocate_owned",), "reserve_owned": ("system:reserve_owned",)},
-    "S15": {"issue_ticket": ("system:issue_ticket",), "receive": ("system:respond",), "claim": ("system:claim",),
-            "cancel_ticket": ("system:cancel_ticket",), "expire": ("system:expire",)},
+    "S15": {"issue_ticket": ("system:issue_ticket",), "respond": ("system:respond",), "claim": ("system:claim",),
+            "cancel_ticket": ("system:cancel_ticket",), "expire": ("system:expire",),
+            "reconfigure": ("system:reconfigure",)},
 }
+ENCODES["G1"] = ENCODES["S15"]  # G1 is on S15's machine
 
 
 def _shared_map(s: St, x: Any) -> Any:
@@ -1414,10 +1773,10 @@ NAMED: dict[str, Any] = {
     "S5": _s5_named,  # + the step properties: a successful commit changes exactly the range
     "S6": lambda s, o: at(s.charge, o) >= 0,
     "S7": lambda s, o: z3.BoolVal(True),  # a step property: drop enqueues, never frees or synchronizes
-    "S8": lambda s, o: z3.And(s.granted == 0, s.charged == s.sumfp),
+    "S8": _s8_named,
     "S9": lambda s, r: z3.And(at(s.view, r) == at(s.kc, r), at(s.chg, r) + at(s.prefix, r) == at(s.kc, r)),
     "S10": lambda s, o: z3.Implies(alive(s, o), at(s.calive, at(s.actx, o))),
-    "S11": lambda s, o: K.ledger_ok(_ledger(s)),
+    "S11": _s11_named,
     "S12": lambda s, r: z3.Implies(at(s.rstate, r) == LIVE, at(s.base, r) == at(s.base0, r)),
     "S13": lambda s, o: z3.And(z3.Implies(_shared_map(s, o), z3.Not(at(s.hfreed, at(s.mh, o)))),
                                s.rowrites == 0,
@@ -1425,13 +1784,14 @@ NAMED: dict[str, Any] = {
     "S14": lambda s, o: _s14_owns_address(s, o),  # + the step property: a stale handle is rejected
     "S15": lambda s, o: z3.And(at(s.ret, o) <= 1,
                                z3.Implies(_terminal(at(s.tstate, o)), at(s.held, o) == 0)),
+    "G1": lambda s, o: z3.Implies(at(s.tstate, o) == T_PENDING, at(s.tgen, o) == s.gen),
 }
 
 
 def _annotate() -> None:
     from dataclasses import replace
 
-    for p in PROOFS:
+    for p in PROOFS + MORE_PROOFS:
         enc = ENCODES.get(p.id, {})
         p.actions = [replace(a, spec=enc.get(a.name, ())) for a in p.actions]
         p.unguarded = replace(p.unguarded, spec=enc.get(p.unguarded.name, ()))

@@ -57,7 +57,7 @@ def _patched(module: Any, name: str, value: Any) -> Iterator[None]:
 
 
 def _proof(inv: str) -> Proof:
-    return next(p for p in E.PROOFS if p.id == inv)
+    return next(p for p in E.PROOFS + E.MORE_PROOFS if p.id == inv)
 
 
 def _guard_removed(inv: str) -> Callable[[], Proof]:
@@ -301,6 +301,7 @@ def catalog() -> list[Break]:
         Break("C4 spec: best fit searches both pools", "spec", "C4", ("spec-walk:caching",),
               patch=_spec_patch("memspec.spec.caching.policy", "_candidates", _any_pool)),
     ]
+    out += _generation_progress_breaks()
     return out
 
 
@@ -329,9 +330,12 @@ def detect_agreement(inv: str, samples: int = 150) -> str | None:
     from memspec.spec.mechanism import MECHANISM
     from memspec.spec.system import SYSTEM
 
-    proofs = {p.id: p for p in E.PROOFS}
-    for machine, init, ads, too_big in ((MECHANISM, A._mech_init, A.MECH_ADAPTERS, A._mech_too_big),
-                                        (SYSTEM, A._sys_init, A.SYS_ADAPTERS, A._sys_too_big)):
+    proofs = {p.id: p for p in E.PROOFS + E.MORE_PROOFS}
+    walks = [(MECHANISM, A._mech_init, A.MECH_ADAPTERS, A._mech_too_big),
+             (SYSTEM, A._sys_init, A.SYS_ADAPTERS, A._sys_too_big)]
+    if hasattr(A, "TICKET_ADAPTERS"):  # S15 / G1 sample on the ticket protocol's walk
+        walks.append((A._Restricted(SYSTEM, A._TICKET_WALK), A._tickets_init, A.TICKET_ADAPTERS, A._sys_too_big))
+    for machine, init, ads, too_big in walks:
         mine = [a for a in ads if a.invariant == inv]
         if not mine:
             continue
@@ -416,6 +420,8 @@ def run_detector(d: str, b: Break, baselines: dict[str, Any]) -> str | None:
         return detect_spec_check(d.split(":")[1])
     if d == "spec-walk:caching":
         return detect_caching_walk()
+    if d == "progress":
+        return detect_progress()
     raise ValueError(d)
 
 
@@ -431,6 +437,10 @@ def run_self_test(breaks: list[Break] | None = None) -> tuple[list[tuple[Break, 
         why = detect_agreement(inv)
         if why:
             problems[f"agreement:{inv}"] = why
+    if any("progress" in b.detectors for b in breaks):
+        why = detect_progress()
+        if why:
+            problems["progress"] = why
     for d in sorted({d for b in breaks for d in b.detectors if d.startswith("spec-")}):
         why = detect_spec_check(d.split(":")[1]) if d.startswith("spec-check") else detect_caching_walk()
         if why:
@@ -474,10 +484,69 @@ def main() -> int:
     killed = sum(1 for _b, c, _s in rows if c)
     covered = sorted({b.invariant for b, c, _s in rows if c and names(b, c)}, key=lambda x: (x[0], int(x[1:])))
     print(f"\n{killed}/{len(rows)} breaks killed; invariants covered by a killed break: {', '.join(covered)}")
-    missing = [i for i in [f"S{k}" for k in range(1, 16)] + [f"C{k}" for k in range(1, 10)] if i not in covered]
+    missing = [i for i in [f"S{k}" for k in range(1, 16)] + [f"C{k}" for k in range(1, 10)] + ["G1", "P1"]
+               if i not in covered]
     if missing:
         print(f"no killed break for: {', '.join(missing)}")
     for k, v in problems.items():
         print(f"detector {k} fires on the unbroken project (not counted): {v}")
     print(f"self-test {time.perf_counter() - t0:.1f}s")
     return 0 if killed == len(rows) and not problems else 1
+
+
+# ==========================================================================
+# G1 (configuration generations) and P1 (progress)
+# ==========================================================================
+
+def _s15_respond_never_grants(s: Any, a: Any) -> Any:
+    """S15's respond, but a ticket that reaches its amount stays pending."""
+    out, s2 = E._s15_respond()(s, a)
+    return out, s2.set(tstate=s.tstate)
+
+
+@contextmanager
+def _s15_machine_swapped(action: str, step: Callable[[Any, Any], Any]) -> Iterator[None]:
+    """S15's machine (which P1's sequence runs on) with one action's step replaced."""
+    p = E.S15
+    with _patched(E, "S15", replace(p, actions=[replace(a, step=step) if a.name == action else a
+                                                for a in p.actions])):
+        yield
+
+
+def _ticket_end_keeps_failed(orig: Any) -> Any:
+    from memspec.spec.api import TicketState
+
+    def ticket_end(s: Any, t: Any, state: str) -> int:
+        if state == TicketState.FAILED:
+            return 0  # reconfigure "fails" the ticket but leaves it pending, holding its bytes
+        return orig(s, t, state)
+    return ticket_end
+
+
+def detect_progress() -> str | None:
+    """P1: Z3's admission proof over S15's machine, then the spec walk."""
+    from memspec.invariants.proofs_progress import check_on_spec, prove_progress
+
+    z = prove_progress()
+    if not z.proved:
+        return f"progress: P1 not proved by Z3 ({z.detail[:100]})"
+    w = check_on_spec(150, 0)
+    if w.counterexamples:
+        return f"progress: P1 not admitted on the spec: {w.counterexamples[0][:120]}"
+    return None
+
+
+def _generation_progress_breaks() -> list[Break]:
+    p = _proof("G1")
+    return [
+        Break(f"G1 encoding: {p.unguarded.name} without its guard ({p.guard})", "encoding", "G1", ("prove",),
+              proof=_guard_removed("G1")),
+        Break("S15 spec: reconfigure leaves the old generation's tickets pending", "spec", "S15",
+              ("agreement", "spec-check:system"), patch=_spec_patch("memspec.spec.governor", "ticket_end",
+                                                        _ticket_end_keeps_failed)),
+        Break("P1 encoding: respond never grants a ticket that holds its amount", "encoding", "P1", ("progress",),
+              patch=lambda: _s15_machine_swapped("respond", _s15_respond_never_grants)),
+        Break("P1 spec: ModelResidency cannot release its cold weights", "spec", "P1", ("progress",),
+              patch=_spec_patch("memspec.spec.holders", "victims",
+                                lambda _o: (lambda s, released: [] if released == 0 else None))),
+    ]

@@ -441,6 +441,11 @@ class Governor(Protocol):
     def cancel_ticket(self, ticket: Ticket) -> int: ...
     def expire(self, now: int) -> list[Ticket]: ...
 
+    def reconfigure(self) -> int:
+        """The configuration changes: a new generation (returned); every ticket
+        still pending from an older generation fails, its bytes returned once."""
+        ...
+
 
 @runtime_checkable
 class Holder(Protocol):

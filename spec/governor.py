@@ -21,7 +21,17 @@ The ledger of the authority (S11)::
 
 A pressure ticket goes ``pending -> granted -> claimed``; ``pending`` or
 ``granted`` may be cancelled or time out; a terminal ticket holds 0 and the
-bytes it held were given back exactly once (S15).  Holders answer tickets
+bytes it held were given back exactly once (S15).
+
+Configuration generations: the Governor's configuration (the budget it
+approves against, *Total capacity: 24 GB / Approved: 22 GB*) carries a
+generation, and every ticket the generation it was issued in.  When the
+configuration changes (``reconfigure``) the generation moves on and every
+ticket still *pending* from an older one fails: the bytes it held go back to
+*free* exactly once, it can never be granted or claimed afterwards, and a
+holder answering it is told (InvalidTicket).  A ticket already *granted*
+keeps its bytes for the requester.  (The configuration's figures are not
+part of the model: capacity stays what ``init`` set.)  Holders answer tickets
 (``memspec.spec.holders``): the bytes a holder's releases refunded move from
 *free* into the ticket, so nobody else takes them before the requester claims.
 """
@@ -226,6 +236,8 @@ def refund_lease(s: SysState, lease: int) -> Any:
 
 def ticket_receive(s: SysState, t: TicketRec, n: int) -> None:
     """``n`` bytes a holder's releases refunded move from free into the ticket."""
+    if t.state == TicketState.PENDING and t.generation != s.generation:
+        s.stale_tickets += 1  # a pending ticket of an older configuration should have failed
     _set(s, K.grant_from_free(ledger(s), n))
     t.held += n
     t.received += n
@@ -273,7 +285,7 @@ def issue_ticket(s: SysState, request: tuple[int, int, int]) -> Any:
 
     def then(_v: Ticket) -> int:
         ref = new_ref(s)
-        s.tickets[ref] = TicketRec(ref, amount, priority, deadline)
+        s.tickets[ref] = TicketRec(ref, amount, priority, deadline, generation=s.generation)
         s.ticket_refs.add(ref)
         return ref
 
@@ -368,4 +380,27 @@ def expire(s: SysState, now: tuple[int, tuple[int, ...]]) -> Any:
     return outcomes(Returns(f"the tickets {list(due)}", lambda v: tuple(v) == due, then, lambda: due), blame="S15")
 
 
-ACTIONS = [reserve, commit, cancel, refund_lease, issue_ticket, claim, cancel_ticket, expire]
+@action(role="Governor", perform=lambda sut: sut.governor.reconfigure(), invariants=("S15", "S11"))
+def reconfigure(s: SysState) -> Any:
+    """The Governor's configuration changes: a new generation.
+
+    Returns the new generation, an int.  Every ticket still *pending* from
+    an older generation fails: the bytes it held go back to *free*, exactly
+    once, and it holds 0; it can never be granted or claimed, and a holder
+    that answers it gets InvalidTicket.  Granted tickets are kept.
+    """
+    stale = [r for r in s.ticket_refs if s.tickets[r].state == TicketState.PENDING]
+
+    def accepts(v: Any) -> bool:
+        return type(v) is int
+
+    def then(_v: Any) -> None:
+        s.generation += 1
+        for r in stale:
+            ticket_end(s, s.tickets[r], TicketState.FAILED)
+
+    return outcomes(Returns(f"a new generation; the pending tickets {stale} fail", accepts, then,
+                            lambda: s.generation + 1), blame="S15", touched=tuple(stale))
+
+
+ACTIONS = [reserve, commit, cancel, refund_lease, issue_ticket, claim, cancel_ticket, expire, reconfigure]

@@ -373,6 +373,8 @@ S14 = _inv(
 
 
 def _s15(s: SysState) -> str | None:
+    if s.stale_tickets:
+        return f"{s.stale_tickets} pending ticket(s) of an older configuration generation were answered or granted"
     if s.tickets_received != s.tickets_held + s.tickets_returned + s.tickets_claimed:
         return (f"tickets received {s.tickets_received} != held {s.tickets_held} + returned {s.tickets_returned} "
                 f"+ claimed {s.tickets_claimed}")
@@ -388,6 +390,8 @@ def _s15_full(s: SysState) -> str | None:
             return f"terminal ticket {t.ref} ({t.state}) still holds {t.held}"
         if t.returns > 1:
             return f"ticket {t.ref} gave its bytes back {t.returns} times"
+        if t.state == TicketState.PENDING and t.generation != s.generation:
+            return f"ticket {t.ref} is pending from generation {t.generation}, the configuration is at {s.generation}"
     return None
 
 

@@ -228,6 +228,7 @@ class TicketRec:
     returned: int = 0          # bytes given back to free (cancel/timeout), ever
     returns: int = 0           # how many times bytes were given back (S15: <= 1)
     claimed: int = 0           # bytes handed to the requester as a grant
+    generation: int = 1        # the Governor's configuration generation when it was issued
 
 
 @dataclass
@@ -329,6 +330,10 @@ class SysState:
     tickets_received: int = 0
     tickets_returned: int = 0
     tickets_claimed: int = 0
+    #: the Governor's configuration generation (``reconfigure`` bumps it; the
+    #: pending tickets of an older generation fail)
+    generation: int = 1
+    stale_tickets: int = 0         # S15: a ticket of an older generation was answered or granted while pending
     clock: int = 0
     # -- EP
     streams: dict[int, Stream] = field(default_factory=dict)

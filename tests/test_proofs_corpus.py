@@ -27,3 +27,45 @@ def test_a_target_that_leaves_the_spec_branch_fails() -> None:
                         "OutOfMemory", capacity=64 * MiB)
     r = replay("mutant:caching-wrong-oom-figures", trace)
     assert not r.ok and "C9" in r.detail
+
+
+# -- seed 000: a Z3-driven trace per encoded branch and unguarded variant -------
+
+import pytest  # noqa: E402
+
+from memspec.invariants import corpus as C  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def seed000() -> tuple[list, list]:
+    return C.build_seed000(steps=800)
+
+
+def test_goals_come_from_the_encodings_that_exist_now() -> None:
+    from memspec.invariants.proofs import branches
+    from memspec.invariants.proofs_catalog import all_proofs
+
+    gs = C.goals()
+    p = {x.id: x for x in all_proofs()}["S15"]
+    mine = {(g.action, g.branch) for g in gs if g.invariant == "S15" and g.kind == "branch"}
+    assert mine == {(a.name, b) for a in p.actions for b in branches(p, a)}
+    assert any(g.kind == "unguarded" and g.invariant == "G1" for g in gs)
+
+
+def test_seed000_traces_take_the_spec_branch_on_reference_and_cuda_host(seed000) -> None:
+    gs, traces = seed000
+    assert len(traces) >= 40 and {t.goal.level for t in traces} == {"mechanism", "system"}
+    assert sum(1 for t in traces if t.goal.kind == "unguarded") >= 3
+    for t in traces:  # each trace ends on the goal: the encoding's branch, the reference's matching outcome
+        assert t.encoded == t.goal.branch or t.goal.kind == "unguarded"
+    for target in ("reference", "cuda-host"):
+        bad = [(r.trace.goal.name, r.detail) for r in (C.replay_seed000(target, t) for t in traces) if not r.ok]
+        assert not bad, (target, bad[:3])
+
+
+def test_a_target_that_leaves_the_spec_branch_fails_a_seed000_trace(seed000) -> None:
+    _gs, traces = seed000
+    cancels = [t for t in traces if t.goal.spec_action == "cancel" and t.expect == "ok"]
+    assert cancels  # a grant cancelled: the trace Z3's S11 branch "cancel ok" drives
+    reps = [C.replay_seed000("mutant:cancel-leaks-grant", t) for t in cancels]
+    assert all(not r.ok and "S11" in r.detail for r in reps), [r.detail for r in reps]

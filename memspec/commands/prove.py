@@ -1,7 +1,8 @@
 """``memspec prove``: Z3 inductive proofs of the spec's invariants.
 
-One row per invariant (S1-S15, C1-C9), and "proved" only when all of these
-hold (DESIGN.md, *What "proved" must mean*):
+One row per invariant (S1-S15, C1-C9), plus G1 (configuration generations,
+on S15's machine) and P1 (progress, :mod:`memspec.invariants.proofs_progress`),
+and "proved" only when all of these hold (DESIGN.md, *What "proved" must mean*):
 
 * the inductive proof passes with nothing assumed (a lemma not derived from
   the invariant makes it *conditional*);
@@ -34,7 +35,7 @@ def _agreement(samples: int, inv_samples: int, seed: int) -> list[Any]:
 def _seed000_record(p: Any, r: Any, reps: list[Any], branch_sets: dict[str, list[str]]) -> dict[str, Any]:
     from memspec.invariants.proofs_catalog import declared, encoded
 
-    dec, enc = declared(p.id), encoded(p)
+    dec, enc = declared(getattr(p, "declared_by", p.id)), encoded(p)  # G1 is on S15's machine
     mine = [x for x in reps if x.invariant == p.id]
     inv_n = sum(x.inv_samples for x in mine)
     inv_bad = [m for x in mine for m in x.inv_disagreements]
@@ -135,6 +136,10 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
         r = prove(p)
         bsets = {a.name: branches(p, a) for a in p.actions}
         records.append(_verdict(_seed000_record(p, r, reps, bsets)))
+    if not ids or "P1" in ids:  # progress (liveness as safety), on S15's machine and by a walk of the spec
+        from memspec.invariants.proofs_progress import record as progress_record
+
+        records.append(progress_record(max(samples // 2, 50), seed))
     caching = None
     if caching_on and (not ids or any(i.startswith("C") for i in ids)):
         from memspec.invariants.proofs_caching import run_caching
@@ -233,7 +238,7 @@ def main(argv: list[str]) -> int:
 
     from memspec.invariants.proofs_catalog import all_proofs
 
-    known = {p.id for p in all_proofs()} | {f"C{i}" for i in range(1, 10)}
+    known = {p.id for p in all_proofs()} | {f"C{i}" for i in range(1, 10)} | {"P1"}
     unknown = [i for i in ns.ids if i not in known]
     if unknown:
         print(f"memspec prove: unknown invariant id(s) {unknown}; known: {', '.join(sorted(known))}")

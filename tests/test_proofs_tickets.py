@@ -1,0 +1,88 @@
+"""S15 and G1 (configuration generations) on one Z3 machine: every branch of
+every encoded action is sampled on reachable spec states and agrees; and
+P1 (progress): a request that fits after releases is admitted -- by Z3 for
+an arbitrary state, and on the executable spec by a walk; planted breaks
+are caught."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from memspec.invariants import proofs_seed000 as E
+from memspec.invariants.agreement import walk_and_compare
+from memspec.invariants.agreement_adapters import (
+    TICKET_ADAPTERS, _Restricted, _sys_too_big, _TICKET_WALK, _tickets_init, run_tickets,
+)
+from memspec.invariants.proofs import branches, prove
+
+
+@pytest.fixture(scope="module")
+def reports():
+    return run_tickets(120, 0, 40)
+
+
+def test_s15_and_g1_are_proved_with_nothing_assumed() -> None:
+    for p in (E.S15, E.G1):
+        r = prove(p)
+        assert r.proved and not r.assumed, [c.detail for c in r.checks if not c.ok]
+        assert r.unguarded_refuted and "[unguarded]" in r.unguarded_trace
+
+
+def test_every_branch_of_every_ticket_action_is_sampled_and_agrees(reports) -> None:
+    for r in reports:
+        p = E.S15 if r.invariant == "S15" else E.G1
+        want = set(branches(p, p.action(r.action)))
+        assert not r.mismatches, r.mismatches[:2]
+        assert not r.inv_disagreements and r.inv_samples > 0
+        assert {b for b, n in r.branches.items() if n} == want, (r.invariant, r.action, r.branches, want)
+
+
+def test_expire_that_ignores_the_deadline_disagrees() -> None:
+    """The spec's expire times out only due tickets; an encoding that times out any live one is caught."""
+    def expire_any(s, a):
+        st = E.at(s.tstate, a.t)
+        out = E.outcome((E._terminal(st), "InvalidTicket"))
+        return E.on_ok(out, s, E._end(s, a.t, E.T_TIMED_OUT))
+
+    wrong = replace(E.S15, actions=[replace(a, step=expire_any) if a.name == "expire" else a for a in E.S15.actions])
+    ads = [a for a in TICKET_ADAPTERS if a.invariant == "S15" and a.action == "expire"]
+    from memspec.spec.system import SYSTEM
+
+    reps = walk_and_compare(_Restricted(SYSTEM, _TICKET_WALK), _tickets_init, ads, {"S15": wrong}, 150, 3,
+                            _sys_too_big)
+    assert reps[0].mismatches
+
+
+def test_progress_is_proved_and_not_vacuous() -> None:
+    from memspec.invariants.proofs_progress import check_on_spec, prove_progress
+
+    z = prove_progress()
+    assert z.proved and not z.vacuous and z.refuted_without_fit, z
+    w = check_on_spec(80, 0)
+    assert w.samples == 80 and w.needing_release > 0 and not w.counterexamples, w.counterexamples[:1]
+
+
+def test_progress_walk_fires_when_a_holder_cannot_release() -> None:
+    from memspec.invariants.proofs_progress import check_on_spec
+    from memspec.spec import holders
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(holders, "victims", lambda s, released: [] if released == 0 else None)
+        w = check_on_spec(60, 0)
+    assert w.counterexamples and "respond" in w.counterexamples[0]
+
+
+def test_progress_z3_fails_when_respond_never_grants() -> None:
+    from memspec.invariants.proofs_progress import prove_progress
+
+    def never_grants(s, a):
+        out, s2 = E._s15_respond()(s, a)
+        return out, s2.set(tstate=s.tstate)
+
+    broken = replace(E.S15, actions=[replace(a, step=never_grants) if a.name == "respond" else a
+                                     for a in E.S15.actions])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(E, "S15", broken)
+        assert not prove_progress().proved
