@@ -154,6 +154,9 @@ class Proof:
     bounded: str = ""  # which part is bounded, if any, and why
     #: extra closed formulas that must be valid, proved alongside: (name, formula)
     lemmas_proved: list[tuple[str, Any]] = field(default_factory=list)
+    #: wall-clock limit of each solver check (a check past it is "unknown": not proved); a
+    #: machine whose largest check needs seconds of CPU gets more room on a loaded host
+    timeout_ms: int = 20000
 
     def action(self, name: str) -> Act:
         for a in self.actions:
@@ -321,7 +324,7 @@ def prove(p: Proof) -> ProofResult:
         a = _args(act, "a") if act is not None else St()
         lem = [p.lemmas(s, o, a)] + ([p.lemmas(s, a[x], a) for x in act.objs] if act is not None else [])
         r, m = _check_unsat(z3.And(_hyp(p, s, o, act, a if act is not None else None, lemmas=False),
-                                   z3.Not(z3.And(*lem))))
+                                   z3.Not(z3.And(*lem))), p.timeout_ms)
         where = act.name if act is not None else "safety"
         if r != z3.unsat:
             res.assumed.append(f"{p.lemma_doc} (at {where}: not derived from the invariant, {r})")
@@ -335,7 +338,7 @@ def prove(p: Proof) -> ProofResult:
         goal = [p.inv(s2, o)]
         if p.step_prop is not None:
             goal.append(p.step_prop(act.name, s, a, out, s2, o))
-        r, m = _check_unsat(z3.And(_hyp(p, s, o, act, a), z3.Not(z3.And(*goal))))
+        r, m = _check_unsat(z3.And(_hyp(p, s, o, act, a), z3.Not(z3.And(*goal))), p.timeout_ms)
         detail = "proved"
         if r != z3.unsat:
             detail = f"{r}"
