@@ -22,6 +22,7 @@ are not compared.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -256,6 +257,10 @@ class Adapter:
     #: within its time budget; ``None``: the run's figures
     max_samples: int | None = None
     max_inv_samples: int | None = None
+    #: the share of the walk's ``samples`` (and ``inv_samples``) this adapter
+    #: needs; past it, a sample is still taken when the spec follows an
+    #: outcome this adapter has seen fewer than ``RARE`` times (rare branches)
+    weight: float = 1.0
 
 
 @dataclass
@@ -372,6 +377,14 @@ class InvariantEval:
         return Compiled._truth(z3.And(*[self.p.inv(s, z3.IntVal(i)) for i in range(self.nobj)]))
 
 
+#: an outcome seen fewer times than this is still sampled past an adapter's share
+RARE = 3
+
+
+def _share(n: int, weight: float) -> int:
+    return n if weight >= 1 else max(1, math.ceil(n * weight))
+
+
 def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapter], proofs: dict[str, Proof],
                      samples: int, seed: int, too_big: Callable[[Any], bool], max_steps: int = 400000,
                      restart_every: int = 60, inv_samples: int = 0, favour: float = 0.85) -> list[AgreementReport]:
@@ -389,9 +402,9 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
                     or mine.action(a.action).pre is not theirs.action(a.action).pre):
                 raise ValueError(f"{inv2}/{a.action} is not {a.invariant}/{a.action}: it needs its own adapter")
             reps[(inv2, a.action, a.spec_action)] = AgreementReport(inv2, a.action, a.spec_action)
-    want = {k: min(samples, a.max_samples or samples) for a in adapters
+    want = {k: min(samples, a.max_samples or samples, _share(samples, a.weight)) for a in adapters
             for k in [(i, a.action, a.spec_action) for i in (a.invariant,) + a.also]}
-    want_inv = {k: min(inv_samples, a.max_inv_samples or inv_samples) for a in adapters
+    want_inv = {k: min(inv_samples, a.max_inv_samples or inv_samples, _share(inv_samples, a.weight)) for a in adapters
                 for k in [(i, a.action, a.spec_action) for i in (a.invariant,) + a.also]}
     by_spec: dict[str, list[Adapter]] = {}
     by_helper: dict[str, list[Adapter]] = {}
@@ -429,7 +442,8 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
         todo = []
         for ad in by_spec.get(act.name, []):
             rep = reps[(ad.invariant, ad.action, ad.spec_action)]
-            if rep.samples >= want[(ad.invariant, ad.action, ad.spec_action)]:
+            if (rep.samples >= want[(ad.invariant, ad.action, ad.spec_action)]
+                    and (ad.weight >= 1 or rep.outcomes.get(outcome_name(branch), 0) >= RARE)):
                 continue
             if (ad.balance and rep.outcomes.get(outcome_name(branch), 0) >= max(1, samples // ad.balance)
                     and rep.skipped < 5 * samples):

@@ -158,6 +158,10 @@ class Proof:
     #: builds the invariant once per tuple of their concrete values, so each ghost is unrolled
     #: (:func:`prefix_sum`) and a concrete state decides it by substitution, with no solver call
     counts: tuple[str, ...] = ()
+    #: the solver budget of each check, in milliseconds of CPU on an unloaded core (a Z3 resource
+    #: limit, :func:`limit`, so the answer does not depend on load); a check past it is
+    #: "unknown": not proved.  A machine whose largest check needs seconds of CPU gets more room.
+    timeout_ms: int = 20000
 
     def action(self, name: str) -> Act:
         for a in self.actions:
@@ -338,7 +342,7 @@ def prove(p: Proof) -> ProofResult:
         a = _args(act, "a") if act is not None else St()
         lem = [p.lemmas(s, o, a)] + ([p.lemmas(s, a[x], a) for x in act.objs] if act is not None else [])
         r, m = _check_unsat(z3.And(_hyp(p, s, o, act, a if act is not None else None, lemmas=False),
-                                   z3.Not(z3.And(*lem))))
+                                   z3.Not(z3.And(*lem))), p.timeout_ms)
         where = act.name if act is not None else "safety"
         if r != z3.unsat:
             res.assumed.append(f"{p.lemma_doc} (at {where}: not derived from the invariant, {r})")
@@ -352,7 +356,7 @@ def prove(p: Proof) -> ProofResult:
         goal = [p.inv(s2, o)]
         if p.step_prop is not None:
             goal.append(p.step_prop(act.name, s, a, out, s2, o))
-        r, m = _check_unsat(z3.And(_hyp(p, s, o, act, a), z3.Not(z3.And(*goal))))
+        r, m = _check_unsat(z3.And(_hyp(p, s, o, act, a), z3.Not(z3.And(*goal))), p.timeout_ms)
         detail = "proved"
         if r != z3.unsat:
             detail = f"{r}"

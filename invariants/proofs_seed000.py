@@ -1543,6 +1543,7 @@ S13 = Proof(
     unguarded=Act("release_handle", {"h": INT}, _s13_release(False), pre=lambda s, a: at(s.hexists, a.h), objs=("h",)),
     guard="physical pages are freed only when the last mapping is gone",
     bmc_depth=3,
+    timeout_ms=90000,  # map's consecution takes ~3 s of CPU (mappings, handles and KV prefixes in one machine)
 )
 
 
