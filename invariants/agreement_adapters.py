@@ -1330,7 +1330,8 @@ def _l_ticket_p(s: Any, args: dict[str, Any], taken: str) -> Any:
 
 def _l_expire_p(s: Any, args: dict[str, Any], taken: str) -> Any:
     t_now, live = args["now"]
-    due = [r for r in live if 0 < s.tickets[r].deadline <= t_now]
+    due = [r for r in live if s.tickets[r].state not in ("claimed", "cancelled", "timed_out", "failed")
+           and 0 < s.tickets[r].deadline <= t_now]  # the spec's expire: live tickets past their deadline
     if len(due) > 1:
         return None  # several tickets: the encoding times out one per step
     st, u = _l_state(s)
