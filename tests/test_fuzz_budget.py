@@ -151,3 +151,13 @@ def test_jobs_healthy_target_sums_the_workers_steps(tmp_path):
     assert "no failures" in p.stdout and "2 jobs" in p.stdout
     assert all(w["steps"] > 0 for w in doc["workers"]), doc["workers"]
     assert doc["steps"] == sum(w["steps"] for w in doc["workers"])
+
+
+def test_a_run_in_which_no_step_ran_is_untested_not_a_pass(tmp_path, monkeypatch):
+    """No failure because nothing ran (the budget went on starting) is
+    reported as UNTESTED and exits 1, never as "no failures"."""
+    monkeypatch.setattr(fuzz, "fuzz_walk", lambda *a, **kw: [])
+    rc, doc = _run_inprocess(tmp_path, "reference", "--mode", "walk", "--seconds", "1", "--jobs", "1",
+                             "--level", "mechanism")
+    assert doc["steps"] == 0 and doc["failures"] == [] and doc["untested"] is True
+    assert rc == 1

@@ -308,7 +308,10 @@ def _report(console, args, disp, results, steps: int, *, jobs: int, workers: lis
         html_report.write_html(args.html, {disp.target: results}, html_report.parameters_from_args(args, (
             "mode", "level", "minutes", "seconds", "seed", "steps", "capacity", "timeout", "db")), tool="memspec fuzz")
         console.print(f"report: {args.html}")
-    console.print("[green]no failures[/]" if not bad else f"[red]{len(bad)} failure(s)[/]")
+    untested = not bad and steps == 0  # nothing ran: not a pass (e.g. every worker spent the budget starting)
+    console.print("[green]no failures[/]" if not bad and not untested else
+                  "[yellow]UNTESTED: no step ran within the budget[/] (raise --minutes/--seconds)" if untested else
+                  f"[red]{len(bad)} failure(s)[/]")
     if args.json:
         fs = fuzz_seconds if fuzz_seconds is not None else el
         doc = {
@@ -320,6 +323,7 @@ def _report(console, args, disp, results, steps: int, *, jobs: int, workers: lis
             "failures": [{"level": r.level, "invariant": f.invariant, "cause": f.cause, "reason": f.reason,
                           "steps": f.shrunk_length, "repro": f.repro} for r in results for f in r.failures],
             "errors": [{"level": r.level, "error": e} for r in results for e in r.errors],
+            "untested": untested,
         }
         try:
             with open(args.json, "w") as fh:
@@ -327,7 +331,7 @@ def _report(console, args, disp, results, steps: int, *, jobs: int, workers: lis
         except OSError as e:
             console.print(f"[red]cannot write {args.json}[/]: {e}")
             return 2
-    return 1 if bad else 0
+    return 1 if bad or untested else 0
 
 
 def _round_settings(args, seed: int, examples: int, *, first: bool, shrink: bool, database):
