@@ -271,6 +271,10 @@ class MemoryResourceAllocator:
 
     def allocate(self, request: AllocationRequest) -> DeviceAllocation:
         size = request.size
+        align = request.alignment
+        if not isinstance(align, int) or align <= 0 or align & (align - 1):
+            # cuda.core's allocate takes no alignment: the contract's check is made here
+            raise InvalidRequest(f"alignment must be a power of two, got {align!r}")
         with self._lock, self._on():
             try:
                 buf = self.mr.allocate(size, stream=self.stream)

@@ -39,8 +39,14 @@ def _failures(results):
 def test_cuda_core_vmm_conform_reports_the_leak_as_s5(host_driver, tmp_path):
     results = runner.conform("cuda-core-vmm", "mechanism", examples=15, steps=15, out_dir=str(tmp_path))
     assert [r.level for r in results] == ["mechanism"] and not results[0].errors
-    fails = results[0].failures
-    assert [(f.invariant, f.cause) for f in fails] == [("S5", "observation")], fails
+    every = results[0].failures
+    # the second finding: cuda.core's allocate takes no alignment, so an alignment above the
+    # granularity is not honoured (an S8 outcome naming the alignment), reached since the
+    # harness draws alignments from the spec
+    others = [f for f in every if (f.invariant, f.cause) != ("S5", "observation")]
+    assert all((f.invariant, f.cause) == ("S8", "outcome") and "alignment" in f.reason for f in others), others
+    fails = [f for f in every if (f.invariant, f.cause) == ("S5", "observation")]
+    assert len(fails) == 1, every
     assert "physical bytes" in fails[0].reason
     # the shortest counterexample is allocate then deallocate (2 steps)
     assert 2 <= fails[0].shrunk_length <= 4
