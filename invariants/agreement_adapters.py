@@ -1744,10 +1744,3 @@ SYS_ADAPTERS += [
     Adapter("S6", "set_hot", "set_hot", _s6_set_hot_p, _s6_expected, _S6_CMP),
     Adapter("S6", "respond", "respond", _s6_respond_p, _s6_expected, _S6_CMP),
 ]
-
-
-# S5, S12, S13, S14 have many actions each: a quarter of the walk's samples per
-# adapter (every branch is still required, and rare outcomes keep being sampled)
-for _a in MECH_ADAPTERS + SYS_ADAPTERS:
-    if _a.invariant in ("S5", "S12", "S13", "S14"):
-        _a.weight = 0.25
