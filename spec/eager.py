@@ -44,25 +44,6 @@ ALIGNMENT = 256  # AllocationRequest's default alignment
 WITNESS_DEVICE = DeviceKey("spec")
 
 
-def _draw_size(s: Any, c: Any) -> Any:
-    """Mostly legal sizes (bytes, whole pages), sometimes illegal ones
-    (0, negative, not an int) and sometimes more than the device holds."""
-    kind = c.integer(0, 11)
-    if kind <= 5:
-        return c.integer(1, 3 * s.page)
-    if kind <= 7:
-        return c.integer(1, 4) * s.page
-    if kind == 8:
-        return c.choice((0, -s.page, 1.5, "4096"))
-    if kind == 9:
-        return 4 * s.capacity + 1
-    if kind == 10:
-        room = s.free if isinstance(s, SysState) else s.capacity - s.physical
-        if room > 0:
-            return c.integer(max(1, room - s.page + 1), room)  # all that is left: fragmentation shows
-    return c.integer(1, max(1, s.capacity // 2))
-
-
 def _room(s: Any) -> int:
     return s.free if isinstance(s, SysState) else s.capacity - s.physical
 
