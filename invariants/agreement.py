@@ -31,7 +31,7 @@ from typing import Any, Callable
 import z3
 
 from memspec.invariants.proofs import (
-    ARR, ARR2, ARR2B, BARR, BOOL, INT, OUTCOMES, Act, Proof, St, _args, bv, concrete, fresh, iv, limit,
+    ARR, ARR2, ARR2B, BARR, BOOL, INT, OUTCOMES, Act, Proof, St, _args, at, bv, concrete, fresh, iv, limit,
 )
 from memspec.spec.core import Raises, Returns
 
@@ -124,12 +124,12 @@ class Compiled:
             if kind in (ARR, BARR):
                 for i in range(nobj):
                     self.keys.append((f, i))
-                    exprs.append(z3.Select(s2[f], i))
+                    exprs.append(at(s2[f], i))
             elif kind in (ARR2B, ARR2):
                 for i in range(nobj):
                     for j in range(npages if kind == ARR2B else nobj):
                         self.keys.append((f, (i, j)))
-                        exprs.append(z3.Select(z3.Select(s2[f], i), j))
+                        exprs.append(at(at(s2[f], i), j))
             else:
                 self.keys.append((f, None))
                 exprs.append(s2[f])
@@ -276,6 +276,7 @@ class AgreementReport:
     branches: dict[str, int] = field(default_factory=dict)  # encoding's outcome on agreeing samples -> samples
     inv_samples: int = 0                                    # states the invariants were compared on
     inv_disagreements: list[str] = field(default_factory=list)
+    enough_at: int | None = None  # the walk's step at which the adapter had enough samples
 
 
 class Universe:
@@ -343,10 +344,38 @@ def follow(branch: Any) -> Any:
     return None
 
 
+def quantified_counts(p: Proof) -> tuple[str, ...]:
+    """The ``INT`` fields of ``p`` that occur inside a quantifier of its
+    invariant (the bounds ``n`` of prefix-sum ghosts, :func:`proofs.prefix_sum`),
+    with the proof's declared ``counts``: with these concrete the ghosts unroll
+    and the rest of a state is decided by substitution."""
+    s = fresh(p.fields, "qc")
+    by_id = {s[f].get_id(): f for f, k in p.fields.items() if k == INT}
+    found: set[str] = set()
+    seen: set[tuple[int, bool]] = set()
+
+    def go(x: Any, inside: bool) -> None:
+        k = (x.get_id(), inside)
+        if k in seen:
+            return
+        seen.add(k)
+        if z3.is_quantifier(x):
+            go(x.body(), True)
+            return
+        if inside and x.get_id() in by_id:
+            found.add(by_id[x.get_id()])
+        if z3.is_app(x):
+            for c in x.children():
+                go(c, inside)
+    go(p.inv(s, z3.Int("qc_o")), False)
+    return tuple(f for f in p.fields if f in found or f in p.counts)
+
+
 class InvariantEval:
     """The encoded invariant of a proof at every object of a projected state,
     as one closed formula decided by substitution (and a solver call where a
-    quantifier of a prefix-sum ghost remains)."""
+    quantifier remains).  Built once per (proof, universe size, values of its
+    quantified counts): the invariant's terms are never rebuilt per state."""
 
     def __init__(self, p: Proof, nobj: int, finite: bool = False) -> None:
         self.p, self.nobj, self.finite = p, nobj, finite
@@ -354,27 +383,47 @@ class InvariantEval:
             self.s = fresh(p.fields, "iv")
             self.expr = instantiate(z3.And(*[p.inv(self.s, z3.IntVal(i)) for i in range(nobj)]),
                                     list(range(nobj)) + [-1])
+        else:
+            # one formula per tuple of the counts (a prefix-sum ghost over a concrete count is
+            # unrolled rather than left as a quantifier for a solver), substituted per state
+            self.counts = quantified_counts(p)
+            self.sym = fresh(p.fields, "ivc")
+            self.by_counts: dict[tuple[int, ...], Any] = {}
+            self.rest = [f for f in p.fields if f not in self.counts]
 
     def holds(self, state: dict[str, Any]) -> bool:
         if self.finite:
             subs = [(self.s[f], concrete(k, state[f])) for f, k in self.p.fields.items()]
             return Compiled._truth(substitute(self.expr, *subs))
-        if self.p.counts:
-            # one formula per tuple of the proof's id counts (``Proof.counts``): with the counts concrete,
-            # a prefix-sum ghost is unrolled (proofs.prefix_sum), built once and substituted per state
-            key = tuple(state[f] for f in self.p.counts)
-            if not hasattr(self, "by_counts"):
-                self.sym, self.by_counts = fresh(self.p.fields, "ivc"), {}
-            expr = self.by_counts.get(key)
-            if expr is None:
-                sc = self.sym.set(**{f: iv(state[f]) for f in self.p.counts})
-                expr = self.by_counts[key] = z3.And(*[self.p.inv(sc, z3.IntVal(i)) for i in range(self.nobj)])
-            subs = [(self.sym[f], concrete(k, state[f])) for f, k in self.p.fields.items() if f not in self.p.counts]
-            return Compiled._truth(z3.substitute(expr, *subs))
-        # built on the concrete state itself, so a prefix-sum ghost over a concrete count is unrolled
-        # (proofs.prefix_sum) rather than left as a quantifier for a solver
-        s = St({f: concrete(k, state[f]) for f, k in self.p.fields.items()})
-        return Compiled._truth(z3.And(*[self.p.inv(s, z3.IntVal(i)) for i in range(self.nobj)]))
+        key = tuple(state[f] for f in self.counts)
+        expr = self.by_counts.get(key)
+        if expr is None:
+            sc = self.sym.set(**{f: iv(state[f]) for f in self.counts})
+            expr = self.by_counts[key] = z3.And(*[self.p.inv(sc, z3.IntVal(i)) for i in range(self.nobj)])
+        subs = [(self.sym[f], concrete(self.p.fields[f], state[f])) for f in self.rest]
+        return Compiled._truth(substitute(expr, *subs) if subs else expr)
+
+
+#: built invariant evaluators and compiled actions, shared by every walk of a run.  Keyed by the
+#: functions themselves (never by an invariant's name alone), so a planted break gets its own
+_INV_EVALS: dict[Any, InvariantEval] = {}
+_COMPILED: dict[Any, "Compiled"] = {}
+
+
+def inv_eval(p: Proof, nobj: int, finite: bool) -> InvariantEval:
+    key = (p.inv, tuple(p.fields.items()), p.counts, nobj, finite)
+    ie = _INV_EVALS.get(key)
+    if ie is None:
+        ie = _INV_EVALS[key] = InvariantEval(p, nobj, finite)
+    return ie
+
+
+def compiled_for(p: Proof, act: Act, nobj: int, npages: int, compare: tuple[str, ...], finite: bool) -> "Compiled":
+    key = (act.step, act.pre, tuple(act.params.items()), tuple(p.fields.items()), nobj, npages, compare, finite)
+    c = _COMPILED.get(key)
+    if c is None:
+        c = _COMPILED[key] = Compiled(p, act, nobj, npages, compare, finite)
+    return c
 
 
 #: an outcome seen fewer times than this is still sampled past an adapter's share
@@ -387,11 +436,25 @@ def _share(n: int, weight: float) -> int:
 
 def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapter], proofs: dict[str, Proof],
                      samples: int, seed: int, too_big: Callable[[Any], bool], max_steps: int = 400000,
-                     restart_every: int = 60, inv_samples: int = 0, favour: float = 0.85) -> list[AgreementReport]:
+                     restart_every: int = 60, inv_samples: int = 0, favour: float = 0.85,
+                     per_branch: int | None = None, prior: list[AgreementReport] | None = None,
+                     ) -> list[AgreementReport]:
     """Walk ``machine`` from ``init()``; at each step whose action has adapters,
-    compare; stop when every adapter has ``samples`` samples.  ``favour``: how
+    compare; stop when every adapter has enough samples.  ``favour``: how
     often a step is drawn among the actions whose adapters still need samples
-    (a focused walk lowers it, so the actions building rare states run too)."""
+    (a focused walk lowers it, so the actions building rare states run too).
+
+    Enough: ``samples`` samples per adapter (its cap); or, with ``per_branch``,
+    ``per_branch`` agreeing samples on every outcome branch of the encoded
+    action (:func:`proofs.branches`), at most ``samples`` in all.  Then a step
+    whose spec outcome already has its quota is skipped before it is projected
+    (unless a branch still short is one the spec's outcome names do not decide),
+    so the evaluations go to the branches still short.  ``prior``: reports of
+    earlier walks (a focused walk that reaches a rare branch), whose branch
+    counts count towards the quotas.  Deterministic in ``seed``; nothing
+    depends on time."""
+    from memspec.invariants.proofs import branches as branch_set
+
     rng = random.Random(seed)
     chooser = RandomChooser(rng)
     reps = {(a.invariant, a.action, a.spec_action): AgreementReport(a.invariant, a.action, a.spec_action) for a in adapters}
@@ -402,32 +465,103 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
                     or mine.action(a.action).pre is not theirs.action(a.action).pre):
                 raise ValueError(f"{inv2}/{a.action} is not {a.invariant}/{a.action}: it needs its own adapter")
             reps[(inv2, a.action, a.spec_action)] = AgreementReport(inv2, a.action, a.spec_action)
-    want = {k: min(samples, a.max_samples or samples, _share(samples, a.weight)) for a in adapters
-            for k in [(i, a.action, a.spec_action) for i in (a.invariant,) + a.also]}
-    want_inv = {k: min(inv_samples, a.max_inv_samples or inv_samples, _share(inv_samples, a.weight)) for a in adapters
+    quota_mode = per_branch is not None and per_branch > 0
+
+    def cap(a: Adapter) -> int:
+        if quota_mode:
+            return min(samples, a.max_samples or samples)
+        return min(samples, a.max_samples or samples, _share(samples, a.weight))
+
+    want = {k: cap(a) for a in adapters for k in [(i, a.action, a.spec_action) for i in (a.invariant,) + a.also]}
+    want_inv = {k: min(inv_samples, a.max_inv_samples or inv_samples,
+                       inv_samples if quota_mode else _share(inv_samples, a.weight)) for a in adapters
                 for k in [(i, a.action, a.spec_action) for i in (a.invariant,) + a.also]}
+    key_of = {id(a): (a.invariant, a.action, a.spec_action) for a in adapters}
+    quota: dict[tuple[str, str, str], int] = {}
+    bset: dict[tuple[str, str, str], list[str]] = {}
+    if quota_mode:
+        for a in adapters:
+            k = key_of[id(a)]
+            quota[k] = min(per_branch, want[k])  # type: ignore[type-var]
+            bset[k] = branch_set(proofs[a.invariant], proofs[a.invariant].action(a.action))
+
+    before_b: dict[tuple[str, str, str], dict[str, int]] = {}
+    before_o: dict[tuple[str, str, str], dict[str, int]] = {}
+    for r0 in prior or []:
+        k0 = (r0.invariant, r0.action, r0.spec_action)
+        for src, dst in ((r0.branches, before_b), (r0.outcomes, before_o)):
+            d = dst.setdefault(k0, {})
+            for b, n in src.items():
+                d[b] = d.get(b, 0) + n
+
+    led: dict[tuple[str, str, str], set[tuple[str, str]]] = {k: set() for k in reps}  # (spec outcome, branch) seen
+
+    def nb(k: tuple[str, str, str], b: str) -> int:
+        return reps[k].branches.get(b, 0) + before_b.get(k, {}).get(b, 0)
+
+    def no(k: tuple[str, str, str], b: str) -> int:
+        return reps[k].outcomes.get(b, 0) + before_o.get(k, {}).get(b, 0)
+
+    def satisfied(a: Adapter) -> bool:
+        k = key_of[id(a)]
+        r = reps[k]
+        if r.samples >= want[k]:
+            return True
+        if not quota_mode:
+            return False
+        return all(nb(k, b) >= quota[k] for b in bset[k])
+
+    def wanted(a: Adapter, taken: str) -> bool:
+        """Is a sample of ``a`` whose spec outcome is ``taken`` still needed?"""
+        k = key_of[id(a)]
+        r = reps[k]
+        if quota_mode:
+            q = quota[k]
+            if no(k, taken) < q:
+                return True
+            # a branch still short that this spec outcome has led to, or one never reached yet
+            # (which spec outcome leads to it is not known): the sample may be the one
+            return any((taken, b) in led[k] or nb(k, b) == 0 for b in bset[k] if nb(k, b) < q)
+        if r.samples >= want[k] and (a.weight >= 1 or r.outcomes.get(taken, 0) >= RARE):
+            return False
+        if a.balance and r.outcomes.get(taken, 0) >= max(1, samples // a.balance) and r.skipped < 5 * samples:
+            r.skipped += 1
+            return False
+        return True
+
     by_spec: dict[str, list[Adapter]] = {}
-    by_helper: dict[str, list[Adapter]] = {}
+    users: dict[str, list[Adapter]] = {}  # spec action -> the adapters it samples or helps
     for a in adapters:
         by_spec.setdefault(a.spec_action, []).append(a)
+        users.setdefault(a.spec_action, []).append(a)
         for h in a.helpers:
-            by_helper.setdefault(h, []).append(a)
-    compiled: dict[tuple[Any, ...], Compiled] = {}
-    inv_evals: dict[tuple[str, int, bool], InvariantEval] = {}
+            users.setdefault(h, []).append(a)
+    done = {id(a): satisfied(a) for a in adapters}
+    open_by_name = {name: sum(1 for a in ads if not done[id(a)]) for name, ads in users.items()}
+    n_open = sum(1 for a in adapters if not done[id(a)])
+
+    def update(a: Adapter) -> None:
+        nonlocal n_open
+        if not done[id(a)] and satisfied(a):
+            done[id(a)] = True
+            for i in (a.invariant,) + a.also:
+                reps[(i, a.action, a.spec_action)].enough_at = step_no
+            n_open -= 1
+            for name in {a.spec_action, *a.helpers}:
+                open_by_name[name] -= 1
+
     from memspec.spec.invariants import BY_ID as SPEC_INVARIANTS
     state = init()
     steps_since = 0
-    for _ in range(max_steps):
-        if all(r.samples >= want[k] for k, r in reps.items()):
+    for step_no in range(max_steps):
+        if n_open == 0:
             break
         if steps_since >= restart_every or too_big(state):
             state, steps_since = init(), 0
         steps_since += 1
         acts = [a for a in machine.actions if a.available(state) and all(state.has(c) for c in a.requires)]
         # favour actions whose adapters still need samples
-        needy = [a for a in acts if any(reps[(ad.invariant, ad.action, ad.spec_action)].samples
-                                        < want[(ad.invariant, ad.action, ad.spec_action)]
-                                        for ad in by_spec.get(a.name, []) + by_helper.get(a.name, []))]
+        needy = [a for a in acts if open_by_name.get(a.name)]
         pool = needy if needy and rng.random() < favour else acts
         if not pool:
             state, steps_since = init(), 0
@@ -439,18 +573,16 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
         if branch is None:
             continue
         allowed = {outcome_name(b) for b in outs.branches}
+        taken = outcome_name(branch)
         todo = []
         for ad in by_spec.get(act.name, []):
-            rep = reps[(ad.invariant, ad.action, ad.spec_action)]
-            if (rep.samples >= want[(ad.invariant, ad.action, ad.spec_action)]
-                    and (ad.weight >= 1 or rep.outcomes.get(outcome_name(branch), 0) >= RARE)):
-                continue
-            if (ad.balance and rep.outcomes.get(outcome_name(branch), 0) >= max(1, samples // ad.balance)
-                    and rep.skipped < 5 * samples):
-                rep.skipped += 1
+            rep = reps[key_of[id(ad)]]
+            if done[id(ad)] or not wanted(ad, taken):
+                if quota_mode and not done[id(ad)]:
+                    rep.skipped += 1
                 continue
             t0 = time.perf_counter()
-            pr = ad.project(state, args, outcome_name(branch))
+            pr = ad.project(state, args, taken)
             rep.seconds += time.perf_counter() - t0
             if pr is None:
                 rep.skipped += 1
@@ -461,15 +593,11 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
                        for ad, rep, _pr in todo for i in (ad.invariant,) + ad.also
                        if reps[(i, ad.action, ad.spec_action)].inv_samples < want_inv[(i, ad.action, ad.spec_action)]}
         value = follow(branch)
-        taken = outcome_name(branch)
         for ad, rep, (enc_state, enc_args, u) in todo:
             t0 = time.perf_counter()
             p = proofs[ad.invariant]
             enc_act = p.action(ad.action)
-            key = (ad.invariant, ad.action, u.nobj, u.pages, ad.compare, ad.finite)
-            c = compiled.get(key)
-            if c is None:
-                c = compiled[key] = Compiled(p, enc_act, u.nobj, u.pages, ad.compare, ad.finite)
+            c = compiled_for(p, enc_act, u.nobj, u.pages, ad.compare, ad.finite)
             if taken == "ok":
                 expected, perm = ad.expected(state, u, value), {"ok"}
                 if ad.permit is not None:
@@ -493,10 +621,7 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
                     # invariant agreement: the encoded invariant on the projected (pre-step) state
                     # against the executable invariant on the spec state it projects
                     if p_.inv not in holds:
-                        ie = inv_evals.get((inv_id, u.nobj, ad.finite))
-                        if ie is None:
-                            ie = inv_evals[(inv_id, u.nobj, ad.finite)] = InvariantEval(p_, u.nobj, ad.finite)
-                        holds[p_.inv] = ie.holds(enc_state)
+                        holds[p_.inv] = inv_eval(p_, u.nobj, ad.finite).holds(enc_state)
                     enc_holds = holds[p_.inv]
                     spec_holds = spec_before[inv_id]
                     r_.inv_samples += 1
@@ -508,7 +633,9 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
                 r_.outcomes[taken] = r_.outcomes.get(taken, 0) + 1
                 if got_out is not None:
                     r_.branches[got_out] = r_.branches.get(got_out, 0) + 1
+                    led[(inv_id, ad.action, ad.spec_action)].add((taken, got_out))
                 if mismatch is not None:
                     r_.mismatches.append(mismatch)
             rep.seconds += time.perf_counter() - t0
+            update(ad)
     return list(reps.values())

@@ -424,12 +424,13 @@ MECH_ADAPTERS += [
 ]
 
 
-def run_mechanism(samples: int, seed: int, inv_samples: int = 0) -> list[AgreementReport]:
+def run_mechanism(samples: int, seed: int, inv_samples: int = 0, per_branch: int | None = None,
+                  prior: list[AgreementReport] | None = None) -> list[AgreementReport]:
     from memspec.spec.mechanism import MECHANISM
 
     proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS}
     return walk_and_compare(MECHANISM, _mech_init, MECH_ADAPTERS, proofs, samples, seed, _mech_too_big,
-                            inv_samples=inv_samples)
+                            inv_samples=inv_samples, per_branch=per_branch, prior=prior)
 
 
 
@@ -610,7 +611,8 @@ class _Restricted:
         self.actions = [a for a in machine.actions if a.name in names]
 
 
-def run_tickets(samples: int, seed: int, inv_samples: int = 0) -> list[AgreementReport]:
+def run_tickets(samples: int, seed: int, inv_samples: int = 0, per_branch: int | None = None,
+                prior: list[AgreementReport] | None = None) -> list[AgreementReport]:
     """S15 and G1 on the ticket protocol's actions of SYSTEM (every state it
     visits is a reachable SYSTEM state: a subset of its actions from its init)."""
     from memspec.spec.system import SYSTEM
@@ -618,7 +620,7 @@ def run_tickets(samples: int, seed: int, inv_samples: int = 0) -> list[Agreement
     proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS + E.MORE_PROOFS}
     ads = [a for a in TICKET_ADAPTERS if a.invariant in proofs]
     return walk_and_compare(_Restricted(SYSTEM, _TICKET_WALK), _tickets_init, ads, proofs, samples, seed + 15,
-                            _sys_too_big, inv_samples=inv_samples)
+                            _sys_too_big, inv_samples=inv_samples, per_branch=per_branch, prior=prior)
 
 
 # -- S3: selection and capability queries ------------------------------------
@@ -672,20 +674,27 @@ SYS_ADAPTERS = [
 ]
 
 
-def run_system(samples: int, seed: int, inv_samples: int = 0) -> list[AgreementReport]:
+def run_system(samples: int, seed: int, inv_samples: int = 0, per_branch: int | None = None,
+               prior: list[AgreementReport] | None = None) -> list[AgreementReport]:
     from memspec.spec.system import SYSTEM
 
     proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS}
     return walk_and_compare(SYSTEM, _sys_init, SYS_ADAPTERS, proofs, samples, seed, _sys_too_big,
-                            inv_samples=inv_samples)
+                            inv_samples=inv_samples, per_branch=per_branch, prior=prior)
 
 
-def run_all(samples: int = 1000, seed: int = 0, inv_samples: int = 0) -> list[AgreementReport]:
-    """Transition agreement on ``samples`` states per adapter, invariant
-    agreement on the first ``inv_samples`` of them."""
-    return (run_mechanism(samples, seed, inv_samples) + run_system(samples, seed, inv_samples)
-            + run_small_system(samples, seed, inv_samples) + run_focused(samples, seed, inv_samples)
-            + run_bare_mechanism(samples, seed, inv_samples) + run_tickets(samples, seed, inv_samples))
+def run_all(samples: int = 1000, seed: int = 0, inv_samples: int = 0,
+            per_branch: int | None = None) -> list[AgreementReport]:
+    """Transition agreement on ``samples`` states per adapter (or, with
+    ``per_branch``, until every outcome branch of each adapter's encoded action
+    has ``per_branch`` agreeing samples, at most ``samples``), invariant
+    agreement on the first ``inv_samples`` of them.  The walks focused on rare
+    branches run first: what they sample counts towards the main walks' quotas."""
+    out = (run_small_system(samples, seed, inv_samples, per_branch) + run_focused(samples, seed, inv_samples, per_branch)
+           + run_bare_mechanism(samples, seed, inv_samples, per_branch))
+    out += run_mechanism(samples, seed, inv_samples, per_branch, prior=out)
+    out += run_system(samples, seed, inv_samples, per_branch, prior=out)
+    return out + run_tickets(samples, seed, inv_samples, per_branch, prior=out)
 
 
 # -- owned allocations (used by S4 / S7) --------------------------------------
@@ -924,13 +933,14 @@ SMALL_SYS_ADAPTERS = [a for a in SYS_ADAPTERS if a.spec_action == "reserve_owned
 #: (S5's adapters are appended below, where they are defined)
 
 
-def run_small_system(samples: int, seed: int, inv_samples: int = 0) -> list[AgreementReport]:
+def run_small_system(samples: int, seed: int, inv_samples: int = 0, per_branch: int | None = None,
+                     prior: list[AgreementReport] | None = None) -> list[AgreementReport]:
     from memspec.spec.system import SYSTEM
 
     proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS}
     n = max(20, samples // 8)
     return walk_and_compare(SYSTEM, _small_sys_init, SMALL_SYS_ADAPTERS, proofs, n, seed + 1, _sys_too_big,
-                            inv_samples=min(inv_samples, n))
+                            inv_samples=min(inv_samples, n), per_branch=per_branch, prior=prior)
 
 
 def _extra_small(n: int, seed: int, inv: int, ids: set[str]) -> list[AgreementReport]:
@@ -953,7 +963,8 @@ _KV_FOCUS = ("kv_open", "kv_grow", "kv_close")
 _SHARED_FOCUS = ("shared_reserve", "create", "map", "unmap", "free_shared_reservation")
 
 
-def run_focused(samples: int, seed: int, inv_samples: int = 0) -> list[AgreementReport]:
+def run_focused(samples: int, seed: int, inv_samples: int = 0, per_branch: int | None = None,
+                prior: list[AgreementReport] | None = None) -> list[AgreementReport]:
     from memspec.spec.mechanism import MECHANISM
     from memspec.spec.system import SYSTEM
 
@@ -963,9 +974,9 @@ def run_focused(samples: int, seed: int, inv_samples: int = 0) -> list[Agreement
     sh = [a for a in MECH_ADAPTERS if a.spec_action == "free_shared_reservation" and a.invariant in ("S13", "S14")]
     n_kv = max(40, samples // 3)  # an oversized prefix is ~3% of kv_open's draws
     return (walk_and_compare(_Focused(SYSTEM, _KV_FOCUS), _sys_init, kv, proofs, n_kv, seed + 2, _sys_too_big,
-                             inv_samples=min(inv_samples, n_kv), favour=0.1)
+                             inv_samples=min(inv_samples, n_kv), favour=0.1, per_branch=per_branch, prior=prior)
             + walk_and_compare(_Focused(MECHANISM, _SHARED_FOCUS), _mech_init, sh, proofs, n, seed + 3, _mech_too_big,
-                               inv_samples=min(inv_samples, n), favour=0.1))
+                               inv_samples=min(inv_samples, n), favour=0.1, per_branch=per_branch, prior=prior))
 
 
 def _extra_focused(n: int, seed: int, inv: int, ids: set[str]) -> list[AgreementReport]:
@@ -1105,14 +1116,15 @@ def _bare_mech_init() -> Any:
     return init(capacity=12 * PAGE, page=PAGE, virtual_backing=False, shared_mapping=False, ep=True)
 
 
-def run_bare_mechanism(samples: int, seed: int, inv_samples: int = 0) -> list[AgreementReport]:
+def run_bare_mechanism(samples: int, seed: int, inv_samples: int = 0, per_branch: int | None = None,
+                       prior: list[AgreementReport] | None = None) -> list[AgreementReport]:
     from memspec.spec.mechanism import MECHANISM
 
     proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS}
     ads = [a for a in MECH_ADAPTERS if a.invariant == "S5" and a.spec_action.startswith("query_")]
     n = max(20, samples // 8)
     return walk_and_compare(MECHANISM, _bare_mech_init, ads, proofs, n, seed + 4, _mech_too_big,
-                            inv_samples=min(inv_samples, n))
+                            inv_samples=min(inv_samples, n), per_branch=per_branch, prior=prior)
 
 
 def _extra_bare(n: int, seed: int, inv: int, ids: set[str]) -> list[AgreementReport]:

@@ -60,15 +60,22 @@ def code(name: str) -> int:
     return CODE[name]
 
 
+_SORTS: dict[str, z3.SortRef] = {}
+
+
 def _sort(kind: str) -> z3.SortRef:
-    return {
-        INT: z3.IntSort(),
-        BOOL: z3.BoolSort(),
-        ARR: z3.ArraySort(z3.IntSort(), z3.IntSort()),
-        BARR: z3.ArraySort(z3.IntSort(), z3.BoolSort()),
-        ARR2B: z3.ArraySort(z3.IntSort(), z3.ArraySort(z3.IntSort(), z3.BoolSort())),
-        ARR2: z3.ArraySort(z3.IntSort(), z3.ArraySort(z3.IntSort(), z3.IntSort())),
-    }[kind]
+    """The Z3 sort of a field kind (built once: building every sort per field
+    dominated :func:`fresh` in ``memspec prove``'s profile)."""
+    if not _SORTS:
+        _SORTS.update({
+            INT: z3.IntSort(),
+            BOOL: z3.BoolSort(),
+            ARR: z3.ArraySort(z3.IntSort(), z3.IntSort()),
+            BARR: z3.ArraySort(z3.IntSort(), z3.BoolSort()),
+            ARR2B: z3.ArraySort(z3.IntSort(), z3.ArraySort(z3.IntSort(), z3.BoolSort())),
+            ARR2: z3.ArraySort(z3.IntSort(), z3.ArraySort(z3.IntSort(), z3.IntSort())),
+        })
+    return _SORTS[kind]
 
 
 class St(dict):
@@ -100,6 +107,17 @@ def upd(arr: Any, i: Any, v: Any) -> Any:
 
 
 def at(arr: Any, i: Any) -> Any:
+    """``arr[i]``.  Built by the C API where ``arr`` is an array term and ``i``
+    an integer (a Python ``int`` or an ``Int`` term): z3py's ``Select`` checks
+    and re-casts both on every call, and building the invariants and
+    relations of ``memspec prove`` is mostly array reads."""
+    if isinstance(i, int) and not isinstance(i, bool):
+        i = iv(i)
+    if (isinstance(arr, (z3.ArrayRef, z3.QuantifierRef)) and isinstance(i, z3.ArithRef)
+            and i.sort_kind() == z3.Z3_INT_SORT and arr.sort_kind() == z3.Z3_ARRAY_SORT
+            and arr.ctx is i.ctx):
+        ctx = arr.ctx
+        return z3.z3._to_expr_ref(z3.Z3_mk_select(ctx.ref(), arr.as_ast(), i.as_ast()), ctx)
     return z3.Select(arr, i)
 
 
@@ -385,11 +403,24 @@ def prove(p: Proof) -> ProofResult:
     return res
 
 
+_BRANCHES: dict[Any, list[str]] = {}
+
+
 def branches(p: Proof, act: Act, timeout_ms: int = 10000) -> list[str]:
     """The outcome branches ``act`` can take from any state meeting its
     precondition (each found by a model; complete when the last query
     answers unsat).  Without the invariant as hypothesis: an over-approximation,
-    so every branch listed must be sampled by the agreement walk."""
+    so every branch listed must be sampled by the agreement walk.  Computed
+    once per (step, pre, params, fields, budget): the key holds the functions
+    themselves, so a planted break (another step) is never answered from it."""
+    key = (act.step, act.pre, tuple(act.params.items()), tuple(p.fields.items()), timeout_ms)
+    got = _BRANCHES.get(key)
+    if got is None:
+        got = _BRANCHES[key] = _branches(p, act, timeout_ms)
+    return list(got)
+
+
+def _branches(p: Proof, act: Act, timeout_ms: int) -> list[str]:
     o = z3.Int("o")
     s = fresh(p.fields, "b")
     a = _args(act, "b")

@@ -26,10 +26,15 @@ import time
 from typing import Any
 
 
-def _agreement(samples: int, inv_samples: int, seed: int) -> list[Any]:
+#: agreeing samples per outcome branch of each encoded action, per spec action that it encodes
+#: (``--per-branch``): a branch reached often stops costing evaluations once it has these
+PER_BRANCH = 40
+
+
+def _agreement(samples: int, inv_samples: int, seed: int, per_branch: int | None = None) -> list[Any]:
     from memspec.invariants.agreement_adapters import run_all
 
-    return run_all(samples=samples, seed=seed, inv_samples=inv_samples)
+    return run_all(samples=samples, seed=seed, inv_samples=inv_samples, per_branch=per_branch)
 
 
 def _seed000_record(p: Any, r: Any, reps: list[Any], branch_sets: dict[str, list[str]]) -> dict[str, Any]:
@@ -151,13 +156,13 @@ def _caching_records(heap: Any) -> list[dict[str, Any]]:
 
 
 def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: bool, depth: int,
-        quiet: bool = False) -> tuple[list[dict[str, Any]], Any, float]:
+        quiet: bool = False, per_branch: int | None = None) -> tuple[list[dict[str, Any]], Any, float]:
     from memspec.invariants.proofs import branches, prove
     from memspec.invariants.proofs_catalog import all_proofs
 
     t_all = time.perf_counter()
     proofs = [p for p in all_proofs() if not ids or p.id in ids]
-    reps = _agreement(samples, inv_samples, seed) if samples else []
+    reps = _agreement(samples, inv_samples, seed, per_branch) if samples else []
     records = []
     for p in proofs:
         r = prove(p)
@@ -251,7 +256,11 @@ def _json(records: list[dict[str, Any]], caching: Any, total: float) -> dict[str
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="memspec prove", description=__doc__.split("\n\n")[0])
     ap.add_argument("ids", nargs="*", help="invariant ids (default: all)")
-    ap.add_argument("--samples", type=int, default=400, help="transition-agreement samples per adapter (default 400)")
+    ap.add_argument("--samples", type=int, default=400,
+                    help="transition-agreement samples per adapter, at most (default 400)")
+    ap.add_argument("--per-branch", type=int, default=PER_BRANCH,
+                    help=f"an adapter has enough once each outcome branch of its encoded action has this many "
+                         f"agreeing samples (default {PER_BRANCH}; 0: always --samples)")
     ap.add_argument("--inv-samples", type=int, default=100,
                     help="invariant-agreement states per adapter (default 100)")
     ap.add_argument("--traces", action="store_true", help="print each unguarded variant's counterexample trace")
@@ -275,7 +284,8 @@ def main(argv: list[str]) -> int:
     if unknown:
         print(f"memspec prove: unknown invariant id(s) {unknown}; known: {', '.join(sorted(known))}")
         return 2
-    records, caching, total = run(ns.ids, ns.samples, ns.inv_samples, ns.seed, not ns.no_caching, ns.depth)
+    records, caching, total = run(ns.ids, ns.samples, ns.inv_samples, ns.seed, not ns.no_caching, ns.depth,
+                                  per_branch=ns.per_branch or None)
     _print(records, caching, total, ns.traces)
     if ns.json:
         with open(ns.json, "w") as fh:
