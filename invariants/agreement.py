@@ -426,6 +426,15 @@ def compiled_for(p: Proof, act: Act, nobj: int, npages: int, compare: tuple[str,
     return c
 
 
+#: with per-branch quotas, the walk's soft step budget per sample asked (``samples``): past it,
+#: one sample per branch is enough
+SOFT_STEPS_PER_SAMPLE = 40
+
+#: with per-branch quotas, how often a step is drawn among the actions whose adapters are still
+#: short (at most): the last short adapters are short of a rare branch, which the states other
+#: actions build reach; a walk that mostly repeats the short actions reaches it later
+QUOTA_FAVOUR = 0.0
+
 #: an outcome seen fewer times than this is still sampled past an adapter's share
 RARE = 3
 
@@ -438,7 +447,7 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
                      samples: int, seed: int, too_big: Callable[[Any], bool], max_steps: int = 400000,
                      restart_every: int = 60, inv_samples: int = 0, favour: float = 0.85,
                      per_branch: int | None = None, prior: list[AgreementReport] | None = None,
-                     ) -> list[AgreementReport]:
+                     soft_steps: int | None = None) -> list[AgreementReport]:
     """Walk ``machine`` from ``init()``; at each step whose action has adapters,
     compare; stop when every adapter has enough samples.  ``favour``: how
     often a step is drawn among the actions whose adapters still need samples
@@ -451,8 +460,10 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
     (unless a branch still short is one the spec's outcome names do not decide),
     so the evaluations go to the branches still short.  ``prior``: reports of
     earlier walks (a focused walk that reaches a rare branch), whose branch
-    counts count towards the quotas.  Deterministic in ``seed``; nothing
-    depends on time."""
+    counts count towards the quotas.  ``soft_steps`` (default
+    ``SOFT_STEPS_PER_SAMPLE x samples``): past this many steps a branch needs
+    one sample, not ``per_branch`` (a rare branch ends the walk as soon as it
+    is reached).  Deterministic in ``seed``; nothing depends on time."""
     from memspec.invariants.proofs import branches as branch_set
 
     rng = random.Random(seed)
@@ -466,6 +477,10 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
                 raise ValueError(f"{inv2}/{a.action} is not {a.invariant}/{a.action}: it needs its own adapter")
             reps[(inv2, a.action, a.spec_action)] = AgreementReport(inv2, a.action, a.spec_action)
     quota_mode = per_branch is not None and per_branch > 0
+    soft = soft_steps if soft_steps is not None else SOFT_STEPS_PER_SAMPLE * samples
+    past_soft = False
+    if quota_mode:
+        favour = min(favour, QUOTA_FAVOUR)
 
     def cap(a: Adapter) -> int:
         if quota_mode:
@@ -509,14 +524,14 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
             return True
         if not quota_mode:
             return False
-        return all(nb(k, b) >= quota[k] for b in bset[k])
+        return all(nb(k, b) >= (quota[k] if not past_soft else 1) for b in bset[k])
 
     def wanted(a: Adapter, taken: str) -> bool:
         """Is a sample of ``a`` whose spec outcome is ``taken`` still needed?"""
         k = key_of[id(a)]
         r = reps[k]
         if quota_mode:
-            q = quota[k]
+            q = quota[k] if not past_soft else 1
             if no(k, taken) < q:
                 return True
             # a branch still short that this spec outcome has led to, or one never reached yet
@@ -537,6 +552,10 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
         for h in a.helpers:
             users.setdefault(h, []).append(a)
     done = {id(a): satisfied(a) for a in adapters}
+    for a in adapters:
+        if done[id(a)]:  # enough before the first step (a prior walk's samples)
+            for i in (a.invariant,) + a.also:
+                reps[(i, a.action, a.spec_action)].enough_at = 0
     open_by_name = {name: sum(1 for a in ads if not done[id(a)]) for name, ads in users.items()}
     n_open = sum(1 for a in adapters if not done[id(a)])
 
@@ -554,6 +573,12 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
     state = init()
     steps_since = 0
     for step_no in range(max_steps):
+        if quota_mode and not past_soft and step_no >= soft:
+            # past the soft budget, one sample per branch is enough: only branches never sampled
+            # keep the walk going (and a branch no step reaches then ends it at max_steps, unsampled)
+            past_soft = True
+            for a in adapters:
+                update(a)
         if n_open == 0:
             break
         if steps_since >= restart_every or too_big(state):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from memspec.invariants import proofs_seed000 as E
-from memspec.invariants.agreement import _share, walk_and_compare
+from memspec.invariants.agreement import walk_and_compare
 from memspec.invariants.agreement_adapters import run_all as run_agreement
 from memspec.invariants.proofs import Proof
 
@@ -16,21 +16,72 @@ SAMPLES = 400
 
 @pytest.fixture(scope="module")
 def reports():
-    return run_agreement(samples=SAMPLES, seed=0, inv_samples=50)
+    """The run ``memspec prove`` makes: per-branch quotas (``PER_BRANCH``), at most ``SAMPLES`` per adapter."""
+    from memspec.commands.prove import PER_BRANCH
+
+    return run_agreement(samples=SAMPLES, seed=0, inv_samples=50, per_branch=PER_BRANCH)
 
 
 def test_every_encoded_action_agrees_with_the_spec(reports) -> None:
     bad = [f"{r.invariant}/{r.action}: {m}" for r in reports for m in r.mismatches]
     assert not bad, "\n".join(bad[:10])
+    from memspec.commands.prove import PER_BRANCH
     from memspec.invariants.agreement_adapters import MECH_ADAPTERS, SYS_ADAPTERS, TICKET_ADAPTERS
+    from memspec.invariants.proofs import branches
 
-    cap = {(i, a.action, a.spec_action): min(a.max_samples or SAMPLES, _share(SAMPLES, a.weight))
-           for a in MECH_ADAPTERS + SYS_ADAPTERS + TICKET_ADAPTERS for i in (a.invariant,) + a.also}
+    proofs = {p.id: p for p in E.PROOFS + E.MORE_PROOFS}
     got: dict = {}  # the extra walks (small device, focused, bare mechanism) add reports for the same adapters
     for r in reports:
-        got[(r.invariant, r.action, r.spec_action)] = got.get((r.invariant, r.action, r.spec_action), 0) + r.samples
-    short = [f"{k[0]}/{k[1]}: {n}" for k, n in got.items() if n < min(SAMPLES, cap.get(k, SAMPLES))]
+        d = got.setdefault((r.invariant, r.action, r.spec_action), {})
+        for b, n in r.branches.items():
+            d[b] = d.get(b, 0) + n
+    short, unsampled = [], []
+    for a in MECH_ADAPTERS + SYS_ADAPTERS + TICKET_ADAPTERS:
+        for i in (a.invariant,) + a.also:
+            if i not in proofs:
+                continue
+            k = (i, a.action, a.spec_action)
+            bs = branches(proofs[i], proofs[i].action(a.action))
+            counts = got.get(k, {})
+            unsampled += [f"{k}/{b}" for b in bs if not counts.get(b)]
+            # the most frequent branch reaches its quota (or the adapter its cap)
+            cap = min(a.max_samples or SAMPLES, SAMPLES)
+            if max(counts.values(), default=0) < min(PER_BRANCH, cap) and sum(counts.values()) < cap:
+                short.append(f"{k}: {counts}")
+    assert not unsampled, unsampled
     assert not short, short
+
+
+def test_per_branch_quotas_stop_sampling_a_branch_that_has_enough() -> None:
+    """With quotas a frequent branch stops costing evaluations at its quota while
+    the walk goes on for the rarer ones; a prior walk's counts count towards them."""
+    from memspec.invariants.agreement_adapters import MECH_ADAPTERS, _mech_init, _mech_too_big
+    from memspec.spec.mechanism import MECHANISM
+
+    proofs = {p.id: p for p in E.PROOFS}
+    ad = [a for a in MECH_ADAPTERS if a.invariant == "S14" and a.spec_action == "allocate"]
+    (r,) = walk_and_compare(MECHANISM, _mech_init, ad, proofs, 400, 1, _mech_too_big, per_branch=10)
+    assert set(r.branches) == {"ok", "InvalidRequest", "OutOfMemory"}, r.branches
+    assert all(n >= 10 for n in r.branches.values()), r.branches
+    assert r.samples < 400 and r.enough_at is not None
+    # the quota of a spec outcome is met: it is not sampled again (at most a few over, where the
+    # encoding's branch for a spec outcome differed at first)
+    assert r.outcomes.get("ok", 0) <= 12, r.outcomes
+    # everything credited by a prior walk: nothing more is sampled
+    (r2,) = walk_and_compare(MECHANISM, _mech_init, ad, proofs, 400, 2, _mech_too_big, per_branch=10, prior=[r])
+    assert r2.samples == 0 and r2.enough_at == 0
+
+
+def test_past_the_soft_budget_one_sample_per_branch_is_enough() -> None:
+    from memspec.invariants.agreement_adapters import MECH_ADAPTERS, _mech_init, _mech_too_big
+    from memspec.spec.mechanism import MECHANISM
+
+    proofs = {p.id: p for p in E.PROOFS}
+    ad = [a for a in MECH_ADAPTERS if a.invariant == "S14" and a.spec_action == "allocate"]
+    (r,) = walk_and_compare(MECHANISM, _mech_init, ad, proofs, 400, 1, _mech_too_big, per_branch=1000,
+                            soft_steps=50)
+    assert set(r.branches) == {"ok", "InvalidRequest", "OutOfMemory"}, r.branches
+    assert r.enough_at is not None and r.enough_at >= 50 and r.samples < 400
 
 
 def test_invariant_agreement_is_measured_and_finds_the_known_gaps(reports) -> None:
@@ -169,3 +220,53 @@ def test_an_unguarded_variant_disagrees_with_the_spec(inv_id: str, spec_action: 
     reps = walk_and_compare(SYSTEM, _sys_init, ad, {inv_id: wrong}, 150, 1, _sys_too_big)
     assert reps[0].samples == 150
     assert reps[0].mismatches, f"{inv_id}: the unguarded {spec_action} agreed with the spec"
+
+
+# --------------------------------------------------------------------------
+# Invariant agreement's evaluator: built once, substituted per state
+# --------------------------------------------------------------------------
+
+def _direct(p, state, nobj):
+    """The encoded invariant built on the concrete state itself (no reuse)."""
+    import z3
+
+    from memspec.invariants.agreement import Compiled
+    from memspec.invariants.proofs import St, concrete
+
+    s = St({f: concrete(k, state[f]) for f, k in p.fields.items()})
+    return Compiled._truth(z3.And(*[p.inv(s, z3.IntVal(i)) for i in range(nobj)]))
+
+
+def test_the_invariant_evaluator_decides_as_the_invariant_built_on_the_state() -> None:
+    """The counts a prefix-sum ghost runs over are found in the invariant's
+    quantifiers; the formula built once per counts and substituted per state
+    decides every projected state as the invariant built on that state does,
+    a broken state included."""
+    import random
+
+    from memspec.invariants.agreement import RandomChooser, follow, inv_eval, pick_branch, quantified_counts
+    from memspec.invariants.agreement_adapters import _mech_init, _s13_state
+    from memspec.spec.mechanism import MECHANISM
+
+    assert quantified_counts(E.S13) == ("nm",)
+    assert quantified_counts(E.S15) == ("nt",)
+    assert set(quantified_counts(E.S11)) == {"n", "ng", "nt", "nm"}
+    assert quantified_counts(E.S14) == ()
+    rng = random.Random(5)
+    ch = RandomChooser(rng)
+    s = _mech_init()
+    names = ("shared_reserve", "create", "map", "unmap", "copy_on_write", "release_handle")
+    seen_maps = 0
+    for step in range(120):
+        acts = [a for a in MECHANISM.actions if a.name in names and a.available(s)]
+        act = rng.choice(acts)
+        br = pick_branch(act.step(s, **act.draw_args(s, ch)), rng)
+        if br is not None:
+            follow(br)
+        st, u = _s13_state(s)
+        seen_maps = max(seen_maps, st["nm"])
+        assert inv_eval(E.S13, u.nobj, False).holds(st) == _direct(E.S13, st, u.nobj) is True
+        bad = dict(st, hmaps=(st["hmaps"][0], {k: v + 1 for k, v in st["hmaps"][1].items()}) if st["hmaps"][1]
+                   else (0, {0: 1}))
+        assert inv_eval(E.S13, u.nobj, False).holds(bad) == _direct(E.S13, bad, u.nobj) is False
+    assert seen_maps >= 2
