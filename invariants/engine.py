@@ -92,6 +92,9 @@ class Plan:
     #: pattern one new region in ``integrity_sample`` (chosen by its ref id,
     #: so a replay patterns a superset); 1 = every region
     integrity_sample: int = 1
+    #: re-verify ``VERIFY_PER_STEP`` regions round robin on one step in this
+    #: many (1 = every step); every region is verified at the end of a run
+    integrity_verify_every: int = 1
     stats: Stats = field(default_factory=Stats)
     on_step: Callable[["Plan"], None] | None = None
     #: called with (run, trace step) before each action's call on the target,

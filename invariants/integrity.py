@@ -110,6 +110,10 @@ class Integrity:
         self.gen = 0
         self.stream: int | None = None
         self.shared: dict[Any, _Shared] = {}
+        #: re-verify round robin on one step in ``verify_every``
+        #: (``Plan.integrity_verify_every``; the random walk's stated sample)
+        self.verify_every = max(1, int(getattr(run.plan, "integrity_verify_every", 1) or 1))
+        self._until_verify = 0
 
     def _stream(self) -> int:
         if self.stream is None:
@@ -416,7 +420,13 @@ class Integrity:
         for r in touched:
             if r is not None and r not in bound:
                 refresh(r)
-        # round-robin verification of a few others
+        # round-robin verification of a few others (on one step in
+        # ``verify_every``: the first step of a run, then every k-th)
+        if self.verify_every > 1:
+            if self._until_verify:
+                self._until_verify -= 1
+                return
+            self._until_verify = self.verify_every - 1
         order = self.order
         regions = self.regions
         checked = 0
