@@ -40,6 +40,7 @@ from memspec.invariants.errors import TARGET_ERROR, HangResult, SpecError, Targe
 from memspec.invariants.guard import BUILD_SECONDS, CallGuard
 from memspec.invariants.integrity import make_integrity
 from memspec.spec import api
+from memspec.spec.core import _nothing as _SPEC_NO_OP
 from memspec.spec.errors import MemspecError
 
 
@@ -187,6 +188,10 @@ class Run:
         self._outs: tuple | None = None
         self._obs_cache: dict | None = None
         self._checks: list | None = None
+        #: every invariant held on the state as it is now (re-evaluate on change)
+        self._invariants_held = False
+        #: the last step's branch may have changed the spec state
+        self._state_changed = True
         self._swarm: tuple | None = None   # (actions, weights) of this example (swarm testing)
         fkw = plan.factory_kwargs
         caps = plan.capacities
@@ -420,6 +425,8 @@ class Run:
         bound = self._bind(result, value) if is_return else ()
         ts.bound = bound
         self._action = action
+        # a branch whose ``then`` is the spec's no-op left the state as it was
+        self._state_changed = branch.then is not _SPEC_NO_OP
         self.check_after(outs.touched, bound, args)
         if plan.on_step is not None:
             plan.on_step(plan)
@@ -482,7 +489,13 @@ class Run:
         state = self.state
         checks = self._checks
         found: list = []   # [(invariant, cause, reason)] of this step
-        if checks is None:
+        if self._invariants_held and not self._state_changed:
+            # Re-evaluate on change: an invariant is a predicate over the spec
+            # state, and this step's branch did not change the state since
+            # every invariant last held on it, so each holds now as it did then
+            # (tests/test_walk_speed.py checks this against a full evaluation).
+            checks = ()
+        elif checks is None:
             try:
                 bad = self.machine.check_invariants(state)
             except Exception as e:  # noqa: BLE001
@@ -496,6 +509,7 @@ class Run:
                         found.append((inv, "invariant", why))
             except Exception as e:  # noqa: BLE001
                 raise SpecError(f"an invariant check raised {type(e).__name__}: {e}") from e
+        self._invariants_held = not found
         if self.plan.observations:
             self.check_observations(touched + bound, found=found)
         integrity = self.integrity

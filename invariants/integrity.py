@@ -7,7 +7,7 @@ Which regions exist and whom to blame comes from the machine
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from memspec.invariants.errors import HangResult, SpecError
@@ -275,17 +275,22 @@ class Integrity:
             loc = self.describe(run.state, ref, obj)
         except Exception as e:  # noqa: BLE001
             raise SpecError(f"locating the data of #{ref} raised {type(e).__name__}: {e}") from e
-        if loc is not None and getattr(loc, "locate", None) is not None:
-            loc = self._located(ref, loc)
+        extent = None
+        if loc is not None:
+            extent = loc.extent
+            if getattr(loc, "locate", None) is not None:
+                extent = self._located(ref, loc)
+                if extent is None:
+                    loc = None
         try:
             if loc is not None:
-                if loc.extent is not None:
-                    spans = self._spans(loc.extent[0], loc.extent[1], loc.page)
+                if extent is not None:
+                    spans = self._spans(extent[0], extent[1], loc.page)
                 else:
                     spans = _page_spans(*loc.pages)
                 alias = getattr(loc, "alias", None)
                 key = alias[0] if alias is not None else None
-                base = (loc.extent[0] if loc.extent is not None else loc.pages[0]) - (alias[1] if alias else 0)
+                base = (extent[0] if extent is not None else loc.pages[0]) - (alias[1] if alias else 0)
                 version = getattr(loc, "version", None)
                 writable = getattr(loc, "writable", True)
                 copy_of = getattr(loc, "copy_of", None)
@@ -341,9 +346,10 @@ class Integrity:
                     self._verify(region)
                     break
 
-    def _located(self, ref: int, loc: Any) -> Any:
-        """``loc`` at the address its ``locate`` reads from the implementation
-        now (one guarded call); ``None`` when the implementation does not say."""
+    def _located(self, ref: int, loc: Any) -> tuple | None:
+        """``loc``'s extent at the address its ``locate`` reads from the
+        implementation now (one guarded call); ``None`` when the
+        implementation does not say."""
         box: list = []
         _, err = self.run.guard.call(lambda: box.append(loc.locate(self.run.sut)))
         if err is not None:
@@ -355,7 +361,7 @@ class Integrity:
         if type(base) is not int:
             return None
         off, n = loc.extent
-        return replace(loc, extent=(base + off, n), locate=None)
+        return base + off, n
 
     def _refresh_alias(self, ref: int, old: _Region | None, spans: list, key: Any, base: int, version: Any,
                        writable: bool, blame_fault: str, blame_mismatch: str) -> None:

@@ -73,3 +73,90 @@ def test_walk_states_its_sample():
     note = W.sample_note()
     assert f"1 step in {W.WALK_VERIFY_EVERY}" in note and f"1 new region in {W.WALK_INTEGRITY_SAMPLE}" in note
     assert "end of each run" in note and "after every step" in note
+
+
+# --------------------------------------------------------------------------
+# Re-evaluate invariants on change (Run.check_after)
+# --------------------------------------------------------------------------
+
+from dataclasses import replace  # noqa: E402
+
+from memspec.invariants import harness as H  # noqa: E402
+from memspec.spec.core import _nothing  # noqa: E402
+
+LEVELS = ("mechanism", "system")
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_step_whose_branch_changes_nothing_leaves_the_state_and_every_verdict_as_they_were(monkeypatch, level):
+    """The skip is sound: on every step where the engine did not evaluate
+    the invariants, the spec state is unchanged (its repr) and a full
+    evaluation finds every invariant holding, as the engine assumed."""
+    plan = make_plan("reference", level)
+    skipped = {"n": 0, "ran": 0}
+    orig_apply = H.Run.apply
+
+    def apply(self, action, args, choices=None):
+        before = repr(self.state)
+        held = self._invariants_held
+        ts = orig_apply(self, action, args, choices)
+        skipped["ran"] += 1
+        if held and not self._state_changed:
+            skipped["n"] += 1
+            assert repr(self.state) == before, f"{action.name} changed the state on a no-op branch"
+            assert self.machine.check_invariants(self.state) == []
+        return ts
+
+    monkeypatch.setattr(H.Run, "apply", apply)
+    res = W.walk(plan, max_steps=1_500, seed=5, run_length=50)
+    assert not res.failures and not res.errors, ([f.violation for f in res.failures], res.errors)
+    assert skipped["ran"] == res.steps and skipped["n"] > res.steps // 10   # the skip is taken, and often
+
+
+def _plant(state):
+    """Break S1 on the spec state (both levels count misreleases in one field)."""
+    if hasattr(state, "misreleased"):
+        state.misreleased += 1
+    else:
+        state.foreign_frees += 1
+
+
+def _planting(action):
+    """``action`` whose every branch also breaks S1 when the spec follows it."""
+    def step(state, **args):
+        outs = action.step(state, **args)
+
+        def wrap(then):
+            def planted(v):
+                r = then(v)
+                _plant(state)
+                return r
+            return planted
+
+        return replace(outs, branches=tuple(replace(b, then=wrap(b.then)) for b in outs.branches))
+
+    return replace(action, step=step)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_violation_planted_through_each_action_is_caught_at_its_step(level):
+    """For every action of the level: a walk whose only change is that this
+    action's branches also break S1 fails on S1 at the first step that runs
+    the action -- the step a full evaluation after every step would fail at."""
+    plan = make_plan("reference", level)
+    actions = list(plan.actions)
+    caught = []
+    for i, a in enumerate(actions):
+        plan.actions = actions[:i] + [_planting(a)] + actions[i + 1:]
+        guard = H.CallGuard(plan.timeout, plan.guard_mode)
+        for seed in range(12):
+            v, _choices = W.walk_once(plan, W.run_seed(seed, i), 60, guard)
+            ran = [k for k, ts in enumerate(v.trace if v is not None else []) if ts.action == a.name]
+            if v is None:
+                continue   # the walk never drew the action: another seed
+            assert (v.invariant, v.cause) == ("S1", "invariant"), (a.name, v)
+            assert ran and v.step == ran[0] + 1 == len(v.trace), (a.name, v.step, ran)
+            caught.append(a.name)
+            break
+    plan.actions = actions
+    assert len(caught) >= len(actions) - 2, sorted(set(x.name for x in actions) - set(caught))
