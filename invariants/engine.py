@@ -376,12 +376,11 @@ class Run:
         ts = TraceStep(action.name, dict(args), list(choices or []), "", ())
         self.trace.append(ts)
         state = self.state
-        for k, dom in action.params.items():
-            bfn = getattr(dom, "boundaries", None)
-            if bfn is not None:
-                v = args.get(k)
+        for k, bfn in _boundaries_of(action):
+            v = args.get(k)
+            if type(v) is int:
                 try:
-                    hit = type(v) is int and v in bfn(state)
+                    hit = v in bfn(state)
                 except Exception as e:  # noqa: BLE001
                     raise SpecError(f"{action.name}: boundaries of {k} raised {type(e).__name__}: {e}") from e
                 if hit:
@@ -696,6 +695,19 @@ SWARM_BOOST = 4
 REDRAWS = 1
 #: extra argument draws of the same action when the spec offers no accepting branch
 ARG_REDRAWS = 2
+
+
+#: id(action) -> (action, [(param, its domain's ``boundaries``)]): the
+#: params whose boundary hits a step counts, listed once per action
+_BOUNDARIES: dict[int, tuple] = {}
+
+
+def _boundaries_of(action: Any) -> list:
+    got = _BOUNDARIES.get(id(action))
+    if got is None or got[0] is not action:
+        got = _BOUNDARIES[id(action)] = (action, [(k, d.boundaries) for k, d in action.params.items()
+                                                  if getattr(d, "boundaries", None) is not None])
+    return got[1]
 
 
 def _spec_outcomes(action: Any, state: Any, args: dict) -> Any:

@@ -114,6 +114,9 @@ class Integrity:
         #: (``Plan.integrity_verify_every``; the random walk's stated sample)
         self.verify_every = max(1, int(getattr(run.plan, "integrity_verify_every", 1) or 1))
         self._until_verify = 0
+        #: ``_spans`` of each (extent, page) seen in this run (a pure
+        #: function of them; the spans lists are only read)
+        self._span_memo: dict = {}
 
     def _stream(self) -> int:
         if self.stream is None:
@@ -285,7 +288,10 @@ class Integrity:
         try:
             if loc is not None:
                 if extent is not None:
-                    spans = self._spans(extent[0], extent[1], loc.page)
+                    k = (extent[0], extent[1], loc.page)
+                    spans = self._span_memo.get(k)
+                    if spans is None:
+                        spans = self._span_memo[k] = self._spans(extent[0], extent[1], loc.page)
                 else:
                     spans = _page_spans(*loc.pages)
                 alias = getattr(loc, "alias", None)
