@@ -485,9 +485,34 @@ class Run:
         """Every check after a step.  When several fail at once, the report
         blames the rule that was broken, not its downstream figure (see
         :meth:`_blame_first`); the others are listed as consequences."""
+        found: list = self.check_invariants()   # [(invariant, cause, reason)] of this step
+        if self.plan.observations:
+            self.check_observations(touched + bound, found=found)
+        integrity = self.integrity
+        if integrity is not None:
+            if args:
+                # the refs the arguments name, each once (a second refresh of
+                # a ref in the same state finds nothing to do)
+                regions = integrity.regions
+                named = tuple(v for v in args.values() if type(v) is int and v in regions and v not in touched)
+                if named:
+                    touched = touched + named
+            if not found:
+                integrity.after_step(touched, bound)
+            else:
+                try:  # a data check that fails too may be the rule broken
+                    integrity.after_step(touched, bound)
+                except Violation as v:
+                    found.append((v.invariant, v.cause, v.reason))
+        if found:
+            self._fail_found(found)
+
+    def check_invariants(self) -> list:
+        """``[(invariant, "invariant", reason)]`` of every invariant that
+        fails on the spec state now (a crashing check is a SpecError)."""
         state = self.state
         checks = self._checks
-        found: list = []   # [(invariant, cause, reason)] of this step
+        found: list = []
         if self._invariants_held and not self._state_changed:
             # Re-evaluate on change: an invariant is a predicate over the spec
             # state, and this step's branch did not change the state since
@@ -509,26 +534,7 @@ class Run:
             except Exception as e:  # noqa: BLE001
                 raise SpecError(f"an invariant check raised {type(e).__name__}: {e}") from e
         self._invariants_held = not found
-        if self.plan.observations:
-            self.check_observations(touched + bound, found=found)
-        integrity = self.integrity
-        if integrity is not None:
-            if args:
-                # the refs the arguments name, each once (a second refresh of
-                # a ref in the same state finds nothing to do)
-                regions = integrity.regions
-                named = tuple(v for v in args.values() if type(v) is int and v in regions and v not in touched)
-                if named:
-                    touched = touched + named
-            if not found:
-                integrity.after_step(touched, bound)
-            else:
-                try:  # a data check that fails too may be the rule broken
-                    integrity.after_step(touched, bound)
-                except Violation as v:
-                    found.append((v.invariant, v.cause, v.reason))
-        if found:
-            self._fail_found(found)
+        return found
 
     def _rank(self) -> dict:
         """``{invariant: how many of the machine's actions declare it}``: a
