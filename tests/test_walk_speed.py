@@ -160,3 +160,16 @@ def test_a_violation_planted_through_each_action_is_caught_at_its_step(level):
             break
     plan.actions = actions
     assert len(caught) >= len(actions) - 2, sorted(set(x.name for x in actions) - set(caught))
+
+
+def test_fuzz_walk_states_its_sample_in_the_json_report(tmp_path):
+    import json
+
+    from memspec.commands import fuzz
+
+    out = tmp_path / "fuzz.json"
+    rc = fuzz.main(["reference", "--mode", "walk", "--minutes", "0.03", "--jobs", "1", "--level", "mechanism",
+                    "--db", str(tmp_path / "db"), "--out", str(tmp_path / "repro"), "--quiet", "--json", str(out)])
+    doc = json.loads(out.read_text())
+    assert rc == 0 and doc["steps"] > 0, doc
+    assert doc["sample"] == W.sample_note()
