@@ -67,6 +67,7 @@ from memspec.reference.caching_stats import (
     ONE_EB_MESSAGE,
     SMALL,
     AllocatorStats,
+    increase_pooled,
     memory_summary,
     pytorch_oom_message,
     seed_oom_message,
@@ -416,7 +417,7 @@ def _sl_delete(bl: SortedList, maxes: list, lst: list, pos: int, idx: int) -> No
 
 
 class _Pool:
-    __slots__ = ("small", "blocks", "free", "unmapped", "unmapped_at", "gc_calls")
+    __slots__ = ("small", "blocks", "free", "unmapped", "unmapped_at", "gc_calls", "hot")
 
     def __init__(self, small: bool) -> None:
         self.small = small
@@ -426,6 +427,8 @@ class _Pool:
         self.unmapped = SortedList()  # (stream << 64) | address of unmapped blocks of expandable arenas
         self.unmapped_at: dict[int, _Block] = {}
         self.gc_calls = 0
+        #: the Stat objects the fast paths update (set by the allocator)
+        self.hot: tuple = ()
 
 
 #: a handle or block without an ``__init__`` frame (the hot paths set every slot they read)
@@ -492,7 +495,6 @@ class CachingAllocator:
         self._large = _Pool(False)
         self._segments: dict[int, _Segment] = {}
         self._seg_alloc: dict[int, Any] = {}
-        self._n_live = 0
         self._pending: set[_Block] = set()
         self._issued: dict[int, int] = {}
         self._completed: dict[int, int] = {}
@@ -516,14 +518,14 @@ class CachingAllocator:
         s = self.stats
         self._s_alloc, self._s_abytes = s.allocation, s.allocated_bytes
         self._s_req, self._s_isplit, self._s_isbytes = s.requested_bytes, s.inactive_split, s.inactive_split_bytes
-        #: per pool index (SMALL, LARGE): the Stat objects the fused paths
-        #: update, ``all`` then the pool's, in one tuple (mutated in place by
-        #: the resets, so these stay the live ones)
-        self._hot = [None] + [
-            (s.allocation[ALL], s.allocation[j], s.allocated_bytes[ALL], s.allocated_bytes[j],
-             s.requested_bytes[ALL], s.requested_bytes[j],
-             s.inactive_split[ALL], s.inactive_split[j], s.inactive_split_bytes[ALL], s.inactive_split_bytes[j])
-            for j in (SMALL, LARGE)]
+        #: per pool: the Stat objects the fast paths update -- for each of
+        #: allocation, allocated_bytes, requested_bytes, inactive_split,
+        #: inactive_split_bytes: this pool's, the other pool's, ``all``
+        #: (a SumStat: only its peak is stored)
+        for pool, j, o in ((self._small, SMALL, LARGE), (self._large, LARGE, SMALL)):
+            pool.hot = tuple(x for name in ("allocation", "allocated_bytes", "requested_bytes", "inactive_split",
+                                            "inactive_split_bytes")
+                             for x in (getattr(s, name)[j], getattr(s, name)[o], getattr(s, name)[ALL]))
 
     # ---------------------------------------------------------------- settings
 
@@ -751,7 +753,7 @@ class CachingAllocator:
                 i = bisect_left(sub, lo)
                 key = sub[i]
                 if key >> 128 == stream:  # SortedList._delete, its common case inlined
-                    if len(sub) > 1 and (len(sub) > 501 or len(maxes) == 1) and not bl._index:
+                    if (len(sub) > 501 or len(maxes) == 1 and len(sub) > 1) and not bl._index:
                         del sub[i]
                         bl._len -= 1
                         maxes[pos] = sub[-1]
@@ -760,7 +762,7 @@ class CachingAllocator:
                     b = pool.free.pop(key & _M64)
             if b is None:
                 b = self._slow_path(pool, stream, r, size)
-            a0, a1, ab0, ab1, rq0, rq1, isp0, isp1, isb0, isb1 = self._hot[SMALL if small else LARGE]
+            aP, aO, aA, abP, abO, abA, rqP, rqO, rqA, ispP, ispO, ispA, isbP, isbO, isbA = pool.hot
             prev = b.prev
             bs = b.size
             remaining = bs - r
@@ -804,69 +806,56 @@ class CachingAllocator:
                 pool.free[ra] = rest
                 rest.gc_base = pool.gc_calls
                 if prev is not None or rest.next is not None:  # already split: the split shrinks by r
-                    isb0.current -= r
-                    isb1.current -= r
-                else:  # a new inactive split: the remainder
-                    c = isb0.current + remaining
-                    isb0.current = c
-                    isb0.allocated += remaining
-                    if c > isb0.peak:
-                        isb0.peak = c
-                    c = isb1.current + remaining
-                    isb1.current = c
-                    isb1.allocated += remaining
-                    if c > isb1.peak:
-                        isb1.peak = c
-                    c = isp0.current + 1
-                    isp0.current = c
-                    isp0.allocated += 1
-                    if c > isp0.peak:
-                        isp0.peak = c
-                    c = isp1.current + 1
-                    isp1.current = c
-                    isp1.allocated += 1
-                    if c > isp1.peak:
-                        isp1.peak = c
+                    isbP.current -= r
+                else:  # a new inactive split: the remainder (Stat.increase; the all entry's peak)
+                    c = isbP.current + remaining
+                    isbP.current = c
+                    isbP.allocated += remaining
+                    if c > isbP.peak:
+                        isbP.peak = c
+                    c += isbO.current
+                    if c > isbA.peak:
+                        isbA.peak = c
+                    c = ispP.current + 1
+                    ispP.current = c
+                    ispP.allocated += 1
+                    if c > ispP.peak:
+                        ispP.peak = c
+                    c += ispO.current
+                    if c > ispA.peak:
+                        ispA.peak = c
             elif prev is not None or b.next is not None:  # a whole inactive split handed out
-                isb0.current -= bs
-                isb1.current -= bs
-                isp0.current -= 1
-                isp1.current -= 1
+                isbP.current -= bs
+                ispP.current -= 1
             b.allocated = True
             b.requested_size = size
             b.stream = stream
-            # Stat.increase of allocation, allocated_bytes, requested_bytes (all, pool);
-            # active/active_bytes follow allocation (caching_stats.AllocatorStats)
-            c = a0.current + 1
-            a0.current = c
-            a0.allocated += 1
-            if c > a0.peak:
-                a0.peak = c
-            c = a1.current + 1
-            a1.current = c
-            a1.allocated += 1
-            if c > a1.peak:
-                a1.peak = c
-            c = ab0.current + bs
-            ab0.current = c
-            ab0.allocated += bs
-            if c > ab0.peak:
-                ab0.peak = c
-            c = ab1.current + bs
-            ab1.current = c
-            ab1.allocated += bs
-            if c > ab1.peak:
-                ab1.peak = c
-            c = rq0.current + size
-            rq0.current = c
-            rq0.allocated += size
-            if c > rq0.peak:
-                rq0.peak = c
-            c = rq1.current + size
-            rq1.current = c
-            rq1.allocated += size
-            if c > rq1.peak:
-                rq1.peak = c
+            # Stat.increase of allocation, allocated_bytes, requested_bytes in this pool, then
+            # the peak of their all entry (SumStat); active/active_bytes follow allocation
+            c = aP.current + 1
+            aP.current = c
+            aP.allocated += 1
+            if c > aP.peak:
+                aP.peak = c
+            c += aO.current
+            if c > aA.peak:
+                aA.peak = c
+            c = abP.current + bs
+            abP.current = c
+            abP.allocated += bs
+            if c > abP.peak:
+                abP.peak = c
+            c += abO.current
+            if c > abA.peak:
+                abA.peak = c
+            c = rqP.current + size
+            rqP.current = c
+            rqP.allocated += size
+            if c > rqP.peak:
+                rqP.peak = c
+            c += rqO.current
+            if c > rqA.peak:
+                rqA.peak = c
             if self._pending:
                 self.stats.note_malloc_while_pending(SMALL if small else LARGE)
             if self._trace is not None:
@@ -878,7 +867,6 @@ class CachingAllocator:
         h.stream = stream
         h._block = b
         b.handle = h
-        self._n_live += 1
         return h
 
     def _bad_request(self, size: Any, stream: Any) -> None:
@@ -983,57 +971,22 @@ class CachingAllocator:
             rest.size = remaining
             self._insert(pool, rest)
             if not exp:
-                sib = self._s_isbytes
                 if already_split:  # the inactive split shrinks by what is handed out
-                    for j in (ALL, idx):
-                        x = sib[j]
-                        x.current -= r
+                    self._s_isbytes[idx].current -= r
                 else:  # a new inactive split: the remainder
-                    sis = self._s_isplit
-                    for j in (ALL, idx):
-                        x = sib[j]
-                        c = x.current + remaining
-                        x.current = c
-                        x.allocated += remaining
-                        if c > x.peak:
-                            x.peak = c
-                        x = sis[j]
-                        c = x.current + 1
-                        x.current = c
-                        x.allocated += 1
-                        if c > x.peak:
-                            x.peak = c
+                    increase_pooled(self._s_isbytes, idx, remaining)
+                    increase_pooled(self._s_isplit, idx, 1)
         elif already_split and not exp:  # a whole inactive split handed out
-            sib, sis, n = self._s_isbytes, self._s_isplit, b.size
-            for j in (ALL, idx):
-                x = sib[j]
-                x.current -= n
-                x = sis[j]
-                x.current -= 1
+            self._s_isbytes[idx].current -= b.size
+            self._s_isplit[idx].current -= 1
         b.allocated = True
         b.requested_size = size
         b.stream = stream
         bs = b.size
-        sa, sab, srq = self._s_alloc, self._s_abytes, self._s_req
-        for j in (ALL, idx):  # Stat.increase, inlined (active/active_bytes follow allocation)
-            s = sa[j]
-            c = s.current + 1
-            s.current = c
-            s.allocated += 1
-            if c > s.peak:
-                s.peak = c
-            s = sab[j]
-            c = s.current + bs
-            s.current = c
-            s.allocated += bs
-            if c > s.peak:
-                s.peak = c
-            s = srq[j]
-            c = s.current + size
-            s.current = c
-            s.allocated += size
-            if c > s.peak:
-                s.peak = c
+        # (active/active_bytes follow allocation: caching_stats.AllocatorStats)
+        increase_pooled(self._s_alloc, idx, 1)
+        increase_pooled(self._s_abytes, idx, bs)
+        increase_pooled(self._s_req, idx, size)
         if self._pending:
             self.stats.note_malloc_while_pending(idx)
         if self._max_split is not None and bs >= self._max_split:
@@ -1338,26 +1291,20 @@ class CachingAllocator:
         except AttributeError:
             raise self._refuse(block) from None
         b.handle = None
-        self._n_live -= 1
         block._freed = True
         b.allocated = False
         if b.uses or not self._fast:
             self._free_hooks(b)
             return
-        small = b.seg.small
-        a0, a1, ab0, ab1, rq0, rq1, isp0, isp1, isb0, isb1 = self._hot[SMALL if small else LARGE]
-        orig = b.size
+        pool = self._small if b.seg.small else self._large
+        aP, aO, aA, abP, abO, abA, rqP, rqO, rqA, ispP, ispO, ispA, isbP, isbO, isbA = pool.hot
         req = b.requested_size
-        a0.current -= 1
-        a1.current -= 1
-        ab0.current -= orig
-        ab1.current -= orig
+        aP.current -= 1  # (the all entries are the pools' sums)
+        abP.current -= b.size
         if self._trace is not None:
             self._record("free_requested", b.address, req, b.stream)
             self._record("free_completed", b.address, req, b.stream)
-        rq0.current -= req
-        rq1.current -= req
-        pool = self._small if small else self._large
+        rqP.current -= req
         bl = pool.blocks
         maxes = bl._maxes
         lists = bl._lists
@@ -1370,7 +1317,7 @@ class CachingAllocator:
             i = bisect_left(lst, v)
             if lst[i] != v:  # pragma: no cover - a broken free list
                 raise KeyError(v)
-            if len(lst) > 1 and (len(lst) > 501 or len(maxes) == 1) and not bl._index:
+            if (len(lst) > 501 or len(maxes) == 1 and len(lst) > 1) and not bl._index:
                 del lst[i]
                 bl._len -= 1
                 maxes[pos] = lst[-1]
@@ -1394,7 +1341,7 @@ class CachingAllocator:
             i = bisect_left(lst, v)
             if lst[i] != v:  # pragma: no cover - a broken free list
                 raise KeyError(v)
-            if len(lst) > 1 and (len(lst) > 501 or len(maxes) == 1) and not bl._index:
+            if (len(lst) > 501 or len(maxes) == 1 and len(lst) > 1) and not bl._index:
                 del lst[i]
                 bl._len -= 1
                 maxes[pos] = lst[-1]
@@ -1430,44 +1377,36 @@ class CachingAllocator:
         if b.prev is not None or b.next is not None:
             net_n += 1
             net_b += b.size
-        if net_n:  # Stat.increase / decrease of inactive_split(_bytes), inlined
-            c = isp0.current + net_n
-            isp0.current = c
-            if net_n > 0:
-                isp0.allocated += net_n
-                if c > isp0.peak:
-                    isp0.peak = c
-            c = isp1.current + net_n
-            isp1.current = c
-            if net_n > 0:
-                isp1.allocated += net_n
-                if c > isp1.peak:
-                    isp1.peak = c
-        if net_b:
-            c = isb0.current + net_b
-            isb0.current = c
-            if net_b > 0:
-                isb0.allocated += net_b
-                if c > isb0.peak:
-                    isb0.peak = c
-            c = isb1.current + net_b
-            isb1.current = c
-            if net_b > 0:
-                isb1.allocated += net_b
-                if c > isb1.peak:
-                    isb1.peak = c
+        if net_n > 0:  # Stat.increase / decrease of inactive_split(_bytes), inlined
+            c = ispP.current + net_n
+            ispP.current = c
+            ispP.allocated += net_n
+            if c > ispP.peak:
+                ispP.peak = c
+            c += ispO.current
+            if c > ispA.peak:
+                ispA.peak = c
+        elif net_n:
+            ispP.current += net_n
+        if net_b > 0:
+            c = isbP.current + net_b
+            isbP.current = c
+            isbP.allocated += net_b
+            if c > isbP.peak:
+                isbP.peak = c
+            c += isbO.current
+            if c > isbA.peak:
+                isbA.peak = c
+        elif net_b:
+            isbP.current += net_b
 
     def _free_hooks(self, b: _Block) -> None:
         """``free`` after the handle check, through the hooks (subclasses,
         expandable segments, max_split_size, deferred frees)."""
         idx = SMALL if b.seg.small else LARGE
         bs = b.size
-        sa, sab = self._s_alloc, self._s_abytes
-        for j in (ALL, idx):
-            s = sa[j]
-            s.current -= 1
-            s = sab[j]
-            s.current -= bs
+        self._s_alloc[idx].current -= 1
+        self._s_abytes[idx].current -= bs
         if self._trace is not None:
             self._record("free_requested", b.address, b.requested_size, b.stream)
         if self._max_split is not None and b.size >= self._max_split:
@@ -1489,7 +1428,7 @@ class CachingAllocator:
         if self._trace is not None:
             self._record("free_completed", b.address, b.requested_size, b.stream)
         pool = self._small if b.seg.small else self._large
-        orig, req = b.size, b.requested_size
+        req = b.requested_size
         net_n = net_b = 0
         p = b.prev
         if p is not None and not p.allocated and not p.events and not p.uses and p.mapped:
@@ -1501,50 +1440,19 @@ class CachingAllocator:
             n = self._try_merge(pool, b, q)
             net_n -= 1
             net_b -= n
-        v = (b.stream << 128) | (b.size << 64) | b.address  # _insert, inlined
-        bl = pool.blocks
-        maxes = bl._maxes
-        if maxes and not bl._index:
-            if v >= maxes[-1]:
-                pos = len(maxes) - 1
-                lst = bl._lists[pos]
-                lst.append(v)
-                maxes[pos] = v
-            else:
-                pos = bisect_right(maxes, v)
-                lst = bl._lists[pos]
-                insort(lst, v)
-            if len(lst) > 2000:
-                bl._expand(pos)
-            bl._len += 1
-        else:
-            bl.add(v)
-        pool.free[b.address] = b
-        b.gc_base = pool.gc_calls
+        self._insert(pool, b)
         if b.prev is not None or b.next is not None:
             net_n += 1
             net_b += b.size
         idx = SMALL if pool.small else LARGE
         if (net_n or net_b) and not b.seg.expandable:
-            sis, sib = self._s_isplit, self._s_isbytes
-            for j in (ALL, idx):  # Stat.increase / decrease, inlined
-                x = sis[j]
-                c = x.current + net_n
-                x.current = c
-                if net_n > 0:
-                    x.allocated += net_n
-                    if c > x.peak:
-                        x.peak = c
-                x = sib[j]
-                c = x.current + net_b
-                x.current = c
-                if net_b > 0:
-                    x.allocated += net_b
-                    if c > x.peak:
-                        x.peak = c
-        srq = self._s_req
-        for j in (ALL, idx):  # (active/active_bytes follow allocation and the pending frees)
-            srq[j].current -= req
+            for stat, n in ((self._s_isplit, net_n), (self._s_isbytes, net_b)):
+                if n > 0:
+                    increase_pooled(stat, idx, n)
+                else:
+                    stat[idx].current += n
+        # (active/active_bytes follow allocation and the pending frees)
+        self._s_req[idx].current -= req
         if self.preset == "seed" and b.seg.expandable:
             self._unmap_block(pool, b)  # the toy: pages returned at free
 
@@ -1610,7 +1518,7 @@ class CachingAllocator:
         return self.stats.requested_bytes[ALL].current
 
     def live_blocks(self) -> int:
-        return self._n_live
+        return self.stats.allocation[ALL].current
 
     def segments(self) -> list[dict]:
         """Every segment in address order with its blocks: ``{address,

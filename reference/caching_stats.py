@@ -76,6 +76,63 @@ class Stat:
 
 #: derived from ``allocation``/``allocated_bytes`` and the pending frees (see AllocatorStats)
 DERIVED = ("active", "active_bytes")
+#: figures whose ``all`` entry is a :class:`SumStat` of its two pools'
+SUMMED = ("allocation", "allocated_bytes", "requested_bytes", "inactive_split", "inactive_split_bytes")
+
+
+class SumStat:
+    """The ``all`` entry of a pooled figure that changes on every malloc and
+    free: ``current`` and ``allocated`` are the sums of the small and large
+    pools' (each change happens in exactly one pool), so only the peak is
+    its own, checked after every increase (:func:`increase_pooled`)."""
+
+    __slots__ = ("parts", "peak", "base")
+
+    def __init__(self, small: Stat, large: Stat) -> None:
+        self.parts = (small, large)
+        self.peak = self.base = 0
+
+    @property
+    def current(self) -> int:
+        return self.parts[0].current + self.parts[1].current
+
+    @property
+    def allocated(self) -> int:
+        return self.parts[0].allocated + self.parts[1].allocated
+
+    @property
+    def freed(self) -> int:
+        return self.base + self.allocated - self.current
+
+    def increase(self, n: int) -> None:
+        """The pools carry the figure: only the peak is checked here."""
+        c = self.current
+        if c > self.peak:
+            self.peak = c
+
+    def decrease(self, n: int) -> None:
+        """The pools carry the figure: nothing to do."""
+
+    def reset_accumulated(self) -> None:
+        self.base = self.current
+
+    def as_dict(self) -> dict[str, int]:
+        return {"current": self.current, "peak": self.peak, "allocated": self.allocated, "freed": self.freed}
+
+
+def increase_pooled(stat: list, idx: int, n: int) -> None:
+    """``Stat.increase(n)`` on pool ``idx``'s entry; the ``all`` entry (a
+    :class:`SumStat`) follows, its peak checked."""
+    s = stat[idx]
+    c = s.current + n
+    s.current = c
+    s.allocated += n
+    if c > s.peak:
+        s.peak = c
+    t = stat[ALL]
+    c = t.current
+    if c > t.peak:
+        t.peak = c
 
 
 class AllocatorStats:
@@ -95,7 +152,10 @@ class AllocatorStats:
 
     def __init__(self) -> None:
         for name in STAT_NAMES:
-            if name not in DERIVED:
+            if name in SUMMED:
+                small, large = Stat(), Stat()
+                setattr(self, name, [SumStat(small, large), small, large])
+            elif name not in DERIVED:
                 setattr(self, name, [Stat(), Stat(), Stat()])
         self.pending = [0, 0, 0]  # frees waiting on events: count, per ALL/SMALL/LARGE
         self.pending_bytes = [0, 0, 0]
