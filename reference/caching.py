@@ -38,7 +38,7 @@ import itertools
 import reprlib
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from sortedcontainers import SortedList
 
@@ -414,6 +414,16 @@ def _sl_delete(bl: SortedList, maxes: list, lst: list, pos: int, idx: int) -> No
         maxes[pos] = lst[-1]
     else:
         bl._delete(pos, idx)
+
+
+def _keys_after(lists: list, pos: int, idx: int) -> Iterator[int]:
+    """The keys of a SortedList (its ``_lists``) after the one at ``(pos,
+    idx)``, in order (``irange`` without its set-up, which the expandable
+    best fit paid at every malloc)."""
+    idx += 1
+    for sub in itertools.islice(lists, pos, None):
+        yield from itertools.islice(sub, idx, None)
+        idx = 0
 
 
 class _Pool:
@@ -893,7 +903,7 @@ class CachingAllocator:
             return None
         b = pool.free[key & _M64]
         if b.seg.expandable:
-            b = self._expandable_pick(pool, stream, lo, b)
+            b = self._expandable_pick(pool, stream, _keys_after(bl._lists, pos, idx), b)
             if b is None:
                 return None
             key = None
@@ -910,12 +920,11 @@ class CachingAllocator:
             self._remove(pool, b)
         return b
 
-    def _expandable_pick(self, pool: _Pool, stream: int, lo: int, b: _Block) -> _Block | None:
-        """PyTorch's ``get_free_block`` on an expandable block: best fit counts
-        the unmapped space a block can grow into; with expandable segments
+    def _expandable_pick(self, pool: _Pool, stream: int, it: Iterator[int], b: _Block) -> _Block | None:
+        """PyTorch's ``get_free_block`` on an expandable block ``b`` (the best
+        fit; ``it``: the free-list keys after it): best fit counts the
+        unmapped space a block can grow into; with expandable segments
         switched off, only non-expandable blocks qualify."""
-        it = pool.blocks.irange(minimum=lo)
-        next(it)
         if self.expandable:
             def grow(x: _Block) -> int:
                 return x.size + (x.next.size if x.next is not None and not x.next.mapped else 0)
