@@ -330,12 +330,13 @@ class SimulatedMechanism:
 class _Segment:
     """One cudaMalloc (``expandable=False``) or one expandable VA arena."""
 
-    __slots__ = ("address", "size", "stream", "small", "expandable", "handle", "page", "head", "owner")
+    __slots__ = ("address", "size", "stream", "small", "expandable", "handle", "page", "head", "owner", "pool")
 
     def __init__(self, address: int, size: int, stream: int, small: bool, expandable: bool, handle: Any,
-                 page: int = 0, owner: Any = None):
+                 page: int = 0, owner: Any = None, pool: Any = None):
         self.address, self.size, self.stream, self.small = address, size, stream, small
         self.expandable, self.handle, self.page, self.owner = expandable, handle, page, owner
+        self.pool = pool  # the owner's _Pool of this segment's blocks
         self.head: _Block | None = None
 
 
@@ -1018,7 +1019,7 @@ class CachingAllocator:
         except OutOfMemory:
             return None
         addr = a.address
-        seg = _Segment(addr, alloc_size, stream, pool.small, False, a, 0, self)
+        seg = _Segment(addr, alloc_size, stream, pool.small, False, a, 0, self, pool)
         self._segments[addr] = seg
         self._total += alloc_size
         idx = SMALL if pool.small else LARGE
@@ -1162,7 +1163,7 @@ class CachingAllocator:
         page = self._page(pool.small)
         size = -(-int(self.capacity * self.arena_factor) // page) * page
         va = self._backing.reserve(ReserveRequest(size))
-        seg = _Segment(va.address, va.size - va.size % page, stream, pool.small, True, va, page, self)
+        seg = _Segment(va.address, va.size - va.size % page, stream, pool.small, True, va, page, self, pool)
         self._segments[seg.address] = seg
         c = _Block(seg.address, seg.size, stream, seg)
         c.mapped = False
@@ -1294,8 +1295,9 @@ class CachingAllocator:
         try:
             b = block._block
             p = b.prev
+            seg = b.seg
             if (b.handle is not block or type(block) is not CachedBlock or type(b) is not _Block
-                    or b.seg.owner is not self or (p.next if p is not None else b.seg.head) is not b):
+                    or seg.owner is not self or (p.next if p is not None else seg.head) is not b):
                 raise AttributeError  # not the live handle this allocator's record names
         except AttributeError:
             raise self._refuse(block) from None
@@ -1305,7 +1307,7 @@ class CachingAllocator:
         if b.uses or not self._fast:
             self._free_hooks(b)
             return
-        pool = self._small if b.seg.small else self._large
+        pool = seg.pool
         aP, aO, aA, abP, abO, abA, rqP, rqO, rqA, ispP, ispO, ispA, isbP, isbO, isbA = pool.hot
         req = b.requested_size
         aP.current -= 1  # (the all entries are the pools' sums)
@@ -1338,7 +1340,7 @@ class CachingAllocator:
             if pp is not None:
                 pp.next = b
             else:
-                b.seg.head = b
+                seg.head = b
             b.size += p.size
             net_n = -1
             net_b = -p.size
