@@ -11,7 +11,7 @@ segments, answer *would expandable segments have avoided this OOM?*.  The
 rate is trace events per CPU second of that command (interpreter start and
 load included; ``RUSAGE_CHILDREN``, so time other processes held the core is
 not counted; the wall-clock rate is in the note); memory is the command's
-peak RSS (its own ``ru_maxrss``).  No target: the figures say how long the
+peak RSS (its own ``VmHWM``).  No target: the figures say how long the
 answer takes.
 """
 
@@ -82,11 +82,19 @@ def run(quick: bool = False) -> list[Row]:
                 extra={"events": got, "seconds": dt, "cpu_seconds": cpu, "file_bytes": size, "peak_rss": peak})]
 
 
-#: the child: ``memspec snapshot FILE --replay``, then its own peak RSS (KiB on Linux)
+#: the child: ``memspec snapshot FILE --replay``, then its own peak RSS in KiB: ``VmHWM`` of
+#: /proc/self/status where there is one (``ru_maxrss`` of a child on Linux also counts the
+#: parent's RSS at the fork -- here the bench process holding the recorded trace), else ru_maxrss
 _CHILD = (
     "import resource, sys\n"
     "from memspec.commands import snapshot\n"
     "rc = snapshot.main([sys.argv[1], '--replay'])\n"
-    "print('MAXRSS_KIB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+    "try:\n"
+    "    with open('/proc/self/status') as fh:\n"
+    "        peak = next(int(ln.split()[1]) for ln in fh if ln.startswith('VmHWM:'))\n"
+    "except (OSError, StopIteration, ValueError, IndexError):\n"
+    "    pass\n"
+    "print('MAXRSS_KIB', peak)\n"
     "sys.exit(rc)\n"
 )
