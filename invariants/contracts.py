@@ -129,7 +129,7 @@ def diff_pairs() -> tuple[list[tuple[str, str, str, str]], list[str]]:
     return all_pairs()
 
 
-def run_contracts(per_condition_timeout: float = 2.0, diff_timeout: float = 4.0, jobs: int = 2) -> Report:
+def run_contracts(per_condition_timeout: float = 2.0, diff_timeout: float = 4.0, jobs: int = 4) -> Report:
     """Check every kernel module and diff every pair, ``jobs`` subprocesses at a time."""
     t0 = time.perf_counter()
     rep = Report()

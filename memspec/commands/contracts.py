@@ -15,7 +15,9 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="memspec contracts", description=__doc__.split("\n\n")[0])
     ap.add_argument("--per-condition-timeout", type=float, default=2.0, help="CrossHair seconds per condition (check)")
     ap.add_argument("--diff-timeout", type=float, default=4.0, help="CrossHair seconds per diffbehavior pair")
-    ap.add_argument("--jobs", type=int, default=2, help="CrossHair subprocesses at a time")
+    ap.add_argument("--jobs", type=int, default=4,
+                    help="CrossHair subprocesses at a time (default 4: each diff runs until its paths are "
+                         "exhausted, so the same iterations in less wall time on a shared machine)")
     ap.add_argument("--json", metavar="FILE")
     ns = ap.parse_args(argv)
 
