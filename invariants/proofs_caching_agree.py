@@ -630,7 +630,7 @@ def event_sweep(rep: Agreement, preset: str, guards: frozenset = frozenset()) ->
         check_step(st, name, args, rep, guards)
 
 
-def run_agreement(steps: int = 60, walks_per_config: int = 2, seed: int = 0,
+def run_agreement(steps: int = 30, walks_per_config: int = 2, seed: int = 0,
                   guards: frozenset = frozenset()) -> Agreement:
     """The walks of :data:`WALKS` and the boundary sweeps of both presets."""
     t0 = time.process_time()

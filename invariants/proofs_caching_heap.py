@@ -50,7 +50,7 @@ actions it stands for):
   stream's events complete, then (once processed) release exactly the
   whole-free segments and return their bytes.
 
-Not encoded: expandable segments (C8 is therefore not proved),
+Not encoded here: expandable segments (C8 has its own encoding, :mod:`.proofs_caching_expandable`),
 ``garbage_collection_threshold``, ``memory_fraction``,
 ``roundup_power2_divisions``, and the pytorch OOM path's
 ``release_available`` when ``max_split_size > 0`` (the precondition excludes

@@ -174,7 +174,9 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
     if caching_on and (not ids or any(i.startswith("C") for i in ids)):
         from memspec.invariants.proofs_caching import run_caching
 
+        t_syn = time.process_time()
         caching = run_caching(depth=depth, samples=samples)
+        CPU["synthesis"] = time.process_time() - t_syn
     heap = agree = c8 = None
     cids = [i for i in ids if i.startswith("C")]
     if caching_on and (not ids or cids):
@@ -182,12 +184,18 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
         from memspec.invariants.proofs_caching_heap import run_heap
 
         if not ids or any(i != "C8" for i in cids):
+            t0 = time.process_time()
             heap = run_heap(ids=[i for i in cids if i != "C8"] or None)
+            CPU["heap induction + refutations"] = time.process_time() - t0
+            t0 = time.process_time()
             agree = run_agreement(seed=seed)
+            CPU["agreement"] = time.process_time() - t0
         if not ids or "C8" in cids:
             from memspec.invariants.proofs_caching_expandable import run_c8
 
+            t0 = time.process_time()
             c8 = run_c8(seed=seed)
+            CPU["C8"] = time.process_time() - t0
     if not ids or cids:
         records += [r for r in _caching_records(heap, agree, c8) if not ids or r["id"] in ids]
     return records, caching, time.perf_counter() - t_all
@@ -234,8 +242,14 @@ def _print(records: list[dict[str, Any]], caching: Any, total: float, traces: bo
                   + ("none" if e.page_level is None else "FOUND"))
         print("  Z3 policy kernels vs spec/caching: "
               + ("agree" if not caching.kernel_mismatches else f"{len(caching.kernel_mismatches)} DISAGREE"))
+    if CPU:
+        print("  caching CPU seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in CPU.items()))
     n_ok = sum(1 for r in records if r["proved"])
     print(f"\n{n_ok}/{len(records)} invariants proved; total {total:.1f}s")
+
+
+#: CPU seconds of each part of the caching checks in this run (for the report, never for a verdict)
+CPU: dict[str, float] = {}
 
 
 def _json(records: list[dict[str, Any]], caching: Any, total: float) -> dict[str, Any]:
@@ -251,6 +265,7 @@ def _json(records: list[dict[str, Any]], caching: Any, total: float) -> dict[str
         out["invariants"][r["id"]]["unguarded"] = {k: r["unguarded"][k]
                                                    for k in ("guard", "refuted", "named_invariant_violated")}
     if caching is not None:
+        out["caching_cpu_seconds"] = {k: round(v, 2) for k, v in CPU.items()}
         out["caching"] = {
             "synthesis": [{"preset": x.preset, "depth": x.depth, "trace": x.trace, "replay_confirmed": rr[0]}
                           for x, rr in zip(caching.synth, caching.replays)],
