@@ -160,7 +160,7 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
 
     t_all = time.perf_counter()
     proofs = [p for p in all_proofs() if not ids or p.id in ids]
-    reps = _agreement(samples, inv_samples, seed) if samples else []
+    reps = _agreement(samples, inv_samples, seed) if samples and proofs else []  # only the S rows read it
     records = []
     for p in proofs:
         r = prove(p)
