@@ -141,3 +141,36 @@ def test_projection_never_calls_the_policy(monkeypatch) -> None:
     vals, refs = A.project(st)
     assert vals["Rl"] == 20 * MiB and len(refs) == 1
     assert sorted(A.blocks_by_address(vals)) == sorted({s.base + b.offset for s in st.segments for b in s.blocks})
+
+
+def _fake_heap(refuted: bool = True) -> dict:
+    from memspec.invariants.proofs_caching_heap import UNGUARDED, actions
+
+    return {"checks": [("init", "proved", 0.0)], "refuted": {c: (refuted, "trace") for c in UNGUARDED},
+            "actions": {a.name: list(a.spec) for a in actions()}}
+
+
+def test_caching_rows_carry_the_agreement_and_fail_on_a_mismatch() -> None:
+    from memspec.commands.prove import _caching_records
+
+    rep = A.Agreement()
+    for spec_action, branches in rep.counts.items():
+        for b in branches:
+            branches[b] = 1
+    rep.inv = {c: [5, 0] for c in A.HEAP_INVARIANTS}
+    rows = {r["id"]: r for r in _caching_records(_fake_heap(), rep, None)}
+    c3 = rows["C3"]
+    assert c3["transition_agreement"]["caching:free"] == {"free:pending": 1, "free:merge": 1}
+    assert c3["invariant_agreement"] == {"samples": 5, "disagreements": 0}
+    assert c3["unguarded"]["refuted"] and set(c3["declared_actions"]) <= set(c3["encoded_actions"])
+    assert not any(w.startswith(("transition", "invariant", "branches")) for w in c3["_why"]), c3["_why"]
+    # one mismatch, one unsampled branch, one invariant disagreement: each named in the verdict
+    rep.mismatches.append("free(ref=1) on seed: block at 0x0: ...")
+    rep.counts["caching:free"]["free:pending"] = 0
+    rep.inv["C3"] = [5, 1]
+    c3 = {r["id"]: r for r in _caching_records(_fake_heap(), rep, None)}["C3"]
+    assert not c3["proved"]
+    why = " | ".join(c3["_why"])
+    assert "transition agreement: 1 disagreements" in why and "caching:free/free:pending" in why
+    assert "invariant agreement: 1/5 disagree" in why
+    assert rows["C8"]["status"] == "not run" and not rows["C8"]["proved"]
