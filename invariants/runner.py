@@ -608,11 +608,15 @@ def diagnose(plan: E.Plan, failure: Failure, *, replays: int | None = None) -> F
        step broke (the spec's own invariant failing on its state keeps
        its blame).
     1. **A step only the blame needs**: each earlier step is left out in
-       turn (arguments drawn again by the spec); when the same call then
-       fails the same way (same last action, same cause) under another
-       invariant, that step only decided which rule the spec's answer named
-       (a mechanism switch making ``poll`` blame S1 for a fence the EP read
-       wrong): the rule of the shorter counterexample is the one broken.
+       turn (arguments drawn again by the spec); when the shorter example
+       then fails under another invariant (at the same call, or sooner),
+       the step left out only decided which rule the failure showed as: a
+       mechanism switch making ``poll`` blame S1 for a fence the EP read
+       wrong; allocations that filled the device so that a segment rounded
+       up too far shows as an out-of-memory; a pending free that made a
+       missing coalesce show only in ``empty_cache``'s figure.  The rule
+       the shorter counterexample breaks is the one broken (of several,
+       the one failing soonest).
     2. **A symptom**: when the failure is a figure read from the
        implementation (cause ``observation``: a ledger total, a pin count,
        a queue length) of a rule the failing step's action does not declare
@@ -665,15 +669,13 @@ def diagnose(plan: E.Plan, failure: Failure, *, replays: int | None = None) -> F
                     why += " -- consequences at this step: " + "; ".join(rest[:4]) \
                         + (f"; {len(rest) - 4} more" if len(rest) > 4 else "")
                 found = violation_class(inv)(inv, cause, why, list(v0.trace), len(v0.trace))
-        # 1. a step only the blame needs
-        for i in range(len(steps) - 2, -1, -1):
-            if found is not None:
-                break
-            v = replay(steps[:i] + steps[i + 1:])
-            if v is not None and v.invariant != failure.invariant and v.cause == failure.cause and v.trace \
-                    and v.trace[-1].action == last and len(v.trace) == len(steps) - 1:
-                found = v
-                break
+        # 1. a step only the blame needs: the variants one step shorter
+        if found is None:
+            for i in range(len(steps) - 2, -1, -1):
+                v = replay(steps[:i] + steps[i + 1:])
+                if v is not None and v.invariant != failure.invariant and v.cause not in ("hang", "crash") \
+                        and v.trace and (found is None or len(v.trace) < len(found.trace)):
+                    found = v
         # 2. a symptom: continue past it
         if found is None and same and failure.cause in _FIGURES and failure.invariant not in own:
             symptoms = {inv for inv, _c, _w in seen} | {failure.invariant}

@@ -234,6 +234,32 @@ def test_the_rule_the_failing_action_declares_is_blamed_before_another_rules_dat
     assert again.invariant == "S7" and again.consequences == d.consequences
 
 
+@pytest.mark.parametrize("mutant, steps, first, blamed, length", [
+    # a pending free (record_stream) makes the missing coalesce show only in empty_cache's figure (C6);
+    # without it the free itself leaves adjacent free blocks: C3
+    ("caching-no-coalescing", [("malloc", [0, 1, 0]), ("record_stream", [1]), ("free", []), ("empty_cache", [])],
+     "C6", "C3", 2),
+    # allocations that filled the device make a segment rounded up too far show as an out-of-memory (C9);
+    # with room left, the segment itself is the wrong size: C2
+    ("caching-segment-exact-multiple-up", [("malloc", [5, 1048577, 1]), ("malloc", [8, 21, 0]),
+                                           ("malloc", [6, 11777315, 0]), ("malloc", [4, 12582912, 0])],
+     "C9", "C2", 3),
+])
+def test_a_shorter_example_that_fails_under_another_rule_names_the_rule_broken(mutant, steps, first, blamed, length):
+    plan = runner.make_plan(f"mutant:{mutant}", "caching")
+    guard = runner.CallGuard(plan.timeout, plan.guard_mode)
+    v = runner._replay_steps(plan, guard, None, steps)
+    assert v is not None and v.invariant == first, "the recorded steps no longer fail as they did"
+    f = runner.Failure(mutant, "caching", v.invariant, v.cause, v.reason, list(v.trace), len(v.trace))
+    d = runner.diagnose(plan, f)
+    assert d.invariant == blamed and len(d.trace) == length, (d.invariant, d.reason)
+    assert d.consequences[0].startswith(f"{first} [")
+    # the reference caching allocator passes the blamed counterexample
+    ref = runner.make_plan("reference-caching", "caching")
+    assert runner._replay_steps(ref, runner.CallGuard(ref.timeout, ref.guard_mode), None,
+                                [(ts.action, list(ts.choices)) for ts in d.trace]) is None
+
+
 def test_the_minimizer_draws_every_argument_from_the_spec_so_no_removed_reference_is_named():
     """A removed step's references are never named by a later step: the
     replays draw the arguments again from the recorded choices in the state
