@@ -67,6 +67,29 @@ class Kill:
                 "verdict": self.verdict}
 
 
+def kill_from_json(d: Any) -> Kill:
+    """A row of a ``--json`` file read back (plain data, checked field by
+    field; anything else is a ValueError)."""
+    if not isinstance(d, dict) or not all(isinstance(d.get(k), str) for k in ("name", "expected", "level")):
+        raise ValueError(f"not a kill-table row: {str(d)[:80]}")
+
+    def num(k: str) -> Any:
+        v = d.get(k)
+        return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    def strs(k: str) -> list:
+        v = d.get(k)
+        return [x for x in v if isinstance(x, str)] if isinstance(v, list) else []
+
+    k = Kill(d["name"], d["expected"], d["level"], blame=d["blame"] if isinstance(d.get("blame"), str) else None,
+             also=strs("also_failed"), consequences=strs("consequences"), errors=strs("errors"),
+             repro=d["repro"] if isinstance(d.get("repro"), str) else None)
+    k.steps_to_detection = int(num("steps_to_detection")) if num("steps_to_detection") is not None else None
+    k.shrunk_length = int(num("shrunk_length")) if num("shrunk_length") is not None else None
+    k.seconds, k.cpu_seconds = float(num("seconds") or 0.0), float(num("cpu_seconds") or 0.0)
+    return k
+
+
 def _cpu() -> float:
     """CPU seconds of this process and its finished children (the supervised run)."""
     import resource
@@ -126,10 +149,12 @@ def kill_table(kills: list) -> "Any":
 
 def summary(kills: list) -> dict:
     """Killed count, median steps to detection and median shrunk length
-    (over the killed mutants), total seconds."""
+    (of the blamed failure, over every mutant a failure was reported for),
+    total seconds."""
     killed = [k for k in kills if k.verdict == "KILLED"]
-    det = [k.steps_to_detection for k in killed if k.steps_to_detection is not None]
-    shr = [k.shrunk_length for k in killed if k.shrunk_length is not None]
+    caught = [k for k in kills if k.blame is not None]
+    det = [k.steps_to_detection for k in caught if k.steps_to_detection is not None]
+    shr = [k.shrunk_length for k in caught if k.shrunk_length is not None]
     return {"killed": len(killed), "total": len(kills),
             "median_steps_to_detection": statistics.median(det) if det else None,
             "median_shrunk_length": statistics.median(shr) if shr else None,
@@ -147,12 +172,30 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", type=out_dir, default="memspec-out/repro")
     p.add_argument("--json", metavar="FILE", type=out_file)
     p.add_argument("--list", action="store_true", help="list the mutants and exit")
+    p.add_argument("--merge", action="append", default=[], metavar="FILE",
+                   help="print one kill table from the --json files of runs made in pieces (repeatable); runs nothing")
     args = p.parse_args(argv)
     from rich.markup import escape
 
     from memspec.invariants.mutants import all_mutants
 
     console = _report_console()
+    if args.merge:
+        import json
+
+        kills = []
+        try:
+            for path in args.merge:
+                with open(path) as fh:
+                    data = json.load(fh)
+                rows = data.get("mutants") if isinstance(data, dict) else None
+                if not isinstance(rows, list):
+                    raise ValueError(f"{path}: no 'mutants' list (not a memspec mutants --json file)")
+                kills += [kill_from_json(d) for d in rows]
+        except (OSError, ValueError) as e:
+            console.print(f"[red]memspec mutants --merge: {escape(str(e))}[/]")
+            return 2
+        return _results(console, kills, args)
     ms = [m for m in all_mutants() if not args.only or m.name in args.only]
     if args.list:
         for m in ms:
@@ -172,6 +215,13 @@ def main(argv: list[str]) -> int:
                       + f" in {k.seconds:.1f} s")
         kills.append(k)
     console.print(f"  [{len(kills)}/{len(ms)} done, {time.perf_counter() - t_start:.0f} s]")
+    return _results(console, kills, args)
+
+
+def _results(console: Any, kills: list, args: Any) -> int:
+    """Print the kill table and the medians, write ``--json``; the exit status."""
+    from rich.markup import escape
+
     console.print(kill_table(kills))
     s = summary(kills)
     killed = s["killed"]
