@@ -610,7 +610,9 @@ def diagnose(plan: E.Plan, failure: Failure, *, replays: int | None = None) -> F
     1. **A step only the blame needs**: each earlier step is left out in
        turn (arguments drawn again by the spec); when the shorter example
        then fails under another invariant (at the same call, or sooner),
-       the step left out only decided which rule the failure showed as: a
+       the step left out only decided which rule the failure showed as
+       (not when the same call merely shows another of the figures it
+       showed before: that is the same symptom in another order): a
        mechanism switch making ``poll`` blame S1 for a fence the EP read
        wrong; allocations that filled the device so that a segment rounded
        up too far shows as an out-of-memory; a pending free that made a
@@ -671,10 +673,14 @@ def diagnose(plan: E.Plan, failure: Failure, *, replays: int | None = None) -> F
                 found = violation_class(inv)(inv, cause, why, list(v0.trace), len(v0.trace))
         # 1. a step only the blame needs: the variants one step shorter
         if found is None:
+            symptoms = {inv for inv, _c, _w in seen} | {failure.invariant}
             for i in range(len(steps) - 2, -1, -1):
                 v = replay(steps[:i] + steps[i + 1:])
-                if v is not None and v.invariant != failure.invariant and v.cause not in ("hang", "crash") \
-                        and v.trace and (found is None or len(v.trace) < len(found.trace)):
+                if v is None or v.invariant == failure.invariant or v.cause in ("hang", "crash") or not v.trace:
+                    continue
+                if len(v.trace) == len(steps) - 1 and v.cause in _FIGURES and v.invariant in symptoms:
+                    continue   # the same call showing another of the figures it showed: no new rule
+                if found is None or len(v.trace) < len(found.trace):
                     found = v
         # 2. a symptom: continue past it
         if found is None and same and failure.cause in _FIGURES and failure.invariant not in own:
