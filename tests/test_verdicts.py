@@ -198,6 +198,13 @@ def test_a_release_run_before_its_fence_is_blamed_on_s4_not_on_the_pin_count_it_
     out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert "reproduced: FAIL S4 [outcome]" in out.stdout, out.stdout + out.stderr
     assert "step 6: first shown as S10 [observation]" in out.stderr
+    # the same release seen at a poll: the figures are the same symptoms in another order (S10 first
+    # here, S7 in a longer example); a shorter example showing the other one is no new rule, and
+    # continued past them the rule broken is S4 again
+    plan, f = _failure_of("mutant:cuda-host-unmap-before-fence",
+                          [("new_stream", []), ("kv_open", [4]), ("kv_use", [0, 0]), ("kv_close", [0]), ("poll", [])])
+    assert (f.invariant, f.cause) == ("S10", "observation")
+    assert runner.diagnose(plan, f).invariant == "S4"
     # the reference implementation passes the same continuation: the diagnosis reads the mutant's bug
     ref_plan = runner.make_plan("reference", "system", capacity=16 * 1024 * 1024)
     guard = runner.CallGuard(ref_plan.timeout, ref_plan.guard_mode)
