@@ -335,7 +335,8 @@ def catalog() -> list[Break]:
               patch=_kernel("round_up", _round_up_short)),
         Break("C3 spec: freed blocks are not coalesced", "spec", "C3", ("spec-walk:caching",),
               patch=_spec_patch("memspec.spec.caching.policy", "_merge_around", _no_merge)),
-        Break("C6 spec: empty_cache keeps the fully-free segments", "spec", "C6", ("spec-walk:caching",),
+        Break("C6 spec: empty_cache keeps the fully-free segments", "spec", "C6",
+              ("spec-walk:caching", "caching-agreement"),
               patch=_spec_patch("memspec.spec.caching.policy", "_release_cached", _release_nothing)),
         Break("C1 spec: the reserved figure leaves out the last segment", "spec", "C1", ("spec-walk:caching",),
               patch=_reserved_short),
@@ -460,6 +461,18 @@ def detect_caching_walk(walks: int = 60, steps: int = 40) -> str | None:
     return None
 
 
+def detect_caching_agreement() -> str | None:
+    """Transition agreement of the caching heap encoding with ``spec/caching``
+    (:mod:`memspec.invariants.proofs_caching_agree`: boundary and event
+    sweeps of both presets, then random walks), on the (possibly broken) spec."""
+    from memspec.invariants.proofs_caching_agree import run_agreement
+
+    rep = run_agreement(seed=0)
+    if rep.mismatches:
+        return f"prove/caching agreement: {len(rep.mismatches)} disagreements, e.g. {rep.mismatches[0][:120]}"
+    return None
+
+
 def run_detector(d: str, b: Break, baselines: dict[str, Any]) -> str | None:
     if d == "prove":
         p = b.proof() if b.proof is not None else _proof(b.invariant)
@@ -474,6 +487,8 @@ def run_detector(d: str, b: Break, baselines: dict[str, Any]) -> str | None:
         return detect_heap(d.split(":")[1])
     if d == "caching-kernels":
         return detect_caching_kernels()
+    if d == "caching-agreement":
+        return detect_caching_agreement()
     if d == "progress":
         return detect_progress()
     raise ValueError(d)
@@ -503,6 +518,10 @@ def run_self_test(breaks: list[Break] | None = None) -> tuple[list[tuple[Break, 
         why = detect_caching_kernels()
         if why:
             problems["caching-kernels"] = why
+    if any("caching-agreement" in b.detectors for b in breaks):
+        why = detect_caching_agreement()
+        if why:
+            problems["caching-agreement"] = why
     rows = []
     for b in breaks:
         t0 = time.perf_counter()
