@@ -62,7 +62,8 @@ def test_a_relation_that_differs_from_the_spec_is_caught() -> None:
     from dataclasses import replace
 
     # S11's adapter alone (not credited to S8, whose reserve keeps its guard), uncapped
-    ad = [replace(a, also=(), max_samples=None) for a in SYS_ADAPTERS if a.invariant == "S11" and a.action == "reserve"]
+    ad = [replace(a, also=(), max_samples=None, weight=1.0) for a in SYS_ADAPTERS
+          if a.invariant == "S11" and a.action == "reserve"]
     reps = walk_and_compare(SYSTEM, _sys_init, ad, {"S11": wrong}, 300, 1, _sys_too_big)
     assert reps[0].samples == 300
     assert reps[0].outcomes.get("GrantDenied", 0) > 0
