@@ -1505,12 +1505,12 @@ def _l_m_release_handle_p(s: Any, args: dict[str, Any], taken: str) -> Any:
 
 def _l_m_mapping_p(s: Any, args: dict[str, Any], taken: str) -> Any:
     """unmap / copy_on_write of ``(mapping, reservation, offset, size)``:
-    ``stale``: its reservation released; ``bad``: not its exact size."""
+    ``bad``: not its exact size."""
     mref, _res, _off, size = args["mapping"]
     m = s.mappings[mref]
     st, u = _l_mech_state(s)
     return st, {"x": u.idx["mitem"][("m", mref)], "h": u.idx["mitem"][("h", m.handle)],
-                "stale": not s.reservations[m.reservation].live, "bad": size != m.size,
+                "bad": size != m.size,
                 "oom": taken == "OutOfMemory"}, u
 
 

@@ -1035,11 +1035,15 @@ def _m_release_handle(s: St, a: St):
     return on_ok(out, s, _m_maybe_free(s1, a.x))
 
 
+def _m_mapped(s: St, x: Any) -> Any:
+    """``x`` is a live mapping (shared, or copied: private)."""
+    return z3.Or(at(s.mst, x) == I_LIVE, at(s.mst, x) == M_SHARED)
+
+
 def _mapping_out(s: St, a: St, *more: tuple[Any, str]) -> Any:
-    """A call on mapping ``x``: its reservation released (``stale``):
-    StaleHandle; not exactly one live mapping (``bad``): InvalidRange."""
-    live = z3.Or(at(s.mst, a.x) == I_LIVE, at(s.mst, a.x) == M_SHARED)
-    return outcome((a.stale, "StaleHandle"), (z3.Or(a.bad, z3.Not(live)), "InvalidRange"), *more)
+    """A call on mapping ``x`` whose range is not exactly one live mapping (``bad``): InvalidRange.
+    (The spec's reservation checks cannot fire: a reservation is not freed while mapped.)"""
+    return outcome((z3.Or(a.bad, z3.Not(_m_mapped(s, a.x))), "InvalidRange"), *more)
 
 
 def _m_unmap(s: St, a: St):
@@ -1081,16 +1085,16 @@ def _holder_part(s: St, o: Any) -> Any:
 #: the object-independent part of ``_l_inv`` per state (keyed by the state's identity, the state kept
 #: alive with it): invariant agreement states the invariant at every object of a projected state, and
 #: unrolling every prefix-sum ghost once per object dominated its cost
-_L_GLOBAL: dict[int, tuple[St, Any]] = {}
+_L_GLOBAL: dict[int, tuple[St, list[Any]]] = {}
 
 
-def _l_global(s: St) -> Any:
+def _l_global(s: St) -> list[Any]:
     """The conjuncts of ``_l_inv`` that name no object: the ledger, the
     running totals and the prefix-sum ghosts over every record."""
     hit = _L_GLOBAL.get(id(s))
     if hit is not None and hit[0] is s:
         return hit[1]
-    g = z3.And(
+    g = [
         K.ledger_ok(_ledger(s)), s.page > 0,
         s.granted == s.og + s.th, s.charged == at(s.cb, 0) + at(s.cb, 1) + at(s.cb, 2),
         prefix_sum(s.PC, s.n, lambda i: _charged(at(s.ist, i), at(s.ib, i))), s.charged == at(s.PC, s.n),
@@ -1099,7 +1103,7 @@ def _l_global(s: St) -> Any:
         prefix_sum(s.PTG, s.nt, lambda i: _trest(at(s.tst, i), at(s.tb, i))), s.th == at(s.PTP, s.nt) + at(s.PTG, s.nt),
         0 <= s.phys, s.phys <= s.mcap,
         prefix_sum(s.PMB, s.nm, lambda i: _contrib(at(s.mst, i), at(s.mb, i), I_LIVE)), s.phys == at(s.PMB, s.nm),
-    )
+    ]
     if len(_L_GLOBAL) > 64:
         _L_GLOBAL.clear()
     _L_GLOBAL[id(s)] = (s, g)
@@ -1114,7 +1118,7 @@ def _l_inv(s: St, o: Any) -> Any:
     def live_item(i: Any) -> Any:
         return at(s.ist, i) != 0
     return z3.And(
-        _l_global(s),
+        *_l_global(s),
         _holder_part(s, o),
         # charge items: dense ids, a holder, bytes >= 0
         z3.Implies(live_item(o), z3.And(0 <= o, o < s.n, 0 <= at(s.ih, o), at(s.ih, o) <= 2, at(s.ib, o) >= 0)),
@@ -1171,12 +1175,13 @@ def _m_kind(k: int):
 
 
 _M_SPAN = {"x": INT, "nb": INT, "foreign": BOOL, "bad": BOOL, "oom": BOOL}
-_M_MAPPING = {"x": INT, "h": INT, "stale": BOOL, "bad": BOOL}
+_M_MAPPING = {"x": INT, "h": INT, "bad": BOOL}
 
 
 def _m_mapping_pre(s: St, a: St) -> Any:
-    """``x`` a mapping of handle ``h``."""
-    return z3.And(_m_kind(M_MAP)(s, a), at(s.mh, a.x) == a.h, at(s.mst, a.h) != 0, at(s.mk, a.h) == M_HANDLE)
+    """``x`` a live mapping (the spec draws unmap's and copy_on_write's from the live ones) of handle ``h``."""
+    return z3.And(_m_kind(M_MAP)(s, a), _m_mapped(s, a.x), at(s.mh, a.x) == a.h, at(s.mst, a.h) != 0,
+                  at(s.mk, a.h) == M_HANDLE)
 _L_ACTS: dict[str, Act] = {a.name: a for a in [
     Act("reserve", {"g": INT, "nb": INT}, _l_reserve(True), pre=lambda s, a: a.g == s.ng, objs=("g",)),
     Act("commit", {"g": INT, "actual": INT}, _l_commit(True),
