@@ -1067,6 +1067,18 @@ def _m_copy_on_write(s: St, a: St):
     return on_ok(out, s, s1)
 
 
+def _sel(s: St, f: str, i: Any) -> Any:
+    """``at(s[f], i)``, built once per state and concrete index ``i`` (an unrolled ghost reads each
+    record several times: invariant agreement spent most of its time building the same selects)."""
+    if not isinstance(i, int):
+        return at(s[f], i)
+    memo = s.__dict__.setdefault("_sel", {})
+    t = memo.get((f, i))
+    if t is None:
+        t = memo[(f, i)] = at(s[f], i)
+    return t
+
+
 def _holder_part(s: St, o: Any) -> Any:
     """At a holder ``o`` (0..2): its charge is its live footprints, queued
     refunds and leases, each the sum over its charge items (keyed prefix-sum
@@ -1076,37 +1088,34 @@ def _holder_part(s: St, o: Any) -> Any:
         return z3.BoolVal(True)
     return z3.Implies(z3.And(0 <= o, o <= 2), z3.And(
         at(s.cb, o) == at(s.lb, o) + at(s.qb, o) + at(s.lsb, o),
-        *[z3.And(prefix_count(s[P], s.n, o, lambda k, i, w=w: z3.If(z3.And(at(s.ist, i) == w, at(s.ih, i) == k),
-                                                                     at(s.ib, i), 0)),
+        *[z3.And(prefix_count(s[P], s.n, o, lambda k, i, w=w: z3.If(z3.And(_sel(s, "ist", i) == w,
+                                                                             _sel(s, "ih", i) == k),
+                                                                     _sel(s, "ib", i), 0)),
                  at(s[tot], o) == at(at(s[P], o), s.n))
           for (P, w), tot in zip(_BUCKETS, ("lb", "qb", "lsb"))]))
 
 
-#: the object-independent part of ``_l_inv`` per state (keyed by the state's identity, the state kept
-#: alive with it): invariant agreement states the invariant at every object of a projected state, and
-#: unrolling every prefix-sum ghost once per object dominated its cost
-_L_GLOBAL: dict[int, tuple[St, list[Any]]] = {}
-
-
 def _l_global(s: St) -> list[Any]:
     """The conjuncts of ``_l_inv`` that name no object: the ledger, the
-    running totals and the prefix-sum ghosts over every record."""
-    hit = _L_GLOBAL.get(id(s))
-    if hit is not None and hit[0] is s:
-        return hit[1]
+    running totals and the prefix-sum ghosts over every record.  Built once
+    per state (kept with it): invariant agreement states the invariant at
+    every object of a projected state, and unrolling every ghost once per
+    object dominated its cost."""
+    hit = s.__dict__.get("_global")
+    if hit is not None:
+        return hit
+    sel = lambda f, i: _sel(s, f, i)  # noqa: E731
     g = [
         K.ledger_ok(_ledger(s)), s.page > 0,
         s.granted == s.og + s.th, s.charged == at(s.cb, 0) + at(s.cb, 1) + at(s.cb, 2),
-        prefix_sum(s.PC, s.n, lambda i: _charged(at(s.ist, i), at(s.ib, i))), s.charged == at(s.PC, s.n),
-        prefix_sum(s.PG, s.ng, lambda i: _contrib(at(s.gst, i), at(s.gb, i), G_OPEN)), s.og == at(s.PG, s.ng),
-        prefix_sum(s.PTP, s.nt, lambda i: _tpend(at(s.tst, i), at(s.tb, i))),
-        prefix_sum(s.PTG, s.nt, lambda i: _trest(at(s.tst, i), at(s.tb, i))), s.th == at(s.PTP, s.nt) + at(s.PTG, s.nt),
+        prefix_sum(s.PC, s.n, lambda i: _charged(sel("ist", i), sel("ib", i))), s.charged == at(s.PC, s.n),
+        prefix_sum(s.PG, s.ng, lambda i: _contrib(sel("gst", i), sel("gb", i), G_OPEN)), s.og == at(s.PG, s.ng),
+        prefix_sum(s.PTP, s.nt, lambda i: _tpend(sel("tst", i), sel("tb", i))),
+        prefix_sum(s.PTG, s.nt, lambda i: _trest(sel("tst", i), sel("tb", i))), s.th == at(s.PTP, s.nt) + at(s.PTG, s.nt),
         0 <= s.phys, s.phys <= s.mcap,
-        prefix_sum(s.PMB, s.nm, lambda i: _contrib(at(s.mst, i), at(s.mb, i), I_LIVE)), s.phys == at(s.PMB, s.nm),
+        prefix_sum(s.PMB, s.nm, lambda i: _contrib(sel("mst", i), sel("mb", i), I_LIVE)), s.phys == at(s.PMB, s.nm),
     ]
-    if len(_L_GLOBAL) > 64:
-        _L_GLOBAL.clear()
-    _L_GLOBAL[id(s)] = (s, g)
+    s.__dict__["_global"] = g
     return g
 
 
