@@ -287,6 +287,35 @@ def _strict_seed_split(orig: Any) -> Any:
     return should_split
 
 
+def _whole_run(orig: Any) -> Any:
+    def map_step(whole_run: bool = False) -> Any:
+        return orig(whole_run=True)
+    return map_step
+
+
+def _unmap_nothing(_orig: Any) -> Any:
+    def unmap(st: Any, seg: Any, i: int) -> int:
+        return 0
+    return unmap
+
+
+def detect_c8(walks: int = 2, steps: int = 40) -> str | None:
+    """C8's row material (:func:`proofs_caching_expandable.run_c8`): its Z3
+    step proofs, then its agreement with ``spec/caching`` on expandable walks."""
+    from memspec.invariants.proofs_caching_expandable import run_c8
+
+    out = run_c8(seed=0, walks=walks, steps=steps)
+    bad = [(n, r) for n, r, _t in out["checks"] if r != "proved"]
+    if bad:
+        return f"prove (caching C8): {bad[0][0]} {bad[0][1]} (C8)"
+    ag = out["agreement"]
+    if ag.mismatches:
+        return f"prove/C8 agreement: {len(ag.mismatches)} disagreements, e.g. {ag.mismatches[0][:100]} (C8)"
+    if ag.inv["C8"][1]:
+        return f"prove/C8 invariant agreement: {ag.inv['C8'][1]}/{ag.inv['C8'][0]} states disagree (C8)"
+    return None
+
+
 def catalog() -> list[Break]:
     out: list[Break] = []
     for inv in [f"S{i}" for i in range(1, 16)]:
@@ -346,6 +375,10 @@ def catalog() -> list[Break]:
               patch=_spec_patch("memspec.spec.caching.policy", "_candidates", _any_pool)),
         Break("C5 kernel: the seed split rule is strict (remainder > 2 MiB)", "kernel", "C5", ("caching-kernels",),
               patch=_spec_patch("memspec.spec.caching.kernels", "should_split", _strict_seed_split)),
+        Break("C8 encoding: an expandable malloc maps the whole run, not only the pages it lacks", "encoding", "C8",
+              ("c8",), patch=_spec_patch("memspec.invariants.proofs_caching_expandable", "map_step", _whole_run)),
+        Break("C8 spec: the seed preset's free keeps its pages mapped", "spec", "C8", ("c8",),
+              patch=_spec_patch("memspec.spec.caching.policy", "_unmap", _unmap_nothing)),
     ]
     from memspec.invariants.proofs_caching_heap import UNGUARDED
 
@@ -491,6 +524,8 @@ def run_detector(d: str, b: Break, baselines: dict[str, Any]) -> str | None:
         return detect_caching_agreement()
     if d == "progress":
         return detect_progress()
+    if d == "c8":
+        return detect_c8()
     raise ValueError(d)
 
 
@@ -518,6 +553,10 @@ def run_self_test(breaks: list[Break] | None = None) -> tuple[list[tuple[Break, 
         why = detect_caching_kernels()
         if why:
             problems["caching-kernels"] = why
+    if any("c8" in b.detectors for b in breaks):
+        why = detect_c8()
+        if why:
+            problems["c8"] = why
     if any("caching-agreement" in b.detectors for b in breaks):
         why = detect_caching_agreement()
         if why:
