@@ -11,9 +11,11 @@ What is encoded (Z3, unbounded integers) is the *page-mapping step* of an
 expandable ``malloc`` that found no fitting free block: the request (rounded
 ``r``) is served from a run of its arena -- an allocatable free block of
 ``f`` bytes (``f < r``, else best fit would have served it; 0 if none)
-followed by ``u`` unmapped bytes starting on a page boundary, ``f + u >= r``
-(a fresh arena is ``f = 0``, ``u`` its VA) -- by mapping the whole pages the
-request still lacks, ``need = min(ceil((r - f) / page) * page, u)``; it
+followed by ``u`` unmapped bytes starting on a page boundary and an
+allocatable free block of ``g`` bytes after them (0 if none), ``f + u + g >= r``
+(a fresh arena is ``f = g = 0``, ``u`` its VA) -- by mapping the whole pages the
+request still lacks, ``need = min(ceil((r - f) / page) * page, u)`` (the
+whole ``u`` when ``f + u < r``: the free block after it covers the rest); it
 raises OutOfMemory iff ``mapped + need > capacity`` (``mapped`` after the
 pytorch retry released the whole free pages).  The seed toy's free unmaps the
 whole pages inside the coalesced free block.
@@ -32,9 +34,15 @@ whole pages inside the coalesced free block.
   capacity; the toy: no free block holds a whole page) agrees with the
   executable C8 on every state.
 
+The projection reads the blocks only: the layout the malloc maps from is
+computed from them (pending blocks whose events completed are free; the
+pytorch OOM retry waits for every event, so every pending block is free,
+then unmaps the whole pages of every free run; the toy unmaps the pages of
+the runs its events' frees made), never by the policy's own functions.
+
 Bounded (reported so): the choice of the arena and run (``_find_expandable``:
 first arena by address, first unmapped block whose run reaches ``r``) and
-runs of more than one free/unmapped pair are not encoded -- the run is the
+runs of more than one unmapped block are not encoded -- the run is the
 one the spec used, read from its answer; ``memory_fraction`` is not encoded.
 """
 
@@ -52,7 +60,7 @@ from memspec.invariants.proofs import limit
 MiB = 1 << 20
 PAGES = (2 * MiB, 20 * MiB)
 
-cap, mapped, r, f, u, pg, rel = z3.Ints("x_cap x_mapped x_r x_f x_u x_pg x_rel")
+cap, mapped, r, f, u, g, pg, rel = z3.Ints("x_cap x_mapped x_r x_f x_u x_g x_pg x_rel")
 lo, hi, base = z3.Ints("x_lo x_hi x_base")
 
 
@@ -65,8 +73,10 @@ def inv() -> Any:
 
 
 def map_pre() -> Any:
-    """A run the request fits: page size of the pool, f < r <= f + u, u page-aligned, the released bytes mapped."""
-    return z3.And(z3.Or(*[pg == p for p in PAGES]), r > 0, 0 <= f, f < r, u >= r - f, u % pg == 0,
+    """A run the request fits: page size of the pool, f < r <= f + u + g, u page-aligned, the released bytes
+    mapped."""
+    return z3.And(z3.Or(*[pg == p for p in PAGES]), r > 0, 0 <= f, f < r, u > 0, 0 <= g, f + u + g >= r,
+                  u % pg == 0,
                   0 <= rel, rel <= mapped)
 
 
@@ -175,57 +185,87 @@ def _state_ok(st: Any) -> bool:
     return ok
 
 
-def _run_of(before: Any, seg_after: Any, addr: int) -> tuple[int, int] | None:
-    """(f, u) of the run at ``addr`` in the state before: the free block starting there (or none) and the
-    unmapped block after it; a segment new in this step is a fresh arena (0, its VA)."""
-    old = next((s for s in before.segments if s.sid == seg_after.sid), None)
-    if old is None or old.base is None:
-        return 0, seg_after.size
-    for k, b in enumerate(old.blocks):
-        if old.base + b.offset != addr:
-            continue
-        if b.state == "unmapped":
-            return 0, b.size
-        if b.state == "free" and k + 1 < len(old.blocks) and old.blocks[k + 1].state == "unmapped":
-            return b.size, old.blocks[k + 1].size
-    return None
+def _layout(st: Any, events: str, unmap: str) -> tuple[dict[int, list[list[Any]]], int]:
+    """The arenas as the malloc sees them before it maps, from the blocks: ``{sid: [[offset, size, kind]]}``
+    (kind ``free``, ``unmapped`` or ``held``; free neighbours coalesced) and the bytes unmapped on the way, by
+    the encoding's ``unmapped_bytes``.
 
-
-def _free_extents(st: Any, also_done_pending: bool) -> list[tuple[int, int, int, int]]:
-    """(lo, hi, base, page) of each coalesced free run of the arenas (pending blocks whose events all
-    completed count as free when ``also_done_pending``), from the blocks."""
-    done = {ref for ref in st.where} if also_done_pending else set()
-    if also_done_pending:
-        for (s_, v, ref) in st.events:
-            if st.completed.get(s_, 0) < v:
-                done.discard(ref)
-    out = []
+    ``events`` says which pending blocks are free by then: ``"done"``, those whose events all completed (every
+    malloc processes them first); ``"all"``, every one -- pytorch's OOM retry releases the cache as
+    ``empty_cache`` does, which first waits for every outstanding event (notes: *empty_cache or the OOM retry,
+    which unmap whole free pages (synchronizing the stream first)*; seed 003: empty_cache's job comes *at the
+    cost of a device sync*).  ``unmap`` says whose whole pages are unmapped: ``"none"``; ``"new"``, the free
+    runs holding a block freed now (the toy unmaps at free); ``"all"``, every free run (the retry)."""
+    done = set(st.where) if events == "all" else set()
+    if events == "done":
+        done = set(st.where) - {ref for (s_, v, ref) in st.events if st.completed.get(s_, 0) < v}
+    out: dict[int, list[list[Any]]] = {}
+    released = 0
     for s in st.segments:
         if not s.expandable or s.base is None:
             continue
-        cur = None
-        for b in s.blocks + [None]:
-            free = b is not None and (b.state == "free" or (b.state == "pending" and b.ref in done))
-            if free:
-                cur = (cur[0], b.offset + b.size) if cur else (b.offset, b.offset + b.size)
-            elif cur:
-                out.append((s.base + cur[0], s.base + cur[1], s.base, s.page))
-                cur = None
-    return out
+        parts: list[list[Any]] = []   # [offset, size, kind, holds a block freed now]
+        for b in s.blocks:
+            now = b.state == "pending" and b.ref in done
+            kind = "free" if b.state == "free" or now else "unmapped" if b.state == "unmapped" else "held"
+            if parts and parts[-1][2] == kind and kind != "held":
+                parts[-1][1] += b.size
+                parts[-1][3] = parts[-1][3] or now
+            else:
+                parts.append([b.offset, b.size, kind, now])
+        cut: list[list[Any]] = []
+        for o, n, kind, now in parts:
+            if kind == "free" and (unmap == "all" or (unmap == "new" and now)):
+                gone = _eval(unmapped_bytes(), lo=s.base + o, hi=s.base + o + n, base=s.base, pg=s.page)
+                if gone:
+                    lo_ = -(-o // s.page) * s.page
+                    released += gone
+                    pieces = [[o, lo_ - o, "free"], [lo_, gone, "unmapped"], [lo_ + gone, o + n - lo_ - gone, "free"]]
+                    for q in pieces:
+                        if q[1] and cut and cut[-1][2] == q[2] == "unmapped":
+                            cut[-1][1] += q[1]
+                        elif q[1]:
+                            cut.append(q)
+                    continue
+            if cut and cut[-1][2] == kind == "unmapped":
+                cut[-1][1] += n
+            else:
+                cut.append([o, n, kind])
+        out[s.sid] = cut
+    return out, released
 
 
-def _releases(before: Any) -> list[tuple[str, int]]:
-    """The bytes a malloc may have unmapped before mapping, by the encoding's ``unmapped_bytes``: none; the
-    toy's frees of the pending blocks whose events completed; pytorch's retry (every whole free page)."""
-    def pages(extents: list[tuple[int, int, int, int]]) -> int:
-        return sum(_eval(unmapped_bytes(), lo=a, hi=b, base=c, pg=d) for a, b, c, d in extents)
+def _run_of(layout: dict[int, list[list[Any]]], seg_after: Any, addr: int) -> tuple[int, int, int] | None:
+    """(f, u, g) of the run at ``addr`` in the projected layout: the free block starting there (or none), the
+    unmapped block after it and the free block after that (or none); an arena new in this step (or unmapped
+    and released before) is a fresh arena (0, its VA, 0)."""
+    parts = layout.get(seg_after.sid)
+    if parts is None:
+        return 0, seg_after.size, 0
+    kinds = [q[2] for q in parts] + [None, None]
+    sizes = [q[1] for q in parts] + [0, 0]
+    for k, (o, _n, kind) in enumerate(parts):
+        if seg_after.base + o != addr:
+            continue
+        if kind == "unmapped":
+            f_, j = 0, k
+        elif kind == "free" and kinds[k + 1] == "unmapped":
+            f_, j = sizes[k], k + 1
+        else:
+            return None
+        return f_, sizes[j], (sizes[j + 1] if kinds[j + 1] == "free" else 0)
+    return None
 
-    out = [("no release", 0)]
+
+def _releases(before: Any) -> list[tuple[str, Any]]:
+    """The states a malloc may map from (label, (layout, bytes unmapped)): no release; the toy's frees of the
+    pending blocks whose events completed (their pages unmapped); pytorch's retry (every pending block free,
+    every whole free page unmapped)."""
+    out = [("no release", _layout(before, "done", "none"))]
     if before.policy.seed:
-        freed_now = [e for e in _free_extents(before, True) if e not in _free_extents(before, False)]
-        out.append(("after the events' frees unmapped", pages(freed_now)))
+        out.append(("after the events' frees unmapped", _layout(before, "done", "new")))
     else:
-        out.append(("after the retry's release", pages(_free_extents(before, True))))
+        out.append(("after the retry's release", _layout(before, "all", "all")))
     return out
 
 
@@ -250,14 +290,21 @@ def check_step(st: Any, name: str, args: dict[str, Any], rep: dict[str, Any]) ->
             if args["size"] >= (1 << 60):
                 return
             st.__dict__.update(copy.deepcopy(p.state).__dict__)
-            # OutOfMemory: C8 on the state after the retry's release; the run the spec could not map is the
-            # cheapest the encoding allows (a fresh arena needs at most the request's pages)
+            # OutOfMemory: C8 on the projected state after the last release (pytorch: the retry's; the toy: its
+            # events' frees); the run the spec could not map is the cheapest the encoding allows (a fresh arena
+            # needs at most the request's pages)
+            label, (_layout_, rel_) = _releases(before)[-1]
+            left = mapped_bytes(before) - rel_
             r_ = before.policy.rounded(args["size"])
             page = before.policy.page(r_ <= MiB)
-            ok = _eval(c8(z3.BoolVal(True)), cap=st.policy.capacity, mapped=mapped_bytes(st), rel=0, r=r_, pg=page)
+            ok = _eval(c8(z3.BoolVal(True)), cap=st.policy.capacity, mapped=mapped_bytes(before), rel=rel_, r=r_,
+                       pg=page)
             rep["counts"]["caching:malloc"]["malloc:map/oom"] += 1
-            if not ok:
-                rep["mismatches"].append(f"{where}: OutOfMemory with {st.policy.capacity - mapped_bytes(st)} bytes "
+            if left != mapped_bytes(st):
+                rep["mismatches"].append(f"{where}: OutOfMemory; {label} the encoding leaves {left} bytes mapped, "
+                                         f"the spec {mapped_bytes(st)}")
+            elif not ok:
+                rep["mismatches"].append(f"{where}: OutOfMemory with {st.policy.capacity - left} bytes "
                                          f"free >= the request's {page}-byte pages")
             return
         ref = br.then(br.witness())
@@ -266,26 +313,26 @@ def check_step(st: Any, name: str, args: dict[str, Any], rep: dict[str, Any]) ->
         fresh = not any(s.sid == seg.sid and s.base is not None for s in before.segments)
         if mapped_bytes(st) <= mapped_bytes(before) and not fresh:
             return  # served by best fit from mapped memory (or after a release): not this step
-        run = _run_of(before, seg, addr)
-        if run is None:
-            rep["mismatches"].append(f"{where}: served at {addr:#x}, not at the start of a free+unmapped run")
-            return
         oom, after = map_step()
         rep["counts"]["caching:malloc"]["malloc:map/fresh arena" if fresh else "malloc:map/existing run"] += 1
         tried = []
-        for label, rel_ in _releases(before):
+        for label, (layout, rel_) in _releases(before):
+            run = _run_of(layout, seg, addr)
+            if run is None:
+                tried.append(f"{label}: served at {addr:#x}, not at the start of a free+unmapped run")
+                continue
             vals = dict(cap=st.policy.capacity, mapped=mapped_bytes(before), rel=rel_,
-                        r=before.policy.rounded(args["size"]), f=run[0], u=run[1], pg=seg.page)
+                        r=before.policy.rounded(args["size"]), f=run[0], u=run[1], g=run[2], pg=seg.page)
             if not _eval(map_pre(), **vals):
-                tried.append(f"{label}: outside the precondition")
+                tried.append(f"{label}: run {run} outside the precondition")
                 continue
             got = None if _eval(oom, **vals) else _eval(after, **vals)
             if got == mapped_bytes(st):
                 if label != "no release":
                     rep["counts"]["caching:malloc"][f"malloc:map/{label}"] += 1
                 return
-            tried.append(f"{label} ({rel_} bytes released): {'OutOfMemory' if got is None else got}")
-        rep["mismatches"].append(f"{where}: spec maps to {mapped_bytes(st)} bytes from run {run}; encoding: "
+            tried.append(f"{label} ({rel_} bytes released, run {run}): {'OutOfMemory' if got is None else got}")
+        rep["mismatches"].append(f"{where}: spec maps to {mapped_bytes(st)} bytes; encoding: "
                                  + "; ".join(tried))
         return
     if isinstance(br, Raises):
@@ -311,12 +358,13 @@ def check_step(st: Any, name: str, args: dict[str, Any], rep: dict[str, Any]) ->
     br.then(br.witness())
 
 
-def run_c8(seed: int = 0, walks: int = 3, steps: int = 50) -> dict[str, Any]:
-    """The proofs, the refutation and the agreement walks; the C8 row's material."""
-    from memspec.invariants.agreement import RandomChooser
-    from memspec.invariants.proofs_caching_agree import MIX
-    from memspec.spec import caching as C
+#: the agreement walks of ``memspec prove``: per seed, ``WALKS`` walks of ``STEPS`` steps on each preset
+WALKS, STEPS, SEEDS = 8, 60, 3
 
+
+def run_c8(seed: int = 0, walks: int = WALKS, steps: int = STEPS, seeds: int = SEEDS) -> dict[str, Any]:
+    """The proofs, the refutation and the agreement walks (seeds ``seed .. seed + seeds - 1``); the C8 row's
+    material."""
     t0 = time.process_time()
     checks = proofs()
     rep: dict[str, Any] = {"counts": {"caching:malloc": {"malloc:map/existing run": 0, "malloc:map/fresh arena": 0,
@@ -325,7 +373,19 @@ def run_c8(seed: int = 0, walks: int = 3, steps: int = 50) -> dict[str, Any]:
                                                          "malloc:map/after the retry's release": 0},
                                       "caching:free": {"free_unmap": 0}},
                            "mismatches": [], "inv": [0, 0], "inv_examples": []}
-    rng = random.Random(seed)
+    for rng in (random.Random(sd) for sd in range(seed, seed + seeds)):
+        _walks(rng, walks, steps, rep)
+    agreement = _C8Agreement(rep)
+    return {"checks": checks, "refuted": {"C8": refute()}, "unguarded": UNGUARDED,
+            "actions": {"malloc:map": ["caching:malloc"], "free_unmap": ["caching:free"]},
+            "bounded": {"C8": BOUNDED}, "agreement": agreement, "seconds": time.process_time() - t0}
+
+
+def _walks(rng: random.Random, walks: int, steps: int, rep: dict[str, Any]) -> None:
+    from memspec.invariants.agreement import RandomChooser
+    from memspec.invariants.proofs_caching_agree import MIX
+    from memspec.spec import caching as C
+
     for w in range(walks):
         for preset, capacity in (("seed", 44 << 20), ("pytorch", 64 << 20)):
             st = C.init(policy=preset, capacity=capacity, expandable=True, streams=2)
@@ -336,15 +396,11 @@ def run_c8(seed: int = 0, walks: int = 3, steps: int = 50) -> dict[str, Any]:
                 if not act.available(st):
                     continue
                 check_step(st, name, act.draw_args(st, ch), rep)
-    agreement = _C8Agreement(rep)
-    return {"checks": checks, "refuted": {"C8": refute()}, "unguarded": UNGUARDED,
-            "actions": {"malloc:map": ["caching:malloc"], "free_unmap": ["caching:free"]},
-            "bounded": {"C8": BOUNDED}, "agreement": agreement, "seconds": time.process_time() - t0}
 
 
-BOUNDED = ("the page-mapping step of one run (an allocatable free block then unmapped pages) and the toy's "
-           "unmap-at-free are encoded; the choice of arena and run (_find_expandable), runs of several "
-           "free/unmapped pairs, best fit inside arenas, empty_cache's unmapping and memory_fraction are not")
+BOUNDED = ("the page-mapping step of one run (an allocatable free block, unmapped pages, an allocatable free "
+           "block) and the toy's unmap-at-free are encoded; the choice of arena and run (_find_expandable), runs "
+           "of more unmapped blocks, best fit inside arenas, empty_cache's unmapping and memory_fraction are not")
 
 
 class _C8Agreement:

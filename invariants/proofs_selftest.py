@@ -299,12 +299,13 @@ def _unmap_nothing(_orig: Any) -> Any:
     return unmap
 
 
-def detect_c8(walks: int = 2, steps: int = 40) -> str | None:
+def detect_c8(walks: int | None = None, steps: int | None = None) -> str | None:
     """C8's row material (:func:`proofs_caching_expandable.run_c8`): its Z3
-    step proofs, then its agreement with ``spec/caching`` on expandable walks."""
-    from memspec.invariants.proofs_caching_expandable import run_c8
+    step proofs, then its agreement with ``spec/caching`` on expandable walks
+    (at least prove's default walks and steps)."""
+    from memspec.invariants.proofs_caching_expandable import STEPS, WALKS, run_c8
 
-    out = run_c8(seed=0, walks=walks, steps=steps)
+    out = run_c8(seed=0, walks=max(walks or 0, WALKS), steps=max(steps or 0, STEPS))
     bad = [(n, r) for n, r, _t in out["checks"] if r != "proved"]
     if bad:
         return f"prove (caching C8): {bad[0][0]} {bad[0][1]} (C8)"
