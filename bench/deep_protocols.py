@@ -9,7 +9,8 @@ Runs the target at the system level in this process, under the CI profile
 * two-stream fence orderings reached: ``poll``/``respond`` steps whose
   queued releases include one guarded by fences on two or more streams of
   which some, not all, are known done (the state a release that waits for
-  one fence only gets wrong);
+  one fence only gets wrong); and the same over any streams (one stream:
+  ``use``, ``synchronize``, ``use``);
 * claimed tickets whose deadline then passes in an ``expire`` step;
 * the share of refusal steps (GrantDenied / OutOfMemory);
 * steps per CPU second (``time.process_time``: the machine is shared).
@@ -26,7 +27,7 @@ import time
 from collections import Counter
 
 
-def _mixed_fences(s) -> bool:
+def _mixed_fences(s, streams_needed: int = 2) -> bool:
     from memspec.spec.ep import fence_known_done
 
     for e in s.queue.values():
@@ -34,7 +35,7 @@ def _mixed_fences(s) -> bool:
         if len(fs) < 2:
             continue
         streams = {s.fences[f][0] for f in fs}
-        if len(streams) < 2:
+        if len(streams) < streams_needed:
             continue
         done = [fence_known_done(s, f) for f in fs]
         if any(done) and not all(done):
@@ -43,7 +44,7 @@ def _mixed_fences(s) -> bool:
 
 
 def measure(target: str = "reference", examples: int = 100, steps: int = 40, capacity_mib: int = 16,
-            guide: bool = True, swarm: bool = True) -> dict:
+            guide: bool = True, swarm: bool = True, seed: int | None = None) -> dict:
     from memspec.invariants import engine as E
     from memspec.invariants import runner
     from memspec.invariants.planning import make_plan
@@ -57,8 +58,18 @@ def measure(target: str = "reference", examples: int = 100, steps: int = 40, cap
 
     def apply(self, action, args, choices=None):
         s = self.state
-        if action.name in ("poll", "respond") and _mixed_fences(s):
-            extra["two_stream_orderings"] += 1
+        if action.name in ("poll", "respond") and _mixed_fences(s, 1):
+            extra["mixed_fence_polls"] += 1
+            if _mixed_fences(s):
+                extra["two_stream_orderings"] += 1
+        if action.name == "use":
+            o = s.owned.get(args["allocation"])
+            if o is not None and any(s.fences[f][0] != args["stream"] for f in o.fences):
+                extra["second_stream_uses"] += 1
+        if action.name == "drop":
+            o = s.owned.get(args["allocation"])
+            if o is not None and o.state == "live" and len({s.fences[f][0] for f in o.fences}) >= 2:
+                extra["two_stream_drops"] += 1
         if action.name == "expire":
             t_now = args["now"][0]
             if any(t.state == TicketState.CLAIMED and 0 < t.deadline <= t_now for t in s.tickets.values()):
@@ -67,9 +78,9 @@ def measure(target: str = "reference", examples: int = 100, steps: int = 40, cap
 
     E.Run.apply = apply
     try:
-        sets = runner.hypothesis_settings("ci", examples=examples, steps=steps)
+        sets = runner.hypothesis_settings("ci", examples=examples, steps=steps, seed=seed)
         c0, w0 = time.process_time(), time.perf_counter()
-        res = runner.run_hypothesis(plan, sets, shrink_seconds=2, minimize_steps=False)
+        res = runner.run_hypothesis(plan, sets, seed=seed, shrink_seconds=2, minimize_steps=False)
         cpu, wall = time.process_time() - c0, time.perf_counter() - w0
     finally:
         E.Run.apply = orig
@@ -82,6 +93,9 @@ def measure(target: str = "reference", examples: int = 100, steps: int = 40, cap
         "failures": sorted({f.invariant for f in res.failures}), "errors": res.errors,
         "claims_per_1k": round(1000 * claims / n, 2),
         "two_stream_orderings_per_1k": round(1000 * extra["two_stream_orderings"] / n, 2),
+        "mixed_fence_polls_per_1k": round(1000 * extra["mixed_fence_polls"] / n, 2),
+        "second_stream_uses_per_1k": round(1000 * extra["second_stream_uses"] / n, 2),
+        "two_stream_drops_per_1k": round(1000 * extra["two_stream_drops"] / n, 2),
         "claimed_past_deadline_per_1k": round(1000 * extra["claimed_past_deadline"] / n, 2),
         "refusal_share": round(refusals / n, 4),
         "cpu_seconds": round(cpu, 2), "wall_seconds": round(wall, 2),
@@ -97,10 +111,25 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--capacity-mib", type=int, default=16)
     p.add_argument("--no-guide", action="store_true")
+    p.add_argument("--seeds", type=int, default=0,
+                   help="also run this many seeded (not derandomized) runs and print the per-1k figures' mean")
     p.add_argument("--no-swarm", action="store_true")
     p.add_argument("--json", help="also write the figures here")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=INT",
+                   help="set an engine constant for this run (experiments), e.g. FOCUS_STEPS=10")
     a = p.parse_args(argv)
+    from memspec.invariants import engine as E
+
+    for kv in a.set:
+        k, _, v = kv.partition("=")
+        setattr(E, k, int(v))
     out = measure(a.target, a.examples, a.steps, a.capacity_mib, guide=not a.no_guide, swarm=not a.no_swarm)
+    if a.seeds:
+        keys = [k for k in out if k.endswith("_per_1k") or k in ("refusal_share", "steps_per_cpu_second")]
+        runs = [out] + [measure(a.target, a.examples, a.steps, a.capacity_mib, guide=not a.no_guide,
+                                swarm=not a.no_swarm, seed=k + 1) for k in range(a.seeds)]
+        out["over_seeds"] = {k: [r[k] for r in runs] for k in keys}
+        out["mean_over_seeds"] = {k: round(sum(r[k] or 0 for r in runs) / len(runs), 3) for k in keys}
     text = json.dumps(out, indent=1)
     print(text)
     if a.json:

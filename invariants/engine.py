@@ -775,8 +775,8 @@ FOCUS_MAX_SHARE = 0.4
 FOCUS_STEPS = 20
 #: 1 in this many focus draws picks a group (the others: no focus)
 FOCUS_ODDS = 2
-#: the focused actions take about this share of the draws: (2, 1) = 2/3
-FOCUS_SHARE = (2, 1)
+#: the focused actions together weigh this many times the others (2: two thirds of the draws)
+FOCUS_RATIO = 2
 #: a learned protocol (``Plan.protocols``) is drawn as focus this many times as often as a role or invariant
 PROTOCOL_ODDS = 4
 #: a role of at most this many actions joins a protocol focus one of its actions is in
@@ -853,13 +853,13 @@ def focus_groups(plan: Any) -> tuple:
 def _focused(acts: list, on: list, ws: list, names: frozenset) -> tuple:
     """Switch the actions ``names`` on, each as likely as the others (a
     protocol's light steps, ``new_stream`` say, as often as its heavy
-    ones), together taking about :data:`FOCUS_SHARE` of the draws."""
+    ones), together :data:`FOCUS_RATIO` times as likely as the others."""
     ons = {a.name for a in on}
     on = list(on) + [a for a in acts if a.name in names and a.name not in ons]
     ws = list(ws) + [1 for a in acts if a.name in names and a.name not in ons]
     n = sum(1 for a in on if a.name in names)
     rest = sum(w for a, w in zip(on, ws) if a.name not in names)
-    each = max(1, -(-rest * FOCUS_SHARE[0] // (FOCUS_SHARE[1] * max(n, 1))))
+    each = max(1, -(-rest * FOCUS_RATIO // max(n, 1)))
     return on, [each if a.name in names else w for a, w in zip(on, ws)]
 
 
