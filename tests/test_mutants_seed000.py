@@ -47,7 +47,6 @@ def test_role_mutants_are_plain_targets_of_the_public_contract():
 _REGRESSED = {
     "cuda-host-unmap-before-fence": "blamed S10 before S4 since the per-example device and data-check draws landed",
     "fence-read-on-default-stream": "blamed S1/S6 before S4 since the per-example device and data-check draws landed",
-    "moving-reservation": "not reached at 100 x 40 since map/copy_on_write/write_through are drawn more often",
 }
 _PARAMS = [pytest.param(m, id=m.name, marks=[pytest.mark.xfail(strict=False, reason=_REGRESSED[m.name])]
                         if m.name in _REGRESSED else []) for m in ALL]
