@@ -1,6 +1,6 @@
 """How deep a CI-profile run gets on the system level (issue 12, deliverable 5).
 
-``python -m bench.deep_protocols [--target reference] [--examples 100] [--steps 40] [--no-guide]``
+``python -m bench.deep_protocols [--target reference] [--examples 100] [--steps 40] [--seeds N] [--baseline REV]``
 
 Runs the target at the system level in this process, under the CI profile
 (derandomized Hypothesis, 16 MiB device), and prints, per 1,000 steps:
@@ -15,7 +15,8 @@ Runs the target at the system level in this process, under the CI profile
 * the share of refusal steps (GrantDenied / OutOfMemory);
 * steps per CPU second (``time.process_time``: the machine is shared).
 
-Figures, not assertions: compare two runs of this script (``--no-guide``
+Figures, not assertions: compare two runs of this script (``--baseline REV``
+runs the engine as at an earlier revision, ``--no-guide``
 switches the engine's guidance off: the same run without it).
 """
 
@@ -43,8 +44,27 @@ def _mixed_fences(s, streams_needed: int = 2) -> bool:
     return False
 
 
+def engine_at(rev: str):
+    """The engine's ``Run`` as it was at git revision ``rev`` (read with
+    ``git show``, loaded as a module of its own): the "before" of a
+    before/after comparison in one process, on the same plan."""
+    import os
+    import subprocess
+    import sys
+    import types
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    src = subprocess.run(["git", "show", f"{rev}:invariants/engine.py"], cwd=root, capture_output=True,
+                         text=True, check=True).stdout
+    mod = types.ModuleType(f"engine_at_{rev}")
+    mod.__file__ = f"<engine at {rev}>"
+    sys.modules[mod.__name__] = mod   # its dataclasses look their module up
+    exec(compile(src, mod.__file__, "exec"), mod.__dict__)  # our own repository's source, not input
+    return mod.Run
+
+
 def measure(target: str = "reference", examples: int = 100, steps: int = 40, capacity_mib: int = 16,
-            guide: bool = True, swarm: bool = True, seed: int | None = None) -> dict:
+            guide: bool = True, swarm: bool = True, seed: int | None = None, baseline: str | None = None) -> dict:
     from memspec.invariants import engine as E
     from memspec.invariants import runner
     from memspec.invariants.planning import make_plan
@@ -54,6 +74,9 @@ def measure(target: str = "reference", examples: int = 100, steps: int = 40, cap
     plan.guide = guide
     plan.swarm = swarm
     extra = Counter()
+    new_run = E.Run
+    if baseline:
+        E.Run = engine_at(baseline)
     orig = E.Run.apply
 
     def apply(self, action, args, choices=None):
@@ -84,12 +107,14 @@ def measure(target: str = "reference", examples: int = 100, steps: int = 40, cap
         cpu, wall = time.process_time() - c0, time.perf_counter() - w0
     finally:
         E.Run.apply = orig
+        E.Run = new_run
     st = plan.stats
     n = max(st.steps, 1)
     claims = sum(v for (a, o), v in st.outcomes.items() if a == "claim" and o.startswith("returns"))
     refusals = sum(v for (_a, o), v in st.outcomes.items() if o in ("raises GrantDenied", "raises OutOfMemory"))
     return {
-        "target": target, "guide": guide, "swarm": swarm, "examples": st.examples, "steps": st.steps,
+        "target": target, "engine": baseline or "this checkout", "guide": guide, "swarm": swarm,
+        "examples": st.examples, "steps": st.steps,
         "failures": sorted({f.invariant for f in res.failures}), "errors": res.errors,
         "claims_per_1k": round(1000 * claims / n, 2),
         "two_stream_orderings_per_1k": round(1000 * extra["two_stream_orderings"] / n, 2),
@@ -111,6 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--capacity-mib", type=int, default=16)
     p.add_argument("--no-guide", action="store_true")
+    p.add_argument("--baseline", metavar="REV", help="run the engine's Run as at git revision REV instead")
     p.add_argument("--seeds", type=int, default=0,
                    help="also run this many seeded (not derandomized) runs and print the per-1k figures' mean")
     p.add_argument("--no-swarm", action="store_true")
@@ -123,11 +149,12 @@ def main(argv: list[str] | None = None) -> None:
     for kv in a.set:
         k, _, v = kv.partition("=")
         setattr(E, k, int(v))
-    out = measure(a.target, a.examples, a.steps, a.capacity_mib, guide=not a.no_guide, swarm=not a.no_swarm)
+    out = measure(a.target, a.examples, a.steps, a.capacity_mib, guide=not a.no_guide, swarm=not a.no_swarm,
+                  baseline=a.baseline)
     if a.seeds:
         keys = [k for k in out if k.endswith("_per_1k") or k in ("refusal_share", "steps_per_cpu_second")]
         runs = [out] + [measure(a.target, a.examples, a.steps, a.capacity_mib, guide=not a.no_guide,
-                                swarm=not a.no_swarm, seed=k + 1) for k in range(a.seeds)]
+                                swarm=not a.no_swarm, seed=k + 1, baseline=a.baseline) for k in range(a.seeds)]
         out["over_seeds"] = {k: [r[k] for r in runs] for k in keys}
         out["mean_over_seeds"] = {k: round(sum(r[k] or 0 for r in runs) / len(runs), 3) for k in keys}
     text = json.dumps(out, indent=1)
