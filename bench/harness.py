@@ -23,6 +23,21 @@ HARNESS_TARGET = "reference"
 HARNESS_DEPS = ("memspec.invariants.runner", "memspec.reference.targets", "memspec.spec.mechanism", "memspec.spec.system")
 WALK_DEPS = ("memspec.invariants.walk", "memspec.reference.targets", "memspec.spec.system")
 _bare_cache: dict[tuple[int, int], tuple[float, int, float]] = {}
+#: CPU microseconds per bare step (``time.process_time``, best of the runs):
+#: on a loaded machine the wall-clock rates measure the scheduler too, the
+#: CPU time per step much less so (the rows' notes give both)
+_bare_cpu: dict[tuple[int, int], float] = {}
+
+
+def _bare_timed(examples: int, steps: int) -> tuple[float, int, float]:
+    import time
+
+    c0 = time.process_time()
+    r = bare_rate(examples, steps)
+    us = (time.process_time() - c0) / max(r[1], 1) * 1e6
+    key = (examples, steps)
+    _bare_cpu[key] = min(us, _bare_cpu.get(key, us))
+    return r
 
 
 def _settings(quick: bool) -> tuple[int, int]:
@@ -34,7 +49,7 @@ def bare(quick: bool) -> tuple[float, int, float]:
     key = _settings(quick)
     if key not in _bare_cache:
         # best of three: on a shared machine noise only ever slows a run down
-        _bare_cache[key] = max((bare_rate(*key) for _ in range(1 if quick else 3)), key=lambda r: r[0])
+        _bare_cache[key] = max((_bare_timed(*key) for _ in range(1 if quick else 3)), key=lambda r: r[0])
     return _bare_cache[key]
 
 
@@ -94,8 +109,11 @@ def walk_rows(quick: bool = False) -> list[Row]:
         return [unavailable(name, unit, tgt, why)]
     from memspec.invariants import runner, walk
 
+    import time
+
     b_rate = bare(quick)[0]
     total_steps, total_s, per_level, problems = 0, 0.0, {}, []
+    cpu: dict[str, float] = {}   # level -> CPU us per walk step (best run)
     for level in ("mechanism", "system"):
         best = None
         for rep in range(1 if quick else 2):  # best of two
@@ -104,7 +122,10 @@ def walk_rows(quick: bool = False) -> list[Row]:
             except Exception as e:  # noqa: BLE001 - a level that cannot be planned is reported, not fatal
                 problems.append(f"{level}: {type(e).__name__}: {e}")
                 break
+            c0 = time.process_time()
             res = walk.walk(plan, max_steps=examples * steps, run_length=steps, seed=0, stop_on_failure=False)
+            cpu_us = (time.process_time() - c0) / max(res.steps, 1) * 1e6
+            cpu[level] = min(cpu_us, cpu.get(level, cpu_us))
             if rep == 0:
                 problems += [f"{level}: {e}" for e in res.errors]
                 problems += [f"{level}: {f.violation.invariant}" for f in res.failures]
@@ -120,10 +141,18 @@ def walk_rows(quick: bool = False) -> list[Row]:
     rate = total_steps / total_s
     ratio = rate / b_rate
     note = "levels " + ", ".join(f"{lv} {d['rate']:,.0f}/s" for lv, d in per_level.items())
+    b_cpu = _bare_cpu.get(_settings(quick))
+    w_cpu = sum(cpu.values()) / len(cpu) if cpu else None
+    if b_cpu and w_cpu:
+        note += (f"; CPU us/step: walk {w_cpu:.0f} (" + ", ".join(f"{lv} {us:.0f}" for lv, us in cpu.items())
+                 + f"), bare {b_cpu:.0f}: CPU ratio {b_cpu / w_cpu:.2f}")
+    note += "; " + walk.sample_note()
     if problems:
         note += f"; NOTE run not clean: {'; '.join(problems[:3])[:150]}"
     return [Row(name, rate, unit, ratio, tgt, ratio >= 5.0, note,
-                extra={"steps": total_steps, "seconds": total_s, "levels": per_level, "problems": problems[:5]})]
+                extra={"steps": total_steps, "seconds": total_s, "levels": per_level, "problems": problems[:5],
+                       "cpu_us_per_step": cpu, "bare_cpu_us_per_step": b_cpu,
+                       "cpu_ratio": (b_cpu / w_cpu) if b_cpu and w_cpu else None})]
 
 
 LIVE = (10, 1_000, 10_000)

@@ -7,7 +7,7 @@ Which regions exist and whom to blame comes from the machine
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from memspec.invariants.errors import HangResult, SpecError
@@ -110,6 +110,13 @@ class Integrity:
         self.gen = 0
         self.stream: int | None = None
         self.shared: dict[Any, _Shared] = {}
+        #: re-verify round robin on one step in ``verify_every``
+        #: (``Plan.integrity_verify_every``; the random walk's stated sample)
+        self.verify_every = max(1, int(getattr(run.plan, "integrity_verify_every", 1) or 1))
+        self._until_verify = 0
+        #: ``_spans`` of each (extent, page) seen in this run (a pure
+        #: function of them; the spans lists are only read)
+        self._span_memo: dict = {}
 
     def _stream(self) -> int:
         if self.stream is None:
@@ -271,17 +278,25 @@ class Integrity:
             loc = self.describe(run.state, ref, obj)
         except Exception as e:  # noqa: BLE001
             raise SpecError(f"locating the data of #{ref} raised {type(e).__name__}: {e}") from e
-        if loc is not None and getattr(loc, "locate", None) is not None:
-            loc = self._located(ref, loc)
+        extent = None
+        if loc is not None:
+            extent = loc.extent
+            if getattr(loc, "locate", None) is not None:
+                extent = self._located(ref, loc)
+                if extent is None:
+                    loc = None
         try:
             if loc is not None:
-                if loc.extent is not None:
-                    spans = self._spans(loc.extent[0], loc.extent[1], loc.page)
+                if extent is not None:
+                    k = (extent[0], extent[1], loc.page)
+                    spans = self._span_memo.get(k)
+                    if spans is None:
+                        spans = self._span_memo[k] = self._spans(extent[0], extent[1], loc.page)
                 else:
                     spans = _page_spans(*loc.pages)
                 alias = getattr(loc, "alias", None)
                 key = alias[0] if alias is not None else None
-                base = (loc.extent[0] if loc.extent is not None else loc.pages[0]) - (alias[1] if alias else 0)
+                base = (extent[0] if extent is not None else loc.pages[0]) - (alias[1] if alias else 0)
                 version = getattr(loc, "version", None)
                 writable = getattr(loc, "writable", True)
                 copy_of = getattr(loc, "copy_of", None)
@@ -337,9 +352,10 @@ class Integrity:
                     self._verify(region)
                     break
 
-    def _located(self, ref: int, loc: Any) -> Any:
-        """``loc`` at the address its ``locate`` reads from the implementation
-        now (one guarded call); ``None`` when the implementation does not say."""
+    def _located(self, ref: int, loc: Any) -> tuple | None:
+        """``loc``'s extent at the address its ``locate`` reads from the
+        implementation now (one guarded call); ``None`` when the
+        implementation does not say."""
         box: list = []
         _, err = self.run.guard.call(lambda: box.append(loc.locate(self.run.sut)))
         if err is not None:
@@ -351,7 +367,7 @@ class Integrity:
         if type(base) is not int:
             return None
         off, n = loc.extent
-        return replace(loc, extent=(base + off, n), locate=None)
+        return base + off, n
 
     def _refresh_alias(self, ref: int, old: _Region | None, spans: list, key: Any, base: int, version: Any,
                        writable: bool, blame_fault: str, blame_mismatch: str) -> None:
@@ -416,7 +432,13 @@ class Integrity:
         for r in touched:
             if r is not None and r not in bound:
                 refresh(r)
-        # round-robin verification of a few others
+        # round-robin verification of a few others (on one step in
+        # ``verify_every``: the first step of a run, then every k-th)
+        if self.verify_every > 1:
+            if self._until_verify:
+                self._until_verify -= 1
+                return
+            self._until_verify = self.verify_every - 1
         order = self.order
         regions = self.regions
         checked = 0

@@ -107,15 +107,34 @@ def _walk_once(plan: H.Plan, seed: int, run_length: int, guard: H.CallGuard, hol
 #: step's cost on a simulated device that materialises pages on first write.
 #: A replay in Hypothesis or a reproduction patterns all of them.
 WALK_INTEGRITY_SAMPLE = 8
+#: the walk re-verifies the round robin's regions (``VERIFY_PER_STEP`` of
+#: them, read back and compared) on one step in this many; the regions a
+#: step touched or bound are still refreshed on every step, and every region
+#: is verified at the end of every run.  A replay in Hypothesis or a
+#: reproduction verifies on every step.
+WALK_VERIFY_EVERY = 4
+
+
+def sample_note(integrity_sample: int = WALK_INTEGRITY_SAMPLE, verify_every: int = WALK_VERIFY_EVERY) -> str:
+    """The walk's data-integrity sample, as a run states it."""
+    from memspec.invariants.integrity import VERIFY_PER_STEP
+
+    return (f"data integrity sampled: pattern written into 1 new region in {integrity_sample} (others read back), "
+            f"{VERIFY_PER_STEP} regions re-verified round robin on 1 step in {verify_every}, "
+            "every region verified at the end of each run; invariants and observations after every step")
 
 
 def walk(plan: H.Plan, *, seconds: float | None = None, max_steps: int | None = None, seed: int = 0,
          run_length: int = 200, stop_on_failure: bool = True, on_progress: Callable[[WalkResult], None] | None = None,
-         guard: H.CallGuard | None = None, integrity_sample: int = WALK_INTEGRITY_SAMPLE) -> WalkResult:
-    """Random walks until ``seconds`` or ``max_steps`` run out (or a failure)."""
+         guard: H.CallGuard | None = None, integrity_sample: int = WALK_INTEGRITY_SAMPLE,
+         verify_every: int = WALK_VERIFY_EVERY) -> WalkResult:
+    """Random walks until ``seconds`` or ``max_steps`` run out (or a failure).
+
+    Data integrity is sampled as :func:`sample_note` states
+    (``integrity_sample``, ``verify_every``; 1 and 1: as the harness)."""
     res = WalkResult(plan)
-    old_sample = plan.integrity_sample
-    plan.integrity_sample = integrity_sample
+    old_sample, old_every = plan.integrity_sample, plan.integrity_verify_every
+    plan.integrity_sample, plan.integrity_verify_every = integrity_sample, verify_every
     g = guard or H.CallGuard(plan.timeout, plan.guard_mode)
     if guard is None and g.mode == "thread":
         g.mode = "watched"  # no supervisor: one thread hand-off per run, not per call
@@ -149,7 +168,7 @@ def walk(plan: H.Plan, *, seconds: float | None = None, max_steps: int | None = 
                 on_progress(res)
     finally:
         g.uninstall()
-        plan.integrity_sample = old_sample
+        plan.integrity_sample, plan.integrity_verify_every = old_sample, old_every
         res.seconds = time.perf_counter() - t0
         st.seconds += res.seconds
     return res

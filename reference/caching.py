@@ -38,7 +38,7 @@ import itertools
 import reprlib
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from sortedcontainers import SortedList
 
@@ -67,6 +67,7 @@ from memspec.reference.caching_stats import (
     ONE_EB_MESSAGE,
     SMALL,
     AllocatorStats,
+    increase_pooled,
     memory_summary,
     pytorch_oom_message,
     seed_oom_message,
@@ -329,12 +330,13 @@ class SimulatedMechanism:
 class _Segment:
     """One cudaMalloc (``expandable=False``) or one expandable VA arena."""
 
-    __slots__ = ("address", "size", "stream", "small", "expandable", "handle", "page", "head", "owner")
+    __slots__ = ("address", "size", "stream", "small", "expandable", "handle", "page", "head", "owner", "pool")
 
     def __init__(self, address: int, size: int, stream: int, small: bool, expandable: bool, handle: Any,
-                 page: int = 0, owner: Any = None):
+                 page: int = 0, owner: Any = None, pool: Any = None):
         self.address, self.size, self.stream, self.small = address, size, stream, small
         self.expandable, self.handle, self.page, self.owner = expandable, handle, page, owner
+        self.pool = pool  # the owner's _Pool of this segment's blocks
         self.head: _Block | None = None
 
 
@@ -415,8 +417,18 @@ def _sl_delete(bl: SortedList, maxes: list, lst: list, pos: int, idx: int) -> No
         bl._delete(pos, idx)
 
 
+def _keys_after(lists: list, pos: int, idx: int) -> Iterator[int]:
+    """The keys of a SortedList (its ``_lists``) after the one at ``(pos,
+    idx)``, in order (``irange`` without its set-up, which the expandable
+    best fit paid at every malloc)."""
+    idx += 1
+    for sub in itertools.islice(lists, pos, None):
+        yield from itertools.islice(sub, idx, None)
+        idx = 0
+
+
 class _Pool:
-    __slots__ = ("small", "blocks", "free", "unmapped", "unmapped_at", "gc_calls")
+    __slots__ = ("small", "blocks", "free", "unmapped", "unmapped_at", "gc_calls", "hot")
 
     def __init__(self, small: bool) -> None:
         self.small = small
@@ -426,7 +438,12 @@ class _Pool:
         self.unmapped = SortedList()  # (stream << 64) | address of unmapped blocks of expandable arenas
         self.unmapped_at: dict[int, _Block] = {}
         self.gc_calls = 0
+        #: the Stat objects the fast paths update (set by the allocator)
+        self.hot: tuple = ()
 
+
+#: a handle or block without an ``__init__`` frame (the hot paths set every slot they read)
+_new_handle = _new_block = object.__new__
 
 _STATE_LIVE, _STATE_PENDING, _STATE_FREE = "active_allocated", "active_pending_free", "inactive"
 
@@ -489,7 +506,6 @@ class CachingAllocator:
         self._large = _Pool(False)
         self._segments: dict[int, _Segment] = {}
         self._seg_alloc: dict[int, Any] = {}
-        self._n_live = 0
         self._pending: set[_Block] = set()
         self._issued: dict[int, int] = {}
         self._completed: dict[int, int] = {}
@@ -512,16 +528,15 @@ class CachingAllocator:
             self.set_per_process_memory_fraction(memory_fraction)
         s = self.stats
         self._s_alloc, self._s_abytes = s.allocation, s.allocated_bytes
-        self._s_active, self._s_actbytes = s.active, s.active_bytes
         self._s_req, self._s_isplit, self._s_isbytes = s.requested_bytes, s.inactive_split, s.inactive_split_bytes
-        #: per pool index (SMALL, LARGE): the Stat objects the fused paths
-        #: update, ``all`` then the pool's, in one tuple (mutated in place by
-        #: the resets, so these stay the live ones)
-        self._hot = [None] + [
-            (s.allocation[ALL], s.allocation[j], s.allocated_bytes[ALL], s.allocated_bytes[j], s.active[ALL],
-             s.active[j], s.active_bytes[ALL], s.active_bytes[j], s.requested_bytes[ALL], s.requested_bytes[j],
-             s.inactive_split[ALL], s.inactive_split[j], s.inactive_split_bytes[ALL], s.inactive_split_bytes[j])
-            for j in (SMALL, LARGE)]
+        #: per pool: the Stat objects the fast paths update -- for each of
+        #: allocation, allocated_bytes, requested_bytes, inactive_split,
+        #: inactive_split_bytes: this pool's, the other pool's, ``all``
+        #: (a SumStat: only its peak is stored)
+        for pool, j, o in ((self._small, SMALL, LARGE), (self._large, LARGE, SMALL)):
+            pool.hot = tuple(x for name in ("allocation", "allocated_bytes", "requested_bytes", "inactive_split",
+                                            "inactive_split_bytes")
+                             for x in (getattr(s, name)[j], getattr(s, name)[o], getattr(s, name)[ALL]))
 
     # ---------------------------------------------------------------- settings
 
@@ -623,6 +638,7 @@ class CachingAllocator:
                 b.events -= 1
                 if b.events == 0:
                     self._pending.discard(b)
+                    self.stats.drop_pending(SMALL if b.seg.small else LARGE, b.size)
                     self._free_block(b)
 
     def _synchronize_and_free_events(self) -> None:
@@ -711,13 +727,17 @@ class CachingAllocator:
     # ---------------------------------------------------------------- malloc
 
     def malloc(self, size: int, stream: int = 0) -> CachedBlock:
-        """Allocate ``size`` bytes for work on ``stream``."""
-        if type(size) is not int or size <= 0:
-            raise InvalidRequest(f"size must be a positive int, got {size!r}")
-        if type(stream) is not int or stream < 0:
-            raise InvalidRequest(f"stream must be a non-negative int, got {stream!r}")
-        if size >= ONE_EB:
-            raise OutOfMemory(ONE_EB_MESSAGE, requested=size, total_capacity=self.capacity, device=self.device_index)
+        """Allocate ``size`` bytes for work on ``stream``.
+
+        For the plain allocator (``self._fast``: no subclass overriding a
+        hook, no expandable segment ever, no max_split_size, no garbage
+        collection threshold) ``_get_free_block`` + ``_alloc_found`` run
+        inlined in this one frame, with the statistics straight-line: the
+        same steps and the same figures as the hooks (the conformance tests
+        run this path; the mutants, subclasses, run the hooks;
+        ``tests/test_caching_fused.py`` compares the two step by step)."""
+        if type(size) is not int or size <= 0 or type(stream) is not int or stream < 0 or size >= ONE_EB:
+            self._bad_request(size, stream)
         if self._n_events:
             self._process_events()
         if self._divisions:
@@ -726,150 +746,147 @@ class CachingAllocator:
             r = K_MIN_BLOCK if size < K_MIN_BLOCK else (size + 511) & ~511
         else:  # the seed's 2 MiB ladder above 1 MiB
             r = (size + K_ROUND_LARGE - 1) & ~(K_ROUND_LARGE - 1)
-        pool = self._small if r <= K_SMALL_SIZE else self._large
-        if self._fast:
-            b = self._malloc_fused(pool, r, size, stream)
-        else:
+        small = r <= K_SMALL_SIZE
+        pool = self._small if small else self._large
+        if not self._fast:
             b = self._get_free_block(pool, stream, r)
             if b is None:
                 b = self._slow_path(pool, stream, r, size)
             b = self._alloc_found(pool, b, r, size, stream)
-        h = CachedBlock(b.address, b.size, size, stream, b)
+        else:
+            bl = pool.blocks
+            lo = (stream << 128) | (r << 64)
+            maxes = bl._maxes
+            b = None
+            if maxes and lo <= maxes[-1]:  # best fit: two C bisects (sortedcontainers internals)
+                pos = bisect_left(maxes, lo)
+                sub = bl._lists[pos]
+                i = bisect_left(sub, lo)
+                key = sub[i]
+                if key >> 128 == stream:  # SortedList._delete, its common case inlined
+                    if (len(sub) > 501 or len(maxes) == 1 and len(sub) > 1) and not bl._index:
+                        del sub[i]
+                        bl._len -= 1
+                        maxes[pos] = sub[-1]
+                    else:
+                        bl._delete(pos, i)
+                    b = pool.free.pop(key & _M64)
+            if b is None:
+                b = self._slow_path(pool, stream, r, size)
+            aP, aO, aA, abP, abO, abA, rqP, rqO, rqA, ispP, ispO, ispA, isbP, isbO, isbA = pool.hot
+            prev = b.prev
+            bs = b.size
+            remaining = bs - r
+            if (remaining >= (K_MIN_BLOCK if small else K_ROUND_LARGE) if self._seed
+                    else (remaining >= K_MIN_BLOCK if small else remaining > K_SMALL_SIZE)):
+                # split: the remainder ``rest`` stays free, after the new block
+                rest = b
+                b = _new_block(_Block)
+                b.address = addr = rest.address
+                b.size = bs = r
+                b.seg = rest.seg
+                b.events = 0
+                b.uses = None
+                b.mapped = True
+                b.prev = prev
+                if prev is not None:
+                    prev.next = b
+                else:
+                    rest.seg.head = b
+                b.next = rest
+                rest.prev = b
+                rest.address = ra = addr + r
+                rest.size = remaining
+                v = (rest.stream << 128) | (remaining << 64) | ra  # SortedList.add, inlined
+                maxes = bl._maxes
+                if maxes and not bl._index:
+                    if v >= maxes[-1]:
+                        pos = len(maxes) - 1
+                        lst = bl._lists[pos]
+                        lst.append(v)
+                        maxes[pos] = v
+                    else:
+                        pos = bisect_right(maxes, v)
+                        lst = bl._lists[pos]
+                        insort(lst, v)
+                    if len(lst) > 2000:
+                        bl._expand(pos)
+                    bl._len += 1
+                else:
+                    bl.add(v)
+                pool.free[ra] = rest
+                rest.gc_base = pool.gc_calls
+                if prev is not None or rest.next is not None:  # already split: the split shrinks by r
+                    isbP.current -= r
+                else:  # a new inactive split: the remainder (Stat.increase; the all entry's peak)
+                    c = isbP.current + remaining
+                    isbP.current = c
+                    isbP.allocated += remaining
+                    if c > isbP.peak:
+                        isbP.peak = c
+                    c += isbO.current
+                    if c > isbA.peak:
+                        isbA.peak = c
+                    c = ispP.current + 1
+                    ispP.current = c
+                    ispP.allocated += 1
+                    if c > ispP.peak:
+                        ispP.peak = c
+                    c += ispO.current
+                    if c > ispA.peak:
+                        ispA.peak = c
+            elif prev is not None or b.next is not None:  # a whole inactive split handed out
+                isbP.current -= bs
+                ispP.current -= 1
+            b.allocated = True
+            b.requested_size = size
+            b.stream = stream
+            # Stat.increase of allocation, allocated_bytes, requested_bytes in this pool, then
+            # the peak of their all entry (SumStat); active/active_bytes follow allocation
+            c = aP.current + 1
+            aP.current = c
+            aP.allocated += 1
+            if c > aP.peak:
+                aP.peak = c
+            c += aO.current
+            if c > aA.peak:
+                aA.peak = c
+            c = abP.current + bs
+            abP.current = c
+            abP.allocated += bs
+            if c > abP.peak:
+                abP.peak = c
+            c += abO.current
+            if c > abA.peak:
+                abA.peak = c
+            c = rqP.current + size
+            rqP.current = c
+            rqP.allocated += size
+            if c > rqP.peak:
+                rqP.peak = c
+            c += rqO.current
+            if c > rqA.peak:
+                rqA.peak = c
+            if self._pending:
+                self.stats.note_malloc_while_pending(SMALL if small else LARGE)
+            if self._trace is not None:
+                self._record("alloc", b.address, size, stream)
+        h = _new_handle(CachedBlock)  # a new handle every time; no __init__ frame
+        h.address = b.address
+        h.size = b.size
+        h.requested_size = size
+        h.stream = stream
+        h._block = b
         b.handle = h
-        self._n_live += 1
         return h
 
-    def _malloc_fused(self, pool: _Pool, r: int, size: int, stream: int) -> _Block:
-        """``_get_free_block`` + ``_slow_path`` + ``_alloc_found`` in one
-        frame, for the plain allocator (``self._fast``: no expandable
-        segment, no max_split_size, no garbage collection, no hook
-        overridden), with the statistics updated straight-line.  The same
-        steps and the same figures as the hooks (the conformance tests run
-        this path; the mutants, subclasses, run the hooks)."""
-        bl = pool.blocks
-        lo = (stream << 128) | (r << 64)
-        maxes = bl._maxes
-        b = None
-        if maxes and lo <= maxes[-1]:  # best fit: two C bisects, no positional index
-            pos = bisect_left(maxes, lo)
-            sub = bl._lists[pos]
-            i = bisect_left(sub, lo)
-            key = sub[i]
-            if key >> 128 == stream:
-                _sl_delete(bl, maxes, sub, pos, i)
-                b = pool.free.pop(key & _M64)
-        if b is None:
-            b = self._slow_path(pool, stream, r, size)
-        small = pool.small
-        (a0, a1, ab0, ab1, ac0, ac1, acb0, acb1, rq0, rq1, isp0, isp1, isb0, isb1) = self._hot[SMALL if small else LARGE]
-        prev = b.prev
-        already_split = prev is not None or b.next is not None
-        remaining = b.size - r
-        if self._seed:
-            split = remaining >= (K_MIN_BLOCK if small else K_ROUND_LARGE)
-        else:
-            split = remaining >= K_MIN_BLOCK if small else remaining > K_SMALL_SIZE
-        if split:
-            rest = b
-            b = _Block(rest.address, r, stream, rest.seg)
-            b.prev = prev
-            if prev is not None:
-                prev.next = b
-            else:
-                b.seg.head = b
-            b.next = rest
-            rest.prev = b
-            rest.address += r
-            rest.size = remaining
-            self._insert(pool, rest)
-            if already_split:  # the inactive split shrinks by what is handed out
-                isb0.current -= r
-                isb1.current -= r
-            else:  # a new inactive split: the remainder
-                c = isb0.current + remaining
-                isb0.current = c
-                isb0.allocated += remaining
-                if c > isb0.peak:
-                    isb0.peak = c
-                c = isb1.current + remaining
-                isb1.current = c
-                isb1.allocated += remaining
-                if c > isb1.peak:
-                    isb1.peak = c
-                c = isp0.current + 1
-                isp0.current = c
-                isp0.allocated += 1
-                if c > isp0.peak:
-                    isp0.peak = c
-                c = isp1.current + 1
-                isp1.current = c
-                isp1.allocated += 1
-                if c > isp1.peak:
-                    isp1.peak = c
-        elif already_split:  # a whole inactive split handed out
-            n = b.size
-            isb0.current -= n
-            isb1.current -= n
-            isp0.current -= 1
-            isp1.current -= 1
-        b.allocated = True
-        b.requested_size = size
-        b.stream = stream
-        bs = b.size
-        # Stat.increase of allocation, allocated_bytes, active, active_bytes, requested_bytes (all, pool)
-        c = a0.current + 1
-        a0.current = c
-        a0.allocated += 1
-        if c > a0.peak:
-            a0.peak = c
-        c = a1.current + 1
-        a1.current = c
-        a1.allocated += 1
-        if c > a1.peak:
-            a1.peak = c
-        c = ab0.current + bs
-        ab0.current = c
-        ab0.allocated += bs
-        if c > ab0.peak:
-            ab0.peak = c
-        c = ab1.current + bs
-        ab1.current = c
-        ab1.allocated += bs
-        if c > ab1.peak:
-            ab1.peak = c
-        c = ac0.current + 1
-        ac0.current = c
-        ac0.allocated += 1
-        if c > ac0.peak:
-            ac0.peak = c
-        c = ac1.current + 1
-        ac1.current = c
-        ac1.allocated += 1
-        if c > ac1.peak:
-            ac1.peak = c
-        c = acb0.current + bs
-        acb0.current = c
-        acb0.allocated += bs
-        if c > acb0.peak:
-            acb0.peak = c
-        c = acb1.current + bs
-        acb1.current = c
-        acb1.allocated += bs
-        if c > acb1.peak:
-            acb1.peak = c
-        c = rq0.current + size
-        rq0.current = c
-        rq0.allocated += size
-        if c > rq0.peak:
-            rq0.peak = c
-        c = rq1.current + size
-        rq1.current = c
-        rq1.allocated += size
-        if c > rq1.peak:
-            rq1.peak = c
-        if self._trace is not None:
-            self._record("alloc", b.address, size, stream)
-        return b
+    def _bad_request(self, size: Any, stream: Any) -> None:
+        """Raise the named error for malloc's arguments (size first, then stream)."""
+        if type(size) is not int or size <= 0:
+            raise InvalidRequest(f"size must be a positive int, got {size!r}")
+        if type(stream) is not int or stream < 0:
+            raise InvalidRequest(f"stream must be a non-negative int, got {stream!r}")
+        raise OutOfMemory(ONE_EB_MESSAGE, requested=size, total_capacity=self.capacity, device=self.device_index)
 
     def _get_free_block(self, pool: _Pool, stream: int, r: int) -> _Block | None:
         if self.gc_threshold > 0.0 and self._allowed is not None:
@@ -887,7 +904,7 @@ class CachingAllocator:
             return None
         b = pool.free[key & _M64]
         if b.seg.expandable:
-            b = self._expandable_pick(pool, stream, lo, b)
+            b = self._expandable_pick(pool, stream, _keys_after(bl._lists, pos, idx), b)
             if b is None:
                 return None
             key = None
@@ -904,12 +921,11 @@ class CachingAllocator:
             self._remove(pool, b)
         return b
 
-    def _expandable_pick(self, pool: _Pool, stream: int, lo: int, b: _Block) -> _Block | None:
-        """PyTorch's ``get_free_block`` on an expandable block: best fit counts
-        the unmapped space a block can grow into; with expandable segments
+    def _expandable_pick(self, pool: _Pool, stream: int, it: Iterator[int], b: _Block) -> _Block | None:
+        """PyTorch's ``get_free_block`` on an expandable block ``b`` (the best
+        fit; ``it``: the free-list keys after it): best fit counts the
+        unmapped space a block can grow into; with expandable segments
         switched off, only non-expandable blocks qualify."""
-        it = pool.blocks.irange(minimum=lo)
-        next(it)
         if self.expandable:
             def grow(x: _Block) -> int:
                 return x.size + (x.next.size if x.next is not None and not x.next.mapped else 0)
@@ -965,69 +981,24 @@ class CachingAllocator:
             rest.size = remaining
             self._insert(pool, rest)
             if not exp:
-                sib = self._s_isbytes
                 if already_split:  # the inactive split shrinks by what is handed out
-                    for j in (ALL, idx):
-                        x = sib[j]
-                        x.current -= r
+                    self._s_isbytes[idx].current -= r
                 else:  # a new inactive split: the remainder
-                    sis = self._s_isplit
-                    for j in (ALL, idx):
-                        x = sib[j]
-                        c = x.current + remaining
-                        x.current = c
-                        x.allocated += remaining
-                        if c > x.peak:
-                            x.peak = c
-                        x = sis[j]
-                        c = x.current + 1
-                        x.current = c
-                        x.allocated += 1
-                        if c > x.peak:
-                            x.peak = c
+                    increase_pooled(self._s_isbytes, idx, remaining)
+                    increase_pooled(self._s_isplit, idx, 1)
         elif already_split and not exp:  # a whole inactive split handed out
-            sib, sis, n = self._s_isbytes, self._s_isplit, b.size
-            for j in (ALL, idx):
-                x = sib[j]
-                x.current -= n
-                x = sis[j]
-                x.current -= 1
+            self._s_isbytes[idx].current -= b.size
+            self._s_isplit[idx].current -= 1
         b.allocated = True
         b.requested_size = size
         b.stream = stream
         bs = b.size
-        sa, sab, sac, sacb, srq = self._s_alloc, self._s_abytes, self._s_active, self._s_actbytes, self._s_req
-        for j in (ALL, idx):  # Stat.increase, inlined: this is the hot path
-            s = sa[j]
-            c = s.current + 1
-            s.current = c
-            s.allocated += 1
-            if c > s.peak:
-                s.peak = c
-            s = sab[j]
-            c = s.current + bs
-            s.current = c
-            s.allocated += bs
-            if c > s.peak:
-                s.peak = c
-            s = sac[j]
-            c = s.current + 1
-            s.current = c
-            s.allocated += 1
-            if c > s.peak:
-                s.peak = c
-            s = sacb[j]
-            c = s.current + bs
-            s.current = c
-            s.allocated += bs
-            if c > s.peak:
-                s.peak = c
-            s = srq[j]
-            c = s.current + size
-            s.current = c
-            s.allocated += size
-            if c > s.peak:
-                s.peak = c
+        # (active/active_bytes follow allocation: caching_stats.AllocatorStats)
+        increase_pooled(self._s_alloc, idx, 1)
+        increase_pooled(self._s_abytes, idx, bs)
+        increase_pooled(self._s_req, idx, size)
+        if self._pending:
+            self.stats.note_malloc_while_pending(idx)
         if self._max_split is not None and bs >= self._max_split:
             self.stats.oversize_allocations.increase(1)
         if self._trace is not None:
@@ -1048,7 +1019,7 @@ class CachingAllocator:
         except OutOfMemory:
             return None
         addr = a.address
-        seg = _Segment(addr, alloc_size, stream, pool.small, False, a, 0, self)
+        seg = _Segment(addr, alloc_size, stream, pool.small, False, a, 0, self, pool)
         self._segments[addr] = seg
         self._total += alloc_size
         idx = SMALL if pool.small else LARGE
@@ -1192,7 +1163,7 @@ class CachingAllocator:
         page = self._page(pool.small)
         size = -(-int(self.capacity * self.arena_factor) // page) * page
         va = self._backing.reserve(ReserveRequest(size))
-        seg = _Segment(va.address, va.size - va.size % page, stream, pool.small, True, va, page, self)
+        seg = _Segment(va.address, va.size - va.size % page, stream, pool.small, True, va, page, self, pool)
         self._segments[seg.address] = seg
         c = _Block(seg.address, seg.size, stream, seg)
         c.mapped = False
@@ -1317,27 +1288,136 @@ class CachingAllocator:
     def free(self, block: CachedBlock) -> None:
         """Free a block. Allocated stats drop at once; with uses on other
         streams the block waits for their events (``active_pending_free``).
-        The handle is checked against the allocator's record, never its own fields."""
+        The handle is checked against the allocator's record, never its own fields.
+
+        For the plain allocator (``self._fast``, see :meth:`malloc`)
+        ``_free_block`` and its merges run inlined in this frame."""
         try:
             b = block._block
             p = b.prev
+            seg = b.seg
             if (b.handle is not block or type(block) is not CachedBlock or type(b) is not _Block
-                    or b.seg.owner is not self or (p.next if p is not None else b.seg.head) is not b):
+                    or seg.owner is not self or (p.next if p is not None else seg.head) is not b):
                 raise AttributeError  # not the live handle this allocator's record names
         except AttributeError:
             raise self._refuse(block) from None
         b.handle = None
-        self._n_live -= 1
         block._freed = True
         b.allocated = False
+        if b.uses or not self._fast:
+            self._free_hooks(b)
+            return
+        pool = seg.pool
+        aP, aO, aA, abP, abO, abA, rqP, rqO, rqA, ispP, ispO, ispA, isbP, isbO, isbA = pool.hot
+        req = b.requested_size
+        aP.current -= 1  # (the all entries are the pools' sums)
+        abP.current -= b.size
+        if self._trace is not None:
+            self._record("free_requested", b.address, req, b.stream)
+            self._record("free_completed", b.address, req, b.stream)
+        rqP.current -= req
+        bl = pool.blocks
+        maxes = bl._maxes
+        lists = bl._lists
+        free = pool.free
+        net_n = net_b = 0
+        if p is not None and not p.allocated and not p.events and not p.uses:  # merge the free block before
+            v = (p.stream << 128) | (p.size << 64) | p.address  # SortedList.remove, inlined
+            pos = bisect_left(maxes, v)
+            lst = lists[pos]
+            i = bisect_left(lst, v)
+            if lst[i] != v:  # pragma: no cover - a broken free list
+                raise KeyError(v)
+            if (len(lst) > 501 or len(maxes) == 1 and len(lst) > 1) and not bl._index:
+                del lst[i]
+                bl._len -= 1
+                maxes[pos] = lst[-1]
+            else:
+                bl._delete(pos, i)
+            del free[p.address]
+            b.address = p.address
+            pp = b.prev = p.prev
+            if pp is not None:
+                pp.next = b
+            else:
+                seg.head = b
+            b.size += p.size
+            net_n = -1
+            net_b = -p.size
+        q = b.next
+        if q is not None and not q.allocated and not q.events and not q.uses:  # merge the free block after
+            v = (q.stream << 128) | (q.size << 64) | q.address
+            pos = bisect_left(maxes, v)
+            lst = lists[pos]
+            i = bisect_left(lst, v)
+            if lst[i] != v:  # pragma: no cover - a broken free list
+                raise KeyError(v)
+            if (len(lst) > 501 or len(maxes) == 1 and len(lst) > 1) and not bl._index:
+                del lst[i]
+                bl._len -= 1
+                maxes[pos] = lst[-1]
+            else:
+                bl._delete(pos, i)
+            del free[q.address]
+            qn = b.next = q.next
+            if qn is not None:
+                qn.prev = b
+            b.size += q.size
+            net_n -= 1
+            net_b -= q.size
+        a = b.address
+        v = (b.stream << 128) | (b.size << 64) | a  # SortedList.add, inlined
+        maxes = bl._maxes
+        if maxes and not bl._index:
+            if v >= maxes[-1]:
+                pos = len(maxes) - 1
+                lst = bl._lists[pos]
+                lst.append(v)
+                maxes[pos] = v
+            else:
+                pos = bisect_right(maxes, v)
+                lst = bl._lists[pos]
+                insort(lst, v)
+            if len(lst) > 2000:
+                bl._expand(pos)
+            bl._len += 1
+        else:
+            bl.add(v)
+        free[a] = b
+        b.gc_base = pool.gc_calls
+        if b.prev is not None or b.next is not None:
+            net_n += 1
+            net_b += b.size
+        if net_n > 0:  # Stat.increase / decrease of inactive_split(_bytes), inlined
+            c = ispP.current + net_n
+            ispP.current = c
+            ispP.allocated += net_n
+            if c > ispP.peak:
+                ispP.peak = c
+            c += ispO.current
+            if c > ispA.peak:
+                ispA.peak = c
+        elif net_n:
+            ispP.current += net_n
+        if net_b > 0:
+            c = isbP.current + net_b
+            isbP.current = c
+            isbP.allocated += net_b
+            if c > isbP.peak:
+                isbP.peak = c
+            c += isbO.current
+            if c > isbA.peak:
+                isbA.peak = c
+        elif net_b:
+            isbP.current += net_b
+
+    def _free_hooks(self, b: _Block) -> None:
+        """``free`` after the handle check, through the hooks (subclasses,
+        expandable segments, max_split_size, deferred frees)."""
         idx = SMALL if b.seg.small else LARGE
         bs = b.size
-        sa, sab = self._s_alloc, self._s_abytes
-        for j in (ALL, idx):
-            s = sa[j]
-            s.current -= 1
-            s = sab[j]
-            s.current -= bs
+        self._s_alloc[idx].current -= 1
+        self._s_abytes[idx].current -= bs
         if self._trace is not None:
             self._record("free_requested", b.address, b.requested_size, b.stream)
         if self._max_split is not None and b.size >= self._max_split:
@@ -1351,104 +1431,15 @@ class CachingAllocator:
                 self._n_events += 1
             b.uses = None
             self._pending.add(b)
-        elif self._fast:
-            self._free_fused(b)
+            self.stats.add_pending(idx, bs)
         else:
             self._free_block(b)
-
-    def _free_fused(self, b: _Block) -> None:
-        """``_free_block`` with its merges (``_try_merge``) in one frame, for
-        the plain allocator (see :meth:`_malloc_fused`): the same steps and
-        figures.  No block is expandable here, so every block is mapped."""
-        if self._trace is not None:
-            self._record("free_completed", b.address, b.requested_size, b.stream)
-        small = b.seg.small
-        pool = self._small if small else self._large
-        orig, req = b.size, b.requested_size
-        net_n = net_b = 0
-        p = b.prev
-        if p is not None and not p.allocated and not p.events and not p.uses:
-            self._remove(pool, p)
-            b.address = p.address
-            pp = b.prev = p.prev
-            if pp is not None:
-                pp.next = b
-            else:
-                b.seg.head = b
-            b.size += p.size
-            net_n -= 1
-            net_b -= p.size
-        q = b.next
-        if q is not None and not q.allocated and not q.events and not q.uses:
-            self._remove(pool, q)
-            qn = b.next = q.next
-            if qn is not None:
-                qn.prev = b
-            b.size += q.size
-            net_n -= 1
-            net_b -= q.size
-        v = (b.stream << 128) | (b.size << 64) | b.address  # _insert, inlined
-        bl = pool.blocks
-        maxes = bl._maxes
-        if maxes and not bl._index:
-            if v >= maxes[-1]:
-                pos = len(maxes) - 1
-                lst = bl._lists[pos]
-                lst.append(v)
-                maxes[pos] = v
-            else:
-                pos = bisect_right(maxes, v)
-                lst = bl._lists[pos]
-                insort(lst, v)
-            if len(lst) > 2000:
-                bl._expand(pos)
-            bl._len += 1
-        else:
-            bl.add(v)
-        pool.free[b.address] = b
-        b.gc_base = pool.gc_calls
-        if b.prev is not None or b.next is not None:
-            net_n += 1
-            net_b += b.size
-        (_a0, _a1, _ab0, _ab1, ac0, ac1, acb0, acb1, rq0, rq1, isp0, isp1, isb0, isb1) = self._hot[SMALL if small else LARGE]
-        if net_n:  # Stat.increase / decrease of inactive_split(_bytes), inlined
-            c = isp0.current + net_n
-            isp0.current = c
-            if net_n > 0:
-                isp0.allocated += net_n
-                if c > isp0.peak:
-                    isp0.peak = c
-            c = isp1.current + net_n
-            isp1.current = c
-            if net_n > 0:
-                isp1.allocated += net_n
-                if c > isp1.peak:
-                    isp1.peak = c
-        if net_b:
-            c = isb0.current + net_b
-            isb0.current = c
-            if net_b > 0:
-                isb0.allocated += net_b
-                if c > isb0.peak:
-                    isb0.peak = c
-            c = isb1.current + net_b
-            isb1.current = c
-            if net_b > 0:
-                isb1.allocated += net_b
-                if c > isb1.peak:
-                    isb1.peak = c
-        ac0.current -= 1
-        ac1.current -= 1
-        acb0.current -= orig
-        acb1.current -= orig
-        rq0.current -= req
-        rq1.current -= req
 
     def _free_block(self, b: _Block) -> None:
         if self._trace is not None:
             self._record("free_completed", b.address, b.requested_size, b.stream)
         pool = self._small if b.seg.small else self._large
-        orig, req = b.size, b.requested_size
+        req = b.requested_size
         net_n = net_b = 0
         p = b.prev
         if p is not None and not p.allocated and not p.events and not p.uses and p.mapped:
@@ -1460,55 +1451,19 @@ class CachingAllocator:
             n = self._try_merge(pool, b, q)
             net_n -= 1
             net_b -= n
-        v = (b.stream << 128) | (b.size << 64) | b.address  # _insert, inlined
-        bl = pool.blocks
-        maxes = bl._maxes
-        if maxes and not bl._index:
-            if v >= maxes[-1]:
-                pos = len(maxes) - 1
-                lst = bl._lists[pos]
-                lst.append(v)
-                maxes[pos] = v
-            else:
-                pos = bisect_right(maxes, v)
-                lst = bl._lists[pos]
-                insort(lst, v)
-            if len(lst) > 2000:
-                bl._expand(pos)
-            bl._len += 1
-        else:
-            bl.add(v)
-        pool.free[b.address] = b
-        b.gc_base = pool.gc_calls
+        self._insert(pool, b)
         if b.prev is not None or b.next is not None:
             net_n += 1
             net_b += b.size
         idx = SMALL if pool.small else LARGE
         if (net_n or net_b) and not b.seg.expandable:
-            sis, sib = self._s_isplit, self._s_isbytes
-            for j in (ALL, idx):  # Stat.increase / decrease, inlined
-                x = sis[j]
-                c = x.current + net_n
-                x.current = c
-                if net_n > 0:
-                    x.allocated += net_n
-                    if c > x.peak:
-                        x.peak = c
-                x = sib[j]
-                c = x.current + net_b
-                x.current = c
-                if net_b > 0:
-                    x.allocated += net_b
-                    if c > x.peak:
-                        x.peak = c
-        sac, sacb, srq = self._s_active, self._s_actbytes, self._s_req
-        for j in (ALL, idx):
-            s = sac[j]
-            s.current -= 1
-            s = sacb[j]
-            s.current -= orig
-            s = srq[j]
-            s.current -= req
+            for stat, n in ((self._s_isplit, net_n), (self._s_isbytes, net_b)):
+                if n > 0:
+                    increase_pooled(stat, idx, n)
+                else:
+                    stat[idx].current += n
+        # (active/active_bytes follow allocation and the pending frees)
+        self._s_req[idx].current -= req
         if self.preset == "seed" and b.seg.expandable:
             self._unmap_block(pool, b)  # the toy: pages returned at free
 
@@ -1574,7 +1529,7 @@ class CachingAllocator:
         return self.stats.requested_bytes[ALL].current
 
     def live_blocks(self) -> int:
-        return self._n_live
+        return self.stats.allocation[ALL].current
 
     def segments(self) -> list[dict]:
         """Every segment in address order with its blocks: ``{address,

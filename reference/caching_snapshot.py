@@ -113,6 +113,43 @@ def _check_fields(obj: Any, where: str, required: dict, optional: dict) -> dict:
     return obj
 
 
+#: per trace field: the exact types accepted without a second look (int and
+#: float still get their range check); anything else goes to _check_fields
+_TRACE_FAST = {k: frozenset(t if isinstance(t, tuple) else (t,)) for k, t in {**_TRACE_REQUIRED, **_TRACE_OPTIONAL}.items()}
+_INF = float("inf")
+
+
+def _trace_entry_plain(e: Any) -> bool:
+    """True when trace entry ``e`` is a dict whose known fields all have an
+    accepted exact type and range, its ``action`` is there and has the fields
+    it needs, and no size is negative -- what :func:`_check_fields` and the
+    checks after it accept, at a fraction of their cost (a trace of a long
+    run has millions of entries).  False sends the entry to the full checks,
+    which name the problem (or accept, e.g., a ``str`` subclass)."""
+    if type(e) is not dict or "action" not in e:
+        return False
+    fast = _TRACE_FAST
+    for k, v in e.items():
+        ok = fast.get(k)
+        if ok is None:
+            continue  # a field memspec does not read: kept, unchecked (as _check_fields)
+        tv = type(v)
+        if tv is int:
+            if int not in ok or not -_MAX_INT < v < _MAX_INT:
+                return False
+        elif tv is float:
+            if float not in ok or v != v or v == _INF or v == -_INF:
+                return False
+        elif tv not in ok or tv is bool:
+            return False
+    need = _TRACE_NEEDS.get(e["action"])
+    if need is not None:
+        for f in need:
+            if f not in e:
+                return False
+    return e.get("size", 0) >= 0 and e.get("device_free", 0) >= 0
+
+
 def check_snapshot(snap: Any) -> dict:
     """Schema check of every field memspec reads; fills PyTorch's optional
     fields an older snapshot lacks.  SnapshotError (an InvalidRequest) names
@@ -144,6 +181,8 @@ def check_snapshot(snap: Any) -> dict:
         raise SnapshotError("'device_traces' must be a list of lists (one per device)")
     for d, trace in enumerate(traces):
         for k, e in enumerate(trace):
+            if _trace_entry_plain(e):
+                continue
             _check_fields(e, f"device_traces[{d}][{k}]", _TRACE_REQUIRED, _TRACE_OPTIONAL)
             need = _TRACE_NEEDS.get(e["action"], ())
             if any(f not in e for f in need):
@@ -169,23 +208,36 @@ def load(f: BinaryIO | str) -> dict:
     problem is a :class:`SnapshotError` (an InvalidRequest) naming it."""
     if isinstance(f, str):
         with open(f, "rb") as fh:
-            raw = fh.read()
+            head = fh.read(4096)
+            if head.lstrip()[:1] not in (b"{", b"[", b"") and fh.seekable():
+                # a pickle: unpickled straight from the file, never held whole in memory as well
+                fh.seek(0)
+                return check_snapshot(_unpickle(fh))
+            raw = head + fh.read()
     else:
         raw = f.read()
     if isinstance(raw, str):
         raw = raw.encode("utf-8", "surrogateescape")
     head = raw.lstrip()[:1]
-    try:
-        if head in (b"{", b"["):
+    if head in (b"{", b"["):
+        try:
             snap = json.loads(raw.decode("utf-8"))
-        else:
-            snap = _PlainUnpickler(io.BytesIO(raw)).load()
+        except (ValueError, TypeError, RecursionError, MemoryError, OverflowError) as e:
+            raise SnapshotError(f"not a readable snapshot (pickle or JSON): {type(e).__name__}: {str(e)[:200]}") from None
+    else:
+        snap = _unpickle(io.BytesIO(raw))
+    return check_snapshot(snap)
+
+
+def _unpickle(fh: BinaryIO) -> Any:
+    """Plain data from a pickle stream (:class:`_PlainUnpickler`); any failure is a SnapshotError."""
+    try:
+        return _PlainUnpickler(fh).load()
     except SnapshotError:
         raise
     except (pickle.UnpicklingError, ValueError, EOFError, TypeError, KeyError, IndexError, AttributeError,
             ImportError, RecursionError, MemoryError, OverflowError) as e:
         raise SnapshotError(f"not a readable snapshot (pickle or JSON): {type(e).__name__}: {str(e)[:200]}") from None
-    return check_snapshot(snap)
 
 
 # --------------------------------------------------------------------------
@@ -254,38 +306,50 @@ def replay(snap: dict, *, preset: str | None = None, expandable: bool | None = N
     res = ReplayResult(preset, expandable, capacity, allocator=alloc)
     live: dict[int, Any] = {}
     skipped: set[int] = set()
+    # the loop runs once per trace event (millions for a long run): locals, no per-event
+    # method lookups
+    malloc, free, pop = alloc.malloc, alloc.free, live.pop
+    reserved = alloc.stats.reserved_bytes[0]  # the 'all' entry, read after each alloc for the peak
+    ooms = res.ooms
+    peak = n_allocs = n_frees = 0
+    releases = ("segment_free", "segment_unmap")
+    seed = preset == "seed"
     prev = None
     for i, e in enumerate((snap.get("device_traces") or [[]])[0]):
         a = e.get("action")
         last, prev = prev, a
-        auto = last in ("segment_free", "segment_unmap") or (a == "segment_unmap" and last == "free_completed"
-                                                            and preset == "seed")
-        if a in ("segment_free", "segment_unmap") and not auto:
-            alloc.empty_cache()  # a release the program asked for (empty_cache, or an OOM retry)
-        elif a == "alloc":
-            res.allocs += 1
+        if a == "alloc":
+            n_allocs += 1
             try:
-                live[e["addr"]] = alloc.malloc(int(e["size"]), int(e.get("stream", 0)))
+                live[e["addr"]] = malloc(int(e["size"]), int(e.get("stream", 0)))
             except OutOfMemory as err:
-                res.ooms.append({"index": i, "size": int(e["size"]), "message": str(err), "error": err})
+                ooms.append({"index": i, "size": int(e["size"]), "message": str(err), "error": err})
                 skipped.add(e["addr"])
-            res.peak_reserved = max(res.peak_reserved, alloc.memory_reserved())
+            c = reserved.current
+            if c > peak:
+                peak = c
         elif a == "free_requested":
-            blk = live.pop(e["addr"], None)
+            blk = pop(e["addr"], None)
             if blk is not None:
-                res.frees += 1
-                alloc.free(blk)
+                n_frees += 1
+                free(blk)
             elif e["addr"] in skipped:
                 skipped.discard(e["addr"])
+        elif a in releases:
+            # a release no free caused: empty_cache (or an OOM retry); one run of them is one call
+            auto = last in releases or (a == "segment_unmap" and last == "free_completed" and seed)
+            if not auto:
+                alloc.empty_cache()
         elif a == "oom":
             # the request that failed (its rounded size): does it fail here too?
             res.original_ooms.append(i)
             try:
-                blk = alloc.malloc(int(e["size"]), int(e.get("stream", 0)))
+                blk = malloc(int(e["size"]), int(e.get("stream", 0)))
             except OutOfMemory as err:
-                res.ooms.append({"index": i, "size": int(e["size"]), "message": str(err), "error": err})
+                ooms.append({"index": i, "size": int(e["size"]), "message": str(err), "error": err})
             else:
-                alloc.free(blk)  # the program got an exception, not a tensor
+                free(blk)  # the program got an exception, not a tensor
+    res.allocs, res.frees, res.peak_reserved = n_allocs, n_frees, peak
     return res
 
 

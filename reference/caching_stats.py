@@ -74,12 +74,95 @@ class Stat:
         return {"current": self.current, "peak": self.peak, "allocated": self.allocated, "freed": self.freed}
 
 
+#: derived from ``allocation``/``allocated_bytes`` and the pending frees (see AllocatorStats)
+DERIVED = ("active", "active_bytes")
+#: figures whose ``all`` entry is a :class:`SumStat` of its two pools'
+SUMMED = ("allocation", "allocated_bytes", "requested_bytes", "inactive_split", "inactive_split_bytes")
+
+
+class SumStat:
+    """The ``all`` entry of a pooled figure that changes on every malloc and
+    free: ``current`` and ``allocated`` are the sums of the small and large
+    pools' (each change happens in exactly one pool), so only the peak is
+    its own, checked after every increase (:func:`increase_pooled`)."""
+
+    __slots__ = ("parts", "peak", "base")
+
+    def __init__(self, small: Stat, large: Stat) -> None:
+        self.parts = (small, large)
+        self.peak = self.base = 0
+
+    @property
+    def current(self) -> int:
+        return self.parts[0].current + self.parts[1].current
+
+    @property
+    def allocated(self) -> int:
+        return self.parts[0].allocated + self.parts[1].allocated
+
+    @property
+    def freed(self) -> int:
+        return self.base + self.allocated - self.current
+
+    def increase(self, n: int) -> None:
+        """The pools carry the figure: only the peak is checked here."""
+        c = self.current
+        if c > self.peak:
+            self.peak = c
+
+    def decrease(self, n: int) -> None:
+        """The pools carry the figure: nothing to do."""
+
+    def reset_accumulated(self) -> None:
+        self.base = self.current
+
+    def as_dict(self) -> dict[str, int]:
+        return {"current": self.current, "peak": self.peak, "allocated": self.allocated, "freed": self.freed}
+
+
+def increase_pooled(stat: list, idx: int, n: int) -> None:
+    """``Stat.increase(n)`` on pool ``idx``'s entry; the ``all`` entry (a
+    :class:`SumStat`) follows, its peak checked."""
+    s = stat[idx]
+    c = s.current + n
+    s.current = c
+    s.allocated += n
+    if c > s.peak:
+        s.peak = c
+    t = stat[ALL]
+    c = t.current
+    if c > t.peak:
+        t.peak = c
+
+
 class AllocatorStats:
-    """Every counter of one device's caching allocator."""
+    """Every counter of one device's caching allocator.
+
+    ``active`` and ``active_bytes`` are not counted separately: a block is
+    active while it is allocated or its free is pending on another stream's
+    events, so ``active = allocation + pending`` (``pending``,
+    ``pending_bytes``: per pool, the frees waiting on events), and both rise
+    only at malloc, by the same amounts as ``allocation``/``allocated_bytes``
+    -- hence the same ``allocated`` (cumulative) figure.  Their peak is the
+    larger of ``allocation``'s peak and the highest active figure seen at a
+    malloc while a free was pending (``note_malloc_while_pending``) or at
+    the last ``reset_peak``.  The malloc/free hot path thus updates three
+    figures (count, bytes, requested) instead of five; reading ``active``
+    builds the ``Stat`` objects from them."""
 
     def __init__(self) -> None:
         for name in STAT_NAMES:
-            setattr(self, name, [Stat(), Stat(), Stat()])
+            if name in SUMMED:
+                small, large = Stat(), Stat()
+                setattr(self, name, [SumStat(small, large), small, large])
+            elif name not in DERIVED:
+                setattr(self, name, [Stat(), Stat(), Stat()])
+        self.pending = [0, 0, 0]  # frees waiting on events: count, per ALL/SMALL/LARGE
+        self.pending_bytes = [0, 0, 0]
+        self._xpeak = [0, 0, 0]  # highest active count seen while a free was pending (or at reset_peak)
+        self._xpeak_bytes = [0, 0, 0]
+        self._act_base = [0, 0, 0]  # active.current at the last reset_accumulated
+        self._actb_base = [0, 0, 0]
         self.oversize_allocations = Stat()
         self.oversize_segments = Stat()
         self.num_alloc_retries = 0
@@ -88,6 +171,50 @@ class AllocatorStats:
         self.num_device_alloc = 0
         self.num_device_free = 0
         self.max_split_size = -1  # PyTorch prints SIZE_MAX cast to int64: -1 = unlimited
+
+    @staticmethod
+    def _derive(of: list, pend: list, xpeak: list, base: list) -> list:
+        out = []
+        for j in (ALL, SMALL, LARGE):
+            a, s = of[j], Stat()
+            s.current = a.current + pend[j]
+            s.allocated = a.allocated
+            s.peak = max(a.peak, xpeak[j])
+            s.base = base[j]
+            out.append(s)
+        return out
+
+    @property
+    def active(self) -> list:
+        """``active`` (blocks allocated or pending free), built on read."""
+        return self._derive(self.allocation, self.pending, self._xpeak, self._act_base)
+
+    @property
+    def active_bytes(self) -> list:
+        return self._derive(self.allocated_bytes, self.pending_bytes, self._xpeak_bytes, self._actb_base)
+
+    def add_pending(self, idx: int, n: int) -> None:
+        """A free of ``n`` bytes in pool ``idx`` now waits on events (still active)."""
+        for j in (ALL, idx):
+            self.pending[j] += 1
+            self.pending_bytes[j] += n
+
+    def drop_pending(self, idx: int, n: int) -> None:
+        """A pending free of ``n`` bytes completed (no longer active)."""
+        for j in (ALL, idx):
+            self.pending[j] -= 1
+            self.pending_bytes[j] -= n
+
+    def note_malloc_while_pending(self, idx: int) -> None:
+        """After a malloc in pool ``idx`` while frees are pending: the active
+        figures exceed allocation's, so their peaks are tracked here."""
+        for j in (ALL, idx):
+            c = self.allocation[j].current + self.pending[j]
+            if c > self._xpeak[j]:
+                self._xpeak[j] = c
+            c = self.allocated_bytes[j].current + self.pending_bytes[j]
+            if c > self._xpeak_bytes[j]:
+                self._xpeak_bytes[j] = c
 
     def flat(self) -> dict[str, int]:
         """``torch.cuda.memory_stats()``: flattened with '.', keys sorted."""
@@ -105,15 +232,23 @@ class AllocatorStats:
 
     def reset_peak(self) -> None:
         for name in STAT_NAMES:
-            for s in getattr(self, name):
-                s.peak = s.current
+            if name not in DERIVED:
+                for s in getattr(self, name):
+                    s.peak = s.current
+        for j in (ALL, SMALL, LARGE):
+            self._xpeak[j] = self.allocation[j].current + self.pending[j]
+            self._xpeak_bytes[j] = self.allocated_bytes[j].current + self.pending_bytes[j]
         self.oversize_allocations.peak = self.oversize_allocations.current
         self.oversize_segments.peak = self.oversize_segments.current
 
     def reset_accumulated(self) -> None:
+        for j in (ALL, SMALL, LARGE):
+            self._act_base[j] = self.allocation[j].current + self.pending[j]
+            self._actb_base[j] = self.allocated_bytes[j].current + self.pending_bytes[j]
         for name in STAT_NAMES:
-            for s in getattr(self, name):
-                s.reset_accumulated()
+            if name not in DERIVED:
+                for s in getattr(self, name):
+                    s.reset_accumulated()
         for s in (self.oversize_allocations, self.oversize_segments):
             s.reset_accumulated()
         self.num_alloc_retries = self.num_ooms = self.num_sync_all_streams = 0

@@ -49,6 +49,10 @@ def _same(v: Any) -> Any:
     return v
 
 
+def _always(_: Any) -> bool:
+    return True
+
+
 # --------------------------------------------------------------------------
 # Outcomes
 # --------------------------------------------------------------------------
@@ -148,7 +152,7 @@ class Domain:
     describe: str
     draw: Callable[[Any, Chooser], Any]
     #: ``available(state)`` is False when nothing can be drawn (no handle yet)
-    available: Callable[[Any], bool] = lambda _s: True
+    available: Callable[[Any], bool] = _always
     #: ``boundaries(state)``: the values at the spec's own thresholds this
     #: domain draws (exactly and at +-1); a harness reports which a run hit
     boundaries: Callable[[Any], Sequence[Any]] | None = None
@@ -209,7 +213,12 @@ class Action(Generic[S]):
         return self.doc.strip().split("\n\n")[0]
 
     def available(self, state: Any) -> bool:
-        return self.enabled(state) and all(d.available(state) for d in self.params.values())
+        if not self.enabled(state):
+            return False
+        for d in self.params.values():
+            if d.available is not _always and not d.available(state):  # a domain with nothing to draw
+                return False
+        return True
 
     def draw_args(self, state: Any, chooser: Chooser) -> dict[str, Any]:
         return {k: d.draw(state, chooser) for k, d in self.params.items()}

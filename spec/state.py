@@ -470,7 +470,13 @@ def from_refs(describe: str, *sets: Any) -> Any:
         rs = avail[chooser.integer(0, len(avail) - 1)] if len(avail) > 1 else avail[0]
         return rs.at(chooser.integer(0, len(rs) - 1))
 
-    return Domain(describe, draw, lambda s: bool(options(s)))
+    def available(state: Any) -> bool:
+        for g in sets:
+            if len(g(state)):
+                return True
+        return False
+
+    return Domain(describe, draw, available)
 
 
 def witness_identity(state: Any, creator: str = "spec") -> Any:

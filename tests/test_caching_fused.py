@@ -87,3 +87,28 @@ def test_settings_that_change_the_policy_leave_the_fused_paths():
     assert not b._fast
     b.set_allocator_settings(expandable_segments=False)
     assert not b._fast  # its pools may still hold expandable blocks
+
+
+def test_keys_after_walks_the_free_list_like_irange():
+    """The expandable best fit walks the keys after its first candidate with
+    ``_keys_after`` (over several sublists here) instead of ``irange``."""
+    from bisect import bisect_left
+
+    from sortedcontainers import SortedList
+
+    from memspec.reference.caching import _keys_after
+
+    rng = random.Random(5)
+    sl = SortedList(rng.sample(range(10 ** 6), 5000))
+    assert len(sl._lists) > 2
+    checked = 0
+    for lo in rng.sample(range(10 ** 6), 200):
+        if lo > sl._maxes[-1]:
+            continue
+        pos = bisect_left(sl._maxes, lo)
+        idx = bisect_left(sl._lists[pos], lo)
+        it = sl.irange(minimum=lo)
+        next(it)
+        assert list(_keys_after(sl._lists, pos, idx)) == list(it)
+        checked += 1
+    assert checked > 100

@@ -122,3 +122,39 @@ def test_load_refuses_what_is_not_a_snapshot(tmp_path):
     with pytest.raises(InvalidRequest):
         cs.load(str(p))
     assert oom.main(["explain", "--snapshot", str(p)]) == 2
+
+
+def _full_trace_checks_accept(e) -> bool:
+    """The per-entry checks of check_snapshot without the fast path."""
+    try:
+        cs._check_fields(e, "e", cs._TRACE_REQUIRED, cs._TRACE_OPTIONAL)
+    except cs.SnapshotError:
+        return False
+    need = cs._TRACE_NEEDS.get(e["action"], ())
+    return all(f in e for f in need) and e.get("size", 0) >= 0 and e.get("device_free", 0) >= 0
+
+
+def test_fast_trace_check_accepts_only_what_the_full_checks_accept():
+    good = {"action": "alloc", "addr": 4096, "size": 512, "stream": 0, "time_us": 12, "frames": []}
+    variants = [good, dict(good, time_us=1.5), {"action": "oom", "size": 1, "device_free": 7},
+                {"action": "snapshot"}, dict(good, extra=object())]
+    bad = [dict(good, size=True), dict(good, addr=1 << 64), dict(good, size=-1), dict(good, time_us=float("nan")),
+           dict(good, time_us=float("inf")), dict(good, stream="0"), dict(good, frames={}), dict(good, action=1),
+           {"addr": 1, "size": 1}, {"action": "alloc", "size": 1}, {"action": "oom", "size": 1, "device_free": -1},
+           dict(good, size=None), dict(good, size=2.0), [("action", "alloc")], "alloc"]
+    for e in variants:
+        assert cs._trace_entry_plain(e) and _full_trace_checks_accept(e), e
+    for e in bad:
+        assert not cs._trace_entry_plain(e), e
+        if isinstance(e, dict) and "action" in e:
+            assert not _full_trace_checks_accept(e), e
+
+    class S(str):
+        pass
+
+    odd = dict(good, action=S("alloc"))  # a str subclass: the fast path declines, the full checks decide
+    assert not cs._trace_entry_plain(odd) and _full_trace_checks_accept(odd)
+    snap = {"segments": [], "device_traces": [[good, odd]]}
+    assert cs.check_snapshot(snap) is snap
+    with pytest.raises(cs.SnapshotError, match=r"device_traces\[0\]\[1\].*'size'"):
+        cs.check_snapshot({"segments": [], "device_traces": [[good, dict(good, size=True)]]})

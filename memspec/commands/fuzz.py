@@ -295,6 +295,10 @@ def _report(console, args, disp, results, steps: int, *, jobs: int, workers: lis
     el = time.perf_counter() - disp.t0
     console.print(f"steps run: {steps}; {steps / el if el else 0:.0f} steps/s; {el:.1f} s; seed {args.seed}; "
                   f"db {args.db}" + (f"; {jobs} jobs" if jobs > 1 else ""))
+    if getattr(args, "mode", None) == "walk":
+        from memspec.invariants.walk import sample_note
+
+        console.print(sample_note())
     for r in results:
         for f in r.failures:
             console.print(f"[red]FAIL {f.invariant}[/] " + escape(f"[{f.cause}] ({r.level}, {f.shrunk_length} steps) {f.reason}")
@@ -325,6 +329,10 @@ def _report(console, args, disp, results, steps: int, *, jobs: int, workers: lis
             "errors": [{"level": r.level, "error": e} for r in results for e in r.errors],
             "untested": untested,
         }
+        if args.mode == "walk":
+            from memspec.invariants.walk import sample_note
+
+            doc["sample"] = sample_note()
         try:
             with open(args.json, "w") as fh:
                 json.dump(doc, fh, indent=2, default=str)
