@@ -1,59 +1,94 @@
-"""WORK IN PROGRESS, NOT WIRED INTO ``memspec prove``: a first run of 2 x 40
-steps did not finish in 600 s on the shared machine (concrete evaluation of
-the quantifier-expanded encoding is too slow as written) and no result of it
-has been checked.  Nothing reports its output.
+"""Transition and invariant agreement of the caching heap encoding
+(:mod:`memspec.invariants.proofs_caching_heap`) with the executable caching
+spec (``spec/caching``).
 
-Transition and invariant agreement of the caching heap encoding with spec/caching.
+Seed 003: *the spec is a refinement oracle: the policy is deterministic, so
+malloc predicts the exact block (address and size) or the exact OOM figures.*
+The Z3 encoding is proved inductive over an arbitrary well-formed heap; this
+module checks that it is the *same machine* as the executable spec:
 
-Reachable spec states come from a random walk of the executable caching
-machine (both presets; sizes from the spec's own domain, whose boundary draws
-hit every threshold exactly and at +-1).  Before each step the spec state is
-projected onto the encoding's fields (computed from segments and blocks
-directly: no spec aggregate is reused); the encoded actions the spec step
-stands for are evaluated on those concrete values (``substitute``-free: the
-encoding is built on the concrete heap, quantifiers expanded, then
-simplified); the resulting alive blocks (by address) and scalars must equal
-the projection of the spec's state after the step.  A malloc is the encoded
-``process_event`` steps the spec runs first, then the malloc path whose
-precondition holds (with the spec's chosen block: if it is not *the* best fit
-of the encoding, no path's precondition holds and that is a mismatch).
+* **states**: reachable spec states come from random walks of ``CACHING``
+  (both presets, one to three streams, record_stream, sizes from the spec's
+  own draw domain :data:`~memspec.spec.caching.actions.SIZES`, whose boundary
+  draws hit every threshold exactly and at +-1) and from a directed sweep of
+  every boundary size of :func:`~memspec.spec.caching.actions.size_boundaries`
+  (and 1 EB -1/0/+1) from an empty allocator and from one whose segments are
+  all free.  Each is *projected* onto the encoding's fields by
+  :func:`project`, computed from segments and blocks directly (addresses,
+  sizes, kinds, events, the tiling neighbours, the prefix sums, reserved
+  bytes): no spec aggregate or policy function is reused.
+* **transition agreement**: for every spec step the encoded actions it stands
+  for run on the projection (a malloc is the encoded ``process_event`` steps
+  for the events that completed, then the one malloc path whose precondition
+  holds -- with the spec's chosen block as the best-fit argument: if it is not
+  the encoding's best fit no precondition holds and that is a mismatch --,
+  then for pytorch's retry the events and ``malloc_retry``); the alive blocks
+  (by address: size, kind, requested, pool, stream, segment, recorded uses and
+  event values, neighbours), the counters, reserved bytes, the ghost sums'
+  totals, the answer (bytes released, the OOM figures) must equal the
+  projection of the spec's state after the step.  Branch counts are per spec
+  action and encoded action, with the split decision (``/split``,
+  ``/whole``) and the remainder exactly on the split threshold as branches of
+  their own: a branch with 0 samples fails ``prove``.
+* **invariant agreement**: each C invariant's encoding (``NAMED``) evaluated
+  on the projection must equal the executable invariant's verdict on the state.
+
+Evaluation is Z3's own: each encoded action is built once per heap size ``n``
+(Python int: every quantifier over block ids is the conjunction over them)
+on symbolic fields, its outputs packed into one term; a sample substitutes
+the concrete projection and simplifies that one term (no solver call, no
+quantifier instantiation).  C8 (expandable segments) has its own encoding in
+:mod:`memspec.invariants.proofs_caching_expandable`.
 """
 
 from __future__ import annotations
 
 import copy
 import random
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import z3
 
 from memspec.invariants import proofs_caching_heap as H
-from memspec.invariants.proofs import ARR, BARR, BOOL, INT, OUTCOMES, St, at, concrete
+from memspec.invariants.proofs import ARR, BARR, BOOL, INT, OUTCOMES, St, _sort, at, concrete
 
-_KIND = {"free": 0, "live": 1, "pending": 2}
+_KIND = {"free": H.FREE, "live": H.LIVE, "pending": H.PEND}
+#: block fields compared by address (the ghost neighbours ``pv``/``nx`` are compared as addresses)
+BLOCK_FIELDS = ("sz", "k", "rq", "sm", "sr", "sb", "ss", *[f"u{t}" for t in range(H.STREAMS)],
+                *[f"e{t}" for t in range(H.STREAMS)])
+SCALARS = ("Rs", "Rl", *[f"i{t}" for t in range(H.STREAMS)], *[f"c{t}" for t in range(H.STREAMS)])
+#: the invariants with an encoding evaluated on heap states (C8 is expandable-only: its own module)
+HEAP_INVARIANTS = ("C1", "C2", "C3", "C4", "C5", "C6", "C7", "C9")
 
+
+# --------------------------------------------------------------------------
+# projection: spec state -> the encoding's fields (from segments and blocks)
+# --------------------------------------------------------------------------
 
 def project(st: Any) -> tuple[dict[str, Any], dict[int, int]]:
-    """Spec state -> concrete encoding fields; and spec ref -> block id."""
-    blocks, refs = [], {}
+    """Spec state -> concrete encoding fields (``n`` an int, arrays as
+    ``(default, {id: value})``); and spec ref -> block id."""
+    rows: list[tuple[Any, Any]] = []
     for seg in st.segments:
-        if seg.base is None:
-            continue
-        ids = []
-        for b in seg.blocks:
-            ids.append(len(blocks))
-            blocks.append((seg, b))
-        for j, i in enumerate(ids):
-            blocks[i] = (seg, blocks[i][1], ids[j - 1] if j else -1, ids[j + 1] if j + 1 < len(ids) else -1)
-    n = len(blocks)
+        if seg.base is not None:
+            rows += [(seg, b) for b in seg.blocks]
+    # dead ids (al false) pad the heap to a multiple of PAD (the encoding allows them: a block merged away
+    # or released is dead), so one compiled action serves every heap of up to that many blocks
+    n = -(-len(rows) // PAD) * PAD
     arr: dict[str, dict[int, Any]] = {f: {} for f, k in H.FIELDS.items() if k in (ARR, BARR)}
-    for i, (seg, b, p, q) in enumerate(blocks):
+    refs: dict[int, int] = {}
+    for i, (seg, b) in enumerate(rows):
+        if b.state not in _KIND:
+            raise ValueError(f"block state {b.state!r} has no heap encoding (expandable segments: see C8)")
         if b.ref is not None:
             refs[b.ref] = i
-        ev = {s: v for (s, v, ref) in st.events if ref == b.ref and b.state == "pending"}
+        ev = {s: v for (s, v, ref) in st.events if ref == b.ref} if b.state == "pending" else {}
+        first, last = seg.blocks[0] is b, seg.blocks[-1] is b
         vals = {"al": True, "ad": seg.base + b.offset, "sz": b.size, "k": _KIND[b.state],
                 "rq": b.requested if b.state != "free" else 0, "sm": seg.small, "sr": b.stream,
-                "sb": seg.base, "ss": seg.size, "pv": p, "nx": q}
+                "sb": seg.base, "ss": seg.size, "pv": -1 if first else i - 1, "nx": -1 if last else i + 1}
         for t in range(H.STREAMS):
             vals[f"u{t}"] = (t in b.uses) if b.state == "live" else (t in ev)
             vals[f"e{t}"] = ev.get(t, 0)
@@ -68,280 +103,544 @@ def project(st: Any) -> tuple[dict[str, Any], dict[int, int]]:
     for f, k in H.FIELDS.items():
         if k in (ARR, BARR) and f not in H.SUMS:
             out[f] = (False if k == BARR else 0, arr[f])
-    c = {
-        "N": lambda v: v["sz"] if v["k"] == 0 and v["sz"] != v["ss"] else 0,
-        "W": lambda v: v["sz"] if v["k"] == 0 and v["sz"] == v["ss"] else 0,
-        "A": lambda v: v["sz"] if v["k"] != 0 else 0, "L": lambda v: v["sz"] if v["k"] == 1 else 0,
-        "Q": lambda v: v["sz"] - v["rq"] if v["k"] != 0 else 0,
-    }
-    for nm, (small, kind) in H.SUMS.items():
-        acc, pref = 0, {0: 0}
-        for i in range(n):
-            v = {f: arr[f][i] for f in ("sz", "ss", "k", "rq", "sm")}
-            acc += c[kind](v) if v["sm"] == small else 0
-            pref[i + 1] = acc
-        out[nm] = (0, pref)
+    for nm in H.SUMS:
+        out[nm] = (0, _prefix(nm, [{f: arr[f].get(i, 0) for f in ("al", "sz", "ss", "k", "rq", "sm")}
+                                   for i in range(n)]))
     return out, refs
 
 
-def to_state(vals: dict[str, Any]) -> St:
-    s = St()
-    for f, k in H.FIELDS.items():
-        s[f] = vals[f] if f == "n" else concrete(k, vals[f])
-    return s
+#: heaps are padded with dead ids to a multiple of this
+PAD = 4
 
 
-def _read(s2: St) -> dict[str, Any]:
-    """An encoded state (terms) -> concrete values (arrays read over the ids)."""
-    def val(e: Any) -> Any:
-        v = z3.simplify(e)
-        if z3.is_int_value(v):
-            return v.as_long()
-        if z3.is_true(v) or z3.is_false(v):
-            return z3.is_true(v)
-        raise ValueError(f"did not simplify to a value: {v}")
-    n = s2.n if isinstance(s2.n, int) else val(s2.n)
-    out: dict[str, Any] = {"n": n}
-    for f, k in H.FIELDS.items():
-        if f == "n":
-            continue
-        if k in (ARR, BARR):
-            out[f] = (False if k == BARR else 0, {i: val(at(s2[f], i)) for i in range(n + 1)})
-        else:
-            out[f] = val(s2[f]) if z3.is_expr(s2[f]) else s2[f]
+def _contribution(nm: str, v: dict[str, Any]) -> int:
+    small, kind = H.SUMS[nm]
+    if not v["al"] or v["sm"] != small:
+        return 0
+    whole = v["sz"] == v["ss"]
+    return {"N": v["sz"] if v["k"] == H.FREE and not whole else 0,
+            "W": v["sz"] if v["k"] == H.FREE and whole else 0,
+            "A": v["sz"] if v["k"] != H.FREE else 0, "L": v["sz"] if v["k"] == H.LIVE else 0,
+            "Q": v["sz"] - v["rq"] if v["k"] != H.FREE else 0}[kind]
+
+
+def _prefix(nm: str, rows: list[dict[str, Any]]) -> dict[int, int]:
+    acc, pref = 0, {0: 0}
+    for i, v in enumerate(rows):
+        acc += _contribution(nm, v)
+        pref[i + 1] = acc
+    return pref
+
+
+# --------------------------------------------------------------------------
+# Z3 evaluation of an encoded action on a concrete heap
+# --------------------------------------------------------------------------
+
+_ARRAY_FIELDS = [f for f, k in H.FIELDS.items() if k in (ARR, BARR) and f not in H.SUMS]
+_SCALAR_FIELDS = [f for f, k in H.FIELDS.items() if k in (INT, BOOL) and f != "n"]
+
+
+def _as_int(e: Any) -> Any:
+    return z3.If(e, z3.IntVal(1), z3.IntVal(0)) if z3.is_bool(e) else e
+
+
+class Compiled:
+    """One encoded action on heaps of ``n`` blocks: its precondition and its
+    outputs (outcome, every field at ids ``0..n+1``, scalars, the sums'
+    totals) built once on symbolic fields and packed into one array term."""
+
+    def __init__(self, act: H.Act, n: int) -> None:
+        self.act, self.n = act, n
+        self.s = St({f: (n if f == "n" else z3.Const(f"{f}@ag", _sort(H.FIELDS[f]))) for f in H.FIELDS})
+        self.a = St({p: z3.Int(f"{p}@agarg") for p in act.params})
+        pre = act.pre(self.s, self.a)
+        self.pre = z3.simplify(pre if z3.is_expr(pre) else z3.BoolVal(bool(pre)))
+        self._packed: Any = None
+
+    def _build(self) -> None:
+        act, n = self.act, self.n
+        out, s2 = act.step(self.s, self.a)
+        n2 = s2["n"]
+        keys: list[tuple[str, int | None]] = [("outcome", None), ("n", None)]
+        terms: list[Any] = [z3.IntVal(out) if isinstance(out, int) else out, z3.IntVal(n2) if isinstance(n2, int) else n2]
+        for f in _ARRAY_FIELDS:
+            for i in range(n + 2):
+                keys.append((f, i))
+                terms.append(_as_int(at(s2[f], i)))
+        for f in _SCALAR_FIELDS:
+            v = s2[f]
+            keys.append((f, None))
+            terms.append(_as_int(v if z3.is_expr(v) else (z3.BoolVal(v) if isinstance(v, bool) else z3.IntVal(v))))
+        for nm in H.SUMS:
+            keys.append((f"total:{nm}", None))
+            terms.append(at(s2[nm], terms[1]))
+        packed = z3.K(z3.IntSort(), z3.IntVal(-(1 << 62)))
+        for idx, t in enumerate(terms):
+            packed = z3.Store(packed, idx, t)
+        self.keys, self._packed = keys, packed
+
+    def _subs(self, vals: dict[str, Any], args: dict[str, int]) -> list[tuple[Any, Any]]:
+        subs = [(self.s[f], concrete(H.FIELDS[f], vals[f])) for f in H.FIELDS if f != "n"]
+        return subs + [(self.a[p], z3.IntVal(args.get(p, 0))) for p in self.act.params]
+
+    def applies(self, vals: dict[str, Any], args: dict[str, int]) -> bool:
+        v = z3.simplify(z3.substitute(self.pre, *self._subs(vals, args)))
+        if not (z3.is_true(v) or z3.is_false(v)):
+            raise ValueError(f"{self.act.name}: precondition did not simplify to a value: {str(v)[:200]}")
+        return z3.is_true(v)
+
+    def run(self, vals: dict[str, Any], args: dict[str, int]) -> tuple[str, dict[str, Any]]:
+        """The outcome and the post-state (concrete, in the projection's form)."""
+        if self._packed is None:
+            self._build()
+        v = z3.simplify(z3.substitute(self._packed, *self._subs(vals, args)))
+        got: dict[int, int] = {}
+        while z3.is_store(v):
+            idx, val = v.arg(1), v.arg(2)
+            if not (z3.is_int_value(idx) and z3.is_int_value(val)):
+                raise ValueError(f"{self.act.name}: an output did not simplify to a value: {str(val)[:200]}")
+            got.setdefault(idx.as_long(), val.as_long())
+            v = v.arg(0)
+        if len(got) != len(self.keys):
+            raise ValueError(f"{self.act.name}: {len(self.keys) - len(got)} outputs did not simplify to values")
+        out: dict[str, Any] = {"n": got[1]}
+        arrays: dict[str, dict[int, Any]] = {f: {} for f in _ARRAY_FIELDS}
+        totals = {}
+        for idx, (f, i) in enumerate(self.keys):
+            val = got[idx]
+            if f in ("outcome", "n"):
+                continue
+            if f.startswith("total:"):
+                totals[f[6:]] = val
+            elif i is None:
+                out[f] = bool(val) if H.FIELDS[f] == BOOL else val
+            else:
+                arrays[f][i] = bool(val) if H.FIELDS[f] == BARR else val
+        for f in _ARRAY_FIELDS:
+            out[f] = (False if H.FIELDS[f] == BARR else 0, arrays[f])
+        n2 = out["n"]
+        # the ghost sums of the post-state, as the next step's hypothesis needs them: recomputed from its blocks
+        for nm in H.SUMS:
+            rows = [{f: out[f][1].get(i, out[f][0]) for f in ("al", "sz", "ss", "k", "rq", "sm")} for i in range(n2)]
+            out[nm] = (0, _prefix(nm, rows))
+        out["_totals"] = totals
+        return OUTCOMES[got[0]], out
+
+
+_COMPILED: dict[tuple[str, int, frozenset], Compiled] = {}
+
+
+def compiled(act: H.Act, n: int, guards: frozenset = frozenset()) -> Compiled:
+    key = (act.name, n, guards)
+    c = _COMPILED.get(key)
+    if c is None:
+        c = _COMPILED[key] = Compiled(act, n)
+    return c
+
+
+_INV_TERMS: dict[int, tuple[St, dict[str, Any]]] = {}
+
+
+def encoded_invariants(vals: dict[str, Any]) -> dict[str, bool]:
+    """Each C invariant's encoding (:data:`proofs_caching_heap.NAMED`) on a concrete heap."""
+    n = vals["n"]
+    if n not in _INV_TERMS:
+        s = St({f: (n if f == "n" else z3.Const(f"{f}@agi", _sort(H.FIELDS[f]))) for f in H.FIELDS})
+        _INV_TERMS[n] = (s, {c: z3.simplify(H.NAMED[c](s)) for c in HEAP_INVARIANTS})
+    s, terms = _INV_TERMS[n]
+    subs = [(s[f], concrete(H.FIELDS[f], vals[f])) for f in H.FIELDS if f != "n"]
+    out = {}
+    for c, t in terms.items():
+        v = z3.simplify(z3.substitute(t, *subs))
+        if not (z3.is_true(v) or z3.is_false(v)):
+            raise ValueError(f"{c}: the encoded invariant did not simplify to a value")
+        out[c] = z3.is_true(v)
     return out
 
 
-def _run(act: H.Act, vals: dict[str, Any], args: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
-    s = to_state(vals)
-    a = St({p: z3.IntVal(args.get(p, 0)) for p in act.params})
-    pre = z3.simplify(act.pre(s, a))
-    if not z3.is_true(pre):
-        return None, vals
-    out, s2 = act.step(s, a)
-    o = z3.simplify(out if z3.is_expr(out) else z3.IntVal(out)).as_long()
-    return OUTCOMES[o], _read(s2)
+# --------------------------------------------------------------------------
+# comparing states
+# --------------------------------------------------------------------------
+
+def _g(vals: dict[str, Any], f: str, i: int) -> Any:
+    d, items = vals[f]
+    return items.get(i, d)
 
 
-def _blocks(vals: dict[str, Any]) -> dict[int, tuple]:
+def blocks_by_address(vals: dict[str, Any]) -> dict[int, tuple]:
+    """The alive blocks by address: every compared field, and the neighbours as addresses."""
     out = {}
     for i in range(vals["n"]):
-        if vals["al"][1].get(i, False):
-            g = lambda f: vals[f][1].get(i, vals[f][0])  # noqa: E731
-            out[g("ad")] = tuple(g(f) for f in ("sz", "k", "rq", "sm", "sr", "sb", "ss",
-                                                 *[f"u{t}" for t in range(H.STREAMS)], *[f"e{t}" for t in range(H.STREAMS)]))
+        if not _g(vals, "al", i):
+            continue
+        nb = tuple(-1 if _g(vals, f, i) == -1 else _g(vals, "ad", _g(vals, f, i)) for f in ("pv", "nx"))
+        out[_g(vals, "ad", i)] = tuple(int(_g(vals, f, i)) for f in BLOCK_FIELDS) + nb
     return out
 
 
-SCALARS = ("Rs", "Rl", *[f"i{t}" for t in range(H.STREAMS)], *[f"c{t}" for t in range(H.STREAMS)])
+def totals(vals: dict[str, Any]) -> dict[str, int]:
+    if "_totals" in vals:
+        return vals["_totals"]
+    return {nm: vals[nm][1][vals["n"]] for nm in H.SUMS}
 
 
-def _diff(enc: dict[str, Any], spec: dict[str, Any]) -> str | None:
-    be, bs = _blocks(enc), _blocks(spec)
+def diff(enc: dict[str, Any], spec: dict[str, Any]) -> str | None:
+    be, bs = blocks_by_address(enc), blocks_by_address(spec)
     if be != bs:
-        keys = sorted(set(be) | set(bs))
-        k = next(k for k in keys if be.get(k) != bs.get(k))
-        return f"block at {k:#x}: encoding {be.get(k)}, spec {bs.get(k)}"
+        k = next(k for k in sorted(set(be) | set(bs)) if be.get(k) != bs.get(k))
+        names = (*BLOCK_FIELDS, "prev", "next")
+        return f"block at {k:#x}: encoding {dict(zip(names, be.get(k, ())))}, spec {dict(zip(names, bs.get(k, ())))}"
     for f in SCALARS:
         if enc[f] != spec[f]:
             return f"{f}: encoding {enc[f]}, spec {spec[f]}"
+    te, ts = totals(enc), totals(spec)
+    if te != ts:
+        k = next(k for k in H.SUMS if te[k] != ts[k])
+        return f"sum {k}: encoding {te[k]}, spec {ts[k]}"
     return None
 
 
-def _acts() -> dict[str, H.Act]:
-    return {a.name: a for a in H.actions()}
+# --------------------------------------------------------------------------
+# one spec step against the encoding
+# --------------------------------------------------------------------------
+
+def _acts(guards: frozenset = frozenset()) -> dict[str, H.Act]:
+    return {a.name: a for a in H.actions(guards)}
 
 
-def _first(acts: dict[str, H.Act], names: list[str], vals: dict[str, Any], args: dict[str, Any]):
-    for nm in names:
-        out, v2 = _run(acts[nm], vals, args)
-        if out is not None:
-            return nm, out, v2
-    return None, None, vals
+def branch_table() -> dict[str, dict[str, int]]:
+    """Every (spec action, encoded branch) pair, from the encoding's action table, at 0."""
+    out: dict[str, dict[str, int]] = {}
+    for a in H.actions():
+        for sp in a.spec:
+            out.setdefault(sp, {})[a.name] = 0
+    m = out["caching:malloc"]
+    for path in ("malloc:fit", "malloc:new"):
+        for sub in ("split", "whole", "remainder on the split threshold"):
+            m[f"{path}/{sub}"] = 0
+    m["malloc_retry:new/split"] = 0
+    return out
 
 
-def _drain(acts: dict[str, H.Act], vals: dict[str, Any], only_done: bool) -> tuple[dict[str, Any], list[str]]:
-    """Process every completed event of every pending block, as the spec does (in id order)."""
-    taken = []
+@dataclass
+class Agreement:
+    counts: dict[str, dict[str, int]] = field(default_factory=branch_table)
+    mismatches: list[str] = field(default_factory=list)
+    inv: dict[str, list[int]] = field(default_factory=lambda: {c: [0, 0] for c in HEAP_INVARIANTS})
+    inv_examples: list[str] = field(default_factory=list)
+    samples: int = 0
+    seconds: float = 0.0
+    seen: set = field(default_factory=set)
+
+    def count(self, spec_action: str, branch: str) -> None:
+        d = self.counts.setdefault(spec_action, {})
+        d[branch] = d.get(branch, 0) + 1
+
+    def bad(self, why: str) -> None:
+        self.mismatches.append(why)
+
+
+def _first(acts: dict[str, H.Act], names: list[str], vals: dict[str, Any], args: dict[str, int],
+           guards: frozenset) -> tuple[str | None, list[str]]:
+    """The encoded path whose precondition holds (and every one that does: exactly one must)."""
+    hold = [nm for nm in names if compiled(acts[nm], vals["n"], guards).applies(vals, args)]
+    return (hold[0] if hold else None), hold
+
+
+def _drain(acts: dict[str, H.Act], vals: dict[str, Any], rep: Agreement, spec_action: str,
+           guards: frozenset) -> dict[str, Any]:
+    """Process every completed event of every pending block (encoded ``process_event``)."""
     progress = True
     while progress:
         progress = False
         for i in range(vals["n"]):
-            if not (vals["al"][1].get(i, False) and vals["k"][1].get(i, 0) == 2):
+            if not (_g(vals, "al", i) and _g(vals, "k", i) == H.PEND):
                 continue
             for t in range(H.STREAMS):
-                if vals[f"u{t}"][1].get(i, False) and vals[f"c{t}"] >= vals[f"e{t}"][1].get(i, 0):
-                    nm, _o, vals = _first(acts, ["process_event:wait", "process_event:free"], vals, {"b": i, "t": t})
-                    if nm is None:
-                        raise AssertionError("no process_event path applies")
-                    taken.append(nm)
+                if _g(vals, f"u{t}", i) and vals[f"c{t}"] >= _g(vals, f"e{t}", i):
+                    nm, hold = _first(acts, ["process_event:wait", "process_event:free"], vals, {"b": i, "t": t}, guards)
+                    if len(hold) != 1:
+                        raise _NoPath(f"process_event(block {i}, stream {t}): paths whose precondition holds: {hold}")
+                    _o, vals = compiled(acts[nm], vals["n"], guards).run(vals, {"b": i, "t": t})
+                    rep.count(spec_action, nm)
                     progress = True
-    return vals, taken
+                    break
+            if progress:
+                break
+    return vals
 
 
-def _largest(vals: dict[str, Any]) -> tuple[int, int]:
+class _NoPath(Exception):
+    pass
+
+
+def _largest(vals: dict[str, Any], exclude_whole: bool = False) -> tuple[int, int]:
     best, who = 0, 0
     for i in range(vals["n"]):
-        if vals["al"][1].get(i) and vals["k"][1].get(i) == 0 and vals["sz"][1][i] > best:
-            best, who = vals["sz"][1][i], i
+        if _g(vals, "al", i) and _g(vals, "k", i) == H.FREE and _g(vals, "sz", i) > best:
+            if exclude_whole and _g(vals, "sz", i) == _g(vals, "ss", i):
+                continue
+            best, who = _g(vals, "sz", i), i
     return best, who
 
 
-def walk(preset: str, steps: int, rng: random.Random, counts: dict[str, dict[str, int]], bad: list[str],
-         inv_stats: list[int], capacity: int = 64 << 20, max_split_size: int = 0) -> None:
-    from memspec.invariants.agreement import RandomChooser
-    from memspec.spec import caching as C
-    from memspec.spec.caching.policy import predict_malloc
+def _split_threshold(preset_seed: bool, small: bool) -> tuple[int, ...]:
+    """The smallest legal remainder(s): the seed's 512 B / 2 MiB; pytorch's 512 B small pool, > 1 MiB large."""
+    if small:
+        return (H.K_MIN_BLOCK,)
+    return (H.K_ROUND_LARGE,) if preset_seed else (H.K_SMALL, H.K_SMALL + H.K_MIN_BLOCK)
+
+
+def check_step(st: Any, name: str, args: dict[str, Any], rep: Agreement, guards: frozenset = frozenset()) -> None:
+    """Run spec action ``name`` on ``st`` (committing its own allowed answer)
+    and compare with the encoded actions on the projection."""
+    from memspec.spec.caching import CACHING
     from memspec.spec.core import Raises
 
-    acts = _acts()
-    st = C.init(policy=preset, capacity=capacity, max_split_size=max_split_size)
+    vals, refs = project(st)
+    _invariant_agreement(st, vals, rep, f"before {name}{args}")
+    acts = _acts(guards)
+    spec_action = f"caching:{name}"
+    act = next(a for a in CACHING.actions if a.name == name)
+    before = copy.deepcopy(st)
+    res = act.step(st, **args)
+    br = res.branches[0]
+    value: Any = None
+    oom = None
+    after: dict[str, Any]
+    if isinstance(br, Raises):
+        # OutOfMemory / DoubleFree: the spec's own on-error commit (malloc's OOM commits the retry's state)
+        if name == "malloc" and args["size"] < H.ONE_EB:
+            from memspec.spec.caching.policy import predict_malloc
+
+            p = predict_malloc(before, args["size"], args["stream"])
+            oom = p.oom
+            st.__dict__.update(copy.deepcopy(p.state).__dict__)
+    else:
+        w = br.witness()
+        ret = br.then(w)
+        value = ret if name == "malloc" else w    # malloc: the new ref; empty_cache: the bytes released
+    after, _ = project(st)
+    rep.samples += 1
+    where = f"{name}({', '.join(f'{k}={v}' for k, v in args.items())}) on {st.policy.preset}"
+    try:
+        enc, out = _encoded_step(before, vals, refs, name, args, br, value, st, acts, rep, spec_action, guards)
+    except _NoPath as e:
+        rep.bad(f"{where}: {e}")
+        return
+    if name == "malloc":
+        if isinstance(br, Raises) != (out == "OutOfMemory"):
+            rep.bad(f"{where}: spec {'OutOfMemory' if isinstance(br, Raises) else 'a block'}, encoding {out}")
+            return
+        if oom is not None:
+            got = {"requested": enc["oq"], "reserved": enc["orr"], "allocated": enc["oa"], "largest_free_block": enc["olf"]}
+            want = {k: oom[k] for k in got}
+            if got != want:
+                rep.bad(f"{where}: OOM figures: encoding {got}, spec {want}")
+    if name == "empty_cache" and enc["ret"] != value:
+        rep.bad(f"{where}: encoding released {enc['ret']} bytes, spec {value}")
+    if name == "double_free" and out != "DoubleFree":
+        rep.bad(f"{where}: encoding {out}, spec DoubleFree")
+    why = diff(enc, after)
+    if why:
+        rep.bad(f"{where}: {why}")
+
+
+def _encoded_step(before: Any, vals: dict[str, Any], refs: dict[int, int], name: str, args: dict[str, Any], br: Any,
+                  value: Any, st: Any, acts: dict[str, H.Act], rep: Agreement, spec_action: str,
+                  guards: frozenset) -> tuple[dict[str, Any], str]:
+    def one(names: list[str], v: dict[str, Any], a: dict[str, int], label: str) -> tuple[str, str, dict[str, Any]]:
+        nm, hold = _first(acts, names, v, a, guards)
+        if len(hold) != 1:
+            raise _NoPath(f"{label}: encoded paths whose precondition holds: {hold or 'none'}")
+        o, v2 = compiled(acts[nm], v["n"], guards).run(v, a)
+        rep.count(spec_action, nm)
+        return nm, o, v2
+
+    if name == "free":
+        _nm, o, enc = one(["free:pending", "free:merge"], vals, {"b": refs[args["ref"]]}, "free")
+        return enc, o
+    if name == "double_free":
+        _nm, o, enc = one(["double_free"], vals, {}, "double_free")
+        return enc, o
+    if name == "record_stream":
+        _nm, o, enc = one(["record_stream"], vals, {"b": refs[args["ref"]], "t": args["stream"]}, "record_stream")
+        return enc, o
+    if name == "complete_stream":
+        _nm, o, enc = one(["complete_stream"], vals, {"t": args["stream"]}, "complete_stream")
+        return enc, o
+    if name == "empty_cache":
+        _nm, _o, enc = one(["empty_cache_wait"], vals, {}, "empty_cache (wait)")
+        enc = _drain(acts, enc, rep, spec_action, guards)
+        _nm, o, enc = one(["empty_cache"], enc, {}, "empty_cache")
+        return enc, o
+    # malloc
+    size, stream = args["size"], args["stream"]
+    enc = vals if size >= H.ONE_EB else _drain(acts, vals, rep, spec_action, guards)
+    b, base = -1, 0
+    small_seg, new_seg = False, False
+    if value is not None:
+        sid = st.where[value]
+        seg = st.seg(sid)
+        blk = next(x for x in seg.blocks if x.ref == value)
+        addr = seg.base + blk.offset
+        base, small_seg = seg.base, seg.small
+        new_seg = not any(s.sid == sid for s in before.segments) or before.seg(sid).base is None
+        if not new_seg:
+            for i in range(enc["n"]):
+                if _g(enc, "al", i) and _g(enc, "ad", i) == addr and _g(enc, "k", i) == H.FREE:
+                    b = i
+    lf, lw = _largest(enc)
+    margs = {"size": size, "t": stream, "b": b, "base": base, "lf": lf, "lw": lw}
+    path, o, enc2 = one([f"malloc:{p}" for p in H.MALLOC_PATHS], enc, margs, "malloc")
+    if path in ("malloc:fit", "malloc:new"):
+        sub = "split" if enc2["n"] - enc["n"] == (1 if path == "malloc:fit" else 2) else "whole"
+        rep.count(spec_action, f"{path}/{sub}")
+        r, alloc = _kernels(st.policy.seed, size)
+        rem = (_g(enc, "sz", b) if path == "malloc:fit" else alloc) - r
+        if rem in _split_threshold(st.policy.seed, small_seg):
+            rep.count(spec_action, f"{path}/remainder on the split threshold")
+    if path == "malloc:retry":
+        before_retry = enc2["n"]
+        enc2 = _drain(acts, enc2, rep, spec_action, guards)
+        lf, lw = _largest(enc2, exclude_whole=True)
+        p2, o, enc2 = one(["malloc_retry:new", "malloc_retry:oom"], enc2, {"base": base, "lf": lf, "lw": lw}, "malloc retry")
+        if p2 == "malloc_retry:new" and enc2["n"] - before_retry == 2:
+            rep.count(spec_action, "malloc_retry:new/split")
+    return enc2, o
+
+
+def _count_alive(vals: dict[str, Any]) -> int:
+    return sum(1 for i in range(vals["n"]) if _g(vals, "al", i))
+
+
+_KERNELS: dict[tuple[bool, int], tuple[int, int]] = {}
+
+
+def _kernels(seed: bool, size: int) -> tuple[int, int]:
+    """The request's rounded size and new-segment size by the encoding's own kernels (``z_round``,
+    ``z_segment``, evaluated by Z3): only to name the branch, never compared."""
+    key = (seed, size)
+    if key not in _KERNELS:
+        s = St({"seed": z3.BoolVal(seed)})
+        r = z3.simplify(H.z_round(s, z3.IntVal(size)))
+        _KERNELS[key] = (r.as_long(), z3.simplify(H.z_segment(s, r)).as_long())
+    return _KERNELS[key]
+
+
+def _state_key(vals: dict[str, Any]) -> Any:
+    return tuple((f, vals[f] if not isinstance(vals[f], tuple) else (vals[f][0], tuple(sorted(vals[f][1].items()))))
+                 for f in H.FIELDS)
+
+
+def _invariant_agreement(st: Any, vals: dict[str, Any], rep: Agreement, where: str) -> None:
+    """Each distinct state once (the boundary sweeps start many steps from the same two states)."""
+    from memspec.spec.caching import INVARIANTS
+
+    key = _state_key(vals)
+    if key in rep.seen:
+        return
+    rep.seen.add(key)
+    enc = encoded_invariants(vals)
+    for inv in INVARIANTS:
+        if inv.id not in enc:
+            continue
+        spec_ok = inv.check(st) is None
+        rep.inv[inv.id][0] += 1
+        if spec_ok != enc[inv.id]:
+            rep.inv[inv.id][1] += 1
+            if len(rep.inv_examples) < 20:
+                rep.inv_examples.append(f"{inv.id} {where}: spec {'holds' if spec_ok else 'fails'}, "
+                                        f"encoding {'holds' if enc[inv.id] else 'fails'}")
+
+
+# --------------------------------------------------------------------------
+# the walks and the boundary sweep
+# --------------------------------------------------------------------------
+
+#: (preset, capacity, streams, max_split_size) of the random walks: capacities small enough that the OOM and
+#: retry paths are reached, pytorch without max_split_size (its release_available path is not encoded)
+WALKS = (("seed", 44 << 20, 3, 0), ("pytorch", 44 << 20, 3, 0), ("seed", 64 << 20, 2, 4 << 20),
+         ("pytorch", 64 << 20, 2, 0))
+#: the walk's action mix (malloc-heavy, frees to make holes)
+MIX = ("malloc",) * 6 + ("free",) * 4 + ("record_stream", "record_stream", "complete_stream", "complete_stream",
+                                          "empty_cache", "double_free")
+
+
+def walk(rep: Agreement, preset: str, capacity: int, streams: int, max_split_size: int, steps: int,
+         rng: random.Random, guards: frozenset = frozenset()) -> None:
+    from memspec.invariants.agreement import RandomChooser
+    from memspec.spec import caching as C
+
+    st = C.init(policy=preset, capacity=capacity, streams=streams, max_split_size=max_split_size)
     ch = RandomChooser(rng)
     for _ in range(steps):
-        names = ["malloc"] * 6 + ["free"] * 4 + ["record_stream"] * 2 + ["complete_stream"] * 2 + ["empty_cache", "double_free"]
-        name = rng.choice(names)
+        name = rng.choice(MIX)
         act = next(a for a in C.CACHING.actions if a.name == name)
         if not act.available(st):
             continue
         args = act.draw_args(st, ch)
-        vals, refs = project(st)
-        # invariant agreement: the spec's C invariants and the encoding's (on the projection)
-        spec_ok = not C.CACHING.check_invariants(st)
-        enc_ok = z3.is_true(z3.simplify(H.inv(to_state(vals))))
-        inv_stats[0] += 1
-        if spec_ok != enc_ok:
-            inv_stats[1] += 1
-            bad.append(f"invariant: spec {'holds' if spec_ok else 'fails'}, encoding {'holds' if enc_ok else 'fails'} "
-                       f"before {name}{args}")
-        spec_before = copy.deepcopy(st)
-        oom = None
-        if name == "malloc":
-            pred = predict_malloc(st, args["size"], args["stream"])
-            oom = pred.oom
-        res = act.step(st, **args)
-        br = res.branches[0]
-        if isinstance(br, Raises):
-            if oom is None:
-                continue
-            st.__dict__.update(pred.state.__dict__)   # what the spec commits on OutOfMemory
-            value = None
-        else:
-            value = br.then(br.witness())
-        after, refs_after = project(st)
-        spec_act = f"caching:{name}"
-        enc, path = vals, None
-        if name == "malloc":
-            enc, taken = _drain(acts, vals, True)
-            for t in taken:
-                counts[spec_act][t] = counts[spec_act].get(t, 0) + 1
-            size, stream = args["size"], args["stream"]
-            # the spec's chosen block in the drained encoding state, and the new segment's base
-            b, base = -1, 0
-            if not isinstance(br, Raises):
-                seg = next(s for s in st.segments if s.sid == st.where[value])
-                blk = next(x for x in seg.blocks if x.ref == value)
-                addr = seg.base + blk.offset
-                for i in range(enc["n"]):
-                    if enc["al"][1].get(i) and enc["ad"][1][i] == addr and enc["k"][1][i] == 0:
-                        b = i
-                base = seg.base
-                if any(s.sid == seg.sid for s in spec_before.segments):
-                    pass
-                else:
-                    b = -1
-            lf, lw = _largest(enc)
-            margs = {"size": size, "t": stream, "b": b, "base": base, "lf": lf, "lw": lw}
-            path, out, enc = _first(acts, [f"malloc:{p}" for p in H.MALLOC_PATHS], enc, margs)
-            if path == "malloc:retry":
-                enc, taken = _drain(acts, enc, True)
-                lf, lw = _largest_after_release(enc)
-                p2, out, enc = _first(acts, ["malloc_retry:new", "malloc_retry:oom"], enc,
-                                      {"base": base, "lf": lf, "lw": lw})
-                path = f"{path}>{p2}"
-            branch = path or "NO PATH"
-            if path and path.startswith("malloc:fit"):
-                branch = "fit/split" if len(_blocks(enc)) > len(_blocks(vals)) - 0 and _split(vals, enc, b) else "fit/whole"
-                tag = _threshold(vals, b, size, preset)
-                if tag:
-                    branch += f" ({tag})"
-            counts[spec_act][branch] = counts[spec_act].get(branch, 0) + 1
-            if path is None:
-                bad.append(f"malloc({size}, {stream}) on {preset}: no encoded path's precondition holds (block {b})")
-                continue
-            if isinstance(br, Raises):
-                if out != "OutOfMemory":
-                    bad.append(f"malloc({size}) on {preset}: spec OutOfMemory, encoding {out}")
-                got = {"requested": enc["oq"], "reserved": enc["orr"], "allocated": enc["oa"],
-                       "largest_free_block": enc["olf"]}
-                want = {k: oom[k] for k in got}
-                if got != want:
-                    bad.append(f"malloc({size}) on {preset}: OOM figures: encoding {got}, spec {want}")
-        elif name == "free":
-            path, out, enc = _first(acts, ["free:pending", "free:merge"], vals, {"b": refs[args["ref"]]})
-            counts[spec_act][path or "NO PATH"] = counts[spec_act].get(path or "NO PATH", 0) + 1
-        elif name == "double_free":
-            path, out, enc = _first(acts, ["double_free"], vals, {})
-            counts[spec_act]["DoubleFree"] = counts[spec_act].get("DoubleFree", 0) + 1
-            if out != "DoubleFree":
-                bad.append(f"double_free: encoding {out}")
-        elif name == "record_stream":
-            path, out, enc = _first(acts, ["record_stream"], vals, {"b": refs[args["ref"]], "t": args["stream"]})
-            counts[spec_act]["ok"] = counts[spec_act].get("ok", 0) + 1
-        elif name == "complete_stream":
-            path, out, enc = _first(acts, ["complete_stream"], vals, {"t": args["stream"]})
-            counts[spec_act]["ok"] = counts[spec_act].get("ok", 0) + 1
-        elif name == "empty_cache":
-            _p, _o, enc = _first(acts, ["empty_cache_wait"], vals, {})
-            enc, taken = _drain(acts, enc, True)
-            path, out, enc = _first(acts, ["empty_cache"], enc, {})
-            branch = "released" if value else "nothing to release"
-            counts[spec_act][branch] = counts[spec_act].get(branch, 0) + 1
-            if path is not None and enc["ret"] != value:
-                bad.append(f"empty_cache: encoding released {enc['ret']}, spec {value}")
-        if path is None:
-            bad.append(f"{name}{args} on {preset}: no encoded action applies")
-            continue
-        why = _diff(enc, after)
-        if why:
-            bad.append(f"{name}{args} on {preset} via {path}: {why}")
+        check_step(st, name, args, rep, guards)
 
 
-def _split(vals: dict[str, Any], enc: dict[str, Any], b: int) -> bool:
-    return enc["n"] > vals["n"] or (b >= 0 and enc["sz"][1][b] != vals["sz"][1][b])
+def boundary_sweep(rep: Agreement, preset: str, capacity: int = 44 << 20, guards: frozenset = frozenset()) -> None:
+    """malloc at every boundary size of the policy (exactly and +-1; and 1 EB -1/0/+1), from an empty
+    allocator (the new-segment path at every rounding, segment-size and split threshold) and from one whose
+    20 MiB large and 2 MiB small segments are free (the best-fit path at the same thresholds)."""
+    from memspec.spec import caching as C
+    from memspec.spec.caching.actions import size_boundaries
+
+    empty = C.init(policy=preset, capacity=capacity, streams=1)
+    warm = C.init(policy=preset, capacity=capacity, streams=1)
+    refs = []
+    for size in (20 << 20, 1 << 20):
+        res = next(a for a in C.CACHING.actions if a.name == "malloc").step(warm, size=size, stream=0)
+        refs.append(res.branches[0].then(res.branches[0].witness()))
+    for ref in refs:
+        res = next(a for a in C.CACHING.actions if a.name == "free").step(warm, ref=ref)
+        res.branches[0].then(None)
+    sizes = tuple(size_boundaries(empty)) + (H.ONE_EB - 1, H.ONE_EB, H.ONE_EB + 1)
+    for start in (empty, warm):
+        for size in sizes:
+            check_step(copy.deepcopy(start), "malloc", {"size": size, "stream": 0}, rep, guards)
 
 
-def _threshold(vals: dict[str, Any], b: int, size: int, preset: str) -> str | None:
-    """The remainder of a best-fit block sits on a split threshold."""
-    from memspec.spec.caching import kernels as SK
+def event_sweep(rep: Agreement, preset: str, guards: frozenset = frozenset()) -> None:
+    """A block used on two other streams (record_stream), freed (pending, two events), one stream completed
+    before a malloc (its event processed, the block still waits), the other before an empty_cache (the
+    last event frees it)."""
+    from memspec.spec import caching as C
 
-    if b < 0:
-        return None
-    r = SK.round_size(size, preset == "seed")
-    rem = vals["sz"][1][b] - r
-    small = vals["sm"][1][b]
-    edge = SK.K_MIN_BLOCK if small else (SK.K_ROUND_LARGE if preset == "seed" else SK.K_SMALL_SIZE)
-    if rem in (edge, edge + (0 if preset == "seed" or small else SK.K_MIN_BLOCK), edge - SK.K_MIN_BLOCK):
-        return "remainder at the split threshold"
-    return None
+    st = C.init(policy=preset, capacity=44 << 20, streams=3)
+    steps: list[tuple[str, dict[str, Any]]] = [("malloc", {"size": 3 << 20, "stream": 0})]
+    for name, args in steps:
+        check_step(st, name, args, rep, guards)
+    ref = max(st.where)
+    for name, args in (("malloc", {"size": 4 << 20, "stream": 0}), ("record_stream", {"ref": ref, "stream": 1}),
+                       ("record_stream", {"ref": ref, "stream": 2}), ("free", {"ref": ref}),
+                       ("complete_stream", {"stream": 1}), ("malloc", {"size": 1 << 20, "stream": 0}),
+                       ("complete_stream", {"stream": 2}), ("malloc", {"size": 1 << 20, "stream": 1}),
+                       ("empty_cache", {})):
+        check_step(st, name, args, rep, guards)
+    st = C.init(policy=preset, capacity=44 << 20, streams=3)
+    check_step(st, "malloc", {"size": 3 << 20, "stream": 0}, rep, guards)
+    ref = max(st.where)
+    for name, args in (("record_stream", {"ref": ref, "stream": 1}), ("record_stream", {"ref": ref, "stream": 2}),
+                       ("free", {"ref": ref}), ("complete_stream", {"stream": 2}), ("empty_cache", {})):
+        check_step(st, name, args, rep, guards)
 
 
-def _largest_after_release(vals: dict[str, Any]) -> tuple[int, int]:
-    best, who = 0, 0
-    for i in range(vals["n"]):
-        if (vals["al"][1].get(i) and vals["k"][1].get(i) == 0 and vals["sz"][1][i] != vals["ss"][1][i]
-                and vals["sz"][1][i] > best):
-            best, who = vals["sz"][1][i], i
-    return best, who
-
-
-def run(steps: int = 60, walks: int = 4, seed: int = 0) -> dict[str, Any]:
+def run_agreement(steps: int = 30, walks_per_config: int = 2, seed: int = 0,
+                  guards: frozenset = frozenset()) -> Agreement:
+    """The walks of :data:`WALKS` and the boundary sweeps of both presets."""
+    t0 = time.process_time()
+    rep = Agreement()
     rng = random.Random(seed)
-    counts: dict[str, dict[str, int]] = {f"caching:{n}": {} for n in
-                                         ("malloc", "free", "double_free", "record_stream", "complete_stream", "empty_cache")}
-    bad: list[str] = []
-    inv_stats = [0, 0]
-    for preset in ("pytorch", "seed"):
-        for w in range(walks):
-            walk(preset, steps, rng, counts, bad, inv_stats, capacity=(48 << 20) if w % 2 else (96 << 20),
-                 max_split_size=(4 << 20) if (preset == "seed" and w == 3) else 0)
-    return {"counts": counts, "mismatches": bad, "inv": {"samples": inv_stats[0], "disagreements": inv_stats[1]}}
+    for preset in ("seed", "pytorch"):
+        boundary_sweep(rep, preset, guards=guards)
+        event_sweep(rep, preset, guards=guards)
+    for w in range(walks_per_config):
+        for cfg in WALKS:
+            walk(rep, *cfg, steps=steps, rng=random.Random(rng.random() + w), guards=guards)
+    rep.seconds = time.process_time() - t0
+    return rep

@@ -50,7 +50,7 @@ actions it stands for):
   stream's events complete, then (once processed) release exactly the
   whole-free segments and return their bytes.
 
-Not encoded: expandable segments (C8 is therefore not proved),
+Not encoded here: expandable segments (C8 has its own encoding, :mod:`.proofs_caching_expandable`),
 ``garbage_collection_threshold``, ``memory_fraction``,
 ``roundup_power2_divisions``, and the pytorch OOM path's
 ``release_available`` when ``max_split_size > 0`` (the precondition excludes
@@ -115,6 +115,7 @@ GHOSTS = ("pv", "nx", *SUMS)
 
 class _Mode:
     kind = "forall"
+    shared = False        # skolem mode: one skolem for every unary goal, one pair for every binary one
     terms: list = []      # every instance term (action terms and skolems, each also +1)
     terms1: list = []     # the action terms and skolems (pairs of these)
     anchors: list = []    # skolems, 0 and n (a monotonicity pair has one of these)
@@ -131,8 +132,9 @@ def _all(n: Any, body: Callable[[Any], Any], hi: int = 0, wide: bool = False) ->
         return z3.And(*[body(z3.IntVal(i)) for i in range(n + hi)]) if n + hi else z3.BoolVal(True)
     lim = n + hi
     if MODE.kind == "skolem":
-        i = z3.Int(f"sk{len(MODE.skolems)}")
-        MODE.skolems.append(i)
+        i = z3.Int("sku") if MODE.shared else z3.Int(f"sk{len(MODE.skolems)}")
+        if not any(z3.eq(i, x) for x in MODE.skolems):
+            MODE.skolems.append(i)
         return z3.Implies(z3.And(0 <= i, i < lim), body(i))
     if MODE.kind == "inst":
         return z3.And(*[z3.Implies(z3.And(0 <= x, x < lim), body(x)) for x in (MODE.terms if wide else MODE.terms1)])
@@ -148,8 +150,11 @@ def _all2(n: Any, body: Callable[[Any, Any], Any], hi: int = 0) -> Any:
         return z3.And(*[body(i, j) for i in ids for j in ids]) if ids else z3.BoolVal(True)
     lim = n + hi
     if MODE.kind == "skolem":
-        i, j = z3.Int(f"sk{len(MODE.skolems)}"), z3.Int(f"sk{len(MODE.skolems) + 1}")
-        MODE.skolems += [i, j]
+        if MODE.shared:
+            i, j = z3.Int("skv0"), z3.Int("skv1")
+        else:
+            i, j = z3.Int(f"sk{len(MODE.skolems)}"), z3.Int(f"sk{len(MODE.skolems) + 1}")
+        MODE.skolems += [x for x in (i, j) if not any(z3.eq(x, y) for y in MODE.skolems)]
         return z3.Implies(z3.And(0 <= i, i < lim, 0 <= j, j < lim), body(i, j))
     if MODE.kind == "inst":
         if hi:
@@ -753,15 +758,17 @@ def goals(s2: St) -> list[tuple[str, Callable[[], Any]]]:
     return out
 
 
-def _terms(s: St, a: St, extra: list[Any]) -> None:
-    """The instance terms of a hypothesis: the goal's skolems, the ids the action touches, 0 and n."""
+def _terms(s: St, a: St, extra: list[Any], sums_only: bool = False) -> None:
+    """The instance terms of a hypothesis: the goal's skolems, the ids the action touches, 0 and n
+    (``sums_only``: a prefix sum changes only at the touched ids: not their neighbours' neighbours)."""
     base: list[Any] = [s.n, s.n + 1, z3.IntVal(0)] + list(extra)
-    for e in extra:
-        base += [at(s.pv, e), at(s.nx, e)]
+    if not sums_only:
+        for e in extra:
+            base += [at(s.pv, e), at(s.nx, e)]
     if "b" in a:
         b = a.b
         p, q = at(s.pv, b), at(s.nx, b)
-        base += [b, p, q, at(s.pv, p), at(s.nx, q)]
+        base += [b, p, q] + ([] if sums_only else [at(s.pv, p), at(s.nx, q)])
     if "lw" in a:
         base.append(a.lw)
     out = []
@@ -771,7 +778,8 @@ def _terms(s: St, a: St, extra: list[Any]) -> None:
     MODE.anchors = base + [x + 1 for x in extra]
 
 
-def _check(hyp: Callable[[], Any], goal: Callable[[], Any], s: St, a: St, timeout_ms: int = 30000) -> tuple[Any, Any]:
+def _check(hyp: Callable[[], Any], goal: Callable[[], Any], s: St, a: St, timeout_ms: int = 30000,
+           solvers: dict | None = None) -> tuple[Any, Any]:
     MODE.kind, MODE.skolems = "skolem", []
     g = goal()
     sks = list(MODE.skolems)
@@ -781,6 +789,20 @@ def _check(hyp: Callable[[], Any], goal: Callable[[], Any], s: St, a: St, timeou
         h = hyp()
     finally:
         MODE.kind, MODE.terms, MODE.terms1, MODE.anchors, MODE.skolems = "forall", [], [], [], []
+    if solvers is not None:
+        # one incremental solver per hypothesis: the goal is pushed and popped (an answer other than
+        # unsat is re-checked below on a fresh solver, so sharing never changes a verdict)
+        key = h.get_id()
+        if key not in solvers:
+            solvers[key] = (h, limit(z3.Solver(), timeout_ms))
+            solvers[key][1].add(h)
+        sol = solvers[key][1]
+        sol.push()
+        sol.add(z3.Not(g))
+        r = sol.check()
+        sol.pop()
+        if r == z3.unsat:
+            return r, None
     sol = limit(z3.Solver(), timeout_ms)
     sol.add(h, z3.Not(g))
     r = sol.check()
@@ -812,12 +834,64 @@ def _deps(name: str) -> tuple[str, ...]:
     return tuple(SUMS) if name in ("step:C6", "step:C9") else ()
 
 
-def consecution(act: Act, timeout_ms: int = 30000, only: tuple[str, ...] = ()) -> list[tuple[str, str, float]]:
+#: consecution goals are checked in four groups (one query each, one shared skolem or skolem pair per
+#: group, a hypothesis with only the conjuncts the group needs: weaker, so still sound); a group that is not
+#: proved at once is re-checked goal by goal with the whole invariant as hypothesis (the verdict per goal)
+GROUPS = ("sums-step", "sums-mono")
+
+
+def _group(name: str) -> str | None:
+    if name.startswith("sum:"):
+        return "sums-step" if name.endswith(":step") else "sums-mono"
+    return None
+
+
+def _group_hyp(group: str, s: St, names: list[str]) -> Any:
+    """The hypothesis of a group (the ghost sums without their monotonicity where no goal needs it)."""
+    deps = sorted({d for n in names for d in _deps(n)})
+    if group.startswith("sums"):
+        body = [scalars_wf(s), _all(s.n, lambda i: block_wf(s, i))]
+    else:
+        body = [wf(s), c3(s), c4(s), c5(s), c7(s)]
+    for nm in (tuple(SUMS) if group == "sums-mono" else deps):
+        c = _contrib(s, nm)
+        body += [at(s[nm], 0) == 0, _all(s.n, lambda i, nm=nm, c=c: at(s[nm], i + 1) == at(s[nm], i) + c(i), wide=True)]
+        if group == "sums-mono":
+            body.append(_all2(s.n, lambda i, j, nm=nm: z3.Implies(i <= j, at(s[nm], i) <= at(s[nm], j)), hi=1))
+    if group != "sums-step" and any(n == "reserved" for n in names):
+        body.append(reserved_wf(s))
+    return z3.And(*body)
+
+
+def _check_group(group: str, items: list[tuple[str, Callable[[], Any]]], s: St, a: St, pre: Callable[[], Any],
+                 timeout_ms: int) -> Any:
+    MODE.kind, MODE.skolems, MODE.shared = "skolem", [], True
+    try:
+        g = z3.And(*[f() for _n, f in items])
+        sks = list(MODE.skolems)
+    finally:
+        MODE.shared = False
+    MODE.kind = "inst"
+    _terms(s, a, sks, sums_only=group.startswith("sums"))
+    try:
+        h = z3.And(_group_hyp(group, s, [n for n, _f in items]), pre())
+    finally:
+        MODE.kind, MODE.terms, MODE.terms1, MODE.anchors, MODE.skolems = "forall", [], [], [], []
+    sol = limit(z3.Solver(), timeout_ms)
+    sol.add(h, z3.Not(g))
+    return sol.check()
+
+
+def consecution(act: Act, timeout_ms: int = 30000, only: tuple[str, ...] = (),
+                grouped: bool = True) -> list[tuple[str, str, float]]:
     """``Inv /\\ Pre /\\ Step => Inv'`` conjunct by conjunct, and the step
     properties: ``(goal, result, seconds)``.  A conjunct that reads no field
     the step changed is ``framed`` (it is literally its own hypothesis).  Each
     goal's quantifiers become skolem constants; the hypothesis (with the ghost
-    sums the goal needs) is instantiated at them and at the ids the action touches."""
+    sums the goal needs) is instantiated at them and at the ids the action
+    touches.  ``grouped``: first one query per :data:`GROUPS` entry (goals
+    proved together are reported ``proved``, their seconds the group's share);
+    any group not proved so is re-checked goal by goal."""
     from memspec.invariants.proofs import _args, fresh
 
     s = fresh(FIELDS, "s")
@@ -828,6 +902,7 @@ def consecution(act: Act, timeout_ms: int = 30000, only: tuple[str, ...] = ()) -
     props = step_ok(act.name, s, a, out, s2)
     todo = [(n, g, True) for n, g in goals(s2)] + [(f"step:{i}", (lambda i=i: step_ok(act.name, s, a, out, s2)[i]), False)
                                                     for i in props]
+    pending: list[tuple[str, Callable[[], Any]]] = []
     for name, g, is_inv in todo:
         if only and name not in only:
             continue
@@ -835,7 +910,38 @@ def consecution(act: Act, timeout_ms: int = 30000, only: tuple[str, ...] = ()) -
         if is_inv and _framed(s, s2, lambda st, name=name: dict(goals(st))[name]()):
             res.append((name, "framed", time.process_time() - t0))
             continue
-        r, _m = _check(lambda name=name: z3.And(inv(s, _deps(name)), act.pre(s, a)), g, s, a, timeout_ms)
+        pending.append((name, g))
+    if grouped:
+        rest = [(n, g) for n, g in pending if _group(n) is None]
+        for group in GROUPS:
+            items = [(n, g) for n, g in pending if _group(n) == group]
+            if not items:
+                continue
+            t0 = time.process_time()
+            r = _check_group(group, items, s, a, lambda: act.pre(s, a), timeout_ms)
+            if r == z3.unsat:
+                share = (time.process_time() - t0) / len(items)
+                res += [(n, "proved", share) for n, _g in items]
+            else:
+                rest += items
+        pending = rest
+    hyps: dict[Any, Any] = {}   # (deps, skolems) -> the instantiated hypothesis (built once per action)
+    solvers: dict[Any, Any] = {}
+
+    def hyp(deps: tuple[str, ...]) -> Any:
+        key = (deps, tuple(str(x) for x in MODE.terms1), len(MODE.terms))
+        if key not in hyps:
+            hyps[key] = z3.And(inv(s, deps), act.pre(s, a))
+        return hyps[key]
+
+    for name, g in pending:
+        t0 = time.process_time()
+        r = None
+        if grouped and _deps(name) and name.startswith("step:"):
+            # the step properties read the ghost sums only through the step's own definitions: first without them
+            r, _m = _check(lambda: hyp(()), g, s, a, timeout_ms // 4, solvers if grouped else None)
+        if r != z3.unsat:
+            r, _m = _check(lambda name=name: hyp(_deps(name)), g, s, a, timeout_ms, solvers if grouped else None)
         res.append((name, "proved" if r == z3.unsat else str(r), time.process_time() - t0))
     return res
 

@@ -677,8 +677,14 @@ S7 = Proof(
 # a release waiting in the deferred-free queue (queued), a lease.  Each
 # summary is checked by a prefix-sum ghost over dense ids (keyed by holder
 # for the per-holder ones), part of the invariant, so nothing is assumed.
+# What the tickets hold is split in two ghosts, pending (``PTP``) and the
+# rest (``PTG``), so that reconfigure's "every pending ticket gives its bytes
+# back" is one step (as S15's machine does it).
 # The device side (mechanism level): physical bytes against capacity, the
-# sum of what the live mechanism objects hold.
+# sum of what the live mechanism objects hold (*device objects*: own
+# allocations, backing reservations' committed bytes, physical handles not
+# freed, private copies of mappings; a live shared mapping holds no bytes of
+# its own, its handle does).
 # ==========================================================================
 
 def _ledger(s: St) -> K.Ledger:
@@ -864,18 +870,36 @@ def _l_poll(s: St, a: St):
 
 # -- pressure tickets (spec/governor.py, holders.py respond) ----------------
 
+def _tpend(st: Any, h: Any) -> Any:
+    """What a ticket in state ``st`` holding ``h`` adds to the pending ghost ``PTP``."""
+    return z3.If(st == T_PENDING, h, 0)
+
+
+def _trest(st: Any, h: Any) -> Any:
+    """... and to ``PTG`` (every other state; a terminal ticket holds 0)."""
+    return z3.If(st == T_PENDING, 0, h)
+
+
+def _tmove(s: St, t: Any, st2: Any, h2: Any) -> dict[str, Any]:
+    """The ticket ghosts after ticket ``t`` goes to state ``st2`` holding ``h2``."""
+    st, h = at(s.tst, t), at(s.tb, t)
+    return {"PTP": prefix_change(s.PTP, t, _tpend(st2, h2) - _tpend(st, h)),
+            "PTG": prefix_change(s.PTG, t, _trest(st2, h2) - _trest(st, h))}
+
+
 def _tend(s: St, t: Any, st: int) -> St:
     """governor.ticket_end: the ticket's holdings go back to free, once."""
     h = at(s.tb, t)
     return _with_ledger(s, K.return_grant(_ledger(s), h), tst=upd(s.tst, t, st), tb=upd(s.tb, t, 0), th=s.th - h,
-                        ret=h, PT=prefix_change(s.PT, t, -h))
+                        ret=h, **_tmove(s, t, z3.IntVal(st), z3.IntVal(0)))
 
 
 def _l_claim(s: St, a: St):
     out = outcome((at(s.tst, a.t) != T_GRANTED, "InvalidTicket"))
     h = at(s.tb, a.t)
     return on_ok(out, s, s.set(tst=upd(s.tst, a.t, T_CLAIMED), tb=upd(s.tb, a.t, 0), th=s.th - h, og=s.og + h, ret=h,
-                               PT=prefix_change(s.PT, a.t, -h), gst=upd(s.gst, a.g, G_OPEN), gb=upd(s.gb, a.g, h),
+                               **_tmove(s, a.t, z3.IntVal(T_CLAIMED), z3.IntVal(0)),
+                               gst=upd(s.gst, a.g, G_OPEN), gb=upd(s.gb, a.g, h),
                                PG=prefix_append(s.PG, s.ng, h), ng=s.ng + 1))
 
 
@@ -887,6 +911,18 @@ def _l_cancel_ticket(s: St, a: St):
 def _l_expire(s: St, a: St):
     """expire times out every due live ticket, one ticket per step; ``none``: none due."""
     return on_ok(z3.IntVal(OK), s, merge(a.none, s, _tend(s, a.t, T_TIMED_OUT)))
+
+
+def _l_reconfigure(s: St, a: St):
+    """reconfigure: a new generation (not part of the ledger); every pending
+    ticket fails at once, and what they hold (``PTP[nt]``) goes back to free."""
+    i = z3.Int("l_rc_i")
+    pend = lambda x: at(s.tst, x) == T_PENDING  # noqa: E731
+    back = at(s.PTP, s.nt)
+    return on_ok(z3.IntVal(OK), s, _with_ledger(
+        s, K.return_grant(_ledger(s), back), th=s.th - back,
+        tst=z3.Lambda([i], z3.If(pend(i), T_FAILED, at(s.tst, i))), tb=z3.Lambda([i], z3.If(pend(i), 0, at(s.tb, i))),
+        PTP=Z0()))
 
 
 def _l_respond(s: St, a: St):
@@ -905,11 +941,35 @@ def _l_respond(s: St, a: St):
     held = at(s.tb, a.t) + r
     nst = K.ite(z3.And(at(s.tst, a.t) == T_PENDING, held >= at(s.ta, a.t)), T_GRANTED, at(s.tst, a.t))
     s1 = _with_ledger(ran, K.grant_from_free(_ledger(ran), r), tb=upd(s.tb, a.t, held), tst=upd(s.tst, a.t, nst),
-                      th=s.th + r, PT=prefix_change(s.PT, a.t, r))
+                      th=s.th + r, **_tmove(ran, a.t, nst, held))
     return on_ok(out, s, s1)
 
 
-# -- the device (mechanism level: spec/eager.py) -----------------------------
+# -- the device (mechanism level: spec/eager.py, vmm.py, shared.py) ----------
+# Device objects ``mst``/``mb`` (kind ``mk``): an own allocation (its
+# footprint), a backing reservation (its committed bytes), a physical handle
+# (its size; ``hrel``: its creator released it, ``hmaps``: its mapping
+# count), a mapping of handle ``mh`` (live shared: M_SHARED, no bytes of its
+# own; after copy-on-write: live, its private bytes).  A foreign object (made
+# by the twin) and a reservation that is misused in a way S11 does not talk
+# about (a misaligned range, a page already (not) committed) are the
+# arguments ``foreign`` / ``bad``; the twin's share of the device, ``oom``.
+
+M_ALLOC, M_RES, M_HANDLE, M_MAP = 1, 2, 3, 4  # device-object kinds
+M_SHARED = 5                                 # a live mapping on its handle's pages (no bytes of its own)
+
+
+def _m_new(s: St, kind: int, b: Any, **kw: Any) -> St:
+    """A new live device object (id ``nm``) of ``b`` bytes: the device takes them."""
+    return s.set(phys=s.phys + b, mst=upd(s.mst, s.nm, I_LIVE), mb=upd(s.mb, s.nm, b), mk=upd(s.mk, s.nm, kind),
+                 PMB=prefix_append(s.PMB, s.nm, b), nm=s.nm + 1, **kw)
+
+
+def _m_set(s: St, x: Any, nst: Any, nb: Any) -> St:
+    """Device object ``x`` now in state ``nst`` holding ``nb``: physical bytes and the ghost follow."""
+    d = _contrib(nst, nb, I_LIVE) - _contrib(at(s.mst, x), at(s.mb, x), I_LIVE)
+    return s.set(phys=s.phys + d, mst=upd(s.mst, x, nst), mb=upd(s.mb, x, nb), PMB=prefix_change(s.PMB, x, d))
+
 
 def _m_allocate(check: bool):
     def step(s: St, a: St):
@@ -917,9 +977,7 @@ def _m_allocate(check: bool):
         if check:
             pairs.append((s.phys + a.fp > s.mcap, "OutOfMemory"))
         pairs.append((a.oom, "OutOfMemory"))
-        return on_ok(outcome(*pairs), s, s.set(phys=s.phys + a.fp, mst=upd(s.mst, s.nm, I_LIVE),
-                                               mb=upd(s.mb, s.nm, a.fp), PMB=prefix_append(s.PMB, s.nm, a.fp),
-                                               nm=s.nm + 1))
+        return on_ok(outcome(*pairs), s, _m_new(s, M_ALLOC, a.fp))
     return step
 
 
@@ -931,6 +989,96 @@ def _m_release(s: St, a: St):
                                PMB=prefix_change(s.PMB, a.x, -b)))
 
 
+def _m_commit_range(s: St, a: St):
+    """VirtualBacking.commit_range of ``nb`` bytes on reservation ``x``:
+    foreign, released, or a range that is not legal and uncommitted
+    (``bad``) are refused; OutOfMemory exactly when ``physical + nb`` exceeds
+    the capacity (or the twin holds the rest: ``oom``); else the device
+    takes ``nb`` bytes for ``x``."""
+    out = outcome((a.foreign, "ForeignAllocation"), (at(s.mst, a.x) != I_LIVE, "StaleHandle"), (a.bad, "InvalidRange"),
+                  (s.phys + a.nb > s.mcap, "OutOfMemory"), (a.oom, "OutOfMemory"))
+    return on_ok(out, s, _m_set(s, a.x, I_LIVE, at(s.mb, a.x) + a.nb).set(ret=a.nb))
+
+
+def _m_decommit_range(s: St, a: St):
+    """decommit_range: every page of the range committed (else ``bad``:
+    InvalidRange); its ``nb`` bytes go back to the device."""
+    out = outcome((a.foreign, "ForeignAllocation"), (at(s.mst, a.x) != I_LIVE, "StaleHandle"), (a.bad, "InvalidRange"))
+    return on_ok(out, s, _m_set(s, a.x, I_LIVE, at(s.mb, a.x) - a.nb).set(ret=a.nb))
+
+
+def _m_release_reservation(s: St, a: St):
+    """release_reservation: foreign or released already refused; what is
+    still committed goes back to the device (and is returned)."""
+    out = outcome((a.foreign, "ForeignAllocation"), (at(s.mst, a.x) != I_LIVE, "StaleHandle"))
+    return on_ok(out, s, _m_set(s, a.x, I_GONE, 0).set(ret=at(s.mb, a.x)))
+
+
+def _m_create(s: St, a: St):
+    """SharedMapping.create: ``size`` (a positive page multiple, else
+    ``bad``) physical bytes taken once; OutOfMemory exactly when they do not fit."""
+    out = outcome((a.bad, "InvalidRequest"), (s.phys + a.size > s.mcap, "OutOfMemory"), (a.oom, "OutOfMemory"))
+    return on_ok(out, s, _m_new(s, M_HANDLE, a.size, hrel=upd(s.hrel, s.nm, 0), hmaps=upd(s.hmaps, s.nm, 0)))
+
+
+def _m_maybe_free(s: St, h: Any) -> St:
+    """shared._maybe_free: a handle released, unmapped everywhere and not freed yet is freed."""
+    due = z3.And(at(s.hrel, h) != 0, at(s.hmaps, h) == 0, at(s.mst, h) == I_LIVE)
+    return merge(due, _m_set(s, h, I_GONE, at(s.mb, h)), s)
+
+
+def _m_release_handle(s: St, a: St):
+    """release_handle: the creator's reference dropped (again: DoubleFree);
+    returns the handle's size if no mapping remains (freed now), else 0."""
+    out = outcome((at(s.hrel, a.x) != 0, "DoubleFree"))
+    s1 = s.set(hrel=upd(s.hrel, a.x, 1), ret=K.ite(at(s.hmaps, a.x) == 0, at(s.mb, a.x), 0))
+    return on_ok(out, s, _m_maybe_free(s1, a.x))
+
+
+def _m_mapped(s: St, x: Any) -> Any:
+    """``x`` is a live mapping (shared, or copied: private)."""
+    return z3.Or(at(s.mst, x) == I_LIVE, at(s.mst, x) == M_SHARED)
+
+
+def _mapping_out(s: St, a: St, *more: tuple[Any, str]) -> Any:
+    """A call on mapping ``x`` whose range is not exactly one live mapping (``bad``): InvalidRange.
+    (The spec's reservation checks cannot fire: a reservation is not freed while mapped.)"""
+    return outcome((z3.Or(a.bad, z3.Not(_m_mapped(s, a.x))), "InvalidRange"), *more)
+
+
+def _m_unmap(s: St, a: St):
+    """unmap of mapping ``x`` (of handle ``h``): private pages are freed;
+    else the handle loses a mapping (freed if released and now unmapped)."""
+    out = _mapping_out(s, a)
+    private = _m_set(s, a.x, I_GONE, at(s.mb, a.x))
+    shared = _m_maybe_free(s.set(mst=upd(s.mst, a.x, I_GONE), hmaps=upd(s.hmaps, a.h, at(s.hmaps, a.h) - 1)), a.h)
+    return on_ok(out, s, merge(at(s.mst, a.x) == I_LIVE, private, shared).set(ret=at(s.mb, a.x)))
+
+
+def _m_copy_on_write(s: St, a: St):
+    """copy_on_write of shared mapping ``x``: private pages of its size are
+    taken (OutOfMemory exactly when they do not fit), then the handle loses
+    the mapping (freed if released and now unmapped)."""
+    b = at(s.mb, a.x)
+    out = _mapping_out(s, a, (at(s.mst, a.x) == I_LIVE, "InvalidRange"), (s.phys + b > s.mcap, "OutOfMemory"),
+                       (a.oom, "OutOfMemory"))
+    s1 = _m_set(s, a.x, I_LIVE, b)
+    s1 = _m_maybe_free(s1.set(hmaps=upd(s1.hmaps, a.h, at(s1.hmaps, a.h) - 1), ret=b), a.h)
+    return on_ok(out, s, s1)
+
+
+def _sel(s: St, f: str, i: Any) -> Any:
+    """``at(s[f], i)``, built once per state and concrete index ``i`` (an unrolled ghost reads each
+    record several times: invariant agreement spent most of its time building the same selects)."""
+    if not isinstance(i, int):
+        return at(s[f], i)
+    memo = s.__dict__.setdefault("_sel", {})
+    t = memo.get((f, i))
+    if t is None:
+        t = memo[(f, i)] = at(s[f], i)
+    return t
+
+
 def _holder_part(s: St, o: Any) -> Any:
     """At a holder ``o`` (0..2): its charge is its live footprints, queued
     refunds and leases, each the sum over its charge items (keyed prefix-sum
@@ -940,37 +1088,57 @@ def _holder_part(s: St, o: Any) -> Any:
         return z3.BoolVal(True)
     return z3.Implies(z3.And(0 <= o, o <= 2), z3.And(
         at(s.cb, o) == at(s.lb, o) + at(s.qb, o) + at(s.lsb, o),
-        *[z3.And(prefix_count(s[P], s.n, o, lambda k, i, w=w: z3.If(z3.And(at(s.ist, i) == w, at(s.ih, i) == k),
-                                                                     at(s.ib, i), 0)),
+        *[z3.And(prefix_count(s[P], s.n, o, lambda k, i, w=w: z3.If(z3.And(_sel(s, "ist", i) == w,
+                                                                             _sel(s, "ih", i) == k),
+                                                                     _sel(s, "ib", i), 0)),
                  at(s[tot], o) == at(at(s[P], o), s.n))
           for (P, w), tot in zip(_BUCKETS, ("lb", "qb", "lsb"))]))
+
+
+def _l_global(s: St) -> list[Any]:
+    """The conjuncts of ``_l_inv`` that name no object: the ledger, the
+    running totals and the prefix-sum ghosts over every record.  Built once
+    per state (kept with it): invariant agreement states the invariant at
+    every object of a projected state, and unrolling every ghost once per
+    object dominated its cost."""
+    hit = s.__dict__.get("_global")
+    if hit is not None:
+        return hit
+    sel = lambda f, i: _sel(s, f, i)  # noqa: E731
+    g = [
+        K.ledger_ok(_ledger(s)), s.page > 0,
+        s.granted == s.og + s.th, s.charged == at(s.cb, 0) + at(s.cb, 1) + at(s.cb, 2),
+        prefix_sum(s.PC, s.n, lambda i: _charged(sel("ist", i), sel("ib", i))), s.charged == at(s.PC, s.n),
+        prefix_sum(s.PG, s.ng, lambda i: _contrib(sel("gst", i), sel("gb", i), G_OPEN)), s.og == at(s.PG, s.ng),
+        prefix_sum(s.PTP, s.nt, lambda i: _tpend(sel("tst", i), sel("tb", i))),
+        prefix_sum(s.PTG, s.nt, lambda i: _trest(sel("tst", i), sel("tb", i))), s.th == at(s.PTP, s.nt) + at(s.PTG, s.nt),
+        0 <= s.phys, s.phys <= s.mcap,
+        prefix_sum(s.PMB, s.nm, lambda i: _contrib(sel("mst", i), sel("mb", i), I_LIVE)), s.phys == at(s.PMB, s.nm),
+    ]
+    s.__dict__["_global"] = g
+    return g
 
 
 def _l_inv(s: St, o: Any) -> Any:
     """The ledger is conserved; granted is the open grants plus the tickets'
     holdings; each holder's charge is its live footprints, queued refunds and
-    leases; the running totals equal their records (prefix-sum ghosts)."""
+    leases; the running totals equal their records (prefix-sum ghosts); the
+    device holds the sum of its live objects' bytes, at most its capacity."""
     def live_item(i: Any) -> Any:
         return at(s.ist, i) != 0
     return z3.And(
-        K.ledger_ok(_ledger(s)), s.page > 0,
-        s.granted == s.og + s.th, s.charged == at(s.cb, 0) + at(s.cb, 1) + at(s.cb, 2),
+        *_l_global(s),
         _holder_part(s, o),
         # charge items: dense ids, a holder, bytes >= 0
         z3.Implies(live_item(o), z3.And(0 <= o, o < s.n, 0 <= at(s.ih, o), at(s.ih, o) <= 2, at(s.ib, o) >= 0)),
         *[z3.Implies(z3.And(live_item(o), at(s.ik, o) == k), at(s.ih, o) == h) for k, h in _KIND_HOLDER.items()],
-        prefix_sum(s.PC, s.n, lambda i: _charged(at(s.ist, i), at(s.ib, i))), s.charged == at(s.PC, s.n),
         # grants
         z3.Implies(at(s.gst, o) != 0, z3.And(0 <= o, o < s.ng, at(s.gb, o) >= 0)),
-        prefix_sum(s.PG, s.ng, lambda i: _contrib(at(s.gst, i), at(s.gb, i), G_OPEN)), s.og == at(s.PG, s.ng),
         # tickets
         z3.Implies(at(s.tst, o) != 0, z3.And(0 <= o, o < s.nt)), at(s.tb, o) >= 0,
         z3.Implies(z3.Or(at(s.tst, o) == 0, _terminal(at(s.tst, o))), at(s.tb, o) == 0),
-        prefix_sum(s.PT, s.nt, lambda i: at(s.tb, i)), s.th == at(s.PT, s.nt),
-        # the device
-        0 <= s.phys, s.phys <= s.mcap,
+        # device objects: dense ids, bytes >= 0
         z3.Implies(at(s.mst, o) != 0, z3.And(0 <= o, o < s.nm, at(s.mb, o) >= 0)),
-        prefix_sum(s.PMB, s.nm, lambda i: _contrib(at(s.mst, i), at(s.mb, i), I_LIVE)), s.phys == at(s.PMB, s.nm),
     )
 
 
@@ -978,9 +1146,10 @@ Z00 = lambda: z3.K(z3.IntSort(), Z0())  # noqa: E731
 _L_FIELDS = {"cap": INT, "free": INT, "granted": INT, "charged": INT, "og": INT, "th": INT, "page": INT, "ret": INT,
              "cb": ARR, "lb": ARR, "qb": ARR, "lsb": ARR,
              "gst": ARR, "gb": ARR, "PG": ARR, "ng": INT,
-             "tst": ARR, "tb": ARR, "ta": ARR, "PT": ARR, "nt": INT,
+             "tst": ARR, "tb": ARR, "ta": ARR, "PTP": ARR, "PTG": ARR, "nt": INT,
              "ist": ARR, "ih": ARR, "ik": ARR, "ib": ARR, "n": INT, "PLV": ARR2, "PQ": ARR2, "PLS": ARR2, "PC": ARR,
-             "phys": INT, "mcap": INT, "mst": ARR, "mb": ARR, "PMB": ARR, "nm": INT}
+             "phys": INT, "mcap": INT, "mst": ARR, "mb": ARR, "PMB": ARR, "nm": INT,
+             "mk": ARR, "hrel": ARR, "hmaps": ARR, "mh": ARR}
 
 
 _L_COUNTS = ("n", "ng", "nt", "nm")  # the dense-id counts of the ghosts
@@ -989,7 +1158,8 @@ _L_COUNTS = ("n", "ng", "nt", "nm")  # the dense-id counts of the ghosts
 def _l_init(s: St) -> Any:
     return z3.And(s.cap >= 0, s.free == s.cap, s.granted == 0, s.charged == 0, s.og == 0, s.th == 0, s.page > 0,
                   s.cb == Z0(), s.lb == Z0(), s.qb == Z0(), s.lsb == Z0(),
-                  s.gst == Z0(), s.ng == 0, at(s.PG, 0) == 0, s.tst == Z0(), s.tb == Z0(), s.nt == 0, at(s.PT, 0) == 0,
+                  s.gst == Z0(), s.ng == 0, at(s.PG, 0) == 0, s.tst == Z0(), s.tb == Z0(), s.nt == 0,
+                  at(s.PTP, 0) == 0, at(s.PTG, 0) == 0,
                   s.ist == Z0(), s.n == 0, s.PLV == Z00(), s.PQ == Z00(), s.PLS == Z00(), at(s.PC, 0) == 0,
                   s.phys == 0, s.mcap >= 0, s.mst == Z0(), s.nm == 0, at(s.PMB, 0) == 0)
 
@@ -1006,6 +1176,21 @@ def _kind(k: int):
 
 
 _ITEM = lambda s, a: at(s.ist, a.x) != 0  # noqa: E731
+
+
+def _m_kind(k: int):
+    """``x`` is a device object of kind ``k``."""
+    return lambda s, a: z3.And(at(s.mst, a.x) != 0, at(s.mk, a.x) == k)
+
+
+_M_SPAN = {"x": INT, "nb": INT, "foreign": BOOL, "bad": BOOL, "oom": BOOL}
+_M_MAPPING = {"x": INT, "h": INT, "bad": BOOL}
+
+
+def _m_mapping_pre(s: St, a: St) -> Any:
+    """``x`` a live mapping (the spec draws unmap's and copy_on_write's from the live ones) of handle ``h``."""
+    return z3.And(_m_kind(M_MAP)(s, a), _m_mapped(s, a.x), at(s.mh, a.x) == a.h, at(s.mst, a.h) != 0,
+                  at(s.mk, a.h) == M_HANDLE)
 _L_ACTS: dict[str, Act] = {a.name: a for a in [
     Act("reserve", {"g": INT, "nb": INT}, _l_reserve(True), pre=lambda s, a: a.g == s.ng, objs=("g",)),
     Act("commit", {"g": INT, "actual": INT}, _l_commit(True),
@@ -1039,7 +1224,21 @@ _L_ACTS: dict[str, Act] = {a.name: a for a in [
     # (aligned_footprint: the page-rounded size plus the alignment beyond the page)
     Act("m_allocate", {"size": INT, "bad_align": BOOL, "fp": INT, "oom": BOOL}, _m_allocate(True),
         pre=lambda s, a: z3.Or(a.size <= 0, a.bad_align, a.fp >= a.size)),
-    Act("m_deallocate", {"x": INT, "foreign": BOOL}, _m_release, pre=lambda s, a: at(s.mst, a.x) != 0, objs=("x",)),
+    Act("m_deallocate", {"x": INT, "foreign": BOOL}, _m_release, pre=_m_kind(M_ALLOC), objs=("x",)),
+    Act("m_commit_range", _M_SPAN, _m_commit_range, pre=lambda s, a: z3.And(_m_kind(M_RES)(s, a), a.nb > 0),
+        objs=("x",)),
+    # a legal range whose every page is committed holds at most the reservation's committed bytes
+    Act("m_decommit_range", _M_SPAN, _m_decommit_range,
+        pre=lambda s, a: z3.And(_m_kind(M_RES)(s, a), a.nb > 0,
+                                z3.Or(a.bad, a.foreign, at(s.mst, a.x) != I_LIVE, a.nb <= at(s.mb, a.x))),
+        objs=("x",)),
+    Act("m_release_reservation", {"x": INT, "foreign": BOOL}, _m_release_reservation, pre=_m_kind(M_RES),
+        objs=("x",)),
+    Act("m_create", {"size": INT, "bad": BOOL, "oom": BOOL}, _m_create, pre=lambda s, a: z3.Or(a.bad, a.size > 0)),
+    Act("m_release_handle", {"x": INT}, _m_release_handle, pre=_m_kind(M_HANDLE), objs=("x",)),
+    Act("m_unmap", _M_MAPPING, _m_unmap, pre=_m_mapping_pre, objs=("x", "h")),
+    Act("m_copy_on_write", dict(_M_MAPPING, oom=BOOL), _m_copy_on_write, pre=_m_mapping_pre, objs=("x", "h")),
+    Act("reconfigure", {}, _l_reconfigure),
 ]}
 
 
@@ -1050,7 +1249,7 @@ def _l_acts(*names: str) -> list[Act]:
 def _s8_named(s: St, o: Any) -> Any:
     """S8 on the records: granted is the open grants plus what tickets hold,
     and a holder's charge is its live footprints, queued refunds and leases."""
-    return z3.And(s.granted == at(s.PG, s.ng) + at(s.PT, s.nt),
+    return z3.And(s.granted == at(s.PG, s.ng) + at(s.PTP, s.nt) + at(s.PTG, s.nt),
                   z3.Implies(z3.And(0 <= o, o <= 2), at(s.cb, o) == sum(at(at(s[P], o), s.n) for P, _w in _BUCKETS)))
 
 
@@ -1218,7 +1417,8 @@ S11 = Proof(
     counts=_L_COUNTS,
     actions=_l_acts("reserve", "commit", "cancel", "refund_lease", "allocate_owned", "load_weight", "commit_owned",
                     "kv_grow", "drop", "unload_weight", "poll", "claim", "cancel_ticket", "expire", "respond",
-                    "m_allocate", "m_deallocate"),
+                    "m_allocate", "m_deallocate", "m_commit_range", "m_decommit_range", "m_release_reservation",
+                    "m_create", "m_release_handle", "m_unmap", "m_copy_on_write", "reconfigure"),
     unguarded=Act("reserve", {"g": INT, "nb": INT}, _l_reserve(False), pre=lambda s, a: a.g == s.ng, objs=("g",)),
     guard="the Governor grants only what is free (can_grant)",
     bmc_depth=1,
@@ -1916,7 +2116,10 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
     "S11": {**{n: (f"system:{n}",) for n in ("reserve", "commit", "cancel", "refund_lease", "allocate_owned",
                                              "load_weight", "commit_owned", "kv_grow", "drop", "unload_weight",
                                              "poll", "claim", "cancel_ticket", "expire", "respond")},
-            "m_allocate": ("mechanism:allocate",), "m_deallocate": ("mechanism:deallocate",)},
+            **{f"m_{n}": (f"mechanism:{n}",) for n in ("allocate", "deallocate", "commit_range", "decommit_range",
+                                                        "release_reservation", "create", "release_handle", "unmap",
+                                                        "copy_on_write")},
+            "reconfigure": ("system:reconfigure",)},
     "S12": {"reserve_owned": ("system:reserve_owned",), "kv_open": ("system:kv_open",),
             "commit": ("system:commit_owned",), "decommit": ("system:decommit_owned",), "kv_grow": ("system:kv_grow",),
             "commit_range": ("mechanism:commit_range",), "decommit_range": ("mechanism:decommit_range",)},

@@ -121,6 +121,8 @@ def to_json(all_results: dict[str, list[Any]]) -> dict:
                     "invariant": f.invariant, "cause": f.cause, "reason": f.reason,
                     "steps_to_detection": f.steps_to_detection, "shrunk_length": f.shrunk_length,
                     "repro": f.repro, "flaky": f.flaky,
+                    # the checks that failed first, when the diagnosis named another rule (runner.diagnose)
+                    "consequences": list(getattr(f, "consequences", []) or []),
                     "trace": [{"action": s.action, "args": {k: repr(v) for k, v in s.args.items()}, "outcome": s.outcome}
                               for s in f.trace],
                 } for f in r.failures],

@@ -87,6 +87,9 @@ CAPACITY = {_data(getattr(failure, "capacity", None) or plan.factory_kwargs.get(
 TIMEOUT = {_data(plan.timeout, 5.0)}
 EXPECT = ({_data(str(failure.invariant))}, {_data(str(failure.cause))})
 MACHINE = {_data(plan.machine_ref)}
+# the rule broken was named by a diagnosis that went on past these symptoms (a figure that
+# differed first); the replay goes on past a differing figure likewise
+SYMPTOMS = [{", ".join(_data(str(c)[:300]) for c in getattr(failure, "consequences", []) or [])}]
 
 # (action, arguments or None when they are not literals, recorded choices)
 STEPS = [
@@ -100,7 +103,7 @@ OUTCOMES = [
 
 if __name__ == "__main__":
     sys.exit(replay_main(TARGET, LEVEL, STEPS, expect=EXPECT, capacity=CAPACITY, timeout=TIMEOUT,
-                         machine=MACHINE))
+                         machine=MACHINE, past_symptoms=bool(SYMPTOMS)))
 '''
 
 
@@ -114,17 +117,27 @@ def write_repro(failure: Any, plan: Any, out_dir: str, target_name: str | None =
 
 
 def replay(target: str, level: str, steps: Sequence[tuple], *, capacity: int | None = None,
-           timeout: float = 5.0, machine: str | None = None) -> E.Run:
-    """Replay ``steps`` on a fresh target and spec; raises the Violation if one occurs."""
+           timeout: float = 5.0, machine: str | None = None, past_symptoms: bool = False) -> E.Run:
+    """Replay ``steps`` on a fresh target and spec; raises the Violation if one occurs.
+
+    ``past_symptoms``: a figure that differs before the last step (cause
+    ``observation``) is printed as a symptom and the replay goes on, as the
+    diagnosis that blamed the rule broken did (see
+    :func:`~memspec.invariants.runner.diagnose`)."""
     plan = make_plan(target, level, capacity=capacity, timeout=timeout, machine=machine)
     guard = CallGuard(timeout)
     run = E.Run(plan, guard)
     try:
-        for name, args, choices in steps:
+        for i, (name, args, choices) in enumerate(steps, 1):
             action = plan.machine.action(name)
             if args is None:
                 args = action.draw_args(run.state, ReplayChooser(choices))
-            run.apply(action, args, choices)
+            try:
+                run.apply(action, args, choices)
+            except Violation as v:
+                if not (past_symptoms and v.cause == "observation" and i < len(steps)):
+                    raise
+                print(f"step {i}: first shown as {v.invariant} [{v.cause}] {v.reason}", file=sys.stderr)
         run.teardown()
     finally:
         run.close()
@@ -132,9 +145,11 @@ def replay(target: str, level: str, steps: Sequence[tuple], *, capacity: int | N
 
 
 def replay_main(target: str, level: str, steps: Sequence[tuple], *, expect: tuple | None = None,
-                capacity: int | None = None, timeout: float = 5.0, machine: str | None = None) -> int:
+                capacity: int | None = None, timeout: float = 5.0, machine: str | None = None,
+                past_symptoms: bool = False) -> int:
     try:
-        replay(target, level, steps, capacity=capacity, timeout=timeout, machine=machine)
+        replay(target, level, steps, capacity=capacity, timeout=timeout, machine=machine,
+               past_symptoms=past_symptoms)
     except Violation as v:
         if v.__cause__ is not None:  # the target's own traceback first
             import traceback

@@ -160,6 +160,141 @@ def test_the_rule_broken_is_blamed_before_the_ledger_total_and_the_rest_are_cons
     assert [x[0] for x in run2._blame_first([("S4", "observation", "a"), ("S7", "observation", "b")])] == ["S7", "S4"]
 
 
+#: shrunk counterexamples of two shipped mutants, as (action, recorded choices): the spec draws
+#: the arguments from them (the minimizer's and the diagnosis's replays do the same)
+_UNMAP_STEPS = [("issue_ticket", [1, 1, False, 1, 0]), ("kv_open", [4]), ("new_stream", []), ("kv_use", [0, 0]),
+                ("kv_close", [0]), ("respond", [0, 0])]
+_FENCE_READ_STEPS = [("new_stream", []), ("allocate_owned", [0, 1]), ("use", [0, 0]), ("drop", [0]),
+                     ("select", [1]), ("poll", [])]
+
+
+def _failure_of(target, steps, level="system"):
+    from memspec.spec.api import MiB
+
+    plan = runner.make_plan(target, level, capacity=16 * MiB)
+    guard = runner.CallGuard(plan.timeout, plan.guard_mode)
+    v = runner._replay_steps(plan, guard, 16 * MiB, steps)
+    assert v is not None, "the recorded steps no longer fail (the spec draws them differently now?)"
+    return plan, runner.Failure(target, level, v.invariant, v.cause, v.reason, list(v.trace), len(v.trace),
+                                capacity=16 * MiB)
+
+
+def test_a_release_run_before_its_fence_is_blamed_on_s4_not_on_the_pin_count_it_showed_first(tmp_path):
+    """cuda-host-unmap-before-fence: the EP runs a KV release at the holder's
+    answer although the KV's fence is incomplete.  The step's checks see only
+    figures (the context's pins, the queue length: S10, S7); continued past
+    them, ``synchronize`` then ``poll`` finds the release gone that only now
+    may run: S4, the rule broken, with the figures as its consequences."""
+    from memspec.invariants import repro
+
+    plan, f = _failure_of("mutant:cuda-host-unmap-before-fence", _UNMAP_STEPS)
+    assert (f.invariant, f.cause) == ("S10", "observation") and "ep.pending_releases" in f.reason
+    d = runner.diagnose(plan, f)
+    assert (d.invariant, d.cause) == ("S4", "outcome"), (d.invariant, d.reason)
+    assert d.consequences and d.consequences[0].startswith("S10 [observation] (step 6) manager.pins")
+    assert [ts.action for ts in d.trace][:6] == [a for a, _c in _UNMAP_STEPS]
+    # its reproduction goes on past the figures and reproduces S4
+    path = repro.write_repro(d, plan, str(tmp_path), target_name="mutant:cuda-host-unmap-before-fence")
+    out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert "reproduced: FAIL S4 [outcome]" in out.stdout, out.stdout + out.stderr
+    assert "step 6: first shown as S10 [observation]" in out.stderr
+    # the same release seen at a poll: the figures are the same symptoms in another order (S10 first
+    # here, S7 in a longer example); a shorter example showing the other one is no new rule, and
+    # continued past them the rule broken is S4 again
+    plan, f = _failure_of("mutant:cuda-host-unmap-before-fence",
+                          [("new_stream", []), ("kv_open", [4]), ("kv_use", [0, 0]), ("kv_close", [0]), ("poll", [])])
+    assert (f.invariant, f.cause) == ("S10", "observation")
+    assert runner.diagnose(plan, f).invariant == "S4"
+    # the reference implementation passes the same continuation: the diagnosis reads the mutant's bug
+    ref_plan = runner.make_plan("reference", "system", capacity=16 * 1024 * 1024)
+    guard = runner.CallGuard(ref_plan.timeout, ref_plan.guard_mode)
+    assert runner._replay_steps(ref_plan, guard, 16 * 1024 * 1024,
+                                [(ts.action, list(ts.choices)) for ts in d.trace]) is None
+
+
+def test_a_step_only_the_blame_needs_is_left_out_and_the_fence_rule_is_named():
+    """fence-read-on-default-stream: ``poll`` raises while reading a fence.
+    With a mechanism switch (``select``) before it, the spec's answer names
+    S1 (a queued release of a replaced mechanism); the same call fails the
+    same way without the switch, under S4: the rule broken."""
+    plan, f = _failure_of("mutant:fence-read-on-default-stream", _FENCE_READ_STEPS)
+    assert (f.invariant, f.cause) == ("S1", "outcome")
+    d = runner.diagnose(plan, f)
+    assert (d.invariant, d.cause) == ("S4", "outcome"), (d.invariant, d.reason)
+    assert [ts.action for ts in d.trace] == ["new_stream", "allocate_owned", "use", "drop", "poll"]
+    assert d.consequences[0].startswith("S1 [outcome] (step 6)")
+
+
+def test_the_rule_the_failing_action_declares_is_blamed_before_another_rules_data_check():
+    """drop-frees-synchronously: the drop frees at once, so the queued
+    release's bytes fault (the region's S4 data check fails first) and the
+    queue length, pins and ledger figures differ; a drop is about S7 (*drop
+    enqueues and never frees*): S7 is blamed, the rest are consequences."""
+    plan, f = _failure_of("mutant:drop-frees-synchronously", [("allocate_owned", [0, 1]), ("drop", [0])])
+    assert (f.invariant, f.cause) == ("S4", "data") and "S7 [observation] ep.pending_releases" in f.reason
+    d = runner.diagnose(plan, f)
+    assert (d.invariant, d.cause) == ("S7", "observation"), (d.invariant, d.reason)
+    assert d.reason.startswith("ep.pending_releases") and d.consequences[0].startswith("S4 [data] (step 2)")
+    assert len(d.trace) == 2
+    # the diagnosis keeps a blame that is the failing action's own rule
+    again = runner.diagnose(plan, d)
+    assert again.invariant == "S7" and again.consequences == d.consequences
+
+
+@pytest.mark.parametrize("mutant, steps, first, blamed, length", [
+    # a pending free (record_stream) makes the missing coalesce show only in empty_cache's figure (C6);
+    # without it the free itself leaves adjacent free blocks: C3
+    ("caching-no-coalescing", [("malloc", [0, 1, 0]), ("record_stream", [1]), ("free", []), ("empty_cache", [])],
+     "C6", "C3", 2),
+    # allocations that filled the device make a segment rounded up too far show as an out-of-memory (C9);
+    # with room left, the segment itself is the wrong size: C2
+    ("caching-segment-exact-multiple-up", [("malloc", [5, 1048577, 1]), ("malloc", [8, 21, 0]),
+                                           ("malloc", [6, 11777315, 0]), ("malloc", [4, 12582912, 0])],
+     "C9", "C2", 3),
+])
+def test_a_shorter_example_that_fails_under_another_rule_names_the_rule_broken(mutant, steps, first, blamed, length):
+    plan = runner.make_plan(f"mutant:{mutant}", "caching")
+    guard = runner.CallGuard(plan.timeout, plan.guard_mode)
+    v = runner._replay_steps(plan, guard, None, steps)
+    assert v is not None and v.invariant == first, "the recorded steps no longer fail as they did"
+    f = runner.Failure(mutant, "caching", v.invariant, v.cause, v.reason, list(v.trace), len(v.trace))
+    d = runner.diagnose(plan, f)
+    assert d.invariant == blamed and len(d.trace) == length, (d.invariant, d.reason)
+    assert d.consequences[0].startswith(f"{first} [")
+    # the reference caching allocator passes the blamed counterexample
+    ref = runner.make_plan("reference-caching", "caching")
+    assert runner._replay_steps(ref, runner.CallGuard(ref.timeout, ref.guard_mode), None,
+                                [(ts.action, list(ts.choices)) for ts in d.trace]) is None
+
+
+def test_the_minimizer_draws_every_argument_from_the_spec_so_no_removed_reference_is_named():
+    """A removed step's references are never named by a later step: the
+    replays draw the arguments again from the recorded choices in the state
+    the kept steps leave (a ``poll`` whose ``pending`` names a fence that no
+    kept step made was once kept as an S1 counterexample)."""
+    chooser = runner._ClampChooser([7, True, 3])
+    assert chooser.integer(0, 4) == 4 and chooser.boolean() is True and chooser.choice(["a", "b"]) == "b"
+    assert chooser.integer(2, 9) == 2 and chooser.record == [4, True, 1, 2]   # exhausted: the smallest
+    with pytest.raises(runner._Unreplayable):
+        chooser.choice([])
+    plan, f = _failure_of("mutant:fence-read-on-default-stream", _FENCE_READ_STEPS)
+    m = runner.minimize(plan, f)
+    assert m.invariant == f.invariant and len(m.trace) <= len(f.trace)
+    bound: set = set()
+    for ts in m.trace:   # every reference an argument names was bound by a kept step
+        if ts.action == "poll":
+            for _seq, fences in ts.args["pending"]:
+                assert set(fences) <= bound, (ts.args, bound)
+        bound |= set(ts.bound)
+    # and the minimized steps, replayed with their recorded arguments, fail the same way
+    from memspec.invariants import repro
+
+    with pytest.raises(runner.Violation) as ei:
+        repro.replay("mutant:fence-read-on-default-stream", "system",
+                     [(ts.action, ts.args, ts.choices) for ts in m.trace], capacity=16 * 1024 * 1024)
+    assert ei.value.invariant == m.invariant
+
+
 def test_a_mismatch_prints_the_difference_of_the_figures():
     from memspec.invariants.engine import _diff
 

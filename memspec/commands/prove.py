@@ -99,11 +99,16 @@ def _verdict(rec: dict[str, Any]) -> dict[str, Any]:
     return rec
 
 
-def _caching_records(heap: Any) -> list[dict[str, Any]]:
+def _caching_records(heap: Any, agree: Any = None, c8: Any = None) -> list[dict[str, Any]]:
     """The C rows: the heap encoding of :mod:`memspec.invariants.proofs_caching_heap`
     (one inductive invariant over an arbitrary well-formed heap, so its checks
-    are shared by C1-C9), each invariant's unguarded variant, encoded/declared
-    from the spec's action table."""
+    are shared by C1-C7 and C9), each invariant's unguarded variant,
+    encoded/declared from the spec's action table; the transition and
+    invariant agreement of that encoding with spec/caching
+    (:mod:`memspec.invariants.proofs_caching_agree`, shared by the rows: one
+    machine); C8 from the expandable-segment encoding
+    (:mod:`memspec.invariants.proofs_caching_expandable`).  Verdicts by
+    :func:`_verdict` (the same rules as the S rows)."""
     from memspec.invariants.proofs_caching_heap import BOUNDED, UNGUARDED
     from memspec.invariants.proofs_catalog import declared, machines
     from memspec.spec.caching import INVARIANTS
@@ -115,38 +120,36 @@ def _caching_records(heap: Any) -> list[dict[str, Any]]:
             "id": inv.id, "title": inv.title, "proved": False, "status": "not run",
             "bounded": BOUNDED.get(inv.id), "assumed": [], "declared_actions": declared(inv.id),
             "encoded_actions": [], "invariant_agreement": {"samples": 0, "disagreements": 0},
-            "transition_agreement": {},
+            "transition_agreement": {}, "transition_mismatches": 0,
             "unguarded": {"guard": None, "refuted": False, "named_invariant_violated": False, "trace": ""},
-            "checks": [],
+            "checks": [], "_details": {"inv": [], "mismatch": [], "unsampled": []},
         }
-        if heap is not None and inv.id != "C8":
-            bad = [c for c in heap["checks"] if c[1] not in ("proved", "framed")]
+        src = c8 if inv.id == "C8" else heap
+        if src is not None:
+            bad = [c for c in src["checks"] if c[1] not in ("proved", "framed")]
             rec["status"] = "proved" if not bad else "FAILED"
-            names = sorted({n for specs in heap["actions"].values() for n in specs})
+            names = sorted({n for specs in src["actions"].values() for n in specs})
             unknown = [n for n in names if n not in known]
             if unknown:
                 raise ValueError(f"caching encoding names spec actions no machine has: {unknown}")
             rec["encoded_actions"] = names
+            rec["bounded"] = src.get("bounded", {}).get(inv.id, rec["bounded"]) if "bounded" in src else rec["bounded"]
             rec["checks"] = [{"name": n, "ok": r in ("proved", "framed"), "seconds": round(t, 3), "detail": r}
-                             for n, r, t in heap["checks"]]
-            if inv.id in heap["refuted"]:
-                ok, trace = heap["refuted"][inv.id]
-                rec["unguarded"] = {"guard": UNGUARDED[inv.id][2], "refuted": ok, "named_invariant_violated": ok,
+                             for n, r, t in src["checks"]]
+            if inv.id in src["refuted"]:
+                ok, trace = src["refuted"][inv.id]
+                guards = src.get("unguarded", UNGUARDED)
+                rec["unguarded"] = {"guard": guards[inv.id][2], "refuted": ok, "named_invariant_violated": ok,
                                     "trace": trace}
-        why = []
-        if rec["status"] != "proved":
-            why.append(f"proof: {rec['status']}")
-        missing = sorted(set(rec["declared_actions"]) - set(rec["encoded_actions"]))
-        if missing:
-            why.append(f"not encoded: {', '.join(missing)}")
-        why.append("invariant agreement: 0 samples (not implemented for the caching heap encoding)")
-        why.append("transition agreement: no encoded action sampled (not implemented for the caching heap encoding)")
-        if not rec["unguarded"]["refuted"]:
-            why.append("unguarded variant not refuted" if rec["unguarded"]["guard"] else "no unguarded variant")
-        if rec["bounded"]:
-            why.append(f"bounded: {rec['bounded']}")
-        rec["_why"] = why
-        out.append(rec)
+        ag = c8.get("agreement") if (inv.id == "C8" and c8 is not None) else agree
+        if ag is not None:
+            samples, disagree = ag.inv.get(inv.id, [0, 0])
+            rec["invariant_agreement"] = {"samples": samples, "disagreements": disagree}
+            rec["transition_agreement"] = {a: dict(b) for a, b in ag.counts.items()}
+            rec["transition_mismatches"] = len(ag.mismatches)
+            rec["_details"] = {"inv": [x for x in ag.inv_examples if x.startswith(inv.id + " ")][:3],
+                               "mismatch": ag.mismatches[:3], "unsampled": []}
+        out.append(_verdict(rec))
     return out
 
 
@@ -157,7 +160,7 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
 
     t_all = time.perf_counter()
     proofs = [p for p in all_proofs() if not ids or p.id in ids]
-    reps = _agreement(samples, inv_samples, seed) if samples else []
+    reps = _agreement(samples, inv_samples, seed) if samples and proofs else []  # only the S rows read it
     records = []
     for p in proofs:
         r = prove(p)
@@ -171,14 +174,30 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
     if caching_on and (not ids or any(i.startswith("C") for i in ids)):
         from memspec.invariants.proofs_caching import run_caching
 
+        t_syn = time.process_time()
         caching = run_caching(depth=depth, samples=samples)
-    heap = None
-    if caching_on and (not ids or any(i.startswith("C") for i in ids)):
+        CPU["synthesis"] = time.process_time() - t_syn
+    heap = agree = c8 = None
+    cids = [i for i in ids if i.startswith("C")]
+    if caching_on and (not ids or cids):
+        from memspec.invariants.proofs_caching_agree import run_agreement
         from memspec.invariants.proofs_caching_heap import run_heap
 
-        heap = run_heap(ids=[i for i in ids if i.startswith("C")] or None)
-    if not ids or any(i.startswith("C") for i in ids):
-        records += [r for r in _caching_records(heap) if not ids or r["id"] in ids]
+        if not ids or any(i != "C8" for i in cids):
+            t0 = time.process_time()
+            heap = run_heap(ids=[i for i in cids if i != "C8"] or None)
+            CPU["heap induction + refutations"] = time.process_time() - t0
+            t0 = time.process_time()
+            agree = run_agreement(seed=seed)
+            CPU["agreement"] = time.process_time() - t0
+        if not ids or "C8" in cids:
+            from memspec.invariants.proofs_caching_expandable import run_c8
+
+            t0 = time.process_time()
+            c8 = run_c8(seed=seed)
+            CPU["C8"] = time.process_time() - t0
+    if not ids or cids:
+        records += [r for r in _caching_records(heap, agree, c8) if not ids or r["id"] in ids]
     return records, caching, time.perf_counter() - t_all
 
 
@@ -223,8 +242,14 @@ def _print(records: list[dict[str, Any]], caching: Any, total: float, traces: bo
                   + ("none" if e.page_level is None else "FOUND"))
         print("  Z3 policy kernels vs spec/caching: "
               + ("agree" if not caching.kernel_mismatches else f"{len(caching.kernel_mismatches)} DISAGREE"))
+    if CPU:
+        print("  caching CPU seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in CPU.items()))
     n_ok = sum(1 for r in records if r["proved"])
     print(f"\n{n_ok}/{len(records)} invariants proved; total {total:.1f}s")
+
+
+#: CPU seconds of each part of the caching checks in this run (for the report, never for a verdict)
+CPU: dict[str, float] = {}
 
 
 def _json(records: list[dict[str, Any]], caching: Any, total: float) -> dict[str, Any]:
@@ -240,6 +265,7 @@ def _json(records: list[dict[str, Any]], caching: Any, total: float) -> dict[str
         out["invariants"][r["id"]]["unguarded"] = {k: r["unguarded"][k]
                                                    for k in ("guard", "refuted", "named_invariant_violated")}
     if caching is not None:
+        out["caching_cpu_seconds"] = {k: round(v, 2) for k, v in CPU.items()}
         out["caching"] = {
             "synthesis": [{"preset": x.preset, "depth": x.depth, "trace": x.trace, "replay_confirmed": rr[0]}
                           for x, rr in zip(caching.synth, caching.replays)],

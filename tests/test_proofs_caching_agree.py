@@ -1,0 +1,176 @@
+"""The caching heap encoding agrees with spec/caching (transitions and
+invariants), and the agreement catches planted spec breaks; C8's
+expandable-segment encoding likewise."""
+
+from __future__ import annotations
+
+
+import pytest
+
+from memspec.invariants import proofs_caching_agree as A
+from memspec.invariants import proofs_caching_expandable as E
+
+MiB = 1 << 20
+
+
+def _steps(preset: str, script, rep: A.Agreement, streams: int = 1) -> None:
+    from memspec.spec import caching as C
+
+    st = C.init(policy=preset, capacity=44 * MiB, streams=streams)
+    refs: list[int] = []
+    for name, args in script:
+        args = {k: (refs[v] if k == "ref" else v) for k, v in args.items()}
+        A.check_step(st, name, args, rep)
+        if name == "malloc" and st.where:
+            refs.append(max(st.where))
+
+
+#: malloc two blocks of one segment, free the first, then the second (it merges with the previous free block)
+MERGE_PREVIOUS = [("malloc", {"size": 3 * MiB, "stream": 0}), ("malloc", {"size": 4 * MiB, "stream": 0}),
+                  ("free", {"ref": 0}), ("free", {"ref": 1})]
+
+
+@pytest.mark.parametrize("preset", ["seed", "pytorch"])
+def test_boundary_and_event_sweeps_agree_and_reach_every_threshold_branch(preset: str) -> None:
+    rep = A.Agreement()
+    A.boundary_sweep(rep, preset)
+    A.event_sweep(rep, preset)
+    _steps(preset, MERGE_PREVIOUS, rep)
+    assert rep.mismatches == []
+    m = rep.counts["caching:malloc"]
+    for branch in ("malloc:fit/split", "malloc:fit/whole", "malloc:new/split", "malloc:new/whole",
+                   "malloc:fit/remainder on the split threshold", "malloc:new/remainder on the split threshold",
+                   "malloc:eb", "process_event:wait", "process_event:free"):
+        assert m[branch] > 0, branch
+    assert rep.counts["caching:free"]["free:merge"] >= 2 and rep.counts["caching:free"]["free:pending"] >= 1
+    assert all(n > 0 and bad == 0 for n, bad in rep.inv.values()), rep.inv
+
+
+def test_walks_agree_with_every_branch_sampled() -> None:
+    rep = A.run_agreement(steps=30, walks_per_config=2, seed=0)
+    assert rep.mismatches == [], rep.mismatches[:3]
+    unsampled = [(a, b) for a, bs in rep.counts.items() for b, n in bs.items() if n == 0]
+    assert unsampled == []
+    assert all(bad == 0 for _n, bad in rep.inv.values())
+
+
+def test_spec_that_stops_merging_with_the_previous_free_block_is_caught(monkeypatch) -> None:
+    from memspec.spec.caching import policy as P
+
+    def merge_next_only(seg, i):  # type: ignore[no-untyped-def]
+        b = seg.blocks[i]
+        if i + 1 < len(seg.blocks) and seg.blocks[i + 1].state == b.state:
+            b.size += seg.blocks.pop(i + 1).size
+        return i
+
+    monkeypatch.setattr(P, "_merge_around", merge_next_only)
+    rep = A.Agreement()
+    _steps("seed", MERGE_PREVIOUS, rep)
+    assert any(m.startswith("free(") for m in rep.mismatches), rep.mismatches
+
+
+def test_seed_split_rule_with_strict_comparison_is_caught(monkeypatch) -> None:
+    """The issue's slip: ``remaining > 2 MiB`` instead of ``>=`` in the seed preset's large pool."""
+    from memspec.spec.caching import kernels as K
+    from memspec.spec.caching import policy as P
+
+    orig = K.should_split
+
+    def strict(remaining, size, small, seed_preset=False, expandable=False, max_split_size=0):  # type: ignore[no-untyped-def]
+        if seed_preset and not small:
+            return remaining > K.K_ROUND_LARGE
+        return orig(remaining, size, small, seed_preset, expandable, max_split_size)
+
+    monkeypatch.setattr(P, "should_split", strict)
+    rep = A.Agreement()
+    A.boundary_sweep(rep, "seed")
+    assert rep.mismatches, "the strict split rule went unnoticed"
+    assert any("malloc(size=" in m for m in rep.mismatches)
+
+
+def test_invariant_agreement_catches_an_encoding_that_disagrees(monkeypatch) -> None:
+    """An encoded C5 stricter than the spec's (4 MiB multiples) disagrees on reachable states."""
+    import z3
+
+    from memspec.invariants import proofs_caching_heap as H
+    from memspec.invariants.proofs import at
+
+    def c5_wrong(s):  # type: ignore[no-untyped-def]
+        return H._all(s.n, lambda i: z3.Implies(z3.And(at(s.al, i), s.seed, z3.Not(at(s.sm, i))),
+                                                at(s.sz, i) % (4 * MiB) == 0))
+
+    monkeypatch.setitem(H.NAMED, "C5", c5_wrong)
+    monkeypatch.setattr(A, "_INV_TERMS", {})
+    rep = A.Agreement()
+    _steps("seed", [("malloc", {"size": 5 * MiB, "stream": 0}), ("malloc", {"size": 1 * MiB, "stream": 0})], rep)
+    assert rep.inv["C5"][1] > 0, rep.inv
+    assert rep.inv["C3"] == [2, 0]
+
+
+def test_c8_encoding_proved_refuted_and_agrees() -> None:
+    out = E.run_c8(seed=1, walks=2, steps=40)
+    assert all(r == "proved" for _n, r, _t in out["checks"]), out["checks"]
+    ok, trace = out["refuted"]["C8"]
+    assert ok and "C8 violated" in trace
+    ag = out["agreement"]
+    assert ag.mismatches == [], ag.mismatches[:3]
+    assert ag.counts["caching:malloc"]["malloc:map/fresh arena"] > 0
+    assert ag.counts["caching:malloc"]["malloc:map/oom"] > 0
+    assert ag.counts["caching:free"]["free_unmap"] > 0
+    assert ag.inv["C8"][0] > 0 and ag.inv["C8"][1] == 0
+
+
+def test_c8_agreement_catches_a_toy_free_that_keeps_its_pages(monkeypatch) -> None:
+    from memspec.spec.caching import policy as P
+
+    monkeypatch.setattr(P, "_unmap", lambda st, seg, i: 0)
+    out = E.run_c8(seed=1, walks=2, steps=40)
+    assert any("free" in m for m in out["agreement"].mismatches) or out["agreement"].inv["C8"][1] > 0
+
+
+def test_projection_never_calls_the_policy(monkeypatch) -> None:
+    """The projection reads segments and blocks only: with every policy function broken it still works."""
+    from memspec.spec import caching as C
+    from memspec.spec.caching import policy as P
+
+    st = C.init(policy="seed", capacity=44 * MiB)
+    rep = A.Agreement()
+    A.check_step(st, "malloc", {"size": 3 * MiB, "stream": 0}, rep)
+    for name in ("_merge_around", "_free_block", "_candidates", "_get_free_block", "_release_cached", "predict_malloc"):
+        monkeypatch.setattr(P, name, lambda *a, **k: (_ for _ in ()).throw(AssertionError("policy called")))
+    vals, refs = A.project(st)
+    assert vals["Rl"] == 20 * MiB and len(refs) == 1
+    assert sorted(A.blocks_by_address(vals)) == sorted({s.base + b.offset for s in st.segments for b in s.blocks})
+
+
+def _fake_heap(refuted: bool = True) -> dict:
+    from memspec.invariants.proofs_caching_heap import UNGUARDED, actions
+
+    return {"checks": [("init", "proved", 0.0)], "refuted": {c: (refuted, "trace") for c in UNGUARDED},
+            "actions": {a.name: list(a.spec) for a in actions()}}
+
+
+def test_caching_rows_carry_the_agreement_and_fail_on_a_mismatch() -> None:
+    from memspec.commands.prove import _caching_records
+
+    rep = A.Agreement()
+    for spec_action, branches in rep.counts.items():
+        for b in branches:
+            branches[b] = 1
+    rep.inv = {c: [5, 0] for c in A.HEAP_INVARIANTS}
+    rows = {r["id"]: r for r in _caching_records(_fake_heap(), rep, None)}
+    c3 = rows["C3"]
+    assert c3["transition_agreement"]["caching:free"] == {"free:pending": 1, "free:merge": 1}
+    assert c3["invariant_agreement"] == {"samples": 5, "disagreements": 0}
+    assert c3["unguarded"]["refuted"] and set(c3["declared_actions"]) <= set(c3["encoded_actions"])
+    assert not any(w.startswith(("transition", "invariant", "branches")) for w in c3["_why"]), c3["_why"]
+    # one mismatch, one unsampled branch, one invariant disagreement: each named in the verdict
+    rep.mismatches.append("free(ref=1) on seed: block at 0x0: ...")
+    rep.counts["caching:free"]["free:pending"] = 0
+    rep.inv["C3"] = [5, 1]
+    c3 = {r["id"]: r for r in _caching_records(_fake_heap(), rep, None)}["C3"]
+    assert not c3["proved"]
+    why = " | ".join(c3["_why"])
+    assert "transition agreement: 1 disagreements" in why and "caching:free/free:pending" in why
+    assert "invariant agreement: 1/5 disagree" in why
+    assert rows["C8"]["status"] == "not run" and not rows["C8"]["proved"]
