@@ -115,6 +115,9 @@ class Plan:
     #: some actions are left out (a later pass of ``run_hypothesis``): a
     #: state where none of the rest is available ends nothing, the step is skipped
     partial: bool = False
+    #: ``((name, action names), ...)``: the spec's protocols over one kind of
+    #: object (``planning.protocol_groups``), which an example's swarm may favour
+    protocols: tuple = ()
     #: per-example device capacity: a run given a chooser draws one of these
     #: (index 0, the small device, is what shrinking moves towards), so one
     #: run reaches both the out-of-memory paths of a small device and the
@@ -193,6 +196,15 @@ class Run:
         #: the last step's branch may have changed the spec state
         self._state_changed = True
         self._swarm: tuple | None = None   # (actions, weights) of this example (swarm testing)
+        #: the protocol this example's swarm favours (``focus_groups``), if any
+        self.focus: str | None = None
+        self._base: tuple | None = None    # the swarm's (actions, weights) before a focus
+        self._refocused = 0
+        #: (action, references named) of the calls this example drew (guidance: fresh calls first)
+        self._seen: set = set()
+        #: action -> guided draws in this example, and those the spec offered an accepting branch
+        self._drawn: Counter = Counter()
+        self._offered: Counter = Counter()
         fkw = plan.factory_kwargs
         caps = plan.capacities
         if capacity is None and chooser is not None and len(caps) > 1:
@@ -268,6 +280,9 @@ class Run:
             swarm = self._swarm
             if swarm is None:
                 swarm = self._swarm = self._draw_swarm(chooser)
+            elif self._base is not None and self.nsteps % FOCUS_STEPS == 0 and self.nsteps != self._refocused:
+                self._refocused = self.nsteps
+                swarm = self._swarm = self._draw_focus(chooser, *self._base)
             acts, ws = swarm
             state = self.state
             guided = self.plan.guide
@@ -314,7 +329,17 @@ class Run:
         goes to the first: the table's own weights), so that one example
         spends its steps on a few actions and reaches deeper sequences of
         them (Groce et al., *Swarm Testing*, ISSTA 2012).  An action that is
-        off is still drawn when nothing else is available."""
+        off is still drawn when nothing else is available.
+
+        Then a *focus* (see :func:`focus_groups`): about half the examples
+        pick one protocol of the spec -- the actions of one role, or those
+        that declare one invariant -- switch its actions on and weight them
+        so that together they take about half the draws: a multi-step
+        protocol of a few light actions (a fence ordering over two streams:
+        ``new_stream``, ``use``, ``synchronize``, ``poll``; a ticket's
+        life: ``issue_ticket``, ``respond``, ``claim``, ``expire``) gets
+        the steps to go deep while the other actions still build the state
+        it needs.  Shrinking goes to no focus (a draw of 0)."""
         acts = self.plan.actions
         if not self.plan.swarm:
             ws = self.plan.__dict__.get("_weights")
@@ -328,36 +353,103 @@ class Run:
                 on.append(a)
                 ws.append(a.weight * (SWARM_BOOST if k == 2 else 1))
         if not on:
-            return acts, tuple(x.weight for x in acts)
+            on, ws = list(acts), [x.weight for x in acts]
+        self._base = (on, ws)
+        return self._draw_focus(chooser, on, ws)
+
+    def _draw_focus(self, chooser: Any, on: list, ws: list) -> tuple:
+        """The focus of the next :data:`FOCUS_STEPS` steps (see
+        :meth:`_draw_swarm`): none, or one of :func:`focus_groups`."""
+        groups = focus_groups(self.plan)
+        self.focus = None
+        if groups:
+            # two small draws, each about uniform (one draw over every group
+            # is not: Hypothesis favours some integers of a wide range):
+            # none, a role or an invariant, or (twice as often) a protocol
+            proto = [g for g in groups if g[0].startswith("objects of ")]
+            other = [g for g in groups if not g[0].startswith("objects of ")]
+            kind = chooser.integer(0, 3)
+            pool = (proto or other) if kind >= 2 else (other or proto) if kind == 1 else None
+            if pool:
+                name, names = pool[chooser.integer(0, len(pool) - 1)] if len(pool) > 1 else pool[0]
+                self.focus = name
+                on, ws = _focused(self.plan.actions, on, ws, names)
         return on, tuple(ws)
 
     def _draw_args(self, a: Any, chooser: Any) -> tuple[Any, dict, list, bool]:
-        """Draw ``a``'s arguments.  Guidance towards accepting branches:
-        when the spec offers no accepting branch for the arguments drawn
-        (a claim of a ticket that is not granted, say), the chooser decides
-        (one boolean, so shrinking keeps or drops it) whether to draw again,
-        up to :data:`ARG_REDRAWS` times.  Only the kept draw's choices are
-        recorded (a replay draws once)."""
+        """Draw ``a``'s arguments, guided towards the protocol's progress.
+
+        Up to :data:`ARG_REDRAWS` more draws (:data:`RARE_ARG_REDRAWS` when
+        the action's accepting branch is rare in this run, see
+        :meth:`_rare`), each one a boolean of the chooser (so shrinking
+        keeps or drops it); the best draw is kept, by (1) the spec offers
+        an accepting branch for it (a claim of a ticket that is granted, not
+        one that can only be refused), (2) this example has not made this
+        call with these references yet, (3) it names more of the references
+        the last :data:`RECENT_STEPS` steps touched or made (a ``use`` of
+        the allocation just made, on the stream just made; the ``drop`` of
+        the allocation just used): sequences over one object go deep.
+        Actions whose arguments draw nothing (read from the state) draw once.
+        Only the kept draw's choices are recorded (a replay draws once)."""
         guided = self.plan.guide and getattr(chooser, "weighted", None) is not None
-        for attempt in range(ARG_REDRAWS + 1 if guided else 1):
-            rec = RecordingChooser(chooser)
-            try:
-                args = a.draw_args(self.state, rec)
-            except SpecError:
-                raise
-            except Exception as e:  # noqa: BLE001
-                raise SpecError(f"drawing arguments of {a.name} raised {type(e).__name__}: {e}") from e
-            if guided:
-                outs = _spec_outcomes(a, self.state, args)
-                # kept for apply(): the same action, arguments and state give the same outcomes
-                self._outs = (a, args, outs)
-                accepting = outs is None or getattr(a, "misuse", False) or any(
-                    hasattr(b, "accepts") for b in outs.branches)
-            else:
-                accepting = True
-            if accepting or attempt == ARG_REDRAWS or not chooser.boolean():
-                break
+        state = self.state
+        best = None
+        if guided and a.params:
+            rare = self._rare(a)
+            limit = RARE_ARG_REDRAWS if rare else ARG_REDRAWS
+            sure = RARE_SURE_DRAWS if rare else 0
+            recent = self._recent_refs()
+            seen = self._seen
+            misuse = getattr(a, "misuse", False)
+            for attempt in range(limit + 1):
+                rec = RecordingChooser(chooser)
+                args = _draw(a, state, rec)
+                outs = _spec_outcomes(a, state, args)
+                accepting = outs is None or misuse or any(hasattr(b, "accepts") for b in outs.branches)
+                refs = _refs_in(args)
+                fresh = (a.name, refs) not in seen
+                near = sum(1 for r in refs if r in recent)
+                score = (accepting, fresh, min(near, len(refs)))
+                if best is None or score > best[0]:
+                    best = (score, args, rec.record, outs, accepting, refs)
+                if (accepting and fresh and near >= min(len(refs), 2)) or not rec.record or attempt == limit:
+                    break
+                if (accepting or attempt >= sure) and not chooser.boolean():
+                    break
+            _score, args, record, outs, accepting, refs = best
+            # kept for apply(): the same action, arguments and state give the same outcomes
+            self._outs = (a, args, outs)
+            seen.add((a.name, refs))
+            self._drawn[a.name] += 1
+            if accepting:
+                self._offered[a.name] += 1
+            return a, args, record, accepting
+        rec = RecordingChooser(chooser)
+        args = _draw(a, state, rec)
+        if guided:
+            outs = _spec_outcomes(a, state, args)
+            self._outs = (a, args, outs)
+            accepting = outs is None or getattr(a, "misuse", False) or any(hasattr(b, "accepts") for b in outs.branches)
+        else:
+            accepting = True
         return a, args, rec.record, accepting
+
+    def _rare(self, a: Any) -> bool:
+        """The spec offered ``a`` an accepting branch in fewer than one in
+        :data:`RARE_SHARE` of its draws in this example so far (a ``claim``
+        of a granted ticket, say): its draws try harder for one.  Counted
+        per example, not per run: the same choices must draw the same
+        arguments when Hypothesis replays them (shrinking)."""
+        return self._offered[a.name] * RARE_SHARE <= self._drawn[a.name]
+
+    def _recent_refs(self) -> frozenset:
+        """The reference ids the last :data:`RECENT_STEPS` steps of this
+        example named in their arguments or bound."""
+        out: set = set()
+        for ts in self.trace[-RECENT_STEPS:]:
+            out.update(ts.bound)
+            out.update(_refs_in(ts.args))
+        return frozenset(out)
 
     def step(self, chooser: Any) -> TraceStep | None:
         try:
@@ -699,8 +791,114 @@ class _Stuck(Exception):
 SWARM_BOOST = 4
 #: extra action draws when the spec offers no accepting branch (guidance)
 REDRAWS = 1
-#: extra argument draws of the same action when the spec offers no accepting branch
+#: extra argument draws of the same action (guidance, see ``Run._draw_args``)
 ARG_REDRAWS = 2
+#: ... when the spec rarely offered the action an accepting branch in this run
+RARE_ARG_REDRAWS = 6
+#: ... of which this many are drawn whatever the chooser says (the others each cost a boolean)
+RARE_SURE_DRAWS = 3
+#: an action's accepting branch is rare when offered in fewer than 1 in this many of its steps
+RARE_SHARE = 10
+#: how many of the last steps' references an argument draw prefers
+RECENT_STEPS = 4
+#: a focus group (``focus_groups``) may cover at most this share of the actions
+FOCUS_MAX_SHARE = 0.4
+#: a focus lasts this many steps, then the next is drawn
+FOCUS_STEPS = 20
+#: the focused actions together weigh this many times the others (2: two thirds of the draws)
+FOCUS_RATIO = 2
+#: a role of at most this many actions joins a protocol focus one of its actions is in
+FOCUS_SMALL_ROLE = 4
+
+
+def _draw(a: Any, state: Any, rec: Any) -> dict:
+    try:
+        return a.draw_args(state, rec)
+    except SpecError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise SpecError(f"drawing arguments of {a.name} raised {type(e).__name__}: {e}") from e
+
+
+def _refs_in(args: dict) -> tuple:
+    """The ints among ``args``' values and one level into tuples (the
+    reference ids an action names: ``allocation``, ``(grant, actual)``,
+    ``(ticket, holder, terminal)``)."""
+    out = []
+    for v in args.values():
+        if type(v) is int:
+            out.append(v)
+        elif type(v) is tuple:
+            out.extend(x for x in v if type(x) is int)
+    return tuple(out)
+
+
+def focus_groups(plan: Any) -> tuple:
+    """``((name, frozenset of action names), ...)``: the protocols an
+    example's swarm may favour, read from the spec (nothing here names an
+    action): the actions of each role, and those declaring each invariant,
+    when there are at least two of them and at most :data:`FOCUS_MAX_SHARE`
+    of the plan's actions (a ledger every action moves is no protocol);
+    the same set once.  Cached on the plan."""
+    got = plan.__dict__.get("_focus")
+    if got is not None and got[0] is plan.actions:
+        return got[1]
+    acts = plan.actions
+    here = {a.name for a in acts}
+    cap = max(2, int(len(acts) * FOCUS_MAX_SHARE))
+    by: dict = {}
+    roles: dict = {}
+    for a in acts:
+        role = getattr(a, "role", None)
+        if role:
+            by.setdefault(f"role {role}", []).append(a.name)
+            roles.setdefault(a.name, role)
+        for inv in getattr(a, "invariants", ()) or ():
+            by.setdefault(f"invariant {inv}", []).append(a.name)
+    # the protocols over one kind of object (``Plan.protocols``), with the
+    # small roles of their actions (``use`` brings the EP's ``synchronize``, ``poll``)
+    small = {r: names for r, names in ((k[5:], v) for k, v in by.items() if k.startswith("role "))
+             if len(names) <= FOCUS_SMALL_ROLE}
+    declared = {k[10:]: set(v) for k, v in by.items() if k.startswith("invariant ")}
+    for name, names in getattr(plan, "protocols", ()) or ():
+        base = {n for n in names if n in here}
+        # a rule few actions declare, two of them in the protocol (S6: a
+        # holder's answer to a ticket), brings the roles of the others
+        # (ModelResidency, whose cold weights the answer releases) -- unless
+        # that makes the protocol too big to be one
+        g = set(base)
+        for inv, ds in declared.items():
+            if len(ds) <= FOCUS_SMALL_ROLE and len(ds & base) >= 2:
+                g |= ds
+        for n in list(g):
+            g.update(small.get(roles.get(n), ()))
+        if len(g) > cap:
+            g = set(base)
+            for n in list(g):
+                g.update(small.get(roles.get(n), ()))
+        by[name] = sorted(g)
+    out, sets = [], set()
+    for name, names in by.items():
+        s = frozenset(names)
+        if 2 <= len(s) <= cap and s not in sets:
+            sets.add(s)
+            out.append((name, s))
+    groups = tuple(out)
+    plan.__dict__["_focus"] = (acts, groups)
+    return groups
+
+
+def _focused(acts: list, on: list, ws: list, names: frozenset) -> tuple:
+    """Switch the actions ``names`` on, each as likely as the others (a
+    protocol's light steps, ``new_stream`` say, as often as its heavy
+    ones), together :data:`FOCUS_RATIO` times as likely as the others."""
+    ons = {a.name for a in on}
+    on = list(on) + [a for a in acts if a.name in names and a.name not in ons]
+    ws = list(ws) + [1 for a in acts if a.name in names and a.name not in ons]
+    n = sum(1 for a in on if a.name in names)
+    rest = sum(w for a, w in zip(on, ws) if a.name not in names)
+    each = max(1, -(-rest * FOCUS_RATIO // max(n, 1)))
+    return on, [each if a.name in names else w for a, w in zip(on, ws)]
 
 
 #: id(action) -> (action, [(param, its domain's ``boundaries``)]): the

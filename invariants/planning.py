@@ -126,10 +126,12 @@ def make_plan(target: str | TargetRef, level: str, *, capacity: int | None = Non
     capacities: tuple = ()
     if capacity is not None and lv.sized_device and init.get("capacity") == capacity:
         capacities = (capacity, capacity * LARGE_DEVICE)
+    learn_init = {**init, "capacity": capacities[-1]} if capacities else init
     return Plan(target=tref.name, level=level, factory=tref.factory, machine=mach, init_kwargs=init,
                 actions=acts, observations=obs, capabilities=caps, na=na, make_sut=make_sut,
                 factory_kwargs=fkw, timeout=timeout, guard_mode=guard_mode, integrity=integrity,
-                mutant=tref.mutant, machine_ref=machine_ref, start_checks=start, capacities=capacities)
+                mutant=tref.mutant, machine_ref=machine_ref, start_checks=start, capacities=capacities,
+                protocols=protocol_groups(mach, learn_init, acts))
 
 
 def kind_of(tref: TargetRef, capacity: int | None) -> str:
@@ -138,3 +140,94 @@ def kind_of(tref: TargetRef, capacity: int | None) -> str:
         return probe.kind
     finally:
         close_probe(probe)
+
+
+# --------------------------------------------------------------------------
+# Protocols: which actions work on the same objects (for the swarm's focus)
+# --------------------------------------------------------------------------
+
+#: steps of the spec-only walk that learns which actions name the references others make
+LEARN_STEPS = 600
+#: a consumer joins a producer's protocol when it named that producer's references this often
+LEARN_MIN_NAMED = 3
+#: ... and in at least this share of its own draws (an int argument that happens to equal a reference is not)
+LEARN_MIN_SHARE = 0.25
+#: references are made in increasing order: a returned int further above the newest is a figure, not one
+LEARN_REF_GAP = 16
+
+
+def _top_refs(args: dict) -> set:
+    out = set()
+    for v in args.values():
+        if type(v) is int:
+            out.add(v)
+        elif type(v) is tuple:
+            out.update(x for x in v if type(x) is int)
+    return out
+
+
+def protocol_groups(machine: Any, init: dict, actions: list, *, steps: int = LEARN_STEPS, seed: int = 0) -> tuple:
+    """``((name, frozenset of action names), ...)``: the protocols of the
+    spec over one kind of object, learned by a seeded walk of the spec alone
+    (witnesses for the implementation's answers, as ``memspec spec-check``):
+    for each action that makes references (``allocate_owned`` makes
+    allocations), the actions that named them in their arguments (``use``,
+    ``drop``) and the actions that made the other references those name
+    (``use`` also names a stream: ``new_stream``).  Nothing here names an
+    action; a spec the walk cannot run (a branch without a witness
+    everywhere) gives what it learned until then."""
+    import random
+
+    from memspec.invariants.choosers import RandomChooser
+    from memspec.spec.core import Raises, Returns
+    from memspec.spec.selfcheck import make_error
+
+    rng = random.Random(seed)
+    ch = RandomChooser(rng)
+    made: dict = {}       # ref -> the action whose step made it
+    named: dict = {}      # producer -> {consumer: times}
+    drawn: dict = {}      # action -> times drawn
+    top = 0               # the newest reference made (references are made in increasing order)
+    try:
+        s = machine.init(**init)
+        for _ in range(steps):
+            avail = [a for a in actions if a.available(s)]
+            if not avail:
+                break
+            a = rng.choices(avail, weights=[x.weight for x in avail])[0]
+            args = a.draw_args(s, ch)
+            drawn[a.name] = drawn.get(a.name, 0) + 1
+            for r in _top_refs(args):
+                p = made.get(r)
+                if p is not None and p != a.name:
+                    c = named.setdefault(p, {})
+                    c[a.name] = c.get(a.name, 0) + 1
+            outs = a.step(s, **args)
+            bs = [b for b in outs.branches if isinstance(b, Raises) or getattr(b, "witness", None) is not None]
+            if not bs:
+                continue
+            b = bs[rng.randrange(len(bs))]
+            res = b.then(b.witness()) if isinstance(b, Returns) else b.then(make_error(b.error))
+            for r in (res if isinstance(res, tuple) else (res,)):
+                # a fresh reference: just above the newest (a count of bytes some steps return is not one)
+                if type(r) is int and top < r <= top + LEARN_REF_GAP:
+                    made[r] = a.name
+                    top = r
+    except Exception:  # noqa: BLE001 - learning is best effort: guidance only
+        pass
+    consumers = {p: {c for c, n in cs.items() if n >= max(LEARN_MIN_NAMED, LEARN_MIN_SHARE * drawn.get(c, 0))}
+                 for p, cs in named.items()}
+    producers_of: dict = {}
+    for p, cs in consumers.items():
+        for c in cs:
+            producers_of.setdefault(c, set()).add(p)
+    out = []
+    for p in sorted(consumers):
+        cs = consumers[p]
+        if not cs:
+            continue
+        group = {p} | cs
+        for c in cs:
+            group |= producers_of.get(c, set())
+        out.append((f"objects of {p}", frozenset(group)))
+    return tuple(out)
