@@ -24,22 +24,33 @@ from memspec.invariants.planning import make_plan  # noqa: E402
 TOY = "tests.hostile_targets:TOY"
 
 
-def _round_robin_steps(monkeypatch, every: int, steps: int = 120) -> tuple[list, int]:
-    """The steps (of the run) on which the round robin re-verified a region."""
+def _round_robin_steps(monkeypatch, every: int, steps: int = 120) -> tuple[list, list, int]:
+    """The steps (of the run) on which a region was verified, the steps on
+    which a region the step neither touched nor bound was verified (only the
+    round robin verifies those), and the steps walked."""
     seen: list = []
+    untouched: list = []
     orig = I.Integrity.after_step
 
     def after_step(self, touched, bound):
         n0 = calls["verify"]
-        orig(self, touched, bound)
+        calls["named"] = set(touched) | set(bound)
+        calls["in_step"] = True
+        try:
+            orig(self, touched, bound)
+        finally:
+            calls["in_step"] = False
         if calls["verify"] > n0:
             seen.append(self.run.nsteps)
 
-    calls = {"verify": 0}
+    calls: dict = {"verify": 0, "named": set(), "in_step": False}
     verify = I.Integrity._verify
 
     def counting_verify(self, region):
         calls["verify"] += 1
+        # (the full verify at the end of a run is not a step's)
+        if calls["in_step"] and region.ref not in calls["named"] and (not untouched or untouched[-1] != self.run.nsteps):
+            untouched.append(self.run.nsteps)
         return verify(self, region)
 
     monkeypatch.setattr(I.Integrity, "after_step", after_step)
@@ -47,19 +58,27 @@ def _round_robin_steps(monkeypatch, every: int, steps: int = 120) -> tuple[list,
     plan = make_plan("reference", "mechanism")
     res = W.walk(plan, max_steps=steps, seed=3, run_length=steps, verify_every=every)
     assert not res.failures and not res.errors, ([f.violation for f in res.failures], res.errors)
-    return seen, res.steps
+    assert res.runs == 1                                  # one run: its steps are numbered 1..steps
+    return seen, untouched, res.steps
 
 
 def test_walk_round_robin_verifies_on_one_step_in_k(monkeypatch):
-    every_step, n = _round_robin_steps(monkeypatch, 1)
-    sampled, n2 = _round_robin_steps(monkeypatch, 4)
+    every_step, every_untouched, n = _round_robin_steps(monkeypatch, 1)
+    sampled, sampled_untouched, n2 = _round_robin_steps(monkeypatch, 4)
     assert n == n2
     assert len(every_step) > n // 2                      # the harness's way: nearly every step has regions to verify
     # ``_verify`` also runs for a touched region that changed shape: only steps
     # where the round robin was due may verify an untouched region, so the
     # sampled run verifies on far fewer steps
     assert 0 < len(sampled) < len(every_step) * 3 // 4
-    assert 1 in sampled                                  # the first step of a run is a verifying step
+    # the round robin is due on the first step of a run, then on every 4th:
+    # an untouched region is verified only on steps 1, 5, 9, ... (a run
+    # starts empty, so step 1 itself has no untouched region to verify; which
+    # step first binds one depends on the draw)
+    assert sampled_untouched and [s for s in sampled_untouched if s % 4 != 1] == [], sampled_untouched
+    # not vacuous: verifying every step, the round robin reaches untouched
+    # regions on the other steps too
+    assert any(s % 4 != 1 for s in every_untouched), every_untouched
 
 
 @pytest.mark.parametrize("every", [1, 4, 16])
