@@ -397,6 +397,16 @@ def test_one_run_draws_both_the_small_and_the_large_device_per_example():
 
 
 def test_the_minimizer_drops_refusals_and_keeps_a_counterexample():
+    """The step minimizer works on a long counterexample with refusals in it.
+
+    Its input is the first failing example Hypothesis generates (derandomized;
+    Hypothesis's own shrinking is off: on this failure it did not finish in
+    its 300 s limit, so what it handed on depended on the machine's load),
+    with refused steps added at its start and before its failing step (a
+    refusal whose choices feed a later draw is what survives Hypothesis's
+    shrinking).  The minimizer's work is bounded by a count of replays."""
+    from hypothesis import Phase
+
     from memspec.invariants import repro
     from memspec.invariants.mutants.verdicts import ticket_expires_one_tick_late
     from memspec.spec.api import MiB
@@ -404,10 +414,21 @@ def test_the_minimizer_drops_refusals_and_keeps_a_counterexample():
     target = "memspec.invariants.mutants.verdicts:ticket_expires_one_tick_late"
     assert ticket_expires_one_tick_late is not None
     plan = runner.make_plan(target, "system", capacity=16 * MiB)
-    res = runner.run_hypothesis(plan, runner.hypothesis_settings("ci", examples=100, steps=40), shrink_seconds=300,
-                                more_passes=0, minimize_steps=False)
+    sets = runner.hypothesis_settings("ci", examples=100, steps=40, phases=(Phase.explicit, Phase.generate))
+    res = runner.run_hypothesis(plan, sets, more_passes=0, minimize_steps=False)
     (f,) = [f for f in res.failures if f.invariant == "S15"]
-    m = runner.minimize(plan, f)
+    steps = [(ts.action, list(ts.choices)) for ts in f.trace]
+    assert len(steps) > 10
+    # refusals: a zero-byte ticket, a reservation here unsupported, a claim of no ticket
+    noise = [("issue_ticket", [0]), ("reserve_owned", [0])]
+    steps = noise + steps[:-1] + [("claim", [0]), ("issue_ticket", [0])] + steps[-1:]
+    guard = runner.CallGuard(plan.timeout, plan.guard_mode)
+    v = runner._replay_steps(plan, guard, f.capacity, steps)
+    assert v is not None and v.invariant == "S15" and len(v.trace) == len(steps), v
+    noisy = runner.Failure(f.target, f.level, v.invariant, v.cause, v.reason, list(v.trace), f.steps_to_detection,
+                           None, f.flaky, f.capacity)
+    assert sum(runner._refused(ts) for ts in noisy.trace[:-1]) >= 4, [ts.outcome for ts in noisy.trace]
+    m = runner.minimize(plan, noisy)
     assert m.invariant == "S15" and len(m.trace) <= len(f.trace)
     assert len(m.trace) <= 10, [ts.action for ts in m.trace]
     refused = [ts for ts in m.trace[:-1] if runner._refused(ts)]
@@ -417,6 +438,8 @@ def test_the_minimizer_drops_refusals_and_keeps_a_counterexample():
         repro.replay(target, "system", [(ts.action, ts.args, ts.choices) for ts in m.trace],
                      capacity=m.capacity or 16 * MiB)
     assert ei.value.invariant == "S15"
+    # the replays it spends are counted: with none, the input comes back as it was
+    assert runner.minimize(plan, noisy, replays=0) is noisy
 
 
 def test_an_action_undrawn_for_a_missing_capability_gives_na_with_the_reason_not_untested():
