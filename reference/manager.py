@@ -428,10 +428,13 @@ class ReferenceBinding:
                     for lease in reversed(list(res.leases)):
                         if not left:
                             break
-                        take = min(left, gov.lease_bytes(lease))
-                        if take:
-                            gov.refund(lease, take)
-                            left -= take
+                        have = gov.lease_bytes(lease)
+                        take = min(left, have)
+                        if take and take == have:
+                            gov.refund(lease)  # the whole lease: the contract's own call
+                        elif take:
+                            gov.refund(lease, take)  # part of it: the reference Governor's partial refund
+                        left -= take
                         if gov.lease_bytes(lease) == 0:
                             res.leases.remove(lease)
             finally:
