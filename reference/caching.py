@@ -405,6 +405,27 @@ class CachedBlock:
         return _describe(self)
 
 
+def _sl_add(bl: SortedList, v: int) -> None:
+    """``SortedList.add(v)`` with its common case inlined (sortedcontainers 2.x
+    internals: no positional index rebuilt; a full sublist is split as ``add`` does)."""
+    maxes = bl._maxes
+    if maxes:
+        if v >= maxes[-1]:
+            pos = len(maxes) - 1
+            lst = bl._lists[pos]
+            lst.append(v)
+            maxes[pos] = v
+        else:
+            pos = bisect_right(maxes, v)
+            lst = bl._lists[pos]
+            insort(lst, v)
+        if bl._index or len(lst) > 2000:
+            bl._expand(pos)
+        bl._len += 1
+    else:
+        bl.add(v)
+
+
 def _sl_delete(bl: SortedList, maxes: list, lst: list, pos: int, idx: int) -> None:
     """``SortedList._delete(pos, idx)``; its common cases inlined (no positional
     index in use; the sublist stays non-empty and either is the only one or
@@ -649,24 +670,7 @@ class CachingAllocator:
     # ---------------------------------------------------------------- pools
 
     def _insert(self, pool: _Pool, b: _Block) -> None:
-        v = (b.stream << 128) | (b.size << 64) | b.address
-        bl = pool.blocks
-        maxes = bl._maxes
-        if maxes:  # SortedList.add, inlined (sortedcontainers 2.x internals)
-            if v >= maxes[-1]:
-                pos = len(maxes) - 1
-                lst = bl._lists[pos]
-                lst.append(v)
-                maxes[pos] = v
-            else:
-                pos = bisect_right(maxes, v)
-                lst = bl._lists[pos]
-                insort(lst, v)
-            if bl._index or len(lst) > 2000:
-                bl._expand(pos)
-            bl._len += 1
-        else:
-            bl.add(v)
+        _sl_add(pool.blocks, (b.stream << 128) | (b.size << 64) | b.address)
         pool.free[b.address] = b
         b.gc_base = pool.gc_calls
 
@@ -797,23 +801,7 @@ class CachingAllocator:
                 rest.prev = b
                 rest.address = ra = addr + r
                 rest.size = remaining
-                v = (rest.stream << 128) | (remaining << 64) | ra  # SortedList.add, inlined
-                maxes = bl._maxes
-                if maxes and not bl._index:
-                    if v >= maxes[-1]:
-                        pos = len(maxes) - 1
-                        lst = bl._lists[pos]
-                        lst.append(v)
-                        maxes[pos] = v
-                    else:
-                        pos = bisect_right(maxes, v)
-                        lst = bl._lists[pos]
-                        insort(lst, v)
-                    if len(lst) > 2000:
-                        bl._expand(pos)
-                    bl._len += 1
-                else:
-                    bl.add(v)
+                _sl_add(bl, (rest.stream << 128) | (remaining << 64) | ra)
                 pool.free[ra] = rest
                 rest.gc_base = pool.gc_calls
                 if prev is not None or rest.next is not None:  # already split: the split shrinks by r
@@ -1366,23 +1354,7 @@ class CachingAllocator:
             net_n -= 1
             net_b -= q.size
         a = b.address
-        v = (b.stream << 128) | (b.size << 64) | a  # SortedList.add, inlined
-        maxes = bl._maxes
-        if maxes and not bl._index:
-            if v >= maxes[-1]:
-                pos = len(maxes) - 1
-                lst = bl._lists[pos]
-                lst.append(v)
-                maxes[pos] = v
-            else:
-                pos = bisect_right(maxes, v)
-                lst = bl._lists[pos]
-                insort(lst, v)
-            if len(lst) > 2000:
-                bl._expand(pos)
-            bl._len += 1
-        else:
-            bl.add(v)
+        _sl_add(bl, (b.stream << 128) | (b.size << 64) | a)
         free[a] = b
         b.gc_base = pool.gc_calls
         if b.prev is not None or b.next is not None:
