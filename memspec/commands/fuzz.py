@@ -160,6 +160,11 @@ class Display:
     def __init__(self, target: str, mode: str, budget: float, jobs: int = 1) -> None:
         self.target, self.mode, self.budget, self.jobs = target, mode, budget, jobs
         self.t0 = time.perf_counter()
+        self.c0 = time.process_time()
+        #: --jobs: the parent's own CPU seconds while the workers fuzzed (the display, the queue),
+        #: and before the fork (resolving the target, the plans the workers inherit)
+        self.parent_cpu: float | None = None
+        self.parent_setup_cpu: float | None = None
         self.plans: list = []
         self.failures: list[str] = []
         #: --jobs: worker -> level -> (steps, covered action names, outcomes seen, total actions)
@@ -196,6 +201,15 @@ class Display:
         return t
 
 
+def default_jobs() -> int:
+    """All the cores this process may run on (its CPU affinity where the
+    platform has one: a container or ``taskset`` gives fewer than the machine)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _budget(args) -> float:
     return args.seconds if args.seconds is not None else args.minutes * 60
 
@@ -204,7 +218,7 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     if args.target and args.target_opt and args.target != args.target_opt:
         parser().error(f"two different targets: {args.target!r} and --target {args.target_opt!r}")
-    jobs = args.jobs or os.cpu_count() or 1
+    jobs = args.jobs or default_jobs()
     if jobs > 1:
         return main_jobs(args, jobs)
     from rich.live import Live
@@ -324,6 +338,7 @@ def _report(console, args, disp, results, steps: int, *, jobs: int, workers: lis
             "bound_s": disp.budget + args.shrink_seconds + min(ROUND_SECONDS, max(1.0, disp.budget / 10)),
             "shrink_s": getattr(disp, "shrink", None).used if getattr(disp, "shrink", None) else 0.0,
             "steps": steps, "steps_per_s": steps / fs if fs else 0.0, "workers": workers,
+            "parent_cpu_s": disp.parent_cpu, "parent_setup_cpu_s": disp.parent_setup_cpu,
             "failures": [{"level": r.level, "invariant": f.invariant, "cause": f.cause, "reason": f.reason,
                           "steps": f.shrunk_length, "repro": f.repro} for r in results for f in r.failures],
             "errors": [{"level": r.level, "error": e} for r in results for e in r.errors],
@@ -466,18 +481,28 @@ def _shrink_walk_failure(plan, wf, db, shrink: _ShrinkBudget):
 # --jobs N: worker processes
 # --------------------------------------------------------------------------
 
-def _worker(w: int, argv: list[str], budget: float, queue, stop_event) -> None:
+def _worker(w: int, argv: list[str], budget: float, queue, stop_event, built: dict | None = None,
+            t_fork: float | None = None) -> None:
     """One worker: fuzz every level with its own seed range for ``budget``
     seconds from the end of its start (the workers' start is on top of the
     budget, as ``--help`` states: a slow start on a loaded machine must not
     eat the budget and leave a worker no time to run) or until a worker found
     a failure; stream progress and the first failure to the parent; never
-    shrink."""
+    shrink.
+
+    ``built``: the plans the parent made before the fork (level -> Plan, or
+    the error making it raised), inherited copy-on-write; a level missing
+    from it is planned here (``spawn`` platforms).  The ``done`` message
+    says when the worker was ready to fuzz (seconds after ``t_fork``) and
+    its CPU seconds then and at the end, so a report shows what starting a
+    worker cost."""
     import threading
 
     from memspec.invariants import runner
     from memspec.invariants.discovery import resolve
 
+    c_start = time.process_time()
+    ready: list = []   # [seconds after t_fork, CPU seconds] when the first level starts fuzzing
     args = parser().parse_args(argv)
     target = args.target or args.target_opt or DEFAULT_TARGET
     seed = args.seed + w * SEED_STRIDE
@@ -508,8 +533,14 @@ def _worker(w: int, argv: list[str], budget: float, queue, stop_event) -> None:
             share = (deadline - time.perf_counter()) / (len(levels) - i)
             if share <= 0 or stop():
                 break
-            plan = runner.make_plan(tref, lvl, capacity=args.capacity, timeout=args.timeout, machine=args.machine)
+            plan = (built or {}).get(lvl)
+            if isinstance(plan, BaseException):
+                raise plan
+            if plan is None:
+                plan = runner.make_plan(tref, lvl, capacity=args.capacity, timeout=args.timeout, machine=args.machine)
             plans.append(plan)
+            if not ready:
+                ready += [time.perf_counter() - (t_fork if t_fork is not None else 0.0), time.process_time() - c_start]
             if args.mode == "walk":
                 def found(wf, lvl=lvl):
                     stop_event.set()
@@ -532,7 +563,9 @@ def _worker(w: int, argv: list[str], budget: float, queue, stop_event) -> None:
         done.set()
         th.join()
         send_progress()
-        queue.put(("done", w))
+        queue.put(("done", w, {"ready_s": ready[0] if ready and t_fork is not None else None,
+                               "start_cpu_s": ready[1] if ready else None,
+                               "cpu_s": time.process_time() - c_start}))
 
 
 def main_jobs(args, jobs: int) -> int:
@@ -563,13 +596,23 @@ def main_jobs(args, jobs: int) -> int:
     argv = _argv_of(args)
     # fork where the platform has it (workers start in milliseconds with the
     # parent's imports; no thread has been started yet), spawn elsewhere
-    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() and sys.platform == "linux" else "spawn")
+    fork = "fork" in mp.get_all_start_methods() and sys.platform == "linux"
+    ctx = mp.get_context("fork" if fork else "spawn")
+    # With fork, the plans are made once here, before the fork, and every
+    # worker inherits them: N workers do not each import the engine, probe
+    # the target and learn the spec's protocols (a spec-only walk) again --
+    # the same work `--jobs 1` does once, in the same process as its fuzzing.
+    built: dict | None = _build_plans(tref, args, levels) if fork else None
     q = ctx.Queue()
     stop_event = ctx.Event()
-    procs = [ctx.Process(target=_worker, args=(w, argv, budget, q, stop_event), daemon=True,
-                         name=f"memspec-fuzz-{w}") for w in range(jobs)]
+    t_fork = time.perf_counter()
+    c_fork = time.process_time()
+    disp.parent_setup_cpu = c_fork - disp.c0
+    procs = [ctx.Process(target=_worker, args=(w, argv, budget, q, stop_event, built, t_fork if fork else None),
+                         daemon=True, name=f"memspec-fuzz-{w}") for w in range(jobs)]
     for p in procs:
         p.start()
+    starts: dict[int, dict] = {}
     walk_failures: list[tuple] = []
     hyp_failures: dict[str, dict[str, tuple]] = {}
     errors: dict[str, list[str]] = {}
@@ -602,13 +645,17 @@ def main_jobs(args, jobs: int) -> int:
                 errors.setdefault(msg[2], []).append(msg[3])
             elif kind_ == "done":
                 running.discard(msg[1])
+                if len(msg) > 2 and isinstance(msg[2], dict):
+                    starts[msg[1]] = msg[2]
     for p in procs:
         p.join(timeout=10)
     fuzz_seconds = time.perf_counter() - disp.t0
+    parent_cpu = time.process_time() - c_fork
     secs = disp.worker_seconds
     workers = [{"worker": w, "seed": args.seed + w * SEED_STRIDE,
                 "steps": sum(v[0] for v in disp.workers.get(w, {}).values()),
-                "seconds": sum(secs.get(w, {}).values())} for w in range(jobs)]
+                "seconds": sum(secs.get(w, {}).values()), **starts.get(w, {})} for w in range(jobs)]
+    disp.parent_cpu = parent_cpu
     steps = disp.steps()
     # the parent shrinks and reports each distinct failure once
     results = _shrink_in_parent(tref, args, levels, walk_failures, hyp_failures, disp)
@@ -619,6 +666,23 @@ def main_jobs(args, jobs: int) -> int:
             results.append(r)
         r.errors += list(dict.fromkeys(errs))
     return _report(console, args, disp, results, steps, jobs=jobs, workers=workers, fuzz_seconds=fuzz_seconds)
+
+
+def _build_plans(tref, args, levels) -> dict:
+    """level -> the plan the workers will fuzz (or the error making it raised,
+    which the worker of that level reports as ``--jobs 1`` would)."""
+    import hypothesis.database  # noqa: F401 - imported once, before the fork (0.1-0.2 s CPU a process)
+    import hypothesis.stateful  # noqa: F401
+
+    from memspec.invariants import runner, walk  # noqa: F401
+
+    out: dict = {}
+    for lvl in levels:
+        try:
+            out[lvl] = runner.make_plan(tref, lvl, capacity=args.capacity, timeout=args.timeout, machine=args.machine)
+        except Exception as e:  # noqa: BLE001 - reported by the workers, as --jobs 1 reports it
+            out[lvl] = e
+    return out
 
 
 def _shrink_in_parent(tref, args, levels, walk_failures, hyp_levels, disp) -> list:
@@ -669,6 +733,12 @@ def _shrink_in_parent(tref, args, levels, walk_failures, hyp_levels, disp) -> li
                                           phases=[Phase.reuse, Phase.shrink])
         with shrink.take():
             res = runner.run_hypothesis(plan, sets, shrink_seconds=max(shrink.left, 0.0))
+        # each worker saved its failure in the shared database: the replay
+        # can shrink two of them to the same counterexample; report it once
+        once: dict = {}
+        for f in res.failures:
+            once.setdefault((f.invariant, f.cause, f.reason), f)
+        res.failures = list(once.values())
         got = {f.invariant for f in res.failures}
         for inv, (cause, reason) in hyp_levels[lvl].items():
             if inv not in got:  # not reproduced from the database: report the worker's finding as it was
