@@ -9,6 +9,7 @@ Modes:
 * ``walk`` -- random action sequences through the same spec oracle and checks
   without Hypothesis's engine per step (several times faster); a failure is
   handed to Hypothesis for shrinking, then saved and written the same way.
+  The walk counterexamples already in the database are replayed first.
 
 Parallel jobs (``--jobs N``, default: all cores): N worker processes fuzz
 with distinct seeds (worker ``w`` starts at ``seed + w * 1,000,003``) and
@@ -16,7 +17,8 @@ share one example database (Hypothesis's directory database is safe for
 concurrent writers).  Workers do not shrink: the first failure any worker
 finds stops them all; the parent replays it (Hypothesis mode: from the shared
 database; walk mode: the worker's seed and run) and shrinks and reports each
-distinct failure once.  One live display sums the workers.
+distinct failure once.  One live display sums the workers.  The parent makes
+the plans (and imports the engine) before the fork; the workers inherit them.
 
 The budget: the command ends within ``N`` minutes plus the shrink of one
 failure (``--shrink-seconds``, default 30 s, all failures of a run together)
@@ -437,6 +439,11 @@ def fuzz_walk(plan, seconds: float, args, disp, *, shrink: _ShrinkBudget | None 
         if stop is not None and stop():
             raise _Stop()
 
+    if on_failure is None:   # a worker's parent replayed the database before the fork
+        for f in replay_walk_database(plan, db):
+            seen.add(f.invariant)
+            res.failures.append(f)
+            disp.failures.append(f"{plan.level} {f.invariant} [{f.cause}] {f.reason[:90]} (replayed from the database)")
     while time.perf_counter() < end:
         try:
             w = walk.walk(plan, seconds=end - time.perf_counter(), seed=seed, run_length=args.steps or 200,
@@ -464,6 +471,52 @@ def fuzz_walk(plan, seconds: float, args, disp, *, shrink: _ShrinkBudget | None 
 
 class _Stop(Exception):
     """Another worker found a failure: stop between runs."""
+
+
+#: steps a replayed walk counterexample may take (its own "stop" draws end it first)
+REPLAY_MAX_STEPS = 10_000
+
+
+def replay_walk_database(plan, db) -> list:
+    """The walk counterexamples ``db`` holds for ``plan`` (shrunk by an
+    earlier walk here or on another machine -- a campaign's shared database),
+    replayed first, as Hypothesis mode's reuse phase replays its own: one
+    :class:`~memspec.invariants.runner.Failure` per invariant that still
+    fails.  Hypothesis's reuse phase over the key :func:`walk.shrink`
+    saves under; nothing is generated and nothing shrunk again."""
+    from hypothesis import HealthCheck, Phase, Verbosity, settings
+
+    from memspec.invariants import harness as H
+    from memspec.invariants import runner, walk
+
+    if db is None:
+        return []
+    key = runner.database_key(plan, "walk")
+    try:
+        if next(iter(db.fetch(key)), None) is None:
+            return []   # nothing saved: no Hypothesis run at all
+    except Exception:  # noqa: BLE001 - an unreadable (e.g. unreachable GitHub) database replays nothing
+        return []
+    guard = H.CallGuard(plan.timeout, plan.guard_mode)
+    test = walk.shrink_test(plan, REPLAY_MAX_STEPS, guard)
+    test._hypothesis_internal_database_key = key
+    sets = settings(database=db, max_examples=1, deadline=None, verbosity=Verbosity.quiet, phases=[Phase.reuse],
+                    report_multiple_bugs=True, derandomize=False, suppress_health_check=list(HealthCheck))
+    guard.install()
+    try:
+        settings(sets)(test)()
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 - what the target did is a result
+        out: dict = {}
+        for v, _flaky in runner._flatten(e):
+            if isinstance(v, H.Violation) and v.invariant not in out:
+                out[v.invariant] = runner.Failure(plan.target, plan.level, v.invariant, v.cause, v.reason, v.trace,
+                                                  None)
+        return list(out.values())
+    finally:
+        guard.uninstall()
+    return []
 
 
 def _shrink_walk_failure(plan, wf, db, shrink: _ShrinkBudget):
@@ -541,6 +594,14 @@ def _worker(w: int, argv: list[str], budget: float, queue, stop_event, built: di
             plans.append(plan)
             if not ready:
                 ready += [time.perf_counter() - (t_fork if t_fork is not None else 0.0), time.process_time() - c_start]
+            if args.mode == "walk" and w == 0:
+                # the database's walk counterexamples first (one worker replays them; the parent
+                # replays them again to report them, as it does a worker's walk failure)
+                for f in replay_walk_database(plan, database):
+                    stop_event.set()
+                    queue.put(("db-failure", w, lvl, f.invariant, f.cause, f.reason))
+                if stop():
+                    break
             if args.mode == "walk":
                 def found(wf, lvl=lvl):
                     stop_event.set()
@@ -614,6 +675,7 @@ def main_jobs(args, jobs: int) -> int:
         p.start()
     starts: dict[int, dict] = {}
     walk_failures: list[tuple] = []
+    db_failures: dict[str, dict[str, tuple]] = {}
     hyp_failures: dict[str, dict[str, tuple]] = {}
     errors: dict[str, list[str]] = {}
     running = set(range(jobs))
@@ -638,6 +700,9 @@ def main_jobs(args, jobs: int) -> int:
             elif kind_ == "walk-failure":
                 walk_failures.append(msg[1:])
                 disp.failures.append(f"{msg[2]} {msg[5]} [{msg[6]}] {str(msg[7])[:90]} (worker {msg[1]}; shrinking)")
+            elif kind_ == "db-failure":
+                db_failures.setdefault(msg[2], {}).setdefault(msg[3], (msg[4], msg[5]))
+                disp.failures.append(f"{msg[2]} {msg[3]} [{msg[4]}] {str(msg[5])[:90]} (replayed from the database)")
             elif kind_ == "hyp-failure":
                 hyp_failures.setdefault(msg[2], {}).setdefault(msg[3], (msg[4], msg[5]))
                 disp.failures.append(f"{msg[2]} {msg[3]} [{msg[4]}] {str(msg[5])[:90]} (worker {msg[1]}; shrinking)")
@@ -658,7 +723,7 @@ def main_jobs(args, jobs: int) -> int:
     disp.parent_cpu = parent_cpu
     steps = disp.steps()
     # the parent shrinks and reports each distinct failure once
-    results = _shrink_in_parent(tref, args, levels, walk_failures, hyp_failures, disp)
+    results = _shrink_in_parent(tref, args, levels, walk_failures, hyp_failures, disp, db_failures)
     for lvl, errs in errors.items():
         r = next((r for r in results if r.level == lvl), None)
         if r is None:
@@ -685,7 +750,7 @@ def _build_plans(tref, args, levels) -> dict:
     return out
 
 
-def _shrink_in_parent(tref, args, levels, walk_failures, hyp_levels, disp) -> list:
+def _shrink_in_parent(tref, args, levels, walk_failures, hyp_levels, disp, db_levels=None) -> list:
     from memspec.invariants import runner, walk
     from memspec.invariants import harness as H
 
@@ -703,11 +768,22 @@ def _shrink_in_parent(tref, args, levels, walk_failures, hyp_levels, disp) -> li
     by_level: dict[str, dict[str, tuple]] = {}
     for (w, lvl, seed, run_index, inv, cause, reason, steps) in walk_failures:
         by_level.setdefault(lvl, {}).setdefault(inv, (seed, run_index, cause, reason, steps))
+    for lvl in db_levels or {}:
+        by_level.setdefault(lvl, {})
     for lvl, fails in by_level.items():
         plan = plan_of(lvl)
         res = runner.PlanResult(plan.target, lvl, plan)
         guard = H.CallGuard(plan.timeout, plan.guard_mode)
+        from_db = (db_levels or {}).get(lvl, {})
+        if from_db:   # a worker replayed these from the database: replay them here to report them
+            got = {f.invariant: f for f in replay_walk_database(plan, database)}
+            for inv, (cause, reason) in from_db.items():
+                res.failures.append(got.get(inv) or runner.Failure(
+                    plan.target, lvl, inv, cause, f"{reason} (not reproduced on replay: nondeterministic target?)",
+                    [], None))
         for inv, (seed, run_index, cause, reason, steps) in fails.items():
+            if inv in from_db:
+                continue
             guard.install()
             try:
                 v, choices = walk.walk_once(plan, walk.run_seed(seed, run_index), args.steps or 200, guard)
