@@ -74,11 +74,21 @@ def harness_rows(quick: bool = False) -> list[Row]:
         return rows + [unavailable(name, unit, tgt, why)]
     from memspec.invariants import runner
 
+    import os
+    import resource
+    import time
+
     best = None
+    cpu: list[tuple[float, float]] = []   # per run: (supervised child, supervisor) CPU us per step
     for _ in range(1 if quick else 2):  # best of two, like the baseline
+        b, c0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.process_time()
         results = runner.conform(HARNESS_TARGET, "all", profile="ci", examples=examples, steps=steps, out_dir=None)
+        a, c1 = resource.getrusage(resource.RUSAGE_CHILDREN), time.process_time()
         steps_run = sum(r.stats.steps for r in results if r.plan is not None)
         seconds = sum(r.seconds for r in results)
+        if steps_run:
+            child = (a.ru_utime - b.ru_utime) + (a.ru_stime - b.ru_stime)
+            cpu.append((child / steps_run * 1e6, (c1 - c0) / steps_run * 1e6))
         if best is None or (seconds and steps_run / seconds > best[1] / best[2]):
             best = (results, steps_run, seconds)
     results, steps_run, seconds = best
@@ -91,11 +101,23 @@ def harness_rows(quick: bool = False) -> list[Row]:
                            "rate": (r.stats.steps / r.seconds if r.seconds else None)} for r in results}
     fails = [f"{f.invariant}" for r in results for f in r.failures]
     note = "levels " + ", ".join(f"{lv} {d['rate']:,.0f}/s" for lv, d in per_level.items() if d["rate"])
+    b_cpu = _bare_cpu.get(_settings(quick))
+    child_us = min(c for c, _p in cpu) if cpu else None
+    parent_us = min(p for _c, p in cpu) if cpu else None
+    if b_cpu and child_us:
+        # load-independent: CPU time per step (the conform child: its own start included;
+        # the supervisor apart), against the bare machine's, same run
+        note += (f"; CPU us/step: conform child {child_us:.0f} (+ supervisor {parent_us:.0f}), bare {b_cpu:.0f}: "
+                 f"CPU ratio {b_cpu / child_us:.2f}")
+    if hasattr(os, "getloadavg"):
+        note += f"; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
     if fails or errors:
         note += f"; NOTE run not clean: {len(fails)} FAIL ({', '.join(fails[:4])}), {len(errors)} errors"
     rows.append(Row(name, rate, unit, ratio, tgt, ratio >= 0.5, note,
                     extra={"steps": steps_run, "seconds": seconds, "levels": per_level, "failures": fails,
-                           "errors": errors[:5]}))
+                           "errors": errors[:5], "cpu_us_per_step": child_us, "supervisor_cpu_us_per_step": parent_us,
+                           "bare_cpu_us_per_step": b_cpu,
+                           "cpu_ratio": (b_cpu / child_us) if b_cpu and child_us else None}))
     return rows
 
 
