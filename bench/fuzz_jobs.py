@@ -15,13 +15,17 @@ number of cores the command actually got, and steps per CPU second of
 ``--jobs 2`` over ``--jobs 1`` is the parallel efficiency, which does not
 depend on how many cores were free (1.0: the workers cost nothing extra).
 
-A third row states the **CPU-normalized** ratio: the ratio ``--jobs 2``
-reaches when each process gets a core of its own, from CPU seconds alone
-(Amdahl, pessimistic): ``--jobs 1`` takes its CPU seconds; ``--jobs 2``
-takes the CPU seconds of its busiest worker (its start included) plus all
-of the parent's (imports, target, plans, display, queue), counted as if
-none of it overlapped the workers.  It is what the code scales to,
-whatever the load; the wall-clock row is what this machine gave in this run.  The note of the
+A third row states the **CPU-normalized** ratio: the wall-clock ratio
+``--jobs 2`` would reach with a core per process, computed from CPU
+seconds alone.  Each command reports the CPU of its fuzzing proper
+(``fuzz_cpu_s``: the walks; with ``--jobs 2`` its workers', their start
+included); the rest of its CPU (``RUSAGE_CHILDREN``: interpreter, imports,
+target, plans, display, report) is its serial part ``s``.  With a core per
+process each fuzzes the budget ``B`` at its measured steps per CPU second
+``r``, so ``rate = jobs x r x B / (s + B)`` and the ratio is
+``2 x (r2 / r1) x (s1 + B) / (s2 + B)``: it counts every CPU second either
+command spent, and is what the code scales to whatever the load; the
+wall-clock row is what this machine gave in this run.  The note of the
 ``--jobs 2`` row says where a worker's time went before it fuzzed: seconds
 from the fork to its first step and the CPU seconds that took (the plans
 and imports are made once in the parent, before the fork), the parent's
@@ -93,15 +97,17 @@ def run(quick: bool = False) -> list[Row]:
              f"{', '.join(f'{x:.3f}' for x in start_cpu)} s CPU; parent CPU while fuzzing "
              f"{two.get('parent_cpu_s') or 0:.2f} s, before the fork {two.get('parent_setup_cpu_s') or 0:.2f} s; "
              f"workers' steps min/max {even:.2f}") if starts else "worker start not reported"
-    w_cpu = [w.get("cpu_s") for w in ws]
-    if w_cpu and all(isinstance(x, (int, float)) for x in w_cpu) and two["cpu_s"]:
-        serial = max(two["cpu_s"] - sum(w_cpu), 0.0)   # the parent's CPU: counted as never overlapping
-        normalized = (two["steps"] / (serial + max(w_cpu))) / (one["steps"] / one["cpu_s"])
-        how = (f"--jobs 2: {two['steps']} steps in {serial:.2f} s parent CPU + {max(w_cpu):.2f} s busiest worker "
-               f"CPU; --jobs 1: {one['steps']} steps in {one['cpu_s']:.2f} s CPU")
-    else:  # workers that did not report their CPU: the efficiency alone
+    f1, f2, budget = one.get("fuzz_cpu_s"), two.get("fuzz_cpu_s"), one.get("budget_s") or seconds
+    if f1 and f2 and one["cpu_s"] and two["cpu_s"]:
+        r1, r2 = one["steps"] / f1, two["steps"] / f2
+        s1, s2 = max(one["cpu_s"] - f1, 0.0), max(two["cpu_s"] - f2, 0.0)
+        normalized = 2 * (r2 / r1) * (s1 + budget) / (s2 + budget)
+        how = (f"2 x (r2 / r1) x (s1 + B) / (s2 + B) with fuzzing steps per CPU second r1 {r1:,.0f} (--jobs 1) and "
+               f"r2 {r2:,.0f} (--jobs 2, per worker CPU second), serial CPU s1 {s1:.2f} s and s2 {s2:.2f} s, "
+               f"B {budget:g} s")
+    else:  # commands that did not report their fuzzing CPU: the efficiency alone
         normalized = 2 * eff
-        how = "2 x steps per CPU second of --jobs 2 / --jobs 1 (workers did not report their CPU)"
+        how = "2 x steps per CPU second of --jobs 2 / --jobs 1 (the commands did not report their fuzzing CPU)"
     return [
         Row(names[0], r1, "steps/s", None, "", None,
             f"baseline (faster of two runs bracketing --jobs 2: {one_a['steps'] / one_a['fuzz_s']:,.0f} and "

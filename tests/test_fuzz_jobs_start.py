@@ -55,6 +55,33 @@ def test_workers_fuzz_the_plans_made_before_the_fork(tmp_path, monkeypatch):
         # what starting the worker cost, reported by the worker itself
         assert w["ready_s"] >= 0 and 0 <= w["start_cpu_s"] <= w["cpu_s"]
     assert doc["parent_cpu_s"] >= 0 and doc["parent_setup_cpu_s"] > 0
+    # the fuzzing CPU of a --jobs run is its workers' (the bench's CPU-normalized ratio reads it)
+    assert doc["fuzz_cpu_s"] == pytest.approx(sum(w["cpu_s"] for w in doc["workers"]))
+
+
+def test_jobs_1_reports_the_cpu_of_its_fuzzing_apart_from_its_planning(tmp_path, monkeypatch):
+    """--jobs 1: ``fuzz_cpu_s`` counts the walks, not the planning before them."""
+    real = runner.make_plan
+
+    def slow_plan(*a, **kw):   # planning that costs a known CPU time (busy, not sleeping)
+        import time
+
+        c = time.process_time()
+        while time.process_time() - c < 1.0:
+            pass
+        return real(*a, **kw)
+
+    monkeypatch.setattr(runner, "make_plan", slow_plan)
+    rc, doc = _main(tmp_path, "reference", "--mode", "walk", "--seconds", "0.3", "--jobs", "1",
+                    "--level", "mechanism")
+    assert rc == 0 and doc["steps"] > 0
+    assert doc["parent_cpu_s"] is None and 0 < doc["fuzz_cpu_s"]
+    import time
+
+    assert doc["fuzz_cpu_s"] < time.process_time()   # a part of this process's CPU ...
+    # ... and not the 1 s of planning: the walks of a 0.3 s budget use at most its wall time in CPU
+    # plus the run in flight at the deadline (200 steps, well under 0.25 s CPU), whatever the load
+    assert doc["fuzz_cpu_s"] <= 0.3 + 0.25
 
 
 def test_a_plan_that_cannot_be_made_is_reported_by_the_workers(tmp_path, monkeypatch):

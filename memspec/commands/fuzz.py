@@ -167,6 +167,9 @@ class Display:
         #: and before the fork (resolving the target, the plans the workers inherit)
         self.parent_cpu: float | None = None
         self.parent_setup_cpu: float | None = None
+        #: CPU seconds of the fuzzing itself (the walks or rounds, a shrink in-process; not the
+        #: planning): this process's with --jobs 1, the workers' together with --jobs N
+        self.fuzz_cpu: float | None = None
         self.plans: list = []
         self.failures: list[str] = []
         #: --jobs: worker -> level -> (steps, covered action names, outcomes seen, total actions)
@@ -250,6 +253,7 @@ def main(argv: list[str]) -> int:
     disp.shrink = shrink
     live = contextlib.nullcontext() if args.quiet else Live(disp, console=console, refresh_per_second=4,
                                                               transient=False, redirect_stdout=False)
+    disp.fuzz_cpu = 0.0
     with live:
         for i, lvl in enumerate(levels):
             share = (deadline - time.perf_counter()) / (len(levels) - i)
@@ -261,10 +265,12 @@ def main(argv: list[str]) -> int:
                 disp.failures.append(f"{lvl}: ERROR {type(e).__name__}: {e}")
                 continue
             disp.plans.append(plan)
+            c_fuzz = time.process_time()
             if args.mode == "walk":
                 results += fuzz_walk(plan, share, args, disp, shrink=shrink)
             else:
                 results += fuzz_hypothesis(plan, share, args, disp, shrink=shrink)
+            disp.fuzz_cpu += time.process_time() - c_fuzz
     steps = sum(p.stats.steps for p in disp.plans)
     return _report(console, args, disp, results, steps, jobs=1, workers=[])
 
@@ -341,6 +347,7 @@ def _report(console, args, disp, results, steps: int, *, jobs: int, workers: lis
             "shrink_s": getattr(disp, "shrink", None).used if getattr(disp, "shrink", None) else 0.0,
             "steps": steps, "steps_per_s": steps / fs if fs else 0.0, "workers": workers,
             "parent_cpu_s": disp.parent_cpu, "parent_setup_cpu_s": disp.parent_setup_cpu,
+            "fuzz_cpu_s": disp.fuzz_cpu,
             "failures": [{"level": r.level, "invariant": f.invariant, "cause": f.cause, "reason": f.reason,
                           "steps": f.shrunk_length, "repro": f.repro} for r in results for f in r.failures],
             "errors": [{"level": r.level, "error": e} for r in results for e in r.errors],
@@ -721,6 +728,8 @@ def main_jobs(args, jobs: int) -> int:
                 "steps": sum(v[0] for v in disp.workers.get(w, {}).values()),
                 "seconds": sum(secs.get(w, {}).values()), **starts.get(w, {})} for w in range(jobs)]
     disp.parent_cpu = parent_cpu
+    w_cpu = [w.get("cpu_s") for w in workers]
+    disp.fuzz_cpu = sum(w_cpu) if all(isinstance(x, (int, float)) for x in w_cpu) else None
     steps = disp.steps()
     # the parent shrinks and reports each distinct failure once
     results = _shrink_in_parent(tref, args, levels, walk_failures, hyp_failures, disp, db_failures)
