@@ -93,10 +93,14 @@ def run(quick: bool = False) -> list[Row]:
     start_cpu = [w.get("start_cpu_s") for w in ws if w.get("start_cpu_s") is not None]
     w_steps = [w["steps"] for w in ws]
     even = min(w_steps) / max(w_steps) if w_steps and max(w_steps) else float("nan")
+    # per CPU second, the workers' seeds compared apart from the CPU the scheduler gave each
+    w_rate = [w["steps"] / w["cpu_s"] for w in ws if w.get("cpu_s")]
+    even_cpu = min(w_rate) / max(w_rate) if w_rate and max(w_rate) else float("nan")
     where = (f"worker start (fork to first step): {', '.join(f'{x:.2f}' for x in starts)} s wall, "
              f"{', '.join(f'{x:.3f}' for x in start_cpu)} s CPU; parent CPU while fuzzing "
              f"{two.get('parent_cpu_s') or 0:.2f} s, before the fork {two.get('parent_setup_cpu_s') or 0:.2f} s; "
-             f"workers' steps min/max {even:.2f}") if starts else "worker start not reported"
+             f"workers' steps min/max {even:.2f}, steps per CPU second min/max {even_cpu:.2f}") if starts else \
+        "worker start not reported"
     f1, f2, budget = one.get("fuzz_cpu_s"), two.get("fuzz_cpu_s"), one.get("budget_s") or seconds
     if f1 and f2 and one["cpu_s"] and two["cpu_s"]:
         r1, r2 = one["steps"] / f1, two["steps"] / f2
