@@ -97,19 +97,21 @@ def test_a_tampered_manifest_is_not_trusted(tmp_path):
     hashes = native.source_hashes()
     d = _fake_build(tmp_path, hashes)
     mf = json.loads((d / native.MANIFEST).read_text())
-    mf["sources"]["memspec.reference.device"] = "f" * 64
+    tampered = native.MODULES[-1]
+    mf["sources"][tampered] = "f" * 64
     (d / native.MANIFEST).write_text(json.dumps(mf))
     dest, why = native.stale_reason(root=tmp_path)
-    assert dest is None and "does not match" in why and "memspec.reference.device" in why
+    assert dest is None and "does not match" in why and tampered in why
 
 
 def test_a_build_for_another_python_or_with_missing_files_is_refused(tmp_path):
     hashes = native.source_hashes()
     d = _fake_build(tmp_path, hashes)
     assert native.stale_reason(root=tmp_path) == (d, None)
-    (d / Path(*"memspec.spec.state".split("."))).with_suffix(".so").unlink()
+    gone = native.MODULES[1]
+    (d / Path(*gone.split("."))).with_suffix(".so").unlink()
     dest, why = native.stale_reason(root=tmp_path)
-    assert dest is None and "lacks memspec.spec.state" in why
+    assert dest is None and f"lacks {gone}" in why
     mf = json.loads((d / native.MANIFEST).read_text())
     mf["python"] = "cpython-27-.so"
     (d / native.MANIFEST).write_text(json.dumps(mf))
@@ -162,7 +164,7 @@ _TRACE = textwrap.dedent("""
     import memspec
     from memspec import native
     from memspec.invariants import harness as H, runner
-    out = {"info": native.info(), "levels": {}}
+    out = {"levels": {}}
     for level in ("mechanism", "system"):
         plan = runner.make_plan("reference", level)
         guard = H.CallGuard(plan.timeout, plan.guard_mode)
@@ -187,6 +189,7 @@ _TRACE = textwrap.dedent("""
         out["levels"][level] = {"trace": trace, "steps": st.steps,
                                 **{k: sorted(map(repr, getattr(st, k).items()))
                                    for k in ("actions", "outcomes", "accepted", "boundaries")}}
+    out["info"] = native.info()  # after the walks: what they imported, from where
     print(json.dumps(out))
 """).replace("RUNS", "12").replace("LENGTH", "50")
 
