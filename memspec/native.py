@@ -5,7 +5,7 @@ here runs unless asked.  ``memspec build-native`` (or ``python -m
 memspec.native build``) compiles the modules of :data:`MODULES` with mypyc
 into a cache directory outside the source tree,
 ``~/.cache/memspec-native/<key>/`` (``$MEMSPEC_NATIVE_CACHE`` overrides the
-root), where ``<key>`` hashes the Python version, the mypy version and every
+root), where ``<key>`` hashes the Python version and the name and bytes of every
 compiled source file.  ``MEMSPEC_NATIVE=1`` (or ``memspec --native
 COMMAND``) then installs an import hook that loads those modules from the
 build -- only if the build's recorded source hashes equal the ``.py`` files
@@ -20,16 +20,20 @@ must run pure Python; classes of compiled modules are native classes (no
 ``__dict__``, no ``__class__`` swap), so code that patches them at run time
 needs the pure modules.
 
-**Measured (bench/README.md, 2026-12-01 session F): no gain.**  The walk's
-CPU per step compiled is within noise of pure Python (mechanism level
-147-190 us pure vs 187-190 us with the spec, the harness's helpers *and* the
-reference compiled; the spec and helpers alone: 194-235 vs 192-207).  The
-code is dynamically typed where it is hot (``Any`` states, callables in
-dataclass fields, dict-of-refs lookups): mypyc then calls the same generic
-C-API paths CPython's interpreter does and adds boxing and type checks at
-each boundary with interpreted code (the engine, sortedcontainers).  The
-build stays opt-in and off by default; the bench's walk row reports it when
-a build exists.
+**Measured: no gain** (bench/README.md, "session F").  CPU per walk step,
+three interleaved pairs of fresh processes, 3,000 steps per level, mean of
+the two levels: pure 196-222 us (median 207), compiled 181-251 us (median
+200): within this machine's noise.  Compiling the reference too (before it
+was left out for the reason below) gave the same.  The hot code is
+dynamically typed (``Any`` states, callables in dataclass fields, dicts of
+refs): mypyc then goes through the same generic C-API calls CPython's
+interpreter makes and adds boxing and type checks at every boundary with
+interpreted code (the engine, sortedcontainers, the reference).  The build
+stays opt-in and off by default; the bench's walk row reports it whenever a
+build of the current sources exists.
+
+Use it for the walk and ``conform`` only: the proofs and CrossHair contracts
+need the pure modules, and so does ``memspec doc`` (mypyc drops docstrings).
 """
 
 from __future__ import annotations
@@ -131,7 +135,17 @@ def _sha(path: Path) -> str:
 
 
 def source_hashes(modules: Sequence[str] = MODULES) -> dict[str, str]:
-    return {m: _sha(source_file(m)) for m in modules}
+    """module -> sha256 of its source, for ``modules`` *and* every other
+    module of their packages: mypyc compiles against the types those
+    declare (a compiled read of ``KvRequest.prefix_of`` checks the
+    annotation in ``spec/state.py``), so a change there makes a build stale too."""
+    out: dict[str, str] = {}
+    for name, d in _package_dirs(modules).items():
+        for f in sorted(d.glob("*.py")):
+            out[name if f.stem == "__init__" else f"{name}.{f.stem}"] = _sha(f)
+    for m in modules:
+        out[m] = _sha(source_file(m))
+    return dict(sorted(out.items()))
 
 
 def _mypy_version() -> str | None:
@@ -205,8 +219,8 @@ def build(modules: Sequence[str] = MODULES, root: Path | None = None, *, quiet: 
             for f in src.iterdir():
                 if f.suffix == ".py" or f.name == "py.typed":
                     shutil.copy2(f, d / f.name)
-        for m, sha in hashes.items():  # what is compiled is what was hashed
-            if _sha(work.joinpath(*m.split(".")).with_suffix(".py")) != sha:
+        for m in modules:  # what is compiled is what was hashed
+            if _sha(work.joinpath(*m.split(".")).with_suffix(".py")) != hashes[m]:
                 raise NativeError(f"{m} changed while the build was copying it; build again")
         (work / "mypy.ini").write_text(MYPY_INI)
         files = [str(Path(*m.split(".")).with_suffix(".py")) for m in modules]
@@ -285,7 +299,8 @@ def stale_reason(modules: Sequence[str] = MODULES, root: Path | None = None) -> 
             except (OSError, ValueError):
                 continue
             if other.get("python") == _python_tag():
-                changed = sorted(m for m in modules if other.get("sources", {}).get(m) != hashes[m])
+                recorded = other.get("sources") or {}
+                changed = sorted(m for m in set(hashes) | set(recorded) if recorded.get(m) != hashes.get(m))
                 return None, (f"the native build at {p.parent} is stale: "
                               f"{', '.join(changed[:4])}{' ...' if len(changed) > 4 else ''} changed since; "
                               "run `memspec build-native`")
