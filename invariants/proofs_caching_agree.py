@@ -593,12 +593,20 @@ def _kernels(vals: dict[str, Any], size: int) -> tuple[int, int]:
     state's divisions table, ``z_segment``, evaluated by Z3): the rounded size is malloc's argument (its
     precondition holds only for a legal one; the state after it is compared), the segment size only names
     the branch."""
-    key = (vals["seed"], vals["dv"][0], tuple(sorted(vals["dv"][1].items())), size)
+    pol = (vals["seed"], vals["dv"][0], tuple(sorted(vals["dv"][1].items())))
+    key = (pol, size)
     if key not in _KERNELS:
-        s = St({"seed": z3.BoolVal(vals["seed"]), "dv": concrete(ARR, vals["dv"])})
-        r = z3.simplify(H.z_round(s, z3.IntVal(size)))
-        _KERNELS[key] = (r.as_long(), z3.simplify(H.z_segment(s, r)).as_long())
+        if pol not in _KERNEL_TERMS:   # the kernels of this policy on a symbolic request, built once
+            s = St({"seed": z3.BoolVal(vals["seed"]), "dv": concrete(ARR, vals["dv"])})
+            n, r = z3.Int("kn@ag"), z3.Int("kr@ag")
+            _KERNEL_TERMS[pol] = (n, r, z3.simplify(H.z_round(s, n)), z3.simplify(H.z_segment(s, r)))
+        n, r, er, es = _KERNEL_TERMS[pol]
+        rv = z3.simplify(z3.substitute(er, (n, z3.IntVal(size))))
+        _KERNELS[key] = (rv.as_long(), z3.simplify(z3.substitute(es, (r, rv))).as_long())
     return _KERNELS[key]
+
+
+_KERNEL_TERMS: dict[tuple, tuple] = {}
 
 
 def _state_key(vals: dict[str, Any]) -> Any:
@@ -721,9 +729,10 @@ KNOB_SCRIPTS: tuple[tuple[str, dict[str, Any], tuple[tuple[str, int], ...]], ...
     # release_available: an oversize cached segment (20 MiB >= max_split_size) is released for a 3 MiB request
     ("pytorch", {"capacity": 44 << 20, "max_split_size": 4 << 20},
      (("malloc", 2), ("malloc", 20), ("free", 0), ("malloc", 3))),
-    # ... none holds the want: whole segments from the largest down until it is reached (then a new segment)
+    # ... none holds the want: whole segments from the largest down until it is reached (two of the three
+    # 20 MiB ones), then a new segment
     ("pytorch", {"capacity": 64 << 20, "max_split_size": 4 << 20},
-     (("malloc", 5), ("malloc", 5), ("malloc", 5), ("free", 0), ("free", 1), ("malloc", 30))),
+     (("malloc", 5), ("malloc", 5), ("malloc", 5), ("free", 0), ("free", 1), ("free", 2), ("malloc", 30))),
     # ... or not reached (then the retry, OutOfMemory)
     ("pytorch", {"capacity": 64 << 20, "max_split_size": 4 << 20},
      (("malloc", 5), ("malloc", 5), ("malloc", 5), ("free", 0), ("free", 1), ("malloc", 50))),

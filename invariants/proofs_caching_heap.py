@@ -237,14 +237,15 @@ def z_round(s: St, n: Any) -> Any:
     return z3.If(s.seed, seed_r, torch_r)
 
 
-def round_ok(s: St, n: Any, r: Any) -> Any:
+def round_ok(s: St, n: Any, r: Any, guards: frozenset = frozenset()) -> Any:
     """What the proofs use of the rounding (malloc takes the rounded size ``r`` as an argument constrained
     by this): the toy's ladder exactly; pytorch's: ``r >= n``, a 512 multiple >= 512, and in the pool of
     ``n`` (``r <= 1 MiB`` iff ``n <= 1 MiB``).  :func:`rounding_lemma` proves that :func:`z_round` (every
     divisions table of legal entries) satisfies it, and :func:`kernel_boundary_agreement` checks it on the
     spec's own rounding at every threshold."""
     seed_r = z3.If(n <= K_SMALL, ceil_to(n, K_MIN_BLOCK), ceil_to(n, K_ROUND_LARGE))
-    return z3.If(s.seed, r == seed_r, z3.And(r >= n, r >= K_MIN_BLOCK, r % K_MIN_BLOCK == 0,
+    up = r >= n if "round-up" not in guards else z3.BoolVal(True)
+    return z3.If(s.seed, r == seed_r, z3.And(up, r >= K_MIN_BLOCK, r % K_MIN_BLOCK == 0,
                                              (r <= K_SMALL) == (n <= K_SMALL)))
 
 
@@ -376,7 +377,13 @@ def reserved_wf(s: St) -> Any:
     """reserved (per pool) = free + active bytes of the pool, and fits the device."""
     return z3.And(s.Rs == total(s, "Ns") + total(s, "Ws") + total(s, "As"),
                   s.Rl == total(s, "Nl") + total(s, "Wl") + total(s, "Al"),
-                  s.Rs + s.Rl <= s.cap)
+                  s.Rs + s.Rl <= s.cap, within_cap(s))
+
+
+def within_cap(s: St) -> Any:
+    """With memory_fraction set, reserved stays within the per-process cap (0 if the cap is negative: then
+    no segment is ever made)."""
+    return z3.Implies(s.hf, s.Rs + s.Rl <= z3.If(s.lim > 0, s.lim, 0))
 
 
 def wf(s: St) -> Any:
@@ -384,12 +391,13 @@ def wf(s: St) -> Any:
 
 
 def c1(s: St) -> Any:
-    """reserved >= allocated >= requested, per pool and in all; reserved <= the device."""
+    """reserved >= allocated >= requested, per pool and in all; reserved <= the device (and <= the
+    memory_fraction cap, when set)."""
     parts = []
     for p in ("s", "l"):
         # reserved >= allocated; allocated - requested (the slack) >= 0
         parts += [s[f"R{p}"] >= total(s, f"A{p}"), total(s, f"Q{p}") >= 0]
-    return z3.And(*parts, s.Rs + s.Rl <= s.cap)
+    return z3.And(*parts, s.Rs + s.Rl <= s.cap, within_cap(s))
 
 
 def c2(s: St) -> Any:
@@ -551,7 +559,8 @@ def room(s: St, alloc: Any, guards: frozenset = frozenset()) -> Any:
     if "room" in guards:
         return z3.BoolVal(True)
     used = s.Rs + s.Rl + alloc
-    return z3.And(z3.Or(z3.Not(s.hf), used <= s.lim), used <= s.cap)
+    cap = z3.Or(z3.Not(s.hf), used <= s.lim) if "cap" not in guards else z3.BoolVal(True)
+    return z3.And(cap, used <= s.cap)
 
 
 def gc_fires(s: St) -> Any:
@@ -634,7 +643,7 @@ def malloc_path(s: St, a: St, path: str, guards: frozenset = frozenset()) -> Any
 def malloc_pre(s: St, a: St, path: str, guards: frozenset = frozenset()) -> Any:
     m = malloc_parts(s, a, guards)
     return z3.And(idle(s), a.size >= 1, 0 <= a.t, a.t < STREAMS,
-                  z3.Or(m["eb"], round_ok(s, a.size, a.r)),
+                  z3.Or(m["eb"], round_ok(s, a.size, a.r, guards)),
                   z3.Or(m["eb"], m["best"], z3.And(a.b == -1, m["none"])),
                   malloc_path(s, a, path, guards),
                   cont_pre(s, a, m["alloc"], path, guards) if path in CONT_PATHS else z3.BoolVal(True))
@@ -678,11 +687,12 @@ def _release_one(s: St, b: Any) -> St:
     return _update_sums(s, out, [(b, z3.BoolVal(True))], 0)
 
 
-def gc_release_pre(s: St, a: St) -> Any:
+def gc_release_pre(s: St, a: St, guards: frozenset = frozenset()) -> Any:
     """``_garbage_collect``'s victims, nondeterministically: any whole free segment of the large pool (the
     spec frees the ones aged at least the average, repeatedly, possibly past its target: one of these)."""
     b = a.b
-    return z3.And(s.gp, 0 <= b, b < s.n, _whole_free(s, b), z3.Not(at(s.sm, b)))
+    whole = _whole_free(s, b) if "gc-whole" not in guards else z3.And(at(s.al, b), at(s.k, b) == FREE)
+    return z3.And(s.gp, 0 <= b, b < s.n, whole, z3.Not(at(s.sm, b)))
 
 
 def gc_end_pre(s: St, a: St, path: str, guards: frozenset = frozenset()) -> Any:
@@ -710,9 +720,10 @@ def _no_big(s: St) -> Any:
     return _all(s.n, lambda j: z3.Not(z3.And(_acand(s, j), at(s.sz, j) >= s.wa)))
 
 
-def _elig(s: St, j: Any) -> Any:
+def _elig(s: St, j: Any, guards: frozenset = frozenset()) -> Any:
     """Released by release_available's loop when reached: a whole free segment of at least max_split_size."""
-    return z3.And(_acand(s, j), at(s.sz, j) == at(s.ss, j), at(s.sz, j) >= s.ms)
+    whole = at(s.sz, j) == at(s.ss, j) if "avail-whole" not in guards else z3.BoolVal(True)
+    return z3.And(_acand(s, j), whole, at(s.sz, j) >= s.ms)
 
 
 def avail_big_pre(s: St, a: St) -> Any:
@@ -720,12 +731,12 @@ def avail_big_pre(s: St, a: St) -> Any:
     return z3.And(s.ra, s.rsum == 0, _big_best(s, a.b), at(s.sz, a.b) == at(s.ss, a.b))
 
 
-def avail_one_pre(s: St, a: St) -> Any:
+def avail_one_pre(s: St, a: St, guards: frozenset = frozenset()) -> Any:
     """None holds the want: from the largest down (size, then address), whole segments of at least
     max_split_size are released until the want is reached."""
     b = a.b
-    return z3.And(s.ra, _no_big(s), s.rsum < s.wa, 0 <= b, b < s.n, _elig(s, b),
-                  _all(s.n, lambda j: z3.Implies(_elig(s, j), _key_le(s, j, b))))
+    return z3.And(s.ra, _no_big(s), s.rsum < s.wa, 0 <= b, b < s.n, _elig(s, b, guards),
+                  _all(s.n, lambda j: z3.Implies(_elig(s, j, guards), _key_le(s, j, b))))
 
 
 def avail_end_pre(s: St, a: St, path: str, guards: frozenset = frozenset()) -> Any:
@@ -893,10 +904,12 @@ def actions(guards: frozenset = frozenset()) -> list[Act]:
 
     return [
         *[mk_malloc(p) for p in MALLOC_PATHS],
-        Act("gc:release", {"b": INT}, release(False), gc_release_pre, spec=("caching:malloc",)),
+        Act("gc:release", {"b": INT}, release(False), lambda s, a: gc_release_pre(s, a, guards),
+            spec=("caching:malloc",)),
         *[mk_gc_end(p) for p in CONT_PATHS],
         Act("avail:big", {"b": INT}, release(True), avail_big_pre, spec=("caching:malloc",)),
-        Act("avail:one", {"b": INT}, release(True), avail_one_pre, spec=("caching:malloc",)),
+        Act("avail:one", {"b": INT}, release(True), lambda s, a: avail_one_pre(s, a, guards),
+            spec=("caching:malloc",)),
         mk_avail_end("new"), mk_avail_end("retry"),
         mk_retry("new"), mk_retry("oom"),
         mk_process("wait"), mk_process("free"), mk_free("pending"), mk_free("merge"),
@@ -1228,17 +1241,26 @@ UNGUARDED: dict[str, tuple[str, str, str]] = {
     "C9": ("malloc_retry:oom", "after", "the OOM figures are taken after the retry released the cache"),
 }
 
+#: the policy knobs' unguarded variants: knob -> (invariant, encoded action, guard removed, the guard in words)
+KNOB_UNGUARDED: dict[str, tuple[str, str, str, str]] = {
+    "memory_fraction": ("C1", "malloc:new", "cap", "a new segment only if it fits the memory_fraction cap"),
+    "roundup_power2_divisions": ("C1", "malloc:new", "round-up", "the rounded size is at least the request"),
+    "garbage_collection_threshold": ("C2", "gc:release", "gc-whole",
+                                     "the garbage collection releases only whole free segments"),
+    "release_available": ("C2", "avail:one", "avail-whole", "release_available releases only whole segments"),
+}
+
 #: the refutation's search: heaps of at most this many blocks (every quantifier expanded exactly)
 REFUTE_BLOCKS = 4
 
 
-def refute(inv_id: str, timeout_ms: int = 60000) -> tuple[bool, str]:
+def refute(inv_id: str, timeout_ms: int = 60000, knob: str | None = None) -> tuple[bool, str]:
     """A well-formed heap (the whole inductive invariant holds on it, at most
     :data:`REFUTE_BLOCKS` blocks, every quantifier expanded exactly) from which
     the unguarded action breaks the invariant it names.  ``(refuted, trace)``."""
     from memspec.invariants.proofs import _args, fresh
 
-    act_name, guard, words = UNGUARDED[inv_id]
+    act_name, guard, words = UNGUARDED[inv_id] if knob is None else KNOB_UNGUARDED[knob][1:]
     act = next(x for x in actions(frozenset({guard})) if x.name == act_name)
     s = fresh(FIELDS, "u")
     a = _args(act, "u")
@@ -1262,7 +1284,7 @@ def refute(inv_id: str, timeout_ms: int = 60000) -> tuple[bool, str]:
     ev = lambda x: m.eval(x, model_completion=True)  # noqa: E731
     n = ev(s.n).as_long()
     lines = [f"  from a well-formed heap of {n} block(s) (seed preset: {ev(s.seed)}, capacity {ev(s.cap)}, "
-             f"max_split_size {ev(s.ms)}):"]
+             f"max_split_size {ev(s.ms)}, memory_fraction cap {ev(s.lim) if z3.is_true(ev(s.hf)) else 'unset'}):"]
     for i in range(n):
         if z3.is_true(ev(at(s.al, i))):
             lines.append(f"    block {i}: addr {ev(at(s.ad, i))} size {ev(at(s.sz, i))} "
@@ -1301,6 +1323,10 @@ def run_heap(timeout_ms: int = 20000, ids: list[str] | None = None) -> dict[str,
     bad = kernel_boundary_agreement()
     checks.append(("kernels at every threshold vs spec/caching", "proved" if not bad else f"{len(bad)} mismatches: {bad[:2]}", 0.0))
     refuted = {c: refute(c) for c in UNGUARDED if ids is None or c in ids}
+    for knob, (c, act_name, _g, words) in KNOB_UNGUARDED.items():
+        ok, _trace = refute(c, knob=knob)
+        checks.append((f"refuted: {act_name} without '{words}' ({knob}) breaks {c}",
+                       "proved" if ok else "NOT refuted", 0.0))
     return {"checks": checks, "refuted": refuted, "seconds": time.process_time() - t0,
             "actions": {a.name: list(a.spec) for a in actions()}}
 
