@@ -358,9 +358,38 @@ class Agreement:
 
 def _first(acts: dict[str, H.Act], names: list[str], vals: dict[str, Any], args: dict[str, int],
            guards: frozenset) -> tuple[str | None, list[str]]:
-    """The encoded path whose precondition holds (and every one that does: exactly one must)."""
-    hold = [nm for nm in names if compiled(acts[nm], vals["n"], guards).applies(vals, args)]
+    """The encoded path whose precondition holds (and every one that does: exactly one must).  The paths'
+    preconditions are packed into one term (they share the state's and the arguments' constants, so one
+    substitution evaluates them all)."""
+    n = vals["n"]
+    if len(names) == 1:
+        hold = [nm for nm in names if compiled(acts[nm], n, guards).applies(vals, args)]
+        return (hold[0] if hold else None), hold
+    key = (tuple(names), n, guards)
+    packed = _PRES.get(key)
+    if packed is None:
+        cs = [compiled(acts[nm], n, guards) for nm in names]
+        term = z3.K(z3.IntSort(), z3.IntVal(-1))
+        for idx, c in enumerate(cs):
+            term = z3.Store(term, idx, z3.If(c.pre, z3.IntVal(1), z3.IntVal(0)))
+        params = sorted({p for c in cs for p in c.act.params})
+        packed = _PRES[key] = (term, cs[0].s, {p: z3.Int(f"{p}@agarg") for p in params})
+    term, s, a = packed
+    subs = [(s[f], concrete(H.FIELDS[f], vals[f])) for f in H.FIELDS if f != "n"]
+    subs += [(a[p], z3.IntVal(args.get(p, 0))) for p in a]
+    v = z3.simplify(z3.substitute(term, *subs))
+    got: dict[int, int] = {}
+    while z3.is_store(v):
+        idx, val = v.arg(1), v.arg(2)
+        if not (z3.is_int_value(idx) and z3.is_int_value(val)):
+            raise ValueError(f"{names}: a precondition did not simplify to a value: {str(val)[:200]}")
+        got.setdefault(idx.as_long(), val.as_long())
+        v = v.arg(0)
+    hold = [nm for idx, nm in enumerate(names) if got.get(idx) == 1]
     return (hold[0] if hold else None), hold
+
+
+_PRES: dict[tuple, tuple] = {}
 
 
 def _drain(acts: dict[str, H.Act], vals: dict[str, Any], rep: Agreement, spec_action: str,

@@ -10,8 +10,8 @@ from memspec.invariants import proofs_caching_agree as A
 from memspec.invariants import proofs_caching_heap as H
 
 MiB = 1 << 20
-KNOB_ACTIONS = ["malloc:gc", "malloc:avail", "gc:release", "gc_end:new", "gc_end:oom", "gc_end:avail",
-                "avail:big", "avail:one", "avail_end:new", "avail_end:retry"]
+KNOB_ACTIONS = ["malloc:gc", "malloc:avail", "gc_end:oom", "gc_end:avail", "avail_end:retry", "phase:release",
+                "phase:new"]
 
 
 def test_rounding_lemma_is_proved() -> None:
@@ -59,7 +59,7 @@ def test_division_kernel_agreement_catches_a_slip_at_the_entry_start(monkeypatch
 
 @pytest.mark.parametrize("action", KNOB_ACTIONS)
 def test_knob_actions_are_inductive(action: str) -> None:
-    act = next(a for a in H.actions() if a.name == action)
+    act = next(a for a in H.actions() + H.phase_actions() if a.name == action)
     res = H.consecution(act, timeout_ms=60000)
     assert res and all(r in ("proved", "framed") for _n, r, _t in res), [x for x in res if x[1] not in ("proved", "framed")]
 
@@ -155,3 +155,19 @@ def test_agreement_catches_a_spec_that_ignores_the_divisions(monkeypatch) -> Non
     rep = A.Agreement()
     A.knob_sweep(rep)
     assert rep.mismatches
+
+
+@pytest.mark.parametrize("action", sorted(H.COVERED))
+def test_phase_steps_are_instances_of_their_phase_action(action: str) -> None:
+    act = next(a for a in H.actions() if a.name == action)
+    assert H.covered(act) == "proved"
+
+
+@pytest.mark.parametrize("knob,action", [("garbage_collection_threshold", "gc:release"),
+                                         ("release_available", "avail:one")])
+def test_an_unguarded_release_is_not_an_instance_of_the_phase_release(knob: str, action: str) -> None:
+    """Without its whole-segment guard the release's precondition no longer implies phase:release's:
+    the covering check fails (so the action would not be proved by it)."""
+    guard = H.KNOB_UNGUARDED[knob][2]
+    act = next(a for a in H.actions(frozenset({guard})) if a.name == action)
+    assert H.covered(act) != "proved"
