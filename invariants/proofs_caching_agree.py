@@ -20,16 +20,25 @@ module checks that it is the *same machine* as the executable spec:
 * **transition agreement**: for every spec step the encoded actions it stands
   for run on the projection (a malloc is the encoded ``process_event`` steps
   for the events that completed, then the one malloc path whose precondition
-  holds -- with the spec's chosen block as the best-fit argument: if it is not
-  the encoding's best fit no precondition holds and that is a mismatch --,
-  then for pytorch's retry the events and ``malloc_retry``); the alive blocks
-  (by address: size, kind, requested, pool, stream, segment, recorded uses and
-  event values, neighbours), the counters, reserved bytes, the ghost sums'
-  totals, the answer (bytes released, the OOM figures) must equal the
-  projection of the spec's state after the step.  Branch counts are per spec
-  action and encoded action, with the split decision (``/split``,
-  ``/whole``) and the remainder exactly on the split threshold as branches of
-  their own: a branch with 0 samples fails ``prove``.
+  holds -- the rounded size by the encoding's own kernel ``z_round`` with the
+  policy's divisions table, the best-fit argument the smallest fitting block
+  by the driver (the precondition admits only the best one; the spec's choice
+  shows in the state compared after the step) --, then the phases: the
+  garbage collection's ``gc:release`` steps with the spec's victims as
+  arguments (the encoding admits any whole large-pool segment: the spec's
+  must be among them) and ``gc_end``; release_available's ``avail:`` steps and
+  ``avail_end``; for pytorch's retry the events and ``malloc_retry``); the
+  alive blocks (by address: size, kind, requested, pool, stream, segment,
+  recorded uses and event values, neighbours), the counters, reserved bytes,
+  the phase flags, the ghost sums' totals, the answer (bytes released, the
+  OOM figures) must equal the projection of the spec's state after the step.
+  Branch counts are per spec action and encoded action, with the split
+  decision (``/split``, ``/whole``), the remainder exactly on the split
+  threshold, a request the divisions round off the 512 B ladder and a segment
+  only the memory_fraction cap refuses as branches of their own: a branch
+  with 0 samples fails ``prove``.  Policies: both presets, with and without
+  max_split_size, memory_fraction, garbage_collection_threshold and
+  roundup_power2_divisions (:data:`WALKS`, :data:`KNOB_SCRIPTS`).
 * **invariant agreement**: each C invariant's encoding (``NAMED``) evaluated
   on the projection must equal the executable invariant's verdict on the state.
 
