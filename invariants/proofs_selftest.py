@@ -387,7 +387,40 @@ def catalog() -> list[Break]:
         out.append(Break(f"{inv} encoding (caching heap): {act_name} without '{words}'", "encoding", inv,
                          (f"heap:{inv}",)))
     out += _generation_progress_breaks()
+    out += _caching_knob_breaks()
     return out
+
+
+# -- caching heap encoding: the policy knobs (memory_fraction, divisions, gc threshold, release_available) --
+
+#: knob -> the consecution goal its guard protects (in the action of proofs_caching_heap.KNOB_UNGUARDED)
+KNOB_GOALS = {"memory_fraction": ("reserved",), "roundup_power2_divisions": ("C2:block",),
+              "garbage_collection_threshold": ("C2:block",), "release_available": ("C2:block",)}
+
+
+def detect_heap_knob(knob: str) -> str | None:
+    """The knob's guarded action proves its goal and the same action with the guard removed
+    (:data:`proofs_caching_heap.KNOB_UNGUARDED`) does not."""
+    from memspec.invariants import proofs_caching_heap as H
+
+    inv, act_name, guard, words = H.KNOB_UNGUARDED[knob]
+    only = KNOB_GOALS[knob]
+    good = next(a for a in H.actions() if a.name == act_name)
+    if any(r not in ("proved", "framed") for _n, r, _t in H.consecution(good, 60000, only=only)):
+        return None  # fires unbroken: proves nothing
+    bad = next(a for a in H.actions(frozenset({guard})) if a.name == act_name)
+    for name, r, _t in H.consecution(bad, 60000, only=only):
+        if r not in ("proved", "framed"):
+            return f"prove (caching heap): {act_name} without '{words}': {name} {r} ({inv})"
+    return None
+
+
+def _caching_knob_breaks() -> list[Break]:
+    from memspec.invariants.proofs_caching_heap import KNOB_UNGUARDED
+
+    return [Break(f"{inv} encoding (caching heap, {knob}): {act_name} without '{words}'", "encoding", inv,
+                  (f"heap-knob:{knob}",))
+            for knob, (inv, act_name, _g, words) in KNOB_UNGUARDED.items()]
 
 
 # --------------------------------------------------------------------------
@@ -519,6 +552,8 @@ def run_detector(d: str, b: Break, baselines: dict[str, Any]) -> str | None:
         return detect_caching_walk()
     if d.startswith("heap:"):
         return detect_heap(d.split(":")[1])
+    if d.startswith("heap-knob:"):
+        return detect_heap_knob(d.split(":")[1])
     if d == "caching-kernels":
         return detect_caching_kernels()
     if d == "caching-agreement":
