@@ -38,9 +38,10 @@ import itertools
 import reprlib
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NoReturn
 
-from sortedcontainers import SortedList
+from mypy_extensions import mypyc_attr
+from sortedcontainers import SortedList  # type: ignore[import-untyped]
 
 from memspec.spec.api import (
     DEFAULT_PAGE,
@@ -167,7 +168,7 @@ class SimulatedDevice:
     pointer (*VA is not scarce. Physical HBM is.*).
     """
 
-    def __init__(self, capacity: int, *, page: int = DEFAULT_PAGE, base: int = 0x7F0A_0000_0000,
+    def __init__(self, capacity: Any, *, page: int = DEFAULT_PAGE, base: int = 0x7F0A_0000_0000,
                  other_processes: dict[int, int] | None = None, name: str = "sim-caching") -> None:
         if not isinstance(capacity, int) or capacity <= 0:
             raise InvalidRequest(f"capacity must be a positive int, got {capacity!r}")
@@ -463,12 +464,23 @@ class _Pool:
         self.hot: tuple = ()
 
 
-#: a handle or block without an ``__init__`` frame (the hot paths set every slot they read)
-_new_handle = _new_block = object.__new__
+def _compiled_probe() -> None:
+    """Has a code object unless this module runs compiled (mypyc)."""
+
+
+#: True when this module runs as a mypyc build (``memspec build-native``)
+COMPILED = not hasattr(_compiled_probe, "__code__")
+
+#: pure Python: a handle or block without an ``__init__`` frame (the hot paths
+#: set every slot they read).  Compiled, the hot paths call the constructors
+#: (a C call there; mypyc's classes refuse ``object.__new__``).
+_new_block: Any = object.__new__
+_new_handle: Any = object.__new__
 
 _STATE_LIVE, _STATE_PENDING, _STATE_FREE = "active_allocated", "active_pending_free", "inactive"
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the mutants and tests subclass it (compiled by mypyc)
 class CachingAllocator:
     """One device's caching allocator (see the module docstring).
 
@@ -504,6 +516,7 @@ class CachingAllocator:
                 raise InvalidRequest("give a capacity (simulated device) or a driver")
             device = SimulatedDevice(capacity)
         self.device = device
+        self.mechanism: SimulatedMechanism | None
         if device is not None:
             mech = SimulatedMechanism(device)
             self.mechanism = mech
@@ -532,11 +545,11 @@ class CachingAllocator:
         self._completed: dict[int, int] = {}
         self._events: dict[int, deque] = {}
         self._n_events = 0
-        self._total = 0  # total_allocated_memory: bytes of segments and mapped pages
+        self._total: int = 0  # total_allocated_memory: bytes of segments and mapped pages
         self._clock = itertools.count(1)
         self._trace: deque | None = deque(maxlen=max_entries) if record_history else None
         self.arena_factor = arena_factor if arena_factor is not None else (16.0 if preset == "seed" else 1.125)
-        self.memory_fraction = None
+        self.memory_fraction: float | None = None
         self._allowed: int | None = None
         self._ever_expandable = False
         self.set_allocator_settings(
@@ -584,7 +597,7 @@ class CachingAllocator:
             self._max_split = max_split_size
             self.stats.max_split_size = -1 if max_split_size is None else max_split_size
         if roundup_power2_divisions != "keep":
-            d = roundup_power2_divisions
+            d: Any = roundup_power2_divisions
             if isinstance(d, int):
                 d = (d,) * ROUNDUP_INTERVALS
             if d is not None:
@@ -602,7 +615,7 @@ class CachingAllocator:
         self._fast = (type(self) is CachingAllocator and not self._ever_expandable and self._max_split is None
                       and not self.gc_threshold)
 
-    def set_per_process_memory_fraction(self, fraction: float) -> None:
+    def set_per_process_memory_fraction(self, fraction: Any) -> None:
         """cudaMalloc is refused when reserved + size > fraction * capacity."""
         if type(fraction) not in (int, float) or not 0.0 <= fraction <= 1.0:  # nan fails both comparisons
             raise InvalidRequest(f"fraction must be a number in [0, 1], got {fraction!r}")
@@ -627,7 +640,7 @@ class CachingAllocator:
 
     # ---------------------------------------------------------------- streams
 
-    def complete_stream(self, stream: int) -> None:
+    def complete_stream(self, stream: Any) -> None:
         """The device finished every piece of work queued on ``stream`` so far:
         the events recorded on it are now complete (the allocator notices at
         the next malloc or empty_cache)."""
@@ -639,7 +652,7 @@ class CachingAllocator:
         for s in list(self._issued):
             self.complete_stream(s)
 
-    def record_stream(self, block: CachedBlock, stream: int) -> None:
+    def record_stream(self, block: Any, stream: Any) -> None:
         """``Tensor.record_stream``: the block is used by work on ``stream``;
         its free is then deferred until that work completes."""
         b = self._owned_live(block)
@@ -730,7 +743,7 @@ class CachingAllocator:
 
     # ---------------------------------------------------------------- malloc
 
-    def malloc(self, size: int, stream: int = 0) -> CachedBlock:
+    def malloc(self, size: Any, stream: Any = 0) -> CachedBlock:
         """Allocate ``size`` bytes for work on ``stream``.
 
         For the plain allocator (``self._fast``: no subclass overriding a
@@ -785,7 +798,7 @@ class CachingAllocator:
                     else (remaining >= K_MIN_BLOCK if small else remaining > K_SMALL_SIZE)):
                 # split: the remainder ``rest`` stays free, after the new block
                 rest = b
-                b = _new_block(_Block)
+                b = _Block(rest.address, r, rest.stream, rest.seg) if COMPILED else _new_block(_Block)
                 b.address = addr = rest.address
                 b.size = bs = r
                 b.seg = rest.seg
@@ -859,12 +872,15 @@ class CachingAllocator:
                 self.stats.note_malloc_while_pending(SMALL if small else LARGE)
             if self._trace is not None:
                 self._record("alloc", b.address, size, stream)
-        h = _new_handle(CachedBlock)  # a new handle every time; no __init__ frame
-        h.address = b.address
-        h.size = b.size
-        h.requested_size = size
-        h.stream = stream
-        h._block = b
+        if COMPILED:
+            h = CachedBlock(b.address, b.size, size, stream, b)
+        else:  # a new handle every time; no __init__ frame
+            h = _new_handle(CachedBlock)
+            h.address = b.address
+            h.size = b.size
+            h.requested_size = size
+            h.stream = stream
+            h._block = b
         b.handle = h
         return h
 
@@ -892,9 +908,10 @@ class CachingAllocator:
             return None
         b = pool.free[key & _M64]
         if b.seg.expandable:
-            b = self._expandable_pick(pool, stream, _keys_after(bl._lists, pos, idx), b)
-            if b is None:
+            e = self._expandable_pick(pool, stream, _keys_after(bl._lists, pos, idx), b)
+            if e is None:
                 return None
+            b = e
             key = None
         ms = self._max_split
         if ms is not None:
@@ -938,7 +955,7 @@ class CachingAllocator:
         alloc_size = segment_bytes(r, self.preset)
         if self.gc_threshold > 0.0 and self._allowed is not None:
             self._garbage_collect()
-        b = self._alloc_block(pool, stream, r, alloc_size, retry=False)
+        b: _Block | None = self._alloc_block(pool, stream, r, alloc_size, retry=False)
         if b is None and self.preset == "pytorch":
             if self._release_available_cached_blocks(pool, stream, r):
                 b = self._alloc_block(pool, stream, r, alloc_size, retry=False)
@@ -1045,7 +1062,7 @@ class CachingAllocator:
         if ms is None:
             return False
         want = max(r, ms)
-        keys = [k for k in pool.blocks.irange((stream << 128), ((stream + 1) << 128) - 1)]
+        keys: list[int] = [k for k in pool.blocks.irange((stream << 128), ((stream + 1) << 128) - 1)]
         big = [k for k in keys if (k >> 64) & _M64 >= want]
         if not big:
             released = 0
@@ -1086,7 +1103,10 @@ class CachingAllocator:
     def _garbage_collect(self) -> None:
         """garbage_collection_threshold: when reserved > t * allowed, free
         unsplit large cached blocks, oldest (by reuse interval) first."""
-        threshold = int(self.gc_threshold * self._allowed)
+        allowed = self._allowed
+        if allowed is None:  # (only called with a memory fraction set)
+            return
+        threshold = int(self.gc_threshold * allowed)
         if self._total <= threshold:
             return
         target = self._total - threshold
@@ -1126,7 +1146,7 @@ class CachingAllocator:
             if not self._map_block(pool, c, min(c.size, r)):
                 return None
         while c.size < r:
-            nxt = c.next
+            nxt: Any = c.next  # (the unmapped block after c: _find_expandable_block found enough)
             if not self._map_block(pool, nxt, min(r - c.size, nxt.size)):
                 return None
             c = nxt
@@ -1140,10 +1160,12 @@ class CachingAllocator:
     def _find_expandable_block(self, pool: _Pool, stream: int, r: int) -> _Block:
         for key in pool.unmapped.irange(stream << 64, ((stream + 1) << 64) - 1):
             c = pool.unmapped_at[key & _M64]
-            if self._allocatable(c.prev):
-                c = c.prev
-            got, x = 0, c
-            while got < r and self._allocatable(x):
+            p = c.prev
+            if p is not None and self._allocatable(p):
+                c = p
+            got: int = 0
+            x: _Block | None = c
+            while got < r and x is not None and self._allocatable(x):
                 got += x.size
                 x = x.next
             if got >= r:
@@ -1273,7 +1295,7 @@ class CachingAllocator:
             pass
         raise self._refuse(handle)
 
-    def free(self, block: CachedBlock) -> None:
+    def free(self, block: Any) -> None:
         """Free a block. Allocated stats drop at once; with uses on other
         streams the block waits for their events (``active_pending_free``).
         The handle is checked against the allocator's record, never its own fields.
@@ -1451,7 +1473,7 @@ class CachingAllocator:
     def largest_free_block(self) -> int:
         return max((b.size for p in (self._small, self._large) for b in p.free.values()), default=0)
 
-    def _oom(self, pool: _Pool, stream: int, r: int, alloc_size: int, size: int) -> None:
+    def _oom(self, pool: _Pool, stream: int, r: int, alloc_size: int, size: int) -> NoReturn:
         self.stats.num_ooms += 1
         free, total = self._mem_get_info()
         allocated = self.stats.allocated_bytes[ALL].current
@@ -1469,12 +1491,13 @@ class CachingAllocator:
         err = OutOfMemory(msg, requested=tried, total_capacity=total, free=free, allocated=allocated,
                           reserved=reserved, reserved_unallocated=reserved - allocated,
                           largest_free_block=largest, device=self.device_index)
-        err.request_size = size
-        err.rounded_size = r
-        err.allowed = self._allowed
-        err.other_processes = others
-        err.expandable_segments = self.expandable
-        err.preset = self.preset
+        e: Any = err  # (the spec's OutOfMemory carries these as extra attributes)
+        e.request_size = size
+        e.rounded_size = r
+        e.allowed = self._allowed
+        e.other_processes = others
+        e.expandable_segments = self.expandable
+        e.preset = self.preset
         raise err
 
     # ---------------------------------------------------------------- inspection
