@@ -38,7 +38,7 @@ import itertools
 import reprlib
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
-from typing import Any, Callable, Iterator, NoReturn
+from typing import Any, Callable, Final, Iterator, NoReturn, cast
 
 from mypy_extensions import mypyc_attr
 from sortedcontainers import SortedList  # type: ignore[import-untyped]
@@ -68,21 +68,23 @@ from memspec.reference.caching_stats import (
     ONE_EB_MESSAGE,
     SMALL,
     AllocatorStats,
+    Stat,
+    SumStat,
     increase_pooled,
     memory_summary,
     pytorch_oom_message,
     seed_oom_message,
 )
 
-K_MIN_BLOCK = 512
-K_SMALL_SIZE = 1 * MiB
-K_SMALL_BUFFER = 2 * MiB
-K_LARGE_BUFFER = 20 * MiB
-K_MIN_LARGE_ALLOC = 10 * MiB
-K_ROUND_LARGE = 2 * MiB
+K_MIN_BLOCK: Final = 512
+K_SMALL_SIZE: Final = 1 * MiB
+K_SMALL_BUFFER: Final = 2 * MiB
+K_LARGE_BUFFER: Final = 20 * MiB
+K_MIN_LARGE_ALLOC: Final = 10 * MiB
+K_ROUND_LARGE: Final = 2 * MiB
 PRESETS = ("pytorch", "seed")
-ROUNDUP_INTERVALS = 16  # 1 MiB .. 64 GiB, one divisions entry per power of two
-_M64 = (1 << 64) - 1
+ROUNDUP_INTERVALS: Final = 16  # 1 MiB .. 64 GiB, one divisions entry per power of two
+_M64: Final = (1 << 64) - 1
 
 
 def _inc2(stat: list, idx: int, n: int) -> None:
@@ -334,7 +336,7 @@ class _Segment:
     __slots__ = ("address", "size", "stream", "small", "expandable", "handle", "page", "head", "owner", "pool")
 
     def __init__(self, address: int, size: int, stream: int, small: bool, expandable: bool, handle: Any,
-                 page: int = 0, owner: Any = None, pool: Any = None):
+                 page: int, owner: Any, pool: _Pool):
         self.address, self.size, self.stream, self.small = address, size, stream, small
         self.expandable, self.handle, self.page, self.owner = expandable, handle, page, owner
         self.pool = pool  # the owner's _Pool of this segment's blocks
@@ -406,25 +408,27 @@ class CachedBlock:
         return _describe(self)
 
 
-def _sl_add(bl: SortedList, v: int) -> None:
-    """``SortedList.add(v)`` with its common case inlined (sortedcontainers 2.x
+def _sl_add(pool: _Pool, v: int) -> None:
+    """``pool.blocks.add(v)`` with its common case inlined (sortedcontainers 2.x
     internals: no positional index rebuilt; a full sublist is split as ``add`` does)."""
-    maxes = bl._maxes
+    maxes = pool.maxes
+    lst: list[int]
     if maxes:
         if v >= maxes[-1]:
             pos = len(maxes) - 1
-            lst = bl._lists[pos]
+            lst = pool.lists[pos]
             lst.append(v)
             maxes[pos] = v
         else:
             pos = bisect_right(maxes, v)
-            lst = bl._lists[pos]
+            lst = pool.lists[pos]
             insort(lst, v)
-        if bl._index or len(lst) > 2000:
+        bl = pool.blocks
+        if pool.index or len(lst) > 2000:
             bl._expand(pos)
         bl._len += 1
     else:
-        bl.add(v)
+        pool.blocks.add(v)
 
 
 def _sl_delete(bl: SortedList, maxes: list, lst: list, pos: int, idx: int) -> None:
@@ -449,19 +453,39 @@ def _keys_after(lists: list, pos: int, idx: int) -> Iterator[int]:
         idx = 0
 
 
-class _Pool:
-    __slots__ = ("small", "blocks", "free", "unmapped", "unmapped_at", "gc_calls", "hot")
+#: a pool's hot figures: (this pool's, the other pool's, all) for each of allocation,
+#: allocated_bytes, requested_bytes, inactive_split, inactive_split_bytes
+_Hot = tuple[Stat, Stat, SumStat, Stat, Stat, SumStat, Stat, Stat, SumStat, Stat, Stat, SumStat, Stat, Stat, SumStat]
 
-    def __init__(self, small: bool) -> None:
+
+def _hot(s: AllocatorStats, j: int, o: int) -> _Hot:
+    """The Stat objects the fast paths of pool ``j`` update (``o``: the
+    other pool): for each of allocation, allocated_bytes, requested_bytes,
+    inactive_split, inactive_split_bytes, this pool's, the other pool's and
+    ``all`` (a SumStat: only its peak is stored)."""
+    return cast(_Hot, tuple(x for name in ("allocation", "allocated_bytes", "requested_bytes", "inactive_split",
+                                           "inactive_split_bytes")
+                            for x in (getattr(s, name)[j], getattr(s, name)[o], getattr(s, name)[ALL])))
+
+
+class _Pool:
+    __slots__ = ("small", "blocks", "maxes", "lists", "index", "free", "unmapped", "unmapped_at", "gc_calls", "hot")
+
+    def __init__(self, small: bool, hot: _Hot) -> None:
         self.small = small
         self.blocks = SortedList()  # free_key(stream, size, address) of free mapped blocks
         assert self.blocks._load == 1000, "the inlined SortedList paths assume the default load factor"
+        #: the free list's internals, read by the inlined paths (sortedcontainers 2.x
+        #: SortedList mutates these three lists in place and never rebinds them)
+        self.maxes: list[int] = self.blocks._maxes
+        self.lists: list[list[int]] = self.blocks._lists
+        self.index: list[int] = self.blocks._index
         self.free: dict[int, _Block] = {}
         self.unmapped = SortedList()  # (stream << 64) | address of unmapped blocks of expandable arenas
         self.unmapped_at: dict[int, _Block] = {}
         self.gc_calls = 0
-        #: the Stat objects the fast paths update (set by the allocator)
-        self.hot: tuple = ()
+        #: the Stat objects the fast paths update (see :func:`_hot`)
+        self.hot = hot
 
 
 def _compiled_probe() -> None:
@@ -469,7 +493,7 @@ def _compiled_probe() -> None:
 
 
 #: True when this module runs as a mypyc build (``memspec build-native``)
-COMPILED = not hasattr(_compiled_probe, "__code__")
+COMPILED: Final = not hasattr(_compiled_probe, "__code__")
 
 #: pure Python: a handle or block without an ``__init__`` frame (the hot paths
 #: set every slot they read).  Compiled, the hot paths call the constructors
@@ -535,9 +559,9 @@ class CachingAllocator:
         self._driver = driver
         self._backing = backing
         self._mem_get_info = mem_get_info or (lambda: (self.capacity - self._total, self.capacity))
-        self.stats = AllocatorStats()
-        self._small = _Pool(True)
-        self._large = _Pool(False)
+        self.stats = st = AllocatorStats()
+        self._small = _Pool(True, _hot(st, SMALL, LARGE))
+        self._large = _Pool(False, _hot(st, LARGE, SMALL))
         self._segments: dict[int, _Segment] = {}
         self._seg_alloc: dict[int, Any] = {}
         self._pending: set[_Block] = set()
@@ -563,14 +587,6 @@ class CachingAllocator:
         s = self.stats
         self._s_alloc, self._s_abytes = s.allocation, s.allocated_bytes
         self._s_req, self._s_isplit, self._s_isbytes = s.requested_bytes, s.inactive_split, s.inactive_split_bytes
-        #: per pool: the Stat objects the fast paths update -- for each of
-        #: allocation, allocated_bytes, requested_bytes, inactive_split,
-        #: inactive_split_bytes: this pool's, the other pool's, ``all``
-        #: (a SumStat: only its peak is stored)
-        for pool, j, o in ((self._small, SMALL, LARGE), (self._large, LARGE, SMALL)):
-            pool.hot = tuple(x for name in ("allocation", "allocated_bytes", "requested_bytes", "inactive_split",
-                                            "inactive_split_bytes")
-                             for x in (getattr(s, name)[j], getattr(s, name)[o], getattr(s, name)[ALL]))
 
     # ---------------------------------------------------------------- settings
 
@@ -683,7 +699,7 @@ class CachingAllocator:
     # ---------------------------------------------------------------- pools
 
     def _insert(self, pool: _Pool, b: _Block) -> None:
-        _sl_add(pool.blocks, (b.stream << 128) | (b.size << 64) | b.address)
+        _sl_add(pool, (b.stream << 128) | (b.size << 64) | b.address)
         pool.free[b.address] = b
         b.gc_base = pool.gc_calls
 
@@ -755,14 +771,16 @@ class CachingAllocator:
         ``tests/test_caching_fused.py`` compares the two step by step)."""
         if type(size) is not int or size <= 0 or type(stream) is not int or stream < 0 or size >= ONE_EB:
             self._bad_request(size, stream)
+        n: int = size  # (checked: ints; typed from here on when compiled)
+        st: int = stream
         if self._n_events:
             self._process_events()
         if self._divisions:
-            r = round_request(size, self.preset, self._divisions)
-        elif size <= K_SMALL_SIZE or not self._seed:
-            r = K_MIN_BLOCK if size < K_MIN_BLOCK else (size + 511) & ~511
+            r = round_request(n, self.preset, self._divisions)
+        elif n <= K_SMALL_SIZE or not self._seed:
+            r = K_MIN_BLOCK if n < K_MIN_BLOCK else (n + 511) & ~511
         else:  # the seed's 2 MiB ladder above 1 MiB
-            r = (size + K_ROUND_LARGE - 1) & ~(K_ROUND_LARGE - 1)
+            r = (n + K_ROUND_LARGE - 1) & ~(K_ROUND_LARGE - 1)
         small = r <= K_SMALL_SIZE
         pool = self._small if small else self._large
         if not self._fast:
@@ -771,17 +789,17 @@ class CachingAllocator:
                 b = self._slow_path(pool, stream, r, size)
             b = self._alloc_found(pool, b, r, size, stream)
         else:
-            bl = pool.blocks
-            lo = (stream << 128) | (r << 64)
-            maxes = bl._maxes
+            lo = (st << 128) | (r << 64)
+            maxes = pool.maxes
             b = None
             if maxes and lo <= maxes[-1]:  # best fit: two C bisects (sortedcontainers internals)
                 pos = bisect_left(maxes, lo)
-                sub = bl._lists[pos]
+                sub = pool.lists[pos]
                 i = bisect_left(sub, lo)
                 key = sub[i]
-                if key >> 128 == stream:  # SortedList._delete, its common case inlined
-                    if (len(sub) > 501 or len(maxes) == 1 and len(sub) > 1) and not bl._index:
+                if key >> 128 == st:  # SortedList._delete, its common case inlined
+                    bl = pool.blocks
+                    if (len(sub) > 501 or len(maxes) == 1 and len(sub) > 1) and not pool.index:
                         del sub[i]
                         bl._len -= 1
                         maxes[pos] = sub[-1]
@@ -814,7 +832,7 @@ class CachingAllocator:
                 rest.prev = b
                 rest.address = ra = addr + r
                 rest.size = remaining
-                _sl_add(bl, (rest.stream << 128) | (remaining << 64) | ra)
+                _sl_add(pool, (rest.stream << 128) | (remaining << 64) | ra)
                 pool.free[ra] = rest
                 rest.gc_base = pool.gc_calls
                 if prev is not None or rest.next is not None:  # already split: the split shrinks by r
@@ -840,8 +858,8 @@ class CachingAllocator:
                 isbP.current -= bs
                 ispP.current -= 1
             b.allocated = True
-            b.requested_size = size
-            b.stream = stream
+            b.requested_size = n
+            b.stream = st
             # Stat.increase of allocation, allocated_bytes, requested_bytes in this pool, then
             # the peak of their all entry (SumStat); active/active_bytes follow allocation
             c = aP.current + 1
@@ -860,9 +878,9 @@ class CachingAllocator:
             c += abO.current
             if c > abA.peak:
                 abA.peak = c
-            c = rqP.current + size
+            c = rqP.current + n
             rqP.current = c
-            rqP.allocated += size
+            rqP.allocated += n
             if c > rqP.peak:
                 rqP.peak = c
             c += rqO.current
@@ -873,7 +891,7 @@ class CachingAllocator:
             if self._trace is not None:
                 self._record("alloc", b.address, size, stream)
         if COMPILED:
-            h = CachedBlock(b.address, b.size, size, stream, b)
+            h = CachedBlock(b.address, b.size, n, st, b)
         else:  # a new handle every time; no __init__ frame
             h = _new_handle(CachedBlock)
             h.address = b.address
@@ -884,7 +902,7 @@ class CachingAllocator:
         b.handle = h
         return h
 
-    def _bad_request(self, size: Any, stream: Any) -> None:
+    def _bad_request(self, size: Any, stream: Any) -> NoReturn:
         """Raise the named error for malloc's arguments (size first, then stream)."""
         if type(size) is not int or size <= 0:
             raise InvalidRequest(f"size must be a positive int, got {size!r}")
@@ -1303,14 +1321,16 @@ class CachingAllocator:
         For the plain allocator (``self._fast``, see :meth:`malloc`)
         ``_free_block`` and its merges run inlined in this frame."""
         try:
-            b = block._block
-            p = b.prev
-            seg = b.seg
-            if (b.handle is not block or type(block) is not CachedBlock or type(b) is not _Block
-                    or seg.owner is not self or (p.next if p is not None else seg.head) is not b):
+            x = block._block
+            if x.handle is not block or type(block) is not CachedBlock or type(x) is not _Block:
                 raise AttributeError  # not the live handle this allocator's record names
         except AttributeError:
             raise self._refuse(block) from None
+        b: _Block = x  # (a _Block: typed from here on when compiled)
+        p = b.prev
+        seg = b.seg
+        if seg.owner is not self or (p.next if p is not None else seg.head) is not b:
+            raise self._refuse(block)
         b.handle = None
         block._freed = True
         b.allocated = False
@@ -1327,10 +1347,11 @@ class CachingAllocator:
             self._record("free_completed", b.address, req, b.stream)
         rqP.current -= req
         bl = pool.blocks
-        maxes = bl._maxes
-        lists = bl._lists
+        maxes = pool.maxes
+        lists = pool.lists
         free = pool.free
         net_n = net_b = 0
+        lst: list[int]
         if p is not None and not p.allocated and not p.events and not p.uses:  # merge the free block before
             v = (p.stream << 128) | (p.size << 64) | p.address  # SortedList.remove, inlined
             pos = bisect_left(maxes, v)
@@ -1338,7 +1359,7 @@ class CachingAllocator:
             i = bisect_left(lst, v)
             if lst[i] != v:  # pragma: no cover - a broken free list
                 raise KeyError(v)
-            if (len(lst) > 501 or len(maxes) == 1 and len(lst) > 1) and not bl._index:
+            if (len(lst) > 501 or len(maxes) == 1 and len(lst) > 1) and not pool.index:
                 del lst[i]
                 bl._len -= 1
                 maxes[pos] = lst[-1]
@@ -1362,7 +1383,7 @@ class CachingAllocator:
             i = bisect_left(lst, v)
             if lst[i] != v:  # pragma: no cover - a broken free list
                 raise KeyError(v)
-            if (len(lst) > 501 or len(maxes) == 1 and len(lst) > 1) and not bl._index:
+            if (len(lst) > 501 or len(maxes) == 1 and len(lst) > 1) and not pool.index:
                 del lst[i]
                 bl._len -= 1
                 maxes[pos] = lst[-1]
@@ -1376,7 +1397,7 @@ class CachingAllocator:
             net_n -= 1
             net_b -= q.size
         a = b.address
-        _sl_add(bl, (b.stream << 128) | (b.size << 64) | a)
+        _sl_add(pool, (b.stream << 128) | (b.size << 64) | a)
         free[a] = b
         b.gc_base = pool.gc_calls
         if b.prev is not None or b.next is not None:

@@ -19,6 +19,8 @@ from the spec here (layering rule).
 
 from __future__ import annotations
 
+from typing import Final
+
 from memspec.spec.api import GiB, KiB, MiB
 
 STAT_NAMES = (
@@ -33,9 +35,11 @@ STAT_NAMES = (
     "requested_bytes",
 )
 POOL_NAMES = ("all", "small_pool", "large_pool")
-ALL, SMALL, LARGE = 0, 1, 2
+ALL: Final = 0
+SMALL: Final = 1
+LARGE: Final = 2
 
-ONE_EB = 1 << 60
+ONE_EB: Final = 1 << 60
 ONE_EB_MESSAGE = "CUDA out of memory. Tried to allocate more than 1EB memory."
 
 
