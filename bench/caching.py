@@ -7,16 +7,31 @@
   at run time) on large requests only, same workload, same run.  Target:
   ratio seed/toy >= 1.0 at every live-set size.
 
-Each measurement is repeated and the best (fastest) run kept, alternating
-the two sides of a comparison so machine noise hits both alike.  Rates are
-pairs per CPU second of this process (``time.process_time``): on a shared
-machine the wall clock also counts the time other processes held the core
-(the wall-clock rate is in each row's note and ``extra``).
+Pure Python and compiled: when ``memspec.reference.caching`` imports as a
+mypyc build (``memspec build-native``, ``MEMSPEC_NATIVE=1``: its
+``COMPILED`` is true), every reference figure is measured twice in the same
+run, compiled and pure (a pure copy loaded from the source files next to
+it, ``caching_stats`` included); the row's value and verdict are the
+compiled figure's, its note names the build and gives the pure figure
+(``extra``: ``compiled``, ``pure_*``).  Without a build the rows are pure
+Python and say so.
+
+Each measurement is repeated and the best (fastest) run kept, interleaving
+the sides of a comparison (toy, pure, compiled) so machine noise hits them
+alike.  The per-op cost ratio @100k / @1k is the median of interleaved
+trials' ratios (each trial runs both sizes back to back).  Rates are pairs
+per CPU second of this process (``time.process_time``): on a shared machine
+the wall clock also counts the time other processes held the core (the
+wall-clock rate is in each row's note and ``extra``).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import statistics
+import sys
+from pathlib import Path
 from typing import Any, Callable
 
 from bench import toy as toy_mod
@@ -32,14 +47,71 @@ class Unavailable(Exception):
     """A dependency of the row has not landed or does not import."""
 
 
-def reference_ops(preset: str) -> tuple[Callable[[int], Any], Callable[[Any], Any]]:
+CACHING = "memspec.reference.caching"
+STATS = "memspec.reference.caching_stats"
+
+
+def reference_ops(preset: str, mod: Any = None) -> tuple[Callable[[int], Any], Callable[[Any], Any]]:
     """``(alloc(size) -> block, free(block))`` on a fresh reference caching
-    allocator under ``preset``."""
-    try:
-        mod = importlib.import_module("memspec.reference.caching")
-    except ImportError as e:
-        raise Unavailable(f"memspec.reference.caching does not import ({e})") from e
+    allocator under ``preset`` (of ``mod``, default the module as imported)."""
+    if mod is None:
+        try:
+            mod = importlib.import_module(CACHING)
+        except ImportError as e:
+            raise Unavailable(f"{CACHING} does not import ({e})") from e
     return _adapt(mod, preset)
+
+
+def is_compiled(mod: Any) -> bool:
+    """The module runs as a mypyc build (its own ``COMPILED`` flag)."""
+    return getattr(mod, "COMPILED", False) is True
+
+
+def load_pure() -> Any:
+    """A pure-Python copy of ``memspec.reference.caching`` (and of the
+    ``caching_stats`` it imports), executed from the source files in the
+    package's directory whatever build the normal import finds; the
+    ``sys.modules`` entries are restored afterwards."""
+    import memspec.reference as pkg
+
+    where = Path(list(pkg.__path__)[0])
+    saved = {k: sys.modules.get(k) for k in (STATS, CACHING)}
+    try:
+        got = None
+        for name in (STATS, CACHING):
+            spec = importlib.util.spec_from_file_location(name, where / (name.rsplit(".", 1)[1] + ".py"))
+            if spec is None or spec.loader is None:
+                raise Unavailable(f"no source of {name} in {where}")
+            got = importlib.util.module_from_spec(spec)
+            sys.modules[name] = got  # caching imports this very caching_stats
+            spec.loader.exec_module(got)
+        return got
+    except (OSError, ImportError) as e:
+        raise Unavailable(f"the pure-Python source of {CACHING} does not load ({e})") from e
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+
+
+def variants() -> list[tuple[str, Any]]:
+    """``[(label, module)]`` to measure: ``[("compiled", build), ("pure", copy)]``
+    when the import finds a mypyc build, else ``[("pure", module)]``."""
+    try:
+        mod = importlib.import_module(CACHING)
+    except ImportError as e:
+        raise Unavailable(f"{CACHING} does not import ({e})") from e
+    if is_compiled(mod):
+        return [("compiled", mod), ("pure", load_pure())]
+    return [("pure", mod)]
+
+
+def build_text(vs: list[tuple[str, Any]]) -> str:
+    if vs[0][0] == "compiled":
+        return f"ran compiled (mypyc build {Path(getattr(vs[0][1], '__file__', '?')).name})"
+    return "ran pure Python (no mypyc build imported: see `memspec build-native`, MEMSPEC_NATIVE=1)"
 
 
 def _adapt(mod: Any, preset: str) -> tuple[Callable[[int], Any], Callable[[Any], Any]]:
@@ -77,7 +149,9 @@ def run(quick: bool = False) -> list[Row]:
     lives = QUICK_LIVE if quick else LIVE
     pairs = 2_000 if quick else 30_000
     repeats = 1 if quick else 3
-    return pytorch_rows(lives, pairs, repeats) + [floor_row(lives, pairs, repeats)] + seed_rows(lives, pairs, repeats)
+    trials = 1 if quick else 5
+    return (pytorch_rows(lives, pairs, repeats, trials) + [floor_row(lives, pairs, repeats)]
+            + seed_rows(lives, pairs, repeats))
 
 
 class _DictAllocator:
@@ -115,37 +189,64 @@ def _k(n: int) -> str:
     return f"{n // 1000}k" if n >= 1000 and n % 1000 == 0 else str(n)
 
 
-def pytorch_rows(lives: tuple[int, ...], pairs: int, repeats: int) -> list[Row]:
+def _clock(v: str, n: int, cpu: float, wall: float, pairs: int) -> str:
+    return f"{v} {pairs / cpu:,.0f} pairs per CPU second (wall clock {pairs / wall:,.0f})"
+
+
+def pytorch_rows(lives: tuple[int, ...], pairs: int, repeats: int, trials: int | None = None) -> list[Row]:
     """One row per live-set size, then the two targets: the rate at the
     largest size (ratio = rate / 100,000) and the per-op cost there against
-    the smallest (the flatness)."""
+    the smallest (the flatness: the median over ``trials`` interleaved
+    trials of that trial's cost ratio; each trial runs every size and every
+    variant back to back)."""
     names = [f"caching pytorch @{_k(n)} live (mixed)" for n in lives]
     small, big = lives[0], lives[-1]
     tgt_rate = ">= 100,000/s"
     flat_name, tgt_flat = f"caching pytorch per-op cost @{_k(big)} / @{_k(small)}", "<= 1.5x"
     try:
-        reference_ops("pytorch")
+        vs = variants()
     except Unavailable as e:
         return ([unavailable(n, "pairs/s", tgt_rate if i == len(lives) - 1 else "", str(e)) for i, n in enumerate(names)]
                 + [unavailable(flat_name, "x", tgt_flat, str(e))])
-    rates: dict[int, float] = {}
-    wall: dict[int, float] = {}
-    for n in lives:
-        w = workload.make("mixed", n, pairs)
-        cpu, wt = _best([_once(lambda: reference_ops("pytorch"), w) for _ in range(repeats)])
-        rates[n], wall[n] = pairs / cpu, pairs / wt
+    trials = max(trials or repeats, 1)
+    ws = {n: workload.make("mixed", n, pairs) for n in lives}
+    runs: dict[tuple[str, int], list[tuple[float, float]]] = {(v, n): [] for v, _ in vs for n in lives}
+    for _ in range(trials):
+        for n in lives:
+            for v, mod in vs:
+                runs[v, n].append(_once(lambda: reference_ops("pytorch", mod), ws[n]))
+    main = vs[0][0]
+    built = build_text(vs)
+    best = {k: _best(r) for k, r in runs.items()}
+    rate = {k: pairs / c for k, (c, _) in best.items()}
+
+    def others(n: int) -> str:
+        return "; ".join(_clock(v, n, *best[v, n], pairs) for v, _ in vs)
+
     rows = []
     for n, name in zip(lives, names):
-        clock = f"pairs per CPU second; wall clock {wall[n]:,.0f} pairs/s"
+        r = rate[main, n]
+        extra: dict[str, Any] = {"wall_rate": pairs / best[main, n][1], "compiled": main == "compiled",
+                                 "pure_rate": rate["pure", n]}
         if n == big:
-            rows.append(Row(name, rates[n], "pairs/s", rates[n] / 100_000, tgt_rate, rates[n] >= 100_000,
-                            f"ratio = rate / 100,000; {clock}", extra={"wall_rate": wall[n]}))
+            rows.append(Row(name, r, "pairs/s", r / 100_000, tgt_rate, r >= 100_000,
+                            f"ratio = rate / 100,000; {built}; {others(n)}", extra=extra))
         else:
-            rows.append(Row(name, rates[n], "pairs/s", None, "", None,
-                            ("baseline of the cost ratio; " if n == small else "") + clock, extra={"wall_rate": wall[n]}))
-    cost = rates[small] / rates[big]  # per-op cost at big / at small
+            rows.append(Row(name, r, "pairs/s", None, "", None,
+                            ("baseline of the cost ratio; " if n == small else "") + f"{built}; {others(n)}",
+                            extra=extra))
+
+    def cost_ratios(v: str) -> list[float]:
+        return [hi[0] / lo[0] for lo, hi in zip(runs[v, small], runs[v, big])]
+
+    med = {v: statistics.median(cost_ratios(v)) for v, _ in vs}
+    spread = cost_ratios(main)
+    cost = med[main]
+    pure_txt = "" if main == "pure" else f"; pure Python median {med['pure']:.2f}"
     rows.append(Row(flat_name, cost, "x", cost, tgt_flat, cost <= 1.5,
-                    "best fit is a bisect, not a scan; see the floor row for the memory hierarchy's share"))
+                    f"median of {trials} interleaved trials' CPU-time ratios (range {min(spread):.2f}-{max(spread):.2f}); "
+                    f"{built}{pure_txt}; best fit is a bisect, not a scan; the floor row gives the memory hierarchy's share",
+                    extra={"compiled": main == "compiled", "trial_ratios": spread, "pure_median": med["pure"]}))
     return rows
 
 
@@ -157,25 +258,34 @@ def seed_rows(lives: tuple[int, ...], pairs: int, repeats: int) -> list[Row]:
         toy_ops()
     except Unavailable as e:
         reason = str(e)
+    vs: list[tuple[str, Any]] = []
     if reason is None:
         try:
-            reference_ops("seed")
+            vs = variants()
         except Unavailable as e:
             reason = str(e)
     if reason is not None:
         return [unavailable(n, "pairs/s", tgt, reason) for n in names]
+    main = vs[0][0]
+    built = build_text(vs)
     rows = []
     for n, name in zip(lives, names):
         w = workload.make("large", n, pairs)
-        ref_t, toy_t = [], []
+        runs: dict[str, list[tuple[float, float]]] = {v: [] for v, _ in vs}
+        toy_t = []
         for _ in range(repeats):
             toy_t.append(_once(toy_ops, w))
-            ref_t.append(_once(lambda: reference_ops("seed"), w))
-        (ref_c, ref_w), (toy_c, toy_w) = _best(ref_t), _best(toy_t)
-        ref_rate, toy_rate = pairs / ref_c, pairs / toy_c
-        ratio = ref_rate / toy_rate
-        rows.append(Row(name, ref_rate, "pairs/s", ratio, tgt, ratio >= 1.0,
-                        f"toy {toy_rate:,.0f} pairs per CPU second; wall clock: seed {pairs / ref_w:,.0f}, "
-                        f"toy {pairs / toy_w:,.0f} pairs/s (ratio {toy_w / ref_w:.2f})",
-                        extra={"toy_rate": toy_rate, "wall_rate": pairs / ref_w, "toy_wall_rate": pairs / toy_w}))
+            for v, mod in vs:
+                runs[v].append(_once(lambda: reference_ops("seed", mod), w))
+        toy_c, toy_w = _best(toy_t)
+        best = {v: _best(r) for v, r in runs.items()}
+        ratio = {v: toy_c / c for v, (c, _) in best.items()}
+        ref_c, ref_w = best[main]
+        pure_txt = "" if main == "pure" else f"; pure Python ratio {ratio['pure']:.2f} ({pairs / best['pure'][0]:,.0f} pairs/s)"
+        rows.append(Row(name, pairs / ref_c, "pairs/s", ratio[main], tgt, ratio[main] >= 1.0,
+                        f"{built}{pure_txt}; toy {pairs / toy_c:,.0f} pairs per CPU second; wall clock: "
+                        f"{main} {pairs / ref_w:,.0f}, toy {pairs / toy_w:,.0f} pairs/s (ratio {toy_w / ref_w:.2f})",
+                        extra={"compiled": main == "compiled", "pure_ratio": ratio["pure"],
+                               "pure_rate": pairs / best["pure"][0], "toy_rate": pairs / toy_c,
+                               "wall_rate": pairs / ref_w, "toy_wall_rate": pairs / toy_w}))
     return rows
