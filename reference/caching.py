@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import itertools
 import reprlib
-from bisect import bisect_left, bisect_right, insort
+import bisect
 from collections import deque
 from typing import Any, Callable, Final, Iterator, NoReturn, cast
 
@@ -75,6 +75,11 @@ from memspec.reference.caching_stats import (
     pytorch_oom_message,
     seed_oom_message,
 )
+
+#: (Final: a mypyc build holds them in C statics, not module-dict look-ups)
+bisect_left: Final = bisect.bisect_left
+bisect_right: Final = bisect.bisect_right
+insort: Final = bisect.insort
 
 K_MIN_BLOCK: Final = 512
 K_SMALL_SIZE: Final = 1 * MiB
