@@ -67,11 +67,12 @@ def is_compiled(mod: Any) -> bool:
     return getattr(mod, "COMPILED", False) is True
 
 
-def load_pure() -> Any:
+def load_pure(install: bool = False) -> Any:
     """A pure-Python copy of ``memspec.reference.caching`` (and of the
     ``caching_stats`` it imports), executed from the source files in the
     package's directory whatever build the normal import finds; the
-    ``sys.modules`` entries are restored afterwards."""
+    ``sys.modules`` entries are restored afterwards, unless ``install``
+    (then later imports get the pure copies)."""
     import memspec.reference as pkg
 
     where = Path(list(pkg.__path__)[0])
@@ -90,7 +91,9 @@ def load_pure() -> Any:
         raise Unavailable(f"the pure-Python source of {CACHING} does not load ({e})") from e
     finally:
         for k, v in saved.items():
-            if v is None:
+            if install:
+                pass
+            elif v is None:
                 sys.modules.pop(k, None)
             else:
                 sys.modules[k] = v

@@ -72,3 +72,19 @@ def test_seed_rows_carry_the_pure_ratio():
     assert math.isclose(r.ratio, r.value / r.extra["toy_rate"]) and r.met == (r.ratio >= 1.0)
     assert r.extra["pure_ratio"] > 0
     assert ("pure Python ratio" in r.note) == r.extra["compiled"]
+
+
+def test_load_pure_install_makes_later_imports_use_the_pure_copy():
+    """The replay row's pure child installs the copy before the CLI imports the allocator."""
+    import subprocess
+
+    code = ("import sys\n"
+            "from bench.caching import load_pure\n"
+            "m = load_pure(install=True)\n"
+            "import memspec.reference.caching_snapshot as cs\n"
+            "import memspec.reference.caching as rc\n"
+            "assert rc is m and cs.CachingAllocator is m.CachingAllocator and m.COMPILED is False\n"
+            "assert sys.modules['memspec.reference.caching_stats'].AllocatorStats is type(m.CachingAllocator(capacity=1 << 30).stats)\n"
+            "print('ok')\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout + p.stderr
