@@ -461,6 +461,9 @@ def _keys_after(lists: list, pos: int, idx: int) -> Iterator[int]:
 #: a pool's hot figures: (this pool's, the other pool's, all) for each of allocation,
 #: allocated_bytes, requested_bytes, inactive_split, inactive_split_bytes
 _Hot = tuple[Stat, Stat, SumStat, Stat, Stat, SumStat, Stat, Stat, SumStat, Stat, Stat, SumStat, Stat, Stat, SumStat]
+#: those free updates: allocation, allocated_bytes and requested_bytes of this pool (decreases
+#: only), then inactive_split and inactive_split_bytes as in ``_Hot``
+_HotFree = tuple[Stat, Stat, Stat, Stat, Stat, SumStat, Stat, Stat, SumStat]
 
 
 def _hot(s: AllocatorStats, j: int, o: int) -> _Hot:
@@ -474,7 +477,8 @@ def _hot(s: AllocatorStats, j: int, o: int) -> _Hot:
 
 
 class _Pool:
-    __slots__ = ("small", "blocks", "maxes", "lists", "index", "free", "unmapped", "unmapped_at", "gc_calls", "hot")
+    __slots__ = ("small", "blocks", "maxes", "lists", "index", "free", "unmapped", "unmapped_at", "gc_calls", "hot",
+                 "hot_free")
 
     def __init__(self, small: bool, hot: _Hot) -> None:
         self.small = small
@@ -489,8 +493,9 @@ class _Pool:
         self.unmapped = SortedList()  # (stream << 64) | address of unmapped blocks of expandable arenas
         self.unmapped_at: dict[int, _Block] = {}
         self.gc_calls = 0
-        #: the Stat objects the fast paths update (see :func:`_hot`)
+        #: the Stat objects the fast paths update (see :func:`_hot`); those free updates
         self.hot = hot
+        self.hot_free: _HotFree = (hot[0], hot[3], hot[6], hot[9], hot[10], hot[11], hot[12], hot[13], hot[14])
 
 
 def _compiled_probe() -> None:
@@ -784,8 +789,8 @@ class CachingAllocator:
             r = round_request(n, self.preset, self._divisions)
         elif n <= K_SMALL_SIZE or not self._seed:
             r = K_MIN_BLOCK if n < K_MIN_BLOCK else (n + 511) & ~511
-        else:  # the seed's 2 MiB ladder above 1 MiB
-            r = (n + K_ROUND_LARGE - 1) & ~(K_ROUND_LARGE - 1)
+        else:  # the seed's 2 MiB ladder above 1 MiB (K_ROUND_LARGE multiples, as literals)
+            r = (n + 0x1FFFFF) & -0x200000
         small = r <= K_SMALL_SIZE
         pool = self._small if small else self._large
         if not self._fast:
@@ -804,7 +809,7 @@ class CachingAllocator:
                 key = sub[i]
                 if key >> 128 == st:  # SortedList._delete, its common case inlined
                     bl = pool.blocks
-                    if (len(sub) > 501 or len(maxes) == 1 and len(sub) > 1) and not pool.index:
+                    if len(sub) > (1 if len(maxes) == 1 else 501) and not pool.index:  # (no sublist merge)
                         del sub[i]
                         bl._len -= 1
                         maxes[pos] = sub[-1]
@@ -1343,7 +1348,7 @@ class CachingAllocator:
             self._free_hooks(b)
             return
         pool = seg.pool
-        aP, aO, aA, abP, abO, abA, rqP, rqO, rqA, ispP, ispO, ispA, isbP, isbO, isbA = pool.hot
+        aP, abP, rqP, ispP, ispO, ispA, isbP, isbO, isbA = pool.hot_free
         req = b.requested_size
         aP.current -= 1  # (the all entries are the pools' sums)
         abP.current -= b.size
@@ -1364,7 +1369,7 @@ class CachingAllocator:
             i = bisect_left(lst, v)
             if lst[i] != v:  # pragma: no cover - a broken free list
                 raise KeyError(v)
-            if (len(lst) > 501 or len(maxes) == 1 and len(lst) > 1) and not pool.index:
+            if len(lst) > (1 if len(maxes) == 1 else 501) and not pool.index:  # (no sublist merge)
                 del lst[i]
                 bl._len -= 1
                 maxes[pos] = lst[-1]
@@ -1388,7 +1393,7 @@ class CachingAllocator:
             i = bisect_left(lst, v)
             if lst[i] != v:  # pragma: no cover - a broken free list
                 raise KeyError(v)
-            if (len(lst) > 501 or len(maxes) == 1 and len(lst) > 1) and not pool.index:
+            if len(lst) > (1 if len(maxes) == 1 else 501) and not pool.index:  # (no sublist merge)
                 del lst[i]
                 bl._len -= 1
                 maxes[pos] = lst[-1]
