@@ -30,13 +30,21 @@ device's; the reference VMM or CUDA's may be passed in).
 
 Only :mod:`memspec.spec.api` and :mod:`memspec.spec.errors` are imported from
 the spec (layering rule).
+
+Compiled: this module and :mod:`~memspec.reference.caching_stats` type-check
+under mypy and compile with mypyc (``memspec build-native``; compile the two
+together).  The pure-Python source is the reference and the fallback; the
+build runs the same code, with the hot paths' locals typed (``COMPILED`` says
+which one runs).  :class:`CachingAllocator` allows interpreted subclasses
+(the mutants); the entry points that validate their arguments take ``Any``
+so a bad argument still gets its named error, not mypyc's ``TypeError``.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import reprlib
-import bisect
 from collections import deque
 from typing import Any, Callable, Final, Iterator, NoReturn, cast
 
