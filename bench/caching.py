@@ -301,3 +301,55 @@ def seed_rows(lives: tuple[int, ...], pairs: int, repeats: int) -> list[Row]:
                                "pure_rate": pairs / best["pure"][0], "toy_rate": pairs / toy_c,
                                "wall_rate": pairs / ref_w, "toy_wall_rate": pairs / toy_w}))
     return rows
+
+
+def opcodes_per_pair(make_ops: Callable[[], tuple], w: workload.Workload) -> float:
+    """Python opcodes executed per alloc/free pair (``sys.settrace`` opcode
+    events in every frame the ops enter; the driving loop is not counted):
+    deterministic and load-independent, unlike a rate.  A compiled build
+    runs no Python opcodes in its own code, so count the pure copy."""
+    alloc, free = make_ops()
+    live = [alloc(n) for n in w.init]
+    ops = 0
+
+    def local(frame: Any, event: str, arg: Any) -> Any:
+        nonlocal ops
+        if event == "opcode":
+            ops += 1
+        return local
+
+    def call(frame: Any, event: str, arg: Any) -> Any:
+        frame.f_trace_opcodes = True
+        return local
+
+    old = sys.gettrace()
+    sys.settrace(call)
+    try:
+        for i, n in w.ops:
+            free(live[i])
+            live[i] = alloc(n)
+    finally:
+        sys.settrace(old)
+    return ops / len(w.ops)
+
+
+def opcode_table(lives: tuple[int, ...] = (1_000, 100_000), pairs: int = 3_000) -> list[tuple[str, int, float]]:
+    """``[(what, live, opcodes per pair)]``: the seed preset and the toy on the
+    toy's workload, the pytorch preset on the mixed one (pure Python)."""
+    pure = load_pure()
+    out = []
+    for n in lives:
+        w = workload.make("large", n, pairs)
+        out.append(("seed", n, opcodes_per_pair(lambda: reference_ops("seed", pure), w)))
+        try:
+            out.append(("toy", n, opcodes_per_pair(toy_ops, w)))
+        except Unavailable:
+            pass
+        out.append(("pytorch", n, opcodes_per_pair(lambda: reference_ops("pytorch", pure),
+                                                    workload.make("mixed", n, pairs))))
+    return out
+
+
+if __name__ == "__main__":  # python -m bench.caching: opcodes per pair (load-independent)
+    for what, n, k in opcode_table():
+        print(f"{what:8} @{_k(n):>4} live: {k:6.0f} Python opcodes per alloc/free pair")

@@ -92,3 +92,17 @@ def test_load_pure_install_makes_later_imports_use_the_pure_copy():
             "print('ok')\n")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout + p.stderr
+
+
+def test_opcodes_per_pair_is_deterministic_and_counts_the_ops_frames():
+    from bench import workload
+
+    w = workload.make("large", 30, 200)
+    seed = [bc.opcodes_per_pair(lambda: bc.reference_ops("seed", bc.load_pure()), w) for _ in range(2)]
+    assert seed[0] == seed[1] > 100
+    a = bc._DictAllocator()
+    before = sys.gettrace()
+    d = bc.opcodes_per_pair(lambda: (a.alloc, a.free), w)
+    # the dict "allocator" runs a handful of opcodes per call: far fewer than the reference
+    assert 0 < d < seed[0] / 5
+    assert sys.gettrace() is before  # the tracer is removed
