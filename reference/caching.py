@@ -988,7 +988,7 @@ class CachingAllocator:
         return None
 
     def _slow_path(self, pool: _Pool, stream: int, r: int, size: int) -> _Block:
-        alloc_size = segment_bytes(r, self.preset)
+        alloc_size = self.allocation_size(r)  # (a method: a subclass's override holds compiled too)
         if self.gc_threshold > 0.0 and self._allowed is not None:
             self._garbage_collect()
         b: _Block | None = self._alloc_block(pool, stream, r, alloc_size, retry=False)

@@ -14,11 +14,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_the_pure_module_says_it_is_not_compiled():
+def test_the_module_says_whether_it_runs_compiled():
     import memspec.reference.caching as rc
+    import memspec.reference.caching_stats as rs
 
-    assert rc.COMPILED is False and rc.__file__.endswith(".py")
-    assert rc._new_block is object.__new__  # the pure hot paths skip __init__ frames
+    assert rc.COMPILED is (not rc.__file__.endswith(".py"))
+    if not rc.COMPILED:
+        assert rc._new_block is object.__new__  # the pure hot paths skip __init__ frames
+    else:  # a build: compiled functions carry no code object
+        assert not hasattr(rc.CachingAllocator.malloc, "__code__") and not rs.__file__.endswith(".py")
 
 
 def test_caching_modules_type_check_for_mypyc(tmp_path):
@@ -37,3 +41,23 @@ def test_caching_modules_type_check_for_mypyc(tmp_path):
                         "memspec/reference/caching.py", "memspec/reference/caching_stats.py"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0 and "Success: no issues found in 2 source files" in p.stdout, p.stdout + p.stderr
+
+
+def test_a_subclass_override_of_the_segment_size_is_honoured():
+    """The slow path asks ``allocation_size`` (a method: an interpreted
+    subclass's override holds in a mypyc build too, where a patch of the
+    module's ``segment_bytes`` would not be seen)."""
+    from memspec.reference.caching import CachingAllocator
+
+    MiB = 1 << 20
+
+    class FortyMiBSegments(CachingAllocator):
+        def allocation_size(self, rounded: int) -> int:
+            return 40 * MiB
+
+    a = FortyMiBSegments(preset="pytorch", capacity=1 << 30)
+    h = a.malloc(3 * MiB)
+    assert a.memory_reserved() == 40 * MiB and h.size == 3 * MiB
+    plain = CachingAllocator(preset="pytorch", capacity=1 << 30)
+    plain.malloc(3 * MiB)
+    assert plain.memory_reserved() == 20 * MiB
