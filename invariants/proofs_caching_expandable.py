@@ -651,7 +651,7 @@ def proofs(only: tuple[str, ...] | None = None) -> list[tuple[str, str, float]]:
             out += _preserved("map (served)" + tag, s, map_step(s, a, page=pg),
                               lambda H, pg=pg: [map_shape(s, a, H), s.pg(a.u) == pg, Not(frac_oom(s, a)),
                                                 Not(map_oom_cond(s, a, page=pg))],
-                              [a.j, a.u, a.x, a.x + 1], 1, a.x, 2, pg == P2)
+                              [a.j, a.u, a.x, a.x + 1], 1, vacuity=pg == P2)  # no split by id: faster here
         if want("fresh"):
             SIDE.clear()  # the page multiples of the terms built below
             out += _preserved("fresh arena" + tag, s, fresh_step(s, a, page=pg),
