@@ -86,7 +86,12 @@ same): the fraction's check uses ``alloc`` (the segment size a non-expandable
 malloc would take: the toy's ``max(20 MiB, r)``), so the toy with
 ``memory_fraction`` raises OutOfMemory with fewer free bytes under the cap
 than 20 MiB but more than the request's pages -- C8's step property holds
-only in its fraction form there.
+only in its fraction form there.  The toy's ``empty_cache`` answer leaves out
+the pages its events' frees unmapped on the way (the encoding's answer is
+the same).  With ``arena_factor`` set so that an arena's VA is smaller than a
+request, ``predict_malloc`` raises IndexError (``_try_expandable`` runs past
+the fresh arena's last block); not reachable with the presets' factors, and
+not in the walks.
 """
 
 from __future__ import annotations
