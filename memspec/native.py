@@ -59,7 +59,7 @@ from typing import Any, Sequence
 #: bench.profile walk``), restricted to what compiles to the same behaviour
 #: (``tests/test_native.py`` compares the walks).  Left out, and why:
 #:
-#: * ``reference/*`` except the caching allocator (below): the implementation under test validates hostile input
+#: * ``reference/*``: the implementation under test validates hostile input
 #:   itself (``size="4096"`` -> ``InvalidRequest``); mypyc checks a
 #:   parameter's annotation at the call, so a compiled ``size: int`` raises
 #:   ``TypeError`` first -- a different answer, which the harness reports as
@@ -89,12 +89,6 @@ MODULES: tuple[str, ...] = (
     "memspec.spec.context",
     "memspec.invariants.choosers",
     "memspec.invariants.integrity",
-    # the caching allocator's reference: its validated entry points take
-    # ``Any`` (a bad argument still gets its named error, compiled), and the
-    # classes the C1-C9 and verdict mutants subclass allow interpreted
-    # subclasses (reference/caching.py, "mypyc build"); compiled together
-    "memspec.reference.caching",
-    "memspec.reference.caching_stats",
 )
 
 ENV = "MEMSPEC_NATIVE"
