@@ -124,6 +124,10 @@ class Plan:
     #: protocols a small device refuses before they get deep (empty: the
     #: factory's ``capacity`` for every example)
     capacities: tuple = ()
+    #: ``{protocol name: planning.Template}``: the protocols an example may
+    #: play as a macro-step (a short script of the protocol's actions, see
+    #: ``Run._draw_script``)
+    templates: dict = field(default_factory=dict)
 
     @property
     def invariant_ids(self) -> list[str]:
@@ -200,6 +204,10 @@ class Run:
         self.focus: str | None = None
         self._base: tuple | None = None    # the swarm's (actions, weights) before a focus
         self._refocused = 0
+        #: the macro-step being played (actions still to draw, first last), see ``_draw_script``
+        self._script: list = []
+        #: when the focus is next drawn again (a script's end, or :data:`FOCUS_STEPS` later)
+        self._refocus_at = FOCUS_STEPS
         #: (action, references named) of the calls this example drew (guidance: fresh calls first)
         self._seen: set = set()
         #: action -> guided draws in this example, and those the spec offered an accepting branch
@@ -280,9 +288,19 @@ class Run:
             swarm = self._swarm
             if swarm is None:
                 swarm = self._swarm = self._draw_swarm(chooser)
-            elif self._base is not None and self.nsteps % FOCUS_STEPS == 0 and self.nsteps != self._refocused:
-                self._refocused = self.nsteps
+            elif self._base is not None and self.nsteps >= self._refocus_at and not self._script:
                 swarm = self._swarm = self._draw_focus(chooser, *self._base)
+            script = self._script
+            while script:
+                a = script.pop()
+                try:
+                    ok = a.available(self.state)
+                except Exception as e:  # noqa: BLE001
+                    raise SpecError(f"{a.name}: availability check raised {type(e).__name__}: {e}") from e
+                if ok:
+                    if not script:
+                        self._refocus_at = self.nsteps + 1   # the script ends: the next step draws a new focus
+                    return self._draw_args(a, chooser)[:3]
             acts, ws = swarm
             state = self.state
             guided = self.plan.guide
@@ -362,19 +380,62 @@ class Run:
         :meth:`_draw_swarm`): none, or one of :func:`focus_groups`."""
         groups = focus_groups(self.plan)
         self.focus = None
+        self._refocus_at = self.nsteps + FOCUS_STEPS
         if groups:
             # two small draws, each about uniform (one draw over every group
             # is not: Hypothesis favours some integers of a wide range):
             # none, a role or an invariant, or (twice as often) a protocol
             proto = [g for g in groups if g[0].startswith("objects of ")]
             other = [g for g in groups if not g[0].startswith("objects of ")]
-            kind = chooser.integer(0, 3)
+            kind = chooser.integer(0, 2 + PROTOCOL_KINDS - 1)
             pool = (proto or other) if kind >= 2 else (other or proto) if kind == 1 else None
             if pool:
                 name, names = pool[chooser.integer(0, len(pool) - 1)] if len(pool) > 1 else pool[0]
                 self.focus = name
                 on, ws = _focused(self.plan.actions, on, ws, names)
+                tpl = self.plan.templates.get(name)
+                if tpl is not None and kind >= 2:
+                    self._script = self._draw_script(chooser, tpl, names)
         return on, tuple(ws)
+
+    def _draw_script(self, chooser: Any, tpl: Any, names: frozenset) -> list:
+        """A macro-step: one protocol played as a short script (issue 12:
+        *multi-stream fence orderings, ticket claim/expire interleavings*
+        are 5-8-step orderings a weighted draw rarely makes in a row).
+
+        From the protocol's :class:`~memspec.invariants.planning.Template`
+        (learned from the spec): first what its actions name is made (each
+        producer 1-2 times, the protocol's own object once: two streams,
+        then the allocation; and each other action of the focus that makes
+        something, 1-2 times: ``load_weight``, whose weights a holder's
+        answer releases); then each consumer 1-3 times in the order the
+        spec's walk saw them over an object's life (``use``, then ``drop``;
+        ``respond``, then ``claim``), with each other action of the focus
+        (``synchronize``, ``poll``) 0-2 times at drawn places among them;
+        then the sweeps 1-2 times (``expire``, naming every ticket: time
+        passes over the object's end).  Every count and place is one integer
+        of the chooser (shrinking goes to the fewest).  The script's actions
+        are drawn in turn, each with the usual argument guidance (the
+        references the last steps made: the script's own object); one not
+        available when its turn comes is skipped.  Returns the script
+        reversed (``pop()`` gives the next)."""
+        acts = {a.name: a for a in self.plan.actions}
+        used = set(tpl.producers) | set(tpl.consumers) | set(tpl.sweeps)
+        others = sorted(n for n in names if n not in used and n in acts)
+        makers = set(tpl.makers)
+        head = [acts[q] for q in tpl.producers[:-1] if q in acts for _ in range(1 + chooser.integer(0, 1))]
+        if tpl.producers[-1] in acts:
+            head.append(acts[tpl.producers[-1]])
+        head += [acts[q] for q in others if q in makers for _ in range(1 + chooser.integer(0, 1))]
+        body = [acts[c] for c in tpl.consumers if c in acts for _ in range(1 + chooser.integer(0, 2))]
+        for c in others:
+            if c not in makers:
+                for _ in range(chooser.integer(0, 2)):
+                    body.insert(chooser.integer(0, len(body)), acts[c])
+        tail = [acts[c] for c in tpl.sweeps if c in acts for _ in range(1 + chooser.integer(0, 2))]
+        script = head + body + tail
+        script.reverse()
+        return script
 
     def _draw_args(self, a: Any, chooser: Any) -> tuple[Any, dict, list, bool]:
         """Draw ``a``'s arguments, guided towards the protocol's progress.
@@ -803,7 +864,9 @@ RARE_SHARE = 10
 RECENT_STEPS = 4
 #: a focus group (``focus_groups``) may cover at most this share of the actions
 FOCUS_MAX_SHARE = 0.4
-#: a focus lasts this many steps, then the next is drawn
+#: of the focus draws, none : a role or an invariant : a protocol (its script) = 1 : 1 : this many
+PROTOCOL_KINDS = 3
+#: a focus lasts this many steps (a protocol's script: until it ends), then the next is drawn
 FOCUS_STEPS = 20
 #: the focused actions together weigh this many times the others (2: two thirds of the draws)
 FOCUS_RATIO = 2

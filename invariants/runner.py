@@ -345,16 +345,44 @@ def run_hypothesis(plan: E.Plan, settings: Any, *, seed: int | None = None,
             plan.__dict__.pop("_obs_order", None)
             if not plan.actions:
                 break
+        # the whole action table again: a diagnosis continues a failure with any action (a later
+        # pass left out the actions earlier failures ended on, ``poll`` say: the one that shows S4)
+        _restore(plan, actions)
         if minimize_steps:
-            result.failures[:] = [diagnose(plan, minimize(plan, f)) for f in result.failures]
+            result.failures[:] = _dedupe(relate(plan, [diagnose(plan, minimize(plan, f))
+                                                      for f in result.failures]))
     finally:
-        plan.actions = actions
-        plan.partial = False
-        plan.__dict__.pop("_weights", None)
-        plan.__dict__.pop("_obs_order", None)
+        _restore(plan, actions)
         result.seconds = time.perf_counter() - t0
         plan.stats.seconds += result.seconds
     return result
+
+
+def _restore(plan: E.Plan, actions: list) -> None:
+    plan.actions = actions
+    plan.partial = False
+    plan.__dict__.pop("_weights", None)
+    plan.__dict__.pop("_obs_order", None)
+
+
+def _dedupe(failures: list) -> list:
+    """One failure per (invariant, action it ended on) once each is blamed
+    on the rule broken (two symptoms re-blamed to the same rule at the same
+    call are one failure): the shorter reproduction, the fewer steps to
+    detection, the consequences of both."""
+    out: dict = {}
+    for f in failures:
+        key = (f.invariant, _last_action(f))
+        g = out.get(key)
+        if g is None or key[1] is None:
+            out[key if key[1] is not None else (key, id(f))] = f
+            continue
+        keep, other = (f, g) if len(f.trace) < len(g.trace) else (g, f)
+        dets = [d for d in (f.steps_to_detection, g.steps_to_detection) if d is not None]
+        keep.steps_to_detection = min(dets) if dets else None
+        keep.consequences = list(dict.fromkeys(list(keep.consequences) + list(other.consequences)))
+        out[key] = keep
+    return list(out.values())
 
 
 #: replays the step minimizer may spend on one failure
@@ -694,6 +722,84 @@ def diagnose(plan: E.Plan, failure: Failure, *, replays: int | None = None) -> F
     return Failure(failure.target, failure.level, found.invariant, found.cause, found.reason, list(found.trace),
                    failure.steps_to_detection, None, failure.flaky, failure.capacity,
                    [first] + list(failure.consequences))
+
+
+#: replays :func:`relate` may spend on one run's failures
+RELATE_REPLAYS = 60
+
+
+def relate(plan: E.Plan, failures: list, *, replays: int | None = None) -> list:
+    """Several failures of one run, each blamed on the rule broken (issue
+    12: *name the invariant whose rule the implementation broke ... list
+    the other failures as consequences*): a failure ``a`` is a consequence
+    of another, ``b``, of another rule, when ``b``'s rule breaks in ``a``'s
+    state and not the other way round.  Checked on fresh replays of the
+    shrunk counterexamples (arguments drawn again by the spec):
+
+    * ``a``'s steps with its failing step replaced by ``b``'s failing step
+      fail there under ``b``'s rule, as a call the spec forbids, a fault or
+      changed bytes (not a figure): the state ``a`` failed in already
+      breaks ``b``'s rule (a holder's answer whose ledger total is off
+      after the EP ran a release before its fence: ``poll`` there runs the
+      release early, S4);
+    * ``b``'s steps with its failing step replaced by ``a``'s do not fail
+      under ``a``'s rule (``a``'s call, where ``b`` broke its rule, is
+      fine, or cannot be made: no ticket to answer).
+
+    Two independent bugs each break their own rule in the other's state
+    (or in neither), so both stay.  ``b`` then carries ``a`` in its
+    ``consequences``, and the steps at which the run first detected either
+    (``a``'s symptom was the bug's first sign).  A hang or a crash is
+    never a consequence (the supervisor reports it).  At most ``replays``
+    (default :data:`RELATE_REPLAYS`)."""
+    fs = list(failures)
+    if len(fs) < 2 or not DIAGNOSE_BLAME:
+        return fs
+    saved = (plan.stats, plan.on_call, plan.on_step)
+    plan.stats, plan.on_call, plan.on_step = E.Stats(), None, None
+    guard = CallGuard(plan.timeout, plan.guard_mode)
+    budget = [RELATE_REPLAYS if replays is None else replays]
+
+    def ok(f: Failure) -> bool:
+        return bool(f.trace) and f.cause not in ("hang", "crash") and all(isinstance(t, E.TraceStep) for t in f.trace)
+
+    def breaks(x: Failure, y: Failure, figures: bool) -> bool:
+        """``x``'s steps with its failing step replaced by ``y``'s fail there under ``y``'s rule."""
+        if budget[0] <= 0:
+            return False
+        budget[0] -= 1
+        steps = [(t.action, list(t.choices)) for t in x.trace[:-1]] + [(y.trace[-1].action,
+                                                                         list(y.trace[-1].choices))]
+        try:
+            v = _replay_steps(plan, guard, x.capacity, steps)
+        except Exception:  # noqa: BLE001 - a candidate the spec cannot draw breaks nothing
+            return False
+        return v is not None and v.invariant == y.invariant and len(v.trace) == len(steps) \
+            and (figures or v.cause not in _FIGURES) and v.cause not in ("hang", "crash")
+
+    try:
+        changed = True
+        while changed:
+            changed = False
+            for a in fs:
+                if not ok(a):
+                    continue
+                for b in fs:
+                    if b is a or b.invariant == a.invariant or not ok(b) or b.cause in _FIGURES:
+                        continue
+                    if breaks(a, b, False) and not breaks(b, a, True):
+                        dets = [d for d in (a.steps_to_detection, b.steps_to_detection) if d is not None]
+                        merged = Failure(b.target, b.level, b.invariant, b.cause, b.reason, list(b.trace),
+                                         min(dets) if dets else None, b.repro, b.flaky or a.flaky, b.capacity,
+                                         list(b.consequences) + [_describe(a, len(a.trace))] + list(a.consequences))
+                        fs = [merged if f is b else f for f in fs if f is not a]
+                        changed = True
+                        break
+                if changed:
+                    break
+    finally:
+        plan.stats, plan.on_call, plan.on_step = saved
+    return fs
 
 
 def _continue(plan: E.Plan, steps: list, failure: Failure, symptoms: set, replay: Callable) -> Violation | None:
