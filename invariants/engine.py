@@ -423,15 +423,19 @@ class Run:
         used = set(tpl.producers) | set(tpl.consumers) | set(tpl.sweeps)
         others = sorted(n for n in names if n not in used and n in acts)
         makers = set(tpl.makers)
-        head = [acts[q] for q in tpl.producers[:-1] if q in acts for _ in range(1 + chooser.integer(0, 1))]
+        # two of each object the protocol's own object is used with (two streams: a use on each)
+        head = [acts[q] for q in tpl.producers[:-1] if q in acts for _ in range(2 - chooser.integer(0, 1))]
         if tpl.producers[-1] in acts:
             head.append(acts[tpl.producers[-1]])
         head += [acts[q] for q in others if q in makers for _ in range(1 + chooser.integer(0, 1))]
-        body = [acts[c] for c in tpl.consumers if c in acts for _ in range(1 + chooser.integer(0, 2))]
+        life = [c for c in tpl.consumers if c in acts]
+        # the last consumer ends the object's life (``drop``): once
+        body = [acts[c] for c in life for _ in range(1 + (chooser.integer(0, 2) if c != life[-1] else 0))]
         for c in others:
             if c not in makers:
-                for _ in range(chooser.integer(0, 2)):
-                    body.insert(chooser.integer(0, len(body)), acts[c])
+                for _ in range(1 + chooser.integer(0, 1)):
+                    # after the first consumer: before it, nothing of the object is there to act on
+                    body.insert(chooser.integer(min(1, len(body)), len(body)), acts[c])
         tail = [acts[c] for c in tpl.sweeps if c in acts for _ in range(1 + chooser.integer(0, 2))]
         script = head + body + tail
         script.reverse()

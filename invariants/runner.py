@@ -725,7 +725,7 @@ def diagnose(plan: E.Plan, failure: Failure, *, replays: int | None = None) -> F
 
 
 #: replays :func:`relate` may spend on one run's failures
-RELATE_REPLAYS = 60
+RELATE_REPLAYS = 400
 
 
 def relate(plan: E.Plan, failures: list, *, replays: int | None = None) -> list:
@@ -749,7 +749,10 @@ def relate(plan: E.Plan, failures: list, *, replays: int | None = None) -> list:
     Two independent bugs each break their own rule in the other's state
     (or in neither), so both stay.  ``b`` then carries ``a`` in its
     ``consequences``, and the steps at which the run first detected either
-    (``a``'s symptom was the bug's first sign).  A hang or a crash is
+    (``a``'s symptom was the bug's first sign).  When ``a`` is a figure
+    (a ledger total off), ``b``'s rule may break only later: ``a``'s example
+    is also continued past its failure, one step then two (as
+    :func:`diagnose` does), for a failure under ``b``'s rule.  A hang or a crash is
     never a consequence (the supervisor reports it).  At most ``replays``
     (default :data:`RELATE_REPLAYS`)."""
     fs = list(failures)
@@ -774,8 +777,26 @@ def relate(plan: E.Plan, failures: list, *, replays: int | None = None) -> list:
             v = _replay_steps(plan, guard, x.capacity, steps)
         except Exception:  # noqa: BLE001 - a candidate the spec cannot draw breaks nothing
             return False
-        return v is not None and v.invariant == y.invariant and len(v.trace) == len(steps) \
-            and (figures or v.cause not in _FIGURES) and v.cause not in ("hang", "crash")
+        if v is not None and v.invariant == y.invariant and len(v.trace) == len(steps) \
+                and (figures or v.cause not in _FIGURES) and v.cause not in ("hang", "crash"):
+            return True
+        if figures or x.cause not in _FIGURES:
+            return False
+        # a figure off (a ledger total): continued past it, does ``y``'s rule break (``synchronize``
+        # then ``poll`` find the release gone that only now may run)?
+        steps = [(t.action, list(t.choices)) for t in x.trace]
+
+        def replay(cand: list, **kw: Any) -> Violation | None:
+            if budget[0] <= 0:
+                return None
+            budget[0] -= 1
+            try:
+                return _replay_steps(plan, guard, x.capacity, cand, **kw)
+            except Exception:  # noqa: BLE001
+                return None
+
+        hit = _continue(plan, steps, x, {x.invariant}, replay, only=y.invariant)
+        return hit is not None
 
     try:
         changed = True
@@ -802,12 +823,16 @@ def relate(plan: E.Plan, failures: list, *, replays: int | None = None) -> list:
     return fs
 
 
-def _continue(plan: E.Plan, steps: list, failure: Failure, symptoms: set, replay: Callable) -> Violation | None:
+def _continue(plan: E.Plan, steps: list, failure: Failure, symptoms: set, replay: Callable,
+              only: str | None = None) -> Violation | None:
     """Continue the failing example one step, then two, past its failing
     step (each action the spec offers, smallest arguments); the first
     continuation's failure that is a rule (not a figure, not a hang) under
-    an invariant not in ``symptoms``, the most specific of the nearest."""
+    an invariant not in ``symptoms`` (``only``: under that one), the most
+    specific of the nearest."""
     names = [a.name for a in plan.actions]
+    if only is not None:   # the actions about that rule first (``synchronize``, ``poll`` for S4)
+        names.sort(key=lambda nm: only not in (getattr(plan.machine.action(nm), "invariants", ()) or ()))
     rank = _declared_by(plan)
     n = len(plan.machine.actions) + 1
 
@@ -840,6 +865,8 @@ def _continue(plan: E.Plan, steps: list, failure: Failure, symptoms: set, replay
 
         replay(steps, then=then)
         hit = got[0] if got else None
+        if hit is not None and only is not None and hit.invariant != only:
+            return None
         return hit if hit is not None and hit.invariant not in symptoms else None
 
     clean: list = []
