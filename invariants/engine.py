@@ -203,7 +203,6 @@ class Run:
         #: the protocol this example's swarm favours (``focus_groups``), if any
         self.focus: str | None = None
         self._base: tuple | None = None    # the swarm's (actions, weights) before a focus
-        self._refocused = 0
         #: the macro-step being played (actions still to draw, first last), see ``_draw_script``
         self._script: list = []
         #: when the focus is next drawn again (a script's end, or :data:`FOCUS_STEPS` later)
@@ -384,7 +383,8 @@ class Run:
         if groups:
             # two small draws, each about uniform (one draw over every group
             # is not: Hypothesis favours some integers of a wide range):
-            # none, a role or an invariant, or (twice as often) a protocol
+            # none, a role or an invariant, or (PROTOCOL_KINDS times as
+            # often) a protocol, played as a script when it has a template
             proto = [g for g in groups if g[0].startswith("objects of ")]
             other = [g for g in groups if not g[0].startswith("objects of ")]
             kind = chooser.integer(0, 2 + PROTOCOL_KINDS - 1)
@@ -405,20 +405,25 @@ class Run:
 
         From the protocol's :class:`~memspec.invariants.planning.Template`
         (learned from the spec): first what its actions name is made (each
-        producer 1-2 times, the protocol's own object once: two streams,
-        then the allocation; and each other action of the focus that makes
-        something, 1-2 times: ``load_weight``, whose weights a holder's
-        answer releases); then each consumer 1-3 times in the order the
-        spec's walk saw them over an object's life (``use``, then ``drop``;
-        ``respond``, then ``claim``), with each other action of the focus
-        (``synchronize``, ``poll``) 0-2 times at drawn places among them;
-        then the sweeps 1-2 times (``expire``, naming every ticket: time
-        passes over the object's end).  Every count and place is one integer
-        of the chooser (shrinking goes to the fewest).  The script's actions
-        are drawn in turn, each with the usual argument guidance (the
+        other producer 2 or 1 times: two streams, so that two uses can be
+        on different ones; then the protocol's own object once; then each
+        other action of the focus that makes something 1-2 times:
+        ``load_weight``, whose cold weights a holder's answer releases);
+        then each consumer 1-3 times in the order the spec's walk saw them
+        over an object's life (``use``, then ``drop``; ``respond``, then
+        ``claim``), the last one, which ends the life, once; each other
+        action of the focus (``synchronize``, ``poll``) 1-2 times at drawn
+        places after the first consumer (before it nothing of the object is
+        there to act on); then the sweeps 1-3 times (``expire``, naming
+        every ticket: time passes over the object's end).  Every count and
+        place is one integer of the chooser.  The script's actions are
+        drawn in turn, each with the usual argument guidance (the
         references the last steps made: the script's own object); one not
-        available when its turn comes is skipped.  Returns the script
-        reversed (``pop()`` gives the next)."""
+        available when its turn comes is skipped (a script none of whose
+        actions is available leaves the focus's weights to the
+        :data:`FOCUS_STEPS` steps).  When it ends, the next step draws the
+        next focus.  Returns the script reversed (``pop()`` gives the
+        next)."""
         acts = {a.name: a for a in self.plan.actions}
         used = set(tpl.producers) | set(tpl.consumers) | set(tpl.sweeps)
         others = sorted(n for n in names if n not in used and n in acts)
