@@ -658,7 +658,11 @@ def diagnose(plan: E.Plan, failure: Failure, *, replays: int | None = None) -> F
        run before its fence: the queue length and the context's pins are
        off at once; after ``synchronize``, ``poll`` finds the release gone
        that only now may run: S4).  Of several, the nearest (fewest steps),
-       then the most specific (declared by the fewest actions).
+       then the most specific (declared by the fewest actions).  The same
+       for the ledger's total (:func:`_ledger`) when the action declares
+       it but other rules' figures are off at that step too: a total
+       every second action moves is where a broken rule shows, seldom the
+       rule (a ledger bug alone leaves the other figures right).
 
     The blamed failure keeps its own trace; the first failure is listed in
     ``consequences``.  A hang or a crash is left as it is.  At most
@@ -710,8 +714,10 @@ def diagnose(plan: E.Plan, failure: Failure, *, replays: int | None = None) -> F
                     continue   # the same call showing another of the figures it showed: no new rule
                 if found is None or len(v.trace) < len(found.trace):
                     found = v
-        # 2. a symptom: continue past it
-        if found is None and same and failure.cause in _FIGURES and failure.invariant not in own:
+        # 2. a symptom: continue past it (also the ledger's total when other rules' figures are off too)
+        spread = failure.invariant in own and _ledger(plan, failure.invariant) \
+            and any(inv != failure.invariant and c in _FIGURES for inv, c, _w in seen)
+        if found is None and same and failure.cause in _FIGURES and (failure.invariant not in own or spread):
             symptoms = {inv for inv, _c, _w in seen} | {failure.invariant}
             found = _continue(plan, steps, failure, symptoms, replay)
     finally:
@@ -879,6 +885,27 @@ def _continue(plan: E.Plan, steps: list, failure: Failure, symptoms: set, replay
     if not hits:
         return None
     return min(hits, key=lambda v: (rank.get(v.invariant, n), names.index(v.trace[-1].action)))
+
+
+#: a rule is the ledger when one of at least this many actions declares it, more than any other rule
+#: and more than ``FOCUS_MAX_SHARE`` of them (a small table's most declared rule is no ledger)
+LEDGER_MIN_ACTIONS = 10
+
+
+def _ledger(plan: E.Plan, inv: str) -> bool:
+    """``inv`` is the machine's ledger: the rule declared by the most
+    actions, more than :data:`~memspec.invariants.engine.FOCUS_MAX_SHARE`
+    of a table of at least :data:`LEDGER_MIN_ACTIONS` (S11, *every byte is
+    accounted for*, which 16 of the system's 32 actions move).  Its total
+    off together with another rule's figure is a symptom of that step:
+    the diagnosis continues past it for the rule broken (a holder's answer
+    whose poll ran a release before its fence: the ledger, the pins and the
+    queue length are all off; ``synchronize`` then ``poll`` show S4)."""
+    rank = _declared_by(plan)
+    n = len(plan.machine.actions)
+    top = max(rank.values(), default=0)
+    return n >= LEDGER_MIN_ACTIONS and rank.get(inv, 0) == top > E.FOCUS_MAX_SHARE * n \
+        and sum(1 for v in rank.values() if v == top) == 1
 
 
 def _declared_by(plan: E.Plan) -> dict:

@@ -63,3 +63,28 @@ def test_two_failures_of_rules_each_fine_in_the_others_state_both_stay():
     guard = runner.CallGuard(ref.timeout, ref.guard_mode)
     assert runner._replay_steps(ref, guard, 16 * MiB, _ANSWER) is None
     assert runner._replay_steps(ref, guard, 16 * MiB, _POLL) is None
+
+
+def test_the_ledger_total_off_with_other_rules_figures_is_continued_to_the_rule_broken():
+    """Alone in its run, the holder's answer whose poll ran a KV release
+    before its fence shows S11's total first (the answer declares S11), with
+    the pins and the queue length off too: the diagnosis continues past it
+    (``synchronize``, then ``poll``) and names S4."""
+    plan, (answer,) = _failures("mutant:cuda-host-unmap-before-fence", (_ANSWER, 117))
+    assert runner._ledger(plan, "S11") and not runner._ledger(plan, "S4")
+    assert answer.invariant == "S11" and "S10 [observation]" in answer.reason
+    d = runner.diagnose(plan, answer)
+    assert (d.invariant, d.cause) == ("S4", "outcome"), (d.invariant, d.reason)
+    assert [t.action for t in d.trace][-2:] == ["synchronize", "poll"]
+    assert d.consequences[0].startswith("S11 [observation] (step 7)")
+
+
+def test_a_ledger_bug_alone_stays_blamed_on_the_ledger():
+    """cancel-leaks-grant: only the ledger's total is off (the grant's bytes
+    never return to free): that is the rule broken, no continuation."""
+    plan, (f,) = _failures("mutant:cancel-leaks-grant", ([("reserve", [0]), ("cancel", [0])], 2))
+    assert (f.invariant, f.cause) == ("S11", "observation") and "consequences" not in f.reason
+    assert runner.diagnose(plan, f).invariant == "S11"
+    # a small table's most declared rule is no ledger (the caching level: six actions)
+    caching = runner.make_plan("reference-caching", "caching")
+    assert not any(runner._ledger(caching, inv) for inv in caching.invariant_ids)
