@@ -613,6 +613,9 @@ def _replay_steps(plan: E.Plan, guard: CallGuard, capacity: int | None, steps: l
 #: rule it shows may be another's); the others are a call the spec forbids,
 #: bytes that changed, or the spec's own invariant
 _FIGURES = ("observation",)
+#: causes that are a call crashing (an exception that is no error of the contract, a value of no
+#: type the contract returns): evidence about that call alone
+_CRASHES = ("unexpected-exception", "wrong-type")
 
 #: replays a diagnosis may spend on one failure (every two-step continuation
 #: of the system machine's 30 actions: about 930, some milliseconds each)
@@ -751,11 +754,11 @@ def relate(plan: E.Plan, failures: list, *, replays: int | None = None) -> list:
     * ``b``'s steps with its failing step replaced by ``a``'s do not fail
       under ``a``'s rule (``a``'s call, where ``b`` broke its rule, is
       fine, or cannot be made: no ticket to answer);
-    * ``a`` is a figure (a total that a broken rule moves), or a call that
-      raised what ``b``'s call raised (the same error met through another
-      action: a holder's answer that polls the EP).  Any other failing
-      call -- a crash, a wrong outcome, changed bytes -- is a bug of its
-      own, reported with its own reproduction.
+    * ``b`` is not a crash of its call (an exception no error of the
+      contract: ``unexpected-exception``, ``wrong-type``): that is evidence
+      about that one call, a bug of its own, never the root of another
+      failure (a target whose free always crashes, and an overlap found
+      without a free, are two bugs).
 
     Two independent bugs each break their own rule in the other's state
     (or in neither), so both stay.  ``b`` then carries ``a`` in its
@@ -817,10 +820,8 @@ def relate(plan: E.Plan, failures: list, *, replays: int | None = None) -> list:
                 if not ok(a):
                     continue
                 for b in fs:
-                    if b is a or b.invariant == a.invariant or not ok(b) or b.cause in _FIGURES:
+                    if b is a or b.invariant == a.invariant or not ok(b) or b.cause in _FIGURES + _CRASHES:
                         continue
-                    if a.cause not in _FIGURES and (_raised(a) is None or _raised(a) != _raised(b)):
-                        continue   # a call the spec forbids is its own bug, unless it is b's error met again
                     if breaks(a, b, False) and not breaks(b, a, True):
                         dets = [d for d in (a.steps_to_detection, b.steps_to_detection) if d is not None]
                         merged = Failure(b.target, b.level, b.invariant, b.cause, b.reason, list(b.trace),
@@ -834,15 +835,6 @@ def relate(plan: E.Plan, failures: list, *, replays: int | None = None) -> list:
     finally:
         plan.stats, plan.on_call, plan.on_step = saved
     return fs
-
-
-def _raised(f: Failure) -> str | None:
-    """What a failing call raised (``InvalidRequest: fence ... never issued``,
-    digits folded), or None when the failure is not a call that raised."""
-    import re
-
-    m = re.search(r"\) raised ([\w.]+: .*?)(?: \(expected: |$)", f.reason)
-    return re.sub(r"\d+", "#", m.group(1)) if m else None
 
 
 def _continue(plan: E.Plan, steps: list, failure: Failure, symptoms: set, replay: Callable,
