@@ -31,6 +31,7 @@ itself: it compares with the spec and reads the bytes back.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -40,6 +41,7 @@ from memspec.invariants.errors import TARGET_ERROR, HangResult, SpecError, Targe
 from memspec.invariants.guard import BUILD_SECONDS, CallGuard
 from memspec.invariants.integrity import make_integrity
 from memspec.spec import api
+from memspec.spec.core import Raises
 from memspec.spec.core import _nothing as _SPEC_NO_OP
 from memspec.spec.errors import MemspecError
 
@@ -128,6 +130,11 @@ class Plan:
     #: play as a macro-step (a short script of the protocol's actions, see
     #: ``Run._draw_script``)
     templates: dict = field(default_factory=dict)
+    #: names of the actions whose spec declares a failure path the arguments
+    #: select (an injected fault, see :func:`failure_path`; learned by
+    #: ``planning.learn_protocols``): each example's guidance keeps
+    #: :data:`FAULT_QUOTA` such draws of each (see ``Run._draw_args``)
+    faults: frozenset = frozenset()
 
     @property
     def invariant_ids(self) -> list[str]:
@@ -212,6 +219,11 @@ class Run:
         #: action -> guided draws in this example, and those the spec offered an accepting branch
         self._drawn: Counter = Counter()
         self._offered: Counter = Counter()
+        #: action -> failure-path draws kept in this example; (action, failure path) -> the same, per path
+        self._faulted: Counter = Counter()
+        self._fault_paths: Counter = Counter()
+        #: actions a draw of this example showed a failure path (besides ``Plan.faults``)
+        self._fault_seen: set = set()
         fkw = plan.factory_kwargs
         caps = plan.capacities
         if capacity is None and chooser is not None and len(caps) > 1:
@@ -460,14 +472,29 @@ class Run:
         the allocation just made, on the stream just made; the ``drop`` of
         the allocation just used): sequences over one object go deep.
         Actions whose arguments draw nothing (read from the state) draw once.
-        Only the kept draw's choices are recorded (a replay draws once)."""
+        Only the kept draw's choices are recorded (a replay draws once).
+
+        An action whose spec declares a failure path its arguments select
+        (``Plan.faults``: a failure injected at a step of a transaction,
+        which only the rollback of a real implementation shows) is a
+        *rare-branch quota* first (an action whose draw showed one in this
+        example is one from then on): until this example has kept
+        :data:`FAULT_QUOTA` such draws of it, its draws try as hard as a
+        rare action's (the first :data:`RARE_SURE_DRAWS` whatever the
+        chooser says) and keep a failure path over an accepting branch, a
+        path not kept yet in this example (``failure_path``: the injected
+        step) over one kept already.  Accepting alone would never keep
+        one: the spec can only refuse an injected failure."""
         guided = self.plan.guide and getattr(chooser, "weighted", None) is not None
         state = self.state
         best = None
         if guided and a.params:
-            rare = self._rare(a)
+            quota = self._faulted[a.name] < FAULT_QUOTA
+            hunt = quota and (a.name in self.plan.faults or a.name in self._fault_seen)
+            rare = hunt or self._rare(a)
             limit = RARE_ARG_REDRAWS if rare else ARG_REDRAWS
             sure = RARE_SURE_DRAWS if rare else 0
+            paths = self._fault_paths
             recent = self._recent_refs()
             seen = self._seen
             misuse = getattr(a, "misuse", False)
@@ -479,21 +506,34 @@ class Run:
                 refs = _refs_in(args)
                 fresh = (a.name, refs) not in seen
                 near = sum(1 for r in refs if r in recent)
-                score = (accepting, fresh, min(near, len(refs)))
+                fault = failure_path(outs) if quota else None
+                if fault is not None and not hunt:
+                    # seen in this example: its later draws hunt for the quota (per example, not per
+                    # run: the same choices must draw the same arguments when Hypothesis replays them)
+                    self._fault_seen.add(a.name)
+                # the quota: a failure path not kept yet in this example (2), one kept already (1)
+                want = 0 if fault is None else 2 if not paths[(a.name, fault)] else 1
+                score = (want, accepting, fresh, min(near, len(refs)))
                 if best is None or score > best[0]:
-                    best = (score, args, rec.record, outs, accepting, refs)
-                if (accepting and fresh and near >= min(len(refs), 2)) or not rec.record or attempt == limit:
+                    best = (score, args, rec.record, outs, accepting, refs, fault)
+                if want == 2 or not rec.record or attempt == limit:
+                    break
+                if not hunt and accepting and fresh and near >= min(len(refs), 2):
                     break
                 if (accepting or attempt >= sure) and not chooser.boolean():
                     break
-            _score, args, record, outs, accepting, refs = best
+            _score, args, record, outs, accepting, refs, fault = best
+            if fault is not None:
+                self._faulted[a.name] += 1
+                paths[(a.name, fault)] += 1
             # kept for apply(): the same action, arguments and state give the same outcomes
             self._outs = (a, args, outs)
             seen.add((a.name, refs))
             self._drawn[a.name] += 1
             if accepting:
                 self._offered[a.name] += 1
-            return a, args, record, accepting
+            # a failure path kept for the quota keeps its step too (choose() gives a refusal's away)
+            return a, args, record, accepting or fault is not None
         rec = RecordingChooser(chooser)
         args = _draw(a, state, rec)
         if guided:
@@ -869,6 +909,8 @@ RARE_ARG_REDRAWS = 6
 RARE_SURE_DRAWS = 3
 #: an action's accepting branch is rare when offered in fewer than 1 in this many of its steps
 RARE_SHARE = 10
+#: failure-path draws (``Plan.faults``) each example's guidance keeps per action
+FAULT_QUOTA = 2
 #: how many of the last steps' references an argument draw prefers
 RECENT_STEPS = 4
 #: a focus group (``focus_groups``) may cover at most this share of the actions
@@ -984,6 +1026,25 @@ def _boundaries_of(action: Any) -> list:
         got = _BOUNDARIES[id(action)] = (action, [(k, d.boundaries) for k, d in action.params.items()
                                                   if getattr(d, "boundaries", None) is not None])
     return got[1]
+
+
+def failure_path(outs: Any) -> str | None:
+    """The failure path ``outs`` is, or ``None``: an outcome whose one
+    permitted answer is *any* error of the contract (``Raises`` of the base
+    ``MemspecError``) is a failure the caller's arguments injected -- not a
+    refusal the state forces, which names its error class (``GrantDenied``).
+    Named by its description with every number of two or more digits as
+    ``N`` (``"injected failure at step 4: rolled back"``: one path per
+    step; sizes in a description do not make new paths)."""
+    if outs is None or len(outs.branches) != 1:
+        return None
+    b = outs.branches[0]
+    if not isinstance(b, Raises) or b.error is not MemspecError:
+        return None
+    return _NUMBER.sub("N", b.describe)
+
+
+_NUMBER = re.compile(r"\d{2,}")
 
 
 def _spec_outcomes(action: Any, state: Any, args: dict) -> Any:

@@ -128,12 +128,13 @@ def make_plan(target: str | TargetRef, level: str, *, capacity: int | None = Non
     if capacity is not None and lv.sized_device and init.get("capacity") == capacity:
         capacities = (capacity, capacity * LARGE_DEVICE)
     learn_init = {**init, "capacity": capacities[-1]} if capacities else init
-    groups, templates = learn_protocols(mach, learn_init, acts)
+    faults: set = set()
+    groups, templates = learn_protocols(mach, learn_init, acts, faults=faults)
     return Plan(target=tref.name, level=level, factory=tref.factory, machine=mach, init_kwargs=init,
                 actions=acts, observations=obs, capabilities=caps, na=na, make_sut=make_sut,
                 factory_kwargs=fkw, timeout=timeout, guard_mode=guard_mode, integrity=integrity,
                 mutant=tref.mutant, machine_ref=machine_ref, start_checks=start, capacities=capacities,
-                protocols=groups, templates={t.name: t for t in templates})
+                protocols=groups, templates={t.name: t for t in templates}, faults=frozenset(faults))
 
 
 def kind_of(tref: TargetRef, capacity: int | None) -> str:
@@ -214,7 +215,7 @@ def protocol_groups(machine: Any, init: dict, actions: list, *, steps: int = LEA
 
 
 def learn_protocols(machine: Any, init: dict, actions: list, *, steps: int = LEARN_STEPS,
-                    seed: int = 0) -> tuple[tuple, tuple]:
+                    seed: int = 0, faults: set | None = None) -> tuple[tuple, tuple]:
     """``(groups, templates)``: the protocols of the spec over one kind of
     object, learned by a seeded walk of the spec alone (witnesses for the
     implementation's answers, as ``memspec spec-check``).
@@ -229,8 +230,17 @@ def learn_protocols(machine: Any, init: dict, actions: list, *, steps: int = LEA
     calls that name it: ``drop`` last), those that name every object at
     once as its sweeps.  Nothing here names an action; a spec the walk
     cannot run (a branch without a witness everywhere) gives what it
-    learned until then."""
+    learned until then.
+
+    ``faults``, when given, receives the names of the actions the walk saw
+    answer with a failure path (:func:`~memspec.invariants.engine.failure_path`:
+    an outcome whose one answer is *any* error of the contract, a failure
+    the caller's arguments injected).  The walk draws each action's
+    arguments with ``RandomChooser``, so a failure path a domain draws one
+    time in five is seen after a few steps of that action."""
     import random
+
+    from memspec.invariants.engine import failure_path
 
     from memspec.invariants.choosers import RandomChooser
     from memspec.spec.core import Raises, Returns
@@ -273,6 +283,8 @@ def learn_protocols(machine: Any, init: dict, actions: list, *, steps: int = LEA
                     k[0] += 1
                     k[1] += rs <= deep
             outs = a.step(s, **args)
+            if faults is not None and failure_path(outs) is not None:
+                faults.add(a.name)
             bs = [b for b in outs.branches if isinstance(b, Raises) or getattr(b, "witness", None) is not None]
             if not bs:
                 continue

@@ -46,13 +46,10 @@ def test_role_mutants_are_plain_targets_of_the_public_contract():
 #: cuda-host-unmap-before-fence and fence-read-on-default-stream were blamed S11/S6 first at the CI
 #: seed once the protocol focus landed; runner.relate now makes such a symptom a consequence of the
 #: rule it shows (tests/test_verdicts_relate.py)
-_REGRESSED: dict = {
-    # since the protocol templates (issue 12, deliverable 5) moved the CI draws: the kill needs one kv_grow
-    # drawn with an injected failure *and* a growth of more than one page, which the argument guidance
-    # seldom keeps (an injected failure is a draw the spec can only refuse); measured: SURVIVED at the
-    # derandomized CI run and at seed 1, killed at seeds 0 and 2 (S9, 2 steps)
-    "growth-keeps-partial-mapping": "not reached at the derandomized CI run since the protocol templates",
-}
+_REGRESSED: dict = {}
+# growth-keeps-partial-mapping (S9) was listed here since the protocol templates: its kill needs a kv_grow
+# drawn with an injected failure, which the argument guidance dropped (the spec can only refuse it); the
+# engine's rare-branch quota for failure paths (engine.failure_path, FAULT_QUOTA) keeps such draws
 #: mutants whose root cause shows first as another rule's symptom: the failure found first must name
 #: the rule broken (runner.diagnose; the kill table of `memspec mutants` checks it for every mutant)
 _BLAME_FIRST = {"cuda-host-unmap-before-fence", "fence-read-on-default-stream", "drop-frees-synchronously",
