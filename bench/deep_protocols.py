@@ -17,7 +17,8 @@ Runs the target at the system level in this process, under the CI profile
 
 Figures, not assertions: compare two runs of this script (``--baseline REV``
 runs the engine as at an earlier revision, ``--no-guide``
-switches the engine's guidance off: the same run without it).
+switches the engine's guidance off, ``--no-templates`` the protocol
+templates the engine plays as macro-steps: the same run without them).
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ def engine_at(rev: str):
 
 
 def measure(target: str = "reference", examples: int = 100, steps: int = 40, capacity_mib: int = 16,
-            guide: bool = True, swarm: bool = True, seed: int | None = None, baseline: str | None = None) -> dict:
+            guide: bool = True, swarm: bool = True, seed: int | None = None, baseline: str | None = None,
+            templates: bool = True) -> dict:
     from memspec.invariants import engine as E
     from memspec.invariants import runner
     from memspec.invariants.planning import make_plan
@@ -73,6 +75,8 @@ def measure(target: str = "reference", examples: int = 100, steps: int = 40, cap
     plan = make_plan(target, "system", capacity=capacity_mib * MiB)
     plan.guide = guide
     plan.swarm = swarm
+    if not templates:
+        plan.templates = {}
     extra = Counter()
     new_run = E.Run
     if baseline:
@@ -114,6 +118,7 @@ def measure(target: str = "reference", examples: int = 100, steps: int = 40, cap
     refusals = sum(v for (_a, o), v in st.outcomes.items() if o in ("raises GrantDenied", "raises OutOfMemory"))
     return {
         "target": target, "engine": baseline or "this checkout", "guide": guide, "swarm": swarm,
+        "templates": templates,
         "examples": st.examples, "steps": st.steps,
         "failures": sorted({f.invariant for f in res.failures}), "errors": res.errors,
         "claims_per_1k": round(1000 * claims / n, 2),
@@ -140,6 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seeds", type=int, default=0,
                    help="also run this many seeded (not derandomized) runs and print the per-1k figures' mean")
     p.add_argument("--no-swarm", action="store_true")
+    p.add_argument("--no-templates", action="store_true", help="no protocol templates (macro-steps)")
     p.add_argument("--json", help="also write the figures here")
     p.add_argument("--set", action="append", default=[], metavar="NAME=INT",
                    help="set an engine constant for this run (experiments), e.g. FOCUS_STEPS=10")
@@ -150,11 +156,12 @@ def main(argv: list[str] | None = None) -> None:
         k, _, v = kv.partition("=")
         setattr(E, k, int(v))
     out = measure(a.target, a.examples, a.steps, a.capacity_mib, guide=not a.no_guide, swarm=not a.no_swarm,
-                  baseline=a.baseline)
+                  baseline=a.baseline, templates=not a.no_templates)
     if a.seeds:
         keys = [k for k in out if k.endswith("_per_1k") or k in ("refusal_share", "steps_per_cpu_second")]
         runs = [out] + [measure(a.target, a.examples, a.steps, a.capacity_mib, guide=not a.no_guide,
-                                swarm=not a.no_swarm, seed=k + 1, baseline=a.baseline) for k in range(a.seeds)]
+                                swarm=not a.no_swarm, seed=k + 1, baseline=a.baseline, templates=not a.no_templates)
+                for k in range(a.seeds)]
         out["over_seeds"] = {k: [r[k] for r in runs] for k in keys}
         out["mean_over_seeds"] = {k: round(sum(r[k] or 0 for r in runs) / len(runs), 3) for k in keys}
     text = json.dumps(out, indent=1)

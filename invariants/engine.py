@@ -31,6 +31,7 @@ itself: it compares with the spec and reads the bytes back.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -40,6 +41,7 @@ from memspec.invariants.errors import TARGET_ERROR, HangResult, SpecError, Targe
 from memspec.invariants.guard import BUILD_SECONDS, CallGuard
 from memspec.invariants.integrity import make_integrity
 from memspec.spec import api
+from memspec.spec.core import Raises
 from memspec.spec.core import _nothing as _SPEC_NO_OP
 from memspec.spec.errors import MemspecError
 
@@ -124,6 +126,15 @@ class Plan:
     #: protocols a small device refuses before they get deep (empty: the
     #: factory's ``capacity`` for every example)
     capacities: tuple = ()
+    #: ``{protocol name: planning.Template}``: the protocols an example may
+    #: play as a macro-step (a short script of the protocol's actions, see
+    #: ``Run._draw_script``)
+    templates: dict = field(default_factory=dict)
+    #: names of the actions whose spec declares a failure path the arguments
+    #: select (an injected fault, see :func:`failure_path`; learned by
+    #: ``planning.learn_protocols``): each example's guidance keeps
+    #: :data:`FAULT_QUOTA` such draws of each (see ``Run._draw_args``)
+    faults: frozenset = frozenset()
 
     @property
     def invariant_ids(self) -> list[str]:
@@ -199,12 +210,20 @@ class Run:
         #: the protocol this example's swarm favours (``focus_groups``), if any
         self.focus: str | None = None
         self._base: tuple | None = None    # the swarm's (actions, weights) before a focus
-        self._refocused = 0
+        #: the macro-step being played (actions still to draw, first last), see ``_draw_script``
+        self._script: list = []
+        #: when the focus is next drawn again (a script's end, or :data:`FOCUS_STEPS` later)
+        self._refocus_at = FOCUS_STEPS
         #: (action, references named) of the calls this example drew (guidance: fresh calls first)
         self._seen: set = set()
         #: action -> guided draws in this example, and those the spec offered an accepting branch
         self._drawn: Counter = Counter()
         self._offered: Counter = Counter()
+        #: action -> failure-path draws kept in this example; (action, failure path) -> the same, per path
+        self._faulted: Counter = Counter()
+        self._fault_paths: Counter = Counter()
+        #: actions a draw of this example showed a failure path (besides ``Plan.faults``)
+        self._fault_seen: set = set()
         fkw = plan.factory_kwargs
         caps = plan.capacities
         if capacity is None and chooser is not None and len(caps) > 1:
@@ -280,9 +299,19 @@ class Run:
             swarm = self._swarm
             if swarm is None:
                 swarm = self._swarm = self._draw_swarm(chooser)
-            elif self._base is not None and self.nsteps % FOCUS_STEPS == 0 and self.nsteps != self._refocused:
-                self._refocused = self.nsteps
+            elif self._base is not None and self.nsteps >= self._refocus_at and not self._script:
                 swarm = self._swarm = self._draw_focus(chooser, *self._base)
+            script = self._script
+            while script:
+                a = script.pop()
+                try:
+                    ok = a.available(self.state)
+                except Exception as e:  # noqa: BLE001
+                    raise SpecError(f"{a.name}: availability check raised {type(e).__name__}: {e}") from e
+                if ok:
+                    if not script:
+                        self._refocus_at = self.nsteps + 1   # the script ends: the next step draws a new focus
+                    return self._draw_args(a, chooser)[:3]
             acts, ws = swarm
             state = self.state
             guided = self.plan.guide
@@ -362,19 +391,72 @@ class Run:
         :meth:`_draw_swarm`): none, or one of :func:`focus_groups`."""
         groups = focus_groups(self.plan)
         self.focus = None
+        self._refocus_at = self.nsteps + FOCUS_STEPS
         if groups:
             # two small draws, each about uniform (one draw over every group
             # is not: Hypothesis favours some integers of a wide range):
-            # none, a role or an invariant, or (twice as often) a protocol
+            # none, a role or an invariant, or (PROTOCOL_KINDS times as
+            # often) a protocol, played as a script when it has a template
             proto = [g for g in groups if g[0].startswith("objects of ")]
             other = [g for g in groups if not g[0].startswith("objects of ")]
-            kind = chooser.integer(0, 3)
+            kind = chooser.integer(0, 2 + PROTOCOL_KINDS - 1)
             pool = (proto or other) if kind >= 2 else (other or proto) if kind == 1 else None
             if pool:
                 name, names = pool[chooser.integer(0, len(pool) - 1)] if len(pool) > 1 else pool[0]
                 self.focus = name
                 on, ws = _focused(self.plan.actions, on, ws, names)
+                tpl = self.plan.templates.get(name)
+                if tpl is not None and kind >= 2:
+                    self._script = self._draw_script(chooser, tpl, names)
         return on, tuple(ws)
+
+    def _draw_script(self, chooser: Any, tpl: Any, names: frozenset) -> list:
+        """A macro-step: one protocol played as a short script (issue 12:
+        *multi-stream fence orderings, ticket claim/expire interleavings*
+        are 5-8-step orderings a weighted draw rarely makes in a row).
+
+        From the protocol's :class:`~memspec.invariants.planning.Template`
+        (learned from the spec): first what its actions name is made (each
+        other producer 2 or 1 times: two streams, so that two uses can be
+        on different ones; then the protocol's own object once; then each
+        other action of the focus that makes something 1-2 times:
+        ``load_weight``, whose cold weights a holder's answer releases);
+        then each consumer 1-3 times in the order the spec's walk saw them
+        over an object's life (``use``, then ``drop``; ``respond``, then
+        ``claim``), the last one, which ends the life, once; each other
+        action of the focus (``synchronize``, ``poll``) 1-2 times at drawn
+        places after the first consumer (before it nothing of the object is
+        there to act on); then the sweeps 1-3 times (``expire``, naming
+        every ticket: time passes over the object's end).  Every count and
+        place is one integer of the chooser.  The script's actions are
+        drawn in turn, each with the usual argument guidance (the
+        references the last steps made: the script's own object); one not
+        available when its turn comes is skipped (a script none of whose
+        actions is available leaves the focus's weights to the
+        :data:`FOCUS_STEPS` steps).  When it ends, the next step draws the
+        next focus.  Returns the script reversed (``pop()`` gives the
+        next)."""
+        acts = {a.name: a for a in self.plan.actions}
+        used = set(tpl.producers) | set(tpl.consumers) | set(tpl.sweeps)
+        others = sorted(n for n in names if n not in used and n in acts)
+        makers = set(tpl.makers)
+        # two of each object the protocol's own object is used with (two streams: a use on each)
+        head = [acts[q] for q in tpl.producers[:-1] if q in acts for _ in range(2 - chooser.integer(0, 1))]
+        if tpl.producers[-1] in acts:
+            head.append(acts[tpl.producers[-1]])
+        head += [acts[q] for q in others if q in makers for _ in range(1 + chooser.integer(0, 1))]
+        life = [c for c in tpl.consumers if c in acts]
+        # the last consumer ends the object's life (``drop``): once
+        body = [acts[c] for c in life for _ in range(1 + (chooser.integer(0, 2) if c != life[-1] else 0))]
+        for c in others:
+            if c not in makers:
+                for _ in range(1 + chooser.integer(0, 1)):
+                    # after the first consumer: before it, nothing of the object is there to act on
+                    body.insert(chooser.integer(min(1, len(body)), len(body)), acts[c])
+        tail = [acts[c] for c in tpl.sweeps if c in acts for _ in range(1 + chooser.integer(0, 2))]
+        script = head + body + tail
+        script.reverse()
+        return script
 
     def _draw_args(self, a: Any, chooser: Any) -> tuple[Any, dict, list, bool]:
         """Draw ``a``'s arguments, guided towards the protocol's progress.
@@ -390,14 +472,29 @@ class Run:
         the allocation just made, on the stream just made; the ``drop`` of
         the allocation just used): sequences over one object go deep.
         Actions whose arguments draw nothing (read from the state) draw once.
-        Only the kept draw's choices are recorded (a replay draws once)."""
+        Only the kept draw's choices are recorded (a replay draws once).
+
+        An action whose spec declares a failure path its arguments select
+        (``Plan.faults``: a failure injected at a step of a transaction,
+        which only the rollback of a real implementation shows) is a
+        *rare-branch quota* first (an action whose draw showed one in this
+        example is one from then on): until this example has kept
+        :data:`FAULT_QUOTA` such draws of it, its draws try as hard as a
+        rare action's (the first :data:`RARE_SURE_DRAWS` whatever the
+        chooser says) and keep a failure path over an accepting branch, a
+        path not kept yet in this example (``failure_path``: the injected
+        step) over one kept already.  Accepting alone would never keep
+        one: the spec can only refuse an injected failure."""
         guided = self.plan.guide and getattr(chooser, "weighted", None) is not None
         state = self.state
         best = None
         if guided and a.params:
-            rare = self._rare(a)
+            quota = self._faulted[a.name] < FAULT_QUOTA
+            hunt = quota and (a.name in self.plan.faults or a.name in self._fault_seen)
+            rare = hunt or self._rare(a)
             limit = RARE_ARG_REDRAWS if rare else ARG_REDRAWS
             sure = RARE_SURE_DRAWS if rare else 0
+            paths = self._fault_paths
             recent = self._recent_refs()
             seen = self._seen
             misuse = getattr(a, "misuse", False)
@@ -409,21 +506,34 @@ class Run:
                 refs = _refs_in(args)
                 fresh = (a.name, refs) not in seen
                 near = sum(1 for r in refs if r in recent)
-                score = (accepting, fresh, min(near, len(refs)))
+                fault = failure_path(outs) if quota else None
+                if fault is not None and not hunt:
+                    # seen in this example: its later draws hunt for the quota (per example, not per
+                    # run: the same choices must draw the same arguments when Hypothesis replays them)
+                    self._fault_seen.add(a.name)
+                # the quota: a failure path not kept yet in this example (2), one kept already (1)
+                want = 0 if fault is None else 2 if not paths[(a.name, fault)] else 1
+                score = (want, accepting, fresh, min(near, len(refs)))
                 if best is None or score > best[0]:
-                    best = (score, args, rec.record, outs, accepting, refs)
-                if (accepting and fresh and near >= min(len(refs), 2)) or not rec.record or attempt == limit:
+                    best = (score, args, rec.record, outs, accepting, refs, fault)
+                if want == 2 or not rec.record or attempt == limit:
+                    break
+                if not hunt and accepting and fresh and near >= min(len(refs), 2):
                     break
                 if (accepting or attempt >= sure) and not chooser.boolean():
                     break
-            _score, args, record, outs, accepting, refs = best
+            _score, args, record, outs, accepting, refs, fault = best
+            if fault is not None:
+                self._faulted[a.name] += 1
+                paths[(a.name, fault)] += 1
             # kept for apply(): the same action, arguments and state give the same outcomes
             self._outs = (a, args, outs)
             seen.add((a.name, refs))
             self._drawn[a.name] += 1
             if accepting:
                 self._offered[a.name] += 1
-            return a, args, record, accepting
+            # a failure path kept for the quota keeps its step too (choose() gives a refusal's away)
+            return a, args, record, accepting or fault is not None
         rec = RecordingChooser(chooser)
         args = _draw(a, state, rec)
         if guided:
@@ -799,11 +909,15 @@ RARE_ARG_REDRAWS = 6
 RARE_SURE_DRAWS = 3
 #: an action's accepting branch is rare when offered in fewer than 1 in this many of its steps
 RARE_SHARE = 10
+#: failure-path draws (``Plan.faults``) each example's guidance keeps per action
+FAULT_QUOTA = 2
 #: how many of the last steps' references an argument draw prefers
 RECENT_STEPS = 4
 #: a focus group (``focus_groups``) may cover at most this share of the actions
 FOCUS_MAX_SHARE = 0.4
-#: a focus lasts this many steps, then the next is drawn
+#: of the focus draws, none : a role or an invariant : a protocol (its script) = 1 : 1 : this many
+PROTOCOL_KINDS = 3
+#: a focus lasts this many steps (a protocol's script: until it ends), then the next is drawn
 FOCUS_STEPS = 20
 #: the focused actions together weigh this many times the others (2: two thirds of the draws)
 FOCUS_RATIO = 2
@@ -912,6 +1026,25 @@ def _boundaries_of(action: Any) -> list:
         got = _BOUNDARIES[id(action)] = (action, [(k, d.boundaries) for k, d in action.params.items()
                                                   if getattr(d, "boundaries", None) is not None])
     return got[1]
+
+
+def failure_path(outs: Any) -> str | None:
+    """The failure path ``outs`` is, or ``None``: an outcome whose one
+    permitted answer is *any* error of the contract (``Raises`` of the base
+    ``MemspecError``) is a failure the caller's arguments injected -- not a
+    refusal the state forces, which names its error class (``GrantDenied``).
+    Named by its description with every number of two or more digits as
+    ``N`` (``"injected failure at step 4: rolled back"``: one path per
+    step; sizes in a description do not make new paths)."""
+    if outs is None or len(outs.branches) != 1:
+        return None
+    b = outs.branches[0]
+    if not isinstance(b, Raises) or b.error is not MemspecError:
+        return None
+    return _NUMBER.sub("N", b.describe)
+
+
+_NUMBER = re.compile(r"\d{2,}")
 
 
 def _spec_outcomes(action: Any, state: Any, args: dict) -> Any:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from memspec.invariants.discovery import TargetRef, resolve
@@ -127,11 +128,13 @@ def make_plan(target: str | TargetRef, level: str, *, capacity: int | None = Non
     if capacity is not None and lv.sized_device and init.get("capacity") == capacity:
         capacities = (capacity, capacity * LARGE_DEVICE)
     learn_init = {**init, "capacity": capacities[-1]} if capacities else init
+    faults: set = set()
+    groups, templates = learn_protocols(mach, learn_init, acts, faults=faults)
     return Plan(target=tref.name, level=level, factory=tref.factory, machine=mach, init_kwargs=init,
                 actions=acts, observations=obs, capabilities=caps, na=na, make_sut=make_sut,
                 factory_kwargs=fkw, timeout=timeout, guard_mode=guard_mode, integrity=integrity,
                 mutant=tref.mutant, machine_ref=machine_ref, start_checks=start, capacities=capacities,
-                protocols=protocol_groups(mach, learn_init, acts))
+                protocols=groups, templates={t.name: t for t in templates}, faults=frozenset(faults))
 
 
 def kind_of(tref: TargetRef, capacity: int | None) -> str:
@@ -154,6 +157,8 @@ LEARN_MIN_NAMED = 3
 LEARN_MIN_SHARE = 0.25
 #: references are made in increasing order: a returned int further above the newest is a figure, not one
 LEARN_REF_GAP = 16
+#: an action naming more than this many of one producer's objects per call (on average) names them all at once
+LEARN_WIDE = 1.5
 
 
 def _top_refs(args: dict) -> set:
@@ -166,17 +171,76 @@ def _top_refs(args: dict) -> set:
     return out
 
 
+def _deep_refs(args: dict) -> set:
+    """The ints of ``args`` two levels into tuples: an action that names
+    every reference of a kind at once (``expire``'s ``(now, the tickets
+    issued)``) names them one level below its argument."""
+    out = _top_refs(args)
+    for v in args.values():
+        if type(v) is tuple:
+            for x in v:
+                if type(x) is tuple:
+                    out.update(y for y in x if type(y) is int)
+    return out
+
+
+@dataclass(frozen=True)
+class Template:
+    """A protocol of the spec as a macro-step (``Run`` plays it as a short
+    script of actions): make the objects (``producers``, in the order they
+    are needed: the stream a ``use`` names before the allocation), call the
+    actions that name them in the order they do over an object's life
+    (``consumers``: ``use`` before ``drop``; ``respond`` before ``claim``),
+    with the protocol's other actions (``companions``: ``synchronize``,
+    ``poll``; an action that names every object at once, ``expire``) at
+    drawn places between them.  Learned from the spec alone
+    (:func:`learn_protocols`); nothing here names an action."""
+
+    name: str
+    producers: tuple
+    consumers: tuple
+    #: actions that name every object of the kind at once (``expire``: the
+    #: tickets issued): played after the consumers, to see each object's end
+    sweeps: tuple
+    #: the actions that make references anywhere in the spec (``load_weight``
+    #: makes a weight's memory): a companion that makes something is played
+    #: with the producers, before the consumers that may need it
+    makers: tuple = ()
+
+
 def protocol_groups(machine: Any, init: dict, actions: list, *, steps: int = LEARN_STEPS, seed: int = 0) -> tuple:
     """``((name, frozenset of action names), ...)``: the protocols of the
-    spec over one kind of object, learned by a seeded walk of the spec alone
-    (witnesses for the implementation's answers, as ``memspec spec-check``):
-    for each action that makes references (``allocate_owned`` makes
-    allocations), the actions that named them in their arguments (``use``,
-    ``drop``) and the actions that made the other references those name
-    (``use`` also names a stream: ``new_stream``).  Nothing here names an
-    action; a spec the walk cannot run (a branch without a witness
-    everywhere) gives what it learned until then."""
+    spec over one kind of object (see :func:`learn_protocols`)."""
+    return learn_protocols(machine, init, actions, steps=steps, seed=seed)[0]
+
+
+def learn_protocols(machine: Any, init: dict, actions: list, *, steps: int = LEARN_STEPS,
+                    seed: int = 0, faults: set | None = None) -> tuple[tuple, tuple]:
+    """``(groups, templates)``: the protocols of the spec over one kind of
+    object, learned by a seeded walk of the spec alone (witnesses for the
+    implementation's answers, as ``memspec spec-check``).
+
+    ``groups`` is ``((name, frozenset of action names), ...)``: for each
+    action that makes references (``allocate_owned`` makes allocations),
+    the actions that named them in their arguments (``use``, ``drop``) and
+    the actions that made the other references those name (``use`` also
+    names a stream: ``new_stream``).  ``templates`` is one
+    :class:`Template` per group: its consumers ordered by where, on
+    average, their accepted calls fall in the life of one object (the
+    calls that name it: ``drop`` last), those that name every object at
+    once as its sweeps.  Nothing here names an action; a spec the walk
+    cannot run (a branch without a witness everywhere) gives what it
+    learned until then.
+
+    ``faults``, when given, receives the names of the actions the walk saw
+    answer with a failure path (:func:`~memspec.invariants.engine.failure_path`:
+    an outcome whose one answer is *any* error of the contract, a failure
+    the caller's arguments injected).  The walk draws each action's
+    arguments with ``RandomChooser``, so a failure path a domain draws one
+    time in five is seen after a few steps of that action."""
     import random
+
+    from memspec.invariants.engine import failure_path
 
     from memspec.invariants.choosers import RandomChooser
     from memspec.spec.core import Raises, Returns
@@ -187,6 +251,10 @@ def protocol_groups(machine: Any, init: dict, actions: list, *, steps: int = LEA
     made: dict = {}       # ref -> the action whose step made it
     named: dict = {}      # producer -> {consumer: times}
     drawn: dict = {}      # action -> times drawn
+    life: dict = {}       # ref -> [action names of the accepted steps that named it, in order]
+    wide: dict = {}       # (producer, consumer) -> [how many of the producer's refs one step named]
+    alive: dict = {}      # producer -> the references it made
+    everyone: dict = {}   # (producer, action) -> [draws, draws naming every reference the producer made]
     top = 0               # the newest reference made (references are made in increasing order)
     try:
         s = machine.init(**init)
@@ -197,21 +265,40 @@ def protocol_groups(machine: Any, init: dict, actions: list, *, steps: int = LEA
             a = rng.choices(avail, weights=[x.weight for x in avail])[0]
             args = a.draw_args(s, ch)
             drawn[a.name] = drawn.get(a.name, 0) + 1
-            for r in _top_refs(args):
+            refs = _top_refs(args)
+            per: dict = {}
+            for r in refs:
                 p = made.get(r)
                 if p is not None and p != a.name:
                     c = named.setdefault(p, {})
                     c[a.name] = c.get(a.name, 0) + 1
+                    per[p] = per.get(p, 0) + 1
+            for p, k in per.items():
+                wide.setdefault((p, a.name), []).append(k)
+            deep = _deep_refs(args)
+            for p, rs in alive.items():
+                # names every object of ``p`` made so far, two levels deep (``expire``'s tickets issued)
+                if len(rs) >= 2 and p != a.name:
+                    k = everyone.setdefault((p, a.name), [0, 0])
+                    k[0] += 1
+                    k[1] += rs <= deep
             outs = a.step(s, **args)
+            if faults is not None and failure_path(outs) is not None:
+                faults.add(a.name)
             bs = [b for b in outs.branches if isinstance(b, Raises) or getattr(b, "witness", None) is not None]
             if not bs:
                 continue
             b = bs[rng.randrange(len(bs))]
             res = b.then(b.witness()) if isinstance(b, Returns) else b.then(make_error(b.error))
+            if isinstance(b, Returns):
+                for r in refs:
+                    if r in made and made[r] != a.name:
+                        life.setdefault(r, []).append(a.name)
             for r in (res if isinstance(res, tuple) else (res,)):
                 # a fresh reference: just above the newest (a count of bytes some steps return is not one)
                 if type(r) is int and top < r <= top + LEARN_REF_GAP:
                     made[r] = a.name
+                    alive.setdefault(a.name, set()).add(r)
                     top = r
     except Exception:  # noqa: BLE001 - learning is best effort: guidance only
         pass
@@ -221,13 +308,28 @@ def protocol_groups(machine: Any, init: dict, actions: list, *, steps: int = LEA
     for p, cs in consumers.items():
         for c in cs:
             producers_of.setdefault(c, set()).add(p)
-    out = []
+    makers = tuple(sorted(set(made.values())))
+    # where each consumer's accepted calls fall in an object's life (0: first, 1: last)
+    pos: dict = {}
+    for r, seq in life.items():
+        n = len(seq)
+        for i, c in enumerate(seq):
+            pos.setdefault((made[r], c), []).append(i / (n - 1) if n > 1 else 0.5)
+    out, templates = [], []
     for p in sorted(consumers):
         cs = consumers[p]
         if not cs:
             continue
         group = {p} | cs
+        needs: set = set()
         for c in cs:
-            group |= producers_of.get(c, set())
+            needs |= producers_of.get(c, set())
+        group |= needs
         out.append((f"objects of {p}", frozenset(group)))
-    return tuple(out)
+        # one object at a time: an action naming several of the producer's objects per call is a companion
+        one = [c for c in cs if c not in needs and sum(wide.get((p, c), [1])) <= LEARN_WIDE * len(wide.get((p, c), [1]))]
+        order = sorted(one, key=lambda c: (sum(pos.get((p, c), [0.5])) / len(pos.get((p, c), [0.5])), c))
+        every = {c for (q, c), (n, k) in everyone.items() if q == p and n >= LEARN_MIN_NAMED and 2 * k >= n}
+        templates.append(Template(f"objects of {p}", tuple(sorted(needs - {p})) + (p,), tuple(order),
+                                  tuple(sorted(every - set(one) - needs)), makers))
+    return tuple(out), tuple(templates)

@@ -345,16 +345,44 @@ def run_hypothesis(plan: E.Plan, settings: Any, *, seed: int | None = None,
             plan.__dict__.pop("_obs_order", None)
             if not plan.actions:
                 break
+        # the whole action table again: a diagnosis continues a failure with any action (a later
+        # pass left out the actions earlier failures ended on, ``poll`` say: the one that shows S4)
+        _restore(plan, actions)
         if minimize_steps:
-            result.failures[:] = [diagnose(plan, minimize(plan, f)) for f in result.failures]
+            result.failures[:] = _dedupe(relate(plan, [diagnose(plan, minimize(plan, f))
+                                                      for f in result.failures]))
     finally:
-        plan.actions = actions
-        plan.partial = False
-        plan.__dict__.pop("_weights", None)
-        plan.__dict__.pop("_obs_order", None)
+        _restore(plan, actions)
         result.seconds = time.perf_counter() - t0
         plan.stats.seconds += result.seconds
     return result
+
+
+def _restore(plan: E.Plan, actions: list) -> None:
+    plan.actions = actions
+    plan.partial = False
+    plan.__dict__.pop("_weights", None)
+    plan.__dict__.pop("_obs_order", None)
+
+
+def _dedupe(failures: list) -> list:
+    """One failure per (invariant, action it ended on) once each is blamed
+    on the rule broken (two symptoms re-blamed to the same rule at the same
+    call are one failure): the shorter reproduction, the fewer steps to
+    detection, the consequences of both."""
+    out: dict = {}
+    for f in failures:
+        key = (f.invariant, _last_action(f))
+        g = out.get(key)
+        if g is None or key[1] is None:
+            out[key if key[1] is not None else (key, id(f))] = f
+            continue
+        keep, other = (f, g) if len(f.trace) < len(g.trace) else (g, f)
+        dets = [d for d in (f.steps_to_detection, g.steps_to_detection) if d is not None]
+        keep.steps_to_detection = min(dets) if dets else None
+        keep.consequences = list(dict.fromkeys(list(keep.consequences) + list(other.consequences)))
+        out[key] = keep
+    return list(out.values())
 
 
 #: replays the step minimizer may spend on one failure
@@ -585,6 +613,9 @@ def _replay_steps(plan: E.Plan, guard: CallGuard, capacity: int | None, steps: l
 #: rule it shows may be another's); the others are a call the spec forbids,
 #: bytes that changed, or the spec's own invariant
 _FIGURES = ("observation",)
+#: causes that are a call crashing (an exception that is no error of the contract, a value of no
+#: type the contract returns): evidence about that call alone
+_CRASHES = ("unexpected-exception", "wrong-type")
 
 #: replays a diagnosis may spend on one failure (every two-step continuation
 #: of the system machine's 30 actions: about 930, some milliseconds each)
@@ -630,7 +661,11 @@ def diagnose(plan: E.Plan, failure: Failure, *, replays: int | None = None) -> F
        run before its fence: the queue length and the context's pins are
        off at once; after ``synchronize``, ``poll`` finds the release gone
        that only now may run: S4).  Of several, the nearest (fewest steps),
-       then the most specific (declared by the fewest actions).
+       then the most specific (declared by the fewest actions).  The same
+       for the ledger's total (:func:`_ledger`) when the action declares
+       it but other rules' figures are off at that step too: a total
+       every second action moves is where a broken rule shows, seldom the
+       rule (a ledger bug alone leaves the other figures right).
 
     The blamed failure keeps its own trace; the first failure is listed in
     ``consequences``.  A hang or a crash is left as it is.  At most
@@ -682,8 +717,10 @@ def diagnose(plan: E.Plan, failure: Failure, *, replays: int | None = None) -> F
                     continue   # the same call showing another of the figures it showed: no new rule
                 if found is None or len(v.trace) < len(found.trace):
                     found = v
-        # 2. a symptom: continue past it
-        if found is None and same and failure.cause in _FIGURES and failure.invariant not in own:
+        # 2. a symptom: continue past it (also the ledger's total when other rules' figures are off too)
+        spread = failure.invariant in own and _ledger(plan, failure.invariant) \
+            and any(inv != failure.invariant and c in _FIGURES for inv, c, _w in seen)
+        if found is None and same and failure.cause in _FIGURES and (failure.invariant not in own or spread):
             symptoms = {inv for inv, _c, _w in seen} | {failure.invariant}
             found = _continue(plan, steps, failure, symptoms, replay)
     finally:
@@ -696,12 +733,120 @@ def diagnose(plan: E.Plan, failure: Failure, *, replays: int | None = None) -> F
                    [first] + list(failure.consequences))
 
 
-def _continue(plan: E.Plan, steps: list, failure: Failure, symptoms: set, replay: Callable) -> Violation | None:
+#: replays :func:`relate` may spend on one run's failures
+RELATE_REPLAYS = 400
+
+
+def relate(plan: E.Plan, failures: list, *, replays: int | None = None) -> list:
+    """Several failures of one run, each blamed on the rule broken (issue
+    12: *name the invariant whose rule the implementation broke ... list
+    the other failures as consequences*): a failure ``a`` is a consequence
+    of another, ``b``, of another rule, when ``b``'s rule breaks in ``a``'s
+    state and not the other way round.  Checked on fresh replays of the
+    shrunk counterexamples (arguments drawn again by the spec):
+
+    * ``a``'s steps with its failing step replaced by ``b``'s failing step
+      fail there under ``b``'s rule, as a call the spec forbids, a fault or
+      changed bytes (not a figure): the state ``a`` failed in already
+      breaks ``b``'s rule (a holder's answer whose ledger total is off
+      after the EP ran a release before its fence: ``poll`` there runs the
+      release early, S4);
+    * ``b``'s steps with its failing step replaced by ``a``'s do not fail
+      under ``a``'s rule (``a``'s call, where ``b`` broke its rule, is
+      fine, or cannot be made: no ticket to answer);
+    * ``b`` is not a crash of its call (an exception no error of the
+      contract: ``unexpected-exception``, ``wrong-type``): that is evidence
+      about that one call, a bug of its own, never the root of another
+      failure (a target whose free always crashes, and an overlap found
+      without a free, are two bugs).
+
+    Two independent bugs each break their own rule in the other's state
+    (or in neither), so both stay.  ``b`` then carries ``a`` in its
+    ``consequences``, and the steps at which the run first detected either
+    (``a``'s symptom was the bug's first sign).  When ``a`` is a figure
+    (a ledger total off), ``b``'s rule may break only later: ``a``'s example
+    is also continued past its failure, one step then two (as
+    :func:`diagnose` does), for a failure under ``b``'s rule.  A hang or a crash is
+    never a consequence (the supervisor reports it).  At most ``replays``
+    (default :data:`RELATE_REPLAYS`)."""
+    fs = list(failures)
+    if len(fs) < 2 or not DIAGNOSE_BLAME:
+        return fs
+    saved = (plan.stats, plan.on_call, plan.on_step)
+    plan.stats, plan.on_call, plan.on_step = E.Stats(), None, None
+    guard = CallGuard(plan.timeout, plan.guard_mode)
+    budget = [RELATE_REPLAYS if replays is None else replays]
+
+    def ok(f: Failure) -> bool:
+        return bool(f.trace) and f.cause not in ("hang", "crash") and all(isinstance(t, E.TraceStep) for t in f.trace)
+
+    def breaks(x: Failure, y: Failure, figures: bool) -> bool:
+        """``x``'s steps with its failing step replaced by ``y``'s fail there under ``y``'s rule."""
+        if budget[0] <= 0:
+            return False
+        budget[0] -= 1
+        steps = [(t.action, list(t.choices)) for t in x.trace[:-1]] + [(y.trace[-1].action,
+                                                                         list(y.trace[-1].choices))]
+        try:
+            v = _replay_steps(plan, guard, x.capacity, steps)
+        except Exception:  # noqa: BLE001 - a candidate the spec cannot draw breaks nothing
+            return False
+        if v is not None and v.invariant == y.invariant and len(v.trace) == len(steps) \
+                and (figures or v.cause not in _FIGURES) and v.cause not in ("hang", "crash"):
+            return True
+        if figures or x.cause not in _FIGURES:
+            return False
+        # a figure off (a ledger total): continued past it, does ``y``'s rule break (``synchronize``
+        # then ``poll`` find the release gone that only now may run)?
+        steps = [(t.action, list(t.choices)) for t in x.trace]
+
+        def replay(cand: list, **kw: Any) -> Violation | None:
+            if budget[0] <= 0:
+                return None
+            budget[0] -= 1
+            try:
+                return _replay_steps(plan, guard, x.capacity, cand, **kw)
+            except Exception:  # noqa: BLE001
+                return None
+
+        hit = _continue(plan, steps, x, {x.invariant}, replay, only=y.invariant)
+        return hit is not None
+
+    try:
+        changed = True
+        while changed:
+            changed = False
+            for a in fs:
+                if not ok(a):
+                    continue
+                for b in fs:
+                    if b is a or b.invariant == a.invariant or not ok(b) or b.cause in _FIGURES + _CRASHES:
+                        continue
+                    if breaks(a, b, False) and not breaks(b, a, True):
+                        dets = [d for d in (a.steps_to_detection, b.steps_to_detection) if d is not None]
+                        merged = Failure(b.target, b.level, b.invariant, b.cause, b.reason, list(b.trace),
+                                         min(dets) if dets else None, b.repro, b.flaky or a.flaky, b.capacity,
+                                         list(b.consequences) + [_describe(a, len(a.trace))] + list(a.consequences))
+                        fs = [merged if f is b else f for f in fs if f is not a]
+                        changed = True
+                        break
+                if changed:
+                    break
+    finally:
+        plan.stats, plan.on_call, plan.on_step = saved
+    return fs
+
+
+def _continue(plan: E.Plan, steps: list, failure: Failure, symptoms: set, replay: Callable,
+              only: str | None = None) -> Violation | None:
     """Continue the failing example one step, then two, past its failing
     step (each action the spec offers, smallest arguments); the first
     continuation's failure that is a rule (not a figure, not a hang) under
-    an invariant not in ``symptoms``, the most specific of the nearest."""
+    an invariant not in ``symptoms`` (``only``: under that one), the most
+    specific of the nearest."""
     names = [a.name for a in plan.actions]
+    if only is not None:   # the actions about that rule first (``synchronize``, ``poll`` for S4)
+        names.sort(key=lambda nm: only not in (getattr(plan.machine.action(nm), "invariants", ()) or ()))
     rank = _declared_by(plan)
     n = len(plan.machine.actions) + 1
 
@@ -734,6 +879,8 @@ def _continue(plan: E.Plan, steps: list, failure: Failure, symptoms: set, replay
 
         replay(steps, then=then)
         hit = got[0] if got else None
+        if hit is not None and only is not None and hit.invariant != only:
+            return None
         return hit if hit is not None and hit.invariant not in symptoms else None
 
     clean: list = []
@@ -746,6 +893,27 @@ def _continue(plan: E.Plan, steps: list, failure: Failure, symptoms: set, replay
     if not hits:
         return None
     return min(hits, key=lambda v: (rank.get(v.invariant, n), names.index(v.trace[-1].action)))
+
+
+#: a rule is the ledger when one of at least this many actions declares it, more than any other rule
+#: and more than ``FOCUS_MAX_SHARE`` of them (a small table's most declared rule is no ledger)
+LEDGER_MIN_ACTIONS = 10
+
+
+def _ledger(plan: E.Plan, inv: str) -> bool:
+    """``inv`` is the machine's ledger: the rule declared by the most
+    actions, more than :data:`~memspec.invariants.engine.FOCUS_MAX_SHARE`
+    of a table of at least :data:`LEDGER_MIN_ACTIONS` (S11, *every byte is
+    accounted for*, which 16 of the system's 32 actions move).  Its total
+    off together with another rule's figure is a symptom of that step:
+    the diagnosis continues past it for the rule broken (a holder's answer
+    whose poll ran a release before its fence: the ledger, the pins and the
+    queue length are all off; ``synchronize`` then ``poll`` show S4)."""
+    rank = _declared_by(plan)
+    n = len(plan.machine.actions)
+    top = max(rank.values(), default=0)
+    return n >= LEDGER_MIN_ACTIONS and rank.get(inv, 0) == top > E.FOCUS_MAX_SHARE * n \
+        and sum(1 for v in rank.values() if v == top) == 1
 
 
 def _declared_by(plan: E.Plan) -> dict:

@@ -1,0 +1,90 @@
+"""Several failures of one run, each blamed on the rule broken (issue 12,
+deliverable 6): a failure is a consequence of another rule's when that rule
+breaks in its state and not the other way round (``runner.relate``)."""
+
+from __future__ import annotations
+
+from memspec.invariants import runner
+from memspec.spec.api import MiB
+
+#: cuda-host-unmap-before-fence: the holder's answer polls the EP, which runs a KV release
+#: before its fence; the answer's own ledger total (S11) is the first figure off
+_ANSWER = [("issue_ticket", [1, 1, False, 1, 0]), ("new_stream", []), ("kv_open", [4]), ("kv_grow", [0, 0, 1, 0]),
+           ("kv_use", [0, 0]), ("kv_close", [0]), ("respond", [0, 0])]
+#: the same bug met at a poll: the release runs although its fence is not done (S4)
+_POLL = [("allocate_owned", [0, 1]), ("new_stream", []), ("use", [0, 0]), ("drop", [0]), ("poll", [])]
+#: fence-read-on-default-stream: the holder's answer raises while the EP reads a fence (S6, the answer's
+#: rule), and so does a poll (S4)
+_ANSWER_RAISES = [("issue_ticket", [1, 1, False, 1, 0]), ("new_stream", []), ("allocate_owned", [0, 1]),
+                  ("use", [0, 0]), ("drop", [0]), ("respond", [0, 0])]
+
+
+def _failures(target: str, *runs: tuple) -> tuple:
+    plan = runner.make_plan(target, "system", capacity=16 * MiB)
+    guard = runner.CallGuard(plan.timeout, plan.guard_mode)
+    out = []
+    for steps, det in runs:
+        v = runner._replay_steps(plan, guard, 16 * MiB, steps)
+        assert v is not None, "the recorded steps no longer fail (the spec draws them differently now?)"
+        out.append(runner.Failure(target, "system", v.invariant, v.cause, v.reason, list(v.trace), det,
+                                  capacity=16 * MiB))
+    return plan, out
+
+
+def test_a_ledger_total_off_where_the_fence_rule_breaks_is_a_consequence_of_the_fence_rule():
+    plan, (answer, poll) = _failures("mutant:cuda-host-unmap-before-fence", (_ANSWER, 117), (_POLL, 191))
+    assert (answer.invariant, answer.cause) == ("S11", "observation")
+    assert (poll.invariant, poll.cause) == ("S4", "outcome")
+    for order in ([answer, poll], [poll, answer]):
+        (only,) = runner.relate(plan, order)
+        assert (only.invariant, only.cause) == ("S4", "outcome")
+        assert only.trace == poll.trace
+        # the run first saw the bug as the answer's ledger total: that is when it was detected
+        assert only.steps_to_detection == 117
+        assert any(c.startswith("S11 [observation] (step 7) governor.free") for c in only.consequences)
+
+
+def test_a_call_that_raises_where_the_fence_rule_breaks_is_a_consequence_of_it():
+    plan, (answer, poll) = _failures("mutant:fence-read-on-default-stream", (_ANSWER_RAISES, 177), (_POLL, 793))
+    assert (answer.invariant, answer.cause) == ("S6", "outcome") and "InvalidRequest" in answer.reason
+    assert poll.invariant == "S4"
+    (only,) = runner.relate(plan, [answer, poll])
+    assert only.invariant == "S4" and only.steps_to_detection == 177
+    assert only.consequences[0].startswith("S6 [outcome] (step 6) respond")
+
+
+def test_two_failures_of_rules_each_fine_in_the_others_state_both_stay():
+    """The reference implementation with the same steps fails nothing; two
+    failures that do not break each other's rule are both kept (a fence rule
+    broken at a poll, and the same fence rule: no relation within one rule)."""
+    plan, (a, b) = _failures("mutant:cuda-host-unmap-before-fence", (_POLL, 10), (_POLL, 20))
+    assert len(runner.relate(plan, [a, b])) == 2       # one rule: nothing to relate
+    ref = runner.make_plan("reference", "system", capacity=16 * MiB)
+    guard = runner.CallGuard(ref.timeout, ref.guard_mode)
+    assert runner._replay_steps(ref, guard, 16 * MiB, _ANSWER) is None
+    assert runner._replay_steps(ref, guard, 16 * MiB, _POLL) is None
+
+
+def test_the_ledger_total_off_with_other_rules_figures_is_continued_to_the_rule_broken():
+    """Alone in its run, the holder's answer whose poll ran a KV release
+    before its fence shows S11's total first (the answer declares S11), with
+    the pins and the queue length off too: the diagnosis continues past it
+    (``synchronize``, then ``poll``) and names S4."""
+    plan, (answer,) = _failures("mutant:cuda-host-unmap-before-fence", (_ANSWER, 117))
+    assert runner._ledger(plan, "S11") and not runner._ledger(plan, "S4")
+    assert answer.invariant == "S11" and "S10 [observation]" in answer.reason
+    d = runner.diagnose(plan, answer)
+    assert (d.invariant, d.cause) == ("S4", "outcome"), (d.invariant, d.reason)
+    assert [t.action for t in d.trace][-2:] == ["synchronize", "poll"]
+    assert d.consequences[0].startswith("S11 [observation] (step 7)")
+
+
+def test_a_ledger_bug_alone_stays_blamed_on_the_ledger():
+    """cancel-leaks-grant: only the ledger's total is off (the grant's bytes
+    never return to free): that is the rule broken, no continuation."""
+    plan, (f,) = _failures("mutant:cancel-leaks-grant", ([("reserve", [0]), ("cancel", [0])], 2))
+    assert (f.invariant, f.cause) == ("S11", "observation") and "consequences" not in f.reason
+    assert runner.diagnose(plan, f).invariant == "S11"
+    # a small table's most declared rule is no ledger (the caching level: six actions)
+    caching = runner.make_plan("reference-caching", "caching")
+    assert not any(runner._ledger(caching, inv) for inv in caching.invariant_ids)
