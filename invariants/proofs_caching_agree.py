@@ -20,16 +20,25 @@ module checks that it is the *same machine* as the executable spec:
 * **transition agreement**: for every spec step the encoded actions it stands
   for run on the projection (a malloc is the encoded ``process_event`` steps
   for the events that completed, then the one malloc path whose precondition
-  holds -- with the spec's chosen block as the best-fit argument: if it is not
-  the encoding's best fit no precondition holds and that is a mismatch --,
-  then for pytorch's retry the events and ``malloc_retry``); the alive blocks
-  (by address: size, kind, requested, pool, stream, segment, recorded uses and
-  event values, neighbours), the counters, reserved bytes, the ghost sums'
-  totals, the answer (bytes released, the OOM figures) must equal the
-  projection of the spec's state after the step.  Branch counts are per spec
-  action and encoded action, with the split decision (``/split``,
-  ``/whole``) and the remainder exactly on the split threshold as branches of
-  their own: a branch with 0 samples fails ``prove``.
+  holds -- the rounded size by the encoding's own kernel ``z_round`` with the
+  policy's divisions table, the best-fit argument the smallest fitting block
+  by the driver (the precondition admits only the best one; the spec's choice
+  shows in the state compared after the step) --, then the phases: the
+  garbage collection's ``gc:release`` steps with the spec's victims as
+  arguments (the encoding admits any whole large-pool segment: the spec's
+  must be among them) and ``gc_end``; release_available's ``avail:`` steps and
+  ``avail_end``; for pytorch's retry the events and ``malloc_retry``); the
+  alive blocks (by address: size, kind, requested, pool, stream, segment,
+  recorded uses and event values, neighbours), the counters, reserved bytes,
+  the phase flags, the ghost sums' totals, the answer (bytes released, the
+  OOM figures) must equal the projection of the spec's state after the step.
+  Branch counts are per spec action and encoded action, with the split
+  decision (``/split``, ``/whole``), the remainder exactly on the split
+  threshold, a request the divisions round off the 512 B ladder and a segment
+  only the memory_fraction cap refuses as branches of their own: a branch
+  with 0 samples fails ``prove``.  Policies: both presets, with and without
+  max_split_size, memory_fraction, garbage_collection_threshold and
+  roundup_power2_divisions (:data:`WALKS`, :data:`KNOB_SCRIPTS`).
 * **invariant agreement**: each C invariant's encoding (``NAMED``) evaluated
   on the projection must equal the executable invariant's verdict on the state.
 
@@ -58,7 +67,7 @@ _KIND = {"free": H.FREE, "live": H.LIVE, "pending": H.PEND}
 #: block fields compared by address (the ghost neighbours ``pv``/``nx`` are compared as addresses)
 BLOCK_FIELDS = ("sz", "k", "rq", "sm", "sr", "sb", "ss", *[f"u{t}" for t in range(H.STREAMS)],
                 *[f"e{t}" for t in range(H.STREAMS)])
-SCALARS = ("Rs", "Rl", *[f"i{t}" for t in range(H.STREAMS)], *[f"c{t}" for t in range(H.STREAMS)])
+SCALARS = ("Rs", "Rl", *[f"i{t}" for t in range(H.STREAMS)], *[f"c{t}" for t in range(H.STREAMS)], "md", "gp", "ra")
 #: the invariants with an encoding evaluated on heap states (C8 is expandable-only: its own module)
 HEAP_INVARIANTS = ("C1", "C2", "C3", "C4", "C5", "C6", "C7", "C9")
 
@@ -94,12 +103,19 @@ def project(st: Any) -> tuple[dict[str, Any], dict[int, int]]:
             vals[f"e{t}"] = ev.get(t, 0)
         for f, v in vals.items():
             arr[f][i] = v
-    out: dict[str, Any] = {"n": n, "seed": st.policy.seed, "ms": st.policy.max_split_size, "cap": st.policy.capacity,
-                           "md": False, "mn": 0, "mt": 0, "ret": 0, "oq": 0, "orr": 0, "oa": 0, "olf": 0}
+    pol = st.policy
+    allowed = None if pol.memory_fraction is None else int(pol.memory_fraction * pol.capacity)
+    gce = pol.gc_threshold > 0 and allowed is not None
+    out: dict[str, Any] = {"n": n, "seed": pol.seed, "ms": pol.max_split_size, "cap": pol.capacity,
+                           "hf": allowed is not None, "lim": allowed or 0, "gce": gce,
+                           "gth": int(pol.gc_threshold * allowed) if gce else 0,
+                           "md": False, "gp": False, "ra": False, "mn": 0, "mt": 0, "mr": 0, "wa": 0, "rsum": 0,
+                           "ret": 0, "oq": 0, "orr": 0, "oa": 0, "olf": 0}
     for t in range(H.STREAMS):
         out[f"i{t}"], out[f"c{t}"] = st.issued.get(t, 0), st.completed.get(t, 0)
     out["Rs"] = sum(s.size for s in st.segments if s.small)
     out["Rl"] = sum(s.size for s in st.segments if not s.small)
+    arr["dv"] = dict(enumerate(pol.divisions))
     for f, k in H.FIELDS.items():
         if k in (ARR, BARR) and f not in H.SUMS:
             out[f] = (False if k == BARR else 0, arr[f])
@@ -136,7 +152,8 @@ def _prefix(nm: str, rows: list[dict[str, Any]]) -> dict[int, int]:
 # Z3 evaluation of an encoded action on a concrete heap
 # --------------------------------------------------------------------------
 
-_ARRAY_FIELDS = [f for f, k in H.FIELDS.items() if k in (ARR, BARR) and f not in H.SUMS]
+#: the block arrays an action writes (the policy's divisions table ``dv`` is read only: carried over)
+_ARRAY_FIELDS = [f for f, k in H.FIELDS.items() if k in (ARR, BARR) and f not in H.SUMS and f != "dv"]
 _SCALAR_FIELDS = [f for f, k in H.FIELDS.items() if k in (INT, BOOL) and f != "n"]
 
 
@@ -218,6 +235,7 @@ class Compiled:
                 arrays[f][i] = bool(val) if H.FIELDS[f] == BARR else val
         for f in _ARRAY_FIELDS:
             out[f] = (False if H.FIELDS[f] == BARR else 0, arrays[f])
+        out["dv"] = vals["dv"]
         n2 = out["n"]
         # the ghost sums of the post-state, as the next step's hypothesis needs them: recomputed from its blocks
         for nm in H.SUMS:
@@ -319,7 +337,14 @@ def branch_table() -> dict[str, dict[str, int]]:
         for sub in ("split", "whole", "remainder on the split threshold"):
             m[f"{path}/{sub}"] = 0
     m["malloc_retry:new/split"] = 0
+    for name in KNOB_BRANCHES:
+        m[name] = 0
     return out
+
+
+#: the policy knobs' own branches of malloc: a request the divisions round off the 512 B ladder; a new
+#: segment the device would hold but the memory_fraction cap refuses
+KNOB_BRANCHES = ("malloc/rounded by roundup_power2_divisions", "malloc/refused by the memory_fraction cap only")
 
 
 @dataclass
@@ -342,9 +367,38 @@ class Agreement:
 
 def _first(acts: dict[str, H.Act], names: list[str], vals: dict[str, Any], args: dict[str, int],
            guards: frozenset) -> tuple[str | None, list[str]]:
-    """The encoded path whose precondition holds (and every one that does: exactly one must)."""
-    hold = [nm for nm in names if compiled(acts[nm], vals["n"], guards).applies(vals, args)]
+    """The encoded path whose precondition holds (and every one that does: exactly one must).  The paths'
+    preconditions are packed into one term (they share the state's and the arguments' constants, so one
+    substitution evaluates them all)."""
+    n = vals["n"]
+    if len(names) == 1:
+        hold = [nm for nm in names if compiled(acts[nm], n, guards).applies(vals, args)]
+        return (hold[0] if hold else None), hold
+    key = (tuple(names), n, guards)
+    packed = _PRES.get(key)
+    if packed is None:
+        cs = [compiled(acts[nm], n, guards) for nm in names]
+        term = z3.K(z3.IntSort(), z3.IntVal(-1))
+        for idx, c in enumerate(cs):
+            term = z3.Store(term, idx, z3.If(c.pre, z3.IntVal(1), z3.IntVal(0)))
+        params = sorted({p for c in cs for p in c.act.params})
+        packed = _PRES[key] = (term, cs[0].s, {p: z3.Int(f"{p}@agarg") for p in params})
+    term, s, a = packed
+    subs = [(s[f], concrete(H.FIELDS[f], vals[f])) for f in H.FIELDS if f != "n"]
+    subs += [(a[p], z3.IntVal(args.get(p, 0))) for p in a]
+    v = z3.simplify(z3.substitute(term, *subs))
+    got: dict[int, int] = {}
+    while z3.is_store(v):
+        idx, val = v.arg(1), v.arg(2)
+        if not (z3.is_int_value(idx) and z3.is_int_value(val)):
+            raise ValueError(f"{names}: a precondition did not simplify to a value: {str(val)[:200]}")
+        got.setdefault(idx.as_long(), val.as_long())
+        v = v.arg(0)
+    hold = [nm for idx, nm in enumerate(names) if got.get(idx) == 1]
     return (hold[0] if hold else None), hold
+
+
+_PRES: dict[tuple, tuple] = {}
 
 
 def _drain(acts: dict[str, H.Act], vals: dict[str, Any], rep: Agreement, spec_action: str,
@@ -477,30 +531,54 @@ def _encoded_step(before: Any, vals: dict[str, Any], refs: dict[int, int], name:
     # malloc
     size, stream = args["size"], args["stream"]
     enc = vals if size >= H.ONE_EB else _drain(acts, vals, rep, spec_action, guards)
-    b, base = -1, 0
-    small_seg, new_seg = False, False
+    base = 0
+    small_seg = False
     if value is not None:
-        sid = st.where[value]
-        seg = st.seg(sid)
-        blk = next(x for x in seg.blocks if x.ref == value)
-        addr = seg.base + blk.offset
+        seg = st.seg(st.where[value])
         base, small_seg = seg.base, seg.small
-        new_seg = not any(s.sid == sid for s in before.segments) or before.seg(sid).base is None
-        if not new_seg:
-            for i in range(enc["n"]):
-                if _g(enc, "al", i) and _g(enc, "ad", i) == addr and _g(enc, "k", i) == H.FREE:
-                    b = i
+    r, alloc = _kernels(vals, size) if size < H.ONE_EB else (0, 0)
+    # the best-fit argument, by the driver (the smallest free block of the pool and stream holding r; ties:
+    # the lowest address): the encoding's precondition accepts only the best one; the spec's choice shows in
+    # the state compared after the step
+    fits = [i for i in range(enc["n"]) if _g(enc, "al", i) and _g(enc, "k", i) == H.FREE
+            and bool(_g(enc, "sm", i)) == (r <= H.K_SMALL) and _g(enc, "sr", i) == stream and _g(enc, "sz", i) >= r]
+    b = min(fits, key=lambda i: (_g(enc, "sz", i), _g(enc, "ad", i))) if fits and size < H.ONE_EB else -1
     lf, lw = _largest(enc)
-    margs = {"size": size, "t": stream, "b": b, "base": base, "lf": lf, "lw": lw}
+    margs = {"size": size, "t": stream, "r": r, "b": b, "base": base, "lf": lf, "lw": lw}
     path, o, enc2 = one([f"malloc:{p}" for p in H.MALLOC_PATHS], enc, margs, "malloc")
+    if size < H.ONE_EB and not vals["seed"] and r != max(H.K_MIN_BLOCK, -(-size // H.K_MIN_BLOCK) * H.K_MIN_BLOCK):
+        rep.count(spec_action, KNOB_BRANCHES[0])
+    used = enc["Rs"] + enc["Rl"] + alloc
+    if path != "malloc:fit" and size < H.ONE_EB and enc["hf"] and enc["lim"] < used <= enc["cap"]:
+        rep.count(spec_action, KNOB_BRANCHES[1])
     if path in ("malloc:fit", "malloc:new"):
         sub = "split" if enc2["n"] - enc["n"] == (1 if path == "malloc:fit" else 2) else "whole"
         rep.count(spec_action, f"{path}/{sub}")
-        r, alloc = _kernels(st.policy.seed, size)
         rem = (_g(enc, "sz", b) if path == "malloc:fit" else alloc) - r
         if rem in _split_threshold(st.policy.seed, small_seg):
             rep.count(spec_action, f"{path}/remainder on the split threshold")
-    if path == "malloc:retry":
+    if path == "malloc:gc":
+        # the spec's victims (its age order) are the arguments; the encoding allows any whole large segment
+        for vaddr in _gc_victims(before, size, stream):
+            vid = next((i for i in range(enc2["n"]) if _g(enc2, "al", i) and _g(enc2, "ad", i) == vaddr), -1)
+            _nm, o, enc2 = one(["gc:release"], enc2, {"b": vid}, f"gc release of the segment at {vaddr:#x}")
+        lf, lw = _largest(enc2)
+        path, o, enc2 = one([f"gc_end:{p}" for p in H.CONT_PATHS], enc2, {"base": base, "lf": lf, "lw": lw}, "gc end")
+    if path.endswith(":avail"):
+        for _ in range(enc2["n"] + 2):
+            c, j = _avail_choices(enc2)
+            cands = [("avail:big", {"b": c}), ("avail:one", {"b": j}),
+                     ("avail_end:new", {"b": c, "base": base, "lf": 0, "lw": 0}),
+                     ("avail_end:retry", {"b": c, "base": base, "lf": 0, "lw": 0})]
+            hold = [(nm, a) for nm, a in cands if compiled(acts[nm], enc2["n"], guards).applies(enc2, a)]
+            if len(hold) != 1:
+                raise _NoPath(f"release_available: encoded steps whose precondition holds: {[h[0] for h in hold] or 'none'}")
+            path, a = hold[0]
+            o, enc2 = compiled(acts[path], enc2["n"], guards).run(enc2, a)
+            rep.count(spec_action, path)
+            if path.startswith("avail_end:"):
+                break
+    if path in ("malloc:retry", "gc_end:retry", "avail_end:retry"):
         before_retry = enc2["n"]
         enc2 = _drain(acts, enc2, rep, spec_action, guards)
         lf, lw = _largest(enc2, exclude_whole=True)
@@ -510,22 +588,63 @@ def _encoded_step(before: Any, vals: dict[str, Any], refs: dict[int, int], name:
     return enc2, o
 
 
+def _gc_victims(before: Any, size: int, stream: int) -> list[int]:
+    """The segments (base addresses) the spec's ``_garbage_collect`` releases for this malloc (run on a copy
+    up to that point): the nondeterministic victims' arguments, each checked by ``gc:release``'s
+    precondition."""
+    from memspec.spec.caching import policy as P
+    from memspec.spec.caching.kernels import choose_pool
+
+    st = copy.deepcopy(before)
+    P._process_events(st)
+    r = st.policy.rounded(size)
+    small = choose_pool(r) == "small"
+    P._get_free_block(st, small, stream, r)
+    bases = {s.sid: s.base for s in st.segments}
+    P._garbage_collect(st)
+    left = {s.sid for s in st.segments}
+    return sorted(b for sid, b in bases.items() if sid not in left and b is not None)
+
+
+def _avail_choices(vals: dict[str, Any]) -> tuple[int, int]:
+    """release_available's candidates, by the driver: the smallest free block of the request's pool and
+    stream holding the want, and the largest whole segment of at least max_split_size (-1: none)."""
+    small, t = vals["mr"] <= H.K_SMALL, vals["mt"]
+    rows = [i for i in range(vals["n"]) if _g(vals, "al", i) and _g(vals, "k", i) == H.FREE
+            and bool(_g(vals, "sm", i)) == small and _g(vals, "sr", i) == t]
+    key = lambda i: (_g(vals, "sz", i), _g(vals, "ad", i))  # noqa: E731
+    big = sorted((i for i in rows if _g(vals, "sz", i) >= vals["wa"]), key=key)
+    elig = sorted((i for i in rows if _g(vals, "sz", i) == _g(vals, "ss", i) and _g(vals, "sz", i) >= vals["ms"]),
+                  key=key)
+    return (big[0] if big else -1), (elig[-1] if elig else -1)
+
+
 def _count_alive(vals: dict[str, Any]) -> int:
     return sum(1 for i in range(vals["n"]) if _g(vals, "al", i))
 
 
-_KERNELS: dict[tuple[bool, int], tuple[int, int]] = {}
+_KERNELS: dict[tuple, tuple[int, int]] = {}
 
 
-def _kernels(seed: bool, size: int) -> tuple[int, int]:
-    """The request's rounded size and new-segment size by the encoding's own kernels (``z_round``,
-    ``z_segment``, evaluated by Z3): only to name the branch, never compared."""
-    key = (seed, size)
+def _kernels(vals: dict[str, Any], size: int) -> tuple[int, int]:
+    """The request's rounded size and new-segment size by the encoding's own kernels (``z_round`` with the
+    state's divisions table, ``z_segment``, evaluated by Z3): the rounded size is malloc's argument (its
+    precondition holds only for a legal one; the state after it is compared), the segment size only names
+    the branch."""
+    pol = (vals["seed"], vals["dv"][0], tuple(sorted(vals["dv"][1].items())))
+    key = (pol, size)
     if key not in _KERNELS:
-        s = St({"seed": z3.BoolVal(seed)})
-        r = z3.simplify(H.z_round(s, z3.IntVal(size)))
-        _KERNELS[key] = (r.as_long(), z3.simplify(H.z_segment(s, r)).as_long())
+        if pol not in _KERNEL_TERMS:   # the kernels of this policy on a symbolic request, built once
+            s = St({"seed": z3.BoolVal(vals["seed"]), "dv": concrete(ARR, vals["dv"])})
+            n, r = z3.Int("kn@ag"), z3.Int("kr@ag")
+            _KERNEL_TERMS[pol] = (n, r, z3.simplify(H.z_round(s, n)), z3.simplify(H.z_segment(s, r)))
+        n, r, er, es = _KERNEL_TERMS[pol]
+        rv = z3.simplify(z3.substitute(er, (n, z3.IntVal(size))))
+        _KERNELS[key] = (rv.as_long(), z3.simplify(z3.substitute(es, (r, rv))).as_long())
     return _KERNELS[key]
+
+
+_KERNEL_TERMS: dict[tuple, tuple] = {}
 
 
 def _state_key(vals: dict[str, Any]) -> Any:
@@ -558,21 +677,25 @@ def _invariant_agreement(st: Any, vals: dict[str, Any], rep: Agreement, where: s
 # the walks and the boundary sweep
 # --------------------------------------------------------------------------
 
-#: (preset, capacity, streams, max_split_size) of the random walks: capacities small enough that the OOM and
-#: retry paths are reached, pytorch without max_split_size (its release_available path is not encoded)
-WALKS = (("seed", 44 << 20, 3, 0), ("pytorch", 44 << 20, 3, 0), ("seed", 64 << 20, 2, 4 << 20),
-         ("pytorch", 64 << 20, 2, 0))
+#: (preset, capacity, streams, max_split_size, other policy knobs) of the random walks: capacities small enough
+#: that the OOM and retry paths are reached; memory_fraction, garbage_collection_threshold and
+#: roundup_power2_divisions in some
+WALKS = (("seed", 44 << 20, 3, 0, {}), ("pytorch", 44 << 20, 3, 0, {}), ("seed", 64 << 20, 2, 4 << 20, {}),
+         ("pytorch", 64 << 20, 2, 0, {}),
+         ("pytorch", 64 << 20, 2, 4 << 20, {"roundup_power2_divisions": 4, "memory_fraction": 0.8,
+                                            "garbage_collection_threshold": 0.6}),
+         ("seed", 64 << 20, 2, 0, {"memory_fraction": 0.7, "garbage_collection_threshold": 0.5}))
 #: the walk's action mix (malloc-heavy, frees to make holes)
 MIX = ("malloc",) * 6 + ("free",) * 4 + ("record_stream", "record_stream", "complete_stream", "complete_stream",
                                           "empty_cache", "double_free")
 
 
-def walk(rep: Agreement, preset: str, capacity: int, streams: int, max_split_size: int, steps: int,
-         rng: random.Random, guards: frozenset = frozenset()) -> None:
+def walk(rep: Agreement, preset: str, capacity: int, streams: int, max_split_size: int, knobs: dict[str, Any],
+         steps: int, rng: random.Random, guards: frozenset = frozenset()) -> None:
     from memspec.invariants.agreement import RandomChooser
     from memspec.spec import caching as C
 
-    st = C.init(policy=preset, capacity=capacity, streams=streams, max_split_size=max_split_size)
+    st = C.init(policy=preset, capacity=capacity, streams=streams, max_split_size=max_split_size, **knobs)
     ch = RandomChooser(rng)
     for _ in range(steps):
         name = rng.choice(MIX)
@@ -630,6 +753,63 @@ def event_sweep(rep: Agreement, preset: str, guards: frozenset = frozenset()) ->
         check_step(st, name, args, rep, guards)
 
 
+#: directed scripts for the policy knobs' branches: (preset, init keywords, steps); a step is
+#: ``("malloc", MiB)`` or ``("free", k)`` (the k-th block malloc'd); every malloc on stream 0
+_GC = {"capacity": 64 << 20, "memory_fraction": 0.75, "garbage_collection_threshold": 0.5}
+KNOB_SCRIPTS: tuple[tuple[str, dict[str, Any], tuple[tuple[str, int], ...]], ...] = (
+    # garbage collection (usage 40 MiB > 24 MiB) frees the whole 20 MiB segment, then a new segment fits
+    ("pytorch", _GC, (("malloc", 15), ("malloc", 15), ("free", 0), ("malloc", 20))),
+    # ... then none fits the 48 MiB cap: pytorch's retry (OutOfMemory); the toy's OutOfMemory
+    ("pytorch", _GC, (("malloc", 15), ("malloc", 15), ("free", 0), ("malloc", 40))),
+    ("seed", _GC, (("malloc", 15), ("malloc", 15), ("free", 0), ("malloc", 30))),
+    # ... with max_split_size: release_available finds nothing, then the retry
+    ("pytorch", {**_GC, "max_split_size": 4 << 20}, (("malloc", 15), ("malloc", 15), ("free", 0), ("malloc", 40))),
+    # release_available: an oversize cached segment (20 MiB >= max_split_size) is released for a 3 MiB request
+    ("pytorch", {"capacity": 44 << 20, "max_split_size": 4 << 20},
+     (("malloc", 2), ("malloc", 20), ("free", 0), ("malloc", 3))),
+    # ... none holds the want: whole segments from the largest down until it is reached (two of the three
+    # 20 MiB ones), then a new segment
+    ("pytorch", {"capacity": 64 << 20, "max_split_size": 4 << 20},
+     (("malloc", 5), ("malloc", 5), ("malloc", 5), ("free", 0), ("free", 1), ("free", 2), ("malloc", 30))),
+    # ... or not reached (then the retry, OutOfMemory)
+    ("pytorch", {"capacity": 64 << 20, "max_split_size": 4 << 20},
+     (("malloc", 5), ("malloc", 5), ("malloc", 5), ("free", 0), ("free", 1), ("malloc", 50))),
+    # memory_fraction: the per-process cap (32 MiB) refuses the second segment the device would hold
+    ("pytorch", {"capacity": 64 << 20, "memory_fraction": 0.5}, (("malloc", 20), ("malloc", 20))),
+    ("seed", {"capacity": 64 << 20, "memory_fraction": 0.5}, (("malloc", 15), ("malloc", 15))),
+)
+
+
+def knob_sweep(rep: Agreement, guards: frozenset = frozenset()) -> None:
+    """:data:`KNOB_SCRIPTS`, then every boundary size of a pytorch policy with roundup_power2_divisions
+    (a mixed table and 4 everywhere) from an empty allocator."""
+    from memspec.spec import caching as C
+    for preset, kw, script in KNOB_SCRIPTS:
+        st = C.init(policy=preset, streams=1, **kw)
+        refs: list[int] = []
+        for name, x in script:
+            if name == "malloc":
+                check_step(st, "malloc", {"size": x << 20, "stream": 0}, rep, guards)
+                refs.append(max(st.where) if st.where else -1)
+            else:
+                check_step(st, "free", {"ref": refs[x]}, rep, guards)
+    for table in ((1, 2, 4, 8, 16, 2, 4, 8, 16, 1, 2, 4, 8, 16, 2, 4), (4,) * 16):
+        empty = C.init(policy="pytorch", capacity=44 << 20, streams=1, roundup_power2_divisions=table)
+        for size in division_sizes(table):
+            check_step(copy.deepcopy(empty), "malloc", {"size": size, "stream": 0}, rep, guards)
+
+
+def division_sizes(table: tuple[int, ...]) -> tuple[int, ...]:
+    """Requests at the divisions' thresholds, +-1: each entry's start ``512 * d``, and in the intervals of
+    1, 2, 4 and 8 MiB their start and first step (the kernels are checked at every threshold by
+    :func:`~memspec.invariants.proofs_caching_heap.kernel_boundary_agreement`; this drives malloc)."""
+    pts = {512 * d for d in set(table) if d > 1}
+    for e in (20, 21, 22, 23):
+        d = table[min(max(0, e - 20), 15)]
+        pts |= {1 << e, (1 << e) + (1 << e) // max(d, 1)}
+    return tuple(sorted({p + k for p in pts for k in (-1, 0, 1) if p + k > 0}))
+
+
 def run_agreement(steps: int = 30, walks_per_config: int = 2, seed: int = 0,
                   guards: frozenset = frozenset()) -> Agreement:
     """The walks of :data:`WALKS` and the boundary sweeps of both presets."""
@@ -639,6 +819,7 @@ def run_agreement(steps: int = 30, walks_per_config: int = 2, seed: int = 0,
     for preset in ("seed", "pytorch"):
         boundary_sweep(rep, preset, guards=guards)
         event_sweep(rep, preset, guards=guards)
+    knob_sweep(rep, guards=guards)
     for w in range(walks_per_config):
         for cfg in WALKS:
             walk(rep, *cfg, steps=steps, rng=random.Random(rng.random() + w), guards=guards)

@@ -28,17 +28,30 @@ pool, proved inductive with the rest, so C1's sums need no lemma.
 Actions (each a total function of state and arguments, tied to the spec
 actions it stands for):
 
-* ``malloc`` (``caching:malloc``): round, pick the pool, best fit among the
-  free blocks of that pool and stream (the chosen block ``b`` is an argument
-  and the precondition says it is *the* best one: smallest, then lowest
-  address; or ``b = -1`` and no block fits), the ``max_split_size`` rules of
-  ``get_free_block``, split if ``should_split``, else a new segment at a fresh
-  base (the driver's choice, an argument) if the device has room, else
-  (pytorch) *retry* (outcome ``pending``: every stream's events complete and
-  the request waits in ``md``), else OutOfMemory with its figures;
+* ``malloc`` (``caching:malloc``): round (the rounded size ``r`` is an
+  argument constrained by :func:`round_ok`, which the exact rounding kernel
+  :func:`z_round` -- roundup_power2_divisions included, a case split per
+  power-of-two interval -- is proved to satisfy: :func:`rounding_lemma`),
+  pick the pool, best fit among the free blocks of that pool and stream (the
+  chosen block ``b`` is an argument and the precondition says it is *the*
+  best one: smallest, then lowest address; or ``b = -1`` and no block fits),
+  the ``max_split_size`` rules of ``get_free_block``, split if
+  ``should_split``; else the garbage collection when usage exceeds
+  ``garbage_collection_threshold`` (phase ``gp``: ``gc:release`` frees any
+  whole free large-pool segment -- the spec's age order picks some of them,
+  the agreement passes its victims --, ``gc:end``); then (``malloc:`` or
+  ``gc_end:`` + :data:`CONT_PATHS`) a new segment at a fresh base (the
+  driver's choice, an argument) if it fits the ``memory_fraction`` cap and
+  the device, else the toy's OutOfMemory, else pytorch's
+  ``release_available`` when ``max_split_size`` is set (phase ``ra``:
+  ``avail:big`` frees the smallest block holding the want if it is a whole
+  segment, ``avail:one`` whole segments of at least max_split_size from the
+  largest down until the want is reached, ``avail_end:new`` /
+  ``avail_end:retry``), else the *retry* (outcome ``pending``: every
+  stream's events complete and the request waits in ``md``);
 * ``malloc_retry`` (``caching:malloc``): the retry's second half once every
   pending block was processed: release every whole-free segment, then a new
-  segment or OutOfMemory;
+  segment or OutOfMemory with its figures;
 * ``process_event`` (``caching:malloc``, ``caching:empty_cache``): the event
   of stream ``s`` on a pending block is complete: drop it; the last one frees
   the block, which coalesces with free neighbours (the spec runs this at the
@@ -50,11 +63,8 @@ actions it stands for):
   stream's events complete, then (once processed) release exactly the
   whole-free segments and return their bytes.
 
-Not encoded here: expandable segments (C8 has its own encoding, :mod:`.proofs_caching_expandable`),
-``garbage_collection_threshold``, ``memory_fraction``,
-``roundup_power2_divisions``, and the pytorch OOM path's
-``release_available`` when ``max_split_size > 0`` (the precondition excludes
-it; the encoded configurations say so in ``bounded``).
+Not encoded here: expandable segments (C8 has its own encoding,
+:mod:`.proofs_caching_expandable`); the rows say so in ``bounded``.
 """
 
 from __future__ import annotations
@@ -93,7 +103,14 @@ FIELDS: dict[str, str] = {
     **{f"u{s}": BARR for s in range(STREAMS)}, **{f"e{s}": ARR for s in range(STREAMS)},
     **{f"i{s}": INT for s in range(STREAMS)}, **{f"c{s}": INT for s in range(STREAMS)},
     "seed": BOOL, "ms": INT, "cap": INT, "Rs": INT, "Rl": INT,
-    "md": BOOL, "mn": INT, "mt": INT,           # a malloc waiting in its OOM retry
+    # the policy's knobs: memory_fraction (``hf``: set; ``lim``: the per-process cap int(fraction * capacity)),
+    # garbage_collection_threshold (``gce``: on; ``gth``: int(threshold * cap)), roundup_power2_divisions (``dv``:
+    # the 16 entries, 0 = none)
+    "hf": BOOL, "lim": INT, "gce": BOOL, "gth": INT, "dv": ARR,
+    # a malloc in progress (``mn`` bytes on stream ``mt``, rounded ``mr``) in one of its phases: ``gp`` the
+    # garbage collection, ``ra`` release_available (want ``wa``, ``rsum`` released so far), ``md`` the retry
+    # after every event completed (release every cached segment)
+    "md": BOOL, "gp": BOOL, "ra": BOOL, "mn": INT, "mt": INT, "mr": INT, "wa": INT, "rsum": INT,
     "ret": INT,                                  # empty_cache's answer
     "oq": INT, "orr": INT, "oa": INT, "olf": INT,  # the last OOM's figures
     **{name: ARR for name in SUMS},
@@ -186,11 +203,77 @@ def ceil_to(x: Any, unit: int) -> Any:
     return ((x + unit - 1) / unit) * unit
 
 
+#: the legal roundup_power2_divisions entries (spec/caching/kernels.round_size's contract: 0 = none)
+DIVISIONS = (0, 1, 2, 4, 8, 16)
+#: the powers of two the division rounding is split on: sizes in ``[2**e, 2**(e+1))`` for these ``e``
+#: (below 2**10 no entry can apply: ``size > 512 * d`` with ``d >= 2``; above, past 1 EB)
+_EXPS = range(10, 64)
+
+
+def _torch_round_cases(s: St, n: Any) -> tuple[list[tuple[Any, Any]], Any]:
+    """PyTorch's rounding as ``(interval condition, value)`` per power-of-two interval, and the value outside them."""
+    plain = z3.If(n < K_MIN_BLOCK, K_MIN_BLOCK, ceil_to(n, K_MIN_BLOCK))
+    cases = []
+    for e in _EXPS:
+        d = at(s.dv, min(max(0, e - 20), 15))
+        div = plain
+        for dd in DIVISIONS:
+            if dd > 1 and (2 << e) > K_MIN_BLOCK * dd:    # else ``n > 512 * d`` cannot hold in this interval
+                div = z3.If(z3.And(d == dd, n > K_MIN_BLOCK * dd), ceil_to(n, (1 << e) // dd), div)
+        cases.append((z3.And((1 << e) <= n, n < (2 << e)), div))
+    return cases, plain
+
+
 def z_round(s: St, n: Any) -> Any:
-    """Every request rounds to a 512 B multiple (pytorch: below 512 -> 512); the toy: above 1 MiB, 2 MiB multiples."""
+    """Every request rounds to a 512 B multiple (pytorch: below 512 -> 512); the toy: above 1 MiB, 2 MiB
+    multiples.  PyTorch's roundup_power2_divisions, exactly, as a case split per power-of-two interval:
+    for ``2**e <= n < 2**(e+1)`` the entry ``d = dv[min(max(0, e - 20), 15)]`` (one per power of two from
+    1 MiB, clamped); with ``d > 1`` and ``n > 512 * d`` the next multiple of ``2**e / d`` (a power of two
+    stays), else the next 512 multiple."""
     seed_r = z3.If(n <= K_SMALL, ceil_to(n, K_MIN_BLOCK), ceil_to(n, K_ROUND_LARGE))
-    torch_r = z3.If(n < K_MIN_BLOCK, K_MIN_BLOCK, ceil_to(n, K_MIN_BLOCK))
+    cases, torch_r = _torch_round_cases(s, n)
+    for cond, val in cases:
+        torch_r = z3.If(cond, val, torch_r)
     return z3.If(s.seed, seed_r, torch_r)
+
+
+def round_ok(s: St, n: Any, r: Any, guards: frozenset = frozenset()) -> Any:
+    """What the proofs use of the rounding (malloc takes the rounded size ``r`` as an argument constrained
+    by this): the toy's ladder exactly; pytorch's: ``r >= n``, a 512 multiple >= 512, and in the pool of
+    ``n`` (``r <= 1 MiB`` iff ``n <= 1 MiB``).  :func:`rounding_lemma` proves that :func:`z_round` (every
+    divisions table of legal entries) satisfies it, and :func:`kernel_boundary_agreement` checks it on the
+    spec's own rounding at every threshold."""
+    seed_r = z3.If(n <= K_SMALL, ceil_to(n, K_MIN_BLOCK), ceil_to(n, K_ROUND_LARGE))
+    up = r >= n if "round-up" not in guards else z3.BoolVal(True)
+    return z3.If(s.seed, r == seed_r, z3.And(up, r >= K_MIN_BLOCK, r % K_MIN_BLOCK == 0,
+                                             (r <= K_SMALL) == (n <= K_SMALL)))
+
+
+def legal_divisions(s: St) -> Any:
+    return z3.And(*[z3.Or(*[at(s.dv, k) == d for d in DIVISIONS]) for k in range(16)])
+
+
+def rounding_lemma(timeout_ms: int = 60000) -> str:
+    """``round_ok(n, z_round(n))`` for every request ``n >= 1`` and every table of legal entries: one query
+    per case of :func:`z_round` (the toy's ladder; each power-of-two interval; outside them), the cases'
+    conditions pairwise disjoint (each interval is ``[2**e, 2**(e+1))``), so together they are the claim."""
+    from memspec.invariants.proofs import fresh
+
+    s = fresh(FIELDS, "rl")
+    n = z3.Int("rl_n")
+    cases, plain = _torch_round_cases(s, n)
+    queries = [(s.seed, z_round(s, n))] + [(z3.And(z3.Not(s.seed), c), v) for c, v in cases] + \
+              [(z3.And(z3.Not(s.seed), *[z3.Not(c) for c, _v in cases]), plain)]
+    sol = limit(z3.Solver(), timeout_ms)
+    sol.add(n >= 1, legal_divisions(s))
+    for cond, val in queries:
+        sol.push()
+        sol.add(cond, z3.Not(round_ok(s, n, val)))
+        r = sol.check()
+        sol.pop()
+        if r != z3.unsat:
+            return f"{r} (case {cond})"
+    return "proved"
 
 
 def z_segment(s: St, r: Any) -> Any:
@@ -267,11 +350,26 @@ def pair_wf(s: St, i: Any, j: Any) -> Any:
         z3.Or(at(s.sb, i) + at(s.ss, i) <= at(s.sb, j), at(s.sb, j) + at(s.ss, j) <= at(s.sb, i))))
 
 
+def pending_req(s: St) -> Any:
+    """A malloc is in one of its phases (garbage collection, release_available, the retry)."""
+    return z3.Or(s.md, s.gp, s.ra)
+
+
+def idle(s: St) -> Any:
+    return z3.Not(pending_req(s))
+
+
 def scalars_wf(s: St) -> Any:
     return z3.And(s.n >= 0, s.cap >= 0, s.ms >= 0,
                   *[z3.And(0 <= s[f"c{t}"], s[f"c{t}"] <= s[f"i{t}"]) for t in range(STREAMS)],
-                  z3.Implies(s.md, z3.And(s.mn >= 1, s.mn < ONE_EB, 0 <= s.mt, s.mt < STREAMS, z3.Not(s.seed),
-                                          *[s[f"c{t}"] == s[f"i{t}"] for t in range(STREAMS)])))
+                  # at most one phase; the request it serves
+                  z3.Not(z3.And(s.md, s.gp)), z3.Not(z3.And(s.md, s.ra)), z3.Not(z3.And(s.gp, s.ra)),
+                  z3.Implies(pending_req(s), z3.And(s.mn >= 1, s.mn < ONE_EB, 0 <= s.mt, s.mt < STREAMS,
+                                                    round_ok(s, s.mn, s.mr))),
+                  z3.Implies(s.md, z3.And(z3.Not(s.seed), *[s[f"c{t}"] == s[f"i{t}"] for t in range(STREAMS)])),
+                  z3.Implies(s.gp, s.gce),
+                  z3.Implies(s.ra, z3.And(z3.Not(s.seed), s.ms > 0, s.wa == z3.If(s.mr > s.ms, s.mr, s.ms),
+                                          s.rsum >= 0)))
 
 
 def sums_wf(s: St, names: tuple[str, ...]) -> Any:
@@ -282,7 +380,13 @@ def reserved_wf(s: St) -> Any:
     """reserved (per pool) = free + active bytes of the pool, and fits the device."""
     return z3.And(s.Rs == total(s, "Ns") + total(s, "Ws") + total(s, "As"),
                   s.Rl == total(s, "Nl") + total(s, "Wl") + total(s, "Al"),
-                  s.Rs + s.Rl <= s.cap)
+                  s.Rs + s.Rl <= s.cap, within_cap(s))
+
+
+def within_cap(s: St) -> Any:
+    """With memory_fraction set, reserved stays within the per-process cap (0 if the cap is negative: then
+    no segment is ever made)."""
+    return z3.Implies(s.hf, s.Rs + s.Rl <= z3.If(s.lim > 0, s.lim, 0))
 
 
 def wf(s: St) -> Any:
@@ -290,12 +394,13 @@ def wf(s: St) -> Any:
 
 
 def c1(s: St) -> Any:
-    """reserved >= allocated >= requested, per pool and in all; reserved <= the device."""
+    """reserved >= allocated >= requested, per pool and in all; reserved <= the device (and <= the
+    memory_fraction cap, when set)."""
     parts = []
     for p in ("s", "l"):
         # reserved >= allocated; allocated - requested (the slack) >= 0
         parts += [s[f"R{p}"] >= total(s, f"A{p}"), total(s, f"Q{p}") >= 0]
-    return z3.And(*parts, s.Rs + s.Rl <= s.cap)
+    return z3.And(*parts, s.Rs + s.Rl <= s.cap, within_cap(s))
 
 
 def c2(s: St) -> Any:
@@ -338,12 +443,15 @@ def _lam_arr(f: Callable[[Any], Any], sort: Any = None) -> Any:
     return z3.Lambda([j], f(j))
 
 
-def _update_sums(s: St, s2: St, touched: list[tuple[Any, Any]], appended: int) -> St:
+def _update_sums(s: St, s2: St, touched: list[tuple[Any, Any]], appended: int,
+                 names: tuple[str, ...] = tuple(SUMS)) -> St:
     """Re-establish the prefix-sum ghosts after the base fields changed at the
     ``touched`` ids (each ``(id, valid)``, pairwise distinct when valid) and
-    ``appended`` new ids ``n .. n+appended-1``."""
+    ``appended`` new ids ``n .. n+appended-1``; only the sums ``names`` (the
+    step's caller knows the others' contributions did not change: their
+    consecution goals check that)."""
     out = St(s2)
-    for nm in SUMS:
+    for nm in names:
         c_old, c_new = _contrib(s, nm), _contrib(s2, nm)
         deltas = [(x, z3.If(ok, c_new(x) - c_old(x), 0)) for x, ok in touched]
         P = s[nm]
@@ -448,13 +556,28 @@ def _largest_free_ok(s: St, lf: Any, lw: Any) -> Any:
                   z3.Or(lf == 0, z3.And(0 <= lw, lw < s.n, at(s.al, lw), at(s.k, lw) == FREE, at(s.sz, lw) == lf)))
 
 
-MALLOC_PARAMS = {"size": INT, "t": INT, "b": INT, "base": INT, "lf": INT, "lw": INT}
+MALLOC_PARAMS = {"size": INT, "t": INT, "r": INT, "b": INT, "base": INT, "lf": INT, "lw": INT}
+
+
+def room(s: St, alloc: Any, guards: frozenset = frozenset()) -> Any:
+    """``_alloc_block``'s test: the new segment fits the per-process cap (memory_fraction, when set) and the
+    device."""
+    if "room" in guards:
+        return z3.BoolVal(True)
+    used = s.Rs + s.Rl + alloc
+    cap = z3.Or(z3.Not(s.hf), used <= s.lim) if "cap" not in guards else z3.BoolVal(True)
+    return z3.And(cap, used <= s.cap)
+
+
+def gc_fires(s: St) -> Any:
+    """``_garbage_collect`` runs (threshold and fraction set) and usage exceeds the threshold."""
+    return z3.And(s.gce, s.Rs + s.Rl > s.gth)
 
 
 def malloc_parts(s: St, a: St, guards: frozenset = frozenset()) -> dict[str, Any]:
     """The pieces of malloc shared by its step, its precondition and the agreement's branch names."""
     n, t = a.size, a.t
-    r = z_round(s, n)
+    r = a.r
     small = r <= K_SMALL
     alloc = z_segment(s, r)
     b = a.b
@@ -466,33 +589,82 @@ def malloc_parts(s: St, a: St, guards: frozenset = frozenset()) -> dict[str, Any
     none = _all(s.n, lambda j: z3.Not(cand(j)))
     msrej = z3.And(s.ms > 0, z3.Or(z3.And(r < s.ms, bsz >= s.ms), z3.And(r >= s.ms, bsz >= r + K_LARGE_BUFFER)))
     found = z3.And(b >= 0, z3.Not(msrej))
-    room = s.Rs + s.Rl + alloc <= s.cap
-    if "room" in guards:
-        room = z3.BoolVal(True)
     split = z_split(s, bsz - r, r, small) if "split" not in guards else bsz - r > 0
-    return dict(r=r, small=small, alloc=alloc, best=best, none=none, found=found, room=room, split=split,
-                eb=n >= ONE_EB)
+    return dict(r=r, small=small, alloc=alloc, best=best, none=none, found=found, room=room(s, alloc, guards),
+                split=split, eb=n >= ONE_EB)
 
 
-def malloc_pre(s: St, a: St, guards: frozenset = frozenset()) -> Any:
+#: what follows when no cached block serves a request (after the garbage collection, if any): a new segment;
+#: the toy's OutOfMemory; pytorch's release_available (max_split_size set) or its retry
+CONT_PATHS = ("new", "oom", "retry", "avail")
+
+
+def cont_path(s: St, rm: Any, path: str) -> Any:
+    return {"new": rm, "oom": z3.And(z3.Not(rm), s.seed), "retry": z3.And(z3.Not(rm), z3.Not(s.seed), s.ms == 0),
+            "avail": z3.And(z3.Not(rm), z3.Not(s.seed), s.ms > 0)}[path]
+
+
+def cont_pre(s: St, a: St, alloc: Any, path: str, guards: frozenset = frozenset()) -> Any:
+    if path == "new":
+        return _fresh_base(s, a.base, alloc) if "fresh" not in guards else a.base >= 0
+    if path == "oom":
+        return _largest_free_ok(s, a.lf, a.lw)
+    return z3.BoolVal(True)
+
+
+def _retry_state(s: St, size: Any, t: Any, r: Any) -> St:
+    """pytorch's last resort: every stream's events complete (then the retry releases every cached segment)."""
+    return s.set(md=True, gp=False, ra=False, mn=size, mt=t, mr=r, **{f"c{tt}": s[f"i{tt}"] for tt in range(STREAMS)})
+
+
+def cont_step(s: St, a: St, path: str, size: Any, t: Any, r: Any) -> tuple[Any, St]:
+    small, alloc = r <= K_SMALL, z_segment(s, r)
+    done = s.set(gp=False, ra=False)
+    if path == "new":
+        return OK, _new_segment(done, r, small, t, a.base, alloc, size)
+    if path == "oom":
+        return OOM, _oom_figures(done, alloc, a.lf)
+    if path == "retry":
+        return PENDING, _retry_state(s, size, t, r)
+    return PENDING, s.set(ra=True, gp=False, mn=size, mt=t, mr=r, wa=z3.If(r > s.ms, r, s.ms), rsum=0)
+
+
+MALLOC_PATHS = ("fit", "eb", "gc", *CONT_PATHS)
+
+
+def malloc_path(s: St, a: St, path: str, guards: frozenset = frozenset()) -> Any:
+    """Which way malloc goes: over 1 EB; the best fit; the garbage collection (then :data:`CONT_PATHS`);
+    else straight to :data:`CONT_PATHS`."""
     m = malloc_parts(s, a, guards)
-    new_path = z3.And(z3.Not(m["eb"]), z3.Not(m["found"]), m["room"])
-    oom_path = z3.And(z3.Not(m["eb"]), z3.Not(m["found"]), z3.Not(m["room"]))
-    return z3.And(z3.Not(s.md), a.size >= 1, 0 <= a.t, a.t < STREAMS,
+    no = z3.And(z3.Not(m["eb"]), z3.Not(m["found"]))
+    if path == "eb":
+        return m["eb"]
+    if path == "fit":
+        return z3.And(z3.Not(m["eb"]), m["found"])
+    if path == "gc":
+        return z3.And(no, gc_fires(s))
+    return z3.And(no, z3.Not(gc_fires(s)), cont_path(s, m["room"], path))
+
+
+def malloc_pre(s: St, a: St, path: str, guards: frozenset = frozenset()) -> Any:
+    m = malloc_parts(s, a, guards)
+    return z3.And(idle(s), a.size >= 1, 0 <= a.t, a.t < STREAMS,
+                  z3.Or(m["eb"], round_ok(s, a.size, a.r, guards)),
                   z3.Or(m["eb"], m["best"], z3.And(a.b == -1, m["none"])),
-                  z3.Implies(new_path, _fresh_base(s, a.base, m["alloc"]) if "fresh" not in guards else a.base >= 0),
-                  # the pytorch retry with max_split_size > 0 (release_available) is not encoded
-                  z3.Implies(z3.And(oom_path, z3.Not(s.seed)), s.ms == 0),
-                  z3.Implies(z3.And(oom_path, s.seed), _largest_free_ok(s, a.lf, a.lw)))
-
-
-MALLOC_PATHS = ("fit", "new", "oom", "retry", "eb")
+                  malloc_path(s, a, path, guards),
+                  cont_pre(s, a, m["alloc"], path, guards) if path in CONT_PATHS else z3.BoolVal(True))
 
 
 def malloc_step(s: St, a: St, path: str, guards: frozenset = frozenset()) -> tuple[Any, St]:
     m = malloc_parts(s, a, guards)
     r, small, alloc, b = m["r"], m["small"], m["alloc"], a.b
-    # (1) the best fit, split if legal
+    if path == "eb":
+        return OOM, s
+    if path == "gc":
+        return PENDING, s.set(gp=True, mn=a.size, mt=a.t, mr=r)
+    if path in CONT_PATHS:
+        return cont_step(s, a, path, a.size, a.t, r)
+    # the best fit, split if legal
     split = m["split"]
     bsz = at(s.sz, b)
     n = s.n
@@ -511,30 +683,94 @@ def malloc_step(s: St, a: St, path: str, guards: frozenset = frozenset()) -> tup
     fit["pv"] = z3.If(z3.And(split, q != -1), upd(fit["pv"], q, n), fit["pv"])
     fit = _update_sums(s, fit, [(b, z3.BoolVal(True))], 1)
     fit["n"] = n + z3.If(split, 1, 0)
-    # (2) a new segment
-    new = _new_segment(s, r, small, a.t, a.base, alloc, a.size)
-    # (3) pytorch: retry after every event completes; the toy: OutOfMemory
-    retry = s.set(md=True, mn=a.size, mt=a.t, **{f"c{tt}": s[f"i{tt}"] for tt in range(STREAMS)})
-    oom = _oom_figures(s, alloc, a.lf)
-    return {"eb": (OOM, s), "fit": (OK, fit), "new": (OK, new), "oom": (OOM, oom), "retry": (PENDING, retry)}[path]
+    return OK, fit
 
 
-def malloc_path(s: St, a: St, path: str, guards: frozenset = frozenset()) -> Any:
-    """Which way malloc goes: over 1 EB; the best fit; a new segment; the toy's
-    OutOfMemory; pytorch's retry (release the cache, then try again)."""
-    m = malloc_parts(s, a, guards)
-    no = z3.And(z3.Not(m["eb"]), z3.Not(m["found"]))
-    return {"eb": m["eb"], "fit": z3.And(z3.Not(m["eb"]), m["found"]), "new": z3.And(no, m["room"]),
-            "oom": z3.And(no, z3.Not(m["room"]), s.seed), "retry": z3.And(no, z3.Not(m["room"]), z3.Not(s.seed))}[path]
+def _release_one(s: St, b: Any) -> St:
+    """Release the segment of whole-free block ``b``: the block dies, its pool's reserved bytes drop by it."""
+    sz, small = at(s.sz, b), at(s.sm, b)
+    out = s.set(al=upd(s.al, b, False), Rs=s.Rs - z3.If(small, sz, 0), Rl=s.Rl - z3.If(small, 0, sz))
+    return _update_sums(s, out, [(b, z3.BoolVal(True))], 0, names=("Ws", "Wl"))   # a whole free block: W only
 
 
-def retry_parts(s: St, a: St) -> dict[str, Any]:
-    r = z_round(s, s.mn)
+def gc_release_pre(s: St, a: St, guards: frozenset = frozenset()) -> Any:
+    """``_garbage_collect``'s victims, nondeterministically: any whole free segment of the large pool (the
+    spec frees the ones aged at least the average, repeatedly, possibly past its target: one of these)."""
+    b = a.b
+    whole = _whole_free(s, b) if "gc-whole" not in guards else z3.And(at(s.al, b), at(s.k, b) == FREE)
+    return z3.And(s.gp, 0 <= b, b < s.n, whole, z3.Not(at(s.sm, b)))
+
+
+def gc_end_pre(s: St, a: St, path: str, guards: frozenset = frozenset()) -> Any:
+    alloc = z_segment(s, s.mr)
+    return z3.And(s.gp, cont_path(s, room(s, alloc, guards), path), cont_pre(s, a, alloc, path, guards))
+
+
+def _acand(s: St, j: Any) -> Any:
+    """release_available's blocks: free, of the request's pool and stream."""
+    return z3.And(at(s.al, j), at(s.k, j) == FREE, at(s.sm, j) == (s.mr <= K_SMALL), at(s.sr, j) == s.mt)
+
+
+def _key_le(s: St, i: Any, j: Any) -> Any:
+    """``(size, address)`` of block i <= that of block j."""
+    return z3.Or(at(s.sz, i) < at(s.sz, j), z3.And(at(s.sz, i) == at(s.sz, j), at(s.ad, i) <= at(s.ad, j)))
+
+
+def _big_best(s: St, b: Any) -> Any:
+    """``b`` is the smallest block (size, then address) of release_available's that holds the want."""
+    big = lambda j: z3.And(_acand(s, j), at(s.sz, j) >= s.wa)  # noqa: E731
+    return z3.And(0 <= b, b < s.n, big(b), _all(s.n, lambda j: z3.Implies(big(j), _key_le(s, b, j))))
+
+
+def _no_big(s: St) -> Any:
+    return _all(s.n, lambda j: z3.Not(z3.And(_acand(s, j), at(s.sz, j) >= s.wa)))
+
+
+def _elig(s: St, j: Any, guards: frozenset = frozenset()) -> Any:
+    """Released by release_available's loop when reached: a whole free segment of at least max_split_size."""
+    whole = at(s.sz, j) == at(s.ss, j) if "avail-whole" not in guards else z3.BoolVal(True)
+    return z3.And(_acand(s, j), whole, at(s.sz, j) >= s.ms)
+
+
+def avail_big_pre(s: St, a: St) -> Any:
+    """A block holds the want: the smallest such is released if it is a whole segment."""
+    return z3.And(s.ra, s.rsum == 0, _big_best(s, a.b), at(s.sz, a.b) == at(s.ss, a.b))
+
+
+def avail_one_pre(s: St, a: St, guards: frozenset = frozenset()) -> Any:
+    """None holds the want: from the largest down (size, then address), whole segments of at least
+    max_split_size are released until the want is reached."""
+    b = a.b
+    return z3.And(s.ra, _no_big(s), s.rsum < s.wa, 0 <= b, b < s.n, _elig(s, b, guards),
+                  _all(s.n, lambda j: z3.Implies(_elig(s, j, guards), _key_le(s, j, b))))
+
+
+def avail_end_pre(s: St, a: St, path: str, guards: frozenset = frozenset()) -> Any:
+    """release_available is done: the want reached; or the smallest block holding it is not a whole
+    segment (nothing released); or none holds it and no whole segment of at least max_split_size is left.
+    It succeeded iff the want was reached: then ``_alloc_block`` again, else (or if that fails) the retry."""
+    b = a.b
+    done = z3.Or(s.rsum >= s.wa,
+                 z3.And(s.rsum == 0, _big_best(s, b), at(s.sz, b) != at(s.ss, b)),
+                 z3.And(_no_big(s), _all(s.n, lambda j: z3.Not(_elig(s, j)))))
+    alloc = z_segment(s, s.mr)
+    ok = z3.And(s.rsum >= s.wa, room(s, alloc, guards))
+    return z3.And(s.ra, done, ok if path == "new" else z3.Not(ok),
+                  cont_pre(s, a, alloc, "new", guards) if path == "new" else z3.BoolVal(True))
+
+
+def avail_end_step(s: St, a: St, path: str) -> tuple[Any, St]:
+    if path == "new":
+        return cont_step(s, a, "new", s.mn, s.mt, s.mr)
+    return PENDING, _retry_state(s, s.mn, s.mt, s.mr)
+
+
+def retry_parts(s: St, a: St, guards: frozenset = frozenset()) -> dict[str, Any]:
+    r = s.mr
     small = r <= K_SMALL
     alloc = z_segment(s, r)
     rel = _release_whole(s)
-    room = rel.Rs + rel.Rl + alloc <= rel.cap
-    return dict(r=r, small=small, alloc=alloc, rel=rel, room=room)
+    return dict(r=r, small=small, alloc=alloc, rel=rel, room=room(rel, alloc, guards))
 
 
 def retry_pre(s: St, a: St, path: str) -> Any:
@@ -598,7 +834,7 @@ def free_path(s: St, a: St, path: str, guards: frozenset = frozenset()) -> Any:
 
 
 def live_pre(s: St, a: St) -> Any:
-    return z3.And(0 <= a.b, a.b < s.n, at(s.al, a.b), at(s.k, a.b) == LIVE, z3.Not(s.md))
+    return z3.And(0 <= a.b, a.b < s.n, at(s.al, a.b), at(s.k, a.b) == LIVE, idle(s))
 
 
 def record_step(s: St, a: St) -> tuple[Any, St]:
@@ -632,12 +868,21 @@ def actions(guards: frozenset = frozenset()) -> list[Act]:
     """Every encoded action, one per outcome path (each tied to the spec action
     it stands for); ``guards`` names guards to remove (the unguarded variants)."""
     def pre_t(s: St, a: St) -> Any:
-        return z3.And(0 <= a.t, a.t < STREAMS, z3.Not(s.md))
+        return z3.And(0 <= a.t, a.t < STREAMS, idle(s))
 
     def mk_malloc(path: str) -> Act:
         return Act(f"malloc:{path}", MALLOC_PARAMS, lambda s, a: malloc_step(s, a, path, guards),
-                   lambda s, a: z3.And(malloc_pre(s, a, guards), malloc_path(s, a, path, guards)),
-                   spec=("caching:malloc",))
+                   lambda s, a: malloc_pre(s, a, path, guards), spec=("caching:malloc",))
+
+    def mk_gc_end(path: str) -> Act:
+        return Act(f"gc_end:{path}", {"base": INT, "lf": INT, "lw": INT},
+                   phase_new_step if path == "new" else (lambda s, a: cont_step(s, a, path, s.mn, s.mt, s.mr)),
+                   lambda s, a: gc_end_pre(s, a, path, guards), spec=("caching:malloc",))
+
+    def mk_avail_end(path: str) -> Act:
+        return Act(f"avail_end:{path}", {"b": INT, "base": INT, "lf": INT, "lw": INT},
+                   phase_new_step if path == "new" else (lambda s, a: avail_end_step(s, a, path)),
+                   lambda s, a: avail_end_pre(s, a, path, guards), spec=("caching:malloc",))
 
     def mk_free(path: str) -> Act:
         return Act(f"free:{path}", {"b": INT}, lambda s, a: free_step(s, a, path, guards),
@@ -656,22 +901,78 @@ def actions(guards: frozenset = frozenset()) -> list[Act]:
                    spec=("caching:malloc",))
 
     return [
-        *[mk_malloc(p) for p in MALLOC_PATHS], mk_retry("new"), mk_retry("oom"),
+        *[mk_malloc(p) for p in MALLOC_PATHS],
+        Act("gc:release", {"b": INT}, release_step, lambda s, a: gc_release_pre(s, a, guards),
+            spec=("caching:malloc",)),
+        *[mk_gc_end(p) for p in CONT_PATHS],
+        Act("avail:big", {"b": INT}, release_step, avail_big_pre, spec=("caching:malloc",)),
+        Act("avail:one", {"b": INT}, release_step, lambda s, a: avail_one_pre(s, a, guards),
+            spec=("caching:malloc",)),
+        mk_avail_end("new"), mk_avail_end("retry"),
+        mk_retry("new"), mk_retry("oom"),
         mk_process("wait"), mk_process("free"), mk_free("pending"), mk_free("merge"),
-        Act("double_free", {}, double_step, lambda s, a: z3.Not(s.md), spec=("caching:double_free",)),
+        Act("double_free", {}, double_step, lambda s, a: idle(s), spec=("caching:double_free",)),
         Act("record_stream", {"b": INT, "t": INT}, record_step, lambda s, a: z3.And(live_pre(s, a), 0 <= a.t, a.t < STREAMS),
             spec=("caching:record_stream",)),
         Act("complete_stream", {"t": INT}, complete_step, pre_t, spec=("caching:complete_stream",)),
-        Act("empty_cache_wait", {}, wait_step, lambda s, a: z3.Not(s.md), spec=("caching:empty_cache",)),
-        Act("empty_cache", {}, lambda s, a: empty_step(s, a, guards), lambda s, a: z3.And(z3.Not(s.md), _no_pending(s)),
+        Act("empty_cache_wait", {}, wait_step, lambda s, a: idle(s), spec=("caching:empty_cache",)),
+        Act("empty_cache", {}, lambda s, a: empty_step(s, a, guards), lambda s, a: z3.And(idle(s), _no_pending(s)),
             spec=("caching:empty_cache",)),
     ]
 
 
+def release_step(s: St, a: St) -> tuple[Any, St]:
+    """gc:release / avail:big / avail:one: the segment of whole-free block ``b`` is released (in
+    release_available, its bytes count towards the want)."""
+    out = _release_one(s, a.b)
+    out["rsum"] = s.rsum + z3.If(s.ra, at(s.sz, a.b), 0)
+    return PENDING, out
+
+
+def phase_new_step(s: St, a: St) -> tuple[Any, St]:
+    """gc_end:new / avail_end:new: the pending request gets a new segment."""
+    return cont_step(s, a, "new", s.mn, s.mt, s.mr)
+
+
+def phase_actions() -> list[Act]:
+    """The two steps shared by the phases' actions (:data:`COVERED`), each proved once: any whole free
+    segment released during the garbage collection or release_available; a new segment for the pending
+    request when it fits."""
+    def release_pre(s: St, a: St) -> Any:
+        return z3.And(z3.Or(s.gp, s.ra), 0 <= a.b, a.b < s.n, _whole_free(s, a.b))
+
+    def new_pre(s: St, a: St) -> Any:
+        alloc = z_segment(s, s.mr)
+        return z3.And(z3.Or(s.gp, s.ra), room(s, alloc), _fresh_base(s, a.base, alloc))
+
+    return [Act("phase:release", {"b": INT}, release_step, release_pre, spec=("caching:malloc",)),
+            Act("phase:new", {"base": INT, "lf": INT, "lw": INT}, phase_new_step, new_pre, spec=("caching:malloc",))]
+
+
+#: encoded action -> the phase action that covers it: the same step function, and its precondition is
+#: proved to imply the phase action's (so the phase action's consecution is its own)
+COVERED = {"gc:release": "phase:release", "avail:big": "phase:release", "avail:one": "phase:release",
+           "gc_end:new": "phase:new", "avail_end:new": "phase:new"}
+
+
+def covered(act: Act, timeout_ms: int = 30000) -> str:
+    """``act`` is an instance of its phase action: the same step, and ``pre(act) => pre(phase action)``."""
+    from memspec.invariants.proofs import _args, fresh
+
+    gen = next(g for g in phase_actions() if g.name == COVERED[act.name])
+    if act.step is not gen.step:
+        return f"not the step of {gen.name}"
+    s = fresh(FIELDS, "s")
+    a = _args(act, "a")
+    r, _m = _check(lambda: act.pre(s, a), lambda: gen.pre(s, a), s, a, timeout_ms)
+    return "proved" if r == z3.unsat else str(r)
+
+
 def init(s: St) -> Any:
-    """The empty allocator: no blocks, no events, zero sums; any capacity, max_split_size, preset."""
+    """The empty allocator: no blocks, no events, zero sums, no malloc in progress; any capacity,
+    max_split_size, preset, memory fraction, garbage-collection threshold, divisions table."""
     zero = z3.K(z3.IntSort(), z3.IntVal(0))
-    return z3.And(s.n == 0, s.cap >= 0, s.ms >= 0, s.Rs == 0, s.Rl == 0, z3.Not(s.md),
+    return z3.And(s.n == 0, s.cap >= 0, s.ms >= 0, s.Rs == 0, s.Rl == 0, idle(s),
                   *[z3.And(s[f"i{t}"] == 0, s[f"c{t}"] == 0) for t in range(STREAMS)],
                   *[s[nm] == zero for nm in SUMS])
 
@@ -711,6 +1012,8 @@ def step_ok(name: str, s: St, a: St, out: Any, s2: St) -> dict[str, Any]:
         props["C7"] = z3.Implies(fit, z3.And(at(s.sr, b) == a.t, at(s.k, b) == FREE))
     if name == "malloc:oom":
         props["C9"] = _figures_ok(s2, m["alloc"], a.lf, a.lw)
+    if name == "gc_end:oom":
+        props["C9"] = _figures_ok(s2, z_segment(s, s.mr), a.lf, a.lw)
     if name == "malloc_retry:oom":
         m = retry_parts(s, a)
         props["C9"] = _figures_ok(s2, m["alloc"], a.lf, a.lw)
@@ -983,17 +1286,26 @@ UNGUARDED: dict[str, tuple[str, str, str]] = {
     "C9": ("malloc_retry:oom", "after", "the OOM figures are taken after the retry released the cache"),
 }
 
+#: the policy knobs' unguarded variants: knob -> (invariant, encoded action, guard removed, the guard in words)
+KNOB_UNGUARDED: dict[str, tuple[str, str, str, str]] = {
+    "memory_fraction": ("C1", "malloc:new", "cap", "a new segment only if it fits the memory_fraction cap"),
+    "roundup_power2_divisions": ("C1", "malloc:new", "round-up", "the rounded size is at least the request"),
+    "garbage_collection_threshold": ("C2", "gc:release", "gc-whole",
+                                     "the garbage collection releases only whole free segments"),
+    "release_available": ("C2", "avail:one", "avail-whole", "release_available releases only whole segments"),
+}
+
 #: the refutation's search: heaps of at most this many blocks (every quantifier expanded exactly)
 REFUTE_BLOCKS = 4
 
 
-def refute(inv_id: str, timeout_ms: int = 60000) -> tuple[bool, str]:
+def refute(inv_id: str, timeout_ms: int = 60000, knob: str | None = None) -> tuple[bool, str]:
     """A well-formed heap (the whole inductive invariant holds on it, at most
     :data:`REFUTE_BLOCKS` blocks, every quantifier expanded exactly) from which
     the unguarded action breaks the invariant it names.  ``(refuted, trace)``."""
     from memspec.invariants.proofs import _args, fresh
 
-    act_name, guard, words = UNGUARDED[inv_id]
+    act_name, guard, words = UNGUARDED[inv_id] if knob is None else KNOB_UNGUARDED[knob][1:]
     act = next(x for x in actions(frozenset({guard})) if x.name == act_name)
     s = fresh(FIELDS, "u")
     a = _args(act, "u")
@@ -1017,7 +1329,7 @@ def refute(inv_id: str, timeout_ms: int = 60000) -> tuple[bool, str]:
     ev = lambda x: m.eval(x, model_completion=True)  # noqa: E731
     n = ev(s.n).as_long()
     lines = [f"  from a well-formed heap of {n} block(s) (seed preset: {ev(s.seed)}, capacity {ev(s.cap)}, "
-             f"max_split_size {ev(s.ms)}):"]
+             f"max_split_size {ev(s.ms)}, memory_fraction cap {ev(s.lim) if z3.is_true(ev(s.hf)) else 'unset'}):"]
     for i in range(n):
         if z3.is_true(ev(at(s.al, i))):
             lines.append(f"    block {i}: addr {ev(at(s.ad, i))} size {ev(at(s.sz, i))} "
@@ -1033,9 +1345,7 @@ def refute(inv_id: str, timeout_ms: int = 60000) -> tuple[bool, str]:
 # --------------------------------------------------------------------------
 
 #: what the encoding leaves out, per invariant (a proof with a restriction is reported bounded, never proved)
-NOT_ENCODED = ("expandable segments, garbage_collection_threshold, memory_fraction and roundup_power2_divisions "
-               "are not encoded; pytorch's OOM path with max_split_size > 0 (release_available) is excluded by "
-               "malloc's precondition")
+NOT_ENCODED = "expandable segments are not encoded in the heap (C8 has its own encoding)"
 BOUNDED: dict[str, str] = {
     **{f"C{i}": f"one encoding for both presets (seed a symbolic flag) over an arbitrary well-formed heap; "
                 f"{NOT_ENCODED}" for i in range(1, 10) if i != 8},
@@ -1049,14 +1359,44 @@ def run_heap(timeout_ms: int = 20000, ids: list[str] | None = None) -> dict[str,
     unguarded variant.  Returns checks, per-invariant refutations, seconds."""
     t0 = time.process_time()
     checks: list[tuple[str, str, float]] = [("init", initiation(), 0.0), ("safety:C1", safety_c1(timeout_ms), 0.0)]
+    t1 = time.process_time()
+    checks.append(("lemma: the rounding kernel (divisions) satisfies malloc's rounding constraints",
+                   rounding_lemma(), time.process_time() - t1))
     for act in actions():
+        if act.name in COVERED:
+            t1 = time.process_time()
+            checks.append((f"step:{act.name}: an instance of {COVERED[act.name]} (same step, precondition implies "
+                           f"its)", covered(act, timeout_ms), time.process_time() - t1))
+            continue
+        for goal, result, secs in consecution(act, timeout_ms):
+            checks.append((f"step:{act.name}:{goal}", result, secs))
+    for act in phase_actions():
         for goal, result, secs in consecution(act, timeout_ms):
             checks.append((f"step:{act.name}:{goal}", result, secs))
     bad = kernel_boundary_agreement()
     checks.append(("kernels at every threshold vs spec/caching", "proved" if not bad else f"{len(bad)} mismatches: {bad[:2]}", 0.0))
     refuted = {c: refute(c) for c in UNGUARDED if ids is None or c in ids}
+    for knob, (c, act_name, _g, words) in KNOB_UNGUARDED.items():
+        ok, _trace = refute(c, knob=knob)
+        checks.append((f"refuted: {act_name} without '{words}' ({knob}) breaks {c}",
+                       "proved" if ok else "NOT refuted", 0.0))
     return {"checks": checks, "refuted": refuted, "seconds": time.process_time() - t0,
             "actions": {a.name: list(a.spec) for a in actions()}}
+
+
+#: the divisions tables the kernel agreement checks (besides none): one entry everywhere, and a mixed table
+DIVISION_TABLES = ((4,) * 16, (1, 2, 4, 8, 16, 2, 4, 8, 16, 1, 2, 4, 8, 16, 2, 16))
+
+
+def division_points(table: tuple[int, ...]) -> tuple[int, ...]:
+    """The thresholds of the division rounding: each power of two from 2**10 to 2**40 and, inside its
+    interval, every step of the entry that applies (up to 16), and each entry's start ``512 * d``."""
+    pts = {K_MIN_BLOCK * d for d in table if d > 1}
+    for e in range(10, 41):
+        d = table[min(max(0, e - 20), 15)]
+        step = (1 << e) // d if d > 1 else 1 << e
+        pts.update((1 << e) + k * step for k in range(max(d, 1)))
+    return tuple(sorted(pts))
 
 
 def kernel_boundary_agreement(max_split_sizes: tuple[int, ...] = (0, 4 * MiB)) -> list[str]:
@@ -1064,20 +1404,39 @@ def kernel_boundary_agreement(max_split_sizes: tuple[int, ...] = (0, 4 * MiB)) -
     spec/caching's at every threshold of the policy exactly and at +-1
     (:func:`memspec.spec.caching.kernels.boundaries`: request sizes and the
     split rules' remainders), both presets, both pools, with and without
-    ``max_split_size``; the mismatches.  Read from the spec's module at call
-    time, so a patched spec kernel is what is compared."""
+    ``max_split_size``; the rounding with roundup_power2_divisions
+    (:data:`DIVISION_TABLES`) at every threshold of :func:`division_points`
+    +-1, where the spec's rounded size must also satisfy :func:`round_ok`
+    (what the proofs use); the mismatches.  Read from the spec's module at
+    call time, so a patched spec kernel is what is compared."""
     from memspec.spec.caching import kernels as SK
 
     n, r, rem, ms = z3.Ints("kb_n kb_r kb_rem kb_ms")
     seed = z3.Bool("kb_seed")
     small = z3.Bool("kb_small")
-    st = St({"seed": seed, "ms": ms})
+    dv = z3.Array("kb_dv", z3.IntSort(), z3.IntSort())
+    st = St({"seed": seed, "ms": ms, "dv": dv})
     er, es, ep = z_round(st, n), z_segment(st, r), z_split(st, rem, r, small)
+    ok = round_ok(st, n, r)
     bad: list[str] = []
+    none = z3.K(z3.IntSort(), z3.IntVal(0))
+    for table in DIVISION_TABLES:
+        arr = none
+        for k, d in enumerate(table):
+            arr = z3.Store(arr, k, d)
+        er_t = z3.simplify(z3.substitute(er, (seed, z3.BoolVal(False)), (dv, arr)))
+        ok_t = z3.substitute(ok, (seed, z3.BoolVal(False)), (dv, arr))
+        for size in sorted({p + d for p in division_points(table) for d in (-1, 0, 1)}):
+            want = SK.round_size(size, False, SK.divisions_for(size, table))
+            got = z3.simplify(z3.substitute(er_t, (n, z3.IntVal(size)))).as_long()
+            if got != want:
+                bad.append(f"divisions {table[:4]}... size={size}: z3 round {got}, spec {want}")
+            if not z3.is_true(z3.simplify(z3.substitute(ok_t, (n, z3.IntVal(size)), (r, z3.IntVal(want))))):
+                bad.append(f"divisions {table[:4]}... size={size}: the spec's rounding {want} breaks round_ok")
     for msz in max_split_sizes:
         points = SK.boundaries(msz)
         for preset_seed in (False, True):
-            base = [(seed, z3.BoolVal(preset_seed)), (ms, z3.IntVal(msz))]
+            base = [(seed, z3.BoolVal(preset_seed)), (ms, z3.IntVal(msz)), (dv, none)]
             for size in points:
                 rounded = SK.round_size(size, preset_seed)
                 got_r = z3.simplify(z3.substitute(er, *base, (n, z3.IntVal(size)))).as_long()
