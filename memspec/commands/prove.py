@@ -265,8 +265,13 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
         tasks.append(("C8", seed))
     results = dict(zip(range(len(tasks)), _run_tasks(tasks, jobs)))
     by_kind: dict[str, list[tuple[Any, float]]] = {}
+    GROUP_CPU.clear()
     for i, t in enumerate(tasks):
         by_kind.setdefault(t[0], []).append(results[i])
+        g = GROUP_CPU.setdefault(t[0], {"tasks": 0, "cpu": 0.0, "largest": 0.0})
+        g["tasks"] += 1
+        g["cpu"] += results[i][1]
+        g["largest"] = max(g["largest"], results[i][1])
 
     reps = by_kind["S-agreement"][0][0] if "S-agreement" in by_kind else []
     records = []
@@ -341,6 +346,8 @@ def _print(records: list[dict[str, Any]], caching: Any, total: float, traces: bo
 
 #: CPU seconds of each part of the caching checks in this run (for the report, never for a verdict)
 CPU: dict[str, float] = {}
+#: per kind of proof group in this run: tasks, CPU seconds in all, the largest one's (for the report only)
+GROUP_CPU: dict[str, dict[str, float]] = {}
 
 
 def _json(records: list[dict[str, Any]], caching: Any, total: float) -> dict[str, Any]:
@@ -411,10 +418,13 @@ def main(argv: list[str]) -> int:
     _print(records, caching, total, ns.traces)
     cpu = _cpu_seconds()
     jobs = ns.jobs if ns.jobs is not None else default_jobs()
-    print(f"CPU {cpu:.1f}s in all processes; wall {total:.1f}s; --jobs {jobs}")
+    print(f"CPU {cpu:.1f}s in all processes; wall {total:.1f}s; --jobs {jobs}; by group (tasks, CPU s, largest): "
+          + ", ".join(f"{k} {int(g['tasks'])} {g['cpu']:.1f} {g['largest']:.1f}" for k, g in GROUP_CPU.items()))
     if ns.json:
         out = _json(records, caching, total)
         out["cpu_seconds"], out["jobs"] = round(cpu, 2), jobs
+        out["group_cpu_seconds"] = {k: {"tasks": int(g["tasks"]), "cpu": round(g["cpu"], 2),
+                                        "largest": round(g["largest"], 2)} for k, g in GROUP_CPU.items()}
         with open(ns.json, "w") as fh:
             json.dump(out, fh, indent=2)
     return 0 if all(r["proved"] for r in records) else 1
