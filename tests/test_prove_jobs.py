@@ -53,6 +53,14 @@ def test_heap_units_join_in_unit_order_whatever_ran_them() -> None:
     assert {u[1] for u in H.heap_units(ids=["C2"]) if u[0] == "refute"} == {"C2"}
 
 
+def test_jobs_below_1_is_refused(capsys: Any) -> None:
+    import pytest
+
+    with pytest.raises(SystemExit):
+        P.main(["--jobs", "0", "S1"])
+    assert "--jobs must be at least 1" in capsys.readouterr().err
+
+
 def test_default_jobs_is_the_affinity_count() -> None:
     import os
 

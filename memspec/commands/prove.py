@@ -235,7 +235,11 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
     S proof, P1, the caching synthesis, each unit of the heap induction, the
     caching agreement, C8) are independent: with ``jobs`` > 1 they run in a
     process pool, and the rows are assembled in the same order from the same
-    results, so the output does not depend on ``jobs`` (only the seconds do)."""
+    results, so the rows do not depend on ``jobs`` (only the seconds do).  A
+    Z3 witness (the synthesized fragmentation trace, an unguarded variant's
+    counterexample) is a model, and which model Z3 returns depends on the terms
+    its process built before, so those texts may differ between runs with
+    different ``jobs``; the verdicts and depths do not."""
     from memspec.invariants.proofs_catalog import all_proofs
 
     t_all = time.perf_counter()
@@ -395,10 +399,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--depth", type=int, default=8, help="bound of the fragmentation searches (default 8)")
     ap.add_argument("--jobs", type=int, default=None,
                     help="worker processes for the independent proof groups (default: the CPUs this process "
-                         "may run on; 1: all in this process); the output is the same for any value")
+                         "may run on); 1: all in this process); the rows are the same for any value")
     ap.add_argument("--self-test", action="store_true",
                     help="plant breaks in encodings, spec actions and kernels; print the kill table")
     ns = ap.parse_args(argv)
+    if ns.jobs is not None and ns.jobs < 1:
+        ap.error(f"--jobs must be at least 1 (got {ns.jobs})")
 
     if ns.self_test:
         from memspec.invariants.proofs_selftest import main as self_test
