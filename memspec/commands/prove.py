@@ -399,7 +399,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--depth", type=int, default=8, help="bound of the fragmentation searches (default 8)")
     ap.add_argument("--jobs", type=int, default=None,
                     help="worker processes for the independent proof groups (default: the CPUs this process "
-                         "may run on); 1: all in this process); the rows are the same for any value")
+                         "may run on; 1: all in this process); the rows are the same for any value")
     ap.add_argument("--self-test", action="store_true",
                     help="plant breaks in encodings, spec actions and kernels; print the kill table")
     ns = ap.parse_args(argv)
