@@ -7,16 +7,33 @@
   at run time) on large requests only, same workload, same run.  Target:
   ratio seed/toy >= 1.0 at every live-set size.
 
-Each measurement is repeated and the best (fastest) run kept, alternating
-the two sides of a comparison so machine noise hits both alike.  Rates are
-pairs per CPU second of this process (``time.process_time``): on a shared
-machine the wall clock also counts the time other processes held the core
-(the wall-clock rate is in each row's note and ``extra``).
+Pure Python and compiled: when ``memspec.reference.caching`` imports as a
+mypyc build (``memspec build-native``, ``MEMSPEC_NATIVE=1``: its
+``COMPILED`` is true), every reference figure is measured twice in the same
+run, compiled and pure (a pure copy loaded from the source files next to
+it, ``caching_stats`` included); the row's value and verdict are the
+compiled figure's, its note names the build and gives the pure figure
+(``extra``: ``compiled``, ``pure_*``).  Without a build the rows are pure
+Python and say so.
+
+Each measurement is repeated and the best (fastest) run kept, interleaving
+the sides of a comparison (toy, pure, compiled) so machine noise hits them
+alike.  The per-op cost ratio @100k / @1k is the fastest CPU time at 100k
+over the fastest at 1k, both from the same interleaved trials (each trial
+runs every size back to back); the note gives the trials' own ratios
+(median, range).  Rates are pairs
+per CPU second of this process (``time.process_time``): on a shared machine
+the wall clock also counts the time other processes held the core (the
+wall-clock rate is in each row's note and ``extra``).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import statistics
+import sys
+from pathlib import Path
 from typing import Any, Callable
 
 from bench import toy as toy_mod
@@ -32,14 +49,74 @@ class Unavailable(Exception):
     """A dependency of the row has not landed or does not import."""
 
 
-def reference_ops(preset: str) -> tuple[Callable[[int], Any], Callable[[Any], Any]]:
+CACHING = "memspec.reference.caching"
+STATS = "memspec.reference.caching_stats"
+
+
+def reference_ops(preset: str, mod: Any = None) -> tuple[Callable[[int], Any], Callable[[Any], Any]]:
     """``(alloc(size) -> block, free(block))`` on a fresh reference caching
-    allocator under ``preset``."""
-    try:
-        mod = importlib.import_module("memspec.reference.caching")
-    except ImportError as e:
-        raise Unavailable(f"memspec.reference.caching does not import ({e})") from e
+    allocator under ``preset`` (of ``mod``, default the module as imported)."""
+    if mod is None:
+        try:
+            mod = importlib.import_module(CACHING)
+        except ImportError as e:
+            raise Unavailable(f"{CACHING} does not import ({e})") from e
     return _adapt(mod, preset)
+
+
+def is_compiled(mod: Any) -> bool:
+    """The module runs as a mypyc build (its own ``COMPILED`` flag)."""
+    return getattr(mod, "COMPILED", False) is True
+
+
+def load_pure(install: bool = False) -> Any:
+    """A pure-Python copy of ``memspec.reference.caching`` (and of the
+    ``caching_stats`` it imports), executed from the source files in the
+    package's directory whatever build the normal import finds; the
+    ``sys.modules`` entries are restored afterwards, unless ``install``
+    (then later imports get the pure copies)."""
+    import memspec.reference as pkg
+
+    where = Path(list(pkg.__path__)[0])
+    saved = {k: sys.modules.get(k) for k in (STATS, CACHING)}
+    try:
+        got = None
+        for name in (STATS, CACHING):
+            spec = importlib.util.spec_from_file_location(name, where / (name.rsplit(".", 1)[1] + ".py"))
+            if spec is None or spec.loader is None:
+                raise Unavailable(f"no source of {name} in {where}")
+            got = importlib.util.module_from_spec(spec)
+            sys.modules[name] = got  # caching imports this very caching_stats
+            spec.loader.exec_module(got)
+        return got
+    except (OSError, ImportError) as e:
+        raise Unavailable(f"the pure-Python source of {CACHING} does not load ({e})") from e
+    finally:
+        for k, v in saved.items():
+            if install:
+                pass
+            elif v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+
+
+def variants() -> list[tuple[str, Any]]:
+    """``[(label, module)]`` to measure: ``[("compiled", build), ("pure", copy)]``
+    when the import finds a mypyc build, else ``[("pure", module)]``."""
+    try:
+        mod = importlib.import_module(CACHING)
+    except ImportError as e:
+        raise Unavailable(f"{CACHING} does not import ({e})") from e
+    if is_compiled(mod):
+        return [("compiled", mod), ("pure", load_pure())]
+    return [("pure", mod)]
+
+
+def build_text(vs: list[tuple[str, Any]]) -> str:
+    if vs[0][0] == "compiled":
+        return f"ran compiled (mypyc build {Path(getattr(vs[0][1], '__file__', '?')).name})"
+    return "ran pure Python (no mypyc build imported: see `memspec build-native`, MEMSPEC_NATIVE=1)"
 
 
 def _adapt(mod: Any, preset: str) -> tuple[Callable[[int], Any], Callable[[Any], Any]]:
@@ -77,7 +154,9 @@ def run(quick: bool = False) -> list[Row]:
     lives = QUICK_LIVE if quick else LIVE
     pairs = 2_000 if quick else 30_000
     repeats = 1 if quick else 3
-    return pytorch_rows(lives, pairs, repeats) + [floor_row(lives, pairs, repeats)] + seed_rows(lives, pairs, repeats)
+    trials = 1 if quick else 5  # interleaved runs of each side (best kept): pytorch sizes, seed vs toy
+    return (pytorch_rows(lives, pairs, repeats, trials) + [floor_row(lives, pairs, repeats)]
+            + seed_rows(lives, pairs, trials))
 
 
 class _DictAllocator:
@@ -115,37 +194,71 @@ def _k(n: int) -> str:
     return f"{n // 1000}k" if n >= 1000 and n % 1000 == 0 else str(n)
 
 
-def pytorch_rows(lives: tuple[int, ...], pairs: int, repeats: int) -> list[Row]:
+def _clock(v: str, n: int, cpu: float, wall: float, pairs: int) -> str:
+    return f"{v} {pairs / cpu:,.0f} pairs per CPU second (wall clock {pairs / wall:,.0f})"
+
+
+def pytorch_rows(lives: tuple[int, ...], pairs: int, repeats: int, trials: int | None = None) -> list[Row]:
     """One row per live-set size, then the two targets: the rate at the
     largest size (ratio = rate / 100,000) and the per-op cost there against
-    the smallest (the flatness)."""
+    the smallest (the flatness: the median over ``trials`` interleaved
+    trials of that trial's cost ratio; each trial runs every size and every
+    variant back to back)."""
     names = [f"caching pytorch @{_k(n)} live (mixed)" for n in lives]
     small, big = lives[0], lives[-1]
     tgt_rate = ">= 100,000/s"
     flat_name, tgt_flat = f"caching pytorch per-op cost @{_k(big)} / @{_k(small)}", "<= 1.5x"
     try:
-        reference_ops("pytorch")
+        vs = variants()
     except Unavailable as e:
         return ([unavailable(n, "pairs/s", tgt_rate if i == len(lives) - 1 else "", str(e)) for i, n in enumerate(names)]
                 + [unavailable(flat_name, "x", tgt_flat, str(e))])
-    rates: dict[int, float] = {}
-    wall: dict[int, float] = {}
-    for n in lives:
-        w = workload.make("mixed", n, pairs)
-        cpu, wt = _best([_once(lambda: reference_ops("pytorch"), w) for _ in range(repeats)])
-        rates[n], wall[n] = pairs / cpu, pairs / wt
+    trials = max(trials or repeats, 1)
+    ws = {n: workload.make("mixed", n, pairs) for n in lives}
+    runs: dict[tuple[str, int], list[tuple[float, float]]] = {(v, n): [] for v, _ in vs for n in lives}
+    for _ in range(trials):
+        for n in lives:
+            for v, mod in vs:
+                runs[v, n].append(_once(lambda: reference_ops("pytorch", mod), ws[n]))
+    main = vs[0][0]
+    built = build_text(vs)
+    best = {k: _best(r) for k, r in runs.items()}
+    rate = {k: pairs / c for k, (c, _) in best.items()}
+
+    def others(n: int) -> str:
+        return "; ".join(_clock(v, n, *best[v, n], pairs) for v, _ in vs)
+
     rows = []
     for n, name in zip(lives, names):
-        clock = f"pairs per CPU second; wall clock {wall[n]:,.0f} pairs/s"
+        r = rate[main, n]
+        extra: dict[str, Any] = {"wall_rate": pairs / best[main, n][1], "compiled": main == "compiled",
+                                 "pure_rate": rate["pure", n]}
         if n == big:
-            rows.append(Row(name, rates[n], "pairs/s", rates[n] / 100_000, tgt_rate, rates[n] >= 100_000,
-                            f"ratio = rate / 100,000; {clock}", extra={"wall_rate": wall[n]}))
+            rows.append(Row(name, r, "pairs/s", r / 100_000, tgt_rate, r >= 100_000,
+                            f"ratio = rate / 100,000; {built}; {others(n)}", extra=extra))
         else:
-            rows.append(Row(name, rates[n], "pairs/s", None, "", None,
-                            ("baseline of the cost ratio; " if n == small else "") + clock, extra={"wall_rate": wall[n]}))
-    cost = rates[small] / rates[big]  # per-op cost at big / at small
+            rows.append(Row(name, r, "pairs/s", None, "", None,
+                            ("baseline of the cost ratio; " if n == small else "") + f"{built}; {others(n)}",
+                            extra=extra))
+
+    def cost_ratios(v: str) -> list[float]:
+        return [hi[0] / lo[0] for lo, hi in zip(runs[v, small], runs[v, big])]
+
+    # the ratio of the fastest CPU times of the interleaved trials (noise only
+    # adds time, in either size's run); the per-trial ratios' median and range
+    # show the spread
+    ratio = {v: best[v, big][0] / best[v, small][0] for v, _ in vs}
+    med = {v: statistics.median(cost_ratios(v)) for v, _ in vs}
+    spread = cost_ratios(main)
+    cost = ratio[main]
+    pure_txt = "" if main == "pure" else f"; pure Python {ratio['pure']:.2f} (trials' median {med['pure']:.2f})"
     rows.append(Row(flat_name, cost, "x", cost, tgt_flat, cost <= 1.5,
-                    "best fit is a bisect, not a scan; see the floor row for the memory hierarchy's share"))
+                    f"fastest CPU time @{_k(big)} / fastest @{_k(small)} over {trials} interleaved trials "
+                    f"(each trial's own ratio: median {med[main]:.2f}, range {min(spread):.2f}-{max(spread):.2f}); "
+                    f"{built}{pure_txt}; best fit is a bisect, not a scan; the floor row gives the memory hierarchy's share",
+                    extra={"compiled": main == "compiled", "trial_ratios": spread, "trial_median": med[main],
+                           "pure_ratio": ratio["pure"], "pure_median": med["pure"],
+                           "cpu_seconds": {f"{v}@{n}": [c for c, _ in runs[v, n]] for v, _ in vs for n in (small, big)}}))
     return rows
 
 
@@ -157,25 +270,86 @@ def seed_rows(lives: tuple[int, ...], pairs: int, repeats: int) -> list[Row]:
         toy_ops()
     except Unavailable as e:
         reason = str(e)
+    vs: list[tuple[str, Any]] = []
     if reason is None:
         try:
-            reference_ops("seed")
+            vs = variants()
         except Unavailable as e:
             reason = str(e)
     if reason is not None:
         return [unavailable(n, "pairs/s", tgt, reason) for n in names]
+    main = vs[0][0]
+    built = build_text(vs)
     rows = []
     for n, name in zip(lives, names):
         w = workload.make("large", n, pairs)
-        ref_t, toy_t = [], []
+        runs: dict[str, list[tuple[float, float]]] = {v: [] for v, _ in vs}
+        toy_t = []
         for _ in range(repeats):
             toy_t.append(_once(toy_ops, w))
-            ref_t.append(_once(lambda: reference_ops("seed"), w))
-        (ref_c, ref_w), (toy_c, toy_w) = _best(ref_t), _best(toy_t)
-        ref_rate, toy_rate = pairs / ref_c, pairs / toy_c
-        ratio = ref_rate / toy_rate
-        rows.append(Row(name, ref_rate, "pairs/s", ratio, tgt, ratio >= 1.0,
-                        f"toy {toy_rate:,.0f} pairs per CPU second; wall clock: seed {pairs / ref_w:,.0f}, "
-                        f"toy {pairs / toy_w:,.0f} pairs/s (ratio {toy_w / ref_w:.2f})",
-                        extra={"toy_rate": toy_rate, "wall_rate": pairs / ref_w, "toy_wall_rate": pairs / toy_w}))
+            for v, mod in vs:
+                runs[v].append(_once(lambda: reference_ops("seed", mod), w))
+        toy_c, toy_w = _best(toy_t)
+        best = {v: _best(r) for v, r in runs.items()}
+        ratio = {v: toy_c / c for v, (c, _) in best.items()}
+        ref_c, ref_w = best[main]
+        pure_txt = "" if main == "pure" else f"; pure Python ratio {ratio['pure']:.2f} ({pairs / best['pure'][0]:,.0f} pairs/s)"
+        rows.append(Row(name, pairs / ref_c, "pairs/s", ratio[main], tgt, ratio[main] >= 1.0,
+                        f"{built}{pure_txt}; toy {pairs / toy_c:,.0f} pairs per CPU second; wall clock: "
+                        f"{main} {pairs / ref_w:,.0f}, toy {pairs / toy_w:,.0f} pairs/s (ratio {toy_w / ref_w:.2f})",
+                        extra={"compiled": main == "compiled", "pure_ratio": ratio["pure"],
+                               "pure_rate": pairs / best["pure"][0], "toy_rate": pairs / toy_c,
+                               "wall_rate": pairs / ref_w, "toy_wall_rate": pairs / toy_w}))
     return rows
+
+
+def opcodes_per_pair(make_ops: Callable[[], tuple], w: workload.Workload) -> float:
+    """Python opcodes executed per alloc/free pair (``sys.settrace`` opcode
+    events in every frame the ops enter; the driving loop is not counted):
+    deterministic and load-independent, unlike a rate.  A compiled build
+    runs no Python opcodes in its own code, so count the pure copy."""
+    alloc, free = make_ops()
+    live = [alloc(n) for n in w.init]
+    ops = 0
+
+    def local(frame: Any, event: str, arg: Any) -> Any:
+        nonlocal ops
+        if event == "opcode":
+            ops += 1
+        return local
+
+    def call(frame: Any, event: str, arg: Any) -> Any:
+        frame.f_trace_opcodes = True
+        return local
+
+    old = sys.gettrace()
+    sys.settrace(call)
+    try:
+        for i, n in w.ops:
+            free(live[i])
+            live[i] = alloc(n)
+    finally:
+        sys.settrace(old)
+    return ops / len(w.ops)
+
+
+def opcode_table(lives: tuple[int, ...] = (1_000, 100_000), pairs: int = 3_000) -> list[tuple[str, int, float]]:
+    """``[(what, live, opcodes per pair)]``: the seed preset and the toy on the
+    toy's workload, the pytorch preset on the mixed one (pure Python)."""
+    pure = load_pure()
+    out = []
+    for n in lives:
+        w = workload.make("large", n, pairs)
+        out.append(("seed", n, opcodes_per_pair(lambda: reference_ops("seed", pure), w)))
+        try:
+            out.append(("toy", n, opcodes_per_pair(toy_ops, w)))
+        except Unavailable:
+            pass
+        out.append(("pytorch", n, opcodes_per_pair(lambda: reference_ops("pytorch", pure),
+                                                    workload.make("mixed", n, pairs))))
+    return out
+
+
+if __name__ == "__main__":  # python -m bench.caching: opcodes per pair (load-independent)
+    for what, n, k in opcode_table():
+        print(f"{what:8} @{_k(n):>4} live: {k:6.0f} Python opcodes per alloc/free pair")

@@ -74,11 +74,21 @@ def harness_rows(quick: bool = False) -> list[Row]:
         return rows + [unavailable(name, unit, tgt, why)]
     from memspec.invariants import runner
 
+    import os
+    import resource
+    import time
+
     best = None
+    cpu: list[tuple[float, float]] = []   # per run: (supervised child, supervisor) CPU us per step
     for _ in range(1 if quick else 2):  # best of two, like the baseline
+        b, c0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.process_time()
         results = runner.conform(HARNESS_TARGET, "all", profile="ci", examples=examples, steps=steps, out_dir=None)
+        a, c1 = resource.getrusage(resource.RUSAGE_CHILDREN), time.process_time()
         steps_run = sum(r.stats.steps for r in results if r.plan is not None)
         seconds = sum(r.seconds for r in results)
+        if steps_run:
+            child = (a.ru_utime - b.ru_utime) + (a.ru_stime - b.ru_stime)
+            cpu.append((child / steps_run * 1e6, (c1 - c0) / steps_run * 1e6))
         if best is None or (seconds and steps_run / seconds > best[1] / best[2]):
             best = (results, steps_run, seconds)
     results, steps_run, seconds = best
@@ -91,28 +101,38 @@ def harness_rows(quick: bool = False) -> list[Row]:
                            "rate": (r.stats.steps / r.seconds if r.seconds else None)} for r in results}
     fails = [f"{f.invariant}" for r in results for f in r.failures]
     note = "levels " + ", ".join(f"{lv} {d['rate']:,.0f}/s" for lv, d in per_level.items() if d["rate"])
+    b_cpu = _bare_cpu.get(_settings(quick))
+    child_us = min(c for c, _p in cpu) if cpu else None
+    parent_us = min(p for _c, p in cpu) if cpu else None
+    if b_cpu and child_us:
+        # load-independent: CPU time per step (the conform child: its own start included;
+        # the supervisor apart), against the bare machine's, same run
+        note += (f"; CPU us/step: conform child {child_us:.0f} (+ supervisor {parent_us:.0f}), bare {b_cpu:.0f}: "
+                 f"CPU ratio {b_cpu / child_us:.2f}")
+    if hasattr(os, "getloadavg"):
+        note += f"; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
     if fails or errors:
         note += f"; NOTE run not clean: {len(fails)} FAIL ({', '.join(fails[:4])}), {len(errors)} errors"
     rows.append(Row(name, rate, unit, ratio, tgt, ratio >= 0.5, note,
                     extra={"steps": steps_run, "seconds": seconds, "levels": per_level, "failures": fails,
-                           "errors": errors[:5]}))
+                           "errors": errors[:5], "cpu_us_per_step": child_us, "supervisor_cpu_us_per_step": parent_us,
+                           "bare_cpu_us_per_step": b_cpu,
+                           "cpu_ratio": (b_cpu / child_us) if b_cpu and child_us else None}))
     return rows
 
 
-def walk_rows(quick: bool = False) -> list[Row]:
-    """The walk mode on both levels of ``reference``: the same examples x
-    steps as the harness row (runs of ``steps`` steps), same oracle and checks."""
-    examples, steps = _settings(quick)
-    name, unit, tgt = f"walk fuzz step rate ({HARNESS_TARGET})", "steps/s", ">= 5x bare"
-    why = _missing(*WALK_DEPS)
-    if why:
-        return [unavailable(name, unit, tgt, why)]
-    from memspec.invariants import runner, walk
-
+def walk_measure(quick: bool = False) -> dict:
+    """The walk on both levels of ``reference``, best of two per level:
+    ``{"levels": {level: {steps, seconds, rate, runs}}, "cpu": {level: us/step},
+    "problems": [...], "native": {...}}`` (``native``: what this process
+    runs, :func:`memspec.native.info`)."""
     import time
 
-    b_rate = bare(quick)[0]
-    total_steps, total_s, per_level, problems = 0, 0.0, {}, []
+    from memspec import native
+    from memspec.invariants import runner, walk
+
+    examples, steps = _settings(quick)
+    per_level, problems = {}, []
     cpu: dict[str, float] = {}   # level -> CPU us per walk step (best run)
     for level in ("mechanism", "system"):
         best = None
@@ -131,28 +151,117 @@ def walk_rows(quick: bool = False) -> list[Row]:
                 problems += [f"{level}: {f.violation.invariant}" for f in res.failures]
             if best is None or res.rate() > best.rate():
                 best = res
-        if best is None:
-            continue
-        total_steps += best.steps
-        total_s += best.seconds
-        per_level[level] = {"steps": best.steps, "seconds": best.seconds, "rate": best.rate(), "runs": best.runs}
-    if not total_steps:
-        return [unavailable(name, unit, tgt, f"walk ran no steps: {'; '.join(problems)[:150]}", status=FAILED)]
-    rate = total_steps / total_s
-    ratio = rate / b_rate
-    note = "levels " + ", ".join(f"{lv} {d['rate']:,.0f}/s" for lv, d in per_level.items())
+        if best is not None:
+            per_level[level] = {"steps": best.steps, "seconds": best.seconds, "rate": best.rate(), "runs": best.runs}
+    info = native.info()
+    return {"levels": per_level, "cpu": cpu, "problems": problems, "native": info}
+
+
+def _walk_native(quick: bool) -> tuple[dict | None, str, float | None]:
+    """The same walk measured in a child process with the compiled modules
+    (``MEMSPEC_NATIVE=1``): ``(measurement or None, why not, build seconds)``.
+    Uses the build of the current sources that ``memspec build-native`` made;
+    with ``MEMSPEC_BENCH_NATIVE_BUILD=1`` a missing build is made first (3
+    CPU minutes, 10 wall minutes on a loaded 2-core machine: more than the
+    whole bench's budget, so not by default)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from memspec import native
+
+    build_s = None
+    dest, why = native.stale_reason()
+    if dest is None:
+        if quick or os.environ.get("MEMSPEC_BENCH_NATIVE_BUILD", "") in ("", "0"):
+            return None, why, None
+        try:
+            t0 = time.perf_counter()
+            native.build()
+            build_s = time.perf_counter() - t0
+        except native.NativeError as e:
+            return None, f"no native build ({str(e).splitlines()[0][:120]})", None
+    env = dict(os.environ, **{native.ENV: "1"})
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    code = ("import json, sys; from bench.harness import walk_measure; "
+            f"print('WALK-JSON ' + json.dumps(walk_measure({quick!r})))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("WALK-JSON ")]
+    if p.returncode != 0 or not lines:
+        return None, f"native walk failed: {(p.stderr.strip().splitlines() or ['?'])[-1][:150]}", build_s
+    out = json.loads(lines[-1][len("WALK-JSON "):])
+    if not out["native"]["native"]:
+        return None, f"native build not loaded: {p.stderr.strip()[-150:]}", build_s
+    return out, "", build_s
+
+
+def _totals(m: dict) -> tuple[int, float]:
+    return sum(d["steps"] for d in m["levels"].values()), sum(d["seconds"] for d in m["levels"].values())
+
+
+def walk_rows(quick: bool = False) -> list[Row]:
+    """The walk mode on both levels of ``reference``: the same examples x
+    steps as the harness row (runs of ``steps`` steps), same oracle and
+    checks; pure Python in this process and, when a native build exists or
+    can be made (``memspec build-native``), compiled in a child process.
+    The row's figure is the compiled walk's when it ran; the note and the
+    JSON give both."""
+    name, unit, tgt = f"walk fuzz step rate ({HARNESS_TARGET})", "steps/s", ">= 5x bare"
+    why = _missing(*WALK_DEPS)
+    if why:
+        return [unavailable(name, unit, tgt, why)]
+    from memspec.invariants import walk
+
+    b_rate = bare(quick)[0]
     b_cpu = _bare_cpu.get(_settings(quick))
-    w_cpu = sum(cpu.values()) / len(cpu) if cpu else None
-    if b_cpu and w_cpu:
-        note += (f"; CPU us/step: walk {w_cpu:.0f} (" + ", ".join(f"{lv} {us:.0f}" for lv, us in cpu.items())
-                 + f"), bare {b_cpu:.0f}: CPU ratio {b_cpu / w_cpu:.2f}")
+    pure = walk_measure(quick)
+    total_steps, total_s = _totals(pure)
+    if not total_steps:
+        return [unavailable(name, unit, tgt, f"walk ran no steps: {'; '.join(pure['problems'])[:150]}",
+                            status=FAILED)]
+    comp, why_not, build_s = _walk_native(quick)
+    pure_ratio = total_steps / total_s / b_rate
+
+    def cpu_text(m: dict) -> tuple[str, float | None]:
+        cpu = m["cpu"]
+        w = sum(cpu.values()) / len(cpu) if cpu else None
+        if not (b_cpu and w):
+            return "", None
+        return (f"walk {w:.0f} (" + ", ".join(f"{lv} {us:.0f}" for lv, us in cpu.items())
+                + f"), bare {b_cpu:.0f}: CPU ratio {b_cpu / w:.2f}"), b_cpu / w
+
+    pure_cpu_text, pure_cpu_ratio = cpu_text(pure)
+    main_m = comp or pure
+    steps_, secs = _totals(main_m)
+    rate = steps_ / secs
+    ratio = rate / b_rate
+    note = ("COMPILED (mypyc, `memspec build-native`): " if comp else "pure Python: ") + "levels " + \
+        ", ".join(f"{lv} {d['rate']:,.0f}/s" for lv, d in main_m["levels"].items())
+    extra: dict[str, Any] = {"native": comp is not None, "pure_ratio": pure_ratio, "pure_cpu_ratio": pure_cpu_ratio}
+    if comp:
+        comp_cpu_text, comp_cpu_ratio = cpu_text(comp)
+        note += f"; CPU us/step compiled: {comp_cpu_text}; pure Python in the same run: {pure_ratio:.2f}x bare " \
+                f"(CPU us/step {pure_cpu_text})"
+        if build_s is not None:
+            note += f"; native build made by this run in {build_s:.0f} s"
+        extra.update(native_ratio=ratio, native_cpu_ratio=comp_cpu_ratio, native_build_seconds=build_s,
+                     native_build=comp["native"]["build"], compiled_modules=len(comp["native"]["compiled"]),
+                     native_cpu_us_per_step=comp["cpu"])
+    else:
+        note += f"; CPU us/step: {pure_cpu_text}; not compiled: {why_not}"
     note += "; " + walk.sample_note()
+    problems = pure["problems"] + (comp["problems"] if comp else [])
     if problems:
         note += f"; NOTE run not clean: {'; '.join(problems[:3])[:150]}"
-    return [Row(name, rate, unit, ratio, tgt, ratio >= 5.0, note,
-                extra={"steps": total_steps, "seconds": total_s, "levels": per_level, "problems": problems[:5],
-                       "cpu_us_per_step": cpu, "bare_cpu_us_per_step": b_cpu,
-                       "cpu_ratio": (b_cpu / w_cpu) if b_cpu and w_cpu else None})]
+    extra.update(steps=steps_, seconds=secs, levels=main_m["levels"], problems=problems[:5],
+                 cpu_us_per_step=pure["cpu"], bare_cpu_us_per_step=b_cpu,
+                 cpu_ratio=pure_cpu_ratio if not comp else extra["native_cpu_ratio"],
+                 pure_levels=pure["levels"])
+    return [Row(name, rate, unit, ratio, tgt, ratio >= 5.0, note, extra=extra)]
 
 
 LIVE = (10, 1_000, 10_000)

@@ -76,6 +76,70 @@ class Watch:
         return calls, bool(inside), limit, dec(blame), dec(what)
 
 
+_LOG_HEAD = struct.Struct("<QQ")   # bytes of step lines written, steps of the run so far
+
+
+class StepLog:
+    """The current example's steps, in memory shared with the supervisor
+    (``mmap`` made before ``fork``, like the :class:`Watch`).
+
+    The supervised child appends each step -- one JSON line, written before
+    the call into the target -- and starts over at each example; the
+    supervisor reads it only when the child died, to report the steps up to
+    the call that never came back.  A step costs a slice assignment and a
+    ``struct.pack_into``: no system call, and no wake-up of the supervisor
+    (which, on the pipe, parsed every step of every example to keep the
+    same record).  A step that does not fit (an example of more than
+    ``size`` bytes of steps) is not written here: ``append`` says so and the
+    caller sends it on the channel instead, where the supervisor keeps it
+    after the ones here."""
+
+    #: the log of this process when it is a supervised child
+    current: "StepLog | None" = None
+    SIZE = 4 << 20   # anonymous shared memory: pages are only committed as they are written
+
+    def __init__(self, size: int | None = None) -> None:
+        size = size or StepLog.SIZE
+        self.mem = mmap.mmap(-1, size)
+        self.size = size
+        self.used = 0
+
+    def reset(self) -> None:
+        """A new example: its steps start here."""
+        self.used = 0
+        struct.pack_into("<Q", self.mem, 0, 0)
+
+    def append(self, msg: dict, steps: int) -> bool:
+        """Write one step (``steps``: the run's step count with it); False
+        when it does not fit (the caller sends it on the channel)."""
+        data = (json.dumps(msg, default=repr, separators=(",", ":")) + "\n").encode()
+        start = _LOG_HEAD.size + self.used
+        end = start + len(data)
+        if end > self.size:
+            return False
+        self.mem[start:end] = data
+        self.used += len(data)
+        _LOG_HEAD.pack_into(self.mem, 0, self.used, steps)   # the line is complete before it is counted
+        return True
+
+    def read(self) -> tuple[list, int]:
+        """``(steps as parsed dicts, the run's step count)`` -- untrusted:
+        ``json.loads`` only; a line that does not parse is left out."""
+        used, steps = _LOG_HEAD.unpack_from(self.mem, 0)
+        used = min(used, self.size - _LOG_HEAD.size)
+        out = []
+        for line in bytes(self.mem[_LOG_HEAD.size:_LOG_HEAD.size + used]).split(b"\n"):
+            if not line:
+                continue
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(msg, dict):
+                out.append(msg)
+        return out, steps
+
+
 # --------------------------------------------------------------------------
 # The per-call guard
 # --------------------------------------------------------------------------
@@ -250,6 +314,10 @@ class Ending:
 
     messages: list = field(default_factory=list)
     death: str | None = None
+    #: when the child died: the steps of its last example from its :class:`StepLog`
+    #: (parsed, untrusted), and the run's step count it had written with them
+    log: list = field(default_factory=list)
+    log_steps: int = 0
     hang: bool = False
     blame: str = ""
     what: str = ""
@@ -281,6 +349,7 @@ def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Ca
     does not parse is ignored.
     """
     watch = Watch()
+    log = StepLog()
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child
@@ -294,6 +363,7 @@ def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Ca
                 pass
             os.close(r)
             CallGuard.watch = watch
+            StepLog.current = log
             ch = Channel(w)
             try:
                 work(ch)
@@ -353,5 +423,8 @@ def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Ca
         if not done and end.death is None:
             _calls, inside, _limit, end.blame, end.what = watch.read()
             end.death = _describe_status(status) + (f" inside the target ({end.what})" if inside else "")
+        if end.death is not None:
+            end.log, end.log_steps = log.read()
         watch.mem.close()
+        log.mem.close()
     return end

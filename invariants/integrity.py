@@ -41,7 +41,7 @@ class _Region:
     #: an alias: the shared bytes' key, and the address of the key's offset 0
     key: Any = None
     base: int = 0
-    writable: bool = True
+    writable: bool | None = True  # as DataRegion.writable: None = some of it writable
     version: Any = None
 
     def patterns(self) -> list:
@@ -370,7 +370,7 @@ class Integrity:
         return base + off, n
 
     def _refresh_alias(self, ref: int, old: _Region | None, spans: list, key: Any, base: int, version: Any,
-                       writable: bool, blame_fault: str, blame_mismatch: str) -> None:
+                       writable: bool | None, blame_fault: str, blame_mismatch: str) -> None:
         sh = self.shared.get(key)
         if sh is None:
             sh = self.shared[key] = _Shared(_key_id(key), version=version)

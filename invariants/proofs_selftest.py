@@ -288,8 +288,8 @@ def _strict_seed_split(orig: Any) -> Any:
 
 
 def _whole_run(orig: Any) -> Any:
-    def map_step(whole_run: bool = False) -> Any:
-        return orig(whole_run=True)
+    def map_step(s: Any, a: Any, whole: bool = False, page: Any = None) -> Any:
+        return orig(s, a, True, page)
     return map_step
 
 
@@ -299,21 +299,68 @@ def _unmap_nothing(_orig: Any) -> Any:
     return unmap
 
 
-def detect_c8(walks: int | None = None, steps: int | None = None) -> str | None:
-    """C8's row material (:func:`proofs_caching_expandable.run_c8`): its Z3
-    step proofs, then its agreement with ``spec/caching`` on expandable walks
-    (at least prove's default walks and steps)."""
-    from memspec.invariants.proofs_caching_expandable import STEPS, WALKS, run_c8
+def _last_arena_first(_orig: Any) -> Any:
+    """_find_expandable with the arenas in descending address order (the first fit picks the last arena)."""
+    from memspec.spec.caching import policy as Pol
 
-    out = run_c8(seed=0, walks=max(walks or 0, WALKS), steps=max(steps or 0, STEPS))
-    bad = [(n, r) for n, r, _t in out["checks"] if r != "proved"]
+    def find(st: Any, small: bool, stream: int, r: int) -> Any:
+        arenas = sorted((g for g in st.segments if g.expandable and g.small == small and g.stream == stream),
+                        key=lambda g: -(g.base if g.base is not None else -(1 << 62)))
+        for g in arenas:
+            for i, b in enumerate(g.blocks):
+                if b.state != Pol.UNMAPPED:
+                    continue
+                j = i - 1 if i > 0 and Pol._allocatable(g.blocks[i - 1]) else i
+                got, k = 0, j
+                while got < r and k < len(g.blocks) and (g.blocks[k].state == Pol.UNMAPPED
+                                                         or Pol._allocatable(g.blocks[k])):
+                    got += g.blocks[k].size
+                    k += 1
+                if got >= r:
+                    return g, j
+        page = st.policy.page(small)
+        size = -(-int(st.policy.capacity * st.policy.arena) // page) * page
+        return Pol._new_segment(st, size, small, stream, True, page), 0
+    return find
+
+
+def _release_keeps_pages(_orig: Any) -> Any:
+    """_release_cached that waits for every event and releases whole free segments but unmaps no page."""
+    from memspec.spec.caching import policy as Pol
+
+    def release(st: Any) -> int:
+        for s in list(st.issued):
+            st.completed[s] = st.issued[s]
+        Pol._process_events(st)
+        return sum(Pol._release_segment(st, g) for g in list(st.segments)
+                   if not g.expandable and len(g.blocks) == 1 and g.blocks[0].state == Pol.FREE)
+    return release
+
+
+def detect_c8(walks: int | None = None, steps: int | None = None) -> str | None:
+    """C8's row material (:func:`proofs_caching_expandable.run_c8`): its agreement with ``spec/caching``
+    (scripted walks, then expandable walks: at least prove's), then its Z3 proofs and refutation."""
+    import random
+
+    from memspec.invariants import proofs_caching_expandable as E
+
+    rep = E.new_report()
+    for key in E.SCRIPTS:
+        E.run_script(key, rep)
+    for sd in range(E.SEEDS):
+        E._walks(random.Random(sd), max(walks or 0, E.WALKS), max(steps or 0, E.STEPS), rep)
+    if rep["mismatches"]:
+        return f"prove/C8 agreement: {len(rep['mismatches'])} disagreements, e.g. {rep['mismatches'][0][:100]} (C8)"
+    if rep["inv"][1]:
+        return f"prove/C8 invariant agreement: {rep['inv'][1]}/{rep['inv'][0]} states disagree (C8)"
+    unsampled = [f"{a}/{b}" for a, bs in rep["counts"].items() for b, n in bs.items() if not n]
+    if unsampled:
+        return f"prove/C8 agreement: branches with 0 samples: {unsampled[:3]} (C8)"
+    bad = [(n, r) for n, r, _t in E.proofs() if r != "proved"]
     if bad:
         return f"prove (caching C8): {bad[0][0]} {bad[0][1]} (C8)"
-    ag = out["agreement"]
-    if ag.mismatches:
-        return f"prove/C8 agreement: {len(ag.mismatches)} disagreements, e.g. {ag.mismatches[0][:100]} (C8)"
-    if ag.inv["C8"][1]:
-        return f"prove/C8 invariant agreement: {ag.inv['C8'][1]}/{ag.inv['C8'][0]} states disagree (C8)"
+    if not E.refute()[0]:
+        return "prove (caching C8): the unguarded variant is not refuted (C8)"
     return None
 
 
@@ -380,6 +427,12 @@ def catalog() -> list[Break]:
               ("c8",), patch=_spec_patch("memspec.invariants.proofs_caching_expandable", "map_step", _whole_run)),
         Break("C8 spec: the seed preset's free keeps its pages mapped", "spec", "C8", ("c8",),
               patch=_spec_patch("memspec.spec.caching.policy", "_unmap", _unmap_nothing)),
+        Break("C8 spec: the expandable first fit picks the last arena by address", "spec", "C8", ("c8",),
+              patch=_spec_patch("memspec.spec.caching.policy", "_find_expandable", _last_arena_first)),
+        Break("C8 spec: pytorch's OOM retry waits for events but unmaps no page", "spec", "C8", ("c8",),
+              patch=_spec_patch("memspec.spec.caching.policy", "_release_cached", _release_keeps_pages)),
+        Break("C8 spec: empty_cache keeps the whole free pages of arenas mapped", "spec", "C8", ("c8",),
+              patch=_spec_patch("memspec.spec.caching.actions", "_release_cached", _release_keeps_pages)),
     ]
     from memspec.invariants.proofs_caching_heap import UNGUARDED
 

@@ -25,7 +25,7 @@ from memspec.invariants import signals
 from memspec.invariants.choosers import HypothesisChooser
 from memspec.invariants.discovery import TargetRef, resolve
 from memspec.invariants.errors import TARGET_ERROR, SpecError, TargetError, Violation, violation_class
-from memspec.invariants.guard import BUILD_SECONDS, CallGuard, Channel, supervise
+from memspec.invariants.guard import BUILD_SECONDS, CallGuard, Channel, StepLog, supervise
 from memspec.invariants.levels import LEVELS, levels_for  # noqa: F401 - re-exported
 from memspec.invariants.planning import (applicability, build_probe, close_probe, kind_of,  # noqa: F401
                                          load_machine, machine_for, make_plan)
@@ -848,7 +848,31 @@ def _one_pass(plan: E.Plan, settings: Any, seed: int | None, shrink_seconds: flo
 # Supervised conformance runs
 # --------------------------------------------------------------------------
 
+#: types whose repr ``ast.literal_eval`` reads back as an equal value (``float``: when finite)
+_PLAIN = (int, str, bool, bytes, type(None))
+
+
+def _plain(v: Any, depth: int = 0) -> bool:
+    """``v`` is made of :data:`_PLAIN` values (exact types), finite floats,
+    tuples, lists and dicts of them: its repr is a literal of an equal value
+    without parsing it back."""
+    t = type(v)
+    if t in _PLAIN:
+        return True
+    if t is float:
+        return v == v and v not in (float("inf"), float("-inf"))
+    if depth > 8:
+        return False
+    if t is tuple or t is list:
+        return all(_plain(x, depth + 1) for x in v)
+    if t is dict:
+        return all(_plain(k, depth + 1) and _plain(x, depth + 1) for k, x in v.items())
+    return False
+
+
 def _literal_repr(v: Any) -> str | None:
+    if _plain(v):   # the common case (ints, ids, tuples of them): no parse per step
+        return repr(v)
     try:
         r = repr(v)
         return r if ast.literal_eval(r) == v else None
@@ -969,15 +993,23 @@ def _run_child_plan(ch: Channel, plan: E.Plan, opts: dict) -> None:
              "timeout": plan.timeout, "factory_kwargs": plan.factory_kwargs, "machine_ref": plan.machine_ref})
     last = [0.0]
 
+    # the steps of the current example go to the shared StepLog (read by the
+    # supervisor only if this process dies); the channel carries the examples'
+    # starts, progress and results -- and a step only when the log is full
+    log = StepLog.current
+
     def on_call(run: E.Run, ts: E.TraceStep | None) -> None:
         if ts is None:
+            if log is not None:
+                log.reset()
             ch.send({"t": "ex", "cap": run.capacity})
             return
         msg = _step_msg(ts)
         if len(run.trace) >= 2:   # what the previous step answered (the last one's answer may never come)
             prev = run.trace[-2]
             msg["po"], msg["pb"] = prev.outcome, list(prev.bound)
-        ch.send(msg)
+        if log is None or not log.append(msg, run.plan.stats.steps):
+            ch.send(msg)
 
     def on_step(p: E.Plan) -> None:
         now = time.perf_counter()
@@ -985,7 +1017,7 @@ def _run_child_plan(ch: Channel, plan: E.Plan, opts: dict) -> None:
             last[0] = now
             st = p.stats
             ch.send({"t": "p", "examples": st.examples, "steps": st.steps, "failing": st.failures_seen,
-                     "outcomes": len(st.outcomes)})
+                     "outcomes": len(st.outcomes), "actions": dict(st.actions)})
 
     plan.on_call = on_call
     plan.on_step = on_step
@@ -1043,12 +1075,18 @@ class _Parent:
         self.stopped = False
         self.min_accepted = V.MIN_ACCEPTED
 
+    @staticmethod
+    def _add_step(trace: list, m: dict) -> None:
+        """Append step message ``m`` to ``trace``; its ``po``/``pb`` are the
+        previous step's answer."""
+        if trace and "po" in m:
+            trace[-1] = {**trace[-1], "o": m.get("po"), "b": m.get("pb")}
+        trace.append(m)
+
     def on_message(self, m: dict) -> None:
         t = m.get("t")
-        if t == "s":
-            if self.trace and "po" in m:
-                self.trace[-1] = {**self.trace[-1], "o": m.get("po"), "b": m.get("pb")}
-            self.trace.append(m)
+        if t == "s":   # a step the child's StepLog had no room for
+            self._add_step(self.trace, m)
             if self.current is not None:   # counted here too: a child that dies sends no result
                 st = self.current.plan.stats
                 st.steps += 1
@@ -1061,6 +1099,9 @@ class _Parent:
         elif t == "p" and self.current is not None:
             st = self.current.plan.stats
             st.examples, st.steps, st.failures_seen = _int(m.get("examples")), _int(m.get("steps")), _int(m.get("failing"))
+            acts = m.get("actions")
+            if isinstance(acts, dict):
+                st.actions = Counter({_str(k): _int(v) for k, v in acts.items()})
             if self.on_step is not None:
                 self.on_step(self.current.plan)
         elif t == "plan":
@@ -1120,8 +1161,17 @@ class _Parent:
                 self.stopped = True
 
     def died(self, end: Any) -> None:
-        """The child ended without finishing: report it where it happened."""
-        trace = _trace_from(self.trace)
+        """The child ended without finishing: report it where it happened
+        (the steps of its last example: those of its StepLog, then any it
+        had to send on the channel)."""
+        msgs: list = []
+        for m in [*getattr(end, "log", ()), *self.trace]:
+            if isinstance(m, dict):
+                self._add_step(msgs, m)
+        if self.current is not None:
+            st = self.current.plan.stats
+            st.steps = max(st.steps, _int(getattr(end, "log_steps", 0)))
+        trace = _trace_from(msgs)
         where = f"step {len(trace)} ({trace[-1].action})" if trace else "before the first step"
         r = self.current
         if r is None:

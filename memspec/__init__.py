@@ -6,3 +6,10 @@ Import roots: ``memspec.spec`` (the model and the contract),
 """
 
 __version__ = "0.1.0"
+
+import os as _os
+
+if _os.environ.get("MEMSPEC_NATIVE"):  # opt-in compiled hot paths (memspec/native.py); pure Python otherwise
+    from memspec import native as _native
+
+    _native.enable_from_env()

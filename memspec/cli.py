@@ -24,19 +24,30 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "oom": ("memspec.commands.oom", "`oom explain`: walk the six-cause triage for an OOM message or snapshot"),
     "snapshot": ("memspec.commands.snapshot", "export/import/replay allocator snapshots; --svg picture"),
     "bench": ("memspec.commands.bench", "run the benchmarks under bench/ and print ratios"),
+    "build-native": ("memspec.native", "opt-in: compile the walk's hot modules with mypyc (use: memspec --native ...)"),
 }
 
 
 def usage() -> str:
     width = max(map(len, COMMANDS))
-    lines = ["usage: memspec COMMAND [ARGS...]", "", "commands:"]
+    lines = ["usage: memspec [--native] COMMAND [ARGS...]", "", "commands:"]
     lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
-    lines += ["", "`memspec COMMAND --help` for a command's options."]
+    lines += ["", "`memspec COMMAND --help` for a command's options.",
+              "--native: load the hot modules from `memspec build-native`'s build (pure Python, with a warning, "
+              "if it is missing or stale)"]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "--native":
+        argv.pop(0)
+        import os
+
+        from memspec import native
+
+        os.environ[native.ENV] = "1"  # worker processes (fuzz --jobs) inherit it
+        native.enable()
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())
         return 0

@@ -30,17 +30,26 @@ device's; the reference VMM or CUDA's may be passed in).
 
 Only :mod:`memspec.spec.api` and :mod:`memspec.spec.errors` are imported from
 the spec (layering rule).
+
+Compiled: this module and :mod:`~memspec.reference.caching_stats` type-check
+under mypy and compile with mypyc (``memspec build-native``; compile the two
+together).  The pure-Python source is the reference and the fallback; the
+build runs the same code, with the hot paths' locals typed (``COMPILED`` says
+which one runs).  :class:`CachingAllocator` allows interpreted subclasses
+(the mutants); the entry points that validate their arguments take ``Any``
+so a bad argument still gets its named error, not mypyc's ``TypeError``.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import reprlib
-from bisect import bisect_left, bisect_right, insort
 from collections import deque
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Final, Iterator, NoReturn, cast
 
-from sortedcontainers import SortedList
+from mypy_extensions import mypyc_attr
+from sortedcontainers import SortedList  # type: ignore[import-untyped]
 
 from memspec.spec.api import (
     DEFAULT_PAGE,
@@ -67,21 +76,28 @@ from memspec.reference.caching_stats import (
     ONE_EB_MESSAGE,
     SMALL,
     AllocatorStats,
+    Stat,
+    SumStat,
     increase_pooled,
     memory_summary,
     pytorch_oom_message,
     seed_oom_message,
 )
 
-K_MIN_BLOCK = 512
-K_SMALL_SIZE = 1 * MiB
-K_SMALL_BUFFER = 2 * MiB
-K_LARGE_BUFFER = 20 * MiB
-K_MIN_LARGE_ALLOC = 10 * MiB
-K_ROUND_LARGE = 2 * MiB
+#: (Final: a mypyc build holds them in C statics, not module-dict look-ups)
+bisect_left: Final = bisect.bisect_left
+bisect_right: Final = bisect.bisect_right
+insort: Final = bisect.insort
+
+K_MIN_BLOCK: Final = 512
+K_SMALL_SIZE: Final = 1 * MiB
+K_SMALL_BUFFER: Final = 2 * MiB
+K_LARGE_BUFFER: Final = 20 * MiB
+K_MIN_LARGE_ALLOC: Final = 10 * MiB
+K_ROUND_LARGE: Final = 2 * MiB
 PRESETS = ("pytorch", "seed")
-ROUNDUP_INTERVALS = 16  # 1 MiB .. 64 GiB, one divisions entry per power of two
-_M64 = (1 << 64) - 1
+ROUNDUP_INTERVALS: Final = 16  # 1 MiB .. 64 GiB, one divisions entry per power of two
+_M64: Final = (1 << 64) - 1
 
 
 def _inc2(stat: list, idx: int, n: int) -> None:
@@ -167,7 +183,7 @@ class SimulatedDevice:
     pointer (*VA is not scarce. Physical HBM is.*).
     """
 
-    def __init__(self, capacity: int, *, page: int = DEFAULT_PAGE, base: int = 0x7F0A_0000_0000,
+    def __init__(self, capacity: Any, *, page: int = DEFAULT_PAGE, base: int = 0x7F0A_0000_0000,
                  other_processes: dict[int, int] | None = None, name: str = "sim-caching") -> None:
         if not isinstance(capacity, int) or capacity <= 0:
             raise InvalidRequest(f"capacity must be a positive int, got {capacity!r}")
@@ -333,7 +349,7 @@ class _Segment:
     __slots__ = ("address", "size", "stream", "small", "expandable", "handle", "page", "head", "owner", "pool")
 
     def __init__(self, address: int, size: int, stream: int, small: bool, expandable: bool, handle: Any,
-                 page: int = 0, owner: Any = None, pool: Any = None):
+                 page: int, owner: Any, pool: _Pool):
         self.address, self.size, self.stream, self.small = address, size, stream, small
         self.expandable, self.handle, self.page, self.owner = expandable, handle, page, owner
         self.pool = pool  # the owner's _Pool of this segment's blocks
@@ -405,25 +421,27 @@ class CachedBlock:
         return _describe(self)
 
 
-def _sl_add(bl: SortedList, v: int) -> None:
-    """``SortedList.add(v)`` with its common case inlined (sortedcontainers 2.x
+def _sl_add(pool: _Pool, v: int) -> None:
+    """``pool.blocks.add(v)`` with its common case inlined (sortedcontainers 2.x
     internals: no positional index rebuilt; a full sublist is split as ``add`` does)."""
-    maxes = bl._maxes
+    maxes = pool.maxes
+    lst: list[int]
     if maxes:
         if v >= maxes[-1]:
             pos = len(maxes) - 1
-            lst = bl._lists[pos]
+            lst = pool.lists[pos]
             lst.append(v)
             maxes[pos] = v
         else:
             pos = bisect_right(maxes, v)
-            lst = bl._lists[pos]
+            lst = pool.lists[pos]
             insort(lst, v)
-        if bl._index or len(lst) > 2000:
+        bl = pool.blocks
+        if pool.index or len(lst) > 2000:
             bl._expand(pos)
         bl._len += 1
     else:
-        bl.add(v)
+        pool.blocks.add(v)
 
 
 def _sl_delete(bl: SortedList, maxes: list, lst: list, pos: int, idx: int) -> None:
@@ -448,27 +466,63 @@ def _keys_after(lists: list, pos: int, idx: int) -> Iterator[int]:
         idx = 0
 
 
-class _Pool:
-    __slots__ = ("small", "blocks", "free", "unmapped", "unmapped_at", "gc_calls", "hot")
+#: a pool's hot figures: (this pool's, the other pool's, all) for each of allocation,
+#: allocated_bytes, requested_bytes, inactive_split, inactive_split_bytes
+_Hot = tuple[Stat, Stat, SumStat, Stat, Stat, SumStat, Stat, Stat, SumStat, Stat, Stat, SumStat, Stat, Stat, SumStat]
+#: those free updates: allocation, allocated_bytes and requested_bytes of this pool (decreases
+#: only), then inactive_split and inactive_split_bytes as in ``_Hot``
+_HotFree = tuple[Stat, Stat, Stat, Stat, Stat, SumStat, Stat, Stat, SumStat]
 
-    def __init__(self, small: bool) -> None:
+
+def _hot(s: AllocatorStats, j: int, o: int) -> _Hot:
+    """The Stat objects the fast paths of pool ``j`` update (``o``: the
+    other pool): for each of allocation, allocated_bytes, requested_bytes,
+    inactive_split, inactive_split_bytes, this pool's, the other pool's and
+    ``all`` (a SumStat: only its peak is stored)."""
+    return cast(_Hot, tuple(x for name in ("allocation", "allocated_bytes", "requested_bytes", "inactive_split",
+                                           "inactive_split_bytes")
+                            for x in (getattr(s, name)[j], getattr(s, name)[o], getattr(s, name)[ALL])))
+
+
+class _Pool:
+    __slots__ = ("small", "blocks", "maxes", "lists", "index", "free", "unmapped", "unmapped_at", "gc_calls", "hot",
+                 "hot_free")
+
+    def __init__(self, small: bool, hot: _Hot) -> None:
         self.small = small
         self.blocks = SortedList()  # free_key(stream, size, address) of free mapped blocks
         assert self.blocks._load == 1000, "the inlined SortedList paths assume the default load factor"
+        #: the free list's internals, read by the inlined paths (sortedcontainers 2.x
+        #: SortedList mutates these three lists in place and never rebinds them)
+        self.maxes: list[int] = self.blocks._maxes
+        self.lists: list[list[int]] = self.blocks._lists
+        self.index: list[int] = self.blocks._index
         self.free: dict[int, _Block] = {}
         self.unmapped = SortedList()  # (stream << 64) | address of unmapped blocks of expandable arenas
         self.unmapped_at: dict[int, _Block] = {}
         self.gc_calls = 0
-        #: the Stat objects the fast paths update (set by the allocator)
-        self.hot: tuple = ()
+        #: the Stat objects the fast paths update (see :func:`_hot`); those free updates
+        self.hot = hot
+        self.hot_free: _HotFree = (hot[0], hot[3], hot[6], hot[9], hot[10], hot[11], hot[12], hot[13], hot[14])
 
 
-#: a handle or block without an ``__init__`` frame (the hot paths set every slot they read)
-_new_handle = _new_block = object.__new__
+def _compiled_probe() -> None:
+    """Has a code object unless this module runs compiled (mypyc)."""
+
+
+#: True when this module runs as a mypyc build (``memspec build-native``)
+COMPILED: Final = not hasattr(_compiled_probe, "__code__")
+
+#: pure Python: a handle or block without an ``__init__`` frame (the hot paths
+#: set every slot they read).  Compiled, the hot paths call the constructors
+#: (a C call there; mypyc's classes refuse ``object.__new__``).
+_new_block: Any = object.__new__
+_new_handle: Any = object.__new__
 
 _STATE_LIVE, _STATE_PENDING, _STATE_FREE = "active_allocated", "active_pending_free", "inactive"
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the mutants and tests subclass it (compiled by mypyc)
 class CachingAllocator:
     """One device's caching allocator (see the module docstring).
 
@@ -504,6 +558,7 @@ class CachingAllocator:
                 raise InvalidRequest("give a capacity (simulated device) or a driver")
             device = SimulatedDevice(capacity)
         self.device = device
+        self.mechanism: SimulatedMechanism | None
         if device is not None:
             mech = SimulatedMechanism(device)
             self.mechanism = mech
@@ -522,9 +577,9 @@ class CachingAllocator:
         self._driver = driver
         self._backing = backing
         self._mem_get_info = mem_get_info or (lambda: (self.capacity - self._total, self.capacity))
-        self.stats = AllocatorStats()
-        self._small = _Pool(True)
-        self._large = _Pool(False)
+        self.stats = st = AllocatorStats()
+        self._small = _Pool(True, _hot(st, SMALL, LARGE))
+        self._large = _Pool(False, _hot(st, LARGE, SMALL))
         self._segments: dict[int, _Segment] = {}
         self._seg_alloc: dict[int, Any] = {}
         self._pending: set[_Block] = set()
@@ -532,11 +587,11 @@ class CachingAllocator:
         self._completed: dict[int, int] = {}
         self._events: dict[int, deque] = {}
         self._n_events = 0
-        self._total = 0  # total_allocated_memory: bytes of segments and mapped pages
+        self._total: int = 0  # total_allocated_memory: bytes of segments and mapped pages
         self._clock = itertools.count(1)
         self._trace: deque | None = deque(maxlen=max_entries) if record_history else None
         self.arena_factor = arena_factor if arena_factor is not None else (16.0 if preset == "seed" else 1.125)
-        self.memory_fraction = None
+        self.memory_fraction: float | None = None
         self._allowed: int | None = None
         self._ever_expandable = False
         self.set_allocator_settings(
@@ -550,14 +605,6 @@ class CachingAllocator:
         s = self.stats
         self._s_alloc, self._s_abytes = s.allocation, s.allocated_bytes
         self._s_req, self._s_isplit, self._s_isbytes = s.requested_bytes, s.inactive_split, s.inactive_split_bytes
-        #: per pool: the Stat objects the fast paths update -- for each of
-        #: allocation, allocated_bytes, requested_bytes, inactive_split,
-        #: inactive_split_bytes: this pool's, the other pool's, ``all``
-        #: (a SumStat: only its peak is stored)
-        for pool, j, o in ((self._small, SMALL, LARGE), (self._large, LARGE, SMALL)):
-            pool.hot = tuple(x for name in ("allocation", "allocated_bytes", "requested_bytes", "inactive_split",
-                                            "inactive_split_bytes")
-                             for x in (getattr(s, name)[j], getattr(s, name)[o], getattr(s, name)[ALL]))
 
     # ---------------------------------------------------------------- settings
 
@@ -584,7 +631,7 @@ class CachingAllocator:
             self._max_split = max_split_size
             self.stats.max_split_size = -1 if max_split_size is None else max_split_size
         if roundup_power2_divisions != "keep":
-            d = roundup_power2_divisions
+            d: Any = roundup_power2_divisions
             if isinstance(d, int):
                 d = (d,) * ROUNDUP_INTERVALS
             if d is not None:
@@ -602,7 +649,7 @@ class CachingAllocator:
         self._fast = (type(self) is CachingAllocator and not self._ever_expandable and self._max_split is None
                       and not self.gc_threshold)
 
-    def set_per_process_memory_fraction(self, fraction: float) -> None:
+    def set_per_process_memory_fraction(self, fraction: Any) -> None:
         """cudaMalloc is refused when reserved + size > fraction * capacity."""
         if type(fraction) not in (int, float) or not 0.0 <= fraction <= 1.0:  # nan fails both comparisons
             raise InvalidRequest(f"fraction must be a number in [0, 1], got {fraction!r}")
@@ -627,7 +674,7 @@ class CachingAllocator:
 
     # ---------------------------------------------------------------- streams
 
-    def complete_stream(self, stream: int) -> None:
+    def complete_stream(self, stream: Any) -> None:
         """The device finished every piece of work queued on ``stream`` so far:
         the events recorded on it are now complete (the allocator notices at
         the next malloc or empty_cache)."""
@@ -639,7 +686,7 @@ class CachingAllocator:
         for s in list(self._issued):
             self.complete_stream(s)
 
-    def record_stream(self, block: CachedBlock, stream: int) -> None:
+    def record_stream(self, block: Any, stream: Any) -> None:
         """``Tensor.record_stream``: the block is used by work on ``stream``;
         its free is then deferred until that work completes."""
         b = self._owned_live(block)
@@ -670,7 +717,7 @@ class CachingAllocator:
     # ---------------------------------------------------------------- pools
 
     def _insert(self, pool: _Pool, b: _Block) -> None:
-        _sl_add(pool.blocks, (b.stream << 128) | (b.size << 64) | b.address)
+        _sl_add(pool, (b.stream << 128) | (b.size << 64) | b.address)
         pool.free[b.address] = b
         b.gc_base = pool.gc_calls
 
@@ -730,7 +777,7 @@ class CachingAllocator:
 
     # ---------------------------------------------------------------- malloc
 
-    def malloc(self, size: int, stream: int = 0) -> CachedBlock:
+    def malloc(self, size: Any, stream: Any = 0) -> CachedBlock:
         """Allocate ``size`` bytes for work on ``stream``.
 
         For the plain allocator (``self._fast``: no subclass overriding a
@@ -742,14 +789,16 @@ class CachingAllocator:
         ``tests/test_caching_fused.py`` compares the two step by step)."""
         if type(size) is not int or size <= 0 or type(stream) is not int or stream < 0 or size >= ONE_EB:
             self._bad_request(size, stream)
+        n: int = size  # (checked: ints; typed from here on when compiled)
+        st: int = stream
         if self._n_events:
             self._process_events()
         if self._divisions:
-            r = round_request(size, self.preset, self._divisions)
-        elif size <= K_SMALL_SIZE or not self._seed:
-            r = K_MIN_BLOCK if size < K_MIN_BLOCK else (size + 511) & ~511
-        else:  # the seed's 2 MiB ladder above 1 MiB
-            r = (size + K_ROUND_LARGE - 1) & ~(K_ROUND_LARGE - 1)
+            r = round_request(n, self.preset, self._divisions)
+        elif n <= K_SMALL_SIZE or not self._seed:
+            r = K_MIN_BLOCK if n < K_MIN_BLOCK else (n + 511) & ~511
+        else:  # the seed's 2 MiB ladder above 1 MiB (K_ROUND_LARGE multiples, as literals)
+            r = (n + 0x1FFFFF) & -0x200000
         small = r <= K_SMALL_SIZE
         pool = self._small if small else self._large
         if not self._fast:
@@ -758,17 +807,17 @@ class CachingAllocator:
                 b = self._slow_path(pool, stream, r, size)
             b = self._alloc_found(pool, b, r, size, stream)
         else:
-            bl = pool.blocks
-            lo = (stream << 128) | (r << 64)
-            maxes = bl._maxes
+            lo = (st << 128) | (r << 64)
+            maxes = pool.maxes
             b = None
             if maxes and lo <= maxes[-1]:  # best fit: two C bisects (sortedcontainers internals)
                 pos = bisect_left(maxes, lo)
-                sub = bl._lists[pos]
+                sub = pool.lists[pos]
                 i = bisect_left(sub, lo)
                 key = sub[i]
-                if key >> 128 == stream:  # SortedList._delete, its common case inlined
-                    if (len(sub) > 501 or len(maxes) == 1 and len(sub) > 1) and not bl._index:
+                if key >> 128 == st:  # SortedList._delete, its common case inlined
+                    bl = pool.blocks
+                    if len(sub) > (1 if len(maxes) == 1 else 501) and not pool.index:  # (no sublist merge)
                         del sub[i]
                         bl._len -= 1
                         maxes[pos] = sub[-1]
@@ -785,7 +834,7 @@ class CachingAllocator:
                     else (remaining >= K_MIN_BLOCK if small else remaining > K_SMALL_SIZE)):
                 # split: the remainder ``rest`` stays free, after the new block
                 rest = b
-                b = _new_block(_Block)
+                b = _Block(rest.address, r, rest.stream, rest.seg) if COMPILED else _new_block(_Block)
                 b.address = addr = rest.address
                 b.size = bs = r
                 b.seg = rest.seg
@@ -801,7 +850,7 @@ class CachingAllocator:
                 rest.prev = b
                 rest.address = ra = addr + r
                 rest.size = remaining
-                _sl_add(bl, (rest.stream << 128) | (remaining << 64) | ra)
+                _sl_add(pool, (rest.stream << 128) | (remaining << 64) | ra)
                 pool.free[ra] = rest
                 rest.gc_base = pool.gc_calls
                 if prev is not None or rest.next is not None:  # already split: the split shrinks by r
@@ -827,8 +876,8 @@ class CachingAllocator:
                 isbP.current -= bs
                 ispP.current -= 1
             b.allocated = True
-            b.requested_size = size
-            b.stream = stream
+            b.requested_size = n
+            b.stream = st
             # Stat.increase of allocation, allocated_bytes, requested_bytes in this pool, then
             # the peak of their all entry (SumStat); active/active_bytes follow allocation
             c = aP.current + 1
@@ -847,9 +896,9 @@ class CachingAllocator:
             c += abO.current
             if c > abA.peak:
                 abA.peak = c
-            c = rqP.current + size
+            c = rqP.current + n
             rqP.current = c
-            rqP.allocated += size
+            rqP.allocated += n
             if c > rqP.peak:
                 rqP.peak = c
             c += rqO.current
@@ -859,16 +908,19 @@ class CachingAllocator:
                 self.stats.note_malloc_while_pending(SMALL if small else LARGE)
             if self._trace is not None:
                 self._record("alloc", b.address, size, stream)
-        h = _new_handle(CachedBlock)  # a new handle every time; no __init__ frame
-        h.address = b.address
-        h.size = b.size
-        h.requested_size = size
-        h.stream = stream
-        h._block = b
+        if COMPILED:
+            h = CachedBlock(b.address, b.size, n, st, b)
+        else:  # a new handle every time; no __init__ frame
+            h = _new_handle(CachedBlock)
+            h.address = b.address
+            h.size = b.size
+            h.requested_size = size
+            h.stream = stream
+            h._block = b
         b.handle = h
         return h
 
-    def _bad_request(self, size: Any, stream: Any) -> None:
+    def _bad_request(self, size: Any, stream: Any) -> NoReturn:
         """Raise the named error for malloc's arguments (size first, then stream)."""
         if type(size) is not int or size <= 0:
             raise InvalidRequest(f"size must be a positive int, got {size!r}")
@@ -892,9 +944,10 @@ class CachingAllocator:
             return None
         b = pool.free[key & _M64]
         if b.seg.expandable:
-            b = self._expandable_pick(pool, stream, _keys_after(bl._lists, pos, idx), b)
-            if b is None:
+            e = self._expandable_pick(pool, stream, _keys_after(bl._lists, pos, idx), b)
+            if e is None:
                 return None
+            b = e
             key = None
         ms = self._max_split
         if ms is not None:
@@ -935,10 +988,10 @@ class CachingAllocator:
         return None
 
     def _slow_path(self, pool: _Pool, stream: int, r: int, size: int) -> _Block:
-        alloc_size = segment_bytes(r, self.preset)
+        alloc_size = self.allocation_size(r)  # (a method: a subclass's override holds compiled too)
         if self.gc_threshold > 0.0 and self._allowed is not None:
             self._garbage_collect()
-        b = self._alloc_block(pool, stream, r, alloc_size, retry=False)
+        b: _Block | None = self._alloc_block(pool, stream, r, alloc_size, retry=False)
         if b is None and self.preset == "pytorch":
             if self._release_available_cached_blocks(pool, stream, r):
                 b = self._alloc_block(pool, stream, r, alloc_size, retry=False)
@@ -1045,7 +1098,7 @@ class CachingAllocator:
         if ms is None:
             return False
         want = max(r, ms)
-        keys = [k for k in pool.blocks.irange((stream << 128), ((stream + 1) << 128) - 1)]
+        keys: list[int] = [k for k in pool.blocks.irange((stream << 128), ((stream + 1) << 128) - 1)]
         big = [k for k in keys if (k >> 64) & _M64 >= want]
         if not big:
             released = 0
@@ -1086,7 +1139,10 @@ class CachingAllocator:
     def _garbage_collect(self) -> None:
         """garbage_collection_threshold: when reserved > t * allowed, free
         unsplit large cached blocks, oldest (by reuse interval) first."""
-        threshold = int(self.gc_threshold * self._allowed)
+        allowed = self._allowed
+        if allowed is None:  # (only called with a memory fraction set)
+            return
+        threshold = int(self.gc_threshold * allowed)
         if self._total <= threshold:
             return
         target = self._total - threshold
@@ -1126,7 +1182,7 @@ class CachingAllocator:
             if not self._map_block(pool, c, min(c.size, r)):
                 return None
         while c.size < r:
-            nxt = c.next
+            nxt: Any = c.next  # (the unmapped block after c: _find_expandable_block found enough)
             if not self._map_block(pool, nxt, min(r - c.size, nxt.size)):
                 return None
             c = nxt
@@ -1140,10 +1196,12 @@ class CachingAllocator:
     def _find_expandable_block(self, pool: _Pool, stream: int, r: int) -> _Block:
         for key in pool.unmapped.irange(stream << 64, ((stream + 1) << 64) - 1):
             c = pool.unmapped_at[key & _M64]
-            if self._allocatable(c.prev):
-                c = c.prev
-            got, x = 0, c
-            while got < r and self._allocatable(x):
+            p = c.prev
+            if p is not None and self._allocatable(p):
+                c = p
+            got: int = 0
+            x: _Block | None = c
+            while got < r and x is not None and self._allocatable(x):
                 got += x.size
                 x = x.next
             if got >= r:
@@ -1273,7 +1331,7 @@ class CachingAllocator:
             pass
         raise self._refuse(handle)
 
-    def free(self, block: CachedBlock) -> None:
+    def free(self, block: Any) -> None:
         """Free a block. Allocated stats drop at once; with uses on other
         streams the block waits for their events (``active_pending_free``).
         The handle is checked against the allocator's record, never its own fields.
@@ -1281,14 +1339,16 @@ class CachingAllocator:
         For the plain allocator (``self._fast``, see :meth:`malloc`)
         ``_free_block`` and its merges run inlined in this frame."""
         try:
-            b = block._block
-            p = b.prev
-            seg = b.seg
-            if (b.handle is not block or type(block) is not CachedBlock or type(b) is not _Block
-                    or seg.owner is not self or (p.next if p is not None else seg.head) is not b):
+            x = block._block
+            if x.handle is not block or type(block) is not CachedBlock or type(x) is not _Block:
                 raise AttributeError  # not the live handle this allocator's record names
         except AttributeError:
             raise self._refuse(block) from None
+        b: _Block = x  # (a _Block: typed from here on when compiled)
+        p = b.prev
+        seg = b.seg
+        if seg.owner is not self or (p.next if p is not None else seg.head) is not b:
+            raise self._refuse(block)
         b.handle = None
         block._freed = True
         b.allocated = False
@@ -1296,7 +1356,7 @@ class CachingAllocator:
             self._free_hooks(b)
             return
         pool = seg.pool
-        aP, aO, aA, abP, abO, abA, rqP, rqO, rqA, ispP, ispO, ispA, isbP, isbO, isbA = pool.hot
+        aP, abP, rqP, ispP, ispO, ispA, isbP, isbO, isbA = pool.hot_free
         req = b.requested_size
         aP.current -= 1  # (the all entries are the pools' sums)
         abP.current -= b.size
@@ -1305,10 +1365,11 @@ class CachingAllocator:
             self._record("free_completed", b.address, req, b.stream)
         rqP.current -= req
         bl = pool.blocks
-        maxes = bl._maxes
-        lists = bl._lists
+        maxes = pool.maxes
+        lists = pool.lists
         free = pool.free
         net_n = net_b = 0
+        lst: list[int]
         if p is not None and not p.allocated and not p.events and not p.uses:  # merge the free block before
             v = (p.stream << 128) | (p.size << 64) | p.address  # SortedList.remove, inlined
             pos = bisect_left(maxes, v)
@@ -1316,7 +1377,7 @@ class CachingAllocator:
             i = bisect_left(lst, v)
             if lst[i] != v:  # pragma: no cover - a broken free list
                 raise KeyError(v)
-            if (len(lst) > 501 or len(maxes) == 1 and len(lst) > 1) and not bl._index:
+            if len(lst) > (1 if len(maxes) == 1 else 501) and not pool.index:  # (no sublist merge)
                 del lst[i]
                 bl._len -= 1
                 maxes[pos] = lst[-1]
@@ -1340,7 +1401,7 @@ class CachingAllocator:
             i = bisect_left(lst, v)
             if lst[i] != v:  # pragma: no cover - a broken free list
                 raise KeyError(v)
-            if (len(lst) > 501 or len(maxes) == 1 and len(lst) > 1) and not bl._index:
+            if len(lst) > (1 if len(maxes) == 1 else 501) and not pool.index:  # (no sublist merge)
                 del lst[i]
                 bl._len -= 1
                 maxes[pos] = lst[-1]
@@ -1354,7 +1415,7 @@ class CachingAllocator:
             net_n -= 1
             net_b -= q.size
         a = b.address
-        _sl_add(bl, (b.stream << 128) | (b.size << 64) | a)
+        _sl_add(pool, (b.stream << 128) | (b.size << 64) | a)
         free[a] = b
         b.gc_base = pool.gc_calls
         if b.prev is not None or b.next is not None:
@@ -1451,7 +1512,7 @@ class CachingAllocator:
     def largest_free_block(self) -> int:
         return max((b.size for p in (self._small, self._large) for b in p.free.values()), default=0)
 
-    def _oom(self, pool: _Pool, stream: int, r: int, alloc_size: int, size: int) -> None:
+    def _oom(self, pool: _Pool, stream: int, r: int, alloc_size: int, size: int) -> NoReturn:
         self.stats.num_ooms += 1
         free, total = self._mem_get_info()
         allocated = self.stats.allocated_bytes[ALL].current
@@ -1469,12 +1530,13 @@ class CachingAllocator:
         err = OutOfMemory(msg, requested=tried, total_capacity=total, free=free, allocated=allocated,
                           reserved=reserved, reserved_unallocated=reserved - allocated,
                           largest_free_block=largest, device=self.device_index)
-        err.request_size = size
-        err.rounded_size = r
-        err.allowed = self._allowed
-        err.other_processes = others
-        err.expandable_segments = self.expandable
-        err.preset = self.preset
+        e: Any = err  # (the spec's OutOfMemory carries these as extra attributes)
+        e.request_size = size
+        e.rounded_size = r
+        e.allowed = self._allowed
+        e.other_processes = others
+        e.expandable_segments = self.expandable
+        e.preset = self.preset
         raise err
 
     # ---------------------------------------------------------------- inspection

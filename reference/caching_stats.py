@@ -19,6 +19,8 @@ from the spec here (layering rule).
 
 from __future__ import annotations
 
+from typing import Final
+
 from memspec.spec.api import GiB, KiB, MiB
 
 STAT_NAMES = (
@@ -33,9 +35,11 @@ STAT_NAMES = (
     "requested_bytes",
 )
 POOL_NAMES = ("all", "small_pool", "large_pool")
-ALL, SMALL, LARGE = 0, 1, 2
+ALL: Final = 0
+SMALL: Final = 1
+LARGE: Final = 2
 
-ONE_EB = 1 << 60
+ONE_EB: Final = 1 << 60
 ONE_EB_MESSAGE = "CUDA out of memory. Tried to allocate more than 1EB memory."
 
 
@@ -135,6 +139,12 @@ def increase_pooled(stat: list, idx: int, n: int) -> None:
         t.peak = c
 
 
+def _summed() -> list:
+    """``[all, small_pool, large_pool]`` of a figure whose ``all`` entry is the pools' sum."""
+    small, large = Stat(), Stat()
+    return [SumStat(small, large), small, large]
+
+
 class AllocatorStats:
     """Every counter of one device's caching allocator.
 
@@ -151,12 +161,14 @@ class AllocatorStats:
     builds the ``Stat`` objects from them."""
 
     def __init__(self) -> None:
-        for name in STAT_NAMES:
-            if name in SUMMED:
-                small, large = Stat(), Stat()
-                setattr(self, name, [SumStat(small, large), small, large])
-            elif name not in DERIVED:
-                setattr(self, name, [Stat(), Stat(), Stat()])
+        # one list per figure, indexed ALL/SMALL/LARGE (the SUMMED ones' ALL entry is a SumStat)
+        self.allocation: list = _summed()
+        self.segment: list = [Stat(), Stat(), Stat()]
+        self.inactive_split: list = _summed()
+        self.allocated_bytes: list = _summed()
+        self.reserved_bytes: list = [Stat(), Stat(), Stat()]
+        self.inactive_split_bytes: list = _summed()
+        self.requested_bytes: list = _summed()
         self.pending = [0, 0, 0]  # frees waiting on events: count, per ALL/SMALL/LARGE
         self.pending_bytes = [0, 0, 0]
         self._xpeak = [0, 0, 0]  # highest active count seen while a free was pending (or at reset_peak)

@@ -27,7 +27,8 @@ read from the implementation (committed bytes of a reservation, charge of a
 holder, mapping count of a handle) and is blamed on an invariant when they
 differ.
 
-This module is stdlib only.
+This module is stdlib only (``mypy_extensions``, when installed, only marks
+the generic classes for the optional compiled build, ``memspec/native.py``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterable, Protocol, Sequence, TypeVar
 
 from memspec.spec.errors import MemspecError
+
+try:  # the optional mypyc build (memspec/native.py) compiles this module
+    from mypy_extensions import mypyc_attr
+except ImportError:  # pure Python: a no-op
+    def mypyc_attr(*_args: Any, **_kwargs: Any) -> Any:
+        return lambda cls: cls
 
 S = TypeVar("S")  # a spec state
 
@@ -67,7 +74,7 @@ class Returns:
     """
 
     describe: str
-    accepts: Callable[[Any], bool] = lambda _v: True
+    accepts: Callable[[Any], bool] = _always
     then: Callable[[Any], Any] = _nothing
     #: ``witness()`` makes a value a conforming implementation could return on
     #: this branch; it lets the spec run on its own (``memspec spec-check``,
@@ -180,6 +187,7 @@ def pick(describe: str, options: Callable[[Any], Sequence[Any]]) -> Domain:
 # Actions
 # --------------------------------------------------------------------------
 
+@mypyc_attr(native_class=False)  # mypyc: a generic dataclass cannot be a native class
 @dataclass(frozen=True)
 class Action(Generic[S]):
     """One thing a caller may ask; see the module docstring.
@@ -198,7 +206,7 @@ class Action(Generic[S]):
     params: dict[str, Domain]
     step: Callable[..., Outcomes]
     perform: Callable[..., Any]
-    enabled: Callable[[Any], bool] = lambda _s: True
+    enabled: Callable[[Any], bool] = _always
     invariants: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()  # capabilities: "virtual_backing", "shared_mapping", "ep"
     weight: int = 1
@@ -229,7 +237,7 @@ def action(
     role: str,
     params: dict[str, Domain] | None = None,
     perform: Callable[..., Any],
-    enabled: Callable[[Any], bool] = lambda _s: True,
+    enabled: Callable[[Any], bool] = _always,
     invariants: Sequence[str] = (),
     requires: Sequence[str] = (),
     weight: int = 1,
@@ -259,6 +267,7 @@ def action(
 # Invariants and observations
 # --------------------------------------------------------------------------
 
+@mypyc_attr(native_class=False)  # mypyc: a generic dataclass cannot be a native class
 @dataclass(frozen=True)
 class Invariant(Generic[S]):
     """A named predicate over the spec state.
@@ -350,6 +359,7 @@ class DataRegion:
     locate: Callable[[Any], Any] | None = None
 
 
+@mypyc_attr(native_class=False)  # mypyc: a generic dataclass cannot be a native class
 @dataclass
 class Machine(Generic[S]):
     """A whole executable spec: how to make the initial state, its action

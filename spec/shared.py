@@ -227,7 +227,7 @@ def _perform_unmap(sut: Any, mapping: tuple[int, int, int, int]) -> int:
 
 @action(role="SharedMapping", params={"mapping": MAPPING}, perform=_perform_unmap,
         requires=("shared_mapping",), invariants=("S13", "S11"), weight=2)
-def unmap(s: MechState, mapping: tuple[int, int]) -> Any:
+def unmap(s: MechState, mapping: tuple[int, int, int, int]) -> Any:
     """Remove one whole mapping made by ``map`` (``[offset, offset + size)``).
 
     Returns the bytes unmapped.  A range that is not exactly one live
@@ -267,7 +267,7 @@ def _perform_cow(sut: Any, mapping: tuple[int, int, int, int]) -> int:
 
 @action(role="SharedMapping", params={"mapping": MAPPING}, perform=_perform_cow,
         requires=("shared_mapping",), invariants=("S13", "S11"), weight=3)
-def copy_on_write(s: MechState, mapping: tuple[int, int]) -> Any:
+def copy_on_write(s: MechState, mapping: tuple[int, int, int, int]) -> Any:
     """Replace the shared pages of one mapping by private writable copies.
 
     Returns the private bytes newly committed (the mapping's size);
@@ -413,7 +413,7 @@ EXACT_MAPPING = Domain("(mapping, reservation, offset, size): a live mapping mad
 
 @action(role="SharedMapping", params={"mapping": EXACT_MAPPING}, perform=_perform_write,
         requires=("shared_mapping", "ep"), invariants=("S13",), weight=4)
-def write_through(s: MechState, mapping: tuple[int, int]) -> Any:
+def write_through(s: MechState, mapping: tuple[int, int, int, int]) -> Any:
     """Copy 64 bytes from the host to the start of every page of a live
     mapping and to its end, each followed by a synchronize.
 

@@ -291,7 +291,7 @@ class KvRequest:
     creator: int
     own: int = 0               # bytes committed by growth (charged to the store)
     prefix: int = 0            # bytes mapped read-only from ``prefix_of`` (charged once, there)
-    prefix_of: str | None = None
+    prefix_of: int | None = None   # the origin request's ref id
     sharers: dict[int, int] = field(default_factory=dict)  # sharer request -> its prefix bytes, until its release runs
     fences: list[tuple[int, int]] = field(default_factory=list)
     state: str = "open"        # open | closed (release queued) | released (private pages gone)
@@ -362,7 +362,7 @@ class SysState:
     live_objects: int = 0          # pins from owned objects + KV requests
     # -- holders
     weights: dict[str, Weight] = field(default_factory=dict)
-    kv: dict[str, KvRequest] = field(default_factory=dict)
+    kv: dict[int, KvRequest] = field(default_factory=dict)
     # -- records the invariants read
     misreleased: int = 0           # S1: freed through a mechanism other than its creator
     stale_capabilities: int = 0    # S3

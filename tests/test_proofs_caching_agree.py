@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 
 from memspec.invariants import proofs_caching_agree as A
-from memspec.invariants import proofs_caching_expandable as E
 
 MiB = 1 << 20
 
@@ -107,27 +106,6 @@ def test_invariant_agreement_catches_an_encoding_that_disagrees(monkeypatch) -> 
     assert rep.inv["C3"] == [2, 0]
 
 
-def test_c8_encoding_proved_refuted_and_agrees() -> None:
-    out = E.run_c8(seed=1, walks=2, steps=40)
-    assert all(r == "proved" for _n, r, _t in out["checks"]), out["checks"]
-    ok, trace = out["refuted"]["C8"]
-    assert ok and "C8 violated" in trace
-    ag = out["agreement"]
-    assert ag.mismatches == [], ag.mismatches[:3]
-    assert ag.counts["caching:malloc"]["malloc:map/fresh arena"] > 0
-    assert ag.counts["caching:malloc"]["malloc:map/oom"] > 0
-    assert ag.counts["caching:free"]["free_unmap"] > 0
-    assert ag.inv["C8"][0] > 0 and ag.inv["C8"][1] == 0
-
-
-def test_c8_agreement_catches_a_toy_free_that_keeps_its_pages(monkeypatch) -> None:
-    from memspec.spec.caching import policy as P
-
-    monkeypatch.setattr(P, "_unmap", lambda st, seg, i: 0)
-    out = E.run_c8(seed=1, walks=2, steps=40)
-    assert any("free" in m for m in out["agreement"].mismatches) or out["agreement"].inv["C8"][1] > 0
-
-
 def test_projection_never_calls_the_policy(monkeypatch) -> None:
     """The projection reads segments and blocks only: with every policy function broken it still works."""
     from memspec.spec import caching as C
@@ -174,46 +152,3 @@ def test_caching_rows_carry_the_agreement_and_fail_on_a_mismatch() -> None:
     assert "transition agreement: 1 disagreements" in why and "caching:free/free:pending" in why
     assert "invariant agreement: 1/5 disagree" in why
     assert rows["C8"]["status"] == "not run" and not rows["C8"]["proved"]
-
-
-def _c8_script(script) -> dict:
-    """Run ``script`` (action name, args; ``ref`` k = the k-th malloc's block) through C8's check_step on the
-    pytorch preset with expandable segments (64 MiB, two streams); return the report."""
-    from memspec.spec import caching as C
-
-    st = C.init(policy="pytorch", capacity=64 * MiB, expandable=True, streams=2)
-    rep = {"counts": {"caching:malloc": {k: 0 for k in ("malloc:map/existing run", "malloc:map/fresh arena",
-                                                         "malloc:map/oom", "malloc:map/after the retry's release",
-                                                         "malloc:map/after the events' frees unmapped")},
-                      "caching:free": {"free_unmap": 0}}, "mismatches": [], "inv": [0, 0], "inv_examples": []}
-    refs: list[int] = []
-    for name, args in script:
-        args = dict(args)
-        if "ref" in args:
-            args["ref"] = refs[args["ref"]]
-        if name == "malloc":
-            nxt = st.next_ref
-        E.check_step(st, name, args, rep)
-        if name == "malloc" and st.next_ref > nxt:
-            refs.append(nxt)
-    return rep
-
-
-def test_c8_retry_waits_for_every_event_before_unmapping() -> None:
-    """A block pending on another stream's event is freed by the OOM retry (the release synchronizes first), so
-    its pages count as released: 40 MiB mapped, the retry frees and unmaps them, a fresh arena maps 60 MiB.
-    The old projection counted only pending blocks whose events had completed (0 released: OutOfMemory)."""
-    rep = _c8_script([("malloc", {"size": 30 * MiB, "stream": 0}), ("record_stream", {"ref": 0, "stream": 1}),
-                      ("free", {"ref": 0}), ("malloc", {"size": 50 * MiB, "stream": 0})])
-    assert rep["mismatches"] == [], rep["mismatches"]
-    assert rep["counts"]["caching:malloc"]["malloc:map/after the retry's release"] == 1, rep["counts"]
-
-
-def test_c8_run_of_unmapped_pages_then_a_free_block() -> None:
-    """A run that starts with unmapped pages followed by a free block (its first page unmapped at the retry,
-    a live block after): the request maps the whole unmapped block and takes the rest from the free block."""
-    rep = _c8_script([("malloc", {"size": 20 * MiB, "stream": 0}), ("malloc", {"size": 10 * MiB, "stream": 0}),
-                      ("malloc", {"size": 10 * MiB, "stream": 0}), ("free", {"ref": 0}),
-                      ("free", {"ref": 1}), ("empty_cache", {}), ("malloc", {"size": 28 * MiB, "stream": 0})])
-    assert rep["mismatches"] == [], rep["mismatches"]
-    assert rep["counts"]["caching:malloc"]["malloc:map/existing run"] >= 1, rep["counts"]

@@ -9,6 +9,7 @@ Modes:
 * ``walk`` -- random action sequences through the same spec oracle and checks
   without Hypothesis's engine per step (several times faster); a failure is
   handed to Hypothesis for shrinking, then saved and written the same way.
+  The walk counterexamples already in the database are replayed first.
 
 Parallel jobs (``--jobs N``, default: all cores): N worker processes fuzz
 with distinct seeds (worker ``w`` starts at ``seed + w * 1,000,003``) and
@@ -16,7 +17,8 @@ share one example database (Hypothesis's directory database is safe for
 concurrent writers).  Workers do not shrink: the first failure any worker
 finds stops them all; the parent replays it (Hypothesis mode: from the shared
 database; walk mode: the worker's seed and run) and shrinks and reports each
-distinct failure once.  One live display sums the workers.
+distinct failure once.  One live display sums the workers.  The parent makes
+the plans (and imports the engine) before the fork; the workers inherit them.
 
 The budget: the command ends within ``N`` minutes plus the shrink of one
 failure (``--shrink-seconds``, default 30 s, all failures of a run together)
@@ -160,6 +162,14 @@ class Display:
     def __init__(self, target: str, mode: str, budget: float, jobs: int = 1) -> None:
         self.target, self.mode, self.budget, self.jobs = target, mode, budget, jobs
         self.t0 = time.perf_counter()
+        self.c0 = time.process_time()
+        #: --jobs: the parent's own CPU seconds while the workers fuzzed (the display, the queue),
+        #: and before the fork (resolving the target, the plans the workers inherit)
+        self.parent_cpu: float | None = None
+        self.parent_setup_cpu: float | None = None
+        #: CPU seconds of the fuzzing itself (the walks or rounds, a shrink in-process; not the
+        #: planning): this process's with --jobs 1, the workers' together with --jobs N
+        self.fuzz_cpu: float | None = None
         self.plans: list = []
         self.failures: list[str] = []
         #: --jobs: worker -> level -> (steps, covered action names, outcomes seen, total actions)
@@ -196,6 +206,15 @@ class Display:
         return t
 
 
+def default_jobs() -> int:
+    """All the cores this process may run on (its CPU affinity where the
+    platform has one: a container or ``taskset`` gives fewer than the machine)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _budget(args) -> float:
     return args.seconds if args.seconds is not None else args.minutes * 60
 
@@ -204,7 +223,7 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     if args.target and args.target_opt and args.target != args.target_opt:
         parser().error(f"two different targets: {args.target!r} and --target {args.target_opt!r}")
-    jobs = args.jobs or os.cpu_count() or 1
+    jobs = args.jobs or default_jobs()
     if jobs > 1:
         return main_jobs(args, jobs)
     from rich.live import Live
@@ -234,6 +253,7 @@ def main(argv: list[str]) -> int:
     disp.shrink = shrink
     live = contextlib.nullcontext() if args.quiet else Live(disp, console=console, refresh_per_second=4,
                                                               transient=False, redirect_stdout=False)
+    disp.fuzz_cpu = 0.0
     with live:
         for i, lvl in enumerate(levels):
             share = (deadline - time.perf_counter()) / (len(levels) - i)
@@ -245,10 +265,12 @@ def main(argv: list[str]) -> int:
                 disp.failures.append(f"{lvl}: ERROR {type(e).__name__}: {e}")
                 continue
             disp.plans.append(plan)
+            c_fuzz = time.process_time()
             if args.mode == "walk":
                 results += fuzz_walk(plan, share, args, disp, shrink=shrink)
             else:
                 results += fuzz_hypothesis(plan, share, args, disp, shrink=shrink)
+            disp.fuzz_cpu += time.process_time() - c_fuzz
     steps = sum(p.stats.steps for p in disp.plans)
     return _report(console, args, disp, results, steps, jobs=1, workers=[])
 
@@ -324,6 +346,8 @@ def _report(console, args, disp, results, steps: int, *, jobs: int, workers: lis
             "bound_s": disp.budget + args.shrink_seconds + min(ROUND_SECONDS, max(1.0, disp.budget / 10)),
             "shrink_s": getattr(disp, "shrink", None).used if getattr(disp, "shrink", None) else 0.0,
             "steps": steps, "steps_per_s": steps / fs if fs else 0.0, "workers": workers,
+            "parent_cpu_s": disp.parent_cpu, "parent_setup_cpu_s": disp.parent_setup_cpu,
+            "fuzz_cpu_s": disp.fuzz_cpu,
             "failures": [{"level": r.level, "invariant": f.invariant, "cause": f.cause, "reason": f.reason,
                           "steps": f.shrunk_length, "repro": f.repro} for r in results for f in r.failures],
             "errors": [{"level": r.level, "error": e} for r in results for e in r.errors],
@@ -422,6 +446,11 @@ def fuzz_walk(plan, seconds: float, args, disp, *, shrink: _ShrinkBudget | None 
         if stop is not None and stop():
             raise _Stop()
 
+    if on_failure is None:   # a worker's parent replayed the database before the fork
+        for f in replay_walk_database(plan, db):
+            seen.add(f.invariant)
+            res.failures.append(f)
+            disp.failures.append(f"{plan.level} {f.invariant} [{f.cause}] {f.reason[:90]} (replayed from the database)")
     while time.perf_counter() < end:
         try:
             w = walk.walk(plan, seconds=end - time.perf_counter(), seed=seed, run_length=args.steps or 200,
@@ -451,6 +480,52 @@ class _Stop(Exception):
     """Another worker found a failure: stop between runs."""
 
 
+#: steps a replayed walk counterexample may take (its own "stop" draws end it first)
+REPLAY_MAX_STEPS = 10_000
+
+
+def replay_walk_database(plan, db) -> list:
+    """The walk counterexamples ``db`` holds for ``plan`` (shrunk by an
+    earlier walk here or on another machine -- a campaign's shared database),
+    replayed first, as Hypothesis mode's reuse phase replays its own: one
+    :class:`~memspec.invariants.runner.Failure` per invariant that still
+    fails.  Hypothesis's reuse phase over the key :func:`walk.shrink`
+    saves under; nothing is generated and nothing shrunk again."""
+    from hypothesis import HealthCheck, Phase, Verbosity, settings
+
+    from memspec.invariants import harness as H
+    from memspec.invariants import runner, walk
+
+    if db is None:
+        return []
+    key = runner.database_key(plan, "walk")
+    try:
+        if next(iter(db.fetch(key)), None) is None:
+            return []   # nothing saved: no Hypothesis run at all
+    except Exception:  # noqa: BLE001 - an unreadable (e.g. unreachable GitHub) database replays nothing
+        return []
+    guard = H.CallGuard(plan.timeout, plan.guard_mode)
+    test = walk.shrink_test(plan, REPLAY_MAX_STEPS, guard)
+    test._hypothesis_internal_database_key = key
+    sets = settings(database=db, max_examples=1, deadline=None, verbosity=Verbosity.quiet, phases=[Phase.reuse],
+                    report_multiple_bugs=True, derandomize=False, suppress_health_check=list(HealthCheck))
+    guard.install()
+    try:
+        settings(sets)(test)()
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 - what the target did is a result
+        out: dict = {}
+        for v, _flaky in runner._flatten(e):
+            if isinstance(v, H.Violation) and v.invariant not in out:
+                out[v.invariant] = runner.Failure(plan.target, plan.level, v.invariant, v.cause, v.reason, v.trace,
+                                                  None)
+        return list(out.values())
+    finally:
+        guard.uninstall()
+    return []
+
+
 def _shrink_walk_failure(plan, wf, db, shrink: _ShrinkBudget):
     from memspec.invariants import runner, walk
 
@@ -466,18 +541,28 @@ def _shrink_walk_failure(plan, wf, db, shrink: _ShrinkBudget):
 # --jobs N: worker processes
 # --------------------------------------------------------------------------
 
-def _worker(w: int, argv: list[str], budget: float, queue, stop_event) -> None:
+def _worker(w: int, argv: list[str], budget: float, queue, stop_event, built: dict | None = None,
+            t_fork: float | None = None) -> None:
     """One worker: fuzz every level with its own seed range for ``budget``
     seconds from the end of its start (the workers' start is on top of the
     budget, as ``--help`` states: a slow start on a loaded machine must not
     eat the budget and leave a worker no time to run) or until a worker found
     a failure; stream progress and the first failure to the parent; never
-    shrink."""
+    shrink.
+
+    ``built``: the plans the parent made before the fork (level -> Plan, or
+    the error making it raised), inherited copy-on-write; a level missing
+    from it is planned here (``spawn`` platforms).  The ``done`` message
+    says when the worker was ready to fuzz (seconds after ``t_fork``) and
+    its CPU seconds then and at the end, so a report shows what starting a
+    worker cost."""
     import threading
 
     from memspec.invariants import runner
     from memspec.invariants.discovery import resolve
 
+    c_start = time.process_time()
+    ready: list = []   # [seconds after t_fork, CPU seconds] when the first level starts fuzzing
     args = parser().parse_args(argv)
     target = args.target or args.target_opt or DEFAULT_TARGET
     seed = args.seed + w * SEED_STRIDE
@@ -508,8 +593,22 @@ def _worker(w: int, argv: list[str], budget: float, queue, stop_event) -> None:
             share = (deadline - time.perf_counter()) / (len(levels) - i)
             if share <= 0 or stop():
                 break
-            plan = runner.make_plan(tref, lvl, capacity=args.capacity, timeout=args.timeout, machine=args.machine)
+            plan = (built or {}).get(lvl)
+            if isinstance(plan, BaseException):
+                raise plan
+            if plan is None:
+                plan = runner.make_plan(tref, lvl, capacity=args.capacity, timeout=args.timeout, machine=args.machine)
             plans.append(plan)
+            if not ready:
+                ready += [time.perf_counter() - (t_fork if t_fork is not None else 0.0), time.process_time() - c_start]
+            if args.mode == "walk" and w == 0:
+                # the database's walk counterexamples first (one worker replays them; the parent
+                # replays them again to report them, as it does a worker's walk failure)
+                for f in replay_walk_database(plan, database):
+                    stop_event.set()
+                    queue.put(("db-failure", w, lvl, f.invariant, f.cause, f.reason))
+                if stop():
+                    break
             if args.mode == "walk":
                 def found(wf, lvl=lvl):
                     stop_event.set()
@@ -532,7 +631,9 @@ def _worker(w: int, argv: list[str], budget: float, queue, stop_event) -> None:
         done.set()
         th.join()
         send_progress()
-        queue.put(("done", w))
+        queue.put(("done", w, {"ready_s": ready[0] if ready and t_fork is not None else None,
+                               "start_cpu_s": ready[1] if ready else None,
+                               "cpu_s": time.process_time() - c_start}))
 
 
 def main_jobs(args, jobs: int) -> int:
@@ -563,14 +664,25 @@ def main_jobs(args, jobs: int) -> int:
     argv = _argv_of(args)
     # fork where the platform has it (workers start in milliseconds with the
     # parent's imports; no thread has been started yet), spawn elsewhere
-    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() and sys.platform == "linux" else "spawn")
+    fork = "fork" in mp.get_all_start_methods() and sys.platform == "linux"
+    ctx = mp.get_context("fork" if fork else "spawn")
+    # With fork, the plans are made once here, before the fork, and every
+    # worker inherits them: N workers do not each import the engine, probe
+    # the target and learn the spec's protocols (a spec-only walk) again --
+    # the same work `--jobs 1` does once, in the same process as its fuzzing.
+    built: dict | None = _build_plans(tref, args, levels) if fork else None
     q = ctx.Queue()
     stop_event = ctx.Event()
-    procs = [ctx.Process(target=_worker, args=(w, argv, budget, q, stop_event), daemon=True,
-                         name=f"memspec-fuzz-{w}") for w in range(jobs)]
+    t_fork = time.perf_counter()
+    c_fork = time.process_time()
+    disp.parent_setup_cpu = c_fork - disp.c0
+    procs = [ctx.Process(target=_worker, args=(w, argv, budget, q, stop_event, built, t_fork if fork else None),
+                         daemon=True, name=f"memspec-fuzz-{w}") for w in range(jobs)]
     for p in procs:
         p.start()
+    starts: dict[int, dict] = {}
     walk_failures: list[tuple] = []
+    db_failures: dict[str, dict[str, tuple]] = {}
     hyp_failures: dict[str, dict[str, tuple]] = {}
     errors: dict[str, list[str]] = {}
     running = set(range(jobs))
@@ -595,6 +707,9 @@ def main_jobs(args, jobs: int) -> int:
             elif kind_ == "walk-failure":
                 walk_failures.append(msg[1:])
                 disp.failures.append(f"{msg[2]} {msg[5]} [{msg[6]}] {str(msg[7])[:90]} (worker {msg[1]}; shrinking)")
+            elif kind_ == "db-failure":
+                db_failures.setdefault(msg[2], {}).setdefault(msg[3], (msg[4], msg[5]))
+                disp.failures.append(f"{msg[2]} {msg[3]} [{msg[4]}] {str(msg[5])[:90]} (replayed from the database)")
             elif kind_ == "hyp-failure":
                 hyp_failures.setdefault(msg[2], {}).setdefault(msg[3], (msg[4], msg[5]))
                 disp.failures.append(f"{msg[2]} {msg[3]} [{msg[4]}] {str(msg[5])[:90]} (worker {msg[1]}; shrinking)")
@@ -602,16 +717,22 @@ def main_jobs(args, jobs: int) -> int:
                 errors.setdefault(msg[2], []).append(msg[3])
             elif kind_ == "done":
                 running.discard(msg[1])
+                if len(msg) > 2 and isinstance(msg[2], dict):
+                    starts[msg[1]] = msg[2]
     for p in procs:
         p.join(timeout=10)
     fuzz_seconds = time.perf_counter() - disp.t0
+    parent_cpu = time.process_time() - c_fork
     secs = disp.worker_seconds
     workers = [{"worker": w, "seed": args.seed + w * SEED_STRIDE,
                 "steps": sum(v[0] for v in disp.workers.get(w, {}).values()),
-                "seconds": sum(secs.get(w, {}).values())} for w in range(jobs)]
+                "seconds": sum(secs.get(w, {}).values()), **starts.get(w, {})} for w in range(jobs)]
+    disp.parent_cpu = parent_cpu
+    w_cpu = [w.get("cpu_s") for w in workers]
+    disp.fuzz_cpu = sum(w_cpu) if all(isinstance(x, (int, float)) for x in w_cpu) else None
     steps = disp.steps()
     # the parent shrinks and reports each distinct failure once
-    results = _shrink_in_parent(tref, args, levels, walk_failures, hyp_failures, disp)
+    results = _shrink_in_parent(tref, args, levels, walk_failures, hyp_failures, disp, db_failures)
     for lvl, errs in errors.items():
         r = next((r for r in results if r.level == lvl), None)
         if r is None:
@@ -621,7 +742,24 @@ def main_jobs(args, jobs: int) -> int:
     return _report(console, args, disp, results, steps, jobs=jobs, workers=workers, fuzz_seconds=fuzz_seconds)
 
 
-def _shrink_in_parent(tref, args, levels, walk_failures, hyp_levels, disp) -> list:
+def _build_plans(tref, args, levels) -> dict:
+    """level -> the plan the workers will fuzz (or the error making it raised,
+    which the worker of that level reports as ``--jobs 1`` would)."""
+    import hypothesis.database  # noqa: F401 - imported once, before the fork (0.1-0.2 s CPU a process)
+    import hypothesis.stateful  # noqa: F401
+
+    from memspec.invariants import runner, walk  # noqa: F401
+
+    out: dict = {}
+    for lvl in levels:
+        try:
+            out[lvl] = runner.make_plan(tref, lvl, capacity=args.capacity, timeout=args.timeout, machine=args.machine)
+        except Exception as e:  # noqa: BLE001 - reported by the workers, as --jobs 1 reports it
+            out[lvl] = e
+    return out
+
+
+def _shrink_in_parent(tref, args, levels, walk_failures, hyp_levels, disp, db_levels=None) -> list:
     from memspec.invariants import runner, walk
     from memspec.invariants import harness as H
 
@@ -639,11 +777,22 @@ def _shrink_in_parent(tref, args, levels, walk_failures, hyp_levels, disp) -> li
     by_level: dict[str, dict[str, tuple]] = {}
     for (w, lvl, seed, run_index, inv, cause, reason, steps) in walk_failures:
         by_level.setdefault(lvl, {}).setdefault(inv, (seed, run_index, cause, reason, steps))
+    for lvl in db_levels or {}:
+        by_level.setdefault(lvl, {})
     for lvl, fails in by_level.items():
         plan = plan_of(lvl)
         res = runner.PlanResult(plan.target, lvl, plan)
         guard = H.CallGuard(plan.timeout, plan.guard_mode)
+        from_db = (db_levels or {}).get(lvl, {})
+        if from_db:   # a worker replayed these from the database: replay them here to report them
+            got = {f.invariant: f for f in replay_walk_database(plan, database)}
+            for inv, (cause, reason) in from_db.items():
+                res.failures.append(got.get(inv) or runner.Failure(
+                    plan.target, lvl, inv, cause, f"{reason} (not reproduced on replay: nondeterministic target?)",
+                    [], None))
         for inv, (seed, run_index, cause, reason, steps) in fails.items():
+            if inv in from_db:
+                continue
             guard.install()
             try:
                 v, choices = walk.walk_once(plan, walk.run_seed(seed, run_index), args.steps or 200, guard)
@@ -669,6 +818,12 @@ def _shrink_in_parent(tref, args, levels, walk_failures, hyp_levels, disp) -> li
                                           phases=[Phase.reuse, Phase.shrink])
         with shrink.take():
             res = runner.run_hypothesis(plan, sets, shrink_seconds=max(shrink.left, 0.0))
+        # each worker saved its failure in the shared database: the replay
+        # can shrink two of them to the same counterexample; report it once
+        once: dict = {}
+        for f in res.failures:
+            once.setdefault((f.invariant, f.cause, f.reason), f)
+        res.failures = list(once.values())
         got = {f.invariant for f in res.failures}
         for inv, (cause, reason) in hyp_levels[lvl].items():
             if inv not in got:  # not reproduced from the database: report the worker's finding as it was
