@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import time
 from typing import Any
 
@@ -158,49 +160,142 @@ def _caching_records(heap: Any, agree: Any = None, c8: Any = None) -> list[dict[
     return out
 
 
+def default_jobs() -> int:
+    """Worker processes for ``--jobs``: the CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _task(task: tuple[Any, ...]) -> tuple[Any, float]:
+    """One independent proof group (runs in a worker process with ``--jobs`` > 1):
+    its result (picklable) and the CPU seconds it took in its process."""
+    t0 = time.process_time()
+    kind = task[0]
+    out: Any
+    if kind == "S-agreement":
+        out = _agreement(*task[1:])
+    elif kind == "S":
+        from memspec.invariants.proofs import branches, prove
+        from memspec.invariants.proofs_catalog import all_proofs
+
+        p = next(x for x in all_proofs() if x.id == task[1])
+        out = (prove(p), {a.name: branches(p, a) for a in p.actions})
+    elif kind == "P1":
+        from memspec.invariants.proofs_progress import record as progress_record
+
+        out = progress_record(*task[1:])
+    elif kind == "synthesis":
+        from memspec.invariants.proofs_caching import run_caching
+
+        out = run_caching(depth=task[1], samples=task[2])
+    elif kind == "heap":
+        from memspec.invariants.proofs_caching_heap import heap_unit
+
+        out = heap_unit(task[1])
+    elif kind == "agreement":
+        from memspec.invariants.proofs_caching_agree import run_agreement
+
+        out = run_agreement(seed=task[1])
+    elif kind == "C8":
+        from memspec.invariants.proofs_caching_expandable import run_c8
+
+        out = run_c8(seed=task[1])
+    else:
+        raise ValueError(f"unknown proof group {task!r}")
+    return out, time.process_time() - t0
+
+
+def _run_tasks(tasks: list[tuple[Any, ...]], jobs: int) -> list[tuple[Any, float]]:
+    """Every task's result, in the order of ``tasks`` whatever process ran it.
+    ``jobs`` 1: in this process, one after the other; else a pool of that many
+    worker processes (forked where the platform allows, so the imports are shared)."""
+    if jobs <= 1 or len(tasks) <= 1:
+        return [_task(t) for t in tasks]
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    # the costliest groups first so that no worker is left with a long one at the end
+    order = sorted(range(len(tasks)), key=lambda i: _COST.get(tasks[i][0], 0), reverse=True)
+    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=ctx) as ex:
+        futures = {i: ex.submit(_task, tasks[i]) for i in order}
+        return [futures[i].result() for i in range(len(tasks))]
+
+
+#: rough relative cost of each kind of proof group (only the submission order depends on it)
+_COST = {"S-agreement": 50, "agreement": 40, "C8": 30, "synthesis": 20, "heap": 10, "P1": 5, "S": 1}
+
+
 def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: bool, depth: int,
-        quiet: bool = False, per_branch: int | None = None) -> tuple[list[dict[str, Any]], Any, float]:
-    from memspec.invariants.proofs import branches, prove
+        quiet: bool = False, per_branch: int | None = None,
+        jobs: int = 1) -> tuple[list[dict[str, Any]], Any, float]:
+    """Every requested row.  The proof groups (the S rows' agreement walk, each
+    S proof, P1, the caching synthesis, each unit of the heap induction, the
+    caching agreement, C8) are independent: with ``jobs`` > 1 they run in a
+    process pool, and the rows are assembled in the same order from the same
+    results, so the rows do not depend on ``jobs`` (only the seconds do).  A
+    Z3 witness (the synthesized fragmentation trace, an unguarded variant's
+    counterexample) is a model, and which model Z3 returns depends on the terms
+    its process built before, so those texts may differ between runs with
+    different ``jobs``; the verdicts and depths do not."""
     from memspec.invariants.proofs_catalog import all_proofs
 
     t_all = time.perf_counter()
+    CPU.clear()
     proofs = [p for p in all_proofs() if not ids or p.id in ids]
-    reps = _agreement(samples, inv_samples, seed, per_branch) if samples and proofs else []  # only the S rows read it
-    records = []
-    for p in proofs:
-        r = prove(p)
-        bsets = {a.name: branches(p, a) for a in p.actions}
-        records.append(_verdict(_seed000_record(p, r, reps, bsets)))
-    if not ids or "P1" in ids:  # progress (liveness as safety), on S15's machine and by a walk of the spec
-        from memspec.invariants.proofs_progress import record as progress_record
-
-        records.append(progress_record(max(samples // 2, 50), seed))
-    caching = None
-    if caching_on and (not ids or any(i.startswith("C") for i in ids)):
-        from memspec.invariants.proofs_caching import run_caching
-
-        t_syn = time.process_time()
-        caching = run_caching(depth=depth, samples=samples)
-        CPU["synthesis"] = time.process_time() - t_syn
-    heap = agree = c8 = None
     cids = [i for i in ids if i.startswith("C")]
-    if caching_on and (not ids or cids):
-        from memspec.invariants.proofs_caching_agree import run_agreement
-        from memspec.invariants.proofs_caching_heap import run_heap
+    want_p1 = not ids or "P1" in ids
+    want_syn = caching_on and (not ids or bool(cids))
+    want_heap = caching_on and (not ids or any(i != "C8" for i in cids))
+    want_c8 = caching_on and (not ids or "C8" in cids)
+    heap_units: list[tuple[str, ...]] = []
+    tasks: list[tuple[Any, ...]] = []
+    if samples and proofs:  # only the S rows read it
+        tasks.append(("S-agreement", samples, inv_samples, seed, per_branch))
+    tasks += [("S", p.id) for p in proofs]
+    if want_p1:  # progress (liveness as safety), on S15's machine and by a walk of the spec
+        tasks.append(("P1", max(samples // 2, 50), seed))
+    if want_syn:
+        tasks.append(("synthesis", depth, samples))
+    if want_heap:
+        from memspec.invariants.proofs_caching_heap import heap_units as units_of
 
-        if not ids or any(i != "C8" for i in cids):
-            t0 = time.process_time()
-            heap = run_heap(ids=[i for i in cids if i != "C8"] or None)
-            CPU["heap induction + refutations"] = time.process_time() - t0
-            t0 = time.process_time()
-            agree = run_agreement(seed=seed)
-            CPU["agreement"] = time.process_time() - t0
-        if not ids or "C8" in cids:
-            from memspec.invariants.proofs_caching_expandable import run_c8
+        heap_units = units_of(ids=[i for i in cids if i != "C8"] or None)
+        tasks += [("heap", u) for u in heap_units]
+        tasks.append(("agreement", seed))
+    if want_c8:
+        tasks.append(("C8", seed))
+    results = dict(zip(range(len(tasks)), _run_tasks(tasks, jobs)))
+    by_kind: dict[str, list[tuple[Any, float]]] = {}
+    GROUP_CPU.clear()
+    for i, t in enumerate(tasks):
+        by_kind.setdefault(t[0], []).append(results[i])
+        g = GROUP_CPU.setdefault(t[0], {"tasks": 0, "cpu": 0.0, "largest": 0.0})
+        g["tasks"] += 1
+        g["cpu"] += results[i][1]
+        g["largest"] = max(g["largest"], results[i][1])
 
-            t0 = time.process_time()
-            c8 = run_c8(seed=seed)
-            CPU["C8"] = time.process_time() - t0
+    reps = by_kind["S-agreement"][0][0] if "S-agreement" in by_kind else []
+    records = []
+    for p, (res, _cpu) in zip(proofs, by_kind.get("S", [])):
+        r, bsets = res
+        records.append(_verdict(_seed000_record(p, r, reps, bsets)))
+    if want_p1:
+        records.append(by_kind["P1"][0][0])
+    caching = None
+    if want_syn:
+        caching, CPU["synthesis"] = by_kind["synthesis"][0]
+    heap = agree = c8 = None
+    if want_heap:
+        from memspec.invariants.proofs_caching_heap import join_units
+
+        heap = join_units([res for res, _cpu in by_kind["heap"]])
+        CPU["heap induction + refutations"] = sum(cpu for _res, cpu in by_kind["heap"])
+        agree, CPU["agreement"] = by_kind["agreement"][0]
+    if want_c8:
+        c8, CPU["C8"] = by_kind["C8"][0]
     if not ids or cids:
         records += [r for r in _caching_records(heap, agree, c8) if not ids or r["id"] in ids]
     return records, caching, time.perf_counter() - t_all
@@ -255,6 +350,8 @@ def _print(records: list[dict[str, Any]], caching: Any, total: float, traces: bo
 
 #: CPU seconds of each part of the caching checks in this run (for the report, never for a verdict)
 CPU: dict[str, float] = {}
+#: per kind of proof group in this run: tasks, CPU seconds in all, the largest one's (for the report only)
+GROUP_CPU: dict[str, dict[str, float]] = {}
 
 
 def _json(records: list[dict[str, Any]], caching: Any, total: float) -> dict[str, Any]:
@@ -279,6 +376,12 @@ def _json(records: list[dict[str, Any]], caching: Any, total: float) -> dict[str
     return out
 
 
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process and of its finished workers."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="memspec prove", description=__doc__.split("\n\n")[0])
     ap.add_argument("ids", nargs="*", help="invariant ids (default: all)")
@@ -294,9 +397,14 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-caching", action="store_true", help="skip the caching allocator's Z3 checks")
     ap.add_argument("--depth", type=int, default=8, help="bound of the fragmentation searches (default 8)")
+    ap.add_argument("--jobs", type=int, default=None,
+                    help="worker processes for the independent proof groups (default: the CPUs this process "
+                         "may run on; 1: all in this process); the rows are the same for any value")
     ap.add_argument("--self-test", action="store_true",
                     help="plant breaks in encodings, spec actions and kernels; print the kill table")
     ns = ap.parse_args(argv)
+    if ns.jobs is not None and ns.jobs < 1:
+        ap.error(f"--jobs must be at least 1 (got {ns.jobs})")
 
     if ns.self_test:
         from memspec.invariants.proofs_selftest import main as self_test
@@ -311,9 +419,18 @@ def main(argv: list[str]) -> int:
         print(f"memspec prove: unknown invariant id(s) {unknown}; known: {', '.join(sorted(known))}")
         return 2
     records, caching, total = run(ns.ids, ns.samples, ns.inv_samples, ns.seed, not ns.no_caching, ns.depth,
-                                  per_branch=ns.per_branch or None)
+                                  per_branch=ns.per_branch or None,
+                                  jobs=ns.jobs if ns.jobs is not None else default_jobs())
     _print(records, caching, total, ns.traces)
+    cpu = _cpu_seconds()
+    jobs = ns.jobs if ns.jobs is not None else default_jobs()
+    print(f"CPU {cpu:.1f}s in all processes; wall {total:.1f}s; --jobs {jobs}; by group (tasks, CPU s, largest): "
+          + ", ".join(f"{k} {int(g['tasks'])} {g['cpu']:.1f} {g['largest']:.1f}" for k, g in GROUP_CPU.items()))
     if ns.json:
+        out = _json(records, caching, total)
+        out["cpu_seconds"], out["jobs"] = round(cpu, 2), jobs
+        out["group_cpu_seconds"] = {k: {"tasks": int(g["tasks"]), "cpu": round(g["cpu"], 2),
+                                        "largest": round(g["largest"], 2)} for k, g in GROUP_CPU.items()}
         with open(ns.json, "w") as fh:
-            json.dump(_json(records, caching, total), fh, indent=2)
+            json.dump(out, fh, indent=2)
     return 0 if all(r["proved"] for r in records) else 1
