@@ -31,8 +31,8 @@ from memspec.spec.selfcheck import drive, permits
 PAGE = 4096
 
 
-def _count_checks(monkeypatch, target: str, level: str, steps: int = 3000):
-    """Walk ``target`` at ``level`` counting what the data checks did, per key kind."""
+def _count_checks(monkeypatch, target: str, level: str, steps: int = 3000, seeds: tuple[int, ...] = (1,)):
+    """Walk ``target`` at ``level`` (one walk per seed) counting what the data checks did, per key kind."""
     cnt: collections.Counter = collections.Counter()
     verify, stamp, probe, compare = (I.Integrity._verify_alias, I.Integrity._stamp_shared,
                                      I.Integrity._probe_read_only, I.Integrity._compare)
@@ -59,8 +59,9 @@ def _count_checks(monkeypatch, target: str, level: str, steps: int = 3000):
     monkeypatch.setattr(I.Integrity, "_probe_read_only", p)
     monkeypatch.setattr(I.Integrity, "_compare", c)
     plan = make_plan(target, level)
-    res = W.walk(plan, max_steps=steps, seed=1, run_length=40, integrity_sample=1)
-    assert not res.failures and not res.errors, ([f.violation for f in res.failures], res.errors)
+    for seed in seeds:
+        res = W.walk(plan, max_steps=steps, seed=seed, run_length=40, integrity_sample=1)
+        assert not res.failures and not res.errors, ([f.violation for f in res.failures], res.errors)
     return cnt
 
 
@@ -73,7 +74,10 @@ def test_shared_mappings_are_read_back_through_every_alias_and_read_only_ones_ar
 
 
 def test_kv_pages_and_weights_are_stamped_and_read_back(monkeypatch):
-    cnt = _count_checks(monkeypatch, "reference", "system")
+    # three fixed walks: which one reaches a sharer of a KV prefix depends on
+    # the engine's draws (seed 1 alone stopped reaching it when the protocol
+    # templates and the fault quota changed them)
+    cnt = _count_checks(monkeypatch, "reference", "system", seeds=(1, 2, 3))
     for kind in ("kv", "weight"):
         assert cnt[("stamp", kind, True)] > 0 and cnt[("verify", kind, True)] > 0, (kind, cnt)
     assert cnt[("read-only probe", "kv")] > 0                  # a sharer's prefix is read-only
