@@ -254,13 +254,12 @@ HEAP_GOALS = {"C1": ("reserved",), "C2": ("C2:pair",), "C3": ("C3",), "C4": ("C4
               "C6": ("step:C6",), "C7": ("step:C7",), "C9": ("step:C9",)}
 
 
-def detect_heap(inv: str) -> str | None:
-    """The invariant's guarded action proves its goal and the same action with
-    the guard removed (:data:`proofs_caching_heap.UNGUARDED`) does not."""
+
+def _guard_removed_refutes(inv: str, act_name: str, guard: str, words: str, only: Any) -> str | None:
+    """The heap action ``act_name`` proves its goals ``only`` and, with
+    ``guard`` removed, does not: the catch naming ``inv``, else None."""
     from memspec.invariants import proofs_caching_heap as H
 
-    act_name, guard, words = H.UNGUARDED[inv]
-    only = HEAP_GOALS[inv]
     good = next(a for a in H.actions() if a.name == act_name)
     if any(r not in ("proved", "framed") for _n, r, _t in H.consecution(good, 60000, only=only)):
         return None  # fires unbroken: proves nothing
@@ -269,6 +268,15 @@ def detect_heap(inv: str) -> str | None:
         if r not in ("proved", "framed"):
             return f"prove (caching heap): {act_name} without '{words}': {name} {r} ({inv})"
     return None
+
+def detect_heap(inv: str) -> str | None:
+    """The invariant's guarded action proves its goal and the same action with
+    the guard removed (:data:`proofs_caching_heap.UNGUARDED`) does not."""
+    from memspec.invariants import proofs_caching_heap as H
+
+    act_name, guard, words = H.UNGUARDED[inv]
+    only = HEAP_GOALS[inv]
+    return _guard_removed_refutes(inv, act_name, guard, words, only)
 
 
 def detect_caching_kernels() -> str | None:
@@ -458,14 +466,7 @@ def detect_heap_knob(knob: str) -> str | None:
 
     inv, act_name, guard, words = H.KNOB_UNGUARDED[knob]
     only = KNOB_GOALS[knob]
-    good = next(a for a in H.actions() if a.name == act_name)
-    if any(r not in ("proved", "framed") for _n, r, _t in H.consecution(good, 60000, only=only)):
-        return None  # fires unbroken: proves nothing
-    bad = next(a for a in H.actions(frozenset({guard})) if a.name == act_name)
-    for name, r, _t in H.consecution(bad, 60000, only=only):
-        if r not in ("proved", "framed"):
-            return f"prove (caching heap): {act_name} without '{words}': {name} {r} ({inv})"
-    return None
+    return _guard_removed_refutes(inv, act_name, guard, words, only)
 
 
 def _caching_knob_breaks() -> list[Break]:
