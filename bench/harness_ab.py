@@ -7,7 +7,7 @@ value too) and one engine step per invocation of the state machine's rule
 (the engine before issue 16's harness work; emulated by switching
 ``engine.PACKED_DRAWS`` off and ``runner.STEPS_PER_RULE`` to 1).  ``after``:
 a step's small draws packed into one wide choice
-(:class:`~memspec.invariants.choosers.PackedChooser`), two engine steps per
+(:class:`~memspec.invariants.choosers.PackedChooser`), ``runner.STEPS_PER_RULE`` engine steps per
 rule invocation.  Each side runs ``memspec conform reference`` (CI profile,
 100 x 50, both levels); CPU microseconds per step of the supervised child
 (``RUSAGE_CHILDREN``) and of the supervisor (``process_time``), Hypothesis

@@ -84,6 +84,9 @@ class Watch:
         return calls, bool(inside), limit, dec(blame), dec(what)
 
 
+#: one encoder for every message (``json.dumps`` with options builds a new one per call)
+_ENCODE = json.JSONEncoder(default=repr, separators=(",", ":")).encode
+
 _LOG_HEAD = struct.Struct("<QQ")   # bytes of step lines written, steps of the run so far
 
 
@@ -120,7 +123,7 @@ class StepLog:
     def append(self, msg: dict, steps: int) -> bool:
         """Write one step (``steps``: the run's step count with it); False
         when it does not fit (the caller sends it on the channel)."""
-        data = (json.dumps(msg, default=repr, separators=(",", ":")) + "\n").encode()
+        data = (_ENCODE(msg) + "\n").encode()
         start = _LOG_HEAD.size + self.used
         end = start + len(data)
         if end > self.size:
@@ -307,7 +310,7 @@ class Channel:
         self.fd = fd
 
     def send(self, msg: dict) -> None:
-        data = (json.dumps(msg, default=repr, separators=(",", ":")) + "\n").encode()
+        data = (_ENCODE(msg) + "\n").encode()
         view = memoryview(data)
         while view:
             n = os.write(self.fd, view)
