@@ -1070,7 +1070,10 @@ class CachingAllocator:
     def _alloc_block(self, pool: _Pool, stream: int, r: int, alloc_size: int, *, retry: bool) -> _Block | None:
         if retry:
             self.stats.num_alloc_retries += 1
-        if self._allowed is not None and self._total + alloc_size > self._allowed:
+        # memory_fraction: PyTorch checks the segment size; the seed's toy under expandable segments maps only
+        # the rounded request's pages (``mapped + want``), so its cap is checked on the pages of ``r``
+        cap_size = -(-r // self._page(pool.small)) * self._page(pool.small) if (self._seed and self.expandable) else alloc_size
+        if self._allowed is not None and self._total + cap_size > self._allowed:
             return None
         if self.expandable:
             return self._try_allocate_expandable(pool, stream, r)
@@ -1197,6 +1200,8 @@ class CachingAllocator:
 
     def _try_allocate_expandable(self, pool: _Pool, stream: int, r: int) -> _Block | None:
         c = self._find_expandable_block(pool, stream, r)
+        if c is None:  # a fresh arena's VA is smaller than the request
+            return None
         if not c.mapped:
             if not self._map_block(pool, c, min(c.size, r)):
                 return None
@@ -1212,7 +1217,7 @@ class CachingAllocator:
     def _allocatable(b: _Block | None) -> bool:
         return b is not None and not b.allocated and b.events == 0 and not b.uses
 
-    def _find_expandable_block(self, pool: _Pool, stream: int, r: int) -> _Block:
+    def _find_expandable_block(self, pool: _Pool, stream: int, r: int) -> _Block | None:
         for key in pool.unmapped.irange(stream << 64, ((stream + 1) << 64) - 1):
             c = pool.unmapped_at[key & _M64]
             p = c.prev
@@ -1227,6 +1232,8 @@ class CachingAllocator:
                 return c
         page = self._page(pool.small)
         size = -(-int(self.capacity * self.arena_factor) // page) * page
+        if size < r:  # no arena can hold the request (arena_factor below the presets'): OutOfMemory
+            return None
         va = self._backing.reserve(ReserveRequest(size))
         seg = _Segment(va.address, va.size - va.size % page, stream, pool.small, True, va, page, self, pool)
         self._segments[seg.address] = seg
