@@ -21,7 +21,7 @@ must run pure Python; classes of compiled modules are native classes (no
 needs the pure modules.
 
 **Measured: no gain for the walk** (bench/README.md, "session F"); the
-caching allocator, by contrast, runs 1.5-2.4x faster compiled (its bench
+caching allocator, by contrast, runs 1.3-2.4x faster compiled (its bench
 rows measure both).  CPU per walk step,
 three interleaved pairs of fresh processes, 3,000 steps per level, mean of
 the two levels: pure 196-222 us (median 207), compiled 181-251 us (median
@@ -98,7 +98,7 @@ MODULES: tuple[str, ...] = (
     "memspec.invariants.choosers",
     "memspec.invariants.integrity",
     # the caching allocator (bench.caching's rows, ``memspec snapshot --replay``): compiled, its
-    # presets ran 1.5-2.4x the pure-Python pairs per CPU second (bench caching rows, pure and
+    # presets ran 1.3-2.4x the pure-Python pairs per CPU second (bench caching rows, pure and
     # compiled side by side in one run); caching imports caching_stats
     "memspec.reference.caching_stats",
     "memspec.reference.caching",
