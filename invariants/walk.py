@@ -86,7 +86,7 @@ def walk_once(plan: H.Plan, seed: int, run_length: int, guard: H.CallGuard) -> t
 def _walk_once(plan: H.Plan, seed: int, run_length: int, guard: H.CallGuard, holder: list) -> tuple:
     rng = random.Random(seed)
     record: list = []
-    chooser = H.RandomChooser(rng, record)
+    chooser = WalkChooser(rng, record)
     run = H.Run(plan, guard, chooser)
     holder += (run, record)
     try:
@@ -100,6 +100,32 @@ def _walk_once(plan: H.Plan, seed: int, run_length: int, guard: H.CallGuard, hol
     finally:
         run.close()
     return None, record
+
+
+class WalkChooser(H.RandomChooser):
+    """:class:`~memspec.invariants.choosers.RandomChooser` with the same
+    draws, value for value (``randint(lo, hi)`` is ``lo +
+    _randbelow(hi - lo + 1)``), without ``randint``'s and ``randrange``'s
+    argument checks on every draw."""
+
+    __slots__ = ("_below", "_random")
+
+    def __init__(self, rng: random.Random, record: list | None = None) -> None:
+        super().__init__(rng, record)
+        self._below = rng._randbelow  # type: ignore[attr-defined]
+        self._random = rng.random
+
+    def integer(self, lo: int, hi: int) -> int:
+        v = lo + self._below(hi - lo + 1) if hi > lo else lo
+        if self.record is not None:
+            self.record.append(v)
+        return v
+
+    def boolean(self) -> bool:
+        v = self._random() < 0.5
+        if self.record is not None:
+            self.record.append(v)
+        return v
 
 
 #: the walk writes its pattern into one new memory region in this many and
