@@ -142,12 +142,19 @@ WALK_VERIFY_EVERY = 4
 
 
 def sample_note(integrity_sample: int = WALK_INTEGRITY_SAMPLE, verify_every: int = WALK_VERIFY_EVERY) -> str:
-    """The walk's data-integrity sample, as a run states it."""
+    """What the walk checks and when, as a run states it: the spec's outcome
+    set, invariants and observations after every step as the harness checks
+    them, data integrity on the stated sample."""
     from memspec.invariants.integrity import VERIFY_PER_STEP
 
-    return (f"data integrity sampled: pattern written into 1 new region in {integrity_sample} (others read back), "
+    return ("checked after every step: the answer against the spec's outcome set; every invariant "
+            "(re-evaluated whenever the step's branch changed the spec state: a no-op branch leaves every "
+            "verdict as it was); every observation (every global figure, the figures of the refs the step "
+            "touched or bound and of the tickets whose state changed); full invariant scan at the end of each run; "
+            f"data integrity sampled: pattern written into 1 new region in {integrity_sample} (others read back), "
             f"{VERIFY_PER_STEP} regions re-verified round robin on 1 step in {verify_every}, "
-            "every region verified at the end of each run; invariants and observations after every step")
+            "the regions a step touched or bound refreshed on every step, "
+            "every region verified at the end of each run")
 
 
 def walk(plan: H.Plan, *, seconds: float | None = None, max_steps: int | None = None, seed: int = 0,

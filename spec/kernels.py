@@ -39,7 +39,7 @@ def ite(cond: Any, then: Any, other: Any) -> Any:
 def both(a: Any, b: Any) -> Any:
     """Logical and, also for Z3 booleans."""
     if type(a) is bool and type(b) is bool:
-        return a and b
+        return bool(a) and bool(b)   # as below: only the symbolic test is skipped
     if _is_symbolic(a) or _is_symbolic(b):
         import z3
 
@@ -50,7 +50,7 @@ def both(a: Any, b: Any) -> Any:
 def either(a: Any, b: Any) -> Any:
     """Logical or, also for Z3 booleans."""
     if type(a) is bool and type(b) is bool:
-        return a or b
+        return bool(a) or bool(b)
     if _is_symbolic(a) or _is_symbolic(b):
         import z3
 
