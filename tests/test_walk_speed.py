@@ -262,3 +262,37 @@ def test_kernels_fast_path_answers_as_before_and_still_builds_z3_terms():
     s = z3.Solver()
     s.add(K.ite(a > b, a, b) < a)
     assert s.check() == z3.unsat
+
+
+# --------------------------------------------------------------------------
+# The reference EP's read fast path answers as its checked path
+# --------------------------------------------------------------------------
+
+def test_reference_ep_read_fast_path_keeps_every_answer_and_refusal():
+    from memspec.reference import targets
+    from memspec.spec.api import AllocationRequest
+    from memspec.spec.errors import DeviceFault, InvalidRequest
+
+    inst = targets.reference()
+    ep, sim = inst.ep, inst.ep.sim
+    page = sim.page_size
+    a = inst.mechanism.allocator().allocate(AllocationRequest(3 * page))
+    s = ep.new_stream()
+    ep.write(s, a.address + page - 8, b"y" * 16)
+    ep.synchronize(s)
+    done = sim.items_executed
+    assert ep.read(s, a.address + page - 8, 16) == b"y" * 16      # across a page boundary (the checked path)
+    assert ep.read(s, a.address + page - 4, 4) == b"y" * 4         # one page (the fast path)
+    assert ep.read(s, a.address, 4) == bytes(4)                    # a page never written reads zeros
+    assert sim.items_executed == done + 3                          # each read is one executed copy
+    for bad in [(True, a.address, 4), (999, a.address, 4), (s, a.address, True), (s, a.address, 0),
+                (s, float(a.address), 4)]:
+        with pytest.raises(InvalidRequest):
+            ep.read(*bad)
+    with pytest.raises(DeviceFault):
+        ep.read(s, 0x10, 4)                                        # unmapped: a fault, as before
+    ep.write(s, a.address, b"z" * 4)                               # queued work: the read waits for it
+    assert ep.read(s, a.address, 4) == b"zzzz"
+    ep.close()
+    with pytest.raises(InvalidRequest):
+        ep.read(s, a.address, 4)                                   # a closed EP refuses
