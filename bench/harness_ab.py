@@ -4,11 +4,11 @@
 ``before``: one Hypothesis choice per draw of the engine (every argument,
 every guidance boolean, every swarm and script count; a draw over a single
 value too) and one engine step per invocation of the state machine's rule
-(the engine before issue 16's harness work; emulated by switching
-``engine.PACKED_DRAWS`` off and ``runner.STEPS_PER_RULE`` to 1).  ``after``:
-a step's small draws packed into one wide choice
-(:class:`~memspec.invariants.choosers.PackedChooser`), ``runner.STEPS_PER_RULE`` engine steps per
-rule invocation.  Each side runs ``memspec conform reference`` (CI profile,
+(the default: ``engine.PACKED_DRAWS`` off, ``runner.STEPS_PER_RULE`` 1).
+``after``: a step's small draws packed into one wide choice
+(:class:`~memspec.invariants.choosers.PackedChooser`), :data:`AFTER_STEPS_PER_RULE`
+engine steps per rule invocation (both off by default: they cost kill
+power in the CI mutant run, see ``engine.PACKED_DRAWS``).  Each side runs ``memspec conform reference`` (CI profile,
 100 x 50, both levels); CPU microseconds per step of the supervised child
 (``RUSAGE_CHILDREN``) and of the supervisor (``process_time``), Hypothesis
 choices per step (counted in the child as each test case ends), and the
@@ -27,6 +27,8 @@ import time
 
 from bench.bare import bare_rate
 
+#: the ``after`` side's engine steps per rule invocation
+AFTER_STEPS_PER_RULE = 4
 #: shared with the supervised child (made before its fork): choices, test cases
 _COUNT = mmap.mmap(-1, 16)
 
@@ -60,8 +62,7 @@ def _one(after: bool) -> tuple[float, float, int, float]:
     from memspec.invariants import engine, runner
 
     real = engine.PACKED_DRAWS, runner.STEPS_PER_RULE
-    if not after:
-        engine.PACKED_DRAWS, runner.STEPS_PER_RULE = False, 1
+    engine.PACKED_DRAWS, runner.STEPS_PER_RULE = (True, AFTER_STEPS_PER_RULE) if after else (False, 1)
     try:
         _choices()
         b, c = resource.getrusage(resource.RUSAGE_CHILDREN), time.process_time()

@@ -173,15 +173,16 @@ class PlanResult:
 #: engine steps per invocation of the state machine's rule.  Hypothesis's
 #: stateful loop costs, per rule invocation, about what a whole step of the
 #: bare machine costs (its stop boolean, its rule and ``data()`` draws, their
-#: spans, its invariant hook); four engine steps per invocation share it
+#: spans, its invariant hook); several engine steps per invocation share it
 #: (measured, CPU per step of both levels of ``conform reference`` at 100 x
-#: 50: 1 step 747-857 us, 2: 570-677, 3: 601-629, 4: 544-691; in the CI
-#: mutant run, 2 missed caching-segment-ladder-at-10mib and
-#: claim-keeps-held-bytes, 3 missed claimed-ticket-expires-again).
-#: Each engine step is its own span of choices (shrinking still deletes
-#: steps one at a time), every step is checked as before, and
-#: ``stateful_step_count`` still counts engine steps (see :func:`_rule_settings`).
-STEPS_PER_RULE = 4
+#: 50, with ``engine.PACKED_DRAWS``: 1 step 747-857 us, 2: 570-677, 3:
+#: 601-629, 4: 544-691).  OFF (1) by default: every setting above 1 tried
+#: left a mutant of the CI catalog uncaught (2: caching-segment-ladder-at-10mib,
+#: claim-keeps-held-bytes; 3: claimed-ticket-expires-again; 4:
+#: caching-segment-ladder-at-10mib, caching-small-split-needs-513), and kill
+#: power comes first.  Above 1, each engine step is its own span of choices
+#: and ``stateful_step_count`` still counts engine steps (see :func:`_rule_settings`).
+STEPS_PER_RULE = 1
 #: the label of an engine step's span of choices
 _STEP_SPAN = 0x6D656D73
 
@@ -217,12 +218,15 @@ def build_state_machine(plan: E.Plan, guard: CallGuard | None = None, steps: int
             if run is None:
                 run = self.run = E.Run(plan, g, self._chooser)
             chooser = self._chooser
+            if per_rule == 1:   # the rule's own span is the step's
+                signals.step(run, run.step(chooser))  # Hypothesis event()s: action, branch, boundaries
+                return
             for _ in range(per_rule):
                 if limit is not None and self._steps >= limit:
                     return
                 self._steps += 1
                 cd.start_span(_STEP_SPAN)
-                signals.step(run, run.step(chooser))  # Hypothesis event()s: action, branch, boundaries
+                signals.step(run, run.step(chooser))
                 cd.stop_span()
 
         def teardown(self):

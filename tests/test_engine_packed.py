@@ -1,5 +1,6 @@
 """The engine's packed draws (issue 16: the harness at half the bare
-Hypothesis rate): a step's small draws come from one wide choice of the
+Hypothesis rate; off by default, ``engine.PACKED_DRAWS``, because they cost
+kill power in the CI mutant run): a step's small draws come from one wide choice of the
 chooser, a one-value draw takes none, sizes stay their own choice, each
 step starts a fresh integer, and the Hypothesis state machine runs several
 engine steps per rule invocation without running more steps than asked."""
@@ -30,6 +31,13 @@ class _Counting:
     def weighted(self, weights: tuple) -> int:
         self.calls.append(("weighted", weights))
         return 0
+
+    def boolean(self) -> bool:
+        self.calls.append(("boolean",))
+        return self.rng.random() < 0.5
+
+    def choice(self, options):
+        return options[self.integer(0, len(options) - 1)] if len(options) > 1 else options[0]
 
 
 def test_small_draws_share_one_choice_and_one_value_draws_take_none():
@@ -99,10 +107,11 @@ def test_the_steps_first_action_draw_is_its_own_choice_a_repeat_is_packed():
     assert inner.calls[-1] == ("weighted", (3, 2, 1))
 
 
-def test_recorded_choices_are_the_decoded_values_and_replay_the_same_arguments():
+def test_recorded_choices_are_the_decoded_values_and_replay_the_same_arguments(monkeypatch):
     """A trace step's choices are what each domain drew (one-value draws
     included), not the packed integer: a reproduction replays them into the
     same arguments."""
+    monkeypatch.setattr(E, "PACKED_DRAWS", True)
     plan = runner.make_plan("reference", "mechanism")
     run = E.Run(plan, capacity=plan.factory_kwargs.get("capacity"))
     try:
@@ -125,7 +134,8 @@ def test_recorded_choices_are_the_decoded_values_and_replay_the_same_arguments()
         again.close()
 
 
-def test_a_walk_records_the_packed_choices_and_replays_them_into_the_same_steps():
+def test_a_walk_records_the_packed_choices_and_replays_them_into_the_same_steps(monkeypatch):
+    monkeypatch.setattr(E, "PACKED_DRAWS", True)
     plan = runner.make_plan("reference", "mechanism")
     record: list = []
     run = E.Run(plan, chooser=RandomChooser(random.Random(3), record))
@@ -186,10 +196,27 @@ def test_the_state_machine_runs_at_most_the_steps_asked_several_per_rule(monkeyp
 
     monkeypatch.setattr(E.Run, "teardown", teardown)
     monkeypatch.setattr(ConjectureData, "freeze", freeze)
-    assert runner.STEPS_PER_RULE >= 2
+    monkeypatch.setattr(E, "PACKED_DRAWS", True)
+    monkeypatch.setattr(runner, "STEPS_PER_RULE", 3)
     res = runner.run_hypothesis(plan, runner.hypothesis_settings("ci", examples=10, steps=7), more_passes=0)
     assert not res.failures and not res.errors
     assert longest[0] == 7                                          # the last rule invocation runs fewer steps
     # per step: the action, one packed integer, a size now and then, half a stop boolean
     # (measured 2.9 on both levels at 100 x 50; 10-12 with one choice per draw)
     assert nodes[0] / plan.stats.steps < 5, nodes[0] / plan.stats.steps
+
+
+def test_off_by_default_a_step_draws_as_before(monkeypatch):
+    """With the defaults a guided chooser is used as it is: every draw its own choice."""
+    assert E.PACKED_DRAWS is False and runner.STEPS_PER_RULE == 1
+    plan = runner.make_plan("reference", "mechanism")
+    inner = _Counting(seed=2)
+    run = E.Run(plan, chooser=inner)
+    try:
+        for _ in range(10):
+            run.step(inner)
+    finally:
+        run.close()
+    assert run._packed is None
+    ints = [c for c in inner.calls if type(c[0]) is int]
+    assert ints and not any(c[1] == (1 << 64) - 1 for c in ints)
