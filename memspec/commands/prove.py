@@ -401,7 +401,8 @@ def main(argv: list[str]) -> int:
                     help="worker processes for the independent proof groups (default: the CPUs this process "
                          "may run on; 1: all in this process); the rows are the same for any value")
     ap.add_argument("--self-test", action="store_true",
-                    help="plant breaks in encodings, spec actions and kernels; print the kill table")
+                    help="plant breaks in encodings, spec actions and kernels; print the kill table (each break "
+                         "in a process of its own, --jobs at a time)")
     ns = ap.parse_args(argv)
     if ns.jobs is not None and ns.jobs < 1:
         ap.error(f"--jobs must be at least 1 (got {ns.jobs})")
@@ -409,7 +410,7 @@ def main(argv: list[str]) -> int:
     if ns.self_test:
         from memspec.invariants.proofs_selftest import main as self_test
 
-        return self_test()
+        return self_test(jobs=ns.jobs if ns.jobs is not None else default_jobs())
 
     from memspec.invariants.proofs_catalog import all_proofs
 
