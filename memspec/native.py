@@ -59,11 +59,17 @@ from typing import Any, Sequence
 #: bench.profile walk``), restricted to what compiles to the same behaviour
 #: (``tests/test_native.py`` compares the walks).  Left out, and why:
 #:
-#: * ``reference/*``: the implementation under test validates hostile input
-#:   itself (``size="4096"`` -> ``InvalidRequest``); mypyc checks a
-#:   parameter's annotation at the call, so a compiled ``size: int`` raises
-#:   ``TypeError`` first -- a different answer, which the harness reports as
-#:   a conformance failure (seen: S5 unexpected-exception on ``allocate``);
+#: * ``reference/*`` but the caching allocator: the implementation under test
+#:   validates hostile input itself (``size="4096"`` -> ``InvalidRequest``);
+#:   mypyc checks a parameter's annotation at the call, so a compiled
+#:   ``size: int`` raises ``TypeError`` first -- a different answer, which the
+#:   harness reports as a conformance failure (seen: S5 unexpected-exception
+#:   on ``allocate``).  ``reference.caching`` (with ``caching_stats``, compiled
+#:   together) is written for the build: its validating entry points take
+#:   ``Any``, its handle copies itself (``__copy__``: mypyc's classes refuse
+#:   ``copyreg``'s argument-less construction) and its allocator class allows
+#:   interpreted subclasses (the mutants); the caching tests, the hostile ones
+#:   included, pass compiled (``tests/test_caching_native.py``);
 #: * ``spec.kernels``: returns a symbolic quotient (``a / b``) under Z3 and
 #:   CrossHair where it declares ``int`` (the proofs run these kernels);
 #: * ``spec.holders``, ``spec.vmm``, ``spec.ep``, ``spec.manager``: their
@@ -89,6 +95,10 @@ MODULES: tuple[str, ...] = (
     "memspec.spec.context",
     "memspec.invariants.choosers",
     "memspec.invariants.integrity",
+    # the caching allocator (bench.caching's rows, ``memspec snapshot --replay``): compiled, its
+    # presets run 1.3-2x faster than pure Python (bench/README.md); caching imports caching_stats
+    "memspec.reference.caching_stats",
+    "memspec.reference.caching",
 )
 
 ENV = "MEMSPEC_NATIVE"

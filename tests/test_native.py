@@ -189,6 +189,7 @@ _TRACE = textwrap.dedent("""
         out["levels"][level] = {"trace": trace, "steps": st.steps,
                                 **{k: sorted(map(repr, getattr(st, k).items()))
                                    for k in ("actions", "outcomes", "accepted", "boundaries")}}
+    import memspec.reference.caching  # (not a walk module: loaded so that info lists every module built)
     out["info"] = native.info()  # after the walks: what they imported, from where
     print(json.dumps(out))
 """).replace("RUNS", "60").replace("LENGTH", "50")
