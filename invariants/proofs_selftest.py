@@ -727,9 +727,13 @@ def run_self_test(breaks: list[Break] | None = None, *, jobs: int = 1,
     The baselines run first, then every break.  With ``isolate`` (and a platform that can fork) every
     baseline and every break runs in a process of its own, forked from this one before any of them ran,
     ``jobs`` at a time: a break is judged exactly as if it were planted alone, whatever ran before it.
-    (Without isolation a break runs in the state its predecessors left: row 23 of the catalog, S13's
-    eager shared free, was NOT CAUGHT in a whole run and caught alone -- see :func:`detect_spec_check`.)
-    The rows do not depend on ``jobs``, only the seconds do."""
+    Why: without isolation a break runs in the state its predecessors left.  Row 23 of the catalog
+    (S13's eager shared free) is caught only by :func:`detect_spec_check`'s seeded walks, and was NOT
+    CAUGHT after the whole run's baselines yet caught alone.  Hypothesis draws some integers from a pool
+    of constants harvested from every project module imported so far (re-scanned whenever
+    ``sys.modules`` grows), so which modules earlier detectors had imported changed the seeded walks;
+    with that pool frozen the same sequence catches it.  Isolated, each break starts from this process's
+    state (the same for every break).  The rows do not depend on ``jobs``, only the seconds do."""
     global _WORK
     breaks = breaks if breaks is not None else catalog()
     t0 = time.perf_counter()

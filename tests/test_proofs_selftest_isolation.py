@@ -1,10 +1,10 @@
 """``memspec prove --self-test`` judges each break as if it were planted alone.
 
-A whole run once missed row 23 (S13's eager shared free) that the break
-alone was caught: state left by earlier detectors and breaks changed the
-spec-check's walks.  Every baseline and every break now runs in a process of
-its own (forked before any ran), and the spec-check's seeded runs use no
-example database.
+A whole run once missed row 23 (S13's eager shared free), which is caught
+when planted alone: the modules earlier detectors had imported changed
+Hypothesis's pool of local constants, hence the spec-check's seeded walks.
+Every baseline and every break now runs in a process of its own (forked
+before any ran), and the spec-check's seeded runs use no example database.
 """
 
 from __future__ import annotations
