@@ -20,7 +20,9 @@ must run pure Python; classes of compiled modules are native classes (no
 ``__dict__``, no ``__class__`` swap), so code that patches them at run time
 needs the pure modules.
 
-**Measured: no gain** (bench/README.md, "session F").  CPU per walk step,
+**Measured: no gain for the walk** (bench/README.md, "session F"); the
+caching allocator, by contrast, runs 1.3-2.4x faster compiled (its bench
+rows measure both).  CPU per walk step,
 three interleaved pairs of fresh processes, 3,000 steps per level, mean of
 the two levels: pure 196-222 us (median 207), compiled 181-251 us (median
 200): within this machine's noise.  Compiling the reference too (before it
@@ -96,7 +98,8 @@ MODULES: tuple[str, ...] = (
     "memspec.invariants.choosers",
     "memspec.invariants.integrity",
     # the caching allocator (bench.caching's rows, ``memspec snapshot --replay``): compiled, its
-    # presets run 1.3-2x faster than pure Python (bench/README.md); caching imports caching_stats
+    # presets ran 1.3-2.4x the pure-Python pairs per CPU second (bench caching rows, pure and
+    # compiled side by side in one run); caching imports caching_stats
     "memspec.reference.caching_stats",
     "memspec.reference.caching",
 )
