@@ -94,6 +94,17 @@ def _weighted_index(cum: tuple, k: int) -> int:
     return bisect_right(cum, k)
 
 
+def _choice_by_integer(chooser: Any, options: Sequence[Any]) -> Any:
+    """One of ``options`` by the chooser's own ``integer`` draw (none for a
+    one-value domain); an empty domain is a spec error, never an IndexError."""
+    if not isinstance(options, (list, tuple, range)):
+        options = list(options)
+    n = len(options)
+    if n == 0:
+        raise SpecError("choice from an empty domain")
+    return options[chooser.integer(0, n - 1)] if n > 1 else options[0]
+
+
 class RandomChooser:
     """A seeded ``random.Random`` chooser that records the choice sequence
     in Hypothesis's primitive form (``int`` for integer/choice index, ``bool``)."""
@@ -116,12 +127,7 @@ class RandomChooser:
         return _weighted_index(cum, self.integer(0, cum[-1] - 1))
 
     def choice(self, options: Sequence[Any]) -> Any:
-        if not isinstance(options, (list, tuple, range)):
-            options = list(options)
-        n = len(options)
-        if n == 0:
-            raise SpecError("choice from an empty domain")
-        return options[self.integer(0, n - 1)] if n > 1 else options[0]
+        return _choice_by_integer(self, options)
 
     def boolean(self) -> bool:
         v = self.rng.random() < 0.5
@@ -224,12 +230,7 @@ class PackedChooser:
         return v % n
 
     def choice(self, options: Sequence[Any]) -> Any:
-        if not isinstance(options, (list, tuple, range)):
-            options = list(options)
-        n = len(options)
-        if n == 0:
-            raise SpecError("choice from an empty domain")
-        return options[self.integer(0, n - 1)] if n > 1 else options[0]
+        return _choice_by_integer(self, options)
 
     def boolean(self) -> bool:
         return self.integer(0, 1) == 1
