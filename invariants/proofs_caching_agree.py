@@ -63,11 +63,12 @@ import z3
 from memspec.invariants import proofs_caching_heap as H
 from memspec.invariants.proofs import ARR, BARR, BOOL, INT, OUTCOMES, St, _sort, at, concrete
 
-_KIND = {"free": H.FREE, "live": H.LIVE, "pending": H.PEND}
+_KIND = {"free": H.FREE, "live": H.LIVE, "pending": H.PEND, "unmapped": H.UNM}
 #: block fields compared by address (the ghost neighbours ``pv``/``nx`` are compared as addresses)
 BLOCK_FIELDS = ("sz", "k", "rq", "sm", "sr", "sb", "ss", *[f"u{t}" for t in range(H.STREAMS)],
                 *[f"e{t}" for t in range(H.STREAMS)])
-SCALARS = ("Rs", "Rl", *[f"i{t}" for t in range(H.STREAMS)], *[f"c{t}" for t in range(H.STREAMS)], "md", "gp", "ra")
+SCALARS = ("Rs", "Rl", *[f"i{t}" for t in range(H.STREAMS)], *[f"c{t}" for t in range(H.STREAMS)], "md", "gp", "ra",
+           "xp")
 #: the invariants with an encoding evaluated on heap states (C8 is expandable-only: its own module)
 HEAP_INVARIANTS = ("C1", "C2", "C3", "C4", "C5", "C6", "C7", "C9")
 
@@ -90,13 +91,13 @@ def project(st: Any) -> tuple[dict[str, Any], dict[int, int]]:
     refs: dict[int, int] = {}
     for i, (seg, b) in enumerate(rows):
         if b.state not in _KIND:
-            raise ValueError(f"block state {b.state!r} has no heap encoding (expandable segments: see C8)")
+            raise ValueError(f"block state {b.state!r} has no heap encoding")
         if b.ref is not None:
             refs[b.ref] = i
         ev = {s: v for (s, v, ref) in st.events if ref == b.ref} if b.state == "pending" else {}
         first, last = seg.blocks[0] is b, seg.blocks[-1] is b
         vals = {"al": True, "ad": seg.base + b.offset, "sz": b.size, "k": _KIND[b.state],
-                "rq": b.requested if b.state != "free" else 0, "sm": seg.small, "sr": b.stream,
+                "rq": b.requested if b.state in ("live", "pending") else 0, "sm": seg.small, "sr": b.stream,
                 "sb": seg.base, "ss": seg.size, "pv": -1 if first else i - 1, "nx": -1 if last else i + 1}
         for t in range(H.STREAMS):
             vals[f"u{t}"] = (t in b.uses) if b.state == "live" else (t in ev)
@@ -110,18 +111,24 @@ def project(st: Any) -> tuple[dict[str, Any], dict[int, int]]:
                            "hf": allowed is not None, "lim": allowed or 0, "gce": gce,
                            "gth": int(pol.gc_threshold * allowed) if gce else 0,
                            "md": False, "gp": False, "ra": False, "mn": 0, "mt": 0, "mr": 0, "wa": 0, "rsum": 0,
-                           "ret": 0, "oq": 0, "orr": 0, "oa": 0, "olf": 0}
+                           "ret": 0, "oq": 0, "orr": 0, "oa": 0, "olf": 0,
+                           # expandable segments: an arena's VA is the capacity times the preset's factor, in
+                           # whole pages of its pool (2 MiB; pytorch's large pool 20 MiB)
+                           "ex": pol.expandable, "vs": _va(pol, True), "vl": _va(pol, False),
+                           "xp": False, "xh": -1, "xq": -1, "x2": False}
     for t in range(H.STREAMS):
         out[f"i{t}"], out[f"c{t}"] = st.issued.get(t, 0), st.completed.get(t, 0)
-    out["Rs"] = sum(s.size for s in st.segments if s.small)
-    out["Rl"] = sum(s.size for s in st.segments if not s.small)
+    # reserved: the bytes of every block not unmapped (a plain segment: its size), segments without a base
+    # (an arena whose first mapping failed) included
+    out["Rs"] = sum(b.size for s in st.segments if s.small for b in s.blocks if b.state != "unmapped")
+    out["Rl"] = sum(b.size for s in st.segments if not s.small for b in s.blocks if b.state != "unmapped")
     arr["dv"] = dict(enumerate(pol.divisions))
     for f, k in H.FIELDS.items():
         if k in (ARR, BARR) and f not in H.SUMS:
             out[f] = (False if k == BARR else 0, arr[f])
     for nm in H.SUMS:
-        out[nm] = (0, _prefix(nm, [{f: arr[f].get(i, 0) for f in ("al", "sz", "ss", "k", "rq", "sm")}
-                                   for i in range(n)]))
+        out[nm] = (0, _prefix(nm, [{**{f: arr[f].get(i, 0) for f in ("al", "sz", "ss", "k", "rq", "sm")},
+                                    "ex": pol.expandable} for i in range(n)]))
     return out, refs
 
 
@@ -129,15 +136,21 @@ def project(st: Any) -> tuple[dict[str, Any], dict[int, int]]:
 PAD = 4
 
 
+def _va(pol: Any, small: bool) -> int:
+    page = H.K_ROUND_LARGE if pol.seed or small else H.K_LARGE_BUFFER
+    return -(-int(pol.capacity * pol.arena) // page) * page
+
+
 def _contribution(nm: str, v: dict[str, Any]) -> int:
     small, kind = H.SUMS[nm]
     if not v["al"] or v["sm"] != small:
         return 0
-    whole = v["sz"] == v["ss"]
+    whole = v["sz"] == v["ss"] and not v["ex"]
+    active = v["k"] in (H.LIVE, H.PEND)
     return {"N": v["sz"] if v["k"] == H.FREE and not whole else 0,
             "W": v["sz"] if v["k"] == H.FREE and whole else 0,
-            "A": v["sz"] if v["k"] != H.FREE else 0, "L": v["sz"] if v["k"] == H.LIVE else 0,
-            "Q": v["sz"] - v["rq"] if v["k"] != H.FREE else 0}[kind]
+            "A": v["sz"] if active else 0, "L": v["sz"] if v["k"] == H.LIVE else 0,
+            "Q": v["sz"] - v["rq"] if active else 0}[kind]
 
 
 def _prefix(nm: str, rows: list[dict[str, Any]]) -> dict[int, int]:
@@ -239,7 +252,8 @@ class Compiled:
         n2 = out["n"]
         # the ghost sums of the post-state, as the next step's hypothesis needs them: recomputed from its blocks
         for nm in H.SUMS:
-            rows = [{f: out[f][1].get(i, out[f][0]) for f in ("al", "sz", "ss", "k", "rq", "sm")} for i in range(n2)]
+            rows = [{**{f: out[f][1].get(i, out[f][0]) for f in ("al", "sz", "ss", "k", "rq", "sm")}, "ex": out["ex"]}
+                    for i in range(n2)]
             out[nm] = (0, _prefix(nm, rows))
         out["_totals"] = totals
         return OUTCOMES[got[0]], out
