@@ -63,8 +63,51 @@ actions it stands for):
   stream's events complete, then (once processed) release exactly the
   whole-free segments and return their bytes.
 
-Not encoded here: expandable segments (C8 has its own encoding,
-:mod:`.proofs_caching_expandable`); the rows say so in ``bounded``.
+Expandable segments (seed 003: *A freed block's pages unmap -- physical
+memory returns to the driver immediately -- and a later large request maps
+fresh pages into a fresh contiguous VA run*), as spec/caching models them,
+under the symbolic policy flag ``ex`` (like ``seed``: one proof covers both
+values): every segment is then a VA arena (``vs``/``vl`` bytes, whole pages of
+:func:`page`: the toy's 2 MiB, pytorch's 2 MiB small / 20 MiB large pool),
+tiled by blocks of four kinds -- free, live, pending and *unmapped* (``UNM``)
+--; reserved counts the mapped bytes only (unmapped blocks add to no ghost
+sum, so ``reserved = free + active`` still holds), a free arena block is never
+a whole-free segment, and C3 also forbids two adjacent unmapped blocks.
+
+* ``malloc:expand`` / ``gc_end:expand`` / ``malloc_retry:expand``: no free
+  block serves the request and the memory_fraction check (on ``alloc``)
+  passes: the mapping starts (phase ``xp``) at the run of an unmapped block
+  ``u`` of an arena of the request's pool and stream, its head the free block
+  before ``u`` if any (``_find_expandable``'s choice is an argument: the
+  agreement passes the spec rule's, re-stated by its driver), or a fresh arena
+  (``u = -1``);
+* ``expand:map``: the pages of the run's next unmapped block up to the
+  request's last byte (page-rounded from the arena's base, at most the block)
+  are mapped, if reserved + them fits the device: they become free and merge
+  with the head (and, the block mapped whole, with a free block after it);
+  ``expand:fresh``: a fresh arena at a fresh base, its first
+  ``min(ceil(r, page), VA)`` bytes mapped; ``expand:serve``: the head holds the
+  request and serves it like a best fit (pytorch splits any remainder >= 512
+  with expandable segments); ``expand:oom`` / ``expand:retry``: the next pages
+  do not fit: the pages mapped so far stay mapped, then the toy's OutOfMemory
+  ("Tried to allocate" the rounded request), pytorch's retry (whose second
+  attempt ends in OutOfMemory);
+* ``unmap:free`` (the toy's free, at once and when an event frees a block) and
+  ``unmap:cache`` (empty_cache and pytorch's retry, counted in empty_cache's
+  answer): the whole pages inside a free block are unmapped (the free edges
+  before and after them stay), the unmapped block merges with unmapped
+  neighbours, and an arena left all unmapped is released;
+* ``malloc:fit`` with expandable segments: PyTorch's best fit walks on from
+  the smallest candidate while the next one's *expandable size* (its size
+  plus the unmapped block after it) is smaller (:func:`grow_best`).
+
+With the flag, C1's memory_fraction conjunct (reserved within the cap) is
+not claimed -- the spec's C1 does not claim it either: the fraction's check
+is on ``alloc`` and the mapping takes whole pages, so reserved may pass the
+cap (a 22 MiB request under a 32 MiB cap maps two 20 MiB pages).  An arena
+whose first mapping failed stays in the spec's state without a base and
+without a mapped byte (the spec maps it later like a fresh one): it is not a
+block here.
 """
 
 from __future__ import annotations
@@ -1137,7 +1180,7 @@ def unmap_step(s: St, a: St, count: bool) -> tuple[Any, St]:
         merged["ret"] = s.ret + (E - B)
     out = _update_sums(s, merged, touched, 2)
     out["n"] = n + 2
-    return OK, St({f: z3.If(has, out[f], s[f]) for f in out})
+    return OK, out   # (both actions' preconditions say the block holds a whole page: ``has``)
 
 
 def double_step(s: St, a: St) -> tuple[Any, St]:
@@ -1671,11 +1714,13 @@ def refute(inv_id: str, timeout_ms: int = 60000, knob: str | None = None) -> tup
     ev = lambda x: m.eval(x, model_completion=True)  # noqa: E731
     n = ev(s.n).as_long()
     lines = [f"  from a well-formed heap of {n} block(s) (seed preset: {ev(s.seed)}, capacity {ev(s.cap)}, "
-             f"max_split_size {ev(s.ms)}, memory_fraction cap {ev(s.lim) if z3.is_true(ev(s.hf)) else 'unset'}):"]
+             f"max_split_size {ev(s.ms)}, memory_fraction cap {ev(s.lim) if z3.is_true(ev(s.hf)) else 'unset'}, "
+             f"expandable segments: {ev(s.ex)}, reserved {ev(s.Rs + s.Rl)}"
+             + (f"; mapping {ev(s.mr)} bytes, head {ev(s.xh)}" if z3.is_true(ev(s.xp)) else "") + "):"]
     for i in range(n):
         if z3.is_true(ev(at(s.al, i))):
             lines.append(f"    block {i}: addr {ev(at(s.ad, i))} size {ev(at(s.sz, i))} "
-                         f"{('free', 'live', 'pending')[ev(at(s.k, i)).as_long()]} stream {ev(at(s.sr, i))} "
+                         f"{('free', 'live', 'pending', 'unmapped')[ev(at(s.k, i)).as_long()]} stream {ev(at(s.sr, i))} "
                          f"segment {ev(at(s.sb, i))}+{ev(at(s.ss, i))}")
     lines.append(f"  {act_name}(" + ", ".join(f"{k}={ev(v)}" for k, v in a.items()) + f") [without: {words}]")
     lines.append(f"  => {inv_id} violated")
@@ -1686,14 +1731,11 @@ def refute(inv_id: str, timeout_ms: int = 60000, knob: str | None = None) -> tup
 # the C rows of ``memspec prove``
 # --------------------------------------------------------------------------
 
-#: what the encoding leaves out, per invariant (a proof with a restriction is reported bounded, never proved)
-NOT_ENCODED = ("expandable segments are not encoded in the heap (C8 has its own encoding): the block state has no "
-               "'unmapped' kind and no mapped-bytes ghost, and the expandable malloc (mapping a run's pages into a "
-               "block), the unmap of whole free pages at empty_cache and the OOM retry, and the toy's unmap at free "
-               "are not encoded, so the heap agreement walks run with expandable_segments off")
-BOUNDED: dict[str, str] = {
-    **{f"C{i}": f"one encoding for both presets (seed a symbolic flag) over an arbitrary well-formed heap; "
-                f"{NOT_ENCODED}" for i in range(1, 10) if i != 8},
+#: what the encoding leaves out, per invariant (a proof with a restriction is reported bounded, never proved):
+#: nothing for C1-C7 and C9 -- one encoding of both presets and of expandable segments on and off (symbolic
+#: flags) over an arbitrary well-formed heap; C8 is proved by :mod:`.proofs_caching_expandable`
+BOUNDED: dict[str, str | None] = {
+    **{f"C{i}": None for i in range(1, 10) if i != 8},
     "C8": "not encoded: expandable segments (physical pages of a VA arena) have no Z3 encoding yet",
 }
 

@@ -138,7 +138,7 @@ def test_caching_rows_carry_the_agreement_and_fail_on_a_mismatch() -> None:
     rep.inv = {c: [5, 0] for c in A.HEAP_INVARIANTS}
     rows = {r["id"]: r for r in _caching_records(_fake_heap(), rep, None)}
     c3 = rows["C3"]
-    assert c3["transition_agreement"]["caching:free"] == {"free:pending": 1, "free:merge": 1}
+    assert c3["transition_agreement"]["caching:free"] == {"free:pending": 1, "free:merge": 1, "unmap:free": 1}
     assert c3["invariant_agreement"] == {"samples": 5, "disagreements": 0}
     assert c3["unguarded"]["refuted"] and set(c3["declared_actions"]) <= set(c3["encoded_actions"])
     assert not any(w.startswith(("transition", "invariant", "branches")) for w in c3["_why"]), c3["_why"]
