@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -155,8 +156,30 @@ def run(quick: bool = False) -> list[Row]:
     pairs = 2_000 if quick else 30_000
     repeats = 1 if quick else 3
     trials = 1 if quick else 5  # interleaved runs of each side (best kept): pytorch sizes, seed vs toy
-    return (pytorch_rows(lives, pairs, repeats, trials) + [floor_row(lives, pairs, repeats)]
-            + seed_rows(lives, pairs, trials))
+    return (_loaded(lambda: pytorch_rows(lives, pairs, repeats, trials))
+            + _loaded(lambda: [floor_row(lives, pairs, repeats)]) + _loaded(lambda: seed_rows(lives, pairs, trials)))
+
+
+def _loaded(make: Callable[[], list[Row]]) -> list[Row]:
+    """``make()``'s rows with the machine's 1-minute load average before and
+    after their measurement (note and ``extra["loadavg"]``): on a shared
+    machine it says how far the figures are from a quiet one's."""
+    before = _loadavg()
+    rows = make()
+    after = _loadavg()
+    if before is not None and after is not None:
+        for r in rows:
+            if r.value is not None:
+                r.extra["loadavg"] = [before, after]
+                r.note += f"; load average {before:.1f} -> {after:.1f}"
+    return rows
+
+
+def _loadavg() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:  # (not on every platform)
+        return None
 
 
 class _DictAllocator:

@@ -199,6 +199,25 @@ def _walk_native(quick: bool) -> tuple[dict | None, str, float | None]:
     return out, "", build_s
 
 
+def _phase_labels() -> tuple:
+    from bench.profile import WALK_PHASES
+
+    return WALK_PHASES
+
+
+def _walk_phases(quick: bool) -> dict:
+    """``{level: bench.profile.walk_phases(level)}``: each phase of a pure
+    walk step timed per call (no profiler), in CPU us/step; ``{}`` when it
+    cannot run (the row's figures do not depend on it)."""
+    try:
+        from bench.profile import walk_phases
+
+        return {lv: walk_phases(lv, steps=100 if quick else 1500, run_length=_settings(quick)[1])
+                for lv in ("mechanism", "system")}
+    except Exception:  # noqa: BLE001 - a breakdown that cannot run leaves the row as it is
+        return {}
+
+
 def _totals(m: dict) -> tuple[int, float]:
     return sum(d["steps"] for d in m["levels"].values()), sum(d["seconds"] for d in m["levels"].values())
 
@@ -253,6 +272,12 @@ def walk_rows(quick: bool = False) -> list[Row]:
                      native_cpu_us_per_step=comp["cpu"])
     else:
         note += f"; CPU us/step: {pure_cpu_text}; not compiled: {why_not}"
+    phases = _walk_phases(quick)
+    if phases:
+        note += "; where a pure step's time goes (CPU us/step, " + "/".join(phases) + "): " + ", ".join(
+            f"{label} " + "/".join(f"{m['phases'][label]:.0f}" for m in phases.values())
+            for label, _d in _phase_labels())
+        extra["phases_us_per_step"] = {lv: m["phases"] for lv, m in phases.items()}
     note += "; " + walk.sample_note()
     problems = pure["problems"] + (comp["problems"] if comp else [])
     if problems:

@@ -14,6 +14,8 @@ import io
 import pstats
 import sys
 
+from typing import Any
+
 from bench.__main__ import GROUPS, _load
 from bench.common import print_table
 
@@ -60,6 +62,106 @@ def breakdown(stats: pstats.Stats) -> str:
     return "\n".join(lines)
 
 
+#: (label, what is timed) of the walk's phases, exclusive, in step order
+WALK_PHASES = (
+    ("draw", "choose an available action and draw its arguments (the engine's guidance: swarm, focus, "
+             "redraws, each with the spec's outcome set)"),
+    ("target call", "the implementation's call (Action.perform through the guard)"),
+    ("spec + match", "apply less the call and the checks: trace record, stats, spec outcomes (when not "
+                     "reused from the draw), outcome match, the spec following the branch, binding refs"),
+    ("invariants", "Run.check_invariants"),
+    ("observations", "Run.check_observations (spec figure vs implementation figure)"),
+    ("data integrity", "Integrity.after_step (stamps written / read back through the EP)"),
+    ("check_after rest", "check_after less the three checks"),
+    ("run setup", "fresh target + spec state per run (Run.__init__)"),
+    ("run end", "teardown: full invariant scan, full data verify, close"),
+    ("walk loop", "the rest: the walk's loop, run seeds, records"),
+)
+
+
+def walk_phases(level: str, steps: int = 3000, run_length: int = 50, seed: int = 0, target: str = "reference") -> dict:
+    """Where a walk step's time goes, without a profiler's distortion:
+    ``{"cpu_us_per_step": ..., "phases": {label: us/step}, "steps": n}``.
+
+    Each phase's method is wrapped with a ``perf_counter_ns`` timer (about
+    0.1 us per step for all of them) on the run class the walk uses; the
+    phases are exclusive (a phase that calls another is counted less it).
+    The shares are of wall time on this thread, scaled to the walk's CPU
+    time per step (``time.process_time``) so that load spread evenly over
+    the phases does not show."""
+    import dataclasses
+    import time
+    from time import perf_counter_ns
+
+    from memspec.invariants import integrity as I
+    from memspec.invariants import runner, walk
+
+    acc = dict.fromkeys(("choose", "apply", "perform", "check_after", "check_invariants", "check_observations",
+                         "after_step", "__init__", "teardown"), 0)
+
+    def timed(key: str, fn: Any) -> Any:
+        def wrapper(*a: Any, **k: Any) -> Any:
+            t = perf_counter_ns()
+            try:
+                return fn(*a, **k)
+            finally:
+                acc[key] += perf_counter_ns() - t
+        return wrapper
+
+    cls = getattr(walk, "WalkRun", None) or __import__("memspec.invariants.engine", fromlist=["Run"]).Run
+    saved = {}
+    for name in ("choose", "apply", "check_after", "check_invariants", "check_observations", "__init__", "teardown"):
+        saved[(cls, name)] = cls.__dict__.get(name)
+        setattr(cls, name, timed(name, getattr(cls, name)))
+    saved[(I.Integrity, "after_step")] = I.Integrity.__dict__.get("after_step")
+    I.Integrity.after_step = timed("after_step", I.Integrity.after_step)
+    plan = runner.make_plan(target, level)
+    plan.actions = [dataclasses.replace(a, perform=timed("perform", a.perform)) for a in plan.actions]
+    try:
+        c0, t0 = time.process_time(), perf_counter_ns()
+        res = walk.walk(plan, max_steps=steps, run_length=run_length, seed=seed, stop_on_failure=False)
+        cpu, wall = time.process_time() - c0, perf_counter_ns() - t0
+    finally:
+        for (owner, name), fn in saved.items():
+            if fn is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, fn)
+    n = max(res.steps, 1)
+    excl = {
+        "draw": acc["choose"],
+        "target call": acc["perform"],
+        "spec + match": acc["apply"] - acc["perform"] - acc["check_after"],
+        "invariants": acc["check_invariants"],
+        "observations": acc["check_observations"],
+        "data integrity": acc["after_step"],
+        "check_after rest": acc["check_after"] - acc["check_invariants"] - acc["check_observations"] - acc["after_step"],
+        "run setup": acc["__init__"],
+        "run end": acc["teardown"],
+    }
+    excl["walk loop"] = wall - sum(excl.values())
+    scale = cpu * 1e6 / n / (wall / 1e3 / n) if wall else 0.0   # CPU us per wall us
+    return {"level": level, "steps": res.steps, "runs": res.runs, "cpu_us_per_step": cpu * 1e6 / n,
+            "wall_us_per_step": wall / 1e3 / n,
+            "phases": {k: v / 1e3 / n * scale for k, v in excl.items()},
+            "failures": [f.violation.invariant for f in res.failures], "errors": res.errors}
+
+
+def print_walk_phases(levels: tuple = ("mechanism", "system"), steps: int = 3000) -> list[dict]:
+    out = []
+    for level in levels:
+        m = walk_phases(level, steps)
+        out.append(m)
+        print(f"walk step breakdown, {level}: {m['cpu_us_per_step']:.0f} CPU us/step over {m['steps']} steps "
+              f"({m['runs']} runs; phase shares timed per call, scaled to CPU time)")
+        for label, desc in WALK_PHASES:
+            us = m["phases"][label]
+            print(f"  {us:7.1f} us  {100 * us / m['cpu_us_per_step']:5.1f}%  {label}: {desc}")
+        if m["failures"] or m["errors"]:
+            print(f"  NOTE run not clean: {m['failures']} {m['errors']}")
+    return out
+
+
 def _walk_on_this_thread() -> None:
     """cProfile sees only the thread it runs on, and the walk runs each run
     on the guard's worker thread (``CallGuard.run_watched``): while
@@ -90,8 +192,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--breakdown", action="store_true",
                    help="harness groups: split a step's time into draw / spec+target call / invariants / "
                         "observations / data integrity / fresh target")
+    p.add_argument("--phases", action="store_true",
+                   help="walk: time each phase of a walk step per call (no profiler), per level, and stop")
+    p.add_argument("--steps", type=int, default=3000, help="--phases: steps per level (default %(default)s)")
     args = p.parse_args(argv)
     _walk_on_this_thread()
+    if args.phases:
+        print_walk_phases(steps=args.steps)
+        return 0
     prof = cProfile.Profile()
     rows = prof.runcall(_load(GROUPS[args.group]), args.quick)
     print_table(rows)

@@ -34,7 +34,7 @@ agreement with spec/caching):
   the block holding the request's last byte -- mapping exactly the pages the
   request lacks: every unmapped block in ``j .. x - 1`` and the pages of ``x``
   up to ``ceil(off[j] + r)``.  ``memory_fraction`` first: OutOfMemory when
-  ``fr`` and ``mapped + alloc > allowed``.  Else OutOfMemory iff
+  ``fr`` and ``mapped + alloc > allowed`` (the toy: ``ceil(r, 2 MiB)``, its pages, for ``alloc``).  Else OutOfMemory iff
   ``mapped + need > cap``; the blocks are mapped one by one, so an
   OutOfMemory leaves the blocks before the first that did not fit mapped
   (``map_oom``);
@@ -59,8 +59,8 @@ invariant and every action preserves it; C8's step property -- an
 OutOfMemory leaves less free memory than the pages the request lacks, and
 those are at most the request's page-rounded size (``need <= ceil(r, page)``,
 over any layout), or it is ``memory_fraction``'s cap
-(``allowed - mapped < alloc``; pytorch: ``alloc <= ceil(r, page)``, so also
-less than the page-rounded request); the unguarded variant (``map`` maps the
+(``allowed - mapped < alloc``; pytorch: ``alloc <= ceil(r, page)``, the toy
+checks ``ceil(r, page)`` itself, so also less than the page-rounded request); the unguarded variant (``map`` maps the
 whole unmapped block, not only the pages the request lacks) raises
 OutOfMemory with the request's pages free (C8 itself refuted).
 
@@ -81,17 +81,16 @@ block's address, the mapped bytes, the unmapped byte ranges of every arena
 (and empty_cache's answer).  The invariant is evaluated on every projected
 state against the spec's C8.
 
-Findings on the spec (reported, not changed: the reference behaves the
-same): the fraction's check uses ``alloc`` (the segment size a non-expandable
-malloc would take: the toy's ``max(20 MiB, r)``), so the toy with
-``memory_fraction`` raises OutOfMemory with fewer free bytes under the cap
-than 20 MiB but more than the request's pages -- C8's step property holds
-only in its fraction form there.  The toy's ``empty_cache`` answer leaves out
+Findings on the spec: the seed preset's fraction check used ``alloc`` (the
+segment size a non-expandable malloc would take: the toy's ``max(20 MiB,
+r)``), so the toy with ``memory_fraction`` raised OutOfMemory with fewer free
+bytes under the cap than 20 MiB but more than the request's pages; the spec
+and the reference now check the request's pages there (``cap_size``).  The toy's ``empty_cache`` answer leaves out
 the pages its events' frees unmapped on the way (the encoding's answer is
 the same).  With ``arena_factor`` set so that an arena's VA is smaller than a
-request, ``predict_malloc`` raises IndexError (``_try_expandable`` runs past
-the fresh arena's last block); not reachable with the presets' factors, and
-not in the walks.
+request, ``predict_malloc`` raised IndexError (``_try_expandable`` ran past
+the fresh arena's last block); now an OutOfMemory, no arena reserved (spec
+and reference; not reachable with the presets' factors, nor in the walks).
 """
 
 from __future__ import annotations
@@ -439,8 +438,14 @@ def need(s: St, a: MapArgs, whole: bool = False, page: Any = None) -> Any:
     return (s.S(a.x) - s.S(a.j)) - (s.M(a.x) - s.M(a.j)) + If(s.k(a.x) == U, part_of(s, a, whole, page), 0)
 
 
+def cap_size(s: St, r: Any) -> Any:
+    """What ``memory_fraction``'s cap is checked on (``policy._alloc_block``): pytorch the segment size
+    ``alloc`` even when expandable; the toy maps only the pages of ``r`` (``if s.mapped + want > s.device``)."""
+    return If(s.seed, _ceil(r, P2), segment_size(s, r))
+
+
 def frac_oom(s: St, a: MapArgs) -> Any:
-    return And(s.fr, s.mapped + segment_size(s, a.r) > s.allowed)
+    return And(s.fr, s.mapped + cap_size(s, a.r) > s.allowed)
 
 
 def map_oom_cond(s: St, a: MapArgs, whole: bool = False, page: Any = None) -> Any:
@@ -723,7 +728,7 @@ def proofs(only: tuple[str, ...] | None = None) -> list[tuple[str, str, float]]:
         H0 = Hyp([a.j, a.u, a.x, a.x + 1, a.j + 1, a.u - 1], [a.j, a.u, a.x])
         shape = map_shape(s, a, H0)
         pg = page_of(s, a.small)
-        frac = And(s.fr, s.allowed - s.mapped < segment_size(s, a.r))
+        frac = And(s.fr, s.allowed - s.mapped < cap_size(s, a.r))
         t0 = time.process_time()
         out.append(("step:map:C8 OutOfMemory => free < the lacking pages <= ceil(r, page), or the fraction's cap",
                     _check([inv(s, H0), shape, Or(frac_oom(s, a), map_oom_cond(s, a))],

@@ -86,7 +86,7 @@ def walk_once(plan: H.Plan, seed: int, run_length: int, guard: H.CallGuard) -> t
 def _walk_once(plan: H.Plan, seed: int, run_length: int, guard: H.CallGuard, holder: list) -> tuple:
     rng = random.Random(seed)
     record: list = []
-    chooser = H.RandomChooser(rng, record)
+    chooser = WalkChooser(rng, record)
     run = H.Run(plan, guard, chooser)
     holder += (run, record)
     try:
@@ -100,6 +100,32 @@ def _walk_once(plan: H.Plan, seed: int, run_length: int, guard: H.CallGuard, hol
     finally:
         run.close()
     return None, record
+
+
+class WalkChooser(H.RandomChooser):
+    """:class:`~memspec.invariants.choosers.RandomChooser` with the same
+    draws, value for value (``randint(lo, hi)`` is ``lo +
+    _randbelow(hi - lo + 1)``), without ``randint``'s and ``randrange``'s
+    argument checks on every draw."""
+
+    __slots__ = ("_below", "_random")
+
+    def __init__(self, rng: random.Random, record: list | None = None) -> None:
+        super().__init__(rng, record)
+        self._below = rng._randbelow  # type: ignore[attr-defined]
+        self._random = rng.random
+
+    def integer(self, lo: int, hi: int) -> int:
+        v = lo + self._below(hi - lo + 1) if hi > lo else lo
+        if self.record is not None:
+            self.record.append(v)
+        return v
+
+    def boolean(self) -> bool:
+        v = self._random() < 0.5
+        if self.record is not None:
+            self.record.append(v)
+        return v
 
 
 #: the walk writes its pattern into one new memory region in this many and
@@ -116,12 +142,19 @@ WALK_VERIFY_EVERY = 4
 
 
 def sample_note(integrity_sample: int = WALK_INTEGRITY_SAMPLE, verify_every: int = WALK_VERIFY_EVERY) -> str:
-    """The walk's data-integrity sample, as a run states it."""
+    """What the walk checks and when, as a run states it: the spec's outcome
+    set, invariants and observations after every step as the harness checks
+    them, data integrity on the stated sample."""
     from memspec.invariants.integrity import VERIFY_PER_STEP
 
-    return (f"data integrity sampled: pattern written into 1 new region in {integrity_sample} (others read back), "
+    return ("checked after every step: the answer against the spec's outcome set; every invariant "
+            "(re-evaluated whenever the step's branch changed the spec state: a no-op branch leaves every "
+            "verdict as it was); every observation (every global figure, the figures of the refs the step "
+            "touched or bound and of the tickets whose state changed); full invariant scan at the end of each run; "
+            f"data integrity sampled: pattern written into 1 new region in {integrity_sample} (others read back), "
             f"{VERIFY_PER_STEP} regions re-verified round robin on 1 step in {verify_every}, "
-            "every region verified at the end of each run; invariants and observations after every step")
+            "the regions a step touched or bound refreshed on every step, "
+            "every region verified at the end of each run")
 
 
 def walk(plan: H.Plan, *, seconds: float | None = None, max_steps: int | None = None, seed: int = 0,

@@ -20,7 +20,9 @@ must run pure Python; classes of compiled modules are native classes (no
 ``__dict__``, no ``__class__`` swap), so code that patches them at run time
 needs the pure modules.
 
-**Measured: no gain** (bench/README.md, "session F").  CPU per walk step,
+**Measured: no gain for the walk** (bench/README.md, "session F"); the
+caching allocator, by contrast, runs 1.3-2.4x faster compiled (its bench
+rows measure both).  CPU per walk step,
 three interleaved pairs of fresh processes, 3,000 steps per level, mean of
 the two levels: pure 196-222 us (median 207), compiled 181-251 us (median
 200): within this machine's noise.  Compiling the reference too (before it
@@ -59,11 +61,17 @@ from typing import Any, Sequence
 #: bench.profile walk``), restricted to what compiles to the same behaviour
 #: (``tests/test_native.py`` compares the walks).  Left out, and why:
 #:
-#: * ``reference/*``: the implementation under test validates hostile input
-#:   itself (``size="4096"`` -> ``InvalidRequest``); mypyc checks a
-#:   parameter's annotation at the call, so a compiled ``size: int`` raises
-#:   ``TypeError`` first -- a different answer, which the harness reports as
-#:   a conformance failure (seen: S5 unexpected-exception on ``allocate``);
+#: * ``reference/*`` but the caching allocator: the implementation under test
+#:   validates hostile input itself (``size="4096"`` -> ``InvalidRequest``);
+#:   mypyc checks a parameter's annotation at the call, so a compiled
+#:   ``size: int`` raises ``TypeError`` first -- a different answer, which the
+#:   harness reports as a conformance failure (seen: S5 unexpected-exception
+#:   on ``allocate``).  ``reference.caching`` (with ``caching_stats``, compiled
+#:   together) is written for the build: its validating entry points take
+#:   ``Any``, its handle copies itself (``__copy__``: mypyc's classes refuse
+#:   ``copyreg``'s argument-less construction) and its allocator class allows
+#:   interpreted subclasses (the mutants); the caching tests, the hostile ones
+#:   included, pass compiled (``tests/test_caching_native.py``);
 #: * ``spec.kernels``: returns a symbolic quotient (``a / b``) under Z3 and
 #:   CrossHair where it declares ``int`` (the proofs run these kernels);
 #: * ``spec.holders``, ``spec.vmm``, ``spec.ep``, ``spec.manager``: their
@@ -89,6 +97,11 @@ MODULES: tuple[str, ...] = (
     "memspec.spec.context",
     "memspec.invariants.choosers",
     "memspec.invariants.integrity",
+    # the caching allocator (bench.caching's rows, ``memspec snapshot --replay``): compiled, its
+    # presets ran 1.3-2.4x the pure-Python pairs per CPU second (bench caching rows, pure and
+    # compiled side by side in one run); caching imports caching_stats
+    "memspec.reference.caching_stats",
+    "memspec.reference.caching",
 )
 
 ENV = "MEMSPEC_NATIVE"

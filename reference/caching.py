@@ -412,10 +412,29 @@ class CachedBlock:
 
     __slots__ = ("address", "size", "requested_size", "stream", "_block", "_freed")
 
-    def __init__(self, address: int, size: int, requested_size: int, stream: int, block: Any = None) -> None:
+    def __init__(self, address: int = 0, size: int = 0, requested_size: int = 0, stream: int = 0,
+                 block: Any = None) -> None:
+        # (every argument has a default: a mypyc build's ``CachedBlock.__new__(CachedBlock)``
+        # runs this ``__init__``, and a hand-built handle must be refused by name, not by TypeError)
         self.address, self.size, self.requested_size, self.stream = address, size, requested_size, stream
         self._block = block
         self._freed = False
+
+    def __copy__(self) -> CachedBlock:
+        """A copy has the same fields (and names the same block) but is never
+        live: only the object malloc returned is (``free`` refuses a copy
+        with StaleHandle, DoubleFree once the original was freed).  Defined,
+        not inherited, so a mypyc build copies as pure Python does."""
+        c = CachedBlock(self.address, self.size, self.requested_size, self.stream, self._block)
+        c._freed = getattr(self, "_freed", False) is True  # (the pure malloc leaves it unset until free)
+        return c
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> CachedBlock:
+        """As :meth:`__copy__`: a handle is a read-out; deep-copying it does
+        not duplicate the allocator its block belongs to."""
+        c = self.__copy__()
+        memo[id(self)] = c
+        return c
 
     def __repr__(self) -> str:
         return _describe(self)
@@ -541,7 +560,7 @@ class CachingAllocator:
         max_split_size: int | None = None,
         roundup_power2_divisions: tuple[int, ...] | int | None = None,
         garbage_collection_threshold: float = 0.0,
-        memory_fraction: float | None = None,
+        memory_fraction: Any = None,  # (validated by set_per_process_memory_fraction)
         driver: Any = None,
         backing: Any = None,
         mem_get_info: Callable[[], tuple[int, int]] | None = None,
@@ -653,7 +672,7 @@ class CachingAllocator:
         """cudaMalloc is refused when reserved + size > fraction * capacity."""
         if type(fraction) not in (int, float) or not 0.0 <= fraction <= 1.0:  # nan fails both comparisons
             raise InvalidRequest(f"fraction must be a number in [0, 1], got {fraction!r}")
-        self.memory_fraction = fraction
+        self.memory_fraction = float(fraction)  # (an int fraction reads back as a float, compiled or not)
         self._allowed = int(fraction * self.capacity)
 
     # ---------------------------------------------------------------- policy
@@ -1051,7 +1070,10 @@ class CachingAllocator:
     def _alloc_block(self, pool: _Pool, stream: int, r: int, alloc_size: int, *, retry: bool) -> _Block | None:
         if retry:
             self.stats.num_alloc_retries += 1
-        if self._allowed is not None and self._total + alloc_size > self._allowed:
+        # memory_fraction: PyTorch checks the segment size; the seed's toy under expandable segments maps only
+        # the rounded request's pages (``mapped + want``), so its cap is checked on the pages of ``r``
+        cap_size = -(-r // self._page(pool.small)) * self._page(pool.small) if (self._seed and self.expandable) else alloc_size
+        if self._allowed is not None and self._total + cap_size > self._allowed:
             return None
         if self.expandable:
             return self._try_allocate_expandable(pool, stream, r)
@@ -1178,6 +1200,8 @@ class CachingAllocator:
 
     def _try_allocate_expandable(self, pool: _Pool, stream: int, r: int) -> _Block | None:
         c = self._find_expandable_block(pool, stream, r)
+        if c is None:  # a fresh arena's VA is smaller than the request
+            return None
         if not c.mapped:
             if not self._map_block(pool, c, min(c.size, r)):
                 return None
@@ -1193,7 +1217,7 @@ class CachingAllocator:
     def _allocatable(b: _Block | None) -> bool:
         return b is not None and not b.allocated and b.events == 0 and not b.uses
 
-    def _find_expandable_block(self, pool: _Pool, stream: int, r: int) -> _Block:
+    def _find_expandable_block(self, pool: _Pool, stream: int, r: int) -> _Block | None:
         for key in pool.unmapped.irange(stream << 64, ((stream + 1) << 64) - 1):
             c = pool.unmapped_at[key & _M64]
             p = c.prev
@@ -1208,6 +1232,8 @@ class CachingAllocator:
                 return c
         page = self._page(pool.small)
         size = -(-int(self.capacity * self.arena_factor) // page) * page
+        if size < r:  # no arena can hold the request (arena_factor below the presets'): OutOfMemory
+            return None
         va = self._backing.reserve(ReserveRequest(size))
         seg = _Segment(va.address, va.size - va.size % page, stream, pool.small, True, va, page, self, pool)
         self._segments[seg.address] = seg
@@ -1415,7 +1441,22 @@ class CachingAllocator:
             net_n -= 1
             net_b -= q.size
         a = b.address
-        _sl_add(pool, (b.stream << 128) | (b.size << 64) | a)
+        v = (b.stream << 128) | (b.size << 64) | a  # _sl_add(pool, v), inlined
+        if maxes:
+            if v >= maxes[-1]:
+                pos = len(maxes) - 1
+                lst = lists[pos]
+                lst.append(v)
+                maxes[pos] = v
+            else:
+                pos = bisect_right(maxes, v)
+                lst = lists[pos]
+                insort(lst, v)
+            if pool.index or len(lst) > 2000:
+                bl._expand(pos)
+            bl._len += 1
+        else:
+            bl.add(v)
         free[a] = b
         b.gc_base = pool.gc_calls
         if b.prev is not None or b.next is not None:

@@ -134,11 +134,13 @@ class ReferenceEP:
 
     def read(self, stream: int, address: int, size: int) -> bytes:
         """Device-to-host copy ordered after the stream's queued work; waits for it."""
-        self._mine(stream)
-        if not is_int(size) or size <= 0:
-            raise InvalidRequest(f"read size must be an int > 0, got {size!r}")
-        if not is_int(address):
-            raise InvalidRequest(f"address must be an int, got {address!r}")
+        if not (type(stream) is int and type(address) is int and type(size) is int and size > 0
+                and not self.closed and stream in self._own):   # (plain valid arguments: checked above at once)
+            self._mine(stream)
+            if not is_int(size) or size <= 0:
+                raise InvalidRequest(f"read size must be an int > 0, got {size!r}")
+            if not is_int(address):
+                raise InvalidRequest(f"address must be an int, got {address!r}")
         data = self.sim.read_now(stream, address, size)  # nothing queued ahead: checked and run at once
         if data is not None:
             return data

@@ -221,7 +221,7 @@ class Action(Generic[S]):
         return self.doc.strip().split("\n\n")[0]
 
     def available(self, state: Any) -> bool:
-        if not self.enabled(state):
+        if self.enabled is not _always and not self.enabled(state):
             return False
         for d in self.params.values():
             if d.available is not _always and not d.available(state):  # a domain with nothing to draw

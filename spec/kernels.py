@@ -17,11 +17,18 @@ from typing import Any, NamedTuple
 
 
 def _is_symbolic(x: Any) -> bool:
-    return type(x).__module__.startswith("z3")
+    t = type(x)
+    return t is not int and t is not bool and t.__module__.startswith("z3")
+
+
+#: the plain Python types the executable spec computes with (never symbolic)
+_PLAIN = frozenset((int, bool))
 
 
 def ite(cond: Any, then: Any, other: Any) -> Any:
     """``then if cond else other``, also for a Z3 boolean ``cond``."""
+    if type(cond) is bool and type(then) in _PLAIN and type(other) in _PLAIN:
+        return then if cond else other   # the executable spec's case, without a module lookup per argument
     if _is_symbolic(cond) or _is_symbolic(then) or _is_symbolic(other):
         import z3  # only when given symbolic terms; the spec itself is stdlib-only
 
@@ -31,6 +38,8 @@ def ite(cond: Any, then: Any, other: Any) -> Any:
 
 def both(a: Any, b: Any) -> Any:
     """Logical and, also for Z3 booleans."""
+    if type(a) is bool and type(b) is bool:
+        return bool(a) and bool(b)   # as below: only the symbolic test is skipped
     if _is_symbolic(a) or _is_symbolic(b):
         import z3
 
@@ -40,6 +49,8 @@ def both(a: Any, b: Any) -> Any:
 
 def either(a: Any, b: Any) -> Any:
     """Logical or, also for Z3 booleans."""
+    if type(a) is bool and type(b) is bool:
+        return bool(a) or bool(b)
     if _is_symbolic(a) or _is_symbolic(b):
         import z3
 

@@ -106,3 +106,20 @@ def test_opcodes_per_pair_is_deterministic_and_counts_the_ops_frames():
     # the dict "allocator" runs a handful of opcodes per call: far fewer than the reference
     assert 0 < d < seed[0] / 5
     assert sys.gettrace() is before  # the tracer is removed
+
+
+def test_measured_rows_carry_the_load_average_around_their_measurement(monkeypatch):
+    from bench import caching as bc
+    from bench.common import Row, unavailable
+
+    loads = iter([(0.5, 0, 0), (2.25, 0, 0)])
+    monkeypatch.setattr(bc.os, "getloadavg", lambda: next(loads))
+    rows = bc._loaded(lambda: [Row("r", 1.0, "pairs/s", note="n"), unavailable("u", "pairs/s", "", "why")])
+    assert rows[0].extra["loadavg"] == [0.5, 2.25] and rows[0].note.endswith("load average 0.5 -> 2.2")
+    assert "loadavg" not in rows[1].extra and "load average" not in rows[1].note
+
+    def no_loadavg():
+        raise OSError("no load average here")
+
+    monkeypatch.setattr(bc.os, "getloadavg", no_loadavg)
+    assert "loadavg" not in bc._loaded(lambda: [Row("r", 1.0, "pairs/s")])[0].extra

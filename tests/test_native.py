@@ -122,14 +122,21 @@ def test_a_build_for_another_python_or_with_missing_files_is_refused(tmp_path):
 def test_enabling_after_the_modules_were_imported_falls_back(tmp_path):
     """Mixing a compiled module with the pure one already loaded would give
     two versions of every class: refused."""
-    import memspec.spec.core  # noqa: F401 - imported as Python in this process
-
     _fake_build(tmp_path, native.source_hashes())  # a build that would otherwise be used
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        assert native.enable(root=tmp_path) is False
-    assert any(issubclass(x.category, native.NativeFallback) and "already imported" in str(x.message) for x in w)
-    assert not native.active()
+    # (in a child without MEMSPEC_NATIVE: this process may run the real build already)
+    got = _child(textwrap.dedent(f"""
+        import json, warnings
+        from pathlib import Path
+        import memspec.spec.core  # imported as Python first
+        from memspec import native
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            ok = native.enable(root=Path({str(tmp_path)!r}))
+        print(json.dumps({{"ok": ok, "active": native.active(),
+                          "warnings": [f"{{x.category.__name__}}: {{x.message}}" for x in w]}}))
+    """), tmp_path, native_env=None)
+    assert got["ok"] is False and got["active"] is False
+    assert any(x.startswith("NativeFallback") and "already imported" in x for x in got["warnings"]), got
 
 
 def test_build_without_mypy_is_a_named_error(tmp_path, monkeypatch):
@@ -189,6 +196,7 @@ _TRACE = textwrap.dedent("""
         out["levels"][level] = {"trace": trace, "steps": st.steps,
                                 **{k: sorted(map(repr, getattr(st, k).items()))
                                    for k in ("actions", "outcomes", "accepted", "boundaries")}}
+    import memspec.reference.caching  # (not a walk module: loaded so that info lists every module built)
     out["info"] = native.info()  # after the walks: what they imported, from where
     print(json.dumps(out))
 """).replace("RUNS", "60").replace("LENGTH", "50")

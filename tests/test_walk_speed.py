@@ -192,3 +192,107 @@ def test_fuzz_walk_states_its_sample_in_the_json_report(tmp_path):
     doc = json.loads(out.read_text())
     assert rc == 0 and doc["steps"] > 0, doc
     assert doc["sample"] == W.sample_note()
+
+
+# --------------------------------------------------------------------------
+# The walk's chooser draws what RandomChooser draws (replays stay valid)
+# --------------------------------------------------------------------------
+
+import random  # noqa: E402
+
+
+def test_walk_chooser_draws_and_records_exactly_what_random_chooser_does():
+    a, b = H.RandomChooser(random.Random(7), []), W.WalkChooser(random.Random(7), [])
+    got_a, got_b = [], []
+    for i in range(4000):
+        lo = i % 5 - 2
+        hi = lo + (i * 7919) % (1 << (i % 40))   # widths 1 .. 2**39, hi == lo included
+        got_a.append((a.integer(lo, hi), a.boolean(), a.weighted((1, 3, i % 4 + 1)), a.choice("xyz")))
+        got_b.append((b.integer(lo, hi), b.boolean(), b.weighted((1, 3, i % 4 + 1)), b.choice("xyz")))
+    assert got_a == got_b and a.record == b.record
+    assert len(set(x[0] for x in got_a)) > 1000     # not a degenerate stream
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_walk_run_is_the_engines_run_step_for_step(level):
+    """The walk's runs (``walk_once``) take the same steps, with the same
+    choices, as the engine's Run driven by RandomChooser: a walk's recorded
+    choices replay in Hypothesis unchanged."""
+    plan = make_plan("reference", level)
+    guard = H.CallGuard(plan.timeout, "direct")
+    for seed in range(3):
+        rng = random.Random(W.run_seed(seed, 0))
+        record: list = []
+        chooser = H.RandomChooser(rng, record)
+        run = H.Run(plan, guard, chooser)
+        trace = []
+        try:
+            for _ in range(60):
+                record.append(False)
+                ts = run.step(chooser)
+                trace.append((ts.action, repr(ts.args), ts.outcome, ts.bound))
+            record.append(True)
+            run.teardown()
+        finally:
+            run.close()
+        v, choices = W.walk_once(plan, W.run_seed(seed, 0), 60, guard)
+        assert v is None and choices == record
+        assert len(set(a for a, *_ in trace)) > 5
+
+
+# --------------------------------------------------------------------------
+# The spec's kernels: the plain-int fast path answers as the general path
+# --------------------------------------------------------------------------
+
+def test_kernels_fast_path_answers_as_before_and_still_builds_z3_terms():
+    from memspec.spec import kernels as K
+
+    vals = (True, False, 0, 1, -3, 7)
+    for x in vals:
+        for y in vals:
+            assert K.both(x, y) == (bool(x) and bool(y)) and type(K.both(x, y)) is bool
+            assert K.either(x, y) == (bool(x) or bool(y)) and type(K.either(x, y)) is bool
+            for z in vals:
+                assert K.ite(x, y, z) is (y if x else z)
+    assert K.ledger_ok(K.Ledger(10, 4, 3, 3)) is True and K.ledger_ok(K.Ledger(10, 4, 3, 2)) is False
+    assert K.ledger_ok(K.Ledger(10, 11, 0, -1)) is False
+    z3 = pytest.importorskip("z3")
+    a, b = z3.Ints("a b")
+    assert z3.is_expr(K.both(a > 0, True)) and z3.is_expr(K.ite(a > b, a, 1)) and z3.is_expr(K.floordiv(a, 4))
+    s = z3.Solver()
+    s.add(K.ite(a > b, a, b) < a)
+    assert s.check() == z3.unsat
+
+
+# --------------------------------------------------------------------------
+# The reference EP's read fast path answers as its checked path
+# --------------------------------------------------------------------------
+
+def test_reference_ep_read_fast_path_keeps_every_answer_and_refusal():
+    from memspec.reference import targets
+    from memspec.spec.api import AllocationRequest
+    from memspec.spec.errors import DeviceFault, InvalidRequest
+
+    inst = targets.reference()
+    ep, sim = inst.ep, inst.ep.sim
+    page = sim.page_size
+    a = inst.mechanism.allocator().allocate(AllocationRequest(3 * page))
+    s = ep.new_stream()
+    ep.write(s, a.address + page - 8, b"y" * 16)
+    ep.synchronize(s)
+    done = sim.items_executed
+    assert ep.read(s, a.address + page - 8, 16) == b"y" * 16      # across a page boundary (the checked path)
+    assert ep.read(s, a.address + page - 4, 4) == b"y" * 4         # one page (the fast path)
+    assert ep.read(s, a.address, 4) == bytes(4)                    # a page never written reads zeros
+    assert sim.items_executed == done + 3                          # each read is one executed copy
+    for bad in [(True, a.address, 4), (999, a.address, 4), (s, a.address, True), (s, a.address, 0),
+                (s, float(a.address), 4)]:
+        with pytest.raises(InvalidRequest):
+            ep.read(*bad)
+    with pytest.raises(DeviceFault):
+        ep.read(s, 0x10, 4)                                        # unmapped: a fault, as before
+    ep.write(s, a.address, b"z" * 4)                               # queued work: the read waits for it
+    assert ep.read(s, a.address, 4) == b"zzzz"
+    ep.close()
+    with pytest.raises(InvalidRequest):
+        ep.read(s, a.address, 4)                                   # a closed EP refuses

@@ -152,7 +152,10 @@ def _unmap(st: CachingState, seg: Segment, i: int) -> int:
     return end - begin
 
 
-def _find_expandable(st: CachingState, small: bool, stream: int, r: int) -> tuple[Segment, int]:
+def _find_expandable(st: CachingState, small: bool, stream: int, r: int) -> tuple[Segment, int] | None:
+    """The first run (by arena address) of free and unmapped blocks that holds ``r``, else a fresh arena;
+    ``None`` when a fresh arena's VA (``arena`` x capacity) is itself smaller than ``r`` (no arena can hold
+    the request: an OutOfMemory, never reached with the presets' 1.125 and 16)."""
     arenas = sorted((s for s in st.segments if s.expandable and s.small == small and s.stream == stream),
                     key=lambda s: s.base if s.base is not None else 1 << 62)
     for s in arenas:
@@ -168,11 +171,16 @@ def _find_expandable(st: CachingState, small: bool, stream: int, r: int) -> tupl
                 return s, j
     page = st.policy.page(small)
     size = -(-int(st.policy.capacity * st.policy.arena) // page) * page
+    if size < r:
+        return None
     return _new_segment(st, size, small, stream, True, page), 0
 
 
 def _try_expandable(st: CachingState, small: bool, stream: int, r: int) -> tuple[Segment, int] | None:
-    seg, i = _find_expandable(st, small, stream, r)
+    found = _find_expandable(st, small, stream, r)
+    if found is None:
+        return None
+    seg, i = found
     if seg.blocks[i].state == UNMAPPED:
         j = _map(st, seg, i, min(seg.blocks[i].size, r))
         if j is None:
@@ -188,7 +196,13 @@ def _try_expandable(st: CachingState, small: bool, stream: int, r: int) -> tuple
 
 def _alloc_block(st: CachingState, small: bool, stream: int, r: int, alloc: int) -> tuple[Segment, int] | None:
     pol = st.policy
-    if pol.allowed is not None and _used(st) + alloc > pol.allowed:
+    # memory_fraction: the device allocation is refused when reserved + its size > the cap.  PyTorch checks
+    # the segment size (``alloc``) even with expandable segments; the seed's toy under expandable segments
+    # allocates no segment, it maps the rounded request's pages (``if s.mapped + want > s.device``), and its
+    # OutOfMemory reports ``r`` as tried: the cap is checked on the pages of ``r`` there (``r`` itself in the
+    # large pool), not on ``max(20 MiB, r)``, so reserved stays within the cap whatever the run maps.
+    size = -(-r // pol.page(small)) * pol.page(small) if (pol.seed and pol.expandable) else alloc
+    if pol.allowed is not None and _used(st) + size > pol.allowed:
         return None
     if pol.expandable:
         return _try_expandable(st, small, stream, r)
