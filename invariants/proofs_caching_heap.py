@@ -654,12 +654,15 @@ def _tried(s: St, r: Any, alloc: Any) -> Any:
     return z3.If(z3.And(s.ex, s.seed), r, alloc)
 
 
-def room(s: St, alloc: Any, guards: frozenset = frozenset()) -> Any:
+def room(s: St, alloc: Any, guards: frozenset = frozenset(), r: Any = None) -> Any:
     """``_alloc_block``'s test: the new segment fits the per-process cap (memory_fraction, when set) and the
     device."""
     if "room" in guards:
         return z3.BoolVal(True)
     used = s.Rs + s.Rl + alloc
+    if r is not None:
+        # the toy with expandable segments maps the rounded request's pages: the cap is checked on them
+        used = s.Rs + s.Rl + z3.If(z3.And(s.ex, s.seed), ceil_pg(r, page(s, r <= K_SMALL)), alloc)
     cap = z3.Or(z3.Not(s.hf), used <= s.lim) if "cap" not in guards else z3.BoolVal(True)
     # expandable segments: only the memory_fraction check here (on ``alloc``); the device's is per page mapped
     return z3.If(s.ex, cap, z3.And(cap, used <= s.cap))
@@ -717,7 +720,7 @@ def malloc_parts(s: St, a: St, guards: frozenset = frozenset()) -> dict[str, Any
     msrej = z3.And(s.ms > 0, z3.Or(z3.And(r < s.ms, bsz >= s.ms), z3.And(r >= s.ms, bsz >= r + K_LARGE_BUFFER)))
     found = z3.And(b >= 0, z3.Not(msrej))
     split = z_split(s, bsz - r, r, small) if "split" not in guards else bsz - r > 0
-    return dict(r=r, small=small, alloc=alloc, best=best, none=none, found=found, room=room(s, alloc, guards),
+    return dict(r=r, small=small, alloc=alloc, best=best, none=none, found=found, room=room(s, alloc, guards, r),
                 split=split, eb=n >= ONE_EB)
 
 
@@ -856,7 +859,7 @@ def gc_release_pre(s: St, a: St, guards: frozenset = frozenset()) -> Any:
 
 def gc_end_pre(s: St, a: St, path: str, guards: frozenset = frozenset()) -> Any:
     alloc = z_segment(s, s.mr)
-    return z3.And(s.gp, cont_path(s, room(s, alloc, guards), path), cont_pre(s, a, alloc, path, guards))
+    return z3.And(s.gp, cont_path(s, room(s, alloc, guards, s.mr), path), cont_pre(s, a, alloc, path, guards))
 
 
 def _acand(s: St, j: Any) -> Any:
@@ -923,7 +926,7 @@ def retry_parts(s: St, a: St, guards: frozenset = frozenset()) -> dict[str, Any]
     small = r <= K_SMALL
     alloc = z_segment(s, r)
     rel = _release_whole(s)
-    return dict(r=r, small=small, alloc=alloc, rel=rel, room=room(rel, alloc, guards))
+    return dict(r=r, small=small, alloc=alloc, rel=rel, room=room(rel, alloc, guards, r))
 
 
 def retry_pre(s: St, a: St, path: str) -> Any:
@@ -1128,7 +1131,9 @@ def _fails(s: St) -> Any:
     """The next mapping does not fit the device."""
     q = _target(s)
     used = s.Rs + s.Rl
-    return z3.If(q == -1, z3.And(s.xh == -1, used + fresh_len(s) > s.cap),
+    # (a fresh arena whose VA is smaller than the request: no arena can hold it)
+    return z3.If(q == -1, z3.And(s.xh == -1, z3.Or(used + fresh_len(s) > s.cap,
+                                                  _arena_va(s, s.mr <= K_SMALL) < s.mr)),
                  z3.And(0 <= q, q < s.n, at(s.al, q), at(s.k, q) == UNM, used + map_len(s, q) > s.cap))
 
 
