@@ -1844,10 +1844,10 @@ def kernel_boundary_agreement(max_split_sizes: tuple[int, ...] = (0, 4 * MiB)) -
     from memspec.spec.caching import kernels as SK
 
     n, r, rem, ms = z3.Ints("kb_n kb_r kb_rem kb_ms")
-    seed = z3.Bool("kb_seed")
+    seed, ex = z3.Bool("kb_seed"), z3.Bool("kb_ex")
     small = z3.Bool("kb_small")
     dv = z3.Array("kb_dv", z3.IntSort(), z3.IntSort())
-    st = St({"seed": seed, "ms": ms, "dv": dv})
+    st = St({"seed": seed, "ms": ms, "dv": dv, "ex": ex})
     er, es, ep = z_round(st, n), z_segment(st, r), z_split(st, rem, r, small)
     ok = round_ok(st, n, r)
     bad: list[str] = []
@@ -1882,11 +1882,13 @@ def kernel_boundary_agreement(max_split_sizes: tuple[int, ...] = (0, 4 * MiB)) -
                           | {K_MIN_BLOCK, SK.round_size(3 * MiB, preset_seed)})
             for rounded in reqs:
                 for sm in (True, False):
-                    for remaining in points:
-                        got = z3.is_true(z3.simplify(z3.substitute(
-                            ep, *base, (small, z3.BoolVal(sm)), (rem, z3.IntVal(remaining)), (r, z3.IntVal(rounded)))))
-                        want = SK.should_split(remaining, rounded, sm, preset_seed, False, msz)
-                        if got != want:
-                            bad.append(f"seed={preset_seed} small={sm} ms={msz} request={rounded} remaining={remaining}: "
-                                       f"z3 split={got}, spec split={want}")
+                    for exp in (False, True):   # expandable segments: pytorch splits any remainder >= 512
+                        for remaining in points:
+                            got = z3.is_true(z3.simplify(z3.substitute(
+                                ep, *base, (ex, z3.BoolVal(exp)), (small, z3.BoolVal(sm)), (rem, z3.IntVal(remaining)),
+                                (r, z3.IntVal(rounded)))))
+                            want = SK.should_split(remaining, rounded, sm, preset_seed, exp, msz)
+                            if got != want:
+                                bad.append(f"seed={preset_seed} small={sm} expandable={exp} ms={msz} "
+                                           f"request={rounded} remaining={remaining}: z3 split={got}, spec split={want}")
     return bad
