@@ -46,7 +46,17 @@ Evaluation is Z3's own: each encoded action is built once per heap size ``n``
 (Python int: every quantifier over block ids is the conjunction over them)
 on symbolic fields, its outputs packed into one term; a sample substitutes
 the concrete projection and simplifies that one term (no solver call, no
-quantifier instantiation).  C8 (expandable segments) has its own encoding in
+quantifier instantiation).
+
+Expandable segments (the flag on, :data:`EXPANDABLE_SCRIPTS` and
+:data:`EXPANDABLE_WALKS`): the projection keeps the unmapped blocks (reserved
+is the mapped bytes, counted from the blocks); the driver re-states the run
+choice (first arena by address, first unmapped block whose run holds the
+request) and PyTorch's expandable best fit from the projected blocks, then the
+mapping's steps (``expand:map``/``fresh``/``serve``/``oom``/``retry``), the
+toy's ``unmap:free`` after a free and ``unmap:cache`` at empty_cache and the
+retry run until the spec's step is matched, with their own branch counts
+(:data:`EXPANDABLE_BRANCHES`).  C8's own encoding is
 :mod:`memspec.invariants.proofs_caching_expandable`.
 """
 
