@@ -36,6 +36,11 @@ class Row:
     seconds: float
     detail: str = ""
     conditions: int = 0
+    #: what the row says: ``clean`` / ``same`` (CrossHair finished and found
+    #: nothing), ``counterexample`` / ``different`` (it found one), ``timeout``
+    #: (killed before it finished: nothing was shown either way), ``error``
+    #: (CrossHair itself failed, or printed an error no contract owns)
+    verdict: str = ""
 
 
 @dataclass
@@ -107,10 +112,23 @@ def check_module(module_name: str, per_condition_timeout: float = 2.0, timeout: 
             stray.append(line)
         else:
             errors.setdefault(owner, []).append(m["msg"])
-    rows = [Row("check", f"{module_name.rsplit('.', 1)[-1]}.{f}", f not in errors, secs / max(1, len(funcs)),
-                "; ".join(errors.get(f, [])) or "no counterexample", n) for f, _, _, n in funcs]
-    if rc not in (0, 1) or stray or (rc == 1 and not errors):
-        rows.append(Row("check", module_name, False, secs, f"crosshair exit {rc}: " + (out[-2000:] or "no output")))
+    timed_out = rc == 124
+    rows = []
+    for f, _, _, n in funcs:
+        if f in errors:
+            rows.append(Row("check", f"{module_name.rsplit('.', 1)[-1]}.{f}", False, secs / max(1, len(funcs)),
+                            "; ".join(errors[f]), n, "counterexample"))
+        elif timed_out:
+            # killed before CrossHair finished the module: no counterexample *seen* is not "no counterexample"
+            rows.append(Row("check", f"{module_name.rsplit('.', 1)[-1]}.{f}", False, secs / max(1, len(funcs)),
+                            f"not finished: the module's CrossHair run was killed after {timeout:g}s "
+                            f"(raise --module-timeout)", n, "timeout"))
+        else:
+            rows.append(Row("check", f"{module_name.rsplit('.', 1)[-1]}.{f}", True, secs / max(1, len(funcs)),
+                            "no counterexample", n, "clean"))
+    if not timed_out and (rc not in (0, 1) or stray or (rc == 1 and not errors)):
+        rows.append(Row("check", module_name, False, secs, f"crosshair exit {rc}: " + (out[-2000:] or "no output"),
+                        0, "error"))
     return rows
 
 
@@ -119,7 +137,15 @@ def diff_pair(name: str, spec_fn: str, ref_fn: str, per_condition_timeout: float
                           str(per_condition_timeout), spec_fn, ref_fn], timeout)
     same = rc == 0 and "No differences found" in out
     detail = out.splitlines()[0] if same and out else out[-1500:]
-    return Row("diff", name, same, secs, detail)
+    if same:
+        verdict = "same"
+    elif rc == 124:
+        verdict, detail = "timeout", f"not finished: killed after {timeout:g}s (raise --module-timeout)"
+    elif rc == 1 or "differ" in out.lower():
+        verdict = "different"
+    else:
+        verdict = "error"
+    return Row("diff", name, same, secs, detail, 0, verdict)
 
 
 def diff_pairs() -> tuple[list[tuple[str, str, str, str]], list[str]]:
@@ -129,7 +155,8 @@ def diff_pairs() -> tuple[list[tuple[str, str, str, str]], list[str]]:
     return all_pairs()
 
 
-def run_contracts(per_condition_timeout: float = 2.0, diff_timeout: float = 4.0, jobs: int = 4) -> Report:
+def run_contracts(per_condition_timeout: float = 2.0, diff_timeout: float = 4.0, jobs: int = 4,
+                  module_timeout: float = 600.0) -> Report:
     """Check every kernel module and diff every pair, ``jobs`` subprocesses at a time."""
     t0 = time.perf_counter()
     rep = Report()
@@ -138,8 +165,8 @@ def run_contracts(per_condition_timeout: float = 2.0, diff_timeout: float = 4.0,
     pairs, notes = diff_pairs()
     rep.skipped += notes
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
-        checks = [ex.submit(check_module, m, per_condition_timeout) for m in mods]
-        diffs = [ex.submit(diff_pair, n, a, b, diff_timeout) for n, a, b, _ in pairs]
+        checks = [ex.submit(check_module, m, per_condition_timeout, module_timeout) for m in mods]
+        diffs = [ex.submit(diff_pair, n, a, b, diff_timeout, module_timeout) for n, a, b, _ in pairs]
         for f in checks:
             rep.rows += f.result()
         for f in diffs:

@@ -40,13 +40,13 @@ def test_crosshair_check_catches_a_broken_contract(tmp_path, monkeypatch) -> Non
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     rows = check_module("kmutant", per_condition_timeout=2.0, timeout=60)
     assert [r.target for r in rows] == ["kmutant.round_up"]
-    assert not rows[0].ok and "round_up" in rows[0].detail
+    assert not rows[0].ok and "round_up" in rows[0].detail and rows[0].verdict == "counterexample"
 
 
 def test_diffbehavior_catches_a_different_twin() -> None:
     row = diff_pair("mutant", "memspec.invariants.contracts_pairs.spec_round_up",
                     "memspec.invariants.contracts_pairs.mutant_round_up", per_condition_timeout=4.0)
-    assert not row.ok, row.detail
+    assert not row.ok and row.verdict == "different", (row.verdict, row.detail)
 
 
 # The kernels' own properties, run on Hypothesis' CrossHair backend (symbolic
@@ -83,3 +83,39 @@ def test_ledger_transaction_conserves_capacity_on_crosshair_backend(free: int, g
         assert K.ledger_ok(K.refund(after, actual)) and K.refund(after, actual).free == free
     else:
         assert after == l
+
+
+def test_a_killed_crosshair_run_is_a_timeout_not_a_verdict(tmp_path, monkeypatch) -> None:
+    """A CrossHair process killed at the wall-clock limit has shown nothing:
+    its rows say ``timeout`` (not clean, not counterexample), for a module
+    check and for a diff pair alike."""
+    import memspec.invariants.contracts as c
+
+    (tmp_path / "kfine.py").write_text(textwrap.dedent('''
+        def ident(n: int) -> int:
+            """
+            post: __return__ == n
+            """
+            return n
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(c, "_run", lambda args, timeout: (124, f"timed out after {timeout}s\n", float(timeout)))
+    rows = c.check_module("kfine", per_condition_timeout=2.0, timeout=7)
+    assert [(r.target, r.ok, r.verdict) for r in rows] == [("kfine.ident", False, "timeout")]
+    assert "7s" in rows[0].detail
+    row = c.diff_pair("p", "a.f", "b.f", timeout=9)
+    assert (row.ok, row.verdict) == (False, "timeout")
+
+
+def test_finished_rows_carry_their_verdict(tmp_path, monkeypatch) -> None:
+    (tmp_path / "kfine2.py").write_text(textwrap.dedent('''
+        def ident(n: int) -> int:
+            """
+            post: __return__ == n
+            """
+            return n
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    rows = check_module("kfine2", per_condition_timeout=1.0, timeout=300)
+    assert [(r.ok, r.verdict) for r in rows] == [(True, "clean")]

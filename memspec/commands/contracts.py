@@ -18,21 +18,27 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--jobs", type=int, default=4,
                     help="CrossHair subprocesses at a time (default 4: each diff runs until its paths are "
                          "exhausted, so the same iterations in less wall time on a shared machine)")
+    ap.add_argument("--module-timeout", type=float, default=600.0,
+                    help="wall seconds after which one CrossHair process (a module's check, a diff pair) is killed; "
+                         "its rows then say TIMEOUT (not finished), never clean or counterexample (default 600)")
     ap.add_argument("--json", metavar="FILE")
     ns = ap.parse_args(argv)
 
     from memspec.invariants.contracts import run_contracts
 
-    rep = run_contracts(ns.per_condition_timeout, ns.diff_timeout, ns.jobs)
+    rep = run_contracts(ns.per_condition_timeout, ns.diff_timeout, ns.jobs, ns.module_timeout)
     w = max([len(r.target) for r in rep.rows] + [10])
     print(f"{'kind':<6} {'target':<{w}} {'result':<16} {'time':>7}  detail")
     for r in rep.rows:
-        res = ("no cex" if r.kind == "check" else "same") if r.ok else ("COUNTEREXAMPLE" if r.kind == "check" else "DIFFERENT")
+        res = {"clean": "no cex", "same": "same", "counterexample": "COUNTEREXAMPLE", "different": "DIFFERENT",
+               "timeout": "TIMEOUT", "error": "ERROR"}.get(r.verdict, "ERROR")
         cond = f" ({r.conditions} conditions)" if r.conditions else ""
         print(f"{r.kind:<6} {r.target:<{w}} {res:<16} {r.seconds:6.2f}s  {r.detail[:160]}{cond}")
     for s in rep.skipped:
         print(f"skipped: {s}")
-    print(f"\n{len(rep.rows)} rows, {'all clean' if rep.ok else 'FAILURES'}; CrossHair wall time {rep.seconds:.1f}s")
+    bad = {v: sum(1 for r in rep.rows if r.verdict == v) for v in ("counterexample", "different", "timeout", "error")}
+    summary = "all clean" if rep.ok else "FAILURES: " + ", ".join(f"{n} {v}" for v, n in bad.items() if n)
+    print(f"\n{len(rep.rows)} rows, {summary}; CrossHair wall time {rep.seconds:.1f}s")
     if ns.json:
         with open(ns.json, "w") as fh:
             json.dump({"ok": rep.ok, "seconds": rep.seconds, "skipped": rep.skipped,

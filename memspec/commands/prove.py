@@ -376,6 +376,72 @@ def _json(records: list[dict[str, Any]], caching: Any, total: float) -> dict[str
     return out
 
 
+#: the rows issue 13's acceptance names
+ACCEPTANCE_IDS = tuple(f"S{i}" for i in range(1, 16)) + tuple(f"C{i}" for i in range(1, 10))
+
+
+def check_acceptance(data: dict[str, Any], ids: tuple[str, ...] = ACCEPTANCE_IDS) -> list[str]:
+    """Every acceptance field of every row of a ``--json`` file (issue 13): ``proved`` true, ``bounded``
+    null, ``assumed`` empty, ``encoded_actions`` covering ``declared_actions``, invariant agreement
+    sampled with 0 disagreements, every branch of every encoded action sampled, the unguarded variant
+    refuted on the invariant it names.  One line per failing field (empty: all hold); a row missing
+    from the file fails."""
+    rows = data.get("invariants") if isinstance(data, dict) else None
+    if not isinstance(rows, dict):
+        return ["not a `memspec prove --json` file: no 'invariants' object"]
+    bad: list[str] = []
+    for i in ids:
+        r = rows.get(i)
+        if not isinstance(r, dict):
+            bad.append(f"{i}: missing")
+            continue
+        if r.get("proved") is not True:
+            bad.append(f"{i}: proved is {r.get('proved')!r}")
+        if r.get("bounded") is not None:
+            bad.append(f"{i}: bounded: {r.get('bounded')}")
+        if r.get("assumed") != []:
+            bad.append(f"{i}: assumed {r.get('assumed')!r}")
+        dec, enc = r.get("declared_actions"), r.get("encoded_actions")
+        if not isinstance(dec, list) or not isinstance(enc, list) or not dec:
+            bad.append(f"{i}: declared/encoded actions missing (declared {dec!r})")
+        elif set(dec) - set(enc):
+            bad.append(f"{i}: not encoded: {sorted(set(dec) - set(enc))}")
+        ia = r.get("invariant_agreement") or {}
+        if not isinstance(ia.get("samples"), int) or ia["samples"] <= 0:
+            bad.append(f"{i}: invariant agreement has {ia.get('samples')!r} samples")
+        if ia.get("disagreements") != 0:
+            bad.append(f"{i}: invariant agreement disagreements {ia.get('disagreements')!r}")
+        ta = r.get("transition_agreement")
+        if not isinstance(ta, dict) or not ta:
+            bad.append(f"{i}: no transition agreement")
+        else:
+            zero = [f"{a}/{b}" for a, bs in ta.items() for b, n in (bs or {}).items() if not n]
+            empty = [a for a, bs in ta.items() if not bs]
+            if zero or empty:
+                bad.append(f"{i}: branches with 0 samples: {', '.join(zero + [a + '/(none)' for a in empty])}")
+        ug = r.get("unguarded") or {}
+        if ug.get("refuted") is not True or ug.get("named_invariant_violated") is not True:
+            bad.append(f"{i}: unguarded variant ({ug.get('guard')!r}) refuted {ug.get('refuted')!r}, "
+                       f"named invariant violated {ug.get('named_invariant_violated')!r}")
+    return bad
+
+
+def _check_acceptance_file(path: str) -> int:
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except (OSError, ValueError) as e:
+        print(f"memspec prove --check-acceptance: cannot read {path}: {e}")
+        return 2
+    bad = check_acceptance(data)
+    for line in bad:
+        print(f"FAIL {line}")
+    failing = sorted({line.split(":")[0] for line in bad}, key=lambda x: (x[0], int(x[1:]) if x[1:].isdigit() else 0))
+    print(f"acceptance: {len(ACCEPTANCE_IDS) - len(failing)}/{len(ACCEPTANCE_IDS)} rows hold every field"
+          + (f"; failing: {', '.join(failing)}" if failing else ""))
+    return 1 if bad else 0
+
+
 def _cpu_seconds() -> float:
     """User + system CPU seconds of this process and of its finished workers."""
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -401,15 +467,22 @@ def main(argv: list[str]) -> int:
                     help="worker processes for the independent proof groups (default: the CPUs this process "
                          "may run on; 1: all in this process); the rows are the same for any value")
     ap.add_argument("--self-test", action="store_true",
-                    help="plant breaks in encodings, spec actions and kernels; print the kill table")
+                    help="plant breaks in encodings, spec actions and kernels; print the kill table (each break "
+                         "in a process of its own, --jobs at a time)")
+    ap.add_argument("--check-acceptance", metavar="FILE",
+                    help="check every acceptance field of every S1-S15 and C1-C9 row of a --json FILE "
+                         "(exit 1 naming each failing field); runs no proof")
     ns = ap.parse_args(argv)
     if ns.jobs is not None and ns.jobs < 1:
         ap.error(f"--jobs must be at least 1 (got {ns.jobs})")
 
+    if ns.check_acceptance:
+        return _check_acceptance_file(ns.check_acceptance)
+
     if ns.self_test:
         from memspec.invariants.proofs_selftest import main as self_test
 
-        return self_test()
+        return self_test(jobs=ns.jobs if ns.jobs is not None else default_jobs())
 
     from memspec.invariants.proofs_catalog import all_proofs
 
