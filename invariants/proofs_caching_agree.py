@@ -387,7 +387,9 @@ class Agreement:
     inv_examples: list[str] = field(default_factory=list)
     samples: int = 0
     seconds: float = 0.0
-    seen: set = field(default_factory=set)
+    #: each distinct state evaluated, with the invariants it was evaluated on and whether they disagreed
+    #: (so that the parts of :func:`agreement_parts` merge into exactly the serial run's counts)
+    seen: dict = field(default_factory=dict)
 
     def count(self, spec_action: str, branch: str) -> None:
         d = self.counts.setdefault(spec_action, {})
@@ -834,18 +836,20 @@ def _invariant_agreement(st: Any, vals: dict[str, Any], rep: Agreement, where: s
     key = _state_key(vals)
     if key in rep.seen:
         return
-    rep.seen.add(key)
     enc = encoded_invariants(vals)
+    evaluated = []
     for inv in INVARIANTS:
         if inv.id not in enc:
             continue
         spec_ok = inv.check(st) is None
         rep.inv[inv.id][0] += 1
+        evaluated.append((inv.id, spec_ok != enc[inv.id]))
         if spec_ok != enc[inv.id]:
             rep.inv[inv.id][1] += 1
             if len(rep.inv_examples) < 20:
                 rep.inv_examples.append(f"{inv.id} {where}: spec {'holds' if spec_ok else 'fails'}, "
                                         f"encoding {'holds' if enc[inv.id] else 'fails'}")
+    rep.seen[key] = tuple(evaluated)
 
 
 # --------------------------------------------------------------------------
@@ -1041,24 +1045,88 @@ def expandable_sweep(rep: Agreement, guards: frozenset = frozenset()) -> None:
                 check_step(st, "empty_cache", {}, rep, guards)
 
 
+def agreement_parts(walks_per_config: int = 2, expandable: bool = True) -> list[tuple[Any, ...]]:
+    """The independent parts of :func:`run_agreement` (each run by :func:`agreement_part`, in any process:
+    ``memspec prove --jobs``; :func:`merge_agreements` joins them into the serial run's report): the sweeps
+    of each preset, the knob sweep, each walk, the expandable scripts and each expandable walk."""
+    parts: list[tuple[Any, ...]] = [("sweeps", preset) for preset in ("seed", "pytorch")]
+    parts.append(("knobs",))
+    parts += [("walk", w, i) for w in range(walks_per_config) for i in range(len(WALKS))]
+    if expandable:
+        parts.append(("expandable-scripts",))
+        parts += [("expandable-walk", w, i) for w in range(walks_per_config) for i in range(len(EXPANDABLE_WALKS))]
+    return parts
+
+
+def _walk_seeds(seed: int, walks_per_config: int, expandable: bool) -> dict[tuple[Any, ...], float]:
+    """Each walk's seed, drawn in the serial order (the plain walks, then the expandable ones)."""
+    rng = random.Random(seed)
+    seeds: dict[tuple[Any, ...], float] = {}
+    for w in range(walks_per_config):
+        for i in range(len(WALKS)):
+            seeds[("walk", w, i)] = rng.random() + w
+    if expandable:
+        for w in range(walks_per_config):
+            for i in range(len(EXPANDABLE_WALKS)):
+                seeds[("expandable-walk", w, i)] = rng.random() + w
+    return seeds
+
+
+def agreement_part(part: tuple[Any, ...], steps: int = 30, walks_per_config: int = 2, seed: int = 0,
+                   guards: frozenset = frozenset(), expandable: bool = True) -> Agreement:
+    """One part of :func:`agreement_parts`, on a report of its own."""
+    t0 = time.process_time()
+    rep = Agreement()
+    kind = part[0]
+    if kind == "sweeps":
+        boundary_sweep(rep, part[1], guards=guards)
+        event_sweep(rep, part[1], guards=guards)
+    elif kind == "knobs":
+        knob_sweep(rep, guards=guards)
+    elif kind in ("walk", "expandable-walk"):
+        cfg = (WALKS if kind == "walk" else EXPANDABLE_WALKS)[part[2]]
+        rng = random.Random(_walk_seeds(seed, walks_per_config, expandable)[part])
+        walk(rep, *cfg, steps=steps, rng=rng, guards=guards)
+    elif kind == "expandable-scripts":
+        expandable_sweep(rep, guards)
+    else:
+        raise ValueError(f"unknown agreement part {part!r}")
+    rep.seconds = time.process_time() - t0
+    return rep
+
+
+def merge_agreements(reps: list[Agreement]) -> Agreement:
+    """The reports of :func:`agreement_parts`, in the parts' order, as one: branch counts, samples and
+    mismatches add up; a state that two parts evaluated is counted once (as the serial run, which evaluates
+    each distinct state once)."""
+    out = Agreement()
+    for r in reps:
+        for act, branches in r.counts.items():
+            d = out.counts.setdefault(act, {})
+            for b, k in branches.items():
+                d[b] = d.get(b, 0) + k
+        out.mismatches += r.mismatches
+        out.samples += r.samples
+        out.seconds += r.seconds
+        if len(out.inv_examples) < 20:
+            out.inv_examples += r.inv_examples[:20 - len(out.inv_examples)]
+        for key, evaluated in r.seen.items():
+            if key in out.seen:
+                continue
+            out.seen[key] = evaluated
+            for inv_id, disagrees in evaluated:
+                out.inv[inv_id][0] += 1
+                out.inv[inv_id][1] += int(disagrees)
+    return out
+
+
 def run_agreement(steps: int = 30, walks_per_config: int = 2, seed: int = 0,
                   guards: frozenset = frozenset(), expandable: bool = True) -> Agreement:
     """The walks of :data:`WALKS` and the boundary sweeps of both presets; with ``expandable`` the scripts
-    and walks with expandable segments (:data:`EXPANDABLE_SCRIPTS`, :data:`EXPANDABLE_WALKS`)."""
+    and walks with expandable segments (:data:`EXPANDABLE_SCRIPTS`, :data:`EXPANDABLE_WALKS`): every part
+    of :func:`agreement_parts`, one after the other, merged."""
     t0 = time.process_time()
-    rep = Agreement()
-    rng = random.Random(seed)
-    for preset in ("seed", "pytorch"):
-        boundary_sweep(rep, preset, guards=guards)
-        event_sweep(rep, preset, guards=guards)
-    knob_sweep(rep, guards=guards)
-    for w in range(walks_per_config):
-        for cfg in WALKS:
-            walk(rep, *cfg, steps=steps, rng=random.Random(rng.random() + w), guards=guards)
-    if expandable:
-        expandable_sweep(rep, guards)
-        for w in range(walks_per_config):
-            for cfg in EXPANDABLE_WALKS:
-                walk(rep, *cfg, steps=steps, rng=random.Random(rng.random() + w), guards=guards)
+    rep = merge_agreements([agreement_part(p, steps, walks_per_config, seed, guards, expandable)
+                            for p in agreement_parts(walks_per_config, expandable)])
     rep.seconds = time.process_time() - t0
     return rep

@@ -1574,7 +1574,7 @@ def _check_group(group: str, items: list[tuple[str, Callable[[], Any]]], s: St, 
 
 
 def consecution(act: Act, timeout_ms: int = 30000, only: tuple[str, ...] = (),
-                grouped: bool = True) -> list[tuple[str, str, float]]:
+                grouped: bool = True, part: str | None = None) -> list[tuple[str, str, float]]:
     """``Inv /\\ Pre /\\ Step => Inv'`` conjunct by conjunct, and the step
     properties: ``(goal, result, seconds)``.  A conjunct that reads no field
     the step changed is ``framed`` (it is literally its own hypothesis).  Each
@@ -1596,6 +1596,8 @@ def consecution(act: Act, timeout_ms: int = 30000, only: tuple[str, ...] = (),
     pending: list[tuple[str, Callable[[], Any]]] = []
     for name, g, is_inv in todo:
         if only and name not in only:
+            continue
+        if part is not None and (_group(name) or "core") != part:
             continue
         t0 = time.process_time()
         if is_inv and _framed(s, s2, lambda st, name=name: dict(goals(st))[name]()):
@@ -1745,12 +1747,39 @@ BOUNDED: dict[str, str | None] = {
 }
 
 
+#: the consecution checks of an action in three units (each its own pool task): the invariant's conjuncts
+#: and the step properties, the ghost sums' step equations, the ghost sums' monotonicity
+STEP_PARTS = ("core", *GROUPS)
+#: the actions whose consecution is split into :data:`STEP_PARTS` (those over ~10 s CPU in one unit)
+SPLIT_STEPS = ("unmap:cache", "unmap:free", "expand:map", "expand:serve", "malloc:fit", "malloc:new",
+               "malloc_retry:expand")
+#: rough CPU seconds of the costliest units (measured one by one; only the pool's order depends on it)
+HEAP_UNIT_COST = {"unmap:cache": 50.0, "malloc:fit": 28.0, "expand:map": 11.0, "malloc:new": 11.0,
+                  "unmap:free": 10.7, "expand:serve": 5.5, "malloc_retry:expand": 4.7}
+
+
+def unit_cost(unit: tuple[str, ...]) -> float:
+    """A static estimate of a unit's CPU seconds (for the pool's longest-first order)."""
+    if unit[0] in ("refute", "knob"):
+        return 3.0
+    if unit[0] == "step" and len(unit) > 1:
+        whole = HEAP_UNIT_COST.get(unit[1], 2.0)
+        return whole / len(STEP_PARTS) if len(unit) > 2 else whole
+    return 1.0
+
+
 def heap_units(ids: list[str] | None = None) -> list[tuple[str, ...]]:
     """The independent checks of :func:`run_heap`, in report order: each unit
     is run by :func:`heap_unit` (in any process: ``memspec prove --jobs``) and
     the results joined by :func:`join_units`."""
     units: list[tuple[str, ...]] = [("init",), ("safety",), ("rounding",)]
-    units += [("covered" if act.name in COVERED else "step", act.name) for act in actions()]
+    for act in actions():
+        if act.name in COVERED:
+            units.append(("covered", act.name))
+        elif act.name in SPLIT_STEPS:
+            units += [("step", act.name, part) for part in STEP_PARTS]
+        else:
+            units.append(("step", act.name))
     units += [("phase", act.name) for act in phase_actions()]
     units.append(("kernels",))
     units += [("refute", c) for c in UNGUARDED if ids is None or c in ids]
@@ -1779,7 +1808,9 @@ def heap_unit(unit: tuple[str, ...], timeout_ms: int = 20000) -> dict[str, Any]:
                        f"its)", res, time.process_time() - t1))
     elif kind in ("step", "phase"):
         act = next(x for x in (actions() if kind == "step" else phase_actions()) if x.name == unit[1])
-        checks += [(f"step:{act.name}:{goal}", result, secs) for goal, result, secs in consecution(act, timeout_ms)]
+        part = unit[2] if len(unit) > 2 else None
+        checks += [(f"step:{act.name}:{goal}", result, secs)
+                   for goal, result, secs in consecution(act, timeout_ms, part=part)]
     elif kind == "kernels":
         bad = kernel_boundary_agreement()
         checks.append(("kernels at every threshold vs spec/caching",
