@@ -282,6 +282,7 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
     results = dict(zip(range(len(tasks)), _run_tasks(tasks, jobs)))
     by_kind: dict[str, list[tuple[Any, float]]] = {}
     GROUP_CPU.clear()
+    TASK_CPU[:] = sorted(((task_name(t), results[i][1]) for i, t in enumerate(tasks)), key=lambda x: -x[1])
     for i, t in enumerate(tasks):
         by_kind.setdefault(t[0], []).append(results[i])
         g = GROUP_CPU.setdefault(t[0], {"tasks": 0, "cpu": 0.0, "largest": 0.0})
@@ -367,6 +368,14 @@ def _print(records: list[dict[str, Any]], caching: Any, total: float, traces: bo
 CPU: dict[str, float] = {}
 #: per kind of proof group in this run: tasks, CPU seconds in all, the largest one's (for the report only)
 GROUP_CPU: dict[str, dict[str, float]] = {}
+#: every task of the last :func:`run` and its CPU seconds, costliest first
+TASK_CPU: list[tuple[str, float]] = []
+
+
+def task_name(task: tuple[Any, ...]) -> str:
+    """A task as one readable name (``heap step unmap:cache core``)."""
+    parts = [task[0]] + [" ".join(map(str, x)) if isinstance(x, tuple) else str(x) for x in task[1:]]
+    return " ".join(parts)
 
 
 def _json(records: list[dict[str, Any]], caching: Any, total: float) -> dict[str, Any]:
@@ -514,11 +523,13 @@ def main(argv: list[str]) -> int:
     jobs = ns.jobs if ns.jobs is not None else default_jobs()
     print(f"CPU {cpu:.1f}s in all processes; wall {total:.1f}s; --jobs {jobs}; by group (tasks, CPU s, largest): "
           + ", ".join(f"{k} {int(g['tasks'])} {g['cpu']:.1f} {g['largest']:.1f}" for k, g in GROUP_CPU.items()))
+    print("costliest tasks (CPU s): " + ", ".join(f"{n} {c:.1f}" for n, c in TASK_CPU[:8]))
     if ns.json:
         out = _json(records, caching, total)
         out["cpu_seconds"], out["jobs"] = round(cpu, 2), jobs
         out["group_cpu_seconds"] = {k: {"tasks": int(g["tasks"]), "cpu": round(g["cpu"], 2),
                                         "largest": round(g["largest"], 2)} for k, g in GROUP_CPU.items()}
+        out["task_cpu_seconds"] = {n: round(c, 2) for n, c in TASK_CPU}
         with open(ns.json, "w") as fh:
             json.dump(out, fh, indent=2)
     return 0 if all(r["proved"] for r in records) else 1
