@@ -64,8 +64,15 @@ def _missing(*modules: str) -> str | None:
 
 
 def harness_rows(quick: bool = False) -> list[Row]:
+    from bench.harness_ab import _choices, _count_choices
+
     examples, steps = _settings(quick)
+    _count_choices()   # Hypothesis choices per step, counted in the supervised child too
+    _choices()
+    fresh = _settings(quick) not in _bare_cache
     b_rate, b_steps, b_dt = bare(quick)
+    b_nodes = _choices()[0]
+    b_choices = b_nodes / max(b_steps * (1 if quick else 3), 1) if fresh else None
     rows = [Row("bare Hypothesis step rate", b_rate, "steps/s", None, "", None,
                 f"baseline: {examples} examples x {steps} steps; {b_steps} steps in {b_dt:.2f} s")]
     name, unit, tgt = f"harness step rate (conform {HARNESS_TARGET})", "steps/s", ">= 0.5x bare"
@@ -80,11 +87,15 @@ def harness_rows(quick: bool = False) -> list[Row]:
 
     best = None
     cpu: list[tuple[float, float]] = []   # per run: (supervised child, supervisor) CPU us per step
+    choices: list[float] = []             # per run: Hypothesis choices per step
     for _ in range(1 if quick else 2):  # best of two, like the baseline
+        _choices()
         b, c0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.process_time()
         results = runner.conform(HARNESS_TARGET, "all", profile="ci", examples=examples, steps=steps, out_dir=None)
         a, c1 = resource.getrusage(resource.RUSAGE_CHILDREN), time.process_time()
         steps_run = sum(r.stats.steps for r in results if r.plan is not None)
+        if steps_run:
+            choices.append(_choices()[0] / steps_run)
         seconds = sum(r.seconds for r in results)
         if steps_run:
             child = (a.ru_utime - b.ru_utime) + (a.ru_stime - b.ru_stime)
@@ -109,6 +120,8 @@ def harness_rows(quick: bool = False) -> list[Row]:
         # the supervisor apart), against the bare machine's, same run
         note += (f"; CPU us/step: conform child {child_us:.0f} (+ supervisor {parent_us:.0f}), bare {b_cpu:.0f}: "
                  f"CPU ratio {b_cpu / child_us:.2f}")
+    if choices:
+        note += f"; Hypothesis choices/step {min(choices):.2f}" + (f" (bare {b_choices:.2f})" if b_choices else "")
     if hasattr(os, "getloadavg"):
         note += f"; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
     if fails or errors:
@@ -117,6 +130,7 @@ def harness_rows(quick: bool = False) -> list[Row]:
                     extra={"steps": steps_run, "seconds": seconds, "levels": per_level, "failures": fails,
                            "errors": errors[:5], "cpu_us_per_step": child_us, "supervisor_cpu_us_per_step": parent_us,
                            "bare_cpu_us_per_step": b_cpu,
+                           "choices_per_step": min(choices) if choices else None, "bare_choices_per_step": b_choices,
                            "cpu_ratio": (b_cpu / child_us) if b_cpu and child_us else None}))
     return rows
 

@@ -130,6 +130,111 @@ class RandomChooser:
         return v
 
 
+#: width of the integer a :class:`PackedChooser` draws at once
+PACK_BITS = 64
+_PACK_MAX = (1 << PACK_BITS) - 1
+#: a draw over more values than this is its own choice (sizes: Hypothesis's
+#: own distribution -- small values, its constants -- and shrinking apply)
+PACK_SMALL = 256
+#: a repeated action draw of a step (:meth:`PackedChooser.weighted`) is packed up to this total weight
+PACK_WEIGHTS = 1 << 16
+#: a packed draw over ``n`` values needs this many times ``n`` values of room
+#: left in its integer (the digit's bias stays under 1 / this)
+PACK_SLACK = 256
+_M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
+def _mix(x: int) -> int:
+    """A bijection of ``[0, 2**64)`` with ``_mix(0) == 0`` (the splitmix64
+    finaliser): Hypothesis draws wide integers mostly small, and the digits
+    of a packed integer must each be about uniform; shrinking the integer to
+    0 still makes every digit 0 (each draw's smallest value)."""
+    x ^= x >> 30
+    x = (x * _M1) & _PACK_MAX
+    x ^= x >> 27
+    x = (x * _M2) & _PACK_MAX
+    return x ^ (x >> 31)
+
+
+class PackedChooser:
+    """Serves a step's small draws (a reference among the live ones, a
+    boolean, a count of a script) from one wide integer of the ``inner``
+    chooser, as digits of a mixed radix; each choice of Hypothesis costs
+    about as much as a step's own work, and a step used to make a dozen.
+
+    * a draw over one value (``integer(5, 5)``) takes no choice at all;
+    * a draw over more than :data:`PACK_SMALL` values (a size in bytes) is
+      one choice of ``inner``, as before;
+    * the others take the next digit of the current packed integer, drawn
+      (one ``inner.integer(0, 2**64 - 1)``, mixed by :func:`_mix`) when the
+      room left is too small.
+
+    :meth:`new_step` starts a fresh integer, so a step's choices never feed
+    another's (Hypothesis deletes steps whole when it shrinks).  The
+    recorded choices of a step (:class:`RecordingChooser` around this one)
+    are the decoded values, so a reproduction replays them unchanged; a
+    random walk (:class:`RandomChooser` inside) records the wide integers,
+    which replay into Hypothesis as the same choices."""
+
+    __slots__ = ("inner", "_int", "_v", "_room", "_weighted", "_drew")
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self._int = inner.integer
+        self._weighted = inner.weighted
+        self._v = 0
+        self._room = 0
+        self._drew = False
+
+    def new_step(self) -> None:
+        self._room = 0
+        self._drew = False
+
+    def weighted(self, weights: tuple) -> int:
+        """The step's first action draw is one choice of ``inner`` (Hypothesis
+        shrinks it towards index 0, the heaviest action); a second one in
+        the same step (the first landed on an unavailable action, or gave
+        its step away) is a packed draw when the weights total at most
+        :data:`PACK_WEIGHTS`."""
+        if not self._drew:
+            self._drew = True
+            return self._weighted(weights)
+        cum = _cumulative(weights)
+        total = cum[-1]
+        return bisect_right(cum, self._digit(total) if total <= PACK_WEIGHTS else self._int(0, total - 1))
+
+    def integer(self, lo: int, hi: int) -> int:
+        n = hi - lo + 1
+        if n == 1:
+            return lo
+        if n > PACK_SMALL or n < 1:
+            return self._int(lo, hi)
+        return lo + self._digit(n)
+
+    def _digit(self, n: int) -> int:
+        """The next digit in ``[0, n)`` of the packed integer (a new one
+        drawn when the room left is under ``n * PACK_SLACK``)."""
+        room = self._room
+        if room < n * PACK_SLACK:
+            self._v = _mix(self._int(0, _PACK_MAX))
+            room = 1 << PACK_BITS
+        v = self._v
+        self._v = v // n
+        self._room = room // n
+        return v % n
+
+    def choice(self, options: Sequence[Any]) -> Any:
+        if not isinstance(options, (list, tuple, range)):
+            options = list(options)
+        n = len(options)
+        if n == 0:
+            raise SpecError("choice from an empty domain")
+        return options[self.integer(0, n - 1)] if n > 1 else options[0]
+
+    def boolean(self) -> bool:
+        return self.integer(0, 1) == 1
+
+
 class ReplayChooser:
     """Replays a recorded choice sequence (used by reproductions when an
     argument value is not a Python literal)."""

@@ -36,7 +36,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from memspec.invariants.choosers import RecordingChooser
+from memspec.invariants.choosers import PackedChooser, RecordingChooser
 from memspec.invariants.errors import TARGET_ERROR, HangResult, SpecError, TargetError, Violation, violation_class
 from memspec.invariants.guard import BUILD_SECONDS, CallGuard
 from memspec.invariants.integrity import make_integrity
@@ -177,6 +177,8 @@ class TraceStep:
     choices: list
     outcome: str
     bound: tuple = ()
+    #: the references it bound and named (the guidance's, see ``Run._recent_refs``)
+    refs: tuple | None = field(default=None, repr=False, compare=False)
 
 
 # --------------------------------------------------------------------------
@@ -206,6 +208,8 @@ class Run:
         self._invariants_held = False
         #: the last step's branch may have changed the spec state
         self._state_changed = True
+        #: the packed draws of the chooser the steps are drawn from (see :meth:`step`)
+        self._packed: PackedChooser | None = None
         self._swarm: tuple | None = None   # (actions, weights) of this example (swarm testing)
         #: the protocol this example's swarm favours (``focus_groups``), if any
         self.focus: str | None = None
@@ -557,11 +561,23 @@ class Run:
         example named in their arguments or bound."""
         out: set = set()
         for ts in self.trace[-RECENT_STEPS:]:
-            out.update(ts.bound)
-            out.update(_refs_in(ts.args))
+            refs = ts.refs
+            if refs is None:   # a finished step's: computed once
+                refs = ts.refs = ts.bound + _refs_in(ts.args)
+            out.update(refs)
         return frozenset(out)
 
     def step(self, chooser: Any) -> TraceStep | None:
+        """One step drawn from ``chooser``: a guided chooser (one with
+        ``weighted``: Hypothesis's, a random walk's) serves the step's
+        small draws packed, a few to each of its choices (see
+        :class:`~memspec.invariants.choosers.PackedChooser`)."""
+        packed = self._packed
+        if packed is None or packed.inner is not chooser:
+            packed = self._packed = PackedChooser(chooser) if PACKED_DRAWS and hasattr(chooser, "weighted") else None
+        if packed is not None:
+            packed.new_step()
+            chooser = packed
         try:
             action, args, choices = self.choose(chooser)
         except _Stuck:  # a pass that leaves actions out may leave none available: nothing to do
@@ -897,6 +913,15 @@ class _Stuck(Exception):
     """No action of a partial table is available (see ``Plan.partial``)."""
 
 
+#: a guided chooser serves each step's small draws packed (see :meth:`Run.step`;
+#: ``bench/harness_ab.py`` compares the two).  OFF by default: it cuts the
+#: Hypothesis choices per step from 10.6 to 2.6 and the CPU per step of
+#: ``conform reference`` by a third, but changes what the CI profile's
+#: derandomized examples draw, and every combination with
+#: ``runner.STEPS_PER_RULE`` tried left one or two mutants of the CI catalog
+#: uncaught (packed with one step per rule: commit-before-charge); kill power
+#: comes first
+PACKED_DRAWS = False
 #: how much more likely a swarm-boosted action is drawn in its example
 SWARM_BOOST = 4
 #: extra action draws when the spec offers no accepting branch (guidance)

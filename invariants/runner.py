@@ -170,13 +170,34 @@ class PlanResult:
 # Hypothesis driver (in the process that calls it)
 # --------------------------------------------------------------------------
 
-def build_state_machine(plan: E.Plan, guard: CallGuard | None = None) -> type:
-    """A ``RuleBasedStateMachine`` class for the plan: one rule that draws an
-    available action of the spec and runs it on spec and target."""
+#: engine steps per invocation of the state machine's rule.  Hypothesis's
+#: stateful loop costs, per rule invocation, about what a whole step of the
+#: bare machine costs (its stop boolean, its rule and ``data()`` draws, their
+#: spans, its invariant hook); several engine steps per invocation share it
+#: (measured, CPU per step of both levels of ``conform reference`` at 100 x
+#: 50, with ``engine.PACKED_DRAWS``: 1 step 747-857 us, 2: 570-677, 3:
+#: 601-629, 4: 544-691).  OFF (1) by default: every setting above 1 tried
+#: left a mutant of the CI catalog uncaught (2: caching-segment-ladder-at-10mib,
+#: claim-keeps-held-bytes; 3: claimed-ticket-expires-again; 4:
+#: caching-segment-ladder-at-10mib, caching-small-split-needs-513), and kill
+#: power comes first.  Above 1, each engine step is its own span of choices
+#: and ``stateful_step_count`` still counts engine steps (see :func:`_rule_settings`).
+STEPS_PER_RULE = 1
+#: the label of an engine step's span of choices
+_STEP_SPAN = 0x6D656D73
+
+
+def build_state_machine(plan: E.Plan, guard: CallGuard | None = None, steps: int | None = None) -> type:
+    """A ``RuleBasedStateMachine`` class for the plan: one rule that draws
+    :data:`STEPS_PER_RULE` available actions of the spec in turn and runs
+    each on spec and target; ``steps`` (the settings' ``stateful_step_count``)
+    bounds an example's engine steps."""
     from hypothesis import strategies as st
     from hypothesis.stateful import RuleBasedStateMachine, rule
 
     g = guard or CallGuard(plan.timeout, plan.guard_mode)
+    per_rule = STEPS_PER_RULE
+    limit = steps
 
     class ConformanceMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
@@ -184,6 +205,7 @@ def build_state_machine(plan: E.Plan, guard: CallGuard | None = None) -> type:
             self.run: E.Run | None = None   # built at the first step: it draws the example's device capacity
             self._chooser: HypothesisChooser | None = None
             self._data: Any = None
+            self._steps = 0
 
         @rule(data=st.data())
         def step(self, data):
@@ -195,7 +217,17 @@ def build_state_machine(plan: E.Plan, guard: CallGuard | None = None) -> type:
             run = self.run
             if run is None:
                 run = self.run = E.Run(plan, g, self._chooser)
-            signals.step(run, run.step(self._chooser))  # Hypothesis event()s: action, branch, boundaries
+            chooser = self._chooser
+            if per_rule == 1:   # the rule's own span is the step's
+                signals.step(run, run.step(chooser))  # Hypothesis event()s: action, branch, boundaries
+                return
+            for _ in range(per_rule):
+                if limit is not None and self._steps >= limit:
+                    return
+                self._steps += 1
+                cd.start_span(_STEP_SPAN)
+                signals.step(run, run.step(chooser))
+                cd.stop_span()
 
         def teardown(self):
             if self.run is not None:
@@ -204,6 +236,16 @@ def build_state_machine(plan: E.Plan, guard: CallGuard | None = None) -> type:
     safe = "".join(ch if ch.isalnum() else "_" for ch in f"{plan.target}_{plan.level}")
     ConformanceMachine.__name__ = ConformanceMachine.__qualname__ = f"Conformance_{safe}"
     return ConformanceMachine
+
+
+def _rule_settings(settings: Any) -> Any:
+    """``settings`` with ``stateful_step_count`` counting rule invocations
+    (:data:`STEPS_PER_RULE` engine steps each, rounded up) instead of
+    engine steps."""
+    from hypothesis import settings as Settings
+
+    n = settings.stateful_step_count
+    return Settings(settings, stateful_step_count=max(1, -(-n // STEPS_PER_RULE)))
 
 
 def hypothesis_settings(profile: str = "ci", *, examples: int | None = None, steps: int | None = None,
@@ -998,10 +1040,10 @@ def _one_pass(plan: E.Plan, settings: Any, seed: int | None, shrink_seconds: flo
     from hypothesis.stateful import get_state_machine_test
 
     guard = CallGuard(plan.timeout, plan.guard_mode)
-    cls = build_state_machine(plan, guard)
+    cls = build_state_machine(plan, guard, settings.stateful_step_count)
     if seed is not None:
         cls._hypothesis_internal_use_seed = seed
-    test = get_state_machine_test(cls, settings=settings)
+    test = get_state_machine_test(cls, settings=_rule_settings(settings))
     test._hypothesis_internal_database_key = database_key(plan) + suffix.encode()
     try:
         with shrink_budget(SHRINK_SECONDS if shrink_seconds == -1 else shrink_seconds), stable_constants():
