@@ -121,21 +121,10 @@ def test_agreement_catches_an_encoding_that_maps_without_rounding_to_pages(monke
 
 
 def test_agreement_catches_a_spec_whose_mapping_ignores_the_device(monkeypatch) -> None:
-    import dataclasses
-
+    from memspec.invariants.proofs_selftest import _map_ignores_the_device
     from memspec.spec.caching import policy as P
 
-    orig = P._map
-
-    def careless(st, seg, i, size):  # type: ignore[no-untyped-def]
-        pol = st.policy
-        st.policy = dataclasses.replace(pol, capacity=1 << 50)
-        try:
-            return orig(st, seg, i, size)
-        finally:
-            st.policy = pol
-
-    monkeypatch.setattr(P, "_map", careless)
+    monkeypatch.setattr(P, "_map", _map_ignores_the_device(P._map))
     rep = A.Agreement()
     A.expandable_sweep(rep)
     assert rep.mismatches, "a spec mapping past the device went unnoticed"
