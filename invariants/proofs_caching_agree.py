@@ -46,7 +46,17 @@ Evaluation is Z3's own: each encoded action is built once per heap size ``n``
 (Python int: every quantifier over block ids is the conjunction over them)
 on symbolic fields, its outputs packed into one term; a sample substitutes
 the concrete projection and simplifies that one term (no solver call, no
-quantifier instantiation).  C8 (expandable segments) has its own encoding in
+quantifier instantiation).
+
+Expandable segments (the flag on, :data:`EXPANDABLE_SCRIPTS` and
+:data:`EXPANDABLE_WALKS`): the projection keeps the unmapped blocks (reserved
+is the mapped bytes, counted from the blocks); the driver re-states the run
+choice (first arena by address, first unmapped block whose run holds the
+request) and PyTorch's expandable best fit from the projected blocks, then the
+mapping's steps (``expand:map``/``fresh``/``serve``/``oom``/``retry``), the
+toy's ``unmap:free`` after a free and ``unmap:cache`` at empty_cache and the
+retry run until the spec's step is matched, with their own branch counts
+(:data:`EXPANDABLE_BRANCHES`).  C8's own encoding is
 :mod:`memspec.invariants.proofs_caching_expandable`.
 """
 
@@ -63,11 +73,12 @@ import z3
 from memspec.invariants import proofs_caching_heap as H
 from memspec.invariants.proofs import ARR, BARR, BOOL, INT, OUTCOMES, St, _sort, at, concrete
 
-_KIND = {"free": H.FREE, "live": H.LIVE, "pending": H.PEND}
+_KIND = {"free": H.FREE, "live": H.LIVE, "pending": H.PEND, "unmapped": H.UNM}
 #: block fields compared by address (the ghost neighbours ``pv``/``nx`` are compared as addresses)
 BLOCK_FIELDS = ("sz", "k", "rq", "sm", "sr", "sb", "ss", *[f"u{t}" for t in range(H.STREAMS)],
                 *[f"e{t}" for t in range(H.STREAMS)])
-SCALARS = ("Rs", "Rl", *[f"i{t}" for t in range(H.STREAMS)], *[f"c{t}" for t in range(H.STREAMS)], "md", "gp", "ra")
+SCALARS = ("Rs", "Rl", *[f"i{t}" for t in range(H.STREAMS)], *[f"c{t}" for t in range(H.STREAMS)], "md", "gp", "ra",
+           "xp")
 #: the invariants with an encoding evaluated on heap states (C8 is expandable-only: its own module)
 HEAP_INVARIANTS = ("C1", "C2", "C3", "C4", "C5", "C6", "C7", "C9")
 
@@ -90,13 +101,13 @@ def project(st: Any) -> tuple[dict[str, Any], dict[int, int]]:
     refs: dict[int, int] = {}
     for i, (seg, b) in enumerate(rows):
         if b.state not in _KIND:
-            raise ValueError(f"block state {b.state!r} has no heap encoding (expandable segments: see C8)")
+            raise ValueError(f"block state {b.state!r} has no heap encoding")
         if b.ref is not None:
             refs[b.ref] = i
         ev = {s: v for (s, v, ref) in st.events if ref == b.ref} if b.state == "pending" else {}
         first, last = seg.blocks[0] is b, seg.blocks[-1] is b
         vals = {"al": True, "ad": seg.base + b.offset, "sz": b.size, "k": _KIND[b.state],
-                "rq": b.requested if b.state != "free" else 0, "sm": seg.small, "sr": b.stream,
+                "rq": b.requested if b.state in ("live", "pending") else 0, "sm": seg.small, "sr": b.stream,
                 "sb": seg.base, "ss": seg.size, "pv": -1 if first else i - 1, "nx": -1 if last else i + 1}
         for t in range(H.STREAMS):
             vals[f"u{t}"] = (t in b.uses) if b.state == "live" else (t in ev)
@@ -110,18 +121,24 @@ def project(st: Any) -> tuple[dict[str, Any], dict[int, int]]:
                            "hf": allowed is not None, "lim": allowed or 0, "gce": gce,
                            "gth": int(pol.gc_threshold * allowed) if gce else 0,
                            "md": False, "gp": False, "ra": False, "mn": 0, "mt": 0, "mr": 0, "wa": 0, "rsum": 0,
-                           "ret": 0, "oq": 0, "orr": 0, "oa": 0, "olf": 0}
+                           "ret": 0, "oq": 0, "orr": 0, "oa": 0, "olf": 0,
+                           # expandable segments: an arena's VA is the capacity times the preset's factor, in
+                           # whole pages of its pool (2 MiB; pytorch's large pool 20 MiB)
+                           "ex": pol.expandable, "vs": _va(pol, True), "vl": _va(pol, False),
+                           "xp": False, "xh": -1, "xq": -1, "x2": False}
     for t in range(H.STREAMS):
         out[f"i{t}"], out[f"c{t}"] = st.issued.get(t, 0), st.completed.get(t, 0)
-    out["Rs"] = sum(s.size for s in st.segments if s.small)
-    out["Rl"] = sum(s.size for s in st.segments if not s.small)
+    # reserved: the bytes of every block not unmapped (a plain segment: its size), segments without a base
+    # (an arena whose first mapping failed) included
+    out["Rs"] = sum(b.size for s in st.segments if s.small for b in s.blocks if b.state != "unmapped")
+    out["Rl"] = sum(b.size for s in st.segments if not s.small for b in s.blocks if b.state != "unmapped")
     arr["dv"] = dict(enumerate(pol.divisions))
     for f, k in H.FIELDS.items():
         if k in (ARR, BARR) and f not in H.SUMS:
             out[f] = (False if k == BARR else 0, arr[f])
     for nm in H.SUMS:
-        out[nm] = (0, _prefix(nm, [{f: arr[f].get(i, 0) for f in ("al", "sz", "ss", "k", "rq", "sm")}
-                                   for i in range(n)]))
+        out[nm] = (0, _prefix(nm, [{**{f: arr[f].get(i, 0) for f in ("al", "sz", "ss", "k", "rq", "sm")},
+                                    "ex": pol.expandable} for i in range(n)]))
     return out, refs
 
 
@@ -129,15 +146,21 @@ def project(st: Any) -> tuple[dict[str, Any], dict[int, int]]:
 PAD = 4
 
 
+def _va(pol: Any, small: bool) -> int:
+    page = H.K_ROUND_LARGE if pol.seed or small else H.K_LARGE_BUFFER
+    return -(-int(pol.capacity * pol.arena) // page) * page
+
+
 def _contribution(nm: str, v: dict[str, Any]) -> int:
     small, kind = H.SUMS[nm]
     if not v["al"] or v["sm"] != small:
         return 0
-    whole = v["sz"] == v["ss"]
+    whole = v["sz"] == v["ss"] and not v["ex"]
+    active = v["k"] in (H.LIVE, H.PEND)
     return {"N": v["sz"] if v["k"] == H.FREE and not whole else 0,
             "W": v["sz"] if v["k"] == H.FREE and whole else 0,
-            "A": v["sz"] if v["k"] != H.FREE else 0, "L": v["sz"] if v["k"] == H.LIVE else 0,
-            "Q": v["sz"] - v["rq"] if v["k"] != H.FREE else 0}[kind]
+            "A": v["sz"] if active else 0, "L": v["sz"] if v["k"] == H.LIVE else 0,
+            "Q": v["sz"] - v["rq"] if active else 0}[kind]
 
 
 def _prefix(nm: str, rows: list[dict[str, Any]]) -> dict[int, int]:
@@ -239,7 +262,8 @@ class Compiled:
         n2 = out["n"]
         # the ghost sums of the post-state, as the next step's hypothesis needs them: recomputed from its blocks
         for nm in H.SUMS:
-            rows = [{f: out[f][1].get(i, out[f][0]) for f in ("al", "sz", "ss", "k", "rq", "sm")} for i in range(n2)]
+            rows = [{**{f: out[f][1].get(i, out[f][0]) for f in ("al", "sz", "ss", "k", "rq", "sm")}, "ex": out["ex"]}
+                    for i in range(n2)]
             out[nm] = (0, _prefix(nm, rows))
         out["_totals"] = totals
         return OUTCOMES[got[0]], out
@@ -337,9 +361,17 @@ def branch_table() -> dict[str, dict[str, int]]:
         for sub in ("split", "whole", "remainder on the split threshold"):
             m[f"{path}/{sub}"] = 0
     m["malloc_retry:new/split"] = 0
-    for name in KNOB_BRANCHES:
+    for name in KNOB_BRANCHES + EXPANDABLE_BRANCHES:
         m[name] = 0
     return out
+
+
+#: expandable segments' own branches of malloc: the head serves split or whole (and with the remainder on the
+#: split threshold); the mapping takes part of an unmapped block or the whole of it; best fit walks past the
+#: smallest candidate to a smaller expandable size
+EXPANDABLE_BRANCHES = ("expand:serve/split", "expand:serve/whole", "expand:serve/remainder on the split threshold",
+                       "expand:map/part of the block", "expand:map/the whole block",
+                       "malloc:fit/past the smallest (expandable size)")
 
 
 #: the policy knobs' own branches of malloc: a request the divisions round off the 512 B ladder; a new
@@ -355,7 +387,9 @@ class Agreement:
     inv_examples: list[str] = field(default_factory=list)
     samples: int = 0
     seconds: float = 0.0
-    seen: set = field(default_factory=set)
+    #: each distinct state evaluated, with the invariants it was evaluated on and whether they disagreed
+    #: (so that the parts of :func:`agreement_parts` merge into exactly the serial run's counts)
+    seen: dict = field(default_factory=dict)
 
     def count(self, spec_action: str, branch: str) -> None:
         d = self.counts.setdefault(spec_action, {})
@@ -417,6 +451,8 @@ def _drain(acts: dict[str, H.Act], vals: dict[str, Any], rep: Agreement, spec_ac
                         raise _NoPath(f"process_event(block {i}, stream {t}): paths whose precondition holds: {hold}")
                     _o, vals = compiled(acts[nm], vals["n"], guards).run(vals, {"b": i, "t": t})
                     rep.count(spec_action, nm)
+                    if nm == "process_event:free":
+                        vals = _toy_unmap(acts, vals, i, rep, spec_action, guards)
                     progress = True
                     break
             if progress:
@@ -426,6 +462,106 @@ def _drain(acts: dict[str, H.Act], vals: dict[str, Any], rep: Agreement, spec_ac
 
 class _NoPath(Exception):
     pass
+
+
+# --------------------------------------------------------------------------
+# expandable segments: the driver's choices (re-stated from the seed's rules on the projected blocks, never
+# the spec's functions) and the encoded steps they drive
+# --------------------------------------------------------------------------
+
+def _page(vals: dict[str, Any], i: int) -> int:
+    return H.K_ROUND_LARGE if vals["seed"] or _g(vals, "sm", i) else H.K_LARGE_BUFFER
+
+
+def _whole_pages(vals: dict[str, Any], i: int) -> bool:
+    """Free block ``i`` of an arena holds a whole page (offsets from the arena's base)."""
+    pg = _page(vals, i)
+    rel = _g(vals, "ad", i) - _g(vals, "sb", i)
+    return (rel + _g(vals, "sz", i)) // pg * pg > -(-rel // pg) * pg
+
+
+def _free_with_pages(vals: dict[str, Any]) -> list[int]:
+    """The free blocks holding a whole page, by address."""
+    ids = [i for i in range(vals["n"]) if _g(vals, "al", i) and _g(vals, "k", i) == H.FREE and _whole_pages(vals, i)]
+    return sorted(ids, key=lambda i: _g(vals, "ad", i))
+
+
+def _toy_unmap(acts: dict[str, H.Act], vals: dict[str, Any], b: int, rep: "Agreement", spec_action: str,
+               guards: frozenset) -> dict[str, Any]:
+    """The toy's free with expandable segments: the whole pages inside the freed (merged) block unmap."""
+    if not (vals["ex"] and vals["seed"] and _g(vals, "al", b) and _g(vals, "k", b) == H.FREE
+            and _whole_pages(vals, b)):
+        return vals
+    c = compiled(acts["unmap:free"], vals["n"], guards)
+    if not c.applies(vals, {"b": b}):
+        raise _NoPath(f"unmap:free(block {b}): its precondition does not hold")
+    _o, vals = c.run(vals, {"b": b})
+    rep.count(spec_action, "unmap:free")
+    return vals
+
+
+def _unmap_all(acts: dict[str, H.Act], vals: dict[str, Any], rep: "Agreement", spec_action: str,
+               guards: frozenset) -> dict[str, Any]:
+    """empty_cache / pytorch's retry with expandable segments: the whole free pages of every arena unmap."""
+    for _ in range(4 * vals["n"] + 4):
+        todo = _free_with_pages(vals) if vals["ex"] else []
+        if not todo:
+            return vals
+        c = compiled(acts["unmap:cache"], vals["n"], guards)
+        if not c.applies(vals, {"b": todo[0]}):
+            raise _NoPath(f"unmap:cache(block {todo[0]}): its precondition does not hold")
+        _o, vals = c.run(vals, {"b": todo[0]})
+        rep.count(spec_action, "unmap:cache")
+    raise _NoPath("unmap:cache does not terminate")
+
+
+def _cands(vals: dict[str, Any], r: int, stream: int) -> list[int]:
+    """Best fit's candidates: free blocks of the pool and stream holding ``r``, by (size, address)."""
+    fits = [i for i in range(vals["n"]) if _g(vals, "al", i) and _g(vals, "k", i) == H.FREE
+            and bool(_g(vals, "sm", i)) == (r <= H.K_SMALL) and _g(vals, "sr", i) == stream and _g(vals, "sz", i) >= r]
+    return sorted(fits, key=lambda i: (_g(vals, "sz", i), _g(vals, "ad", i)))
+
+
+def _grow_size(vals: dict[str, Any], i: int) -> int:
+    q = _g(vals, "nx", i)
+    return _g(vals, "sz", i) + (_g(vals, "sz", q) if q != -1 and _g(vals, "k", q) == H.UNM else 0)
+
+
+def _best_fit(vals: dict[str, Any], r: int, stream: int) -> tuple[int, int]:
+    """The best fit and its successor candidate (-1: none): the smallest; with expandable segments PyTorch's
+    walk on while the next candidate's expandable size (size + the unmapped block after it) is smaller."""
+    cs = _cands(vals, r, stream)
+    if not cs:
+        return -1, -1
+    k = 0
+    if vals["ex"]:
+        while k + 1 < len(cs) and _grow_size(vals, cs[k + 1]) < _grow_size(vals, cs[k]):
+            k += 1
+    return cs[k], (cs[k + 1] if k + 1 < len(cs) else -1)
+
+
+def _run_choice(vals: dict[str, Any], r: int, stream: int) -> int:
+    """The run an expandable malloc grows (seed 003: *maps fresh pages into a fresh contiguous VA run*; the
+    first arena by address of the pool and stream, the first unmapped block in it whose run of free and
+    unmapped blocks -- from the free block before it -- holds ``r``): that unmapped block, or -1 (a fresh
+    arena)."""
+    small = r <= H.K_SMALL
+    ids = [i for i in range(vals["n"]) if _g(vals, "al", i)]
+    arenas = sorted({_g(vals, "sb", i) for i in ids if bool(_g(vals, "sm", i)) == small and _g(vals, "sr", i) == stream})
+    for base in arenas:
+        blocks = sorted((i for i in ids if _g(vals, "sb", i) == base), key=lambda i: _g(vals, "ad", i))
+        for pos, i in enumerate(blocks):
+            if _g(vals, "k", i) != H.UNM:
+                continue
+            start = pos - 1 if pos > 0 and _g(vals, "k", blocks[pos - 1]) == H.FREE else pos
+            got = 0
+            for j in blocks[start:]:
+                if _g(vals, "k", j) not in (H.FREE, H.UNM):
+                    break
+                got += _g(vals, "sz", j)
+                if got >= r:
+                    return i
+    return -1
 
 
 def _largest(vals: dict[str, Any], exclude_whole: bool = False) -> tuple[int, int]:
@@ -438,9 +574,10 @@ def _largest(vals: dict[str, Any], exclude_whole: bool = False) -> tuple[int, in
     return best, who
 
 
-def _split_threshold(preset_seed: bool, small: bool) -> tuple[int, ...]:
-    """The smallest legal remainder(s): the seed's 512 B / 2 MiB; pytorch's 512 B small pool, > 1 MiB large."""
-    if small:
+def _split_threshold(preset_seed: bool, small: bool, expandable: bool = False) -> tuple[int, ...]:
+    """The smallest legal remainder(s): the seed's 512 B / 2 MiB; pytorch's 512 B small pool (and with
+    expandable segments), > 1 MiB large."""
+    if small or (expandable and not preset_seed):
         return (H.K_MIN_BLOCK,)
     return (H.K_ROUND_LARGE,) if preset_seed else (H.K_SMALL, H.K_SMALL + H.K_MIN_BLOCK)
 
@@ -512,7 +649,9 @@ def _encoded_step(before: Any, vals: dict[str, Any], refs: dict[int, int], name:
         return nm, o, v2
 
     if name == "free":
-        _nm, o, enc = one(["free:pending", "free:merge"], vals, {"b": refs[args["ref"]]}, "free")
+        nm, o, enc = one(["free:pending", "free:merge"], vals, {"b": refs[args["ref"]]}, "free")
+        if nm == "free:merge":
+            enc = _toy_unmap(acts, enc, refs[args["ref"]], rep, spec_action, guards)
         return enc, o
     if name == "double_free":
         _nm, o, enc = one(["double_free"], vals, {}, "double_free")
@@ -526,6 +665,7 @@ def _encoded_step(before: Any, vals: dict[str, Any], refs: dict[int, int], name:
     if name == "empty_cache":
         _nm, _o, enc = one(["empty_cache_wait"], vals, {}, "empty_cache (wait)")
         enc = _drain(acts, enc, rep, spec_action, guards)
+        enc = _unmap_all(acts, enc, rep, spec_action, guards)
         _nm, o, enc = one(["empty_cache"], enc, {}, "empty_cache")
         return enc, o
     # malloc
@@ -540,12 +680,13 @@ def _encoded_step(before: Any, vals: dict[str, Any], refs: dict[int, int], name:
     # the best-fit argument, by the driver (the smallest free block of the pool and stream holding r; ties:
     # the lowest address): the encoding's precondition accepts only the best one; the spec's choice shows in
     # the state compared after the step
-    fits = [i for i in range(enc["n"]) if _g(enc, "al", i) and _g(enc, "k", i) == H.FREE
-            and bool(_g(enc, "sm", i)) == (r <= H.K_SMALL) and _g(enc, "sr", i) == stream and _g(enc, "sz", i) >= r]
-    b = min(fits, key=lambda i: (_g(enc, "sz", i), _g(enc, "ad", i))) if fits and size < H.ONE_EB else -1
+    b, b2 = _best_fit(enc, r, stream) if size < H.ONE_EB else (-1, -1)
     lf, lw = _largest(enc)
-    margs = {"size": size, "t": stream, "r": r, "b": b, "base": base, "lf": lf, "lw": lw}
+    u = _run_choice(enc, r, stream) if enc["ex"] and size < H.ONE_EB else -1
+    margs = {"size": size, "t": stream, "r": r, "b": b, "b2": b2, "u": u, "base": base, "lf": lf, "lw": lw}
     path, o, enc2 = one([f"malloc:{p}" for p in H.MALLOC_PATHS], enc, margs, "malloc")
+    if path == "malloc:fit" and enc["ex"] and b != _cands(enc, r, stream)[0]:
+        rep.count(spec_action, "malloc:fit/past the smallest (expandable size)")
     if size < H.ONE_EB and not vals["seed"] and r != max(H.K_MIN_BLOCK, -(-size // H.K_MIN_BLOCK) * H.K_MIN_BLOCK):
         rep.count(spec_action, KNOB_BRANCHES[0])
     used = enc["Rs"] + enc["Rl"] + alloc
@@ -555,7 +696,7 @@ def _encoded_step(before: Any, vals: dict[str, Any], refs: dict[int, int], name:
         sub = "split" if enc2["n"] - enc["n"] == (1 if path == "malloc:fit" else 2) else "whole"
         rep.count(spec_action, f"{path}/{sub}")
         rem = (_g(enc, "sz", b) if path == "malloc:fit" else alloc) - r
-        if rem in _split_threshold(st.policy.seed, small_seg):
+        if rem in _split_threshold(st.policy.seed, small_seg, enc["ex"]):
             rep.count(spec_action, f"{path}/remainder on the split threshold")
     if path == "malloc:gc":
         # the spec's victims (its age order) are the arguments; the encoding allows any whole large segment
@@ -563,7 +704,9 @@ def _encoded_step(before: Any, vals: dict[str, Any], refs: dict[int, int], name:
             vid = next((i for i in range(enc2["n"]) if _g(enc2, "al", i) and _g(enc2, "ad", i) == vaddr), -1)
             _nm, o, enc2 = one(["gc:release"], enc2, {"b": vid}, f"gc release of the segment at {vaddr:#x}")
         lf, lw = _largest(enc2)
-        path, o, enc2 = one([f"gc_end:{p}" for p in H.CONT_PATHS], enc2, {"base": base, "lf": lf, "lw": lw}, "gc end")
+        u = _run_choice(enc2, r, stream) if enc2["ex"] else -1
+        path, o, enc2 = one([f"gc_end:{p}" for p in H.CONT_PATHS], enc2, {"base": base, "lf": lf, "lw": lw, "u": u},
+                            "gc end")
     if path.endswith(":avail"):
         for _ in range(enc2["n"] + 2):
             c, j = _avail_choices(enc2)
@@ -578,14 +721,48 @@ def _encoded_step(before: Any, vals: dict[str, Any], refs: dict[int, int], name:
             rep.count(spec_action, path)
             if path.startswith("avail_end:"):
                 break
-    if path in ("malloc:retry", "gc_end:retry", "avail_end:retry"):
-        before_retry = enc2["n"]
-        enc2 = _drain(acts, enc2, rep, spec_action, guards)
-        lf, lw = _largest(enc2, exclude_whole=True)
-        p2, o, enc2 = one(["malloc_retry:new", "malloc_retry:oom"], enc2, {"base": base, "lf": lf, "lw": lw}, "malloc retry")
-        if p2 == "malloc_retry:new" and enc2["n"] - before_retry == 2:
-            rep.count(spec_action, "malloc_retry:new/split")
+    for _attempt in range(2):
+        if path.endswith(":expand"):
+            path, o, enc2 = _expand(acts, enc2, base, r, rep, spec_action, guards)
+        if path in ("malloc:retry", "gc_end:retry", "avail_end:retry", "expand:retry"):
+            before_retry = enc2["n"]
+            enc2 = _drain(acts, enc2, rep, spec_action, guards)
+            enc2 = _unmap_all(acts, enc2, rep, spec_action, guards)
+            lf, lw = _largest(enc2, exclude_whole=not enc2["ex"])
+            u = _run_choice(enc2, r, stream) if enc2["ex"] else -1
+            path, o, enc2 = one(["malloc_retry:new", "malloc_retry:oom", "malloc_retry:expand"], enc2,
+                                {"base": base, "lf": lf, "lw": lw, "u": u}, "malloc retry")
+            if path == "malloc_retry:new" and enc2["n"] - before_retry == 2:
+                rep.count(spec_action, "malloc_retry:new/split")
     return enc2, o
+
+
+def _expand(acts: dict[str, H.Act], enc: dict[str, Any], base: int, r: int, rep: "Agreement", spec_action: str,
+            guards: frozenset) -> tuple[str, str, dict[str, Any]]:
+    """The expandable mapping's steps until it serves the request or fails (the one whose precondition holds:
+    map the run's next unmapped block, a fresh arena, serve from the head, OutOfMemory or the retry)."""
+    for _ in range(2 * enc["n"] + 4):
+        xh, xq = enc["xh"], enc["xq"]
+        target = xq if xh == -1 else _g(enc, "nx", xh)
+        lf, lw = _largest(enc)
+        cands = [("expand:serve", {"b": xh}), ("expand:map", {"b": target}), ("expand:fresh", {"base": base}),
+                 ("expand:oom", {"lf": lf, "lw": lw}), ("expand:retry", {})]
+        hold = [(nm, a) for nm, a in cands if compiled(acts[nm], enc["n"], guards).applies(enc, a)]
+        if len(hold) != 1:
+            raise _NoPath(f"expandable mapping: encoded steps whose precondition holds: {[h[0] for h in hold] or 'none'}")
+        nm, a = hold[0]
+        o, enc2 = compiled(acts[nm], enc["n"], guards).run(enc, a)
+        rep.count(spec_action, nm)
+        if nm == "expand:map":
+            rep.count(spec_action, f"expand:map/{'part of the block' if enc2['n'] > enc['n'] else 'the whole block'}")
+        if nm == "expand:serve":
+            rep.count(spec_action, f"expand:serve/{'split' if enc2['n'] > enc['n'] else 'whole'}")
+            if _g(enc, "sz", xh) - r in _split_threshold(bool(enc["seed"]), r <= H.K_SMALL, True):
+                rep.count(spec_action, "expand:serve/remainder on the split threshold")
+        enc = enc2
+        if nm not in ("expand:map", "expand:fresh"):
+            return nm, o, enc
+    raise _NoPath("the expandable mapping does not terminate")
 
 
 def _gc_victims(before: Any, size: int, stream: int) -> list[int]:
@@ -659,18 +836,20 @@ def _invariant_agreement(st: Any, vals: dict[str, Any], rep: Agreement, where: s
     key = _state_key(vals)
     if key in rep.seen:
         return
-    rep.seen.add(key)
     enc = encoded_invariants(vals)
+    evaluated = []
     for inv in INVARIANTS:
         if inv.id not in enc:
             continue
         spec_ok = inv.check(st) is None
         rep.inv[inv.id][0] += 1
+        evaluated.append((inv.id, spec_ok != enc[inv.id]))
         if spec_ok != enc[inv.id]:
             rep.inv[inv.id][1] += 1
             if len(rep.inv_examples) < 20:
                 rep.inv_examples.append(f"{inv.id} {where}: spec {'holds' if spec_ok else 'fails'}, "
                                         f"encoding {'holds' if enc[inv.id] else 'fails'}")
+    rep.seen[key] = tuple(evaluated)
 
 
 # --------------------------------------------------------------------------
@@ -810,18 +989,144 @@ def division_sizes(table: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(sorted({p + k for p in pts for k in (-1, 0, 1) if p + k > 0}))
 
 
-def run_agreement(steps: int = 30, walks_per_config: int = 2, seed: int = 0,
-                  guards: frozenset = frozenset()) -> Agreement:
-    """The walks of :data:`WALKS` and the boundary sweeps of both presets."""
+#: expandable segments (the flag on): directed scripts for the branches a short walk may miss, as
+#: ``(preset, init keywords, steps)``; a step is ``("malloc", MiB or (bytes,), stream)``, ``("free", k)`` (the
+#: k-th block malloc'd), ``("record", k, stream)``, ``("complete", stream)`` or ``("empty_cache",)``
+_EX = {"expandable": True}
+EXPANDABLE_SCRIPTS: tuple[tuple[str, dict[str, Any], tuple[tuple[Any, ...], ...]], ...] = (
+    # a fresh arena maps two 20 MiB pages for 30 MiB; freed, empty_cache unmaps them and the arena goes
+    ("pytorch", {**_EX, "capacity": 64 << 20}, (("malloc", 30, 0), ("free", 0), ("empty_cache",))),
+    # a second stream's fresh arena does not fit: pytorch's retry unmaps the first arena's free pages, then maps
+    ("pytorch", {**_EX, "capacity": 64 << 20}, (("malloc", 30, 0), ("free", 0), ("malloc", 30, 1))),
+    # ... and with no free page to unmap: the retry's OutOfMemory; the toy's at once
+    ("pytorch", {**_EX, "capacity": 64 << 20}, (("malloc", 30, 0), ("malloc", 30, 1))),
+    ("seed", {**_EX, "capacity": 44 << 20}, (("malloc", 30, 0), ("malloc", 30, 1))),
+    # the toy unmaps a freed block's pages; the hole's unmapped block is mapped whole for the next request
+    ("seed", {**_EX, "capacity": 44 << 20}, (("malloc", 2, 0), ("malloc", 2, 0), ("malloc", 2, 0), ("free", 1),
+                                             ("malloc", 2, 0))),
+    # the toy: a pending block freed by its event at malloc and at empty_cache unmaps there
+    ("seed", {**_EX, "capacity": 44 << 20}, (("malloc", 2, 0), ("record", 0, 1), ("free", 0), ("complete", 1),
+                                             ("malloc", 2, 0), ("record", 1, 1), ("free", 1), ("complete", 1),
+                                             ("empty_cache",))),
+    # the head holds the request with exactly 512 B to spare (the split threshold with expandable segments)
+    ("pytorch", {**_EX, "capacity": 64 << 20}, (("malloc", ((20 << 20) - 512,), 0),)),
+    # best fit walks past the smallest candidate (8 MiB, an unmapped run after it) to a 10 MiB one
+    ("pytorch", {**_EX, "capacity": 64 << 20}, (("malloc", 10, 0), ("malloc", 10, 0), ("malloc", 12, 0), ("free", 0),
+                                                ("malloc", 5, 0))),
+    # memory_fraction and the garbage collection with arenas: the collection releases no arena
+    ("pytorch", {**_EX, "capacity": 64 << 20, "memory_fraction": 0.75, "garbage_collection_threshold": 0.5},
+     (("malloc", 15, 0), ("malloc", 15, 0), ("free", 0), ("malloc", 1, 1), ("malloc", 40, 1))),
+)
+#: the random walks with expandable segments (the policies of :data:`WALKS` that reach the arenas' branches)
+EXPANDABLE_WALKS = (("seed", 44 << 20, 3, 0, _EX), ("pytorch", 64 << 20, 3, 0, _EX),
+                    ("pytorch", 64 << 20, 2, 4 << 20, {**_EX, "memory_fraction": 0.75,
+                                                       "garbage_collection_threshold": 0.5}))
+
+
+def expandable_sweep(rep: Agreement, guards: frozenset = frozenset()) -> None:
+    """:data:`EXPANDABLE_SCRIPTS`."""
+    from memspec.spec import caching as C
+    for preset, kw, script in EXPANDABLE_SCRIPTS:
+        st = C.init(policy=preset, streams=2, **kw)
+        refs: list[int] = []
+        for step in script:
+            if step[0] == "malloc":
+                size = step[1][0] if isinstance(step[1], tuple) else step[1] << 20
+                nxt = st.next_ref
+                check_step(st, "malloc", {"size": size, "stream": step[2]}, rep, guards)
+                refs.append(nxt if st.next_ref > nxt else -1)
+            elif step[0] == "free":
+                check_step(st, "free", {"ref": refs[step[1]]}, rep, guards)
+            elif step[0] == "record":
+                check_step(st, "record_stream", {"ref": refs[step[1]], "stream": step[2]}, rep, guards)
+            elif step[0] == "complete":
+                check_step(st, "complete_stream", {"stream": step[1]}, rep, guards)
+            else:
+                check_step(st, "empty_cache", {}, rep, guards)
+
+
+def agreement_parts(walks_per_config: int = 2, expandable: bool = True) -> list[tuple[Any, ...]]:
+    """The independent parts of :func:`run_agreement` (each run by :func:`agreement_part`, in any process:
+    ``memspec prove --jobs``; :func:`merge_agreements` joins them into the serial run's report): the sweeps
+    of each preset, the knob sweep, each walk, the expandable scripts and each expandable walk."""
+    parts: list[tuple[Any, ...]] = [("sweeps", preset) for preset in ("seed", "pytorch")]
+    parts.append(("knobs",))
+    parts += [("walk", w, i) for w in range(walks_per_config) for i in range(len(WALKS))]
+    if expandable:
+        parts.append(("expandable-scripts",))
+        parts += [("expandable-walk", w, i) for w in range(walks_per_config) for i in range(len(EXPANDABLE_WALKS))]
+    return parts
+
+
+def _walk_seeds(seed: int, walks_per_config: int, expandable: bool) -> dict[tuple[Any, ...], float]:
+    """Each walk's seed, drawn in the serial order (the plain walks, then the expandable ones)."""
+    rng = random.Random(seed)
+    seeds: dict[tuple[Any, ...], float] = {}
+    for w in range(walks_per_config):
+        for i in range(len(WALKS)):
+            seeds[("walk", w, i)] = rng.random() + w
+    if expandable:
+        for w in range(walks_per_config):
+            for i in range(len(EXPANDABLE_WALKS)):
+                seeds[("expandable-walk", w, i)] = rng.random() + w
+    return seeds
+
+
+def agreement_part(part: tuple[Any, ...], steps: int = 30, walks_per_config: int = 2, seed: int = 0,
+                   guards: frozenset = frozenset(), expandable: bool = True) -> Agreement:
+    """One part of :func:`agreement_parts`, on a report of its own."""
     t0 = time.process_time()
     rep = Agreement()
-    rng = random.Random(seed)
-    for preset in ("seed", "pytorch"):
-        boundary_sweep(rep, preset, guards=guards)
-        event_sweep(rep, preset, guards=guards)
-    knob_sweep(rep, guards=guards)
-    for w in range(walks_per_config):
-        for cfg in WALKS:
-            walk(rep, *cfg, steps=steps, rng=random.Random(rng.random() + w), guards=guards)
+    kind = part[0]
+    if kind == "sweeps":
+        boundary_sweep(rep, part[1], guards=guards)
+        event_sweep(rep, part[1], guards=guards)
+    elif kind == "knobs":
+        knob_sweep(rep, guards=guards)
+    elif kind in ("walk", "expandable-walk"):
+        cfg = (WALKS if kind == "walk" else EXPANDABLE_WALKS)[part[2]]
+        rng = random.Random(_walk_seeds(seed, walks_per_config, expandable)[part])
+        walk(rep, *cfg, steps=steps, rng=rng, guards=guards)
+    elif kind == "expandable-scripts":
+        expandable_sweep(rep, guards)
+    else:
+        raise ValueError(f"unknown agreement part {part!r}")
+    rep.seconds = time.process_time() - t0
+    return rep
+
+
+def merge_agreements(reps: list[Agreement]) -> Agreement:
+    """The reports of :func:`agreement_parts`, in the parts' order, as one: branch counts, samples and
+    mismatches add up; a state that two parts evaluated is counted once (as the serial run, which evaluates
+    each distinct state once)."""
+    out = Agreement()
+    for r in reps:
+        for act, branches in r.counts.items():
+            d = out.counts.setdefault(act, {})
+            for b, k in branches.items():
+                d[b] = d.get(b, 0) + k
+        out.mismatches += r.mismatches
+        out.samples += r.samples
+        out.seconds += r.seconds
+        if len(out.inv_examples) < 20:
+            out.inv_examples += r.inv_examples[:20 - len(out.inv_examples)]
+        for key, evaluated in r.seen.items():
+            if key in out.seen:
+                continue
+            out.seen[key] = evaluated
+            for inv_id, disagrees in evaluated:
+                out.inv[inv_id][0] += 1
+                out.inv[inv_id][1] += int(disagrees)
+    return out
+
+
+def run_agreement(steps: int = 30, walks_per_config: int = 2, seed: int = 0,
+                  guards: frozenset = frozenset(), expandable: bool = True) -> Agreement:
+    """The walks of :data:`WALKS` and the boundary sweeps of both presets; with ``expandable`` the scripts
+    and walks with expandable segments (:data:`EXPANDABLE_SCRIPTS`, :data:`EXPANDABLE_WALKS`): every part
+    of :func:`agreement_parts`, one after the other, merged."""
+    t0 = time.process_time()
+    rep = merge_agreements([agreement_part(p, steps, walks_per_config, seed, guards, expandable)
+                            for p in agreement_parts(walks_per_config, expandable)])
     rep.seconds = time.process_time() - t0
     return rep

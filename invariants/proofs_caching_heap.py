@@ -63,8 +63,51 @@ actions it stands for):
   stream's events complete, then (once processed) release exactly the
   whole-free segments and return their bytes.
 
-Not encoded here: expandable segments (C8 has its own encoding,
-:mod:`.proofs_caching_expandable`); the rows say so in ``bounded``.
+Expandable segments (seed 003: *A freed block's pages unmap -- physical
+memory returns to the driver immediately -- and a later large request maps
+fresh pages into a fresh contiguous VA run*), as spec/caching models them,
+under the symbolic policy flag ``ex`` (like ``seed``: one proof covers both
+values): every segment is then a VA arena (``vs``/``vl`` bytes, whole pages of
+:func:`page`: the toy's 2 MiB, pytorch's 2 MiB small / 20 MiB large pool),
+tiled by blocks of four kinds -- free, live, pending and *unmapped* (``UNM``)
+--; reserved counts the mapped bytes only (unmapped blocks add to no ghost
+sum, so ``reserved = free + active`` still holds), a free arena block is never
+a whole-free segment, and C3 also forbids two adjacent unmapped blocks.
+
+* ``malloc:expand`` / ``gc_end:expand`` / ``malloc_retry:expand``: no free
+  block serves the request and the memory_fraction check (on ``alloc``)
+  passes: the mapping starts (phase ``xp``) at the run of an unmapped block
+  ``u`` of an arena of the request's pool and stream, its head the free block
+  before ``u`` if any (``_find_expandable``'s choice is an argument: the
+  agreement passes the spec rule's, re-stated by its driver), or a fresh arena
+  (``u = -1``);
+* ``expand:map``: the pages of the run's next unmapped block up to the
+  request's last byte (page-rounded from the arena's base, at most the block)
+  are mapped, if reserved + them fits the device: they become free and merge
+  with the head (and, the block mapped whole, with a free block after it);
+  ``expand:fresh``: a fresh arena at a fresh base, its first
+  ``min(ceil(r, page), VA)`` bytes mapped; ``expand:serve``: the head holds the
+  request and serves it like a best fit (pytorch splits any remainder >= 512
+  with expandable segments); ``expand:oom`` / ``expand:retry``: the next pages
+  do not fit: the pages mapped so far stay mapped, then the toy's OutOfMemory
+  ("Tried to allocate" the rounded request), pytorch's retry (whose second
+  attempt ends in OutOfMemory);
+* ``unmap:free`` (the toy's free, at once and when an event frees a block) and
+  ``unmap:cache`` (empty_cache and pytorch's retry, counted in empty_cache's
+  answer): the whole pages inside a free block are unmapped (the free edges
+  before and after them stay), the unmapped block merges with unmapped
+  neighbours, and an arena left all unmapped is released;
+* ``malloc:fit`` with expandable segments: PyTorch's best fit walks on from
+  the smallest candidate while the next one's *expandable size* (its size
+  plus the unmapped block after it) is smaller (:func:`grow_best`).
+
+With the flag, C1's memory_fraction conjunct (reserved within the cap) is
+not claimed -- the spec's C1 does not claim it either: the fraction's check
+is on ``alloc`` and the mapping takes whole pages, so reserved may pass the
+cap (a 22 MiB request under a 32 MiB cap maps two 20 MiB pages).  An arena
+whose first mapping failed stays in the spec's state without a base and
+without a mapped byte (the spec maps it later like a fresh one): it is not a
+block here.
 """
 
 from __future__ import annotations
@@ -89,7 +132,7 @@ K_MIN_LARGE_ALLOC = 10 * MiB
 K_ROUND_LARGE = 2 * MiB
 ONE_EB = 1 << 60
 STREAMS = 3
-FREE, LIVE, PEND = 0, 1, 2
+FREE, LIVE, PEND, UNM = 0, 1, 2, 3
 OOM = CODE["OutOfMemory"]
 DOUBLE = CODE["DoubleFree"]
 
@@ -103,6 +146,9 @@ FIELDS: dict[str, str] = {
     **{f"u{s}": BARR for s in range(STREAMS)}, **{f"e{s}": ARR for s in range(STREAMS)},
     **{f"i{s}": INT for s in range(STREAMS)}, **{f"c{s}": INT for s in range(STREAMS)},
     "seed": BOOL, "ms": INT, "cap": INT, "Rs": INT, "Rl": INT,
+    # expandable segments (the policy flag ``ex``): every segment is a VA arena of ``vs`` (small pool) / ``vl``
+    # (large pool) bytes whose pages (:func:`page`) are mapped on demand; a block of kind ``UNM`` is unmapped
+    "ex": BOOL, "vs": INT, "vl": INT,
     # the policy's knobs: memory_fraction (``hf``: set; ``lim``: the per-process cap int(fraction * capacity)),
     # garbage_collection_threshold (``gce``: on; ``gth``: int(threshold * cap)), roundup_power2_divisions (``dv``:
     # the 16 entries, 0 = none)
@@ -112,6 +158,9 @@ FIELDS: dict[str, str] = {
     # after every event completed (release every cached segment)
     "md": BOOL, "gp": BOOL, "ra": BOOL, "mn": INT, "mt": INT, "mr": INT, "wa": INT, "rsum": INT,
     "ret": INT,                                  # empty_cache's answer
+    # the expandable malloc in progress (``xp``): the free head ``xh`` of the run grown so far (-1: none yet),
+    # the unmapped block ``xq`` to map first when there is no head (-1: a fresh arena), ``x2`` the retry's attempt
+    "xp": BOOL, "xh": INT, "xq": INT, "x2": BOOL,
     "oq": INT, "orr": INT, "oa": INT, "olf": INT,  # the last OOM's figures
     **{name: ARR for name in SUMS},
 }
@@ -284,11 +333,25 @@ def z_segment(s: St, r: Any) -> Any:
 
 
 def z_split(s: St, rem: Any, r: Any, small: Any) -> Any:
-    """The toy: remainder >= 512 B small pool, >= 2 MiB large pool; pytorch: small pool >= 512,
-    large pool ``r < max_split_size`` (0 = unlimited) and remainder > 1 MiB."""
+    """The toy: remainder >= 512 B small pool, >= 2 MiB large pool; pytorch: small pool or expandable
+    segments >= 512, else large pool ``r < max_split_size`` (0 = unlimited) and remainder > 1 MiB."""
     seed_s = z3.If(small, rem >= K_MIN_BLOCK, rem >= K_ROUND_LARGE)
-    torch_s = z3.If(small, rem >= K_MIN_BLOCK, z3.And(z3.Or(s.ms == 0, r < s.ms), rem > K_SMALL))
+    torch_s = z3.If(z3.Or(small, s.ex), rem >= K_MIN_BLOCK, z3.And(z3.Or(s.ms == 0, r < s.ms), rem > K_SMALL))
     return z3.If(s.seed, seed_s, torch_s)
+
+
+def page(s: St, small: Any) -> Any:
+    """An expandable arena's page: the toy's 2 MiB; pytorch 2 MiB (small pool) / 20 MiB (large pool)."""
+    return z3.If(z3.Or(s.seed, small), K_ROUND_LARGE, K_LARGE_BUFFER)
+
+
+def ceil_pg(x: Any, pg: Any) -> Any:
+    """``x`` rounded up to the page ``pg`` (2 MiB or 20 MiB: a case split keeps the division by a constant)."""
+    return z3.If(pg == K_ROUND_LARGE, ceil_to(x, K_ROUND_LARGE), ceil_to(x, K_LARGE_BUFFER))
+
+
+def floor_pg(x: Any, pg: Any) -> Any:
+    return z3.If(pg == K_ROUND_LARGE, (x / K_ROUND_LARGE) * K_ROUND_LARGE, (x / K_LARGE_BUFFER) * K_LARGE_BUFFER)
 
 
 # --------------------------------------------------------------------------
@@ -301,9 +364,10 @@ def _contrib(s: St, name: str) -> Callable[[Any], Any]:
     def f(i: Any) -> Any:
         mine = z3.And(at(s.al, i), at(s.sm, i) == small)
         kk, size = at(s.k, i), at(s.sz, i)
-        whole = size == at(s.ss, i)
-        val = {"N": z3.If(z3.And(kk == FREE, z3.Not(whole)), size, 0), "A": z3.If(kk != FREE, size, 0),
-               "L": z3.If(kk == LIVE, size, 0), "Q": z3.If(kk != FREE, size - at(s.rq, i), 0),
+        whole = z3.And(size == at(s.ss, i), z3.Not(s.ex))
+        act = z3.Or(kk == LIVE, kk == PEND)
+        val = {"N": z3.If(z3.And(kk == FREE, z3.Not(whole)), size, 0), "A": z3.If(act, size, 0),
+               "L": z3.If(kk == LIVE, size, 0), "Q": z3.If(act, size - at(s.rq, i), 0),
                "W": z3.If(z3.And(kk == FREE, whole), size, 0)}[c]
         return z3.If(mine, val, 0)
     return f
@@ -314,17 +378,19 @@ def total(s: St, name: str) -> Any:
 
 
 def block_wf(s: St, i: Any) -> Any:
-    """One block is well formed: inside its segment, 512-aligned, a legal kind,
-    pool and segment size agree, its pv/nx witnesses are the neighbours."""
+    """One block is well formed: inside its segment, a legal kind (unmapped only in an expandable
+    arena), pool and segment size agree (a plain segment: 2 MiB iff small), its pv/nx witnesses are the
+    neighbours; the toy's large pool keeps 2 MiB offsets and segment sizes."""
     ad, sz, kk, rq, ss, sb = at(s.ad, i), at(s.sz, i), at(s.k, i), at(s.rq, i), at(s.ss, i), at(s.sb, i)
     p, q = at(s.pv, i), at(s.nx, i)
     us = [at(s[f"u{t}"], i) for t in range(STREAMS)]
     return z3.Implies(at(s.al, i), z3.And(
         sz > 0, sb >= 0,
         sb <= ad, ad + sz <= sb + ss,
-        z3.Or(kk == FREE, kk == LIVE, kk == PEND),
-        z3.If(kk == FREE, rq == 0, z3.And(0 < rq, rq <= sz)),
-        at(s.sm, i) == (ss == K_SMALL_BUFFER), ss >= K_SMALL_BUFFER,
+        z3.Or(kk == FREE, kk == LIVE, kk == PEND, z3.And(kk == UNM, s.ex)),
+        z3.If(z3.Or(kk == FREE, kk == UNM), rq == 0, z3.And(0 < rq, rq <= sz)),
+        z3.Implies(z3.Not(s.ex), at(s.sm, i) == (ss == K_SMALL_BUFFER)), ss >= K_SMALL_BUFFER,
+        z3.Implies(z3.And(s.seed, z3.Not(at(s.sm, i))), z3.And((ad - sb) % K_ROUND_LARGE == 0, ss % K_ROUND_LARGE == 0)),
         0 <= at(s.sr, i), at(s.sr, i) < STREAMS,
         # the tiling witnesses
         z3.If(p == -1, ad == sb, z3.And(0 <= p, p < s.n, p != i, at(s.al, p), at(s.sb, p) == sb,
@@ -335,7 +401,7 @@ def block_wf(s: St, i: Any) -> Any:
         *[z3.Implies(us[t], at(s.sr, i) != t) for t in range(STREAMS)],
         *[z3.Implies(z3.And(kk == PEND, us[t]), z3.And(at(s[f"e{t}"], i) >= 1, at(s[f"e{t}"], i) <= s[f"i{t}"]))
           for t in range(STREAMS)],
-        z3.Implies(kk == FREE, z3.And(*[z3.Not(u) for u in us])),
+        z3.Implies(z3.Or(kk == FREE, kk == UNM), z3.And(*[z3.Not(u) for u in us])),
     ))
 
 
@@ -345,14 +411,28 @@ def pair_wf(s: St, i: Any, j: Any) -> Any:
     same = at(s.sb, i) == at(s.sb, j)
     return z3.Implies(z3.And(at(s.al, i), at(s.al, j), i != j), z3.If(
         same,
-        z3.And(at(s.ss, i) == at(s.ss, j), at(s.sr, i) == at(s.sr, j),
+        z3.And(at(s.ss, i) == at(s.ss, j), at(s.sr, i) == at(s.sr, j), at(s.sm, i) == at(s.sm, j),
                z3.Or(at(s.ad, i) + at(s.sz, i) <= at(s.ad, j), at(s.ad, j) + at(s.sz, j) <= at(s.ad, i))),
         z3.Or(at(s.sb, i) + at(s.ss, i) <= at(s.sb, j), at(s.sb, j) + at(s.ss, j) <= at(s.sb, i))))
 
 
 def pending_req(s: St) -> Any:
-    """A malloc is in one of its phases (garbage collection, release_available, the retry)."""
-    return z3.Or(s.md, s.gp, s.ra)
+    """A malloc is in one of its phases (garbage collection, release_available, the retry, the expandable
+    mapping)."""
+    return z3.Or(s.md, s.gp, s.ra, s.xp)
+
+
+def _run_ok(s: St, i: Any, kind: int) -> Any:
+    """Block ``i`` is alive, of ``kind``, in an arena of the pending request's pool and stream."""
+    return z3.And(0 <= i, i < s.n, at(s.al, i), at(s.k, i) == kind, at(s.sm, i) == (s.mr <= K_SMALL),
+                  at(s.sr, i) == s.mt)
+
+
+def expand_wf(s: St) -> Any:
+    """The expandable mapping in progress: its head is a free block of the request's pool and stream, or
+    (none yet) the unmapped block to map first is one, or -1 (a fresh arena)."""
+    return z3.Implies(s.xp, z3.And(s.ex, z3.Or(s.xh == -1, _run_ok(s, s.xh, FREE)),
+                                   z3.Implies(s.xh == -1, z3.Or(s.xq == -1, _run_ok(s, s.xq, UNM)))))
 
 
 def idle(s: St) -> Any:
@@ -364,11 +444,16 @@ def scalars_wf(s: St) -> Any:
                   *[z3.And(0 <= s[f"c{t}"], s[f"c{t}"] <= s[f"i{t}"]) for t in range(STREAMS)],
                   # at most one phase; the request it serves
                   z3.Not(z3.And(s.md, s.gp)), z3.Not(z3.And(s.md, s.ra)), z3.Not(z3.And(s.gp, s.ra)),
+                  z3.Not(z3.And(s.xp, s.md)), z3.Not(z3.And(s.xp, s.gp)), z3.Not(z3.And(s.xp, s.ra)),
+                  # the arenas' VA: at least a page, whole pages of the pool's page
+                  z3.Implies(s.ex, z3.And(s.vs >= K_SMALL_BUFFER, s.vs % K_ROUND_LARGE == 0, s.vl >= K_SMALL_BUFFER,
+                                          s.vl % page(s, False) == 0)),
+                  expand_wf(s),
                   z3.Implies(pending_req(s), z3.And(s.mn >= 1, s.mn < ONE_EB, 0 <= s.mt, s.mt < STREAMS,
                                                     round_ok(s, s.mn, s.mr))),
                   z3.Implies(s.md, z3.And(z3.Not(s.seed), *[s[f"c{t}"] == s[f"i{t}"] for t in range(STREAMS)])),
                   z3.Implies(s.gp, s.gce),
-                  z3.Implies(s.ra, z3.And(z3.Not(s.seed), s.ms > 0, s.wa == z3.If(s.mr > s.ms, s.mr, s.ms),
+                  z3.Implies(s.ra, z3.And(z3.Not(s.seed), z3.Not(s.ex), s.ms > 0, s.wa == z3.If(s.mr > s.ms, s.mr, s.ms),
                                           s.rsum >= 0)))
 
 
@@ -385,8 +470,10 @@ def reserved_wf(s: St) -> Any:
 
 def within_cap(s: St) -> Any:
     """With memory_fraction set, reserved stays within the per-process cap (0 if the cap is negative: then
-    no segment is ever made)."""
-    return z3.Implies(s.hf, s.Rs + s.Rl <= z3.If(s.lim > 0, s.lim, 0))
+    no segment is ever made).  Not with expandable segments: the fraction's check is on the segment size a
+    plain malloc would take (``alloc``), the mapping takes whole pages (a 22 MiB request under a 32 MiB cap
+    maps a 40 MiB run of 20 MiB pages); the spec's C1 does not claim it."""
+    return z3.Implies(z3.And(s.hf, z3.Not(s.ex)), s.Rs + s.Rl <= z3.If(s.lim > 0, s.lim, 0))
 
 
 def wf(s: St) -> Any:
@@ -410,20 +497,22 @@ def c2(s: St) -> Any:
 
 
 def c3(s: St) -> Any:
-    """No two adjacent free blocks."""
+    """No two adjacent free blocks (nor two adjacent unmapped runs of an arena)."""
     return _all2(s.n, lambda i, j: z3.Implies(
         z3.And(at(s.al, i), at(s.al, j), at(s.sb, i) == at(s.sb, j), at(s.ad, i) + at(s.sz, i) == at(s.ad, j)),
-        z3.Not(z3.And(at(s.k, i) == FREE, at(s.k, j) == FREE))))
+        z3.And(z3.Not(z3.And(at(s.k, i) == FREE, at(s.k, j) == FREE)),
+               z3.Not(z3.And(at(s.k, i) == UNM, at(s.k, j) == UNM)))))
 
 
 def c4(s: St) -> Any:
     """Pools never mix: an active block of a small-pool segment serves a request <= 1 MiB and vice versa."""
-    return _all(s.n, lambda i: z3.Implies(z3.And(at(s.al, i), at(s.k, i) != FREE),
+    return _all(s.n, lambda i: z3.Implies(z3.And(at(s.al, i), z3.Or(at(s.k, i) == LIVE, at(s.k, i) == PEND)),
                                           at(s.sm, i) == (at(s.rq, i) <= K_SMALL)))
 
 
 def c5(s: St) -> Any:
-    """The toy's large pool holds only 2 MiB multiples (a remainder below 2 MiB is never split off)."""
+    """The toy's large pool holds only 2 MiB multiples (a remainder below 2 MiB is never split off; its
+    arenas map and unmap whole 2 MiB pages)."""
     return _all(s.n, lambda i: z3.Implies(z3.And(at(s.al, i), s.seed, z3.Not(at(s.sm, i))),
                                           at(s.sz, i) % K_ROUND_LARGE == 0))
 
@@ -465,11 +554,11 @@ def _update_sums(s: St, s2: St, touched: list[tuple[Any, Any]], appended: int,
     return out
 
 
-def _merge_free(s: St, b: Any, guards: frozenset = frozenset()) -> tuple[St, list[tuple[Any, Any]]]:
-    """Block ``b`` becomes free and coalesces with free neighbours (keeping its id)."""
+def _merge_free(s: St, b: Any, guards: frozenset = frozenset(), kind: int = FREE) -> tuple[St, list[tuple[Any, Any]]]:
+    """Block ``b`` becomes free (``kind``: unmapped) and coalesces with neighbours of that kind (keeping its id)."""
     p, q = at(s.pv, b), at(s.nx, b)
-    mp = z3.And(p != -1, at(s.k, p) == FREE)
-    mq = z3.And(q != -1, at(s.k, q) == FREE) if "merge-next" not in guards else z3.BoolVal(False)
+    mp = z3.And(p != -1, at(s.k, p) == kind)
+    mq = z3.And(q != -1, at(s.k, q) == kind) if "merge-next" not in guards else z3.BoolVal(False)
     ad = z3.If(mp, at(s.ad, p), at(s.ad, b))
     size = at(s.sz, b) + z3.If(mp, at(s.sz, p), 0) + z3.If(mq, at(s.sz, q), 0)
     newp = z3.If(mp, at(s.pv, p), p)
@@ -477,7 +566,7 @@ def _merge_free(s: St, b: Any, guards: frozenset = frozenset()) -> tuple[St, lis
     al, pv, nx = s.al, s.pv, s.nx
     al = z3.If(mp, upd(al, p, False), al)
     al = z3.If(mq, upd(al, q, False), al)
-    out = s.set(al=al, ad=upd(s.ad, b, ad), sz=upd(s.sz, b, size), k=upd(s.k, b, FREE), rq=upd(s.rq, b, 0),
+    out = s.set(al=al, ad=upd(s.ad, b, ad), sz=upd(s.sz, b, size), k=upd(s.k, b, kind), rq=upd(s.rq, b, 0),
                 **{f"u{t}": upd(s[f"u{t}"], b, False) for t in range(STREAMS)},
                 **{f"e{t}": upd(s[f"e{t}"], b, 0) for t in range(STREAMS)})
     pv = upd(pv, b, newp)
@@ -499,7 +588,8 @@ def _cand(s: St, j: Any, r: Any, small: Any, t: Any, guards: frozenset = frozens
 
 
 def _whole_free(s: St, j: Any) -> Any:
-    return z3.And(at(s.al, j), at(s.k, j) == FREE, at(s.sz, j) == at(s.ss, j))
+    """A plain segment that is one free block (an arena releases pages instead: :func:`unmap_step`)."""
+    return z3.And(at(s.al, j), at(s.k, j) == FREE, at(s.sz, j) == at(s.ss, j), z3.Not(s.ex))
 
 
 def _no_pending(s: St) -> Any:
@@ -515,7 +605,7 @@ def _fresh_base(s: St, base: Any, size: Any) -> Any:
 def _release_whole(s: St, guards: frozenset = frozenset()) -> St:
     """Release every whole-free segment: its single free block dies; the pool's reserved and free bytes drop by it."""
     whole = (lambda j: _whole_free(s, j)) if "whole" not in guards else \
-        (lambda j: z3.And(at(s.al, j), at(s.k, j) == FREE))
+        (lambda j: z3.And(at(s.al, j), at(s.k, j) == FREE, z3.Not(s.ex)))
     al = _lam_arr(lambda j: z3.And(at(s.al, j), z3.Not(whole(j))))
     out = s.set(al=al, Rs=s.Rs - total(s, "Ws"), Rl=s.Rl - total(s, "Wl"))
     for p in ("s", "l"):   # whole-free blocks count only in W
@@ -556,17 +646,56 @@ def _largest_free_ok(s: St, lf: Any, lw: Any) -> Any:
                   z3.Or(lf == 0, z3.And(0 <= lw, lw < s.n, at(s.al, lw), at(s.k, lw) == FREE, at(s.sz, lw) == lf)))
 
 
-MALLOC_PARAMS = {"size": INT, "t": INT, "r": INT, "b": INT, "base": INT, "lf": INT, "lw": INT}
+MALLOC_PARAMS = {"size": INT, "t": INT, "r": INT, "b": INT, "b2": INT, "u": INT, "base": INT, "lf": INT, "lw": INT}
 
 
-def room(s: St, alloc: Any, guards: frozenset = frozenset()) -> Any:
+def _tried(s: St, r: Any, alloc: Any) -> Any:
+    """The OOM's "Tried to allocate": the segment size; the toy with expandable segments: the rounded request."""
+    return z3.If(z3.And(s.ex, s.seed), r, alloc)
+
+
+def room(s: St, alloc: Any, guards: frozenset = frozenset(), r: Any = None) -> Any:
     """``_alloc_block``'s test: the new segment fits the per-process cap (memory_fraction, when set) and the
     device."""
     if "room" in guards:
         return z3.BoolVal(True)
     used = s.Rs + s.Rl + alloc
+    if r is not None:
+        # the toy with expandable segments maps the rounded request's pages: the cap is checked on them
+        used = s.Rs + s.Rl + z3.If(z3.And(s.ex, s.seed), ceil_pg(r, page(s, r <= K_SMALL)), alloc)
     cap = z3.Or(z3.Not(s.hf), used <= s.lim) if "cap" not in guards else z3.BoolVal(True)
-    return z3.And(cap, used <= s.cap)
+    # expandable segments: only the memory_fraction check here (on ``alloc``); the device's is per page mapped
+    return z3.If(s.ex, cap, z3.And(cap, used <= s.cap))
+
+
+def _grow(s: St, j: Any) -> Any:
+    """PyTorch's ``expandable_size``: a free block's size plus the unmapped block after it."""
+    q = at(s.nx, j)
+    return at(s.sz, j) + z3.If(z3.And(q != -1, at(s.k, q) == UNM), at(s.sz, q), 0)
+
+
+def _key_lt(s: St, i: Any, j: Any) -> Any:
+    return z3.Or(at(s.sz, i) < at(s.sz, j), z3.And(at(s.sz, i) == at(s.sz, j), at(s.ad, i) < at(s.ad, j)))
+
+
+def grow_best(s: St, b: Any, b2: Any, cand: Callable[[Any], Any]) -> Any:
+    """get_free_block with expandable segments: from the smallest candidate (size, then address) it moves
+    on to the next while that one's expandable size is smaller: ``b`` ends a chain of candidates whose
+    expandable sizes strictly decrease (every pair of candidates up to ``b``), and ``b2`` (its successor
+    candidate, or -1: none) does not continue it."""
+    body = lambda i, j: z3.Implies(z3.And(cand(i), cand(j), _key_lt(s, i, j), _key_le(s, j, b)),  # noqa: E731
+                                   _grow(s, i) > _grow(s, j))
+    if MODE.kind == "inst":
+        # a hypothesis: instantiated only at the goal's skolems and the two ids named (fewer instances of a
+        # universal hypothesis: weaker, so still sound); only C4's goal reads the chain
+        ids = [*MODE.skolems, b, b2]
+        chain = z3.And(*[z3.Implies(z3.And(0 <= x, x < s.n, 0 <= y, y < s.n), body(x, y)) for x in ids for y in ids])
+    else:
+        chain = _all2(s.n, body)
+    last = _all(s.n, lambda j: z3.Implies(cand(j), _key_le(s, j, b)))
+    succ = z3.And(0 <= b2, b2 < s.n, cand(b2), _key_lt(s, b, b2), _grow(s, b2) >= _grow(s, b),
+                  _all(s.n, lambda j: z3.Implies(z3.And(cand(j), _key_lt(s, b, j)), _key_le(s, b2, j))))
+    return z3.And(chain, z3.Or(z3.And(b2 == -1, last), succ))
 
 
 def gc_fires(s: St) -> Any:
@@ -585,36 +714,58 @@ def malloc_parts(s: St, a: St, guards: frozenset = frozenset()) -> dict[str, Any
     cand = lambda j: _cand(s, j, r, small, t, guards)  # noqa: E731
     better = lambda j: z3.Or(at(s.sz, j) > bsz, z3.And(at(s.sz, j) == bsz, at(s.ad, j) >= at(s.ad, b)))  # noqa: E731
     best = z3.And(0 <= b, b < s.n, cand(b),
-                  z3.BoolVal(True) if "best" in guards else _all(s.n, lambda j: z3.Implies(cand(j), better(j))))
+                  z3.BoolVal(True) if "best" in guards else
+                  z3.If(s.ex, grow_best(s, b, a.b2, cand), _all(s.n, lambda j: z3.Implies(cand(j), better(j)))))
     none = _all(s.n, lambda j: z3.Not(cand(j)))
     msrej = z3.And(s.ms > 0, z3.Or(z3.And(r < s.ms, bsz >= s.ms), z3.And(r >= s.ms, bsz >= r + K_LARGE_BUFFER)))
     found = z3.And(b >= 0, z3.Not(msrej))
     split = z_split(s, bsz - r, r, small) if "split" not in guards else bsz - r > 0
-    return dict(r=r, small=small, alloc=alloc, best=best, none=none, found=found, room=room(s, alloc, guards),
+    return dict(r=r, small=small, alloc=alloc, best=best, none=none, found=found, room=room(s, alloc, guards, r),
                 split=split, eb=n >= ONE_EB)
 
 
 #: what follows when no cached block serves a request (after the garbage collection, if any): a new segment;
 #: the toy's OutOfMemory; pytorch's release_available (max_split_size set) or its retry
-CONT_PATHS = ("new", "oom", "retry", "avail")
+CONT_PATHS = ("new", "oom", "retry", "avail", "expand")
 
 
 def cont_path(s: St, rm: Any, path: str) -> Any:
-    return {"new": rm, "oom": z3.And(z3.Not(rm), s.seed), "retry": z3.And(z3.Not(rm), z3.Not(s.seed), s.ms == 0),
-            "avail": z3.And(z3.Not(rm), z3.Not(s.seed), s.ms > 0)}[path]
+    """With expandable segments ``rm`` is only the memory_fraction check: then the mapping (``expand``);
+    release_available looks at plain segments only (with arenas it releases nothing: the retry)."""
+    return {"new": z3.And(rm, z3.Not(s.ex)), "expand": z3.And(rm, s.ex), "oom": z3.And(z3.Not(rm), s.seed),
+            "retry": z3.And(z3.Not(rm), z3.Not(s.seed), z3.Or(s.ms == 0, s.ex)),
+            "avail": z3.And(z3.Not(rm), z3.Not(s.seed), s.ms > 0, z3.Not(s.ex))}[path]
 
 
-def cont_pre(s: St, a: St, alloc: Any, path: str, guards: frozenset = frozenset()) -> Any:
+def expand_choice(s: St, u: Any, small: Any, t: Any) -> Any:
+    """The run the mapping grows (``_find_expandable``, an argument: the agreement passes the spec rule's
+    choice): an unmapped block of an arena of the request's pool and stream, or -1 (a fresh arena)."""
+    return z3.Or(u == -1, z3.And(0 <= u, u < s.n, at(s.al, u), at(s.k, u) == UNM, at(s.sm, u) == small,
+                                 at(s.sr, u) == t))
+
+
+def cont_pre(s: St, a: St, alloc: Any, path: str, guards: frozenset = frozenset(), r: Any = None,
+             t: Any = None) -> Any:
     if path == "new":
         return _fresh_base(s, a.base, alloc) if "fresh" not in guards else a.base >= 0
     if path == "oom":
         return _largest_free_ok(s, a.lf, a.lw)
+    if path == "expand":
+        return expand_choice(s, a.u, (s.mr if r is None else r) <= K_SMALL, s.mt if t is None else t)
     return z3.BoolVal(True)
+
+
+def _expand_state(s: St, size: Any, t: Any, r: Any, u: Any, second: Any) -> St:
+    """The mapping starts at the run of ``u`` (its head: the free block before it, if any) or a fresh arena."""
+    p = at(s.pv, u)
+    head = z3.If(z3.And(u != -1, p != -1, at(s.k, p) == FREE), p, -1)
+    return s.set(xp=True, md=False, gp=False, ra=False, mn=size, mt=t, mr=r, xh=head, xq=u, x2=second)
 
 
 def _retry_state(s: St, size: Any, t: Any, r: Any) -> St:
     """pytorch's last resort: every stream's events complete (then the retry releases every cached segment)."""
-    return s.set(md=True, gp=False, ra=False, mn=size, mt=t, mr=r, **{f"c{tt}": s[f"i{tt}"] for tt in range(STREAMS)})
+    return s.set(md=True, gp=False, ra=False, xp=False, mn=size, mt=t, mr=r,
+                 **{f"c{tt}": s[f"i{tt}"] for tt in range(STREAMS)})
 
 
 def cont_step(s: St, a: St, path: str, size: Any, t: Any, r: Any) -> tuple[Any, St]:
@@ -623,9 +774,11 @@ def cont_step(s: St, a: St, path: str, size: Any, t: Any, r: Any) -> tuple[Any, 
     if path == "new":
         return OK, _new_segment(done, r, small, t, a.base, alloc, size)
     if path == "oom":
-        return OOM, _oom_figures(done, alloc, a.lf)
+        return OOM, _oom_figures(done, _tried(s, r, alloc), a.lf)
     if path == "retry":
         return PENDING, _retry_state(s, size, t, r)
+    if path == "expand":
+        return PENDING, _expand_state(s, size, t, r, a.u, z3.BoolVal(False))
     return PENDING, s.set(ra=True, gp=False, mn=size, mt=t, mr=r, wa=z3.If(r > s.ms, r, s.ms), rsum=0)
 
 
@@ -652,7 +805,7 @@ def malloc_pre(s: St, a: St, path: str, guards: frozenset = frozenset()) -> Any:
                   z3.Or(m["eb"], round_ok(s, a.size, a.r, guards)),
                   z3.Or(m["eb"], m["best"], z3.And(a.b == -1, m["none"])),
                   malloc_path(s, a, path, guards),
-                  cont_pre(s, a, m["alloc"], path, guards) if path in CONT_PATHS else z3.BoolVal(True))
+                  cont_pre(s, a, m["alloc"], path, guards, a.r, a.t) if path in CONT_PATHS else z3.BoolVal(True))
 
 
 def malloc_step(s: St, a: St, path: str, guards: frozenset = frozenset()) -> tuple[Any, St]:
@@ -664,12 +817,15 @@ def malloc_step(s: St, a: St, path: str, guards: frozenset = frozenset()) -> tup
         return PENDING, s.set(gp=True, mn=a.size, mt=a.t, mr=r)
     if path in CONT_PATHS:
         return cont_step(s, a, path, a.size, a.t, r)
-    # the best fit, split if legal
-    split = m["split"]
+    return OK, _serve(s, b, r, a.size, m["split"])
+
+
+def _serve(s: St, b: Any, r: Any, size: Any, split: Any) -> St:
+    """Free block ``b`` serves the request (rounded ``r``): live, the legal remainder split off free."""
     bsz = at(s.sz, b)
     n = s.n
     fit = St(s)
-    for f, v in (("sz", z3.If(split, r, bsz)), ("k", LIVE), ("rq", a.size)):
+    for f, v in (("sz", z3.If(split, r, bsz)), ("k", LIVE), ("rq", size)):
         fit[f] = upd(s[f], b, v)
     rem = {"al": split, "ad": at(s.ad, b) + r, "sz": bsz - r, "k": FREE, "rq": 0, "sm": at(s.sm, b),
            "sr": at(s.sr, b), "sb": at(s.sb, b), "ss": at(s.ss, b), "pv": b, "nx": at(s.nx, b)}
@@ -683,7 +839,7 @@ def malloc_step(s: St, a: St, path: str, guards: frozenset = frozenset()) -> tup
     fit["pv"] = z3.If(z3.And(split, q != -1), upd(fit["pv"], q, n), fit["pv"])
     fit = _update_sums(s, fit, [(b, z3.BoolVal(True))], 1)
     fit["n"] = n + z3.If(split, 1, 0)
-    return OK, fit
+    return fit
 
 
 def _release_one(s: St, b: Any) -> St:
@@ -703,7 +859,7 @@ def gc_release_pre(s: St, a: St, guards: frozenset = frozenset()) -> Any:
 
 def gc_end_pre(s: St, a: St, path: str, guards: frozenset = frozenset()) -> Any:
     alloc = z_segment(s, s.mr)
-    return z3.And(s.gp, cont_path(s, room(s, alloc, guards), path), cont_pre(s, a, alloc, path, guards))
+    return z3.And(s.gp, cont_path(s, room(s, alloc, guards, s.mr), path), cont_pre(s, a, alloc, path, guards))
 
 
 def _acand(s: St, j: Any) -> Any:
@@ -734,14 +890,14 @@ def _elig(s: St, j: Any, guards: frozenset = frozenset()) -> Any:
 
 def avail_big_pre(s: St, a: St) -> Any:
     """A block holds the want: the smallest such is released if it is a whole segment."""
-    return z3.And(s.ra, s.rsum == 0, _big_best(s, a.b), at(s.sz, a.b) == at(s.ss, a.b))
+    return z3.And(s.ra, z3.Not(s.ex), s.rsum == 0, _big_best(s, a.b), at(s.sz, a.b) == at(s.ss, a.b))
 
 
 def avail_one_pre(s: St, a: St, guards: frozenset = frozenset()) -> Any:
     """None holds the want: from the largest down (size, then address), whole segments of at least
     max_split_size are released until the want is reached."""
     b = a.b
-    return z3.And(s.ra, _no_big(s), s.rsum < s.wa, 0 <= b, b < s.n, _elig(s, b, guards),
+    return z3.And(s.ra, z3.Not(s.ex), _no_big(s), s.rsum < s.wa, 0 <= b, b < s.n, _elig(s, b, guards),
                   _all(s.n, lambda j: z3.Implies(_elig(s, j, guards), _key_le(s, j, b))))
 
 
@@ -755,7 +911,7 @@ def avail_end_pre(s: St, a: St, path: str, guards: frozenset = frozenset()) -> A
                  z3.And(_no_big(s), _all(s.n, lambda j: z3.Not(_elig(s, j)))))
     alloc = z_segment(s, s.mr)
     ok = z3.And(s.rsum >= s.wa, room(s, alloc, guards))
-    return z3.And(s.ra, done, ok if path == "new" else z3.Not(ok),
+    return z3.And(s.ra, z3.Not(s.ex), done, ok if path == "new" else z3.Not(ok),
                   cont_pre(s, a, alloc, "new", guards) if path == "new" else z3.BoolVal(True))
 
 
@@ -770,24 +926,33 @@ def retry_parts(s: St, a: St, guards: frozenset = frozenset()) -> dict[str, Any]
     small = r <= K_SMALL
     alloc = z_segment(s, r)
     rel = _release_whole(s)
-    return dict(r=r, small=small, alloc=alloc, rel=rel, room=room(rel, alloc, guards))
+    return dict(r=r, small=small, alloc=alloc, rel=rel, room=room(rel, alloc, guards, r))
 
 
 def retry_pre(s: St, a: St, path: str) -> Any:
+    """Every pending block processed (and every arena's whole free pages unmapped): a new segment, the
+    mapping again (expandable segments), or OutOfMemory."""
     m = retry_parts(s, a)
-    return z3.And(s.md, _no_pending(s),
-                  _fresh_base(m["rel"], a.base, m["alloc"]) if path == "new" else
-                  z3.And(z3.Not(m["room"]), _largest_free_ok(m["rel"], a.lf, a.lw)),
-                  m["room"] if path == "new" else z3.BoolVal(True))
+    rel = m["rel"]
+    if path == "new":
+        how = z3.And(z3.Not(s.ex), m["room"], _fresh_base(rel, a.base, m["alloc"]))
+    elif path == "expand":
+        how = z3.And(s.ex, m["room"], expand_choice(rel, a.u, s.mr <= K_SMALL, s.mt))
+    else:
+        how = z3.And(z3.Not(m["room"]), _largest_free_ok(rel, a.lf, a.lw))
+    return z3.And(s.md, _no_pending(s), z3.Implies(s.ex, _no_whole_pages(s)), how)
 
 
 def retry_step(s: St, a: St, path: str, guards: frozenset = frozenset()) -> tuple[Any, St]:
     m = retry_parts(s, a)
+    if path == "expand":
+        return PENDING, _expand_state(m["rel"], s.mn, s.mt, s.mr, a.u, z3.BoolVal(True))
     rel = m["rel"].set(md=False, mn=0, mt=0)
     if path == "new":
         return OK, _new_segment(rel, m["r"], m["small"], s.mt, a.base, m["alloc"], s.mn)
     # the figures of the state after the release (the unguarded variant: of the state before it)
-    return OOM, _oom_figures(rel if "after" not in guards else s.set(md=False, mn=0, mt=0), m["alloc"], a.lf)
+    return OOM, _oom_figures(rel if "after" not in guards else s.set(md=False, mn=0, mt=0),
+                             _tried(s, m["r"], m["alloc"]), a.lf)
 
 
 def process_pre(s: St, a: St, guards: frozenset = frozenset()) -> Any:
@@ -795,7 +960,7 @@ def process_pre(s: St, a: St, guards: frozenset = frozenset()) -> Any:
     ev = [z3.And(t == tt, at(s[f"u{tt}"], b),
                  z3.BoolVal(True) if "event" in guards else s[f"c{tt}"] >= at(s[f"e{tt}"], b))
           for tt in range(STREAMS)]
-    return z3.And(0 <= b, b < s.n, at(s.al, b), at(s.k, b) == PEND, z3.Or(*ev))
+    return z3.And(0 <= b, b < s.n, at(s.al, b), at(s.k, b) == PEND, z3.Or(*ev), z3.Not(s.xp))
 
 
 def process_step(s: St, a: St, path: str) -> tuple[Any, St]:
@@ -849,12 +1014,178 @@ def complete_step(s: St, a: St) -> tuple[Any, St]:
 
 
 def wait_step(s: St, a: St) -> tuple[Any, St]:
-    return OK, s.set(**{f"c{tt}": s[f"i{tt}"] for tt in range(STREAMS)})
+    return OK, s.set(ret=0, **{f"c{tt}": s[f"i{tt}"] for tt in range(STREAMS)})
 
 
 def empty_step(s: St, a: St, guards: frozenset = frozenset()) -> tuple[Any, St]:
+    """Release the whole-free segments; with expandable segments the answer is the bytes the ``unmap:cache``
+    steps since ``empty_cache_wait`` unmapped."""
     out = _release_whole(s, guards)
-    return OK, out.set(ret=s.Rs + s.Rl - (out.Rs + out.Rl))
+    return OK, out.set(ret=z3.If(s.ex, s.ret, s.Rs + s.Rl - (out.Rs + out.Rl)))
+
+
+# --------------------------------------------------------------------------
+# expandable segments: the mapping of a run, a fresh arena, the unmap of whole free pages
+# --------------------------------------------------------------------------
+
+def _target(s: St) -> Any:
+    """The unmapped block the mapping takes next: after the head, or the first one (-1: a fresh arena)."""
+    return z3.If(s.xh == -1, s.xq, at(s.nx, s.xh))
+
+
+def _growing(s: St) -> Any:
+    """The head does not hold the request yet."""
+    return z3.Or(s.xh == -1, at(s.sz, s.xh) < s.mr)
+
+
+def map_len(s: St, q: Any) -> Any:
+    """``_map``: the pages of unmapped block ``q`` from its start up to the request's last byte (the head's
+    bytes already count), at most the block."""
+    need = s.mr - z3.If(s.xh == -1, 0, at(s.sz, s.xh))
+    rel = at(s.ad, q) - at(s.sb, q)
+    end = ceil_pg(rel + need, page(s, at(s.sm, q))) - rel
+    return z3.If(end < at(s.sz, q), end, at(s.sz, q))
+
+
+def _arena_va(s: St, small: Any) -> Any:
+    return z3.If(small, s.vs, s.vl)
+
+
+def fresh_len(s: St) -> Any:
+    """A fresh arena maps the request's pages (at most its VA)."""
+    small = s.mr <= K_SMALL
+    c = ceil_pg(s.mr, page(s, small))
+    return z3.If(c < _arena_va(s, small), c, _arena_va(s, small))
+
+
+def _reserve(s: St, small: Any, delta: Any) -> dict[str, Any]:
+    return {"Rs": s.Rs + z3.If(small, delta, 0), "Rl": s.Rl + z3.If(small, 0, delta)}
+
+
+def map_step(s: St, a: St) -> tuple[Any, St]:
+    """expand:map: the pages of unmapped block ``b`` (the target) are mapped; they become free and merge
+    with the head (and, the block mapped whole, with a free block after it); the rest stays unmapped."""
+    q = a.b
+    m = map_len(s, q)
+    part = m < at(s.sz, q)
+    n = s.n
+    rest = {"al": part, "ad": at(s.ad, q) + m, "sz": at(s.sz, q) - m, "k": UNM, "rq": 0, "sm": at(s.sm, q),
+            "sr": at(s.sr, q), "sb": at(s.sb, q), "ss": at(s.ss, q), "pv": q, "nx": at(s.nx, q)}
+    s1 = St(s)
+    for f, v in rest.items():
+        s1[f] = upd(s[f], n, z3.If(part, v, at(s[f], n)))
+    for tt in range(STREAMS):
+        s1[f"u{tt}"] = upd(s[f"u{tt}"], n, z3.If(part, False, at(s[f"u{tt}"], n)))
+        s1[f"e{tt}"] = upd(s[f"e{tt}"], n, z3.If(part, 0, at(s[f"e{tt}"], n)))
+    s1["sz"] = upd(s1["sz"], q, m)
+    nq = at(s.nx, q)
+    s1["nx"] = z3.If(part, upd(s1["nx"], q, n), s1["nx"])
+    s1["pv"] = z3.If(z3.And(part, nq != -1), upd(s1["pv"], nq, n), s1["pv"])
+    merged, touched = _merge_free(s1, q)
+    out = _update_sums(s, merged, touched, 1)
+    out.update(_reserve(s, at(s.sm, q), m))
+    out["n"] = n + z3.If(part, 1, 0)
+    out["xh"] = q
+    return PENDING, out
+
+
+def fresh_step(s: St, a: St) -> tuple[Any, St]:
+    """expand:fresh: a new arena (VA ``vs``/``vl``) at a fresh base, its first pages mapped (the head)."""
+    small = s.mr <= K_SMALL
+    va, m, n, base = _arena_va(s, small), fresh_len(s), s.n, a.base
+    part = m < va
+    first = {"al": True, "ad": base, "sz": m, "k": FREE, "rq": 0, "sm": small, "sr": s.mt, "sb": base, "ss": va,
+             "pv": -1, "nx": z3.If(part, n + 1, -1)}
+    rest = {"al": part, "ad": base + m, "sz": va - m, "k": UNM, "rq": 0, "sm": small, "sr": s.mt, "sb": base,
+            "ss": va, "pv": n, "nx": -1}
+    out = St(s)
+    for f in first:
+        out[f] = upd(upd(s[f], n, first[f]), n + 1, z3.If(part, rest[f], at(s[f], n + 1)))
+    for tt in range(STREAMS):
+        out[f"u{tt}"] = upd(upd(s[f"u{tt}"], n, False), n + 1, z3.If(part, False, at(s[f"u{tt}"], n + 1)))
+        out[f"e{tt}"] = upd(upd(s[f"e{tt}"], n, 0), n + 1, z3.If(part, 0, at(s[f"e{tt}"], n + 1)))
+    out.update(_reserve(s, small, m))
+    out = _update_sums(s, out, [], 2)
+    out["n"] = n + z3.If(part, 2, 1)
+    out["xh"] = n
+    return PENDING, out
+
+
+def serve_step(s: St, a: St, guards: frozenset = frozenset()) -> tuple[Any, St]:
+    """expand:serve: the head holds the request: it serves it like a best fit (split if legal)."""
+    b, r = s.xh, s.mr
+    split = z_split(s, at(s.sz, b) - r, r, r <= K_SMALL) if "split" not in guards else at(s.sz, b) - r > 0
+    return OK, _serve(s, b, r, s.mn, split).set(xp=False)
+
+
+def expand_fail_step(s: St, a: St, path: str) -> tuple[Any, St]:
+    """expand:oom / expand:retry: the next pages do not fit the device: the pages mapped so far stay; the
+    toy's OutOfMemory (the retry's, pytorch's) or pytorch's retry."""
+    done = s.set(xp=False)
+    if path == "oom":
+        return OOM, _oom_figures(done, _tried(s, s.mr, z_segment(s, s.mr)), a.lf)
+    return PENDING, _retry_state(done, s.mn, s.mt, s.mr)
+
+
+def _fails(s: St) -> Any:
+    """The next mapping does not fit the device."""
+    q = _target(s)
+    used = s.Rs + s.Rl
+    # (a fresh arena whose VA is smaller than the request: no arena can hold it)
+    return z3.If(q == -1, z3.And(s.xh == -1, z3.Or(used + fresh_len(s) > s.cap,
+                                                  _arena_va(s, s.mr <= K_SMALL) < s.mr)),
+                 z3.And(0 <= q, q < s.n, at(s.al, q), at(s.k, q) == UNM, used + map_len(s, q) > s.cap))
+
+
+def unmap_parts(s: St, b: Any) -> tuple[Any, Any, Any, Any]:
+    """``_unmap``: the whole pages inside free block ``b`` (offsets from the arena's base): ``[B, E)``."""
+    rel = at(s.ad, b) - at(s.sb, b)
+    pg = page(s, at(s.sm, b))
+    B, E = ceil_pg(rel, pg), floor_pg(rel + at(s.sz, b), pg)
+    return rel, B, E, E > B
+
+
+def has_pages(s: St, b: Any) -> Any:
+    return unmap_parts(s, b)[3]
+
+
+def _no_whole_pages(s: St) -> Any:
+    """No free block holds a whole page (of an arena: only with the flag)."""
+    return _all(s.n, lambda j: z3.Implies(z3.And(at(s.al, j), at(s.k, j) == FREE), z3.Not(has_pages(s, j))))
+
+
+def unmap_step(s: St, a: St, count: bool) -> tuple[Any, St]:
+    """The whole pages inside free block ``b`` are unmapped: the free edges before and after them become
+    blocks ``n`` and ``n + 1`` (dead when empty), the pages an unmapped block that merges with unmapped
+    neighbours; an arena left all unmapped is released.  ``count``: the bytes count in empty_cache's answer."""
+    b = a.b
+    rel, B, E, has = unmap_parts(s, b)
+    head, tail = B - rel, rel + at(s.sz, b) - E
+    n, p, q, sb = s.n, at(s.pv, b), at(s.nx, b), at(s.sb, b)
+    common = {"k": FREE, "rq": 0, "sm": at(s.sm, b), "sr": at(s.sr, b), "sb": sb, "ss": at(s.ss, b)}
+    hf = {"al": head > 0, "ad": at(s.ad, b), "sz": head, "pv": p, "nx": b, **common}
+    tf = {"al": tail > 0, "ad": sb + E, "sz": tail, "pv": b, "nx": q, **common}
+    s1 = St(s)
+    for f in hf:
+        s1[f] = upd(upd(s[f], n, hf[f]), n + 1, tf[f])
+    for tt in range(STREAMS):
+        s1[f"u{tt}"] = upd(upd(s[f"u{tt}"], n, False), n + 1, False)
+        s1[f"e{tt}"] = upd(upd(s[f"e{tt}"], n, 0), n + 1, 0)
+    s1["ad"] = upd(s1["ad"], b, sb + B)
+    s1["sz"] = upd(s1["sz"], b, E - B)
+    s1["pv"] = upd(s1["pv"], b, z3.If(head > 0, n, p))
+    s1["nx"] = upd(s1["nx"], b, z3.If(tail > 0, n + 1, q))
+    s1["nx"] = z3.If(z3.And(head > 0, p != -1), upd(s1["nx"], p, n), s1["nx"])
+    s1["pv"] = z3.If(z3.And(tail > 0, q != -1), upd(s1["pv"], q, n + 1), s1["pv"])
+    merged, touched = _merge_free(s1, b, kind=UNM)
+    whole = z3.And(at(merged["pv"], b) == -1, at(merged["nx"], b) == -1)
+    merged["al"] = z3.If(whole, upd(merged["al"], b, False), merged["al"])
+    merged.update(_reserve(s, at(s.sm, b), -(E - B)))
+    if count:
+        merged["ret"] = s.ret + (E - B)
+    out = _update_sums(s, merged, touched, 2)
+    out["n"] = n + 2
+    return OK, out   # (both actions' preconditions say the block holds a whole page: ``has``)
 
 
 def double_step(s: St, a: St) -> tuple[Any, St]:
@@ -871,11 +1202,12 @@ def actions(guards: frozenset = frozenset()) -> list[Act]:
         return z3.And(0 <= a.t, a.t < STREAMS, idle(s))
 
     def mk_malloc(path: str) -> Act:
-        return Act(f"malloc:{path}", MALLOC_PARAMS, lambda s, a: malloc_step(s, a, path, guards),
+        params = {k: v for k, v in MALLOC_PARAMS.items() if not (k == "u" and path != "expand")}
+        return Act(f"malloc:{path}", params, lambda s, a: malloc_step(s, a, path, guards),
                    lambda s, a: malloc_pre(s, a, path, guards), spec=("caching:malloc",))
 
     def mk_gc_end(path: str) -> Act:
-        return Act(f"gc_end:{path}", {"base": INT, "lf": INT, "lw": INT},
+        return Act(f"gc_end:{path}", {"base": INT, "lf": INT, "lw": INT, "u": INT},
                    phase_new_step if path == "new" else (lambda s, a: cont_step(s, a, path, s.mn, s.mt, s.mr)),
                    lambda s, a: gc_end_pre(s, a, path, guards), spec=("caching:malloc",))
 
@@ -896,7 +1228,7 @@ def actions(guards: frozenset = frozenset()) -> list[Act]:
                    spec=("caching:malloc", "caching:empty_cache"))
 
     def mk_retry(path: str) -> Act:
-        return Act(f"malloc_retry:{path}", {"base": INT, "lf": INT, "lw": INT},
+        return Act(f"malloc_retry:{path}", {"base": INT, "lf": INT, "lw": INT, "u": INT},
                    lambda s, a: retry_step(s, a, path, guards), lambda s, a: retry_pre(s, a, path),
                    spec=("caching:malloc",))
 
@@ -909,14 +1241,41 @@ def actions(guards: frozenset = frozenset()) -> list[Act]:
         Act("avail:one", {"b": INT}, release_step, lambda s, a: avail_one_pre(s, a, guards),
             spec=("caching:malloc",)),
         mk_avail_end("new"), mk_avail_end("retry"),
-        mk_retry("new"), mk_retry("oom"),
+        mk_retry("new"), mk_retry("oom"), mk_retry("expand"),
+        # expandable segments: the mapping's steps, the unmap of whole free pages
+        Act("expand:map", {"b": INT}, map_step,
+            lambda s, a: z3.And(s.xp, _growing(s), a.b == _target(s), 0 <= a.b, a.b < s.n, at(s.al, a.b),
+                                z3.Or(s.xh == -1, at(s.pv, a.b) == s.xh),
+                                at(s.k, a.b) == UNM,
+                                z3.BoolVal(True) if "map-room" in guards else s.Rs + s.Rl + map_len(s, a.b) <= s.cap),
+            spec=("caching:malloc",)),
+        Act("expand:fresh", {"base": INT}, fresh_step,
+            lambda s, a: z3.And(s.xp, s.xh == -1, s.xq == -1, s.Rs + s.Rl + fresh_len(s) <= s.cap,
+                                fresh_len(s) >= s.mr, _fresh_base(s, a.base, _arena_va(s, s.mr <= K_SMALL))),
+            spec=("caching:malloc",)),
+        Act("expand:serve", {"b": INT}, lambda s, a: serve_step(s, a, guards),
+            lambda s, a: z3.And(s.xp, s.xh != -1, a.b == s.xh, at(s.sz, s.xh) >= s.mr), spec=("caching:malloc",)),
+        Act("expand:oom", {"lf": INT, "lw": INT}, lambda s, a: expand_fail_step(s, a, "oom"),
+            lambda s, a: z3.And(s.xp, _growing(s), _fails(s), z3.Or(s.seed, s.x2), _largest_free_ok(s, a.lf, a.lw)),
+            spec=("caching:malloc",)),
+        Act("expand:retry", {}, lambda s, a: expand_fail_step(s, a, "retry"),
+            lambda s, a: z3.And(s.xp, _growing(s), _fails(s), z3.Not(s.seed), z3.Not(s.x2)), spec=("caching:malloc",)),
+        Act("unmap:free", {"b": INT}, lambda s, a: unmap_step(s, a, False),
+            lambda s, a: z3.And(s.ex, s.seed, idle(s), 0 <= a.b, a.b < s.n, at(s.al, a.b), at(s.k, a.b) == FREE,
+                                has_pages(s, a.b)),
+            spec=("caching:free", "caching:malloc", "caching:empty_cache")),
+        Act("unmap:cache", {"b": INT}, lambda s, a: unmap_step(s, a, True),
+            lambda s, a: z3.And(s.ex, z3.Or(idle(s), s.md), _no_pending(s), 0 <= a.b, a.b < s.n, at(s.al, a.b),
+                                at(s.k, a.b) == FREE, has_pages(s, a.b)),
+            spec=("caching:empty_cache", "caching:malloc")),
         mk_process("wait"), mk_process("free"), mk_free("pending"), mk_free("merge"),
         Act("double_free", {}, double_step, lambda s, a: idle(s), spec=("caching:double_free",)),
         Act("record_stream", {"b": INT, "t": INT}, record_step, lambda s, a: z3.And(live_pre(s, a), 0 <= a.t, a.t < STREAMS),
             spec=("caching:record_stream",)),
         Act("complete_stream", {"t": INT}, complete_step, pre_t, spec=("caching:complete_stream",)),
         Act("empty_cache_wait", {}, wait_step, lambda s, a: idle(s), spec=("caching:empty_cache",)),
-        Act("empty_cache", {}, lambda s, a: empty_step(s, a, guards), lambda s, a: z3.And(idle(s), _no_pending(s)),
+        Act("empty_cache", {}, lambda s, a: empty_step(s, a, guards),
+            lambda s, a: z3.And(idle(s), _no_pending(s), z3.Implies(s.ex, _no_whole_pages(s))),
             spec=("caching:empty_cache",)),
     ]
 
@@ -943,7 +1302,7 @@ def phase_actions() -> list[Act]:
 
     def new_pre(s: St, a: St) -> Any:
         alloc = z_segment(s, s.mr)
-        return z3.And(z3.Or(s.gp, s.ra), room(s, alloc), _fresh_base(s, a.base, alloc))
+        return z3.And(z3.Or(s.gp, s.ra), z3.Not(s.ex), room(s, alloc), _fresh_base(s, a.base, alloc))
 
     return [Act("phase:release", {"b": INT}, release_step, release_pre, spec=("caching:malloc",)),
             Act("phase:new", {"base": INT, "lf": INT, "lw": INT}, phase_new_step, new_pre, spec=("caching:malloc",))]
@@ -970,9 +1329,12 @@ def covered(act: Act, timeout_ms: int = 30000) -> str:
 
 def init(s: St) -> Any:
     """The empty allocator: no blocks, no events, zero sums, no malloc in progress; any capacity,
-    max_split_size, preset, memory fraction, garbage-collection threshold, divisions table."""
+    max_split_size, preset, memory fraction, garbage-collection threshold, divisions table, expandable
+    segments on or off (arenas of whole pages)."""
     zero = z3.K(z3.IntSort(), z3.IntVal(0))
     return z3.And(s.n == 0, s.cap >= 0, s.ms >= 0, s.Rs == 0, s.Rl == 0, idle(s),
+                  z3.Implies(s.ex, z3.And(s.vs >= K_SMALL_BUFFER, s.vs % K_ROUND_LARGE == 0,
+                                          s.vl >= K_SMALL_BUFFER, s.vl % page(s, False) == 0)),
                   *[z3.And(s[f"i{t}"] == 0, s[f"c{t}"] == 0) for t in range(STREAMS)],
                   *[s[nm] == zero for nm in SUMS])
 
@@ -997,33 +1359,56 @@ def step_ok(name: str, s: St, a: St, out: Any, s2: St) -> dict[str, Any]:
         fit = z3.BoolVal(True)
         b, r, small = a.b, m["r"], m["small"]
         rem = at(s.sz, b) - r
+    if name == "expand:serve":
+        fit = z3.BoolVal(True)
+        b, r = s.xh, s.mr
+        small = r <= K_SMALL
+        rem = at(s.sz, b) - r
+        # C4: served from an arena of the request's pool and stream
+        props["C4"] = z3.And(at(s.sm, b) == small, at(s.sr, b) == s.mt, at(s2.rq, b) == s.mn)
     if name == "malloc:fit":
-        # C4: served from the request's pool, the best fit (smallest, then lowest address)
-        props["C4"] = z3.Implies(fit, z3.And(at(s.sm, b) == small, _all(s.n, lambda j: z3.Implies(
-            _cand(s, j, r, small, a.t), z3.Or(at(s.sz, j) > at(s.sz, b),
-                                               z3.And(at(s.sz, j) == at(s.sz, b), at(s.ad, j) >= at(s.ad, b)))))))
+        # C4: served from the request's pool, the best fit (smallest, then lowest address; with expandable
+        # segments PyTorch's walk on to smaller expandable sizes: :func:`grow_best`)
+        cand = lambda j: _cand(s, j, r, small, a.t)  # noqa: E731
+        plain = _all(s.n, lambda j: z3.Implies(
+            cand(j), z3.Or(at(s.sz, j) > at(s.sz, b), z3.And(at(s.sz, j) == at(s.sz, b), at(s.ad, j) >= at(s.ad, b)))))
+        props["C4"] = z3.Implies(fit, z3.And(at(s.sm, b) == small, z3.If(s.ex, grow_best(s, b, a.b2, cand), plain)))
+    if name in ("malloc:fit", "expand:serve"):
         # C5: a split leaves a legal remainder (seed 003: >= 512 B small pool, >= 2 MiB large pool; pytorch:
         # > 1 MiB and below max_split_size); a block is handed over whole only when the remainder is illegal
         legal = z3.If(small, rem >= K_MIN_BLOCK,
-                      z3.If(s.seed, rem >= K_ROUND_LARGE, z3.And(rem > K_SMALL, z3.Or(s.ms == 0, r < s.ms))))
+                      z3.If(s.seed, rem >= K_ROUND_LARGE,
+                            z3.If(s.ex, rem >= K_MIN_BLOCK, z3.And(rem > K_SMALL, z3.Or(s.ms == 0, r < s.ms)))))
         split_done = z3.And(at(s2.sz, b) == r, rem > 0)
         props["C5"] = z3.Implies(fit, z3.And(z3.Implies(split_done, legal), z3.Implies(z3.Not(split_done), z3.Not(legal))))
         # C7: a block is reused only on its own stream, and only when free (not pending)
-        props["C7"] = z3.Implies(fit, z3.And(at(s.sr, b) == a.t, at(s.k, b) == FREE))
+        props["C7"] = z3.Implies(fit, z3.And(at(s.sr, b) == (a.t if name == "malloc:fit" else s.mt),
+                                             at(s.k, b) == FREE))
     if name == "malloc:oom":
-        props["C9"] = _figures_ok(s2, m["alloc"], a.lf, a.lw)
-    if name == "gc_end:oom":
-        props["C9"] = _figures_ok(s2, z_segment(s, s.mr), a.lf, a.lw)
+        props["C9"] = _figures_ok(s2, _tried(s, r, m["alloc"]), a.lf, a.lw)
+    if name in ("gc_end:oom", "expand:oom"):
+        props["C9"] = _figures_ok(s2, _tried(s, s.mr, z_segment(s, s.mr)), a.lf, a.lw)
     if name == "malloc_retry:oom":
         m = retry_parts(s, a)
-        props["C9"] = _figures_ok(s2, m["alloc"], a.lf, a.lw)
+        props["C9"] = _figures_ok(s2, _tried(s, m["r"], m["alloc"]), a.lf, a.lw)
+    if name == "unmap:cache":
+        # C6 (an arena): exactly the whole pages inside the free block go, reserved and the answer move by them,
+        # and the free edges left hold no whole page
+        _rel, B, E, _has = unmap_parts(s, a.b)
+        pg = page(s, at(s.sm, a.b))
+        head, tail = B - _rel, _rel + at(s.sz, a.b) - E
+        props["C6"] = z3.And(s2.Rs + s2.Rl == s.Rs + s.Rl - (E - B), s2.ret == s.ret + (E - B),
+                             head < pg, tail < pg, E - B >= pg)
     if name.startswith("process_event"):
         ev = [z3.Implies(a.t == tt, s[f"c{tt}"] >= at(s[f"e{tt}"], a.b)) for tt in range(STREAMS)]
         props["C7"] = z3.And(*ev)
     if name == "empty_cache":
         # C6: exactly the whole-free segments go, and the answer is their bytes
+        # (expandable segments: no whole free page is left -- the unmap:cache steps took them -- and the
+        # answer is what they unmapped)
         props["C6"] = z3.And(_all(s.n, lambda o: at(s2.al, o) == z3.And(at(s.al, o), z3.Not(_whole_free(s, o)))),
-                             s2.ret == total(s, "Ws") + total(s, "Wl"))
+                             s2.ret == z3.If(s.ex, s.ret, total(s, "Ws") + total(s, "Wl")),
+                             z3.Implies(s.ex, _no_whole_pages(s2)))
     return props
 
 
@@ -1072,6 +1457,9 @@ def _terms(s: St, a: St, extra: list[Any], sums_only: bool = False) -> None:
         b = a.b
         p, q = at(s.pv, b), at(s.nx, b)
         base += [b, p, q] + ([] if sums_only else [at(s.pv, p), at(s.nx, q)])
+    for x in ("u", "b2"):
+        if x in a:
+            base += [a[x], at(s.pv, a[x]), at(s.nx, a[x])]
     if "lw" in a:
         base.append(a.lw)
     out = []
@@ -1186,7 +1574,7 @@ def _check_group(group: str, items: list[tuple[str, Callable[[], Any]]], s: St, 
 
 
 def consecution(act: Act, timeout_ms: int = 30000, only: tuple[str, ...] = (),
-                grouped: bool = True) -> list[tuple[str, str, float]]:
+                grouped: bool = True, part: str | None = None) -> list[tuple[str, str, float]]:
     """``Inv /\\ Pre /\\ Step => Inv'`` conjunct by conjunct, and the step
     properties: ``(goal, result, seconds)``.  A conjunct that reads no field
     the step changed is ``framed`` (it is literally its own hypothesis).  Each
@@ -1208,6 +1596,8 @@ def consecution(act: Act, timeout_ms: int = 30000, only: tuple[str, ...] = (),
     pending: list[tuple[str, Callable[[], Any]]] = []
     for name, g, is_inv in todo:
         if only and name not in only:
+            continue
+        if part is not None and (_group(name) or "core") != part:
             continue
         t0 = time.process_time()
         if is_inv and _framed(s, s2, lambda st, name=name: dict(goals(st))[name]()):
@@ -1293,6 +1683,8 @@ KNOB_UNGUARDED: dict[str, tuple[str, str, str, str]] = {
     "garbage_collection_threshold": ("C2", "gc:release", "gc-whole",
                                      "the garbage collection releases only whole free segments"),
     "release_available": ("C2", "avail:one", "avail-whole", "release_available releases only whole segments"),
+    "expandable_segments": ("C1", "expand:map", "map-room",
+                            "an arena's pages are mapped only if reserved + them fits the device"),
 }
 
 #: the refutation's search: heaps of at most this many blocks (every quantifier expanded exactly)
@@ -1329,11 +1721,13 @@ def refute(inv_id: str, timeout_ms: int = 60000, knob: str | None = None) -> tup
     ev = lambda x: m.eval(x, model_completion=True)  # noqa: E731
     n = ev(s.n).as_long()
     lines = [f"  from a well-formed heap of {n} block(s) (seed preset: {ev(s.seed)}, capacity {ev(s.cap)}, "
-             f"max_split_size {ev(s.ms)}, memory_fraction cap {ev(s.lim) if z3.is_true(ev(s.hf)) else 'unset'}):"]
+             f"max_split_size {ev(s.ms)}, memory_fraction cap {ev(s.lim) if z3.is_true(ev(s.hf)) else 'unset'}, "
+             f"expandable segments: {ev(s.ex)}, reserved {ev(s.Rs + s.Rl)}"
+             + (f"; mapping {ev(s.mr)} bytes, head {ev(s.xh)}" if z3.is_true(ev(s.xp)) else "") + "):"]
     for i in range(n):
         if z3.is_true(ev(at(s.al, i))):
             lines.append(f"    block {i}: addr {ev(at(s.ad, i))} size {ev(at(s.sz, i))} "
-                         f"{('free', 'live', 'pending')[ev(at(s.k, i)).as_long()]} stream {ev(at(s.sr, i))} "
+                         f"{('free', 'live', 'pending', 'unmapped')[ev(at(s.k, i)).as_long()]} stream {ev(at(s.sr, i))} "
                          f"segment {ev(at(s.sb, i))}+{ev(at(s.ss, i))}")
     lines.append(f"  {act_name}(" + ", ".join(f"{k}={ev(v)}" for k, v in a.items()) + f") [without: {words}]")
     lines.append(f"  => {inv_id} violated")
@@ -1344,16 +1738,34 @@ def refute(inv_id: str, timeout_ms: int = 60000, knob: str | None = None) -> tup
 # the C rows of ``memspec prove``
 # --------------------------------------------------------------------------
 
-#: what the encoding leaves out, per invariant (a proof with a restriction is reported bounded, never proved)
-NOT_ENCODED = ("expandable segments are not encoded in the heap (C8 has its own encoding): the block state has no "
-               "'unmapped' kind and no mapped-bytes ghost, and the expandable malloc (mapping a run's pages into a "
-               "block), the unmap of whole free pages at empty_cache and the OOM retry, and the toy's unmap at free "
-               "are not encoded, so the heap agreement walks run with expandable_segments off")
-BOUNDED: dict[str, str] = {
-    **{f"C{i}": f"one encoding for both presets (seed a symbolic flag) over an arbitrary well-formed heap; "
-                f"{NOT_ENCODED}" for i in range(1, 10) if i != 8},
+#: what the encoding leaves out, per invariant (a proof with a restriction is reported bounded, never proved):
+#: nothing for C1-C7 and C9 -- one encoding of both presets and of expandable segments on and off (symbolic
+#: flags) over an arbitrary well-formed heap; C8 is proved by :mod:`.proofs_caching_expandable`
+BOUNDED: dict[str, str | None] = {
+    **{f"C{i}": None for i in range(1, 10) if i != 8},
     "C8": "not encoded: expandable segments (physical pages of a VA arena) have no Z3 encoding yet",
 }
+
+
+#: the consecution checks of an action in three units (each its own pool task): the invariant's conjuncts
+#: and the step properties, the ghost sums' step equations, the ghost sums' monotonicity
+STEP_PARTS = ("core", *GROUPS)
+#: the actions whose consecution is split into :data:`STEP_PARTS` (those over ~10 s CPU in one unit)
+SPLIT_STEPS = ("unmap:cache", "unmap:free", "expand:map", "expand:serve", "malloc:fit", "malloc:new",
+               "malloc_retry:expand")
+#: rough CPU seconds of the costliest units (measured one by one; only the pool's order depends on it)
+HEAP_UNIT_COST = {"unmap:cache": 50.0, "malloc:fit": 28.0, "expand:map": 11.0, "malloc:new": 11.0,
+                  "unmap:free": 10.7, "expand:serve": 5.5, "malloc_retry:expand": 4.7}
+
+
+def unit_cost(unit: tuple[str, ...]) -> float:
+    """A static estimate of a unit's CPU seconds (for the pool's longest-first order)."""
+    if unit[0] in ("refute", "knob"):
+        return 3.0
+    if unit[0] == "step" and len(unit) > 1:
+        whole = HEAP_UNIT_COST.get(unit[1], 2.0)
+        return whole / len(STEP_PARTS) if len(unit) > 2 else whole
+    return 1.0
 
 
 def heap_units(ids: list[str] | None = None) -> list[tuple[str, ...]]:
@@ -1361,7 +1773,13 @@ def heap_units(ids: list[str] | None = None) -> list[tuple[str, ...]]:
     is run by :func:`heap_unit` (in any process: ``memspec prove --jobs``) and
     the results joined by :func:`join_units`."""
     units: list[tuple[str, ...]] = [("init",), ("safety",), ("rounding",)]
-    units += [("covered" if act.name in COVERED else "step", act.name) for act in actions()]
+    for act in actions():
+        if act.name in COVERED:
+            units.append(("covered", act.name))
+        elif act.name in SPLIT_STEPS:
+            units += [("step", act.name, part) for part in STEP_PARTS]
+        else:
+            units.append(("step", act.name))
     units += [("phase", act.name) for act in phase_actions()]
     units.append(("kernels",))
     units += [("refute", c) for c in UNGUARDED if ids is None or c in ids]
@@ -1390,7 +1808,9 @@ def heap_unit(unit: tuple[str, ...], timeout_ms: int = 20000) -> dict[str, Any]:
                        f"its)", res, time.process_time() - t1))
     elif kind in ("step", "phase"):
         act = next(x for x in (actions() if kind == "step" else phase_actions()) if x.name == unit[1])
-        checks += [(f"step:{act.name}:{goal}", result, secs) for goal, result, secs in consecution(act, timeout_ms)]
+        part = unit[2] if len(unit) > 2 else None
+        checks += [(f"step:{act.name}:{goal}", result, secs)
+                   for goal, result, secs in consecution(act, timeout_ms, part=part)]
     elif kind == "kernels":
         bad = kernel_boundary_agreement()
         checks.append(("kernels at every threshold vs spec/caching",
@@ -1455,10 +1875,10 @@ def kernel_boundary_agreement(max_split_sizes: tuple[int, ...] = (0, 4 * MiB)) -
     from memspec.spec.caching import kernels as SK
 
     n, r, rem, ms = z3.Ints("kb_n kb_r kb_rem kb_ms")
-    seed = z3.Bool("kb_seed")
+    seed, ex = z3.Bool("kb_seed"), z3.Bool("kb_ex")
     small = z3.Bool("kb_small")
     dv = z3.Array("kb_dv", z3.IntSort(), z3.IntSort())
-    st = St({"seed": seed, "ms": ms, "dv": dv})
+    st = St({"seed": seed, "ms": ms, "dv": dv, "ex": ex})
     er, es, ep = z_round(st, n), z_segment(st, r), z_split(st, rem, r, small)
     ok = round_ok(st, n, r)
     bad: list[str] = []
@@ -1493,11 +1913,13 @@ def kernel_boundary_agreement(max_split_sizes: tuple[int, ...] = (0, 4 * MiB)) -
                           | {K_MIN_BLOCK, SK.round_size(3 * MiB, preset_seed)})
             for rounded in reqs:
                 for sm in (True, False):
-                    for remaining in points:
-                        got = z3.is_true(z3.simplify(z3.substitute(
-                            ep, *base, (small, z3.BoolVal(sm)), (rem, z3.IntVal(remaining)), (r, z3.IntVal(rounded)))))
-                        want = SK.should_split(remaining, rounded, sm, preset_seed, False, msz)
-                        if got != want:
-                            bad.append(f"seed={preset_seed} small={sm} ms={msz} request={rounded} remaining={remaining}: "
-                                       f"z3 split={got}, spec split={want}")
+                    for exp in (False, True):   # expandable segments: pytorch splits any remainder >= 512
+                        for remaining in points:
+                            got = z3.is_true(z3.simplify(z3.substitute(
+                                ep, *base, (ex, z3.BoolVal(exp)), (small, z3.BoolVal(sm)), (rem, z3.IntVal(remaining)),
+                                (r, z3.IntVal(rounded)))))
+                            want = SK.should_split(remaining, rounded, sm, preset_seed, exp, msz)
+                            if got != want:
+                                bad.append(f"seed={preset_seed} small={sm} expandable={exp} ms={msz} "
+                                           f"request={rounded} remaining={remaining}: z3 split={got}, spec split={want}")
     return bad

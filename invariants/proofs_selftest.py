@@ -449,6 +449,7 @@ def catalog() -> list[Break]:
                          (f"heap:{inv}",)))
     out += _generation_progress_breaks()
     out += _caching_knob_breaks()
+    out += _caching_expandable_breaks()
     return out
 
 
@@ -850,3 +851,30 @@ def _generation_progress_breaks() -> list[Break]:
               patch=_spec_patch("memspec.spec.holders", "victims",
                                 lambda _o: (lambda s, released: [] if released == 0 else None))),
     ]
+
+
+# ==========================================================================
+# the caching heap encoding with expandable segments (proofs_caching_heap's flag ``ex``)
+# ==========================================================================
+
+#: expand:map without its device check (proofs_caching_heap.KNOB_UNGUARDED["expandable_segments"]) breaks
+#: the reserved <= device conjunct (C1): the knob break above is generated from that entry
+KNOB_GOALS["expandable_segments"] = ("reserved",)
+
+
+def _map_ignores_the_device(orig: Any) -> Any:
+    import dataclasses
+
+    def map_(st: Any, seg: Any, i: int, size: int) -> Any:
+        pol = st.policy
+        st.policy = dataclasses.replace(pol, capacity=1 << 50)
+        try:
+            return orig(st, seg, i, size)
+        finally:
+            st.policy = pol
+    return map_
+
+
+def _caching_expandable_breaks() -> list[Break]:
+    return [Break("C1 spec: an expandable arena maps pages past the device", "spec", "C1", ("caching-agreement",),
+                  patch=_spec_patch("memspec.spec.caching.policy", "_map", _map_ignores_the_device))]

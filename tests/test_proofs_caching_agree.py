@@ -138,7 +138,7 @@ def test_caching_rows_carry_the_agreement_and_fail_on_a_mismatch() -> None:
     rep.inv = {c: [5, 0] for c in A.HEAP_INVARIANTS}
     rows = {r["id"]: r for r in _caching_records(_fake_heap(), rep, None)}
     c3 = rows["C3"]
-    assert c3["transition_agreement"]["caching:free"] == {"free:pending": 1, "free:merge": 1}
+    assert c3["transition_agreement"]["caching:free"] == {"free:pending": 1, "free:merge": 1, "unmap:free": 1}
     assert c3["invariant_agreement"] == {"samples": 5, "disagreements": 0}
     assert c3["unguarded"]["refuted"] and set(c3["declared_actions"]) <= set(c3["encoded_actions"])
     assert not any(w.startswith(("transition", "invariant", "branches")) for w in c3["_why"]), c3["_why"]
@@ -152,3 +152,24 @@ def test_caching_rows_carry_the_agreement_and_fail_on_a_mismatch() -> None:
     assert "transition agreement: 1 disagreements" in why and "caching:free/free:pending" in why
     assert "invariant agreement: 1/5 disagree" in why
     assert rows["C8"]["status"] == "not run" and not rows["C8"]["proved"]
+
+
+def test_agreement_parts_merge_into_the_serial_counts() -> None:
+    """The pool runs each part of the agreement in its own report: merged, they give what one report
+    collecting the same sweeps gives (a state two parts both evaluated is counted once)."""
+    serial = A.Agreement()
+    for _ in range(2):  # the same states twice: counted once in the invariant agreement
+        A.boundary_sweep(serial, "seed")
+        A.event_sweep(serial, "seed")
+    part = A.agreement_part(("sweeps", "seed"))
+    merged = A.merge_agreements([part, A.agreement_part(("sweeps", "seed"))])
+    assert merged.inv == serial.inv and merged.inv == part.inv
+    assert sum(n for n, _bad in merged.inv.values()) > 0
+    # transitions are not deduplicated: every step checked is a sample
+    assert merged.samples == serial.samples == 2 * part.samples
+    assert merged.counts == serial.counts and merged.mismatches == serial.mismatches == []
+    assert merged.counts["caching:malloc"]["malloc:fit/split"] == 2 * part.counts["caching:malloc"]["malloc:fit/split"]
+    parts = A.agreement_parts()
+    assert ("knobs",) in parts and ("expandable-scripts",) in parts
+    assert len([p for p in parts if p[0] == "walk"]) == 2 * len(A.WALKS)
+    assert len([p for p in parts if p[0] == "expandable-walk"]) == 2 * len(A.EXPANDABLE_WALKS)

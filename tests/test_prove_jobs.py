@@ -72,3 +72,28 @@ def test_unknown_group_is_an_error() -> None:
 
     with pytest.raises(ValueError, match="unknown proof group"):
         P._task(("nope",))
+
+
+def test_pool_submits_the_costliest_units_first() -> None:
+    # a split part of the heaviest consecution outranks a whole light unit and an S proof
+    heavy = ("heap", ("step", "unmap:cache", "sums-mono"))
+    light = ("heap", ("init",))
+    assert P.task_cost(heavy) > P.task_cost(light) and P.task_cost(heavy) > P.task_cost(("S", "S1"))
+    from memspec.invariants import proofs_caching_heap as H
+
+    # a split unit is estimated at its share of the whole action
+    whole = H.unit_cost(("step", "unmap:cache"))
+    assert H.unit_cost(("step", "unmap:cache", "core")) * len(H.STEP_PARTS) == whole
+
+
+def test_heavy_consecutions_are_split_into_parts_and_the_parts_cover_every_goal() -> None:
+    from memspec.invariants import proofs_caching_heap as H
+
+    units = H.heap_units()
+    for name in H.SPLIT_STEPS:
+        assert [u for u in units if u[:2] == ("step", name)] == [("step", name, p) for p in H.STEP_PARTS]
+    # on a light action: the parts' goals are exactly the whole unit's, each once, with the same verdicts
+    whole = H.heap_unit(("step", "record_stream"))["checks"]
+    parts = [c for p in H.STEP_PARTS for c in H.heap_unit(("step", "record_stream", p))["checks"]]
+    assert sorted(c[:2] for c in parts) == sorted(c[:2] for c in whole)
+    assert any(c[0].endswith(":mono") for c in parts) and any(c[0].endswith(":step") for c in parts)

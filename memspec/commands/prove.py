@@ -195,9 +195,9 @@ def _task(task: tuple[Any, ...]) -> tuple[Any, float]:
 
         out = heap_unit(task[1])
     elif kind == "agreement":
-        from memspec.invariants.proofs_caching_agree import run_agreement
+        from memspec.invariants.proofs_caching_agree import agreement_part
 
-        out = run_agreement(seed=task[1])
+        out = agreement_part(task[2], seed=task[1])
     elif kind == "C8":
         from memspec.invariants.proofs_caching_expandable import run_c8
 
@@ -218,14 +218,24 @@ def _run_tasks(tasks: list[tuple[Any, ...]], jobs: int) -> list[tuple[Any, float
 
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     # the costliest groups first so that no worker is left with a long one at the end
-    order = sorted(range(len(tasks)), key=lambda i: _COST.get(tasks[i][0], 0), reverse=True)
+    order = sorted(range(len(tasks)), key=lambda i: task_cost(tasks[i]), reverse=True)
     with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=ctx) as ex:
         futures = {i: ex.submit(_task, tasks[i]) for i in order}
         return [futures[i].result() for i in range(len(tasks))]
 
 
-#: rough relative cost of each kind of proof group (only the submission order depends on it)
-_COST = {"S-agreement": 50, "agreement": 40, "C8": 30, "synthesis": 20, "heap": 10, "P1": 5, "S": 1}
+#: rough CPU seconds of each kind of proof group (only the submission order depends on it)
+_COST = {"S-agreement": 50, "agreement": 4, "C8": 30, "synthesis": 20, "heap": 2, "P1": 5, "S": 1}
+
+
+def task_cost(task: tuple[Any, ...]) -> float:
+    """A static estimate of a task's CPU seconds (the pool runs the costliest first, so that no
+    worker is left with a long one at the end); a heap unit's from :data:`HEAP_UNIT_COST`."""
+    if task[0] == "heap":
+        from memspec.invariants.proofs_caching_heap import unit_cost
+
+        return unit_cost(task[1])
+    return _COST.get(task[0], 0)
 
 
 def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: bool, depth: int,
@@ -263,13 +273,16 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
         from memspec.invariants.proofs_caching_heap import heap_units as units_of
 
         heap_units = units_of(ids=[i for i in cids if i != "C8"] or None)
+        from memspec.invariants.proofs_caching_agree import agreement_parts
+
         tasks += [("heap", u) for u in heap_units]
-        tasks.append(("agreement", seed))
+        tasks += [("agreement", seed, part) for part in agreement_parts()]
     if want_c8:
         tasks.append(("C8", seed))
     results = dict(zip(range(len(tasks)), _run_tasks(tasks, jobs)))
     by_kind: dict[str, list[tuple[Any, float]]] = {}
     GROUP_CPU.clear()
+    TASK_CPU[:] = sorted(((task_name(t), results[i][1]) for i, t in enumerate(tasks)), key=lambda x: -x[1])
     for i, t in enumerate(tasks):
         by_kind.setdefault(t[0], []).append(results[i])
         g = GROUP_CPU.setdefault(t[0], {"tasks": 0, "cpu": 0.0, "largest": 0.0})
@@ -293,7 +306,10 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
 
         heap = join_units([res for res, _cpu in by_kind["heap"]])
         CPU["heap induction + refutations"] = sum(cpu for _res, cpu in by_kind["heap"])
-        agree, CPU["agreement"] = by_kind["agreement"][0]
+        from memspec.invariants.proofs_caching_agree import merge_agreements
+
+        agree = merge_agreements([res for res, _cpu in by_kind["agreement"]])
+        CPU["agreement"] = sum(cpu for _res, cpu in by_kind["agreement"])
     if want_c8:
         c8, CPU["C8"] = by_kind["C8"][0]
     if not ids or cids:
@@ -352,6 +368,14 @@ def _print(records: list[dict[str, Any]], caching: Any, total: float, traces: bo
 CPU: dict[str, float] = {}
 #: per kind of proof group in this run: tasks, CPU seconds in all, the largest one's (for the report only)
 GROUP_CPU: dict[str, dict[str, float]] = {}
+#: every task of the last :func:`run` and its CPU seconds, costliest first
+TASK_CPU: list[tuple[str, float]] = []
+
+
+def task_name(task: tuple[Any, ...]) -> str:
+    """A task as one readable name (``heap step unmap:cache core``)."""
+    parts = [task[0]] + [" ".join(map(str, x)) if isinstance(x, tuple) else str(x) for x in task[1:]]
+    return " ".join(parts)
 
 
 def _json(records: list[dict[str, Any]], caching: Any, total: float) -> dict[str, Any]:
@@ -499,11 +523,13 @@ def main(argv: list[str]) -> int:
     jobs = ns.jobs if ns.jobs is not None else default_jobs()
     print(f"CPU {cpu:.1f}s in all processes; wall {total:.1f}s; --jobs {jobs}; by group (tasks, CPU s, largest): "
           + ", ".join(f"{k} {int(g['tasks'])} {g['cpu']:.1f} {g['largest']:.1f}" for k, g in GROUP_CPU.items()))
+    print("costliest tasks (CPU s): " + ", ".join(f"{n} {c:.1f}" for n, c in TASK_CPU[:8]))
     if ns.json:
         out = _json(records, caching, total)
         out["cpu_seconds"], out["jobs"] = round(cpu, 2), jobs
         out["group_cpu_seconds"] = {k: {"tasks": int(g["tasks"]), "cpu": round(g["cpu"], 2),
                                         "largest": round(g["largest"], 2)} for k, g in GROUP_CPU.items()}
+        out["task_cpu_seconds"] = {n: round(c, 2) for n, c in TASK_CPU}
         with open(ns.json, "w") as fh:
             json.dump(out, fh, indent=2)
     return 0 if all(r["proved"] for r in records) else 1
