@@ -59,12 +59,7 @@ class HypothesisChooser:
         return bisect_right(cum, self._int(0, cum[-1] - 1))
 
     def choice(self, options: Sequence[Any]) -> Any:
-        if not isinstance(options, (list, tuple, range)):
-            options = list(options)
-        n = len(options)
-        if n == 0:
-            raise SpecError("choice from an empty domain")
-        return options[self._int(0, n - 1)] if n > 1 else options[0]
+        return _choice_by_integer(self, options)
 
     def boolean(self) -> bool:
         return bool(self._bool())
