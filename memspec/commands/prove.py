@@ -207,21 +207,47 @@ def _task(task: tuple[Any, ...]) -> tuple[Any, float]:
     return out, time.process_time() - t0
 
 
-def _run_tasks(tasks: list[tuple[Any, ...]], jobs: int) -> list[tuple[Any, float]]:
+def _run_tasks(tasks: list[tuple[Any, ...]], jobs: int, progress: bool = False) -> list[tuple[Any, float]]:
     """Every task's result, in the order of ``tasks`` whatever process ran it.
-    ``jobs`` 1: in this process, one after the other; else a pool of that many
-    worker processes (forked where the platform allows, so the imports are shared)."""
-    if jobs <= 1 or len(tasks) <= 1:
-        return [_task(t) for t in tasks]
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
 
-    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    # the costliest groups first so that no worker is left with a long one at the end
+    Each task runs in a process of its own, forked from this one, ``jobs`` at
+    a time (the costliest first, so that no worker is left with a long one at
+    the end).  A fresh process per task is what makes the answers
+    reproducible: Z3's search depends on every term its process built before,
+    and in one shared process a heap goal that takes 8 s CPU alone
+    (``malloc:fit`` step C4) ran for over 500 s after the other groups had
+    built theirs.  Where ``fork`` is not available, ``jobs`` 1 runs the tasks
+    here one after the other.  With ``progress``, one line per finished task on
+    stderr (``[k/N] name: CPU s``)."""
+    import multiprocessing as mp
+    import sys
+
+    t_start = time.perf_counter()
+
+    def _done(k: int, i: int, cpu: float) -> None:
+        if progress:
+            print(f"prove: [{k}/{len(tasks)}] {task_name(tasks[i])}: {cpu:.1f} s CPU "
+                  f"({time.perf_counter() - t_start:.0f} s wall so far)", file=sys.stderr, flush=True)
+
+    fork = "fork" in mp.get_all_start_methods()
+    if not fork and jobs <= 1:
+        out = []
+        for i, t in enumerate(tasks):
+            out.append(_task(t))
+            _done(i + 1, i, out[-1][1])
+        return out
+    ctx = mp.get_context("fork" if fork else "spawn")
     order = sorted(range(len(tasks)), key=lambda i: task_cost(tasks[i]), reverse=True)
-    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=ctx) as ex:
-        futures = {i: ex.submit(_task, tasks[i]) for i in order}
-        return [futures[i].result() for i in range(len(tasks))]
+    results: dict[int, tuple[Any, float]] = {}
+    with ctx.Pool(processes=max(1, min(jobs, len(tasks))), maxtasksperchild=1) as pool:
+        for k, (i, res) in enumerate(pool.imap_unordered(_indexed_task, [(i, tasks[i]) for i in order]), 1):
+            results[i] = res
+            _done(k, i, res[1])
+    return [results[i] for i in range(len(tasks))]
+
+
+def _indexed_task(item: tuple[int, tuple[Any, ...]]) -> tuple[int, tuple[Any, float]]:
+    return item[0], _task(item[1])
 
 
 #: rough CPU seconds of each kind of proof group (only the submission order depends on it)
@@ -279,7 +305,7 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
         tasks += [("agreement", seed, part) for part in agreement_parts()]
     if want_c8:
         tasks.append(("C8", seed))
-    results = dict(zip(range(len(tasks)), _run_tasks(tasks, jobs)))
+    results = dict(zip(range(len(tasks)), _run_tasks(tasks, jobs, progress=not quiet)))
     by_kind: dict[str, list[tuple[Any, float]]] = {}
     GROUP_CPU.clear()
     TASK_CPU[:] = sorted(((task_name(t), results[i][1]) for i, t in enumerate(tasks)), key=lambda x: -x[1])
