@@ -114,11 +114,26 @@ def at(arr: Any, i: Any) -> Any:
     if isinstance(i, int) and not isinstance(i, bool):
         i = iv(i)
     if (isinstance(arr, (z3.ArrayRef, z3.QuantifierRef)) and isinstance(i, z3.ArithRef)
-            and i.sort_kind() == z3.Z3_INT_SORT and arr.sort_kind() == z3.Z3_ARRAY_SORT
             and arr.ctx is i.ctx):
-        ctx = arr.ctx
-        return z3.z3._to_expr_ref(z3.Z3_mk_select(ctx.ref(), arr.as_ast(), i.as_ast()), ctx)
+        # Z3 shares equal terms, so an AST's address names the term (the memo keeps both alive)
+        key = (arr.ast.value, i.ast.value)
+        got = _SELECTS.get(key)
+        if got is None:
+            if len(_SELECTS) >= SELECTS_CAP:
+                _SELECTS.clear()
+            if i.sort_kind() != z3.Z3_INT_SORT or arr.sort_kind() != z3.Z3_ARRAY_SORT:
+                return z3.Select(arr, i)
+            ctx = arr.ctx
+            got = _SELECTS[key] = (z3.z3._to_expr_ref(z3.Z3_mk_select(ctx.ref(), arr.as_ast(), i.as_ast()), ctx),
+                                   arr, i)
+        return got[0]
     return z3.Select(arr, i)
+
+
+#: at most this many memoized reads (a cache: clearing it changes no term)
+SELECTS_CAP = 400_000
+#: ``arr[i]`` terms built so far, by the addresses of ``arr`` and ``i`` (with both, so neither is freed)
+_SELECTS: dict[tuple[int, int], tuple[Any, Any, Any]] = {}
 
 
 def outcome(*pairs: tuple[Any, str], default: str = "ok") -> Any:

@@ -1469,6 +1469,19 @@ def _terms(s: St, a: St, extra: list[Any], sums_only: bool = False) -> None:
     MODE.anchors = base + [x + 1 for x in extra]
 
 
+#: the heap's queries are quantifier-free once :data:`MODE` has instantiated the invariant's quantifiers
+#: (arrays, linear integer arithmetic): Z3's solver configured for that logic answers most of them far
+#: faster than the default one (``unmap:cache`` ghost-sum monotonicity 25 s -> 2 s CPU, ``expand:map``
+#: 207 s -> 13 s).  An answer other than unsat is re-checked on the default solver, so a goal is proved if
+#: either answers unsat (both sound for unsat) and a counterexample always comes from the default solver.
+QF_LOGIC = "QF_AUFLIA"
+
+
+def qf_solver(timeout_ms: int) -> z3.Solver:
+    """A solver for :data:`QF_LOGIC`, bounded by Z3's deterministic resource limit."""
+    return limit(z3.SolverFor(QF_LOGIC), timeout_ms)
+
+
 def _check(hyp: Callable[[], Any], goal: Callable[[], Any], s: St, a: St, timeout_ms: int = 30000,
            solvers: dict | None = None) -> tuple[Any, Any]:
     MODE.kind, MODE.skolems = "skolem", []
@@ -1482,10 +1495,10 @@ def _check(hyp: Callable[[], Any], goal: Callable[[], Any], s: St, a: St, timeou
         MODE.kind, MODE.terms, MODE.terms1, MODE.anchors, MODE.skolems = "forall", [], [], [], []
     if solvers is not None:
         # one incremental solver per hypothesis: the goal is pushed and popped (an answer other than
-        # unsat is re-checked below on a fresh solver, so sharing never changes a verdict)
+        # unsat is re-checked below on fresh solvers, so sharing never changes a verdict)
         key = h.get_id()
         if key not in solvers:
-            solvers[key] = (h, limit(z3.Solver(), timeout_ms))
+            solvers[key] = (h, qf_solver(timeout_ms))
             solvers[key][1].add(h)
         sol = solvers[key][1]
         sol.push()
@@ -1494,6 +1507,11 @@ def _check(hyp: Callable[[], Any], goal: Callable[[], Any], s: St, a: St, timeou
         sol.pop()
         if r == z3.unsat:
             return r, None
+    else:
+        sol = qf_solver(timeout_ms)
+        sol.add(h, z3.Not(g))
+        if sol.check() == z3.unsat:
+            return z3.unsat, None
     sol = limit(z3.Solver(), timeout_ms)
     sol.add(h, z3.Not(g))
     r = sol.check()
@@ -1568,7 +1586,7 @@ def _check_group(group: str, items: list[tuple[str, Callable[[], Any]]], s: St, 
         h = z3.And(_group_hyp(group, s, [n for n, _f in items]), pre())
     finally:
         MODE.kind, MODE.terms, MODE.terms1, MODE.anchors, MODE.skolems = "forall", [], [], [], []
-    sol = limit(z3.Solver(), timeout_ms)
+    sol = qf_solver(timeout_ms)   # a group not proved here is re-checked goal by goal (:func:`_check`)
     sol.add(h, z3.Not(g))
     return sol.check()
 

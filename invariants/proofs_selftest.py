@@ -699,20 +699,19 @@ def _break_job(i: int) -> tuple[Any, float, float]:
 
 
 def _forkable() -> bool:
-    import multiprocessing as mp
+    from memspec.invariants.forked import forkable
 
-    return "fork" in mp.get_all_start_methods()
+    return forkable()
 
 
 def _in_fresh_processes(job: Callable[[Any], Any], items: list[Any], jobs: int) -> list[Any]:
-    """``job`` of each item, in order, each in a process of its own forked from this one (a pool of
-    ``jobs`` workers that each run one item, ``maxtasksperchild=1``): whatever an item leaves behind (a
+    """``job`` of each item, in order, each in a process of its own forked from this one (``jobs`` at a
+    time, every fork on this thread: :mod:`memspec.invariants.forked`): whatever an item leaves behind (a
     patch not restored, a cache filled, a Hypothesis database entry, a module imported, a random state)
     dies with its process, so no item sees another's."""
-    import multiprocessing as mp
+    from memspec.invariants.forked import in_fresh_processes
 
-    with mp.get_context("fork").Pool(processes=max(1, min(jobs, len(items))), maxtasksperchild=1) as pool:
-        return pool.map(job, items, chunksize=1)
+    return in_fresh_processes(job, items, jobs)
 
 
 #: CPU and wall seconds of the last :func:`run_self_test` (for the report only): ``baselines`` and

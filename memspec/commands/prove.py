@@ -197,7 +197,8 @@ def _task(task: tuple[Any, ...]) -> tuple[Any, float]:
     elif kind == "agreement":
         from memspec.invariants.proofs_caching_agree import agreement_part
 
-        out = agreement_part(task[2], seed=task[1])
+        # a batch of parts in one process: the compiled encodings (per action and heap size) are shared
+        out = [agreement_part(part, seed=task[1]) for part in task[2]]
     elif kind == "C8":
         from memspec.invariants.proofs_caching_expandable import run_c8
 
@@ -217,41 +218,40 @@ def _run_tasks(tasks: list[tuple[Any, ...]], jobs: int, progress: bool = False) 
     and in one shared process a heap goal that takes 8 s CPU alone
     (``malloc:fit`` step C4) ran for over 500 s after the other groups had
     built theirs.  Where ``fork`` is not available, ``jobs`` 1 runs the tasks
-    here one after the other.  With ``progress``, one line per finished task on
+    here one after the other (:mod:`memspec.invariants.forked` says why not a
+    ``multiprocessing.Pool``).  With ``progress``, one line per finished task on
     stderr (``[k/N] name: CPU s``)."""
-    import multiprocessing as mp
     import sys
 
-    t_start = time.perf_counter()
+    from memspec.invariants.forked import forkable, in_fresh_processes
 
-    def _done(k: int, i: int, cpu: float) -> None:
+    t_start = time.perf_counter()
+    finished = [0]
+
+    def _done(i: int, cpu: float) -> None:
+        finished[0] += 1
         if progress:
-            print(f"prove: [{k}/{len(tasks)}] {task_name(tasks[i])}: {cpu:.1f} s CPU "
+            print(f"prove: [{finished[0]}/{len(tasks)}] {task_name(tasks[i])}: {cpu:.1f} s CPU "
                   f"({time.perf_counter() - t_start:.0f} s wall so far)", file=sys.stderr, flush=True)
 
-    fork = "fork" in mp.get_all_start_methods()
-    if not fork and jobs <= 1:
+    if not forkable():
+        if jobs > 1:
+            print("prove: this platform cannot fork: the proof groups run one after the other in this process",
+                  file=sys.stderr)
         out = []
         for i, t in enumerate(tasks):
             out.append(_task(t))
-            _done(i + 1, i, out[-1][1])
+            _done(i, out[-1][1])
         return out
-    ctx = mp.get_context("fork" if fork else "spawn")
     order = sorted(range(len(tasks)), key=lambda i: task_cost(tasks[i]), reverse=True)
-    results: dict[int, tuple[Any, float]] = {}
-    with ctx.Pool(processes=max(1, min(jobs, len(tasks))), maxtasksperchild=1) as pool:
-        for k, (i, res) in enumerate(pool.imap_unordered(_indexed_task, [(i, tasks[i]) for i in order]), 1):
-            results[i] = res
-            _done(k, i, res[1])
+    got = in_fresh_processes(_task, [tasks[i] for i in order], jobs,
+                             on_done=lambda k, res: _done(order[k], res[1]))
+    results = dict(zip(order, got))
     return [results[i] for i in range(len(tasks))]
 
 
-def _indexed_task(item: tuple[int, tuple[Any, ...]]) -> tuple[int, tuple[Any, float]]:
-    return item[0], _task(item[1])
-
-
 #: rough CPU seconds of each kind of proof group (only the submission order depends on it)
-_COST = {"S-agreement": 50, "agreement": 4, "C8": 30, "synthesis": 20, "heap": 2, "P1": 5, "S": 1}
+_COST = {"S-agreement": 50, "agreement": 40, "C8": 30, "synthesis": 20, "heap": 2, "P1": 5, "S": 1}
 
 
 def task_cost(task: tuple[Any, ...]) -> float:
@@ -302,7 +302,12 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
         from memspec.invariants.proofs_caching_agree import agreement_parts
 
         tasks += [("heap", u) for u in heap_units]
-        tasks += [("agreement", seed, part) for part in agreement_parts()]
+        # the caching agreement in ``jobs`` batches of parts (one process each): the parts of a batch
+        # share the encodings compiled per action and heap size (all 22 parts: 66 s CPU in one process,
+        # 230 s in one process each); each part's figures do not depend on the batch it ran in
+        parts = agreement_parts()
+        nb = max(1, min(jobs, len(parts)))
+        tasks += [("agreement", seed, tuple(parts[k::nb])) for k in range(nb)]
     if want_c8:
         tasks.append(("C8", seed))
     results = dict(zip(range(len(tasks)), _run_tasks(tasks, jobs, progress=not quiet)))
@@ -334,7 +339,9 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
         CPU["heap induction + refutations"] = sum(cpu for _res, cpu in by_kind["heap"])
         from memspec.invariants.proofs_caching_agree import merge_agreements
 
-        agree = merge_agreements([res for res, _cpu in by_kind["agreement"]])
+        batches = [res for res, _cpu in by_kind["agreement"]]   # batch k holds parts k, k + nb, ...
+        agree = merge_agreements([batches[i % len(batches)][i // len(batches)]
+                                  for i in range(sum(map(len, batches)))])
         CPU["agreement"] = sum(cpu for _res, cpu in by_kind["agreement"])
     if want_c8:
         c8, CPU["C8"] = by_kind["C8"][0]
@@ -400,6 +407,8 @@ TASK_CPU: list[tuple[str, float]] = []
 
 def task_name(task: tuple[Any, ...]) -> str:
     """A task as one readable name (``heap step unmap:cache core``)."""
+    if task[0] == "agreement" and isinstance(task[2], tuple):   # a batch of caching-agreement parts
+        return f"agreement ({len(task[2])} parts: " + ", ".join(" ".join(map(str, p)) for p in task[2][:3]) + ", ...)"
     parts = [task[0]] + [" ".join(map(str, x)) if isinstance(x, tuple) else str(x) for x in task[1:]]
     return " ".join(parts)
 
