@@ -102,7 +102,7 @@ from typing import Any, Callable
 
 import z3
 
-from memspec.invariants.proofs import limit
+from memspec.invariants.proofs import at as _select, limit
 
 MiB = 1 << 20
 P2, P20 = 2 * MiB, 20 * MiB
@@ -225,7 +225,7 @@ def sym_state(tag: str = "") -> St:
         s[name] = z3.Bool(f"c8{tag}_{name}") if name in ("fr", "seed") else z3.Int(f"c8{tag}_{name}")
     for name in ARR_FIELDS + ("S", "M"):
         arr = z3.Array(f"c8{tag}_{name}", z3.IntSort(), z3.IntSort())
-        s[name] = (lambda a: (lambda i: z3.Select(a, i)))(arr)
+        s[name] = (lambda a: (lambda i: _select(a, i)))(arr)
     return s
 
 
@@ -621,22 +621,32 @@ def _preserved(name: str, s: St, t: St, pre: Callable[[Any], list[Any]], anchors
     if at is not None:
         cases = [g.a < at] + [g.a == at + q for q in range(width)] + [g.a >= at + width]
     t0 = time.process_time()
-    sol = limit(z3.Solver(), BUDGET_MS)
-    sol.add(*SIDE)
-    sol.add(*hyps)
+    # the hypotheses are instantiated (quantifier-free): Z3's solver for that logic first; an answer other
+    # than unsat is re-checked on the default solver (a goal is proved if either answers unsat; both are
+    # sound for unsat); the vacuity check (no claim) takes the first solver's sat
+    sols = []
+    for sol in (limit(z3.SolverFor("QF_AUFLIA"), BUDGET_MS), limit(z3.Solver(), BUDGET_MS)):
+        sol.add(*SIDE)
+        sol.add(*hyps)
+        sols.append(sol)
 
     def check(*claim: Any) -> str:
-        sol.push()
-        sol.add(*claim)
-        res = sol.check()
-        sol.pop()
+        res = None
+        for k, sol in enumerate(sols):
+            if k and (res == z3.unsat or (res == z3.sat and not claim)):   # the vacuity check: sat is its answer
+                break
+            sol.push()
+            sol.add(*claim)
+            res = sol.check()
+            sol.pop()
         return res
 
     out = [(f"step:{name}: its precondition is satisfiable (not vacuous)",
             "proved" if check() == z3.sat else "vacuous", time.process_time() - t0)] if vacuity else []
     n_side = len(SIDE)
     parts = inv_parts(t, g)
-    sol.add(*SIDE[n_side:])  # the page multiples the goals' terms introduced (definitions: sound)
+    for sol in sols:
+        sol.add(*SIDE[n_side:])  # the page multiples the goals' terms introduced (definitions: sound)
     for part, goal in parts:
         t0 = time.process_time()
         split = part in ("blocks well formed", "prefix sums S, M")
