@@ -62,11 +62,12 @@ retry run until the spec's step is matched, with their own branch counts
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import z3
 
@@ -184,6 +185,17 @@ def _as_int(e: Any) -> Any:
     return z3.If(e, z3.IntVal(1), z3.IntVal(0)) if z3.is_bool(e) else e
 
 
+@contextlib.contextmanager
+def _eval_memo() -> Iterator[None]:
+    """Build with the heap encoding's term memo on (:func:`proofs_caching_heap._reads`): these terms are
+    only evaluated on concrete heaps, never handed to a solver."""
+    was, H.MODE.eval_memo = H.MODE.eval_memo, True
+    try:
+        yield
+    finally:
+        H.MODE.eval_memo = was
+
+
 class Compiled:
     """One encoded action on heaps of ``n`` blocks: its precondition and its
     outputs (outcome, every field at ids ``0..n+1``, scalars, the sums'
@@ -193,13 +205,15 @@ class Compiled:
         self.act, self.n = act, n
         self.s = St({f: (n if f == "n" else z3.Const(f"{f}@ag", _sort(H.FIELDS[f]))) for f in H.FIELDS})
         self.a = St({p: z3.Int(f"{p}@agarg") for p in act.params})
-        pre = act.pre(self.s, self.a)
+        with _eval_memo():
+            pre = act.pre(self.s, self.a)
         self.pre = z3.simplify(pre if z3.is_expr(pre) else z3.BoolVal(bool(pre)))
         self._packed: Any = None
 
     def _build(self) -> None:
         act, n = self.act, self.n
-        out, s2 = act.step(self.s, self.a)
+        with _eval_memo():
+            out, s2 = act.step(self.s, self.a)
         n2 = s2["n"]
         keys: list[tuple[str, int | None]] = [("outcome", None), ("n", None)]
         terms: list[Any] = [z3.IntVal(out) if isinstance(out, int) else out, z3.IntVal(n2) if isinstance(n2, int) else n2]
@@ -221,7 +235,10 @@ class Compiled:
 
     def _subs(self, vals: dict[str, Any], args: dict[str, int]) -> list[tuple[Any, Any]]:
         subs = [(self.s[f], concrete(H.FIELDS[f], vals[f])) for f in H.FIELDS if f != "n"]
-        return subs + [(self.a[p], z3.IntVal(args.get(p, 0))) for p in self.act.params]
+        return subs + self._arg_subs(args)
+
+    def _arg_subs(self, args: dict[str, int]) -> list[tuple[Any, Any]]:
+        return [(self.a[p], z3.IntVal(args.get(p, 0))) for p in self.act.params]
 
     def applies(self, vals: dict[str, Any], args: dict[str, int]) -> bool:
         v = z3.simplify(z3.substitute(self.pre, *self._subs(vals, args)))
@@ -943,6 +960,9 @@ KNOB_SCRIPTS: tuple[tuple[str, dict[str, Any], tuple[tuple[str, int], ...]], ...
     ("seed", _GC, (("malloc", 15), ("malloc", 15), ("free", 0), ("malloc", 30))),
     # ... with max_split_size: release_available finds nothing, then the retry
     ("pytorch", {**_GC, "max_split_size": 4 << 20}, (("malloc", 15), ("malloc", 15), ("free", 0), ("malloc", 40))),
+    # pytorch's retry serves a small request from a new segment, split: the 2 MiB small segment does not fit
+    # next to the cached 20 MiB one, the retry releases that one, the new segment's remainder is split off
+    ("pytorch", {"capacity": 21 << 20}, (("malloc", 20), ("free", 0), ("malloc", 1))),
     # release_available: an oversize cached segment (20 MiB >= max_split_size) is released for a 3 MiB request
     ("pytorch", {"capacity": 44 << 20, "max_split_size": 4 << 20},
      (("malloc", 2), ("malloc", 20), ("free", 0), ("malloc", 3))),

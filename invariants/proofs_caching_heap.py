@@ -187,6 +187,7 @@ class _Mode:
     anchors: list = []    # skolems, 0 and n (a monotonicity pair has one of these)
     skolems: list = []
     bound = 0
+    eval_memo = False     # memoize :func:`_reads` builders (the transition agreement only, never a proof)
 
 
 MODE = _Mode()
@@ -578,6 +579,40 @@ def _merge_free(s: St, b: Any, guards: frozenset = frozenset(), kind: int = FREE
     return out, touched
 
 
+_EVAL_MEMO: dict[tuple[Any, ...], tuple[Any, tuple[Any, ...]]] = {}
+#: at most this many memoized terms of :func:`_reads` (a cache: clearing it changes no term)
+EVAL_MEMO_CAP = 300_000
+
+
+def _reads(*fields: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Memoize a term builder ``fn(s, *args)`` that reads only ``fields`` of ``s``, by those fields' terms
+    and the arguments' (Z3 shares equal terms, so a memoized term is the one a rebuild would give).  Only
+    while :data:`MODE` ``.eval_memo`` is set: by the transition agreement, which builds an action's
+    encoding on concrete heaps of every size (the n x n instances of a best fit read the same blocks again
+    and again) and only evaluates it.  A proof never sets it: which terms Z3 sees built, and in what order,
+    changes its search (a memo here once took a 0.5 s goal to 45 s)."""
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(s: St, *args: Any) -> Any:
+            if not MODE.eval_memo:
+                return fn(s, *args)
+            try:
+                key = (fn, *[s[f].ast.value for f in fields],
+                       *[(x.ast.value if isinstance(x, z3.AstRef) else x) for x in args])
+            except AttributeError:   # a field or an argument that is not a term
+                return fn(s, *args)
+            got = _EVAL_MEMO.get(key)
+            if got is None:
+                if len(_EVAL_MEMO) >= EVAL_MEMO_CAP:
+                    _EVAL_MEMO.clear()
+                got = _EVAL_MEMO[key] = (fn(s, *args), (*[s[f] for f in fields], *args))
+            return got[0]
+
+        wrapper.__doc__, wrapper.__name__, wrapper.__wrapped__ = fn.__doc__, fn.__name__, fn  # type: ignore[attr-defined]
+        return wrapper
+    return deco
+
+
+@_reads("al", "k", "sz", "sm", "sr")
 def _cand(s: St, j: Any, r: Any, small: Any, t: Any, guards: frozenset = frozenset()) -> Any:
     parts = [at(s.al, j), at(s.k, j) == FREE, at(s.sz, j) >= r]
     if "pool" not in guards:
@@ -668,12 +703,14 @@ def room(s: St, alloc: Any, guards: frozenset = frozenset(), r: Any = None) -> A
     return z3.If(s.ex, cap, z3.And(cap, used <= s.cap))
 
 
+@_reads("nx", "sz", "k")
 def _grow(s: St, j: Any) -> Any:
     """PyTorch's ``expandable_size``: a free block's size plus the unmapped block after it."""
     q = at(s.nx, j)
     return at(s.sz, j) + z3.If(z3.And(q != -1, at(s.k, q) == UNM), at(s.sz, q), 0)
 
 
+@_reads("sz", "ad")
 def _key_lt(s: St, i: Any, j: Any) -> Any:
     return z3.Or(at(s.sz, i) < at(s.sz, j), z3.And(at(s.sz, i) == at(s.sz, j), at(s.ad, i) < at(s.ad, j)))
 
@@ -867,6 +904,7 @@ def _acand(s: St, j: Any) -> Any:
     return z3.And(at(s.al, j), at(s.k, j) == FREE, at(s.sm, j) == (s.mr <= K_SMALL), at(s.sr, j) == s.mt)
 
 
+@_reads("sz", "ad")
 def _key_le(s: St, i: Any, j: Any) -> Any:
     """``(size, address)`` of block i <= that of block j."""
     return z3.Or(at(s.sz, i) < at(s.sz, j), z3.And(at(s.sz, i) == at(s.sz, j), at(s.ad, i) <= at(s.ad, j)))

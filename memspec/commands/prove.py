@@ -30,7 +30,7 @@ from typing import Any
 
 #: agreeing samples per outcome branch of each encoded action, per spec action that it encodes
 #: (``--per-branch``): a branch reached often stops costing evaluations once it has these
-PER_BRANCH = 40
+PER_BRANCH = 25
 
 
 def _agreement(samples: int, inv_samples: int, seed: int, per_branch: int | None = None) -> list[Any]:
@@ -198,7 +198,7 @@ def _task(task: tuple[Any, ...]) -> tuple[Any, float]:
         from memspec.invariants.proofs_caching_agree import agreement_part
 
         # a batch of parts in one process: the compiled encodings (per action and heap size) are shared
-        out = [agreement_part(part, seed=task[1]) for part in task[2]]
+        out = [agreement_part(part, seed=task[1], walks_per_config=task[3]) for part in task[2]]
     elif kind == "C8":
         from memspec.invariants.proofs_caching_expandable import run_c8
 
@@ -269,7 +269,7 @@ def task_cost(task: tuple[Any, ...]) -> float:
 
 def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: bool, depth: int,
         quiet: bool = False, per_branch: int | None = None,
-        jobs: int = 1) -> tuple[list[dict[str, Any]], Any, float]:
+        jobs: int = 1, walks: int = 1) -> tuple[list[dict[str, Any]], Any, float]:
     """Every requested row.  The proof groups (the S rows' agreement walk, each
     S proof, P1, the caching synthesis, each unit of the heap induction, the
     caching agreement, C8) are independent: with ``jobs`` > 1 they run in a
@@ -278,7 +278,8 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
     Z3 witness (the synthesized fragmentation trace, an unguarded variant's
     counterexample) is a model, and which model Z3 returns depends on the terms
     its process built before, so those texts may differ between runs with
-    different ``jobs``; the verdicts and depths do not."""
+    different ``jobs``; the verdicts and depths do not.  ``walks``: random walks of the caching
+    agreement per configuration (each a fresh seed; the directed scripts and sweeps always run)."""
     from memspec.invariants.proofs_catalog import all_proofs
 
     t_all = time.perf_counter()
@@ -308,9 +309,9 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
         # the caching agreement's parts in one process (a batch): they share the encodings compiled per
         # action and heap size (all 22 parts: 66 s CPU in one process, 85 s in two, 230 s in one process
         # each); each part's figures do not depend on the batch it ran in
-        parts = agreement_parts()
+        parts = agreement_parts(walks_per_config=walks)
         nb = AGREEMENT_BATCHES
-        tasks += [("agreement", seed, tuple(parts[k::nb])) for k in range(nb)]
+        tasks += [("agreement", seed, tuple(parts[k::nb]), walks) for k in range(nb)]
     if want_c8:
         tasks.append(("C8", seed))
     results = dict(zip(range(len(tasks)), _run_tasks(tasks, jobs, progress=not quiet)))
@@ -528,6 +529,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--jobs", type=int, default=None,
                     help="worker processes for the independent proof groups (default: the CPUs this process "
                          "may run on; 1: all in this process); the rows are the same for any value")
+    ap.add_argument("--walks", type=int, default=1,
+                    help="random walks per configuration in the caching allocator's agreement (default 1: with "
+                         "the directed scripts, every branch is sampled; more: more states, ~25 s CPU each)")
     ap.add_argument("--self-test", action="store_true",
                     help="plant breaks in encodings, spec actions and kernels; print the kill table (each break "
                          "in a process of its own, --jobs at a time)")
@@ -537,6 +541,8 @@ def main(argv: list[str]) -> int:
     ns = ap.parse_args(argv)
     if ns.jobs is not None and ns.jobs < 1:
         ap.error(f"--jobs must be at least 1 (got {ns.jobs})")
+    if ns.walks < 0:
+        ap.error(f"--walks must be at least 0 (got {ns.walks})")
 
     if ns.check_acceptance:
         return _check_acceptance_file(ns.check_acceptance)
@@ -555,7 +561,7 @@ def main(argv: list[str]) -> int:
         return 2
     records, caching, total = run(ns.ids, ns.samples, ns.inv_samples, ns.seed, not ns.no_caching, ns.depth,
                                   per_branch=ns.per_branch or None,
-                                  jobs=ns.jobs if ns.jobs is not None else default_jobs())
+                                  jobs=ns.jobs if ns.jobs is not None else default_jobs(), walks=ns.walks)
     _print(records, caching, total, ns.traces)
     cpu = _cpu_seconds()
     jobs = ns.jobs if ns.jobs is not None else default_jobs()
