@@ -46,7 +46,7 @@ def test_boundary_and_event_sweeps_agree_and_reach_every_threshold_branch(preset
 
 
 def test_walks_agree_with_every_branch_sampled() -> None:
-    rep = A.run_agreement(steps=30, walks_per_config=2, seed=0)
+    rep = A.run_agreement(steps=30, seed=0)   # what `memspec prove` runs (WALKS_PER_CONFIG)
     assert rep.mismatches == [], rep.mismatches[:3]
     unsampled = [(a, b) for a, bs in rep.counts.items() for b, n in bs.items() if n == 0]
     assert unsampled == []

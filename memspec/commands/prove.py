@@ -269,7 +269,7 @@ def task_cost(task: tuple[Any, ...]) -> float:
 
 def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: bool, depth: int,
         quiet: bool = False, per_branch: int | None = None,
-        jobs: int = 1, walks: int = 1) -> tuple[list[dict[str, Any]], Any, float]:
+        jobs: int = 1, walks: int | None = None) -> tuple[list[dict[str, Any]], Any, float]:
     """Every requested row.  The proof groups (the S rows' agreement walk, each
     S proof, P1, the caching synthesis, each unit of the heap induction, the
     caching agreement, C8) are independent: with ``jobs`` > 1 they run in a
@@ -279,7 +279,8 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
     counterexample) is a model, and which model Z3 returns depends on the terms
     its process built before, so those texts may differ between runs with
     different ``jobs``; the verdicts and depths do not.  ``walks``: random walks of the caching
-    agreement per configuration (each a fresh seed; the directed scripts and sweeps always run)."""
+    agreement per configuration (each a fresh seed; the directed scripts and sweeps always run;
+    None: :data:`memspec.invariants.proofs_caching_agree.WALKS_PER_CONFIG`)."""
     from memspec.invariants.proofs_catalog import all_proofs
 
     t_all = time.perf_counter()
@@ -309,6 +310,9 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
         # the caching agreement's parts in one process (a batch): they share the encodings compiled per
         # action and heap size (all 22 parts: 66 s CPU in one process, 85 s in two, 230 s in one process
         # each); each part's figures do not depend on the batch it ran in
+        from memspec.invariants.proofs_caching_agree import WALKS_PER_CONFIG
+
+        walks = WALKS_PER_CONFIG if walks is None else walks
         parts = agreement_parts(walks_per_config=walks)
         nb = AGREEMENT_BATCHES
         tasks += [("agreement", seed, tuple(parts[k::nb]), walks) for k in range(nb)]
@@ -529,7 +533,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--jobs", type=int, default=None,
                     help="worker processes for the independent proof groups (default: the CPUs this process "
                          "may run on; 1: all in this process); the rows are the same for any value")
-    ap.add_argument("--walks", type=int, default=1,
+    ap.add_argument("--walks", type=int, default=None,
                     help="random walks per configuration in the caching allocator's agreement (default 1: with "
                          "the directed scripts, every branch is sampled; more: more states, ~25 s CPU each)")
     ap.add_argument("--self-test", action="store_true",
@@ -541,7 +545,7 @@ def main(argv: list[str]) -> int:
     ns = ap.parse_args(argv)
     if ns.jobs is not None and ns.jobs < 1:
         ap.error(f"--jobs must be at least 1 (got {ns.jobs})")
-    if ns.walks < 0:
+    if ns.walks is not None and ns.walks < 0:
         ap.error(f"--walks must be at least 0 (got {ns.walks})")
 
     if ns.check_acceptance:
