@@ -173,3 +173,30 @@ def test_agreement_parts_merge_into_the_serial_counts() -> None:
     assert ("knobs",) in parts and ("expandable-scripts",) in parts
     assert len([p for p in parts if p[0] == "walk"]) == 2 * len(A.WALKS)
     assert len([p for p in parts if p[0] == "expandable-walk"]) == 2 * len(A.EXPANDABLE_WALKS)
+
+
+def test_knob_scripts_reach_pytorchs_retry_then_split() -> None:
+    # the one branch that only a second random walk per configuration used to reach
+    rep = A.Agreement()
+    A.knob_sweep(rep)
+    assert rep.mismatches == [], rep.mismatches[:3]
+    assert rep.counts["caching:malloc"]["malloc_retry:new/split"] > 0
+
+
+def test_memoized_builders_give_the_very_terms_of_a_plain_build() -> None:
+    """The evaluation memo (``MODE.eval_memo``) must not change a term: Z3 shares equal terms, so the
+    memoized build and the plain one are the same AST."""
+    import z3
+
+    from memspec.invariants import proofs_caching_heap as H
+    from memspec.invariants.proofs import St, _sort
+
+    act = next(a for a in H.actions() if a.name == "malloc:fit")
+    s = St({f: (6 if f == "n" else z3.Const(f"{f}@memo", _sort(H.FIELDS[f]))) for f in H.FIELDS})
+    a = St({p: z3.Int(f"{p}@memoarg") for p in act.params})
+    plain = act.pre(s, a)
+    with A._eval_memo():
+        memo = act.pre(s, a)
+        again = act.pre(s, a)
+    assert H.MODE.eval_memo is False
+    assert plain.eq(memo) and memo.eq(again)

@@ -97,3 +97,32 @@ def test_heavy_consecutions_are_split_into_parts_and_the_parts_cover_every_goal(
     parts = [c for p in H.STEP_PARTS for c in H.heap_unit(("step", "record_stream", p))["checks"]]
     assert sorted(c[:2] for c in parts) == sorted(c[:2] for c in whole)
     assert any(c[0].endswith(":mono") for c in parts) and any(c[0].endswith(":step") for c in parts)
+
+
+def test_progress_names_every_finished_task_on_stderr(capsys: Any) -> None:
+    P.run(ids=["S1", "S3"], samples=0, inv_samples=0, seed=0, caching_on=False, depth=2, jobs=2)
+    err = capsys.readouterr().err.splitlines()
+    lines = [ln for ln in err if ln.startswith("prove: [")]
+    # S1 and S3 (no agreement walk with samples 0): one line each, counted to the total
+    assert len(lines) == 2, err
+    assert [ln.split("]")[0] for ln in lines] == ["prove: [1/2", "prove: [2/2"]
+    assert {ln.split("] ")[1].split(":")[0] for ln in lines} == {"S S1", "S S3"}
+
+
+def test_quiet_run_prints_no_progress(capsys: Any) -> None:
+    P.run(ids=["S1"], samples=0, inv_samples=0, seed=0, caching_on=False, depth=2, jobs=1, quiet=True)
+    assert "prove: [" not in capsys.readouterr().err
+
+
+def test_each_task_runs_in_a_fresh_process() -> None:
+    # a proof group never inherits another's Z3 terms: each comes back from a process of its own
+    tasks = [("S", "S1"), ("S", "S3")]
+    got = P._run_tasks(tasks, jobs=1)
+    assert [r[0][0].id for r in got] == ["S1", "S3"]
+
+
+def test_walks_below_0_is_refused() -> None:
+    import pytest
+
+    with pytest.raises(SystemExit):
+        P.main(["--walks", "-1", "S1"])
