@@ -625,7 +625,9 @@ def _preserved(name: str, s: St, t: St, pre: Callable[[Any], list[Any]], anchors
     # than unsat is re-checked on the default solver (a goal is proved if either answers unsat; both are
     # sound for unsat); the vacuity check (no claim) takes the first solver's sat
     sols = []
-    for sol in (limit(z3.SolverFor("QF_AUFLIA"), BUDGET_MS), limit(z3.Solver(), BUDGET_MS)):
+    from memspec.invariants.proofs_caching_heap import qf_solver
+
+    for sol in (qf_solver(BUDGET_MS), limit(z3.Solver(), BUDGET_MS)):
         sol.add(*SIDE)
         sol.add(*hyps)
         sols.append(sol)
@@ -634,6 +636,7 @@ def _preserved(name: str, s: St, t: St, pre: Callable[[Any], list[Any]], anchors
         res = None
         for k, sol in enumerate(sols):
             if k and (res == z3.unsat or (res == z3.sat and not claim)):   # the vacuity check: sat is its answer
+                # (a QF attempt that timed out answers unknown: the default solver decides)
                 break
             sol.push()
             sol.add(*claim)
