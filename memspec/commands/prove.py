@@ -308,8 +308,8 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
 
         tasks += [("heap", u) for u in heap_units]
         # the caching agreement's parts in one process (a batch): they share the encodings compiled per
-        # action and heap size (all 22 parts: 66 s CPU in one process, 85 s in two, 230 s in one process
-        # each); each part's figures do not depend on the batch it ran in
+        # action and heap size (the 22 parts of two walks per configuration: 66 s CPU in one process, 85 s
+        # in two, 230 s in a process each); each part's figures do not depend on the batch it ran in
         from memspec.invariants.proofs_caching_agree import WALKS_PER_CONFIG
 
         walks = WALKS_PER_CONFIG if walks is None else walks
