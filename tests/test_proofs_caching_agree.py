@@ -171,8 +171,11 @@ def test_agreement_parts_merge_into_the_serial_counts() -> None:
     assert merged.counts["caching:malloc"]["malloc:fit/split"] == 2 * part.counts["caching:malloc"]["malloc:fit/split"]
     parts = A.agreement_parts()
     assert ("knobs",) in parts and ("expandable-scripts",) in parts
-    assert len([p for p in parts if p[0] == "walk"]) == 2 * len(A.WALKS)
-    assert len([p for p in parts if p[0] == "expandable-walk"]) == 2 * len(A.EXPANDABLE_WALKS)
+    assert len([p for p in parts if p[0] == "walk"]) == A.WALKS_PER_CONFIG * len(A.WALKS)
+    assert len([p for p in parts if p[0] == "expandable-walk"]) == A.WALKS_PER_CONFIG * len(A.EXPANDABLE_WALKS)
+    two = A.agreement_parts(walks_per_config=2)   # --walks 2: a second walk of every configuration
+    assert len([p for p in two if p[0] == "walk"]) == 2 * len(A.WALKS)
+    assert len([p for p in two if p[0] == "expandable-walk"]) == 2 * len(A.EXPANDABLE_WALKS)
 
 
 def test_knob_scripts_reach_pytorchs_retry_then_split() -> None:
