@@ -235,10 +235,7 @@ class Compiled:
 
     def _subs(self, vals: dict[str, Any], args: dict[str, int]) -> list[tuple[Any, Any]]:
         subs = [(self.s[f], concrete(H.FIELDS[f], vals[f])) for f in H.FIELDS if f != "n"]
-        return subs + self._arg_subs(args)
-
-    def _arg_subs(self, args: dict[str, int]) -> list[tuple[Any, Any]]:
-        return [(self.a[p], z3.IntVal(args.get(p, 0))) for p in self.act.params]
+        return subs + [(self.a[p], z3.IntVal(args.get(p, 0))) for p in self.act.params]
 
     def applies(self, vals: dict[str, Any], args: dict[str, int]) -> bool:
         v = z3.simplify(z3.substitute(self.pre, *self._subs(vals, args)))

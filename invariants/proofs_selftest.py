@@ -31,6 +31,7 @@ import z3
 
 from memspec.invariants import proofs_seed000 as E
 from memspec.invariants.agreement import RandomChooser, follow, pick_branch
+from memspec.invariants.forked import forkable
 from memspec.invariants.proofs import Proof, on_ok, outcome, prove, upd
 from memspec.spec import kernels as K
 from memspec.spec.core import Returns
@@ -698,12 +699,6 @@ def _break_job(i: int) -> tuple[Any, float, float]:
     return _timed(lambda: _run_break(breaks[i], baselines, problems))
 
 
-def _forkable() -> bool:
-    from memspec.invariants.forked import forkable
-
-    return forkable()
-
-
 def _in_fresh_processes(job: Callable[[Any], Any], items: list[Any], jobs: int) -> list[Any]:
     """``job`` of each item, in order, each in a process of its own forked from this one (``jobs`` at a
     time, every fork on this thread: :mod:`memspec.invariants.forked`): whatever an item leaves behind (a
@@ -738,7 +733,7 @@ def run_self_test(breaks: list[Break] | None = None, *, jobs: int = 1,
     breaks = breaks if breaks is not None else catalog()
     t0 = time.perf_counter()
     keys = _baseline_keys(breaks)
-    isolate = isolate and _forkable()
+    isolate = isolate and forkable()
     if isolate:
         base = _in_fresh_processes(_baseline_job, keys, jobs)
     else:
@@ -788,7 +783,7 @@ def main(jobs: int = 1) -> int:
         print(f"no killed break for: {', '.join(missing)}")
     for k, v in problems.items():
         print(f"detector {k} fires on the unbroken project (not counted): {v}")
-    isolated = "each break in a process of its own" if _forkable() else "in this process (no fork here)"
+    isolated = "each break in a process of its own" if forkable() else "in this process (no fork here)"
     print(f"self-test {time.perf_counter() - t0:.1f}s wall; CPU {LAST_RUN['baselines']:.1f}s baselines + "
           f"{LAST_RUN['breaks']:.1f}s breaks; --jobs {jobs}, {isolated}")
     return 0 if killed == len(rows) and not problems else 1
