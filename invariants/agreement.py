@@ -6,9 +6,12 @@ its initial state (arguments drawn by the spec's own domains, a random
 permitted branch followed, its witness value fed back).  Before each step
 the spec state is projected onto the encoding's fields (objects renumbered
 densely); the encoded action is evaluated on those concrete values by
-``z3.substitute`` + ``z3.simplify`` (a solver call only when a quantifier
-remains, e.g. "some page of the range is committed"); and the result must
-agree with the spec's step:
+:mod:`~memspec.invariants.z3native` (the term as straight-line Python; its
+first evaluation and every ``CROSS_CHECK_EVERY``-th are also evaluated by
+Z3 and must give the same value) or, for a term with a quantifier left
+(e.g. "some page of the range is committed"), by ``z3.substitute`` +
+``z3.simplify`` and a solver call; and the result must agree with the
+spec's step:
 
 * the encoding's outcome is one the spec permits (``ok`` for a ``Returns``
   branch, the error class for a ``Raises`` branch);
@@ -33,6 +36,7 @@ import z3
 from memspec.invariants.proofs import (
     ARR, ARR2, ARR2B, BARR, BOOL, INT, OUTCOMES, Act, Proof, St, _args, at, bv, concrete, fresh, iv, limit,
 )
+from memspec.invariants import z3native as native
 from memspec.spec.core import Raises, Returns
 
 
@@ -70,6 +74,16 @@ def substitute(t: Any, *pairs: tuple[Any, Any]) -> Any:
     for i, (f, v) in enumerate(pairs):
         src[i], dst[i] = f.as_ast(), v.as_ast()
     return z3.z3._to_expr_ref(z3.Z3_substitute(t.ctx.ref(), t.as_ast(), n, src, dst), t.ctx)
+
+
+def native_value(kind: str, value: Any) -> Any:
+    """A field's concrete value (the form :func:`~memspec.invariants.proofs.concrete` takes) as a
+    :mod:`z3native` value: arrays ``(default, {index: value})``, nested for the two-level kinds."""
+    if kind == ARR2B:   # {index: set of true indices}
+        return ((False, {}), {i: (False, {j: True for j in t}) for i, t in value.items()})
+    if kind == ARR2:    # {index: (default, {index: value})}, rows absent: all 0
+        return ((0, {}), dict(value))
+    return value
 
 
 def instantiate(e: Any, indices: list[int], memo: dict[int, Any] | None = None) -> Any:
@@ -142,9 +156,36 @@ class Compiled:
         self.agree_expr = z3.And(self.pre, z3.Or(*[out == e for e in self.eo]),
                                  *[e == v for e, v in zip(exprs[1:], self.ev)])
         self.out = out
+        # the same terms evaluated by Python (:mod:`z3native`); None where a quantifier remained
+        self.prog = native.build([self.pre, out, *exprs[1:]]) if all(not z3.is_array(e) for e in exprs) else None
+        self._names = [(self.s[f].decl().name(), f, k) for f, k in p.fields.items()] + \
+            [(self.a[n].decl().name(), n, k) for n, k in act.params.items()]
+
+    def _native(self, state: dict[str, Any], args: dict[str, Any]) -> tuple[Any, ...] | None:
+        """``(pre, outcome code, every compared value)`` by :mod:`z3native`, or None (outside its fragment)."""
+        if self.prog is None:
+            return None
+        n_state = len(self.p.fields)
+        env = {nm: native_value(k, (state if i < n_state else args)[f]) for i, (nm, f, k) in enumerate(self._names)}
+        try:
+            return self.prog(env)
+        except native.Unsupported:
+            return None
 
     def outcome(self, state: dict[str, Any], args: dict[str, Any]) -> str:
-        """The encoding's outcome on concrete values (the branch it takes)."""
+        """The encoding's outcome on concrete values (the branch it takes): by :mod:`z3native`,
+        cross-checked with Z3 on a sample, or by Z3."""
+        vals = self._native(state, args)
+        if vals is None:
+            return self._outcome_z3(state, args)
+        got = OUTCOMES[vals[1]]
+        if self.prog is not None and self.prog.due_cross_check():
+            want = self._outcome_z3(state, args)
+            if want != got:
+                raise native.cross_check_failed(f"{self.act.name}'s outcome", got, want)
+        return got
+
+    def _outcome_z3(self, state: dict[str, Any], args: dict[str, Any]) -> str:
         v = z3.simplify(substitute(self.out, *self._subs(state, args)))
         if z3.is_int_value(v):
             return OUTCOMES[v.as_long()]
@@ -180,6 +221,21 @@ class Compiled:
         return r == z3.sat
 
     def agrees(self, state: dict[str, Any], args: dict[str, Any], allowed: set[str], expected: dict[Key, Any]) -> bool:
+        """Whether the action applies (``pre``), its outcome is one of ``allowed`` and every compared
+        value equals ``expected``'s: by :mod:`z3native`, cross-checked with Z3 on a sample, or by Z3."""
+        vals = self._native(state, args)
+        if vals is None:
+            return self._agrees_z3(state, args, allowed, expected)
+        got = bool(vals[0]) and OUTCOMES[vals[1]] in allowed and \
+            all(v == expected[key] for key, v in zip(self.keys[1:], vals[2:]))
+        if self.prog is not None and self.prog.due_cross_check():
+            want = self._agrees_z3(state, args, allowed, expected)
+            if want != got:
+                raise native.cross_check_failed(f"{self.act.name}'s agreement", got, want)
+        return got
+
+    def _agrees_z3(self, state: dict[str, Any], args: dict[str, Any], allowed: set[str],
+                   expected: dict[Key, Any]) -> bool:
         subs = self._subs(state, args)
         codes = [OUTCOMES.index(n) for n in sorted(allowed)]
         codes = (codes * 4)[:4]
@@ -379,6 +435,7 @@ class InvariantEval:
 
     def __init__(self, p: Proof, nobj: int, finite: bool = False) -> None:
         self.p, self.nobj, self.finite = p, nobj, finite
+        self.progs: dict[int, tuple[Any, native.Program | None]] = {}
         if finite:  # quantifiers instantiated over the universe once, then substituted per state
             self.s = fresh(p.fields, "iv")
             self.expr = instantiate(z3.And(*[p.inv(self.s, z3.IntVal(i)) for i in range(nobj)]),
@@ -392,16 +449,34 @@ class InvariantEval:
             self.rest = [f for f in p.fields if f not in self.counts]
 
     def holds(self, state: dict[str, Any]) -> bool:
+        """The encoded invariant on a concrete state: by :mod:`z3native`, cross-checked with Z3 on a
+        sample, or by Z3 (a quantifier that remained is decided by a solver)."""
         if self.finite:
-            subs = [(self.s[f], concrete(k, state[f])) for f, k in self.p.fields.items()]
-            return Compiled._truth(substitute(self.expr, *subs))
-        key = tuple(state[f] for f in self.counts)
-        expr = self.by_counts.get(key)
-        if expr is None:
-            sc = self.sym.set(**{f: iv(state[f]) for f in self.counts})
-            expr = self.by_counts[key] = z3.And(*[self.p.inv(sc, z3.IntVal(i)) for i in range(self.nobj)])
-        subs = [(self.sym[f], concrete(self.p.fields[f], state[f])) for f in self.rest]
-        return Compiled._truth(substitute(expr, *subs) if subs else expr)
+            expr, fields, sym = self.expr, list(self.p.fields), self.s
+        else:
+            key = tuple(state[f] for f in self.counts)
+            expr = self.by_counts.get(key)
+            if expr is None:
+                sc = self.sym.set(**{f: iv(state[f]) for f in self.counts})
+                expr = self.by_counts[key] = z3.And(*[self.p.inv(sc, z3.IntVal(i)) for i in range(self.nobj)])
+            fields, sym = self.rest, self.sym
+        k = expr.get_id()
+        if k not in self.progs:
+            self.progs[k] = (expr, native.build([expr]))   # the term kept alive with its program
+        prog = self.progs[k][1]
+        got: bool | None = None
+        if prog is not None:
+            try:
+                got = bool(prog({sym[f].decl().name(): native_value(self.p.fields[f], state[f]) for f in fields})[0])
+            except native.Unsupported:
+                got = None
+        if got is None or prog.due_cross_check():
+            subs = [(sym[f], concrete(self.p.fields[f], state[f])) for f in fields]
+            want = Compiled._truth(substitute(expr, *subs) if subs else expr)
+            if got is not None and got != want:
+                raise native.cross_check_failed(f"the encoded {self.p.id}", got, want)
+            return want
+        return got
 
 
 #: built invariant evaluators and compiled actions, shared by every walk of a run.  Keyed by the

@@ -42,11 +42,16 @@ module checks that it is the *same machine* as the executable spec:
 * **invariant agreement**: each C invariant's encoding (``NAMED``) evaluated
   on the projection must equal the executable invariant's verdict on the state.
 
-Evaluation is Z3's own: each encoded action is built once per heap size ``n``
-(Python int: every quantifier over block ids is the conjunction over them)
-on symbolic fields, its outputs packed into one term; a sample substitutes
-the concrete projection and simplifies that one term (no solver call, no
-quantifier instantiation).
+Evaluation: each encoded action is built once per heap size ``n`` (Python
+int: every quantifier over block ids is the conjunction over them) on
+symbolic fields.  Its terms are evaluated on each sample by
+:mod:`~memspec.invariants.z3native` (the term DAG as straight-line Python);
+the first evaluation of each compiled action and every
+``CROSS_CHECK_EVERY``-th after it are also evaluated by Z3 itself (the
+outputs packed into one term, the concrete projection substituted, simplified:
+no solver call) and must give the same values, or the run stops with the
+evaluator's defect.  A term outside that module's fragment is evaluated by
+Z3 alone.
 
 Expandable segments (the flag on, :data:`EXPANDABLE_SCRIPTS` and
 :data:`EXPANDABLE_WALKS`): the projection keeps the unmapped blocks (reserved
@@ -72,7 +77,8 @@ from typing import Any, Iterator
 import z3
 
 from memspec.invariants import proofs_caching_heap as H
-from memspec.invariants.proofs import ARR, BARR, BOOL, INT, OUTCOMES, St, _sort, at, concrete
+from memspec.invariants import z3native as native
+from memspec.invariants.proofs import ARR, BARR, BOOL, INT, OUTCOMES, St, _sort, at, concrete, iv
 
 _KIND = {"free": H.FREE, "live": H.LIVE, "pending": H.PEND, "unmapped": H.UNM}
 #: block fields compared by address (the ghost neighbours ``pv``/``nx`` are compared as addresses)
@@ -185,6 +191,23 @@ def _as_int(e: Any) -> Any:
     return z3.If(e, z3.IntVal(1), z3.IntVal(0)) if z3.is_bool(e) else e
 
 
+def _pack(terms: list[Any]) -> Any:
+    """``terms`` as one array term (index ``k`` holds term ``k``), for Z3's substitute and simplify;
+    the store chain is made by the C API directly (z3py's ``Store`` checks each store's sorts)."""
+    ctx = terms[0].ctx
+    c = ctx.ref()
+    cur = z3.K(z3.IntSort(), z3.IntVal(-(1 << 62))).as_ast()
+    z3.Z3_inc_ref(c, cur)
+    for idx, t in enumerate(terms):
+        nxt = z3.Z3_mk_store(c, cur, iv(idx).as_ast(), t.as_ast())
+        z3.Z3_inc_ref(c, nxt)
+        z3.Z3_dec_ref(c, cur)
+        cur = nxt
+    out = z3.z3._to_expr_ref(cur, ctx)   # takes its own reference
+    z3.Z3_dec_ref(c, cur)
+    return out
+
+
 @contextlib.contextmanager
 def _eval_memo() -> Iterator[None]:
     """Build with the heap encoding's term memo on (:func:`proofs_caching_heap._reads`): these terms are
@@ -209,6 +232,9 @@ class Compiled:
             pre = act.pre(self.s, self.a)
         self.pre = z3.simplify(pre if z3.is_expr(pre) else z3.BoolVal(bool(pre)))
         self._packed: Any = None
+        self._names = [(f, f"{f}@ag") for f in H.FIELDS if f != "n"]
+        self._pre_prog = native.build([self.pre])
+        self._prog: native.Program | None = None
 
     def _build(self) -> None:
         act, n = self.act, self.n
@@ -228,25 +254,53 @@ class Compiled:
         for nm in H.SUMS:
             keys.append((f"total:{nm}", None))
             terms.append(at(s2[nm], terms[1]))
-        packed = z3.K(z3.IntSort(), z3.IntVal(-(1 << 62)))
-        for idx, t in enumerate(terms):
-            packed = z3.Store(packed, idx, t)
-        self.keys, self._packed = keys, packed
+        self.keys, self._packed = keys, _pack(terms)
+        self._prog = native.build(terms)
+
+    def _env(self, vals: dict[str, Any], args: dict[str, int]) -> dict[str, Any]:
+        env = {nm: vals[f] for f, nm in self._names}
+        env.update({f"{p}@agarg": args.get(p, 0) for p in self.act.params})
+        return env
 
     def _subs(self, vals: dict[str, Any], args: dict[str, int]) -> list[tuple[Any, Any]]:
         subs = [(self.s[f], concrete(H.FIELDS[f], vals[f])) for f in H.FIELDS if f != "n"]
         return subs + [(self.a[p], z3.IntVal(args.get(p, 0))) for p in self.act.params]
 
     def applies(self, vals: dict[str, Any], args: dict[str, int]) -> bool:
+        if self._pre_prog is not None:
+            try:
+                got = bool(self._pre_prog(self._env(vals, args))[0])
+            except native.Unsupported:
+                return self._applies_z3(vals, args)
+            if self._pre_prog.due_cross_check() and got != self._applies_z3(vals, args):
+                raise native.cross_check_failed(f"{self.act.name}'s precondition", got, not got)
+            return got
+        return self._applies_z3(vals, args)
+
+    def _applies_z3(self, vals: dict[str, Any], args: dict[str, int]) -> bool:
         v = z3.simplify(z3.substitute(self.pre, *self._subs(vals, args)))
         if not (z3.is_true(v) or z3.is_false(v)):
             raise ValueError(f"{self.act.name}: precondition did not simplify to a value: {str(v)[:200]}")
         return z3.is_true(v)
 
-    def run(self, vals: dict[str, Any], args: dict[str, int]) -> tuple[str, dict[str, Any]]:
-        """The outcome and the post-state (concrete, in the projection's form)."""
-        if self._packed is None:
-            self._build()
+    def _outputs(self, vals: dict[str, Any], args: dict[str, int]) -> dict[int, int]:
+        """Every output by its index in :attr:`keys`: by :mod:`z3native` (cross-checked on a sample)
+        or, for a term outside its fragment, by Z3's substitute and simplify."""
+        if self._prog is not None:
+            try:
+                got = dict(enumerate(int(x) for x in self._prog(self._env(vals, args))))
+            except native.Unsupported:
+                return self._outputs_z3(vals, args)
+            if self._prog.due_cross_check():
+                want = self._outputs_z3(vals, args)
+                if got != want:
+                    bad = next(i for i in got if got[i] != want.get(i))
+                    raise native.cross_check_failed(f"{self.act.name}'s output {self.keys[bad]}", got[bad],
+                                                    want.get(bad))
+            return got
+        return self._outputs_z3(vals, args)
+
+    def _outputs_z3(self, vals: dict[str, Any], args: dict[str, int]) -> dict[int, int]:
         v = z3.simplify(z3.substitute(self._packed, *self._subs(vals, args)))
         got: dict[int, int] = {}
         while z3.is_store(v):
@@ -257,6 +311,13 @@ class Compiled:
             v = v.arg(0)
         if len(got) != len(self.keys):
             raise ValueError(f"{self.act.name}: {len(self.keys) - len(got)} outputs did not simplify to values")
+        return got
+
+    def run(self, vals: dict[str, Any], args: dict[str, int]) -> tuple[str, dict[str, Any]]:
+        """The outcome and the post-state (concrete, in the projection's form)."""
+        if self._packed is None:
+            self._build()
+        got = self._outputs(vals, args)
         out: dict[str, Any] = {"n": got[1]}
         arrays: dict[str, dict[int, Any]] = {f: {} for f in _ARRAY_FIELDS}
         totals = {}
@@ -294,16 +355,33 @@ def compiled(act: H.Act, n: int, guards: frozenset = frozenset()) -> Compiled:
     return c
 
 
-_INV_TERMS: dict[int, tuple[St, dict[str, Any]]] = {}
+_INV_TERMS: dict[int, tuple[St, dict[str, Any], native.Program | None]] = {}
 
 
 def encoded_invariants(vals: dict[str, Any]) -> dict[str, bool]:
-    """Each C invariant's encoding (:data:`proofs_caching_heap.NAMED`) on a concrete heap."""
+    """Each C invariant's encoding (:data:`proofs_caching_heap.NAMED`) on a concrete heap: by
+    :mod:`z3native` (cross-checked with Z3 on a sample), or by Z3 for a term outside its fragment."""
     n = vals["n"]
     if n not in _INV_TERMS:
         s = St({f: (n if f == "n" else z3.Const(f"{f}@agi", _sort(H.FIELDS[f]))) for f in H.FIELDS})
-        _INV_TERMS[n] = (s, {c: z3.simplify(H.NAMED[c](s)) for c in HEAP_INVARIANTS})
-    s, terms = _INV_TERMS[n]
+        terms = {c: z3.simplify(H.NAMED[c](s)) for c in HEAP_INVARIANTS}
+        _INV_TERMS[n] = (s, terms, native.build(terms.values()))
+    s, terms, prog = _INV_TERMS[n]
+    if prog is not None:
+        try:
+            got = dict(zip(terms, (bool(v) for v in prog({f"{f}@agi": vals[f] for f in H.FIELDS if f != "n"}))))
+        except native.Unsupported:
+            return _encoded_invariants_z3(vals, s, terms)
+        if prog.due_cross_check():
+            want = _encoded_invariants_z3(vals, s, terms)
+            if got != want:
+                bad = next(c for c in got if got[c] != want[c])
+                raise native.cross_check_failed(f"the encoded {bad}", got[bad], want[bad])
+        return got
+    return _encoded_invariants_z3(vals, s, terms)
+
+
+def _encoded_invariants_z3(vals: dict[str, Any], s: St, terms: dict[str, Any]) -> dict[str, bool]:
     subs = [(s[f], concrete(H.FIELDS[f], vals[f])) for f in H.FIELDS if f != "n"]
     out = {}
     for c, t in terms.items():
