@@ -43,6 +43,7 @@ from typing import Any, Callable
 
 import z3
 
+from memspec.invariants.z3fast import And, Implies, Not, Or
 from memspec.spec import kernels as K
 from memspec.spec.errors import ALL_ERRORS
 
@@ -271,7 +272,7 @@ def _hyp(p: Proof, s: St, o: Any, act: Act | None, a: St | None, lemmas: bool = 
         hs.append(p.lemmas(s, o, a if a is not None else St()))
         if act is not None and a is not None:
             hs += [p.lemmas(s, a[x], a) for x in act.objs]
-    return z3.And(*[z3.BoolVal(h) if isinstance(h, bool) else h for h in hs])
+    return And(*[z3.BoolVal(h) if isinstance(h, bool) else h for h in hs])
 
 
 def prefix_sum(P: Any, n: Any, c: Callable[[Any], Any]) -> Any:
@@ -285,13 +286,13 @@ def prefix_sum(P: Any, n: Any, c: Callable[[Any], Any]) -> Any:
         k = n if isinstance(n, int) else n.as_long()
         if k < 0:
             return z3.BoolVal(False)
-        return z3.And(at(P, 0) == 0, *[at(P, i + 1) == at(P, i) + c(i) for i in range(k)],
+        return And(at(P, 0) == 0, *[at(P, i + 1) == at(P, i) + c(i) for i in range(k)],
                       *[at(P, i) <= at(P, i + 1) for i in range(k)])
     i, j = z3.Ints("ps_i ps_j")
-    return z3.And(
+    return And(
         n >= 0, at(P, 0) == 0,
-        z3.ForAll([i], z3.Implies(z3.And(0 <= i, i < n), at(P, i + 1) == at(P, i) + c(i))),
-        z3.ForAll([i, j], z3.Implies(z3.And(0 <= i, i <= j, j <= n), at(P, i) <= at(P, j))),
+        z3.ForAll([i], Implies(And(0 <= i, i < n), at(P, i + 1) == at(P, i) + c(i))),
+        z3.ForAll([i, j], Implies(And(0 <= i, i <= j, j <= n), at(P, i) <= at(P, j))),
     )
 
 
@@ -363,7 +364,7 @@ def prove(p: Proof) -> ProofResult:
     s = fresh(p.fields, "s")
 
     t0 = time.perf_counter()
-    r, m = _check_unsat(z3.And(p.init(s), z3.Not(p.inv(s, o))))
+    r, m = _check_unsat(And(p.init(s), Not(p.inv(s, o))))
     res.checks.append(CheckResult("init", r == z3.unsat, time.perf_counter() - t0,
                                   "proved" if r == z3.unsat else f"{r}: " + (_model_str(m, s, [("o", o)]) if m else "")))
 
@@ -374,8 +375,8 @@ def prove(p: Proof) -> ProofResult:
         t0 = time.perf_counter()
         a = _args(act, "a") if act is not None else St()
         lem = [p.lemmas(s, o, a)] + ([p.lemmas(s, a[x], a) for x in act.objs] if act is not None else [])
-        r, m = _check_unsat(z3.And(_hyp(p, s, o, act, a if act is not None else None, lemmas=False),
-                                   z3.Not(z3.And(*lem))), p.timeout_ms)
+        r, m = _check_unsat(And(_hyp(p, s, o, act, a if act is not None else None, lemmas=False),
+                                   Not(And(*lem))), p.timeout_ms)
         where = act.name if act is not None else "safety"
         if r != z3.unsat:
             res.assumed.append(f"{p.lemma_doc} (at {where}: not derived from the invariant, {r})")
@@ -389,7 +390,7 @@ def prove(p: Proof) -> ProofResult:
         goal = [p.inv(s2, o)]
         if p.step_prop is not None:
             goal.append(p.step_prop(act.name, s, a, out, s2, o))
-        r, m = _check_unsat(z3.And(_hyp(p, s, o, act, a), z3.Not(z3.And(*goal))), p.timeout_ms)
+        r, m = _check_unsat(And(_hyp(p, s, o, act, a), Not(And(*goal))), p.timeout_ms)
         detail = "proved"
         if r != z3.unsat:
             detail = f"{r}"
@@ -401,13 +402,13 @@ def prove(p: Proof) -> ProofResult:
 
     for name, formula in p.lemmas_proved:
         t0 = time.perf_counter()
-        r, m = _check_unsat(z3.Not(formula))
+        r, m = _check_unsat(Not(formula))
         res.checks.append(CheckResult(f"lemma:{name}", r == z3.unsat, time.perf_counter() - t0,
                                       "proved" if r == z3.unsat else f"{r}: {m}"))
 
     if p.safety is not None:
         t0 = time.perf_counter()
-        r, m = _check_unsat(z3.And(_hyp(p, s, o, None, None), z3.Not(p.safety(s, o))))
+        r, m = _check_unsat(And(_hyp(p, s, o, None, None), Not(p.safety(s, o))))
         res.checks.append(CheckResult("safety", r == z3.unsat, time.perf_counter() - t0,
                                       "proved" if r == z3.unsat else f"{r}: " + (_model_str(m, s, [("o", o)]) if m else "")))
 
@@ -488,22 +489,22 @@ def refute_unguarded(p: Proof, actions: list[Act] | None = None) -> tuple[bool, 
         bad_here = []
         for i, act in enumerate(acts):
             oi, si = act.step(s, a)
-            sol.add(z3.Implies(sel == i, act.pre(s, a)))
+            sol.add(Implies(sel == i, act.pre(s, a)))
             nxt = si if nxt is None else merge(sel == i, si, nxt)
             out = oi if out is None else z3.If(sel == i, oi, out)
             if p.step_prop is not None:
-                bad_here.append(z3.And(sel == i, z3.Not(p.step_prop(act.name, s, a, oi, si, o))))
+                bad_here.append(And(sel == i, Not(p.step_prop(act.name, s, a, oi, si, o))))
         assert nxt is not None
         states.append(nxt)
         sels.append(sel)
         argss.append(a)
         outs.append(out)
         named = p.named if p.named is not None else p.inv
-        bad = [z3.Not(named(nxt, o))] + bad_here
+        bad = [Not(named(nxt, o))] + bad_here
         if p.safety is not None:
-            bad.append(z3.Not(p.safety(nxt, o)))
+            bad.append(Not(p.safety(nxt, o)))
         sol.push()
-        sol.add(z3.Or(*bad))
+        sol.add(Or(*bad))
         r = sol.check()
         if r == z3.sat:
             m = sol.model()

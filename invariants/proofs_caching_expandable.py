@@ -102,6 +102,7 @@ from typing import Any, Callable
 
 import z3
 
+from memspec.invariants import z3fast as z3f
 from memspec.invariants.proofs import at as _select, limit
 
 MiB = 1 << 20
@@ -134,7 +135,7 @@ def And(*xs: Any) -> Any:
     ys = [x for x in xs if x is not True]
     if any(x is False for x in ys):
         return False
-    return z3.And(*ys)
+    return z3f.And(*ys)
 
 
 def Or(*xs: Any) -> Any:
@@ -143,11 +144,11 @@ def Or(*xs: Any) -> Any:
     ys = [x for x in xs if x is not False]
     if any(x is True for x in ys):
         return True
-    return z3.Or(*ys)
+    return z3f.Or(*ys)
 
 
 def Not(x: Any) -> Any:
-    return (not x) if isinstance(x, bool) else z3.Not(x)
+    return (not x) if isinstance(x, bool) else z3f.Not(x)
 
 
 def Implies(a: Any, b: Any) -> Any:
@@ -173,7 +174,7 @@ SIDE: list[Any] = []
 
 def _page_mult(x: Any, pg: int, up: bool) -> Any:
     q = z3.FreshInt("c8q")
-    SIDE.append(z3.And(q * pg >= x, q * pg < x + pg) if up else z3.And(q * pg <= x, x < q * pg + pg))
+    SIDE.append(z3f.And(q * pg >= x, q * pg < x + pg) if up else z3f.And(q * pg <= x, x < q * pg + pg))
     return q * pg
 
 
@@ -279,10 +280,10 @@ class Goal:
         self.a, self.b = z3.Ints("c8_ska c8_skb")
 
     def all(self, n: Any, body: Callable[[Any], Any]) -> Any:
-        return z3.Implies(z3.And(0 <= self.a, self.a < n), body(self.a))
+        return z3f.Implies(z3f.And(0 <= self.a, self.a < n), body(self.a))
 
     def all2(self, n: Any, body: Callable[[Any, Any], Any]) -> Any:
-        return z3.Implies(z3.And(0 <= self.a, self.a < n, 0 <= self.b, self.b < n), body(self.a, self.b))
+        return z3f.Implies(z3f.And(0 <= self.a, self.a < n, 0 <= self.b, self.b < n), body(self.a, self.b))
 
 
 class Hyp:
@@ -290,10 +291,10 @@ class Hyp:
         self.terms, self.pairs = _dedup(terms), _dedup(pairs)
 
     def all(self, n: Any, body: Callable[[Any], Any]) -> Any:
-        return z3.And(*[z3.Implies(z3.And(0 <= t, t < n), body(t)) for t in self.terms])
+        return z3f.And(*[z3f.Implies(z3f.And(0 <= t, t < n), body(t)) for t in self.terms])
 
     def all2(self, n: Any, body: Callable[[Any, Any], Any]) -> Any:
-        return z3.And(*[z3.Implies(z3.And(0 <= a, a < n, 0 <= b, b < n), body(a, b))
+        return z3f.And(*[z3f.Implies(z3f.And(0 <= a, a < n, 0 <= b, b < n), body(a, b))
                         for a in self.pairs for b in self.pairs])
 
 
@@ -600,7 +601,7 @@ def _check(hyps: list[Any], goal: Any, budget_ms: int | None = None) -> str:
     sol = limit(z3.Solver(), budget_ms or BUDGET_MS)
     sol.add(*SIDE)
     sol.add(*hyps)
-    sol.add(z3.Not(goal))
+    sol.add(z3f.Not(goal))
     res = sol.check()
     return "proved" if res == z3.unsat else str(res)
 
@@ -654,7 +655,7 @@ def _preserved(name: str, s: St, t: St, pre: Callable[[Any], list[Any]], anchors
         t0 = time.process_time()
         split = part in ("blocks well formed", "prefix sums S, M")
         res = [("proved" if r == z3.unsat else str(r))
-               for r in (check(c, z3.Not(goal)) for c in (cases if split else cases[:1]))]
+               for r in (check(c, z3f.Not(goal)) for c in (cases if split else cases[:1]))]
         bad = [r for r in res if r != "proved"]
         out.append((f"step:{name}: {part}", bad[0] if bad else "proved", time.process_time() - t0))
     return out

@@ -117,6 +117,7 @@ from typing import Any, Callable
 
 import z3
 
+from memspec.invariants.z3fast import And, Implies, Not, Or
 from memspec.invariants.proofs import limit  # Z3 resource limits, not wall-clock timeouts
 
 from memspec.invariants.proofs import (
@@ -196,25 +197,25 @@ MODE = _Mode()
 def _all(n: Any, body: Callable[[Any], Any], hi: int = 0, wide: bool = False) -> Any:
     """``for every id 0 <= i < n + hi: body(i)`` (``wide``: instantiated at the +1 terms too)."""
     if isinstance(n, int):
-        return z3.And(*[body(z3.IntVal(i)) for i in range(n + hi)]) if n + hi else z3.BoolVal(True)
+        return And(*[body(z3.IntVal(i)) for i in range(n + hi)]) if n + hi else z3.BoolVal(True)
     lim = n + hi
     if MODE.kind == "skolem":
         i = z3.Int("sku") if MODE.shared else z3.Int(f"sk{len(MODE.skolems)}")
         if not any(z3.eq(i, x) for x in MODE.skolems):
             MODE.skolems.append(i)
-        return z3.Implies(z3.And(0 <= i, i < lim), body(i))
+        return Implies(And(0 <= i, i < lim), body(i))
     if MODE.kind == "inst":
-        return z3.And(*[z3.Implies(z3.And(0 <= x, x < lim), body(x)) for x in (MODE.terms if wide else MODE.terms1)])
+        return And(*[Implies(And(0 <= x, x < lim), body(x)) for x in (MODE.terms if wide else MODE.terms1)])
     if MODE.kind == "bounded":
-        return z3.And(*[z3.Implies(x < lim, body(z3.IntVal(x))) for x in range(MODE.bound + hi)])
+        return And(*[Implies(x < lim, body(z3.IntVal(x))) for x in range(MODE.bound + hi)])
     i = z3.FreshInt("i")
-    return z3.ForAll([i], z3.Implies(z3.And(0 <= i, i < lim), body(i)))
+    return z3.ForAll([i], Implies(And(0 <= i, i < lim), body(i)))
 
 
 def _all2(n: Any, body: Callable[[Any, Any], Any], hi: int = 0) -> Any:
     if isinstance(n, int):
         ids = [z3.IntVal(i) for i in range(n + hi)]
-        return z3.And(*[body(i, j) for i in ids for j in ids]) if ids else z3.BoolVal(True)
+        return And(*[body(i, j) for i in ids for j in ids]) if ids else z3.BoolVal(True)
     lim = n + hi
     if MODE.kind == "skolem":
         if MODE.shared:
@@ -222,7 +223,7 @@ def _all2(n: Any, body: Callable[[Any, Any], Any], hi: int = 0) -> Any:
         else:
             i, j = z3.Int(f"sk{len(MODE.skolems)}"), z3.Int(f"sk{len(MODE.skolems) + 1}")
         MODE.skolems += [x for x in (i, j) if not any(z3.eq(x, y) for y in MODE.skolems)]
-        return z3.Implies(z3.And(0 <= i, i < lim, 0 <= j, j < lim), body(i, j))
+        return Implies(And(0 <= i, i < lim, 0 <= j, j < lim), body(i, j))
     if MODE.kind == "inst":
         if hi:
             anchors = {a.get_id() for a in MODE.anchors}
@@ -230,19 +231,19 @@ def _all2(n: Any, body: Callable[[Any, Any], Any], hi: int = 0) -> Any:
                      if x.get_id() in anchors or y.get_id() in anchors]
         else:
             pairs = [(x, y) for x in MODE.terms1 for y in MODE.terms1]
-        return z3.And(*[z3.Implies(z3.And(0 <= x, x < lim, 0 <= y, y < lim), body(x, y)) for x, y in pairs])
+        return And(*[Implies(And(0 <= x, x < lim, 0 <= y, y < lim), body(x, y)) for x, y in pairs])
     if MODE.kind == "bounded":
         ids = range(MODE.bound + hi)
-        return z3.And(*[z3.Implies(z3.And(x < lim, y < lim), body(z3.IntVal(x), z3.IntVal(y))) for x in ids for y in ids])
+        return And(*[Implies(And(x < lim, y < lim), body(z3.IntVal(x), z3.IntVal(y))) for x in ids for y in ids])
     i, j = z3.FreshInt("i"), z3.FreshInt("j")
-    return z3.ForAll([i, j], z3.Implies(z3.And(0 <= i, i < lim, 0 <= j, j < lim), body(i, j)))
+    return z3.ForAll([i, j], Implies(And(0 <= i, i < lim, 0 <= j, j < lim), body(i, j)))
 
 
 def _sum(n: Any, P: Any, c: Callable[[Any], Any]) -> Any:
     """``P`` is the checked prefix-sum ghost of ``c`` over the ids ``0 <= i < n``:
     ``P[0] = 0``, ``P[i+1] = P[i] + c(i)``, ``P`` monotone on ``[0, n]``."""
-    return z3.And(at(P, 0) == 0, _all(n, lambda i: at(P, i + 1) == at(P, i) + c(i), wide=True),
-                  _all2(n, lambda i, j: z3.Implies(i <= j, at(P, i) <= at(P, j)), hi=1))
+    return And(at(P, 0) == 0, _all(n, lambda i: at(P, i + 1) == at(P, i) + c(i), wide=True),
+                  _all2(n, lambda i, j: Implies(i <= j, at(P, i) <= at(P, j)), hi=1))
 
 
 # --------------------------------------------------------------------------
@@ -269,8 +270,8 @@ def _torch_round_cases(s: St, n: Any) -> tuple[list[tuple[Any, Any]], Any]:
         div = plain
         for dd in DIVISIONS:
             if dd > 1 and (2 << e) > K_MIN_BLOCK * dd:    # else ``n > 512 * d`` cannot hold in this interval
-                div = z3.If(z3.And(d == dd, n > K_MIN_BLOCK * dd), ceil_to(n, (1 << e) // dd), div)
-        cases.append((z3.And((1 << e) <= n, n < (2 << e)), div))
+                div = z3.If(And(d == dd, n > K_MIN_BLOCK * dd), ceil_to(n, (1 << e) // dd), div)
+        cases.append((And((1 << e) <= n, n < (2 << e)), div))
     return cases, plain
 
 
@@ -295,12 +296,12 @@ def round_ok(s: St, n: Any, r: Any, guards: frozenset = frozenset()) -> Any:
     spec's own rounding at every threshold."""
     seed_r = z3.If(n <= K_SMALL, ceil_to(n, K_MIN_BLOCK), ceil_to(n, K_ROUND_LARGE))
     up = r >= n if "round-up" not in guards else z3.BoolVal(True)
-    return z3.If(s.seed, r == seed_r, z3.And(up, r >= K_MIN_BLOCK, r % K_MIN_BLOCK == 0,
+    return z3.If(s.seed, r == seed_r, And(up, r >= K_MIN_BLOCK, r % K_MIN_BLOCK == 0,
                                              (r <= K_SMALL) == (n <= K_SMALL)))
 
 
 def legal_divisions(s: St) -> Any:
-    return z3.And(*[z3.Or(*[at(s.dv, k) == d for d in DIVISIONS]) for k in range(16)])
+    return And(*[Or(*[at(s.dv, k) == d for d in DIVISIONS]) for k in range(16)])
 
 
 def rounding_lemma(timeout_ms: int = 60000) -> str:
@@ -312,13 +313,13 @@ def rounding_lemma(timeout_ms: int = 60000) -> str:
     s = fresh(FIELDS, "rl")
     n = z3.Int("rl_n")
     cases, plain = _torch_round_cases(s, n)
-    queries = [(s.seed, z_round(s, n))] + [(z3.And(z3.Not(s.seed), c), v) for c, v in cases] + \
-              [(z3.And(z3.Not(s.seed), *[z3.Not(c) for c, _v in cases]), plain)]
+    queries = [(s.seed, z_round(s, n))] + [(And(Not(s.seed), c), v) for c, v in cases] + \
+              [(And(Not(s.seed), *[Not(c) for c, _v in cases]), plain)]
     sol = limit(z3.Solver(), timeout_ms)
     sol.add(n >= 1, legal_divisions(s))
     for cond, val in queries:
         sol.push()
-        sol.add(cond, z3.Not(round_ok(s, n, val)))
+        sol.add(cond, Not(round_ok(s, n, val)))
         r = sol.check()
         sol.pop()
         if r != z3.unsat:
@@ -337,13 +338,13 @@ def z_split(s: St, rem: Any, r: Any, small: Any) -> Any:
     """The toy: remainder >= 512 B small pool, >= 2 MiB large pool; pytorch: small pool or expandable
     segments >= 512, else large pool ``r < max_split_size`` (0 = unlimited) and remainder > 1 MiB."""
     seed_s = z3.If(small, rem >= K_MIN_BLOCK, rem >= K_ROUND_LARGE)
-    torch_s = z3.If(z3.Or(small, s.ex), rem >= K_MIN_BLOCK, z3.And(z3.Or(s.ms == 0, r < s.ms), rem > K_SMALL))
+    torch_s = z3.If(Or(small, s.ex), rem >= K_MIN_BLOCK, And(Or(s.ms == 0, r < s.ms), rem > K_SMALL))
     return z3.If(s.seed, seed_s, torch_s)
 
 
 def page(s: St, small: Any) -> Any:
     """An expandable arena's page: the toy's 2 MiB; pytorch 2 MiB (small pool) / 20 MiB (large pool)."""
-    return z3.If(z3.Or(s.seed, small), K_ROUND_LARGE, K_LARGE_BUFFER)
+    return z3.If(Or(s.seed, small), K_ROUND_LARGE, K_LARGE_BUFFER)
 
 
 def ceil_pg(x: Any, pg: Any) -> Any:
@@ -363,13 +364,13 @@ def _contrib(s: St, name: str) -> Callable[[Any], Any]:
     small, c = SUMS[name]
 
     def f(i: Any) -> Any:
-        mine = z3.And(at(s.al, i), at(s.sm, i) == small)
+        mine = And(at(s.al, i), at(s.sm, i) == small)
         kk, size = at(s.k, i), at(s.sz, i)
-        whole = z3.And(size == at(s.ss, i), z3.Not(s.ex))
-        act = z3.Or(kk == LIVE, kk == PEND)
-        val = {"N": z3.If(z3.And(kk == FREE, z3.Not(whole)), size, 0), "A": z3.If(act, size, 0),
+        whole = And(size == at(s.ss, i), Not(s.ex))
+        act = Or(kk == LIVE, kk == PEND)
+        val = {"N": z3.If(And(kk == FREE, Not(whole)), size, 0), "A": z3.If(act, size, 0),
                "L": z3.If(kk == LIVE, size, 0), "Q": z3.If(act, size - at(s.rq, i), 0),
-               "W": z3.If(z3.And(kk == FREE, whole), size, 0)}[c]
+               "W": z3.If(And(kk == FREE, whole), size, 0)}[c]
         return z3.If(mine, val, 0)
     return f
 
@@ -385,24 +386,24 @@ def block_wf(s: St, i: Any) -> Any:
     ad, sz, kk, rq, ss, sb = at(s.ad, i), at(s.sz, i), at(s.k, i), at(s.rq, i), at(s.ss, i), at(s.sb, i)
     p, q = at(s.pv, i), at(s.nx, i)
     us = [at(s[f"u{t}"], i) for t in range(STREAMS)]
-    return z3.Implies(at(s.al, i), z3.And(
+    return Implies(at(s.al, i), And(
         sz > 0, sb >= 0,
         sb <= ad, ad + sz <= sb + ss,
-        z3.Or(kk == FREE, kk == LIVE, kk == PEND, z3.And(kk == UNM, s.ex)),
-        z3.If(z3.Or(kk == FREE, kk == UNM), rq == 0, z3.And(0 < rq, rq <= sz)),
-        z3.Implies(z3.Not(s.ex), at(s.sm, i) == (ss == K_SMALL_BUFFER)), ss >= K_SMALL_BUFFER,
-        z3.Implies(z3.And(s.seed, z3.Not(at(s.sm, i))), z3.And((ad - sb) % K_ROUND_LARGE == 0, ss % K_ROUND_LARGE == 0)),
+        Or(kk == FREE, kk == LIVE, kk == PEND, And(kk == UNM, s.ex)),
+        z3.If(Or(kk == FREE, kk == UNM), rq == 0, And(0 < rq, rq <= sz)),
+        Implies(Not(s.ex), at(s.sm, i) == (ss == K_SMALL_BUFFER)), ss >= K_SMALL_BUFFER,
+        Implies(And(s.seed, Not(at(s.sm, i))), And((ad - sb) % K_ROUND_LARGE == 0, ss % K_ROUND_LARGE == 0)),
         0 <= at(s.sr, i), at(s.sr, i) < STREAMS,
         # the tiling witnesses
-        z3.If(p == -1, ad == sb, z3.And(0 <= p, p < s.n, p != i, at(s.al, p), at(s.sb, p) == sb,
+        z3.If(p == -1, ad == sb, And(0 <= p, p < s.n, p != i, at(s.al, p), at(s.sb, p) == sb,
                                         at(s.ad, p) + at(s.sz, p) == ad, at(s.nx, p) == i)),
-        z3.If(q == -1, ad + sz == sb + ss, z3.And(0 <= q, q < s.n, q != i, at(s.al, q), at(s.sb, q) == sb,
+        z3.If(q == -1, ad + sz == sb + ss, And(0 <= q, q < s.n, q != i, at(s.al, q), at(s.sb, q) == sb,
                                                   at(s.ad, q) == ad + sz, at(s.pv, q) == i)),
         # recorded uses are of other streams; events only on pending blocks, each <= its stream's issued count
-        *[z3.Implies(us[t], at(s.sr, i) != t) for t in range(STREAMS)],
-        *[z3.Implies(z3.And(kk == PEND, us[t]), z3.And(at(s[f"e{t}"], i) >= 1, at(s[f"e{t}"], i) <= s[f"i{t}"]))
+        *[Implies(us[t], at(s.sr, i) != t) for t in range(STREAMS)],
+        *[Implies(And(kk == PEND, us[t]), And(at(s[f"e{t}"], i) >= 1, at(s[f"e{t}"], i) <= s[f"i{t}"]))
           for t in range(STREAMS)],
-        z3.Implies(z3.Or(kk == FREE, kk == UNM), z3.And(*[z3.Not(u) for u in us])),
+        Implies(Or(kk == FREE, kk == UNM), And(*[Not(u) for u in us])),
     ))
 
 
@@ -410,61 +411,61 @@ def pair_wf(s: St, i: Any, j: Any) -> Any:
     """Two alive blocks: the same segment (base) -> disjoint, same size, pool,
     stream; different segments -> disjoint segments."""
     same = at(s.sb, i) == at(s.sb, j)
-    return z3.Implies(z3.And(at(s.al, i), at(s.al, j), i != j), z3.If(
+    return Implies(And(at(s.al, i), at(s.al, j), i != j), z3.If(
         same,
-        z3.And(at(s.ss, i) == at(s.ss, j), at(s.sr, i) == at(s.sr, j), at(s.sm, i) == at(s.sm, j),
-               z3.Or(at(s.ad, i) + at(s.sz, i) <= at(s.ad, j), at(s.ad, j) + at(s.sz, j) <= at(s.ad, i))),
-        z3.Or(at(s.sb, i) + at(s.ss, i) <= at(s.sb, j), at(s.sb, j) + at(s.ss, j) <= at(s.sb, i))))
+        And(at(s.ss, i) == at(s.ss, j), at(s.sr, i) == at(s.sr, j), at(s.sm, i) == at(s.sm, j),
+               Or(at(s.ad, i) + at(s.sz, i) <= at(s.ad, j), at(s.ad, j) + at(s.sz, j) <= at(s.ad, i))),
+        Or(at(s.sb, i) + at(s.ss, i) <= at(s.sb, j), at(s.sb, j) + at(s.ss, j) <= at(s.sb, i))))
 
 
 def pending_req(s: St) -> Any:
     """A malloc is in one of its phases (garbage collection, release_available, the retry, the expandable
     mapping)."""
-    return z3.Or(s.md, s.gp, s.ra, s.xp)
+    return Or(s.md, s.gp, s.ra, s.xp)
 
 
 def _run_ok(s: St, i: Any, kind: int) -> Any:
     """Block ``i`` is alive, of ``kind``, in an arena of the pending request's pool and stream."""
-    return z3.And(0 <= i, i < s.n, at(s.al, i), at(s.k, i) == kind, at(s.sm, i) == (s.mr <= K_SMALL),
+    return And(0 <= i, i < s.n, at(s.al, i), at(s.k, i) == kind, at(s.sm, i) == (s.mr <= K_SMALL),
                   at(s.sr, i) == s.mt)
 
 
 def expand_wf(s: St) -> Any:
     """The expandable mapping in progress: its head is a free block of the request's pool and stream, or
     (none yet) the unmapped block to map first is one, or -1 (a fresh arena)."""
-    return z3.Implies(s.xp, z3.And(s.ex, z3.Or(s.xh == -1, _run_ok(s, s.xh, FREE)),
-                                   z3.Implies(s.xh == -1, z3.Or(s.xq == -1, _run_ok(s, s.xq, UNM)))))
+    return Implies(s.xp, And(s.ex, Or(s.xh == -1, _run_ok(s, s.xh, FREE)),
+                                   Implies(s.xh == -1, Or(s.xq == -1, _run_ok(s, s.xq, UNM)))))
 
 
 def idle(s: St) -> Any:
-    return z3.Not(pending_req(s))
+    return Not(pending_req(s))
 
 
 def scalars_wf(s: St) -> Any:
-    return z3.And(s.n >= 0, s.cap >= 0, s.ms >= 0,
-                  *[z3.And(0 <= s[f"c{t}"], s[f"c{t}"] <= s[f"i{t}"]) for t in range(STREAMS)],
+    return And(s.n >= 0, s.cap >= 0, s.ms >= 0,
+                  *[And(0 <= s[f"c{t}"], s[f"c{t}"] <= s[f"i{t}"]) for t in range(STREAMS)],
                   # at most one phase; the request it serves
-                  z3.Not(z3.And(s.md, s.gp)), z3.Not(z3.And(s.md, s.ra)), z3.Not(z3.And(s.gp, s.ra)),
-                  z3.Not(z3.And(s.xp, s.md)), z3.Not(z3.And(s.xp, s.gp)), z3.Not(z3.And(s.xp, s.ra)),
+                  Not(And(s.md, s.gp)), Not(And(s.md, s.ra)), Not(And(s.gp, s.ra)),
+                  Not(And(s.xp, s.md)), Not(And(s.xp, s.gp)), Not(And(s.xp, s.ra)),
                   # the arenas' VA: at least a page, whole pages of the pool's page
-                  z3.Implies(s.ex, z3.And(s.vs >= K_SMALL_BUFFER, s.vs % K_ROUND_LARGE == 0, s.vl >= K_SMALL_BUFFER,
+                  Implies(s.ex, And(s.vs >= K_SMALL_BUFFER, s.vs % K_ROUND_LARGE == 0, s.vl >= K_SMALL_BUFFER,
                                           s.vl % page(s, False) == 0)),
                   expand_wf(s),
-                  z3.Implies(pending_req(s), z3.And(s.mn >= 1, s.mn < ONE_EB, 0 <= s.mt, s.mt < STREAMS,
+                  Implies(pending_req(s), And(s.mn >= 1, s.mn < ONE_EB, 0 <= s.mt, s.mt < STREAMS,
                                                     round_ok(s, s.mn, s.mr))),
-                  z3.Implies(s.md, z3.And(z3.Not(s.seed), *[s[f"c{t}"] == s[f"i{t}"] for t in range(STREAMS)])),
-                  z3.Implies(s.gp, s.gce),
-                  z3.Implies(s.ra, z3.And(z3.Not(s.seed), z3.Not(s.ex), s.ms > 0, s.wa == z3.If(s.mr > s.ms, s.mr, s.ms),
+                  Implies(s.md, And(Not(s.seed), *[s[f"c{t}"] == s[f"i{t}"] for t in range(STREAMS)])),
+                  Implies(s.gp, s.gce),
+                  Implies(s.ra, And(Not(s.seed), Not(s.ex), s.ms > 0, s.wa == z3.If(s.mr > s.ms, s.mr, s.ms),
                                           s.rsum >= 0)))
 
 
 def sums_wf(s: St, names: tuple[str, ...]) -> Any:
-    return z3.And(*[_sum(s.n, s[nm], _contrib(s, nm)) for nm in names])
+    return And(*[_sum(s.n, s[nm], _contrib(s, nm)) for nm in names])
 
 
 def reserved_wf(s: St) -> Any:
     """reserved (per pool) = free + active bytes of the pool, and fits the device."""
-    return z3.And(s.Rs == total(s, "Ns") + total(s, "Ws") + total(s, "As"),
+    return And(s.Rs == total(s, "Ns") + total(s, "Ws") + total(s, "As"),
                   s.Rl == total(s, "Nl") + total(s, "Wl") + total(s, "Al"),
                   s.Rs + s.Rl <= s.cap, within_cap(s))
 
@@ -474,11 +475,11 @@ def within_cap(s: St) -> Any:
     no segment is ever made).  Not with expandable segments: the fraction's check is on the segment size a
     plain malloc would take (``alloc``), the mapping takes whole pages (a 22 MiB request under a 32 MiB cap
     maps a 40 MiB run of 20 MiB pages); the spec's C1 does not claim it."""
-    return z3.Implies(z3.And(s.hf, z3.Not(s.ex)), s.Rs + s.Rl <= z3.If(s.lim > 0, s.lim, 0))
+    return Implies(And(s.hf, Not(s.ex)), s.Rs + s.Rl <= z3.If(s.lim > 0, s.lim, 0))
 
 
 def wf(s: St) -> Any:
-    return z3.And(scalars_wf(s), _all(s.n, lambda i: block_wf(s, i)), _all2(s.n, lambda i, j: pair_wf(s, i, j)))
+    return And(scalars_wf(s), _all(s.n, lambda i: block_wf(s, i)), _all2(s.n, lambda i, j: pair_wf(s, i, j)))
 
 
 def c1(s: St) -> Any:
@@ -488,7 +489,7 @@ def c1(s: St) -> Any:
     for p in ("s", "l"):
         # reserved >= allocated; allocated - requested (the slack) >= 0
         parts += [s[f"R{p}"] >= total(s, f"A{p}"), total(s, f"Q{p}") >= 0]
-    return z3.And(*parts, s.Rs + s.Rl <= s.cap, within_cap(s))
+    return And(*parts, s.Rs + s.Rl <= s.cap, within_cap(s))
 
 
 def c2(s: St) -> Any:
@@ -499,29 +500,29 @@ def c2(s: St) -> Any:
 
 def c3(s: St) -> Any:
     """No two adjacent free blocks (nor two adjacent unmapped runs of an arena)."""
-    return _all2(s.n, lambda i, j: z3.Implies(
-        z3.And(at(s.al, i), at(s.al, j), at(s.sb, i) == at(s.sb, j), at(s.ad, i) + at(s.sz, i) == at(s.ad, j)),
-        z3.And(z3.Not(z3.And(at(s.k, i) == FREE, at(s.k, j) == FREE)),
-               z3.Not(z3.And(at(s.k, i) == UNM, at(s.k, j) == UNM)))))
+    return _all2(s.n, lambda i, j: Implies(
+        And(at(s.al, i), at(s.al, j), at(s.sb, i) == at(s.sb, j), at(s.ad, i) + at(s.sz, i) == at(s.ad, j)),
+        And(Not(And(at(s.k, i) == FREE, at(s.k, j) == FREE)),
+               Not(And(at(s.k, i) == UNM, at(s.k, j) == UNM)))))
 
 
 def c4(s: St) -> Any:
     """Pools never mix: an active block of a small-pool segment serves a request <= 1 MiB and vice versa."""
-    return _all(s.n, lambda i: z3.Implies(z3.And(at(s.al, i), z3.Or(at(s.k, i) == LIVE, at(s.k, i) == PEND)),
+    return _all(s.n, lambda i: Implies(And(at(s.al, i), Or(at(s.k, i) == LIVE, at(s.k, i) == PEND)),
                                           at(s.sm, i) == (at(s.rq, i) <= K_SMALL)))
 
 
 def c5(s: St) -> Any:
     """The toy's large pool holds only 2 MiB multiples (a remainder below 2 MiB is never split off; its
     arenas map and unmap whole 2 MiB pages)."""
-    return _all(s.n, lambda i: z3.Implies(z3.And(at(s.al, i), s.seed, z3.Not(at(s.sm, i))),
+    return _all(s.n, lambda i: Implies(And(at(s.al, i), s.seed, Not(at(s.sm, i))),
                                           at(s.sz, i) % K_ROUND_LARGE == 0))
 
 
 def c7(s: St) -> Any:
     """A pending block waits for at least one event of another stream; a free one for none."""
-    return _all(s.n, lambda i: z3.Implies(z3.And(at(s.al, i), at(s.k, i) == PEND),
-                                          z3.Or(*[at(s[f"u{t}"], i) for t in range(STREAMS)])))
+    return _all(s.n, lambda i: Implies(And(at(s.al, i), at(s.k, i) == PEND),
+                                          Or(*[at(s[f"u{t}"], i) for t in range(STREAMS)])))
 
 
 # --------------------------------------------------------------------------
@@ -558,8 +559,8 @@ def _update_sums(s: St, s2: St, touched: list[tuple[Any, Any]], appended: int,
 def _merge_free(s: St, b: Any, guards: frozenset = frozenset(), kind: int = FREE) -> tuple[St, list[tuple[Any, Any]]]:
     """Block ``b`` becomes free (``kind``: unmapped) and coalesces with neighbours of that kind (keeping its id)."""
     p, q = at(s.pv, b), at(s.nx, b)
-    mp = z3.And(p != -1, at(s.k, p) == kind)
-    mq = z3.And(q != -1, at(s.k, q) == kind) if "merge-next" not in guards else z3.BoolVal(False)
+    mp = And(p != -1, at(s.k, p) == kind)
+    mq = And(q != -1, at(s.k, q) == kind) if "merge-next" not in guards else z3.BoolVal(False)
     ad = z3.If(mp, at(s.ad, p), at(s.ad, b))
     size = at(s.sz, b) + z3.If(mp, at(s.sz, p), 0) + z3.If(mq, at(s.sz, q), 0)
     newp = z3.If(mp, at(s.pv, p), p)
@@ -619,29 +620,29 @@ def _cand(s: St, j: Any, r: Any, small: Any, t: Any, guards: frozenset = frozens
         parts.append(at(s.sm, j) == small)
     if "stream" not in guards:
         parts.append(at(s.sr, j) == t)
-    return z3.And(*parts)
+    return And(*parts)
 
 
 def _whole_free(s: St, j: Any) -> Any:
     """A plain segment that is one free block (an arena releases pages instead: :func:`unmap_step`)."""
-    return z3.And(at(s.al, j), at(s.k, j) == FREE, at(s.sz, j) == at(s.ss, j), z3.Not(s.ex))
+    return And(at(s.al, j), at(s.k, j) == FREE, at(s.sz, j) == at(s.ss, j), Not(s.ex))
 
 
 def _no_pending(s: St) -> Any:
-    return _all(s.n, lambda j: z3.Not(z3.And(at(s.al, j), at(s.k, j) == PEND)))
+    return _all(s.n, lambda j: Not(And(at(s.al, j), at(s.k, j) == PEND)))
 
 
 def _fresh_base(s: St, base: Any, size: Any) -> Any:
-    return z3.And(base >= 0, base % K_MIN_BLOCK == 0,
-                  _all(s.n, lambda j: z3.Implies(at(s.al, j), z3.Or(base + size <= at(s.sb, j),
+    return And(base >= 0, base % K_MIN_BLOCK == 0,
+                  _all(s.n, lambda j: Implies(at(s.al, j), Or(base + size <= at(s.sb, j),
                                                                    at(s.sb, j) + at(s.ss, j) <= base))))
 
 
 def _release_whole(s: St, guards: frozenset = frozenset()) -> St:
     """Release every whole-free segment: its single free block dies; the pool's reserved and free bytes drop by it."""
     whole = (lambda j: _whole_free(s, j)) if "whole" not in guards else \
-        (lambda j: z3.And(at(s.al, j), at(s.k, j) == FREE, z3.Not(s.ex)))
-    al = _lam_arr(lambda j: z3.And(at(s.al, j), z3.Not(whole(j))))
+        (lambda j: And(at(s.al, j), at(s.k, j) == FREE, Not(s.ex)))
+    al = _lam_arr(lambda j: And(at(s.al, j), Not(whole(j))))
     out = s.set(al=al, Rs=s.Rs - total(s, "Ws"), Rl=s.Rl - total(s, "Wl"))
     for p in ("s", "l"):   # whole-free blocks count only in W
         out[f"W{p}"] = z3.K(z3.IntSort(), z3.IntVal(0))
@@ -677,8 +678,8 @@ def _oom_figures(s: St, tried: Any, lf: Any) -> St:
 
 def _largest_free_ok(s: St, lf: Any, lw: Any) -> Any:
     """``lf`` is the largest free block (0 if none), ``lw`` its id -- the OOM message's figure."""
-    return z3.And(lf >= 0, _all(s.n, lambda j: z3.Implies(z3.And(at(s.al, j), at(s.k, j) == FREE), at(s.sz, j) <= lf)),
-                  z3.Or(lf == 0, z3.And(0 <= lw, lw < s.n, at(s.al, lw), at(s.k, lw) == FREE, at(s.sz, lw) == lf)))
+    return And(lf >= 0, _all(s.n, lambda j: Implies(And(at(s.al, j), at(s.k, j) == FREE), at(s.sz, j) <= lf)),
+                  Or(lf == 0, And(0 <= lw, lw < s.n, at(s.al, lw), at(s.k, lw) == FREE, at(s.sz, lw) == lf)))
 
 
 MALLOC_PARAMS = {"size": INT, "t": INT, "r": INT, "b": INT, "b2": INT, "u": INT, "base": INT, "lf": INT, "lw": INT}
@@ -686,7 +687,7 @@ MALLOC_PARAMS = {"size": INT, "t": INT, "r": INT, "b": INT, "b2": INT, "u": INT,
 
 def _tried(s: St, r: Any, alloc: Any) -> Any:
     """The OOM's "Tried to allocate": the segment size; the toy with expandable segments: the rounded request."""
-    return z3.If(z3.And(s.ex, s.seed), r, alloc)
+    return z3.If(And(s.ex, s.seed), r, alloc)
 
 
 def room(s: St, alloc: Any, guards: frozenset = frozenset(), r: Any = None) -> Any:
@@ -697,22 +698,22 @@ def room(s: St, alloc: Any, guards: frozenset = frozenset(), r: Any = None) -> A
     used = s.Rs + s.Rl + alloc
     if r is not None:
         # the toy with expandable segments maps the rounded request's pages: the cap is checked on them
-        used = s.Rs + s.Rl + z3.If(z3.And(s.ex, s.seed), ceil_pg(r, page(s, r <= K_SMALL)), alloc)
-    cap = z3.Or(z3.Not(s.hf), used <= s.lim) if "cap" not in guards else z3.BoolVal(True)
+        used = s.Rs + s.Rl + z3.If(And(s.ex, s.seed), ceil_pg(r, page(s, r <= K_SMALL)), alloc)
+    cap = Or(Not(s.hf), used <= s.lim) if "cap" not in guards else z3.BoolVal(True)
     # expandable segments: only the memory_fraction check here (on ``alloc``); the device's is per page mapped
-    return z3.If(s.ex, cap, z3.And(cap, used <= s.cap))
+    return z3.If(s.ex, cap, And(cap, used <= s.cap))
 
 
 @_reads("nx", "sz", "k")
 def _grow(s: St, j: Any) -> Any:
     """PyTorch's ``expandable_size``: a free block's size plus the unmapped block after it."""
     q = at(s.nx, j)
-    return at(s.sz, j) + z3.If(z3.And(q != -1, at(s.k, q) == UNM), at(s.sz, q), 0)
+    return at(s.sz, j) + z3.If(And(q != -1, at(s.k, q) == UNM), at(s.sz, q), 0)
 
 
 @_reads("sz", "ad")
 def _key_lt(s: St, i: Any, j: Any) -> Any:
-    return z3.Or(at(s.sz, i) < at(s.sz, j), z3.And(at(s.sz, i) == at(s.sz, j), at(s.ad, i) < at(s.ad, j)))
+    return Or(at(s.sz, i) < at(s.sz, j), And(at(s.sz, i) == at(s.sz, j), at(s.ad, i) < at(s.ad, j)))
 
 
 def grow_best(s: St, b: Any, b2: Any, cand: Callable[[Any], Any]) -> Any:
@@ -720,24 +721,24 @@ def grow_best(s: St, b: Any, b2: Any, cand: Callable[[Any], Any]) -> Any:
     on to the next while that one's expandable size is smaller: ``b`` ends a chain of candidates whose
     expandable sizes strictly decrease (every pair of candidates up to ``b``), and ``b2`` (its successor
     candidate, or -1: none) does not continue it."""
-    body = lambda i, j: z3.Implies(z3.And(cand(i), cand(j), _key_lt(s, i, j), _key_le(s, j, b)),  # noqa: E731
+    body = lambda i, j: Implies(And(cand(i), cand(j), _key_lt(s, i, j), _key_le(s, j, b)),  # noqa: E731
                                    _grow(s, i) > _grow(s, j))
     if MODE.kind == "inst":
         # a hypothesis: instantiated only at the goal's skolems and the two ids named (fewer instances of a
         # universal hypothesis: weaker, so still sound); only C4's goal reads the chain
         ids = [*MODE.skolems, b, b2]
-        chain = z3.And(*[z3.Implies(z3.And(0 <= x, x < s.n, 0 <= y, y < s.n), body(x, y)) for x in ids for y in ids])
+        chain = And(*[Implies(And(0 <= x, x < s.n, 0 <= y, y < s.n), body(x, y)) for x in ids for y in ids])
     else:
         chain = _all2(s.n, body)
-    last = _all(s.n, lambda j: z3.Implies(cand(j), _key_le(s, j, b)))
-    succ = z3.And(0 <= b2, b2 < s.n, cand(b2), _key_lt(s, b, b2), _grow(s, b2) >= _grow(s, b),
-                  _all(s.n, lambda j: z3.Implies(z3.And(cand(j), _key_lt(s, b, j)), _key_le(s, b2, j))))
-    return z3.And(chain, z3.Or(z3.And(b2 == -1, last), succ))
+    last = _all(s.n, lambda j: Implies(cand(j), _key_le(s, j, b)))
+    succ = And(0 <= b2, b2 < s.n, cand(b2), _key_lt(s, b, b2), _grow(s, b2) >= _grow(s, b),
+                  _all(s.n, lambda j: Implies(And(cand(j), _key_lt(s, b, j)), _key_le(s, b2, j))))
+    return And(chain, Or(And(b2 == -1, last), succ))
 
 
 def gc_fires(s: St) -> Any:
     """``_garbage_collect`` runs (threshold and fraction set) and usage exceeds the threshold."""
-    return z3.And(s.gce, s.Rs + s.Rl > s.gth)
+    return And(s.gce, s.Rs + s.Rl > s.gth)
 
 
 def malloc_parts(s: St, a: St, guards: frozenset = frozenset()) -> dict[str, Any]:
@@ -749,13 +750,13 @@ def malloc_parts(s: St, a: St, guards: frozenset = frozenset()) -> dict[str, Any
     b = a.b
     bsz = at(s.sz, b)
     cand = lambda j: _cand(s, j, r, small, t, guards)  # noqa: E731
-    better = lambda j: z3.Or(at(s.sz, j) > bsz, z3.And(at(s.sz, j) == bsz, at(s.ad, j) >= at(s.ad, b)))  # noqa: E731
-    best = z3.And(0 <= b, b < s.n, cand(b),
+    better = lambda j: Or(at(s.sz, j) > bsz, And(at(s.sz, j) == bsz, at(s.ad, j) >= at(s.ad, b)))  # noqa: E731
+    best = And(0 <= b, b < s.n, cand(b),
                   z3.BoolVal(True) if "best" in guards else
-                  z3.If(s.ex, grow_best(s, b, a.b2, cand), _all(s.n, lambda j: z3.Implies(cand(j), better(j)))))
-    none = _all(s.n, lambda j: z3.Not(cand(j)))
-    msrej = z3.And(s.ms > 0, z3.Or(z3.And(r < s.ms, bsz >= s.ms), z3.And(r >= s.ms, bsz >= r + K_LARGE_BUFFER)))
-    found = z3.And(b >= 0, z3.Not(msrej))
+                  z3.If(s.ex, grow_best(s, b, a.b2, cand), _all(s.n, lambda j: Implies(cand(j), better(j)))))
+    none = _all(s.n, lambda j: Not(cand(j)))
+    msrej = And(s.ms > 0, Or(And(r < s.ms, bsz >= s.ms), And(r >= s.ms, bsz >= r + K_LARGE_BUFFER)))
+    found = And(b >= 0, Not(msrej))
     split = z_split(s, bsz - r, r, small) if "split" not in guards else bsz - r > 0
     return dict(r=r, small=small, alloc=alloc, best=best, none=none, found=found, room=room(s, alloc, guards, r),
                 split=split, eb=n >= ONE_EB)
@@ -769,15 +770,15 @@ CONT_PATHS = ("new", "oom", "retry", "avail", "expand")
 def cont_path(s: St, rm: Any, path: str) -> Any:
     """With expandable segments ``rm`` is only the memory_fraction check: then the mapping (``expand``);
     release_available looks at plain segments only (with arenas it releases nothing: the retry)."""
-    return {"new": z3.And(rm, z3.Not(s.ex)), "expand": z3.And(rm, s.ex), "oom": z3.And(z3.Not(rm), s.seed),
-            "retry": z3.And(z3.Not(rm), z3.Not(s.seed), z3.Or(s.ms == 0, s.ex)),
-            "avail": z3.And(z3.Not(rm), z3.Not(s.seed), s.ms > 0, z3.Not(s.ex))}[path]
+    return {"new": And(rm, Not(s.ex)), "expand": And(rm, s.ex), "oom": And(Not(rm), s.seed),
+            "retry": And(Not(rm), Not(s.seed), Or(s.ms == 0, s.ex)),
+            "avail": And(Not(rm), Not(s.seed), s.ms > 0, Not(s.ex))}[path]
 
 
 def expand_choice(s: St, u: Any, small: Any, t: Any) -> Any:
     """The run the mapping grows (``_find_expandable``, an argument: the agreement passes the spec rule's
     choice): an unmapped block of an arena of the request's pool and stream, or -1 (a fresh arena)."""
-    return z3.Or(u == -1, z3.And(0 <= u, u < s.n, at(s.al, u), at(s.k, u) == UNM, at(s.sm, u) == small,
+    return Or(u == -1, And(0 <= u, u < s.n, at(s.al, u), at(s.k, u) == UNM, at(s.sm, u) == small,
                                  at(s.sr, u) == t))
 
 
@@ -795,7 +796,7 @@ def cont_pre(s: St, a: St, alloc: Any, path: str, guards: frozenset = frozenset(
 def _expand_state(s: St, size: Any, t: Any, r: Any, u: Any, second: Any) -> St:
     """The mapping starts at the run of ``u`` (its head: the free block before it, if any) or a fresh arena."""
     p = at(s.pv, u)
-    head = z3.If(z3.And(u != -1, p != -1, at(s.k, p) == FREE), p, -1)
+    head = z3.If(And(u != -1, p != -1, at(s.k, p) == FREE), p, -1)
     return s.set(xp=True, md=False, gp=False, ra=False, mn=size, mt=t, mr=r, xh=head, xq=u, x2=second)
 
 
@@ -826,21 +827,21 @@ def malloc_path(s: St, a: St, path: str, guards: frozenset = frozenset()) -> Any
     """Which way malloc goes: over 1 EB; the best fit; the garbage collection (then :data:`CONT_PATHS`);
     else straight to :data:`CONT_PATHS`."""
     m = malloc_parts(s, a, guards)
-    no = z3.And(z3.Not(m["eb"]), z3.Not(m["found"]))
+    no = And(Not(m["eb"]), Not(m["found"]))
     if path == "eb":
         return m["eb"]
     if path == "fit":
-        return z3.And(z3.Not(m["eb"]), m["found"])
+        return And(Not(m["eb"]), m["found"])
     if path == "gc":
-        return z3.And(no, gc_fires(s))
-    return z3.And(no, z3.Not(gc_fires(s)), cont_path(s, m["room"], path))
+        return And(no, gc_fires(s))
+    return And(no, Not(gc_fires(s)), cont_path(s, m["room"], path))
 
 
 def malloc_pre(s: St, a: St, path: str, guards: frozenset = frozenset()) -> Any:
     m = malloc_parts(s, a, guards)
-    return z3.And(idle(s), a.size >= 1, 0 <= a.t, a.t < STREAMS,
-                  z3.Or(m["eb"], round_ok(s, a.size, a.r, guards)),
-                  z3.Or(m["eb"], m["best"], z3.And(a.b == -1, m["none"])),
+    return And(idle(s), a.size >= 1, 0 <= a.t, a.t < STREAMS,
+                  Or(m["eb"], round_ok(s, a.size, a.r, guards)),
+                  Or(m["eb"], m["best"], And(a.b == -1, m["none"])),
                   malloc_path(s, a, path, guards),
                   cont_pre(s, a, m["alloc"], path, guards, a.r, a.t) if path in CONT_PATHS else z3.BoolVal(True))
 
@@ -873,7 +874,7 @@ def _serve(s: St, b: Any, r: Any, size: Any, split: Any) -> St:
         fit[f"e{tt}"] = upd(upd(s[f"e{tt}"], b, 0), n, z3.If(split, 0, at(s[f"e{tt}"], n)))
     q = at(s.nx, b)
     fit["nx"] = z3.If(split, upd(fit["nx"], b, n), fit["nx"])
-    fit["pv"] = z3.If(z3.And(split, q != -1), upd(fit["pv"], q, n), fit["pv"])
+    fit["pv"] = z3.If(And(split, q != -1), upd(fit["pv"], q, n), fit["pv"])
     fit = _update_sums(s, fit, [(b, z3.BoolVal(True))], 1)
     fit["n"] = n + z3.If(split, 1, 0)
     return fit
@@ -890,53 +891,53 @@ def gc_release_pre(s: St, a: St, guards: frozenset = frozenset()) -> Any:
     """``_garbage_collect``'s victims, nondeterministically: any whole free segment of the large pool (the
     spec frees the ones aged at least the average, repeatedly, possibly past its target: one of these)."""
     b = a.b
-    whole = _whole_free(s, b) if "gc-whole" not in guards else z3.And(at(s.al, b), at(s.k, b) == FREE)
-    return z3.And(s.gp, 0 <= b, b < s.n, whole, z3.Not(at(s.sm, b)))
+    whole = _whole_free(s, b) if "gc-whole" not in guards else And(at(s.al, b), at(s.k, b) == FREE)
+    return And(s.gp, 0 <= b, b < s.n, whole, Not(at(s.sm, b)))
 
 
 def gc_end_pre(s: St, a: St, path: str, guards: frozenset = frozenset()) -> Any:
     alloc = z_segment(s, s.mr)
-    return z3.And(s.gp, cont_path(s, room(s, alloc, guards, s.mr), path), cont_pre(s, a, alloc, path, guards))
+    return And(s.gp, cont_path(s, room(s, alloc, guards, s.mr), path), cont_pre(s, a, alloc, path, guards))
 
 
 def _acand(s: St, j: Any) -> Any:
     """release_available's blocks: free, of the request's pool and stream."""
-    return z3.And(at(s.al, j), at(s.k, j) == FREE, at(s.sm, j) == (s.mr <= K_SMALL), at(s.sr, j) == s.mt)
+    return And(at(s.al, j), at(s.k, j) == FREE, at(s.sm, j) == (s.mr <= K_SMALL), at(s.sr, j) == s.mt)
 
 
 @_reads("sz", "ad")
 def _key_le(s: St, i: Any, j: Any) -> Any:
     """``(size, address)`` of block i <= that of block j."""
-    return z3.Or(at(s.sz, i) < at(s.sz, j), z3.And(at(s.sz, i) == at(s.sz, j), at(s.ad, i) <= at(s.ad, j)))
+    return Or(at(s.sz, i) < at(s.sz, j), And(at(s.sz, i) == at(s.sz, j), at(s.ad, i) <= at(s.ad, j)))
 
 
 def _big_best(s: St, b: Any) -> Any:
     """``b`` is the smallest block (size, then address) of release_available's that holds the want."""
-    big = lambda j: z3.And(_acand(s, j), at(s.sz, j) >= s.wa)  # noqa: E731
-    return z3.And(0 <= b, b < s.n, big(b), _all(s.n, lambda j: z3.Implies(big(j), _key_le(s, b, j))))
+    big = lambda j: And(_acand(s, j), at(s.sz, j) >= s.wa)  # noqa: E731
+    return And(0 <= b, b < s.n, big(b), _all(s.n, lambda j: Implies(big(j), _key_le(s, b, j))))
 
 
 def _no_big(s: St) -> Any:
-    return _all(s.n, lambda j: z3.Not(z3.And(_acand(s, j), at(s.sz, j) >= s.wa)))
+    return _all(s.n, lambda j: Not(And(_acand(s, j), at(s.sz, j) >= s.wa)))
 
 
 def _elig(s: St, j: Any, guards: frozenset = frozenset()) -> Any:
     """Released by release_available's loop when reached: a whole free segment of at least max_split_size."""
     whole = at(s.sz, j) == at(s.ss, j) if "avail-whole" not in guards else z3.BoolVal(True)
-    return z3.And(_acand(s, j), whole, at(s.sz, j) >= s.ms)
+    return And(_acand(s, j), whole, at(s.sz, j) >= s.ms)
 
 
 def avail_big_pre(s: St, a: St) -> Any:
     """A block holds the want: the smallest such is released if it is a whole segment."""
-    return z3.And(s.ra, z3.Not(s.ex), s.rsum == 0, _big_best(s, a.b), at(s.sz, a.b) == at(s.ss, a.b))
+    return And(s.ra, Not(s.ex), s.rsum == 0, _big_best(s, a.b), at(s.sz, a.b) == at(s.ss, a.b))
 
 
 def avail_one_pre(s: St, a: St, guards: frozenset = frozenset()) -> Any:
     """None holds the want: from the largest down (size, then address), whole segments of at least
     max_split_size are released until the want is reached."""
     b = a.b
-    return z3.And(s.ra, z3.Not(s.ex), _no_big(s), s.rsum < s.wa, 0 <= b, b < s.n, _elig(s, b, guards),
-                  _all(s.n, lambda j: z3.Implies(_elig(s, j, guards), _key_le(s, j, b))))
+    return And(s.ra, Not(s.ex), _no_big(s), s.rsum < s.wa, 0 <= b, b < s.n, _elig(s, b, guards),
+                  _all(s.n, lambda j: Implies(_elig(s, j, guards), _key_le(s, j, b))))
 
 
 def avail_end_pre(s: St, a: St, path: str, guards: frozenset = frozenset()) -> Any:
@@ -944,12 +945,12 @@ def avail_end_pre(s: St, a: St, path: str, guards: frozenset = frozenset()) -> A
     segment (nothing released); or none holds it and no whole segment of at least max_split_size is left.
     It succeeded iff the want was reached: then ``_alloc_block`` again, else (or if that fails) the retry."""
     b = a.b
-    done = z3.Or(s.rsum >= s.wa,
-                 z3.And(s.rsum == 0, _big_best(s, b), at(s.sz, b) != at(s.ss, b)),
-                 z3.And(_no_big(s), _all(s.n, lambda j: z3.Not(_elig(s, j)))))
+    done = Or(s.rsum >= s.wa,
+                 And(s.rsum == 0, _big_best(s, b), at(s.sz, b) != at(s.ss, b)),
+                 And(_no_big(s), _all(s.n, lambda j: Not(_elig(s, j)))))
     alloc = z_segment(s, s.mr)
-    ok = z3.And(s.rsum >= s.wa, room(s, alloc, guards))
-    return z3.And(s.ra, z3.Not(s.ex), done, ok if path == "new" else z3.Not(ok),
+    ok = And(s.rsum >= s.wa, room(s, alloc, guards))
+    return And(s.ra, Not(s.ex), done, ok if path == "new" else Not(ok),
                   cont_pre(s, a, alloc, "new", guards) if path == "new" else z3.BoolVal(True))
 
 
@@ -973,12 +974,12 @@ def retry_pre(s: St, a: St, path: str) -> Any:
     m = retry_parts(s, a)
     rel = m["rel"]
     if path == "new":
-        how = z3.And(z3.Not(s.ex), m["room"], _fresh_base(rel, a.base, m["alloc"]))
+        how = And(Not(s.ex), m["room"], _fresh_base(rel, a.base, m["alloc"]))
     elif path == "expand":
-        how = z3.And(s.ex, m["room"], expand_choice(rel, a.u, s.mr <= K_SMALL, s.mt))
+        how = And(s.ex, m["room"], expand_choice(rel, a.u, s.mr <= K_SMALL, s.mt))
     else:
-        how = z3.And(z3.Not(m["room"]), _largest_free_ok(rel, a.lf, a.lw))
-    return z3.And(s.md, _no_pending(s), z3.Implies(s.ex, _no_whole_pages(s)), how)
+        how = And(Not(m["room"]), _largest_free_ok(rel, a.lf, a.lw))
+    return And(s.md, _no_pending(s), Implies(s.ex, _no_whole_pages(s)), how)
 
 
 def retry_step(s: St, a: St, path: str, guards: frozenset = frozenset()) -> tuple[Any, St]:
@@ -995,10 +996,10 @@ def retry_step(s: St, a: St, path: str, guards: frozenset = frozenset()) -> tupl
 
 def process_pre(s: St, a: St, guards: frozenset = frozenset()) -> Any:
     b, t = a.b, a.t
-    ev = [z3.And(t == tt, at(s[f"u{tt}"], b),
+    ev = [And(t == tt, at(s[f"u{tt}"], b),
                  z3.BoolVal(True) if "event" in guards else s[f"c{tt}"] >= at(s[f"e{tt}"], b))
           for tt in range(STREAMS)]
-    return z3.And(0 <= b, b < s.n, at(s.al, b), at(s.k, b) == PEND, z3.Or(*ev), z3.Not(s.xp))
+    return And(0 <= b, b < s.n, at(s.al, b), at(s.k, b) == PEND, Or(*ev), Not(s.xp))
 
 
 def process_step(s: St, a: St, path: str) -> tuple[Any, St]:
@@ -1013,13 +1014,13 @@ def process_step(s: St, a: St, path: str) -> tuple[Any, St]:
 
 def process_last(s: St, a: St) -> Any:
     """The event processed is the block's last one: it becomes free."""
-    return z3.And(*[z3.Or(a.t == tt, z3.Not(at(s[f"u{tt}"], a.b))) for tt in range(STREAMS)])
+    return And(*[Or(a.t == tt, Not(at(s[f"u{tt}"], a.b))) for tt in range(STREAMS)])
 
 
 def free_step(s: St, a: St, path: str, guards: frozenset = frozenset()) -> tuple[Any, St]:
     b = a.b
     us = [at(s[f"u{tt}"], b) for tt in range(STREAMS)]
-    has = z3.Or(*us) if "uses" not in guards else z3.BoolVal(False)
+    has = Or(*us) if "uses" not in guards else z3.BoolVal(False)
     pend = s.set(k=upd(s.k, b, PEND), **{f"i{tt}": s[f"i{tt}"] + z3.If(us[tt], 1, 0) for tt in range(STREAMS)},
                  **{f"e{tt}": z3.If(us[tt], upd(s[f"e{tt}"], b, s[f"i{tt}"] + 1), s[f"e{tt}"])
                     for tt in range(STREAMS)})
@@ -1030,20 +1031,20 @@ def free_step(s: St, a: St, path: str, guards: frozenset = frozenset()) -> tuple
 
 
 def free_path(s: St, a: St, path: str, guards: frozenset = frozenset()) -> Any:
-    has = z3.Or(*[at(s[f"u{tt}"], a.b) for tt in range(STREAMS)])
+    has = Or(*[at(s[f"u{tt}"], a.b) for tt in range(STREAMS)])
     if "uses" in guards:
         has = z3.BoolVal(False)
-    return has if path == "pending" else z3.Not(has)
+    return has if path == "pending" else Not(has)
 
 
 def live_pre(s: St, a: St) -> Any:
-    return z3.And(0 <= a.b, a.b < s.n, at(s.al, a.b), at(s.k, a.b) == LIVE, idle(s))
+    return And(0 <= a.b, a.b < s.n, at(s.al, a.b), at(s.k, a.b) == LIVE, idle(s))
 
 
 def record_step(s: St, a: St) -> tuple[Any, St]:
     b, t = a.b, a.t
     other = t != at(s.sr, b)
-    return OK, s.set(**{f"u{tt}": z3.If(z3.And(t == tt, other), upd(s[f"u{tt}"], b, True), s[f"u{tt}"])
+    return OK, s.set(**{f"u{tt}": z3.If(And(t == tt, other), upd(s[f"u{tt}"], b, True), s[f"u{tt}"])
                         for tt in range(STREAMS)})
 
 
@@ -1073,7 +1074,7 @@ def _target(s: St) -> Any:
 
 def _growing(s: St) -> Any:
     """The head does not hold the request yet."""
-    return z3.Or(s.xh == -1, at(s.sz, s.xh) < s.mr)
+    return Or(s.xh == -1, at(s.sz, s.xh) < s.mr)
 
 
 def map_len(s: St, q: Any) -> Any:
@@ -1118,7 +1119,7 @@ def map_step(s: St, a: St) -> tuple[Any, St]:
     s1["sz"] = upd(s1["sz"], q, m)
     nq = at(s.nx, q)
     s1["nx"] = z3.If(part, upd(s1["nx"], q, n), s1["nx"])
-    s1["pv"] = z3.If(z3.And(part, nq != -1), upd(s1["pv"], nq, n), s1["pv"])
+    s1["pv"] = z3.If(And(part, nq != -1), upd(s1["pv"], nq, n), s1["pv"])
     merged, touched = _merge_free(s1, q)
     out = _update_sums(s, merged, touched, 1)
     out.update(_reserve(s, at(s.sm, q), m))
@@ -1170,9 +1171,9 @@ def _fails(s: St) -> Any:
     q = _target(s)
     used = s.Rs + s.Rl
     # (a fresh arena whose VA is smaller than the request: no arena can hold it)
-    return z3.If(q == -1, z3.And(s.xh == -1, z3.Or(used + fresh_len(s) > s.cap,
+    return z3.If(q == -1, And(s.xh == -1, Or(used + fresh_len(s) > s.cap,
                                                   _arena_va(s, s.mr <= K_SMALL) < s.mr)),
-                 z3.And(0 <= q, q < s.n, at(s.al, q), at(s.k, q) == UNM, used + map_len(s, q) > s.cap))
+                 And(0 <= q, q < s.n, at(s.al, q), at(s.k, q) == UNM, used + map_len(s, q) > s.cap))
 
 
 def unmap_parts(s: St, b: Any) -> tuple[Any, Any, Any, Any]:
@@ -1189,7 +1190,7 @@ def has_pages(s: St, b: Any) -> Any:
 
 def _no_whole_pages(s: St) -> Any:
     """No free block holds a whole page (of an arena: only with the flag)."""
-    return _all(s.n, lambda j: z3.Implies(z3.And(at(s.al, j), at(s.k, j) == FREE), z3.Not(has_pages(s, j))))
+    return _all(s.n, lambda j: Implies(And(at(s.al, j), at(s.k, j) == FREE), Not(has_pages(s, j))))
 
 
 def unmap_step(s: St, a: St, count: bool) -> tuple[Any, St]:
@@ -1213,10 +1214,10 @@ def unmap_step(s: St, a: St, count: bool) -> tuple[Any, St]:
     s1["sz"] = upd(s1["sz"], b, E - B)
     s1["pv"] = upd(s1["pv"], b, z3.If(head > 0, n, p))
     s1["nx"] = upd(s1["nx"], b, z3.If(tail > 0, n + 1, q))
-    s1["nx"] = z3.If(z3.And(head > 0, p != -1), upd(s1["nx"], p, n), s1["nx"])
-    s1["pv"] = z3.If(z3.And(tail > 0, q != -1), upd(s1["pv"], q, n + 1), s1["pv"])
+    s1["nx"] = z3.If(And(head > 0, p != -1), upd(s1["nx"], p, n), s1["nx"])
+    s1["pv"] = z3.If(And(tail > 0, q != -1), upd(s1["pv"], q, n + 1), s1["pv"])
     merged, touched = _merge_free(s1, b, kind=UNM)
-    whole = z3.And(at(merged["pv"], b) == -1, at(merged["nx"], b) == -1)
+    whole = And(at(merged["pv"], b) == -1, at(merged["nx"], b) == -1)
     merged["al"] = z3.If(whole, upd(merged["al"], b, False), merged["al"])
     merged.update(_reserve(s, at(s.sm, b), -(E - B)))
     if count:
@@ -1237,7 +1238,7 @@ def actions(guards: frozenset = frozenset()) -> list[Act]:
     """Every encoded action, one per outcome path (each tied to the spec action
     it stands for); ``guards`` names guards to remove (the unguarded variants)."""
     def pre_t(s: St, a: St) -> Any:
-        return z3.And(0 <= a.t, a.t < STREAMS, idle(s))
+        return And(0 <= a.t, a.t < STREAMS, idle(s))
 
     def mk_malloc(path: str) -> Act:
         params = {k: v for k, v in MALLOC_PARAMS.items() if not (k == "u" and path != "expand")}
@@ -1256,12 +1257,12 @@ def actions(guards: frozenset = frozenset()) -> list[Act]:
 
     def mk_free(path: str) -> Act:
         return Act(f"free:{path}", {"b": INT}, lambda s, a: free_step(s, a, path, guards),
-                   lambda s, a: z3.And(live_pre(s, a), free_path(s, a, path, guards)), spec=("caching:free",))
+                   lambda s, a: And(live_pre(s, a), free_path(s, a, path, guards)), spec=("caching:free",))
 
     def mk_process(path: str) -> Act:
         def pre(s: St, a: St) -> Any:
             last = process_last(s, a)
-            return z3.And(process_pre(s, a, guards), last if path == "free" else z3.Not(last))
+            return And(process_pre(s, a, guards), last if path == "free" else Not(last))
         return Act(f"process_event:{path}", {"b": INT, "t": INT}, lambda s, a: process_step(s, a, path), pre,
                    spec=("caching:malloc", "caching:empty_cache"))
 
@@ -1282,38 +1283,38 @@ def actions(guards: frozenset = frozenset()) -> list[Act]:
         mk_retry("new"), mk_retry("oom"), mk_retry("expand"),
         # expandable segments: the mapping's steps, the unmap of whole free pages
         Act("expand:map", {"b": INT}, map_step,
-            lambda s, a: z3.And(s.xp, _growing(s), a.b == _target(s), 0 <= a.b, a.b < s.n, at(s.al, a.b),
-                                z3.Or(s.xh == -1, at(s.pv, a.b) == s.xh),
+            lambda s, a: And(s.xp, _growing(s), a.b == _target(s), 0 <= a.b, a.b < s.n, at(s.al, a.b),
+                                Or(s.xh == -1, at(s.pv, a.b) == s.xh),
                                 at(s.k, a.b) == UNM,
                                 z3.BoolVal(True) if "map-room" in guards else s.Rs + s.Rl + map_len(s, a.b) <= s.cap),
             spec=("caching:malloc",)),
         Act("expand:fresh", {"base": INT}, fresh_step,
-            lambda s, a: z3.And(s.xp, s.xh == -1, s.xq == -1, s.Rs + s.Rl + fresh_len(s) <= s.cap,
+            lambda s, a: And(s.xp, s.xh == -1, s.xq == -1, s.Rs + s.Rl + fresh_len(s) <= s.cap,
                                 fresh_len(s) >= s.mr, _fresh_base(s, a.base, _arena_va(s, s.mr <= K_SMALL))),
             spec=("caching:malloc",)),
         Act("expand:serve", {"b": INT}, lambda s, a: serve_step(s, a, guards),
-            lambda s, a: z3.And(s.xp, s.xh != -1, a.b == s.xh, at(s.sz, s.xh) >= s.mr), spec=("caching:malloc",)),
+            lambda s, a: And(s.xp, s.xh != -1, a.b == s.xh, at(s.sz, s.xh) >= s.mr), spec=("caching:malloc",)),
         Act("expand:oom", {"lf": INT, "lw": INT}, lambda s, a: expand_fail_step(s, a, "oom"),
-            lambda s, a: z3.And(s.xp, _growing(s), _fails(s), z3.Or(s.seed, s.x2), _largest_free_ok(s, a.lf, a.lw)),
+            lambda s, a: And(s.xp, _growing(s), _fails(s), Or(s.seed, s.x2), _largest_free_ok(s, a.lf, a.lw)),
             spec=("caching:malloc",)),
         Act("expand:retry", {}, lambda s, a: expand_fail_step(s, a, "retry"),
-            lambda s, a: z3.And(s.xp, _growing(s), _fails(s), z3.Not(s.seed), z3.Not(s.x2)), spec=("caching:malloc",)),
+            lambda s, a: And(s.xp, _growing(s), _fails(s), Not(s.seed), Not(s.x2)), spec=("caching:malloc",)),
         Act("unmap:free", {"b": INT}, lambda s, a: unmap_step(s, a, False),
-            lambda s, a: z3.And(s.ex, s.seed, idle(s), 0 <= a.b, a.b < s.n, at(s.al, a.b), at(s.k, a.b) == FREE,
+            lambda s, a: And(s.ex, s.seed, idle(s), 0 <= a.b, a.b < s.n, at(s.al, a.b), at(s.k, a.b) == FREE,
                                 has_pages(s, a.b)),
             spec=("caching:free", "caching:malloc", "caching:empty_cache")),
         Act("unmap:cache", {"b": INT}, lambda s, a: unmap_step(s, a, True),
-            lambda s, a: z3.And(s.ex, z3.Or(idle(s), s.md), _no_pending(s), 0 <= a.b, a.b < s.n, at(s.al, a.b),
+            lambda s, a: And(s.ex, Or(idle(s), s.md), _no_pending(s), 0 <= a.b, a.b < s.n, at(s.al, a.b),
                                 at(s.k, a.b) == FREE, has_pages(s, a.b)),
             spec=("caching:empty_cache", "caching:malloc")),
         mk_process("wait"), mk_process("free"), mk_free("pending"), mk_free("merge"),
         Act("double_free", {}, double_step, lambda s, a: idle(s), spec=("caching:double_free",)),
-        Act("record_stream", {"b": INT, "t": INT}, record_step, lambda s, a: z3.And(live_pre(s, a), 0 <= a.t, a.t < STREAMS),
+        Act("record_stream", {"b": INT, "t": INT}, record_step, lambda s, a: And(live_pre(s, a), 0 <= a.t, a.t < STREAMS),
             spec=("caching:record_stream",)),
         Act("complete_stream", {"t": INT}, complete_step, pre_t, spec=("caching:complete_stream",)),
         Act("empty_cache_wait", {}, wait_step, lambda s, a: idle(s), spec=("caching:empty_cache",)),
         Act("empty_cache", {}, lambda s, a: empty_step(s, a, guards),
-            lambda s, a: z3.And(idle(s), _no_pending(s), z3.Implies(s.ex, _no_whole_pages(s))),
+            lambda s, a: And(idle(s), _no_pending(s), Implies(s.ex, _no_whole_pages(s))),
             spec=("caching:empty_cache",)),
     ]
 
@@ -1336,11 +1337,11 @@ def phase_actions() -> list[Act]:
     segment released during the garbage collection or release_available; a new segment for the pending
     request when it fits."""
     def release_pre(s: St, a: St) -> Any:
-        return z3.And(z3.Or(s.gp, s.ra), 0 <= a.b, a.b < s.n, _whole_free(s, a.b))
+        return And(Or(s.gp, s.ra), 0 <= a.b, a.b < s.n, _whole_free(s, a.b))
 
     def new_pre(s: St, a: St) -> Any:
         alloc = z_segment(s, s.mr)
-        return z3.And(z3.Or(s.gp, s.ra), z3.Not(s.ex), room(s, alloc), _fresh_base(s, a.base, alloc))
+        return And(Or(s.gp, s.ra), Not(s.ex), room(s, alloc), _fresh_base(s, a.base, alloc))
 
     return [Act("phase:release", {"b": INT}, release_step, release_pre, spec=("caching:malloc",)),
             Act("phase:new", {"base": INT, "lf": INT, "lw": INT}, phase_new_step, new_pre, spec=("caching:malloc",))]
@@ -1370,10 +1371,10 @@ def init(s: St) -> Any:
     max_split_size, preset, memory fraction, garbage-collection threshold, divisions table, expandable
     segments on or off (arenas of whole pages)."""
     zero = z3.K(z3.IntSort(), z3.IntVal(0))
-    return z3.And(s.n == 0, s.cap >= 0, s.ms >= 0, s.Rs == 0, s.Rl == 0, idle(s),
-                  z3.Implies(s.ex, z3.And(s.vs >= K_SMALL_BUFFER, s.vs % K_ROUND_LARGE == 0,
+    return And(s.n == 0, s.cap >= 0, s.ms >= 0, s.Rs == 0, s.Rl == 0, idle(s),
+                  Implies(s.ex, And(s.vs >= K_SMALL_BUFFER, s.vs % K_ROUND_LARGE == 0,
                                           s.vl >= K_SMALL_BUFFER, s.vl % page(s, False) == 0)),
-                  *[z3.And(s[f"i{t}"] == 0, s[f"c{t}"] == 0) for t in range(STREAMS)],
+                  *[And(s[f"i{t}"] == 0, s[f"c{t}"] == 0) for t in range(STREAMS)],
                   *[s[nm] == zero for nm in SUMS])
 
 
@@ -1386,7 +1387,7 @@ def inv(s: St, sums: tuple[str, ...] | None = None) -> Any:
     ghosts, reserved = free + active bytes <= the device, and C3, C4, C5, C7
     (C1 follows from it: :func:`c1`, proved as a safety check).  ``sums``: only
     these ghosts (a weaker hypothesis, so still sound)."""
-    return z3.And(wf(s), sums_wf(s, tuple(SUMS) if sums is None else sums), reserved_wf(s), c3(s), c4(s), c5(s), c7(s))
+    return And(wf(s), sums_wf(s, tuple(SUMS) if sums is None else sums), reserved_wf(s), c3(s), c4(s), c5(s), c7(s))
 
 
 def step_ok(name: str, s: St, a: St, out: Any, s2: St) -> dict[str, Any]:
@@ -1403,24 +1404,24 @@ def step_ok(name: str, s: St, a: St, out: Any, s2: St) -> dict[str, Any]:
         small = r <= K_SMALL
         rem = at(s.sz, b) - r
         # C4: served from an arena of the request's pool and stream
-        props["C4"] = z3.And(at(s.sm, b) == small, at(s.sr, b) == s.mt, at(s2.rq, b) == s.mn)
+        props["C4"] = And(at(s.sm, b) == small, at(s.sr, b) == s.mt, at(s2.rq, b) == s.mn)
     if name == "malloc:fit":
         # C4: served from the request's pool, the best fit (smallest, then lowest address; with expandable
         # segments PyTorch's walk on to smaller expandable sizes: :func:`grow_best`)
         cand = lambda j: _cand(s, j, r, small, a.t)  # noqa: E731
-        plain = _all(s.n, lambda j: z3.Implies(
-            cand(j), z3.Or(at(s.sz, j) > at(s.sz, b), z3.And(at(s.sz, j) == at(s.sz, b), at(s.ad, j) >= at(s.ad, b)))))
-        props["C4"] = z3.Implies(fit, z3.And(at(s.sm, b) == small, z3.If(s.ex, grow_best(s, b, a.b2, cand), plain)))
+        plain = _all(s.n, lambda j: Implies(
+            cand(j), Or(at(s.sz, j) > at(s.sz, b), And(at(s.sz, j) == at(s.sz, b), at(s.ad, j) >= at(s.ad, b)))))
+        props["C4"] = Implies(fit, And(at(s.sm, b) == small, z3.If(s.ex, grow_best(s, b, a.b2, cand), plain)))
     if name in ("malloc:fit", "expand:serve"):
         # C5: a split leaves a legal remainder (seed 003: >= 512 B small pool, >= 2 MiB large pool; pytorch:
         # > 1 MiB and below max_split_size); a block is handed over whole only when the remainder is illegal
         legal = z3.If(small, rem >= K_MIN_BLOCK,
                       z3.If(s.seed, rem >= K_ROUND_LARGE,
-                            z3.If(s.ex, rem >= K_MIN_BLOCK, z3.And(rem > K_SMALL, z3.Or(s.ms == 0, r < s.ms)))))
-        split_done = z3.And(at(s2.sz, b) == r, rem > 0)
-        props["C5"] = z3.Implies(fit, z3.And(z3.Implies(split_done, legal), z3.Implies(z3.Not(split_done), z3.Not(legal))))
+                            z3.If(s.ex, rem >= K_MIN_BLOCK, And(rem > K_SMALL, Or(s.ms == 0, r < s.ms)))))
+        split_done = And(at(s2.sz, b) == r, rem > 0)
+        props["C5"] = Implies(fit, And(Implies(split_done, legal), Implies(Not(split_done), Not(legal))))
         # C7: a block is reused only on its own stream, and only when free (not pending)
-        props["C7"] = z3.Implies(fit, z3.And(at(s.sr, b) == (a.t if name == "malloc:fit" else s.mt),
+        props["C7"] = Implies(fit, And(at(s.sr, b) == (a.t if name == "malloc:fit" else s.mt),
                                              at(s.k, b) == FREE))
     if name == "malloc:oom":
         props["C9"] = _figures_ok(s2, _tried(s, r, m["alloc"]), a.lf, a.lw)
@@ -1435,24 +1436,24 @@ def step_ok(name: str, s: St, a: St, out: Any, s2: St) -> dict[str, Any]:
         _rel, B, E, _has = unmap_parts(s, a.b)
         pg = page(s, at(s.sm, a.b))
         head, tail = B - _rel, _rel + at(s.sz, a.b) - E
-        props["C6"] = z3.And(s2.Rs + s2.Rl == s.Rs + s.Rl - (E - B), s2.ret == s.ret + (E - B),
+        props["C6"] = And(s2.Rs + s2.Rl == s.Rs + s.Rl - (E - B), s2.ret == s.ret + (E - B),
                              head < pg, tail < pg, E - B >= pg)
     if name.startswith("process_event"):
-        ev = [z3.Implies(a.t == tt, s[f"c{tt}"] >= at(s[f"e{tt}"], a.b)) for tt in range(STREAMS)]
-        props["C7"] = z3.And(*ev)
+        ev = [Implies(a.t == tt, s[f"c{tt}"] >= at(s[f"e{tt}"], a.b)) for tt in range(STREAMS)]
+        props["C7"] = And(*ev)
     if name == "empty_cache":
         # C6: exactly the whole-free segments go, and the answer is their bytes
         # (expandable segments: no whole free page is left -- the unmap:cache steps took them -- and the
         # answer is what they unmapped)
-        props["C6"] = z3.And(_all(s.n, lambda o: at(s2.al, o) == z3.And(at(s.al, o), z3.Not(_whole_free(s, o)))),
+        props["C6"] = And(_all(s.n, lambda o: at(s2.al, o) == And(at(s.al, o), Not(_whole_free(s, o)))),
                              s2.ret == z3.If(s.ex, s.ret, total(s, "Ws") + total(s, "Wl")),
-                             z3.Implies(s.ex, _no_whole_pages(s2)))
+                             Implies(s.ex, _no_whole_pages(s2)))
     return props
 
 
 def _figures_ok(s2: St, tried: Any, lf: Any, lw: Any) -> Any:
     """C9: the OOM's figures are the state's: the request tried, reserved, allocated (live), largest free block."""
-    return z3.And(s2.oq == tried, s2.orr == s2.Rs + s2.Rl, s2.oa == total(s2, "Ls") + total(s2, "Ll"),
+    return And(s2.oq == tried, s2.orr == s2.Rs + s2.Rl, s2.oa == total(s2, "Ls") + total(s2, "Ll"),
                   s2.olf == lf, _largest_free_ok(s2, lf, lw))
 
 
@@ -1475,9 +1476,9 @@ def goals(s2: St) -> list[tuple[str, Callable[[], Any]]]:
     ]
     for nm in SUMS:
         c = _contrib(s2, nm)
-        out.append((f"sum:{nm}:step", lambda nm=nm, c=c: z3.And(
+        out.append((f"sum:{nm}:step", lambda nm=nm, c=c: And(
             at(s2[nm], 0) == 0, _all(s2.n, lambda i: at(s2[nm], i + 1) == at(s2[nm], i) + c(i)))))
-        out.append((f"sum:{nm}:mono", lambda nm=nm: _all2(s2.n, lambda i, j: z3.Implies(
+        out.append((f"sum:{nm}:mono", lambda nm=nm: _all2(s2.n, lambda i, j: Implies(
             i <= j, at(s2[nm], i) <= at(s2[nm], j)), hi=1)))
     out += [("reserved", lambda: reserved_wf(s2)), ("C3", lambda: c3(s2)),
             ("C4", lambda: c4(s2)), ("C5", lambda: c5(s2)), ("C7", lambda: c7(s2))]
@@ -1548,18 +1549,18 @@ def _check(hyp: Callable[[], Any], goal: Callable[[], Any], s: St, a: St, timeou
             solvers[key][1].add(h)
         sol = solvers[key][1]
         sol.push()
-        sol.add(z3.Not(g))
+        sol.add(Not(g))
         r = sol.check()
         sol.pop()
         if r == z3.unsat:
             return r, None
     else:
         sol = qf_solver(timeout_ms)
-        sol.add(h, z3.Not(g))
+        sol.add(h, Not(g))
         if sol.check() == z3.unsat:
             return z3.unsat, None
     sol = limit(z3.Solver(), timeout_ms)
-    sol.add(h, z3.Not(g))
+    sol.add(h, Not(g))
     r = sol.check()
     return r, (sol.model() if r == z3.sat else None)
 
@@ -1612,28 +1613,28 @@ def _group_hyp(group: str, s: St, names: list[str]) -> Any:
         c = _contrib(s, nm)
         body += [at(s[nm], 0) == 0, _all(s.n, lambda i, nm=nm, c=c: at(s[nm], i + 1) == at(s[nm], i) + c(i), wide=True)]
         if group == "sums-mono":
-            body.append(_all2(s.n, lambda i, j, nm=nm: z3.Implies(i <= j, at(s[nm], i) <= at(s[nm], j)), hi=1))
+            body.append(_all2(s.n, lambda i, j, nm=nm: Implies(i <= j, at(s[nm], i) <= at(s[nm], j)), hi=1))
     if group != "sums-step" and any(n == "reserved" for n in names):
         body.append(reserved_wf(s))
-    return z3.And(*body)
+    return And(*body)
 
 
 def _check_group(group: str, items: list[tuple[str, Callable[[], Any]]], s: St, a: St, pre: Callable[[], Any],
                  timeout_ms: int) -> Any:
     MODE.kind, MODE.skolems, MODE.shared = "skolem", [], True
     try:
-        g = z3.And(*[f() for _n, f in items])
+        g = And(*[f() for _n, f in items])
         sks = list(MODE.skolems)
     finally:
         MODE.shared = False
     MODE.kind = "inst"
     _terms(s, a, sks, sums_only=group.startswith("sums"))
     try:
-        h = z3.And(_group_hyp(group, s, [n for n, _f in items]), pre())
+        h = And(_group_hyp(group, s, [n for n, _f in items]), pre())
     finally:
         MODE.kind, MODE.terms, MODE.terms1, MODE.anchors, MODE.skolems = "forall", [], [], [], []
     sol = qf_solver(timeout_ms)   # a group not proved here is re-checked goal by goal (:func:`_check`)
-    sol.add(h, z3.Not(g))
+    sol.add(h, Not(g))
     return sol.check()
 
 
@@ -1688,7 +1689,7 @@ def consecution(act: Act, timeout_ms: int = 30000, only: tuple[str, ...] = (),
     def hyp(deps: tuple[str, ...]) -> Any:
         key = (deps, tuple(str(x) for x in MODE.terms1), len(MODE.terms))
         if key not in hyps:
-            hyps[key] = z3.And(inv(s, deps), act.pre(s, a))
+            hyps[key] = And(inv(s, deps), act.pre(s, a))
         return hyps[key]
 
     for name, g in pending:
@@ -1720,7 +1721,7 @@ def initiation() -> str:
     g = inv(s)
     MODE.kind, MODE.skolems = "forall", []
     sol = z3.Solver()
-    sol.add(init(s), z3.Not(g))
+    sol.add(init(s), Not(g))
     return "proved" if sol.check() == z3.unsat else "FAILED"
 
 
@@ -1769,15 +1770,15 @@ def refute(inv_id: str, timeout_ms: int = 60000, knob: str | None = None) -> tup
     try:
         out, s2 = act.step(s, a)
         named = NAMED.get(inv_id)
-        bad = [z3.Not(named(s2))] if named is not None else []
+        bad = [Not(named(s2))] if named is not None else []
         props = step_ok(act_name, s, a, out, s2)
         if inv_id in props:
-            bad.append(z3.Not(props[inv_id]))
-        hyp = z3.And(inv(s), s.n <= REFUTE_BLOCKS, act.pre(s, a))
+            bad.append(Not(props[inv_id]))
+        hyp = And(inv(s), s.n <= REFUTE_BLOCKS, act.pre(s, a))
     finally:
         MODE.kind, MODE.bound = "forall", 0
     sol = limit(z3.Solver(), timeout_ms)
-    sol.add(hyp, z3.Or(*bad))
+    sol.add(hyp, Or(*bad))
     r = sol.check()
     if r != z3.sat:
         return False, f"without '{words}': no violation of {inv_id} found ({r})"

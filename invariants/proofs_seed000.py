@@ -14,6 +14,7 @@ from typing import Any
 
 import z3
 
+from memspec.invariants.z3fast import And, Implies, Not, Or
 from memspec.invariants.proofs import (
     ARR, ARR2, ARR2B, BARR, BOOL, CODE, INT, OK, PENDING, Act, Proof, St, at, count_append, count_change, merge, on_ok,
     outcome, prefix_append, prefix_change, prefix_count, prefix_sum, upd,
@@ -34,7 +35,7 @@ F0 = lambda: z3.K(z3.IntSort(), z3.BoolVal(False))  # noqa: E731
 
 
 def alive(s: St, o: Any) -> Any:
-    return z3.Or(at(s.astate, o) == LIVE, at(s.astate, o) == QUEUED)
+    return Or(at(s.astate, o) == LIVE, at(s.astate, o) == QUEUED)
 
 
 # ==========================================================================
@@ -59,7 +60,7 @@ def _s1_release(check: bool):
     already, DoubleFree.  Unguarded: the creator is not checked."""
     def step(s: St, a: St):
         st = at(s.astate, a.x)
-        foreign = z3.Or(at(s.amech, a.x) != a.m, at(s.actx, a.x) != a.c) if check else z3.BoolVal(False)
+        foreign = Or(at(s.amech, a.x) != a.m, at(s.actx, a.x) != a.c) if check else z3.BoolVal(False)
         out = outcome((st == FREED, "DoubleFree"), (st != LIVE, "StaleHandle"), (foreign, "ForeignAllocation"))
         return on_ok(out, s, s.set(astate=upd(s.astate, a.x, FREED), fmech=upd(s.fmech, a.x, a.m),
                                    fctx=upd(s.fctx, a.x, a.c)))
@@ -83,7 +84,7 @@ def _s1_poll(s: St, a: St):
     *released by the mechanism/context that created it* -- not by the one
     installed now."""
     j = z3.Int("s1_j")
-    runs = z3.And(at(s.astate, j) == QUEUED, at(a.ready, j))
+    runs = And(at(s.astate, j) == QUEUED, at(a.ready, j))
     return on_ok(z3.IntVal(OK), s, s.set(
         astate=z3.Lambda([j], z3.If(runs, FREED, at(s.astate, j))),
         fmech=z3.Lambda([j], z3.If(runs, at(s.amech, j), at(s.fmech, j))),
@@ -92,13 +93,13 @@ def _s1_poll(s: St, a: St):
 
 _P3 = {"x": INT, "m": INT, "c": INT}
 #: the mechanism level has no queue: a handle drawn for deallocate is live or freed
-_S1_MECH_HANDLE = lambda s, a: z3.Or(at(s.astate, a.x) == LIVE, at(s.astate, a.x) == FREED)  # noqa: E731
+_S1_MECH_HANDLE = lambda s, a: Or(at(s.astate, a.x) == LIVE, at(s.astate, a.x) == FREED)  # noqa: E731
 S1 = Proof(
     *catalog("S1"),
     fields={"astate": ARR, "amech": ARR, "actx": ARR, "fmech": ARR, "fctx": ARR, "inst": INT},
     init=lambda s: s.astate == Z0(),
-    inv=lambda s, o: z3.Implies(at(s.astate, o) == FREED,
-                                z3.And(at(s.fmech, o) == at(s.amech, o), at(s.fctx, o) == at(s.actx, o))),
+    inv=lambda s, o: Implies(at(s.astate, o) == FREED,
+                                And(at(s.fmech, o) == at(s.amech, o), at(s.fctx, o) == at(s.actx, o))),
     actions=[
         Act("allocate", _P3, _s1_alloc, pre=lambda s, a: at(s.astate, a.x) == NONE, objs=("x",)),
         Act("release", _P3, _s1_release(True), pre=_S1_MECH_HANDLE, objs=("x",)),
@@ -132,13 +133,13 @@ def _s2_install(s: St, h: Any, n: Any) -> St:
 
 def _s2_reserve(s: St, a: St):
     """Governor ``reserve``: a provisional grant of ``n`` bytes leaves free (GrantDenied if more than is free)."""
-    out = outcome((z3.Not(K.can_grant(K.Ledger(0, s.free, 0, 0), a.n)), "GrantDenied"))
+    out = outcome((Not(K.can_grant(K.Ledger(0, s.free, 0, 0), a.n)), "GrantDenied"))
     return on_ok(out, s, s.set(free=s.free - a.n))
 
 
 def _s2_cancel(s: St, a: St):
     """Governor ``cancel``: an open grant's ``gb`` bytes return to free (not open: InvalidRequest)."""
-    out = outcome((z3.Not(a.open), "InvalidRequest"))
+    out = outcome((Not(a.open), "InvalidRequest"))
     return on_ok(out, s, s.set(free=s.free + a.gb))
 
 
@@ -146,7 +147,7 @@ def _s2_commit(s: St, a: St):
     """Governor ``commit``: an open grant of ``gb`` bytes becomes a lease of
     ``actual`` bytes charged to ``h``; the difference comes from free
     (GrantDenied if more than is free).  Installs nothing."""
-    out = outcome((z3.Not(a.open), "InvalidRequest"), (a.actual - a.gb > s.free, "GrantDenied"))
+    out = outcome((Not(a.open), "InvalidRequest"), (a.actual - a.gb > s.free, "GrantDenied"))
     return on_ok(out, s, s.set(charge=upd(s.charge, a.h, at(s.charge, a.h) + a.actual),
                                free=s.free - (a.actual - a.gb)))
 
@@ -175,9 +176,9 @@ def _s2_grow(s: St, a: St):
     (``refuse``); the growth not free, GrantDenied; an injected failure
     (``fail``) or OutOfMemory is rolled back; else charged, then committed."""
     grows = a.n > 0
-    out = outcome((a.past, "InvalidRange"), (z3.And(z3.Not(grows), a.refuse), "InvalidRequest"),
-                  (z3.And(grows, a.n > s.free), "GrantDenied"), (z3.And(grows, a.fail), "MemspecError"),
-                  (z3.And(grows, a.oom), "OutOfMemory"))
+    out = outcome((a.past, "InvalidRange"), (And(Not(grows), a.refuse), "InvalidRequest"),
+                  (And(grows, a.n > s.free), "GrantDenied"), (And(grows, a.fail), "MemspecError"),
+                  (And(grows, a.oom), "OutOfMemory"))
     return on_ok(out, s, _s2_install(s, 2, K.ite(grows, a.n, 0)))
 
 
@@ -185,15 +186,15 @@ _S2_OWNED = {"n": INT, "bad_range": BOOL, "oom": BOOL}
 S2 = Proof(
     *catalog("S2"),
     fields={"committed": ARR, "charge": ARR, "free": INT},
-    init=lambda s: z3.And(s.committed == Z0(), s.charge == Z0(), s.free >= 0),
-    inv=lambda s, h: z3.And(0 <= at(s.committed, h), at(s.committed, h) <= at(s.charge, h), s.free >= 0),
+    init=lambda s: And(s.committed == Z0(), s.charge == Z0(), s.free >= 0),
+    inv=lambda s, h: And(0 <= at(s.committed, h), at(s.committed, h) <= at(s.charge, h), s.free >= 0),
     actions=[
         Act("reserve", {"n": INT}, _s2_reserve, pre=lambda s, a: a.n > 0),
         Act("cancel", {"gb": INT, "open": BOOL}, _s2_cancel, pre=lambda s, a: a.gb > 0),
         Act("commit", {"h": INT, "gb": INT, "actual": INT, "open": BOOL}, _s2_commit,
-            pre=lambda s, a: z3.And(a.gb > 0, a.actual >= 0), objs=("h",)),
+            pre=lambda s, a: And(a.gb > 0, a.actual >= 0), objs=("h",)),
         Act("allocate", {"h": INT, "fp": INT, "oom": BOOL}, _s2_allocate,
-            pre=lambda s, a: z3.And(a.fp > 0, z3.Or(a.h == 0, a.h == 1)), objs=("h",)),
+            pre=lambda s, a: And(a.fp > 0, Or(a.h == 0, a.h == 1)), objs=("h",)),
         Act("commit_owned", _S2_OWNED, _s2_commit_owned(True), pre=lambda s, a: a.n > 0),
         Act("grow", {"n": INT, "past": BOOL, "refuse": BOOL, "fail": BOOL, "oom": BOOL}, _s2_grow),
     ],
@@ -231,9 +232,9 @@ def _s3_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
 S3 = Proof(
     *catalog("S3"),
     fields={"inst": ARR, "gen": ARR, "snap": ARR, "snapgen": ARR, "answer": INT},
-    init=lambda s: z3.And(s.gen == Z0(), s.snapgen == z3.K(z3.IntSort(), z3.IntVal(-1))),
-    inv=lambda s, d: z3.And(at(s.snapgen, d) <= at(s.gen, d),
-                            z3.Implies(at(s.snapgen, d) == at(s.gen, d), at(s.snap, d) == at(s.inst, d))),
+    init=lambda s: And(s.gen == Z0(), s.snapgen == z3.K(z3.IntSort(), z3.IntVal(-1))),
+    inv=lambda s, d: And(at(s.snapgen, d) <= at(s.gen, d),
+                            Implies(at(s.snapgen, d) == at(s.gen, d), at(s.snap, d) == at(s.inst, d))),
     actions=[
         Act("select", {"d": INT, "m": INT}, _s3_select, objs=("d",)),
         Act("query", {"d": INT}, _s3_query(True), objs=("d",)),
@@ -263,7 +264,7 @@ def _fence_fields() -> dict[str, str]:
 
 
 def _fence_init(s: St) -> Any:
-    return z3.And(s.astate == Z0(), s.iss == Z0(), s.done == Z0(), s.use == z3.K(z3.IntSort(), Z0()))
+    return And(s.astate == Z0(), s.iss == Z0(), s.done == Z0(), s.use == z3.K(z3.IntSort(), Z0()))
 
 
 def _q_alloc(s: St, a: St):
@@ -317,7 +318,7 @@ def _q_poll(check: bool):
     frees*); the others stay queued.  Unguarded: every queued release runs."""
     def step(s: St, a: St):
         j = z3.Int("poll_j")
-        runs = z3.And(at(s.astate, j) == QUEUED, _fences_done(s, j) if check else z3.BoolVal(True))
+        runs = And(at(s.astate, j) == QUEUED, _fences_done(s, j) if check else z3.BoolVal(True))
         return on_ok(z3.IntVal(OK), s, s.set(astate=z3.Lambda([j], z3.If(runs, FREED, at(s.astate, j)))))
     return step
 
@@ -327,14 +328,14 @@ _STREAM_PRE = lambda s, a: a.st >= 0  # noqa: E731
 _LIVE_X = lambda s, a: at(s.astate, a.x) == LIVE  # noqa: E731
 _FENCE_ACTS = [
     Act("allocate", _X, _q_alloc, pre=lambda s, a: at(s.astate, a.x) == NONE, objs=("x",)),
-    Act("use", {"x": INT, "st": INT}, _q_use, pre=lambda s, a: z3.And(_STREAM_PRE(s, a), _LIVE_X(s, a)), objs=("x",)),
+    Act("use", {"x": INT, "st": INT}, _q_use, pre=lambda s, a: And(_STREAM_PRE(s, a), _LIVE_X(s, a)), objs=("x",)),
     Act("drop", _X, _q_drop, pre=lambda s, a: at(s.astate, a.x) != NONE, objs=("x",)),
     # close_owned, unload_weight, kv_close: the same enqueue, drawn on live objects only
     Act("close", _X, _q_drop, pre=_LIVE_X, objs=("x",)),
     Act("decommit", {"x": INT, "y": INT, "bad": BOOL}, _q_decommit,
-        pre=lambda s, a: z3.And(_LIVE_X(s, a), at(s.astate, a.y) == NONE), objs=("x", "y")),
+        pre=lambda s, a: And(_LIVE_X(s, a), at(s.astate, a.y) == NONE), objs=("x", "y")),
     Act("synchronize", {"st": INT, "every": BOOL}, _q_sync, pre=_STREAM_PRE),
-    Act("progress", {"st": INT, "k": INT}, _q_progress, pre=lambda s, a: z3.And(_STREAM_PRE(s, a), a.k >= 1)),
+    Act("progress", {"st": INT, "k": INT}, _q_progress, pre=lambda s, a: And(_STREAM_PRE(s, a), a.k >= 1)),
     Act("poll", {}, _q_poll(True)),
 ]
 
@@ -342,8 +343,8 @@ _FENCE_ACTS = [
 def _s4_inv(s: St, o: Any) -> Any:
     st = z3.Int("inv_st")
     u, iss, done = at(at(s.use, o), st), at(s.iss, st), at(s.done, st)
-    return z3.ForAll([st], z3.And(0 <= done, done <= iss, u <= iss,
-                                  z3.Implies(at(s.astate, o) == FREED, u <= done)))
+    return z3.ForAll([st], And(0 <= done, done <= iss, u <= iss,
+                                  Implies(at(s.astate, o) == FREED, u <= done)))
 
 
 S4 = Proof(
@@ -381,7 +382,7 @@ S4 = Proof(
 # ==========================================================================
 
 def _in_range(p: Any, lo: Any, hi: Any, page: Any) -> Any:
-    return z3.And(K.floordiv(lo, page) <= p, p < K.floordiv(hi, page))
+    return And(K.floordiv(lo, page) <= p, p < K.floordiv(hi, page))
 
 
 def _some_page(s: St, r: Any, lo: Any, hi: Any, committed: bool) -> Any:
@@ -389,19 +390,19 @@ def _some_page(s: St, r: Any, lo: Any, hi: Any, committed: bool) -> Any:
     ``committed=False``, not committed)?"""
     p = z3.Int("pg")
     row = at(s.pc, r)
-    hit = at(row, p) if committed else z3.Not(at(row, p))
-    return z3.Exists([p], z3.And(_in_range(p, lo, hi, s.page), hit))
+    hit = at(row, p) if committed else Not(at(row, p))
+    return z3.Exists([p], And(_in_range(p, lo, hi, s.page), hit))
 
 
 def _oom(s: St, n: Any, oom: Any) -> Any:
     """spec/state.py oom_rule: OutOfMemory when the bytes do not fit, and allowed
     (the environment's choice ``oom``) when they would not fit with what a twin
     on the same device holds; never from fragmentation."""
-    return z3.Or(s.physical + n > s.capacity, z3.And(oom, s.physical + s.foreign + n > s.capacity))
+    return Or(s.physical + n > s.capacity, And(oom, s.physical + s.foreign + n > s.capacity))
 
 
 def _s5_handle_errors(s: St, r: Any) -> list:
-    return [(at(s.rforeign, r), "ForeignAllocation"), (z3.Not(at(s.rlive, r)), "StaleHandle")]
+    return [(at(s.rforeign, r), "ForeignAllocation"), (Not(at(s.rlive, r)), "StaleHandle")]
 
 
 def _s5_query(which: str, check: bool):
@@ -411,7 +412,7 @@ def _s5_query(which: str, check: bool):
         present = s[which]
         answer = K.ite(present, 1, 0) if check else z3.IntVal(1)
         return on_ok(z3.IntVal(OK), s, s.set(answer=answer,
-                                             absent=s.absent + K.ite(z3.And(z3.Not(present), answer == 1), 1, 0)))
+                                             absent=s.absent + K.ite(And(Not(present), answer == 1), 1, 0)))
     return step
 
 
@@ -426,9 +427,9 @@ def _s5_commit(s: St, a: St):
     n = a.hi - a.lo
     pg = z3.Int("pg")
     row = at(s.pc, a.r)
-    new_row = z3.Lambda([pg], z3.Or(at(row, pg), _in_range(pg, a.lo, a.hi, s.page)))
+    new_row = z3.Lambda([pg], Or(at(row, pg), _in_range(pg, a.lo, a.hi, s.page)))
     out = outcome(*_s5_handle_errors(s, a.r),
-                  (z3.Not(K.range_ok(a.lo, a.hi, at(s.rsize, a.r), s.page)), "InvalidRange"),
+                  (Not(K.range_ok(a.lo, a.hi, at(s.rsize, a.r), s.page)), "InvalidRange"),
                   (_some_page(s, a.r, a.lo, a.hi, True), "InvalidRange"),
                   (_oom(s, n, a.oom), "OutOfMemory"))
     return on_ok(out, s, s.set(pc=upd(s.pc, a.r, new_row), reported=upd(s.reported, a.r, at(s.reported, a.r) + n),
@@ -439,9 +440,9 @@ def _s5_decommit(s: St, a: St):
     n = a.hi - a.lo
     pg = z3.Int("pg")
     row = at(s.pc, a.r)
-    new_row = z3.Lambda([pg], z3.And(at(row, pg), z3.Not(_in_range(pg, a.lo, a.hi, s.page))))
+    new_row = z3.Lambda([pg], And(at(row, pg), Not(_in_range(pg, a.lo, a.hi, s.page))))
     out = outcome(*_s5_handle_errors(s, a.r),
-                  (z3.Not(K.range_ok(a.lo, a.hi, at(s.rsize, a.r), s.page)), "InvalidRange"),
+                  (Not(K.range_ok(a.lo, a.hi, at(s.rsize, a.r), s.page)), "InvalidRange"),
                   (_some_page(s, a.r, a.lo, a.hi, False), "InvalidRange"))
     return on_ok(out, s, s.set(pc=upd(s.pc, a.r, new_row), reported=upd(s.reported, a.r, at(s.reported, a.r) - n),
                                physical=s.physical - n, ctot=s.ctot - n, ret=n))
@@ -463,7 +464,7 @@ def _s5_reserve_owned(check: bool):
     """The binding's reserve: without the installed mechanism's VirtualBacking,
     Unsupported (the guard); the reservation records whether its creator has it."""
     def step(s: St, a: St):
-        out = outcome(*([(z3.Not(s.cap), "Unsupported")] if check else []), (a.bad, "InvalidRequest"),
+        out = outcome(*([(Not(s.cap), "Unsupported")] if check else []), (a.bad, "InvalidRequest"),
                       (a.oom, "OutOfMemory"))
         return on_ok(out, s, s.set(ostate=upd(s.ostate, a.r, LIVE), rcap=upd(s.rcap, a.r, s.cap),
                                    osize=upd(s.osize, a.r, a.n), ocb=upd(s.ocb, a.r, 0)))
@@ -472,20 +473,20 @@ def _s5_reserve_owned(check: bool):
 
 def _s5_commit_owned(s: St, a: St):
     n = a.hi - a.lo
-    out = outcome((z3.Or(a.bad, a.hi > at(s.osize, a.r)), "InvalidRange"), (n > s.free, "GrantDenied"),
+    out = outcome((Or(a.bad, a.hi > at(s.osize, a.r)), "InvalidRange"), (n > s.free, "GrantDenied"),
                   (a.oom, "OutOfMemory"))
     return on_ok(out, s, s.set(ocb=upd(s.ocb, a.r, at(s.ocb, a.r) + n), free=s.free - n, ret=n))
 
 
 def _s5_kv_open(s: St, a: St):
-    out = outcome((z3.Or(z3.Not(s.cap), z3.And(a.prefix, z3.Not(s.scap))), "Unsupported"), (a.bad, "InvalidRequest"))
+    out = outcome((Or(Not(s.cap), And(a.prefix, Not(s.scap))), "Unsupported"), (a.bad, "InvalidRequest"))
     return on_ok(out, s, s.set(kst=upd(s.kst, a.q, LIVE), kcap=upd(s.kcap, a.q, s.cap)))
 
 
 def _s5_named(s: St, o: Any) -> Any:
     """The spec's S5 (both levels), at object ``o``."""
-    return z3.And(s.absent == 0, s.physical == s.other + s.ctot,
-                  z3.Implies(at(s.ostate, o) == LIVE, at(s.rcap, o)), z3.Implies(at(s.kst, o) == LIVE, at(s.kcap, o)))
+    return And(s.absent == 0, s.physical == s.other + s.ctot,
+                  Implies(at(s.ostate, o) == LIVE, at(s.rcap, o)), Implies(at(s.kst, o) == LIVE, at(s.kcap, o)))
 
 
 def _s5_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
@@ -494,14 +495,14 @@ def _s5_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
     if name in ("commit_range", "decommit_range"):
         sign = 1 if name == "commit_range" else -1
         delta = at(s2.reported, a.r) - at(s.reported, a.r)
-        return z3.Implies(out == OK, z3.And(s2.ret == a.hi - a.lo, s2.ret > 0, delta == sign * s2.ret,
+        return Implies(out == OK, And(s2.ret == a.hi - a.lo, s2.ret > 0, delta == sign * s2.ret,
                                             s2.physical - s.physical == sign * s2.ret, s2.ctot - s.ctot == sign * s2.ret))
     if name == "commit_owned":
-        return z3.Implies(out == OK, z3.And(s2.ret == a.hi - a.lo, at(s2.ocb, a.r) - at(s.ocb, a.r) == s2.ret))
+        return Implies(out == OK, And(s2.ret == a.hi - a.lo, at(s2.ocb, a.r) - at(s.ocb, a.r) == s2.ret))
     if name == "committed_bytes":
-        return z3.Implies(out == OK, s2.ret == at(s.reported, a.r))
+        return Implies(out == OK, s2.ret == at(s.reported, a.r))
     if name == "release_reservation":
-        return z3.Implies(out == OK, z3.And(s2.ret == at(s.reported, a.r), s.physical - s2.physical == s2.ret))
+        return Implies(out == OK, And(s2.ret == at(s.reported, a.r), s.physical - s2.physical == s2.ret))
     return z3.BoolVal(True)
 
 
@@ -515,14 +516,14 @@ S5 = Proof(
             "ctot": INT, "absent": INT, "rlive": BARR, "rforeign": BARR, "rsize": ARR, "pc": ARR2B, "reported": ARR,
             "answer": INT, "ret": INT, "free": INT, "ostate": ARR, "rcap": BARR, "osize": ARR, "ocb": ARR,
             "kst": ARR, "kcap": BARR},
-    init=lambda s: z3.And(s.page > 0, s.capacity >= 0, s.physical == 0, s.other == 0, s.ctot == 0, s.absent == 0,
+    init=lambda s: And(s.page > 0, s.capacity >= 0, s.physical == 0, s.other == 0, s.ctot == 0, s.absent == 0,
                           s.rlive == F0(), s.reported == Z0(), s.ostate == Z0(), s.kst == Z0(),
                           s.pc == z3.K(z3.IntSort(), z3.K(z3.IntSort(), z3.BoolVal(False)))),
-    inv=lambda s, r: z3.And(s.page > 0, _s5_named(s, r)),
+    inv=lambda s, r: And(s.page > 0, _s5_named(s, r)),
     actions=[
         Act("query_virtual_backing", {}, _s5_query("cap", True)),
         Act("query_shared_mapping", {}, _s5_query("scap", True)),
-        Act("reserve", _S5_RES, _s5_reserve, pre=lambda s, a: z3.And(s.cap, z3.Not(at(s.rlive, a.r)))),
+        Act("reserve", _S5_RES, _s5_reserve, pre=lambda s, a: And(s.cap, Not(at(s.rlive, a.r)))),
         Act("commit_range", _SPAN_OOM, _s5_commit, pre=_CAP),
         Act("decommit_range", _SPAN, _s5_decommit, pre=_CAP),
         Act("committed_bytes", {"r": INT}, _s5_committed_bytes, pre=_CAP),
@@ -564,8 +565,8 @@ def _s6_set_hot(s: St, a: St):
 def _s6_evict(s: St, w: Any, go: Any) -> St:
     """holders.evict(by="holder", pressure=True) of weight ``w`` when ``go``:
     it leaves residency; a hot one is recorded (S6's ``hot_evictions``)."""
-    return s.set(res=upd(s.res, w, z3.And(at(s.res, w), z3.Not(go))),
-                 hot_ev=s.hot_ev + K.ite(z3.And(go, at(s.hot, w)), 1, 0))
+    return s.set(res=upd(s.res, w, And(at(s.res, w), Not(go))),
+                 hot_ev=s.hot_ev + K.ite(And(go, at(s.hot, w)), 1, 0))
 
 
 def _s6_respond(s: St, a: St):
@@ -574,14 +575,14 @@ def _s6_respond(s: St, a: St):
     reports ``r``, at most the ``refunded`` bytes its own releases gave back
     (more is an overclaim).  The ticket holds the report; granted once it
     holds its amount.  A terminal ticket: InvalidTicket."""
-    out = outcome((z3.Or(at(s.tstate, a.t) == 0, _terminal(at(s.tstate, a.t))), "InvalidTicket"))
+    out = outcome((Or(at(s.tstate, a.t) == 0, _terminal(at(s.tstate, a.t))), "InvalidTicket"))
     wts = a.holder == H_WEIGHTS
-    s1 = _s6_evict(_s6_evict(s, a.v1, z3.And(wts, a.nv >= 1)), a.v2, z3.And(wts, a.nv >= 2))
+    s1 = _s6_evict(_s6_evict(s, a.v1, And(wts, a.nv >= 1)), a.v2, And(wts, a.nv >= 2))
     r = K.ite(wts, K.ite(a.nv >= 1, at(s.wb, a.v1), 0) + K.ite(a.nv >= 2, at(s.wb, a.v2), 0), a.r)
     held = at(s.held, a.t) + r
-    st = K.ite(z3.Or(at(s.tstate, a.t) == T_GRANTED, held >= at(s.amount, a.t)), T_GRANTED, at(s.tstate, a.t))
+    st = K.ite(Or(at(s.tstate, a.t) == T_GRANTED, held >= at(s.amount, a.t)), T_GRANTED, at(s.tstate, a.t))
     return on_ok(out, s, s1.set(held=upd(s.held, a.t, held), tstate=upd(s.tstate, a.t, st),
-                                over=s.over + K.ite(z3.And(z3.Not(wts), a.r > a.refunded), 1, 0)))
+                                over=s.over + K.ite(And(Not(wts), a.r > a.refunded), 1, 0)))
 
 
 def _s6_pre(check: bool):
@@ -589,11 +590,11 @@ def _s6_pre(check: bool):
     the guard, resident and cold); KV reports ``0 <= r <= refunded``."""
     def pre(s: St, a: St) -> Any:
         def ok_victim(v: Any) -> Any:
-            return z3.And(at(s.res, v), z3.Not(at(s.hot, v))) if check else at(s.res, v)
-        wts = z3.And(a.holder == H_WEIGHTS, 0 <= a.nv, a.nv <= 2, z3.Implies(a.nv >= 1, ok_victim(a.v1)),
-                     z3.Implies(a.nv >= 2, z3.And(ok_victim(a.v2), a.v2 != a.v1)))
-        kv = z3.And(a.holder == H_KV, a.nv == 0, 0 <= a.r, a.r <= a.refunded)
-        return z3.And(at(s.tstate, a.t) != 0, z3.Or(wts, kv))
+            return And(at(s.res, v), Not(at(s.hot, v))) if check else at(s.res, v)
+        wts = And(a.holder == H_WEIGHTS, 0 <= a.nv, a.nv <= 2, Implies(a.nv >= 1, ok_victim(a.v1)),
+                     Implies(a.nv >= 2, And(ok_victim(a.v2), a.v2 != a.v1)))
+        kv = And(a.holder == H_KV, a.nv == 0, 0 <= a.r, a.r <= a.refunded)
+        return And(at(s.tstate, a.t) != 0, Or(wts, kv))
     return pre
 
 
@@ -601,8 +602,8 @@ def _s6_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
     if name == "issue_ticket":  # the Governor's own action takes nothing from any holder
         return at(s2.res, o) == at(s.res, o)
     if name == "respond":  # only the answering holder's weights move, and 0 is a valid answer
-        return z3.And(z3.Implies(a.holder != H_WEIGHTS, at(s2.res, o) == at(s.res, o)),
-                      z3.Implies(z3.And(a.holder == H_KV, a.r == 0, at(s.tstate, a.t) == T_PENDING), out == OK))
+        return And(Implies(a.holder != H_WEIGHTS, at(s2.res, o) == at(s.res, o)),
+                      Implies(And(a.holder == H_KV, a.r == 0, at(s.tstate, a.t) == T_PENDING), out == OK))
     return z3.BoolVal(True)
 
 
@@ -612,10 +613,10 @@ S6 = Proof(
     fields={"res": BARR, "hot": BARR, "wb": ARR, "tstate": ARR, "held": ARR, "amount": ARR,
             "gov_ev": INT, "hot_ev": INT, "over": INT},
     # any weights resident (hot or cold) and of any size >= 0: load_weight (S8/S11's) may have loaded them
-    init=lambda s: z3.And(s.tstate == Z0(), s.held == Z0(), s.gov_ev == 0, s.hot_ev == 0, s.over == 0,
+    init=lambda s: And(s.tstate == Z0(), s.held == Z0(), s.gov_ev == 0, s.hot_ev == 0, s.over == 0,
                           z3.ForAll([z3.Int("w0")], at(s.wb, z3.Int("w0")) >= 0)),
-    inv=lambda s, o: z3.And(s.gov_ev == 0, s.hot_ev == 0, s.over == 0, at(s.held, o) >= 0,
-                            z3.Implies(at(s.res, o), at(s.wb, o) >= 0)),
+    inv=lambda s, o: And(s.gov_ev == 0, s.hot_ev == 0, s.over == 0, at(s.held, o) >= 0,
+                            Implies(at(s.res, o), at(s.wb, o) >= 0)),
     actions=[
         Act("issue_ticket", {"t": INT, "n": INT}, _s6_issue, pre=lambda s, a: at(s.tstate, a.t) == 0, objs=("t",)),
         Act("set_hot", {"w": INT, "h": BOOL}, _s6_set_hot, pre=lambda s, a: at(s.res, a.w), objs=("w",)),
@@ -646,8 +647,8 @@ def _s7_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
     changed, and frees nothing else."""
     if name in ("drop", "close", "decommit"):
         x = a.y if name == "decommit" else a.x
-        return z3.And(z3.Implies(out == OK, at(s2.astate, x) == QUEUED), s2.done == s.done,
-                      z3.Implies(at(s2.astate, o) == FREED, at(s.astate, o) == FREED))
+        return And(Implies(out == OK, at(s2.astate, x) == QUEUED), s2.done == s.done,
+                      Implies(at(s2.astate, o) == FREED, at(s.astate, o) == FREED))
     return z3.BoolVal(True)
 
 
@@ -723,7 +724,7 @@ def _contrib(st: Any, b: Any, which: int) -> Any:
 
 def _charged(st: Any, b: Any) -> Any:
     """What an item adds to ``charged``: its bytes while live, queued or a lease."""
-    return z3.If(z3.And(st >= I_LIVE, st <= I_LEASE), b, 0)
+    return z3.If(And(st >= I_LIVE, st <= I_LEASE), b, 0)
 
 
 #: the holder every kind of charge item belongs to (a queued piece: any)
@@ -767,7 +768,7 @@ def _l_reserve(check: bool):
         l = _ledger(s)
         pairs = [(a.nb <= 0, "InvalidRequest")]
         if check:
-            pairs.append((z3.Not(K.can_grant(l, a.nb)), "GrantDenied"))
+            pairs.append((Not(K.can_grant(l, a.nb)), "GrantDenied"))
         return on_ok(outcome(*pairs), s, _with_ledger(s, K.grant(l, a.nb), gst=upd(s.gst, a.g, G_OPEN),
                                                      gb=upd(s.gb, a.g, a.nb), og=s.og + a.nb,
                                                      PG=prefix_append(s.PG, s.ng, a.nb), ng=s.ng + 1))
@@ -778,7 +779,7 @@ def _l_commit(check: bool):
     def step(s: St, a: St):
         b = at(s.gb, a.g)
         pairs = [(at(s.gst, a.g) != G_OPEN, "InvalidRequest")] if check else []
-        pairs.append((z3.Not(K.can_commit(_ledger(s), b, a.actual)), "GrantDenied"))
+        pairs.append((Not(K.can_commit(_ledger(s), b, a.actual)), "GrantDenied"))
         s1 = _with_ledger(s, K.commit_grant(_ledger(s), b, a.actual), gst=upd(s.gst, a.g, G_COMMITTED), og=s.og - b,
                           PG=prefix_change(s.PG, a.g, -b if check else -_contrib(at(s.gst, a.g), b, G_OPEN)),
                           cb=_hadd(s.cb, SESSION_H, a.actual), lsb=_hadd(s.lsb, SESSION_H, a.actual))
@@ -808,21 +809,21 @@ def _l_allocate_owned(s: St, a: St):
     plan is refused); every failure returns the grant."""
     l0 = _ledger(s)
     l1 = K.grant(l0, a.size)
-    out = outcome((a.size <= 0, "InvalidRequest"), (z3.Not(K.can_grant(l0, a.size)), "GrantDenied"),
-                  (a.oom, "OutOfMemory"), (z3.Not(K.can_commit(l1, a.size, a.fp)), "GrantDenied"))
+    out = outcome((a.size <= 0, "InvalidRequest"), (Not(K.can_grant(l0, a.size)), "GrantDenied"),
+                  (a.oom, "OutOfMemory"), (Not(K.can_commit(l1, a.size, a.fp)), "GrantDenied"))
     s1 = _charge(s, SESSION_H, a.size, a.fp, lb=_hadd(s.lb, SESSION_H, a.fp))
     return on_ok(out, s, _item_new(s1, SESSION_H, K_ALLOC, I_LIVE, a.fp))
 
 
 def _l_load_weight(s: St, a: St):
-    out = outcome((z3.Not(K.can_grant(_ledger(s), a.nb)), "GrantDenied"), (a.oom, "OutOfMemory"))
+    out = outcome((Not(K.can_grant(_ledger(s), a.nb)), "GrantDenied"), (a.oom, "OutOfMemory"))
     s1 = _charge(s, WEIGHTS_H, a.nb, a.nb, lb=_hadd(s.lb, WEIGHTS_H, a.nb))
     return on_ok(out, s, _item_new(s1, WEIGHTS_H, K_WEIGHT, I_LIVE, a.nb))
 
 
 def _l_commit_owned(s: St, a: St):
     """commit_owned on reservation item ``x``: charge-then-commit ``nb`` bytes."""
-    out = outcome((a.bad, "InvalidRange"), (z3.Not(K.can_grant(_ledger(s), a.nb)), "GrantDenied"),
+    out = outcome((a.bad, "InvalidRange"), (Not(K.can_grant(_ledger(s), a.nb)), "GrantDenied"),
                   (a.oom, "OutOfMemory"))
     s1 = _charge(s, SESSION_H, a.nb, a.nb, lb=_hadd(s.lb, SESSION_H, a.nb))
     return on_ok(out, s, _item_set(s1, a.x, I_LIVE, at(s.ib, a.x) + a.nb))
@@ -832,11 +833,11 @@ def _l_kv_grow(s: St, a: St):
     """kv_grow of request item ``x`` by ``d`` bytes (the page-rounded growth):
     ``past``: beyond max_bytes; ``refuse``: nothing to grow answered
     InvalidRequest; ``fail``: a failure injected at step 4/5; ``oom``."""
-    out = outcome((a.past, "InvalidRange"), (z3.And(a.d <= 0, a.refuse), "InvalidRequest"), (a.d <= 0, "ok"),
-                  (z3.Not(K.can_grant(_ledger(s), a.d)), "GrantDenied"), (a.fail, "MemspecError"),
+    out = outcome((a.past, "InvalidRange"), (And(a.d <= 0, a.refuse), "InvalidRequest"), (a.d <= 0, "ok"),
+                  (Not(K.can_grant(_ledger(s), a.d)), "GrantDenied"), (a.fail, "MemspecError"),
                   (a.oom, "OutOfMemory"))
     s1 = _item_set(_charge(s, KV_H, a.d, a.d, lb=_hadd(s.lb, KV_H, a.d)), a.x, I_LIVE, at(s.ib, a.x) + a.d)
-    return out, merge(z3.And(out == OK, a.d > 0), s1, s)
+    return out, merge(And(out == OK, a.d > 0), s1, s)
 
 
 # -- releases: drop, unload, the deferred-free queue (spec/ep.py) -------------
@@ -939,7 +940,7 @@ def _l_respond(s: St, a: St):
     ran = merge(a.mode == 0, s, gone)
     r = K.ite(a.mode == 2, at(s.ib, a.x), 0)
     held = at(s.tb, a.t) + r
-    nst = K.ite(z3.And(at(s.tst, a.t) == T_PENDING, held >= at(s.ta, a.t)), T_GRANTED, at(s.tst, a.t))
+    nst = K.ite(And(at(s.tst, a.t) == T_PENDING, held >= at(s.ta, a.t)), T_GRANTED, at(s.tst, a.t))
     s1 = _with_ledger(ran, K.grant_from_free(_ledger(ran), r), tb=upd(s.tb, a.t, held), tst=upd(s.tst, a.t, nst),
                       th=s.th + r, **_tmove(ran, a.t, nst, held))
     return on_ok(out, s, s1)
@@ -973,7 +974,7 @@ def _m_set(s: St, x: Any, nst: Any, nb: Any) -> St:
 
 def _m_allocate(check: bool):
     def step(s: St, a: St):
-        pairs = [(z3.Or(a.size <= 0, a.bad_align), "InvalidRequest")]
+        pairs = [(Or(a.size <= 0, a.bad_align), "InvalidRequest")]
         if check:
             pairs.append((s.phys + a.fp > s.mcap, "OutOfMemory"))
         pairs.append((a.oom, "OutOfMemory"))
@@ -1023,7 +1024,7 @@ def _m_create(s: St, a: St):
 
 def _m_maybe_free(s: St, h: Any) -> St:
     """shared._maybe_free: a handle released, unmapped everywhere and not freed yet is freed."""
-    due = z3.And(at(s.hrel, h) != 0, at(s.hmaps, h) == 0, at(s.mst, h) == I_LIVE)
+    due = And(at(s.hrel, h) != 0, at(s.hmaps, h) == 0, at(s.mst, h) == I_LIVE)
     return merge(due, _m_set(s, h, I_GONE, at(s.mb, h)), s)
 
 
@@ -1037,13 +1038,13 @@ def _m_release_handle(s: St, a: St):
 
 def _m_mapped(s: St, x: Any) -> Any:
     """``x`` is a live mapping (shared, or copied: private)."""
-    return z3.Or(at(s.mst, x) == I_LIVE, at(s.mst, x) == M_SHARED)
+    return Or(at(s.mst, x) == I_LIVE, at(s.mst, x) == M_SHARED)
 
 
 def _mapping_out(s: St, a: St, *more: tuple[Any, str]) -> Any:
     """A call on mapping ``x`` whose range is not exactly one live mapping (``bad``): InvalidRange.
     (The spec's reservation checks cannot fire: a reservation is not freed while mapped.)"""
-    return outcome((z3.Or(a.bad, z3.Not(_m_mapped(s, a.x))), "InvalidRange"), *more)
+    return outcome((Or(a.bad, Not(_m_mapped(s, a.x))), "InvalidRange"), *more)
 
 
 def _m_unmap(s: St, a: St):
@@ -1086,9 +1087,9 @@ def _holder_part(s: St, o: Any) -> Any:
     outside 0..2 the formula is not built: invariant agreement's fast path)."""
     if z3.is_int_value(o) and not 0 <= o.as_long() <= 2:
         return z3.BoolVal(True)
-    return z3.Implies(z3.And(0 <= o, o <= 2), z3.And(
+    return Implies(And(0 <= o, o <= 2), And(
         at(s.cb, o) == at(s.lb, o) + at(s.qb, o) + at(s.lsb, o),
-        *[z3.And(prefix_count(s[P], s.n, o, lambda k, i, w=w: z3.If(z3.And(_sel(s, "ist", i) == w,
+        *[And(prefix_count(s[P], s.n, o, lambda k, i, w=w: z3.If(And(_sel(s, "ist", i) == w,
                                                                              _sel(s, "ih", i) == k),
                                                                      _sel(s, "ib", i), 0)),
                  at(s[tot], o) == at(at(s[P], o), s.n))
@@ -1126,19 +1127,19 @@ def _l_inv(s: St, o: Any) -> Any:
     device holds the sum of its live objects' bytes, at most its capacity."""
     def live_item(i: Any) -> Any:
         return at(s.ist, i) != 0
-    return z3.And(
+    return And(
         *_l_global(s),
         _holder_part(s, o),
         # charge items: dense ids, a holder, bytes >= 0
-        z3.Implies(live_item(o), z3.And(0 <= o, o < s.n, 0 <= at(s.ih, o), at(s.ih, o) <= 2, at(s.ib, o) >= 0)),
-        *[z3.Implies(z3.And(live_item(o), at(s.ik, o) == k), at(s.ih, o) == h) for k, h in _KIND_HOLDER.items()],
+        Implies(live_item(o), And(0 <= o, o < s.n, 0 <= at(s.ih, o), at(s.ih, o) <= 2, at(s.ib, o) >= 0)),
+        *[Implies(And(live_item(o), at(s.ik, o) == k), at(s.ih, o) == h) for k, h in _KIND_HOLDER.items()],
         # grants
-        z3.Implies(at(s.gst, o) != 0, z3.And(0 <= o, o < s.ng, at(s.gb, o) >= 0)),
+        Implies(at(s.gst, o) != 0, And(0 <= o, o < s.ng, at(s.gb, o) >= 0)),
         # tickets
-        z3.Implies(at(s.tst, o) != 0, z3.And(0 <= o, o < s.nt)), at(s.tb, o) >= 0,
-        z3.Implies(z3.Or(at(s.tst, o) == 0, _terminal(at(s.tst, o))), at(s.tb, o) == 0),
+        Implies(at(s.tst, o) != 0, And(0 <= o, o < s.nt)), at(s.tb, o) >= 0,
+        Implies(Or(at(s.tst, o) == 0, _terminal(at(s.tst, o))), at(s.tb, o) == 0),
         # device objects: dense ids, bytes >= 0
-        z3.Implies(at(s.mst, o) != 0, z3.And(0 <= o, o < s.nm, at(s.mb, o) >= 0)),
+        Implies(at(s.mst, o) != 0, And(0 <= o, o < s.nm, at(s.mb, o) >= 0)),
     )
 
 
@@ -1156,7 +1157,7 @@ _L_COUNTS = ("n", "ng", "nt", "nm")  # the dense-id counts of the ghosts
 
 
 def _l_init(s: St) -> Any:
-    return z3.And(s.cap >= 0, s.free == s.cap, s.granted == 0, s.charged == 0, s.og == 0, s.th == 0, s.page > 0,
+    return And(s.cap >= 0, s.free == s.cap, s.granted == 0, s.charged == 0, s.og == 0, s.th == 0, s.page > 0,
                   s.cb == Z0(), s.lb == Z0(), s.qb == Z0(), s.lsb == Z0(),
                   s.gst == Z0(), s.ng == 0, at(s.PG, 0) == 0, s.tst == Z0(), s.tb == Z0(), s.nt == 0,
                   at(s.PTP, 0) == 0, at(s.PTG, 0) == 0,
@@ -1180,7 +1181,7 @@ _ITEM = lambda s, a: at(s.ist, a.x) != 0  # noqa: E731
 
 def _m_kind(k: int):
     """``x`` is a device object of kind ``k``."""
-    return lambda s, a: z3.And(at(s.mst, a.x) != 0, at(s.mk, a.x) == k)
+    return lambda s, a: And(at(s.mst, a.x) != 0, at(s.mk, a.x) == k)
 
 
 _M_SPAN = {"x": INT, "nb": INT, "foreign": BOOL, "bad": BOOL, "oom": BOOL}
@@ -1189,52 +1190,52 @@ _M_MAPPING = {"x": INT, "h": INT, "bad": BOOL}
 
 def _m_mapping_pre(s: St, a: St) -> Any:
     """``x`` a live mapping (the spec draws unmap's and copy_on_write's from the live ones) of handle ``h``."""
-    return z3.And(_m_kind(M_MAP)(s, a), _m_mapped(s, a.x), at(s.mh, a.x) == a.h, at(s.mst, a.h) != 0,
+    return And(_m_kind(M_MAP)(s, a), _m_mapped(s, a.x), at(s.mh, a.x) == a.h, at(s.mst, a.h) != 0,
                   at(s.mk, a.h) == M_HANDLE)
 _L_ACTS: dict[str, Act] = {a.name: a for a in [
     Act("reserve", {"g": INT, "nb": INT}, _l_reserve(True), pre=lambda s, a: a.g == s.ng, objs=("g",)),
     Act("commit", {"g": INT, "actual": INT}, _l_commit(True),
-        pre=lambda s, a: z3.And(at(s.gst, a.g) != 0, a.actual >= 0), objs=("g",)),
+        pre=lambda s, a: And(at(s.gst, a.g) != 0, a.actual >= 0), objs=("g",)),
     Act("cancel", {"g": INT}, _l_cancel, pre=lambda s, a: at(s.gst, a.g) != 0, objs=("g",)),
-    Act("refund_lease", {"x": INT}, _l_refund_lease, pre=lambda s, a: z3.And(_ITEM(s, a), _kind(K_LEASE)(s, a)),
+    Act("refund_lease", {"x": INT}, _l_refund_lease, pre=lambda s, a: And(_ITEM(s, a), _kind(K_LEASE)(s, a)),
         objs=("x",)),
     Act("allocate_owned", {"size": INT, "fp": INT, "oom": BOOL}, _l_allocate_owned,
-        pre=lambda s, a: z3.Or(a.size <= 0, K.footprint_ok(a.size, a.fp, s.page))),
+        pre=lambda s, a: Or(a.size <= 0, K.footprint_ok(a.size, a.fp, s.page))),
     Act("load_weight", {"nb": INT, "oom": BOOL}, _l_load_weight, pre=lambda s, a: a.nb > 0),
     Act("commit_owned", {"x": INT, "nb": INT, "bad": BOOL, "oom": BOOL}, _l_commit_owned,
-        pre=lambda s, a: z3.And(_ITEM(s, a), _kind(K_RES)(s, a), at(s.ist, a.x) == I_LIVE, a.nb > 0), objs=("x",)),
+        pre=lambda s, a: And(_ITEM(s, a), _kind(K_RES)(s, a), at(s.ist, a.x) == I_LIVE, a.nb > 0), objs=("x",)),
     Act("kv_grow", {"x": INT, "d": INT, "past": BOOL, "refuse": BOOL, "fail": BOOL, "oom": BOOL}, _l_kv_grow,
-        pre=lambda s, a: z3.And(_ITEM(s, a), _kind(K_KV)(s, a), at(s.ist, a.x) == I_LIVE), objs=("x",)),
-    Act("drop", {"x": INT}, _l_drop, pre=lambda s, a: z3.And(_ITEM(s, a), _kind(K_ALLOC)(s, a)), objs=("x",)),
+        pre=lambda s, a: And(_ITEM(s, a), _kind(K_KV)(s, a), at(s.ist, a.x) == I_LIVE), objs=("x",)),
+    Act("drop", {"x": INT}, _l_drop, pre=lambda s, a: And(_ITEM(s, a), _kind(K_ALLOC)(s, a)), objs=("x",)),
     Act("unload_weight", {"x": INT}, _l_unload,
-        pre=lambda s, a: z3.And(_kind(K_WEIGHT)(s, a), at(s.ist, a.x) == I_LIVE), objs=("x",)),
-    Act("poll", {"x": INT, "none": BOOL}, _l_poll, pre=lambda s, a: z3.Or(a.none, at(s.ist, a.x) == I_QUEUED),
+        pre=lambda s, a: And(_kind(K_WEIGHT)(s, a), at(s.ist, a.x) == I_LIVE), objs=("x",)),
+    Act("poll", {"x": INT, "none": BOOL}, _l_poll, pre=lambda s, a: Or(a.none, at(s.ist, a.x) == I_QUEUED),
         objs=("x",)),
-    Act("claim", {"t": INT, "g": INT}, _l_claim, pre=lambda s, a: z3.And(at(s.tst, a.t) != 0, a.g == s.ng),
+    Act("claim", {"t": INT, "g": INT}, _l_claim, pre=lambda s, a: And(at(s.tst, a.t) != 0, a.g == s.ng),
         objs=("t", "g")),
     Act("cancel_ticket", {"t": INT}, _l_cancel_ticket, pre=lambda s, a: at(s.tst, a.t) != 0, objs=("t",)),
     Act("expire", {"t": INT, "none": BOOL}, _l_expire,
-        pre=lambda s, a: z3.Or(a.none, z3.And(at(s.tst, a.t) != 0, z3.Not(_terminal(at(s.tst, a.t))))), objs=("t",)),
+        pre=lambda s, a: Or(a.none, And(at(s.tst, a.t) != 0, Not(_terminal(at(s.tst, a.t))))), objs=("t",)),
     Act("respond", {"t": INT, "x": INT, "mode": INT}, _l_respond,
-        pre=lambda s, a: z3.And(at(s.tst, a.t) != 0, z3.Or(
-            a.mode == 0, z3.And(a.mode == 1, at(s.ist, a.x) == I_QUEUED),
-            z3.And(a.mode == 2, _kind(K_WEIGHT)(s, a), at(s.ist, a.x) == I_LIVE, at(s.ih, a.x) == WEIGHTS_H))),
+        pre=lambda s, a: And(at(s.tst, a.t) != 0, Or(
+            a.mode == 0, And(a.mode == 1, at(s.ist, a.x) == I_QUEUED),
+            And(a.mode == 2, _kind(K_WEIGHT)(s, a), at(s.ist, a.x) == I_LIVE, at(s.ih, a.x) == WEIGHTS_H))),
         objs=("t", "x")),
     # ``bad_align``: an alignment that is not a power of two; the footprint is at least the size
     # (aligned_footprint: the page-rounded size plus the alignment beyond the page)
     Act("m_allocate", {"size": INT, "bad_align": BOOL, "fp": INT, "oom": BOOL}, _m_allocate(True),
-        pre=lambda s, a: z3.Or(a.size <= 0, a.bad_align, a.fp >= a.size)),
+        pre=lambda s, a: Or(a.size <= 0, a.bad_align, a.fp >= a.size)),
     Act("m_deallocate", {"x": INT, "foreign": BOOL}, _m_release, pre=_m_kind(M_ALLOC), objs=("x",)),
-    Act("m_commit_range", _M_SPAN, _m_commit_range, pre=lambda s, a: z3.And(_m_kind(M_RES)(s, a), a.nb > 0),
+    Act("m_commit_range", _M_SPAN, _m_commit_range, pre=lambda s, a: And(_m_kind(M_RES)(s, a), a.nb > 0),
         objs=("x",)),
     # a legal range whose every page is committed holds at most the reservation's committed bytes
     Act("m_decommit_range", _M_SPAN, _m_decommit_range,
-        pre=lambda s, a: z3.And(_m_kind(M_RES)(s, a), a.nb > 0,
-                                z3.Or(a.bad, a.foreign, at(s.mst, a.x) != I_LIVE, a.nb <= at(s.mb, a.x))),
+        pre=lambda s, a: And(_m_kind(M_RES)(s, a), a.nb > 0,
+                                Or(a.bad, a.foreign, at(s.mst, a.x) != I_LIVE, a.nb <= at(s.mb, a.x))),
         objs=("x",)),
     Act("m_release_reservation", {"x": INT, "foreign": BOOL}, _m_release_reservation, pre=_m_kind(M_RES),
         objs=("x",)),
-    Act("m_create", {"size": INT, "bad": BOOL, "oom": BOOL}, _m_create, pre=lambda s, a: z3.Or(a.bad, a.size > 0)),
+    Act("m_create", {"size": INT, "bad": BOOL, "oom": BOOL}, _m_create, pre=lambda s, a: Or(a.bad, a.size > 0)),
     Act("m_release_handle", {"x": INT}, _m_release_handle, pre=_m_kind(M_HANDLE), objs=("x",)),
     Act("m_unmap", _M_MAPPING, _m_unmap, pre=_m_mapping_pre, objs=("x", "h")),
     Act("m_copy_on_write", dict(_M_MAPPING, oom=BOOL), _m_copy_on_write, pre=_m_mapping_pre, objs=("x", "h")),
@@ -1249,8 +1250,8 @@ def _l_acts(*names: str) -> list[Act]:
 def _s8_named(s: St, o: Any) -> Any:
     """S8 on the records: granted is the open grants plus what tickets hold,
     and a holder's charge is its live footprints, queued refunds and leases."""
-    return z3.And(s.granted == at(s.PG, s.ng) + at(s.PTP, s.nt) + at(s.PTG, s.nt),
-                  z3.Implies(z3.And(0 <= o, o <= 2), at(s.cb, o) == sum(at(at(s[P], o), s.n) for P, _w in _BUCKETS)))
+    return And(s.granted == at(s.PG, s.ng) + at(s.PTP, s.nt) + at(s.PTG, s.nt),
+                  Implies(And(0 <= o, o <= 2), at(s.cb, o) == sum(at(at(s[P], o), s.n) for P, _w in _BUCKETS)))
 
 
 S8 = Proof(
@@ -1259,7 +1260,7 @@ S8 = Proof(
     counts=_L_COUNTS,
     actions=_l_acts("reserve", "commit", "cancel", "allocate_owned", "load_weight", "m_allocate"),
     unguarded=Act("commit", {"g": INT, "actual": INT}, _l_commit(False),
-                  pre=lambda s, a: z3.And(at(s.gst, a.g) != 0, a.actual >= 0), objs=("g",)),
+                  pre=lambda s, a: And(at(s.gst, a.g) != 0, a.actual >= 0), objs=("g",)),
     guard="only an open grant can be committed (a committed or cancelled one: InvalidRequest)",
     bmc_depth=3,
 )
@@ -1278,15 +1279,15 @@ def _s9_grow(check: bool):
         new = K.round_up(a.nb, s.page)
         delta = new - kc
         out = outcome((a.nb > at(s.rsize, a.r), "InvalidRange"),
-                      (z3.And(delta <= 0, a.refuse), "InvalidRequest"), (delta <= 0, "ok"),
-                      (delta > s.free, "GrantDenied"), (z3.Or(a.fail == 4, a.fail == 5), "MemspecError"),
+                      (And(delta <= 0, a.refuse), "InvalidRequest"), (delta <= 0, "ok"),
+                      (delta > s.free, "GrantDenied"), (Or(a.fail == 4, a.fail == 5), "MemspecError"),
                       (a.oom, "OutOfMemory"))
-        grows = z3.And(out == OK, delta > 0)
+        grows = And(out == OK, delta > 0)
         ok = s.set(kc=upd(s.kc, a.r, new), view=upd(s.view, a.r, new),
                    chg=upd(s.chg, a.r, at(s.chg, a.r) + delta), free=s.free - delta, ret=delta)
         nxt = merge(grows, ok, merge(out == OK, s.set(ret=0), s))
         if not check:  # step 5 failed: grant returned but the new mapping is left in place
-            bad = z3.And(a.fail == 5, out == code_of("MemspecError"))
+            bad = And(a.fail == 5, out == code_of("MemspecError"))
             nxt = merge(bad, s.set(kc=upd(s.kc, a.r, new)), nxt)
         return out, nxt
     return step
@@ -1297,14 +1298,14 @@ def code_of(name: str) -> int:
 
 
 _GROW = {"r": INT, "nb": INT, "fail": INT, "oom": BOOL, "refuse": BOOL}
-_GROW_PRE = lambda s, a: z3.Or(a.fail == 0, a.fail == 4, a.fail == 5)  # noqa: E731
+_GROW_PRE = lambda s, a: Or(a.fail == 0, a.fail == 4, a.fail == 5)  # noqa: E731
 S9 = Proof(
     *catalog("S9"),
     # kc: committed bytes of the request's view (its prefix, mapped read-only from the request it
     # shares and charged there, plus its own growth); chg: what the request itself is charged
     fields={"rsize": ARR, "kc": ARR, "view": ARR, "chg": ARR, "prefix": ARR, "free": INT, "page": INT, "ret": INT},
-    init=lambda s: z3.And(s.kc == s.prefix, s.view == s.prefix, s.chg == Z0(), s.free >= 0, s.page > 0),
-    inv=lambda s, r: z3.And(at(s.view, r) == at(s.kc, r), at(s.chg, r) + at(s.prefix, r) == at(s.kc, r),
+    init=lambda s: And(s.kc == s.prefix, s.view == s.prefix, s.chg == Z0(), s.free >= 0, s.page > 0),
+    inv=lambda s, r: And(at(s.view, r) == at(s.kc, r), at(s.chg, r) + at(s.prefix, r) == at(s.kc, r),
                             at(s.chg, r) >= 0, s.free >= 0, s.page > 0),
     actions=[Act("grow", _GROW, _s9_grow(True), pre=_GROW_PRE, objs=("r",))],
     unguarded=Act("grow", _GROW, _s9_grow(False), pre=_GROW_PRE, objs=("r",)),
@@ -1349,14 +1350,14 @@ def _s10_poll(s: St, a: St):
     """``poll`` runs the queued releases the EP reports done (``ready``):
     they stop pinning their context."""
     j = z3.Int("s10_j")
-    runs = z3.And(at(s.astate, j) == QUEUED, at(a.ready, j))
+    runs = And(at(s.astate, j) == QUEUED, at(a.ready, j))
     return on_ok(z3.IntVal(OK), s, s.set(astate=z3.Lambda([j], z3.If(runs, FREED, at(s.astate, j)))))
 
 
 def _pinned(s: St, c: Any) -> Any:
     """Some live or queued object was made in context ``c``."""
     j = z3.Int("pin_j")
-    return z3.Exists([j], z3.And(alive(s, j), at(s.actx, j) == c))
+    return z3.Exists([j], And(alive(s, j), at(s.actx, j) == c))
 
 
 def _s10_destroy(check: bool):
@@ -1370,7 +1371,7 @@ def _s10_destroy(check: bool):
 
 def _s10_inv(s: St, o: Any) -> Any:
     """A live or queued object's context is alive."""
-    return z3.Implies(alive(s, o), at(s.calive, at(s.actx, o)))
+    return Implies(alive(s, o), at(s.calive, at(s.actx, o)))
 
 
 _C = {"c": INT}
@@ -1378,16 +1379,16 @@ _S10_LIVE = lambda s, a: at(s.astate, a.x) == LIVE  # noqa: E731
 S10 = Proof(
     *catalog("S10"),
     fields={"astate": ARR, "actx": ARR, "calive": BARR},
-    init=lambda s: z3.And(s.astate == Z0(), s.calive == F0()),
+    init=lambda s: And(s.astate == Z0(), s.calive == F0()),
     inv=_s10_inv,
     actions=[
-        Act("create_context", _C, _s10_create, pre=lambda s, a: z3.Not(at(s.calive, a.c))),
+        Act("create_context", _C, _s10_create, pre=lambda s, a: Not(at(s.calive, a.c))),
         Act("allocate", {"x": INT, "c": INT}, _s10_alloc,
-            pre=lambda s, a: z3.And(at(s.astate, a.x) == NONE, at(s.calive, a.c)), objs=("x",)),
+            pre=lambda s, a: And(at(s.astate, a.x) == NONE, at(s.calive, a.c)), objs=("x",)),
         Act("drop", _X, _s10_drop, pre=lambda s, a: at(s.astate, a.x) != NONE, objs=("x",)),
         Act("close", _X, _s10_drop, pre=_S10_LIVE, objs=("x",)),
         Act("decommit", {"x": INT, "y": INT, "bad": BOOL}, _s10_decommit,
-            pre=lambda s, a: z3.And(_S10_LIVE(s, a), at(s.astate, a.y) == NONE), objs=("x", "y")),
+            pre=lambda s, a: And(_S10_LIVE(s, a), at(s.astate, a.y) == NONE), objs=("x", "y")),
         Act("poll", {"ready": BARR}, _s10_poll),
         Act("destroy_context", _C, _s10_destroy(True), pre=lambda s, a: at(s.calive, a.c)),
     ],
@@ -1406,8 +1407,8 @@ S10 = Proof(
 def _s11_named(s: St, o: Any) -> Any:
     """capacity == free + granted + charged, all >= 0; the holders' charges
     sum to charged, each >= 0; the device holds 0..capacity physical bytes."""
-    return z3.And(K.ledger_ok(_ledger(s)), s.charged == at(s.cb, 0) + at(s.cb, 1) + at(s.cb, 2),
-                  z3.Implies(z3.And(0 <= o, o <= 2), at(s.cb, o) >= 0),
+    return And(K.ledger_ok(_ledger(s)), s.charged == at(s.cb, 0) + at(s.cb, 1) + at(s.cb, 2),
+                  Implies(And(0 <= o, o <= 2), at(s.cb, o) >= 0),
                   0 <= s.phys, s.phys <= s.mcap)
 
 
@@ -1491,11 +1492,11 @@ def _s12_decommit_owned(s: St, a: St):
 def _s12_kv_grow(s: St, a: St):
     """Grow to ``end`` (page-rounded new bytes; ``max_bytes`` is a page multiple)."""
     delta = a.end - at(s.kc, a.r)
-    out = outcome(_s12_range_guard(s, a.r, a.end), (z3.And(delta <= 0, a.refuse), "InvalidRequest"),
+    out = outcome(_s12_range_guard(s, a.r, a.end), (And(delta <= 0, a.refuse), "InvalidRequest"),
                   (delta <= 0, "ok"), (delta > s.free, "GrantDenied"), (a.fail, "MemspecError"),
                   (a.oom, "OutOfMemory"))
     grown = _s12_place(s, a.r, a.end).set(free=s.free - delta, kc=upd(s.kc, a.r, a.end))
-    return out, merge(z3.And(out == OK, delta > 0), grown, s)
+    return out, merge(And(out == OK, delta > 0), grown, s)
 
 
 def _s12_reserve(unsupported: Any, oom: bool = True):
@@ -1511,19 +1512,19 @@ def _s12_reserve(unsupported: Any, oom: bool = True):
 
 _S12_RES = {"r": INT, "n": INT, "bad": BOOL, "oom": BOOL}
 _S12_SPAN = {"r": INT, "lo": INT, "hi": INT, "bad": BOOL, "oom": BOOL}
-_S12_NEW = lambda s, a: z3.And(at(s.rstate, a.r) == NONE, a.n > 0)  # noqa: E731
+_S12_NEW = lambda s, a: And(at(s.rstate, a.r) == NONE, a.n > 0)  # noqa: E731
 _S12_DRAWN = lambda s, a: at(s.rstate, a.r) != NONE  # noqa: E731  (an existing reservation)
 _S12_LIVE = lambda s, a: at(s.rstate, a.r) == LIVE  # noqa: E731  (drawn from the live ones)
 S12 = Proof(
     *catalog("S12"),
     fields={"rstate": ARR, "base": ARR, "base0": ARR, "rsize": ARR, "kc": ARR, "rforeign": BARR, "nextva": INT,
             "free": INT, "cap": BOOL, "scap": BOOL},
-    init=lambda s: z3.And(s.rstate == Z0(), s.nextva >= 0),
-    inv=lambda s, r: z3.Implies(at(s.rstate, r) == LIVE, at(s.base, r) == at(s.base0, r)),
+    init=lambda s: And(s.rstate == Z0(), s.nextva >= 0),
+    inv=lambda s, r: Implies(at(s.rstate, r) == LIVE, at(s.base, r) == at(s.base0, r)),
     actions=[
-        Act("reserve_owned", _S12_RES, _s12_reserve(lambda s, a: z3.Not(s.cap)), pre=_S12_NEW, objs=("r",)),
-        Act("kv_open", {**_S12_RES, "prefix": BOOL}, _s12_reserve(lambda s, a: z3.Or(z3.Not(s.cap),
-                                                                                    z3.And(a.prefix, z3.Not(s.scap))),
+        Act("reserve_owned", _S12_RES, _s12_reserve(lambda s, a: Not(s.cap)), pre=_S12_NEW, objs=("r",)),
+        Act("kv_open", {**_S12_RES, "prefix": BOOL}, _s12_reserve(lambda s, a: Or(Not(s.cap),
+                                                                                    And(a.prefix, Not(s.scap))),
                                                        oom=False),
             pre=_S12_NEW, objs=("r",)),
         Act("commit", _S12_SPAN, _s12_commit_owned(True), pre=_S12_LIVE, objs=("r",)),
@@ -1555,14 +1556,14 @@ S12 = Proof(
 
 def _s13_maybe_free(s: St, h: Any) -> St:
     """Free a handle's pages once released and unmapped everywhere (once)."""
-    go = z3.And(at(s.hreleased, h), at(s.hmaps, h) == 0, z3.Not(at(s.hfreed, h)))
-    return s.set(hfreed=upd(s.hfreed, h, z3.Or(at(s.hfreed, h), go)),
+    go = And(at(s.hreleased, h), at(s.hmaps, h) == 0, Not(at(s.hfreed, h)))
+    return s.set(hfreed=upd(s.hfreed, h, Or(at(s.hfreed, h), go)),
                  shared=K.ite(go, s.shared - at(s.hsize, h), s.shared),
                  physical=K.ite(go, s.physical - at(s.hsize, h), s.physical))
 
 
 def _s13_create(s: St, a: St):
-    out = outcome((z3.Or(a.n <= 0, K.mod(a.n, s.page) != 0), "InvalidRequest"),
+    out = outcome((Or(a.n <= 0, K.mod(a.n, s.page) != 0), "InvalidRequest"),
                   (_oom(s, a.n, a.oom), "OutOfMemory"))
     return on_ok(out, s, s.set(hexists=upd(s.hexists, a.h, True), hsize=upd(s.hsize, a.h, a.n),
                                hreleased=upd(s.hreleased, a.h, False), hmaps=upd(s.hmaps, a.h, 0),
@@ -1570,7 +1571,7 @@ def _s13_create(s: St, a: St):
 
 
 def _s13_map(s: St, a: St):
-    out = outcome((z3.Not(at(s.rlive, a.r)), "StaleHandle"), (at(s.hreleased, a.h), "StaleHandle"),
+    out = outcome((Not(at(s.rlive, a.r)), "StaleHandle"), (at(s.hreleased, a.h), "StaleHandle"),
                   (a.bad, "InvalidRange"))
     return on_ok(out, s, s.set(mlive=upd(s.mlive, a.m, True), mh=upd(s.mh, a.m, a.h),
                                msize=upd(s.msize, a.m, at(s.hsize, a.h)), mro=upd(s.mro, a.m, a.ro),
@@ -1579,7 +1580,7 @@ def _s13_map(s: St, a: St):
 
 
 def _mapping_errors(s: St, a: St) -> list:
-    return [(z3.Or(z3.Not(at(s.mlive, a.m)), a.size != at(s.msize, a.m)), "InvalidRange")]
+    return [(Or(Not(at(s.mlive, a.m)), a.size != at(s.msize, a.m)), "InvalidRange")]
 
 
 def _s13_unmap(s: St, a: St):
@@ -1611,7 +1612,7 @@ def _s13_release(check: bool):
         if check:
             return on_ok(out, s, _s13_maybe_free(s1, a.h))
         # frees the pages with the creator's reference, mapped or not
-        go = z3.Not(at(s.hfreed, a.h))
+        go = Not(at(s.hfreed, a.h))
         s2 = s1.set(hfreed=upd(s.hfreed, a.h, True), shared=K.ite(go, s.shared - at(s.hsize, a.h), s.shared),
                     physical=K.ite(go, s.physical - at(s.hsize, a.h), s.physical), ret=at(s.hsize, a.h))
         return on_ok(out, s, s2)
@@ -1622,7 +1623,7 @@ def _s13_write(s: St, a: St):
     """The write lands in the mapping's pages; the guard: through a read-only
     (not copied) mapping it is rejected.  ``rowrites`` counts the writes that
     landed through a read-only mapping (the spec's ``readonly_writes``)."""
-    ro = z3.And(at(s.mro, a.m), z3.Not(at(s.mpriv, a.m)))
+    ro = And(at(s.mro, a.m), Not(at(s.mpriv, a.m)))
     out = outcome((ro, "ReadOnlyViolation"))
     return on_ok(out, s, s.set(rowrites=s.rowrites + K.ite(ro, 1, 0)))
 
@@ -1637,15 +1638,15 @@ def _s13_free_res(s: St, a: St):
     """free_shared_reservation: nothing may be mapped in it (else InvalidRange;
     ``mapped``: some page of it is backed, from the adapter -- the proof does
     not track which reservation a mapping is in)."""
-    out = outcome((z3.Not(at(s.rlive, a.r)), "DoubleFree"), (a.mapped, "InvalidRange"))
+    out = outcome((Not(at(s.rlive, a.r)), "DoubleFree"), (a.mapped, "InvalidRange"))
     return on_ok(out, s, s.set(rlive=upd(s.rlive, a.r, False)))
 
 
 def _s13_kv_open(s: St, a: St):
     """kv_open: a prefix maps ``p`` committed bytes of an open origin, charged
     once there; it must not exceed what the origin committed."""
-    out = outcome((z3.Or(z3.Not(s.cap), z3.And(a.hasorig, z3.Not(s.scap))), "Unsupported"),
-                  (z3.And(a.hasorig, z3.Or(a.p > at(s.kown, a.org), a.p > a.n)), "InvalidRequest"))
+    out = outcome((Or(Not(s.cap), And(a.hasorig, Not(s.scap))), "Unsupported"),
+                  (And(a.hasorig, Or(a.p > at(s.kown, a.org), a.p > a.n)), "InvalidRequest"))
     return on_ok(out, s, s.set(kst=upd(s.kst, a.q, 1), kown=upd(s.kown, a.q, 0),
                                korig=upd(s.korig, a.q, K.ite(a.hasorig, a.org, -1)),
                                kpre=upd(s.kpre, a.q, K.ite(a.hasorig, a.p, 0))))
@@ -1658,28 +1659,28 @@ def _s13_kv_close(s: St, a: St):
 
 def _s13_prefix_covered(s: St, o: Any) -> Any:
     """An open request's read-only prefix is backed by its origin's committed bytes."""
-    return z3.Implies(z3.And(at(s.kst, o) == 1, at(s.korig, o) >= 0), at(s.kown, at(s.korig, o)) >= at(s.kpre, o))
+    return Implies(And(at(s.kst, o) == 1, at(s.korig, o) >= 0), at(s.kown, at(s.korig, o)) >= at(s.kpre, o))
 
 
 def _s13_inv(s: St, o: Any) -> Any:
     h = at(s.mh, o)
-    shared_map = z3.And(at(s.mlive, o), z3.Not(at(s.mpriv, o)))
-    return z3.And(
+    shared_map = And(at(s.mlive, o), Not(at(s.mpriv, o)))
+    return And(
         s.physical <= s.capacity, at(s.hmaps, o) >= 0, s.page > 0,
-        z3.Implies(at(s.hfreed, o), z3.And(at(s.hreleased, o), at(s.hmaps, o) == 0)),
-        z3.Implies(at(s.hexists, o), at(s.hsize, o) > 0),
-        z3.Implies(at(s.mlive, o), z3.And(at(s.hexists, h), at(s.msize, o) == at(s.hsize, h))),
-        z3.Implies(shared_map, z3.Not(at(s.hfreed, h))),
+        Implies(at(s.hfreed, o), And(at(s.hreleased, o), at(s.hmaps, o) == 0)),
+        Implies(at(s.hexists, o), at(s.hsize, o) > 0),
+        Implies(at(s.mlive, o), And(at(s.hexists, h), at(s.msize, o) == at(s.hsize, h))),
+        Implies(shared_map, Not(at(s.hfreed, h))),
         s.rowrites == 0,
         # KV prefixes
         _s13_prefix_covered(s, o), at(s.kown, o) >= 0,
-        z3.Implies(at(s.kst, o) == 0, z3.And(at(s.korig, o) == -1, at(s.kpre, o) == 0)),
-        z3.Implies(z3.And(at(s.kst, o) != 0, at(s.korig, o) >= 0), at(s.kst, at(s.korig, o)) != 0),
+        Implies(at(s.kst, o) == 0, And(at(s.korig, o) == -1, at(s.kpre, o) == 0)),
+        Implies(And(at(s.kst, o) != 0, at(s.korig, o) >= 0), at(s.kst, at(s.korig, o)) != 0),
         # hmaps[h] counts the live, not copied mappings of h: a keyed prefix-count
         # ghost over dense mapping ids checks it
-        z3.Implies(at(s.mlive, o), z3.And(0 <= o, o < s.nm)),
-        z3.Implies(z3.Not(at(s.hexists, o)), at(s.hmaps, o) == 0),
-        prefix_count(s.PM, s.nm, o, lambda k, i: z3.If(z3.And(at(s.mlive, i), z3.Not(at(s.mpriv, i)),
+        Implies(at(s.mlive, o), And(0 <= o, o < s.nm)),
+        Implies(Not(at(s.hexists, o)), at(s.hmaps, o) == 0),
+        prefix_count(s.PM, s.nm, o, lambda k, i: z3.If(And(at(s.mlive, i), Not(at(s.mpriv, i)),
                                                               at(s.mh, i) == k), 1, 0)),
         at(s.hmaps, o) == at(at(s.PM, o), s.nm),
     )
@@ -1688,22 +1689,22 @@ def _s13_inv(s: St, o: Any) -> Any:
 def _s13_lemmas(s: St, o: Any, a: St) -> Any:
     # one live, not copied mapping of h means hmaps[h] >= 1, two distinct ones >= 2
     h = at(s.mh, o)
-    shared_map = lambda x: z3.And(at(s.mlive, x), z3.Not(at(s.mpriv, x)))  # noqa: E731
-    one = z3.Implies(shared_map(o), at(s.hmaps, h) >= 1)
+    shared_map = lambda x: And(at(s.mlive, x), Not(at(s.mpriv, x)))  # noqa: E731
+    one = Implies(shared_map(o), at(s.hmaps, h) >= 1)
     if "m" not in a:
         return one
     m = a["m"]
-    two = z3.Implies(z3.And(o != m, shared_map(o), shared_map(m), at(s.mh, m) == h), at(s.hmaps, h) >= 2)
-    return z3.And(one, two)
+    two = Implies(And(o != m, shared_map(o), shared_map(m), at(s.mh, m) == h), at(s.hmaps, h) >= 2)
+    return And(one, two)
 
 
 def _s13_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
     if name == "map":  # charged once: mapping again takes no new physical bytes
-        return z3.And(s2.physical == s.physical, s2.shared == s.shared)
+        return And(s2.physical == s.physical, s2.shared == s.shared)
     if name == "release_handle":
-        return z3.Implies(out == OK, s2.ret == K.ite(at(s.hmaps, a.h) == 0, at(s.hsize, a.h), 0))
+        return Implies(out == OK, s2.ret == K.ite(at(s.hmaps, a.h) == 0, at(s.hsize, a.h), 0))
     if name == "mapping_count":
-        return z3.Implies(out == OK, s2.ret == at(s.hmaps, a.h))
+        return Implies(out == OK, s2.ret == at(s.hmaps, a.h))
     return z3.BoolVal(True)
 
 
@@ -1716,7 +1717,7 @@ S13 = Proof(
             "mlive": BARR, "mh": ARR, "msize": ARR, "mro": BARR, "mpriv": BARR, "rowrites": INT, "ret": INT,
             "PM": ARR2, "nm": INT, "rlive": BARR,
             "cap": BOOL, "scap": BOOL, "kst": ARR, "kown": ARR, "korig": ARR, "kpre": ARR},
-    init=lambda s: z3.And(s.page > 0, s.physical == 0, s.physical <= s.capacity, s.shared == 0, s.private == 0,
+    init=lambda s: And(s.page > 0, s.physical == 0, s.physical <= s.capacity, s.shared == 0, s.private == 0,
                           s.hexists == F0(), s.hmaps == Z0(), s.hfreed == F0(), s.hreleased == F0(),
                           s.mlive == F0(), s.rowrites == 0, s.nm == 0, s.PM == z3.K(z3.IntSort(), Z0()),
                           s.kst == Z0(), s.kown == Z0(), s.korig == z3.K(z3.IntSort(), z3.IntVal(-1)), s.kpre == Z0()),
@@ -1725,9 +1726,9 @@ S13 = Proof(
     # the invariant at the handle a mapping maps (sound: Inv is proved for every object)
     inst=lambda s, o, a: [at(s.mh, o)] + [at(s.mh, a[k]) for k in ("m", "h") if k in a],
     actions=[
-        Act("create", {"h": INT, "n": INT, "oom": BOOL}, _s13_create, pre=lambda s, a: z3.Not(at(s.hexists, a.h)), objs=("h",)),
+        Act("create", {"h": INT, "n": INT, "oom": BOOL}, _s13_create, pre=lambda s, a: Not(at(s.hexists, a.h)), objs=("h",)),
         Act("map", {"m": INT, "h": INT, "r": INT, "ro": BOOL, "bad": BOOL}, _s13_map,
-            pre=lambda s, a: z3.And(a.m == s.nm, at(s.hexists, a.h)),
+            pre=lambda s, a: And(a.m == s.nm, at(s.hexists, a.h)),
             objs=("m", "h")),
         Act("unmap", _MAPARGS, _s13_unmap, pre=_DRAWN_MAPPING, objs=("m",)),
         Act("copy_on_write", {**_MAPARGS, "oom": BOOL}, _s13_cow, pre=_DRAWN_MAPPING, objs=("m",)),
@@ -1736,8 +1737,8 @@ S13 = Proof(
         Act("mapping_count", {"h": INT}, _s13_count, pre=lambda s, a: at(s.hexists, a.h), objs=("h",)),
         Act("free_shared_reservation", {"r": INT, "mapped": BOOL}, _s13_free_res),
         Act("kv_open", {"q": INT, "n": INT, "org": INT, "p": INT, "hasorig": BOOL}, _s13_kv_open,
-            pre=lambda s, a: z3.And(at(s.kst, a.q) == 0, a.q >= 0, a.p >= 0,
-                                    z3.Implies(a.hasorig, z3.And(a.org >= 0, a.org != a.q, at(s.kst, a.org) == 1)))),
+            pre=lambda s, a: And(at(s.kst, a.q) == 0, a.q >= 0, a.p >= 0,
+                                    Implies(a.hasorig, And(a.org >= 0, a.org != a.q, at(s.kst, a.org) == 1)))),
         Act("kv_close", {"q": INT}, _s13_kv_close, pre=lambda s, a: at(s.kst, a.q) == 1),
     ],
     unguarded=Act("release_handle", {"h": INT}, _s13_release(False), pre=lambda s, a: at(s.hexists, a.h), objs=("h",)),
@@ -1779,7 +1780,7 @@ def _s14_make(errors: tuple[str, ...], addressed: bool):
 
     def pre(s: St, a: St) -> Any:
         free_addr = at(s.byaddr, a.ad) == NOADDR if addressed else z3.BoolVal(True)
-        return z3.And(at(s.astate, a.x) == NONE, a.x >= 0, a.ad >= 0, free_addr, a.err >= 0, a.err <= len(errors))
+        return And(at(s.astate, a.x) == NONE, a.x >= 0, a.ad >= 0, free_addr, a.err >= 0, a.err <= len(errors))
     return step, pre
 
 
@@ -1794,9 +1795,9 @@ def _s14_free(check: bool):
         reused = here != NOADDR
         errs = [(at(s.foreign, a.x), "ForeignAllocation")]
         if check:
-            errs += [(z3.And(at(s.astate, a.x) != LIVE, reused), "StaleHandle"), (at(s.astate, a.x) != LIVE, "DoubleFree")]
+            errs += [(And(at(s.astate, a.x) != LIVE, reused), "StaleHandle"), (at(s.astate, a.x) != LIVE, "DoubleFree")]
         else:
-            errs += [(z3.Not(reused), "DoubleFree")]  # nothing lives at the address
+            errs += [(Not(reused), "DoubleFree")]  # nothing lives at the address
         out = outcome(*errs)
         return on_ok(out, s, s.set(astate=upd(s.astate, here, FREED), byaddr=upd(s.byaddr, at(s.addr, a.x), NOADDR)))
     return step
@@ -1816,26 +1817,26 @@ def _s14_release(errors: tuple[str, ...]):
 def _s14_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
     if name in ("free", "release_reservation", "free_shared_reservation"):
         # a handle that is not live is rejected and nothing changes
-        return z3.Implies(at(s.astate, a.x) != LIVE, z3.And(out != OK, at(s2.astate, o) == at(s.astate, o)))
+        return Implies(at(s.astate, a.x) != LIVE, And(out != OK, at(s2.astate, o) == at(s.astate, o)))
     return z3.BoolVal(True)
 
 
 def _s14_owns_address(s: St, o: Any) -> Any:
     """A live own eager allocation owns its address (the spec's ``by_address``
     holds exactly the live allocations)."""
-    return z3.Implies(z3.And(at(s.astate, o) == LIVE, at(s.addrd, o), z3.Not(at(s.foreign, o))),
+    return Implies(And(at(s.astate, o) == LIVE, at(s.addrd, o), Not(at(s.foreign, o))),
                       at(s.byaddr, at(s.addr, o)) == o)
 
 
 def _s14_inv(s: St, o: Any) -> Any:
-    return z3.And(s.nextgen >= 0, _s14_owns_address(s, o),
-                  z3.Implies(at(s.astate, o) != NONE,
-                             z3.And(o >= 0, at(s.owner, at(s.gen, o)) == o, at(s.gen, o) < s.nextgen, at(s.gen, o) >= 0,
-                                    z3.Implies(at(s.addrd, o), at(s.addr, o) >= 0))),
+    return And(s.nextgen >= 0, _s14_owns_address(s, o),
+                  Implies(at(s.astate, o) != NONE,
+                             And(o >= 0, at(s.owner, at(s.gen, o)) == o, at(s.gen, o) < s.nextgen, at(s.gen, o) >= 0,
+                                    Implies(at(s.addrd, o), at(s.addr, o) >= 0))),
                   # what an address is owned by is a live own eager allocation at that address
-                  z3.Implies(z3.And(o >= 0, at(s.byaddr, o) != NOADDR),
-                             z3.And(at(s.astate, at(s.byaddr, o)) == LIVE, at(s.addrd, at(s.byaddr, o)),
-                                    z3.Not(at(s.foreign, at(s.byaddr, o))), at(s.addr, at(s.byaddr, o)) == o)))
+                  Implies(And(o >= 0, at(s.byaddr, o) != NOADDR),
+                             And(at(s.astate, at(s.byaddr, o)) == LIVE, at(s.addrd, at(s.byaddr, o)),
+                                    Not(at(s.foreign, at(s.byaddr, o))), at(s.addr, at(s.byaddr, o)) == o)))
 
 
 _S14_MAKE = {  # encoded action -> (errors outside S14, owns an address)
@@ -1847,9 +1848,9 @@ _S14_MAKE = {  # encoded action -> (errors outside S14, owns an address)
     "reserve_owned": (("Unsupported", "InvalidRequest", "OutOfMemory"), False),
 }
 _XE = {"x": INT, "ad": INT, "err": INT}
-_LIVE_OR_FREED = lambda s, a: z3.Or(at(s.astate, a.x) == LIVE, at(s.astate, a.x) == FREED)  # noqa: E731  (drawn: existing)
-_ALLOC = lambda s, a: z3.And(_LIVE_OR_FREED(s, a), at(s.addrd, a.x))  # noqa: E731  (an eager allocation)
-_NOT_ALLOC = lambda s, a: z3.And(_LIVE_OR_FREED(s, a), z3.Not(at(s.addrd, a.x)))  # noqa: E731  (a reservation)
+_LIVE_OR_FREED = lambda s, a: Or(at(s.astate, a.x) == LIVE, at(s.astate, a.x) == FREED)  # noqa: E731  (drawn: existing)
+_ALLOC = lambda s, a: And(_LIVE_OR_FREED(s, a), at(s.addrd, a.x))  # noqa: E731  (an eager allocation)
+_NOT_ALLOC = lambda s, a: And(_LIVE_OR_FREED(s, a), Not(at(s.addrd, a.x)))  # noqa: E731  (a reservation)
 
 
 def _s14_make_act(name: str) -> Act:
@@ -1862,13 +1863,13 @@ S14 = Proof(
     *catalog("S14"),
     fields={"astate": ARR, "gen": ARR, "addr": ARR, "addrd": BARR, "foreign": BARR, "byaddr": ARR, "owner": ARR,
             "nextgen": INT},
-    init=lambda s: z3.And(s.astate == Z0(), s.nextgen == 0, s.byaddr == z3.K(z3.IntSort(), z3.IntVal(NOADDR))),
+    init=lambda s: And(s.astate == Z0(), s.nextgen == 0, s.byaddr == z3.K(z3.IntSort(), z3.IntVal(NOADDR))),
     inv=_s14_inv,
     actions=[_s14_make_act(n) for n in _S14_MAKE] + [
         Act("free", {"x": INT}, _s14_free(True), pre=_ALLOC, objs=("x",)),
         Act("release_reservation", {"x": INT}, _s14_release(()), pre=_NOT_ALLOC, objs=("x",)),
         Act("free_shared_reservation", {"x": INT, "err": INT}, _s14_release(("InvalidRange",)),
-            pre=lambda s, a: z3.And(_NOT_ALLOC(s, a), z3.Not(at(s.foreign, a.x)), a.err >= 0, a.err <= 1),
+            pre=lambda s, a: And(_NOT_ALLOC(s, a), Not(at(s.foreign, a.x)), a.err >= 0, a.err <= 1),
             objs=("x",)),
     ],
     unguarded=Act("free", {"x": INT}, _s14_free(False), pre=_ALLOC, objs=("x",)),
@@ -1878,7 +1879,7 @@ S14 = Proof(
     # the invariant at the addresses an action reads (sound: Inv is proved for every integer)
     inst=lambda s, o, a: [at(s.addr, o)] + ([at(s.addr, a.x), at(s.byaddr, at(s.addr, a.x))] if "x" in a else [])
     + ([a.ad] if "ad" in a else []),
-    safety=lambda s, o: z3.Implies(at(s.astate, o) != NONE, at(s.gen, o) < s.nextgen),
+    safety=lambda s, o: Implies(at(s.astate, o) != NONE, at(s.gen, o) < s.nextgen),
     bmc_depth=4,
 )
 
@@ -1899,12 +1900,12 @@ T_FAILED = 6
 
 
 def _terminal(st: Any) -> Any:
-    return z3.Or(st == T_CLAIMED, st == T_CANCELLED, st == T_TIMED_OUT, st == T_FAILED)
+    return Or(st == T_CLAIMED, st == T_CANCELLED, st == T_TIMED_OUT, st == T_FAILED)
 
 
 def _returned(st: Any) -> Any:
     """The terminal states that give the held bytes back (claim hands them over instead)."""
-    return z3.Or(st == T_CANCELLED, st == T_TIMED_OUT, st == T_FAILED)
+    return Or(st == T_CANCELLED, st == T_TIMED_OUT, st == T_FAILED)
 
 
 def _pend_part(st: Any, h: Any) -> Any:
@@ -1936,11 +1937,11 @@ def _s15_respond(check_gen: bool = True):
         charge to free (spec/ep.py refund), and the Governor moves them from
         free into the ticket (spec/governor.py ticket_receive)."""
         st = at(s.tstate, a.t)
-        stale = z3.And(st == T_PENDING, at(s.tgen, a.t) != s.gen) if check_gen else z3.BoolVal(False)
-        out = outcome((z3.Not(z3.Or(st == T_PENDING, st == T_GRANTED)), "InvalidTicket"), (stale, "InvalidTicket"))
+        stale = And(st == T_PENDING, at(s.tgen, a.t) != s.gen) if check_gen else z3.BoolVal(False)
+        out = outcome((Not(Or(st == T_PENDING, st == T_GRANTED)), "InvalidTicket"), (stale, "InvalidTicket"))
         l = K.grant_from_free(K.refund(_ledger(s), a.r), a.r)
         held = at(s.held, a.t) + a.r
-        st2 = K.ite(z3.And(st == T_PENDING, held >= at(s.amount, a.t)), T_GRANTED, st)
+        st2 = K.ite(And(st == T_PENDING, held >= at(s.amount, a.t)), T_GRANTED, st)
         return on_ok(out, s, _with_ledger(s, l, held=upd(s.held, a.t, held), tstate=upd(s.tstate, a.t, st2),
                                           sumheld=s.sumheld + a.r, **_moved(s, a.t, st2, held)))
     return step
@@ -1973,7 +1974,7 @@ def _s15_expire(s: St, a: St):
     after the other; here ``t``'s part (an error outcome: ``t`` is left alone)."""
     st = at(s.tstate, a.t)
     dl = at(s.deadline, a.t)
-    out = outcome((_terminal(st), "InvalidTicket"), (z3.Not(z3.And(0 < dl, dl <= a.now)), "InvalidRequest"))
+    out = outcome((_terminal(st), "InvalidTicket"), (Not(And(0 < dl, dl <= a.now)), "InvalidRequest"))
     return on_ok(out, s, _end(s, a.t, T_TIMED_OUT))
 
 
@@ -1996,14 +1997,14 @@ def _s15_reconfigure(fail_stale: bool):
 
 def _s15_inv(s: St, o: Any) -> Any:
     st, h, r = at(s.tstate, o), at(s.held, o), at(s.ret, o)
-    return z3.And(
+    return And(
         K.ledger_ok(_ledger(s)), s.granted == s.sumheld + s.sumgr, s.sumgr >= 0,
-        st >= 0, st <= T_FAILED, h >= 0, z3.Implies(_terminal(st), h == 0), z3.Implies(st == 0, z3.And(h == 0, r == 0)),
-        r >= 0, r <= 1, z3.Implies(r == 1, _returned(st)), z3.Implies(_returned(st), r == 1),
+        st >= 0, st <= T_FAILED, h >= 0, Implies(_terminal(st), h == 0), Implies(st == 0, And(h == 0, r == 0)),
+        r >= 0, r <= 1, Implies(r == 1, _returned(st)), Implies(_returned(st), r == 1),
         # generations: no pending ticket of an older configuration
-        z3.Implies(st != 0, at(s.tgen, o) <= s.gen), z3.Implies(st == T_PENDING, at(s.tgen, o) == s.gen),
+        Implies(st != 0, at(s.tgen, o) <= s.gen), Implies(st == T_PENDING, at(s.tgen, o) == s.gen),
         # what the tickets hold: pending (PP) + granted (PN), prefix-sum ghosts over dense ticket ids
-        z3.Implies(st != 0, z3.And(0 <= o, o < s.nt)),
+        Implies(st != 0, And(0 <= o, o < s.nt)),
         prefix_sum(s.PP, s.nt, lambda i: _pend_part(at(s.tstate, i), at(s.held, i))),
         prefix_sum(s.PN, s.nt, lambda i: _gr_part(at(s.tstate, i), at(s.held, i))),
         s.sumheld == at(s.PP, s.nt) + at(s.PN, s.nt),
@@ -2013,14 +2014,14 @@ def _s15_inv(s: St, o: Any) -> Any:
 _T = {"t": INT}
 _EXISTS = lambda s, a: at(s.tstate, a.t) != 0  # noqa: E731  (the spec draws existing tickets)
 #: a holder releases only bytes it is charged for (the spec's victims are its own resident weights)
-_RESPOND_PRE = lambda s, a: z3.And(a.r >= 0, a.r <= s.charged, at(s.tstate, a.t) != 0)  # noqa: E731
+_RESPOND_PRE = lambda s, a: And(a.r >= 0, a.r <= s.charged, at(s.tstate, a.t) != 0)  # noqa: E731
 _S15_FIELDS = {"cap": INT, "free": INT, "granted": INT, "charged": INT, "tstate": ARR, "held": ARR, "ret": ARR,
                "amount": ARR, "deadline": ARR, "tgen": ARR, "gen": INT, "sumheld": INT, "sumgr": INT,
                "out_bytes": INT, "PP": ARR, "PN": ARR, "nt": INT}
 
 
 def _s15_init(s: St) -> Any:
-    return z3.And(s.cap >= 0, s.free >= 0, s.charged >= 0, s.free + s.charged == s.cap, s.granted == 0,
+    return And(s.cap >= 0, s.free >= 0, s.charged >= 0, s.free + s.charged == s.cap, s.granted == 0,
                   s.tstate == Z0(), s.held == Z0(), s.ret == Z0(), s.sumheld == 0, s.sumgr == 0,
                   s.nt == 0, at(s.PP, 0) == 0, at(s.PN, 0) == 0)
 
@@ -2041,7 +2042,7 @@ S15 = Proof(
     fields=dict(_S15_FIELDS),
     init=_s15_init,
     inv=_s15_inv,
-    lemmas=lambda s, o, a: z3.Implies(z3.Not(_terminal(at(s.tstate, o))), at(s.held, o) <= s.sumheld),
+    lemmas=lambda s, o, a: Implies(Not(_terminal(at(s.tstate, o))), at(s.held, o) <= s.sumheld),
     lemma_doc="what a ticket holds is at most the sum of what the tickets hold",
     actions=_s15_actions(),
     unguarded=Act("cancel_ticket", _T, _s15_cancel(False), pre=_EXISTS, objs=("t",)),
@@ -2052,8 +2053,8 @@ S15 = Proof(
 
 def _g1_step(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
     """A ticket of an older generation that is not granted (nor claimed) never becomes either."""
-    old = z3.And(at(s.tgen, o) < s.gen, at(s.tstate, o) != T_GRANTED, at(s.tstate, o) != T_CLAIMED)
-    return z3.Implies(old, z3.And(at(s2.tstate, o) != T_GRANTED, at(s2.tstate, o) != T_CLAIMED))
+    old = And(at(s.tgen, o) < s.gen, at(s.tstate, o) != T_GRANTED, at(s.tstate, o) != T_CLAIMED)
+    return Implies(old, And(at(s2.tstate, o) != T_GRANTED, at(s2.tstate, o) != T_CLAIMED))
 
 
 #: G1: configuration-generation invalidation of pending tickets (issue 13, from the onnx-genai TLA+
@@ -2065,7 +2066,7 @@ G1 = Proof(
     fields=dict(_S15_FIELDS),
     init=_s15_init,
     inv=_s15_inv,
-    lemmas=lambda s, o, a: z3.Implies(z3.Not(_terminal(at(s.tstate, o))), at(s.held, o) <= s.sumheld),
+    lemmas=lambda s, o, a: Implies(Not(_terminal(at(s.tstate, o))), at(s.held, o) <= s.sumheld),
     lemma_doc="what a ticket holds is at most the sum of what the tickets hold",
     actions=_s15_actions(),
     unguarded=Act("reconfigure", {}, _s15_reconfigure(False)),
@@ -2139,28 +2140,28 @@ ENCODES["G1"] = ENCODES["S15"]  # G1 is on S15's machine
 
 
 def _shared_map(s: St, x: Any) -> Any:
-    return z3.And(at(s.mlive, x), z3.Not(at(s.mpriv, x)))
+    return And(at(s.mlive, x), Not(at(s.mpriv, x)))
 
 
 NAMED: dict[str, Any] = {
     "S2": lambda s, h: at(s.committed, h) <= at(s.charge, h),
-    "S3": lambda s, d: z3.Implies(at(s.snapgen, d) == at(s.gen, d), at(s.snap, d) == at(s.inst, d)),
-    "S4": lambda s, o: z3.Implies(at(s.astate, o) == FREED, _fences_done(s, o)),
+    "S3": lambda s, d: Implies(at(s.snapgen, d) == at(s.gen, d), at(s.snap, d) == at(s.inst, d)),
+    "S4": lambda s, o: Implies(at(s.astate, o) == FREED, _fences_done(s, o)),
     "S5": _s5_named,  # + the step properties: a successful commit changes exactly the range
-    "S6": lambda s, o: z3.And(s.gov_ev == 0, s.hot_ev == 0, s.over == 0),
+    "S6": lambda s, o: And(s.gov_ev == 0, s.hot_ev == 0, s.over == 0),
     "S7": lambda s, o: z3.BoolVal(True),  # a step property: drop enqueues, never frees or synchronizes
     "S8": _s8_named,
-    "S9": lambda s, r: z3.And(at(s.view, r) == at(s.kc, r), at(s.chg, r) + at(s.prefix, r) == at(s.kc, r)),
-    "S10": lambda s, o: z3.Implies(alive(s, o), at(s.calive, at(s.actx, o))),
+    "S9": lambda s, r: And(at(s.view, r) == at(s.kc, r), at(s.chg, r) + at(s.prefix, r) == at(s.kc, r)),
+    "S10": lambda s, o: Implies(alive(s, o), at(s.calive, at(s.actx, o))),
     "S11": _s11_named,
-    "S12": lambda s, r: z3.Implies(at(s.rstate, r) == LIVE, at(s.base, r) == at(s.base0, r)),
-    "S13": lambda s, o: z3.And(z3.Implies(_shared_map(s, o), z3.Not(at(s.hfreed, at(s.mh, o)))),
+    "S12": lambda s, r: Implies(at(s.rstate, r) == LIVE, at(s.base, r) == at(s.base0, r)),
+    "S13": lambda s, o: And(Implies(_shared_map(s, o), Not(at(s.hfreed, at(s.mh, o)))),
                                s.rowrites == 0,
                                _s13_prefix_covered(s, o)),
     "S14": lambda s, o: _s14_owns_address(s, o),  # + the step property: a stale handle is rejected
-    "S15": lambda s, o: z3.And(at(s.ret, o) <= 1,
-                               z3.Implies(_terminal(at(s.tstate, o)), at(s.held, o) == 0)),
-    "G1": lambda s, o: z3.Implies(at(s.tstate, o) == T_PENDING, at(s.tgen, o) == s.gen),
+    "S15": lambda s, o: And(at(s.ret, o) <= 1,
+                               Implies(_terminal(at(s.tstate, o)), at(s.held, o) == 0)),
+    "G1": lambda s, o: Implies(at(s.tstate, o) == T_PENDING, at(s.tgen, o) == s.gen),
 }
 
 
