@@ -669,7 +669,7 @@ def _describe(v: Any, step: int | None = None) -> str:
     return f"{v.invariant} [{v.cause}]{at} {v.reason}"
 
 
-def diagnose(plan: E.Plan, failure: Failure, *, replays: int | None = None) -> Failure:
+def diagnose(plan: E.Plan, failure: Failure, *, replays: int | None = None, _depth: int = 0) -> Failure:
     """Name the rule the implementation broke, not the first figure that
     showed it (issue 12: *blame the rule that was broken*).  The shrunk
     counterexample is re-checked on fresh replays:
@@ -708,6 +708,10 @@ def diagnose(plan: E.Plan, failure: Failure, *, replays: int | None = None) -> F
        it but other rules' figures are off at that step too: a total
        every second action moves is where a broken rule shows, seldom the
        rule (a ledger bug alone leaves the other figures right).
+
+    When 0 or 1 ends on another rule's *figure*, that failure is itself a
+    symptom and is diagnosed in turn (at most :data:`DIAGNOSE_DEPTH` times,
+    within what is left of the replays).
 
     The blamed failure keeps its own trace; the first failure is listed in
     ``consequences``.  A hang or a crash is left as it is.  At most
@@ -770,9 +774,24 @@ def diagnose(plan: E.Plan, failure: Failure, *, replays: int | None = None) -> F
     if found is None:
         return failure
     first = _describe(failure, len(trace))
-    return Failure(failure.target, failure.level, found.invariant, found.cause, found.reason, list(found.trace),
-                   failure.steps_to_detection, None, failure.flaky, failure.capacity,
-                   [first] + list(failure.consequences))
+    out = Failure(failure.target, failure.level, found.invariant, found.cause, found.reason, list(found.trace),
+                  failure.steps_to_detection, None, failure.flaky, failure.capacity,
+                  [first] + list(failure.consequences))
+    if found.cause in _FIGURES and _depth < DIAGNOSE_DEPTH:
+        # a shorter example that shows another rule's *figure* (a pin count, a queue length) names a
+        # symptom too, not yet the rule broken: diagnose it in turn (a holder's answer that ran a release
+        # before its fence showed as the queue length (S7), one step shorter as the pins (S10), continued
+        # past them as the release gone at ``poll``: S4)
+        left = max(budget[0], 0)
+        if left:
+            again = diagnose(plan, out, replays=left, _depth=_depth + 1)
+            if again is not out:
+                return again
+    return out
+
+
+#: how many times a diagnosis that ended on another rule's figure is diagnosed again (:func:`diagnose`)
+DIAGNOSE_DEPTH = 2
 
 
 #: replays :func:`relate` may spend on one run's failures

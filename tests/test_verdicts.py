@@ -212,6 +212,43 @@ def test_a_release_run_before_its_fence_is_blamed_on_s4_not_on_the_pin_count_it_
                                 [(ts.action, list(ts.choices)) for ts in d.trace]) is None
 
 
+#: release-waits-for-last-fence-only, as a --jobs 2 fuzz run's parent shrank it: a KV used on two
+#: streams, closed, the second stream synchronized; the holder's answer runs the release though the
+#: first stream's fence is not done.  The step shows figures only: the queue length (S7); leaving out the
+#: second ``kv_open`` shows the pins instead (S10), another figure; continued past that, ``synchronize``
+#: then ``poll`` find the release gone: S4.
+_LAST_FENCE_STEPS = [("kv_open", [4]), ("kv_open", [4]), ("new_stream", []), ("new_stream", []),
+                     ("kv_use", [0, 0]), ("kv_use", [0, 1]), ("kv_close", [0]), ("issue_ticket", [1, 1, False, 1, 0]),
+                     ("synchronize", [1, 1]), ("respond", [0, 0])]
+
+
+def test_a_shorter_example_that_shows_another_figure_is_diagnosed_in_turn():
+    from memspec.spec.api import MiB
+
+    target = "mutant:release-waits-for-last-fence-only"
+    plan = runner.make_plan(target, "system", capacity=16 * MiB)
+    v = runner._replay_steps(plan, runner.CallGuard(plan.timeout, plan.guard_mode), 64 * MiB, _LAST_FENCE_STEPS)
+    assert v is not None and (v.invariant, v.cause) == ("S7", "observation"), v
+    f = runner.Failure(target, "system", v.invariant, v.cause, v.reason, list(v.trace), len(v.trace),
+                       capacity=64 * MiB)
+    d = runner.diagnose(plan, f)
+    assert (d.invariant, d.cause) == ("S4", "outcome"), (d.invariant, d.reason)
+    assert [c.split(" ")[0] for c in d.consequences] == ["S10", "S7"], d.consequences
+    assert [ts.action for ts in d.trace][-2:] == ["synchronize", "poll"]
+    # one diagnosis alone stops at the other figure (what the second one adds)
+    saved = runner.DIAGNOSE_DEPTH
+    try:
+        runner.DIAGNOSE_DEPTH = 0
+        once = runner.diagnose(plan, f)
+        assert (once.invariant, once.cause) == ("S10", "observation"), (once.invariant, once.reason)
+    finally:
+        runner.DIAGNOSE_DEPTH = saved
+    # the reference implementation passes the blamed counterexample
+    ref = runner.make_plan("reference", "system", capacity=16 * MiB)
+    assert runner._replay_steps(ref, runner.CallGuard(ref.timeout, ref.guard_mode), 64 * MiB,
+                                [(ts.action, list(ts.choices)) for ts in d.trace]) is None
+
+
 def test_a_step_only_the_blame_needs_is_left_out_and_the_fence_rule_is_named():
     """fence-read-on-default-stream: ``poll`` raises while reading a fence.
     With a mechanism switch (``select``) before it, the spec's answer names
