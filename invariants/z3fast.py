@@ -36,24 +36,23 @@ def _bools(args: tuple[Any, ...]) -> Any:
     return ctx
 
 
-def And(*args: Any) -> Any:
-    """``z3.And``."""
+def _nary(mk: Any, plain: Any, args: tuple[Any, ...]) -> Any:
     flat = tuple(args[0]) if len(args) == 1 and isinstance(args[0], (list, tuple)) else args
     ctx = _bools(flat)
     if ctx is None:
-        return z3.And(*args)
+        return plain(*args)
     arr = (z3.Ast * len(flat))(*[a.ast for a in flat])
-    return _BoolRef(z3.Z3_mk_and(ctx.ref(), len(flat), arr), ctx)
+    return _BoolRef(mk(ctx.ref(), len(flat), arr), ctx)
+
+
+def And(*args: Any) -> Any:
+    """``z3.And``."""
+    return _nary(z3.Z3_mk_and, z3.And, args)
 
 
 def Or(*args: Any) -> Any:
     """``z3.Or``."""
-    flat = tuple(args[0]) if len(args) == 1 and isinstance(args[0], (list, tuple)) else args
-    ctx = _bools(flat)
-    if ctx is None:
-        return z3.Or(*args)
-    arr = (z3.Ast * len(flat))(*[a.ast for a in flat])
-    return _BoolRef(z3.Z3_mk_or(ctx.ref(), len(flat), arr), ctx)
+    return _nary(z3.Z3_mk_or, z3.Or, args)
 
 
 def Implies(a: Any, b: Any) -> Any:

@@ -82,6 +82,10 @@ _ENV_FUNCS = {"_div": _div, "_mod": _mod, "_aeq": _aeq, "_sel": _sel, "_store": 
 _NARY = {z3.Z3_OP_ADD: " + ", z3.Z3_OP_SUB: " - ", z3.Z3_OP_MUL: " * ", z3.Z3_OP_AND: " and ",
          z3.Z3_OP_OR: " or "}
 _CMP = {z3.Z3_OP_LE: " <= ", z3.Z3_OP_LT: " < ", z3.Z3_OP_GE: " >= ", z3.Z3_OP_GT: " > "}
+#: operators of fixed arity: the Python expression of their arguments' names
+_FORMAT = {z3.Z3_OP_NOT: "not {0}", z3.Z3_OP_IMPLIES: "(not {0}) or {1}", z3.Z3_OP_XOR: "{0} != {1}",
+           z3.Z3_OP_UMINUS: "-{0}", z3.Z3_OP_IDIV: "_div({0}, {1})", z3.Z3_OP_MOD: "_mod({0}, {1})",
+           z3.Z3_OP_ABS: "abs({0})"}
 
 #: how an array-valued node is held: a stored map (tuple), a function (a lambda), or either
 _MAP, _FN, _EITHER = "map", "fn", "either"
@@ -173,9 +177,8 @@ _SHAPES = _Shapes()
 #: nodes whose shapes are kept (and pinned) at most
 SHAPES_CAP = 2_000_000
 
-_KNOWN = {z3.Z3_OP_TRUE, z3.Z3_OP_FALSE, z3.Z3_OP_EQ, z3.Z3_OP_IFF, z3.Z3_OP_DISTINCT, z3.Z3_OP_NOT,
-          z3.Z3_OP_IMPLIES, z3.Z3_OP_XOR, z3.Z3_OP_ITE, z3.Z3_OP_UMINUS, z3.Z3_OP_IDIV, z3.Z3_OP_MOD, z3.Z3_OP_ABS,
-          z3.Z3_OP_SELECT, z3.Z3_OP_STORE, z3.Z3_OP_CONST_ARRAY, *_NARY, *_CMP}
+_KNOWN = {z3.Z3_OP_TRUE, z3.Z3_OP_FALSE, z3.Z3_OP_EQ, z3.Z3_OP_IFF, z3.Z3_OP_DISTINCT, z3.Z3_OP_ITE,
+          z3.Z3_OP_SELECT, z3.Z3_OP_STORE, z3.Z3_OP_CONST_ARRAY, *_NARY, *_CMP, *_FORMAT}
 
 
 class Program:
@@ -283,25 +286,13 @@ class Program:
                 if arr0:
                     raise Unsupported("distinct arrays")
                 e = f"len({{{', '.join(xs)}}}) == {n}"
-            elif op == z3.Z3_OP_NOT:
-                e = f"not {xs[0]}"
-            elif op == z3.Z3_OP_IMPLIES:
-                e = f"(not {xs[0]}) or {xs[1]}"
-            elif op == z3.Z3_OP_XOR:
-                e = f"{xs[0]} != {xs[1]}"
+            elif op in _FORMAT:
+                e = _FORMAT[op].format(*xs)
             elif op == z3.Z3_OP_ITE:
                 e = f"{xs[1]} if {xs[0]} else {xs[2]}"
                 if arr:
                     h1, h2 = held.get(xs[1], _EITHER), held.get(xs[2], _EITHER)
                     hold = h1 if h1 == h2 else _EITHER
-            elif op == z3.Z3_OP_UMINUS:
-                e = f"-{xs[0]}"
-            elif op == z3.Z3_OP_IDIV:
-                e = f"_div({xs[0]}, {xs[1]})"
-            elif op == z3.Z3_OP_MOD:
-                e = f"_mod({xs[0]}, {xs[1]})"
-            elif op == z3.Z3_OP_ABS:
-                e = f"abs({xs[0]})"
             elif op == z3.Z3_OP_SELECT and n == 2:
                 if held.get(xs[0]) == _MAP:
                     e = f"{xs[0]}[1].get({xs[1]}, {xs[0]}[0])"
