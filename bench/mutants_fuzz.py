@@ -8,7 +8,9 @@ mutant of ``memspec mutants --list`` (a subprocess each: default mode,
 system-level mutants), one after the other, and prints per mutant whether a
 failure was found, the invariant of the first failure (the blame), the
 command's wall time and its CPU seconds (``RUSAGE_CHILDREN``: the workers
-included).  ``--ci FILE``: a ``memspec mutants --json`` kill table (the CI
+included).  Each command gets an empty example database of its own (a
+counterexample saved by an earlier run would be replayed first, and the
+mutant found at once).  ``--ci FILE``: a ``memspec mutants --json`` kill table (the CI
 profile) to compare with, mutant by mutant: killed by both, by fuzz only,
 by the CI profile only, by neither.
 
@@ -41,7 +43,8 @@ def run_one(name: str, level: str, jobs: int, minutes: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="memspec-mfuzz-") as tmp:
         out = os.path.join(tmp, "fuzz.json")
         cmd = [sys.executable, "-m", "memspec", "fuzz", f"mutant:{name}", "--jobs", str(jobs),
-               "--minutes", str(minutes), "--json", out, "--quiet", "--out", os.path.join(tmp, "repro")]
+               "--minutes", str(minutes), "--json", out, "--quiet", "--out", os.path.join(tmp, "repro"),
+               "--db", os.path.join(tmp, "db")]
         if level in ("mechanism", "system"):
             cmd += ["--capacity", str(CAPACITY)]
         c0, t0 = _children_cpu(), time.perf_counter()
