@@ -161,29 +161,15 @@ class Compiled:
         self._names = [(self.s[f].decl().name(), f, k) for f, k in p.fields.items()] + \
             [(self.a[n].decl().name(), n, k) for n, k in act.params.items()]
 
-    def _native(self, state: dict[str, Any], args: dict[str, Any]) -> tuple[Any, ...] | None:
-        """``(pre, outcome code, every compared value)`` by :mod:`z3native`, or None (outside its fragment)."""
-        if self.prog is None:
-            return None
+    def _env(self, state: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
         n_state = len(self.p.fields)
-        env = {nm: native_value(k, (state if i < n_state else args)[f]) for i, (nm, f, k) in enumerate(self._names)}
-        try:
-            return self.prog(env)
-        except native.Unsupported:
-            return None
+        return {nm: native_value(k, (state if i < n_state else args)[f]) for i, (nm, f, k) in enumerate(self._names)}
 
     def outcome(self, state: dict[str, Any], args: dict[str, Any]) -> str:
         """The encoding's outcome on concrete values (the branch it takes): by :mod:`z3native`,
         cross-checked with Z3 on a sample, or by Z3."""
-        vals = self._native(state, args)
-        if vals is None:
-            return self._outcome_z3(state, args)
-        got = OUTCOMES[vals[1]]
-        if self.prog is not None and self.prog.due_cross_check():
-            want = self._outcome_z3(state, args)
-            if want != got:
-                raise native.cross_check_failed(f"{self.act.name}'s outcome", got, want)
-        return got
+        return native.checked(self.prog, lambda: self._env(state, args), lambda v: OUTCOMES[v[1]],
+                              lambda: self._outcome_z3(state, args), f"{self.act.name}'s outcome")
 
     def _outcome_z3(self, state: dict[str, Any], args: dict[str, Any]) -> str:
         v = z3.simplify(substitute(self.out, *self._subs(state, args)))
@@ -223,16 +209,12 @@ class Compiled:
     def agrees(self, state: dict[str, Any], args: dict[str, Any], allowed: set[str], expected: dict[Key, Any]) -> bool:
         """Whether the action applies (``pre``), its outcome is one of ``allowed`` and every compared
         value equals ``expected``'s: by :mod:`z3native`, cross-checked with Z3 on a sample, or by Z3."""
-        vals = self._native(state, args)
-        if vals is None:
-            return self._agrees_z3(state, args, allowed, expected)
-        got = bool(vals[0]) and OUTCOMES[vals[1]] in allowed and \
-            all(v == expected[key] for key, v in zip(self.keys[1:], vals[2:]))
-        if self.prog is not None and self.prog.due_cross_check():
-            want = self._agrees_z3(state, args, allowed, expected)
-            if want != got:
-                raise native.cross_check_failed(f"{self.act.name}'s agreement", got, want)
-        return got
+        def convert(vals: tuple[Any, ...]) -> bool:
+            return bool(vals[0]) and OUTCOMES[vals[1]] in allowed and \
+                all(v == expected[key] for key, v in zip(self.keys[1:], vals[2:]))
+
+        return native.checked(self.prog, lambda: self._env(state, args), convert,
+                              lambda: self._agrees_z3(state, args, allowed, expected), f"{self.act.name}'s agreement")
 
     def _agrees_z3(self, state: dict[str, Any], args: dict[str, Any], allowed: set[str],
                    expected: dict[Key, Any]) -> bool:
@@ -463,20 +445,14 @@ class InvariantEval:
         k = expr.get_id()
         if k not in self.progs:
             self.progs[k] = (expr, native.build([expr]))   # the term kept alive with its program
-        prog = self.progs[k][1]
-        got: bool | None = None
-        if prog is not None:
-            try:
-                got = bool(prog({sym[f].decl().name(): native_value(self.p.fields[f], state[f]) for f in fields})[0])
-            except native.Unsupported:
-                got = None
-        if got is None or prog.due_cross_check():
+
+        def by_z3() -> bool:
             subs = [(sym[f], concrete(self.p.fields[f], state[f])) for f in fields]
-            want = Compiled._truth(substitute(expr, *subs) if subs else expr)
-            if got is not None and got != want:
-                raise native.cross_check_failed(f"the encoded {self.p.id}", got, want)
-            return want
-        return got
+            return Compiled._truth(substitute(expr, *subs) if subs else expr)
+
+        return native.checked(self.progs[k][1],
+                              lambda: {sym[f].decl().name(): native_value(self.p.fields[f], state[f]) for f in fields},
+                              lambda v: bool(v[0]), by_z3, f"the encoded {self.p.id}")
 
 
 #: built invariant evaluators and compiled actions, shared by every walk of a run.  Keyed by the

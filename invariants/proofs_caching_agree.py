@@ -267,15 +267,8 @@ class Compiled:
         return subs + [(self.a[p], z3.IntVal(args.get(p, 0))) for p in self.act.params]
 
     def applies(self, vals: dict[str, Any], args: dict[str, int]) -> bool:
-        if self._pre_prog is not None:
-            try:
-                got = bool(self._pre_prog(self._env(vals, args))[0])
-            except native.Unsupported:
-                return self._applies_z3(vals, args)
-            if self._pre_prog.due_cross_check() and got != self._applies_z3(vals, args):
-                raise native.cross_check_failed(f"{self.act.name}'s precondition", got, not got)
-            return got
-        return self._applies_z3(vals, args)
+        return native.checked(self._pre_prog, lambda: self._env(vals, args), lambda v: bool(v[0]),
+                              lambda: self._applies_z3(vals, args), f"{self.act.name}'s precondition")
 
     def _applies_z3(self, vals: dict[str, Any], args: dict[str, int]) -> bool:
         v = z3.simplify(z3.substitute(self.pre, *self._subs(vals, args)))
@@ -286,19 +279,8 @@ class Compiled:
     def _outputs(self, vals: dict[str, Any], args: dict[str, int]) -> dict[int, int]:
         """Every output by its index in :attr:`keys`: by :mod:`z3native` (cross-checked on a sample)
         or, for a term outside its fragment, by Z3's substitute and simplify."""
-        if self._prog is not None:
-            try:
-                got = dict(enumerate(int(x) for x in self._prog(self._env(vals, args))))
-            except native.Unsupported:
-                return self._outputs_z3(vals, args)
-            if self._prog.due_cross_check():
-                want = self._outputs_z3(vals, args)
-                if got != want:
-                    bad = next(i for i in got if got[i] != want.get(i))
-                    raise native.cross_check_failed(f"{self.act.name}'s output {self.keys[bad]}", got[bad],
-                                                    want.get(bad))
-            return got
-        return self._outputs_z3(vals, args)
+        return native.checked(self._prog, lambda: self._env(vals, args), lambda v: dict(enumerate(int(x) for x in v)),
+                              lambda: self._outputs_z3(vals, args), f"{self.act.name}'s outputs")
 
     def _outputs_z3(self, vals: dict[str, Any], args: dict[str, int]) -> dict[int, int]:
         v = z3.simplify(z3.substitute(self._packed, *self._subs(vals, args)))
@@ -367,18 +349,9 @@ def encoded_invariants(vals: dict[str, Any]) -> dict[str, bool]:
         terms = {c: z3.simplify(H.NAMED[c](s)) for c in HEAP_INVARIANTS}
         _INV_TERMS[n] = (s, terms, native.build(terms.values()))
     s, terms, prog = _INV_TERMS[n]
-    if prog is not None:
-        try:
-            got = dict(zip(terms, (bool(v) for v in prog({f"{f}@agi": vals[f] for f in H.FIELDS if f != "n"}))))
-        except native.Unsupported:
-            return _encoded_invariants_z3(vals, s, terms)
-        if prog.due_cross_check():
-            want = _encoded_invariants_z3(vals, s, terms)
-            if got != want:
-                bad = next(c for c in got if got[c] != want[c])
-                raise native.cross_check_failed(f"the encoded {bad}", got[bad], want[bad])
-        return got
-    return _encoded_invariants_z3(vals, s, terms)
+    return native.checked(prog, lambda: {f"{f}@agi": vals[f] for f in H.FIELDS if f != "n"},
+                          lambda v: dict(zip(terms, (bool(x) for x in v))),
+                          lambda: _encoded_invariants_z3(vals, s, terms), "the encoded invariants")
 
 
 def _encoded_invariants_z3(vals: dict[str, Any], s: St, terms: dict[str, Any]) -> dict[str, bool]:

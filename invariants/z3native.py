@@ -270,7 +270,7 @@ class Program:
                     raise Unsupported(f"two free constants named {name!r}")
                 self.inputs[name] = k
                 var = f"i{len(loads)}"
-                loads.append(f"    {var} = env[{name!r}]")
+                loads.append(f"    {var} = env[_n{len(loads)}]")   # the name itself stays out of the source
                 names[k] = var
                 if arr:
                     held[var] = _MAP
@@ -326,8 +326,11 @@ class Program:
                 held[var] = hold
         outs = [names[t.get_id()] for t in terms]
         src = "def _program(env):\n" + "\n".join(loads + lines) + f"\n    return ({', '.join(outs)},)\n"
+        # the source holds only names made here (``v``/``i``/``j``/``lam`` and a number), integer literals
+        # and the operator templates above: the free constants' names are bound as globals, not written
         scope_vars: dict[str, Any] = dict(_ENV_FUNCS)
-        exec(compile(src, "<z3native>", "exec"), scope_vars)   # our own terms' code, never outside input
+        scope_vars.update({f"_n{k}": nm for k, nm in enumerate(self.inputs)})
+        exec(compile(src, "<z3native>", "exec"), scope_vars)
         self._fn: Callable[[dict[str, Any]], tuple[Any, ...]] = scope_vars["_program"]
         self.size = len(lines) + sum(len(sc.lines) for sc in scopes)
         self.runs = 0
@@ -377,8 +380,32 @@ def same(x: Any, y: Any) -> bool:
 
 
 def cross_check_failed(what: str, native: Any, z3_value: Any) -> AssertionError:
+    if isinstance(native, dict) and isinstance(z3_value, dict):   # name the first output that differs
+        bad = next((k for k in native if native[k] != z3_value.get(k)), None)
+        if bad is not None:
+            what, native, z3_value = f"{what} (output {bad!r})", native[bad], z3_value.get(bad)
     return AssertionError(f"z3native: {what} evaluated to {native!r} in Python but to {z3_value!r} by Z3: "
                           "a defect of memspec.invariants.z3native")
 
 
-__all__ = ["Program", "Unsupported", "build", "from_z3", "same", "CROSS_CHECK_EVERY", "cross_check_failed"]
+def checked(prog: Program | None, env: Callable[[], dict[str, Any]], convert: Callable[[tuple[Any, ...]], Any],
+            by_z3: Callable[[], Any], what: str) -> Any:
+    """The value of ``prog`` on ``env()``, as ``convert`` makes it; ``by_z3()`` instead when there is no
+    program or it refuses (:class:`Unsupported`); and ``by_z3()`` as well, which must give the same,
+    on the first evaluation of the program and every :data:`CROSS_CHECK_EVERY`-th (else
+    :func:`cross_check_failed`: a defect of this module, never a verdict)."""
+    if prog is None:
+        return by_z3()
+    try:
+        got = convert(prog(env()))
+    except Unsupported:
+        return by_z3()
+    if prog.due_cross_check():
+        want = by_z3()
+        if want != got:
+            raise cross_check_failed(what, got, want)
+    return got
+
+
+__all__ = ["Program", "Unsupported", "build", "checked", "from_z3", "same", "CROSS_CHECK_EVERY",
+           "cross_check_failed"]
