@@ -131,6 +131,32 @@ class RandomChooser:
         return v
 
 
+class WalkChooser(RandomChooser):
+    """:class:`RandomChooser` with the same
+    draws, value for value (``randint(lo, hi)`` is ``lo +
+    _randbelow(hi - lo + 1)``), without ``randint``'s and ``randrange``'s
+    argument checks on every draw."""
+
+    __slots__ = ("_below", "_random")
+
+    def __init__(self, rng: Any, record: list | None = None) -> None:
+        super().__init__(rng, record)
+        self._below = rng._randbelow  # type: ignore[attr-defined]
+        self._random = rng.random
+
+    def integer(self, lo: int, hi: int) -> int:
+        v = lo + self._below(hi - lo + 1) if hi > lo else lo
+        if self.record is not None:
+            self.record.append(v)
+        return v
+
+    def boolean(self) -> bool:
+        v = self._random() < 0.5
+        if self.record is not None:
+            self.record.append(v)
+        return v
+
+
 #: width of the integer a :class:`PackedChooser` draws at once
 PACK_BITS = 64
 _PACK_MAX = (1 << PACK_BITS) - 1

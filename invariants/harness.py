@@ -16,7 +16,7 @@ Nothing here knows a machine: no action, state field or invariant is named.
 
 from __future__ import annotations
 
-from memspec.invariants.choosers import HypothesisChooser, RandomChooser, RecordingChooser, ReplayChooser
+from memspec.invariants.choosers import HypothesisChooser, RandomChooser, RecordingChooser, ReplayChooser, WalkChooser
 from memspec.invariants.engine import Plan, Run, Stats, TraceStep
 from memspec.invariants.errors import (SPEC_ERROR, TARGET_ERROR, HangResult, SpecError, TargetError, Violation,
                                        _HangResult, violation_class)
@@ -27,6 +27,6 @@ from memspec.invariants.levels import LEVELS, CachingSUT, Level, MechanismSUT, R
 __all__ = [
     "CachingSUT", "CallGuard", "HangResult", "HypothesisChooser", "Integrity", "LEVELS", "Level", "MechanismSUT",
     "Plan", "RandomChooser", "RecordingChooser", "RefTable", "ReplayChooser", "Run", "SPEC_ERROR", "SpecError",
-    "Stats", "TARGET_ERROR", "TargetError", "TraceStep", "Violation", "Watch", "_HangResult", "make_integrity",
+    "Stats", "TARGET_ERROR", "TargetError", "TraceStep", "Violation", "WalkChooser", "Watch", "_HangResult", "make_integrity",
     "supervise", "violation_class",
 ]

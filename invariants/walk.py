@@ -102,30 +102,9 @@ def _walk_once(plan: H.Plan, seed: int, run_length: int, guard: H.CallGuard, hol
     return None, record
 
 
-class WalkChooser(H.RandomChooser):
-    """:class:`~memspec.invariants.choosers.RandomChooser` with the same
-    draws, value for value (``randint(lo, hi)`` is ``lo +
-    _randbelow(hi - lo + 1)``), without ``randint``'s and ``randrange``'s
-    argument checks on every draw."""
-
-    __slots__ = ("_below", "_random")
-
-    def __init__(self, rng: random.Random, record: list | None = None) -> None:
-        super().__init__(rng, record)
-        self._below = rng._randbelow  # type: ignore[attr-defined]
-        self._random = rng.random
-
-    def integer(self, lo: int, hi: int) -> int:
-        v = lo + self._below(hi - lo + 1) if hi > lo else lo
-        if self.record is not None:
-            self.record.append(v)
-        return v
-
-    def boolean(self) -> bool:
-        v = self._random() < 0.5
-        if self.record is not None:
-            self.record.append(v)
-        return v
+#: the walk's chooser lives with the other choosers (compiled with them by
+#: ``memspec build-native``: an interpreted class cannot subclass a compiled one)
+WalkChooser = H.WalkChooser
 
 
 #: the walk writes its pattern into one new memory region in this many and

@@ -179,7 +179,7 @@ _TRACE = textwrap.dedent("""
         trace = []
         for i in range(RUNS):
             record = []
-            chooser = H.RandomChooser(random.Random(walk.run_seed(0, i)), record)
+            chooser = walk.WalkChooser(random.Random(walk.run_seed(0, i)), record)  # the walk's own
             run = H.Run(plan, guard, chooser)
             try:
                 for _ in range(LENGTH):
