@@ -119,7 +119,7 @@ def test_the_parent_reports_a_failure_two_workers_saved_once(tmp_path, monkeypat
 
     disp = fuzz.Display("reference", "hypothesis", 1.0, 2)
     results = fuzz._shrink_in_parent(resolve("reference"), args, ["mechanism"], [],
-                                     {"mechanism": {"S1": ("outcome", "freed a foreign handle")}}, disp)
+                                     {"mechanism": {"S1": ("outcome", "freed a foreign handle", None)}}, disp)
     fails = [f for r in results for f in r.failures]
     assert [(f.invariant, f.reason) for f in fails] == [("S1", "freed a foreign handle")]
 

@@ -621,7 +621,7 @@ def _worker(w: int, argv: list[str], budget: float, queue, stop_event, built: di
                 for r in rs:
                     for f in r.failures:
                         stop_event.set()
-                        queue.put(("hyp-failure", w, lvl, f.invariant, f.cause, f.reason))
+                        queue.put(("hyp-failure", w, lvl, f.invariant, f.cause, f.reason, _failure_msg(f)))
             for r in rs:
                 for e in r.errors:
                     queue.put(("error", w, lvl, e))
@@ -711,7 +711,7 @@ def main_jobs(args, jobs: int) -> int:
                 db_failures.setdefault(msg[2], {}).setdefault(msg[3], (msg[4], msg[5]))
                 disp.failures.append(f"{msg[2]} {msg[3]} [{msg[4]}] {str(msg[5])[:90]} (replayed from the database)")
             elif kind_ == "hyp-failure":
-                hyp_failures.setdefault(msg[2], {}).setdefault(msg[3], (msg[4], msg[5]))
+                hyp_failures.setdefault(msg[2], {}).setdefault(msg[3], (msg[4], msg[5], msg[6] if len(msg) > 6 else None))
                 disp.failures.append(f"{msg[2]} {msg[3]} [{msg[4]}] {str(msg[5])[:90]} (worker {msg[1]}; shrinking)")
             elif kind_ == "error":
                 errors.setdefault(msg[2], []).append(msg[3])
@@ -825,15 +825,66 @@ def _shrink_in_parent(tref, args, levels, walk_failures, hyp_levels, disp, db_le
             once.setdefault((f.invariant, f.cause, f.reason), f)
         res.failures = list(once.values())
         got = {f.invariant for f in res.failures}
-        for inv, (cause, reason) in hyp_levels[lvl].items():
-            if inv not in got:  # not reproduced from the database: report the worker's finding as it was
-                res.failures.append(runner.Failure(plan.target, lvl, inv, cause,
-                                                   f"{reason} (not reproduced on replay: nondeterministic target?)",
-                                                   [], None))
+        extra = [_worker_failure(plan, inv, cause, reason, sent)
+                 for inv, (cause, reason, sent) in hyp_levels[lvl].items() if inv not in got]
+        if extra:
+            res.failures = runner._dedupe(res.failures + extra)
         runner.write_repros(res, args.out, target_name=plan.target)
         results.append(res)
     disp.failures[:] = [f"{r.level} {f.invariant} [{f.cause}] {f.reason[:90]}" for r in results for f in r.failures]
     return results
+
+
+def _failure_msg(f) -> dict:
+    """What a worker sends the parent of a failure besides its invariant,
+    cause and reason: its steps (as the supervised child sends them: action,
+    arguments as a literal, choices, outcome, bound ids), the example's
+    device capacity, the steps to detection and the consequences."""
+    from memspec.invariants import harness as H
+    from memspec.invariants import runner
+
+    trace = f.trace if all(isinstance(ts, H.TraceStep) for ts in f.trace) else []
+    return {"trace": runner._trace_msg(trace), "capacity": f.capacity, "detected": f.steps_to_detection,
+            "consequences": [str(c) for c in f.consequences]}
+
+
+def _worker_failure(plan, inv: str, cause: str, reason: str, sent) -> "runner.Failure":
+    """A worker's failure that the replay of the shared database did not give
+    back: one found by a later pass of ``run_hypothesis`` (the actions the
+    earlier failures ended on left out: its examples are saved under that
+    pass's key, which a replay of the whole table never reads), or a target
+    that does not fail the same way twice.  The worker's own steps are
+    replayed here on a fresh target, arguments drawn again by the spec from
+    the recorded choices: a failure again is one like any other, minimized
+    and diagnosed here (its first failing check may be a symptom, a figure,
+    that the worker's diagnosis blamed on the rule broken: the diagnosis
+    here does the same); otherwise it is reported as the worker saw it, with
+    the worker's steps, marked not reproduced."""
+    from memspec.invariants import harness as H
+    from memspec.invariants import runner
+
+    sent = sent if isinstance(sent, dict) else {}
+    trace = runner._trace_from(sent.get("trace") or [])
+    cap = sent.get("capacity") if type(sent.get("capacity")) is int else None
+    det = sent.get("detected") if type(sent.get("detected")) is int else None
+    cons = [str(c) for c in sent.get("consequences") or []]
+    if trace:
+        guard = H.CallGuard(plan.timeout, plan.guard_mode)
+        saved = (plan.stats, plan.on_call, plan.on_step)
+        plan.stats, plan.on_call, plan.on_step = H.Stats(), None, None
+        try:
+            v = runner._replay_steps(plan, guard, cap, [(ts.action, list(ts.choices)) for ts in trace])
+        except Exception:  # noqa: BLE001 - steps the spec cannot replay here: not reproduced
+            v = None
+        finally:
+            plan.stats, plan.on_call, plan.on_step = saved
+        if v is not None:
+            f = runner.Failure(plan.target, plan.level, v.invariant, v.cause, v.reason, list(v.trace), det,
+                               capacity=cap, consequences=cons)
+            return runner.diagnose(plan, runner.minimize(plan, f))
+    return runner.Failure(plan.target, plan.level, inv, cause,
+                          f"{reason} (not reproduced on replay: nondeterministic target?)", trace, det,
+                          capacity=cap, consequences=cons)
 
 
 def _argv_of(args) -> list[str]:
