@@ -155,6 +155,17 @@ class Plan:
     def titles(self) -> dict[str, str]:
         return {inv.id: inv.title for inv in self.machine.invariants}
 
+    def presupposed(self) -> dict[str, frozenset]:
+        """``{invariant id: the rules its check takes for granted}``
+        (:attr:`~memspec.spec.core.Invariant.presupposes`; only those that
+        declare some)."""
+        got = self.__dict__.get("_presupposed")
+        if got is None:
+            got = self.__dict__["_presupposed"] = {
+                inv.id: frozenset(inv.presupposes) for inv in self.machine.invariants
+                if getattr(inv, "presupposes", ())}
+        return got
+
     def new_run(self, guard: CallGuard | None = None) -> "Run":
         return Run(self, guard)
 
@@ -769,7 +780,10 @@ class Run:
         return rank
 
     def _blame_first(self, found: list) -> list:
-        """``found`` in blame order: the spec's own diagnosis (an invariant
+        """``found`` in blame order: a rule that another failing one at this
+        step presupposes before that one (its consequence: ``empty_cache``
+        releasing too little because free neighbours were never merged is
+        C3's failure, not C6's); then the spec's own diagnosis (an invariant
         failing on the spec state) before a data check before a figure read
         from the implementation; within each, the invariants the step's
         action declares, in the order it declares them (the spec lists the
@@ -780,7 +794,10 @@ class Run:
         own = list(getattr(self._action, "invariants", ()) or ())
         n = len(self.machine.actions) + 1
         cause_rank = {"invariant": 0, "data": 1, "observation": 2}
-        keyed = [((cause_rank.get(cause, 1), (0, own.index(inv)) if inv in own else (1, rank.get(inv, n)), i),
+        pre = self.plan.presupposed()
+        failing = {inv for inv, _c, _w in found}
+        keyed = [((1 if pre.get(inv, frozenset()) & failing else 0, cause_rank.get(cause, 1),
+                   (0, own.index(inv)) if inv in own else (1, rank.get(inv, n)), i),
                   (inv, cause, why)) for i, (inv, cause, why) in enumerate(found)]
         return [x for _k, x in sorted(keyed)]
 

@@ -753,12 +753,15 @@ def diagnose(plan: E.Plan, failure: Failure, *, replays: int | None = None, _dep
                         + (f"; {len(rest) - 4} more" if len(rest) > 4 else "")
                 found = violation_class(inv)(inv, cause, why, list(v0.trace), len(v0.trace))
         # 1. a step only the blame needs: the variants one step shorter
+        pre = plan.presupposed()
         if found is None:
             symptoms = {inv for inv, _c, _w in seen} | {failure.invariant}
             for i in range(len(steps) - 2, -1, -1):
                 v = replay(steps[:i] + steps[i + 1:])
                 if v is None or v.invariant == failure.invariant or v.cause in ("hang", "crash") or not v.trace:
                     continue
+                if pre.get(v.invariant, frozenset()) & symptoms:
+                    continue   # a rule that takes the failing one for granted: its consequence
                 if len(v.trace) == len(steps) - 1 and v.cause in _FIGURES and v.invariant in symptoms:
                     continue   # the same call showing another of the figures it showed: no new rule
                 if found is None or len(v.trace) < len(found.trace):
@@ -942,7 +945,9 @@ def _continue(plan: E.Plan, steps: list, failure: Failure, symptoms: set, replay
         hit = got[0] if got else None
         if hit is not None and only is not None and hit.invariant != only:
             return None
-        return hit if hit is not None and hit.invariant not in symptoms else None
+        if hit is None or hit.invariant in symptoms or plan.presupposed().get(hit.invariant, frozenset()) & symptoms:
+            return None   # the same rule again, or one that takes a failing rule for granted: a consequence
+        return hit
 
     clean: list = []
     hits = [h for h in (probe([], nm, clean) for nm in names) if h is not None]

@@ -290,6 +290,11 @@ class Invariant(Generic[S]):
     #: capabilities without which nothing can break it (N/A for a target
     #: that lacks one, e.g. ``("expandable_segments",)``)
     requires: tuple[str, ...] = ()
+    #: rules this one's check takes for granted: when one of them fails at
+    #: the same step, this failure is its consequence, not the rule broken
+    #: (a segment is *entirely free* for ``empty_cache`` only once its free
+    #: blocks were merged: C6 presupposes C3)
+    presupposes: tuple[str, ...] = ()
 
     def check_for(self, state: Any) -> Callable[[Any], str | None] | None:
         """The predicate for ``state``'s level (``None``: vacuous there)."""

@@ -179,6 +179,11 @@ def render() -> str:
         where = [CACHING.name] if any(inv.id in a.invariants for a in CACHING.actions) else []
         out.append(f"| {inv.id} | {inv.title} | *{inv.quote}*{_other_seed(inv.seed, '003')} | {', '.join(where)} |")
     out.append("")
+    pre = [(inv.id, inv.presupposes) for inv in CACHING.invariants if inv.presupposes]
+    if pre:
+        out += ["A rule's check may take another rule for granted: when both fail at one step, the failure of the "
+                "rule presupposed is the one a report blames, the other is its consequence. "
+                + "; ".join(f"{i} presupposes {', '.join(p)}" for i, p in pre) + ".", ""]
     out += ["## The life of an allocation", "", _mermaid(ALLOCATION_LIFE, SYSTEM), ""]
     out += ["## The life of a pressure ticket", "", _mermaid(TICKET_LIFE, SYSTEM), ""]
     out += _machine_section(MECHANISM, f"Machine `{MECHANISM.name}` ({len(MECHANISM.actions)} actions)")

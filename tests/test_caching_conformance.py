@@ -69,9 +69,10 @@ def walk(factory, seed: int, steps: int = STEPS, **config):
         if bad:
             return bad[0][0], "invariant", bad[0][1], n
         for obs in CACHING.observations:
-            want, got = obs.expected(st, None), obs.observed(sut, None)
-            if want != got:
-                return obs.blame, "observation", f"{obs.name}: implementation {got!r:.200} spec {want!r:.200}", n
+            for r in obs.refs(st, ()):   # the figures that apply in this state (as the engine reads them)
+                want, got = obs.expected(st, r), obs.observed(sut, r)
+                if want != got:
+                    return obs.blame, "observation", f"{obs.name}: implementation {got!r:.200} spec {want!r:.200}", n
     return None
 
 

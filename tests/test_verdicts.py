@@ -125,14 +125,14 @@ class _Act:
         self.name, self.invariants = name, invariants
 
 
-def _run_with(actions, current):
+def _run_with(actions, current, presupposed=None):
     from types import SimpleNamespace
 
     from memspec.invariants import engine as E
 
     run = E.Run.__new__(E.Run)
     run.machine = SimpleNamespace(actions=actions)
-    run.plan = SimpleNamespace(stats=Stats())
+    run.plan = SimpleNamespace(stats=Stats(), presupposed=lambda: presupposed or {})
     run._action = current
     run.trace, run.nsteps, run.failed = [], 3, False
     return run
@@ -158,6 +158,10 @@ def test_the_rule_broken_is_blamed_before_the_ledger_total_and_the_rest_are_cons
                                              ("S4", "data", "c"), ("S15", "invariant", "d")])] \
         == ["S15", "S4", "S11", "S7"]
     assert [x[0] for x in run2._blame_first([("S4", "observation", "a"), ("S7", "observation", "b")])] == ["S7", "S4"]
+    # a rule whose check takes another failing one for granted goes after it, whatever its kind
+    run3 = _run_with(acts, _Act("x", ("S11",)), presupposed={"S15": frozenset({"S7"})})
+    assert [x[0] for x in run3._blame_first([("S15", "invariant", "d"), ("S7", "observation", "b")])] == ["S7", "S15"]
+    assert [x[0] for x in run3._blame_first([("S15", "invariant", "d"), ("S4", "observation", "b")])] == ["S15", "S4"]
 
 
 #: shrunk counterexamples of two shipped mutants, as (action, recorded choices): the spec draws
@@ -278,11 +282,27 @@ def test_the_rule_the_failing_action_declares_is_blamed_before_another_rules_dat
     assert again.invariant == "S7" and again.consequences == d.consequences
 
 
+def test_a_rule_that_presupposes_a_rule_failing_at_the_same_step_is_its_consequence(monkeypatch):
+    """A pending free (record_stream) that completes inside ``empty_cache``
+    and is never merged with its free neighbour: at that step ``empty_cache``
+    releases too little (C6, the spec's own check) and the layout shows the
+    adjacent free blocks (C3's figure).  C6 presupposes C3 (a segment is
+    entirely free only once its free blocks are merged): C3 is blamed, C6
+    is among the consequences.  Without the presupposition the spec's check
+    ranks first (C6), as it did before."""
+    steps = [("malloc", [0, 1, 0]), ("record_stream", [1]), ("free", []), ("empty_cache", [])]
+    plan = runner.make_plan("mutant:caching-no-coalescing", "caching")
+    guard = runner.CallGuard(plan.timeout, plan.guard_mode)
+    v = runner._replay_steps(plan, guard, None, steps)
+    assert v is not None and v.invariant == "C3" and len(v.trace) == 4, v
+    assert "consequences at this step: " in v.reason and "C6 [invariant]" in v.reason, v.reason
+    f = runner.Failure("caching-no-coalescing", "caching", v.invariant, v.cause, v.reason, list(v.trace), 4)
+    assert runner.diagnose(plan, f).invariant == "C3"   # and the diagnosis keeps it
+    monkeypatch.setattr(type(plan), "presupposed", lambda self: {})
+    assert runner._replay_steps(plan, guard, None, steps).invariant == "C6"
+
+
 @pytest.mark.parametrize("mutant, steps, first, blamed, length", [
-    # a pending free (record_stream) makes the missing coalesce show only in empty_cache's figure (C6);
-    # without it the free itself leaves adjacent free blocks: C3
-    ("caching-no-coalescing", [("malloc", [0, 1, 0]), ("record_stream", [1]), ("free", []), ("empty_cache", [])],
-     "C6", "C3", 2),
     # allocations that filled the device make a segment rounded up too far show as an out-of-memory (C9);
     # with room left, the segment itself is the wrong size: C2
     ("caching-segment-exact-multiple-up", [("malloc", [5, 1048577, 1]), ("malloc", [8, 21, 0]),

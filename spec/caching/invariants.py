@@ -139,16 +139,22 @@ INVARIANTS = [
     Invariant("C1", "reserved >= allocated >= requested",
               "reserved ≥ allocated ≥ requested, always.", _c1),
     Invariant("C2", "blocks tile their segment",
-              "SEGMENT 0 = one cudaMalloc VA reservation ... the span would have to cross a live tensor", _layout_check("C2")),
+              "SEGMENT 0 = one cudaMalloc VA reservation ... the span would have to cross a live tensor", _layout_check("C2"),
+              # the spec's layout has every free neighbour merged: a missed merge shows in it too
+              presupposes=("C3",)),
     Invariant("C3", "adjacent free blocks coalesce",
               "coalesce — every hole's neighbors are live 6 MiB blocks, and adjacent free blocks would merge", _c3),
     Invariant("C4", "pools never mix; best fit within the pool",
-              "Pools never mix. A 900 KiB request will not carve a large-pool free block", _layout_check("C4")),
+              "Pools never mix. A 900 KiB request will not carve a large-pool free block", _layout_check("C4"),
+              # the best fit is judged on the spec's layout, where free neighbours are merged
+              presupposes=("C3",)),
     Invariant("C5", "split only with a legal remainder",
               "A free block splits only if the remainder is itself legal (≥ 512 B small pool, ≥ 2 MiB large pool)", _c5),
     Invariant("C6", "empty_cache releases exactly the fully-free segments",
               "empty_cache() releases segments that are entirely free to the driver; it moves, merges, and "
-              "defragments nothing inside partially-live segments", _recorded("C6")),
+              "defragments nothing inside partially-live segments", _recorded("C6"),
+              # a segment is entirely free only once its free blocks were merged into one
+              presupposes=("C3",)),
     Invariant("C7", "no reuse before the events of other streams complete (seed 000's fence rule)",
               # seed 003 never names streams: this rule is seed 000's, applied to the caching allocator
               # (a block is reused only on its stream, after the events of the other streams that used it)
@@ -156,10 +162,14 @@ INVARIANTS = [
     Invariant("C8", "expandable segments: OOM only at physical exhaustion",
               "A freed block's pages unmap — physical memory returns to the driver immediately — and a later large "
               "request maps fresh pages into a fresh contiguous VA run.", _recorded("C8"),
-              requires=("expandable_segments",)),
+              requires=("expandable_segments",),
+              # a request the spec serves from merged free blocks is no exhaustion where they were never merged
+              presupposes=("C3",)),
     Invariant("C9", "the OOM message's figures equal the state",
               "The OOM message is the diagnosis ... \"N GiB is reserved by PyTorch but unallocated\" = fragmentation",
-              _recorded("C9")),
+              _recorded("C9"),
+              # (as C8: an OOM where the spec serves from merged free blocks is the missed merge's)
+              presupposes=("C3",)),
 ]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from memspec.spec.caching.invariants import layout_violations, spec_segments
-from memspec.spec.caching.state import LIVE, PENDING, CachingState, Policy
+from memspec.spec.caching.state import FREE, LIVE, PENDING, CachingState, Policy
 from memspec.spec.core import Observation
 
 
@@ -29,20 +29,94 @@ def _pending(segments: list[dict]) -> list[int]:
     return sorted(b["address"] for s in segments for b in s["blocks"] if b["state"] == "active_pending_free")
 
 
+_POOLS = ((None, "all"), (True, "small_pool"), (False, "large_pool"))
+
+
 def _stats_expected(st: CachingState, _r: Any) -> dict[str, int]:
+    """``memory_stats()`` figures the state fixes: bytes reserved, allocated,
+    active (allocated or pending free) and requested, and the counts of
+    allocated and active blocks, per pool and in all."""
     out = {}
-    for small, name in ((None, "all"), (True, "small_pool"), (False, "large_pool")):
+    for small, name in _POOLS:
         out[f"reserved_bytes.{name}.current"] = st.reserved(small)
         out[f"allocated_bytes.{name}.current"] = st.figure((LIVE,), small)
         out[f"active_bytes.{name}.current"] = st.figure((LIVE, PENDING), small)
         out[f"requested_bytes.{name}.current"] = st.figure((LIVE, PENDING), small, requested=True)
+        out[f"allocation.{name}.current"] = st.count((LIVE,), small)
+        out[f"active.{name}.current"] = st.count((LIVE, PENDING), small)
     out["num_ooms"] = st.num_ooms
     return out
 
 
+_STATS_KEYS = tuple(_stats_expected(CachingState(Policy()), None))
+
+
 def _stats_observed(sut: Any, _r: Any) -> dict[str, int]:
     flat = sut.allocator.memory_stats()
-    return {k: flat[k] for k in _stats_expected(CachingState(Policy()), None)}
+    return {k: flat[k] for k in _STATS_KEYS}
+
+
+def _segments_expected(st: CachingState, _r: Any) -> dict[str, int]:
+    """The segment count and the *inactive splits* (free blocks of segments
+    that hold more than one block: cached, yet not releasable), count and
+    bytes, per pool and in all.  Compared for segments of fixed size only
+    (see :func:`_fixed_segments`)."""
+    out = {}
+    for small, name in _POOLS:
+        out[f"segment.{name}.current"] = sum(1 for s in st.segments if small is None or s.small == small)
+        split = [b for s in st.segments if (small is None or s.small == small) and len(s.blocks) > 1
+                 for b in s.blocks if b.state == FREE]
+        out[f"inactive_split.{name}.current"] = len(split)
+        out[f"inactive_split_bytes.{name}.current"] = sum(b.size for b in split)
+    return out
+
+
+_SEGMENT_KEYS = tuple(_segments_expected(CachingState(Policy()), None))
+
+
+def _fixed_segments(st: CachingState, _t: Any):
+    """Every step while segments have a fixed size; never with expandable
+    segments (PyTorch counts an expandable arena's segments and splits by
+    its mapped runs, which this spec does not model)."""
+    return () if st.policy.expandable else (None,)
+
+
+def _segments_observed(sut: Any, _r: Any) -> dict[str, int]:
+    flat = sut.allocator.memory_stats()
+    return {k: flat[k] for k in _SEGMENT_KEYS}
+
+
+#: ``memory_stats()`` families kept as PyTorch's ``Stat``: ``current``, ``peak``,
+#: ``allocated`` (the sum of every increase), ``freed`` (of every decrease)
+_STAT_PARTS = (".current", ".peak", ".allocated", ".freed")
+
+
+def _bookkeeping(sut: Any, _r: Any) -> str | None:
+    """The implementation's own statistics agree with themselves: each
+    ``Stat``'s peak is at least its current figure, and ``allocated - freed
+    - current`` stays what it was at the run's first read (zero for a fresh
+    allocator; a reset of the accumulated figures before the run moves it
+    once).  ``None`` when they agree, else the first that does not."""
+    flat = sut.allocator.memory_stats()
+    offsets = {}
+    for k in sorted(flat):
+        if not k.endswith(".current"):
+            continue
+        fam = k[: -len(".current")]
+        cur, peak, up, down = (flat.get(fam + p) for p in _STAT_PARTS)
+        if type(peak) is int and peak < cur:
+            return f"{fam}: peak {peak} below current {cur}"
+        if type(up) is int and type(down) is int:
+            offsets[fam] = up - down - cur
+    base = getattr(sut, "_memspec_stat_offsets", None)
+    if base is None:
+        sut._memspec_stat_offsets = offsets
+        return None
+    for fam, off in offsets.items():
+        if fam in base and off != base[fam]:
+            return (f"{fam}: allocated - freed - current moved by {off - base[fam]} "
+                    f"(allocated {flat[fam + '.allocated']}, freed {flat[fam + '.freed']}, current {flat[fam + '.current']})")
+    return None
 
 
 def _global(_s: Any, _t: Any):
@@ -56,6 +130,9 @@ OBSERVATIONS = [
     Observation("pending frees (C7)", "C7", _global, lambda st, r: _pending(spec_segments(st)),
                 lambda sut, r: _pending(_impl_segments(sut))),
     Observation("memory_stats (C1)", "C1", _global, _stats_expected, _stats_observed),
+    Observation("memory_stats segments and inactive splits (C1)", "C1", _fixed_segments, _segments_expected,
+                _segments_observed),
+    Observation("memory_stats bookkeeping (C1)", "C1", _global, lambda st, r: None, _bookkeeping),
     Observation("segments and blocks (C2)", "C2", _global, lambda st, r: spec_segments(st),
                 lambda sut, r: _impl_segments(sut)),
 ]

@@ -128,6 +128,11 @@ class CachingState:
                    for s in self.segments if small is None or s.small == small
                    for b in s.blocks if b.state in states)
 
+    def count(self, states: tuple[str, ...], small: bool | None = None) -> int:
+        """How many blocks are in ``states`` (in one pool, or in all)."""
+        return sum(1 for s in self.segments if small is None or s.small == small
+                   for b in s.blocks if b.state in states)
+
     def largest_free(self) -> int:
         return max((b.size for s in self.segments for b in s.blocks if b.state == FREE), default=0)
 
