@@ -143,3 +143,18 @@ def test_the_bookkeeping_baseline_is_taken_at_the_first_read():
     assert "moved by -512" in O._bookkeeping(sut, None)
     figures.update({"allocated_bytes.all.freed": 0, "allocated_bytes.all.peak": 100})
     assert "peak 100 below current 1024" in O._bookkeeping(sut, None)
+
+
+class OnlyTheRequiredFigures(CachingAllocator):
+    """A plugin that reports just the figures the README requires (the byte
+    figures and ``num_ooms``): its missing counts are not compared."""
+
+    def memory_stats(self) -> dict:
+        return {k: v for k, v in super().memory_stats().items() if "_bytes." in k and k.endswith(".current")
+                or k == "num_ooms"}
+
+
+def test_counts_an_implementation_does_not_report_are_not_compared():
+    assert _first_failure(OnlyTheRequiredFigures, seeds=10) is None
+    assert repr(O.NOT_REPORTED) == "not reported" and O.NOT_REPORTED == 7 and not (O.NOT_REPORTED != 7)
+    assert {"a": 3} == {"a": O.NOT_REPORTED} and not ({"a": 3} != {"a": O.NOT_REPORTED})
