@@ -178,12 +178,8 @@ def _walk_native(quick: bool) -> tuple[dict | None, str, float | None]:
     with ``MEMSPEC_BENCH_NATIVE_BUILD=1`` a missing build is made first (3
     CPU minutes, 10 wall minutes on a loaded 2-core machine: more than the
     whole bench's budget, so not by default)."""
-    import json
     import os
-    import subprocess
-    import sys
     import time
-    from pathlib import Path
 
     from memspec import native
 
@@ -198,19 +194,40 @@ def _walk_native(quick: bool) -> tuple[dict | None, str, float | None]:
             build_s = time.perf_counter() - t0
         except native.NativeError as e:
             return None, f"no native build ({str(e).splitlines()[0][:120]})", None
-    env = dict(os.environ, **{native.ENV: "1"})
+    out, why = _walk_in_child(quick, compiled=True)
+    return out, why, build_s
+
+
+def _walk_in_child(quick: bool, compiled: bool) -> tuple[dict | None, str]:
+    """:func:`walk_measure` in a fresh interpreter, with the compiled modules
+    (``MEMSPEC_NATIVE=1``) or without them: ``(measurement or None, why not)``."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from memspec import native
+
+    env = dict(os.environ)
+    if compiled:
+        env[native.ENV] = "1"
+    else:
+        env.pop(native.ENV, None)
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     code = ("import json, sys; from bench.harness import walk_measure; "
             f"print('WALK-JSON ' + json.dumps(walk_measure({quick!r})))")
+    what = "native" if compiled else "pure-Python"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("WALK-JSON ")]
     if p.returncode != 0 or not lines:
-        return None, f"native walk failed: {(p.stderr.strip().splitlines() or ['?'])[-1][:150]}", build_s
+        return None, f"{what} walk failed: {(p.stderr.strip().splitlines() or ['?'])[-1][:150]}"
     out = json.loads(lines[-1][len("WALK-JSON "):])
-    if not out["native"]["native"]:
-        return None, f"native build not loaded: {p.stderr.strip()[-150:]}", build_s
-    return out, "", build_s
+    if bool(out["native"]["native"]) != compiled:
+        return None, f"{what} walk: the child {'did not load' if compiled else 'loaded'} the native build: " \
+                     f"{p.stderr.strip()[-150:]}"
+    return out, ""
 
 
 def _phase_labels() -> tuple:
@@ -251,12 +268,21 @@ def walk_rows(quick: bool = False) -> list[Row]:
 
     b_rate = bare(quick)[0]
     b_cpu = _bare_cpu.get(_settings(quick))
-    pure = walk_measure(quick)
+    here = walk_measure(quick)
+    if here["native"]["native"]:
+        # this process runs the compiled modules (MEMSPEC_NATIVE=1, as for the caching rows):
+        # this walk is the compiled one, the pure-Python walk runs in a child without them
+        comp, build_s = here, None
+        pure, why_not = _walk_in_child(quick, compiled=False)
+        if pure is None:
+            return [unavailable(name, unit, tgt, why_not, status=FAILED)]
+    else:
+        pure = here
+        comp, why_not, build_s = _walk_native(quick)
     total_steps, total_s = _totals(pure)
     if not total_steps:
         return [unavailable(name, unit, tgt, f"walk ran no steps: {'; '.join(pure['problems'])[:150]}",
                             status=FAILED)]
-    comp, why_not, build_s = _walk_native(quick)
     pure_ratio = total_steps / total_s / b_rate
 
     def cpu_text(m: dict) -> tuple[str, float | None]:
