@@ -28,7 +28,7 @@ from memspec.spec.core import Domain, Raises, Returns, action, booleans, only, o
 from memspec.spec.errors import DeviceFault, DoubleFree, InvalidRange, InvalidRequest, OutOfMemory, ReadOnlyViolation, StaleHandle
 from memspec.spec.state import oom_rule, MechHandle, MechMapping, MechState, from_refs, is_size, new_ref, remember_identity, witness_identity
 from memspec.spec.eager import WITNESS_DEVICE
-from memspec.spec.vmm import handle_errors, reserve_outcomes, RESERVE_SIZES
+from memspec.spec.vmm import handle_blame, handle_errors, reserve_outcomes, RESERVE_SIZES
 
 
 def _sm(sut: Any) -> Any:
@@ -69,7 +69,7 @@ def free_shared_reservation(s: MechState, reservation: int) -> Any:
     r = s.reservations[reservation]
     errs = handle_errors(r)
     if errs:
-        return outcomes(*errs, blame="S14")
+        return outcomes(*errs, blame=handle_blame(r, "S14"))
     if r.backed:
         return only(InvalidRange, blame="S13", describe=f"{len(r.backed)} page(s) still mapped")
 
@@ -172,8 +172,8 @@ def map(s: MechState, handle: int, place: tuple[int, int], read_only: bool) -> A
             errs.append(Raises(InvalidRange, "misaligned or past the end"))
         elif any(p in r.backed for p in range(off // s.page, (off + h.size) // s.page)):
             errs.append(Raises(InvalidRange, "a page there is already backed"))
-    if errs:
-        return outcomes(*errs, blame="S13", touched=(handle,))
+    if errs:   # the reservation's own handle refused (S1, S14), else the shared handle's rule (S13)
+        return outcomes(*errs, blame="S13" if h.released else handle_blame(r, "S13"), touched=(handle,))
 
     def then(v: int) -> int:
         mref = new_ref(s)
@@ -240,7 +240,7 @@ def unmap(s: MechState, mapping: tuple[int, int, int, int]) -> Any:
     m = s.mappings[mref]
     errs = _mapping_errors(s, m, size)
     if errs:
-        return outcomes(*errs, blame="S13", touched=(m.handle, mref))
+        return outcomes(*errs, blame=handle_blame(s.reservations[m.reservation], "S13"), touched=(m.handle, mref))
     h = s.handles[m.handle]
     r = s.reservations[m.reservation]
 
@@ -281,7 +281,7 @@ def copy_on_write(s: MechState, mapping: tuple[int, int, int, int]) -> Any:
     if not errs and m.private:
         errs = [Raises(InvalidRange, "the pages there are private already")]
     if errs:
-        return outcomes(*errs, blame="S13", touched=(m.handle, mref))
+        return outcomes(*errs, blame=handle_blame(s.reservations[m.reservation], "S13"), touched=(m.handle, mref))
     may_return, may_oom = oom_rule(s, m.size)
     if not may_return:
         return only(OutOfMemory, blame="S13", touched=(m.handle, mref))

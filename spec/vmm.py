@@ -201,6 +201,14 @@ def handle_errors(r: MechReservation) -> list[Any]:
     return []
 
 
+def handle_blame(r: MechReservation, otherwise: str) -> str:
+    """The rule a call on reservation ``r`` breaks when it does not refuse
+    the handle itself: S1 for another instance's (*creator-only*), S14 for
+    a released one (*a stale handle is rejected even if its address was
+    reused*); ``otherwise`` the rule of the call."""
+    return "S1" if r.foreign else "S14" if not r.live else otherwise
+
+
 def range_legal(s: Any, r: Any, start: int, end: int) -> bool:
     return bool(K.range_ok(start, end, r.size, s.page))
 
@@ -236,7 +244,7 @@ def commit_range(s: MechState, span: tuple[int, int, int]) -> Any:
         elif any(p in r.committed for p in pages(s, start, end)):
             errs.append(Raises(InvalidRange, "a page of the range is already committed"))
     if errs:
-        return outcomes(*errs, blame="S5", touched=(ref,))
+        return outcomes(*errs, blame=handle_blame(r, "S5"), touched=(ref,))
     need = end - start
     may_return, may_oom = oom_rule(s, need)
     if not may_return:
@@ -277,7 +285,7 @@ def decommit_range(s: MechState, span: tuple[int, int, int]) -> Any:
         elif not all(p in r.committed for p in pages(s, start, end)):
             errs.append(Raises(InvalidRange, "a page of the range is not committed"))
     if errs:
-        return outcomes(*errs, blame="S5", touched=(ref,))
+        return outcomes(*errs, blame=handle_blame(r, "S5"), touched=(ref,))
     n = end - start
 
     def then(v: int) -> None:
@@ -306,7 +314,7 @@ def committed_bytes(s: MechState, reservation: int) -> Any:
     r = s.reservations[reservation]
     errs = handle_errors(r)
     if errs:
-        return outcomes(*errs, blame="S5")
+        return outcomes(*errs, blame=handle_blame(r, "S5"))
     n = len(r.committed) * s.page
     return outcomes(Returns(f"exactly {n}", lambda v: type(v) is int and v == n, witness=lambda: n), blame="S5")
 
@@ -326,7 +334,7 @@ def release_reservation(s: MechState, reservation: int) -> Any:
     r = s.reservations[reservation]
     errs = handle_errors(r)
     if errs:
-        return outcomes(*errs, blame="S14", touched=(reservation,))
+        return outcomes(*errs, blame=handle_blame(r, "S14"), touched=(reservation,))
     n = len(r.committed) * s.page
 
     def then(v: int) -> None:
