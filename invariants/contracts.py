@@ -23,6 +23,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from memspec.native import ENV as NATIVE_ENV
+
 KERNEL_MODULES = ["memspec.spec.kernels", "memspec.spec.caching.kernels"]
 
 _ERR = re.compile(r"^(?P<file>[^:]+):(?P<line>\d+): error: (?P<msg>.*)$")
@@ -58,6 +60,9 @@ def _run(args: list[str], timeout: float) -> tuple[int, str, float]:
     t0 = time.perf_counter()
     env = dict(os.environ)
     env.setdefault("PYTHONHASHSEED", "0")
+    # CrossHair runs the modules on symbolic values: the pure-Python source, never the opt-in
+    # mypyc build (a compiled function takes no symbolic int: every diff said DIFFERENT with it)
+    env.pop(NATIVE_ENV, None)
     try:
         p = subprocess.run([sys.executable, "-m", "crosshair", *args], capture_output=True, text=True,
                            timeout=timeout, env=env)

@@ -119,3 +119,24 @@ def test_finished_rows_carry_their_verdict(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     rows = check_module("kfine2", per_condition_timeout=1.0, timeout=300)
     assert [(r.ok, r.verdict) for r in rows] == [(True, "clean")]
+
+
+def test_crosshair_runs_the_pure_python_modules_even_with_the_native_build_enabled(monkeypatch) -> None:
+    """CrossHair executes the modules on symbolic values; a mypyc build takes
+    none (with ``MEMSPEC_NATIVE=1`` every caching diff said DIFFERENT): its
+    subprocesses never get the switch."""
+    import subprocess
+
+    from memspec import native
+    from memspec.invariants import contracts
+
+    seen: dict = {}
+
+    def fake_run(cmd, **kw):
+        seen["env"] = kw["env"]
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setenv(native.ENV, "1")
+    monkeypatch.setattr(contracts.subprocess, "run", fake_run)
+    contracts._run(["check", "x"], 5.0)
+    assert native.ENV not in seen["env"] and seen["env"]["PYTHONHASHSEED"] == "0"
