@@ -314,10 +314,12 @@ def walk_rows(quick: bool = False) -> list[Row]:
         note += f"; CPU us/step: {pure_cpu_text}; not compiled: {why_not}"
     phases = _walk_phases(quick)
     if phases:
-        note += "; where a pure step's time goes (CPU us/step, " + "/".join(phases) + "): " + ", ".join(
+        built = "compiled" if here["native"]["native"] else "pure"   # measured in this process
+        note += f"; where a {built} step's time goes (CPU us/step, " + "/".join(phases) + "): " + ", ".join(
             f"{label} " + "/".join(f"{m['phases'][label]:.0f}" for m in phases.values())
             for label, _d in _phase_labels())
         extra["phases_us_per_step"] = {lv: m["phases"] for lv, m in phases.items()}
+        extra["phases_compiled"] = bool(here["native"]["native"])
     note += "; " + walk.sample_note()
     problems = pure["problems"] + (comp["problems"] if comp else [])
     if problems:
