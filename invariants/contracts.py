@@ -23,7 +23,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from memspec.native import ENV as NATIVE_ENV
+#: the switch of the opt-in mypyc build (``memspec.native.ENV``; this layer does not import ``memspec``)
+NATIVE_ENV = "MEMSPEC_NATIVE"
 
 KERNEL_MODULES = ["memspec.spec.kernels", "memspec.spec.caching.kernels"]
 

@@ -140,3 +140,4 @@ def test_crosshair_runs_the_pure_python_modules_even_with_the_native_build_enabl
     monkeypatch.setattr(contracts.subprocess, "run", fake_run)
     contracts._run(["check", "x"], 5.0)
     assert native.ENV not in seen["env"] and seen["env"]["PYTHONHASHSEED"] == "0"
+    assert contracts.NATIVE_ENV == native.ENV
