@@ -887,11 +887,21 @@ class Run:
         """Run under the guard: each observation's ``observed`` in turn, its
         ``(value, error)`` appended to ``got`` (a hang stops the loop)."""
         sut = self.sut
-        for obs, r in jobs:
+        try:   # one step's reads, shared by the observations that read the same figure
+            sut.reads = {}
+        except AttributeError:
+            pass
+        try:
+            for obs, r in jobs:
+                try:
+                    got.append((obs.observed(sut, r), None))
+                except BaseException as e:  # noqa: BLE001 - a target may raise anything
+                    got.append((None, e))
+        finally:
             try:
-                got.append((obs.observed(sut, r), None))
-            except BaseException as e:  # noqa: BLE001 - a target may raise anything
-                got.append((None, e))
+                sut.reads = None
+            except AttributeError:
+                pass
 
     @staticmethod
     def _where(obs: Any, r: Any) -> str:
