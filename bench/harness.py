@@ -249,6 +249,27 @@ def _walk_phases(quick: bool) -> dict:
         return {}
 
 
+#: the phases no harness can make cheaper: the implementation's own call, and
+#: the spec's step with the match of the answer against its outcome set
+CEILING_PHASES = ("target call", "spec + match")
+
+
+def walk_ceiling(phases: dict, bare_cpu_us: float | None) -> dict:
+    """The walk/bare ratio a walk would reach if drawing and every check cost
+    nothing: bare CPU per step over :data:`CEILING_PHASES`' CPU per step,
+    per level and for the levels together (the row's figure is both levels'
+    steps over both levels' time).  ``{}`` without a bare figure or the
+    phases."""
+    if not bare_cpu_us or not phases:
+        return {}
+    floor = {lv: sum(m["phases"].get(p, 0.0) for p in CEILING_PHASES) for lv, m in phases.items()}
+    if not all(floor.values()):
+        return {}
+    out = {lv: bare_cpu_us / us for lv, us in floor.items()}
+    out["both"] = bare_cpu_us / (sum(floor.values()) / len(floor))
+    return out
+
+
 def _totals(m: dict) -> tuple[int, float]:
     return sum(d["steps"] for d in m["levels"].values()), sum(d["seconds"] for d in m["levels"].values())
 
@@ -320,6 +341,11 @@ def walk_rows(quick: bool = False) -> list[Row]:
             for label, _d in _phase_labels())
         extra["phases_us_per_step"] = {lv: m["phases"] for lv, m in phases.items()}
         extra["phases_compiled"] = bool(here["native"]["native"])
+        ceiling = walk_ceiling(phases, b_cpu)
+        if ceiling:
+            extra["ceiling"] = ceiling
+            note += ("; CEILING, a walk whose draws and checks cost nothing (bare CPU / (target call + spec + "
+                     "match)): " + ", ".join(f"{lv} {x:.2f}x" for lv, x in ceiling.items()))
     note += "; " + walk.sample_note()
     problems = pure["problems"] + (comp["problems"] if comp else [])
     if problems:

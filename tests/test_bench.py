@@ -193,3 +193,27 @@ def test_jobs_and_replay_rows_are_measured(quick_results):
     assert len(replay) == 1 and replay[0]["status"] == MEASURED, replay
     assert replay[0]["extra"]["events"] >= 20_000 and "peak RSS" in replay[0]["note"]
     assert "n/a" not in replay[0]["extra"]["peak_rss"]
+
+
+def test_walk_ceiling_is_bare_over_the_target_and_spec_phases():
+    """The walk row's ceiling: the ratio a walk with free draws and checks
+    would reach (bare CPU / (target call + spec + match)), per level and for
+    both levels' steps together; nothing without the bare figure or a phase."""
+    from bench.harness import walk_ceiling
+
+    phases = {"mechanism": {"phases": {"draw": 30.0, "target call": 10.0, "spec + match": 10.0}},
+              "system": {"phases": {"draw": 30.0, "target call": 20.0, "spec + match": 20.0, "observations": 9.0}}}
+    c = walk_ceiling(phases, 120.0)
+    assert c == {"mechanism": 6.0, "system": 3.0, "both": 4.0}
+    assert walk_ceiling(phases, None) == {} and walk_ceiling({}, 120.0) == {}
+    assert walk_ceiling({"mechanism": {"phases": {"draw": 5.0}}}, 120.0) == {}
+
+
+def test_walk_row_states_its_ceiling(quick_results):
+    """The measured walk row says how far a walk whose draws and checks cost
+    nothing could go, so a miss of the 5x target reads against it."""
+    walk = _rows(quick_results, "walk fuzz step rate")
+    assert len(walk) == 1 and walk[0]["status"] == MEASURED, walk
+    ceiling = walk[0]["extra"]["ceiling"]
+    assert set(ceiling) == {"mechanism", "system", "both"} and all(_num(x) and x > 0 for x in ceiling.values())
+    assert "CEILING" in walk[0]["note"]
