@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from memspec.spec.api import MiB
-from memspec.spec.caching.kernels import K_ROUND_LARGE, K_SMALL_SIZE, boundaries, choose_pool, format_mib, format_size, should_split
+from memspec.spec.caching.kernels import (K_MIN_BLOCK, K_ROUND_LARGE, K_SMALL_SIZE, boundaries, choose_pool, format_mib,
+                                          format_size, segment_size, should_split, thresholds)
 from memspec.spec.caching.policy import Prediction, _free_block, _release_cached, predict_malloc
-from memspec.spec.caching.state import LIVE, PENDING, UNMAPPED, CachingState, _violate
+from memspec.spec.caching.state import FREE, LIVE, PENDING, UNMAPPED, CachingState, _violate
 from memspec.spec.core import Domain, Raises, Returns, action, only, outcomes
 from memspec.spec.errors import DoubleFree, OutOfMemory
 
@@ -36,16 +37,43 @@ def size_boundaries(state: Any) -> tuple[int, ...]:
     """The request sizes at a threshold of the policy, exactly and at +-1
     (:func:`~memspec.spec.caching.kernels.boundaries`: the rounding ladder,
     the pools, the segment-size ladder incl. exactly 10 MiB, the split
-    rules, ``max_split_size``), and the device exactly full and one 2 MiB
-    page over (what is not reserved yet, and that plus a page)."""
+    rules, ``max_split_size``), the device exactly full and one 2 MiB
+    page over (what is not reserved yet, and that plus a page), and the
+    :func:`remainder_sizes` of the blocks free now."""
     pol = state.policy
     cached = _BOUNDARIES.get(pol)
     if cached is None:
         cached = _BOUNDARIES[pol] = boundaries(pol.max_split_size or 0, tuple(pol.divisions or ()))
     left = (pol.allowed if pol.allowed is not None else pol.capacity) - state.reserved()
-    if left <= 0:
-        return cached
-    return cached + (left, left + K_ROUND_LARGE)
+    out = cached if left <= 0 else cached + (left, left + K_ROUND_LARGE)
+    rel = remainder_sizes(state)
+    return out + rel if rel else out
+
+
+#: the remainders a split rule compares with (seed 003: *the remainder is itself
+#: legal (>= 512 B small pool, >= 2 MiB large pool)*; PyTorch: ``> 1 MiB``),
+#: none (an exact fit), and the segment sizes
+_REMAINDERS = tuple(sorted({0, *thresholds().values()}))
+
+
+def remainder_sizes(state: Any) -> tuple[int, ...]:
+    """Requests that leave a block free now with a remainder exactly at a
+    threshold of the split rules, and one rounding step (512 B) either
+    side: ``free - t`` and ``free - t +- 512`` for each free block size and
+    each ``t`` of :data:`_REMAINDERS`.
+
+    A split rule compares ``block - request``, not the request: a bound
+    tested only on request sizes (:func:`size_boundaries`' fixed list)
+    reaches it only when the free block happens to be a segment's whole
+    size.  Seed 003: *A free block splits only if the remainder is itself
+    legal (>= 512 B small pool, >= 2 MiB large pool); a freed 5 MiB block
+    serving a 4 MiB request is handed over whole.*"""
+    sizes = {b.size for s in state.segments for b in s.blocks if b.state == FREE}
+    if not sizes:
+        return ()
+    step = K_MIN_BLOCK
+    return tuple(sorted({r for f in sizes for t in _REMAINDERS for r in (f - t - step, f - t, f - t + step)
+                         if 0 < r}))
 
 
 def _sizes(state: Any, c: Any) -> int:
@@ -54,13 +82,18 @@ def _sizes(state: Any, c: Any) -> int:
         return c.integer(1, K_SMALL_SIZE)                 # small pool
     if kind <= 6:
         return c.integer(K_SMALL_SIZE + 1, 12 * MiB)      # large pool, 20 MiB segments
+    if kind == 8:
+        rel = remainder_sizes(state)
+        if rel:
+            return c.choice(rel)                          # a free block's remainder at a split threshold
     if kind <= 8:
         return c.choice(size_boundaries(state))           # every threshold of the policy, exactly and +-1
     return c.integer(12 * MiB, 40 * MiB)
 
 
 SIZES = Domain("request size: small-pool, large-pool, every threshold of the policy exactly and at +-1 "
-               "(512 B, 1 MiB, 2 MiB, 10 MiB, 20 MiB, max_split_size, the device full and a page over) and big",
+               "(512 B, 1 MiB, 2 MiB, 10 MiB, 20 MiB, max_split_size, the device full and a page over), "
+               "a free block's remainder exactly at a split threshold and one 512 B step either side, and big",
                _sizes, boundaries=size_boundaries)
 STREAM = Domain(f"stream in [0, {STREAMS}) (the allocator's streams)", lambda s, c: c.integer(0, s.streams - 1))
 
@@ -201,8 +234,14 @@ def _malloc_step(st: CachingState, size: int, stream: int):
 
     def spurious_oom(e: BaseException) -> None:
         inv = "C8" if st.policy.expandable else "C9"
+        why = ""
+        tried, ladder = getattr(e, "requested", None), segment_size(p.rounded, st.policy.seed)
+        if (not st.policy.expandable and p.seg.base is None and type(tried) is int and tried != ladder):
+            # the spec cuts a new segment too: the size the allocator says it tried is the ladder's step
+            inv, why = "C2", (f": it tried a {tried}-byte segment where the segment-size ladder gives {ladder} "
+                              f"for a request rounded to {p.rounded}")
         _violate(st, inv, f"malloc({size}, stream={stream}) raised OutOfMemory ({e}) but the spec serves "
-                          f"{_describe_pred(p)} (reserved {st.reserved()} of {st.policy.capacity})")
+                          f"{_describe_pred(p)} (reserved {st.reserved()} of {st.policy.capacity}){why}")
 
     def witness() -> Any:
         base = p.seg.base if p.seg.base is not None else (1 << 48) + p.seg.sid * (1 << 46)
