@@ -176,13 +176,11 @@ class PlanResult:
 #: spans, its invariant hook); several engine steps per invocation share it
 #: (measured, CPU per step of both levels of ``conform reference`` at 100 x
 #: 50, with ``engine.PACKED_DRAWS``: 1 step 747-857 us, 2: 570-677, 3:
-#: 601-629, 4: 544-691).  OFF (1) by default: every setting above 1 tried
-#: left a mutant of the CI catalog uncaught (2: caching-segment-ladder-at-10mib,
-#: claim-keeps-held-bytes; 3: claimed-ticket-expires-again; 4:
-#: caching-segment-ladder-at-10mib, caching-small-split-needs-513), and kill
-#: power comes first.  Above 1, each engine step is its own span of choices
-#: and ``stateful_step_count`` still counts engine steps (see :func:`_rule_settings`).
-STEPS_PER_RULE = 1
+#: 601-629, 4: 544-691).  4 by default, with the packed draws (see
+#: ``engine.PACKED_DRAWS`` for the kill power compared over seeds).  Above
+#: 1, each engine step is its own span of choices and ``stateful_step_count``
+#: still counts engine steps (see :func:`_rule_settings`).
+STEPS_PER_RULE = 4
 #: the label of an engine step's span of choices
 _STEP_SPAN = 0x6D656D73
 

@@ -24,23 +24,24 @@ def _free_sizes(st) -> set:
     return {b.size for s in st.segments for b in s.blocks if b.state == FREE}
 
 
-class _Kind8:
-    """A chooser that asks for the remainder kind, then the i-th option."""
+class _Kind:
+    """A chooser that draws the size kind ``kind``, then the i-th option."""
 
-    def __init__(self, i: int) -> None:
-        self.i = i
+    def __init__(self, kind: int, i: int) -> None:
+        self.kind, self.i = kind, i
 
     def integer(self, lo: int, hi: int) -> int:
-        return 8 if (lo, hi) == (0, 9) else lo + self.i
+        return self.kind if (lo, hi) == (0, 11) else lo + self.i
 
     def choice(self, options):
         return options[self.i]
 
 
-def test_no_free_block_no_remainder_sizes_and_the_fixed_list_is_drawn():
+def test_no_free_block_no_remainder_sizes_and_the_fixed_list_is_drawn_instead():
     st = spec.CACHING.init(policy="pytorch")
     assert A.remainder_sizes(st) == ()
-    assert A._sizes(st, _Kind8(0)) == A.size_boundaries(st)[0]
+    # the remainder kind falls back to the fixed list, drawn as often as before
+    assert A._sizes(st, _Kind(9, 0)) == A._sizes(st, _Kind(7, 0)) == A.fixed_boundaries(st)[0]
 
 
 def test_remainders_at_each_split_threshold_of_a_small_and_a_large_free_block():
@@ -56,10 +57,11 @@ def test_remainders_at_each_split_threshold_of_a_small_and_a_large_free_block():
         for t in (0, 512, MiB, 2 * MiB):
             if f - t - 512 > 0:
                 assert {f - t - 512, f - t, f - t + 512} <= set(rel), (f, t)
-    # the fixed list is still there, and the draws of the remainder kind come from the remainders
-    assert set(rel) <= set(A.size_boundaries(st))
-    assert set(A.size_boundaries(st)) >= set(A.boundaries())
-    assert A._sizes(st, _Kind8(3)) == rel[3]
+    # the boundaries counted are both lists; the remainder kind draws the remainders, the fixed kind the fixed list
+    assert set(A.size_boundaries(st)) == set(rel) | set(A.fixed_boundaries(st))
+    assert set(A.fixed_boundaries(st)) >= set(A.boundaries())
+    assert A._sizes(st, _Kind(10, 3)) == rel[3]
+    assert A._sizes(st, _Kind(8, 3)) == A.fixed_boundaries(st)[3]
 
 
 def test_a_request_leaving_exactly_512_bytes_splits_them_off():

@@ -34,20 +34,25 @@ _BOUNDARIES: dict = {}   # Policy (frozen) -> its boundaries
 
 
 def size_boundaries(state: Any) -> tuple[int, ...]:
+    """The request sizes at a threshold of the policy (:func:`fixed_boundaries`)
+    and the :func:`remainder_sizes` of the blocks free now."""
+    out = fixed_boundaries(state)
+    rel = remainder_sizes(state)
+    return out + rel if rel else out
+
+
+def fixed_boundaries(state: Any) -> tuple[int, ...]:
     """The request sizes at a threshold of the policy, exactly and at +-1
     (:func:`~memspec.spec.caching.kernels.boundaries`: the rounding ladder,
     the pools, the segment-size ladder incl. exactly 10 MiB, the split
-    rules, ``max_split_size``), the device exactly full and one 2 MiB
-    page over (what is not reserved yet, and that plus a page), and the
-    :func:`remainder_sizes` of the blocks free now."""
+    rules, ``max_split_size``), and the device exactly full and one 2 MiB
+    page over (what is not reserved yet, and that plus a page)."""
     pol = state.policy
     cached = _BOUNDARIES.get(pol)
     if cached is None:
         cached = _BOUNDARIES[pol] = boundaries(pol.max_split_size or 0, tuple(pol.divisions or ()))
     left = (pol.allowed if pol.allowed is not None else pol.capacity) - state.reserved()
-    out = cached if left <= 0 else cached + (left, left + K_ROUND_LARGE)
-    rel = remainder_sizes(state)
-    return out + rel if rel else out
+    return cached if left <= 0 else cached + (left, left + K_ROUND_LARGE)
 
 
 #: the remainders a split rule compares with (seed 003: *the remainder is itself
@@ -77,17 +82,17 @@ def remainder_sizes(state: Any) -> tuple[int, ...]:
 
 
 def _sizes(state: Any, c: Any) -> int:
-    kind = c.integer(0, 9)
+    kind = c.integer(0, 11)
     if kind <= 3:
         return c.integer(1, K_SMALL_SIZE)                 # small pool
     if kind <= 6:
         return c.integer(K_SMALL_SIZE + 1, 12 * MiB)      # large pool, 20 MiB segments
-    if kind == 8:
+    if 9 <= kind <= 10:
         rel = remainder_sizes(state)
         if rel:
             return c.choice(rel)                          # a free block's remainder at a split threshold
-    if kind <= 8:
-        return c.choice(size_boundaries(state))           # every threshold of the policy, exactly and +-1
+    if kind <= 10:
+        return c.choice(fixed_boundaries(state))          # every threshold of the policy, exactly and +-1
     return c.integer(12 * MiB, 40 * MiB)
 
 
