@@ -302,17 +302,49 @@ def test_a_rule_that_presupposes_a_rule_failing_at_the_same_step_is_its_conseque
     assert runner._replay_steps(plan, guard, None, steps).invariant == "C6"
 
 
-@pytest.mark.parametrize("mutant, steps, first, blamed, length", [
-    # allocations that filled the device make a segment rounded up too far show as an out-of-memory (C9);
-    # with room left, the segment itself is the wrong size: C2
-    ("caching-segment-exact-multiple-up", [("malloc", [5, 1048577, 1]), ("malloc", [8, 21, 0]),
-                                           ("malloc", [6, 11777315, 0]), ("malloc", [4, 12582912, 0])],
-     "C9", "C2", 3),
-])
-def test_a_shorter_example_that_fails_under_another_rule_names_the_rule_broken(mutant, steps, first, blamed, length):
+#: allocations that filled the device make a segment rounded up too far show as an out-of-memory
+#: at the fourth step; with room left (three steps), the segment itself is the wrong size
+_EXACT_MULTIPLE_UP = [("malloc", [5, 1048577, 1]), ("malloc", [8, 21, 0]), ("malloc", [6, 11777315, 0]),
+                      ("malloc", [4, 12582912, 0])]
+
+
+def _hide_what_it_tried(monkeypatch) -> None:
+    """The mutant's OutOfMemory no longer says what it tried to allocate (an
+    allocator whose error carries no ``requested`` figure)."""
+    from memspec.invariants.mutants.verdicts import SegmentRoundsExactMultipleUp as cls
+    from memspec.spec.errors import OutOfMemory
+
+    orig = cls.malloc
+
+    def malloc(self, *a, **k):
+        try:
+            return orig(self, *a, **k)
+        except OutOfMemory as e:
+            e.requested = None
+            raise
+
+    monkeypatch.setattr(cls, "malloc", malloc)
+
+
+def test_a_spurious_oom_whose_tried_size_is_off_the_ladder_names_the_ladder():
+    """The OutOfMemory says it tried 14 MiB for a 12 MiB request the spec
+    serves from a new 12 MiB segment: the segment ladder (C2) is broken, at
+    the step that shows it."""
+    plan = runner.make_plan("mutant:caching-segment-exact-multiple-up", "caching")
+    v = runner._replay_steps(plan, runner.CallGuard(plan.timeout, plan.guard_mode), None, _EXACT_MULTIPLE_UP)
+    assert v is not None and v.invariant == "C2" and len(v.trace) == 4, v
+    assert "tried a 14680064-byte segment where the segment-size ladder gives 12582912" in v.reason, v.reason
+
+
+def test_a_shorter_example_that_fails_under_another_rule_names_the_rule_broken(monkeypatch):
+    """Without the tried figure the OutOfMemory is judged on its message (C9);
+    the diagnosis finds the shorter example in which the segment itself is
+    the wrong size (C2) and names that rule, C9 as its consequence."""
+    _hide_what_it_tried(monkeypatch)
+    mutant, first, blamed, length = "caching-segment-exact-multiple-up", "C9", "C2", 3
     plan = runner.make_plan(f"mutant:{mutant}", "caching")
     guard = runner.CallGuard(plan.timeout, plan.guard_mode)
-    v = runner._replay_steps(plan, guard, None, steps)
+    v = runner._replay_steps(plan, guard, None, _EXACT_MULTIPLE_UP)
     assert v is not None and v.invariant == first, "the recorded steps no longer fail as they did"
     f = runner.Failure(mutant, "caching", v.invariant, v.cause, v.reason, list(v.trace), len(v.trace))
     d = runner.diagnose(plan, f)
