@@ -241,7 +241,7 @@ def _malloc_step(st: CachingState, size: int, stream: int):
         inv = "C8" if st.policy.expandable else "C9"
         why = ""
         tried, ladder = getattr(e, "requested", None), segment_size(p.rounded, st.policy.seed)
-        if (not st.policy.expandable and p.seg.base is None and type(tried) is int and tried != ladder):
+        if not st.policy.expandable and p.seg.base is None and type(tried) is int and tried != ladder:
             # the spec cuts a new segment too: the size the allocator says it tried is the ladder's step
             inv, why = "C2", (f": it tried a {tried}-byte segment where the segment-size ladder gives {ladder} "
                               f"for a request rounded to {p.rounded}")
