@@ -1,38 +1,60 @@
-"""Plugins in C: ``memspec conform c:path/to/libplugin.so``.
+"""Plugins in C: ``memspec conform c:path/to/libplugin.so`` (and ``c:zoo:NAME``).
 
-Loads a shared library written against ``adapters/c/memspec_plugin.h``
-(ABI version 1) with ctypes and presents it as a seed-000
+Loads a shared library written against ``adapters/c/memspec_plugin.h`` with
+ctypes -- ABI version 2 (``memspec_plugin_v2``) when the library exports it,
+else version 1 (``memspec_plugin_v1``) -- and presents it as a seed-000
 ``DeviceMemoryMechanism``.  Each status code of the ABI becomes the
 :mod:`memspec.spec.errors` class the header names; an unknown code is a
 :class:`PluginError`.  The loader trusts nothing it gets back: a table with
-the wrong ABI version or a missing required entry point is refused, optional
-capabilities must be all-or-nothing, and handles are rebuilt from the
-library's own fields on every call (the library decides foreign/stale/freed).
+the wrong ABI version, unknown flags or a missing required entry point is
+refused, optional capabilities must be all-or-nothing, a declared geometry
+and a declared memory range are checked (a bad one is a one-line
+:class:`PluginError` naming the field, which the harness reports as the
+target failing to build), and handles are rebuilt from the library's own
+fields on every call (the library decides foreign/stale/freed).
 
 Marshalling (the ABI carries ``int64_t`` sizes): a size that is not a Python
 ``int`` is refused here with InvalidRequest, as a C caller's compiler would
 refuse it; one beyond ``int64_t`` is OutOfMemory (no device holds it).
 
+ABI 2 adds to a handle ``block`` (where the allocation's footprint starts
+when not at its address: ``DeviceAllocation.block``), to the table an
+optional ``geometry`` (``TargetInstance.geometry``: what the allocator
+declares is checked, the rest measured) and ``flags``.
+
 ``physical_bytes`` is the library's ``physical_bytes`` entry point (computed
 from its free structures, per the header), absent when NULL.  The library's
 ``create(capacity, share_with)`` with ``share_with`` set gives the *foreign*
-twin on the same device.  When the library declares the host memory its
-addresses live in (``memory``), the target gets a :class:`HostEP`
-(synchronous copies, bounds-checked against that range: an infinitely fast
-device) and the data-integrity checks run; otherwise ``ep`` is None.
+twin on the same device.  The target gets a :class:`HostEP` (synchronous
+copies: an infinitely fast device) when the host can reach the device's
+memory, and the data-integrity checks run; otherwise ``ep`` is None.  What it
+may touch is its :class:`Reach`:
+
+* :class:`Region` -- the library declares the host range its addresses live
+  in (``memory``; checked mapped read-write when the target is made);
+* :class:`LiveAllocations` -- ABI 2's ``MEMSPEC_HOST_POINTERS`` (a malloc-style
+  allocator whose pointers are host memory anywhere): only the bytes of the
+  allocations live right now, ``[address, block + footprint)`` of each, kept
+  by the loader from the allocate/deallocate answers of every instance on
+  the device.
+
+An access outside the reach is a DeviceFault, never a host access.
 """
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import os
+import sys
 import threading
-from typing import Any, Callable
-
 from collections import deque
+from typing import Any, Callable
 
 from memspec.spec.api import (
     AllocationRequest,
+    AllocatorGeometry,
+    FootprintBound,
     DeviceAllocation,
     DeviceKey,
     Fence,
@@ -45,8 +67,21 @@ from memspec.spec.api import (
 )
 from memspec.spec import errors as E
 
-ABI_VERSION = 1
+ABI_VERSION = 1          # memspec_plugin_v1
+ABI_VERSION_2 = 2        # memspec_plugin_v2
+ABI_VERSIONS = (ABI_VERSION_2, ABI_VERSION)   # tried in this order
 INT64_MAX = (1 << 63) - 1
+U64_MAX = (1 << 64) - 1
+#: memspec_plugin.h's flags
+HOST_POINTERS = 1
+KNOWN_FLAGS = HOST_POINTERS
+#: memspec_plugin.h's MEMSPEC_MAX_CLASSES and MEMSPEC_OVERHEAD_UNDECLARED
+MAX_CLASSES = 4096
+OVERHEAD_UNDECLARED = U64_MAX
+#: memspec_bound_kind -> FootprintBound.rounding (0: no bound declared)
+BOUND_KINDS = {0: None, 1: "unit", 2: "pow2", 3: "classes"}
+#: the largest unit, alignment, header or class a geometry may declare (1 TiB): beyond it, a garbage value
+GEOMETRY_LIMIT = 1 << 40
 
 #: status code -> error class (memspec_plugin.h's enum)
 STATUS = {
@@ -66,12 +101,24 @@ class PluginError(E.MemspecError, RuntimeError):
 
 
 class Handle(ctypes.Structure):
+    """``memspec_handle`` (ABI 1)."""
     _fields_ = [("owner", ctypes.c_uint64), ("generation", ctypes.c_uint64), ("address", ctypes.c_uint64),
                 ("size", ctypes.c_uint64), ("footprint", ctypes.c_uint64)]
 
 
+class Handle2(ctypes.Structure):
+    """``memspec_handle2`` (ABI 2): ``memspec_handle`` and ``block``."""
+    _fields_ = Handle._fields_ + [("block", ctypes.c_uint64)]
+
+
+class Geometry(ctypes.Structure):
+    """``memspec_geometry`` (ABI 2)."""
+    _fields_ = [("unit", ctypes.c_uint64), ("alignment", ctypes.c_uint64), ("bound", ctypes.c_uint32),
+                ("next_class", ctypes.c_uint32), ("header", ctypes.c_uint64), ("min_class", ctypes.c_uint64),
+                ("classes", ctypes.c_void_p), ("nclasses", ctypes.c_uint64), ("overhead", ctypes.c_uint64)]
+
+
 _vp, _u64, _i64, _i32, _u32 = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32, ctypes.c_uint32
-_H = ctypes.POINTER(Handle)
 _U = ctypes.POINTER(_u64)
 F = ctypes.CFUNCTYPE
 
@@ -80,15 +127,18 @@ _SM = ["sm_granularity", "sm_reserve", "sm_free_reservation", "sm_create", "sm_m
        "sm_copy_on_write", "sm_mapping_count", "sm_release"]
 
 
-class Table(ctypes.Structure):
-    _fields_ = [
+def _table_fields(handle: type, v2: bool) -> list:
+    """The fields of ``memspec_plugin`` (v1) or ``memspec_plugin2`` (v2): one
+    layout, the handle type and v2's tail aside."""
+    _H = ctypes.POINTER(handle)
+    fields = [
         ("abi_version", _u32),
-        ("name", ctypes.c_char_p),
+        ("name", ctypes.c_void_p),   # read by hand: untrusted bytes, bounded
         ("create", F(_vp, _u64, _vp)),
         ("destroy", F(None, _vp)),
         ("capacity", F(_u64, _vp)),
         ("physical_bytes", F(_u64, _vp)),
-        ("last_error", F(ctypes.c_char_p, _vp)),
+        ("last_error", F(ctypes.c_void_p, _vp)),
         ("memory", F(None, _vp, ctypes.POINTER(_u64), ctypes.POINTER(_u64))),
         ("allocate", F(_i32, _vp, _i64, _u64, _H)),
         ("deallocate", F(_i32, _vp, _H, _U)),
@@ -108,10 +158,123 @@ class Table(ctypes.Structure):
         ("sm_mapping_count", F(_i32, _vp, _H, _U)),
         ("sm_release", F(_i32, _vp, _H, _U)),
     ]
+    if v2:
+        fields += [("geometry", F(None, _vp, ctypes.POINTER(Geometry))), ("flags", _u64)]
+    return fields
+
+
+class Table(ctypes.Structure):
+    """``memspec_plugin`` (ABI 1)."""
+    _fields_ = _table_fields(Handle, v2=False)
+
+
+class Table2(ctypes.Structure):
+    """``memspec_plugin2`` (ABI 2)."""
+    _fields_ = _table_fields(Handle2, v2=True)
+
+
+#: ABI version -> (exported symbol, table, handle)
+ABI = {ABI_VERSION_2: ("memspec_plugin_v2", Table2, Handle2), ABI_VERSION: ("memspec_plugin_v1", Table, Handle)}
 
 
 def _present(fn: Any) -> bool:
     return bool(ctypes.cast(fn, ctypes.c_void_p).value)
+
+
+# --------------------------------------------------------------------------
+# Reading the plugin's memory without trusting it
+# --------------------------------------------------------------------------
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.write.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]
+_libc.write.restype = ctypes.c_ssize_t
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_peek_lock = threading.Lock()
+_peek_pipe: list[int] = []
+
+
+def peek(address: int, n: int) -> bytes | None:
+    """The ``n`` bytes at ``address`` (``n`` <= 64 KiB), or None when any of
+    them is not readable: the kernel copies them into a pipe and answers
+    EFAULT for an unmapped byte, where a plain read would crash the process."""
+    if not (isinstance(address, int) and isinstance(n, int)) or address <= 0 or n < 0 or n > 65536 \
+            or address + n > U64_MAX:
+        return None
+    if n == 0:
+        return b""
+    with _peek_lock:
+        if not _peek_pipe:
+            _peek_pipe.extend(os.pipe())
+        r, w = _peek_pipe
+        got = bytearray()
+        while len(got) < n:   # page by page: a write may stop at the first unreadable page
+            at = address + len(got)
+            k = min(n - len(got), _PAGE - at % _PAGE)
+            if _libc.write(w, at, k) != k:
+                os.read(r, 65536) if _pending(r) else None
+                return None
+            got += os.read(r, k)
+        return bytes(got)
+
+
+def _pending(fd: int) -> bool:
+    import select
+
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+def text(address: Any, limit: int = 200) -> str:
+    """A NUL-terminated string the plugin gave, read at most ``limit`` bytes
+    and only where readable; "" for NULL or unreadable.  Control characters
+    become spaces (the text lands in one-line reports)."""
+    if not isinstance(address, int) or address <= 0:
+        return ""
+    raw = bytearray()
+    while len(raw) < limit:
+        at = address + len(raw)
+        chunk = peek(at, min(limit - len(raw), _PAGE - at % _PAGE))
+        if chunk is None:
+            break
+        cut = chunk.find(b"\0")
+        raw += chunk if cut < 0 else chunk[:cut]
+        if cut >= 0:
+            break
+    out = raw.decode("utf-8", "replace")
+    return "".join(ch if ch.isprintable() else " " for ch in out).strip()
+
+
+def mapped_rw(base: int, size: int) -> str | None:
+    """Why ``[base, base + size)`` is not host memory the loader may read and
+    write (None: it is).  Linux: every byte must lie in mappings of
+    ``/proc/self/maps`` that are readable and writable; elsewhere its first
+    and last bytes must be readable."""
+    if base <= 0:
+        return "its base is NULL"
+    if size <= 0:
+        return "it is empty"
+    if base + size - 1 > U64_MAX:
+        return f"{base:#x} + {size} overflows 64 bits"
+    try:
+        with open("/proc/self/maps") as f:
+            spans = []
+            for line in f:
+                fields = line.split()
+                lo, _, hi = fields[0].partition("-")
+                spans.append((int(lo, 16), int(hi, 16), fields[1]))
+    except (OSError, ValueError, IndexError):
+        if peek(base, 1) is None or peek(base + size - 1, 1) is None:
+            return "its first or last byte is not readable"
+        return None
+    at, end = base, base + size
+    for lo, hi, perms in sorted(spans):
+        if hi <= at or lo > at:
+            continue
+        if not perms.startswith("rw"):
+            return f"{lo:#x}-{hi:#x} is mapped {perms}, not read-write"
+        at = hi
+        if at >= end:
+            return None
+    return f"{at:#x} is not mapped in this process (/proc/self/maps)"
 
 
 class Library:
@@ -126,25 +289,42 @@ class Library:
             self.lib = ctypes.CDLL(path)
         except OSError as e:
             raise LookupError(f"cannot load C plugin {path!r}: {e}") from e
-        try:
-            get = self.lib.memspec_plugin_v1
-        except AttributeError as e:
-            raise LookupError(f"{path!r} does not export memspec_plugin_v1") from e
-        get.restype = ctypes.POINTER(Table)
+        for version in ABI_VERSIONS:
+            symbol, table, handle = ABI[version]
+            get = getattr(self.lib, symbol, None)
+            if get is not None:
+                break
+        else:
+            raise LookupError(f"{path!r} exports neither memspec_plugin_v2 nor memspec_plugin_v1")
+        get.restype = ctypes.POINTER(table)
         get.argtypes = []
         ptr = get()
         if not ptr:
-            raise LookupError(f"{path!r}: memspec_plugin_v1() returned NULL")
-        self.t: Table = ptr.contents
-        if self.t.abi_version != ABI_VERSION:
-            raise LookupError(f"{path!r}: ABI version {self.t.abi_version}, this loader speaks {ABI_VERSION}")
+            raise LookupError(f"{path!r}: {symbol}() returned NULL")
+        if peek(ctypes.addressof(ptr.contents), ctypes.sizeof(table)) is None:
+            raise LookupError(f"{path!r}: {symbol}() returned an unreadable table")
+        self.abi, self.Handle = version, handle
+        self.t = ptr.contents
+        if self.t.abi_version != version:
+            raise LookupError(f"{path!r}: {symbol}() says ABI version {self.t.abi_version}, expected {version}")
         missing = [n for n in ("create", "destroy", "capacity", "allocate", "deallocate") if not _present(getattr(self.t, n))]
         if missing:
             raise LookupError(f"{path!r}: required entry points are NULL: {', '.join(missing)}")
-        raw = self.t.name
-        self.name = raw.decode("utf-8", "replace")[:64] if raw else os.path.basename(path)
+        self.flags = int(self.t.flags) if version >= 2 else 0
+        if self.flags & ~KNOWN_FLAGS:
+            raise LookupError(f"{path!r}: flags {self.flags:#x} has bits this loader does not know "
+                              f"(known: MEMSPEC_HOST_POINTERS={HOST_POINTERS})")
+        self.name = text(self.t.name, 64) or os.path.basename(path)
         self.has_vb = self._all_or_none(_VB, "VirtualBacking")
         self.has_sm = self._all_or_none(_SM, "SharedMapping")
+        self.has_geometry = version >= 2 and _present(self.t.geometry)
+        self.host_pointers = bool(self.flags & HOST_POINTERS)
+        if self.host_pointers and _present(self.t.memory):
+            raise LookupError(f"{path!r}: MEMSPEC_HOST_POINTERS and a memory range are exclusive "
+                              "(one says where the device's memory is, the other that it is anywhere)")
+        if self.host_pointers and (self.has_vb or self.has_sm):
+            raise LookupError(f"{path!r}: MEMSPEC_HOST_POINTERS with VirtualBacking/SharedMapping: "
+                              "the EP could not reach committed pages or mappings")
 
     def _all_or_none(self, names: list[str], what: str) -> bool:
         got = [n for n in names if _present(getattr(self.t, n))]
@@ -162,6 +342,135 @@ class Library:
             return cls._cache[key]
 
 
+def read_geometry(g: Geometry) -> AllocatorGeometry:
+    """``memspec_geometry`` as the plugin filled it -> the spec's
+    :class:`AllocatorGeometry`; a bad field is a :class:`PluginError`
+    naming it."""
+    def bad(field: str, why: str) -> PluginError:
+        return PluginError(f"geometry.{field} {why}")
+
+    unit, align = int(g.unit), int(g.alignment)
+    if not 1 <= unit <= GEOMETRY_LIMIT:
+        raise bad("unit", f"is {unit}: must be 1..{GEOMETRY_LIMIT}")
+    if not (1 <= align <= GEOMETRY_LIMIT and align & (align - 1) == 0):
+        raise bad("alignment", f"is {align}: must be a power of two <= {GEOMETRY_LIMIT}")
+    kind = int(g.bound)
+    if kind not in BOUND_KINDS:
+        raise bad("bound", f"is {kind}: must be MEMSPEC_BOUND_NONE/UNIT/POW2/CLASSES (0..3)")
+    if int(g.next_class) not in (0, 1):
+        raise bad("next_class", f"is {int(g.next_class)}: must be 0 or 1")
+    header, min_class, n = int(g.header), int(g.min_class), int(g.nclasses)
+    if header > GEOMETRY_LIMIT:
+        raise bad("header", f"is {header}: more than {GEOMETRY_LIMIT}")
+    if min_class > GEOMETRY_LIMIT:
+        raise bad("min_class", f"is {min_class}: more than {GEOMETRY_LIMIT}")
+    if n > MAX_CLASSES:
+        raise bad("nclasses", f"is {n}: more than MEMSPEC_MAX_CLASSES ({MAX_CLASSES})")
+    classes: tuple[int, ...] = ()
+    if n:
+        if not g.classes:
+            raise bad("classes", f"is NULL with nclasses {n}")
+        raw = peek(int(g.classes), 8 * n)
+        if raw is None:
+            raise bad("classes", f"points at {int(g.classes):#x}, where {n} uint64_t are not readable")
+        classes = tuple(int.from_bytes(raw[8 * i:8 * i + 8], sys.byteorder)
+                        for i in range(n))
+        if any(not 0 < c <= GEOMETRY_LIMIT for c in classes) or list(classes) != sorted(set(classes)):
+            raise bad("classes", f"must be ascending positive sizes <= {GEOMETRY_LIMIT}: {list(classes[:8])}"
+                                 f"{'...' if n > 8 else ''}")
+    rounding = BOUND_KINDS[kind]
+    if rounding is None and (header or min_class or n or g.next_class):
+        raise bad("bound", "is MEMSPEC_BOUND_NONE but header/min_class/classes/next_class are set")
+    if rounding == "classes" and not n:
+        raise bad("classes", "is empty with MEMSPEC_BOUND_CLASSES")
+    if rounding not in (None, "classes") and n:
+        raise bad("classes", f"are given with bound {rounding.upper()} (only MEMSPEC_BOUND_CLASSES reads them)")
+    if rounding != "pow2" and min_class:
+        raise bad("min_class", "is set without MEMSPEC_BOUND_POW2")
+    overhead = int(g.overhead)
+    if overhead != OVERHEAD_UNDECLARED and overhead > INT64_MAX:
+        raise bad("overhead", f"is {overhead}: not a byte count (MEMSPEC_OVERHEAD_UNDECLARED to leave it out)")
+    try:
+        bound = None if rounding is None else FootprintBound(rounding, header=header, min_class=min_class,
+                                                            classes=classes, next_class=bool(g.next_class))
+        return AllocatorGeometry(unit=unit, alignment=align, bound=bound,
+                                 overhead=None if overhead == OVERHEAD_UNDECLARED else overhead)
+    except ValueError as e:
+        raise PluginError(f"geometry: {e}") from e
+
+
+# --------------------------------------------------------------------------
+# What the host EP may touch
+# --------------------------------------------------------------------------
+
+class Reach:
+    """The host bytes the loader's EP may read and write."""
+
+    def contains(self, address: int, n: int) -> bool:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+
+class Region(Reach):
+    """``[base, base + size)``: the range the library's ``memory`` declared."""
+
+    def __init__(self, base: int, size: int) -> None:
+        self.base, self.size = base, size
+
+    def contains(self, address: int, n: int) -> bool:
+        return self.base <= address and address + n <= self.base + self.size
+
+    def describe(self) -> str:
+        return f"the plugin's memory [{self.base:#x}, +{self.size})"
+
+
+class LiveAllocations(Reach):
+    """The allocations live right now on one device (all its instances):
+    ``[address, block + footprint)`` of each, as the library answered.
+    Kept by the loader: added on a successful allocate, removed on a
+    successful deallocate and when the instance that made it is destroyed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._starts: list[int] = []          # sorted
+        self._ends: dict[int, list] = {}      # start -> [end, identity] (the last one made there)
+        self._by_id: dict[Identity, int] = {}
+
+    def add(self, identity: Identity, start: int, end: int) -> None:
+        with self._lock:
+            if start in self._ends:           # a live claim at the same start: the library overlaps itself
+                old = self._ends[start][1]
+                self._by_id.pop(old, None)
+            else:
+                bisect.insort(self._starts, start)
+            self._ends[start] = [end, identity]
+            self._by_id[identity] = start
+
+    def remove(self, identity: Identity) -> None:
+        with self._lock:
+            start = self._by_id.pop(identity, None)
+            if start is not None and self._ends.get(start, [0, None])[1] == identity:
+                del self._ends[start]
+                self._starts.pop(bisect.bisect_left(self._starts, start))
+
+    def remove_creator(self, creator: str) -> None:
+        for ident in [i for i in list(self._by_id) if i.creator == creator]:
+            self.remove(ident)
+
+    def contains(self, address: int, n: int) -> bool:
+        with self._lock:
+            i = bisect.bisect_right(self._starts, address) - 1
+            return i >= 0 and address + n <= self._ends[self._starts[i]][0]
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def describe(self) -> str:
+        return f"the {len(self)} live allocations"
+
+
 class Instance:
     """One ``create()``d plugin instance: handles in and out, statuses to errors."""
 
@@ -176,6 +485,9 @@ class Instance:
         self.owners = share_with.owners if share_with else {}
         self.key = share_with.key if share_with else DeviceKey(f"c:{lib.name}", 0)
         self.lock = share_with.lock if share_with else threading.RLock()
+        #: the device's live allocations (MEMSPEC_HOST_POINTERS: the EP's reach), shared by its instances
+        self.live: LiveAllocations | None = (share_with.live if share_with else
+                                             LiveAllocations() if lib.host_pointers else None)
         self.closed = False
 
     # -- marshalling ----------------------------------------------------
@@ -183,10 +495,7 @@ class Instance:
         if status == 0:
             return
         cls = STATUS.get(status)
-        msg = ""
-        if _present(self.t.last_error):
-            raw = self.t.last_error(self.ptr)
-            msg = raw.decode("utf-8", "replace")[:200] if raw else ""
+        msg = text(self.t.last_error(self.ptr)) if _present(self.t.last_error) else ""
         if cls is None:
             raise PluginError(f"{self.lib.name}: {call} returned unknown status {status}")
         raise cls(f"{self.lib.name}: {call}: {msg or cls.__name__}")
@@ -211,17 +520,35 @@ class Instance:
         self.owners[self.creator] = h.owner
         return Identity(self.creator, int(h.generation))
 
-    def handle(self, obj: Any, kind: type, call: str) -> Handle:
+    def handle(self, obj: Any, kind: type, call: str) -> Any:
+        """The ABI's handle for ``obj`` (``memspec_handle`` or, ABI 2,
+        ``memspec_handle2``), rebuilt from its fields."""
         if not isinstance(obj, kind):
             raise E.InvalidRequest(f"{call}: expected a {kind.__name__}, got {type(obj).__name__}")
         ident = obj.identity
-        h = Handle()
+
+        def u64(v: Any) -> int:
+            return v & U64_MAX if isinstance(v, int) else 0
+
+        h = self.lib.Handle()
         h.owner = self.owners.get(ident.creator, 0)  # unknown creator: owner 0, which no instance uses
-        h.generation = ident.generation if 0 < ident.generation < (1 << 64) else 0
-        h.address = getattr(obj, "address", 0) & ((1 << 64) - 1)
-        h.size = obj.size & ((1 << 64) - 1)
-        h.footprint = getattr(obj, "footprint", 0) & ((1 << 64) - 1)
+        h.generation = ident.generation if isinstance(ident.generation, int) and 0 < ident.generation <= U64_MAX else 0
+        h.address = u64(getattr(obj, "address", 0))
+        h.size = u64(obj.size)
+        h.footprint = u64(getattr(obj, "footprint", 0))
+        if self.lib.abi >= 2:
+            h.block = u64(getattr(obj, "block", None) or 0)
         return h
+
+    def geometry(self) -> AllocatorGeometry | None:
+        """What the library declares of its packing (ABI 2's ``geometry``;
+        None when it has none)."""
+        if not self.lib.has_geometry:
+            return None
+        g = Geometry(unit=1, alignment=1, bound=0, next_class=0, header=0, min_class=0, classes=None, nclasses=0,
+                     overhead=OVERHEAD_UNDECLARED)
+        self.call("geometry", ctypes.byref(g))
+        return read_geometry(g)
 
     def call(self, name: str, *args: Any) -> Any:
         with self.lock:
@@ -233,6 +560,8 @@ class Instance:
         with self.lock:
             if not self.closed:
                 self.closed = True
+                if self.live is not None:   # its allocations go with it
+                    self.live.remove_creator(self.creator)
                 self.t.destroy(self.ptr)
 
 
@@ -248,14 +577,25 @@ class Allocator:
     def allocate(self, request: AllocationRequest) -> DeviceAllocation:
         size = self.i.size_arg(request.size, "allocate")
         align = request.alignment if isinstance(request.alignment, int) and request.alignment > 0 else 0
-        out = Handle()
+        out = self.i.lib.Handle()
         self.i.check(self.i.call("allocate", size, align, ctypes.byref(out)), f"allocate({size})")
-        return DeviceAllocation(int(out.address), size, int(out.footprint), self.i.identity(out), self.i.key)
+        address, footprint = int(out.address), int(out.footprint)
+        block = int(out.block) if self.i.lib.abi >= 2 and out.block else None
+        if block is not None and not (block <= address and address + size <= block + footprint):
+            raise PluginError(f"{self.i.lib.name}: allocate({size}) returned block {block:#x} with address "
+                              f"{address:#x} and footprint {footprint}: [address, address + size) must lie in "
+                              f"[block, block + footprint)")
+        ident = self.i.identity(out)
+        if self.i.live is not None:
+            self.i.live.add(ident, address, (address if block is None else block) + footprint)
+        return DeviceAllocation(address, size, footprint, ident, self.i.key, block=block)
 
     def deallocate(self, allocation: DeviceAllocation) -> int:
         h = self.i.handle(allocation, DeviceAllocation, "deallocate")
         freed = _u64()
         self.i.check(self.i.call("deallocate", ctypes.byref(h), ctypes.byref(freed)), "deallocate")
+        if self.i.live is not None:
+            self.i.live.remove(allocation.identity)
         return int(freed.value)
 
 
@@ -270,7 +610,7 @@ class _Capability:
     def reserve(self, request: ReserveRequest) -> VirtualAllocation:
         size = self.i.size_arg(request.size, "reserve")
         align = request.alignment if isinstance(request.alignment, int) and request.alignment >= 0 else 0
-        out = Handle()
+        out = self.i.lib.Handle()
         self.i.check(self.i.call(self.p + "reserve", size, align, ctypes.byref(out)), f"reserve({size})")
         return VirtualAllocation(int(out.address), int(out.size), self.i.identity(out), self.i.key)
 
@@ -315,7 +655,7 @@ class SharedMapping(_Capability):
 
     def create(self, size: int) -> PhysicalHandle:
         size = self.i.size_arg(size, "create")
-        out = Handle()
+        out = self.i.lib.Handle()
         self.i.check(self.i.call("sm_create", size, ctypes.byref(out)), f"create({size})")
         return PhysicalHandle(int(out.size), self.i.identity(out), self.i.key)
 
@@ -361,15 +701,16 @@ class Mechanism:
 
 
 class HostEP:
-    """``ExecutionProvider`` for a plugin whose device memory is host memory
-    (``[base, base+size)``): every copy and stand-in kernel runs at once
-    (fences are done when issued), ``defer`` queues and ``poll`` runs the
-    queue.  An access outside the range is a DeviceFault, never a host access."""
+    """``ExecutionProvider`` for a plugin whose device memory is host memory:
+    every copy and stand-in kernel runs at once (fences are done when
+    issued), ``defer`` queues and ``poll`` runs the queue.  It touches only
+    its :class:`Reach` (a declared region, or the live allocations); an
+    access outside it is a DeviceFault, never a host access."""
 
-    def __init__(self, key: DeviceKey, base: int, size: int) -> None:
+    def __init__(self, key: DeviceKey, reach: Reach) -> None:
         self.context_id = new_creator_id(f"{key.kind}-host-ep")
         self._key = key
-        self.base, self.size = base, size
+        self.reach = reach
         self._issued: list[int] = []
         self._queue: deque = deque()
         self._lock = threading.Lock()
@@ -390,10 +731,10 @@ class HostEP:
         return Fence(stream, self._issued[stream])
 
     def _check(self, address: Any, n: Any, what: str) -> None:
-        if not (isinstance(address, int) and isinstance(n, int)) or n < 0:
+        if not (isinstance(address, int) and isinstance(n, int)) or isinstance(address, bool) or n < 0:
             raise E.InvalidRequest(f"{what}: ({address!r}, {n!r}) is not an address range")
-        if n and not (self.base <= address and address + n <= self.base + self.size):
-            raise E.DeviceFault(f"{what} at {address:#x}+{n}: outside the plugin's memory", address=address,
+        if n and not (address > 0 and self.reach.contains(address, n)):
+            raise E.DeviceFault(f"{what} at {address:#x}+{n}: outside {self.reach.describe()}", address=address,
                                 kind="unmapped")
 
     def write(self, stream: int, address: int, data: bytes) -> Fence:
@@ -478,15 +819,27 @@ def factory(path: str) -> Callable[..., TargetInstance]:
                 t.destroy()
             first.destroy()
 
-        probe = (lambda: int(first.call("physical_bytes"))) if _present(lib.t.physical_bytes) else None
-        ep = None
-        if _present(lib.t.memory):
-            base, size = _u64(), _u64()
-            first.call("memory", ctypes.byref(base), ctypes.byref(size))
-            if base.value and size.value:
-                ep = HostEP(first.key, int(base.value), int(size.value))
-        inst = TargetInstance(mechanism=Mechanism(first), ep=ep, physical_bytes=probe,
-                              capacity=int(first.call("capacity")), close=close)
+        try:
+            probe = (lambda: int(first.call("physical_bytes"))) if _present(lib.t.physical_bytes) else None
+            ep = None
+            if _present(lib.t.memory):
+                base, size = _u64(), _u64()
+                first.call("memory", ctypes.byref(base), ctypes.byref(size))
+                why = mapped_rw(int(base.value), int(size.value))
+                if why is not None:
+                    raise PluginError(f"{lib.name}: memory() gave [{int(base.value):#x}, +{int(size.value)}): {why}")
+                ep = HostEP(first.key, Region(int(base.value), int(size.value)))
+            elif first.live is not None:
+                ep = HostEP(first.key, first.live)
+            geometry = first.geometry()
+            cap = int(first.call("capacity"))
+            if not 0 < cap <= INT64_MAX:
+                raise PluginError(f"{lib.name}: capacity() is {cap}: must be 1..INT64_MAX bytes")
+        except BaseException:
+            close()
+            raise
+        inst = TargetInstance(mechanism=Mechanism(first), ep=ep, physical_bytes=probe, capacity=cap, close=close,
+                              geometry=geometry)
         # the system level's replacement mechanism (eager only, as the system
         # spec assumes): another instance on the same device, so its memory is
         # reachable through the same EP

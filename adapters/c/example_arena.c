@@ -11,7 +11,17 @@
  * address.  The DeviceAllocator is always provided; SharedMapping is not (its
  * pointers are NULL: explicitly absent).
  *
+ * Its geometry (ABI 2), declared strictly because it is exactly what the code
+ * does: a footprint is the request rounded up to 256 bytes (BLOCK) whatever
+ * the alignment (the alignment padding goes back on the free list), every
+ * address is a multiple of 256 (the base is page aligned and every range
+ * boundary a multiple of 256), no header (block = address), and the device
+ * keeps nothing for itself (overhead 0: physical bytes are the live
+ * footprints, plus committed pages with VMM).
+ *
  * Build:  cc -shared -fPIC -O2 -I adapters/c -o libarena.so adapters/c/example_arena.c
+ * ABI 1 (memspec_plugin_v1, no geometry; the loader still loads it):
+ *         ... -DMEMSPEC_EXAMPLE_ABI1
  * Broken twin (must be caught by `memspec conform`):
  *         ... -DMEMSPEC_BROKEN_DOUBLE_FREE   deallocate trusts the address of
  *             a handle that is no longer live and frees it again.
@@ -32,6 +42,12 @@
 #include "memspec_plugin.h"
 
 #define BLOCK 256u
+
+#ifdef MEMSPEC_EXAMPLE_ABI1
+typedef memspec_handle handle_t;
+#else
+typedef memspec_handle2 handle_t;  /* ABI 2: the handle has `block` (0 here: no header) */
+#endif
 #define DEFAULT_CAPACITY (256ull << 20)
 #define PAGE (2ull << 20)
 #ifdef MEMSPEC_EXAMPLE_VMM
@@ -229,7 +245,7 @@ static int take_range(device *d, uint64_t len, uint64_t alignment, uint64_t *off
     return 0;
 }
 
-static int32_t arena_allocate(void *self, int64_t size, uint64_t alignment, memspec_handle *out) {
+static int32_t arena_allocate(void *self, int64_t size, uint64_t alignment, handle_t *out) {
     arena *a = self;
     device *d = a->dev;
     if (size <= 0) return fail(a, MEMSPEC_ERR_INVALID_REQUEST, "size must be positive");
@@ -252,10 +268,13 @@ static int32_t arena_allocate(void *self, int64_t size, uint64_t alignment, mems
     out->address = l->address;
     out->size = (uint64_t)size;
     out->footprint = fp;
+#ifndef MEMSPEC_EXAMPLE_ABI1
+    out->block = 0;  /* the block starts at the address: no header */
+#endif
     return MEMSPEC_OK;
 }
 
-static int32_t arena_deallocate(void *self, const memspec_handle *h, uint64_t *freed) {
+static int32_t arena_deallocate(void *self, const handle_t *h, uint64_t *freed) {
     arena *a = self;
     if (h->owner != (uint64_t)(uintptr_t)a) return fail(a, MEMSPEC_ERR_FOREIGN_ALLOCATION, "made by another instance");
     for (size_t i = 0; i < a->nlive; i++) {
@@ -288,7 +307,7 @@ static int32_t arena_deallocate(void *self, const memspec_handle *h, uint64_t *f
 
 static uint64_t vb_granularity(void *self) { (void)self; return PAGE; }
 
-static int32_t vb_reserve(void *self, int64_t size, uint64_t alignment, memspec_handle *out) {
+static int32_t vb_reserve(void *self, int64_t size, uint64_t alignment, handle_t *out) {
     arena *a = self;
     device *d = a->dev;
     if (size <= 0) return fail(a, MEMSPEC_ERR_INVALID_REQUEST, "size must be positive");
@@ -314,10 +333,13 @@ static int32_t vb_reserve(void *self, int64_t size, uint64_t alignment, memspec_
     out->address = r->address;
     out->size = len;
     out->footprint = 0;
+#ifndef MEMSPEC_EXAMPLE_ABI1
+    out->block = 0;
+#endif
     return MEMSPEC_OK;
 }
 
-static int32_t find_res(arena *a, const memspec_handle *h, size_t *index) {
+static int32_t find_res(arena *a, const handle_t *h, size_t *index) {
     if (h->owner != (uint64_t)(uintptr_t)a) return fail(a, MEMSPEC_ERR_FOREIGN_ALLOCATION, "made by another instance");
     for (size_t i = 0; i < a->nres; i++) {
         if (a->res[i].gen != h->generation) continue;
@@ -333,7 +355,7 @@ static int range_ok(const reservation *r, uint64_t start, uint64_t end) {
     return start < end && start % PAGE == 0 && end % PAGE == 0 && end <= r->size;
 }
 
-static int32_t vb_commit(void *self, const memspec_handle *h, uint64_t start, uint64_t end, uint64_t *committed) {
+static int32_t vb_commit(void *self, const handle_t *h, uint64_t start, uint64_t end, uint64_t *committed) {
     arena *a = self;
     size_t i;
     int32_t st = find_res(a, h, &i);
@@ -349,7 +371,7 @@ static int32_t vb_commit(void *self, const memspec_handle *h, uint64_t start, ui
     return MEMSPEC_OK;
 }
 
-static int32_t vb_decommit(void *self, const memspec_handle *h, uint64_t start, uint64_t end, uint64_t *released) {
+static int32_t vb_decommit(void *self, const handle_t *h, uint64_t start, uint64_t end, uint64_t *released) {
     arena *a = self;
     size_t i;
     int32_t st = find_res(a, h, &i);
@@ -364,7 +386,7 @@ static int32_t vb_decommit(void *self, const memspec_handle *h, uint64_t start, 
     return MEMSPEC_OK;
 }
 
-static int32_t vb_committed_bytes(void *self, const memspec_handle *h, uint64_t *out) {
+static int32_t vb_committed_bytes(void *self, const handle_t *h, uint64_t *out) {
     arena *a = self;
     size_t i;
     int32_t st = find_res(a, h, &i);
@@ -373,7 +395,7 @@ static int32_t vb_committed_bytes(void *self, const memspec_handle *h, uint64_t 
     return MEMSPEC_OK;
 }
 
-static int32_t vb_release(void *self, const memspec_handle *h, uint64_t *released) {
+static int32_t vb_release(void *self, const handle_t *h, uint64_t *released) {
     arena *a = self;
     size_t i;
     int32_t st = find_res(a, h, &i);
@@ -389,8 +411,23 @@ static int32_t vb_release(void *self, const memspec_handle *h, uint64_t *release
 }
 #endif
 
+#ifndef MEMSPEC_EXAMPLE_ABI1
+/* ABI 2: what this arena promises about its packing (see the top of the file). */
+static void arena_geometry(void *self, memspec_geometry *g) {
+    (void)self;
+    g->unit = BLOCK;                 /* footprints are multiples of 256 bytes */
+    g->alignment = BLOCK;            /* every address is a multiple of 256 */
+    g->bound = MEMSPEC_BOUND_UNIT;   /* the footprint is the request rounded up to the unit, no more */
+    g->header = 0;                   /* nothing in band: block = address */
+    g->overhead = 0;                 /* physical bytes are the live footprints (+ committed pages) */
+}
+
+static const memspec_plugin2 PLUGIN = {
+    .abi_version = MEMSPEC_PLUGIN_ABI_VERSION_2,
+#else
 static const memspec_plugin PLUGIN = {
     .abi_version = MEMSPEC_PLUGIN_ABI_VERSION,
+#endif
 #if defined(MEMSPEC_BROKEN_DOUBLE_FREE)
     .name = "example-arena-broken",
 #elif defined(MEMSPEC_EXAMPLE_VMM)
@@ -414,6 +451,13 @@ static const memspec_plugin PLUGIN = {
     .vb_committed_bytes = vb_committed_bytes,
     .vb_release = vb_release,
 #endif
+#ifndef MEMSPEC_EXAMPLE_ABI1
+    .geometry = arena_geometry,
+#endif
 };
 
+#ifdef MEMSPEC_EXAMPLE_ABI1
 const memspec_plugin *memspec_plugin_v1(void) { return &PLUGIN; }
+#else
+const memspec_plugin2 *memspec_plugin_v2(void) { return &PLUGIN; }
+#endif
