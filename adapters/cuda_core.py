@@ -49,6 +49,7 @@ from typing import Any, Callable, Iterator
 
 from memspec.spec.api import (
     AllocationRequest,
+    AllocatorGeometry,
     DeviceAllocation,
     DeviceKey,
     IdentitySource,
@@ -483,8 +484,10 @@ def _instance(b: _Bench, make_alloc: Callable[[], MemoryResourceAllocator], name
         cap = total if capacity is None else min(int(capacity), total)
     else:  # the limit cannot be enforced inside a Cython resource: what is free now
         cap = free - free % GRANULARITY
+    # VMM's documented geometry: physical memory in granularity pages (cuMemCreate),
+    # nothing else taken from the device
     inst = TargetInstance(mechanism=Mechanism(name, alloc), ep=b.ep, physical_bytes=physical_bytes,
-                          capacity=cap, close=close)
+                          capacity=cap, close=close, geometry=AllocatorGeometry.page_rounded(GRANULARITY))
     # make_extra_mechanism: the system level's replacement mechanism must be reachable
     # through this target's EP (the reference default lives on a detached simulated device)
     return _with_extras(inst, make_foreign=make_foreign, make_extra_mechanism=make_foreign, driver=b.drv,

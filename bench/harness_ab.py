@@ -4,7 +4,7 @@
 ``before``: one Hypothesis choice per draw of the engine (every argument,
 every guidance boolean, every swarm and script count; a draw over a single
 value too) and one engine step per invocation of the state machine's rule
-(``engine.PACKED_DRAWS`` off, ``runner.STEPS_PER_RULE`` 1: the default until
+(``engine.PACKED_DRAWS`` off, ``stateful.STEPS_PER_RULE`` 1: the default until
 session 10).
 ``after``: a step's small draws packed into one wide choice
 (:class:`~memspec.invariants.choosers.PackedChooser`), :data:`AFTER_STEPS_PER_RULE`
@@ -62,10 +62,10 @@ def _choices() -> tuple[int, int]:
 
 
 def _one(after: bool) -> tuple[float, float, int, float]:
-    from memspec.invariants import engine, runner
+    from memspec.invariants import engine, runner, stateful
 
-    real = engine.PACKED_DRAWS, runner.STEPS_PER_RULE
-    engine.PACKED_DRAWS, runner.STEPS_PER_RULE = (True, AFTER_STEPS_PER_RULE) if after else (False, 1)
+    real = engine.PACKED_DRAWS, stateful.STEPS_PER_RULE
+    engine.PACKED_DRAWS, stateful.STEPS_PER_RULE = (True, AFTER_STEPS_PER_RULE) if after else (False, 1)
     try:
         _choices()
         b, c = resource.getrusage(resource.RUSAGE_CHILDREN), time.process_time()
@@ -73,7 +73,7 @@ def _one(after: bool) -> tuple[float, float, int, float]:
         a, parent = resource.getrusage(resource.RUSAGE_CHILDREN), time.process_time() - c
         nodes, _cases = _choices()
     finally:
-        engine.PACKED_DRAWS, runner.STEPS_PER_RULE = real
+        engine.PACKED_DRAWS, stateful.STEPS_PER_RULE = real
     steps = sum(r.stats.steps for r in results if r.plan is not None)
     bad = [(r.level, r.errors, [f.invariant for f in r.failures]) for r in results if r.errors or r.failures]
     if bad or not steps:

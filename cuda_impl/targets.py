@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from memspec.spec.api import MiB, SystemRoles, TargetInstance
+from memspec.spec.api import AllocatorGeometry, MiB, SystemRoles, TargetInstance
 from memspec.cuda_impl.context import PrimaryContext
 from memspec.cuda_impl.driver import Driver, DriverUnavailable, open_driver
 from memspec.cuda_impl.ep import CudaExecutionProvider
@@ -95,6 +95,8 @@ def build(
         kind="mechanism",
         make_foreign=make_foreign,
         roles=SystemRoles(extra_mechanism=make_extra_mechanism),
+        # memspec's own allocator: granularity-rounded, 256-aligned, nothing of its own on the device
+        geometry=AllocatorGeometry.page_rounded(mech.granularity()),
         extras={
             "driver": drv,
             "emulator": drv.emulator,

@@ -135,6 +135,11 @@ class Plan:
     #: ``planning.learn_protocols``): each example's guidance keeps
     #: :data:`FAULT_QUOTA` such draws of each (see ``Run._draw_args``)
     faults: frozenset = frozenset()
+    #: checks a later pass masks (see :func:`mask_key`): a failure found
+    #: earlier in the run, whose branch the spec now follows anyway, so that
+    #: the run goes on checking everything else (a failure masks, it does
+    #: not blind: every action stays in the table)
+    masks: frozenset = frozenset()
 
     @property
     def invariant_ids(self) -> list[str]:
@@ -239,6 +244,8 @@ class Run:
         self._fault_paths: Counter = Counter()
         #: actions a draw of this example showed a failure path (besides ``Plan.faults``)
         self._fault_seen: set = set()
+        #: ``[(step, mask key)]``: the masked checks (``Plan.masks``) that would have failed, and where
+        self.masked_hits: list = []
         fkw = plan.factory_kwargs
         caps = plan.capacities
         if capacity is None and chooser is not None and len(caps) > 1:
@@ -280,15 +287,26 @@ class Run:
             self.check_observations((), plan.start_checks, "capability")
 
     # -- failing --------------------------------------------------------
-    def fail(self, invariant: str, cause: str, reason: str, exc: BaseException | None = None) -> None:
+    def _hit(self, hit: tuple) -> None:
+        """A masked check that would have failed (``(step, mask key)``)."""
+        hits = self.__dict__.setdefault("masked_hits", [])
+        hits.append(hit)
+
+    def fail(self, invariant: str, cause: str, reason: str, exc: BaseException | None = None, *,
+             check: str | None = None, key: tuple | None = None) -> None:
         """Raise the Violation; ``exc`` (what the target raised, if it
         raised) is chained as its cause, so a reproduction shows the
-        target's own traceback."""
+        target's own traceback.  ``check`` names the clause of the rule
+        that broke (``alignment`` of S8), ``key`` its :func:`mask_key`."""
         self.failed = True
         st = self.plan.stats
         st.failures_seen += 1
         st.first_failure_steps.setdefault(invariant, st.steps)
-        v = violation_class(invariant)(invariant, cause, reason, self.trace, self.nsteps)
+        v = violation_class(invariant + (f".{check}" if check else ""))(invariant, cause, reason, self.trace,
+                                                                          self.nsteps)
+        v.check = check
+        v.key = key
+        v.masked_hits = list(getattr(self, "masked_hits", ()))
         v.capacity = getattr(self, "capacity", None)
         if isinstance(exc, BaseException) and not isinstance(exc, HangResult):
             raise v from exc
@@ -639,8 +657,14 @@ class Run:
             raise err
         branch = outs.match(value, err)
         if branch is None:
-            ts.outcome = self._describe_answer(value, err)
-            self.fail(outs.blame, *self._mismatch(action, args, outs, value, err), exc=err)
+            branch = self._no_match(action, args, outs, value, err, ts)
+            if branch is None:   # a masked answer the spec cannot follow: its state stays as it was
+                self._action = action
+                self._state_changed = False
+                self.check_after(outs.touched, (), args)
+                if plan.on_step is not None:
+                    plan.on_step(plan)
+                return ts
         is_return = err is None
         ts.outcome = ("returns " + branch.describe) if is_return else f"raises {type(err).__name__}"
         st.outcomes[(action.name, ts.outcome)] += 1
@@ -659,6 +683,43 @@ class Run:
         if plan.on_step is not None:
             plan.on_step(plan)
         return ts
+
+    def _no_match(self, action: Any, args: dict, outs: Any, value: Any, err: BaseException | None,
+                  ts: "TraceStep") -> Any:
+        """An answer no branch accepts.  When it has a branch's shape and
+        breaks named clauses of it (:class:`~memspec.spec.core.Check`), the
+        first clause not masked is the failure (``S8.alignment``); when
+        every clause it breaks is masked, the spec follows that branch (the
+        branch is returned).  An answer of no branch's shape fails the
+        action's rule as a whole, unless that failure is masked: then
+        ``None`` (the spec cannot follow it; its state is left as it was)."""
+        masks = self.plan.masks
+        hang = isinstance(err, HangResult)
+        near = None if hang else outs.closest(value, err)
+        if near is not None:
+            b, bad = near
+            keys = [(action.name, c.id) for c in bad]
+            left = [c for c, k in zip(bad, keys) if k not in masks]
+            if not left:
+                for k in keys:
+                    self._hit((self.nsteps, k))
+                return b
+            c = left[0]
+            ts.outcome = self._describe_answer(value, err)
+            call = f"{action.name}({', '.join(f'{k}={_describe_value(v, 40)}' for k, v in args.items())})"
+            got = f"raised {type(err).__name__}: {err}" if err is not None else f"returned {_describe_value(value)}"
+            why = (f"{call} {got}: breaks {c.id}" + (f" ({c.describe})" if c.describe else "")
+                   + (f"; also {', '.join(x.id for x in left[1:])}" if len(left) > 1 else ""))
+            self.fail(c.rule, "outcome", why, exc=err, check=c.name, key=(action.name, c.id))
+        cause, why = self._mismatch(action, args, outs, value, err)
+        key = (action.name, f"{outs.blame}.{cause}")
+        if cause not in ("hang", "crash") and key in masks:
+            self._hit((self.nsteps, key))
+            ts.outcome = "masked: " + self._describe_answer(value, err)
+            return None
+        ts.outcome = self._describe_answer(value, err)
+        self.fail(outs.blame, cause, why, exc=err, key=key)
+        return None
 
     @staticmethod
     def _describe_answer(value: Any, err: BaseException | None) -> str:
@@ -726,13 +787,19 @@ class Run:
                 named = tuple(v for v in args.values() if type(v) is int and v in regions and v not in touched)
                 if named:
                     touched = touched + named
-            if not found:
+            masks = self.plan.masks
+            if not found and not masks:
                 integrity.after_step(touched, bound)
             else:
                 try:  # a data check that fails too may be the rule broken
                     integrity.after_step(touched, bound)
                 except Violation as v:
-                    found.append((v.invariant, v.cause, v.reason))
+                    key = (None, f"{v.invariant}.{v.cause}")
+                    if key in masks:   # masked: its bytes are no longer known to the spec; no more data checks
+                        self._hit((self.nsteps, key))
+                        self.integrity = None
+                    else:
+                        found.append((v.invariant, v.cause, v.reason))
         if found:
             self._fail_found(found)
 
@@ -763,6 +830,16 @@ class Run:
             except Exception as e:  # noqa: BLE001
                 raise SpecError(f"an invariant check raised {type(e).__name__}: {e}") from e
         self._invariants_held = not found
+        masks = self.plan.masks
+        if found and masks:
+            kept = []
+            for x in found:
+                key = (None, f"{x[0]}.invariant")
+                if key in masks:
+                    self._hit((self.nsteps, key))
+                else:
+                    kept.append(x)
+            found = kept
         return found
 
     def _rank(self) -> dict:
@@ -795,20 +872,22 @@ class Run:
         n = len(self.machine.actions) + 1
         cause_rank = {"invariant": 0, "data": 1, "observation": 2}
         pre = self.plan.presupposed()
-        failing = {inv for inv, _c, _w in found}
+        failing = {x[0] for x in found}
         keyed = [((1 if pre.get(inv, frozenset()) & failing else 0, cause_rank.get(cause, 1),
                    (0, own.index(inv)) if inv in own else (1, rank.get(inv, n)), i),
-                  (inv, cause, why)) for i, (inv, cause, why) in enumerate(found)]
-        return [x for _k, x in sorted(keyed)]
+                  x) for i, x in enumerate(found) for inv, cause in [x[:2]]]
+        return [x for _k, x in sorted(keyed, key=lambda kx: kx[0])]
 
     def _fail_found(self, found: list) -> None:
         ordered = self._blame_first(found)
-        inv, cause, why = ordered[0]
+        inv, cause, why = ordered[0][:3]
+        check = ordered[0][3] if len(ordered[0]) > 3 else None
         rest = [x for x in ordered[1:] if x[0] != inv or x[2] != why]
         if rest:
-            why += " -- consequences at this step: " + "; ".join(f"{i} [{c}] {w}" for i, c, w in rest[:4]) \
+            why += " -- at this step also: " + "; ".join(f"{x[0]} [{x[1]}] {x[2]}" for x in rest[:4]) \
                 + (f"; {len(rest) - 4} more" if len(rest) > 4 else "")
-        self.fail(inv, cause, why)
+        key = (None, f"{inv}.{check}") if check else (None, f"{inv}.{cause}")
+        self.fail(inv, cause, why, check=check, key=key)
 
     def _observations_for(self, action: Any) -> list:
         """The plan's observations, those blamed on the action's own
@@ -857,21 +936,31 @@ class Run:
         if hang is not None and not isinstance(hang, HangResult):
             raise hang if isinstance(hang, SpecError) else SpecError(
                 f"reading the observations raised {type(hang).__name__}: {hang}")
+        masks = self.plan.masks
         for (obs, r), (value, err) in zip(jobs, got):
             try:
                 expected = obs.expected(state, r)
             except Exception as e:  # noqa: BLE001
                 raise SpecError(f"observation {obs.name}: expected() raised {type(e).__name__}: {e}") from e
+            name = getattr(obs, "check", "") or obs.name
+            key = (None, f"{obs.blame}.{name}")
             if err is not None:
                 if isinstance(err, SpecError):
                     raise err
+                if key in masks:
+                    self._hit((self.nsteps, key))
+                    continue
                 self.fail(obs.blame, "unexpected-exception" if not isinstance(err, MemspecError) else cause,
-                          f"reading {self._where(obs, r)} raised {type(err).__name__}: {err} (spec: {expected!r})")
+                          f"reading {self._where(obs, r)} raised {type(err).__name__}: {err} (spec: {expected!r})",
+                          check=name, key=key)
             if value != expected:
+                if key in masks:
+                    self._hit((self.nsteps, key))
+                    continue
                 why = f"{self._where(obs, r)}: {_diff(expected, value)}"
                 if found is None:
-                    self.fail(obs.blame, cause, why)
-                found.append((obs.blame, cause, why))
+                    self.fail(obs.blame, cause, why, check=name, key=key)
+                found.append((obs.blame, cause, why, name))
         if len(got) < len(jobs):  # the read that hung (its spec figure must still compute)
             obs, r = jobs[len(got)]
             try:

@@ -47,8 +47,15 @@ class MechanismSUT(RefTable):
         self._base = sum(p() for p in self._probes)
 
     def physical_bytes(self) -> int:
-        """What the device (and a twin built on a device of its own) holds now, less what it held at the start."""
-        return sum(p() for p in self._probes) - self._base
+        """What the device (and a twin built on a device of its own) holds now, less what it held at the start
+        (read once per step: the observations of a step share one read)."""
+        reads = getattr(self, "reads", None)
+        if reads is not None and "physical" in reads:
+            return reads["physical"]
+        v = sum(p() for p in self._probes) - self._base
+        if reads is not None:
+            reads["physical"] = v
+        return v
 
 
 class CachingSUT(RefTable):
@@ -110,11 +117,24 @@ def _accepts(fn: Callable, name: str) -> bool:
         return False
 
 
+def geometry_of(instance: api.TargetInstance) -> api.AllocatorGeometry:
+    """The allocator geometry the target declares (nothing declared: only
+    the seed's rules are checked, the rest measured)."""
+    g = instance.geometry
+    if g is None:
+        return api.UNDECLARED_GEOMETRY
+    if not isinstance(g, api.AllocatorGeometry):
+        raise TypeError(f"TargetInstance.geometry must be an AllocatorGeometry, not {type(g).__name__}")
+    return g
+
+
 def mechanism_init(machine: Any, instance: api.TargetInstance, caps: dict) -> dict:
     init = {"capacity": instance.capacity, "page": _page_of(instance), "virtual_backing": caps["virtual_backing"],
             "shared_mapping": caps["shared_mapping"]}
     if _accepts(machine.init, "ep"):
         init["ep"] = bool(caps.get("ep"))
+    if _accepts(machine.init, "geometry"):
+        init["geometry"] = geometry_of(instance)
     return init
 
 

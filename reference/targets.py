@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from memspec.spec.api import DEFAULT_PAGE, TargetInstance
+from memspec.spec.api import DEFAULT_PAGE, AllocatorGeometry, TargetInstance
 
 from memspec.reference.device import DEFAULT_CAPACITY, SimDevice
 from memspec.reference.ep import ReferenceEP
@@ -41,6 +41,9 @@ def _target(make: Callable[[SimDevice], ReferenceMechanism], capacity: int | Non
         kind="mechanism",
         make_foreign=make_foreign,
         device=dev,
+        # memspec's own allocator: page-rounded footprints, 256-aligned
+        # addresses, nothing of its own on the device -- held to all of it
+        geometry=AllocatorGeometry.page_rounded(page_size),
         extras={"device": dev, "make_foreign": make_foreign},  # for the reference's own tests
     )
 

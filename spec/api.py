@@ -134,12 +134,137 @@ class DeviceAllocation:
     footprint: int
     identity: Identity
     device: DeviceKey
+    #: where the allocator's block for this allocation starts, when it is
+    #: not ``address`` (an in-band header, or padding taken to align the
+    #: start): the footprint is then the bytes ``[block, block + footprint)``
+    #: and overlap is judged on them.  ``None``: the block starts at ``address``
+    #: (its footprint may still run past ``size``: rounding, alignment padding)
+    block: int | None = None
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DeviceAllocation) and other.identity == self.identity
 
     def __hash__(self) -> int:
         return hash(self.identity)
+
+
+# --------------------------------------------------------------------------
+# Geometry: how an allocator packs memory (declared, not demanded)
+# --------------------------------------------------------------------------
+
+#: the footprint rules a :class:`FootprintBound` may name
+ROUNDINGS = ("unit", "pow2", "classes")
+
+
+def _is_count(v: object, *, positive: bool = False) -> bool:
+    return type(v) is int and (v > 0 if positive else v >= 0)
+
+
+@dataclass(frozen=True)
+class FootprintBound:
+    """The most footprint an allocator takes for a request: its packing
+    policy, declared so that the suite can hold it to it.
+
+    The most footprint for ``size`` bytes aligned to ``alignment`` is, by
+    ``rounding``:
+
+    * ``"unit"`` -- ``size + header`` rounded up to the geometry's unit
+      (page-granular allocators, bump and slab allocators with one granule);
+    * ``"pow2"`` -- the next power of two >= ``max(size + header, min_class)``
+      (buddy allocators, power-of-two size classes);
+    * ``"classes"`` -- the smallest of ``classes`` (ascending) >= ``size +
+      header``; beyond the last, ``size + header`` rounded up to the unit;
+
+    with ``next_class=True`` one class more (good-fit allocators, TLSF: a
+    request is served from a free block of the next class up); then, for an
+    alignment above the geometry's own ``alignment``, plus the ``alignment -
+    unit`` bytes an allocator may take to find an aligned start; then
+    rounded up to the unit.  ``fn(size, alignment) -> int``, when given,
+    replaces all of it.
+
+    A bound is a promise with two sides: a footprint above it is a FAIL, and
+    so is an OutOfMemory on an empty device for a request whose bound fits
+    the capacity less the declared overhead.
+    """
+
+    rounding: str = "unit"
+    header: int = 0
+    min_class: int = 0
+    classes: tuple[int, ...] = ()
+    next_class: bool = False
+    fn: Callable[[int, int], int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.rounding not in ROUNDINGS:
+            raise ValueError(f"FootprintBound.rounding is {self.rounding!r}: one of {', '.join(ROUNDINGS)}")
+        if not _is_count(self.header):
+            raise ValueError(f"FootprintBound.header must be an int >= 0, not {self.header!r}")
+        if not _is_count(self.min_class):
+            raise ValueError(f"FootprintBound.min_class must be an int >= 0, not {self.min_class!r}")
+        cls = tuple(self.classes)
+        if any(not _is_count(c, positive=True) for c in cls) or list(cls) != sorted(set(cls)):
+            raise ValueError(f"FootprintBound.classes must be ascending positive ints, not {self.classes!r}")
+        if self.rounding == "classes" and not cls:
+            raise ValueError("FootprintBound(rounding='classes') needs its classes")
+        if self.fn is not None and not callable(self.fn):
+            raise ValueError("FootprintBound.fn must be callable: fn(size, alignment) -> most footprint")
+        object.__setattr__(self, "classes", cls)
+
+
+@dataclass(frozen=True)
+class AllocatorGeometry:
+    """How a :class:`DeviceAllocator` packs memory, as its target declares it
+    (``TargetInstance.geometry``; C plugins: ``memspec_geometry``).
+
+    Seed 000 requires of every allocator that the footprint is at least the
+    request and is *the real allocated bytes* (*act on the real allocated
+    bytes; do not silently keep incorrect accounts*); how it rounds, aligns
+    and pads is its own business.  What it declares here, the suite holds it
+    to; what it leaves undeclared is measured and reported as a quality
+    figure, never a FAIL.
+
+    * ``unit`` -- the allocation unit (granule), in bytes: the bytes from an
+      allocation's address that are its own are its size rounded up to the
+      unit, no more than its footprint (1: just its size).
+    * ``alignment`` -- every address is aligned to this, whatever the
+      request asks (a request's own alignment is always honoured).
+    * ``bound`` -- the most footprint for a request (:class:`FootprintBound`);
+      ``None``: undeclared (footprint above the request, and refusals while
+      the device had room, are quality figures).
+    * ``overhead`` -- bytes of the capacity the allocator keeps for itself
+      (metadata, slabs, extent padding): ``physical_bytes()`` may exceed the
+      live footprints by up to this much, and an empty device offers the
+      capacity less this much.  ``None``: undeclared (measured: the probe
+      must show at least the live footprints, and the excess is reported).
+    """
+
+    unit: int = 1
+    alignment: int = 1
+    bound: FootprintBound | None = None
+    overhead: int | None = None
+
+    def __post_init__(self) -> None:
+        if not _is_count(self.unit, positive=True):
+            raise ValueError(f"AllocatorGeometry.unit must be a positive int, not {self.unit!r}")
+        if not (_is_count(self.alignment, positive=True) and self.alignment & (self.alignment - 1) == 0):
+            raise ValueError(f"AllocatorGeometry.alignment must be a power of two, not {self.alignment!r}")
+        if self.bound is not None and not isinstance(self.bound, FootprintBound):
+            raise ValueError(f"AllocatorGeometry.bound must be a FootprintBound or None, not {type(self.bound).__name__}")
+        if self.overhead is not None and not _is_count(self.overhead):
+            raise ValueError(f"AllocatorGeometry.overhead must be an int >= 0 or None, not {self.overhead!r}")
+
+    @classmethod
+    def page_rounded(cls, page: int, alignment: int = 256) -> "AllocatorGeometry":
+        """The strict geometry of a page-granular eager allocator with no
+        metadata of its own on the device (memspec's own allocators): the
+        footprint at most the request rounded up to the page (plus
+        ``alignment - page`` for an alignment above the page), addresses
+        aligned to ``alignment``, physical bytes exactly the live footprints."""
+        return cls(unit=page, alignment=alignment, bound=FootprintBound("unit"), overhead=0)
+
+
+#: what the suite assumes of a target that declares nothing
+UNDECLARED_GEOMETRY = AllocatorGeometry()
 
 
 @dataclass(frozen=True, eq=False)
@@ -827,6 +952,9 @@ class TargetInstance:
     * ``roles`` -- :class:`SystemRoles` the target brings at the system level.
     * ``device`` -- an object the reference roles may share with the target
       (the reference's ``SimDevice``); ``None`` for any other target.
+    * ``geometry`` -- how the mechanism's :class:`DeviceAllocator` packs
+      memory (:class:`AllocatorGeometry`): what it declares is checked, what
+      it leaves out is measured.  ``None``: nothing declared.
     * ``extras`` -- anything else the target exposes to its own tests (the
       keys of the former untyped contract are still understood: see
       :func:`adopt_legacy_extras`).
@@ -844,6 +972,7 @@ class TargetInstance:
     roles: SystemRoles | None = None
     device: object | None = None
     extras: dict = field(default_factory=dict)
+    geometry: AllocatorGeometry | None = None
 
 
 def adopt_legacy_extras(instance: TargetInstance) -> TargetInstance:

@@ -65,12 +65,49 @@ def _always(_: Any) -> bool:
 # --------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Returns:
-    """The implementation returns normally with a value that ``accepts``.
+class Check:
+    """One named clause of a branch: a rule of its own.
 
-    ``then(value)`` updates the spec state along this branch.  If it returns
-    an ``int`` (or a tuple of ints), that is the spec-side reference id(s) the
-    harness binds to the implementation's returned object(s).
+    A branch whose answer has the right shape but breaks a clause is blamed
+    on that clause (``S8.alignment``), not on the branch as a whole, so a
+    clause that is wrong for one allocator can never hide another that is
+    broken; and a harness can *mask* one clause after it failed (follow the
+    branch anyway) and keep checking the others.  ``holds(value)`` is the
+    predicate (``value``: what was returned, or the error raised); ``rule`` is
+    the invariant it belongs to, ``name`` the clause.
+    """
+
+    rule: str
+    name: str
+    holds: Callable[[Any], bool]
+    describe: str = ""
+
+    @property
+    def id(self) -> str:
+        return f"{self.rule}.{self.name}"
+
+    def ok(self, value: Any) -> bool:
+        try:
+            return bool(self.holds(value))
+        except Exception:  # a value of the wrong shape breaks the clause
+            return False
+
+
+def _failing(checks: tuple, value: Any) -> list:
+    return [c for c in checks if not c.ok(value)]
+
+
+@dataclass(frozen=True)
+class Returns:
+    """The implementation returns normally with a value that ``accepts``
+    and that every one of ``checks`` holds for.
+
+    ``accepts`` is the answer's shape (the right type, the size asked for);
+    ``checks`` are the named clauses a value of that shape must keep
+    (:class:`Check`).  ``then(value)`` updates the spec state along this
+    branch.  If it returns an ``int`` (or a tuple of ints), that is the
+    spec-side reference id(s) the harness binds to the implementation's
+    returned object(s).
     """
 
     describe: str
@@ -81,8 +118,12 @@ class Returns:
     #: the random walk) with no implementation. ``None``: the branch cannot be
     #: taken without an implementation.
     witness: Callable[[], Any] | None = None
+    checks: tuple = ()
+    #: the branch's stable id (its outcome kind, without the numbers of
+    #: ``describe``): coverage and witnesses count it
+    id: str = "returns"
 
-    def matches(self, value: Any = None, error: BaseException | None = None) -> bool:
+    def shaped(self, value: Any = None, error: BaseException | None = None) -> bool:
         if error is not None:
             return False
         try:
@@ -90,17 +131,47 @@ class Returns:
         except Exception:  # a value of the wrong shape does not match
             return False
 
+    def matches(self, value: Any = None, error: BaseException | None = None) -> bool:
+        if not self.shaped(value, error):
+            return False
+        for c in self.checks:
+            if not c.ok(value):
+                return False
+        return True
+
+    def failing(self, value: Any = None, error: BaseException | None = None) -> list:
+        """The clauses ``value`` breaks (the branch's shape holds)."""
+        return _failing(self.checks, value)
+
 
 @dataclass(frozen=True)
 class Raises:
-    """The implementation raises ``error`` (or a subclass)."""
+    """The implementation raises ``error`` (or a subclass), where every one
+    of ``checks`` holds (a clause on when this refusal is allowed: an
+    OutOfMemory on an empty device whose declared bound fits is not)."""
 
     error: type[MemspecError]
     describe: str = ""
     then: Callable[[BaseException], Any] = _nothing
+    checks: tuple = ()
+
+    @property
+    def id(self) -> str:
+        return f"raises {self.error.__name__}"
+
+    def shaped(self, value: Any = None, error: BaseException | None = None) -> bool:
+        return error is not None and isinstance(error, self.error)
 
     def matches(self, value: Any = None, error: BaseException | None = None) -> bool:
-        return error is not None and isinstance(error, self.error)
+        if not self.shaped(value, error):
+            return False
+        for c in self.checks:
+            if not c.ok(error):
+                return False
+        return True
+
+    def failing(self, value: Any = None, error: BaseException | None = None) -> list:
+        return _failing(self.checks, error)
 
 
 Outcome = Returns | Raises
@@ -120,6 +191,20 @@ class Outcomes:
             if b.matches(value, error):
                 return b
         return None
+
+    def closest(self, value: Any = None, error: BaseException | None = None) -> tuple | None:
+        """For an answer no branch matches: ``(branch, clauses it breaks)``
+        of the branch whose shape the answer has and that it breaks the
+        fewest clauses of; ``None`` when no branch has its shape (the answer
+        is wrong as a whole, blamed on :attr:`blame`)."""
+        best = None
+        for b in self.branches:
+            if not b.checks or not b.shaped(value, error):
+                continue
+            bad = b.failing(value, error)
+            if best is None or len(bad) < len(best[1]):
+                best = (b, bad)
+        return best
 
     def describe(self) -> str:
         parts = []
@@ -306,6 +391,31 @@ class Invariant(Generic[S]):
         return None
 
 
+class Within:
+    """An observation's expected figure that is a range, not one value:
+    ``[lo, hi]`` (``hi=None``: no upper end).  ``observed != Within(...)``
+    is True exactly when the observed figure lies outside it."""
+
+    __slots__ = ("lo", "hi")
+
+    def __init__(self, lo: int, hi: int | None = None) -> None:
+        self.lo, self.hi = lo, hi
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Within):
+            return (self.lo, self.hi) == (other.lo, other.hi)
+        return type(other) is int and self.lo <= other and (self.hi is None or other <= self.hi)
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"at least {self.lo}" if self.hi is None else (
+            f"{self.lo}" if self.lo == self.hi else f"between {self.lo} and {self.hi}")
+
+
 @dataclass(frozen=True)
 class Observation:
     """A figure predicted by the spec and read from the implementation.
@@ -321,6 +431,9 @@ class Observation:
     expected: Callable[[Any, int | None], Any]
     observed: Callable[[Any, int | None], Any]
     requires: tuple[str, ...] = ()
+    #: the clause of ``blame`` it checks, named in a failure (``S8.physical-min``;
+    #: empty: the observation's name)
+    check: str = ""
 
 
 @dataclass(frozen=True)

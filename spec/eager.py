@@ -15,8 +15,8 @@ import itertools
 from typing import Any
 
 from memspec.spec import kernels as K
-from memspec.spec.api import AllocationRequest, DeviceAllocation, DeviceKey, Fence, is_power_of_two
-from memspec.spec.core import Domain, Raises, Returns, action, only, outcomes
+from memspec.spec.api import AllocationRequest, AllocatorGeometry, DeviceAllocation, DeviceKey, Fence, is_power_of_two
+from memspec.spec.core import Check, Domain, Raises, Returns, action, only, outcomes
 from memspec.spec.errors import (
     DoubleFree,
     ForeignAllocation,
@@ -101,37 +101,90 @@ ALIGNMENTS = Domain("mostly the default 256; else a threshold exactly and +-1: 2
 # ==========================================================================
 
 
-def span(size: int, footprint: int, page: int) -> int:
-    """The bytes from an allocation's address on that are its own: its
-    footprint, but no more than its size rounded up to the page (an
-    allocation aligned above the page may start inside its footprint: the
-    bytes before the aligned start are its too, those after it need not be)."""
-    return min(footprint, K.round_up(size, page))
+def geometry_of(s: Any) -> AllocatorGeometry:
+    """The allocator's declared geometry (the spec's own strict one when the
+    state carries none)."""
+    g = getattr(s, "geometry", None)
+    return g if g is not None else AllocatorGeometry.page_rounded(s.page)
 
 
-def _overlaps(s: MechState, address: int, footprint: int) -> bool:
-    """Does ``[address, address+footprint)`` overlap a live allocation's
-    :func:`span`? O(log n)."""
-    idx = s.by_address.bisect_right(address)
+def _next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def most_footprint(g: AllocatorGeometry, size: int, alignment: int) -> int | None:
+    """The most footprint the allocator's declared bound allows for ``size``
+    bytes aligned to ``alignment`` (:class:`~memspec.spec.api.FootprintBound`);
+    ``None`` when it declares no bound.  For memspec's own page-rounded
+    geometry this is :func:`~memspec.spec.kernels.aligned_footprint`."""
+    b = g.bound
+    if b is None:
+        return None
+    if b.fn is not None:
+        v = b.fn(size, alignment)
+        if type(v) is not int or v < size:
+            raise ValueError(f"the target's declared FootprintBound.fn({size}, {alignment}) answered {v!r}, "
+                             f"not an int >= {size}")
+        return v
+    x = size + b.header
+    if b.rounding == "pow2":
+        c = _next_pow2(max(x, b.min_class, 1))
+        nxt = 2 * c
+    elif b.rounding == "classes":
+        bigger = [k for k in b.classes if k >= x]
+        c = bigger[0] if bigger else K.round_up(x, g.unit)
+        nxt = bigger[1] if len(bigger) > 1 else (c if not bigger else K.round_up(max(x, c + 1), g.unit))
+    else:
+        c = nxt = x
+    if b.next_class:
+        c = nxt
+    pad = max(0, alignment - g.unit) if alignment > g.alignment else 0
+    return K.round_up(c + pad, g.unit)
+
+
+def extent(address: int, size: int, footprint: int, block: Any, unit: int) -> tuple[int, int]:
+    """The bytes ``[lo, hi)`` an allocation holds on the device, on which
+    overlap is judged: from its ``block`` start (an in-band header, leading
+    alignment padding) over its whole footprint when the allocator says
+    where its block starts; otherwise from its address, its size rounded up
+    to the allocation unit but no more than its footprint (an allocation
+    aligned above the unit may start inside its footprint: the bytes before
+    the aligned start are its too, those after it need not be)."""
+    if block is not None:
+        return block, block + footprint
+    return address, address + min(footprint, K.round_up(size, unit))
+
+
+def _overlaps(s: MechState, lo: int, hi: int) -> bool:
+    """Does ``[lo, hi)`` overlap a live allocation's :func:`extent`? O(log n)."""
+    idx = s.by_address.bisect_right(lo)
     if idx > 0:
         prev = s.allocations[s.by_address.peekitem(idx - 1)[1]]
-        if prev.address + span(prev.size, prev.footprint, s.page) > address:
+        if prev.hi > lo:
             return True
     if idx < len(s.by_address):
         nxt = s.by_address.peekitem(idx)[0]
-        if nxt < address + footprint:
+        if nxt < hi:
             return True
     return False
 
 
-def _witness_allocation(s: MechState, size: int, align: int = ALIGNMENT) -> DeviceAllocation:
-    """A value a conforming allocator could return: a page-rounded footprint,
-    reusing a freed address when one fits (so stale handles meet recycled
-    addresses in spec-only runs)."""
-    fp = K.round_up(size, s.page)
+def _extent_of(s: MechState, v: DeviceAllocation) -> tuple[int, int]:
+    return extent(v.address, v.size, v.footprint, getattr(v, "block", None), geometry_of(s).unit)
+
+
+def _witness_allocation(s: MechState, size: int, align: int = ALIGNMENT, hi: int | None = None) -> DeviceAllocation:
+    """A value a conforming allocator could return: the request rounded up
+    to the allocation unit (within the declared bound), reusing a freed
+    address when one fits (so stale handles meet recycled addresses in
+    spec-only runs)."""
+    g = geometry_of(s)
+    fp = K.round_up(size, g.unit)
+    if hi is not None:
+        fp = max(size, min(fp, hi))
     address = None
     for a, old in list(itertools.islice(s.w_freed.items(), 4)):
-        if old >= fp and a % align == 0 and not _overlaps(s, a, fp):
+        if old >= fp and a % align == 0 and not _overlaps(s, *extent(a, size, fp, None, g.unit)):
             address = a
             del s.w_freed[a]
             break
@@ -143,7 +196,8 @@ def _witness_allocation(s: MechState, size: int, align: int = ALIGNMENT) -> Devi
 
 def _record_allocation(s: MechState, v: DeviceAllocation, *, foreign: bool = False) -> int:
     ref = new_ref(s)
-    rec = MechAllocation(ref, v.address, v.size, v.footprint, v.identity, foreign=foreign)
+    lo, hi = _extent_of(s, v) if not foreign else (v.address, v.address)
+    rec = MechAllocation(ref, v.address, v.size, v.footprint, v.identity, foreign=foreign, lo=lo, hi=hi)
     s.allocations[ref] = rec
     if foreign:
         s.foreign_live += 1
@@ -151,16 +205,23 @@ def _record_allocation(s: MechState, v: DeviceAllocation, *, foreign: bool = Fal
         s.other_allocs.add(ref)
         return ref
     remember_identity(s, v.identity)
-    s.by_address[v.address] = ref
+    s.by_address[lo] = ref
     s.live_allocs.add(ref)
     s.live_count += 1
     s.eager_bytes += v.footprint
     s.physical += v.footprint
+    s.q_allocations += 1
+    s.q_requested += v.size
+    s.q_footprint += v.footprint
     return ref
 
 
 def _perform_allocate(sut: Any, size: Any, alignment: int = ALIGNMENT) -> DeviceAllocation:
     return sut.mechanism.allocator().allocate(AllocationRequest(size, alignment))
+
+
+def _refused_with_room(s: MechState) -> None:
+    s.q_refused_with_room += 1
 
 
 @action(role="DeviceAllocator", params={"size": SIZES, "alignment": ALIGNMENTS}, perform=_perform_allocate,
@@ -171,49 +232,80 @@ def allocate(s: MechState, size: Any, alignment: int = ALIGNMENT) -> Any:
 
     A size that is not a positive int, or an alignment that is not a power
     of two, is refused with InvalidRequest and nothing is taken.  Otherwise
-    the allocator returns an allocation with ``size`` as requested, a
-    footprint in ``[size, aligned_footprint(size, alignment, page)]`` (the
-    request rounded up to the page, plus ``alignment - page`` for an
-    alignment above the page), an address aligned to ``alignment`` (and to
-    256) that overlaps no live allocation and a fresh identity, and takes
-    the footprint from the device at once (*An ordinary eager allocator
-    takes the full physical capacity when the allocation is created*).
-    OutOfMemory is allowed when fragmentation could explain it, never when
-    the device is empty and the most the footprint may be fits, always when
-    the footprint cannot fit.
+    the allocator returns an allocation of ``size`` bytes and takes its
+    footprint from the device at once (*An ordinary eager allocator takes
+    the full physical capacity when the allocation is created*), or raises
+    OutOfMemory.  Seed 000 asks of every allocator that the footprint is the
+    real allocated bytes (*act on the real allocated bytes; do not silently
+    keep incorrect accounts*); how it rounds and pads is its own, declared in
+    its geometry (:class:`~memspec.spec.api.AllocatorGeometry`).  Each clause
+    is a check of its own, reported on its own:
+
+    * ``S8.footprint`` -- the footprint is at least the request;
+    * ``S8.bound`` -- at most the declared bound (only where one is declared);
+    * ``S8.alignment`` -- the address is aligned to the request's alignment
+      and to the alignment the geometry guarantees;
+    * ``S8.capacity`` -- the device holds it (the live footprints within the
+      capacity, less the declared overhead);
+    * ``S8.overlap`` -- its bytes overlap no live allocation's;
+    * ``S8.block`` -- where it says its block starts, the block holds the
+      address and the requested bytes;
+    * ``S14.fresh-identity`` -- its identity was never seen before;
+    * ``S8.refused-fit`` -- OutOfMemory is allowed, except on an empty
+      device for a request whose declared bound fits (only where a bound and
+      the overhead are declared; otherwise such a refusal is counted as a
+      quality figure).
     """
     if not is_size(size):
         return only(InvalidRequest, blame="S5", describe="size is not a positive int; nothing taken")
     if not is_power_of_two(alignment):
         return only(InvalidRequest, blame="S5", describe=f"alignment {alignment!r} is not a power of two; nothing taken")
-    hi = K.aligned_footprint(size, alignment, s.page)
-    align = max(alignment, ALIGNMENT)
+    g = geometry_of(s)
+    hi = most_footprint(g, size, alignment)
+    align = max(alignment, g.alignment)
+    room = s.capacity - (g.overhead or 0)
 
-    def accepts(v: Any) -> bool:
-        return (
-            isinstance(v, DeviceAllocation)
-            and v.size == size
-            and type(v.footprint) is int
-            and size <= v.footprint <= hi
-            and v.address % align == 0
-            and s.physical + v.footprint <= s.capacity
-            and v.identity not in s.identities
-            and not _overlaps(s, v.address, span(size, v.footprint, s.page))
-        )
+    def shaped(v: Any) -> bool:
+        return (isinstance(v, DeviceAllocation) and v.size == size and type(v.footprint) is int
+                and type(v.address) is int and (v.block is None or type(v.block) is int))
 
+    checks = [Check("S8", "footprint", lambda v: v.footprint >= size, f"footprint >= {size}")]
+    if hi is not None:
+        checks.append(Check("S8", "bound", lambda v: v.footprint <= hi, f"footprint <= {hi} (the declared bound)"))
+    checks += [
+        Check("S8", "alignment", lambda v: v.address % align == 0, f"address aligned to {align:#x}"),
+        Check("S8", "capacity", lambda v: s.physical + v.footprint <= room,
+              f"the live footprints within the device's {room} bytes"),
+        Check("S8", "block", lambda v: v.block is None or v.block <= v.address
+              and v.address + v.size <= v.block + v.footprint, "its block holds the address and the requested bytes"),
+        Check("S8", "overlap", lambda v: not _overlaps(s, *_extent_of(s, v)), "no overlap with a live allocation"),
+        Check("S14", "fresh-identity", lambda v: v.identity not in s.identities, "a fresh identity"),
+    ]
+    bound = f"[{size}, {hi}]" if hi is not None else f">= {size}"
     branches: list[Any] = []
-    if s.physical + size <= s.capacity:
+    if s.physical + size <= room:
+        fits = hi is None or s.physical + hi <= room
         branches.append(
             Returns(
-                f"an allocation of {size} bytes, footprint in [{size}, {hi}], address aligned to {align}, "
+                f"an allocation of {size} bytes, footprint {bound}, address aligned to {align:#x}, "
                 "fresh identity, no overlap",
-                accepts,
+                shaped,
                 lambda v: _record_allocation(s, v),
-                (lambda: _witness_allocation(s, size, align)) if s.physical + K.round_up(size, s.page) <= s.capacity
+                (lambda: _witness_allocation(s, size, align, hi)) if fits and s.physical + K.round_up(size, g.unit) <= room
                 else None,
+                checks=tuple(checks),
+                id="returns an allocation",
             )
         )
-    if not (s.physical + s.foreign_bytes == 0 and hi <= s.capacity):
+    empty = s.physical + s.foreign_bytes == 0
+    if empty and hi is not None and g.overhead is not None and hi <= room:
+        branches.append(Raises(OutOfMemory, "never on an empty device for a request its declared bound fits",
+                               checks=(Check("S8", "refused-fit", lambda e: False,
+                                             f"an empty device of {room} bytes fits the bound {hi}"),)))
+    elif empty and size <= room:
+        branches.append(Raises(OutOfMemory, "no contiguous room (an undeclared packing policy)",
+                               lambda e: _refused_with_room(s)))
+    else:
         branches.append(Raises(OutOfMemory, "no contiguous room (fragmentation) or no room at all"))
     return outcomes(*branches, blame="S8")
 
@@ -253,7 +345,7 @@ def _free_allocation(s: MechState, ref: int, freed: int) -> None:
     if rec.foreign:  # S1: the twin's allocation freed by the mechanism under test
         s.foreign_frees += 1
     rec.live = False
-    s.by_address.pop(rec.address, None)
+    s.by_address.pop(rec.lo, None)
     s.live_allocs.discard(ref)
     s.other_allocs.add(ref)
     s.live_count -= 1
@@ -288,7 +380,7 @@ def deallocate(s: MechState, handle: int) -> Any:
     if rec.foreign:
         return only(ForeignAllocation, blame="S1", describe="made by another instance")
     if not rec.live:
-        reused = rec.address in s.by_address
+        reused = _overlaps(s, rec.address, rec.address + 1)
         why = "its address now belongs to a newer allocation" if reused else "already freed"
         return outcomes(Raises(StaleHandle, why), Raises(DoubleFree, why), blame="S14")
     return outcomes(

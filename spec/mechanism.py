@@ -25,18 +25,25 @@ from __future__ import annotations
 from typing import Any
 
 from memspec.spec import eager, shared, vmm
-from memspec.spec.api import DeviceAllocation, SharedMapping, VirtualBacking
-from memspec.spec.core import DataRegion, Machine, Observation, Returns, action, outcomes
+from memspec.spec.api import AllocatorGeometry, DeviceAllocation, SharedMapping, VirtualBacking
+from memspec.spec.core import DataRegion, Machine, Observation, Returns, Within, action, outcomes
 from memspec.spec.invariants import ALL
 from memspec.spec.state import MechState
 
 
-def init(*, capacity: int, page: int, virtual_backing: bool, shared_mapping: bool, ep: bool = False) -> MechState:
+def init(*, capacity: int, page: int, virtual_backing: bool, shared_mapping: bool, ep: bool = False,
+         geometry: AllocatorGeometry | None = None) -> MechState:
     """A device of ``capacity`` physical bytes in pages of ``page`` bytes,
-    nothing allocated, with the mechanism's discovered capabilities."""
+    nothing allocated, with the mechanism's discovered capabilities and its
+    allocator's declared geometry (``None``: the strict page-rounded one of
+    memspec's own allocators, :meth:`AllocatorGeometry.page_rounded`)."""
     if capacity <= 0 or page <= 0 or capacity % page:
         raise ValueError(f"capacity ({capacity}) must be a positive multiple of page ({page})")
-    return MechState(capacity, page, bool(virtual_backing), bool(shared_mapping), ep=bool(ep))
+    if geometry is None:
+        geometry = AllocatorGeometry.page_rounded(page)
+    if not isinstance(geometry, AllocatorGeometry):
+        raise ValueError(f"geometry must be an AllocatorGeometry, not {type(geometry).__name__}")
+    return MechState(capacity, page, bool(virtual_backing), bool(shared_mapping), ep=bool(ep), geometry=geometry)
 
 
 def _answer(present: bool, protocol: type, name: str) -> Any:
@@ -130,17 +137,35 @@ OBSERVATIONS = [
         requires=("shared_mapping",),
     ),
     Observation(
-        # Seed 000, *no silent no-ops*: a release (or commit) answered as
-        # done whose bytes did not move is a success that did not happen.
-        # The device's own count (``TargetInstance.physical_bytes``, counted
-        # from the start of the run) must equal what the spec says is
-        # installed plus what the foreign twin took on the same device.
-        "physical bytes on the device",
-        "S5",
+        # Seed 000, *act on the real allocated bytes; do not silently keep
+        # incorrect accounts*: the device's own count
+        # (``TargetInstance.physical_bytes``, counted from the start of the
+        # run) holds at least every byte the spec says is installed (the live
+        # footprints, committed pages, shared pages) plus what the foreign
+        # twin took on the same device: a footprint answered larger than what
+        # the device took is an account that is wrong.
+        "physical bytes held (at least the live footprints)",
+        "S8",
         lambda s, _t: (None,),
-        lambda s, _r: s.physical + s.foreign_bytes,
+        lambda s, _r: Within(s.physical + s.foreign_bytes),
         lambda sut, _r: sut.physical_bytes(),
         requires=("physical_bytes",),
+        check="physical-min",
+    ),
+    Observation(
+        # Seed 000, *no silent no-ops*: a release (or commit) answered as
+        # done whose bytes did not move is a success that did not happen.
+        # The device holds no more than the spec says is installed, plus
+        # the overhead the allocator declares for itself (its geometry; only
+        # where declared: an undeclared overhead is measured, not judged).
+        "physical bytes held (at most the live footprints plus the declared overhead)",
+        "S5",
+        lambda s, _t: (None,) if s.geometry is None or s.geometry.overhead is not None else (),
+        lambda s, _r: Within(s.physical + s.foreign_bytes,
+                             s.physical + s.foreign_bytes + (s.geometry.overhead if s.geometry is not None else 0)),
+        lambda sut, _r: sut.physical_bytes(),
+        requires=("physical_bytes",),
+        check="physical-max",
     ),
 ]
 

@@ -74,6 +74,10 @@ class MechAllocation:
     identity: Any
     foreign: bool = False
     live: bool = True
+    #: the bytes ``[lo, hi)`` the allocation holds on the device (overlap is
+    #: judged on them; see :func:`memspec.spec.eager.extent`)
+    lo: int = 0
+    hi: int = 0
 
 
 @dataclass
@@ -137,6 +141,10 @@ class MechState:
     virtual_backing: bool
     shared_mapping: bool
     ep: bool = False
+    #: how the allocator under test packs memory, as its target declares it
+    #: (``memspec.spec.api.AllocatorGeometry``; ``None``: memspec's own strict
+    #: page-rounded geometry, for runs of the spec on its own)
+    geometry: Any = None
     next_ref: int = 1
     allocations: dict[int, MechAllocation] = field(default_factory=dict)
     #: live own allocations by address (overlap checks in O(log n))
@@ -173,6 +181,14 @@ class MechState:
     w_next_address: int = 1 << 32
     w_freed: dict[int, int] = field(default_factory=dict)  # freed address -> footprint
     w_next_identity: int = 1
+    #: quality figures of an allocator whose geometry leaves them undeclared
+    #: (measured, never a FAIL): bytes of footprint beyond the requests of
+    #: the allocations made, and OutOfMemory answers on an empty device for a
+    #: request that fitted it
+    q_allocations: int = 0
+    q_requested: int = 0
+    q_footprint: int = 0
+    q_refused_with_room: int = 0
 
     def has(self, capability: str) -> bool:
         return {

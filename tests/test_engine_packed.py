@@ -12,7 +12,7 @@ import random
 from collections import Counter
 
 from memspec.invariants import engine as E
-from memspec.invariants import runner
+from memspec.invariants import runner, stateful  # noqa: F401
 from memspec.invariants.choosers import PACK_SMALL, PackedChooser, RandomChooser, ReplayChooser, _mix
 
 
@@ -198,7 +198,7 @@ def test_the_state_machine_runs_at_most_the_steps_asked_several_per_rule(monkeyp
     monkeypatch.setattr(E.Run, "teardown", teardown)
     monkeypatch.setattr(ConjectureData, "freeze", freeze)
     monkeypatch.setattr(E, "PACKED_DRAWS", True)
-    monkeypatch.setattr(runner, "STEPS_PER_RULE", 3)
+    monkeypatch.setattr(stateful, "STEPS_PER_RULE", 3)
     res = runner.run_hypothesis(plan, runner.hypothesis_settings("ci", examples=10, steps=7), more_passes=0)
     assert not res.failures and not res.errors
     assert longest[0] == 7                                          # the last rule invocation runs fewer steps

@@ -20,7 +20,7 @@ import pytest
 
 from memspec.commands import fuzz
 from memspec.invariants import harness as H
-from memspec.invariants import runner
+from memspec.invariants import runner, stateful  # noqa: F401
 from memspec.invariants.discovery import TargetRef
 from memspec.invariants.mutants.seed000 import _mechanism_mutant
 
@@ -92,7 +92,7 @@ def test_jobs_reports_a_later_pass_failure_with_a_reproduction_that_reproduces(t
     # draws the first finds S5 and nothing is left for a later pass to find (this checks the reporting)
     from memspec.invariants import engine as E
     monkeypatch.setattr(E, "PACKED_DRAWS", False)
-    monkeypatch.setattr(runner, "STEPS_PER_RULE", 1)
+    monkeypatch.setattr(stateful, "STEPS_PER_RULE", 1)
     monkeypatch.syspath_prepend(str(tmp_path))
     (tmp_path / "leaky_target.py").write_text(   # this file, importable by name in the workers
         f"import importlib.util\n"

@@ -17,7 +17,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from memspec.invariants import runner, verdicts  # noqa: E402
+from memspec.invariants import blame, runner, stateful, verdicts  # noqa: E402,F401
 from memspec.invariants.engine import Stats  # noqa: E402
 from tests import hostile_targets as H  # noqa: E402
 
@@ -150,7 +150,7 @@ def test_the_rule_broken_is_blamed_before_the_ledger_total_and_the_rest_are_cons
     with pytest.raises(Violation) as ei:
         run._fail_found(found)
     assert ei.value.invariant == "S4"
-    assert "consequences at this step: S11 [observation] governor.free" in ei.value.reason
+    assert "at this step also: S11 [observation] governor.free" in ei.value.reason
     # the spec's own diagnosis first, then data, then figures; within a kind the action's own
     # invariants first, then the more specific (fewer declaring actions)
     run2 = _run_with(acts, _Act("x", ("S11",)))
@@ -240,13 +240,13 @@ def test_a_shorter_example_that_shows_another_figure_is_diagnosed_in_turn():
     assert [c.split(" ")[0] for c in d.consequences] == ["S10", "S7"], d.consequences
     assert [ts.action for ts in d.trace][-2:] == ["synchronize", "poll"]
     # one diagnosis alone stops at the other figure (what the second one adds)
-    saved = runner.DIAGNOSE_DEPTH
+    saved = blame.DIAGNOSE_DEPTH
     try:
-        runner.DIAGNOSE_DEPTH = 0
+        blame.DIAGNOSE_DEPTH = 0
         once = runner.diagnose(plan, f)
         assert (once.invariant, once.cause) == ("S10", "observation"), (once.invariant, once.reason)
     finally:
-        runner.DIAGNOSE_DEPTH = saved
+        blame.DIAGNOSE_DEPTH = saved
     # the reference implementation passes the blamed counterexample
     ref = runner.make_plan("reference", "system", capacity=16 * MiB)
     assert runner._replay_steps(ref, runner.CallGuard(ref.timeout, ref.guard_mode), 64 * MiB,
@@ -295,7 +295,7 @@ def test_a_rule_that_presupposes_a_rule_failing_at_the_same_step_is_its_conseque
     guard = runner.CallGuard(plan.timeout, plan.guard_mode)
     v = runner._replay_steps(plan, guard, None, steps)
     assert v is not None and v.invariant == "C3" and len(v.trace) == 4, v
-    assert "consequences at this step: " in v.reason and "C6 [invariant]" in v.reason, v.reason
+    assert "at this step also: " in v.reason and "C6 [invariant]" in v.reason, v.reason
     f = runner.Failure("caching-no-coalescing", "caching", v.invariant, v.cause, v.reason, list(v.trace), 4)
     assert runner.diagnose(plan, f).invariant == "C3"   # and the diagnosis keeps it
     monkeypatch.setattr(type(plan), "presupposed", lambda self: {})
@@ -579,7 +579,7 @@ def test_the_draws_do_not_depend_on_what_the_process_imported(tmp_path, monkeypa
         # import, so the half below (that the check can fail) is only run in one process
         return
     # without the fixed pool the same import changes the draws (the check can fail)
-    monkeypatch.setattr(runner, "stable_constants", contextlib.nullcontext)
+    monkeypatch.setattr(stateful, "stable_constants", contextlib.nullcontext)
     base = outcomes()
     import_constants("memspec_test_local_constants_b", 151)
     assert outcomes() != base

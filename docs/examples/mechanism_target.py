@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 
-from memspec.spec.api import (AllocationRequest, DeviceAllocation, DeviceKey, IdentitySource, MiB,
+from memspec.spec.api import (AllocationRequest, AllocatorGeometry, DeviceAllocation, DeviceKey, IdentitySource, MiB,
                               TargetInstance, is_power_of_two)
 from memspec.spec.errors import DoubleFree, ForeignAllocation, InvalidRequest, OutOfMemory, StaleHandle
 
@@ -110,4 +110,7 @@ def target(capacity: int | None = None) -> TargetInstance:
         physical_bytes=dev.used,                      # the device's own count, not the allocator's
         capacity=dev.capacity,
         make_foreign=lambda: EagerMechanism(dev),     # a twin on the same device: its handles are foreign
+        # how it packs memory, declared so the suite holds it to it: whole pages, page-aligned
+        # addresses, nothing of its own on the device (leave it out and these are only measured)
+        geometry=AllocatorGeometry.page_rounded(PAGE, alignment=PAGE),
     )

@@ -1,0 +1,210 @@
+"""The results of a conformance run: typed records the runner, the report
+and the reproductions share (one per counterexample, one per plan run), and
+the verdict of a row with its one precedence rule."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from memspec.invariants import engine as E
+from memspec.invariants import verdicts as V
+
+
+class Verdict(str, enum.Enum):
+    """What a cell or a row of the report says.  A ``str``: it compares
+    equal to its text (``Verdict.PASS == "PASS"``)."""
+
+    FAIL = "FAIL"
+    ERROR = "ERROR"
+    UNTESTED = "UNTESTED"
+    PASS = "PASS"
+    NA = "N/A"
+    #: the invariant has no action at that level: not part of it (never a PASS)
+    NONE = "\u2014"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: worst first: a row is its worst cell (a FAIL anywhere is the row's FAIL)
+PRECEDENCE = (Verdict.FAIL, Verdict.ERROR, Verdict.UNTESTED, Verdict.PASS, Verdict.NA, Verdict.NONE)
+
+
+def combine(cells: list) -> Verdict:
+    """The row's verdict from its cells' (one rule, used everywhere): the
+    worst by :data:`PRECEDENCE`; N/A only when no cell is more; a row of
+    nothing but "\u2014" is "\u2014"."""
+    got = {Verdict(c) if not isinstance(c, Verdict) else c for c in cells if c is not None}
+    for v in PRECEDENCE:
+        if v in got:
+            return v
+    return Verdict.NONE
+
+
+def rule_of(check_id: str) -> str:
+    """``S8`` of ``S8.alignment``."""
+    return check_id.split(".", 1)[0]
+
+
+@dataclass
+class Failure:
+    """One shrunk counterexample (or, for a hang or a crash, the example's
+    steps up to the call that never came back)."""
+
+    target: str
+    level: str
+    invariant: str
+    cause: str
+    reason: str
+    trace: list
+    steps_to_detection: int | None
+    repro: str | None = None
+    flaky: bool = False
+    #: the device capacity of the failing example (per-example capacity; None: the plan's)
+    capacity: int | None = None
+    #: the other failures the same root cause showed (``"S10 [observation] ..."``), when the
+    #: diagnosis (:func:`diagnose`) named another rule than the first check that failed, or a
+    #: replay proved them consequences (:func:`~memspec.invariants.blame.relate`)
+    consequences: list = field(default_factory=list)
+    #: the clause of ``invariant`` that broke (``alignment`` of S8), when the rule has named clauses
+    check: str | None = None
+    #: the failure's mask key (:func:`~memspec.invariants.engine.Run.fail`): what a later pass masks
+    key: tuple | None = None
+
+    @property
+    def check_id(self) -> str:
+        """``S8.alignment``, or the invariant when no clause is named."""
+        return f"{self.invariant}.{self.check}" if self.check else self.invariant
+
+    @property
+    def shrunk_length(self) -> int:
+        return len(self.trace)
+
+
+@dataclass
+class PlanInfo:
+    """What the supervisor knows of a plan run in a child: what the report,
+    the reproduction and the progress display read of a :class:`~memspec.invariants.engine.Plan`."""
+
+    target: str
+    level: str
+    invariants: list          # [(id, title)]
+    na: dict
+    capabilities: dict
+    actions: list             # action names drawn
+    timeout: float
+    factory_kwargs: dict
+    machine_ref: str | None
+    stats: E.Stats = field(default_factory=E.Stats)
+    mutant: Any = None
+    declares: dict = field(default_factory=dict)  # invariant id -> declaring action names
+    undrawn: dict = field(default_factory=dict)   # action name -> capabilities it needs that the target lacks
+
+    @property
+    def invariant_ids(self) -> list[str]:
+        return [i for i, _t in self.invariants]
+
+    @property
+    def action_names(self) -> list[str]:
+        return list(self.actions)
+
+    def titles(self) -> dict[str, str]:
+        return dict(self.invariants)
+
+
+@dataclass
+class PlanResult:
+    target: str
+    level: str
+    plan: Any   # an engine Plan (in-process) or a PlanInfo (supervised)
+    failures: list[Failure] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)   # spec/target/harness errors (not a target FAIL)
+    seconds: float = 0.0
+    #: accepting steps each declaring action needs for a PASS (:mod:`~memspec.invariants.verdicts`)
+    min_accepted: int = V.MIN_ACCEPTED
+
+    def coverage(self) -> dict[str, dict]:
+        """Per invariant: tested or not, why, and the counts per declaring action."""
+        if self.plan is None:
+            return {}
+        return V.coverage(getattr(self.plan, "declares", {}) or {}, self.plan.action_names, self.stats,
+                          self.min_accepted)
+
+    @property
+    def stats(self) -> E.Stats:
+        return self.plan.stats if self.plan is not None else E.Stats()
+
+    def rows(self) -> list[tuple[str, str, str, str]]:
+        """``(invariant id, title, status, detail)`` for every invariant of the level."""
+        if self.plan is None:
+            return []
+        out = []
+        failed: dict = {}
+        for f in self.failures:
+            failed.setdefault(f.invariant, f)
+        titles = self.plan.titles()
+        cov = self.coverage()
+        for inv in self.plan.invariant_ids:
+            if inv in failed:
+                f = failed[inv]
+                out.append((inv, titles.get(inv, ""), "FAIL", f"[{f.cause}] {f.reason}"))
+            elif inv in self.plan.na:
+                out.append((inv, titles.get(inv, ""), "N/A", self.plan.na[inv]))
+            elif self.errors:
+                out.append((inv, titles.get(inv, ""), "ERROR", self.errors[0]))
+            elif inv in cov and cov[inv].get("na"):
+                out.append((inv, titles.get(inv, ""), "N/A", cov[inv]["na"]))
+            elif inv in cov and not cov[inv]["tested"] and (why := self._capability_absent(inv)):
+                out.append((inv, titles.get(inv, ""), "N/A", why))
+            elif inv in cov and not cov[inv]["tested"]:
+                out.append((inv, titles.get(inv, ""), "UNTESTED", cov[inv]["reason"]))
+            else:
+                out.append((inv, titles.get(inv, ""), "PASS", ""))
+        for inv, f in failed.items():
+            if inv not in titles:
+                out.append((inv, "", "FAIL", f"[{f.cause}] {f.reason}"))
+        return out
+
+    def _capability_absent(self, inv: str) -> str | None:
+        """The N/A reason when no action declaring ``inv`` is drawn because
+        each needs a capability the target lacks (``use_owned`` without an
+        Execution Provider); None otherwise."""
+        decl = (getattr(self.plan, "declares", {}) or {}).get(inv) or []
+        undrawn = _undrawn(self.plan)
+        if not decl or any(a not in undrawn for a in decl):
+            return None
+        need = sorted({r for a in decl for r in undrawn[a]})
+        return f"capability absent: {', '.join(need)} (needed by {', '.join(decl)})" if need else None
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures and not self.errors
+
+    @property
+    def untested(self) -> list[str]:
+        """Invariants with no FAIL/ERROR/N/A whose actions did not run enough to judge."""
+        return [inv for inv, _t, st, _d in self.rows() if st == "UNTESTED"]
+
+
+def _undrawn(plan: Any) -> dict:
+    """``{action name: [capabilities it needs that the target lacks]}`` for
+    the machine's actions a plan does not draw (an engine Plan or a PlanInfo)."""
+    got = getattr(plan, "undrawn", None)
+    if isinstance(got, dict):
+        return got
+    machine = getattr(plan, "machine", None)
+    if machine is None:
+        return {}
+    caps = getattr(plan, "capabilities", {}) or {}
+    drawn = set(plan.action_names)
+    return {a.name: [r for r in getattr(a, "requires", ()) if not caps.get(r)] for a in machine.actions
+            if a.name not in drawn}
+
+
+def _last_action(f: Any) -> str | None:
+    """The action a failure's trace ended on (None when the trace is empty or
+    its last entry was never decoded, e.g. a supervised child that died)."""
+    last = f.trace[-1] if f.trace else None
+    return getattr(last, "action", None)

@@ -1,0 +1,336 @@
+"""The Hypothesis driver: a plan's state machine (one rule that draws the
+spec's actions), its settings, and the passes of one run -- in the process
+that calls it (a supervised child, under :func:`~memspec.invariants.runner.conform`)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from memspec.invariants import engine as E
+from memspec.invariants import signals
+from memspec.invariants.blame import _dedupe, diagnose, minimize, relate
+from memspec.invariants.choosers import HypothesisChooser
+from memspec.invariants.errors import SpecError, TargetError, Violation, violation_class  # noqa: F401
+from memspec.invariants.guard import CallGuard
+from memspec.invariants.results import Failure, PlanResult, _last_action
+
+
+
+#: engine steps per invocation of the state machine's rule.  Hypothesis's
+#: stateful loop costs, per rule invocation, about what a whole step of the
+#: bare machine costs (its stop boolean, its rule and ``data()`` draws, their
+#: spans, its invariant hook); several engine steps per invocation share it
+#: (measured, CPU per step of both levels of ``conform reference`` at 100 x
+#: 50, with ``engine.PACKED_DRAWS``: 1 step 747-857 us, 2: 570-677, 3:
+#: 601-629, 4: 544-691).  4 by default, with the packed draws (see
+#: ``engine.PACKED_DRAWS`` for the kill power compared over seeds).  Above
+#: 1, each engine step is its own span of choices and ``stateful_step_count``
+#: still counts engine steps (see :func:`_rule_settings`).
+STEPS_PER_RULE = 4
+#: the label of an engine step's span of choices
+_STEP_SPAN = 0x6D656D73
+
+
+def build_state_machine(plan: E.Plan, guard: CallGuard | None = None, steps: int | None = None) -> type:
+    """A ``RuleBasedStateMachine`` class for the plan: one rule that draws
+    :data:`STEPS_PER_RULE` available actions of the spec in turn and runs
+    each on spec and target; ``steps`` (the settings' ``stateful_step_count``)
+    bounds an example's engine steps."""
+    from hypothesis import strategies as st
+    from hypothesis.stateful import RuleBasedStateMachine, rule
+
+    g = guard or CallGuard(plan.timeout, plan.guard_mode)
+    per_rule = STEPS_PER_RULE
+    limit = steps
+
+    class ConformanceMachine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.run: E.Run | None = None   # built at the first step: it draws the example's device capacity
+            self._chooser: HypothesisChooser | None = None
+            self._data: Any = None
+            self._steps = 0
+
+        @rule(data=st.data())
+        def step(self, data):
+            # one chooser per example: every step draws from the same data
+            cd = getattr(data, "conjecture_data", data)
+            if cd is not self._data:
+                self._data = cd
+                self._chooser = HypothesisChooser(cd)
+            run = self.run
+            if run is None:
+                run = self.run = E.Run(plan, g, self._chooser)
+            chooser = self._chooser
+            if per_rule == 1:   # the rule's own span is the step's
+                signals.step(run, run.step(chooser))  # Hypothesis event()s: action, branch, boundaries
+                return
+            for _ in range(per_rule):
+                if limit is not None and self._steps >= limit:
+                    return
+                self._steps += 1
+                cd.start_span(_STEP_SPAN)
+                signals.step(run, run.step(chooser))
+                cd.stop_span()
+
+        def teardown(self):
+            if self.run is not None:
+                self.run.teardown()
+
+    safe = "".join(ch if ch.isalnum() else "_" for ch in f"{plan.target}_{plan.level}")
+    ConformanceMachine.__name__ = ConformanceMachine.__qualname__ = f"Conformance_{safe}"
+    return ConformanceMachine
+
+
+def _rule_settings(settings: Any) -> Any:
+    """``settings`` with ``stateful_step_count`` counting rule invocations
+    (:data:`STEPS_PER_RULE` engine steps each, rounded up) instead of
+    engine steps."""
+    from hypothesis import settings as Settings
+
+    n = settings.stateful_step_count
+    return Settings(settings, stateful_step_count=max(1, -(-n // STEPS_PER_RULE)))
+
+
+def hypothesis_settings(profile: str = "ci", *, examples: int | None = None, steps: int | None = None,
+                        db: str | None = None, seed: int | None = None, **extra: Any):
+    from hypothesis import Verbosity, settings
+
+    from memspec.invariants import profiles as _profiles  # noqa: F401 - registers the profiles
+
+    base = settings.get_profile(profile)
+    kw: dict[str, Any] = {"verbosity": Verbosity.quiet, "deadline": None, "report_multiple_bugs": True}
+    if examples is not None:
+        kw["max_examples"] = examples
+    if steps is not None:
+        kw["stateful_step_count"] = steps
+    if db is not None:
+        from hypothesis.database import DirectoryBasedExampleDatabase
+
+        kw["database"] = DirectoryBasedExampleDatabase(db)
+    if seed is not None:
+        kw["derandomize"] = False
+    kw.update(extra)
+    return settings(base, **kw)
+
+
+def database_key(plan: E.Plan, flavour: str = "stateful") -> bytes:
+    m = plan.mutant.name if plan.mutant is not None else ""
+    return f"memspec:{flavour}:{plan.target}:{plan.level}:{m}:{plan.machine.name}".encode()
+
+
+def _flatten(e: BaseException) -> list[tuple[BaseException, bool]]:
+    from hypothesis.errors import FlakyFailure
+
+    if isinstance(e, BaseExceptionGroup):
+        flaky = isinstance(e, FlakyFailure)
+        out = []
+        for sub in e.exceptions:
+            out += [(x, flaky or f) for x, f in _flatten(sub)]
+        return out
+    return [(e, False)]
+
+
+def collect(result: PlanResult, exc: BaseException) -> None:
+    """Sort what a Hypothesis run raised into failures and errors."""
+    plan = result.plan
+    for e, flaky in _flatten(exc):
+        if isinstance(e, Violation):
+            result.failures.append(Failure(plan.target, plan.level, e.invariant, e.cause, e.reason, e.trace,
+                                           plan.stats.first_failure_steps.get(e.invariant), flaky=flaky,
+                                           capacity=getattr(e, "capacity", None)))
+        elif isinstance(e, SpecError):
+            result.errors.append(f"spec error: {e}")
+        elif isinstance(e, TargetError):
+            result.errors.append(str(e))
+        else:
+            result.errors.append(f"harness error: {type(e).__name__}: {e}")
+
+
+class shrink_budget:
+    """Bound the time Hypothesis spends shrinking one failure (its engine's
+    own limit is 300 s; a conformance run wants its counterexample sooner)."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds = seconds
+        self.old = None
+
+    def __enter__(self):
+        if self.seconds is not None:
+            try:
+                from hypothesis.internal.conjecture import engine
+
+                self.old = engine.MAX_SHRINKING_SECONDS
+                engine.MAX_SHRINKING_SECONDS = self.seconds
+            except (ImportError, AttributeError):  # pragma: no cover
+                self.old = None
+        return self
+
+    def __exit__(self, *exc):
+        if self.old is not None:
+            from hypothesis.internal.conjecture import engine
+
+            engine.MAX_SHRINKING_SECONDS = self.old
+        return False
+
+
+#: seconds of shrinking per failure in conform/mutants runs (None: Hypothesis's default)
+SHRINK_SECONDS: float | None = 30.0
+
+
+#: further passes after a pass that found failures (each draws only actions
+#: that no failure found so far ended on): every distinct failure in one run
+MORE_PASSES = 2
+
+
+
+
+def run_hypothesis(plan: E.Plan, settings: Any, *, seed: int | None = None,
+                   shrink_seconds: float | None = -1, more_passes: int | None = None,
+                   minimize_steps: bool = True) -> PlanResult:
+    """Drive the plan's state machine under ``settings`` in this process;
+    never raises for a target's misbehaviour (it lands in the result).
+
+    Every distinct failure in one run: after a pass that found failures, up
+    to ``more_passes`` (default :data:`MORE_PASSES`) further passes run with
+    the actions those failures ended on left out, so a second bug reachable
+    without them is reported with its own shrunk reproduction (a target that
+    crashes on one action still has its other actions checked)."""
+    result = PlanResult(plan.target, plan.level, plan)
+    actions = list(plan.actions)
+    seen = set()
+    left = MORE_PASSES if more_passes is None else more_passes
+    from hypothesis import Phase
+
+    if Phase.generate not in settings.phases:
+        left = 0  # a replay-only run (reuse/shrink) cannot explore further: one pass
+    t0 = time.perf_counter()
+    try:
+        for n in range(left + 1):
+            before = len(result.failures)
+            _one_pass(plan, settings, seed, shrink_seconds, result, f":pass{n}" if n else "")
+            new = result.failures[before:]
+            fresh = []
+            for f in new:
+                key = (f.invariant, _last_action(f))
+                if key not in seen:
+                    seen.add(key)
+                    fresh.append(f)
+            result.failures[before:] = fresh
+            ended = {a for a in (_last_action(f) for f in fresh) if a is not None}
+            if not fresh or result.errors or not ended:
+                break
+            plan.actions = [a for a in plan.actions if a.name not in ended]
+            plan.partial = True
+            plan.__dict__.pop("_weights", None)
+            plan.__dict__.pop("_obs_order", None)
+            if not plan.actions:
+                break
+        # the whole action table again: a diagnosis continues a failure with any action (a later
+        # pass left out the actions earlier failures ended on, ``poll`` say: the one that shows S4)
+        _restore(plan, actions)
+        if minimize_steps:
+            result.failures[:] = _dedupe(relate(plan, [diagnose(plan, minimize(plan, f))
+                                                      for f in result.failures]))
+    finally:
+        _restore(plan, actions)
+        result.seconds = time.perf_counter() - t0
+        plan.stats.seconds += result.seconds
+    return result
+
+
+def _restore(plan: E.Plan, actions: list) -> None:
+    plan.actions = actions
+    plan.partial = False
+    plan.__dict__.pop("_weights", None)
+    plan.__dict__.pop("_obs_order", None)
+
+
+
+class stable_constants:
+    """Make a run's draws independent of what else the process imported.
+
+    Hypothesis mixes into its draws (about 5% of integers) the literal
+    constants of every *local* module in ``sys.modules`` at the time
+    (``hypothesis.internal.conjecture.providers._get_local_constants``).  A
+    derandomized run therefore drew differently after a test suite had
+    imported more of the project than a test run alone: the cause of the
+    order-dependent miss of ``shared-freed-while-mapped`` (caught alone,
+    missed in the full suite).  Inside this block the pool is fixed: the
+    constants of the spec's own modules (its page sizes and thresholds),
+    whatever the process imported."""
+
+    _pool: Any = None
+
+    def __enter__(self):
+        self.old = None
+        try:
+            from hypothesis.internal.conjecture import providers
+        except ImportError:  # pragma: no cover - an older Hypothesis without local constants
+            return self
+        if not hasattr(providers, "_get_local_constants"):  # pragma: no cover
+            return self
+        pool = stable_constants._pool
+        if pool is None:
+            pool = stable_constants._pool = _spec_constants()
+        self.old = providers._get_local_constants
+        providers._get_local_constants = lambda: pool
+        _clear_constants_cache(providers)
+        return self
+
+    def __exit__(self, *exc):
+        if self.old is not None:
+            from hypothesis.internal.conjecture import providers
+
+            providers._get_local_constants = self.old
+            _clear_constants_cache(providers)
+        return False
+
+
+def _clear_constants_cache(providers: Any) -> None:
+    cache = getattr(providers, "CONSTANTS_CACHE", None)
+    inner = getattr(cache, "cache", None)
+    if inner is not None and hasattr(inner, "clear"):
+        inner.clear()
+
+
+def _spec_constants() -> Any:
+    """The literal constants of the modules of ``memspec.spec`` (every one,
+    imported here in name order), as Hypothesis collects them."""
+    import importlib
+    import pkgutil
+
+    from hypothesis.internal.constants_ast import Constants, constants_from_module
+
+    import memspec.spec as spec_pkg
+
+    out = Constants()
+    names = sorted(m.name for m in pkgutil.walk_packages(spec_pkg.__path__, "memspec.spec."))
+    for name in names:
+        try:
+            out |= constants_from_module(importlib.import_module(name))
+        except Exception:  # noqa: BLE001 - a module whose source cannot be read adds nothing
+            continue
+    return out
+
+
+def _one_pass(plan: E.Plan, settings: Any, seed: int | None, shrink_seconds: float | None, result: PlanResult,
+              suffix: str) -> None:
+    from hypothesis.stateful import get_state_machine_test
+
+    guard = CallGuard(plan.timeout, plan.guard_mode)
+    cls = build_state_machine(plan, guard, settings.stateful_step_count)
+    if seed is not None:
+        cls._hypothesis_internal_use_seed = seed
+    test = get_state_machine_test(cls, settings=_rule_settings(settings))
+    test._hypothesis_internal_database_key = database_key(plan) + suffix.encode()
+    try:
+        with shrink_budget(SHRINK_SECONDS if shrink_seconds == -1 else shrink_seconds), stable_constants():
+            test()
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 - everything a target does is a result
+        collect(result, e)
+
+
