@@ -802,7 +802,12 @@ def _with_extras(inst: TargetInstance, **extras: Any) -> TargetInstance:
 
 def factory(path: str) -> Callable[..., TargetInstance]:
     """The target factory for the plugin at ``path`` (loaded now: a bad
-    library is refused before any run)."""
+    library is refused before any run).  ``zoo:NAME`` names an allocator of
+    the zoo (:mod:`memspec.adapters.zoo`): its shim is built and loaded."""
+    if path.startswith("zoo:"):
+        from memspec.adapters import zoo
+
+        return zoo.factory(path[4:])
     lib = Library.load(path)
 
     def make(capacity: int | None = None) -> TargetInstance:
