@@ -28,6 +28,12 @@ FIRST_STEP = {
     "graph-pools": ("graph",),
     "cudnn-workspace": ("cudnn",),
     "driver-reserve": ("reserve", "driver"),
+    "memory-fraction": ("fraction", "allowed"),
+    "framework-preallocation": ("allow_growth", "memory_growth", "XLA_PYTHON_CLIENT"),
+    "stream-events": ("synchronize",),
+    "own-ranks": ("set_device",),
+    "leak": ("accumulat",),
+    "host-memory": ("RAM", "host"),
 }
 
 _FLAGS = {"--cuda-graphs": "cuda_graphs", "--distributed": "distributed", "--cudnn-benchmark": "cudnn_benchmark"}
@@ -54,6 +60,8 @@ class Row:
     got: str
     first_ok: bool
     first_step: str
+    stack: str = ""
+    held_out: bool = False
 
 
 def score_entry(e: dict) -> Row:
@@ -76,9 +84,16 @@ def score_entry(e: dict) -> Row:
     flags = {_FLAGS[x]: True for x in e.get("flags", [])}
     v = lib.triage(f, **flags)
     first = v.next_steps[0] if v.next_steps else ""
-    want_words = FIRST_STEP.get(e["cause"], ())
+    want_words = e.get("first_step") or FIRST_STEP.get(e["cause"], ())   # the thread's own fix, when given
     first_ok = any(w.lower() in first.lower() for w in want_words)
-    return Row(e["id"], e["basis"].split(":")[0], not misread, misread, e["cause"], v.cause, first_ok, first)
+    return Row(e["id"], e["basis"].split(":")[0], not misread, misread, e["cause"], v.cause, first_ok, first,
+               e.get("stack", ""), bool(e.get("held_out")))
+
+
+def _part(rows: list[Row]) -> dict[str, float]:
+    n = len(rows) or 1
+    return {"n": len(rows), "parsed": sum(r.parsed_ok for r in rows) / n, "cause": sum(r.got == r.cause for r in rows) / n,
+            "first_step": sum(r.first_ok for r in rows) / n}
 
 
 def score(entries: list[dict] | None = None) -> tuple[list[Row], dict[str, float]]:
@@ -88,27 +103,39 @@ def score(entries: list[dict] | None = None) -> tuple[list[Row], dict[str, float
     summary = {"messages": n,
                "parsed": sum(r.parsed_ok for r in rows) / n,
                "cause": sum(r.got == r.cause for r in rows) / n,
-               "first_step": sum(r.first_ok for r in rows) / n}
+               "first_step": sum(r.first_ok for r in rows) / n,
+               "stacks": len({r.stack for r in rows if r.stack})}
     for basis in ("thread", "inferred"):
         sub = [r for r in rows if r.basis == basis]
         summary[f"{basis}_n"] = len(sub)
         summary[f"{basis}_cause"] = sum(r.got == r.cause for r in sub)
+    summary["held_out"] = _part([r for r in rows if r.held_out])
+    summary["tuned"] = _part([r for r in rows if not r.held_out])
     return rows, summary
 
 
-def table(rows: list[Row], summary: dict[str, float]) -> str:
-    lines = [f"{'id':<26} {'basis':<9} {'parsed':<7} {'thread cause':<16} {'triage':<16} first-step"]
+def table(rows: list[Row], summary: dict[str, float], *, show_held_out: bool = True) -> str:
+    lines = [f"{'id':<26} {'stack':<18} {'basis':<9} {'parsed':<7} {'thread cause':<24} {'triage':<26} first-step"]
     for r in rows:
-        lines.append(f"{r.id:<26} {r.basis:<9} {'yes' if r.parsed_ok else 'NO':<7} {r.cause:<16} "
-                     f"{r.got + ('' if r.got == r.cause else ' X'):<16} {'yes' if r.first_ok else 'NO'}"
+        if r.held_out and not show_held_out:
+            continue
+        lines.append(f"{r.id:<26} {r.stack:<18} {r.basis:<9} {'yes' if r.parsed_ok else 'NO':<7} {r.cause:<24} "
+                     f"{r.got + ('' if r.got == r.cause else ' X'):<26} {'yes' if r.first_ok else 'NO'}"
+                     + (" (held out)" if r.held_out else "")
                      + ("" if r.parsed_ok else f"   misread: {'; '.join(r.misread)}"))
-    lines.append(f"{summary['messages']} messages: parsed {summary['parsed']:.0%}, cause {summary['cause']:.0%}, "
-                 f"first step {summary['first_step']:.0%}; cause where the thread established it "
+    h, t = summary["held_out"], summary["tuned"]
+    lines.append(f"{summary['messages']} messages, {summary['stacks']} stacks: figures {summary['parsed']:.0%}, "
+                 f"cause {summary['cause']:.0%}, first step {summary['first_step']:.0%}; "
+                 f"held out ({h['n']}): figures {h['parsed']:.0%}, cause {h['cause']:.0%}, first step "
+                 f"{h['first_step']:.0%}; tuned ({t['n']}): figures {t['parsed']:.0%}, cause {t['cause']:.0%}, "
+                 f"first step {t['first_step']:.0%}; cause where the thread established it "
                  f"{summary['thread_cause']}/{summary['thread_n']}, where inferred {summary['inferred_cause']}/"
                  f"{summary['inferred_n']}")
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
+    import sys
+
     rows, summary = score()
-    print(table(rows, summary))
+    print(table(rows, summary, show_held_out="--held-out" in sys.argv))

@@ -132,7 +132,7 @@ def test_several_gpus_in_one_log():
     log = ("[rank1]: " + V1X.replace("GPU 0", "GPU 1") + "\n[rank0]: " + V21 + "\n")
     f = lib.parse(log)
     assert f.messages == 2 and f.devices == [0, 1]
-    assert f.kind == "pytorch-2.x"                                 # the message with the most figures
+    assert f.kind == "pytorch-2.x" and f.index == 2                # the last message (usually the fatal one)
     v = lib.triage(f)
     assert any("2 out-of-memory messages" in e and "GPUs 0, 1" in e for e in v.evidence)
 
@@ -222,7 +222,7 @@ def test_pid_flag_decides():
     ("CUDA out of memory. Tried to allocate 55.57 GiB. GPU 0 has a total capacty of 12.00 GiB of which 9.02 GiB "
      "is free. Of the allocated memory 984.52 MiB is allocated by PyTorch, and 463.48 MiB is reserved by PyTorch "
      "but unallocated.", {}, "does-not-fit"),
-    ("RuntimeError: CUDA error: out of memory", {}, "unknown"),
+    ("RuntimeError: CUDA error: out of memory", {}, "does-not-fit"),   # presumed, and said so
     ("NCCL WARN Cuda failure 'out of memory'", {}, "nccl"),
     ("RuntimeError: cuDNN error: CUDNN_STATUS_ALLOC_FAILED", {}, "cudnn-workspace"),
 ])
@@ -243,9 +243,17 @@ def test_request_larger_than_card_says_so_and_never_suggests_expandable():
     assert w.cause == "cudnn-workspace" and "benchmark=False" in w.next_steps[0]
 
 
-def test_unknown_names_what_is_missing():
+def test_a_bare_runtime_error_is_presumed_and_says_so():
+    """No figures at all: the commonest cause, labelled 'presumed', with the co-tenant check second."""
     v = lib.triage(lib.parse("RuntimeError: CUDA error: out of memory"))
-    assert v.cause == "unknown" and "missing: requested, total, free, reserved, allocated" in v.evidence[-1]
+    assert v.cause == "does-not-fit" and any(e.startswith("presumed") for e in v.evidence)
+    assert "batch" in v.next_steps[0] and "nvidia-smi" in v.next_steps[1]
+
+
+def test_unknown_names_what_is_missing():
+    v = lib.triage(lib.parse("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+                             "39.39 GiB of which 1.10 GiB is free."))
+    assert v.cause == "unknown" and any("missing:" in e and "reserved" in e for e in v.evidence)
 
 
 def test_evidence_carries_the_arithmetic():
@@ -326,7 +334,9 @@ def test_nvidia_smi_forms_and_self():
 def test_json_exact_shape_and_bytes(capsys):
     assert cli.main(["explain", "--json", NIGHT]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"parsed", "cause", "evidence", "next_steps"}
+    assert {"parsed", "cause", "evidence", "next_steps", "stack", "binding_limit", "warnings", "truncated",
+            "messages", "triaged_message"} == set(out)
+    assert out["stack"] == "pytorch-cuda" and out["binding_limit"].startswith("the device's total capacity")
     assert set(out["parsed"]) <= set(lib.FIGURES) and "this_process" not in out["parsed"]
     assert out["parsed"]["requested"] == 2 * GiB and out["parsed"]["other_processes"][0]["pid"] == 23187
     assert out["cause"] == "other-processes" and all(isinstance(s, str) for s in out["next_steps"])
@@ -427,7 +437,8 @@ def test_huge_logs_read_a_bounded_part_and_say_so():
 
 def test_a_binding_memory_fraction_is_named_first():
     v = lib.triage(lib.parse(V1X_ALLOWED))
-    assert v.cause == "does-not-fit" and "set_per_process_memory_fraction" in v.next_steps[0]
+    assert v.cause == "memory-fraction" and "set_per_process_memory_fraction" in v.next_steps[0]
+    assert any(e.startswith("binding limit: the per-process memory fraction") for e in v.evidence)
     assert not any("expandable" in s for s in v.next_steps)
 
 

@@ -59,18 +59,42 @@ CAUSES: dict[str, str] = {
     "graph-pools": "seed cause 4: CUDA graph private pools",
     "cudnn-workspace": "seed cause 5: a cuDNN workspace",
     "driver-reserve": "seed cause 6: driver/kernel reserve (memory the driver reports but will not give)",
+    "memory-fraction": "a per-process limit binds (PyTorch's memory fraction, 'X allowed'), not the device",
+    "framework-preallocation": "the framework's own up-front pool (TensorFlow, JAX/XLA) is the limit, or left "
+                               "too little for a library or another process",
+    "stream-events": "cached blocks held by frees waiting on events recorded on other streams",
+    "own-ranks": "the job's own ranks (DDP/torchrun processes) each hold memory on one device",
+    "leak": "memory grows step over step: something accumulates across iterations",
+    "host-memory": "host RAM, not GPU memory: the CPU allocator failed",
     "unknown": "the figures do not decide; the evidence says what is missing",
+}
+
+#: how each stack is named in the report
+STACKS: dict[str, str] = {
+    "pytorch-cuda": "PyTorch, CUDA caching allocator",
+    "pytorch-cuda-async": "PyTorch, CUDA backend:cudaMallocAsync",
+    "pytorch-hip": "PyTorch on ROCm/HIP (caching allocator)",
+    "pytorch-mps": "PyTorch on Apple MPS",
+    "pytorch-xpu": "PyTorch on Intel XPU",
+    "tensorflow": "TensorFlow (BFC allocator / stream executor)",
+    "tensorflow-rocm": "TensorFlow on ROCm",
+    "jax": "JAX / XLA",
+    "nccl": "NCCL (communication buffers)",
+    "cudnn": "a CUDA library status (cuDNN/cuBLAS)",
+    "cuda-runtime": "the CUDA runtime/driver (no allocator figures)",
+    "host": "host RAM (a CPU allocator)",
+    "unknown": "unrecognised",
 }
 
 #: Figures of ``parsed`` in ``--json`` order.
 FIGURES = ("requested", "total", "free", "allocated", "reserved", "reserved_unallocated", "this_process",
-           "other_processes", "private_pools", "allowed")
+           "other_processes", "private_pools", "allowed", "other_allocations", "program_total")
 
 _UNIT = {b"b": 1, b"byte": 1, b"bytes": 1, b"kib": KiB, b"kb": KiB, b"mib": MiB, b"mb": MiB,
          b"gib": GiB, b"gb": GiB, b"tib": TiB, b"tb": TiB}
 
 #: A size right at a position (forward).  Bounded, possessive: no backtracking.
-_FWD = re.compile(rb"[ \t\r\n\f\v]{0,8}([0-9]{1,30}+(?:\.[0-9]{1,30}+)?)(?![0-9.][0-9])[ \t\r\n\f\v]{0,4}"
+_FWD = re.compile(rb"[ \t\r\n\f\v]{0,8}([0-9]{1,30}+(?:\.[0-9]{0,30}+)?)(?![0-9.][0-9])[ \t\r\n\f\v]{0,4}"
                   rb"(bytes|byte|kib|mib|gib|tib|kb|mb|gb|tb|b)(?![a-z])")
 #: A size ending right before a position (searched in a <= 80-byte window).
 _BACK = re.compile(rb"([0-9]{1,30}(?:\.[0-9]{1,30})?)[ \t\r\n\f\v]{0,4}"
@@ -84,7 +108,7 @@ _IS_FREE = re.compile(_W + rb"is" + _W + rb"free")
 
 #: Anchors inside a window: (name, pattern).  Each is tried only where its
 #: first word occurs; all are possessive.
-_ANCHORS = re.compile(rb"(?=[otamfrcipl(gw])(?:" + b"|".join([
+_ANCHORS = re.compile(rb"(?=[otamfrcipl(gwdub])(?:" + b"|".join([
     rb"(?P<oom>out" + _W + rb"of" + _W + rb"memory)",
     rb"(?P<tried>tr(?:ied|ying)" + _W + rb"to" + _W + rb"allocate)",
     rb"(?P<xla>memory" + _W + rb"allocating)",
@@ -106,7 +130,39 @@ _ANCHORS = re.compile(rb"(?=[otamfrcipl(gw])(?:" + b"|".join([
     rb"(?P<mpsalloc>mps" + _W + rb"allocated" + _O + rb":)",
     rb"(?P<maxallowed>max" + _W + rb"allowed" + _O + rb":)",
     rb"(?P<gpu>(?<![a-z])gpu" + _W + rb"(?P<dev>[0-9]{1,3}+)(?![0-9]))",
+    # PyTorch's cudaMallocAsync backend (c10/cuda/CUDAMallocAsyncAllocator.cpp)
+    rb"(?P<asyncoom>would" + _W + rb"exceed" + _W + rb"allowed" + _W + rb"memory)",
+    rb"(?P<curalloc>currently" + _W + rb"allocated[ \t]*+:)",
+    rb"(?P<reqline>(?<![a-z_])requested[ \t]*+:)",
+    rb"(?P<devlimit>device" + _W + rb"limit[ \t]*+:)",
+    rb"(?P<freecuda>free" + _W + rb"\(according" + _W + rb"to" + _W + rb"cuda\)[ \t]*+:)",
+    rb"(?P<fraclim>memory" + _W + rb"fraction\)" + _O + rb":)",
+    # MPS
+    rb"(?P<otheralloc>other" + _W + rb"allocations" + _O + rb":)",
+    # TensorFlow: shapes, BFC stats, stream executor; XLA
+    rb"(?P<tfshape>oom" + _W + rb"when" + _W + rb"allocating" + _W + rb"tensor" + _W + rb"(?:with|of)" + _W + rb"shape)",
+    rb"(?P<tflimit>(?<![a-z_])(?:memory_)?limit_?:[ \t]*+[0-9]{1,20}+(?![0-9.]))",
+    rb"(?P<tfinuse>(?<![a-z_])inuse:[ \t]*+[0-9]{1,20}+(?![0-9.]))",
+    rb"(?P<failalloc>failed" + _W + rb"to" + _W + rb"allocate(?:" + _W + rb"request" + _W + rb"for)?)",
+    rb"(?P<unable>unable" + _W + rb"to" + _W + rb"allocate)",
+    rb"(?P<reported>free" + _W + rb"memory/total" + _W + rb"memory:[ \t]*+[0-9]{1,20}+/[0-9]{1,20}+)",
+    rb"(?P<xlatotal>(?<![a-z_])total" + _W + rb"allocation:)",
+    rb"(?P<resex>resource(?:_|" + _W + rb")?exhausted)",
+    # NCCL
+    rb"(?P<calloc>cuda" + _W + rb"(?:calloc|malloc)(?:" + _W + rb"async)?)",
 ]) + rb")")   # the look-ahead lets the engine skip bytes no anchor can start with
+
+_DIGITS = re.compile(rb"[0-9]{1,20}+")
+#: "[d0,d1,...] and type T on /job:.../device:GPU:0 by allocator GPU_0_bfc" after "with shape"
+_TFSHAPE = re.compile(rb"[ \t]*+\[([0-9, ]{0,240}+)(\]?)(?:[ \t]*+and[ \t]++type[ \t]++([a-z0-9_]{1,20}+))?"
+                      rb"(?:[ \t]*+on[ \t]++[^ \t\r\n]{0,80}?device:(cpu|gpu|xla_gpu)(?::[0-9]{1,3}+)?)?"
+                      rb"(?:[ \t]*+by[ \t]++allocator[ \t]++([a-z0-9_]{1,40}+))?")
+#: "7.35G (7889485824 bytes)" / "176.00MiB (184549376B)": the exact byte count in parentheses
+_PAREN_BYTES = re.compile(rb"[ \t]*+[0-9.]{1,30}+[ \t]*+[a-z]{0,3}+[ \t]*+\(([0-9]{1,20}+)[ \t]*+(?:bytes|b)\)")
+_DTYPE_BYTES = {b"float": 4, b"float32": 4, b"half": 2, b"float16": 2, b"bfloat16": 2, b"double": 8, b"float64": 8,
+                b"int32": 4, b"int64": 8, b"int16": 2, b"int8": 1, b"uint8": 1, b"uint16": 2, b"uint32": 4,
+                b"uint64": 8, b"bool": 1, b"complex64": 8, b"complex128": 16, b"qint8": 1, b"quint8": 1,
+                b"qint32": 4}   # the look-ahead lets the engine skip bytes no anchor can start with
 
 #: Whole-text markers: (hint, literal in the lower-cased text).
 _MARKERS: tuple[tuple[str, bytes], ...] = (
@@ -128,7 +184,9 @@ _MARKERS: tuple[tuple[str, bytes], ...] = (
 #: Literals whose neighbourhood is read for figures.
 #: Literals that open an OOM message; the figures are read in a window around each.
 _SEEDS = (b"of memory", b"to allocate", b"outofmemory", b"out_of_memory", b"memoryallocation",
-          b"resource_exhausted", b"_alloc_failed", b"total capac")
+          b"resource_exhausted", b"_alloc_failed", b"total capac", b"oom when allocating", b"resourceexhausted",
+          b"resource exhausted", b"exceed allowed memory", b"cuda calloc", b"inuse:", b"enough memory",
+          b"hiperror_t(1002)", b"handle: cu")
 _BEFORE, _AFTER = 400, 2000
 #: at most this many bytes of message windows are read closely (~1,200 messages);
 #: the rest are counted, not read -- the work stays bounded whatever the log
@@ -174,6 +232,22 @@ class Figures:
     inactive_split: int | None = None
     segments: int | None = None
     unread: int = 0            # bytes of message windows beyond MAX_READ, counted but not read
+    #: the software stack that printed it: pytorch-cuda, pytorch-cuda-async, pytorch-hip, pytorch-mps,
+    #: pytorch-xpu, tensorflow, tensorflow-rocm, jax, nccl, cudnn, cuda-runtime, host
+    stack: str = "unknown"
+    other_allocations: int | None = None   # MPS: memory the device holds outside PyTorch's MPS allocator
+    program_total: int | None = None       # XLA BufferAssignment "total allocation"
+    tensor_shape: str | None = None        # TensorFlow "OOM when allocating tensor with shape[...]"
+    dtype: str | None = None
+    tensor_bytes: int | None = None        # shape x dtype size
+    #: flags a reader must see before the verdict: unit ambiguity, inconsistent figures, truncation
+    warnings: list[str] = field(default_factory=list)
+    truncated: bool = False
+    not_failure: bool = False              # TF BFC "the caller indicates that this is not a failure"
+    #: every OOM message found, in order: {"index", "stack", figures...}; ``index`` is the one triaged
+    summaries: list[dict] = field(default_factory=list)
+    index: int = 0
+    span: tuple[int, int] = (0, 0)
 
     def parsed(self) -> dict[str, Any]:
         """The ``--json`` ``parsed`` object: figures in bytes, absent when unknown."""
@@ -276,12 +350,15 @@ def _windows(low: bytes) -> list[tuple[int, int]]:
 
 
 class _Rec:
-    __slots__ = ("f", "has_fig", "oom")
+    __slots__ = ("f", "has_fig", "oom", "lo", "hi", "fmt")
 
     def __init__(self) -> None:
         self.f = Figures()
         self.has_fig = False
         self.oom = False
+        self.lo = -1
+        self.hi = -1
+        self.fmt: set[str] = set()
 
 
 def _scan(low: bytes, windows: list[tuple[int, int]]) -> list[Figures]:
@@ -304,22 +381,32 @@ def _scan(low: bytes, windows: list[tuple[int, int]]) -> list[Figures]:
         setattr(cur.f, name, value)
         cur.has_fig = True
 
-    formats: dict[int, set[str]] = {}
+    def once(name: str, value: int | None) -> None:
+        """A figure a block prints twice (TF's 'Sum Total of in-use chunks' and 'InUse'): keep the first."""
+        if value is not None and getattr(cur.f, name) is None:
+            setattr(cur.f, name, value)
+            cur.has_fig = True
+
     for lo, hi in windows:
         new()
         for m in _ANCHORS.finditer(low, lo, hi):
             a = m.lastgroup
+            if cur.lo < 0:
+                cur.lo = m.start()
+            cur.hi = max(cur.hi, m.end())
             if a == "pid":
                 a = "proc"
             elif a == "dev":
                 a = "gpu"
             if a == "oom":
-                if cur.has_fig:
+                # TensorFlow prints its BFC stats between the two 'ran out of memory' lines of one failure
+                if cur.has_fig and not ("tfstats" in cur.fmt and cur.f.requested is None):
                     new()
                 cur.oom = True
             elif a == "tried":
                 got = _size_after(low, m.end())
                 if got is None:
+                    cur.f.hints.add("unreadable")
                     if low.startswith(b" more than 1eb", m.end()) or low.startswith(b"more than 1eb", m.end() + 1):
                         if cur.has_fig:
                             new()
@@ -337,10 +424,10 @@ def _scan(low: bytes, windows: list[tuple[int, int]]) -> list[Figures]:
                 if after:
                     got = _size_after(low, after.end())
                     put("total", got[0] if got else None)
-                    formats.setdefault(id(cur), set()).add("2.x")
+                    cur.fmt.add("2.x")
                 else:
                     put("total", _size_before(low, m.start()))
-                    formats.setdefault(id(cur), set()).add("1.x")
+                    cur.fmt.add("1.x")
             elif a == "already":
                 put("allocated", _size_before(low, m.start()))
             elif a == "free1":
@@ -358,10 +445,10 @@ def _scan(low: bytes, windows: list[tuple[int, int]]) -> list[Figures]:
                 v = _size_before(low, m.start())
                 if v is not None:
                     put("reserved_unallocated", v)
-                    formats.setdefault(id(cur), set()).add("cached")
+                    cur.fmt.add("cached")
             elif a == "bypt":
                 put("allocated", _size_before(low, m.start()))
-                formats.setdefault(id(cur), set()).add("2.x")
+                cur.fmt.add("2.x")
             elif a == "pools":
                 put("private_pools", _size_before(low, m.start()))
             elif a == "ru":
@@ -379,7 +466,7 @@ def _scan(low: bytes, windows: list[tuple[int, int]]) -> list[Figures]:
                 got = _size_after(low, m.end())
                 if got:
                     put("total", got[0])
-                    formats.setdefault(id(cur), set()).add("seed")
+                    cur.fmt.add("seed")
             elif a == "seedres":
                 put("reserved", _size_before(low, m.start()))
             elif a == "largest":
@@ -390,7 +477,7 @@ def _scan(low: bytes, windows: list[tuple[int, int]]) -> list[Figures]:
                 got = _size_after(low, m.end())
                 if got:
                     put("allocated", got[0])
-                    formats.setdefault(id(cur), set()).add("mps")
+                    cur.fmt.add("mps")
             elif a == "maxallowed":
                 got = _size_after(low, m.end())
                 if got:
@@ -398,11 +485,90 @@ def _scan(low: bytes, windows: list[tuple[int, int]]) -> list[Figures]:
             elif a == "gpu":
                 if cur.f.device is None and (cur.oom or cur.has_fig):
                     cur.f.device = int(m.group("dev"))
+            elif a == "resex":
+                cur.oom = True
+            elif a == "asyncoom":
+                if cur.has_fig:
+                    new()
+                cur.oom = True
+                cur.fmt.add("async")
+            elif a in ("curalloc", "reqline", "devlimit", "freecuda", "fraclim"):
+                got = _size_after(low, m.end())
+                if got:
+                    name = {"curalloc": "allocated", "reqline": "requested", "devlimit": "total",
+                            "freecuda": "free", "fraclim": "allowed"}[a]
+                    if name == "requested" and cur.f.requested is not None and "async" in cur.fmt:
+                        new()
+                    (once if "async" in cur.fmt else put)(name, got[0])
+            elif a == "otheralloc":
+                got = _size_after(low, m.end())
+                if got:
+                    put("other_allocations", got[0])
+            elif a == "tfshape":
+                sm = _TFSHAPE.match(low, m.end())
+                dims_txt, closed, dtype = sm.group(1), sm.group(2), sm.group(3)
+                dims = [int(d) for d in _DIGITS.findall(dims_txt)] if dims_txt is not None else []
+                nbytes = None
+                if closed and dtype in _DTYPE_BYTES and len(dims) <= 32:
+                    n = 1
+                    for d in dims:
+                        n *= d
+                    nbytes = n * _DTYPE_BYTES[dtype]
+                shape = "[" + ",".join(map(str, dims)) + ("]" if closed else "")
+                attach = cur.f.tensor_shape is None and (cur.f.requested is not None or cur.has_fig) \
+                    and "tfshape" not in cur.fmt
+                if not attach and (cur.has_fig or cur.oom):
+                    new()
+                cur.oom = True
+                cur.has_fig = True
+                cur.fmt.add("tfshape")
+                cur.f.tensor_shape, cur.f.tensor_bytes = shape, nbytes
+                cur.f.dtype = dtype.decode() if dtype else None
+                if not closed:
+                    cur.f.truncated = True
+                if sm.group(4) == b"cpu":
+                    cur.fmt.add("host")
+                if sm.group(5):
+                    cur.fmt.add("alloc:" + sm.group(5).decode())
+                if cur.f.requested is None and nbytes is not None:
+                    cur.f.requested = nbytes
+            elif a in ("tflimit", "tfinuse"):
+                d = _DIGITS.search(low, m.start() + 5, m.end())
+                v = int(d.group()) if d else 0
+                if v > 0:
+                    name = "allowed" if a == "tflimit" else "allocated"
+                    if getattr(cur.f, name) is not None and "tfstats" in cur.fmt and cur.f.requested is not None:
+                        new()
+                    once(name, v)
+                    cur.fmt.add("tfstats")
+            elif a in ("failalloc", "unable", "calloc"):
+                pm = _PAREN_BYTES.match(low, m.end())
+                got = (int(pm.group(1)), pm.end()) if pm else _size_after(low, m.end())
+                if got:
+                    if cur.f.requested is not None and "tfstats" not in cur.fmt:
+                        new()
+                    put("requested", got[0])
+                    cur.oom = True
+                    cur.fmt.add(a)
+            elif a == "reported":
+                f_, t_ = low[m.start():m.end()].rsplit(b":", 1)[1].strip().split(b"/")
+                once("free", int(f_))
+                once("total", int(t_))
+            elif a == "xlatotal":
+                got = _size_after(low, m.end())
+                if got:
+                    once("program_total", got[0])
+                    cur.fmt.add("bufferassignment")
+            if a == "tried" and low.find(b"not a failure", m.end(), m.end() + 300) >= 0:
+                cur.f.not_failure = True
     new()
     out = []
     for r in recs:
-        fm = formats.get(id(r), set())
+        fm = r.fmt
         f = r.f
+        f.span = (r.lo, r.hi)
+        f.hints |= {x for x in fm if x in ("host", "async", "tfshape", "tfstats", "failalloc", "unable", "calloc",
+                                           "bufferassignment")}
         if "seed" in fm:
             f.kind = "seed"
         elif "mps" in fm:
@@ -413,6 +579,10 @@ def _scan(low: bytes, windows: list[tuple[int, int]]) -> list[Figures]:
             f.kind = "pytorch-1.x-cached"
         elif "1.x" in fm or f.reserved is not None:
             f.kind = "pytorch-1.x"
+        elif "async" in fm:
+            f.kind = "pytorch-async"
+        elif fm & {"tfshape", "tfstats", "failalloc", "bufferassignment"}:
+            f.kind = "tensorflow"
         elif r.has_fig:
             f.kind = "tensorflow" if f.requested is not None and f.total is None else "pytorch-partial"
         else:
@@ -485,12 +655,170 @@ def resolve_self(f: Figures, pid: int | None = None) -> None:
     f.other_processes = [pl for pl in lines if pl is not mine]
 
 
-def parse(data: bytes | str, *, pid: int | None = None) -> Figures:
+#: Literals that say which stack printed a message, looked for around it (first match wins, in order).
+_STACK_MARKERS: tuple[tuple[str, tuple[bytes, ...]], ...] = (
+    ("host", (b"defaultcpuallocator", b"$ torch: not enough memory", b"buy new ram", b"by allocator cpu",
+              b"by allocator mklcpu", b"device:cpu:", b"_arraymemoryerror", b"memoryerror: unable to allocate",
+              b"cannot allocate memory)", b"cpu out of memory")),
+    ("pytorch-mps", (b"mps backend out of memory", b"mps allocated", b"pytorch_mps_high_watermark_ratio")),
+    ("pytorch-cuda-async", (b"would exceed allowed memory", b"free (according to cuda)")),
+    ("pytorch-xpu", (b"xpu out of memory",)),
+    ("pytorch-hip", (b"hip out of memory", b"pytorch_hip_alloc_conf", b"(e.g., hip graphs)")),
+    ("jax", (b"xlaruntimeerror", b"bufferassignment", b"xla_python_client", b"jaxlib", b"local_client.cc",
+             b"device ordinal", b"pjrt", b"gpu_cudamallocasync_allocator", b"jax.", b"/jax/")),
+    ("tensorflow-rocm", (b"rocm_driver", b"hip_error_outofmemory", b"hiperror_t(", b"rocm_dnn")),
+    ("tensorflow", (b"resourceexhaustederror", b"oom when allocating tensor", b"bfc_allocator", b"_bfc)",
+                    b"stream_executor", b"tensorflow", b"could not create cudnn handle",
+                    b"failed to create cublas handle", b"allocator (gpu_")),
+    ("nccl", (b"nccl warn", b"nccl error", b"ncclunhandledcudaerror", b"nccl info")),
+    ("pytorch-cuda", (b"cuda out of memory", b"pytorch_cuda_alloc_conf", b"reserved in total by pytorch",
+                      b"already allocated", b"reserved by pytorch")),
+    ("cudnn", (b"cudnn_status_alloc_failed", b"cublas_status_alloc_failed", b"cusolver_status_alloc_failed",
+               b"cufft_alloc_failed")),
+    ("cuda-runtime", (b"cuda error: out of memory", b"cuda runtime error", b"cudaerrormemoryallocation",
+                      b"cuda_error_out_of_memory", b"thcudacheck", b"out of memory")),
+)
+#: TF/JAX failures to create a library handle: the framework took the memory the library needed
+_HANDLE_FAILURES = (b"could not create cudnn handle", b"failed to create cublas handle",
+                    b"cublas_status_not_initialized", b"failed to get convolution algorithm")
+#: PyTorch CUDA/HIP/XPU print GiB/MiB/KiB; a "GB"/"MB" there was retyped (or is another tool's figure)
+_DECIMAL_UNIT = re.compile(rb"[0-9](?:\.[0-9]{1,4})?[ \t]{0,2}+(gb|mb|kb|tb)(?![a-z])")
+
+
+def _stack_of(low: bytes, lo: int, hi: int) -> str:
+    a, b = max(0, lo - 600), min(len(low), hi + 600)
+    for name, lits in _STACK_MARKERS:
+        if any(low.find(x, a, b) >= 0 for x in lits):
+            return name
+    return "unknown"
+
+
+def _agree(x: int | None, y: int | None) -> bool:
+    return x is None or y is None or abs(x - y) <= max(1, 0.01 * max(x, y))
+
+
+_MERGE_FIELDS = ("requested", "total", "free", "allocated", "reserved", "reserved_unallocated", "this_process",
+                 "private_pools", "allowed", "other_allocations", "program_total", "tensor_bytes")
+
+
+def _merge_repeats(recs: list[Figures]) -> list[Figures]:
+    """One failure printed twice (a traceback then its re-raise, TF's log line then its exception, the BFC
+    summary then the op's shape) is one message: merge neighbours whose common figures agree."""
+    out: list[Figures] = []
+    for f in recs:
+        p = out[-1] if out else None
+        have_p = {k for k in _MERGE_FIELDS if getattr(p, k) is not None} if p is not None else set()
+        have_f = {k for k in _MERGE_FIELDS if getattr(f, k) is not None}
+        whole_again = have_f == have_p and len(have_f) >= 3   # a second complete message: a second failure
+        if p is not None and not whole_again and f.span[0] - p.span[1] <= 4096 and p.stack == f.stack \
+                and all(_agree(getattr(p, k), getattr(f, k)) for k in _MERGE_FIELDS) \
+                and (f.tensor_shape is None or p.tensor_shape in (None, f.tensor_shape)) \
+                and not (f.process_lines and p.process_lines and f.process_lines != p.process_lines):
+            for k in _MERGE_FIELDS + ("tensor_shape", "dtype", "device", "largest_free_block"):
+                if getattr(p, k) is None and getattr(f, k) is not None:
+                    setattr(p, k, getattr(f, k))
+            if not p.process_lines:
+                p.process_lines = f.process_lines
+            p.hints |= f.hints
+            p.truncated = p.truncated and f.truncated
+            p.span = (p.span[0], max(p.span[1], f.span[1]))
+            if p.kind in ("driver", "pytorch-partial") and f.kind not in ("driver", "pytorch-partial"):
+                p.kind = f.kind
+            continue
+        out.append(f)
+    return out
+
+
+def _check(f: Figures, low: bytes, whole_len: int) -> None:
+    """Unit ambiguity, inconsistent figures and truncation, as warnings on ``f``."""
+    a, b = max(0, f.span[0] - 200), min(len(low), f.span[1] + 200)
+    w = f.warnings
+    if f.stack in ("pytorch-cuda", "pytorch-hip", "pytorch-xpu", "pytorch-cuda-async") \
+            and _DECIMAL_UNIT.search(low, max(0, f.span[0] - 120), f.span[1] + 40):
+        w.append("unit ambiguity: the message shows GB/MB, which PyTorch never prints here (it prints GiB/MiB): "
+                 "the figures were read as GiB/MiB (1024-based); if they were retyped as decimal GB they are ~7% "
+                 "smaller -- paste the original message")
+    if f.stack == "pytorch-mps" and _DECIMAL_UNIT.search(low, f.span[0], f.span[1] + 40):
+        f.stats_notes.append("MPS prints binary sizes labelled GB/MB (PyTorch's MPS format_size): read as GiB/MiB")
+    cap = f.total
+    pairs = [("allocated", f.allocated), ("reserved", f.reserved), ("free", f.free),
+             ("this process", f.this_process), ("allowed", f.allowed if f.stack in ("tensorflow", "jax") else None)]
+    if cap:
+        for name, v in pairs:
+            if v is None or v <= cap * 1.02:
+                continue
+            ratio = v / cap
+            if ratio >= 4:
+                w.append(f"inconsistent figures: {name} {fmt(v)} > total {fmt(cap)}"
+                         + (f" (x{ratio:.0f}: a unit typed wrong? MiB for GiB, or GB for MB)"
+                            if 500 <= ratio <= 2000 else "")
+                         + " -- the triage below may be wrong")
+            elif name in ("allocated", "reserved", "this process"):
+                f.stats_notes.append(f"{name} {fmt(v)} exceeds the card's {fmt(cap)}: on Windows the driver lends "
+                                     "host memory (shared GPU memory / sysmem fallback) -- slow, and full anyway")
+            else:
+                w.append(f"inconsistent figures: {name} {fmt(v)} > total {fmt(cap)}")
+            break
+        listed = sum(u for _, u in f.process_lines)
+        if listed > cap * 1.05:
+            w.append(f"inconsistent figures: the listed processes hold {fmt(listed)} > total {fmt(cap)}")
+    if f.allocated is not None and f.reserved is not None and "reserved" not in f.derived \
+            and f.allocated > f.reserved * 1.02 and f.stack.startswith("pytorch"):
+        r = f.allocated / max(1, f.reserved)
+        w.append(f"inconsistent figures: allocated {fmt(f.allocated)} > reserved {fmt(f.reserved)}"
+                 + (f" (x{r:.0f}: a unit typed wrong?)" if 500 <= r <= 2000 else "")
+                 + "; PyTorch's reserved memory always covers what it allocated")
+    if f.requested is not None and cap and f.requested >= 500 * cap:
+        w.append(f"the request {fmt(f.requested)} is {f.requested / cap:.0f}x the total: a size computation "
+                 "overflowed, or a unit was typed wrong")
+    if f.total is not None and f.free is not None and f.reserved is not None and "free" not in f.derived \
+            and f.free + f.reserved > f.total * 1.05:
+        w.append(f"inconsistent figures: free {fmt(f.free)} + reserved {fmt(f.reserved)} > total {fmt(f.total)}")
+    # truncation: a format whose closing part never came
+    seg = low[f.span[0]:min(len(low), f.span[1] + 400)]
+    cut = None
+    if "2.x" in f.hints or (f.kind == "pytorch-2.x"):
+        if b"but unallocated" not in seg and f.reserved_unallocated is None:
+            cut = "PyTorch 2.x always ends with 'Of the allocated memory ... reserved by PyTorch but unallocated'"
+    if f.kind in ("pytorch-1.x", "pytorch-1.x-cached") and b"(gpu" in seg and b")" not in seg[seg.find(b"(gpu"):]:
+        cut = "the '(GPU ...' figures never close with ')'"
+    if f.stack == "pytorch-mps" and b"mps allocated" in seg and f.allowed is None:
+        cut = "MPS prints 'max allowed' after 'MPS allocated'"
+    if f.stack == "pytorch-cuda-async" and b"currently allocated" in seg and f.free is None:
+        cut = "the cudaMallocAsync block ends with 'Free (according to CUDA)'"
+    if "bufferassignment" not in f.hints and b"bufferassignment stats" in seg:
+        cut = "XLA's BufferAssignment stats end with 'total allocation'"
+    if f.truncated and cut is None:
+        cut = "the tensor shape is not closed with ']'"
+    if cut is None and f.span[1] >= whole_len - 2 and f.kind != "driver":
+        tail = low[max(0, whole_len - 12):whole_len].rstrip()
+        if tail[-1:].isdigit() or tail.endswith((b";", b",", b"(")):
+            cut = "the input ends in the middle of the message"
+    if cut is not None:
+        f.truncated = True
+        w.append(f"truncated: the message is cut off ({cut}); the missing figures are unknown, not zero -- "
+                 "paste the whole message")
+
+
+def _summary(i: int, f: Figures) -> dict[str, Any]:
+    d: dict[str, Any] = {"index": i, "stack": f.stack}
+    d.update({k: v for k, v in f.parsed().items() if k != "other_processes"})
+    if f.tensor_shape:
+        d["tensor_shape"] = f.tensor_shape
+    if f.device is not None:
+        d["device"] = f.device
+    if f.not_failure:
+        d["not_a_failure"] = True
+    return d
+
+
+def parse(data: bytes | str, *, pid: int | None = None, which: int | None = None) -> Figures:
     """Read an OOM message (or a log holding one or several).
 
-    Returns the figures of the message with the most figures (the first on a
-    tie); ``messages`` and ``devices`` say how many were found.  Raises
-    :class:`BinaryInput` or :class:`NotAnOOM`."""
+    Every message is read; the one returned is the **last** real failure
+    (usually the fatal one) unless ``which`` (1-based; negative counts from
+    the end) picks another.  ``summaries`` lists them all, ``messages`` counts
+    them.  Raises :class:`BinaryInput` or :class:`NotAnOOM`."""
     raw = to_bytes(data)
     low = raw.lower()
     budget, read, unread = MAX_READ, [], 0
@@ -507,25 +835,54 @@ def parse(data: bytes | str, *, pid: int | None = None) -> Figures:
                 hints.add(h)
         elif any(low.find(lit, lo, hi) >= 0 for lo, hi in read):
             hints.add(h)
+    handle = next((x for x in _HANDLE_FAILURES if low.find(x, 0, 1 << 20) >= 0), None)
     recs = _scan(low, read)
+    for r in recs:
+        r.stack = _stack_of(low, r.span[0], r.span[1])
+        if "host" in r.hints:
+            r.stack = "host"
     ooms = [r for r in recs if r.kind != "driver" or r.requested is not None]
-    if not recs and not (hints & {"driver", "allocfail", "tensorflow"}):
+    if not recs and not (hints & {"driver", "allocfail", "tensorflow"}) and handle is None:
         raise NotAnOOM("the text is not an out-of-memory message (no 'out of memory', 'Tried to allocate', "
-                       "'RESOURCE_EXHAUSTED' or allocation-failure status found)")
+                       "'RESOURCE_EXHAUSTED', 'OOM when allocating' or allocation-failure status found)")
     if not recs:
-        recs = [Figures(kind="tensorflow" if "tensorflow" in hints else "driver")]
-    figured = ooms or recs
-
-    def score(f: Figures) -> int:
-        return sum(getattr(f, k) is not None for k in FIGURES) + len(f.process_lines)
-
-    best = max(figured, key=score)   # max keeps the first of equals
+        f0 = Figures(kind="tensorflow" if "tensorflow" in hints or handle else "driver")
+        f0.span = (0, len(low))
+        f0.stack = _stack_of(low, 0, min(len(low), 4096))
+        if handle is not None:
+            f0.hints.add("handle")
+            if f0.stack in ("unknown", "cuda-runtime", "cudnn"):
+                f0.stack = "tensorflow"
+        recs = [f0]
+    figured = _merge_repeats(ooms or recs)
+    failures = [i for i, r in enumerate(figured) if not r.not_failure] or list(range(len(figured)))
+    if which is None:
+        pick = failures[-1]
+    else:
+        if which == 0 or abs(which) > len(figured):
+            raise ValueError(f"--message {which}: the input holds {len(figured)} out-of-memory message(s)")
+        pick = which - 1 if which > 0 else len(figured) + which
+    best = figured[pick]
     best.hints |= hints
+    if handle is not None:
+        best.hints.add("handle")
     best.messages = len(figured)
+    best.index = pick + 1
     best.devices = sorted({r.device for r in figured if r.device is not None})
     best.unread = unread
+    best.summaries = [_summary(i + 1, r) for i, r in enumerate(figured[:200])]
+    # TensorFlow's start-up preallocation backs off by 0.9x per retry: a run of shrinking failures
+    reqs = [r.requested for r in figured if "failalloc" in r.hints and r.requested]
+    if len(reqs) >= 2 and all(0.8 <= b / a <= 0.95 for a, b in zip(reqs, reqs[1:])):
+        best.hints.add("backoff")
+    # a leak across iterations: the same failure's live figure growing message after message
+    grow = [r.allocated for r in figured if r.allocated]
+    if len(grow) >= 3 and all(b > a for a, b in zip(grow, grow[1:])) and grow[-1] >= 1.2 * grow[0]:
+        best.hints.add("growing")
+        best.stats_notes.append("allocated grows message after message: " + " -> ".join(fmt(x) for x in grow[-6:]))
     _complete(best)
     resolve_self(best, pid)
+    _check(best, low, len(low))
     return best
 
 
@@ -687,9 +1044,16 @@ class Verdict:
     cause: str
     evidence: list[str]
     next_steps: list[str]
+    stack: str = "unknown"
+    binding: str | None = None
 
     def as_json(self, f: Figures) -> dict[str, Any]:
-        return {"parsed": f.parsed(), "cause": self.cause, "evidence": self.evidence, "next_steps": self.next_steps}
+        out = {"parsed": f.parsed(), "cause": self.cause, "evidence": self.evidence, "next_steps": self.next_steps,
+               "stack": self.stack, "binding_limit": self.binding, "warnings": f.warnings,
+               "truncated": f.truncated, "messages": f.summaries, "triaged_message": f.index}
+        if f.tensor_shape:
+            out["tensor"] = {"shape": f.tensor_shape, "dtype": f.dtype, "bytes": f.tensor_bytes}
+        return out
 
 
 #: ``Tried to allocate`` prints the size cudaMalloc was asked for: a request of
@@ -729,9 +1093,9 @@ def _fits(f: Figures) -> tuple[int | None, int | None, str]:
     return room, room + f.reserved_unallocated, formula + f" + reserved-but-unallocated {fmt(f.reserved_unallocated)}"
 
 
-def triage(f: Figures, *, distributed: bool = False, cudnn_benchmark: bool = False,
-           cuda_graphs: bool = False) -> Verdict:
-    """Does it fit?  Then seed 003's six causes in order, each on evidence."""
+def _triage_pytorch(f: Figures, *, distributed: bool = False, cudnn_benchmark: bool = False,
+                    cuda_graphs: bool = False) -> Verdict:
+    """PyTorch's caching allocator: does it fit?  Then seed 003's six causes in order, each on evidence."""
     flags = {"distributed": distributed, "cudnn_benchmark": cudnn_benchmark, "cuda_graphs": cuda_graphs}
     ev: list[str] = []
     R = f.requested
@@ -739,13 +1103,6 @@ def triage(f: Figures, *, distributed: bool = False, cudnn_benchmark: bool = Fal
     cap = f.allowed if f.allowed is not None else T
     cap_name = "allowed" if f.allowed is not None else "total"
     floor = _SEGMENT_FLOOR.get(R, R) if (R is not None and f.kind.startswith(("pytorch", "seed"))) else R
-    if f.messages > 1:
-        ev.append(f"{f.messages} out-of-memory messages in the input" +
-                  (f" (GPUs {', '.join(map(str, f.devices))})" if len(f.devices) > 1 else "") +
-                  "; the one with the most figures is triaged")
-    if f.unread:
-        ev.append(f"the log holds more out-of-memory text than is read closely: the first {fmt(MAX_READ)} of it "
-                  f"were read, {fmt(f.unread)} more were not")
     if f.self_pid_note:
         ev.append(f.self_pid_note)
     for k, why in f.derived.items():
@@ -944,6 +1301,404 @@ def triage(f: Figures, *, distributed: bool = False, cudnn_benchmark: bool = Fal
                   "already full when cuBLAS initialised")
     ev.append("missing: " + (", ".join(missing) if missing else "nothing decisive: no cause's evidence holds"))
     return Verdict("unknown", ev, _steps("unknown", f, expandable_ok))
+
+
+# ---------------------------------------------------------------------------
+# Stacks: the binding limit first, then that stack's causes and knobs
+# ---------------------------------------------------------------------------
+
+#: XLA's default preallocation (XLA_PYTHON_CLIENT_MEM_FRACTION) -- 75% of the device since jaxlib 0.4
+_XLA_DEFAULT_FRACTION = 0.75
+
+
+def budget(f: Figures) -> tuple[int | None, str]:
+    """The tightest limit the message names: (bytes, what it is)."""
+    lims: list[tuple[int, str]] = []
+    if f.total:
+        lims.append((f.total, f"the device's total capacity {fmt(f.total)}"))
+    if f.allowed and (f.total is None or f.allowed < f.total):
+        name = {"pytorch-mps": "MPS's max allowed",
+                "tensorflow": "TensorFlow's BFC memory limit", "tensorflow-rocm": "TensorFlow's BFC memory limit",
+                "jax": "XLA's memory limit",
+                "pytorch-cuda-async": "the PyTorch limit (per-process memory fraction)"}.get(
+                    f.stack, "the per-process memory fraction ('allowed')")
+        lims.append((f.allowed, f"{name} {fmt(f.allowed)}"))
+    if f.stack == "jax" and f.total and not f.allowed:
+        lims.append((int(f.total * _XLA_DEFAULT_FRACTION),
+                     f"XLA's preallocated pool (XLA_PYTHON_CLIENT_MEM_FRACTION, {_XLA_DEFAULT_FRACTION:.0%} of "
+                     f"{fmt(f.total)} by default)"))
+    if not lims:
+        return None, ""
+    return min(lims)
+
+
+def _own_ranks(f: Figures) -> list[tuple[int, int]] | None:
+    """Three or more 'Process P has U' lines of about the same size and near-consecutive PIDs: one job's
+    ranks (torchrun/DDP processes) that each made a CUDA context on this device."""
+    lines = f.other_processes or []
+    if len(lines) < 3:
+        return None
+    pids = sorted(p for p, _ in lines)
+    sizes = [u for _, u in lines]
+    if pids[-1] - pids[0] > 8 * len(pids) + 16:
+        return None
+    lo, hi = min(sizes), max(sizes)
+    if hi > 1.25 * lo + 64 * MiB:
+        return None
+    return lines
+
+
+def _localise(steps: list[str], stack: str) -> list[str]:
+    """The stack's own tool names in shared advice."""
+    if stack == "pytorch-hip":
+        subs = [("nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv", "rocm-smi --showpids "
+                 "(amd-smi process)"), ("nvidia-smi", "rocm-smi"), ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF"),
+                ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"), ("CUDA graphs", "HIP graphs")]
+    elif stack == "pytorch-xpu":
+        subs = [("nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv", "xpu-smi ps"),
+                ("nvidia-smi", "xpu-smi"), ("torch.cuda.", "torch.xpu."), ("CUDA_VISIBLE_DEVICES",
+                                                                          "ZE_AFFINITY_MASK")]
+    else:
+        return steps
+    out = []
+    for st in steps:
+        for a, b in subs:
+            st = st.replace(a, b)
+        out.append(st)
+    return out
+
+
+def _host(f: Figures) -> Verdict:
+    R = f.requested
+    ev = ["a CPU allocator failed (DefaultCPUAllocator / numpy / TensorFlow's cpu allocator): this is host RAM, "
+          "not GPU memory -- GPU figures, nvidia-smi and PYTORCH_CUDA_ALLOC_CONF do not apply"]
+    if R is not None:
+        ev.append(f"requested {fmt(R)} of host memory")
+    steps = [f"host RAM is the binding limit{f' ({fmt(R)} could not be allocated)' if R else ''}: shrink what is "
+             "held at once -- a smaller batch, tile or image, data loaded in chunks or memory-mapped -- or give the "
+             "host more: RAM, swap, or a larger Windows page file (virtual memory)",
+             "see what holds host RAM (free -h, top; Task Manager on Windows): each DataLoader worker copies the "
+             "dataset object (fewer workers), other programs, an earlier model still referenced",
+             "load checkpoints without a host copy: torch.load(path, mmap=True, map_location='cuda'), "
+             "safetensors, low_cpu_mem_usage=True",
+             "restart the process (last: only if memory was leaked by earlier steps)"]
+    if R is not None and R >= 1 << 40:
+        steps.insert(0, f"{fmt(R)} is more than any host has: print the shape being allocated -- a size "
+                        "computation is wrong (a dimension squared, a length read from corrupt data)")
+    return Verdict("host-memory", ev, steps)
+
+
+def _tf_handle(f: Figures) -> Verdict:
+    ev = ["TensorFlow could not create a cuDNN/cuBLAS handle: by default TensorFlow maps nearly all GPU memory at "
+          "start-up, leaving the library none for its handle and workspace (or another process holds the GPU)"]
+    steps = ["turn on memory growth so TensorFlow takes memory as needed: tf.config.experimental.set_memory_growth("
+             "gpu, True) for every GPU before any op (TF 1.x: config.gpu_options.allow_growth = True), or "
+             "TF_FORCE_GPU_ALLOW_GROWTH=true",
+             "or cap TensorFlow below the card: tf.config.set_logical_device_configuration(gpu, "
+             "[tf.config.LogicalDeviceConfiguration(memory_limit=MB)]) (TF 1.x: per_process_gpu_memory_fraction)",
+             "nvidia-smi: if another process (a second notebook, a JAX or PyTorch job) holds the GPU, stop it",
+             "if memory growth does not help: the same error comes from a CUDA/cuDNN version that does not match "
+             "the TensorFlow build"]
+    return Verdict("framework-preallocation", ev, steps)
+
+
+def _tf(f: Figures, ev: list[str]) -> Verdict:
+    R, L, U = f.requested, f.allowed, f.allocated
+    smi = "rocm-smi --showpids" if f.stack == "tensorflow-rocm" else \
+        "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv"
+    growth = ("memory growth: tf.config.experimental.set_memory_growth(gpu, True) (TF 1.x: allow_growth=True) or "
+              "TF_FORCE_GPU_ALLOW_GROWTH=true")
+    shrink = ("shrink the batch (model.fit(batch_size=...), or the tf.data .batch()), the image size or the "
+              "sequence length")
+    if f.tensor_shape:
+        ev.append(f"the tensor that failed: shape {f.tensor_shape}"
+                  + (f" x {f.dtype} = {fmt(f.tensor_bytes)}" if f.tensor_bytes is not None else
+                     " (no dtype printed: size unknown)"))
+    if "failalloc" in f.hints and "tfstats" not in f.hints and not f.tensor_shape:
+        ev.append("'failed to allocate ... from device' from the stream executor: the allocator asked the driver for "
+                  "a region and the device did not have it"
+                  + (" -- a run of requests shrinking by 0.9x is TensorFlow's start-up preallocation backing off"
+                     if "backoff" in f.hints else "")
+                  + "; TensorFlow sizes that region from what the device reports free, so memory held by another "
+                  "process is the usual reason")
+        return Verdict("other-processes", ev, [
+            f"{smi}: find the process holding the device (another TensorFlow/JAX/PyTorch job, a stale notebook "
+            "kernel) and stop it",
+            "let processes share the device: " + growth + ", or a per-process memory_limit",
+            "run on another device (CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES) or schedule the jobs apart",
+            "restart the machine's stuck processes last"])
+    if L is not None and U is not None and R is not None:
+        if U + R > L or L - U < 0.05 * L:   # over the limit, or under it by crumbs: full either way
+            ev.append(f"InUse {fmt(U)} + requested {fmt(R)} = {fmt(U + R)} > TensorFlow's BFC limit {fmt(L)}: the "
+                      "live tensors fill the allocator's region -- the workload does not fit")
+            return Verdict("does-not-fit", ev, [
+                f"TensorFlow's BFC limit ({fmt(L)}) is the binding limit: {shrink}",
+                "mixed precision (tf.keras.mixed_precision.set_global_policy('mixed_float16')) and fewer "
+                "activations kept (tf.recompute_grad)",
+                "if the limit is well below the card: it was capped (memory_limit / per_process_gpu_memory_fraction) "
+                "or another process held memory at start-up -- " + smi,
+                "a larger device, or split the model/batch across devices (tf.distribute)"])
+        ev.append(f"InUse {fmt(U)} + requested {fmt(R)} <= TensorFlow's BFC limit {fmt(L)}, yet no free chunk "
+                  "could take it: the free space is split between live chunks (fragmentation)")
+        return Verdict("fragmentation", ev, [
+            "TF_GPU_ALLOCATOR=cuda_malloc_async (TensorFlow >= 2.5): CUDA's stream-ordered pool instead of the BFC "
+            "allocator's fixed region",
+            "steady tensor shapes: pad/bucket variable-length inputs so freed chunks are reused",
+            shrink, "restart the process (last)"])
+    if L is not None and U is not None and U >= 0.95 * L:
+        ev.append(f"InUse {fmt(U)} = {100 * U / L:.0f}% of TensorFlow's BFC limit {fmt(L)}: the region is full of "
+                  "live tensors")
+        return Verdict("does-not-fit", ev, [
+            f"TensorFlow's BFC limit ({fmt(L)}) is the binding limit: {shrink}",
+            "mixed precision (mixed_float16) and recomputation (tf.recompute_grad)",
+            f"if the limit is below the card: {smi} for another process, or raise memory_limit",
+            "a larger device, or tf.distribute across devices"])
+    # a shape or a bare ResourceExhaustedError: no allocator figures
+    ev.append("presumed: the message carries no allocator figures (no BFC stats, no free/total); the commonest "
+              "cause of a TensorFlow OOM is a workload too large for the card -- the steps say how to tell")
+    return Verdict("does-not-fit", ev, [
+        shrink + (f" (the failing tensor {f.tensor_shape} scales with its first dimension)" if f.tensor_shape
+                  else ""),
+        f"{smi}: if another process holds the GPU (TensorFlow preallocates nearly all of it, so a second TF "
+        "process or notebook on the same GPU fails at once), stop it or enable " + growth,
+        "mixed precision (mixed_float16); add report_tensor_allocations_upon_oom to RunOptions (TF 1.x) or read "
+        "the BFC summary above the error to see what holds memory",
+        "a larger device, or tf.distribute across devices"])
+
+
+def _jax(f: Figures, ev: list[str]) -> Verdict:
+    R, T = f.requested, f.total
+    frac = ("XLA_PYTHON_CLIENT_MEM_FRACTION (the share of the GPU JAX preallocates, .75 by default; lower it when "
+            "TensorFlow, PyTorch, cuDNN or another JAX process need memory beside the pool, raise it toward .95 when "
+            "JAX is alone) or XLA_PYTHON_CLIENT_PREALLOCATE=false (allocate on demand; more fragmentation)")
+    if R is not None and T and R > T:
+        ev.append(f"requested {fmt(R)} > the device's {fmt(T)}: no pool setting can place it")
+        return Verdict("does-not-fit", ev, [
+            f"the device's {fmt(T)} is the binding limit and the request is {R / T:.1f}x it: find the operation "
+            "(the buffer's shape in the BufferAssignment dump, or jax.debug) and shrink what it is given or process "
+            "it in chunks (jax.lax.map / scan over slices); check the shape arithmetic",
+            "rematerialise (jax.checkpoint) and donate buffers (donate_argnums) to cut the program's peak",
+            "shard across devices (jax.sharding) or use a larger device"])
+    if f.program_total is not None:
+        ev.append(f"XLA's BufferAssignment: the program needs {fmt(f.program_total)} in total (parameters, outputs "
+                  "and temporaries) while one more buffer" + (f" of {fmt(R)}" if R else "") + " could not be placed")
+        lim, lim_name = budget(f)
+        if lim is not None:
+            ev.append(f"binding limit: {lim_name}")
+        return Verdict("does-not-fit", ev, [
+            f"XLA's pool (XLA_PYTHON_CLIENT_MEM_FRACTION, .75 of the GPU by default) is the binding limit and the "
+            f"compiled program needs {fmt(f.program_total)}: shrink the batch, sequence or image size -- or a GPU "
+            "with more memory",
+            "rematerialise (jax.checkpoint) and donate buffers (donate_argnums) to cut the peak",
+            "if JAX is alone on the GPU: XLA_PYTHON_CLIENT_MEM_FRACTION=.95 gives the pool most of the card",
+            "shard across devices (jax.sharding)"])
+    ev.append("JAX preallocates a pool (75% of the GPU by default) and allocates inside it: an OOM with no program "
+              "figures means the pool is the binding limit -- too small for the step, or memory outside it (cuDNN "
+              "workspaces, TensorFlow or PyTorch in the same process, another JAX process) left it short")
+    return Verdict("framework-preallocation", ev, [
+        f"XLA's preallocated pool is the binding limit: set {frac}",
+        "nvidia-smi: another JAX/TensorFlow/PyTorch process on the same GPU preallocates too -- give each a "
+        "fraction or stop it; data-loading TensorFlow can run CPU-only (tf.config.set_visible_devices([], 'GPU'))",
+        "shrink the batch; jax.checkpoint and donate_argnums cut the peak",
+        "restart the process (last)"])
+
+
+def _mps(f: Figures, ev: list[str]) -> Verdict:
+    R, A, O, L = f.requested, f.allocated, f.other_allocations, f.allowed
+    water = ("PYTORCH_MPS_HIGH_WATERMARK_RATIO raises MPS's cap (a ratio of the recommended working set; 0.0 "
+             "removes it -- macOS may then swap hard or freeze)")
+    if None in (R, A, L):
+        ev.append("the MPS figures are incomplete (MPS prints MPS allocated, other allocations, max allowed and the "
+                  "request; no free/total and no nvidia-smi exist on Apple GPUs)")
+        return Verdict("unknown", ev, [
+            "paste the whole 'MPS backend out of memory (...)' line", water,
+            "shrink the batch, resolution or model", "torch.mps.empty_cache() between models; restart last"])
+    used = A + (O or 0)
+    if used + R > L:
+        ev.append(f"MPS allocated {fmt(A)} + other allocations {fmt(O)} + requested {fmt(R)} = {fmt(used + R)} > "
+                  f"max allowed {fmt(L)}: the cap binds")
+        if O and O >= max(R, L // 4):
+            ev.append(f"other allocations {fmt(O)} is memory the Metal device holds outside PyTorch's MPS "
+                      "allocator (other models, another framework in the process)")
+        return Verdict("does-not-fit", ev, [
+            f"MPS's max allowed ({fmt(L)}) is the binding limit: shrink the batch, image size or sequence length, "
+            "or use a smaller or lower-precision model (fp16/bf16, quantized)",
+            water,
+            "free what other models hold: del them and torch.mps.empty_cache(); unload models between steps",
+            "restart the process (last)"])
+    ev.append(f"MPS allocated {fmt(A)} + other {fmt(O)} + requested {fmt(R)} <= max allowed {fmt(L)}: the cap was "
+              "not reached -- the allocator's heaps are fragmented or the system refused the buffer")
+    return Verdict("fragmentation", ev, [
+        "torch.mps.empty_cache() between steps or models, then retry", "steady tensor shapes", water,
+        "restart the process (last)"])
+
+
+def _async(f: Figures, ev: list[str]) -> Verdict:
+    R, A, T, F, L = f.requested, f.allocated, f.total, f.free, f.allowed
+    if L is not None and T is not None and L >= T:
+        ev.append(f"PyTorch limit {fmt(L)} >= the device's {fmt(T)}: no memory fraction is set, it does not bind")
+        L = None
+    if None in (R, A, T):
+        ev.append("the cudaMallocAsync block is incomplete (it prints Currently allocated, Requested, Device limit, "
+                  "Free)")
+        return Verdict("unknown", ev, ["paste the whole block", "nvidia-smi for other processes",
+                                       "shrink the batch"])
+    if L is not None and A + R > L:
+        ev.append(f"allocated {fmt(A)} + requested {fmt(R)} > the PyTorch limit {fmt(L)} (memory fraction)")
+        return Verdict("memory-fraction", ev, [
+            f"the per-process memory fraction ({fmt(L)}) is the binding limit, not the device ({fmt(T)}): raise "
+            "torch.cuda.set_per_process_memory_fraction or remove the call", "shrink the batch"])
+    if A + R > 0.98 * T:
+        ev.append(f"allocated {fmt(A)} + requested {fmt(R)} > the device's {fmt(T)}: the workload does not fit")
+        return Verdict("does-not-fit", ev, [
+            f"the device's total ({fmt(T)}) is the binding limit: shrink the batch, sequence length or resolution",
+            "mixed precision and activation checkpointing", "shard (FSDP) or offload"])
+    held = T - A - (F or 0)
+    ev.append(f"device {fmt(T)} - allocated {fmt(A)} - free {fmt(F)} = {fmt(held)} is held by nobody PyTorch "
+              "counts: under backend:cudaMallocAsync that is the CUDA pool's freed-but-cached memory (or another "
+              "process); the request fits the device, not the pool's layout")
+    return Verdict("fragmentation", ev, [
+        "switch back to PyTorch's native allocator with expandable segments: PYTORCH_CUDA_ALLOC_CONF="
+        "backend:native,expandable_segments:True (PyTorch >= 2.1)",
+        "or keep cudaMallocAsync and trim its pool before big steps: torch.cuda.synchronize(); "
+        "torch.cuda.empty_cache() (releases the pool's cached memory)",
+        "nvidia-smi --query-compute-apps=pid,used_memory --format=csv: rule out another process holding the "
+        f"{fmt(held)}",
+        "shrink the batch; restart the process last"])
+
+
+def triage(f: Figures, *, distributed: bool = False, cudnn_benchmark: bool = False,
+           cuda_graphs: bool = False) -> Verdict:
+    """Which stack, what binds, then that stack's causes in order -- each on evidence."""
+    pre: list[str] = [f"WARNING: {w}" for w in f.warnings]
+    pre.append(f"stack: {STACKS.get(f.stack, f.stack)}")
+    if f.messages > 1:
+        pre.append(f"{f.messages} out-of-memory messages in the input"
+                   + (f" (GPUs {', '.join(map(str, f.devices))})" if len(f.devices) > 1 else "")
+                   + f"; triaged: #{f.index}" + (" (the last failure, usually the fatal one)"
+                                                 if f.index == f.messages else "")
+                   + " -- --message N triages another")
+    if f.unread:
+        pre.append(f"the log holds more out-of-memory text than is read closely: the first {fmt(MAX_READ)} of it "
+                   f"were read, {fmt(f.unread)} more were not")
+    lim, lim_name = budget(f)
+    if lim is not None and f.stack not in ("host", "jax"):
+        pre.append(f"binding limit: {lim_name}")
+    v = _dispatch(f, distributed=distributed, cudnn_benchmark=cudnn_benchmark, cuda_graphs=cuda_graphs)
+    v.evidence = pre + v.evidence
+    v.next_steps = _localise(v.next_steps, f.stack)
+    if f.truncated and v.cause == "unknown":
+        v.next_steps.insert(0, "the message is truncated: paste all of it (every figure after the cut is unknown)")
+    v.stack = f.stack
+    v.binding = lim_name or None
+    return v
+
+
+def _dispatch(f: Figures, **flags: bool) -> Verdict:
+    ev: list[str] = list(f.stats_notes) if f.stack not in ("pytorch-cuda", "pytorch-hip", "pytorch-xpu",
+                                                              "cuda-runtime", "unknown", "nccl", "cudnn") else []
+    if f.stack == "host":
+        return _host(f)
+    if "handle" in f.hints and f.requested is None and f.total is None:
+        return _tf_handle(f)
+    if f.stack == "pytorch-mps":
+        return _mps(f, ev)
+    if f.stack == "pytorch-cuda-async":
+        return _async(f, ev)
+    if f.stack in ("tensorflow", "tensorflow-rocm"):
+        return _tf(f, ev)
+    if f.stack == "jax":
+        return _jax(f, ev)
+    # PyTorch's caching allocator (CUDA, HIP, XPU), NCCL, library statuses, bare runtime errors
+    pv = _pytorch_extra(f, flags)
+    if pv is not None:
+        return pv
+    v = _triage_pytorch(f, **flags)
+    if v.cause == "unknown" and f.requested is None and f.total is None and f.allocated is None \
+            and not (f.hints & {"nccl", "cudnn", "allocfail", "cublas", "unreadable", "overflow"}) \
+            and f.kind == "driver" and not flags.get("distributed") \
+            and not flags.get("cudnn_benchmark") and not flags.get("cuda_graphs"):
+        v = Verdict("does-not-fit", [
+            "presumed: the message is the runtime's bare 'out of memory' and carries no figures; the commonest cause "
+            "is a workload too large for the card -- the second step tells it from a co-tenant"],
+            ["shrink the batch (keep the effective batch with gradient accumulation), the input size or the model",
+             "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv: if another process holds "
+             "the card, that is the cause instead -- stop it",
+             "get the figures: PyTorch >= 2.1 prints free, reserved and other processes in its OOM message "
+             "(upgrade, or print torch.cuda.memory_summary() in an except block)",
+             "mixed precision, activation checkpointing; restart the process last"])
+    if v.cause == "does-not-fit" and f.stack == "pytorch-hip" and f.total and \
+            (f.total <= 4 * GiB or (f.requested or 0) > f.total):
+        v.next_steps.insert(0, f"the HIP device reports {fmt(f.total)}: on an APU (Ryzen/Strix iGPU) that is the "
+                               "BIOS carve-out (UMA frame buffer) or the GTT window, not the RAM -- raise the UMA "
+                               "size in the BIOS or the GTT limit (amdgpu.gttsize / ttm pages_limit) and update ROCm; "
+                               "on a discrete card, shrink what the operation is given")
+    return v
+
+
+def _pytorch_extra(f: Figures, flags: dict[str, bool]) -> Verdict | None:
+    """Causes the six-cause walk does not know: a binding memory fraction, the job's own ranks, cache held by
+    pending cross-stream frees, growth across iterations, an APU's carve-out."""
+    R, T, A, Rs, Fr = f.requested, f.total, f.allocated, f.reserved, f.free
+    ru = f.reserved_unallocated
+    ev: list[str] = []
+    if "growing" in f.hints:
+        ev.extend(f.stats_notes)
+        ev.append("the live (allocated) figure grows from one OOM to the next: memory accumulates across "
+                  "iterations rather than one step being too large")
+        return Verdict("leak", ev, [
+            "find what accumulates across steps: losses/outputs kept with their graph (use loss.item(), "
+            ".detach()), lists of tensors, caches keyed by shape, hooks that store activations",
+            "compare two steps: torch.cuda.memory._record_memory_history(); dump snapshots at steps N and N+k "
+            "(torch.cuda.memory._dump_snapshot) and diff them (memspec oom explain --snapshot)",
+            "wrap evaluation in torch.no_grad()/inference_mode", "restart the process (last: the leak comes back)"])
+    if f.allowed is not None and T and f.allowed < 0.98 * T and Fr is not None and R is not None:
+        used = Rs if Rs is not None else (A or 0)
+        floor = _SEGMENT_FLOOR.get(R, R) if f.kind.startswith("pytorch") else R
+        # 'Tried to allocate' is the segment cudaMalloc was refused; the printed 'allowed' is rounded to 2 decimals
+        if used + R > f.allowed * 0.995 and Fr >= floor:
+            ev.extend(f"{k} {fmt(getattr(f, k))} = {why}" for k, why in f.derived.items()
+                      if k in ("reserved", "reserved_unallocated"))
+            ev.append(f"reserved {fmt(used)} + requested {fmt(floor)} > {fmt(f.allowed)} allowed, while the device "
+                      f"has {fmt(Fr)} free of {fmt(T)}: the per-process memory fraction binds, not the device")
+            if f.private_pools:
+                ev.append(f"private pools ({fmt(f.private_pools)}) are part of the reserved memory under that cap, "
+                          "not the cause")
+            return Verdict("memory-fraction", ev, [
+                f"the per-process memory fraction is the binding limit ({fmt(f.allowed)} allowed of {fmt(T)}): raise "
+                "torch.cuda.set_per_process_memory_fraction(...) or find the code (a test, a serving framework's "
+                "gpu_memory_utilization) that set it",
+                "or fit under it: shrink the batch"
+                + (", or PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to waste less of the allowed memory "
+                   f"({fmt(ru)} of it is reserved but unallocated)" if ru is not None and ru >= floor else ""),
+                "torch.cuda.empty_cache() returns cached segments so they stop counting against the cap"])
+    ranks = _own_ranks(f)
+    if ranks is not None and R is not None:
+        total_ranks = sum(u for _, u in ranks)
+        ev.append(f"{len(ranks)} 'Process' lines of about {fmt(min(u for _, u in ranks))}-"
+                  f"{fmt(max(u for _, u in ranks))} with near-consecutive PIDs ({ranks[0][0]}..{ranks[-1][0]}): "
+                  f"the job's own ranks, each with a CUDA context (and maybe tensors) on this device "
+                  f"-- {fmt(total_ranks)} in all; not co-tenants to kill")
+        return Verdict("own-ranks", ev, [
+            "pin each rank to its own GPU before any CUDA work: torch.cuda.set_device(local_rank) (or "
+            "device=f'cuda:{local_rank}'), and torch.load(..., map_location=f'cuda:{local_rank}' or 'cpu') so "
+            "checkpoints do not land on GPU 0; do not kill these processes -- they are the job",
+            "check that nothing calls torch.cuda.* (empty_cache, synchronize, memory stats) before set_device, "
+            "and that CUDA_VISIBLE_DEVICES is not set identically for all ranks",
+            "then size the batch for one rank per GPU"])
+    if A is not None and Rs and ru is not None and R is not None and A <= 0.01 * Rs and Rs >= GiB \
+            and ru >= R and (T is None or Rs >= 0.1 * T):
+        ev.append(f"PyTorch holds {fmt(Rs)} reserved but only {fmt(A)} allocated: with almost nothing live there "
+                  "are no live blocks to fence holes, so this is not fragmentation -- the cache is held by frees "
+                  "still waiting on events recorded on other streams (record_stream, side streams, NCCL)")
+        return Verdict("stream-events", ev, [
+            "torch.cuda.synchronize() then torch.cuda.empty_cache(): once the streams finish, the pending frees "
+            "complete and the cached segments can be released and reused",
+            "stop record_stream() on tensors freed every step (let the side stream own them, or wait on an event "
+            "before freeing); allocate on the stream that uses the tensor",
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True only after that (it does not release pending frees)",
+            "restart the process (last)"])
+    return None
 
 
 def _steps(kind: str, f: Figures, expandable_ok: bool) -> list[str]:
