@@ -25,7 +25,7 @@ def _dedupe(failures: list) -> list:
     detection, the consequences of both."""
     out: dict = {}
     for f in failures:
-        key = (f.invariant, _last_action(f))
+        key = (f.invariant, f.check, _last_action(f))
         g = out.get(key)
         if g is None or key[1] is None:
             out[key if key[1] is not None else (key, id(f))] = f
@@ -162,7 +162,8 @@ def minimize(plan: E.Plan, failure: Failure, *, replays: int | None = None) -> F
                 run.apply(action, args, ch.record)
             run.teardown()
         except Violation as v:
-            if v.invariant == failure.invariant and size(v.trace) < size(best[0]):
+            if v.invariant == failure.invariant and getattr(v, "check", None) == failure.check \
+                    and size(v.trace) < size(best[0]):
                 best[0], best[1] = list(v.trace), v
                 return True
             return False
@@ -218,14 +219,15 @@ def minimize(plan: E.Plan, failure: Failure, *, replays: int | None = None) -> F
         return failure
     return Failure(failure.target, failure.level, failure.invariant, v.cause, v.reason, list(v.trace),
                    failure.steps_to_detection, failure.repro, failure.flaky, failure.capacity,
-                   list(failure.consequences))
+                   list(failure.consequences), check=failure.check, key=failure.key)
 
 
 DIAGNOSE_BLAME = True
 
 
 def _replay_steps(plan: E.Plan, guard: CallGuard, capacity: int | None, steps: list, *,
-                  then: Callable | None = None, found: list | None = None) -> Violation | None:
+                  then: Callable | None = None, found: list | None = None,
+                  hits: list | None = None) -> Violation | None:
     """Replay ``[(action name, choices)]`` (arguments drawn again by the
     spec, see :class:`_ClampChooser`) on a fresh target and spec; the
     Violation it raised, or None.  ``then(run, violation)`` runs on the
@@ -258,6 +260,8 @@ def _replay_steps(plan: E.Plan, guard: CallGuard, capacity: int | None, steps: l
         return v
     finally:
         if run is not None:
+            if hits is not None:
+                hits[:] = list(getattr(run, "masked_hits", ()))
             run.close()
     return None
 
@@ -391,7 +395,8 @@ def diagnose(plan: E.Plan, failure: Failure, *, replays: int | None = None, _dep
     first = _describe(failure, len(trace))
     out = Failure(failure.target, failure.level, found.invariant, found.cause, found.reason, list(found.trace),
                   failure.steps_to_detection, None, failure.flaky, failure.capacity,
-                  [first] + list(failure.consequences))
+                  [first] + list(failure.consequences), check=getattr(found, "check", None),
+                  key=getattr(found, "key", None))
     if found.cause in _FIGURES and _depth < DIAGNOSE_DEPTH:
         # a shorter example that shows another rule's *figure* (a pin count, a queue length) names a
         # symptom too, not yet the rule broken: diagnose it in turn (a holder's answer that ran a release
@@ -414,41 +419,33 @@ RELATE_REPLAYS = 400
 
 
 def relate(plan: E.Plan, failures: list, *, replays: int | None = None) -> list:
-    """Several failures of one run, each blamed on the rule broken (issue
-    12: *name the invariant whose rule the implementation broke ... list
-    the other failures as consequences*): a failure ``a`` is a consequence
-    of another, ``b``, of another rule, when ``b``'s rule breaks in ``a``'s
-    state and not the other way round.  Checked on fresh replays of the
-    shrunk counterexamples (arguments drawn again by the spec):
+    """The failures of one run, each on its own row unless a replay proves
+    it a consequence of another (issue 31: *a consequence is proved, not
+    presumed*).
 
-    * ``a``'s steps with its failing step replaced by ``b``'s failing step
-      fail there under ``b``'s rule, as a call the spec forbids, a fault or
-      changed bytes (not a figure): the state ``a`` failed in already
-      breaks ``b``'s rule (a holder's answer whose ledger total is off
-      after the EP ran a release before its fence: ``poll`` there runs the
-      release early, S4);
-    * ``b``'s steps with its failing step replaced by ``a``'s do not fail
-      under ``a``'s rule (``a``'s call, where ``b`` broke its rule, is
-      fine, or cannot be made: no ticket to answer);
-    * ``b`` is not a crash of its call (an exception no error of the
-      contract: ``unexpected-exception``, ``wrong-type``): that is evidence
-      about that one call, a bug of its own, never the root of another
-      failure (a target whose free always crashes, and an overlap found
-      without a free, are two bugs).
+    A later pass masks the checks earlier failures broke (``Plan.masks``),
+    so a failure found there may have run through another's broken step
+    (the spec followed that answer).  For each failure ``a``, its shrunk
+    steps are replayed with every other failure's check masked, recording
+    where a masked check would have failed:
 
-    Two independent bugs each break their own rule in the other's state
-    (or in neither), so both stay.  ``b`` then carries ``a`` in its
-    ``consequences``, and the steps at which the run first detected either
-    (``a``'s symptom was the bug's first sign).  When ``a`` is a figure
-    (a ledger total off), ``b``'s rule may break only later: ``a``'s example
-    is also continued past its failure, one step then two (as
-    :func:`diagnose` does), for a failure under ``b``'s rule.  A hang or a crash is
-    never a consequence (the supervisor reports it).  At most ``replays``
+    * none did: ``a`` needs no other failure -- its reproduction fails on
+      its own; it keeps its own row;
+    * some did (the steps of failures ``b``): ``a``'s steps are replayed
+      without those steps.  ``a`` is ``b``'s consequence only when it then
+      no longer fails under its rule (it needed ``b``'s broken step); when
+      it still fails, with no masked check hit, that shorter reproduction
+      is ``a``'s own, on its own row.
+
+    A hang or a crash is never a consequence (the supervisor reports it).
+    ``b`` carries ``a`` in its ``consequences``.  At most ``replays``
     (default :data:`RELATE_REPLAYS`)."""
     fs = list(failures)
     if len(fs) < 2 or not DIAGNOSE_BLAME:
         return fs
-    saved = (plan.stats, plan.on_call, plan.on_step)
+    every = plan.masks
+    owners = {f.key: f for f in fs if f.key is not None}
+    saved = (plan.stats, plan.on_call, plan.on_step, plan.masks)
     plan.stats, plan.on_call, plan.on_step = E.Stats(), None, None
     guard = CallGuard(plan.timeout, plan.guard_mode)
     budget = [RELATE_REPLAYS if replays is None else replays]
@@ -456,61 +453,57 @@ def relate(plan: E.Plan, failures: list, *, replays: int | None = None) -> list:
     def ok(f: Failure) -> bool:
         return bool(f.trace) and f.cause not in ("hang", "crash") and all(isinstance(t, E.TraceStep) for t in f.trace)
 
-    def breaks(x: Failure, y: Failure, figures: bool) -> bool:
-        """``x``'s steps with its failing step replaced by ``y``'s fail there under ``y``'s rule."""
-        if budget[0] <= 0:
-            return False
-        budget[0] -= 1
-        steps = [(t.action, list(t.choices)) for t in x.trace[:-1]] + [(y.trace[-1].action,
-                                                                         list(y.trace[-1].choices))]
-        try:
-            v = _replay_steps(plan, guard, x.capacity, steps)
-        except Exception:  # noqa: BLE001 - a candidate the spec cannot draw breaks nothing
-            return False
-        if v is not None and v.invariant == y.invariant and len(v.trace) == len(steps) \
-                and (figures or v.cause not in _FIGURES) and v.cause not in ("hang", "crash"):
-            return True
-        if figures or x.cause not in _FIGURES:
-            return False
-        # a figure off (a ledger total): continued past it, does ``y``'s rule break (``synchronize``
-        # then ``poll`` find the release gone that only now may run)?
-        steps = [(t.action, list(t.choices)) for t in x.trace]
+    def same(v: Any, f: Failure, n: int) -> bool:
+        return v is not None and v.invariant == f.invariant and getattr(v, "check", None) == f.check \
+            and len(v.trace) == n
 
-        def replay(cand: list, **kw: Any) -> Violation | None:
-            if budget[0] <= 0:
-                return None
+    parent: dict = {}
+    try:
+        for a in fs:
+            if not ok(a) or budget[0] <= 0:
+                continue
+            plan.masks = frozenset(every - {a.key})
+            steps = [(t.action, list(t.choices)) for t in a.trace]
+            hits: list = []
             budget[0] -= 1
             try:
-                return _replay_steps(plan, guard, x.capacity, cand, **kw)
-            except Exception:  # noqa: BLE001
-                return None
-
-        hit = _continue(plan, steps, x, {x.invariant}, replay, only=y.invariant)
-        return hit is not None
-
-    try:
-        changed = True
-        while changed:
-            changed = False
-            for a in fs:
-                if not ok(a):
-                    continue
-                for b in fs:
-                    if b is a or b.invariant == a.invariant or not ok(b) or b.cause in _FIGURES + _CRASHES:
-                        continue
-                    if breaks(a, b, False) and not breaks(b, a, True):
-                        dets = [d for d in (a.steps_to_detection, b.steps_to_detection) if d is not None]
-                        merged = Failure(b.target, b.level, b.invariant, b.cause, b.reason, list(b.trace),
-                                         min(dets) if dets else None, b.repro, b.flaky or a.flaky, b.capacity,
-                                         list(b.consequences) + [_describe(a, len(a.trace))] + list(a.consequences))
-                        fs = [merged if f is b else f for f in fs if f is not a]
-                        changed = True
-                        break
-                if changed:
-                    break
+                v = _replay_steps(plan, guard, a.capacity, steps, hits=hits)
+            except Exception:  # noqa: BLE001 - a trace the spec cannot draw again: leave it as it is
+                continue
+            if not same(v, a, len(steps)) or not hits:
+                continue
+            at = sorted({i - 1 for i, _k in hits if 0 < i < len(steps)})
+            roots = [owners[k] for _i, k in hits if k in owners and owners[k] is not a]
+            if not at:
+                continue
+            cand = [st for j, st in enumerate(steps) if j not in at]
+            budget[0] -= 1
+            again: list = []
+            try:
+                w = _replay_steps(plan, guard, a.capacity, cand, hits=again)
+            except Exception:  # noqa: BLE001 - the rest cannot be drawn without those steps: needed
+                w = None
+            if same(w, a, len(cand)) and not again:
+                a.trace = list(w.trace)   # its own reproduction, without the other's broken step
+                a.reason = w.reason
+            elif not same(w, a, len(cand)) and roots:
+                parent[id(a)] = roots[0]
     finally:
-        plan.stats, plan.on_call, plan.on_step = saved
-    return fs
+        plan.stats, plan.on_call, plan.on_step, plan.masks = saved
+    out = []
+    for f in fs:
+        p = parent.get(id(f))
+        seen_chain = {id(f)}
+        while p is not None and id(p) in parent and id(p) not in seen_chain:
+            seen_chain.add(id(p))
+            p = parent[id(p)]
+        if p is None or p is f:
+            out.append(f)
+            continue
+        p.consequences = list(p.consequences) + [_describe(f, len(f.trace))] + list(f.consequences)
+        dets = [d for d in (f.steps_to_detection, p.steps_to_detection) if d is not None]
+        p.steps_to_detection = min(dets) if dets else None
+    return out
 
 
 def _continue(plan: E.Plan, steps: list, failure: Failure, symptoms: set, replay: Callable,

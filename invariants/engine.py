@@ -175,7 +175,16 @@ class Plan:
         return Run(self, guard)
 
 
-def _describe_value(v: Any, limit: int = 120) -> str:
+def _describe_value(v: Any, limit: int = 160) -> str:
+    if isinstance(v, api.DeviceAllocation):   # addresses in hex, the figures a reader compares first
+        try:
+            blk = f", block={v.block:#x}" if type(v.block) is int else ""
+            r = (f"DeviceAllocation(address={v.address:#x}, size={v.size}, footprint={v.footprint}{blk}, "
+                 f"identity={v.identity!r})")
+        except Exception:  # noqa: BLE001 - fields of the wrong type: the plain repr below
+            r = None
+        if r is not None:
+            return r if len(r) <= limit else r[: limit - 3] + "..."
     try:
         r = repr(v)
     except Exception:  # noqa: BLE001 - a hostile __repr__
@@ -1010,7 +1019,7 @@ class Run:
                 raise SpecError(f"a full invariant check raised {type(e).__name__}: {e}") from e
             if bad:
                 inv, why = bad[0]
-                self.fail(inv, "invariant", why + " (full check at end of run)")
+                self.fail(inv, "invariant", why + " (full check at end of run)", key=(None, f"{inv}.invariant"))
             if self.integrity is not None:
                 self.integrity.verify_all()
         finally:

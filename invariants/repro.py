@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from memspec.invariants import engine as E
+from memspec.invariants import text as T
 from memspec.invariants.choosers import ReplayChooser
 from memspec.invariants.errors import Violation
 from memspec.invariants.guard import CallGuard
@@ -60,10 +61,10 @@ def render(failure: Any, plan: Any, target_name: str | None = None) -> str:
     target = target_name or plan.target
     steps, outcomes = [], []
     for i, ts in enumerate(failure.trace, 1):
-        steps.append(f"    ({_data(str(ts.action))}, {_data(ts.args)}, {_data(list(ts.choices), [])}),  # step {i}")
+        steps.append(f"    ({_data(T.safe_str(ts.action))}, {_data(ts.args)}, {_data(list(ts.choices), [])}),  # step {i}")
         bound = ", ".join(f"#{b}" for b in ts.bound) if ts.bound else ""
-        outcomes.append(f"    {_data(str(ts.outcome) + (f'; bound {bound}' if bound else ''))},  # step {i}")
-    title = f"{failure.invariant} {plan.titles().get(failure.invariant, '')} [{failure.cause}]"
+        outcomes.append(f"    {_data(T.safe_str(ts.outcome) + (f'; bound {bound}' if bound else ''))},  # step {i}")
+    title = f"{T.safe_str(failure.invariant)} {plan.titles().get(failure.invariant, '')} [{T.safe_str(failure.cause)}]"
     return f'''#!/usr/bin/env python
 """memspec reproduction of a conformance failure (see FAILURE and REASON).
 
@@ -80,16 +81,16 @@ sys.path.insert(0, {_data(os.getcwd())})
 from memspec.invariants.repro import replay_main  # noqa: E402
 
 FAILURE = {_data(str(title))}
-REASON = {_data(str(failure.reason))}
+REASON = {_data(T.safe_str(failure.reason))}
 TARGET = {_data(str(target))}
 LEVEL = {_data(str(plan.level))}
 CAPACITY = {_data(getattr(failure, "capacity", None) or plan.factory_kwargs.get("capacity"))}
 TIMEOUT = {_data(plan.timeout, 5.0)}
-EXPECT = ({_data(str(failure.invariant))}, {_data(str(failure.cause))})
+EXPECT = ({_data(T.safe_str(failure.invariant))}, {_data(T.safe_str(failure.cause))})
 MACHINE = {_data(plan.machine_ref)}
 # the rule broken was named by a diagnosis that went on past these symptoms (a figure that
 # differed first); the replay goes on past a differing figure likewise
-SYMPTOMS = [{", ".join(_data(str(c)[:300]) for c in getattr(failure, "consequences", []) or [])}]
+SYMPTOMS = [{", ".join(_data(T.safe_str(c, 300)) for c in getattr(failure, "consequences", []) or [])}]
 
 # (action, arguments or None when they are not literals, recorded choices)
 STEPS = [
@@ -110,9 +111,23 @@ if __name__ == "__main__":
 def write_repro(failure: Any, plan: Any, out_dir: str, target_name: str | None = None) -> Path:
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
-    name = _safe_name(f"{target_name or plan.target}-{plan.level}-{failure.invariant}-{failure.cause}") + ".py"
-    path = d / name
-    path.write_text(render(failure, plan, target_name))
+    check = getattr(failure, "check", None)
+    stem = _safe_name(f"{target_name or plan.target}-{plan.level}-{failure.invariant}"
+                      + (f"-{check}" if check else "") + f"-{failure.cause}")
+    path = d / (stem + ".py")
+    taken = getattr(plan, "_repro_paths", None)
+    if taken is None:
+        taken = set()
+        try:
+            plan._repro_paths = taken
+        except AttributeError:
+            pass
+    n = 2
+    while str(path) in taken:   # every counterexample its own file, never one overwriting another
+        path = d / f"{stem}-{n}.py"
+        n += 1
+    taken.add(str(path))
+    path.write_text(render(failure, plan, target_name), encoding="utf-8", errors="backslashreplace")
     return path
 
 
@@ -137,7 +152,8 @@ def replay(target: str, level: str, steps: Sequence[tuple], *, capacity: int | N
             except Violation as v:
                 if not (past_symptoms and v.cause == "observation" and i < len(steps)):
                     raise
-                print(f"step {i}: first shown as {v.invariant} [{v.cause}] {v.reason}", file=sys.stderr)
+                print(f"step {i}: first shown as {T.terminal(v.invariant, 200)} [{T.terminal(v.cause, 200)}] "
+                      f"{T.terminal(v.reason)}", file=sys.stderr)
         run.teardown()
     finally:
         run.close()
@@ -157,8 +173,9 @@ def replay_main(target: str, level: str, steps: Sequence[tuple], *, expect: tupl
             print("the target raised:", file=sys.stderr)
             traceback.print_exception(type(v.__cause__), v.__cause__, v.__cause__.__traceback__, file=sys.stderr)
         same = expect is None or v.invariant == expect[0]
-        print(f"reproduced: FAIL {v.invariant} [{v.cause}] {v.reason}" if same
-              else f"FAILED DIFFERENTLY: expected {expect[0]}, got {v.invariant} [{v.cause}] {v.reason}")
+        what = f"{T.terminal(v.invariant, 200)} [{T.terminal(v.cause, 200)}] {T.terminal(v.reason)}"
+        print(f"reproduced: FAIL {what}" if same
+              else f"FAILED DIFFERENTLY: expected {T.terminal(expect[0], 200)}, got {what}")
         raise
     print(f"did not reproduce: {len(steps)} steps ran and every check passed on {target!r} at level {level!r}")
     return 0
@@ -172,4 +189,4 @@ def write_repros(result: Any, out_dir: str, target_name: str | None = None) -> N
         try:
             f.repro = str(write_repro(f, result.plan, out_dir, target_name=target_name))
         except Exception as e:  # noqa: BLE001
-            result.errors.append(f"could not write a reproduction for {f.invariant}: {type(e).__name__}: {e}")
+            result.errors.append(f"could not write a reproduction for {T.safe_str(f.invariant, 200)}: {T.exc_text(e, 500)}")

@@ -101,6 +101,8 @@ class PlanInfo:
     mutant: Any = None
     declares: dict = field(default_factory=dict)  # invariant id -> declaring action names
     undrawn: dict = field(default_factory=dict)   # action name -> capabilities it needs that the target lacks
+    #: invariants with no action or observation at this level (their cells read "\u2014")
+    absent: list = field(default_factory=list)
 
     @property
     def invariant_ids(self) -> list[str]:
@@ -143,13 +145,16 @@ class PlanResult:
         out = []
         failed: dict = {}
         for f in self.failures:
-            failed.setdefault(f.invariant, f)
+            failed.setdefault(f.invariant, []).append(f)
         titles = self.plan.titles()
         cov = self.coverage()
+        absent = not_at_level(self.plan)
         for inv in self.plan.invariant_ids:
             if inv in failed:
-                f = failed[inv]
-                out.append((inv, titles.get(inv, ""), "FAIL", f"[{f.cause}] {f.reason}"))
+                out.append((inv, titles.get(inv, ""), Verdict.FAIL.value, fail_detail(failed[inv])))
+            elif inv in absent:
+                out.append((inv, titles.get(inv, ""), Verdict.NONE.value,
+                            "not part of this level: no action or observation of it here"))
             elif inv in self.plan.na:
                 out.append((inv, titles.get(inv, ""), "N/A", self.plan.na[inv]))
             elif self.errors:
@@ -162,9 +167,9 @@ class PlanResult:
                 out.append((inv, titles.get(inv, ""), "UNTESTED", cov[inv]["reason"]))
             else:
                 out.append((inv, titles.get(inv, ""), "PASS", ""))
-        for inv, f in failed.items():
+        for inv, fs in failed.items():
             if inv not in titles:
-                out.append((inv, "", "FAIL", f"[{f.cause}] {f.reason}"))
+                out.append((inv, "", Verdict.FAIL.value, fail_detail(fs)))
         return out
 
     def _capability_absent(self, inv: str) -> str | None:
@@ -201,6 +206,29 @@ def _undrawn(plan: Any) -> dict:
     drawn = set(plan.action_names)
     return {a.name: [r for r in getattr(a, "requires", ()) if not caps.get(r)] for a in machine.actions
             if a.name not in drawn}
+
+
+def fail_detail(failures: list) -> str:
+    """One line per counterexample of a rule, each naming the check that
+    broke (``[S8.alignment] [outcome] ...``)."""
+    return " | ".join(f"[{f.check_id}] [{f.cause}] {f.reason}" if f.check else f"[{f.cause}] {f.reason}"
+                      for f in failures)
+
+
+def not_at_level(plan: Any) -> set:
+    """The invariants of ``plan``'s machine that have no action declaring them
+    and no observation blamed on them at its level: their cells read
+    "\u2014" (not part of this level), never PASS."""
+    got = getattr(plan, "absent", None)
+    if isinstance(got, (set, frozenset, list, tuple)):
+        return set(got)
+    declares = getattr(plan, "declares", {}) or {}
+    observed = {o.blame for o in getattr(plan, "observations", ()) or ()}
+    observed |= {o.blame for o in getattr(plan, "start_checks", ()) or ()}
+    machine = getattr(plan, "machine", None)
+    if machine is not None:
+        observed |= {o.blame for o in getattr(machine, "observations", ()) or ()}
+    return {inv for inv in plan.invariant_ids if not declares.get(inv) and inv not in observed}
 
 
 def _last_action(f: Any) -> str | None:

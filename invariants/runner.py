@@ -33,7 +33,7 @@ from memspec.invariants.planning import (applicability, build_probe, close_probe
 from memspec.invariants.repro import write_repros  # noqa: F401 - re-exported
 
 from memspec.invariants.results import (Failure, PlanInfo, PlanResult, Verdict, _last_action,  # noqa: F401
-                                        _undrawn, combine)
+                                        _undrawn, combine, not_at_level)
 from memspec.invariants.stateful import (MORE_PASSES, SHRINK_SECONDS, STEPS_PER_RULE,  # noqa: F401 - re-exported
                                          _flatten, _one_pass, build_state_machine, collect, database_key,
                                          hypothesis_settings, run_hypothesis, shrink_budget, stable_constants)
@@ -92,6 +92,7 @@ def _run_child_plan(ch: Channel, plan: E.Plan, opts: dict) -> None:
     ch.send({"t": "plan", "level": plan.level, "target": plan.target,
              "invariants": [[inv.id, inv.title] for inv in plan.machine.invariants], "na": plan.na,
              "capabilities": plan.capabilities, "actions": [a.name for a in plan.actions], "declares": plan.declares, "undrawn": _undrawn(plan),
+             "absent": sorted(not_at_level(plan)),
              "timeout": plan.timeout, "factory_kwargs": plan.factory_kwargs, "machine_ref": plan.machine_ref})
     last = [0.0]
 
@@ -135,7 +136,8 @@ def _run_child_plan(ch: Channel, plan: E.Plan, opts: dict) -> None:
     ch.send({"t": "result", "level": plan.level, "errors": res.errors, "stats": _stats_msg(plan.stats),
              "failures": [{"invariant": f.invariant, "cause": f.cause, "reason": f.reason,
                            "trace": _trace_msg(f.trace), "std": f.steps_to_detection, "flaky": f.flaky,
-                           "cap": f.capacity, "also": [str(c) for c in f.consequences]}
+                           "cap": f.capacity, "also": [str(c) for c in f.consequences],
+                           "check": f.check, "key": list(f.key) if f.key is not None else None}
                           for f in res.failures]})
 
 
@@ -146,6 +148,13 @@ def _cap(v: Any) -> int | None:
 
 def _str(v: Any) -> str:
     return v if isinstance(v, str) else repr(v)
+
+
+def _key(v: Any) -> tuple | None:
+    """A failure's mask key the (untrusted) child named: ``(action or None, check id)``."""
+    if isinstance(v, list) and len(v) == 2 and (v[0] is None or isinstance(v[0], str)) and isinstance(v[1], str):
+        return (v[0], v[1])
+    return None
 
 
 class _Parent:
@@ -205,6 +214,9 @@ class _Parent:
             und = m.get("undrawn")
             if isinstance(und, dict):
                 info.undrawn = {_str(k): [_str(r) for r in v] for k, v in und.items() if isinstance(v, list)}
+            absent = m.get("absent")
+            if isinstance(absent, list):
+                info.absent = [_str(a) for a in absent]
             decl = m.get("declares")
             if isinstance(decl, dict):
                 info.declares = {_str(k): [_str(a) for a in v] for k, v in decl.items() if isinstance(v, list)}
@@ -225,7 +237,9 @@ class _Parent:
                                               f.get("std") if isinstance(f.get("std"), int) else None,
                                               flaky=bool(f.get("flaky")), capacity=_cap(f.get("cap")),
                                               consequences=[_str(c) for c in f.get("also") or []
-                                                            if isinstance(f.get("also"), list)]))
+                                                            if isinstance(f.get("also"), list)],
+                                              check=f.get("check") if isinstance(f.get("check"), str) else None,
+                                              key=_key(f.get("key"))))
             self.results.append(r)
             self.done.append(r.level)
             self.current = None

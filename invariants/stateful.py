@@ -139,7 +139,8 @@ def collect(result: PlanResult, exc: BaseException) -> None:
         if isinstance(e, Violation):
             result.failures.append(Failure(plan.target, plan.level, e.invariant, e.cause, e.reason, e.trace,
                                            plan.stats.first_failure_steps.get(e.invariant), flaky=flaky,
-                                           capacity=getattr(e, "capacity", None)))
+                                           capacity=getattr(e, "capacity", None),
+                                           check=getattr(e, "check", None), key=getattr(e, "key", None)))
         elif isinstance(e, SpecError):
             result.errors.append(f"spec error: {e}")
         elif isinstance(e, TargetError):
@@ -194,11 +195,19 @@ def run_hypothesis(plan: E.Plan, settings: Any, *, seed: int | None = None,
 
     Every distinct failure in one run: after a pass that found failures, up
     to ``more_passes`` (default :data:`MORE_PASSES`) further passes run with
-    the actions those failures ended on left out, so a second bug reachable
-    without them is reported with its own shrunk reproduction (a target that
-    crashes on one action still has its other actions checked)."""
+    those failures' checks *masked* (``Plan.masks``): every action stays in
+    the table, the spec follows the branch whose clause broke (or, for an
+    answer it cannot follow, keeps its state), and every other check goes
+    on, so an independent second bug is found in the same run with its own
+    shrunk reproduction.  Only a hang or a crash (no answer to follow) leaves
+    its action out of the later passes.  Then each failure is minimized and
+    diagnosed with the others' checks still masked, and the failures are
+    related by replay (:func:`~memspec.invariants.blame.relate`): one is
+    another's consequence only when its reproduction needs the other's
+    broken step."""
     result = PlanResult(plan.target, plan.level, plan)
     actions = list(plan.actions)
+    masks0 = plan.masks
     seen = set()
     left = MORE_PASSES if more_passes is None else more_passes
     from hypothesis import Phase
@@ -213,28 +222,44 @@ def run_hypothesis(plan: E.Plan, settings: Any, *, seed: int | None = None,
             new = result.failures[before:]
             fresh = []
             for f in new:
-                key = (f.invariant, _last_action(f))
+                key = (f.invariant, f.check, _last_action(f))
                 if key not in seen:
                     seen.add(key)
                     fresh.append(f)
             result.failures[before:] = fresh
-            ended = {a for a in (_last_action(f) for f in fresh) if a is not None}
-            if not fresh or result.errors or not ended:
+            if not fresh or result.errors:
                 break
-            plan.actions = [a for a in plan.actions if a.name not in ended]
-            plan.partial = True
+            keys = {f.key for f in fresh if f.key is not None and f.cause not in ("hang", "crash")}
+            ended = {a for f in fresh if f.key is None or f.cause in ("hang", "crash")
+                     for a in [_last_action(f)] if a is not None}
+            if not keys and not ended:
+                break
+            plan.masks = frozenset(plan.masks | keys)
+            if ended:
+                plan.actions = [a for a in plan.actions if a.name not in ended]
+                plan.partial = True
             plan.__dict__.pop("_weights", None)
             plan.__dict__.pop("_obs_order", None)
             if not plan.actions:
                 break
-        # the whole action table again: a diagnosis continues a failure with any action (a later
-        # pass left out the actions earlier failures ended on, ``poll`` say: the one that shows S4)
+        # the whole action table again: a diagnosis continues a failure with any action
         _restore(plan, actions)
         if minimize_steps:
-            result.failures[:] = _dedupe(relate(plan, [diagnose(plan, minimize(plan, f))
-                                                      for f in result.failures]))
+            every = plan.masks
+            done = []
+            for f in result.failures:
+                plan.masks = frozenset(every - {f.key})   # the others' checks stay masked
+                try:
+                    g = diagnose(plan, minimize(plan, f))
+                finally:
+                    plan.masks = every
+                if g.key is None and g.invariant == f.invariant and g.check == f.check:
+                    g.key = f.key
+                done.append(g)
+            result.failures[:] = _dedupe(relate(plan, done))
     finally:
         _restore(plan, actions)
+        plan.masks = masks0
         result.seconds = time.perf_counter() - t0
         plan.stats.seconds += result.seconds
     return result
