@@ -51,6 +51,7 @@ import json
 from typing import Any, Iterable
 
 from memspec.invariants import pictures as P
+from memspec.invariants import text as T
 
 SCHEMA = "memspec.run/1"
 
@@ -62,10 +63,7 @@ esc = P.esc
 # ==========================================================================
 
 def _r(v: Any, limit: int = 160) -> str:
-    try:
-        s = repr(v)
-    except Exception:  # noqa: BLE001 - a hostile __repr__
-        s = f"<{type(v).__name__} with a failing repr>"
+    s = T.safe_repr(v, max(limit, 64))   # never raises, bounded, encodable (a hostile __repr__ is said so)
     return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
@@ -123,7 +121,7 @@ def _outcomes_of(action: Any, state: Any, args: dict) -> str:
     try:
         return action.step(copy.deepcopy(state), **args).describe()
     except Exception as e:  # noqa: BLE001
-        return f"(the spec could not describe its outcomes: {type(e).__name__}: {e})"
+        return f"(the spec could not describe its outcomes: {T.exc_text(e)})"
 
 
 def _named(action: Any, args: dict, known: set) -> list:
@@ -146,12 +144,12 @@ def _answer(run: Any, ts: Any) -> str:
     instead), and the objects it returned (their reprs: target text)."""
     refs = getattr(getattr(run, "sut", None), "refs", None) or {}
     bound = [f"#{b} = {_r(refs[b], 120)}" for b in ts.bound if b in refs]
-    return ts.outcome + (f"; {', '.join(bound)}" if bound else "")
+    return T.safe_str(ts.outcome) + (f"; {', '.join(bound)}" if bound else "")
 
 
 def _step_row(i: int, ts: Any, **kw: Any) -> dict:
-    row = {"index": i, "action": ts.action, "call": _call(ts.action, ts.args),
-           "args": {k: _r(v) for k, v in ts.args.items()}, "permitted": "", "answer": ts.outcome,
+    row = {"index": i, "action": T.safe_str(ts.action, 200), "call": _call(T.safe_str(ts.action, 200), ts.args),
+           "args": {k: _r(v) for k, v in ts.args.items()}, "permitted": "", "answer": T.safe_str(ts.outcome),
            "bound": list(ts.bound), "failing": False, "picture": None, "marks": None}
     row.update(kw)
     return row
@@ -174,7 +172,7 @@ def _replay_in_child(ch: Any, target: str, level: str, trace: list, expect: str,
                            machine=opts["machine"])
     guard.limit = None
     if err is not None:
-        ch.send({"t": "end", "reproduced": False, "note": f"could not plan the replay: {type(err).__name__}: {err}"})
+        ch.send({"t": "end", "reproduced": False, "note": f"could not plan the replay: {T.exc_text(err)}"})
         return
     run = E.Run(plan, guard)
     known: set = set()
@@ -191,13 +189,14 @@ def _replay_in_child(ch: Any, target: str, level: str, trace: list, expect: str,
                 done = run.apply(action, args, ts.choices)
             except Violation as v:
                 last = run.trace[-1] if run.trace else None
+                reason = T.safe_str(v.reason)
                 row.update(answer=_answer(run, last) if last is not None else "",
                            bound=list(last.bound) if last is not None else [], failing=True,
                            picture=P.state_model(run.state),
-                           marks=P.marks_from(v.reason, v.invariant, v.reason, refs=_named(action, args, known)))
+                           marks=P.marks_from(reason, v.invariant, reason, refs=_named(action, args, known)))
                 ch.send({"t": "step", "row": row})
                 note = "reproduced" if v.invariant == expect else \
-                    f"the replay failed differently: {v.invariant} [{v.cause}] {v.reason}"
+                    f"the replay failed differently: {T.safe_str(v.invariant, 200)} [{T.safe_str(v.cause, 200)}] {reason}"
                 if i < len(trace):
                     note += f" (at step {i} of {len(trace)})"
                 ch.send({"t": "end", "reproduced": v.invariant == expect, "note": note})
@@ -208,9 +207,10 @@ def _replay_in_child(ch: Any, target: str, level: str, trace: list, expect: str,
         try:
             run.teardown()
         except Violation as v:
+            reason = T.safe_str(v.reason)
             ch.send({"t": "end", "reproduced": v.invariant == expect, "failing_last": True,
-                     "marks": P.marks_from(v.reason, v.invariant, v.reason),
-                     "note": f"reproduced by the end-of-run check: {v.reason}"})
+                     "marks": P.marks_from(reason, v.invariant, reason),
+                     "note": f"reproduced by the end-of-run check: {reason}"})
             return
         ch.send({"t": "end", "reproduced": False,
                  "note": "did not reproduce: every step of the replay passed (a nondeterministic target?)"})
@@ -247,20 +247,20 @@ def replay_failure(plan: Any, failure: Any, *, target: str | None = None) -> tup
         end = supervise(lambda ch: _replay_in_child(ch, target, plan.level, trace, failure.invariant, opts),
                         timeout=opts["timeout"], on_message=on_message)
     except Exception as e:  # noqa: BLE001 - a report never fails on a replay
-        end, end_msg["note"] = None, f"the replay could not start: {type(e).__name__}: {e}"
+        end, end_msg["note"] = None, f"the replay could not start: {T.exc_text(e)}"
     steps = []
     for i, ts in enumerate(trace, 1):
         got = rows[i - 1] if i <= len(rows) else None
         if isinstance(got, dict):
             row = _step_row(i, ts)
             for k in ("call", "args", "permitted", "answer", "bound", "failing", "picture", "marks"):
-                if k in got:
-                    row[k] = got[k]
+                if k in got:   # a child's message: plain data, its strings made safe once here
+                    row[k] = T.clean(got[k]) if k in ("call", "args", "permitted", "answer") else got[k]
             steps.append(row)
         else:
             steps.append(_step_row(i, ts))
     info["reproduced"] = bool(end_msg.get("reproduced"))
-    info["note"] = str(end_msg.get("note") or "")
+    info["note"] = T.safe_str(end_msg.get("note") or "")
     death = getattr(end, "death", None) if end is not None else None
     if death:
         info["note"] = (info["note"] + "; " if info["note"] else "") + f"the replay ended: {death}"
@@ -277,7 +277,8 @@ def replay_failure(plan: Any, failure: Any, *, target: str | None = None) -> tup
         steps[-1]["marks"] = end_msg.get("marks")
     if steps and not any(s.get("failing") for s in steps):
         steps[-1]["failing"] = True
-        steps[-1]["marks"] = P.marks_from(failure.reason, failure.invariant, failure.reason)
+        reason = T.safe_str(failure.reason)
+        steps[-1]["marks"] = P.marks_from(reason, failure.invariant, reason)
     return steps, info
 
 
@@ -285,7 +286,8 @@ def _unreplayed(trace: list, failure: Any) -> list[dict]:
     out = [_step_row(i, ts) for i, ts in enumerate(trace, 1)]
     if out:
         out[-1]["failing"] = True
-        out[-1]["marks"] = P.marks_from(failure.reason, failure.invariant, failure.reason)
+        reason = T.safe_str(failure.reason)
+        out[-1]["marks"] = P.marks_from(reason, failure.invariant, reason)
     return out
 
 
@@ -312,7 +314,7 @@ def build_record(all_results: dict[str, list[Any]], parameters: dict | None = No
             cov = {r.level: coverage_of(r.plan, row["id"], machines.get(r.level))
                    for r in results if r.level in row["cells"]}
             invs.append({"id": row["id"], "title": row["title"], "quote": quotes.get(row["id"], ""),
-                         "status": row["status"], "cells": dict(row["cells"]), "detail": row["detail"],
+                         "status": row["status"], "cells": dict(row["cells"]), "detail": row["detail"],  # made safe by merged_rows
                          "coverage": cov})
         runs = []
         for r in results:
@@ -323,17 +325,19 @@ def build_record(all_results: dict[str, list[Any]], parameters: dict | None = No
                     steps, rp = replay_failure(r.plan, f)
                 else:
                     steps, rp = _unreplayed(list(f.trace), f), {"reproduced": False, "note": "not replayed"}
-                fails.append({"invariant": f.invariant, "title": titles.get(f.invariant, ""),
-                              "quote": quotes.get(f.invariant, ""), "cause": f.cause, "reason": f.reason,
+                fails.append({"invariant": T.safe_str(f.invariant), "title": titles.get(f.invariant, ""),
+                              "quote": quotes.get(f.invariant, ""), "cause": T.safe_str(f.cause),
+                              "reason": T.safe_str(f.reason),
                               "steps_to_detection": f.steps_to_detection, "shrunk_length": f.shrunk_length,
-                              "repro": f.repro, "flaky": bool(f.flaky), "replay": rp, "steps": steps})
+                              "repro": None if f.repro is None else T.safe_str(f.repro), "flaky": bool(f.flaky),
+                              "replay": rp, "steps": steps})
             runs.append({"level": r.level, "steps": st.steps, "examples": st.examples,
                          "seconds": round(st.seconds, 3), "steps_per_second": round(st.rate(), 1),
                          "actions": dict(st.actions),
                          "outcomes": {f"{a}: {o}": n for (a, o), n in sorted(st.outcomes.items())},
                          "capabilities": dict(r.plan.capabilities) if r.plan is not None else {},
-                         "errors": list(r.errors), "failures": fails})
-        targets.append({"target": target, "ok": all(r.ok for r in results), "levels": levels,
+                         "errors": [T.safe_str(e) for e in r.errors], "failures": fails})
+        targets.append({"target": T.safe_str(target), "ok": all(r.ok for r in results), "levels": levels,
                         "invariants": invs, "runs": runs})
     return {"schema": SCHEMA, "tool": tool,
             "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -369,12 +373,12 @@ def _effective(parameters: dict) -> dict:
 def write_html(path: str, all_results: dict[str, list[Any]], parameters: dict | None = None, *,
                tool: str = "memspec conform", record_path: str | None = None) -> dict:
     """Build the record, write the report to ``path`` (and the record as JSON to ``record_path``)."""
+    from memspec.invariants.report import write_file
+
     record = build_record(all_results, parameters, tool=tool)
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(render(record))
+    write_file(path, render(record))
     if record_path:
-        with open(record_path, "w", encoding="utf-8") as fh:
-            json.dump(record, fh, indent=1, default=str)
+        write_file(record_path, json.dumps(record, indent=1, default=str))
     return record
 
 
@@ -525,7 +529,7 @@ def _picture(s: dict, sid: str) -> str:
     try:
         return P.svg(s["picture"], s.get("marks"), uid=sid, title=f"spec state after step {s['index']}")
     except Exception as e:  # noqa: BLE001
-        return f'<p class="muted">the picture could not be drawn: {esc(type(e).__name__)}: {esc(e)}</p>'
+        return f'<p class="muted">the picture could not be drawn: {esc(T.exc_text(e))}</p>'
 
 
 def render(record: dict) -> str:

@@ -29,6 +29,14 @@ def positive_int(text: str) -> int:
     return v
 
 
+def non_negative_int(text: str) -> int:
+    """An integer >= 0 (a threshold that 0 switches off)."""
+    v = _number(int, text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {v}")
+    return v
+
+
 def seconds(text: str) -> float:
     """A finite number of seconds > 0 and at most a year (a per-call timeout,
     a time budget): 0, negatives, nan and inf are refused."""
@@ -48,45 +56,117 @@ def minutes(text: str) -> float:
     return v
 
 
-def _writable_ancestor(path: str) -> str | None:
-    """The nearest existing ancestor directory of ``path`` if it is a writable
-    directory, else None."""
-    d = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(d):
+def _nearest_existing(path: str) -> str:
+    """``path`` itself if it exists, else its nearest existing ancestor."""
+    d = os.path.abspath(path)
+    while not os.path.lexists(d):
         parent = os.path.dirname(d)
         if parent == d:
-            return None
+            break
         d = parent
-    return d if os.path.isdir(d) and os.access(d, os.W_OK | os.X_OK) else None
+    return d
+
+
+def _probe_dir(d: str) -> str | None:
+    """None if a file can really be created in directory ``d``, else why not.
+
+    ``os.access`` is not enough: it says yes to root on a read-only
+    directory and on file systems that refuse writes (``/sys``, a read-only
+    mount), so a file is created (``O_CREAT | O_EXCL``) and removed."""
+    import tempfile
+
+    try:
+        fd, name = tempfile.mkstemp(prefix=".memspec-probe-", dir=d)
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    try:
+        os.close(fd)
+    finally:
+        try:
+            os.unlink(name)
+        except OSError:
+            pass
+    return None
+
+
+def _check_creatable(text: str, what: str) -> None:
+    """``text`` does not exist: its nearest existing ancestor must be a
+    directory a file can be created in (the missing directories are created
+    when the output is written)."""
+    anc = _nearest_existing(os.path.dirname(os.path.abspath(text)))
+    if not os.path.isdir(anc):
+        raise argparse.ArgumentTypeError(f"cannot create {what} {text}: {anc} is not a directory")
+    why = _probe_dir(anc)
+    if why is not None:
+        raise argparse.ArgumentTypeError(f"cannot create {what} {text}: directory {anc} is not writable ({why})")
 
 
 def out_file(text: str) -> str:
-    """A file the command can create or overwrite (its directory may be
-    created): checked now, so an unwritable path fails before the run."""
+    """A file the command can create or overwrite (its missing directories
+    are created when it is written): checked now by really creating a file
+    beside it, so an unwritable path -- a read-only or missing-and-uncreatable
+    directory, a path under a file, a directory -- fails before the run."""
     if not text:
         raise argparse.ArgumentTypeError("empty file name")
+    if "\0" in text:
+        raise argparse.ArgumentTypeError("a file name cannot contain a NUL character")
     if os.path.isdir(text):
         raise argparse.ArgumentTypeError(f"{text} is a directory, not a file")
-    if os.path.exists(text):
-        if not os.access(text, os.W_OK):
+    if os.path.lexists(text):
+        import stat
+
+        try:
+            st = os.stat(text)
+        except OSError as e:
+            raise argparse.ArgumentTypeError(f"{text} is not writable ({e.strerror})") from None
+        if stat.S_ISREG(st.st_mode):
+            try:   # opened for appending: nothing in it changes
+                os.close(os.open(text, os.O_WRONLY | os.O_APPEND))
+            except OSError as e:
+                raise argparse.ArgumentTypeError(f"{text} is not writable ({e.strerror})") from None
+        elif not os.access(text, os.W_OK):   # a device or a pipe (/dev/stdout): never opened here
             raise argparse.ArgumentTypeError(f"{text} is not writable")
-    elif _writable_ancestor(text) is None:
-        raise argparse.ArgumentTypeError(f"cannot create {text}: its directory is missing or not writable")
+        return text
+    _check_creatable(text, "file")
     return text
 
 
 def out_dir(text: str) -> str:
-    """A directory the command can create or write into."""
+    """A directory the command can create or write into (a file is really
+    created in it, or in its nearest existing ancestor, and removed)."""
     if not text:
         raise argparse.ArgumentTypeError("empty directory name")
+    if "\0" in text:
+        raise argparse.ArgumentTypeError("a directory name cannot contain a NUL character")
     if os.path.exists(text):
         if not os.path.isdir(text):
             raise argparse.ArgumentTypeError(f"{text} exists and is not a directory")
-        if not os.access(text, os.W_OK | os.X_OK):
-            raise argparse.ArgumentTypeError(f"directory {text} is not writable")
-    elif _writable_ancestor(os.path.join(text, "x")) is None:
-        raise argparse.ArgumentTypeError(f"cannot create directory {text}: its parent is missing or not writable")
+        why = _probe_dir(text)
+        if why is not None:
+            raise argparse.ArgumentTypeError(f"directory {text} is not writable ({why})")
+        return text
+    _check_creatable(text, "directory")
     return text
+
+
+def max_jobs() -> int:
+    """The most worker processes ``--jobs`` accepts: 4 x the cores this
+    process may run on, at most 256."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(256, 4 * max(1, cores)))
+
+
+def jobs(text: str) -> int:
+    """A number of worker processes: 1 .. :func:`max_jobs` (a typo such as
+    ``--jobs 10000`` would fork ten thousand processes)."""
+    v = positive_int(text)
+    cap = max_jobs()
+    if v > cap:
+        raise argparse.ArgumentTypeError(f"must be at most {cap} (4 x the cores available, at most 256), got {v}")
+    return v
 
 
 class TargetParser(argparse.ArgumentParser):

@@ -9,6 +9,13 @@ reason (the actions that declare it did not succeed ``--min-accepted``
 times: not a pass).  Exit status 1 on any FAIL or ERROR, and on any
 UNTESTED unless ``--allow-untested``.
 
+Output paths (``--json``, ``--junit``, ``--html``, ``--out``, ``--db``) are
+checked before the run (exit status 2, one line).  Text from the target is
+made safe once where the results arrive (bounded, encodable; control
+characters shown escaped on the terminal).  An output that cannot be written
+after the run (a full disk) is said in one line on stderr, the others are
+still written, and the exit status is 2.
+
 A TARGET is an entry point of the group ``memspec.targets`` (see ``memspec
 targets``), ``package.module:attr`` naming a factory, or ``mutant:NAME``.
 """
@@ -23,7 +30,8 @@ import sys
 
 from rich.markup import escape
 
-from memspec.argtypes import out_dir, out_file, positive_int, seconds
+from memspec.argtypes import non_negative_int, out_dir, out_file, positive_int, seconds
+from memspec.commands._output import Terminal, write_output
 
 from memspec.invariants.discovery import DEFAULT_TARGET
 from memspec.invariants.levels import LEVELS
@@ -50,7 +58,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.add_argument("--allow-untested", action="store_true",
                    help="exit 0 although some invariant is UNTESTED (its actions never succeeded often enough)")
-    p.add_argument("--min-accepted", type=int, default=None,
+    p.add_argument("--min-accepted", type=non_negative_int, default=None,
                    help="accepting steps each declaring action needs for a PASS (default 3)")
     p.add_argument("--corpus", action="store_true", help="replay the Z3-synthesized traces (memspec.invariants.corpus)")
     return p
@@ -65,6 +73,7 @@ def main(argv: list[str]) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from memspec.invariants import report, runner
+    from memspec.invariants import text as T
 
     console = _report_console(stderr=False)
     targets = args.targets or [DEFAULT_TARGET]
@@ -72,7 +81,7 @@ def main(argv: list[str]) -> int:
     steps = args.steps
     all_results: dict[str, list] = {}
     extra = {} if args.min_accepted is None else {"min_accepted": args.min_accepted}
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
+    progress = Progress(TextColumn("{task.description}", markup=False), BarColumn(), TextColumn("{task.fields[info]}"),
                         TimeElapsedColumn(), console=console, transient=True, disable=args.quiet)
     with progress:
         for target in targets:
@@ -82,7 +91,7 @@ def main(argv: list[str]) -> int:
                 from memspec.invariants.runner import hypothesis_settings
 
                 total = examples or hypothesis_settings(args.profile).max_examples
-                state["task"] = progress.add_task(f"{target} [{plan.level}]", total=total, info="")
+                state["task"] = progress.add_task(T.terminal(f"{target} [{plan.level}]", 300), total=total, info="")
 
             def on_step(plan, state=state):  # called with the child's progress, a few times a second
                 if state["task"] is not None:
@@ -94,12 +103,14 @@ def main(argv: list[str]) -> int:
                 target, args.level, profile=args.profile, examples=examples, steps=steps, seed=args.seed,
                 db=args.db, capacity=args.capacity, timeout=args.timeout, out_dir=args.out,
                 on_step=on_step, on_plan=on_plan, machine=args.machine, **extra)
+    T.clean_results(all_results)   # the boundary: every target-derived string bounded and encodable, once
+    term = Terminal("memspec conform")
     ok = True
     untested = 0
     total_steps = 0
     total_secs = 0.0
     for target, results in all_results.items():
-        report.print_table(console, target, results)
+        term.run(lambda target=target, results=results: report.print_table(console, target, results))
         for r in results:
             ok = ok and r.ok
             untested += len(r.untested)
@@ -107,30 +118,37 @@ def main(argv: list[str]) -> int:
             total_secs += r.stats.seconds
             for f in r.failures:
                 if f.repro:
-                    console.print(f"  [red]FAIL {f.invariant}[/] ({r.level}, {f.shrunk_length} steps): "
-                                  + escape(f"{shlex.quote(sys.executable)} {shlex.quote(str(f.repro))}"),
-                                  soft_wrap=True)   # one line: the command can be copied
+                    term.run(lambda f=f, r=r: console.print(
+                        f"  [red]FAIL {escape(T.terminal(f.invariant, 200))}[/] ({r.level}, {f.shrunk_length} steps): "
+                        + escape(T.terminal(f"{shlex.quote(sys.executable)} {shlex.quote(str(f.repro))}")),
+                        soft_wrap=True))   # one line: the command can be copied
     rate = total_steps / total_secs if total_secs else 0.0
-    console.print(f"steps run: {total_steps}; {rate:.0f} steps/s; {total_secs:.1f} s")
+    term.run(lambda: console.print(f"steps run: {total_steps}; {rate:.0f} steps/s; {total_secs:.1f} s"))
+    written = True
     if args.json:
-        report.write_json(args.json, all_results)
+        written &= write_output("memspec conform", "--json", args.json, lambda: report.write_json(args.json, all_results))
     if args.junit:
-        report.write_junit(args.junit, all_results)
+        written &= write_output("memspec conform", "--junit", args.junit,
+                                lambda: report.write_junit(args.junit, all_results))
     if args.html:
         from memspec.invariants import html_report
 
-        html_report.write_html(args.html, all_results, html_report.parameters_from_args(args, (
-            "level", "profile", "examples", "steps", "seed", "capacity", "timeout", "db")))
-        console.print(f"report: {args.html}")
+        if write_output("memspec conform", "--html", args.html, lambda: html_report.write_html(
+                args.html, all_results, html_report.parameters_from_args(args, (
+                    "level", "profile", "examples", "steps", "seed", "capacity", "timeout", "db")))):
+            term.run(lambda: console.print(escape(f"report: {T.terminal(args.html)}")))
+        else:
+            written = False
     if not ok:
-        console.print("[red]conformance FAILED[/]")
-        return 1
+        term.run(lambda: console.print("[red]conformance FAILED[/]"))
+        return 1 if written else 2
     if untested:
-        console.print(f"[magenta]{untested} invariant row(s) UNTESTED[/] (not a pass"
-                      + ("; allowed by --allow-untested)" if args.allow_untested else "; --allow-untested to accept)"))
-        return 0 if args.allow_untested else 1
-    console.print("[green]all invariants hold[/]")
-    return 0
+        term.run(lambda: console.print(
+            f"[magenta]{untested} invariant row(s) UNTESTED[/] (not a pass"
+            + ("; allowed by --allow-untested)" if args.allow_untested else "; --allow-untested to accept)")))
+        return 2 if not written else 0 if args.allow_untested else 1
+    term.run(lambda: console.print("[green]all invariants hold[/]"))
+    return 0 if written and not term.failed else 2
 
 
 if __name__ == "__main__":  # pragma: no cover
