@@ -36,7 +36,7 @@ GROUPS: dict[str, str] = {
     "formal": "bench.formal:run",
     "gpu": "bench.gpu:run",
     "report": "bench.report:run",
-    "oom": "bench.oom:run",
+    "oom": "bench.oom:run_all",
 }
 
 

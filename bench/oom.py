@@ -54,6 +54,37 @@ def run(quick: bool = False) -> list[Row]:
     return rows
 
 
+def corpus_rows(quick: bool = False) -> list[Row]:
+    """Quality on the public corpus (tests/data/oom/corpus.json): figures read, cause, first next step --
+    for all messages and for the held-out part apart.  Printed, never asserted on time."""
+    import pathlib
+    import sys
+
+    tests = pathlib.Path(__file__).resolve().parent.parent / "tests"
+    sys.path.insert(0, str(tests))
+    try:
+        import oom_corpus
+    finally:
+        sys.path.remove(str(tests))
+    t0 = time.perf_counter()
+    rows, s = oom_corpus.score()
+    took = time.perf_counter() - t0
+    h = s["held_out"]
+    out = []
+    for key, label, target in (("parsed", "figures read", 0.95), ("cause", "cause = thread's", 0.90),
+                               ("first_step", "first step = thread's fix", 0.80)):
+        out.append(Row(f"oom corpus: {label} ({s['messages']} msgs, {s['stacks']} stacks)", 100 * s[key], "%", None,
+                       f">= {target:.0%}", s[key] >= target,
+                       f"held out ({h['n']}): {100 * h[key]:.0f}%; scored in {took:.2f} s"))
+    return out
+
+
+def run_all(quick: bool = False) -> list[Row]:
+    return corpus_rows(quick) + run(quick)
+
+
 if __name__ == "__main__":
+    for r in corpus_rows():
+        print(f"{r.name}: {r.value:.1f}% (target {r.target}) met={r.met} {r.note}")
     for r in run():
         print(f"{r.name}: {r.value:.3f} s (x{r.ratio:.0f} a bytes.count pass) met={r.met}")

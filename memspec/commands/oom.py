@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--nvidia-smi", metavar="FILE",
                     help="nvidia-smi --query-compute-apps=pid,used_memory --format=csv output")
     ap.add_argument("--pid", type=_pid, help="this process's PID (as nvidia-smi shows it)")
+    ap.add_argument("--message", dest="which", type=int, metavar="N",
+                    help="with several OOM messages in the input: triage the N-th (1-based; -1 = the last, the "
+                         "default)")
     ap.add_argument("--distributed", action="store_true", help="a distributed (NCCL) run")
     ap.add_argument("--cuda-graphs", "--graphs", dest="cuda_graphs", action="store_true",
                     help="CUDA graphs were captured (torch.cuda.graph, torch.compile mode='reduce-overhead')")
@@ -89,7 +92,7 @@ def main(argv: list[str]) -> int:
                 data = " ".join(args.message)
             else:
                 data = _read("-")
-            f = lib.parse(data, pid=args.pid)
+            f = lib.parse(data, pid=args.pid, which=args.which)
         if args.memory_stats:
             lib.apply_memory_stats(f, lib.parse_memory_stats(_text(args.memory_stats, "memory_stats")))
         if args.nvidia_smi:

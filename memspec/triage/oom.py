@@ -1788,7 +1788,17 @@ def explain_text(f: Figures, v: Verdict) -> str:
     """The human-readable report."""
     fig = "; ".join(f"{k.replace('_', ' ')} {fmt(getattr(f, k))}" for k in FIGURES
                     if k != "other_processes" and getattr(f, k) is not None)
-    lines = [f"OOM ({f.kind}): {fig or 'no figures'}"]
+    lines = [f"OOM ({STACKS.get(f.stack, f.stack)}; format {f.kind}): {fig or 'no figures'}"]
+    if f.tensor_shape:
+        lines.append(f"tensor: shape {f.tensor_shape}" + (f" {f.dtype} = {fmt(f.tensor_bytes)}" if f.dtype else ""))
+    if f.messages > 1:
+        lines.append(f"{f.messages} out-of-memory messages in the input (triaged: #{f.index}; --message N for another):")
+        for d in f.summaries[:20]:
+            figs = ", ".join(f"{k.replace('_', ' ')} {fmt(d[k])}" for k in FIGURES if k in d)
+            lines.append(f"  {'*' if d['index'] == f.index else ' '}#{d['index']} [{d['stack']}] {figs or 'no figures'}"
+                         + (" (not a failure: TensorFlow says it will retry)" if d.get("not_a_failure") else ""))
+        if len(f.summaries) > 20:
+            lines.append(f"   ... {len(f.summaries) - 20} more")
     if f.other_processes:
         lines.append("other processes: " + ", ".join(f"{p} {fmt(u)}" for p, u in f.other_processes))
     lines.append(f"verdict: {v.cause} -- {CAUSES[v.cause]}")
