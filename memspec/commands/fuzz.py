@@ -55,8 +55,17 @@ import shlex
 import sys
 import time
 
+from memspec.argtypes import jobs as jobs_type
 from memspec.argtypes import out_dir, out_file
+from memspec.commands._output import Terminal, reason, say, write_output
+from memspec.invariants import text as T
 from memspec.invariants.discovery import DEFAULT_TARGET
+
+
+def escape_markup(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
 
 #: seed distance between two workers' seed ranges
 SEED_STRIDE = 1_000_003
@@ -117,7 +126,7 @@ def parser() -> argparse.ArgumentParser:
                         "failure plus the unit of work in flight (the bound is stated below)")
     p.add_argument("--seconds", type=positive_float, default=None, help="budget in seconds (overrides --minutes)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--jobs", type=positive_int, default=None,
+    p.add_argument("--jobs", type=jobs_type, default=None,
                    help="worker processes with distinct seeds and one shared database (default: all cores)")
     p.add_argument("--db", type=out_dir, default="memspec-out/db", help="Hypothesis example database directory")
     p.add_argument("--db-readonly-github", metavar="OWNER/REPO", type=_github_repo, default=None,
@@ -136,7 +145,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", type=out_file, default=None, help="write the run's figures and failures as JSON")
     p.add_argument("--machine", default=None, help=argparse.SUPPRESS)
     p.add_argument("--quiet", action="store_true")
-    p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report of the run")
+    p.add_argument("--html", metavar="FILE", type=out_file, help="write a self-contained HTML report of the run")
     return p
 
 
@@ -146,7 +155,7 @@ def open_database(db: str | None, github: str | None = None, artifact: str = "hy
     Saves go to the local directory only."""
     from hypothesis.database import DirectoryBasedExampleDatabase, MultiplexedDatabase, ReadOnlyDatabase
 
-    local = DirectoryBasedExampleDatabase(db) if db else None
+    local = _CheckedDatabase(db) if db else None
     if not github:
         return local
     from hypothesis.database import GitHubArtifactDatabase
@@ -154,6 +163,70 @@ def open_database(db: str | None, github: str | None = None, artifact: str = "hy
     owner, repo = github.split("/")
     shared = ReadOnlyDatabase(GitHubArtifactDatabase(owner, repo, artifact_name=artifact))
     return MultiplexedDatabase(local, shared) if local is not None else shared
+
+
+def _checked_database_class():
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    class CheckedDatabase(DirectoryBasedExampleDatabase):
+        """Hypothesis's directory database, which swallows every ``OSError`` of a
+        save (a full disk persists nothing, silently): each save is checked by
+        reading the value back, and the saves that did not persist are counted
+        (``lost``) so the command can say so."""
+
+        lost = 0
+
+        def save(self, key: bytes, value: bytes) -> None:
+            super().save(key, value)
+            try:
+                kept = value in set(self.fetch(key))
+            except Exception:  # noqa: BLE001
+                kept = False
+            if not kept:
+                type(self).lost += 1
+
+    return CheckedDatabase
+
+
+def _CheckedDatabase(path: str):  # noqa: N802 - a class made on first use (Hypothesis is imported late)
+    global _CHECKED
+    if _CHECKED is None:
+        _CHECKED = _checked_database_class()
+    return _CHECKED(path)
+
+
+_CHECKED = None
+
+
+def lost_saves() -> int:
+    """Saves to ``--db`` (in this process) that did not persist."""
+    return _CHECKED.lost if _CHECKED is not None else 0
+
+
+def probe_db(path: str) -> str | None:
+    """None if ``path`` (the ``--db`` directory) can persist a value now,
+    else why not: a small file is written, synced and removed (a full disk
+    fails here, where Hypothesis's own saves would fail silently)."""
+    import tempfile
+
+    try:
+        os.makedirs(path, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=".memspec-db-probe-", dir=path)
+    except OSError as e:
+        return reason(e)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(b"\0" * 4096)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as e:
+        return reason(e)
+    finally:
+        try:
+            os.unlink(name)
+        except OSError:
+            pass
+    return None
 
 
 class Display:
@@ -202,7 +275,7 @@ class Display:
             covered = frozenset().union(*(v[1] for v in vs))
             t.add_row(f"{lvl}: actions", f"{len(covered)}/{max(v[3] for v in vs)} covered ({len(vs)} workers)")
             t.add_row(f"{lvl}: outcomes", f"{max(v[2] for v in vs)} seen (most of one worker)")
-        t.add_row("failures", escape("\n".join(self.failures)) or "none")
+        t.add_row("failures", escape("\n".join(T.terminal(x, 300) for x in self.failures)) or "none")
         return t
 
 
@@ -215,6 +288,12 @@ def default_jobs() -> int:
         return os.cpu_count() or 1
 
 
+def jobs_cap() -> int:
+    from memspec.argtypes import max_jobs
+
+    return max_jobs()
+
+
 def _budget(args) -> float:
     return args.seconds if args.seconds is not None else args.minutes * 60
 
@@ -223,7 +302,12 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     if args.target and args.target_opt and args.target != args.target_opt:
         parser().error(f"two different targets: {args.target!r} and --target {args.target_opt!r}")
-    jobs = args.jobs or default_jobs()
+    jobs = args.jobs or min(default_jobs(), jobs_cap())
+    if args.db:
+        why = probe_db(args.db)
+        if why is not None:
+            say(f"memspec fuzz: --db {args.db} cannot persist anything ({why}): "
+                "the counterexamples of this run will not be saved")
     if jobs > 1:
         return main_jobs(args, jobs)
     from rich.live import Live
@@ -241,7 +325,7 @@ def main(argv: list[str]) -> int:
         tref = resolve(target)
         kind = runner._kind_of(tref, args.capacity)
     except Exception as e:  # noqa: BLE001
-        console.print(f"[red]cannot fuzz {target}[/]: {type(e).__name__}: {e}")
+        console.print(f"[red]cannot fuzz {escape_markup(T.terminal(target, 300))}[/]: {escape_markup(T.terminal(T.exc_text(e)))}")
         return 2
     levels = [tref.mutant.level] if tref.mutant is not None and args.level == "all" else runner.levels_for(kind, args.level)
     if not levels:
@@ -262,7 +346,7 @@ def main(argv: list[str]) -> int:
             try:
                 plan = runner.make_plan(tref, lvl, capacity=args.capacity, timeout=args.timeout, machine=args.machine)
             except Exception as e:  # noqa: BLE001
-                disp.failures.append(f"{lvl}: ERROR {type(e).__name__}: {e}")
+                disp.failures.append(f"{lvl}: ERROR {T.exc_text(e)}")
                 continue
             disp.plans.append(plan)
             c_fuzz = time.process_time()
@@ -313,31 +397,48 @@ class _ShrinkBudget:
 def _report(console, args, disp, results, steps: int, *, jobs: int, workers: list, fuzz_seconds: float | None = None) -> int:
     from rich.markup import escape
 
+    from memspec.invariants.report import write_file
+
+    T.clean_results(results)   # the boundary: every target-derived string bounded and encodable, once
+    term = Terminal("memspec fuzz")
     bad = [f for r in results for f in r.failures] + [e for r in results for e in r.errors]
     el = time.perf_counter() - disp.t0
-    console.print(f"steps run: {steps}; {steps / el if el else 0:.0f} steps/s; {el:.1f} s; seed {args.seed}; "
-                  f"db {args.db}" + (f"; {jobs} jobs" if jobs > 1 else ""))
+    term.run(lambda: console.print(escape(
+        f"steps run: {steps}; {steps / el if el else 0:.0f} steps/s; {el:.1f} s; seed {args.seed}; "
+        f"db {T.terminal(args.db)}" + (f"; {jobs} jobs" if jobs > 1 else ""))))
     if getattr(args, "mode", None) == "walk":
         from memspec.invariants.walk import sample_note
 
-        console.print(sample_note())
+        term.run(lambda: console.print(sample_note()))
     for r in results:
         for f in r.failures:
-            console.print(f"[red]FAIL {f.invariant}[/] " + escape(f"[{f.cause}] ({r.level}, {f.shrunk_length} steps) {f.reason}")
-                          + (escape(f"\n    python {shlex.quote(str(f.repro))}") if f.repro else ""),
-                          soft_wrap=True)   # one line: the command can be copied
+            term.run(lambda f=f, r=r: console.print(
+                f"[red]FAIL {escape(T.terminal(f.invariant, 200))}[/] "
+                + escape(T.terminal(f"[{f.cause}] ({r.level}, {f.shrunk_length} steps) {f.reason}"))
+                + (escape("\n    python " + T.terminal(shlex.quote(str(f.repro)))) if f.repro else ""),
+                soft_wrap=True))   # one line: the command can be copied
         for e in r.errors:
-            console.print(f"[yellow]ERROR[/] ({r.level}) " + escape(e))
+            term.run(lambda e=e, r=r: console.print(f"[yellow]ERROR[/] ({r.level}) " + escape(T.terminal(e))))
+    lost = lost_saves()
+    if args.db and lost:
+        say(f"memspec fuzz: --db {args.db}: {lost} database save(s) did not persist "
+            "(the directory's writes failed; Hypothesis ignores such errors)")
+    written = True
     if args.html:
         from memspec.invariants import html_report
 
-        html_report.write_html(args.html, {disp.target: results}, html_report.parameters_from_args(args, (
-            "mode", "level", "minutes", "seconds", "seed", "steps", "capacity", "timeout", "db")), tool="memspec fuzz")
-        console.print(f"report: {args.html}")
+        if write_output("memspec fuzz", "--html", args.html, lambda: html_report.write_html(
+                args.html, {disp.target: results}, html_report.parameters_from_args(args, (
+                    "mode", "level", "minutes", "seconds", "seed", "steps", "capacity", "timeout", "db")),
+                tool="memspec fuzz")):
+            term.run(lambda: console.print(escape(f"report: {T.terminal(args.html)}")))
+        else:
+            written = False
     untested = not bad and steps == 0  # nothing ran: not a pass (e.g. every worker spent the budget starting)
-    console.print("[green]no failures[/]" if not bad and not untested else
-                  "[yellow]UNTESTED: no step ran within the budget[/] (raise --minutes/--seconds)" if untested else
-                  f"[red]{len(bad)} failure(s)[/]")
+    term.run(lambda: console.print(
+        "[green]no failures[/]" if not bad and not untested else
+        "[yellow]UNTESTED: no step ran within the budget[/] (raise --minutes/--seconds)" if untested else
+        f"[red]{len(bad)} failure(s)[/]"))
     if args.json:
         fs = fuzz_seconds if fuzz_seconds is not None else el
         doc = {
@@ -352,17 +453,16 @@ def _report(console, args, disp, results, steps: int, *, jobs: int, workers: lis
                           "steps": f.shrunk_length, "repro": f.repro} for r in results for f in r.failures],
             "errors": [{"level": r.level, "error": e} for r in results for e in r.errors],
             "untested": untested,
+            "db_saves_lost": lost,
         }
         if args.mode == "walk":
             from memspec.invariants.walk import sample_note
 
             doc["sample"] = sample_note()
-        try:
-            with open(args.json, "w") as fh:
-                json.dump(doc, fh, indent=2, default=str)
-        except OSError as e:
-            console.print(f"[red]cannot write {args.json}[/]: {e}")
-            return 2
+        written &= write_output("memspec fuzz", "--json", args.json,
+                                lambda: write_file(args.json, json.dumps(T.clean(doc), indent=2, default=str) + "\n"))
+    if not written:
+        return 2
     return 1 if bad or untested else 0
 
 
@@ -626,7 +726,7 @@ def _worker(w: int, argv: list[str], budget: float, queue, stop_event, built: di
                 for e in r.errors:
                     queue.put(("error", w, lvl, e))
     except BaseException as e:  # noqa: BLE001 - reported to the parent, never lost
-        queue.put(("error", w, "?", f"worker {w}: {type(e).__name__}: {e}"))
+        queue.put(("error", w, "?", f"worker {w}: {T.exc_text(e)}"))
     finally:
         done.set()
         th.join()
@@ -655,7 +755,7 @@ def main_jobs(args, jobs: int) -> int:
         tref = resolve(target)
         kind = runner._kind_of(tref, args.capacity)
     except Exception as e:  # noqa: BLE001
-        console.print(f"[red]cannot fuzz {target}[/]: {type(e).__name__}: {e}")
+        console.print(f"[red]cannot fuzz {escape_markup(T.terminal(target, 300))}[/]: {escape_markup(T.terminal(T.exc_text(e)))}")
         return 2
     levels = [tref.mutant.level] if tref.mutant is not None and args.level == "all" else runner.levels_for(kind, args.level)
     if not levels:
