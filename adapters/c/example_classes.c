@@ -18,10 +18,11 @@
  * ABI table.
  *
  * Build:  cc -shared -fPIC -O2 -I adapters/c -o libclasses.so adapters/c/example_classes.c
- * Broken twin (must be caught):  ... -DMEMSPEC_BROKEN_HEADER_IN_FOOTPRINT
- *         reports the footprint without the header (class - 16 from the
- *         address): the blocks of two allocations then overlap the bytes
- *         it claims.
+ * Broken twin (must be caught):  ... -DMEMSPEC_BROKEN_HEADER_NOT_COUNTED
+ *         picks the class from the request alone, forgetting the header: a
+ *         request near its class size then runs past its block into the next
+ *         block's header (the block no longer holds the requested bytes, and
+ *         the next allocation's header overwrites the caller's data).
  */
 #include <sys/mman.h>
 
@@ -65,7 +66,11 @@ static uint64_t cl_capacity(void *dev) { return ((device *)dev)->capacity; }
 static int32_t cl_alloc(void *dev, uint64_t size, uint64_t alignment, memspec_kit_block *out, char *err, size_t errlen) {
     device *d = dev;
     unsigned c = 0;
+#ifdef MEMSPEC_BROKEN_HEADER_NOT_COUNTED
+    while (c < d->nclasses && d->classes[c] < size) c++;   /* the planted bug: the header is not counted */
+#else
     while (c < d->nclasses && d->classes[c] < size + HEADER) c++;
+#endif
     if (c == d->nclasses) { snprintf(err, errlen, "no class holds %llu bytes", (unsigned long long)size); return MEMSPEC_ERR_OUT_OF_MEMORY; }
     uint64_t cls = d->classes[c], align = alignment > HEADER ? alignment : HEADER, blk = 0;
     for (freeblk **p = &d->free[c]; *p; p = &(*p)->next) {   /* a free block of the class, aligned */
@@ -88,12 +93,7 @@ static int32_t cl_alloc(void *dev, uint64_t size, uint64_t alignment, memspec_ki
     h->cls = c;
     out->address = blk + HEADER;
     out->block = blk;
-#ifdef MEMSPEC_BROKEN_HEADER_IN_FOOTPRINT
-    out->block = 0;               /* the planted bug: the header is left out of the footprint */
-    out->footprint = cls - HEADER;
-#else
     out->footprint = cls;         /* the whole block, header included, counted from block */
-#endif
     return MEMSPEC_OK;
 }
 
@@ -126,7 +126,7 @@ static void cl_geometry(void *dev, memspec_geometry *g) {
 }
 
 static const memspec_kit_ops OPS = {
-#ifdef MEMSPEC_BROKEN_HEADER_IN_FOOTPRINT
+#ifdef MEMSPEC_BROKEN_HEADER_NOT_COUNTED
     .name = "example-classes-broken",
 #else
     .name = "example-classes",
