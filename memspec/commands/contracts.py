@@ -10,18 +10,21 @@ from __future__ import annotations
 import argparse
 import json
 
+from memspec.argtypes import jobs as jobs_type
+from memspec.argtypes import max_jobs, out_file
+
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="memspec contracts", description=__doc__.split("\n\n")[0])
     ap.add_argument("--per-condition-timeout", type=float, default=2.0, help="CrossHair seconds per condition (check)")
     ap.add_argument("--diff-timeout", type=float, default=4.0, help="CrossHair seconds per diffbehavior pair")
-    ap.add_argument("--jobs", type=int, default=4,
+    ap.add_argument("--jobs", type=jobs_type, default=min(4, max_jobs()),
                     help="CrossHair subprocesses at a time (default 4: each diff runs until its paths are "
                          "exhausted, so the same iterations in less wall time on a shared machine)")
     ap.add_argument("--module-timeout", type=float, default=600.0,
                     help="wall seconds after which one CrossHair process (a module's check, a diff pair) is killed; "
                          "its rows then say TIMEOUT (not finished), never clean or counterexample (default 600)")
-    ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--json", metavar="FILE", type=out_file)
     ns = ap.parse_args(argv)
 
     from memspec.invariants.contracts import run_contracts
@@ -40,7 +43,11 @@ def main(argv: list[str]) -> int:
     summary = "all clean" if rep.ok else "FAILURES: " + ", ".join(f"{n} {v}" for v, n in bad.items() if n)
     print(f"\n{len(rep.rows)} rows, {summary}; CrossHair wall time {rep.seconds:.1f}s")
     if ns.json:
-        with open(ns.json, "w") as fh:
-            json.dump({"ok": rep.ok, "seconds": rep.seconds, "skipped": rep.skipped,
-                       "rows": [r.__dict__ for r in rep.rows]}, fh, indent=2)
+        from memspec.commands._output import write_output
+        from memspec.invariants.report import write_file
+
+        doc = {"ok": rep.ok, "seconds": rep.seconds, "skipped": rep.skipped, "rows": [r.__dict__ for r in rep.rows]}
+        if not write_output("memspec contracts", "--json", ns.json,
+                            lambda: write_file(ns.json, json.dumps(doc, indent=2, default=str))):
+            return 2
     return 0 if rep.ok else 1

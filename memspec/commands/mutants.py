@@ -162,6 +162,12 @@ def summary(kills: list) -> dict:
             "cpu_seconds": round(sum(k.cpu_seconds for k in kills), 1)}
 
 
+def T_terminal(s, limit=2000):
+    from memspec.invariants.text import terminal
+
+    return terminal(s, limit)
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="memspec mutants", description=__doc__.split("\n\n")[0])
     p.add_argument("--only", action="append", default=[], metavar="NAME", help="run only this mutant (repeatable)")
@@ -232,16 +238,22 @@ def _results(console: Any, kills: list, args: Any) -> int:
                   f"{s['seconds']:.0f} s wall, {s['cpu_seconds']:.0f} s CPU")
     for k in kills:
         for c in k.consequences:
-            console.print(f"[dim]{k.name}[/]: {k.blame} blamed; first shown as " + escape(c[:200]))
+            console.print(f"[dim]{k.name}[/]: {k.blame} blamed; first shown as " + escape(T_terminal(c, 200)))
         for e in k.errors:
-            console.print(f"[yellow]{k.name}[/]: " + escape(e))
+            console.print(f"[yellow]{k.name}[/]: " + escape(T_terminal(e)))
     if args.json:
         import json
 
-        with open(args.json, "w") as fh:
-            json.dump({"mutants": [k.as_json() for k in kills], "summary": s,
-                       "settings": {"profile": "ci", "examples": args.examples, "steps": args.steps,
-                                    "capacity": args.capacity, "seed": args.seed}}, fh, indent=2)
+        from memspec.commands._output import write_output
+        from memspec.invariants import text as T
+        from memspec.invariants.report import write_file
+
+        doc = {"mutants": [k.as_json() for k in kills], "summary": s,
+               "settings": {"profile": "ci", "examples": args.examples, "steps": args.steps,
+                            "capacity": args.capacity, "seed": args.seed}}
+        if not write_output("memspec mutants", "--json", args.json,
+                            lambda: write_file(args.json, json.dumps(T.clean(doc), indent=2, default=str) + "\n")):
+            return 2
     return 0 if killed == len(kills) else 1
 
 

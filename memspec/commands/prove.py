@@ -27,6 +27,9 @@ import resource
 import time
 from typing import Any
 
+from memspec.argtypes import jobs as jobs_type
+from memspec.argtypes import out_file
+
 
 #: agreeing samples per outcome branch of each encoded action, per spec action that it encodes
 #: (``--per-branch``): a branch reached often stops costing evaluations once it has these
@@ -526,11 +529,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--inv-samples", type=int, default=100,
                     help="invariant-agreement states per adapter (default 100)")
     ap.add_argument("--traces", action="store_true", help="print each unguarded variant's counterexample trace")
-    ap.add_argument("--json", metavar="FILE", help="write the per-invariant results as JSON")
+    ap.add_argument("--json", metavar="FILE", type=out_file, help="write the per-invariant results as JSON")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-caching", action="store_true", help="skip the caching allocator's Z3 checks")
     ap.add_argument("--depth", type=int, default=8, help="bound of the fragmentation searches (default 8)")
-    ap.add_argument("--jobs", type=int, default=None,
+    ap.add_argument("--jobs", type=jobs_type, default=None,
                     help="worker processes for the independent proof groups (default: the CPUs this process "
                          "may run on; 1: all in this process); the rows are the same for any value")
     ap.add_argument("--walks", type=int, default=None,
@@ -578,6 +581,10 @@ def main(argv: list[str]) -> int:
         out["group_cpu_seconds"] = {k: {"tasks": int(g["tasks"]), "cpu": round(g["cpu"], 2),
                                         "largest": round(g["largest"], 2)} for k, g in GROUP_CPU.items()}
         out["task_cpu_seconds"] = {n: round(c, 2) for n, c in TASK_CPU}
-        with open(ns.json, "w") as fh:
-            json.dump(out, fh, indent=2)
+        from memspec.commands._output import write_output
+        from memspec.invariants.report import write_file
+
+        if not write_output("memspec prove", "--json", ns.json,
+                            lambda: write_file(ns.json, json.dumps(out, indent=2, default=str))):
+            return 2
     return 0 if all(r["proved"] for r in records) else 1

@@ -23,6 +23,7 @@ writability before anything runs; the SVG escapes every string it draws.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from memspec.argtypes import out_file, positive_int
@@ -101,16 +102,25 @@ def main(argv: list[str]) -> int:
             a.set_allocator_settings(expandable_segments=True)
         snap = a.snapshot()
     print(describe(snap))
-    try:
-        if args.out:
+    from memspec.commands._output import write_output
+    from memspec.invariants.report import write_file
+
+    written = True
+    if args.out:
+        def dump():
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
             cs.dump(snap, args.out)
+
+        if write_output("memspec snapshot", "--out", args.out, dump):
             print(f"wrote {args.out}")
-        if args.svg:
-            with open(args.svg, "w", encoding="utf-8") as fh:
-                fh.write(snapshot_svg(snap))
+        else:
+            written = False
+    if args.svg:
+        if write_output("memspec snapshot", "--svg", args.svg, lambda: write_file(args.svg, snapshot_svg(snap))):
             print(f"wrote {args.svg}")
-    except OSError as e:
-        print(f"memspec snapshot: cannot write: {e}", file=sys.stderr)
+        else:
+            written = False
+    if not written:
         return 2
     if args.replay:
         cap = args.capacity * MB if args.capacity else None
