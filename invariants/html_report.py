@@ -55,7 +55,10 @@ from memspec.invariants import text as T
 
 SCHEMA = "memspec.run/1"
 
-esc = P.esc
+def esc(s: Any) -> str:
+    """Text for the HTML: made safe (bounded, encodable, the characters XML
+    forbids -- controls -- shown escaped, e.g. ``\\x1b``) and HTML-escaped."""
+    return P.esc(T.xml(s, 4 * T.MAX_CHARS))
 
 
 # ==========================================================================
