@@ -110,8 +110,7 @@ def test_header_not_counted_is_caught(libs):
     # the planted bug: the class is chosen for the request alone, so the requested bytes
     # run past the block (into the next block's header): S8's block clause
     results = runner.conform(f"c:{libs['classes_broken']}", "mechanism", examples=30, steps=20, out_dir=None)
-    # (its free may also abort on a header the caller's data overwrote: an error of the target, allowed here)
-    assert all("SIGABRT" in e for e in results[0].errors), results[0].errors
+    assert not results[0].errors, results[0].errors
     fails = [(f.invariant, f.reason) for f in results[0].failures]
     assert fails and fails[0][0] == "S8" and "block" in fails[0][1], fails
 
