@@ -98,6 +98,13 @@ class ModelResidency:
             got = self._weights.get(weight) if isinstance(weight, str) else None
             return None if got is None else got[0].allocation.address
 
+    def footprint(self, weight: str) -> int | None:
+        """The real footprint of a loaded weight (``None``: not loaded) --
+        the contract's optional ``ModelResidencyHolder.footprint``."""
+        with self._lock:
+            got = self._weights.get(weight) if isinstance(weight, str) else None
+            return None if got is None else got[0].allocation.footprint
+
     def use(self, weight: str, fence: Fence) -> None:
         """Record in-flight work reading the weight (it is not released before ``fence``)."""
         with self._lock:

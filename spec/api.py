@@ -707,7 +707,9 @@ class ModelResidencyHolder(Protocol):
 
     Optional: ``address(weight) -> int | None`` -- where a loaded weight's
     bytes are now (``None``: not loaded).  A holder that has it gets its
-    weights' data checked (written, and read back while resident)."""
+    weights' data checked (written, and read back while resident).
+    Optional: ``footprint(weight) -> int | None`` -- the real footprint of a
+    loaded weight: the spec charges that (without it, the bytes asked for)."""
 
     name: str
 

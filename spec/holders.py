@@ -44,7 +44,7 @@ from typing import Any
 
 from memspec.spec import kernels as K
 from memspec.spec.api import Fence, TicketState
-from memspec.spec.core import Domain, Raises, Returns, action, booleans, only, outcomes
+from memspec.spec.core import Check, Domain, Raises, Returns, action, booleans, only, outcomes
 from memspec.spec.errors import GrantDenied, InvalidRange, InvalidRequest, InvalidTicket, MemspecError, OutOfMemory, Unsupported
 from memspec.spec.state import KvRequest, Seen, SysState, Weight, add, new_ref
 from memspec.spec.manager import context_alive, drop_owned, new_owned, physical_total
@@ -70,33 +70,58 @@ def _absent_weight(s: SysState, c: Any) -> tuple[str, bool, int]:
     return (name, c.boolean(), s.weights[name].pages * s.page)
 
 
+def _perform_load(sut: Any, weight: tuple[str, bool, int]) -> Any:
+    sut.weights.load(weight[0], weight[2], hot=weight[1])
+    probe = getattr(sut.weights, "footprint", None)   # optional: the real footprint of a loaded weight
+    fp = probe(weight[0]) if callable(probe) else None
+    return Seen(None, {"footprint": fp if fp is not None else weight[2]})
+
+
 @action(role="ModelResidency",
         params={"weight": Domain("(weight, hot, bytes): a weight not resident", _absent_weight,
                                  lambda s: any(not w.resident for w in s.weights.values()))},
-        perform=lambda sut, weight: sut.weights.load(weight[0], weight[2], hot=weight[1]),
+        perform=_perform_load,
         enabled=context_alive, invariants=("S2", "S8", "S11"), weight=2)
 def load_weight(s: SysState, weight: tuple[str, bool, int]) -> Any:
     """Load a weight (hot or cold) through the binding, charged to ModelResidency.
 
     The allocation transaction as for any allocation: GrantDenied if the
-    Governor cannot approve its bytes, OutOfMemory if the device cannot
-    (unless it holds nothing), the ledger unchanged on failure.  On success
-    its pages are resident and charged.
+    Governor cannot approve its real footprint, OutOfMemory if the device
+    cannot (unless it holds nothing and the declared bound fits), the ledger
+    unchanged on failure.  On success its pages are resident and charged at
+    their real footprint (*act on the real allocated bytes*; a holder that
+    does not say it, ``ModelResidencyHolder.footprint``, is taken at the
+    bytes asked for).
     """
+    from memspec.spec.manager import planned_footprint
+
     name, hot, n = weight
     w = s.weights[name]
     if n > s.free:
         return only(GrantDenied, blame="S8", describe=f"{n} > free {s.free}")
     installed = s.registry.installed
+    hi, strict, room = planned_footprint(s, n)
 
-    def then(_v: Any) -> int:
-        charge_at_footprint(s, WEIGHTS, n, n)
-        o = new_owned(s, "weight", WEIGHTS, n, n, installed)
+    def then(v: Seen) -> int:
+        fp = v["footprint"]
+        charge_at_footprint(s, WEIGHTS, n, fp)
+        o = new_owned(s, "weight", WEIGHTS, n, fp, installed)
         w.resident, w.hot, w.owned = True, hot, o.ref
         return o.ref   # the weight's memory (its data is checked while resident)
 
-    branches: list[Any] = [Returns("None (resident, charged)", lambda v: v is None, then, lambda: None)]
-    if not (physical_total(s) == 0 and n <= s.device_capacity):
+    checks = [Check("S8", "footprint", lambda v: v["footprint"] >= n, f"footprint >= {n}")]
+    if hi is not None:
+        checks.append(Check("S8", "bound", lambda v: v["footprint"] <= hi, f"footprint <= {hi} (the declared bound)"))
+    checks.append(Check("S8", "charge", lambda v: v["footprint"] <= s.free,
+                        f"the real footprint charged within the {s.free} bytes free (else refused)"))
+    wfp = hi if hi is not None else n
+    branches: list[Any] = [Returns("resident, charged at its footprint",
+                                   lambda v: isinstance(v, Seen) and type(v["footprint"]) is int, then,
+                                   (lambda: Seen(None, {"footprint": wfp})) if wfp <= s.free else None,
+                                   checks=tuple(checks), id="returns resident")]
+    if hi is None or hi > s.free:
+        branches.append(Raises(GrantDenied, "the real footprint does not fit what is free; ledger unchanged"))
+    if not (physical_total(s) == 0 and strict and hi is not None and hi <= room):
         branches.append(Raises(OutOfMemory, "the device could not; ledger unchanged"))
     return outcomes(*branches, blame="S8")
 
@@ -154,20 +179,23 @@ def evict(s: SysState, w: Weight, *, by: str, pressure: bool = False) -> None:
     drop_owned(s, o, o.fences)
 
 
+def weight_footprint(s: SysState, w: Weight) -> int:
+    """The bytes a resident weight's charge covers: its real footprint."""
+    o = s.owned.get(w.owned) if w.owned is not None else None
+    return o.footprint if o is not None else w.pages * s.page
+
+
 def victims(s: SysState, released: int) -> list[Weight] | None:
-    """The cold resident weights whose pages sum to ``released`` bytes (unique:
-    sizes are distinct powers of two), or None if no such set exists."""
-    if released % s.page:
-        return None
-    mask = released // s.page
-    out = []
-    for w in s.weights.values():
-        if mask & w.pages:
-            if not (w.resident and not w.hot):
-                return None
-            out.append(w)
-            mask &= ~w.pages
-    return out if mask == 0 else None
+    """The cold resident weights whose real footprints sum to ``released``
+    bytes, or None if no set of cold weights does (a set that needs a hot
+    weight is not one: *only cold weights may be evicted*).  Four weights:
+    every subset is tried."""
+    res = [w for w in s.weights.values() if w.resident]
+    for n in range(1 << len(res)):
+        pick = [w for i, w in enumerate(res) if n >> i & 1]
+        if sum(weight_footprint(s, w) for w in pick) == released and not any(w.hot for w in pick):
+            return pick
+    return None
 
 
 # ==========================================================================
@@ -246,7 +274,7 @@ def respond(s: SysState, answer: tuple[int, str, bool], pending: Any) -> Any:
 
     def witness() -> Seen:
         cold = [w for w in s.weights.values() if w.resident and not w.hot and holder == WEIGHTS]
-        r = sum(w.pages for w in cold[:2]) * s.page
+        r = sum(weight_footprint(s, w) for w in cold[:2])
         held = t.held + r
         state = TicketState.GRANTED if (t.state == TicketState.GRANTED or held >= t.amount) else TicketState.PENDING
         return Seen(None, {"done": known_flags(s, pending), "released": r, "state": state, "held": held})

@@ -36,7 +36,7 @@ from typing import Any
 
 from memspec.spec import kernels as K
 from memspec.spec.api import Fence
-from memspec.spec.core import Domain, Raises, Returns, action, one_of, only, outcomes
+from memspec.spec.core import Check, Domain, Raises, Returns, action, one_of, only, outcomes
 from memspec.spec.eager import SIZES
 from memspec.spec.errors import DoubleFree, GrantDenied, InvalidRequest, OutOfMemory
 from memspec.spec.state import (
@@ -125,22 +125,28 @@ def allocate_owned(s: SysState, size: Any) -> Any:
 
     if not is_size(size):
         return only(InvalidRequest, blame="S8", describe="size is not a positive int; ledger unchanged")
-    hi = K.round_up(size, s.page)
     installed = s.registry.installed
+    hi, strict, room = planned_footprint(s, size)
     if size > s.free:
         return only(GrantDenied, blame="S8", describe=f"{size} > free {s.free}; ledger unchanged")
 
-    def accepts(v: Any) -> bool:
+    def shaped(v: Any) -> bool:
         return (
             isinstance(v, Seen)
             and v["mechanism"] == installed
             and v["context"] is True
             and v["size"] == size
             and type(v["footprint"]) is int
-            and K.footprint_ok(size, v["footprint"], s.page)
-            and v["footprint"] <= s.free
-            and v["identity"] not in s.identities
         )
+
+    checks = [Check("S8", "footprint", lambda v: v["footprint"] >= size, f"footprint >= {size}")]
+    if hi is not None:
+        checks.append(Check("S8", "bound", lambda v: v["footprint"] <= hi, f"footprint <= {hi} (the declared bound)"))
+    checks += [
+        Check("S8", "charge", lambda v: v["footprint"] <= s.free,
+              f"the real footprint charged within the {s.free} bytes free (else refused, grant returned)"),
+        Check("S14", "fresh-identity", lambda v: v["identity"] not in s.identities, "a fresh identity"),
+    ]
 
     def then(v: Seen) -> int:
         fp = v["footprint"]
@@ -150,18 +156,42 @@ def allocate_owned(s: SysState, size: Any) -> Any:
         s.live_allocs.add(o.ref)
         return o.ref
 
+    wfp = hi if hi is not None else K.round_up(size, s.page)
+
     def witness() -> Seen:
-        return Seen(None, {"mechanism": installed, "context": True, "size": size, "footprint": hi,
+        return Seen(None, {"mechanism": installed, "context": True, "size": size, "footprint": wfp,
                            "identity": witness_identity(s, "spec-owned")})
 
-    branches: list[Any] = [Returns(f"an owning allocation, footprint in [{size}, {hi}], charged at its footprint",
-                                   accepts, then, witness if hi <= s.free else None)]
-    if hi > s.free:
-        branches.append(Raises(GrantDenied, "the page-rounded plan does not fit; ledger unchanged"))
-    if not (physical_total(s) == 0 and size <= s.device_capacity):
+    bound = f"[{size}, {hi}]" if hi is not None else f">= {size}"
+    branches: list[Any] = [Returns(f"an owning allocation, footprint {bound}, charged at its footprint",
+                                   shaped, then, witness if wfp <= s.free else None, checks=tuple(checks),
+                                   id="returns an owning allocation")]
+    if hi is None or hi > s.free:
+        branches.append(Raises(GrantDenied, "the real footprint does not fit what is free; ledger unchanged"))
+    if physical_total(s) == 0 and strict and hi is not None and hi <= room:
+        branches.append(Raises(OutOfMemory, "never on an empty device for a request its declared bound fits",
+                               checks=(Check("S8", "refused-fit", lambda e: False,
+                                             f"an empty device of {room} bytes fits the bound {hi}"),)))
+    else:
         branches.append(Raises(OutOfMemory, "the device could not (fragmentation, or it is smaller than the "
                                             "budget); grant returned"))
     return outcomes(*branches, blame="S8")
+
+
+def planned_footprint(s: SysState, size: int) -> tuple:
+    """``(most footprint or None, strict, room)`` of an allocation of ``size``
+    by the installed mechanism: the target's declared bound (``None``:
+    undeclared), or the page-rounded size for a mechanism of the reference's
+    (a replacement); ``strict`` when an OutOfMemory on an empty device is
+    judged (a bound and the overhead declared); ``room``: the device's bytes
+    less the declared overhead."""
+    from memspec.spec.eager import geometry_of, most_footprint
+
+    if s.registry.installed != 0:
+        return K.round_up(size, s.page), True, s.device_capacity
+    g = geometry_of(s)
+    hi = most_footprint(g, size, 256)
+    return hi, hi is not None and g.overhead is not None, s.device_capacity - (g.overhead or 0)
 
 
 def _perform_use(sut: Any, allocation: int, stream: int) -> Fence:

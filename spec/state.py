@@ -337,6 +337,9 @@ class SysState:
     registry: Registry
     #: physical bytes of the device (default: the Governor's capacity)
     device_capacity: int = 0
+    #: the target mechanism's declared ``AllocatorGeometry`` (``None``: the
+    #: spec's own strict page-rounded one)
+    geometry: Any = None
     next_ref: int = 1
     # -- Governor ledger: capacity == free + granted + charged (S11)
     free: int = 0

@@ -45,7 +45,7 @@ from memspec.spec.state import Registry, Seen, SysState
 
 
 def init(*, capacity: int, page: int, virtual_backing: bool, shared_mapping: bool, ep: bool = True,
-         device_capacity: int | None = None) -> SysState:
+         device_capacity: int | None = None, geometry: Any = None) -> SysState:
     """Nothing allocated, nothing granted: ``free == capacity`` (the
     Governor's capacity); the target mechanism installed; ModelResidency's
     four weights not loaded.  ``device_capacity`` (default ``capacity``) is
@@ -56,6 +56,7 @@ def init(*, capacity: int, page: int, virtual_backing: bool, shared_mapping: boo
     reg = Registry(capabilities=[(bool(virtual_backing), bool(shared_mapping)), (False, False)])
     s = SysState(capacity, page, bool(virtual_backing), bool(shared_mapping), reg, free=capacity,
                  device_capacity=capacity if device_capacity is None else int(device_capacity))
+    s.geometry = geometry   # the target mechanism's declared AllocatorGeometry (None: memspec's own, strict)
     holders.init_holders(s)
     return s
 
@@ -122,7 +123,7 @@ OBSERVATIONS = [
     Observation("manager.pins > 0", "S10", _always, lambda s, _r: context.pins(s) > 0,
                 lambda sut, _r: sut.manager.pins(sut.context_id) > 0),
     Observation("weights.resident_bytes", "S6", _always,
-                lambda s, _r: sum(w.pages for w in s.weights.values() if w.resident) * s.page,
+                lambda s, _r: sum(holders.weight_footprint(s, w) for w in s.weights.values() if w.resident),
                 lambda sut, _r: sut.weights.resident_bytes()),
     # The Ticket the Governor issued is the live record of the request
     # (``Ticket.state``, ``Ticket.held``): *terminal tickets hold 0*.
