@@ -129,3 +129,14 @@ def test_every_registered_target_runs_a_few_steps(name, tmp_path):
     for r in results:
         assert not r["errors"], (name, r)
         assert r["steps"] > 0, (name, r)
+
+
+def test_ci_installs_the_zoo_and_ends_with_the_readme_command():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    ci = (root / ".ci" / "run").read_text()
+    for pkg in zoo.PACKAGES:
+        assert pkg in ci, pkg
+    last = [ln for ln in ci.splitlines() if ln.strip()][-1]
+    assert last in (root / "README.md").read_text() and "pytest -n auto" in last
