@@ -95,7 +95,7 @@ def _check_creatable(text: str, what: str) -> None:
     when the output is written)."""
     anc = _nearest_existing(os.path.dirname(os.path.abspath(text)))
     if not os.path.isdir(anc):
-        raise argparse.ArgumentTypeError(f"cannot create {what} {text}: {anc} is not a directory")
+        raise argparse.ArgumentTypeError(f"cannot create {what} {text}: not writable ({anc} is not a directory)")
     why = _probe_dir(anc)
     if why is not None:
         raise argparse.ArgumentTypeError(f"cannot create {what} {text}: directory {anc} is not writable ({why})")

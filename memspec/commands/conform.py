@@ -141,12 +141,12 @@ def main(argv: list[str]) -> int:
             written = False
     if not ok:
         term.run(lambda: console.print("[red]conformance FAILED[/]"))
-        return 1 if written else 2
+        return 1 if written and not term.failed else 2
     if untested:
         term.run(lambda: console.print(
             f"[magenta]{untested} invariant row(s) UNTESTED[/] (not a pass"
             + ("; allowed by --allow-untested)" if args.allow_untested else "; --allow-untested to accept)")))
-        return 2 if not written else 0 if args.allow_untested else 1
+        return 2 if not written or term.failed else 0 if args.allow_untested else 1
     term.run(lambda: console.print("[green]all invariants hold[/]"))
     return 0 if written and not term.failed else 2
 
