@@ -22,8 +22,12 @@ import pytest
 
 from memspec.adapters import zoo
 
-#: FAIL rows that are real defects of a library (docs/FINDINGS.md), per allocator: none so far
-KNOWN_DEFECTS: dict[str, set[str]] = {name: set() for name in zoo.ZOO}
+#: (level, invariant) cells that FAIL by a real defect of the library (docs/FINDINGS.md), per allocator.
+#: A run may or may not reach a known defect at this budget; any other FAIL is a false one.
+KNOWN_DEFECTS: dict[str, set[tuple[str, str]]] = {name: set() for name in zoo.ZOO}
+# Z1: mimalloc 2.0.9 mi_heap_malloc_aligned returns misaligned pointers for size == k * alignment, alignment 256..1024
+# (upstream microsoft/mimalloc#700; docs/findings/mimalloc_aligned_in_arena_heap.c)
+KNOWN_DEFECTS["mimalloc"] = {("mechanism", "S8")}
 
 
 @pytest.fixture(scope="session")
@@ -64,8 +68,8 @@ def test_zoo_allocator_reaches_a_verdict_with_no_false_fail(name, zoo_env, tmp_p
     assert rows, t
     errors = {i: r["detail"] for i, r in rows.items() if r["status"] == "ERROR"}
     assert not errors, errors
-    fails = {i: r["detail"] for i, r in rows.items() if r["status"] == "FAIL"}
-    assert set(fails) == KNOWN_DEFECTS[name], fails
+    fails = {(level, i): r["detail"] for i, r in rows.items() for level, cell in r["cells"].items() if cell == "FAIL"}
+    assert set(fails) <= KNOWN_DEFECTS[name], fails
     # the rows a mechanism with allocate/free alone can earn are earned, not skipped
     for inv in ("S1", "S14"):
         assert rows[inv]["status"] == "PASS", (inv, rows[inv])
