@@ -132,6 +132,18 @@ def _flatten(e: BaseException) -> list[tuple[BaseException, bool]]:
     return [(e, False)]
 
 
+#: the row a target whose answers differ on replay is reported under
+NONDETERMINISM = "NONDET"
+
+
+def _nondeterministic(e: BaseException) -> bool:
+    try:
+        from hypothesis.errors import FlakyStrategyDefinition
+    except ImportError:  # pragma: no cover - an older Hypothesis
+        return type(e).__name__ == "FlakyStrategyDefinition"
+    return isinstance(e, FlakyStrategyDefinition)
+
+
 def collect(result: PlanResult, exc: BaseException) -> None:
     """Sort what a Hypothesis run raised into failures and errors."""
     plan = result.plan
@@ -143,6 +155,14 @@ def collect(result: PlanResult, exc: BaseException) -> None:
                                            check=getattr(e, "check", None), key=getattr(e, "key", None)))
         elif isinstance(e, SpecError):
             result.errors.append(f"spec error: {e}")
+        elif _nondeterministic(e):
+            # the same steps drew or answered differently on replay: the target's answers depend on more than
+            # the steps (history, time, addresses) -- one named finding, not an ERROR on every row
+            result.failures.append(Failure(plan.target, plan.level, NONDETERMINISM, "nondeterministic",
+                                           f"the target answered the same steps differently when Hypothesis "
+                                           f"replayed them ({type(e).__name__}): its answers depend on more than "
+                                           f"the calls made; the other rows keep their verdicts",
+                                           list(getattr(e, "trace", []) or []), None, flaky=True))
         elif isinstance(e, TargetError):
             result.errors.append(str(e))
         else:

@@ -187,8 +187,8 @@ def planned_footprint(s: SysState, size: int) -> tuple:
     less the declared overhead."""
     from memspec.spec.eager import geometry_of, most_footprint
 
-    if s.registry.installed != 0:
-        return K.round_up(size, s.page), True, s.device_capacity
+    if s.registry.installed != 0:   # a replacement mechanism: its geometry is not the one declared
+        return None, False, s.device_capacity
     g = geometry_of(s)
     hi = most_footprint(g, size, 256)
     return hi, hi is not None and g.overhead is not None, s.device_capacity - (g.overhead or 0)

@@ -37,7 +37,7 @@ def init(*, capacity: int, page: int, virtual_backing: bool, shared_mapping: boo
     nothing allocated, with the mechanism's discovered capabilities and its
     allocator's declared geometry (``None``: the strict page-rounded one of
     memspec's own allocators, :meth:`AllocatorGeometry.page_rounded`)."""
-    if capacity <= 0 or page <= 0 or capacity % page:
+    if capacity <= 0 or page <= 0 or ((virtual_backing or shared_mapping or geometry is None) and capacity % page):
         raise ValueError(f"capacity ({capacity}) must be a positive multiple of page ({page})")
     if geometry is None:
         geometry = AllocatorGeometry.page_rounded(page)
