@@ -32,7 +32,7 @@ def test_reference_targets_pass_every_invariant(target):
         assert set(statuses) >= set(IDS)
         # a small budget may leave a deep protocol (a claim on a granted ticket) UNTESTED: never a FAIL
         # (tests/test_verdicts.py checks every row PASSes at a larger budget)
-        assert set(statuses.values()) <= {"PASS", "N/A", "UNTESTED"} and "PASS" in statuses.values()
+        assert set(statuses.values()) <= {"PASS", "N/A", "UNTESTED", "\u2014"} and "PASS" in statuses.values()
         assert r.stats.steps >= 25 * 10
     if target == "reference-eager":  # no VirtualBacking/SharedMapping: their invariants are N/A at mechanism level
         mech = {inv: (st, d) for inv, _t, st, d in results[0].rows()}

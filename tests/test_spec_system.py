@@ -311,7 +311,7 @@ def test_reservation_use_and_close_wait_for_the_fence():
 
 def test_weights_hot_cold_unload():
     s = fresh()
-    drive(SYSTEM, s, "load_weight", weight=("w2", True, 4 * PAGE), value=None)
+    drive(SYSTEM, s, "load_weight", weight=("w2", True, 4 * PAGE), value=Seen(None, {"footprint": 4 * PAGE}))
     assert s.charged_by["weights"] == 4 * PAGE
     t = _ticket(s, PAGE)
     hot_victim = Seen(None, {"done": [], "released": 4 * PAGE, "state": TicketState.GRANTED, "held": 4 * PAGE})
