@@ -168,7 +168,11 @@ class PlanResult:
             else:
                 out.append((inv, titles.get(inv, ""), "PASS", ""))
         for inv, fs in failed.items():
-            if inv not in titles:
+            if inv == "NONDET":   # the harness could not replay the target: not a verdict on it
+                out.append((inv, "answers differ on replay", Verdict.ERROR.value,
+                            fs[0].reason + " (memspec's draws depend on earlier answers: the rows above rest "
+                            "on the examples before it)"))
+            elif inv not in titles:
                 out.append((inv, "", Verdict.FAIL.value, fail_detail(fs)))
         return out
 
