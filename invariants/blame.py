@@ -27,15 +27,27 @@ def _dedupe(failures: list) -> list:
     for f in failures:
         key = (f.invariant, f.check, _last_action(f))
         g = out.get(key)
-        if g is None or key[1] is None:
-            out[key if key[1] is not None else (key, id(f))] = f
+        if g is None or key[2] is None:
+            out[key if key[2] is not None else (key, id(f))] = f
             continue
         keep, other = (f, g) if len(f.trace) < len(g.trace) else (g, f)
         dets = [d for d in (f.steps_to_detection, g.steps_to_detection) if d is not None]
         keep.steps_to_detection = min(dets) if dets else None
         keep.consequences = list(dict.fromkeys(list(keep.consequences) + list(other.consequences)))
         out[key] = keep
-    return list(out.values())
+    # one rule's clauses failing at the very same steps are one counterexample (each later pass
+    # masked the one before): one failure, the other clauses listed with it
+    same: dict = {}
+    for f in out.values():
+        steps = tuple((getattr(t, "action", None), tuple(getattr(t, "choices", ()) or ())) for t in f.trace)
+        k = (f.invariant, steps) if steps and f.cause not in ("hang", "crash") else (id(f),)
+        g = same.get(k)
+        if g is None:
+            same[k] = f
+            continue
+        g.consequences = list(dict.fromkeys(list(g.consequences) + [_describe(f, len(f.trace))]
+                                            + list(f.consequences)))
+    return list(same.values())
 
 
 #: replays the step minimizer may spend on one failure
