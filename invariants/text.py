@@ -48,7 +48,19 @@ def cut(s: str, limit: int = MAX_CHARS) -> str:
         return s
     tail = max(limit // 4, 0)
     head = max(limit - tail, 0)
-    return f"{s[:head]} ... [cut: {n - head - tail:,} of {n:,} chars] ... {s[n - tail:] if tail else ''}"
+    total = n
+    if n <= 4 * MAX_CHARS:   # cut again (a terminal's shorter limit): say the original length, not this one's
+        at = s.find(_NOTE)
+        if at >= 0:
+            end = s.find(" chars]", at, at + 80)
+            of = s.rfind(" of ", at, end) if end > 0 else -1
+            digits = s[of + 4:end].replace(",", "") if of > 0 else ""
+            if digits.isdigit():
+                total = max(n, int(digits))
+    return f"{s[:head]}{_NOTE}{total - head - tail:,} of {total:,} chars] ... {s[n - tail:] if tail else ''}"
+
+
+_NOTE = " ... [cut: "
 
 
 def _plain(s: Any) -> str:
