@@ -175,6 +175,22 @@ class Plan:
         return Run(self, guard)
 
 
+_NUMBER = re.compile(r"0x[0-9a-fA-F]+|\d+")
+_KINDS: dict = {}
+
+
+def _kind_of_outcome(outcome: str) -> str:
+    """An outcome's kind: its text with every number written ``N``, so
+    coverage counts branches, not the figures a branch was described with
+    (``returns an allocation of N bytes, footprint [N, N] ...``)."""
+    k = _KINDS.get(outcome)
+    if k is None:
+        k = _NUMBER.sub("N", outcome)
+        if len(_KINDS) < 10_000:
+            _KINDS[outcome] = k
+    return k
+
+
 def _describe_value(v: Any, limit: int = 160) -> str:
     if isinstance(v, api.DeviceAllocation):   # addresses in hex, the figures a reader compares first
         try:
@@ -676,7 +692,7 @@ class Run:
                 return ts
         is_return = err is None
         ts.outcome = ("returns " + branch.describe) if is_return else f"raises {type(err).__name__}"
-        st.outcomes[(action.name, ts.outcome)] += 1
+        st.outcomes[(action.name, _kind_of_outcome(ts.outcome))] += 1
         if is_return or misuse:
             st.accepted[action.name] += 1
         try:

@@ -106,6 +106,8 @@ def print_table(console: Any, target: str, results: list[Any]) -> None:
             + (f"; spec boundary values hit {len(st.boundaries)}" if getattr(st, "boundaries", None) else "")
             + (f"; {len(r.failures)} failure(s)" if r.failures else "")
             + (f"; errors: {escape(T.terminal('; '.join(T.safe_str(e) for e in r.errors)))}" if r.errors else ""))
+        for note in getattr(r, "notes", None) or []:
+            console.print(f"  {r.level}: note: {escape(T.terminal(T.safe_str(note)))}")
 
 
 def to_json(all_results: dict[str, list[Any]]) -> dict:
@@ -129,8 +131,10 @@ def to_json(all_results: dict[str, list[Any]]) -> dict:
                 "boundaries_hit": dict(getattr(st, "boundaries", {}) or {}),
                 "capabilities": r.plan.capabilities if r.plan is not None else {},
                 "errors": r.errors,
+                "notes": list(getattr(r, "notes", None) or []),
                 "failures": [{
-                    "invariant": f.invariant, "cause": f.cause, "reason": f.reason,
+                    "invariant": f.invariant, "check": getattr(f, "check", None), "cause": f.cause,
+                    "reason": f.reason,
                     "steps_to_detection": f.steps_to_detection, "shrunk_length": f.shrunk_length,
                     "repro": f.repro, "flaky": f.flaky,
                     # the checks that failed first, when the diagnosis named another rule (runner.diagnose)

@@ -126,6 +126,8 @@ class PlanResult:
     seconds: float = 0.0
     #: accepting steps each declaring action needs for a PASS (:mod:`~memspec.invariants.verdicts`)
     min_accepted: int = V.MIN_ACCEPTED
+    #: what the report must say of how the run was made (a target judged by random walks)
+    notes: list = field(default_factory=list)
 
     def coverage(self) -> dict[str, dict]:
         """Per invariant: tested or not, why, and the counts per declaring action."""

@@ -133,7 +133,8 @@ def _run_child_plan(ch: Channel, plan: E.Plan, opts: dict) -> None:
     sets = hypothesis_settings(opts["profile"], examples=opts["examples"], steps=opts["steps"], db=opts["db"],
                                seed=opts["seed"], **extra)
     res = run_hypothesis(plan, sets, seed=opts["seed"], shrink_seconds=opts["shrink_seconds"])
-    ch.send({"t": "result", "level": plan.level, "errors": res.errors, "stats": _stats_msg(plan.stats),
+    ch.send({"t": "result", "level": plan.level, "errors": res.errors, "notes": list(res.notes),
+             "stats": _stats_msg(plan.stats),
              "failures": [{"invariant": f.invariant, "cause": f.cause, "reason": f.reason,
                            "trace": _trace_msg(f.trace), "std": f.steps_to_detection, "flaky": f.flaky,
                            "cap": f.capacity, "also": [str(c) for c in f.consequences],
@@ -230,6 +231,7 @@ class _Parent:
             _stats_into(r.plan.stats, m.get("stats") or {})
             r.seconds = r.plan.stats.seconds
             r.errors += [_str(e) for e in m.get("errors") or []]
+            r.notes += [_str(e) for e in m.get("notes") or [] if isinstance(m.get("notes"), list)]
             for f in m.get("failures") or []:
                 if isinstance(f, dict):
                     r.failures.append(Failure(self.target, r.level, _str(f.get("invariant")), _str(f.get("cause")),

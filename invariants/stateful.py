@@ -239,6 +239,14 @@ def run_hypothesis(plan: E.Plan, settings: Any, *, seed: int | None = None,
         for n in range(left + 1):
             before = len(result.failures)
             _one_pass(plan, settings, seed, shrink_seconds, result, f":pass{n}" if n else "")
+            if any(f.invariant == NONDETERMINISM for f in result.failures[before:]) \
+                    and Phase.generate in settings.phases:
+                # Hypothesis cannot replay this target (its answers depend on more than the calls):
+                # judge it by seeded random walks instead, whose draws need no replay
+                result.failures[before:] = [f for f in result.failures[before:] if f.invariant != NONDETERMINISM]
+                budget = max(0, settings.max_examples * settings.stateful_step_count - plan.stats.steps)
+                result.notes.append(_walk_instead(plan, result, budget, seed))
+                break
             new = result.failures[before:]
             fresh = []
             for f in new:
@@ -283,6 +291,50 @@ def run_hypothesis(plan: E.Plan, settings: Any, *, seed: int | None = None,
         result.seconds = time.perf_counter() - t0
         plan.stats.seconds += result.seconds
     return result
+
+
+#: steps of one random walk of :func:`_walk_instead`
+WALK_RUN_LENGTH = 50
+
+
+def _walk_instead(plan: E.Plan, result: PlanResult, budget: int, seed: int | None) -> str:
+    """Judge a target Hypothesis cannot replay by seeded random walks
+    (:mod:`~memspec.invariants.walk`) for ``budget`` steps: each failure
+    found is masked (as between passes) and the walks go on, so every
+    independent failure is found; each is then minimized by replay like any
+    other.  Returns the note the report shows."""
+    from memspec.invariants import walk
+
+    start = plan.stats.steps
+    seen = set()
+    base = 0 if seed is None else int(seed)
+    i = 0
+    while plan.stats.steps - start < budget and len(seen) < 16:
+        left = budget - (plan.stats.steps - start)
+        res = walk.walk(plan, max_steps=left, seed=base * 1000003 + i, run_length=WALK_RUN_LENGTH,
+                        stop_on_failure=True)
+        i += 1
+        result.errors += [e for e in res.errors if e not in result.errors]
+        if res.errors or not res.failures:
+            break
+        for wf in res.failures:
+            v = wf.violation
+            k = (v.invariant, getattr(v, "check", None), v.trace[-1].action if v.trace else None)
+            if k in seen:
+                continue
+            seen.add(k)
+            result.failures.append(Failure(plan.target, plan.level, v.invariant, v.cause, v.reason, list(v.trace),
+                                           wf.steps, capacity=getattr(v, "capacity", None),
+                                           check=getattr(v, "check", None), key=getattr(v, "key", None)))
+            key = getattr(v, "key", None)
+            if key is not None and v.cause not in ("hang", "crash"):
+                plan.masks = frozenset(plan.masks | {key})
+            elif v.trace:
+                break   # a hang or a crash: nothing to follow past it
+    return (f"the target answered the same steps differently when Hypothesis replayed them (its answers depend "
+            f"on more than the calls made, e.g. on its history): judged by seeded random walks instead "
+            f"({plan.stats.steps - start} steps, {i} walk rounds); reproductions replay the steps, which such a "
+            f"target may answer differently again")
 
 
 def _restore(plan: E.Plan, actions: list) -> None:
