@@ -40,6 +40,7 @@ from memspec.invariants.choosers import PackedChooser, RecordingChooser
 from memspec.invariants.errors import TARGET_ERROR, HangResult, SpecError, TargetError, Violation, violation_class
 from memspec.invariants.guard import BUILD_SECONDS, CallGuard
 from memspec.invariants.integrity import make_integrity
+from memspec.invariants import text as T
 from memspec.spec import api
 from memspec.spec.core import Raises
 from memspec.spec.core import _nothing as _SPEC_NO_OP
@@ -294,7 +295,7 @@ class Run:
         if isinstance(err, (SpecError, Violation)):
             raise err
         if err is not None:
-            what = "hangs" if isinstance(err, HangResult) else f"raised {type(err).__name__}: {err}"
+            what = "hangs" if isinstance(err, HangResult) else f"raised {T.exc_text(err)}"
             raise TargetError(f"target {plan.target!r} could not be built: {g.what} {what}") from err
         init = plan.init_kwargs
         if fkw is not plan.factory_kwargs and "capacity" in init:
@@ -732,7 +733,7 @@ class Run:
             c = left[0]
             ts.outcome = self._describe_answer(value, err)
             call = f"{action.name}({', '.join(f'{k}={_describe_value(v, 40)}' for k, v in args.items())})"
-            got = f"raised {type(err).__name__}: {err}" if err is not None else f"returned {_describe_value(value)}"
+            got = f"raised {T.exc_text(err)}" if err is not None else f"returned {_describe_value(value)}"
             why = (f"{call} {got}: breaks {c.id}" + (f" ({c.describe})" if c.describe else "")
                    + (f"; also {', '.join(x.id for x in left[1:])}" if len(left) > 1 else ""))
             self.fail(c.rule, "outcome", why, exc=err, check=c.name, key=(action.name, c.id))
@@ -751,20 +752,20 @@ class Run:
         if isinstance(err, HangResult):
             return "hangs"
         if err is not None:
-            return f"raises {type(err).__name__}: {err}"
+            return f"raises {T.exc_text(err)}"
         return f"returns {_describe_value(value)}"
 
     def _mismatch(self, action, args, outs, value, err) -> tuple[str, str]:
         expected = outs.describe()
         call = f"{action.name}({', '.join(f'{k}={_describe_value(v, 40)}' for k, v in args.items())})"
         if isinstance(err, HangResult):
-            return "hang", f"{call} hangs: {err} (expected: {expected})"
+            return "hang", f"{call} hangs: {T.safe_str(err)} (expected: {expected})"
         if err is not None and not isinstance(err, MemspecError):
             return "unexpected-exception", (
-                f"{call} raised {type(err).__module__}.{type(err).__name__}: {err} -- not an error of the contract "
+                f"{call} raised {T.exc_text(err, qualified=True)} -- not an error of the contract "
                 f"(expected: {expected})")
         if err is not None:
-            return "outcome", f"{call} raised {type(err).__name__}: {err} (expected: {expected})"
+            return "outcome", f"{call} raised {T.exc_text(err)} (expected: {expected})"
         # A normal return that no Returns branch accepts.
         returns = [b for b in outs.branches if hasattr(b, "accepts")]
         if isinstance(value, _NEVER_RETURNED):
@@ -960,7 +961,7 @@ class Run:
         got = box[:]  # a worker abandoned in a hang may still append
         if hang is not None and not isinstance(hang, HangResult):
             raise hang if isinstance(hang, SpecError) else SpecError(
-                f"reading the observations raised {type(hang).__name__}: {hang}")
+                f"reading the observations raised {T.exc_text(hang)}")
         masks = self.plan.masks
         for (obs, r), (value, err) in zip(jobs, got):
             try:
@@ -976,7 +977,7 @@ class Run:
                     self._hit((self.nsteps, key))
                     continue
                 self.fail(obs.blame, "unexpected-exception" if not isinstance(err, MemspecError) else cause,
-                          f"reading {self._where(obs, r)} raised {type(err).__name__}: {err} (spec: {expected!r})",
+                          f"reading {self._where(obs, r)} raised {T.exc_text(err)} (spec: {expected!r})",
                           check=name, key=key)
             if value != expected:
                 if key in masks:

@@ -388,7 +388,7 @@ def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Ca
             os._exit(code)
     os.close(w)
     end = Ending()
-    buf = b""
+    parts: list = [b""]
     last_calls, since = -1, time.monotonic()
     done = False
     try:
@@ -398,8 +398,14 @@ def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Ca
                 chunk = os.read(r, 1 << 16)
                 if not chunk:
                     break
-                buf += chunk
-                *lines, buf = buf.split(b"\n")
+                if b"\n" not in chunk:   # a long line still arriving: keep the pieces, join once (not quadratic)
+                    parts.append(chunk)
+                    continue
+                head, _, rest = chunk.partition(b"\n")
+                parts.append(head)
+                *lines, tail = rest.split(b"\n")
+                lines.insert(0, b"".join(parts))
+                parts = [tail]
                 for line in lines:
                     try:
                         msg = json.loads(line)
