@@ -802,11 +802,10 @@ def _with_extras(inst: TargetInstance, **extras: Any) -> TargetInstance:
 def factory(path: str) -> Callable[..., TargetInstance]:
     """The target factory for the plugin at ``path`` (loaded now: a bad
     library is refused before any run).  ``zoo:NAME`` names an allocator of
-    the zoo (:mod:`memspec.adapters.zoo`): its shim is built and loaded."""
+    the zoo (:mod:`memspec.adapters.zoo`), resolved by the discovery before
+    this is called (the zoo builds its shim and loads it through here)."""
     if path.startswith("zoo:"):
-        from memspec.adapters import zoo
-
-        return zoo.factory(path[4:])
+        raise ValueError(f"{path!r}: a zoo allocator is resolved by memspec.adapters.zoo.factory")
     lib = Library.load(path)
 
     def make(capacity: int | None = None) -> TargetInstance:

@@ -88,6 +88,10 @@ def resolve(name: str) -> TargetRef:
             if m.name == want:
                 return TargetRef(name, m.factory, f"mutant ({m.description})", mutant=m)
         raise LookupError(f"no mutant named {want!r}")
+    if name.startswith("c:zoo:"):
+        from memspec.adapters.zoo import factory as zoo_factory
+
+        return TargetRef(name, zoo_factory(name[6:]), f"zoo allocator {name[6:]}")
     if name.startswith("c:"):
         from memspec.adapters.c_plugin import factory as c_plugin_factory
 

@@ -242,3 +242,20 @@ def _last_action(f: Any) -> str | None:
     its last entry was never decoded, e.g. a supervised child that died)."""
     last = f.trace[-1] if f.trace else None
     return getattr(last, "action", None)
+
+
+def database_key(plan: Any, flavour: str = "stateful") -> bytes:
+    m = plan.mutant.name if plan.mutant is not None else ""
+    return f"memspec:{flavour}:{plan.target}:{plan.level}:{m}:{plan.machine.name}".encode()
+
+
+def _flatten(e: BaseException) -> list[tuple[BaseException, bool]]:
+    from hypothesis.errors import FlakyFailure
+
+    if isinstance(e, BaseExceptionGroup):
+        flaky = isinstance(e, FlakyFailure)
+        out = []
+        for sub in e.exceptions:
+            out += [(x, flaky or f) for x, f in _flatten(sub)]
+        return out
+    return [(e, False)]

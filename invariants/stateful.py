@@ -13,7 +13,7 @@ from memspec.invariants.blame import _dedupe, diagnose, minimize, relate
 from memspec.invariants.choosers import HypothesisChooser
 from memspec.invariants.errors import SpecError, TargetError, Violation, violation_class  # noqa: F401
 from memspec.invariants.guard import CallGuard
-from memspec.invariants.results import Failure, PlanResult, _last_action
+from memspec.invariants.results import Failure, PlanResult, _flatten, _last_action, database_key  # noqa: F401
 
 
 
@@ -113,23 +113,6 @@ def hypothesis_settings(profile: str = "ci", *, examples: int | None = None, ste
         kw["derandomize"] = False
     kw.update(extra)
     return settings(base, **kw)
-
-
-def database_key(plan: E.Plan, flavour: str = "stateful") -> bytes:
-    m = plan.mutant.name if plan.mutant is not None else ""
-    return f"memspec:{flavour}:{plan.target}:{plan.level}:{m}:{plan.machine.name}".encode()
-
-
-def _flatten(e: BaseException) -> list[tuple[BaseException, bool]]:
-    from hypothesis.errors import FlakyFailure
-
-    if isinstance(e, BaseExceptionGroup):
-        flaky = isinstance(e, FlakyFailure)
-        out = []
-        for sub in e.exceptions:
-            out += [(x, flaky or f) for x, f in _flatten(sub)]
-        return out
-    return [(e, False)]
 
 
 #: the row a target whose answers differ on replay is reported under

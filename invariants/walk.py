@@ -230,7 +230,7 @@ def shrink(plan: H.Plan, failure: WalkFailure, *, db: Any = None, max_examples: 
     from hypothesis import Phase, Verbosity, settings
     from hypothesis.database import InMemoryExampleDatabase, choices_to_bytes
 
-    from memspec.invariants.runner import _flatten, database_key
+    from memspec.invariants.results import _flatten, database_key
 
     database = db if db is not None else InMemoryExampleDatabase()
     guard = H.CallGuard(plan.timeout, plan.guard_mode)
