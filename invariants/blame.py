@@ -484,7 +484,9 @@ def relate(plan: E.Plan, failures: list, *, replays: int | None = None) -> list:
                 continue
             if not same(v, a, len(steps)) or not hits:
                 continue
-            at = sorted({i - 1 for i, _k in hits if 0 < i < len(steps)})
+            # the steps where another failure's masked check fired (the failing step itself too: an
+            # answer the spec could not follow, whose state then shows in this failure's figures)
+            at = sorted({i - 1 for i, k in hits if 0 < i <= len(steps) and k != a.key and k not in a.also_keys})
             roots = [owners[k] for _i, k in hits if k in owners and owners[k] is not a]
             if not at:
                 continue

@@ -319,7 +319,7 @@ class Run:
         hits.append(hit)
 
     def fail(self, invariant: str, cause: str, reason: str, exc: BaseException | None = None, *,
-             check: str | None = None, key: tuple | None = None) -> None:
+             check: str | None = None, key: tuple | None = None, also: tuple = ()) -> None:
         """Raise the Violation; ``exc`` (what the target raised, if it
         raised) is chained as its cause, so a reproduction shows the
         target's own traceback.  ``check`` names the clause of the rule
@@ -332,6 +332,7 @@ class Run:
                                                                           self.nsteps)
         v.check = check
         v.key = key
+        v.also_keys = also   # the mask keys of the other checks that failed at the same step
         v.masked_hits = list(getattr(self, "masked_hits", ()))
         v.capacity = getattr(self, "capacity", None)
         if isinstance(exc, BaseException) and not isinstance(exc, HangResult):
@@ -913,7 +914,9 @@ class Run:
             why += " -- at this step also: " + "; ".join(f"{x[0]} [{x[1]}] {x[2]}" for x in rest[:4]) \
                 + (f"; {len(rest) - 4} more" if len(rest) > 4 else "")
         key = (None, f"{inv}.{check}") if check else (None, f"{inv}.{cause}")
-        self.fail(inv, cause, why, check=check, key=key)
+        also = tuple((None, f"{x[0]}.{x[3]}") if len(x) > 3 and x[3] else (None, f"{x[0]}.{x[1]}")
+                     for x in ordered[1:])
+        self.fail(inv, cause, why, check=check, key=key, also=also)
 
     def _observations_for(self, action: Any) -> list:
         """The plan's observations, those blamed on the action's own

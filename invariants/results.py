@@ -72,6 +72,8 @@ class Failure:
     check: str | None = None
     #: the failure's mask key (:func:`~memspec.invariants.engine.Run.fail`): what a later pass masks
     key: tuple | None = None
+    #: the mask keys of the other checks that failed at the same step (masked with it)
+    also_keys: tuple = ()
 
     @property
     def check_id(self) -> str:

@@ -7,15 +7,10 @@ fresh 2 MiB segment, then ``_rem(None)``), and a double free is accepted
 silently.  One ``conform`` run should report both, each with its own
 reproduction that fails when run on its own.
 
-At the default seed it does not yet: the crash is found in pass 0, and the
-masked crash leaves the spec's state behind the toy's (the toy has cudaMalloc'ed
-a 2 MiB segment the spec never saw), so every later step fails the
-``segments and blocks (C2)`` and ``memory_stats (C1)`` observations; those two
-consequences take passes 1 and 2 (only the reported failure's key is masked
-per pass, and ``MORE_PASSES`` is 2), and no pass is left for the double free.
-That test is a strict xfail: it starts failing (XPASS) when the engine is
-fixed, and the marker should then go.  At ``seed=5`` the double free is found
-in pass 0, before the crash, so both are checked there.
+The crash is found first at most seeds; a later pass masks it (the spec keeps
+its state where the toy crashed) together with the figures the crash's
+leftovers disturb at that step, so a pass is left for the double free; the
+crash's leftovers are folded into it as consequences by replay.
 """
 
 from __future__ import annotations
@@ -64,13 +59,16 @@ def test_default_seed_reports_the_small_request_crash(default_run):
     _replays_alone(crash.repro, "Violation_C4", "unexpected-exception")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine: the masked crash's two consequence observations (C2 'segments and blocks', "
-    "C1 'memory_stats') use up MORE_PASSES=2 before the double free is drawn"))
 def test_default_seed_reports_the_double_free_too(default_run):
+    """Both bugs, each on its own row with its own reproduction, and nothing
+    else: the crash's leftovers (the segment it reserved before crashing,
+    seen in the C2 and C1 figures at the next pass) are masked with it and
+    folded into it as its consequences by replay."""
     df = _one(default_run, DOUBLE_FREE_KEY)
     crash = _one(default_run, CRASH_KEY)
     assert df.repro and df.repro != crash.repro
+    assert len(default_run) == 2, [(f.invariant, f.cause, f.reason[:80]) for f in default_run]
+    _replays_alone(df.repro, "Violation_C2", "outcome")
 
 
 def test_both_bugs_in_one_run_with_their_own_reproductions(tmp_path):
