@@ -155,6 +155,15 @@ class Plan:
                 for inv in self.machine.invariants}
 
     @property
+    def witnesses(self) -> dict[str, list]:
+        """``{invariant id: [[action, outcome, describe], ...]}``: the outcomes
+        a PASS of the invariant needs (``Invariant.witnesses``) whose action
+        is in the machine."""
+        names = {a.name for a in self.machine.actions}
+        return {inv.id: [[w.action, w.outcome, w.describe] for w in inv.witnesses if w.action in names]
+                for inv in self.machine.invariants if getattr(inv, "witnesses", ())}
+
+    @property
     def action_names(self) -> list[str]:
         return [a.name for a in self.actions]
 

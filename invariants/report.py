@@ -48,7 +48,7 @@ def merged_rows(results: Iterable[Any]) -> tuple[list[str], list[dict]]:
                     extra = f" -> {f.repro}" if f.repro else ""
                     row["details"].append((f"{r.level}: " if len(results) > 1 else "") + what
                                           + f"[{f.cause}] {f.reason}" + extra)
-            elif status in ("FAIL", "ERROR", "N/A", "UNTESTED") and detail:
+            elif status in ("FAIL", "ERROR", "N/A", "UNTESTED", "PASS") and detail:
                 row["details"].append((f"{r.level}: " if len(results) > 1 else "") + detail)
     out = []
     for row in rows.values():
@@ -67,8 +67,8 @@ def merged_rows(results: Iterable[Any]) -> tuple[list[str], list[dict]]:
             status = "N/A"
         # an N/A detail matters only when nothing else judged it
         details = [d for d in row["details"] if status == "N/A" or "capability absent" not in d and "no action" not in d]
-        if status == "PASS":
-            details = []
+        if status == "PASS":   # only what the PASS rests on
+            details = [d for d in details if "rests on: " in d]
         out.append({"id": T.safe_str(row["id"]), "title": T.safe_str(row["title"]), "cells": row["cells"],
                     "status": status, "detail": T.safe_str(" | ".join(details), 4 * T.MAX_CHARS)})
     return levels, out

@@ -105,6 +105,8 @@ class PlanInfo:
     undrawn: dict = field(default_factory=dict)   # action name -> capabilities it needs that the target lacks
     #: invariants with no action or observation at this level (their cells read "\u2014")
     absent: list = field(default_factory=list)
+    #: ``{invariant: [[action, outcome, describe], ...]}``: the outcomes a PASS needs
+    witnesses: dict = field(default_factory=dict)
 
     @property
     def invariant_ids(self) -> list[str]:
@@ -136,7 +138,7 @@ class PlanResult:
         if self.plan is None:
             return {}
         return V.coverage(getattr(self.plan, "declares", {}) or {}, self.plan.action_names, self.stats,
-                          self.min_accepted)
+                          self.min_accepted, getattr(self.plan, "witnesses", None) or {})
 
     @property
     def stats(self) -> E.Stats:
@@ -170,7 +172,7 @@ class PlanResult:
             elif inv in cov and not cov[inv]["tested"]:
                 out.append((inv, titles.get(inv, ""), "UNTESTED", cov[inv]["reason"]))
             else:
-                out.append((inv, titles.get(inv, ""), "PASS", ""))
+                out.append((inv, titles.get(inv, ""), "PASS", rests_on(cov.get(inv) or {}, self.stats)))
         for inv, fs in failed.items():
             if inv == "NONDET":   # the harness could not replay the target: not a verdict on it
                 out.append((inv, "answers differ on replay", Verdict.ERROR.value,
@@ -221,6 +223,21 @@ def fail_detail(failures: list) -> str:
     broke (``[S8.alignment] [outcome] ...``)."""
     return " | ".join(f"[{f.check_id}] [{f.cause}] {f.reason}" if f.check else f"[{f.cause}] {f.reason}"
                       for f in failures)
+
+
+def rests_on(cov: dict, stats: Any) -> str:
+    """What a PASS rests on, in a few words: its witnesses seen, else the
+    accepted answers of the actions that declare it."""
+    wit = cov.get("witnesses") or {}
+    if wit:
+        parts = [f"{d} x{n}" for d, n in wit.items()]
+    else:
+        acts = cov.get("actions") or {}
+        parts = [f"{a} x{c.get('accepted', 0)}" for a, c in sorted(acts.items(), key=lambda kv: -kv[1].get("accepted", 0))
+                 if c.get("accepted")][:3]
+    if not parts:
+        return f"rests on: checked after each of {getattr(stats, 'steps', 0)} steps"
+    return "rests on: " + ", ".join(parts)
 
 
 def not_at_level(plan: Any) -> set:

@@ -92,7 +92,7 @@ def _run_child_plan(ch: Channel, plan: E.Plan, opts: dict) -> None:
     ch.send({"t": "plan", "level": plan.level, "target": plan.target,
              "invariants": [[inv.id, inv.title] for inv in plan.machine.invariants], "na": plan.na,
              "capabilities": plan.capabilities, "actions": [a.name for a in plan.actions], "declares": plan.declares, "undrawn": _undrawn(plan),
-             "absent": sorted(not_at_level(plan)),
+             "absent": sorted(not_at_level(plan)), "witnesses": plan.witnesses,
              "timeout": plan.timeout, "factory_kwargs": plan.factory_kwargs, "machine_ref": plan.machine_ref})
     last = [0.0]
 
@@ -215,6 +215,10 @@ class _Parent:
             und = m.get("undrawn")
             if isinstance(und, dict):
                 info.undrawn = {_str(k): [_str(r) for r in v] for k, v in und.items() if isinstance(v, list)}
+            wit = m.get("witnesses")
+            if isinstance(wit, dict):
+                info.witnesses = {_str(k): [[_str(x) for x in w] for w in v if isinstance(w, list) and len(w) == 3]
+                                  for k, v in wit.items() if isinstance(v, list)}
             absent = m.get("absent")
             if isinstance(absent, list):
                 info.absent = [_str(a) for a in absent]

@@ -46,8 +46,13 @@ def accepted_counts(stats: Any) -> dict[str, int]:
     return out
 
 
+def witness_count(stats: Any, action: str, outcome: str) -> int:
+    """How many answers of ``action`` had an outcome kind containing ``outcome``."""
+    return sum(int(n) for (a, o), n in stats.outcomes.items() if a == action and outcome in o)
+
+
 def coverage(declares: dict[str, list[str]], drawn: list[str], stats: Any,
-             threshold: int = MIN_ACCEPTED) -> dict[str, dict]:
+             threshold: int = MIN_ACCEPTED, witnesses: dict | None = None) -> dict[str, dict]:
     """``{invariant: {"tested": bool, "reason": str, "actions": {action: counts}}}``.
 
     ``declares`` maps each invariant to the machine's actions that declare
@@ -87,5 +92,15 @@ def coverage(declares: dict[str, list[str]], drawn: list[str], stats: Any,
             if c["accepted"] < threshold:
                 missing.append(f"{a} succeeded {c['accepted']} times in {c['steps']} steps "
                                f"(the spec offered success {c['offered']} times; needs {threshold})")
-        out[inv] = {"tested": not missing, "reason": "; ".join(missing), "actions": counts}
+        seen_w = {}
+        for action, outcome, describe in (witnesses or {}).get(inv, ()):
+            if action not in drawn_set or action in excused:
+                continue
+            n = witness_count(stats, action, outcome)
+            seen_w[describe] = n
+            if n < threshold and stats.steps:
+                missing.append(f"witness missing: {describe} ({action} -> {outcome}) seen {n} times "
+                               f"(needs {threshold})")
+        out[inv] = {"tested": not missing, "reason": "; ".join(missing), "actions": counts,
+                    "witnesses": seen_w}
     return out

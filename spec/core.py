@@ -352,6 +352,20 @@ def action(
 # Invariants and observations
 # --------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Witness:
+    """An outcome that shows an invariant's rule was exercised, not merely
+    reachable: ``action``'s answer whose outcome kind (the branch's
+    description with its numbers written ``N``) contains ``outcome``
+    (``empty_cache`` returning ``N (bytes released)``: a fully-free segment
+    was released).  A PASS needs each witness seen ``--min-accepted``
+    times; else the row is UNTESTED, naming the witness missing."""
+
+    action: str
+    outcome: str
+    describe: str
+
+
 @mypyc_attr(native_class=False)  # mypyc: a generic dataclass cannot be a native class
 @dataclass(frozen=True)
 class Invariant(Generic[S]):
@@ -380,6 +394,8 @@ class Invariant(Generic[S]):
     #: (a segment is *entirely free* for ``empty_cache`` only once its free
     #: blocks were merged: C6 presupposes C3)
     presupposes: tuple[str, ...] = ()
+    #: the outcomes that show the rule was exercised (:class:`Witness`)
+    witnesses: tuple = ()
 
     def check_for(self, state: Any) -> Callable[[Any], str | None] | None:
         """The predicate for ``state``'s level (``None``: vacuous there)."""

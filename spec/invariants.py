@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable
 
 from memspec.spec import kernels as K
 from memspec.spec.api import TicketState
-from memspec.spec.core import Invariant
+from memspec.spec.core import Invariant, Witness
 from memspec.spec.state import MechState, SysState
 
 KV = "kv"
@@ -57,8 +57,9 @@ def _both(mech: Callable[[MechState], str | None], sys: Callable[[SysState], str
     return _Levels(mech, sys)
 
 
-def _inv(id: str, title: str, quote: str, check: _Levels, full_check: _Levels | None = None) -> Invariant:
-    return Invariant(id, title, quote, check, full_check, levels=check.levels)
+def _inv(id: str, title: str, quote: str, check: _Levels, full_check: _Levels | None = None,
+         witnesses: tuple = ()) -> Invariant:
+    return Invariant(id, title, quote, check, full_check, levels=check.levels, witnesses=witnesses)
 
 
 def _first(*reasons: str | None) -> str | None:
@@ -181,6 +182,7 @@ def _s6(s: SysState) -> str | None:
 S6 = _inv(
     "S6", "holder-chooses: the Governor only issues tickets; only holders release, and 0 is a valid answer",
     "the Governor does not choose a holder's victim", _sys(_s6),
+    witnesses=(Witness("respond", "returns", "a holder's answer to a pressure ticket"),),
 )
 
 
@@ -256,6 +258,7 @@ S9 = _inv(
     "S9", "transactional-growth: a failed growth rolls back the mapping, returns the grant, keeps the old view",
     "If step 4 or 5 fails: roll back the provisional mapping; return the grant; keep the old KV view and request "
     "state; do not expose a partially committed new state.", _sys(_s9),
+    witnesses=(Witness("kv_grow", "returns", "a KV growth"),)
 )
 
 
@@ -399,6 +402,7 @@ S15 = _inv(
     "S15", "ticket-exactly-once: a ticket's grant is returned exactly once on cancel/timeout; terminal tickets hold 0",
     "When memory is tight, all it can send is: pressure ticket: try to free 1 GB, priority = ..., deadline = ...",
     _sys(lambda s: _s15_full(s) if len(s.tickets) <= 64 else _s15(s)), full_check=_sys(_s15_full),
+    witnesses=(Witness("claim", "returns", "a claim"),)
 )
 
 

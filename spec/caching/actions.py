@@ -362,7 +362,8 @@ def empty_cache(st: CachingState):
         _commit(st, new)
         _violate(st, "C6", f"empty_cache() released {v} bytes; the fully-free segments/pages hold {released}")
 
-    return outcomes(Returns(f"{released} (bytes released)", accepts=lambda v: v == released, then=ok, witness=lambda: released),
+    return outcomes(Returns(f"{released} (bytes released)" if released else "0 (nothing fully free to release)",
+                            accepts=lambda v: v == released, then=ok, witness=lambda: released),
                     Returns("another figure (diagnosed)", accepts=lambda v: isinstance(v, int), then=wrong),
                     blame="C6")
 

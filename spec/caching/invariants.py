@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from memspec.spec.caching.kernels import K_ROUND_LARGE, K_SMALL_SIZE
 from memspec.spec.caching.state import FREE, LIVE, PENDING, UNMAPPED, Block, CachingState
-from memspec.spec.core import Invariant
+from memspec.spec.core import Invariant, Witness
 from memspec.spec.invariants import CatalogEntry, catalog_of
 
 
@@ -154,7 +154,8 @@ INVARIANTS = [
               "empty_cache() releases segments that are entirely free to the driver; it moves, merges, and "
               "defragments nothing inside partially-live segments", _recorded("C6"),
               # a segment is entirely free only once its free blocks were merged into one
-              presupposes=("C3",)),
+              presupposes=("C3",),
+              witnesses=(Witness("empty_cache", "bytes released", "a fully-free segment released"),)),
     Invariant("C7", "no reuse before the events of other streams complete (seed 000's fence rule)",
               # seed 003 never names streams: this rule is seed 000's, applied to the caching allocator
               # (a block is reused only on its stream, after the events of the other streams that used it)
@@ -164,12 +165,14 @@ INVARIANTS = [
               "request maps fresh pages into a fresh contiguous VA run.", _recorded("C8"),
               requires=("expandable_segments",),
               # a request the spec serves from merged free blocks is no exhaustion where they were never merged
-              presupposes=("C3",)),
+              presupposes=("C3",),
+              witnesses=(Witness("malloc", "OutOfMemory", "an OutOfMemory raised"),)),
     Invariant("C9", "the OOM message's figures equal the state",
               "The OOM message is the diagnosis ... \"N GiB is reserved by PyTorch but unallocated\" = fragmentation",
               _recorded("C9"),
               # (as C8: an OOM where the spec serves from merged free blocks is the missed merge's)
-              presupposes=("C3",)),
+              presupposes=("C3",),
+              witnesses=(Witness("malloc", "OutOfMemory", "an OutOfMemory raised"),)),
 ]
 
 
