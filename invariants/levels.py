@@ -135,6 +135,10 @@ def mechanism_init(machine: Any, instance: api.TargetInstance, caps: dict) -> di
         init["ep"] = bool(caps.get("ep"))
     if _accepts(machine.init, "geometry"):
         init["geometry"] = geometry_of(instance)
+    if _accepts(machine.init, "replacement_geometry"):
+        roles = instance.roles
+        brings = roles is not None and roles.extra_mechanism is not None
+        init["replacement_geometry"] = geometry_of(instance) if brings else None
     return init
 
 

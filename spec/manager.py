@@ -185,11 +185,13 @@ def planned_footprint(s: SysState, size: int) -> tuple:
     (a replacement); ``strict`` when an OutOfMemory on an empty device is
     judged (a bound and the overhead declared); ``room``: the device's bytes
     less the declared overhead."""
+    from memspec.spec.api import AllocatorGeometry
     from memspec.spec.eager import geometry_of, most_footprint
 
-    if s.registry.installed != 0:   # a replacement mechanism: its geometry is not the one declared
-        return None, False, s.device_capacity
-    g = geometry_of(s)
+    if s.registry.installed != 0:   # the replacement mechanism: the target's own twin, or the reference's
+        g = getattr(s, "replacement_geometry", None) or AllocatorGeometry.page_rounded(s.page)
+    else:
+        g = geometry_of(s)
     hi = most_footprint(g, size, 256)
     return hi, hi is not None and g.overhead is not None, s.device_capacity - (g.overhead or 0)
 

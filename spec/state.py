@@ -340,6 +340,9 @@ class SysState:
     #: the target mechanism's declared ``AllocatorGeometry`` (``None``: the
     #: spec's own strict page-rounded one)
     geometry: Any = None
+    #: the replacement mechanism's (mechanism 1): the target's geometry when
+    #: it brings that mechanism itself, ``None`` for the reference's
+    replacement_geometry: Any = None
     next_ref: int = 1
     # -- Governor ledger: capacity == free + granted + charged (S11)
     free: int = 0

@@ -45,7 +45,7 @@ from memspec.spec.state import Registry, Seen, SysState
 
 
 def init(*, capacity: int, page: int, virtual_backing: bool, shared_mapping: bool, ep: bool = True,
-         device_capacity: int | None = None, geometry: Any = None) -> SysState:
+         device_capacity: int | None = None, geometry: Any = None, replacement_geometry: Any = None) -> SysState:
     """Nothing allocated, nothing granted: ``free == capacity`` (the
     Governor's capacity); the target mechanism installed; ModelResidency's
     four weights not loaded.  ``device_capacity`` (default ``capacity``) is
@@ -57,6 +57,8 @@ def init(*, capacity: int, page: int, virtual_backing: bool, shared_mapping: boo
     s = SysState(capacity, page, bool(virtual_backing), bool(shared_mapping), reg, free=capacity,
                  device_capacity=capacity if device_capacity is None else int(device_capacity))
     s.geometry = geometry   # the target mechanism's declared AllocatorGeometry (None: memspec's own, strict)
+    # the replacement mechanism's (the target's own twin: its geometry; the reference's: None, page-rounded)
+    s.replacement_geometry = replacement_geometry
     holders.init_holders(s)
     return s
 
