@@ -53,6 +53,24 @@ def _safe_name(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", s).strip("_")[:120] or "x"
 
 
+def _env_of(plan: Any) -> dict:
+    """The environment the plan's target declares it needs at process start
+    (``factory.memspec_env``, sent by the supervised child as ``PlanInfo.env``):
+    string keys and values only."""
+    env = getattr(plan, "env", None)
+    if env is None:
+        env = getattr(getattr(plan, "factory", None), "memspec_env", None)
+    if not isinstance(env, dict):
+        return {}
+    return {k: v for k, v in env.items() if isinstance(k, str) and isinstance(v, str) and _ENV_KEY.fullmatch(k)
+            and "\0" not in v and len(v) <= 4096}
+
+
+#: the variables a reproduction sets for its target: allocator and glibc tunables only (never a
+#: loader variable such as LD_PRELOAD that would make a replay run something else)
+_ENV_KEY = re.compile(r"GLIBC_TUNABLES|(MALLOC|MIMALLOC|JEMALLOC|JE_MALLOC|TCMALLOC|MEMSPEC)_[A-Z0-9_]+")
+
+
 def render(failure: Any, plan: Any, target_name: str | None = None) -> str:
     """The reproduction's source.  Text that the target (or a plugin) supplied
     -- error messages, outcomes, the reason, names -- is written only as
@@ -74,6 +92,12 @@ reproduce" and exits 0.
 """
 import os
 import sys
+
+# the environment the target needs at process start (a library loaded with dlopen may need a
+# glibc tunable): the reproduction starts itself again with it when it is missing
+ENV = {_data(_env_of(plan))}
+if any(os.environ.get(k) != v for k, v in ENV.items()) and not os.environ.get("MEMSPEC_REPRO_REEXEC"):
+    os.execve(sys.executable, [sys.executable, *sys.argv], {{**os.environ, **ENV, "MEMSPEC_REPRO_REEXEC": "1"}})
 
 sys.path.insert(0, os.getcwd())
 sys.path.insert(0, {_data(os.getcwd())})

@@ -107,6 +107,8 @@ class PlanInfo:
     absent: list = field(default_factory=list)
     #: ``{invariant: [[action, outcome, describe], ...]}``: the outcomes a PASS needs
     witnesses: dict = field(default_factory=dict)
+    #: the environment the target needs at process start (``factory.memspec_env``)
+    env: dict = field(default_factory=dict)
 
     @property
     def invariant_ids(self) -> list[str]:

@@ -93,6 +93,7 @@ def _run_child_plan(ch: Channel, plan: E.Plan, opts: dict) -> None:
              "invariants": [[inv.id, inv.title] for inv in plan.machine.invariants], "na": plan.na,
              "capabilities": plan.capabilities, "actions": [a.name for a in plan.actions], "declares": plan.declares, "undrawn": _undrawn(plan),
              "absent": sorted(not_at_level(plan)), "witnesses": plan.witnesses,
+             "env": dict(getattr(plan.factory, "memspec_env", None) or {}),
              "timeout": plan.timeout, "factory_kwargs": plan.factory_kwargs, "machine_ref": plan.machine_ref})
     last = [0.0]
 
@@ -215,6 +216,9 @@ class _Parent:
             und = m.get("undrawn")
             if isinstance(und, dict):
                 info.undrawn = {_str(k): [_str(r) for r in v] for k, v in und.items() if isinstance(v, list)}
+            env = m.get("env")
+            if isinstance(env, dict):
+                info.env = {k: v for k, v in env.items() if isinstance(k, str) and isinstance(v, str)}
             wit = m.get("witnesses")
             if isinstance(wit, dict):
                 info.witnesses = {_str(k): [[_str(x) for x in w] for w in v if isinstance(w, list) and len(w) == 3]
