@@ -348,7 +348,7 @@ def _describe_status(status: int) -> str:
 
 
 def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Callable[[dict], None] | None = None,
-              poll: float = 0.05) -> Ending:
+              poll: float = 0.05, deadline: float | None = None) -> Ending:
     """Run ``work(channel)`` in a forked child; return how it ended.
 
     The child must send ``{"t": "done"}`` when its work is complete; a child
@@ -357,7 +357,10 @@ def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Ca
     the child said otherwise) is killed (``SIGKILL``:
     it cannot be caught, also not by code blocked in C) and reported as hung.
     Messages are untrusted text: parsed with ``json.loads`` only; a line that
-    does not parse is ignored.
+    does not parse is ignored.  ``deadline`` (a ``time.monotonic()`` value):
+    a child still running then is killed the same way and reported as hung,
+    wherever it is (a target that stopped its own process between calls, a
+    thread of the target's holding the GIL): the bound of a time-budgeted run.
     """
     watch = Watch()
     log = StepLog()
@@ -426,6 +429,11 @@ def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Ca
             elif now - since > allowed:
                 end.hang, end.blame, end.what = True, blame, what
                 end.death = f"a call into the target did not return within {allowed:g} s ({what})"
+                os.kill(pid, signal.SIGKILL)
+                break
+            if deadline is not None and now > deadline:
+                end.hang, end.blame, end.what = True, blame if inside else "", what if inside else ""
+                end.death = "the process did not finish within its time bound" + (f" ({what})" if inside else "")
                 os.kill(pid, signal.SIGKILL)
                 break
     except BaseException:   # Ctrl-C or a bug of the caller's: the child must not outlive the supervisor

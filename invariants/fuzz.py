@@ -1,0 +1,970 @@
+"""Time-budgeted fuzzing under supervision: the engine behind ``memspec fuzz``.
+
+Every piece of the target's code -- its import, its factory, its steps, the
+replays that shrink its failures -- runs in a child forked by
+:func:`~memspec.invariants.guard.supervise`, as in ``memspec conform``; this
+process only reads what the children say (conform's messages, read by
+:class:`~memspec.invariants.runner._Parent`, plus the few below).  A target
+that exits, raises ``BaseException``, crashes, hangs (also in C) or stops
+its own process, in its factory or in a step, ends its child and is
+reported -- a FAIL with the steps so far (the child's StepLog), or an ERROR
+-- never a dead, endless or green run.
+
+* **workers** (``jobs`` of them, each its own supervised child, seeds
+  ``seed + w * SEED_STRIDE``): resolve the target, plan each level, fuzz it
+  (Hypothesis rounds or random walks).  A failure is sent as soon as it is
+  found (``found``: its steps, its walk seed and run), so a worker that dies
+  afterwards loses nothing.  With one job the worker shrinks its failures
+  itself; with more, the first failure stops them all (a flag in shared
+  memory) and nobody shrinks in a worker.
+* **the shrinker** (a supervised child, after the workers): replays what the
+  workers found and could not shrink -- the shared database (Hypothesis mode),
+  a walk's seed and run, a dead worker's last steps -- shrinks and diagnoses
+  it, and sends each result as soon as it has one.  A replay that kills the
+  shrinker keeps the worker's own report of that failure; the next one goes
+  on in a fresh shrinker.
+
+Each child is killed at a hard deadline (:func:`hard_bound`): the budget,
+plus the shrink time, plus one unit of work, plus a build allowance, plus
+:data:`HARD_GRACE`.
+"""
+
+from __future__ import annotations
+
+import mmap
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from memspec.invariants import runner
+from memspec.invariants import wire
+from memspec.invariants.discovery import DEFAULT_TARGET
+from memspec.invariants.errors import TARGET_ERROR, TargetError
+from memspec.invariants.guard import BUILD_SECONDS, CallGuard, StepLog, supervise
+
+#: seed distance between two workers' seed ranges
+SEED_STRIDE = 1_000_003
+#: an upper bound on one Hypothesis round, in seconds (also capped at budget/10)
+ROUND_SECONDS = 10.0
+#: seconds of shrinking for one failure (all failures of a run share it)
+SHRINK_SECONDS = 30.0
+#: steps a replayed walk counterexample may take (its own "stop" draws end it first)
+REPLAY_MAX_STEPS = 10_000
+#: seconds a child may run past its stated bound before it is killed (slack for a loaded machine)
+HARD_GRACE = 30.0
+
+
+@dataclass
+class FuzzOptions:
+    """What ``memspec fuzz`` was asked (the names of its flags)."""
+
+    target: str = DEFAULT_TARGET
+    mode: str = "hypothesis"
+    level: str = "all"
+    seconds: float = 60.0
+    seed: int = 0
+    jobs: int = 1
+    db: str | None = "memspec-out/db"
+    db_readonly_github: str | None = None
+    db_artifact: str = "hypothesis-example-db"
+    steps: int | None = None
+    timeout: float = 5.0
+    shrink_seconds: float = SHRINK_SECONDS
+    capacity: int | None = None
+    out: str | None = "memspec-out/repro"
+    machine: str | None = None
+    build_timeout: float | None = None
+
+
+@dataclass
+class FuzzRun:
+    """What a run found and what it cost."""
+
+    results: list = field(default_factory=list)   # one PlanResult per level (failures, errors)
+    steps: int = 0
+    workers: list = field(default_factory=list)   # per worker: seed, steps, seconds, ready_s, cpu figures
+    fuzz_seconds: float = 0.0
+    fuzz_cpu: float | None = None
+    parent_cpu: float | None = None
+    parent_setup_cpu: float | None = None
+    shrink_used: float = 0.0
+
+
+def round_cap(budget: float) -> float:
+    """The longest Hypothesis round: min(ROUND_SECONDS, budget/10), at least 1 s."""
+    return min(ROUND_SECONDS, max(1.0, budget / 10))
+
+
+def stated_bound(opts: FuzzOptions) -> float:
+    """The bound ``--help`` states: budget + one shrink + one round in flight."""
+    return opts.seconds + opts.shrink_seconds + round_cap(opts.seconds)
+
+
+def hard_bound(opts: FuzzOptions) -> float:
+    """Seconds after its start at which a child is killed, whatever it is doing:
+    the stated bound plus the target's build allowance and one call's timeout
+    plus :data:`HARD_GRACE`."""
+    build = opts.build_timeout or max(opts.timeout, BUILD_SECONDS)
+    return stated_bound(opts) + build + opts.timeout + HARD_GRACE
+
+
+# --------------------------------------------------------------------------
+# Public names for what the CLI layer shows (it imports no private name)
+# --------------------------------------------------------------------------
+
+def flatten(e: BaseException) -> list:
+    """The leaf exceptions of ``e`` (an exception group flattened), each with its flaky flag."""
+    return runner._flatten(e)
+
+
+def dedupe(failures: list) -> list:
+    """One failure per rule broken at one call (the shorter reproduction)."""
+    return runner._dedupe(failures)
+
+
+def replay_steps(plan: Any, guard: CallGuard, capacity: int | None, steps: list) -> Any:
+    """Replay ``[(action, choices)]`` on a fresh target: the violation, or None."""
+    return runner._replay_steps(plan, guard, capacity, steps)
+
+
+trace_msg = wire._trace_msg
+trace_from = wire._trace_from
+
+
+# --------------------------------------------------------------------------
+# The example database
+# --------------------------------------------------------------------------
+
+def open_database(db: str | None, github: str | None = None, artifact: str = "hypothesis-example-db"):
+    """The example database: the local directory ``db``, and with ``github``
+    (``OWNER/REPO``) that repository's artifact read-only in front of it.
+    Saves go to the local directory only."""
+    from hypothesis.database import MultiplexedDatabase, ReadOnlyDatabase
+
+    local = _CheckedDatabase(db) if db else None
+    if not github:
+        return local
+    from hypothesis.database import GitHubArtifactDatabase
+
+    owner, repo = github.split("/")
+    shared = ReadOnlyDatabase(GitHubArtifactDatabase(owner, repo, artifact_name=artifact))
+    return MultiplexedDatabase(local, shared) if local is not None else shared
+
+
+def _checked_database_class():
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    class CheckedDatabase(DirectoryBasedExampleDatabase):
+        """Hypothesis's directory database, which swallows every ``OSError`` of a
+        save (a full disk persists nothing, silently): each save is checked by
+        reading the value back, and the saves that did not persist are counted
+        (``lost``, in shared memory: the children save) so the command can say so."""
+
+        def save(self, key: bytes, value: bytes) -> None:
+            super().save(key, value)
+            try:
+                kept = value in set(self.fetch(key))
+            except Exception:  # noqa: BLE001
+                kept = False
+            if not kept:
+                _LOST.add()
+
+    return CheckedDatabase
+
+
+class _Counter:
+    """An int in memory shared with the forked children."""
+
+    def __init__(self) -> None:
+        self.mem = mmap.mmap(-1, 8)
+
+    def add(self, n: int = 1) -> None:
+        self.mem[0:8] = (self.value() + n).to_bytes(8, "little")
+
+    def value(self) -> int:
+        return int.from_bytes(self.mem[0:8], "little")
+
+    def set(self) -> None:
+        self.add(1)
+
+    def is_set(self) -> bool:
+        return self.value() > 0
+
+
+_LOST = _Counter()
+_CHECKED = None
+
+
+def _CheckedDatabase(path: str):  # noqa: N802 - a class made on first use (Hypothesis is imported late)
+    global _CHECKED
+    if _CHECKED is None:
+        _CHECKED = _checked_database_class()
+    return _CHECKED(path)
+
+
+def lost_saves() -> int:
+    """Saves to ``--db`` (by this process and its children) that did not persist."""
+    return _LOST.value()
+
+
+# --------------------------------------------------------------------------
+# Fuzzing one plan (in a supervised child)
+# --------------------------------------------------------------------------
+
+class ShrinkBudget:
+    """The seconds of shrinking left to this run (one budget for all failures)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.left = seconds
+        self.used = 0.0
+
+    def charge(self, seconds: float) -> None:
+        self.left -= seconds
+        self.used += seconds
+
+    def take(self):
+        """A context that bounds Hypothesis's shrinking by what is left and
+        charges the time spent."""
+        me = self
+
+        class _Ctx:
+            def __enter__(self_inner):
+                self_inner.t0 = time.perf_counter()
+                self_inner.inner = runner.shrink_budget(max(me.left, 0.0))
+                self_inner.inner.__enter__()
+                return self_inner
+
+            def __exit__(self_inner, *exc):
+                self_inner.inner.__exit__(*exc)
+                me.charge(time.perf_counter() - self_inner.t0)
+                return False
+
+        return _Ctx()
+
+
+def _round_settings(opts, seed: int, examples: int, *, first: bool, shrink: bool, database):
+    """Settings of one Hypothesis round: the ``fuzz`` profile, the shared
+    database; the reuse phase (replay of saved failures) only in the first
+    round, the shrink phase only when this process may shrink."""
+    from hypothesis import Phase, settings
+
+    phases = [p for p in settings.get_profile("fuzz").phases
+              if (first or p is not Phase.reuse) and (shrink or p not in (Phase.shrink, Phase.explain))]
+    return runner.hypothesis_settings("fuzz", examples=examples, steps=opts.steps, db=None, seed=seed,
+                                      database=database, phases=phases)
+
+
+def _noop(*_a, **_kw) -> None:
+    return None
+
+
+def fuzz_hypothesis(plan, seconds: float, opts, note: Callable = _noop, *, shrink: ShrinkBudget | None = None,
+                    seed: int | None = None, stop=None, database=None, may_shrink: bool = True,
+                    on_found: Callable = _noop) -> list:
+    """Rounds of fresh seeds until ``seconds`` are up (or ``stop()``).
+
+    A round's size comes from the time per example measured so far: at most
+    :func:`round_cap` seconds of examples, never more than what is left; the
+    first round is 2 examples (it also replays the database).  Each new
+    failure goes to ``on_found`` as soon as its round ends."""
+    shrink = shrink or ShrinkBudget(opts.shrink_seconds)
+    if database is None:
+        database = open_database(opts.db, opts.db_readonly_github, opts.db_artifact)
+    base = opts.seed if seed is None else seed
+    cap = round_cap(opts.seconds)
+    end = time.perf_counter() + seconds
+    out = []
+    rnd = 0
+    seen: set[str] = set()
+    per_example: float | None = None
+    while time.perf_counter() < end and not (stop and stop()):
+        left = end - time.perf_counter()
+        examples = 2 if per_example is None else max(1, min(100_000, int(min(left, cap) / per_example)))
+        sets = _round_settings(opts, base + rnd, examples, first=rnd == 0, shrink=may_shrink, database=database)
+        ex0 = plan.stats.examples
+        t0 = time.perf_counter()
+        res = runner.run_hypothesis(plan, sets, seed=base + rnd, shrink_seconds=max(shrink.left, 0.0))
+        if may_shrink and res.failures:  # the round shrank: charge it all to the shrink budget (conservative)
+            shrink.charge(time.perf_counter() - t0)
+        ran = plan.stats.examples - ex0
+        if ran > 0 and not res.failures:
+            per_example = max((time.perf_counter() - t0) / ran, 1e-4)
+        res.failures = [f for f in res.failures if f.invariant not in seen]
+        seen.update(f.invariant for f in res.failures)
+        for f in res.failures:
+            on_found(f, None)
+            note(f"{plan.level} {f.invariant} [{f.cause}] {f.reason[:90]}")
+        out.append(res)
+        rnd += 1
+        if res.errors or (res.failures and not may_shrink):
+            break
+    return out
+
+
+class _Stop(Exception):
+    """Another worker found a failure: stop between runs."""
+
+
+def fuzz_walk(plan, seconds: float, opts, note: Callable = _noop, *, shrink: ShrinkBudget | None = None,
+              seed: int | None = None, stop=None, on_failure=None, database=None,
+              on_found: Callable = _noop) -> list:
+    """Walks until ``seconds`` are up.  With ``on_failure`` None each new
+    failure is shrunk (within the shrink budget) and the walk goes on with
+    the next seed; otherwise (a worker of several) the first failure goes to
+    ``on_failure`` and the walk stops.  Every failure goes to ``on_found``
+    first, unshrunk."""
+    from memspec.invariants import walk
+
+    shrink = shrink or ShrinkBudget(opts.shrink_seconds)
+    res = runner.PlanResult(plan.target, plan.level, plan)
+    db = database if database is not None else open_database(opts.db, opts.db_readonly_github, opts.db_artifact)
+    end = time.perf_counter() + seconds
+    seed = opts.seed if seed is None else seed
+    seen: set[str] = set()
+
+    def progress(_w):
+        if stop is not None and stop():
+            raise _Stop()
+
+    if on_failure is None:   # with several workers, worker 0 replays the database before fuzzing
+        for f in replay_walk_database(plan, db):
+            seen.add(f.invariant)
+            on_found(f, None)
+            res.failures.append(f)
+            note(f"{plan.level} {f.invariant} [{f.cause}] {f.reason[:90]} (replayed from the database)")
+    while time.perf_counter() < end and not (stop and stop()):
+        try:
+            w = walk.walk(plan, seconds=end - time.perf_counter(), seed=seed, run_length=opts.steps or 200,
+                          on_progress=progress)
+        except _Stop:
+            break
+        res.errors += w.errors
+        for wf in w.failures:
+            if wf.violation.invariant in seen:
+                continue
+            seen.add(wf.violation.invariant)
+            v = wf.violation
+            on_found(runner.Failure(plan.target, plan.level, v.invariant, v.cause, v.reason, v.trace, wf.steps),
+                     (wf.seed, wf.run_index))
+            if on_failure is not None:
+                on_failure(wf)
+                continue
+            res.failures.append(_shrink_walk_failure(plan, wf, db, shrink))
+            note(f"{plan.level} {v.invariant} [{v.cause}] {v.reason[:90]} (walk seed {wf.seed} run {wf.run_index})")
+        if w.errors or not w.failures or on_failure is not None:
+            break
+        seed += 1  # continue with the next seed after a failure
+    return [res]
+
+
+def replay_walk_database(plan, db) -> list:
+    """The walk counterexamples ``db`` holds for ``plan`` (shrunk by an
+    earlier walk here or on another machine -- a campaign's shared database),
+    replayed first, as Hypothesis mode's reuse phase replays its own: one
+    Failure per invariant that still fails.  Nothing is generated and
+    nothing shrunk again."""
+    from hypothesis import HealthCheck, Phase, Verbosity, settings
+
+    from memspec.invariants import harness as H
+    from memspec.invariants import walk
+
+    if db is None:
+        return []
+    key = runner.database_key(plan, "walk")
+    try:
+        if next(iter(db.fetch(key)), None) is None:
+            return []   # nothing saved: no Hypothesis run at all
+    except Exception:  # noqa: BLE001 - an unreadable (e.g. unreachable GitHub) database replays nothing
+        return []
+    guard = H.CallGuard(plan.timeout, plan.guard_mode)
+    test = walk.shrink_test(plan, REPLAY_MAX_STEPS, guard)
+    test._hypothesis_internal_database_key = key
+    sets = settings(database=db, max_examples=1, deadline=None, verbosity=Verbosity.quiet, phases=[Phase.reuse],
+                    report_multiple_bugs=True, derandomize=False, suppress_health_check=list(HealthCheck))
+    try:
+        settings(sets)(test)()
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 - what the target did is a result
+        out: dict = {}
+        for v, _flaky in flatten(e):
+            if isinstance(v, H.Violation) and v.invariant not in out:
+                out[v.invariant] = runner.Failure(plan.target, plan.level, v.invariant, v.cause, v.reason, v.trace,
+                                                  None)
+        return list(out.values())
+    return []
+
+
+def _shrink_walk_failure(plan, wf, db, shrink: ShrinkBudget):
+    from memspec.invariants import walk
+
+    v = None
+    if shrink.left > 0:
+        with shrink.take():
+            v = walk.shrink(plan, wf, db=db)
+    v = v or wf.violation
+    return runner.Failure(plan.target, plan.level, v.invariant, v.cause, v.reason, v.trace, wf.steps)
+
+
+def _failure_msg(f) -> dict:
+    """What a child sends of a failure besides its invariant, cause and
+    reason: its steps (action, arguments as a literal, choices, outcome,
+    bound ids), the example's device capacity, the steps to detection and
+    the consequences."""
+    from memspec.invariants import harness as H
+
+    trace = f.trace if all(isinstance(ts, H.TraceStep) for ts in f.trace) else []
+    return {"trace": trace_msg(trace), "capacity": f.capacity, "detected": f.steps_to_detection,
+            "consequences": [str(c) for c in f.consequences]}
+
+
+def _worker_failure(plan, inv: str, cause: str, reason: str, sent) -> "runner.Failure":
+    """A failure a worker found (or the steps a dead worker left), replayed
+    here on a fresh target from its steps, arguments drawn again by the spec
+    from the recorded choices: a failure again is one like any other,
+    minimized and diagnosed here; otherwise it is reported as the worker saw
+    it, with the worker's steps, marked not reproduced."""
+    from memspec.invariants import harness as H
+
+    sent = sent if isinstance(sent, dict) else {}
+    trace = trace_from(sent.get("trace") or [])
+    cap = sent.get("capacity") if type(sent.get("capacity")) is int else None
+    det = sent.get("detected") if type(sent.get("detected")) is int else None
+    cons = [str(c) for c in sent.get("consequences") or []]
+    on_replayed = sent.get("on_replayed")
+    if trace:
+        guard = H.CallGuard(plan.timeout, plan.guard_mode)
+        saved = (plan.stats, plan.on_call, plan.on_step)
+        plan.stats, plan.on_call, plan.on_step = H.Stats(), None, None
+        try:
+            v = replay_steps(plan, guard, cap, [(ts.action, list(ts.choices)) for ts in trace])
+        except Exception:  # noqa: BLE001 - steps the spec cannot replay here: not reproduced
+            v = None
+        finally:
+            plan.stats, plan.on_call, plan.on_step = saved
+        if v is not None:
+            f = runner.Failure(plan.target, plan.level, v.invariant, v.cause, v.reason, list(v.trace), det,
+                               capacity=cap, consequences=cons)
+            if callable(on_replayed):   # said before the minimizer replays it again (it may not come back)
+                on_replayed(f)
+            return runner.diagnose(plan, runner.minimize(plan, f))
+    return runner.Failure(plan.target, plan.level, inv, cause,
+                          f"{reason} (not reproduced on replay: nondeterministic target?)", trace, det,
+                          capacity=cap, consequences=cons)
+
+
+# --------------------------------------------------------------------------
+# The children: what they say
+# --------------------------------------------------------------------------
+
+def _fail_dict(f) -> dict:
+    """A failure as conform's child sends it (read by ``_Parent`` and here)."""
+    return {"invariant": f.invariant, "cause": f.cause, "reason": f.reason, "trace": trace_msg(f.trace),
+            "std": f.steps_to_detection, "flaky": f.flaky, "cap": f.capacity,
+            "also": [str(c) for c in f.consequences], "check": f.check,
+            "key": list(f.key) if f.key is not None else None}
+
+
+def _fail_from(target: str, level: str, d: Any) -> "runner.Failure | None":
+    """A failure from a child's (untrusted) message."""
+    if not isinstance(d, dict):
+        return None
+    s = lambda v: v if isinstance(v, str) else repr(v)  # noqa: E731
+    cap = d.get("cap")
+    return runner.Failure(target, level, s(d.get("invariant")), s(d.get("cause")), s(d.get("reason")),
+                          trace_from(d.get("trace") or []), d.get("std") if type(d.get("std")) is int else None,
+                          flaky=bool(d.get("flaky")), capacity=cap if type(cap) is int and cap > 0 else None,
+                          consequences=[s(c) for c in d.get("also") or [] if isinstance(d.get("also"), list)],
+                          check=d.get("check") if isinstance(d.get("check"), str) else None)
+
+
+def _plan_msg(plan) -> dict:
+    return {"t": "plan", "level": plan.level, "target": plan.target,
+            "invariants": [[inv.id, inv.title] for inv in plan.machine.invariants], "na": plan.na,
+            "capabilities": plan.capabilities, "actions": [a.name for a in plan.actions],
+            "declares": plan.declares, "undrawn": runner._undrawn(plan),
+            "absent": sorted(runner.not_at_level(plan)), "witnesses": plan.witnesses,
+            "timeout": plan.timeout, "factory_kwargs": plan.factory_kwargs, "machine_ref": plan.machine_ref}
+
+
+def _plans(ch, opts: FuzzOptions, skip: list, only: list | None = None) -> list:
+    """Resolve the target, build it once, choose the levels, plan each: in
+    this (supervised) child, each call guarded; an error is said on ``ch``."""
+    target = opts.target
+    guard = CallGuard(opts.timeout, "direct")
+    guard.blame, guard.what = TARGET_ERROR, f"importing the target {target!r}"
+    guard.limit = opts.build_timeout or max(opts.timeout, BUILD_SECONDS)
+    tref, err = guard.call(runner.resolve, target)
+    if err is None and tref.factory is None:
+        err = LookupError(tref.error or "unavailable")
+    if err is not None:
+        ch.send({"t": "error", "level": opts.level, "error": f"{type(err).__name__}: {err}"})
+        return []
+    guard.what = f"building the target {target!r} (its factory)"
+    probe, err = guard.call(runner.build_probe, tref, opts.capacity)
+    if err is not None:
+        msg = str(err) if isinstance(err, TargetError) else \
+            f"target {tref.name!r} factory raised {type(err).__module__}.{type(err).__name__}: {err}"
+        ch.send({"t": "error", "level": opts.level, "error": msg})
+        return []
+    plans: list = []
+    try:
+        levels = [tref.mutant.level] if tref.mutant is not None and opts.level == "all" else \
+            runner.levels_for(probe.kind, opts.level)
+        if not levels:
+            ch.send({"t": "error", "level": opts.level,
+                     "error": f"level {opts.level!r} does not apply to a target of kind {probe.kind!r}"})
+            return []
+        for lvl in levels:
+            if lvl in skip or (only is not None and lvl not in only):
+                continue
+            guard.what = f"probing the target for the {lvl} level"
+            plan, err = guard.call(runner.make_plan, tref, lvl, capacity=opts.capacity, timeout=opts.timeout,
+                                   machine=opts.machine, probe=probe)
+            if err is not None:
+                ch.send({"t": "error", "level": lvl, "error": f"{type(err).__name__}: {err}"})
+                continue
+            plans.append(plan)
+    finally:
+        guard.what = "closing the probe instance"
+        guard.call(runner.close_probe, probe)
+        guard.limit = None
+    return plans
+
+
+def _hook(ch, plan) -> None:
+    """conform's per-step protocol: the example's steps to the StepLog (read
+    only if this child dies), progress on the channel."""
+    log = StepLog.current
+    last = [0.0]
+
+    def on_call(run, ts) -> None:
+        if ts is None:
+            if log is not None:
+                log.reset()
+            ch.send({"t": "ex", "cap": run.capacity})
+            return
+        msg = wire._step_msg(ts)
+        if len(run.trace) >= 2:
+            prev = run.trace[-2]
+            msg["po"], msg["pb"] = prev.outcome, list(prev.bound)
+        if log is None or not log.append(msg, run.plan.stats.steps):
+            ch.send(msg)
+
+    def on_step(p) -> None:
+        now = time.perf_counter()
+        if now - last[0] > 0.25:
+            last[0] = now
+            st = p.stats
+            ch.send({"t": "p", "examples": st.examples, "steps": st.steps, "failing": st.failures_seen,
+                     "outcomes": len(st.outcomes), "actions": dict(st.actions), "seconds": st.seconds})
+
+    plan.on_call, plan.on_step = on_call, on_step
+
+
+def _worker(ch, opts: FuzzOptions, w: int, skip: list, stop_flag: _Counter, seconds: float, t_fork: float) -> None:
+    """One worker (a supervised child): plan, then fuzz each level with its
+    own seed range for ``seconds`` from the end of its start."""
+    c_start = time.process_time()
+    ch.send({"t": "hello"})
+    plans = _plans(ch, opts, skip)
+    if not plans:
+        return
+    ready_s, start_cpu = time.perf_counter() - t_fork, time.process_time() - c_start
+    one = opts.jobs == 1
+    seed = opts.seed + w * SEED_STRIDE
+    database = open_database(opts.db, opts.db_readonly_github, opts.db_artifact)
+    shrink = ShrinkBudget(opts.shrink_seconds)
+    deadline = time.perf_counter() + seconds
+    fuzz_cpu = 0.0
+
+    def stop() -> bool:
+        return stop_flag.is_set() and not one
+
+    def note(text: str) -> None:
+        ch.send({"t": "note", "text": text})
+
+    try:
+        for i, plan in enumerate(plans):
+            share = (deadline - time.perf_counter()) / (len(plans) - i)
+            if share <= 0 or stop():
+                break
+            ch.send(_plan_msg(plan))
+            _hook(ch, plan)
+            res = runner.PlanResult(plan.target, plan.level, plan)
+
+            def found(f, walk_at, lvl=plan.level) -> None:
+                ch.send({"t": "found", "level": lvl, "failure": _fail_dict(f),
+                         "walk": list(walk_at) if walk_at else None})
+
+            c0 = time.process_time()
+            try:
+                if opts.mode == "walk":
+                    if w == 0 and not one:   # the database's walk counterexamples, once, by one worker
+                        for f in replay_walk_database(plan, database):
+                            stop_flag.set()
+                            ch.send({"t": "found", "level": plan.level, "failure": _fail_dict(f), "db": True})
+                    rs = [] if stop() else fuzz_walk(
+                        plan, share, opts, note, shrink=shrink, seed=seed, stop=stop, database=database,
+                        on_failure=None if one else (lambda wf: stop_flag.set()), on_found=found)
+                else:
+                    rs = fuzz_hypothesis(plan, share, opts, note, shrink=shrink, seed=seed, stop=stop,
+                                         database=database, may_shrink=one, on_found=found)
+                    if not one and any(r.failures for r in rs):
+                        stop_flag.set()
+            except Exception as e:  # noqa: BLE001 - the engine's own error: reported, the level ends
+                rs = []
+                res.errors.append(f"{type(e).__name__}: {e}")
+            fuzz_cpu += time.process_time() - c0
+            for r in rs:
+                res.failures += r.failures
+                res.errors += r.errors
+                res.notes += list(getattr(r, "notes", []) or [])
+            plan.on_call = plan.on_step = None
+            ch.send({"t": "result", "level": plan.level, "errors": res.errors, "notes": list(res.notes),
+                     "stats": wire._stats_msg(plan.stats), "shrunk": one,
+                     "failures": [_fail_dict(f) for f in res.failures]})
+    finally:
+        ch.send({"t": "wstats", "ready_s": ready_s, "start_cpu_s": start_cpu, "fuzz_cpu_s": fuzz_cpu,
+                 "cpu_s": time.process_time() - c_start, "shrink_s": shrink.used})
+
+
+def _shrinker(ch, opts: FuzzOptions, tasks: list) -> None:
+    """The shrinker (a supervised child): replay and shrink what the workers
+    found.  ``tasks``: ``[index, level, kind, payload]``; kind ``hyp-db``
+    (replay the shared database), ``walk`` (a walk's seed and run), ``db``
+    (the walk database), ``steps`` (a failure's or a dead worker's steps).
+    Each result is sent as soon as it is known (``shrunk``), a replayed
+    failure also before it is minimized (``replayed``)."""
+    from hypothesis import Phase
+
+    from memspec.invariants import harness as H
+    from memspec.invariants import walk
+
+    ch.send({"t": "hello"})
+    levels = sorted({t[1] for t in tasks})
+    plans = {p.level: p for p in _plans(ch, opts, [], only=levels)}
+    database = open_database(opts.db, opts.db_readonly_github, opts.db_artifact)
+    shrink = ShrinkBudget(opts.shrink_seconds)
+    got: dict = {}   # level -> invariants already reported
+    for index, lvl, kind, payload in tasks:
+        plan = plans.get(lvl)
+        ch.send({"t": "task", "index": index})
+        if plan is None:
+            continue
+        said = got.setdefault(lvl, set())
+
+        def send(f, what="shrunk", index=index, lvl=lvl):
+            ch.send({"t": what, "index": index, "level": lvl, "failure": _fail_dict(f)})
+
+        if kind == "hyp-db":
+            sets = runner.hypothesis_settings("fuzz", examples=1, steps=opts.steps, db=None, database=database,
+                                              phases=[Phase.reuse, Phase.shrink])
+            with shrink.take():
+                res = runner.run_hypothesis(plan, sets, shrink_seconds=max(shrink.left, 0.0))
+            for f in dedupe(res.failures):
+                if f.invariant not in said:
+                    said.add(f.invariant)
+                    send(f)
+        elif kind == "db":
+            for f in replay_walk_database(plan, database):
+                if f.invariant not in said:
+                    said.add(f.invariant)
+                    send(f)
+        elif kind == "walk":
+            inv, seed, run_index, steps = payload
+            if inv in said:
+                continue
+            guard = H.CallGuard(plan.timeout, plan.guard_mode)
+            v, choices = walk.walk_once(plan, walk.run_seed(seed, run_index), opts.steps or 200, guard)
+            if v is not None:
+                said.add(v.invariant)
+                send(runner.Failure(plan.target, lvl, v.invariant, v.cause, v.reason, v.trace, steps), "replayed")
+                send(_shrink_walk_failure(plan, walk.WalkFailure(v, seed, run_index, choices, steps), database,
+                                          shrink))
+        elif kind == "steps":
+            inv, cause, reason, sent = payload
+            if inv in said:
+                continue
+            sent = {**sent, "on_replayed": lambda f: send(f, "replayed")}
+            f = _worker_failure(plan, inv, cause, reason, sent)
+            if "not reproduced on replay" not in f.reason:
+                said.add(f.invariant)
+                send(f)
+
+
+# --------------------------------------------------------------------------
+# The parent: supervising the children
+# --------------------------------------------------------------------------
+
+class _Worker:
+    """This process's view of one worker."""
+
+    def __init__(self, w: int) -> None:
+        self.w = w
+        self.results: list = []        # PlanResults (conform's _Parent fills them)
+        self.done: list = []
+        self.found: list = []          # (level, Failure, walk (seed, run) or None, from the walk db)
+        self.stats: dict = {}
+        self.progress: dict = {}       # level -> (steps, covered actions, outcomes, actions, seconds)
+        self.shrunk_levels: set = set()
+
+
+def _supervised(work: Callable, opts: FuzzOptions, on_message: Callable, parent, seconds: float):
+    """One supervised child: ``work(ch)``; its death reported by ``parent``
+    (conform's ``_Parent``).  Killed at ``seconds`` past its start at the latest."""
+    def handle(m: dict) -> None:
+        if not on_message(m):
+            parent.on_message(m)
+
+    end = supervise(work, timeout=opts.timeout, on_message=handle, deadline=time.monotonic() + seconds)
+    if end.death is not None or parent.current is not None:
+        parent.died(end)
+    return end
+
+
+def _drive(opts: FuzzOptions, wk: _Worker, stop_flag: _Counter, deadline: float, hard: float,
+           fork_lock: threading.Lock, t_fork: float, on_progress: Callable, note: Callable) -> None:
+    """Run worker ``wk`` until the budget is spent; a worker that died is
+    started again for the levels it had not finished (as conform does),
+    unless another worker found a failure."""
+    while True:
+        left = deadline - time.perf_counter()
+        if left <= 0 and wk.results:
+            break
+        parent = runner._Parent(opts.target, opts.level, wk.results, wk.done, None, None, None)
+        released = [False]
+
+        def release() -> None:
+            if not released[0]:
+                released[0] = True
+                fork_lock.release()
+
+        def on_message(m: dict, parent=parent) -> bool:
+            t = m.get("t")
+            if t == "hello":
+                release()
+                return True
+            if t == "found":
+                lvl = str(m.get("level"))
+                f = _fail_from(opts.target, lvl, m.get("failure"))
+                walk_at = m.get("walk")
+                walk_at = tuple(walk_at) if isinstance(walk_at, list) and len(walk_at) == 2 and \
+                    all(type(x) is int for x in walk_at) else None
+                if f is not None:
+                    wk.found.append((lvl, f, walk_at, bool(m.get("db"))))
+                    note(f"{lvl} {f.invariant} [{f.cause}] {f.reason[:90]} (worker {wk.w})")
+                return True
+            if t == "note":
+                return True
+            if t == "wstats":
+                wk.stats = {k: v for k, v in m.items() if k != "t" and isinstance(v, (int, float))}
+                return True
+            if t == "result":
+                if m.get("shrunk") is True:
+                    wk.shrunk_levels.add(str(m.get("level")))
+                return False
+            if t == "p" and parent.current is not None:
+                acts = m.get("actions") if isinstance(m.get("actions"), dict) else {}
+                sec = m.get("seconds")
+                wk.progress[parent.current.level] = (
+                    wire._int(m.get("steps")), frozenset(str(a) for a, n in acts.items() if n),
+                    wire._int(m.get("outcomes")), len(parent.current.plan.actions),
+                    float(sec) if isinstance(sec, (int, float)) else 0.0)
+                on_progress(wk.w, dict(wk.progress))
+            return False
+
+        fork_lock.acquire()
+        try:
+            end = _supervised(lambda ch: _worker(ch, opts, wk.w, list(wk.done), stop_flag, max(left, 0.0), t_fork),
+                              opts, on_message, parent, hard)
+        finally:
+            release()
+        for r in wk.results:
+            if r.plan is not None and r.level not in wk.progress:
+                wk.progress[r.level] = (r.plan.stats.steps, frozenset(a for a, n in r.plan.stats.actions.items() if n),
+                                        len(r.plan.stats.outcomes), len(r.plan.actions), r.plan.stats.seconds)
+        if end.death is None:
+            break
+        if opts.jobs > 1:
+            stop_flag.set()
+        note(f"worker {wk.w}: {end.death}")
+        if parent.stopped or stop_flag.is_set() and opts.jobs > 1 or time.perf_counter() >= deadline:
+            break
+
+
+def _key(f) -> tuple:
+    return (f.invariant, f.cause)
+
+
+def run(opts: FuzzOptions, *, on_progress: Callable = _noop, note: Callable = _noop) -> FuzzRun:
+    """Fuzz ``opts.target`` for ``opts.seconds`` in ``opts.jobs`` supervised
+    workers, then shrink in a supervised shrinker what they could not;
+    one PlanResult per level, repros written under ``opts.out``."""
+    import hypothesis.database  # noqa: F401 - once here, before the forks (every child needs it)
+    import hypothesis.stateful  # noqa: F401
+
+    from memspec import profiles as _profiles  # noqa: F401 - the "fuzz" profile, registered before the forks
+    from memspec.invariants import walk as _walk  # noqa: F401
+
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    out = FuzzRun()
+    deadline = t0 + opts.seconds
+    hard = hard_bound(opts)
+    stop_flag = _Counter()
+    fork_lock = threading.Lock()
+    workers = [_Worker(w) for w in range(opts.jobs)]
+    out.parent_setup_cpu = time.process_time() - c0
+    t_fork = time.perf_counter()
+    c_fork = time.process_time()
+    if opts.jobs == 1:
+        _drive(opts, workers[0], stop_flag, deadline, hard, fork_lock, t_fork, on_progress, note)
+    else:
+        threads = [threading.Thread(target=_drive, args=(opts, wk, stop_flag, deadline, hard, fork_lock, t_fork,
+                                                         on_progress, note), daemon=True, name=f"memspec-fuzz-{wk.w}")
+                   for wk in workers]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    out.fuzz_seconds = time.perf_counter() - t0
+    if opts.jobs > 1:
+        out.parent_cpu = time.process_time() - c_fork
+    out.steps = sum(v[0] for wk in workers for v in wk.progress.values())
+    out.workers = [{"worker": wk.w, "seed": opts.seed + wk.w * SEED_STRIDE,
+                    "steps": sum(v[0] for v in wk.progress.values()),
+                    "seconds": sum(v[4] for v in wk.progress.values()),
+                    **{k: wk.stats.get(k) for k in ("ready_s", "start_cpu_s", "cpu_s")}} for wk in workers]
+    if opts.jobs == 1:
+        out.fuzz_cpu = workers[0].stats.get("fuzz_cpu_s")
+    else:
+        cpus = [wk.stats.get("cpu_s") for wk in workers]
+        out.fuzz_cpu = sum(cpus) if all(isinstance(x, (int, float)) for x in cpus) else None
+    out.shrink_used = sum(wk.stats.get("shrink_s", 0.0) or 0.0 for wk in workers)
+    out.results = _gather(opts, workers, note, out)
+    return out
+
+
+def _gather(opts: FuzzOptions, workers: list, note: Callable, out: FuzzRun) -> list:
+    """One PlanResult per level: the workers' final failures, what the
+    shrinker made of the rest (each distinct failure once), the errors once."""
+    levels: dict = {}      # level -> PlanResult
+    final: dict = {}       # level -> {key: Failure}
+    tasks: list = []       # [index, level, kind, payload]
+    fallback: dict = {}    # task index -> (level, Failure) kept when the shrinker gives nothing
+    hyp_levels: set = set()
+    for wk in workers:
+        for r in wk.results:
+            agg = levels.get(r.level)
+            if agg is None:
+                agg = levels[r.level] = runner.PlanResult(opts.target, r.level, r.plan)
+            elif agg.plan is None and r.plan is not None:
+                agg.plan = r.plan
+            agg.errors += r.errors
+            agg.notes += [n for n in r.notes if n not in agg.notes]
+            fin = final.setdefault(r.level, {})
+            for f in r.failures:
+                if r.level in wk.shrunk_levels or not f.trace:
+                    fin.setdefault(_key(f), f)   # shrunk in the worker (--jobs 1), or nothing to replay
+                elif f.cause in ("hang", "crash"):
+                    # a worker that died: its last steps (StepLog) replayed -- they may show what it
+                    # found before it died; the death itself is reported in any case
+                    fin.setdefault(_key(f), f)
+                    tasks.append([len(tasks), r.level, "steps", (f.invariant, f.cause, f.reason, _failure_msg(f))])
+                # (any other failure of an unshrunk level came as "found" too)
+        for lvl, f, walk_at, from_db in wk.found:
+            if lvl in wk.shrunk_levels and any(r.level == lvl for r in wk.results):
+                continue   # the worker shrank it and said so
+            idx = len(tasks)
+            fallback[idx] = (lvl, f)
+            if from_db:
+                tasks.append([idx, lvl, "db", None])
+            elif walk_at is not None:
+                tasks.append([idx, lvl, "walk", (f.invariant, walk_at[0], walk_at[1], f.steps_to_detection)])
+            else:
+                if opts.mode == "hypothesis" and opts.jobs > 1 and lvl not in hyp_levels:
+                    hyp_levels.add(lvl)
+                    tasks.insert(0, [-1 - len(hyp_levels), lvl, "hyp-db", None])
+                tasks.append([idx, lvl, "steps", (f.invariant, f.cause, f.reason, _failure_msg(f))])
+    if tasks:
+        _shrink_all(opts, tasks, fallback, final, levels, note, out)
+    results = []
+    for lvl, agg in levels.items():
+        fs = list(final.get(lvl, {}).values())
+        seen: dict = {}
+        for f in fs:
+            k = _key(f)
+            if k not in seen or len(f.trace) < len(seen[k].trace):
+                seen[k] = f
+        agg.failures = list(seen.values())
+        agg.errors = list(dict.fromkeys(agg.errors))
+        if opts.out and agg.plan is not None:
+            runner.write_repros(agg, opts.out, target_name=opts.target)
+        results.append(agg)
+    for lvl in final:
+        if lvl not in levels:
+            r = runner.PlanResult(opts.target, lvl, None)
+            r.failures = list(final[lvl].values())
+            results.append(r)
+    return results
+
+
+def _shrink_all(opts: FuzzOptions, tasks: list, fallback: dict, final: dict, levels: dict, note: Callable,
+                out: FuzzRun) -> None:
+    """Run the tasks in supervised shrinkers: a shrinker that dies on a task
+    is followed by a fresh one for the tasks after it.  A task with no
+    result keeps the worker's own report."""
+    results: dict = {}     # task index -> {invariant: (level, Failure)} ("shrunk" replaces "replayed")
+    completed: set = set()  # tasks the shrinker finished (a task it died on is not)
+    pending = list(tasks)
+    t0 = time.perf_counter()
+    for _attempt in range(len(tasks) + 1):
+        if not pending:
+            break
+        current = [None]
+
+        def on_message(m: dict) -> bool:
+            t = m.get("t")
+            if t == "task":
+                if current[0] is not None:
+                    completed.add(current[0])
+                current[0] = m.get("index")
+            elif t in ("shrunk", "replayed"):
+                idx, lvl = m.get("index"), str(m.get("level"))
+                f = _fail_from(opts.target, lvl, m.get("failure"))
+                if f is not None and type(idx) is int:
+                    got = results.setdefault(idx, {})
+                    got[f.invariant] = (lvl, f)
+            elif t == "error":
+                note(f"shrinker: {m.get('error')}")
+            return True
+
+        parent = runner._Parent(opts.target, opts.level, [], [], None, None, None)
+        bound = opts.shrink_seconds + max(opts.timeout, BUILD_SECONDS) + opts.timeout * 4 + HARD_GRACE
+        end = _supervised(lambda ch, todo=list(pending): _shrinker(ch, opts, todo), opts, on_message, parent, bound)
+        if end.death is None:
+            completed.add(current[0])
+            break
+        note(f"shrinker: {end.death}")
+        at = current[0]
+        order = [t[0] for t in pending]
+        pending = pending[order.index(at) + 1:] if at in order else []
+        if time.perf_counter() - t0 > opts.shrink_seconds + HARD_GRACE:
+            break
+    out.shrink_used += time.perf_counter() - t0
+    for idx, got in results.items():
+        for lvl, f in got.values():
+            final.setdefault(lvl, {})[_key(f)] = f
+    for idx, (lvl, f) in fallback.items():
+        if idx in results:
+            continue
+        fin = final.setdefault(lvl, {})
+        if _key(f) not in fin:
+            if idx in completed:   # replayed to the end without failing again
+                f.reason += " (not reproduced on replay: nondeterministic target?)"
+            fin[_key(f)] = f
+    for lvl in final:
+        if lvl not in levels:
+            levels[lvl] = runner.PlanResult(opts.target, lvl, None)
