@@ -539,8 +539,20 @@ def _hook(ch, plan) -> None:
     log = StepLog.current
     last = [0.0]
 
+    prev: list = [None]
+    sent = [0]
+
     def on_call(run, ts) -> None:
         if ts is None:
+            before = prev[0]
+            firsts = len(plan.stats.first_failure_steps)
+            if before is not None and before.failed and before.trace and firsts > sent[0]:
+                sent[0] = firsts   # the first example of each invariant that failed (not every shrink step)
+                # the example before failed: its steps reach the parent now, before the worker
+                # goes on (a target that kills it next must not take the finding with it)
+                ch.send({"t": "failed-example", "level": plan.level, "trace": trace_msg(before.trace),
+                         "cap": before.capacity})
+            prev[0] = run
             if log is not None:
                 log.reset()
             ch.send({"t": "ex", "cap": run.capacity})
@@ -687,8 +699,10 @@ def _shrinker(ch, opts: FuzzOptions, tasks: list) -> None:
             inv, cause, reason, sent = payload
             if inv in said:
                 continue
-            sent = {**sent, "on_replayed": lambda f: send(f, "replayed")}
+            sent = {**sent, "on_replayed": lambda f: send(f, "replayed") if f.invariant not in said else None}
             f = _worker_failure(plan, inv, cause, reason, sent)
+            if f.invariant in said:
+                continue
             if "not reproduced on replay" not in f.reason:
                 said.add(f.invariant)
                 send(f)
@@ -709,6 +723,7 @@ class _Worker:
         self.stats: dict = {}
         self.progress: dict = {}       # level -> (steps, covered actions, outcomes, actions, seconds)
         self.shrunk_levels: set = set()
+        self.failed_examples: list = []  # (level, steps as sent, capacity): examples that failed, as they ended
 
 
 def _supervised(work: Callable, opts: FuzzOptions, on_message: Callable, parent, seconds: float):
@@ -755,6 +770,11 @@ def _drive(opts: FuzzOptions, wk: _Worker, stop_flag: _Counter, deadline: float,
                 if f is not None:
                     wk.found.append((lvl, f, walk_at, bool(m.get("db"))))
                     note(f"{lvl} {f.invariant} [{f.cause}] {f.reason[:90]} (worker {wk.w})")
+                return True
+            if t == "failed-example":
+                lvl, trace = str(m.get("level")), m.get("trace")
+                if isinstance(trace, list) and trace and len(wk.failed_examples) < 8:
+                    wk.failed_examples.append((lvl, trace, m.get("cap") if type(m.get("cap")) is int else None))
                 return True
             if t == "note":
                 return True
@@ -874,6 +894,12 @@ def _gather(opts: FuzzOptions, workers: list, note: Callable, out: FuzzRun) -> l
                     fin.setdefault(_key(f), f)
                     tasks.append([len(tasks), r.level, "steps", (f.invariant, f.cause, f.reason, _failure_msg(f))])
                 # (any other failure of an unshrunk level came as "found" too)
+        finished = {r.level for r in wk.results if r.level in wk.shrunk_levels}
+        for lvl, trace, cap in wk.failed_examples:
+            if lvl in finished:
+                continue   # the worker shrank and reported what it found there
+            tasks.append([len(tasks), lvl, "steps", ("?", "found", "a failed example",
+                                                     {"trace": trace, "capacity": cap})])
         for lvl, f, walk_at, from_db in wk.found:
             if lvl in wk.shrunk_levels and any(r.level == lvl for r in wk.results):
                 continue   # the worker shrank it and said so

@@ -24,6 +24,7 @@ import time
 import pytest
 
 from memspec.commands import fuzz
+from memspec.invariants import fuzz as engine
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
@@ -68,13 +69,15 @@ def test_a_failing_run_ends_within_budget_plus_one_shrink(tmp_path):
 
 def test_hypothesis_rounds_are_sized_from_the_measured_rate(tmp_path, monkeypatch):
     """The deadline is checked between rounds of bounded size: with a 3 s
-    budget no round asks for more examples than fit in the round cap at the
+    budget (here 6 s) no round asks for more examples than fit in the round cap at the
     rate measured so far (the old code asked for up to 200 at a guessed 5/s)."""
-    asked: list[int] = []
-    real = fuzz._round_settings
+    # the rounds run in the supervised worker (forked from here): it writes what it asked to a file
+    log = tmp_path / "asked.txt"
+    real = engine._round_settings
 
     def spy(args, seed, examples, **kw):
-        asked.append(examples)
+        with open(log, "a") as fh:
+            fh.write(f"{examples}\n")
         return real(args, seed, examples, **kw)
 
     class Clock:
@@ -89,14 +92,15 @@ def test_hypothesis_rounds_are_sized_from_the_measured_rate(tmp_path, monkeypatc
             Clock.now += 0.25
             return Clock.now
 
-    monkeypatch.setattr(fuzz, "_round_settings", spy)
-    monkeypatch.setattr(fuzz, "time", Clock())
-    rc, doc = _run_inprocess(tmp_path, "reference", "--mode", "hypothesis", "--seconds", "3", "--jobs", "1",
+    monkeypatch.setattr(engine, "_round_settings", spy)
+    monkeypatch.setattr(engine, "time", Clock())
+    rc, doc = _run_inprocess(tmp_path, "reference", "--mode", "hypothesis", "--seconds", "6", "--jobs", "1",
                              "--level", "mechanism")
     assert rc == 0
+    asked = [int(x) for x in log.read_text().split()]
     assert asked[0] == 2 and len(asked) >= 2
     # each round reads the clock twice around the run: 0.25 s for its examples
-    cap = min(fuzz.ROUND_SECONDS, max(1.0, 3 / 10))
+    cap = min(fuzz.ROUND_SECONDS, max(1.0, 6 / 10))
     for prev, nxt in zip(asked, asked[1:]):
         per_example = 0.25 / prev
         assert nxt <= int(cap / per_example), asked  # never more than fit in one round at the measured rate
@@ -156,7 +160,7 @@ def test_jobs_healthy_target_sums_the_workers_steps(tmp_path):
 def test_a_run_in_which_no_step_ran_is_untested_not_a_pass(tmp_path, monkeypatch):
     """No failure because nothing ran (the budget went on starting) is
     reported as UNTESTED and exits 1, never as "no failures"."""
-    monkeypatch.setattr(fuzz, "fuzz_walk", lambda *a, **kw: [])
+    monkeypatch.setattr(engine, "fuzz_walk", lambda *a, **kw: [])
     rc, doc = _run_inprocess(tmp_path, "reference", "--mode", "walk", "--seconds", "1", "--jobs", "1",
                              "--level", "mechanism")
     assert doc["steps"] == 0 and doc["failures"] == [] and doc["untested"] is True

@@ -8,7 +8,7 @@ examples under the pass's own database key.  The parent's replay of the
 shared database reads the whole table's key only, so before the fix a
 later pass's failure came back as "not reproduced on replay" with an empty
 reproduction.  Now the worker sends its failure's steps and the parent
-replays them (``fuzz._worker_failure``).
+replays them (``engine._worker_failure``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import sys
 import pytest
 
 from memspec.commands import fuzz
+from memspec.invariants import fuzz as engine
 from memspec.invariants import harness as H
 from memspec.invariants import runner, stateful  # noqa: F401
 from memspec.invariants.discovery import TargetRef
@@ -60,10 +61,10 @@ def _failure(target, seed: int = 0) -> tuple:
 
 def test_a_workers_failure_is_replayed_from_its_steps():
     _plan, f = _failure(LEAKY)
-    sent = fuzz._failure_msg(f)
+    sent = engine._failure_msg(f)
     json.dumps(sent)   # plain data only: it crosses the process boundary
     fresh = runner.make_plan(LEAKY, "mechanism")
-    got = fuzz._worker_failure(fresh, f.invariant, f.cause, f.reason, sent)
+    got = engine._worker_failure(fresh, f.invariant, f.cause, f.reason, sent)
     assert got.invariant == f.invariant
     assert "not reproduced" not in got.reason
     assert got.trace, "the replayed failure has steps"
@@ -74,14 +75,14 @@ def test_a_workers_failure_is_replayed_from_its_steps():
 
 def test_steps_that_do_not_fail_again_keep_the_workers_steps_and_say_so():
     _plan, f = _failure(LEAKY)
-    sent = fuzz._failure_msg(f)
+    sent = engine._failure_msg(f)
     clean = runner.make_plan("reference-eager", "mechanism")   # the same steps on the reference: no failure
-    got = fuzz._worker_failure(clean, f.invariant, f.cause, f.reason, sent)
+    got = engine._worker_failure(clean, f.invariant, f.cause, f.reason, sent)
     assert "not reproduced on replay" in got.reason
     assert [ts.action for ts in got.trace] == [ts.action for ts in f.trace]
     assert got.capacity == f.capacity
     # nothing sent (a worker of an older memspec): reported as seen, no steps
-    bare = fuzz._worker_failure(clean, f.invariant, f.cause, f.reason, None)
+    bare = engine._worker_failure(clean, f.invariant, f.cause, f.reason, None)
     assert "not reproduced on replay" in bare.reason and bare.trace == []
 
 

@@ -1,7 +1,7 @@
-"""``memspec fuzz --jobs N`` (issue 16, deliverable 2): the workers fuzz the
-plans the parent made once, before the fork (no worker imports the engine,
-probes the target or learns the spec's protocols again), say what their
-start cost, and a failure two workers saved is reported once.
+"""``memspec fuzz --jobs N`` (issue 16, deliverable 2; issue 32): each worker
+plans the target in its own supervised child -- the parent never imports the
+target nor calls its factory -- says what its start cost, and a failure two
+workers saved is reported once.
 
 No timing is asserted: the start figures are checked for presence and sign
 only (what they measure goes in bench/, as ratios of one run).
@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from memspec.commands import fuzz
+from memspec.invariants import fuzz as engine
 from memspec.invariants import runner
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the plans are inherited through fork (Linux)")
@@ -27,26 +28,24 @@ def _main(tmp_path, *extra: str) -> tuple[int, dict]:
     return rc, json.loads(out.read_text())
 
 
-def test_workers_fuzz_the_plans_made_before_the_fork(tmp_path, monkeypatch):
-    """After the parent built the plans, planning is made to fail: a worker
-    that planned again would report that error (and the run would fail)."""
-    real = fuzz._build_plans
-    built_levels: list = []
+def test_workers_plan_in_their_own_children_never_in_the_parent(tmp_path, monkeypatch):
+    """Planning (the target's factory) is recorded with the process that did
+    it: only the supervised workers, one each, never this process."""
+    import os
 
-    def build_then_forbid(tref, args, levels):
-        plans = real(tref, args, levels)
-        built_levels.extend(plans)
+    real = runner.make_plan
+    log = tmp_path / "planned.txt"
 
-        def no_more(*a, **kw):
-            raise AssertionError("a worker planned again instead of using the inherited plan")
+    def recorded(*a, **kw):
+        with open(log, "a") as fh:
+            fh.write(f"{os.getpid()}\n")
+        return real(*a, **kw)
 
-        monkeypatch.setattr(runner, "make_plan", no_more)
-        return plans
-
-    monkeypatch.setattr(fuzz, "_build_plans", build_then_forbid)
+    monkeypatch.setattr(runner, "make_plan", recorded)
     rc, doc = _main(tmp_path, "reference", "--mode", "walk", "--seconds", "2", "--jobs", "2",
                     "--level", "mechanism")
-    assert built_levels == ["mechanism"]
+    pids = log.read_text().split()
+    assert str(os.getpid()) not in pids and len(set(pids)) == 2, pids
     assert doc["errors"] == [], doc["errors"]
     assert rc == 0 and doc["steps"] > 0
     assert [w["worker"] for w in doc["workers"]] == [0, 1]
@@ -81,7 +80,7 @@ def test_jobs_1_reports_the_cpu_of_its_fuzzing_apart_from_its_planning(tmp_path,
         return []
 
     monkeypatch.setattr(runner, "make_plan", slow_plan)
-    monkeypatch.setattr(fuzz, "fuzz_walk", walks)
+    monkeypatch.setattr(engine, "fuzz_walk", walks)
     _rc, doc = _main(tmp_path, "reference", "--mode", "walk", "--seconds", "600", "--jobs", "1",
                      "--level", "mechanism")
     assert doc["parent_cpu_s"] is None
@@ -89,12 +88,11 @@ def test_jobs_1_reports_the_cpu_of_its_fuzzing_apart_from_its_planning(tmp_path,
 
 
 def test_a_plan_that_cannot_be_made_is_reported_by_the_workers(tmp_path, monkeypatch):
-    """The parent keeps the error of a plan it could not make; the workers
-    report it as ``--jobs 1`` would (an ERROR, exit status 1), not a pass."""
-    def broken(tref, args, levels):
-        return {lvl: RuntimeError(f"cannot plan {lvl}") for lvl in levels}
+    """A plan the worker cannot make is an ERROR (exit status 1), not a pass."""
+    def broken(tref, lvl, **kw):
+        raise RuntimeError(f"cannot plan {lvl}")
 
-    monkeypatch.setattr(fuzz, "_build_plans", broken)
+    monkeypatch.setattr(runner, "make_plan", broken)
     rc, doc = _main(tmp_path, "reference", "--mode", "walk", "--seconds", "1", "--jobs", "2",
                     "--level", "mechanism")
     assert rc == 1
@@ -113,13 +111,13 @@ def test_the_parent_reports_a_failure_two_workers_saved_once(tmp_path, monkeypat
         return res
 
     monkeypatch.setattr(runner, "run_hypothesis", twice)
-    monkeypatch.setattr(runner, "write_repros", lambda *a, **kw: None)
-    args = fuzz.parser().parse_args(["reference", "--db", str(tmp_path / "db"), "--out", str(tmp_path / "r")])
-    from memspec.invariants.discovery import resolve
-
-    disp = fuzz.Display("reference", "hypothesis", 1.0, 2)
-    results = fuzz._shrink_in_parent(resolve("reference"), args, ["mechanism"], [],
-                                     {"mechanism": {"S1": ("outcome", "freed a foreign handle", None)}}, disp)
+    # the shrinker (a supervised child forked from here) replays the shared database: twice S1
+    opts = engine.FuzzOptions(target="reference", level="mechanism", jobs=2, db=str(tmp_path / "db"),
+                              out=str(tmp_path / "r"), seconds=1.0)
+    wk = engine._Worker(0)
+    f = runner.Failure("reference", "mechanism", "S1", "outcome", "freed a foreign handle", [], 3)
+    wk.found = [("mechanism", f, None, False), ("mechanism", runner.Failure(**{**f.__dict__}), None, False)]
+    results = engine._gather(opts, [wk], lambda _t: None, engine.FuzzRun())
     fails = [f for r in results for f in r.failures]
     assert [(f.invariant, f.reason) for f in fails] == [("S1", "freed a foreign handle")]
 

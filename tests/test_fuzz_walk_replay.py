@@ -16,6 +16,7 @@ import pytest
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from memspec.commands import fuzz
+from memspec.invariants import fuzz as engine
 from memspec.invariants import runner, walk
 
 MiB = 1 << 20
@@ -37,10 +38,10 @@ def saved_db(tmp_path):
 
 def test_replay_finds_the_saved_counterexample_and_nothing_in_an_empty_database(saved_db, tmp_path):
     plan = runner.make_plan(TARGET, "mechanism", capacity=16 * MiB)
-    (f,) = fuzz.replay_walk_database(plan, DirectoryBasedExampleDatabase(str(saved_db)))
+    (f,) = engine.replay_walk_database(plan, DirectoryBasedExampleDatabase(str(saved_db)))
     assert f.invariant == "S1" and f.trace and f.trace[-1].action
-    assert fuzz.replay_walk_database(plan, DirectoryBasedExampleDatabase(str(tmp_path / "empty"))) == []
-    assert fuzz.replay_walk_database(plan, None) == []
+    assert engine.replay_walk_database(plan, DirectoryBasedExampleDatabase(str(tmp_path / "empty"))) == []
+    assert engine.replay_walk_database(plan, None) == []
 
 
 def _no_new_failures(monkeypatch):

@@ -145,6 +145,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--level", choices=("mechanism", "system", "caching", "all"), default="all")
     p.add_argument("--steps", type=positive_int, default=None, help="steps per run (default: profile / 200 for walk)")
     p.add_argument("--timeout", type=positive_float, default=5.0, help="per-call timeout in seconds")
+    p.add_argument("--build-timeout", type=positive_float, default=None,
+                   help="seconds the target's import and factory may take (default: max(--timeout, 20))")
     p.add_argument("--shrink-seconds", type=_non_negative_float, default=SHRINK_SECONDS,
                    help="time to shrink failures, all of a run together (default %(default)s)")
     p.add_argument("--capacity", type=positive_int, default=None)
@@ -253,7 +255,8 @@ def options(args, jobs: int) -> engine.FuzzOptions:
         target=args.target or args.target_opt or DEFAULT_TARGET, mode=args.mode, level=args.level,
         seconds=_budget(args), seed=args.seed, jobs=jobs, db=args.db, db_readonly_github=args.db_readonly_github,
         db_artifact=args.db_artifact, steps=args.steps, timeout=args.timeout, shrink_seconds=args.shrink_seconds,
-        capacity=args.capacity, out=args.out, machine=args.machine)
+        capacity=args.capacity, out=args.out, machine=args.machine,
+        build_timeout=args.build_timeout)
 
 
 def main(argv: list[str]) -> int:
@@ -313,7 +316,8 @@ def _report(console, args, disp, results, steps: int, *, jobs: int, workers: lis
                 + (escape("\n    python " + T.terminal(shlex.quote(str(f.repro)))) if f.repro else ""),
                 soft_wrap=True))   # one line: the command can be copied
         for e in r.errors:
-            term.run(lambda e=e, r=r: console.print(f"[yellow]ERROR[/] ({r.level}) " + escape(T.terminal(e))))
+            term.run(lambda e=e, r=r: console.print(f"[yellow]ERROR[/] ({r.level}) " + escape(T.terminal(e)),
+                                                    soft_wrap=True))   # one line
     lost = lost_saves()
     if args.db and lost:
         say(f"memspec fuzz: --db {args.db}: {lost} database save(s) did not persist "
