@@ -315,6 +315,15 @@ class AgreementReport:
     inv_samples: int = 0                                    # states the invariants were compared on
     inv_disagreements: list[str] = field(default_factory=list)
     enough_at: int | None = None  # the walk's step at which the adapter had enough samples
+    #: the executable invariant failed on a state the walk visited (checked at every state, not only
+    #: where the encoded one is compared: a break that falsifies both alike is caught here)
+    exec_violations: list[str] = field(default_factory=list)
+    #: outcome branches of the encoded action on which a concrete sample satisfied the action's
+    #: proof hypotheses (``Inv /\ Lemmas /\ Inst /\ Pre``, :func:`proofs.hyp_formula`): witnesses
+    hyp_witnessed: dict[str, int] = field(default_factory=dict)
+    #: samples on which the hypotheses were evaluated and did not hold (the encoded invariant holds
+    #: on every reachable state, so one is a contradiction or a wrong lemma)
+    hyp_refuted: list[str] = field(default_factory=list)
 
 
 class Universe:
@@ -477,6 +486,51 @@ def compiled_for(p: Proof, act: Act, nobj: int, npages: int, compare: tuple[str,
     return c
 
 
+#: fields of an encoding that hold what a step returned (not state): an error branch leaves them as they were
+RETURN_FIELDS = frozenset({"ret", "answer", "out_bytes"})
+
+
+class HypEval:
+    """An action's proof hypotheses (:func:`proofs.hyp_formula` at object 0) on a concrete projected
+    state and arguments: built once per (proof, action, universe size, values of the quantified
+    counts), decided by substitution (and a solver call where a quantifier remains)."""
+
+    def __init__(self, p: Proof, act: Act, nobj: int, finite: bool) -> None:
+        from memspec.invariants.proofs import hyp_formula
+
+        self.p, self.act, self.nobj, self.finite = p, act, nobj, finite
+        self.counts = () if finite else quantified_counts(p)
+        self.sym = fresh(p.fields, "hy")
+        self.a = _args(act, "hya")
+        self.by_counts: dict[tuple[int, ...], Any] = {}
+        self._build = hyp_formula
+
+    def holds(self, state: dict[str, Any], args: dict[str, Any]) -> bool:
+        key = tuple(state[f] for f in self.counts)
+        expr = self.by_counts.get(key)
+        if expr is None:
+            sc = self.sym.set(**{f: iv(state[f]) for f in self.counts})
+            e = self._build(self.p, self.act, sc, self.a, iv(0))
+            e = z3.BoolVal(e) if isinstance(e, bool) else e
+            if self.finite:
+                e = instantiate(e, list(range(self.nobj)) + [-1])
+            expr = self.by_counts[key] = e
+        subs = [(self.sym[f], concrete(k, state[f])) for f, k in self.p.fields.items() if f not in self.counts]
+        subs += [(self.a[n], concrete(k, args[n])) for n, k in self.act.params.items()]
+        return Compiled._truth(substitute(expr, *subs) if subs else expr)
+
+
+_HYP_EVALS: dict[Any, HypEval] = {}
+
+
+def hyp_eval(p: Proof, act: Act, nobj: int, finite: bool) -> HypEval:
+    key = (p.inv, p.lemmas, p.inst, act.step, act.pre, tuple(p.fields.items()), nobj, finite)
+    h = _HYP_EVALS.get(key)
+    if h is None:
+        h = _HYP_EVALS[key] = HypEval(p, act, nobj, finite)
+    return h
+
+
 #: with per-branch quotas, the walk's soft step budget per sample asked (``samples``): past it,
 #: one sample per branch is enough
 SOFT_STEPS_PER_SAMPLE = 40
@@ -621,7 +675,21 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
                 open_by_name[name] -= 1
 
     from memspec.spec.invariants import BY_ID as SPEC_INVARIANTS
+    # the executable invariants this walk's rows are named for, asserted at every state it visits
+    exec_ids: dict[str, list[AgreementReport]] = {}
+    for k, r in reps.items():
+        exec_ids.setdefault(getattr(proofs[k[0]], "declared_by", k[0]), []).append(r)
+
+    def assert_exec(where: str) -> None:
+        for i, rs in exec_ids.items():
+            why = SPEC_INVARIANTS[i].check(state)
+            if why is not None:
+                for r in rs:
+                    if len(r.exec_violations) < 20:
+                        r.exec_violations.append(f"{i} fails {where}: {why}")
+
     state = init()
+    assert_exec("at the initial state")
     steps_since = 0
     for step_no in range(max_steps):
         if quota_mode and not past_soft and step_no >= soft:
@@ -634,6 +702,7 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
             break
         if steps_since >= restart_every or too_big(state):
             state, steps_since = init(), 0
+            assert_exec("at the initial state")
         steps_since += 1
         acts = [a for a in machine.actions if a.available(state) and all(state.has(c) for c in a.requires)]
         # favour actions whose adapters still need samples
@@ -669,6 +738,7 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
                        for ad, rep, _pr in todo for i in (ad.invariant,) + ad.also
                        if reps[(i, ad.action, ad.spec_action)].inv_samples < want_inv[(i, ad.action, ad.spec_action)]}
         value = follow(branch)
+        assert_exec(f"after {act.name}{args} -> {taken}")
         for ad, rep, (enc_state, enc_args, u) in todo:
             t0 = time.perf_counter()
             p = proofs[ad.invariant]
@@ -678,9 +748,17 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
                 expected, perm = ad.expected(state, u, value), {"ok"}
                 if ad.permit is not None:
                     perm = ad.permit(value, enc_args)
-            else:  # errors change nothing; any error the spec permits will do
-                expected, perm = flatten(enc_state, p.fields, ad.compare, u), allowed - {"ok"}
-            ok = c.agrees(enc_state, enc_args, perm, expected)
+            else:
+                # an error branch: the encoding's post-state (unchanged) against the spec's state after
+                # the branch, projected (what a step returned keeps its value: no answer was given)
+                pre = flatten(enc_state, p.fields, ad.compare, u)
+                try:
+                    post = ad.expected(state, u, value)
+                except Exception as e:  # noqa: BLE001 - the projection itself fails: a disagreement
+                    post = {("projection", None): f"{type(e).__name__}: {e}"}
+                expected = {k: (pre.get(k, v) if k[0] in RETURN_FIELDS else v) for k, v in post.items()}
+                perm = allowed - {"ok"}
+            ok = c.agrees(enc_state, enc_args, perm, expected) if ("projection", None) not in expected else False
             got_out, mismatch = None, None
             if ok:
                 got_out = c.outcome(enc_state, enc_args)
@@ -689,6 +767,18 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
                 diff = {k: (got.get(k), v) for k, v in expected.items() if got.get(k) != v}
                 mismatch = (f"{act.name}{args} spec {taken} (permits {sorted(allowed)}), encoding "
                             f"{got[('outcome', None)]}; differing (encoding, spec): {diff}")
+            if got_out is not None:
+                # a concrete witness that this branch's proof hypotheses are satisfiable (once per branch)
+                for inv_id in (ad.invariant,) + ad.also:
+                    r_ = reps[(inv_id, ad.action, ad.spec_action)]
+                    if got_out in r_.hyp_witnessed or len(r_.hyp_refuted) >= 3:
+                        continue
+                    p_ = proofs[inv_id]
+                    if hyp_eval(p_, p_.action(ad.action), u.nobj, ad.finite).holds(enc_state, enc_args):
+                        r_.hyp_witnessed[got_out] = 1
+                    elif spec_before.get(inv_id, True):
+                        r_.hyp_refuted.append(f"before {act.name}{args} -> {got_out}: the executable invariant "
+                                              f"holds but {inv_id}/{ad.action}'s hypotheses do not")
             holds: dict[Any, bool] = {}  # encoded invariant (by function) on this projection
             for inv_id in (ad.invariant,) + ad.also:
                 r_ = reps[(inv_id, ad.action, ad.spec_action)]

@@ -536,7 +536,8 @@ def _s15_respond_project(s: Any, args: dict[str, Any], taken: str) -> Any:
 
 
 def _s15_respond_expected(s: Any, u: Universe, value: Any) -> Any:
-    u.enc_args["r"] = value["released"]  # type: ignore[attr-defined]
+    if value is not None:  # an error branch returns nothing: the releases refunded nothing
+        u.enc_args["r"] = value["released"]  # type: ignore[attr-defined]
     return _s15_plain_expected(s, u, value)
 
 
@@ -1724,7 +1725,8 @@ def _keyed_expected(inv: str, state: Any, cmp: tuple[str, ...]) -> Any:
         m = u.idx["q"]
         if ("new", 0) in m:  # the object the step made takes the slot reserved for it
             new = [k for k, *_ in _queue_objects(s) if k not in m]
-            m[new[-1]] = m.pop(("new", 0))
+            if new:  # an error branch made nothing: the slot stays empty
+                m[new[-1]] = m.pop(("new", 0))
         st, _ = state(s, u)
         return flatten(st, fields, cmp, u)
     return expected

@@ -223,6 +223,19 @@ class ProofResult:
     bounded: str = ""
     #: hypotheses used but not proved (each makes the proof conditional)
     assumed: list[str] = field(default_factory=list)
+    #: what the unguarded variant's counterexample breaks, read from its model: "named invariant",
+    #: "step property" or "safety" ("" when not refuted); computed, never copied from ``refuted``
+    unguarded_violates: str = ""
+    #: per action, the outcome branches a model of its hypotheses (``Inv /\ Pre``) took (check
+    #: ``hyp:<action>``); actions whose hypotheses Z3 neither satisfied nor refuted within budget
+    hyp_branches: dict[str, list[str]] = field(default_factory=dict)
+    hyp_unknown: list[str] = field(default_factory=list)
+
+    @property
+    def named_invariant_violated(self) -> bool:
+        """The counterexample breaks the rule the row is named for (its named invariant or its step
+        property), not only an auxiliary or ghost conjunct."""
+        return self.unguarded_refuted and self.unguarded_violates in ("named invariant", "step property")
 
     @property
     def holds(self) -> bool:
@@ -357,8 +370,93 @@ def _check_unsat(claim_negation: Any, timeout_ms: int = 20000) -> tuple[z3.Check
     return r, (sol.model() if r == z3.sat else None)
 
 
+#: budget of each satisfiability check of an action's hypotheses (``hyp:<action>``), in ms of CPU on a
+#: quiet core (rlimit units, :func:`limit`): an easy model, or an unsat core, comes within it; a
+#: quantified ledger machine's often does not (then "unknown": its branches need a concrete witness
+#: from the agreement walk, :func:`hyp_witness`)
+HYP_MS = 100
+
+
+def named_of(p: Proof) -> Callable[[St, Any], Any]:
+    """The invariant the row is named for (the whole invariant where no narrower one is given)."""
+    return p.named if p.named is not None else p.inv
+
+
+def check_named(p: Proof, s: St, o: Any) -> list[CheckResult]:
+    """``Inv => Named`` valid, and the named rule is not the constant True: ``Named`` is falsifiable,
+    or (a rule that is a step property, S7) some action's step property is."""
+    out = []
+    named = named_of(p)
+    t0 = time.perf_counter()
+    r, m = _check_unsat(And(p.inv(s, o), Not(named(s, o))), p.timeout_ms)
+    out.append(CheckResult("named:implied", r == z3.unsat, time.perf_counter() - t0,
+                           "Inv => Named proved" if r == z3.unsat else
+                           f"{r}: the inductive invariant does not imply the named one"
+                           + (f": {_model_str(m, s, [('o', o)])}" if m is not None else "")))
+    t0 = time.perf_counter()
+    sol = limit(z3.Solver(), p.timeout_ms)
+    sol.add(Not(named(s, o)))
+    r = sol.check()
+    detail = "Named is falsifiable" if r == z3.sat else ""
+    ok = r == z3.sat
+    if not ok and p.step_prop is not None:
+        s2 = fresh(p.fields, "np2")   # any next state and outcome: the property, not the step
+        out_ = z3.Int("np_out")
+        for act in p.actions:  # the rule is a step property: one of them must be falsifiable
+            a = _args(act, "np")
+            sp = p.step_prop(act.name, s, a, out_, s2, o)
+            sp = z3.BoolVal(sp) if isinstance(sp, bool) else sp
+            sol = limit(z3.Solver(), p.timeout_ms)
+            sol.add(Not(sp))
+            if sol.check() == z3.sat:
+                ok, detail = True, f"Named is True; the step property of {act.name} is falsifiable"
+                break
+    out.append(CheckResult("named:not-trivial", ok, time.perf_counter() - t0,
+                           detail or f"VACUOUS ({r}): the named invariant (and every step property) is valid, "
+                                     "so 'proved' would say nothing"))
+    return out
+
+
+def check_hypotheses(p: Proof, s: St, o: Any, res: ProofResult) -> None:
+    """Each action's hypotheses (``Inv /\ Lemmas /\ Inst /\ Pre``, what its consecution assumes) are
+    satisfiable: unsat is a contradiction that would make every goal of that action proved (check
+    ``hyp:<action>`` fails); sat records the branch its model takes; unknown (within :data:`HYP_MS`)
+    leaves the action in ``hyp_unknown`` for a concrete witness (the agreement walk)."""
+    for act in p.actions:
+        t0 = time.perf_counter()
+        if p.counts:
+            # prefix-sum ghosts over a symbolic count: Z3's model search does not finish on these
+            # (every action of S8/S11 answered unknown, 17 s CPU in all); the agreement walk's
+            # concrete states are the witnesses (:func:`hyp_witness`)
+            res.hyp_unknown.append(act.name)
+            res.checks.append(CheckResult(f"hyp:{act.name}", True, 0.0, "quantified ghosts: a concrete witness "
+                                                                       "from the agreement walk is needed"))
+            continue
+        a = _args(act, "a")
+        out, _s2 = act.step(s, a)
+        sol = limit(z3.Solver(), HYP_MS)
+        sol.add(_hyp(p, s, o, act, a))
+        r = sol.check()
+        if r == z3.sat:
+            v = sol.model().eval(out, model_completion=True)
+            res.hyp_branches[act.name] = [OUTCOMES[v.as_long()]] if z3.is_int_value(v) else []
+            detail = f"satisfiable (a model takes {res.hyp_branches[act.name]})"
+        elif r == z3.unsat:
+            detail = "CONTRADICTORY: Inv /\\ Pre is unsat, so every goal of this action holds vacuously"
+        else:
+            res.hyp_unknown.append(act.name)
+            detail = f"unknown within {HYP_MS} ms: a concrete witness is needed"
+        res.checks.append(CheckResult(f"hyp:{act.name}", r != z3.unsat, time.perf_counter() - t0, detail))
+
+
+def hyp_formula(p: Proof, act: Act, s: St, a: St, o: Any) -> Any:
+    """``Inv /\ Lemmas /\ Inst /\ Pre`` of ``act`` at object ``o`` (what its consecution assumes)."""
+    return _hyp(p, s, o, act, a)
+
+
 def prove(p: Proof) -> ProofResult:
-    """Initiation, consecution per action, safety; then refute the unguarded variant."""
+    """Initiation, ``Inv => Named``, satisfiable hypotheses, consecution per action, safety; then
+    refute the unguarded variant."""
     res = ProofResult(p.id, p.title, bounded=p.bounded)
     o = z3.Int("o")
     s = fresh(p.fields, "s")
@@ -367,6 +465,8 @@ def prove(p: Proof) -> ProofResult:
     r, m = _check_unsat(And(p.init(s), Not(p.inv(s, o))))
     res.checks.append(CheckResult("init", r == z3.unsat, time.perf_counter() - t0,
                                   "proved" if r == z3.unsat else f"{r}: " + (_model_str(m, s, [("o", o)]) if m else "")))
+    res.checks += check_named(p, s, o)
+    check_hypotheses(p, s, o, res)
 
     for act in p.actions + ([] if p.safety is None else [None]):  # type: ignore[list-item]
         if p.lemmas is None:
@@ -413,8 +513,8 @@ def prove(p: Proof) -> ProofResult:
                                       "proved" if r == z3.unsat else f"{r}: " + (_model_str(m, s, [("o", o)]) if m else "")))
 
     t0 = time.perf_counter()
-    ok, trace = refute_unguarded(p)
-    res.unguarded_refuted, res.unguarded_trace = ok, trace
+    ok, trace, violates = refute_unguarded_ex(p)
+    res.unguarded_refuted, res.unguarded_trace, res.unguarded_violates = ok, trace, violates
     res.unguarded_seconds = time.perf_counter() - t0
     return res
 
@@ -470,6 +570,14 @@ def refute_unguarded(p: Proof, actions: list[Act] | None = None) -> tuple[bool, 
     of its guarded one: the shortest trace (depth <= ``p.bmc_depth``) that
     breaks the invariant, a step property or safety.  ``(True, trace)`` when
     refuted, ``(False, reason)`` when no violation was found."""
+    ok, trace, _what = refute_unguarded_ex(p, actions)
+    return ok, trace
+
+
+def refute_unguarded_ex(p: Proof, actions: list[Act] | None = None) -> tuple[bool, str, str]:
+    """:func:`refute_unguarded` and what the counterexample breaks, evaluated in its model: "named
+    invariant" (``Named`` false at the last state), else "step property" (the row's step property
+    false at some step), else "safety"; "" when not refuted."""
     acts = [p.unguarded if a.name == p.unguarded.name else a for a in (actions or p.actions)]
     params: dict[str, str] = {}
     for a in acts:
@@ -514,12 +622,16 @@ def refute_unguarded(p: Proof, actions: list[Act] | None = None) -> tuple[bool, 
                 args = ", ".join(f"{n}={_val(m, argss[j][n])}" for n in act.params)
                 tag = " [unguarded]" if act is p.unguarded else ""
                 lines.append(f"  {j + 1}. {act.name}({args}) -> {OUTCOMES[_val(m, outs[j])]}{tag}")
-            viol = ("invariant broken" if not z3.is_true(m.eval(named(states[-1], o), model_completion=True))
-                    else "step property/safety broken")
-            lines.append(f"  => {viol} at o={_val(m, o)}: " + _model_str(m, states[-1], [("o", o)]))
-            return True, "\n".join(lines)
+            if not z3.is_true(m.eval(named(states[-1], o), model_completion=True)):
+                what = "named invariant"
+            elif bad_here and not z3.is_true(m.eval(Not(Or(*bad_here)), model_completion=True)):
+                what = "step property"
+            else:
+                what = "safety"
+            lines.append(f"  => {what} broken at o={_val(m, o)}: " + _model_str(m, states[-1], [("o", o)]))
+            return True, "\n".join(lines), what
         sol.pop()
-    return False, f"no violation up to depth {p.bmc_depth}"
+    return False, f"no violation up to depth {p.bmc_depth}", ""
 
 
 # --------------------------------------------------------------------------
@@ -641,7 +753,8 @@ class CompiledAct:
 
 
 __all__ = [
-    "Act", "Proof", "ProofResult", "CheckResult", "St", "prove", "refute_unguarded", "branches", "CompiledAct", "OUTCOMES", "CODE", "OK", "PENDING", "INT", "BOOL", "ARR", "BARR",
+    "Act", "Proof", "ProofResult", "CheckResult", "St", "prove", "refute_unguarded", "refute_unguarded_ex",
+    "check_named", "check_hypotheses", "hyp_formula", "named_of", "branches", "CompiledAct", "OUTCOMES", "CODE", "OK", "PENDING", "INT", "BOOL", "ARR", "BARR",
     "merge", "upd", "at", "outcome", "on_ok", "fresh", "K", "prefix_sum", "prefix_append", "prefix_change",
     "prefix_count", "count_append", "count_change", "ARR2", "prefix_values",
 ]

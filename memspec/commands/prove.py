@@ -63,6 +63,20 @@ def _seed000_record(p: Any, r: Any, reps: list[Any], branch_sets: dict[str, list
     for x in mine:
         mismatches += [f"{x.action}: {m}" for m in x.mismatches]
     unsampled = [f"{act}/{b}" for act, bs in trans.items() for b, n in bs.items() if n == 0]
+    exec_bad = sorted({v for x in mine for v in x.exec_violations})
+    # each action's hypotheses shown satisfiable, per outcome branch: by a Z3 model (its branch) or
+    # by a concrete state of the agreement walk that satisfies them (every branch of an action with a
+    # spec counterpart; one branch of an action without)
+    witnessed: dict[str, set[str]] = {a: set(bs) for a, bs in r.hyp_branches.items()}
+    for x in mine:
+        witnessed.setdefault(x.action, set()).update(x.hyp_witnessed)
+    unshown = []
+    for a in p.actions:
+        got = witnessed.get(a.name, set())
+        if a.spec:
+            unshown += [f"{a.name}/{b}" for b in branch_sets[a.name] if b not in got]
+        elif not got:
+            unshown.append(f"{a.name} (no model, no spec counterpart)")
     return {
         "id": p.id, "title": p.title,
         "proved": False,  # set below
@@ -74,7 +88,11 @@ def _seed000_record(p: Any, r: Any, reps: list[Any], branch_sets: dict[str, list
         "transition_agreement": trans,
         "transition_mismatches": len(mismatches),
         "unguarded": {"guard": p.guard, "refuted": r.unguarded_refuted,
-                      "named_invariant_violated": r.unguarded_refuted, "trace": r.unguarded_trace},
+                      "named_invariant_violated": r.named_invariant_violated,
+                      "violates": r.unguarded_violates or None, "trace": r.unguarded_trace},
+        "executable_invariant": {"violations": len(exec_bad), "examples": exec_bad[:3]},
+        "hypotheses": {"unknown_to_z3": list(r.hyp_unknown), "not_shown_satisfiable": unshown,
+                       "contradictory": [c.name[4:] for c in r.checks if c.name.startswith("hyp:") and not c.ok]},
         "checks": [{"name": c.name, "ok": c.ok, "seconds": round(c.seconds, 3), "detail": c.detail} for c in r.checks],
         "_why": [],
         "_details": {"inv": inv_bad[:3], "mismatch": mismatches[:3], "unsampled": unsampled},
@@ -102,6 +120,18 @@ def _verdict(rec: dict[str, Any]) -> dict[str, Any]:
         why.append(f"branches with 0 samples: {', '.join(unsampled[:6])}" + (" ..." if len(unsampled) > 6 else ""))
     if not rec["unguarded"]["refuted"]:
         why.append("unguarded variant not refuted")
+    elif not rec["unguarded"].get("named_invariant_violated", False):
+        why.append(f"unguarded variant breaks only {rec['unguarded'].get('violates') or 'an auxiliary conjunct'}, "
+                   "not the invariant the row is named for")
+    ex = rec.get("executable_invariant") or {}
+    if ex.get("violations"):
+        why.append(f"executable invariant fails on {ex['violations']} visited state(s) of the agreement walk, "
+                   f"e.g. {ex['examples'][0][:200]}")
+    hy = rec.get("hypotheses") or {}
+    if hy.get("not_shown_satisfiable"):
+        ns = hy["not_shown_satisfiable"]
+        why.append(f"hypotheses not shown satisfiable (no model, no concrete witness): {', '.join(ns[:6])}"
+                   + (" ..." if len(ns) > 6 else ""))
     if rec["bounded"]:
         why.append(f"bounded: {rec['bounded']}")
     rec["_why"] = why
