@@ -377,6 +377,26 @@ def _check_unsat(claim_negation: Any, timeout_ms: int = 20000) -> tuple[z3.Check
 HYP_MS = 100
 
 
+def _aligned_footprint_fact(page: int) -> Any:
+    """:func:`kernels.aligned_footprint` at ``page`` is the least multiple of the page that holds the
+    request and the alignment beyond the page: no page more, none less (its docstring contract leaves
+    an alignment above the page unconstrained above)."""
+    n, al, k = z3.Ints("kf_n kf_al kf_k")
+    r = K.aligned_footprint(n, al, page)
+    need = n + K.maximum(al - page, 0)
+    return Implies(And(n > 0, al > 0),
+                   And(r >= need, r < need + page, r == K.floordiv(r, page) * page))
+
+
+#: facts about the spec's kernels that a row's charges rest on, proved with the row (``kernel:<name>``);
+#: built when checked, so a kernel patched in this process is the one proved
+KERNEL_FACTS: dict[str, tuple[tuple[str, Callable[[], Any]], ...]] = {
+    row: tuple((f"aligned_footprint@{pg}", (lambda pg=pg: _aligned_footprint_fact(pg)))
+               for pg in (4096, 65536, 2 * 1024 * 1024))
+    for row in ("S2", "S8")
+}
+
+
 def named_of(p: Proof) -> Callable[[St, Any], Any]:
     """The invariant the row is named for (the whole invariant where no narrower one is given)."""
     return p.named if p.named is not None else p.inv
@@ -499,6 +519,12 @@ def prove(p: Proof) -> ProofResult:
                 detail += f": {act.name}(" + ", ".join(f"{k}={m.eval(v, model_completion=True)}" for k, v in a.items()) + ") "
                 detail += f"-> {OUTCOMES[m.eval(out, model_completion=True).as_long()]} from {_model_str(m, s, objs)}"
         res.checks.append(CheckResult(f"step:{act.name}", r == z3.unsat, time.perf_counter() - t0, detail))
+
+    for name, build in KERNEL_FACTS.get(p.id, ()):
+        t0 = time.perf_counter()
+        r, m = _check_unsat(Not(build()), p.timeout_ms)
+        res.checks.append(CheckResult(f"kernel:{name}", r == z3.unsat, time.perf_counter() - t0,
+                                      "proved" if r == z3.unsat else f"{r}: {m}"))
 
     for name, formula in p.lemmas_proved:
         t0 = time.perf_counter()

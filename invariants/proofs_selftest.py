@@ -34,7 +34,7 @@ from memspec.invariants.agreement import RandomChooser, follow, pick_branch
 from memspec.invariants.forked import forkable
 from memspec.invariants.proofs import Proof, on_ok, outcome, prove, upd
 from memspec.spec import kernels as K
-from memspec.spec.core import Returns
+from memspec.spec.core import Raises, Returns
 
 
 @dataclass
@@ -202,6 +202,112 @@ def _cancel_keeps_grant(l: Any, n: Any) -> Any:
 
 def _round_up_short(n: Any, page: Any) -> Any:
     return K.floordiv(n, page) * page
+
+
+# -- breaks of what "proved" rests on (issue 33): the engine's hypotheses, a vacuous invariant, an
+#    error branch, a weakened executable check, a weakened kernel ---------------------------------
+
+@contextmanager
+def _contradictory_helper() -> Iterator[None]:
+    """The engine's hypothesis builder (every consecution's ``Inv /\ Lemmas /\ Pre``) with one
+    contradictory helper fact conjoined: every goal then holds vacuously."""
+    from memspec.invariants import proofs as P
+
+    orig = P._hyp
+
+    def hyp(p: Any, s: Any, o: Any, act: Any, a: Any, lemmas: bool = True) -> Any:
+        h = orig(p, s, o, act, a, lemmas)
+        x = z3.Int("helper_x")
+        return z3.And(h, x > 0, x < 0)   # "a helper fact" no state satisfies
+
+    with _patched(P, "_hyp", hyp):
+        yield
+
+
+def _vacuous(inv: str) -> Callable[[], Proof]:
+    """The proof with its inductive invariant made vacuous (``Or(Inv, True)``): every check passes."""
+    def build() -> Proof:
+        p = _proof(inv)
+        return replace(p, inv=lambda s, o, _i=p.inv: z3.Or(_i(s, o), True))
+    return build
+
+
+@contextmanager
+def _grow_refusal_grows() -> Iterator[None]:
+    """spec kv_grow: a refused growth (GrantDenied) still commits a page more to the request (a bug on
+    an error branch: the step reports a refusal but changes the state)."""
+    import dataclasses
+
+    from memspec.spec.errors import GrantDenied
+    from memspec.spec.system import SYSTEM
+
+    orig_actions = SYSTEM.actions
+    act = next(a for a in orig_actions if a.name == "kv_grow")
+
+    def step(s: Any, **kw: Any) -> Any:
+        outs = act.step(s, **kw)
+        q = s.kv.get(kw["growth"][0])
+
+        def bump(err: Any, _b: Any = None) -> Any:
+            q.own += s.page
+            return None
+
+        bs = tuple(dataclasses.replace(b, then=bump) if isinstance(b, Raises) and b.error is GrantDenied and q is not None
+                   else b for b in outs.branches)
+        return dataclasses.replace(outs, branches=bs)
+
+    new = [dataclasses.replace(a, step=step) if a is act else a for a in orig_actions]
+    object.__setattr__(SYSTEM, "actions", new) if _frozen(SYSTEM) else setattr(SYSTEM, "actions", new)
+    try:
+        yield
+    finally:
+        object.__setattr__(SYSTEM, "actions", orig_actions) if _frozen(SYSTEM) else setattr(SYSTEM, "actions",
+                                                                                          orig_actions)
+
+
+def _frozen(obj: Any) -> bool:
+    import dataclasses
+
+    return dataclasses.is_dataclass(obj) and getattr(type(obj), "__dataclass_params__").frozen
+
+
+@contextmanager
+def _s8_exec_weakened() -> Iterator[None]:
+    """executable S8 with its first conjunct dropped (granted = open grants + ticket holdings)."""
+    import dataclasses
+
+    from memspec.spec import invariants as SI
+
+    def weak(s: Any) -> Any:
+        for h, n in s.charged_by.items():
+            own = s.live_bytes_by.get(h, 0) + s.queued_bytes_by.get(h, 0) + s.lease_bytes.get(h, 0)
+            if n != own:
+                return f"{h} is charged {n} but its live and queued footprints and leases come to {own}"
+        return None
+
+    old = SI.BY_ID["S8"]
+    lv = SI._sys(weak)
+    new = dataclasses.replace(old, check=lv, full_check=lv, levels=lv.levels)
+    with _patched(SI, "S8", new):
+        SI.BY_ID["S8"] = new
+        try:
+            yield
+        finally:
+            SI.BY_ID["S8"] = old
+
+
+def _footprint_one_page_more(orig: Any) -> Any:
+    def aligned_footprint(requested: Any, alignment: Any, page: Any) -> Any:
+        return orig(requested, alignment, page) + K.ite(alignment > page, page, 0)
+    return aligned_footprint
+
+
+def uncaught() -> list[Break]:
+    """Breaks of issue 33 that no detector catches yet (not in :func:`catalog`, so ``--self-test``
+    still means "every planted break killed"): a weakened executable check is invisible while the
+    agreement compares the executable and encoded invariants only on reachable states, where both hold."""
+    return [Break("S8 spec: the executable S8 drops its granted = open + held conjunct", "spec", "S8",
+                  ("agreement",), patch=_s8_exec_weakened)]
 
 
 # -- caching breaks (spec/caching policy) -------------------------------------------
@@ -442,6 +548,16 @@ def catalog() -> list[Break]:
               patch=_spec_patch("memspec.spec.caching.policy", "_release_cached", _release_keeps_pages)),
         Break("C8 spec: empty_cache keeps the whole free pages of arenas mapped", "spec", "C8", ("c8",),
               patch=_spec_patch("memspec.spec.caching.actions", "_release_cached", _release_keeps_pages)),
+    ]
+    out += [
+        Break("engine: a contradictory helper fact in every consecution's hypotheses", "engine", "S2", ("prove",),
+              patch=_contradictory_helper),
+        Break("S10 encoding: the inductive invariant is vacuous (Or(Inv, True))", "encoding", "S10", ("prove",),
+              proof=_vacuous("S10")),
+        Break("S9 spec: a refused growth (GrantDenied) still commits a page (error branch)", "spec", "S9",
+              ("agreement",), patch=_grow_refusal_grows),
+        Break("S8 kernel: aligned_footprint admits one page more above the page alignment", "kernel", "S8",
+              ("prove",), patch=_kernel("aligned_footprint", _footprint_one_page_more(K.aligned_footprint))),
     ]
     from memspec.invariants.proofs_caching_heap import UNGUARDED
 

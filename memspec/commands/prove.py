@@ -179,7 +179,12 @@ def _caching_records(heap: Any, agree: Any = None, c8: Any = None) -> list[dict[
             if inv.id in src["refuted"]:
                 ok, trace = src["refuted"][inv.id]
                 guards = src.get("unguarded", UNGUARDED)
-                rec["unguarded"] = {"guard": guards[inv.id][2], "refuted": ok, "named_invariant_violated": ok,
+                # what the counterexample breaks, as its model evaluated it (proofs_caching_heap.refute tags the
+                # last line); C8's refutation asks for C8's own violation (an OOM with the pages free) and nothing else
+                violates = ("named invariant" if (inv.id == "C8" or "(named invariant)" in trace)
+                            else "step property" if "(step property)" in trace else None) if ok else None
+                rec["unguarded"] = {"guard": guards[inv.id][2], "refuted": ok,
+                                    "named_invariant_violated": violates is not None, "violates": violates,
                                     "trace": trace}
         ag = c8.get("agreement") if (inv.id == "C8" and c8 is not None) else agree
         if ag is not None:
