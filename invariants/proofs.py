@@ -438,7 +438,7 @@ def check_named(p: Proof, s: St, o: Any) -> list[CheckResult]:
 
 
 def check_hypotheses(p: Proof, s: St, o: Any, res: ProofResult) -> None:
-    """Each action's hypotheses (``Inv /\ Lemmas /\ Inst /\ Pre``, what its consecution assumes) are
+    """Each action's hypotheses (``Inv /\\ Lemmas /\\ Inst /\\ Pre``, what its consecution assumes) are
     satisfiable: unsat is a contradiction that would make every goal of that action proved (check
     ``hyp:<action>`` fails); sat records the branch its model takes; unknown (within :data:`HYP_MS`)
     leaves the action in ``hyp_unknown`` for a concrete witness (the agreement walk)."""
@@ -470,7 +470,7 @@ def check_hypotheses(p: Proof, s: St, o: Any, res: ProofResult) -> None:
 
 
 def hyp_formula(p: Proof, act: Act, s: St, a: St, o: Any) -> Any:
-    """``Inv /\ Lemmas /\ Inst /\ Pre`` of ``act`` at object ``o`` (what its consecution assumes)."""
+    """``Inv /\\ Lemmas /\\ Inst /\\ Pre`` of ``act`` at object ``o`` (what its consecution assumes)."""
     return _hyp(p, s, o, act, a)
 
 

@@ -209,7 +209,7 @@ def _round_up_short(n: Any, page: Any) -> Any:
 
 @contextmanager
 def _contradictory_helper() -> Iterator[None]:
-    """The engine's hypothesis builder (every consecution's ``Inv /\ Lemmas /\ Pre``) with one
+    """The engine's hypothesis builder (every consecution's ``Inv /\\ Lemmas /\\ Pre``) with one
     contradictory helper fact conjoined: every goal then holds vacuously."""
     from memspec.invariants import proofs as P
 
