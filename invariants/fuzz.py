@@ -34,6 +34,7 @@ from __future__ import annotations
 import mmap
 import threading
 import time
+from time import monotonic as _monotonic   # the progress throttle's own clock (tests replace ``time``)
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -539,12 +540,12 @@ def _hook(ch, plan) -> None:
     log = StepLog.current
     last = [0.0]
 
-    prev: list = [None]
+    last_run: list = [None]
     sent = [0]
 
     def on_call(run, ts) -> None:
         if ts is None:
-            before = prev[0]
+            before = last_run[0]
             firsts = len(plan.stats.first_failure_steps)
             if before is not None and before.failed and before.trace and firsts > sent[0]:
                 sent[0] = firsts   # the first example of each invariant that failed (not every shrink step)
@@ -552,7 +553,7 @@ def _hook(ch, plan) -> None:
                 # goes on (a target that kills it next must not take the finding with it)
                 ch.send({"t": "failed-example", "level": plan.level, "trace": trace_msg(before.trace),
                          "cap": before.capacity})
-            prev[0] = run
+            last_run[0] = run
             if log is not None:
                 log.reset()
             ch.send({"t": "ex", "cap": run.capacity})
@@ -565,7 +566,7 @@ def _hook(ch, plan) -> None:
             ch.send(msg)
 
     def on_step(p) -> None:
-        now = time.perf_counter()
+        now = _monotonic()
         if now - last[0] > 0.25:
             last[0] = now
             st = p.stats
