@@ -517,7 +517,119 @@ def relate(plan: E.Plan, failures: list, *, replays: int | None = None) -> list:
         p.consequences = list(p.consequences) + [_describe(f, len(f.trace))] + list(f.consequences)
         dets = [d for d in (f.steps_to_detection, p.steps_to_detection) if d is not None]
         p.steps_to_detection = min(dets) if dets else None
-    return out
+    return _relate_figures(plan, out, replays=replays)
+
+
+def _relate_figures(plan: E.Plan, failures: list, *, replays: int | None = None) -> list:
+    """A figure read from the implementation (a ledger total, a pin count:
+    cause ``observation``) that is another rule's symptom, shown by replay:
+    ``a`` (the figure) is a consequence of ``b``, of another rule, when
+    ``b``'s rule breaks in ``a``'s state and not the other way round.  Only
+    a figure is ever related this way (issue 31: a call the spec forbids, a
+    fault or changed bytes is a rule of its own, never presumed another's
+    consequence).  Checked on fresh replays of the
+    shrunk counterexamples (arguments drawn again by the spec):
+
+    * ``a``'s steps with its failing step replaced by ``b``'s failing step
+      fail there under ``b``'s rule, as a call the spec forbids, a fault or
+      changed bytes (not a figure): the state ``a`` failed in already
+      breaks ``b``'s rule (a holder's answer whose ledger total is off
+      after the EP ran a release before its fence: ``poll`` there runs the
+      release early, S4);
+    * ``b``'s steps with its failing step replaced by ``a``'s do not fail
+      under ``a``'s rule (``a``'s call, where ``b`` broke its rule, is
+      fine, or cannot be made: no ticket to answer);
+    * ``b`` is not a crash of its call (an exception no error of the
+      contract: ``unexpected-exception``, ``wrong-type``): that is evidence
+      about that one call, a bug of its own, never the root of another
+      failure (a target whose free always crashes, and an overlap found
+      without a free, are two bugs).
+
+    Two independent bugs each break their own rule in the other's state
+    (or in neither), so both stay.  ``b`` then carries ``a`` in its
+    ``consequences``, and the steps at which the run first detected either
+    (``a``'s symptom was the bug's first sign).  When ``a`` is a figure
+    (a ledger total off), ``b``'s rule may break only later: ``a``'s example
+    is also continued past its failure, one step then two (as
+    :func:`diagnose` does), for a failure under ``b``'s rule.  A hang or a crash is
+    never a consequence (the supervisor reports it).  At most ``replays``
+    (default :data:`RELATE_REPLAYS`)."""
+    fs = list(failures)
+    if len(fs) < 2 or not DIAGNOSE_BLAME:
+        return fs
+    saved = (plan.stats, plan.on_call, plan.on_step)
+    plan.stats, plan.on_call, plan.on_step = E.Stats(), None, None
+    guard = CallGuard(plan.timeout, plan.guard_mode)
+    budget = [RELATE_REPLAYS if replays is None else replays]
+
+    def ok(f: Failure) -> bool:
+        return bool(f.trace) and f.cause not in ("hang", "crash") and all(isinstance(t, E.TraceStep) for t in f.trace)
+
+    every = plan.masks
+
+    def breaks(x: Failure, y: Failure, figures: bool) -> bool:
+        """``x``'s steps with its failing step replaced by ``y``'s fail there under ``y``'s rule
+        (the other failures' checks masked, as they were when these were found; ``y``'s not)."""
+        plan.masks = frozenset(every - {y.key, *y.also_keys})
+        try:
+            return _breaks(x, y, figures)
+        finally:
+            plan.masks = every
+
+    def _breaks(x: Failure, y: Failure, figures: bool) -> bool:
+        if budget[0] <= 0:
+            return False
+        budget[0] -= 1
+        steps = [(t.action, list(t.choices)) for t in x.trace[:-1]] + [(y.trace[-1].action,
+                                                                         list(y.trace[-1].choices))]
+        try:
+            v = _replay_steps(plan, guard, x.capacity, steps)
+        except Exception:  # noqa: BLE001 - a candidate the spec cannot draw breaks nothing
+            return False
+        if v is not None and v.invariant == y.invariant and len(v.trace) == len(steps) \
+                and (figures or v.cause not in _FIGURES) and v.cause not in ("hang", "crash"):
+            return True
+        if figures or x.cause not in _FIGURES:
+            return False
+        # a figure off (a ledger total): continued past it, does ``y``'s rule break (``synchronize``
+        # then ``poll`` find the release gone that only now may run)?
+        steps = [(t.action, list(t.choices)) for t in x.trace]
+
+        def replay(cand: list, **kw: Any) -> Violation | None:
+            if budget[0] <= 0:
+                return None
+            budget[0] -= 1
+            try:
+                return _replay_steps(plan, guard, x.capacity, cand, **kw)
+            except Exception:  # noqa: BLE001
+                return None
+
+        hit = _continue(plan, steps, x, {x.invariant}, replay, only=y.invariant)
+        return hit is not None
+
+    try:
+        changed = True
+        while changed:
+            changed = False
+            for a in fs:
+                if not ok(a) or a.cause not in _FIGURES:   # only a figure can be another rule's symptom
+                    continue
+                for b in fs:
+                    if b is a or b.invariant == a.invariant or not ok(b) or b.cause in _FIGURES + _CRASHES:
+                        continue
+                    if breaks(a, b, False) and not breaks(b, a, True):
+                        dets = [d for d in (a.steps_to_detection, b.steps_to_detection) if d is not None]
+                        merged = Failure(b.target, b.level, b.invariant, b.cause, b.reason, list(b.trace),
+                                         min(dets) if dets else None, b.repro, b.flaky or a.flaky, b.capacity,
+                                         list(b.consequences) + [_describe(a, len(a.trace))] + list(a.consequences))
+                        fs = [merged if f is b else f for f in fs if f is not a]
+                        changed = True
+                        break
+                if changed:
+                    break
+    finally:
+        plan.stats, plan.on_call, plan.on_step = saved
+    return fs
 
 
 def _continue(plan: E.Plan, steps: list, failure: Failure, symptoms: set, replay: Callable,

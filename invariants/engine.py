@@ -185,7 +185,7 @@ class Plan:
         return Run(self, guard)
 
 
-_NUMBER = re.compile(r"0x[0-9a-fA-F]+|\d+")
+_KIND_NUMBER = re.compile(r"0x[0-9a-fA-F]+|\d+")
 _KINDS: dict = {}
 
 
@@ -195,7 +195,7 @@ def _kind_of_outcome(outcome: str) -> str:
     (``returns an allocation of N bytes, footprint [N, N] ...``)."""
     k = _KINDS.get(outcome)
     if k is None:
-        k = _NUMBER.sub("N", outcome)
+        k = _KIND_NUMBER.sub("N", outcome)
         if len(_KINDS) < 10_000:
             _KINDS[outcome] = k
     return k

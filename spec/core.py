@@ -185,6 +185,11 @@ class Outcomes:
     branches: tuple[Outcome, ...]
     blame: str
     touched: tuple[int, ...] = ()  # spec reference ids whose observations must be rechecked
+    #: answers that are *not* permitted here but have a named clause of their
+    #: own (an OutOfMemory on an empty device whose declared bound fits:
+    #: ``S8.refused-fit``): never matched, only named when the answer is one
+    #: of them (:meth:`closest`), and followed only when that clause is masked
+    forbidden: tuple = ()
 
     def match(self, value: Any = None, error: BaseException | None = None) -> Outcome | None:
         for b in self.branches:
@@ -198,7 +203,7 @@ class Outcomes:
         fewest clauses of; ``None`` when no branch has its shape (the answer
         is wrong as a whole, blamed on :attr:`blame`)."""
         best = None
-        for b in self.branches:
+        for b in self.branches + self.forbidden:
             if not b.checks or not b.shaped(value, error):
                 continue
             bad = b.failing(value, error)
@@ -216,8 +221,8 @@ class Outcomes:
         return " | ".join(parts)
 
 
-def outcomes(*branches: Outcome, blame: str, touched: Iterable[int] = ()) -> Outcomes:
-    return Outcomes(tuple(branches), blame, tuple(touched))
+def outcomes(*branches: Outcome, blame: str, touched: Iterable[int] = (), forbidden: Iterable[Outcome] = ()) -> Outcomes:
+    return Outcomes(tuple(branches), blame, tuple(touched), tuple(forbidden))
 
 
 def only(error: type[MemspecError], *, blame: str, describe: str = "", touched: Iterable[int] = ()) -> Outcomes:

@@ -298,16 +298,17 @@ def allocate(s: MechState, size: Any, alignment: int = ALIGNMENT) -> Any:
             )
         )
     empty = s.physical + s.foreign_bytes == 0
+    forbidden: tuple = ()
     if empty and hi is not None and g.overhead is not None and hi <= room:
-        branches.append(Raises(OutOfMemory, "never on an empty device for a request its declared bound fits",
-                               checks=(Check("S8", "refused-fit", lambda e: False,
-                                             f"an empty device of {room} bytes fits the bound {hi}"),)))
+        forbidden = (Raises(OutOfMemory, "never on an empty device for a request its declared bound fits",
+                            checks=(Check("S8", "refused-fit", lambda e: False,
+                                          f"an empty device of {room} bytes fits the bound {hi}"),)),)
     elif empty and size <= room:
         branches.append(Raises(OutOfMemory, "no contiguous room (an undeclared packing policy)",
                                lambda e: _refused_with_room(s)))
     else:
         branches.append(Raises(OutOfMemory, "no contiguous room (fragmentation) or no room at all"))
-    return outcomes(*branches, blame="S8")
+    return outcomes(*branches, blame="S8", forbidden=forbidden)
 
 
 def _perform_allocate_foreign(sut: Any, size: int) -> DeviceAllocation:

@@ -168,14 +168,15 @@ def allocate_owned(s: SysState, size: Any) -> Any:
                                    id="returns an owning allocation")]
     if hi is None or hi > s.free:
         branches.append(Raises(GrantDenied, "the real footprint does not fit what is free; ledger unchanged"))
+    forbidden: tuple = ()
     if physical_total(s) == 0 and strict and hi is not None and hi <= room:
-        branches.append(Raises(OutOfMemory, "never on an empty device for a request its declared bound fits",
-                               checks=(Check("S8", "refused-fit", lambda e: False,
-                                             f"an empty device of {room} bytes fits the bound {hi}"),)))
+        forbidden = (Raises(OutOfMemory, "never on an empty device for a request its declared bound fits",
+                            checks=(Check("S8", "refused-fit", lambda e: False,
+                                          f"an empty device of {room} bytes fits the bound {hi}"),)),)
     else:
         branches.append(Raises(OutOfMemory, "the device could not (fragmentation, or it is smaller than the "
                                             "budget); grant returned"))
-    return outcomes(*branches, blame="S8")
+    return outcomes(*branches, blame="S8", forbidden=forbidden)
 
 
 def planned_footprint(s: SysState, size: int) -> tuple:
