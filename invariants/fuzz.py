@@ -820,13 +820,13 @@ def _key(f) -> tuple:
 
 
 def run(opts: FuzzOptions, *, on_progress: Callable = _noop, note: Callable = _noop) -> FuzzRun:
-    """Fuzz ``opts.target`` for ``opts.seconds`` in ``opts.jobs`` supervised
+    """(The caller registers the ``fuzz`` Hypothesis profile first: ``memspec.profiles``.)
+    Fuzz ``opts.target`` for ``opts.seconds`` in ``opts.jobs`` supervised
     workers, then shrink in a supervised shrinker what they could not;
     one PlanResult per level, repros written under ``opts.out``."""
     import hypothesis.database  # noqa: F401 - once here, before the forks (every child needs it)
     import hypothesis.stateful  # noqa: F401
 
-    from memspec import profiles as _profiles  # noqa: F401 - the "fuzz" profile, registered before the forks
     from memspec.invariants import walk as _walk  # noqa: F401
 
     t0 = time.perf_counter()

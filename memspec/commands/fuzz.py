@@ -273,6 +273,8 @@ def main(argv: list[str]) -> int:
                 "the counterexamples of this run will not be saved")
     from rich.live import Live
 
+    from memspec import profiles as _profiles  # noqa: F401 - the "fuzz" profile, before the forks
+
     opts = options(args, jobs)
     console = _report_console()
     disp = Display(opts.target, args.mode, opts.seconds, jobs)
