@@ -502,6 +502,8 @@ def relate(plan: E.Plan, failures: list, *, replays: int | None = None) -> list:
                 a.reason = w.reason
             elif not same(w, a, len(cand)) and roots:
                 parent[id(a)] = roots[0]
+            else:   # it needs those steps but is no proven consequence: its reproduction masks them, and says so
+                a.needs_masks = tuple(sorted({k for _i, k in hits if k != a.key}, key=str))
     finally:
         plan.stats, plan.on_call, plan.on_step, plan.masks = saved
     out = []

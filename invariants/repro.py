@@ -115,6 +115,9 @@ MACHINE = {_data(plan.machine_ref)}
 # the rule broken was named by a diagnosis that went on past these symptoms (a figure that
 # differed first); the replay goes on past a differing figure likewise
 SYMPTOMS = [{", ".join(_data(T.safe_str(c, 300)) for c in getattr(failure, "consequences", []) or [])}]
+# checks of other failures of the run that these steps pass through (masked, as in the run); empty:
+# the steps fail on their own
+MASKS = {_data([list(k) for k in getattr(failure, "needs_masks", ()) or ()], [])}
 
 # (action, arguments or None when they are not literals, recorded choices)
 STEPS = [
@@ -128,7 +131,7 @@ OUTCOMES = [
 
 if __name__ == "__main__":
     sys.exit(replay_main(TARGET, LEVEL, STEPS, expect=EXPECT, capacity=CAPACITY, timeout=TIMEOUT,
-                         machine=MACHINE, past_symptoms=bool(SYMPTOMS)))
+                         machine=MACHINE, past_symptoms=bool(SYMPTOMS), masks=MASKS))
 '''
 
 
@@ -156,7 +159,8 @@ def write_repro(failure: Any, plan: Any, out_dir: str, target_name: str | None =
 
 
 def replay(target: str, level: str, steps: Sequence[tuple], *, capacity: int | None = None,
-           timeout: float = 5.0, machine: str | None = None, past_symptoms: bool = False) -> E.Run:
+           timeout: float = 5.0, machine: str | None = None, past_symptoms: bool = False,
+           masks: Sequence = ()) -> E.Run:
     """Replay ``steps`` on a fresh target and spec; raises the Violation if one occurs.
 
     ``past_symptoms``: a figure that differs before the last step (cause
@@ -164,6 +168,13 @@ def replay(target: str, level: str, steps: Sequence[tuple], *, capacity: int | N
     diagnosis that blamed the rule broken did (see
     :func:`~memspec.invariants.runner.diagnose`)."""
     plan = make_plan(target, level, capacity=capacity, timeout=timeout, machine=machine)
+    # the checks another failure of the same run broke, which this one's steps run through (the
+    # spec follows those answers anyway, as the run did): a reproduction says so, it does not hide it
+    plan.masks = frozenset((m[0] if isinstance(m[0], str) else None, str(m[1])) for m in masks
+                           if isinstance(m, (list, tuple)) and len(m) == 2)
+    if plan.masks:
+        print("masked (other failures of the run, which these steps pass through): "
+              + ", ".join(f"{k}" + (f" at {a}" if a else "") for a, k in sorted(plan.masks, key=str)), file=sys.stderr)
     guard = CallGuard(timeout)
     run = E.Run(plan, guard)
     try:
@@ -186,10 +197,10 @@ def replay(target: str, level: str, steps: Sequence[tuple], *, capacity: int | N
 
 def replay_main(target: str, level: str, steps: Sequence[tuple], *, expect: tuple | None = None,
                 capacity: int | None = None, timeout: float = 5.0, machine: str | None = None,
-                past_symptoms: bool = False) -> int:
+                past_symptoms: bool = False, masks: Sequence = ()) -> int:
     try:
         replay(target, level, steps, capacity=capacity, timeout=timeout, machine=machine,
-               past_symptoms=past_symptoms)
+               past_symptoms=past_symptoms, masks=masks)
     except Violation as v:
         if v.__cause__ is not None:  # the target's own traceback first
             import traceback

@@ -74,6 +74,8 @@ class Failure:
     key: tuple | None = None
     #: the mask keys of the other checks that failed at the same step (masked with it)
     also_keys: tuple = ()
+    #: the other failures' checks its steps run through and need (its reproduction masks them)
+    needs_masks: tuple = ()
 
     @property
     def check_id(self) -> str:

@@ -139,7 +139,8 @@ def _run_child_plan(ch: Channel, plan: E.Plan, opts: dict) -> None:
              "failures": [{"invariant": f.invariant, "cause": f.cause, "reason": f.reason,
                            "trace": _trace_msg(f.trace), "std": f.steps_to_detection, "flaky": f.flaky,
                            "cap": f.capacity, "also": [str(c) for c in f.consequences],
-                           "check": f.check, "key": list(f.key) if f.key is not None else None}
+                           "check": f.check, "key": list(f.key) if f.key is not None else None,
+                           "masks": [list(k) for k in f.needs_masks]}
                           for f in res.failures]})
 
 
@@ -249,7 +250,10 @@ class _Parent:
                                               consequences=[_str(c) for c in f.get("also") or []
                                                             if isinstance(f.get("also"), list)],
                                               check=f.get("check") if isinstance(f.get("check"), str) else None,
-                                              key=_key(f.get("key"))))
+                                              key=_key(f.get("key")),
+                                              needs_masks=tuple(k for k in map(_key, f.get("masks") or [])
+                                                                if k is not None)
+                                              if isinstance(f.get("masks"), list) else ()))
             self.results.append(r)
             self.done.append(r.level)
             self.current = None
