@@ -265,9 +265,13 @@ def run_hypothesis(plan: E.Plan, settings: Any, *, seed: int | None = None,
             every = plan.masks
             done = []
             for f in result.failures:
-                plan.masks = frozenset(every - {f.key})   # the others' checks stay masked
+                plan.masks = frozenset(every - {f.key})   # the others' checks stay masked while it shrinks
                 try:
-                    g = diagnose(plan, minimize(plan, f))
+                    g = minimize(plan, f)
+                    # the rule broken is named in the world its reproduction runs in: nothing masked (the
+                    # same answer as a supervisor replaying a worker's steps, or the reproduction itself)
+                    plan.masks = frozenset()
+                    g = diagnose(plan, g)
                 finally:
                     plan.masks = every
                 if g.key is None and g.invariant == f.invariant and g.check == f.check:
