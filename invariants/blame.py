@@ -379,7 +379,11 @@ def diagnose(plan: E.Plan, failure: Failure, *, replays: int | None = None, _dep
                 if rest:
                     why += " -- at this step also: " + "; ".join(rest[:4]) \
                         + (f"; {len(rest) - 4} more" if len(rest) > 4 else "")
-                found = violation_class(inv)(inv, cause, why, list(v0.trace), len(v0.trace))
+                chk = pick[3] if len(pick) > 3 else None
+                found = violation_class(inv + (f".{chk}" if chk else ""))(inv, cause, why, list(v0.trace),
+                                                                           len(v0.trace))
+                found.check = chk
+                found.key = (None, f"{inv}.{chk}" if chk else f"{inv}.{cause}")
         # 1. a step only the blame needs: the variants one step shorter
         pre = plan.presupposed()
         if found is None:

@@ -417,7 +417,8 @@ def _failure_msg(f) -> dict:
 
     trace = f.trace if all(isinstance(ts, H.TraceStep) for ts in f.trace) else []
     return {"trace": trace_msg(trace), "capacity": f.capacity, "detected": f.steps_to_detection,
-            "consequences": [str(c) for c in f.consequences]}
+            "consequences": [str(c) for c in f.consequences],
+            "masks": [list(k) for k in (getattr(f, "diagnosed_masks", ()) or ())]}
 
 
 def _worker_failure(plan, inv: str, cause: str, reason: str, sent) -> "runner.Failure":
@@ -434,22 +435,29 @@ def _worker_failure(plan, inv: str, cause: str, reason: str, sent) -> "runner.Fa
     det = sent.get("detected") if type(sent.get("detected")) is int else None
     cons = [str(c) for c in sent.get("consequences") or []]
     on_replayed = sent.get("on_replayed")
+    # the checks of the worker's other failures, masked there while this one was shrunk and diagnosed
+    masks = frozenset((m[0] if isinstance(m[0], str) else None, m[1]) for m in sent.get("masks") or []
+                      if isinstance(m, list) and len(m) == 2 and isinstance(m[1], str))
     if trace:
         guard = H.CallGuard(plan.timeout, plan.guard_mode)
-        saved = (plan.stats, plan.on_call, plan.on_step)
-        plan.stats, plan.on_call, plan.on_step = H.Stats(), None, None
+        saved = (plan.stats, plan.on_call, plan.on_step, plan.masks)
+        plan.stats, plan.on_call, plan.on_step, plan.masks = H.Stats(), None, None, masks
         try:
             v = replay_steps(plan, guard, cap, [(ts.action, list(ts.choices)) for ts in trace])
         except Exception:  # noqa: BLE001 - steps the spec cannot replay here: not reproduced
             v = None
         finally:
-            plan.stats, plan.on_call, plan.on_step = saved
-        if v is not None:
-            f = runner.Failure(plan.target, plan.level, v.invariant, v.cause, v.reason, list(v.trace), det,
-                               capacity=cap, consequences=cons)
-            if callable(on_replayed):   # said before the minimizer replays it again (it may not come back)
-                on_replayed(f)
-            return runner.diagnose(plan, runner.minimize(plan, f))
+            plan.stats, plan.on_call, plan.on_step = saved[:3]
+        try:
+            if v is not None:
+                f = runner.Failure(plan.target, plan.level, v.invariant, v.cause, v.reason, list(v.trace), det,
+                                   capacity=cap, consequences=cons, check=getattr(v, "check", None),
+                                   key=getattr(v, "key", None))
+                if callable(on_replayed):   # said before the minimizer replays it again (it may not come back)
+                    on_replayed(f)
+                return runner.diagnose(plan, runner.minimize(plan, f))
+        finally:
+            plan.masks = saved[3]
     return runner.Failure(plan.target, plan.level, inv, cause,
                           f"{reason} (not reproduced on replay: nondeterministic target?)", trace, det,
                           capacity=cap, consequences=cons)

@@ -76,6 +76,9 @@ class Failure:
     also_keys: tuple = ()
     #: the other failures' checks its steps run through and need (its reproduction masks them)
     needs_masks: tuple = ()
+    #: the other failures' checks masked while it was shrunk and diagnosed (a supervisor that
+    #: replays it does the same, so both name the same rule)
+    diagnosed_masks: tuple = ()
 
     @property
     def check_id(self) -> str:
