@@ -50,6 +50,7 @@ from typing import Any, Callable, Iterator
 from memspec.spec.api import (
     AllocationRequest,
     AllocatorGeometry,
+    FootprintBound,
     DeviceAllocation,
     DeviceKey,
     IdentitySource,
@@ -276,6 +277,10 @@ class MemoryResourceAllocator:
         if not isinstance(align, int) or align <= 0 or align & (align - 1):
             # cuda.core's allocate takes no alignment: the contract's check is made here
             raise InvalidRequest(f"alignment must be a power of two, got {align!r}")
+        if align > GRANULARITY:
+            # cuda.core aligns every reservation to its resource's addr_align (the granularity by
+            # default), fixed per resource: a larger alignment cannot be asked per allocation
+            raise InvalidRequest(f"alignment {align:#x} above this resource's addr_align {GRANULARITY:#x}")
         with self._lock, self._on():
             try:
                 buf = self.mr.allocate(size, stream=self.stream)
@@ -487,7 +492,9 @@ def _instance(b: _Bench, make_alloc: Callable[[], MemoryResourceAllocator], name
     # VMM's documented geometry: physical memory in granularity pages (cuMemCreate),
     # nothing else taken from the device
     inst = TargetInstance(mechanism=Mechanism(name, alloc), ep=b.ep, physical_bytes=physical_bytes,
-                          capacity=cap, close=close, geometry=AllocatorGeometry.page_rounded(GRANULARITY))
+                          capacity=cap, close=close,
+                          geometry=AllocatorGeometry(unit=GRANULARITY, alignment=256, bound=FootprintBound("unit"),
+                                                     overhead=0, max_alignment=GRANULARITY))
     # make_extra_mechanism: the system level's replacement mechanism must be reachable
     # through this target's EP (the reference default lives on a detached simulated device)
     return _with_extras(inst, make_foreign=make_foreign, make_extra_mechanism=make_foreign, driver=b.drv,

@@ -242,6 +242,11 @@ class AllocatorGeometry:
     alignment: int = 1
     bound: FootprintBound | None = None
     overhead: int | None = None
+    #: the largest alignment a request may ask (an API with no per-allocation
+    #: alignment, e.g. cuda.core's ``addr_align`` fixed per resource): a
+    #: request above it may be refused with InvalidRequest.  ``None``: every
+    #: power of two is honoured
+    max_alignment: int | None = None
 
     def __post_init__(self) -> None:
         if not _is_count(self.unit, positive=True):
@@ -252,6 +257,9 @@ class AllocatorGeometry:
             raise ValueError(f"AllocatorGeometry.bound must be a FootprintBound or None, not {type(self.bound).__name__}")
         if self.overhead is not None and not _is_count(self.overhead):
             raise ValueError(f"AllocatorGeometry.overhead must be an int >= 0 or None, not {self.overhead!r}")
+        m = self.max_alignment
+        if m is not None and not (_is_count(m, positive=True) and m & (m - 1) == 0 and m >= self.alignment):
+            raise ValueError(f"AllocatorGeometry.max_alignment must be a power of two >= alignment, or None, not {m!r}")
 
     @classmethod
     def page_rounded(cls, page: int, alignment: int = 256) -> "AllocatorGeometry":

@@ -308,6 +308,8 @@ def allocate(s: MechState, size: Any, alignment: int = ALIGNMENT) -> Any:
                                lambda e: _refused_with_room(s)))
     else:
         branches.append(Raises(OutOfMemory, "no contiguous room (fragmentation) or no room at all"))
+    if g.max_alignment is not None and alignment > g.max_alignment:
+        branches.append(Raises(InvalidRequest, f"an alignment above the declared maximum {g.max_alignment:#x}"))
     return outcomes(*branches, blame="S8", forbidden=forbidden)
 
 
