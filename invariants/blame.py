@@ -10,6 +10,8 @@ to fail.
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any, Callable
 
 from memspec.invariants import engine as E
@@ -625,9 +627,9 @@ def _relate_figures(plan: E.Plan, failures: list, *, replays: int | None = None)
                         continue
                     if breaks(a, b, False) and not breaks(b, a, True):
                         dets = [d for d in (a.steps_to_detection, b.steps_to_detection) if d is not None]
-                        merged = Failure(b.target, b.level, b.invariant, b.cause, b.reason, list(b.trace),
-                                         min(dets) if dets else None, b.repro, b.flaky or a.flaky, b.capacity,
-                                         list(b.consequences) + [_describe(a, len(a.trace))] + list(a.consequences))
+                        merged = dataclasses.replace(
+                            b, steps_to_detection=min(dets) if dets else None, flaky=b.flaky or a.flaky,
+                            consequences=list(b.consequences) + [_describe(a, len(a.trace))] + list(a.consequences))
                         fs = [merged if f is b else f for f in fs if f is not a]
                         changed = True
                         break

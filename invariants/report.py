@@ -134,6 +134,7 @@ def to_json(all_results: dict[str, list[Any]]) -> dict:
                 "notes": list(getattr(r, "notes", None) or []),
                 "failures": [{
                     "invariant": f.invariant, "check": getattr(f, "check", None), "cause": f.cause,
+                    "likely_consequence_of": getattr(f, "likely_cause", None),
                     "reason": f.reason,
                     "steps_to_detection": f.steps_to_detection, "shrunk_length": f.shrunk_length,
                     "repro": f.repro, "flaky": f.flaky,

@@ -79,6 +79,9 @@ class Failure:
     #: the other failures' checks masked while it was shrunk and diagnosed (a supervisor that
     #: replays it does the same, so both name the same rule)
     diagnosed_masks: tuple = ()
+    #: another failure's rule this one is likely a consequence of (not proved by replay: shown with
+    #: its own row and reproduction, after that one); set by no rule of the harness today
+    likely_cause: str | None = None
 
     @property
     def check_id(self) -> str:
@@ -228,7 +231,9 @@ def _undrawn(plan: Any) -> dict:
 def fail_detail(failures: list) -> str:
     """One line per counterexample of a rule, each naming the check that
     broke (``[S8.alignment] [outcome] ...``)."""
-    return " | ".join(f"[{f.check_id}] [{f.cause}] {f.reason}" if f.check else f"[{f.cause}] {f.reason}"
+    return " | ".join((f"[{f.check_id}] [{f.cause}] {f.reason}" if f.check else f"[{f.cause}] {f.reason}")
+                      + (f" (likely a consequence of {f.likely_cause}: that rule breaks in this failure's state)"
+                         if getattr(f, "likely_cause", None) else "")
                       for f in failures)
 
 

@@ -140,7 +140,7 @@ def _run_child_plan(ch: Channel, plan: E.Plan, opts: dict) -> None:
                            "trace": _trace_msg(f.trace), "std": f.steps_to_detection, "flaky": f.flaky,
                            "cap": f.capacity, "also": [str(c) for c in f.consequences],
                            "check": f.check, "key": list(f.key) if f.key is not None else None,
-                           "masks": [list(k) for k in f.needs_masks]}
+                           "masks": [list(k) for k in f.needs_masks], "likely": f.likely_cause}
                           for f in res.failures]})
 
 
@@ -251,6 +251,8 @@ class _Parent:
                                                             if isinstance(f.get("also"), list)],
                                               check=f.get("check") if isinstance(f.get("check"), str) else None,
                                               key=_key(f.get("key")),
+                                              likely_cause=f.get("likely") if isinstance(f.get("likely"), str)
+                                              else None,
                                               needs_masks=tuple(k for k in map(_key, f.get("masks") or [])
                                                                 if k is not None)
                                               if isinstance(f.get("masks"), list) else ()))

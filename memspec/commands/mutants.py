@@ -100,10 +100,13 @@ def _cpu() -> float:
 
 def blame_of(failures: list) -> tuple:
     """``(blamed failure or None, the others)``: the failure the run found
-    at the fewest steps is the blame (ties: the order reported)."""
+    at the fewest steps is the blame (ties: the order reported), after any
+    failure that is *likely* another's consequence (``likely_cause``: the
+    other's rule breaks in its state)."""
     if not failures:
         return None, []
-    order = sorted(range(len(failures)), key=lambda i: (failures[i].steps_to_detection is None,
+    order = sorted(range(len(failures)), key=lambda i: (getattr(failures[i], "likely_cause", None) is not None,
+                                                        failures[i].steps_to_detection is None,
                                                         failures[i].steps_to_detection or 0, i))
     return failures[order[0]], [failures[i] for i in order[1:]]
 
