@@ -221,8 +221,8 @@ def write_repros(result: Any, out_dir: str, target_name: str | None = None) -> N
     :class:`~memspec.invariants.runner.PlanResult`); a file that cannot be
     written is an error of the result, not a crash."""
     for f in result.failures:
-        if f.invariant == "NONDET" and not f.trace:
-            continue   # no steps to replay: the finding is that replays differ
+        if not f.trace:
+            continue   # no steps to replay (a process that died between examples): nothing to reproduce
         try:
             f.repro = str(write_repro(f, result.plan, out_dir, target_name=target_name))
         except Exception as e:  # noqa: BLE001

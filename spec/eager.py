@@ -284,14 +284,13 @@ def allocate(s: MechState, size: Any, alignment: int = ALIGNMENT) -> Any:
     bound = f"[{size}, {hi}]" if hi is not None else f">= {size}"
     branches: list[Any] = []
     if s.physical + size <= room:
-        fits = hi is None or s.physical + hi <= room
         branches.append(
             Returns(
                 f"an allocation of {size} bytes, footprint {bound}, address aligned to {align:#x}, "
                 "fresh identity, no overlap",
                 shaped,
                 lambda v: _record_allocation(s, v),
-                (lambda: _witness_allocation(s, size, align, hi)) if fits and s.physical + K.round_up(size, g.unit) <= room
+                (lambda: _witness_allocation(s, size, align, hi)) if s.physical + K.round_up(size, g.unit) <= room
                 else None,
                 checks=tuple(checks),
                 id="returns an allocation",
