@@ -41,7 +41,6 @@ from typing import Any, Callable
 from memspec.invariants import runner
 from memspec.invariants import wire
 from memspec.invariants.discovery import DEFAULT_TARGET
-from memspec.invariants.errors import TARGET_ERROR, TargetError
 from memspec.invariants.guard import BUILD_SECONDS, CallGuard, StepLog, supervise
 
 #: seed distance between two workers' seed ranges
@@ -489,57 +488,14 @@ def _fail_from(target: str, level: str, d: Any) -> "runner.Failure | None":
 
 
 def _plan_msg(plan) -> dict:
-    return {"t": "plan", "level": plan.level, "target": plan.target,
-            "invariants": [[inv.id, inv.title] for inv in plan.machine.invariants], "na": plan.na,
-            "capabilities": plan.capabilities, "actions": [a.name for a in plan.actions],
-            "declares": plan.declares, "undrawn": runner._undrawn(plan),
-            "absent": sorted(runner.not_at_level(plan)), "witnesses": plan.witnesses,
-            "timeout": plan.timeout, "factory_kwargs": plan.factory_kwargs, "machine_ref": plan.machine_ref}
+    return runner.plan_msg(plan)
 
 
 def _plans(ch, opts: FuzzOptions, skip: list, only: list | None = None) -> list:
     """Resolve the target, build it once, choose the levels, plan each: in
-    this (supervised) child, each call guarded; an error is said on ``ch``."""
-    target = opts.target
-    guard = CallGuard(opts.timeout, "direct")
-    guard.blame, guard.what = TARGET_ERROR, f"importing the target {target!r}"
-    guard.limit = opts.build_timeout or max(opts.timeout, BUILD_SECONDS)
-    tref, err = guard.call(runner.resolve, target)
-    if err is None and tref.factory is None:
-        err = LookupError(tref.error or "unavailable")
-    if err is not None:
-        ch.send({"t": "error", "level": opts.level, "error": f"{type(err).__name__}: {err}"})
-        return []
-    guard.what = f"building the target {target!r} (its factory)"
-    probe, err = guard.call(runner.build_probe, tref, opts.capacity)
-    if err is not None:
-        msg = str(err) if isinstance(err, TargetError) else \
-            f"target {tref.name!r} factory raised {type(err).__module__}.{type(err).__name__}: {err}"
-        ch.send({"t": "error", "level": opts.level, "error": msg})
-        return []
-    plans: list = []
-    try:
-        levels = [tref.mutant.level] if tref.mutant is not None and opts.level == "all" else \
-            runner.levels_for(probe.kind, opts.level)
-        if not levels:
-            ch.send({"t": "error", "level": opts.level,
-                     "error": f"level {opts.level!r} does not apply to a target of kind {probe.kind!r}"})
-            return []
-        for lvl in levels:
-            if lvl in skip or (only is not None and lvl not in only):
-                continue
-            guard.what = f"probing the target for the {lvl} level"
-            plan, err = guard.call(runner.make_plan, tref, lvl, capacity=opts.capacity, timeout=opts.timeout,
-                                   machine=opts.machine, probe=probe)
-            if err is not None:
-                ch.send({"t": "error", "level": lvl, "error": f"{type(err).__name__}: {err}"})
-                continue
-            plans.append(plan)
-    finally:
-        guard.what = "closing the probe instance"
-        guard.call(runner.close_probe, probe)
-        guard.limit = None
-    return plans
+    this (supervised) child, as conform's child does (:func:`~memspec.invariants.runner.plan_in_child`)."""
+    return runner.plan_in_child(ch, opts.target, opts.level, skip, capacity=opts.capacity, timeout=opts.timeout,
+                                build_timeout=opts.build_timeout, machine=opts.machine, only=only)
 
 
 def _hook(ch, plan) -> None:

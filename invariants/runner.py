@@ -41,41 +41,41 @@ from memspec.invariants.wire import (_int, _literal_repr, _plain, _stats_into, _
                                      _step_msg, _trace_from, _trace_msg)
 
 
-def _child(ch: Channel, target: str, level: str, skip: list, opts: dict) -> None:
-    """The supervised child: probe the target once, plan each level, run it,
-    and say everything on ``ch``.  Nothing it sends is code."""
-    guard = CallGuard(opts["timeout"], "direct")
+def plan_in_child(ch: Channel, target: str, level: str, skip: list, *, capacity: int | None, timeout: float,
+                  build_timeout: float | None, machine: str | None, only: list | None = None) -> list:
+    """In a supervised child: resolve ``target``, build it once, choose the
+    levels (its mutant's, or those of its kind), plan each not in ``skip``
+    (and in ``only`` when given); each call guarded, an error said on
+    ``ch``.  The one place a child plans a target (``conform``, ``fuzz``)."""
+    guard = CallGuard(timeout, "direct")
     guard.blame, guard.what = TARGET_ERROR, f"importing the target {target!r}"
-    guard.limit = opts["build_timeout"] or max(opts["timeout"], BUILD_SECONDS)   # imports and a first factory call
+    guard.limit = build_timeout or max(timeout, BUILD_SECONDS)   # imports and a first factory call
     tref, err = guard.call(resolve, target)
     if err is None and tref.factory is None:
         err = LookupError(tref.error or "unavailable")
     if err is not None:
         ch.send({"t": "error", "level": level, "error": f"{type(err).__name__}: {err}"})
-        return
+        return []
     guard.what = f"building the target {target!r} (its factory)"
-    probe, err = guard.call(build_probe, tref, opts["capacity"])
+    probe, err = guard.call(build_probe, tref, capacity)
     if err is not None:
         msg = str(err) if isinstance(err, TargetError) else \
             f"target {tref.name!r} factory raised {type(err).__module__}.{type(err).__name__}: {err}"
         ch.send({"t": "error", "level": level, "error": msg})
-        return
+        return []
     plans: list = []
     try:
-        kind = probe.kind
-        lv = levels_for(kind, level)
-        if tref.mutant is not None and level == "all":
-            lv = [tref.mutant.level]
+        lv = [tref.mutant.level] if tref.mutant is not None and level == "all" else levels_for(probe.kind, level)
         if not lv:
             ch.send({"t": "error", "level": level,
-                     "error": f"level {level!r} does not apply to a target of kind {kind!r}"})
-            return
+                     "error": f"level {level!r} does not apply to a target of kind {probe.kind!r}"})
+            return []
         for lvl in lv:
-            if lvl in skip:
+            if lvl in skip or (only is not None and lvl not in only):
                 continue
             guard.what = f"probing the target for the {lvl} level"
-            plan, err = guard.call(make_plan, tref, lvl, capacity=opts["capacity"], timeout=opts["timeout"],
-                                   machine=opts["machine"], probe=probe)
+            plan, err = guard.call(make_plan, tref, lvl, capacity=capacity, timeout=timeout, machine=machine,
+                                   probe=probe)
             if err is not None:
                 ch.send({"t": "error", "level": lvl, "error": f"{type(err).__name__}: {err}"})
                 continue
@@ -84,17 +84,30 @@ def _child(ch: Channel, target: str, level: str, skip: list, opts: dict) -> None
         guard.what = "closing the probe instance"
         guard.call(close_probe, probe)
         guard.limit = None
-    for plan in plans:
+    return plans
+
+
+def _child(ch: Channel, target: str, level: str, skip: list, opts: dict) -> None:
+    """The supervised child: probe the target once, plan each level, run it,
+    and say everything on ``ch``.  Nothing it sends is code."""
+    for plan in plan_in_child(ch, target, level, skip, capacity=opts["capacity"], timeout=opts["timeout"],
+                              build_timeout=opts["build_timeout"], machine=opts["machine"]):
         _run_child_plan(ch, plan, opts)
 
 
+def plan_msg(plan: E.Plan) -> dict:
+    """What a child says of a plan before running it (read by :class:`_Parent`)."""
+    return {"t": "plan", "level": plan.level, "target": plan.target,
+            "invariants": [[inv.id, inv.title] for inv in plan.machine.invariants], "na": plan.na,
+            "capabilities": plan.capabilities, "actions": [a.name for a in plan.actions],
+            "declares": plan.declares, "undrawn": _undrawn(plan),
+            "absent": sorted(not_at_level(plan)), "witnesses": plan.witnesses,
+            "env": dict(getattr(plan.factory, "memspec_env", None) or {}),
+            "timeout": plan.timeout, "factory_kwargs": plan.factory_kwargs, "machine_ref": plan.machine_ref}
+
+
 def _run_child_plan(ch: Channel, plan: E.Plan, opts: dict) -> None:
-    ch.send({"t": "plan", "level": plan.level, "target": plan.target,
-             "invariants": [[inv.id, inv.title] for inv in plan.machine.invariants], "na": plan.na,
-             "capabilities": plan.capabilities, "actions": [a.name for a in plan.actions], "declares": plan.declares, "undrawn": _undrawn(plan),
-             "absent": sorted(not_at_level(plan)), "witnesses": plan.witnesses,
-             "env": dict(getattr(plan.factory, "memspec_env", None) or {}),
-             "timeout": plan.timeout, "factory_kwargs": plan.factory_kwargs, "machine_ref": plan.machine_ref})
+    ch.send(plan_msg(plan))
     last = [0.0]
 
     # the steps of the current example go to the shared StepLog (read by the
