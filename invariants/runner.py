@@ -146,7 +146,8 @@ def _run_child_plan(ch: Channel, plan: E.Plan, opts: dict) -> None:
         extra["phases"] = [Phase.explicit, Phase.reuse, Phase.generate]
     sets = hypothesis_settings(opts["profile"], examples=opts["examples"], steps=opts["steps"], db=opts["db"],
                                seed=opts["seed"], **extra)
-    res = run_hypothesis(plan, sets, seed=opts["seed"], shrink_seconds=opts["shrink_seconds"])
+    res = run_hypothesis(plan, sets, seed=opts["seed"], shrink_seconds=opts["shrink_seconds"],
+                         until=frozenset(opts.get("until") or ()) or None)
     ch.send({"t": "result", "level": plan.level, "errors": res.errors, "notes": list(res.notes),
              "stats": _stats_msg(plan.stats),
              "failures": [{"invariant": f.invariant, "cause": f.cause, "reason": f.reason,
@@ -332,15 +333,17 @@ def conform(target: str, level: str = "all", *, profile: str = "ci", examples: i
             timeout: float = 5.0, out_dir: str | None = "memspec-out/repro", on_step: Callable | None = None,
             on_plan: Callable | None = None, machine: str | None = None, shrink: bool = True,
             shrink_seconds: float | None = -1, build_timeout: float | None = None,
-            min_accepted: int = V.MIN_ACCEPTED) -> list[PlanResult]:
+            min_accepted: int = V.MIN_ACCEPTED, until: tuple[str, ...] | None = None) -> list[PlanResult]:
     """Run every applicable level of ``target`` under supervision; one
     :class:`PlanResult` per level.  Never raises for what the target does.
     ``timeout`` bounds each call into the target; ``build_timeout`` its
     import and factory (default: the larger of ``timeout`` and
     :data:`~memspec.invariants.guard.BUILD_SECONDS`).  ``min_accepted``:
     accepting steps each declaring action needs for a PASS (fewer:
-    UNTESTED, see :mod:`~memspec.invariants.verdicts`)."""
-    opts = {"profile": profile, "examples": examples, "steps": steps, "seed": seed, "db": db, "capacity": capacity,
+    UNTESTED, see :mod:`~memspec.invariants.verdicts`).  ``until``:
+    invariant ids whose first failure ends a level's run (no further
+    masked pass; see :func:`~memspec.invariants.stateful.run_hypothesis`)."""
+    opts = {"until": list(until or ()), "profile": profile, "examples": examples, "steps": steps, "seed": seed, "db": db, "capacity": capacity,
             "timeout": timeout, "machine": machine, "shrink": shrink, "shrink_seconds": shrink_seconds,
             "build_timeout": build_timeout}
     results: list[PlanResult] = []

@@ -195,7 +195,7 @@ MORE_PASSES = 3
 
 def run_hypothesis(plan: E.Plan, settings: Any, *, seed: int | None = None,
                    shrink_seconds: float | None = -1, more_passes: int | None = None,
-                   minimize_steps: bool = True) -> PlanResult:
+                   minimize_steps: bool = True, until: frozenset | None = None) -> PlanResult:
     """Drive the plan's state machine under ``settings`` in this process;
     never raises for a target's misbehaviour (it lands in the result).
 
@@ -210,7 +210,11 @@ def run_hypothesis(plan: E.Plan, settings: Any, *, seed: int | None = None,
     diagnosed with the others' checks still masked, and the failures are
     related by replay (:func:`~memspec.invariants.blame.relate`): one is
     another's consequence only when its reproduction needs the other's
-    broken step."""
+    broken step.
+
+    ``until`` (invariant ids): no further pass once a failure of one of
+    them is found -- a question answered (a mutant killed) ends the run;
+    what was found by then is minimized, diagnosed and related as usual."""
     result = PlanResult(plan.target, plan.level, plan)
     actions = list(plan.actions)
     masks0 = plan.masks
@@ -242,6 +246,8 @@ def run_hypothesis(plan: E.Plan, settings: Any, *, seed: int | None = None,
                     fresh.append(f)
             result.failures[before:] = fresh
             if not fresh or result.errors:
+                break
+            if until and any(f.invariant in until for f in result.failures):
                 break
             # a failure's check, and the others that failed at the very same step (one answer seen
             # through several figures): masked together, so the next pass looks further, not at them

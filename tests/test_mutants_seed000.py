@@ -110,7 +110,7 @@ def test_the_kill_table_blames_the_failure_found_first_and_fits_100_columns(tmp_
 def test_mutant_is_caught_by_its_invariant(mutant):
     (res,) = runner.conform(f"mutant:{mutant.name}", "all", profile="ci", examples=100, steps=40,
                             capacity=16 * MiB if mutant.level != "caching" else None, out_dir=None,
-                            shrink_seconds=2)
+                            shrink_seconds=2, until=(mutant.invariant,))
     caught = {f.invariant for f in res.failures}
     assert not res.errors, res.errors
     assert mutant.invariant in caught, f"{mutant.name}: caught by {sorted(caught) or 'nothing'}"
@@ -130,6 +130,6 @@ def test_blame_first_of_the_regressed_mutants(name):
 
     (m,) = [m for m in ALL if m.name == name]
     (res,) = runner.conform(f"mutant:{m.name}", "all", profile="ci", examples=100, steps=40, capacity=16 * MiB,
-                            out_dir=None, shrink_seconds=2)
+                            out_dir=None, shrink_seconds=2, until=(m.invariant,))
     first, _rest = blame_of(res.failures)
     assert first is not None and first.invariant == m.invariant

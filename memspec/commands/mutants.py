@@ -118,7 +118,8 @@ def run_mutant(m, *, examples: int, steps: int, capacity: int | None, out_dir: s
     t0, c0 = time.perf_counter(), _cpu()
     cap = capacity if m.level in ("mechanism", "system") else None  # caching targets keep their own device
     (r,) = runner.conform(f"mutant:{m.name}", "all", profile=profile, examples=examples, steps=steps,
-                          capacity=cap, out_dir=out_dir, seed=seed, timeout=timeout, shrink_seconds=shrink_seconds)
+                          capacity=cap, out_dir=out_dir, seed=seed, timeout=timeout, shrink_seconds=shrink_seconds,
+                          until=(m.invariant,))   # killed: no further pass (what was found first stays the blame)
     k = Kill(m.name, m.invariant, m.level, seconds=time.perf_counter() - t0, cpu_seconds=_cpu() - c0,
              errors=list(r.errors))
     first, rest = blame_of(r.failures)

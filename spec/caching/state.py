@@ -64,6 +64,11 @@ class Block:
     waits: int = 0                                 # pending: events not yet processed
     gc_base: int = 0
 
+    def __deepcopy__(self, memo: dict) -> "Block":
+        # the spec copies its state before every malloc it predicts: a field-by-field copy, not copy's walk
+        return Block(self.offset, self.size, self.state, self.stream, self.requested, self.ref, set(self.uses),
+                     self.waits, self.gc_base)
+
 
 @dataclass
 class Segment:
@@ -79,6 +84,10 @@ class Segment:
     def address(self, b: Block) -> int:
         assert self.base is not None
         return self.base + b.offset
+
+    def __deepcopy__(self, memo: dict) -> "Segment":
+        return Segment(self.sid, self.base, self.size, self.small, self.stream, self.expandable, self.page,
+                       [b.__deepcopy__(memo) for b in self.blocks])
 
 
 @dataclass
@@ -96,6 +105,18 @@ class CachingState:
     gc_calls: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
     num_ooms: int = 0
     violations: list[tuple[str, str]] = field(default_factory=list)
+
+    def __deepcopy__(self, memo: dict) -> "CachingState":
+        """A copy sharing nothing mutable (the policy is frozen; tuples and ints are values)."""
+        new = CachingState(self.policy, self.streams, [s.__deepcopy__(memo) for s in self.segments], self.next_sid,
+                           self.next_ref, dict(self.where), set(self.freed), dict(self.issued), dict(self.completed),
+                           list(self.events), dict(self.gc_calls), self.num_ooms, list(self.violations))
+        extra = set(vars(self)) - _STATE_FIELDS
+        for k in extra:   # attributes set on a state after it was made (none in the spec): copied the slow way
+            import copy
+
+            setattr(new, k, copy.deepcopy(getattr(self, k), memo))
+        return new
 
     # -- aggregates ------------------------------------------------------
     def has(self, capability: str) -> bool:
@@ -135,6 +156,9 @@ class CachingState:
 
     def largest_free(self) -> int:
         return max((b.size for s in self.segments for b in s.blocks if b.state == FREE), default=0)
+
+
+_STATE_FIELDS = frozenset(CachingState.__dataclass_fields__)
 
 
 def _violate(st: CachingState, inv: str, why: str) -> None:
