@@ -180,3 +180,40 @@ def test_cli_lists_every_message_and_picks_one(capsys):
     assert j["triaged_message"] == 1 and j["parsed"]["requested"] == 20 * MiB and len(j["messages"]) == 2
     assert cli.main(["explain", "--message", "5", log]) == 2
     assert "holds 2 out-of-memory message" in capsys.readouterr().err
+
+
+# PyTorch 1.x wording: the cached-but-unallocated bytes are reserved - allocated
+V1 = ("RuntimeError: CUDA out of memory. Tried to allocate {req} (GPU 0; 4.00 GiB total capacity; 1.60 GiB already "
+      "allocated; 200.00 MiB free; 2.10 GiB reserved in total by PyTorch)")
+
+
+def test_a_cache_too_small_to_hold_the_request_at_the_cards_edge_is_does_not_fit():
+    """512 MiB stranded, 200 MiB free: a 600 MiB request fits neither alone, only both together, and placed
+    perfectly it would leave under 3% of the card -- the live set is at the edge, not fragmented.  The same card
+    asked for 400 MiB (the cache alone could hold it) stays fragmentation."""
+    v = lib.triage(lib.parse(V1.format(req="600.00 MiB")))
+    assert v.cause == "does-not-fit", v.evidence
+    assert any("even coalesced into one block the cache could not hold it" in e for e in v.evidence), v.evidence
+    assert "shrink" in v.next_steps[0] or "batch" in v.next_steps[0]
+    w = lib.triage(lib.parse(V1.format(req="400.00 MiB")))
+    assert w.cause == "fragmentation", w.evidence
+
+
+TF_INIT = ("ResourceExhaustedError (see above for traceback): OOM when allocating tensor of shape [200000,512] and "
+           "type float\n\t [[Node: {node} = Const[dtype=DT_FLOAT, value=Tensor<type: float shape: [200000,512] "
+           "values: [0 0 0]...>, _device=\"/job:localhost/replica:0/task:0/device:GPU:0\"]()]]")
+
+
+def test_tensorflow_oom_while_initialising_a_variable_does_not_blame_the_batch():
+    """A variable's (or optimizer slot's) initializer fails before any batch ran: the message cannot tell a GPU
+    already held at start-up from variables too large for the card -- 'unknown', with the check that decides first;
+    the same tensor failing in a compute node keeps the presumed does-not-fit."""
+    f = lib.parse(TF_INIT.format(node="emb/Adam_1/Initializer/zeros"))
+    assert f.stack == "tensorflow" and f.requested == 200000 * 512 * 4
+    v = lib.triage(f)
+    assert v.cause == "unknown", v.evidence
+    assert any("before any batch ran" in e for e in v.evidence)
+    assert "nvidia-smi" in v.next_steps[0] and "batch" not in v.next_steps[0]
+    w = lib.triage(lib.parse(TF_INIT.format(node="dense_1/MatMul")))
+    assert w.cause == "does-not-fit" and any(e.startswith("presumed") for e in w.evidence)
+    assert "batch" in w.next_steps[0]

@@ -180,6 +180,7 @@ _MARKERS: tuple[tuple[str, bytes], ...] = (
     ("tensorflow", b"oom when allocating"),
     ("overflow", b"more than 1eb"),
     ("expandable", b"expandable_segments:true"),
+    ("tfinit", b"/initializer/"),                 # a TensorFlow node that initialises a variable (or a slot)
 )
 #: Literals whose neighbourhood is read for figures.
 #: Literals that open an OOM message; the figures are read in a window around each.
@@ -1240,6 +1241,17 @@ def _triage_pytorch(f: Figures, *, distributed: bool = False, cudnn_benchmark: b
                   + " -- the workload does not fit")
         return Verdict("does-not-fit", ev, _steps("does-not-fit-live", f, expandable_ok))
 
+    # does-not-fit: the stranded cache could not hold the request even coalesced into one block (ru < the
+    # request), so placing it takes fresh device memory as well -- and a perfect packer would leave under 10%
+    # of the limit: the live set is at the edge, defragmenting buys one allocation, not the workload
+    if ru is not None and floor is not None and ru < floor and best is not None and best >= floor and cap \
+            and best - floor < 0.1 * cap and not hinted and other_weight < max(need or 0, cap // 20):
+        ev.append(f"reserved-but-unallocated {fmt(ru)} < the {fmt(floor)} requested: even coalesced into one "
+                  f"block the cache could not hold it, so it needs fresh device memory too; placed by a perfect "
+                  f"packer ({formula} = {fmt(best)}) it would leave {fmt(best - floor)} = "
+                  f"{100 * (best - floor) / cap:.1f}% of the {cap_name} {fmt(cap)} -- the live set is at the edge: "
+                  "the workload does not fit (a defragmenting setting would place this request, not the next)")
+        return Verdict("does-not-fit", ev, _steps("does-not-fit-live", f, expandable_ok))
     # cause 1: fragmentation
     if strong_frag and ru >= other_weight:
         ev.append(f"reserved-but-unallocated {fmt(ru)} >= the {fmt(need)} the request lacks, yet no cached block "
@@ -1453,6 +1465,22 @@ def _tf(f: Figures, ev: list[str]) -> Verdict:
             "mixed precision (mixed_float16) and recomputation (tf.recompute_grad)",
             f"if the limit is below the card: {smi} for another process, or raise memory_limit",
             "a larger device, or tf.distribute across devices"])
+    if "tfinit" in f.hints:
+        # no allocator figures, but the failing node initialises a variable: no batch had run yet
+        ev.append("the failing node initialises a variable (a '/Initializer/' node; optimizer slots such as Adam's "
+                  "two per variable included): the OOM came before any batch ran, so the batch size is not the "
+                  "cause. Either the GPU was already held when TensorFlow started (it only maps what is free then: "
+                  "another process, a stale notebook kernel) or the model's variables do not fit the card -- the "
+                  "message has no figures to tell which")
+        ev.append("missing: total, free and what other processes hold on the device (nvidia-smi decides it)")
+        return Verdict("unknown", ev, [
+            f"{smi}: if another process holds the GPU (a second TensorFlow process or notebook, a job not visible "
+            "in your ps), stop it or run on another device -- or let them share it with " + growth,
+            "if the GPU was empty: the variables themselves do not fit -- add up the variables"
+            + (f" (the failing one, {f.tensor_shape}, is {fmt(f.tensor_bytes)})" if f.tensor_bytes else "")
+            + " with the optimizer's slots (Adam keeps two copies of each); shrink the largest (vocabulary, "
+            "embedding width), place large embeddings on the CPU, or use a lighter optimizer",
+            "a larger device, or split the variables across devices (tf.distribute)"])
     # a shape or a bare ResourceExhaustedError: no allocator figures
     ev.append("presumed: the message carries no allocator figures (no BFC stats, no free/total); the commonest "
               "cause of a TensorFlow OOM is a workload too large for the card -- the steps say how to tell")
