@@ -37,6 +37,16 @@ def non_negative_int(text: str) -> int:
     return v
 
 
+def invariant_id(text: str) -> str:
+    """An invariant's id as the report names it: letters then digits (S11, C6, T1)."""
+    import re
+
+    t = text.strip()
+    if not re.fullmatch(r"[A-Z]{1,3}[0-9]{1,3}", t):
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an invariant id (letters then digits, e.g. S11 or C6)")
+    return t
+
+
 def seconds(text: str) -> float:
     """A finite number of seconds > 0 and at most a year (a per-call timeout,
     a time budget): 0, negatives, nan and inf are refused."""

@@ -52,15 +52,18 @@ leaks_on_oom = _mechanism_mutant("reference-eager", "_alloc", _leaks_on_oom)
 LEAKY = TargetRef("leaks-on-oom", leaks_on_oom, "test target")
 
 
-def _failure(target, seed: int = 0) -> tuple:
-    plan = runner.make_plan(target, "mechanism")
-    res = runner.run_hypothesis(plan, runner.hypothesis_settings("ci", examples=30, steps=20), seed=seed)
+@pytest.fixture(scope="module")
+def leaky_failure() -> object:
+    """The planted leak's first failure, found once for the module (one pass: the tests replay it)."""
+    plan = runner.make_plan(LEAKY, "mechanism")
+    res = runner.run_hypothesis(plan, runner.hypothesis_settings("ci", examples=30, steps=20), seed=0,
+                                more_passes=0)
     assert res.failures, "the planted leak was not found"
-    return plan, res.failures[0]
+    return res.failures[0]
 
 
-def test_a_workers_failure_is_replayed_from_its_steps():
-    _plan, f = _failure(LEAKY)
+def test_a_workers_failure_is_replayed_from_its_steps(leaky_failure):
+    f = leaky_failure
     sent = engine._failure_msg(f)
     json.dumps(sent)   # plain data only: it crosses the process boundary
     fresh = runner.make_plan(LEAKY, "mechanism")
@@ -73,8 +76,8 @@ def test_a_workers_failure_is_replayed_from_its_steps():
     assert v is not None and v.invariant in {got.invariant} | {c.split()[0] for c in got.consequences}, v
 
 
-def test_steps_that_do_not_fail_again_keep_the_workers_steps_and_say_so():
-    _plan, f = _failure(LEAKY)
+def test_steps_that_do_not_fail_again_keep_the_workers_steps_and_say_so(leaky_failure):
+    f = leaky_failure
     sent = engine._failure_msg(f)
     clean = runner.make_plan("reference-eager", "mechanism")   # the same steps on the reference: no failure
     got = engine._worker_failure(clean, f.invariant, f.cause, f.reason, sent)
@@ -110,3 +113,25 @@ def test_jobs_reports_a_later_pass_failure_with_a_reproduction_that_reproduces(t
     for f in fails:
         assert "not reproduced" not in f["reason"], f
         assert f["steps"] > 0 and f["repro"], f
+
+
+def test_until_ends_the_run_after_the_pass_that_found_the_named_invariant(monkeypatch):
+    """``run_hypothesis(until=...)`` (``conform --until``): no further masked pass once a named
+    invariant failed; without it the same run goes on to the leak's second failure."""
+    passes = []
+    orig = stateful._one_pass
+
+    def counting(*a, **k):
+        passes.append(1)
+        return orig(*a, **k)
+
+    monkeypatch.setattr(stateful, "_one_pass", counting)
+    sets = runner.hypothesis_settings("ci", examples=30, steps=20)
+    full = runner.run_hypothesis(runner.make_plan(LEAKY, "mechanism"), sets, seed=0, shrink_seconds=1)
+    n_full = len(passes)
+    assert n_full >= 2 and len({f.invariant for f in full.failures}) >= 1, [f.invariant for f in full.failures]
+    first = full.failures[0].invariant
+    passes.clear()
+    cut = runner.run_hypothesis(runner.make_plan(LEAKY, "mechanism"), sets, seed=0, shrink_seconds=1,
+                                until=frozenset({first}))
+    assert len(passes) == 1 and cut.failures   # (the diagnosis may then name the rule the symptom shows)

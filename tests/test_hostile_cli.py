@@ -39,6 +39,8 @@ BAD_FLAGS = [
     (["conform", "--steps", "0"], "--steps"),
     (["conform", "--capacity", "0"], "--capacity"),
     (["conform", "--capacity", "-1"], "--capacity"),
+    (["conform", "--until", "s11"], "--until"),
+    (["conform", "--until", "S11; rm -rf /"], "--until"),
     (["fuzz", "--minutes", "-1"], "--minutes"),
     (["fuzz", "--minutes", "nan"], "--minutes"),
     (["fuzz", "--minutes", "inf"], "--minutes"),

@@ -16,6 +16,7 @@ def test_catalog_covers_every_invariant() -> None:
     assert [p.id for p in PROOFS] == list(IDS)
 
 
+@pytest.mark.fresh_process
 @pytest.mark.parametrize("proof", PROOFS, ids=[p.id for p in PROOFS])
 def test_proved_and_unguarded_refuted(proof: Proof) -> None:
     r = prove(proof)
@@ -138,6 +139,7 @@ def _without_guard(p: Proof) -> Proof:
     return Proof(**{**p.__dict__, "actions": [p.unguarded if a.name == p.unguarded.name else a for a in p.actions]})
 
 
+@pytest.mark.fresh_process
 @pytest.mark.parametrize("inv_id", ["S5", "S12", "S13", "S14"])
 def test_removing_the_guard_breaks_the_proof(inv_id: str) -> None:
     """The unguarded variant is the same action with one guard removed: put in
@@ -169,8 +171,7 @@ def test_s12_guarded_commit_writes_the_base() -> None:
 
 def at_(arr, i):
     return z3.Select(arr, i)
-
-
+@pytest.mark.fresh_process
 def test_s13_read_only_write_counter_can_fail() -> None:
     """``rowrites`` is the spec's readonly_writes: a write_through without the
     read-only guard counts one, and the invariant fails there."""
@@ -211,6 +212,7 @@ def test_queue_and_charge_invariants_encode_every_declaring_action(inv_id: str) 
     assert set(declared(inv_id)) <= set(encoded(p)), sorted(set(declared(inv_id)) - set(encoded(p)))
 
 
+@pytest.mark.fresh_process
 @pytest.mark.parametrize("inv_id", MINE)
 def test_removing_the_guard_breaks_the_proof_queue_and_charge(inv_id: str) -> None:
     """The unguarded variant in place of its guarded action: consecution fails

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+import pytest
+
 from memspec.invariants.proofs_selftest import Break, catalog, names, run_self_test
 
 
@@ -21,6 +23,7 @@ def test_catalog_has_20_breaks_over_every_seed000_invariant() -> None:
     assert {b.kind for b in cat} == {"encoding", "spec", "kernel", "engine"}   # engine: the prover trusting a hypothesis
 
 
+@pytest.mark.fresh_process
 def test_planted_breaks_are_killed_by_their_rule() -> None:
     breaks = _pick("S10 encoding: allocate does not record its context (no pin)", "S4 spec: poll frees regardless of fences",
                    "S11 kernel: can_grant ignores what is free", "C3 spec: freed blocks are not coalesced")
@@ -31,6 +34,7 @@ def test_planted_breaks_are_killed_by_their_rule() -> None:
         assert names(b, caught), f"{b.name}: caught by another rule: {caught}"
 
 
+@pytest.mark.fresh_process
 def test_a_plant_that_changes_nothing_is_not_caught() -> None:
     @contextmanager
     def nothing():

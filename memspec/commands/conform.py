@@ -30,7 +30,7 @@ import sys
 
 from rich.markup import escape
 
-from memspec.argtypes import non_negative_int, out_dir, out_file, positive_int, seconds
+from memspec.argtypes import invariant_id, non_negative_int, out_dir, out_file, positive_int, seconds
 from memspec.commands._output import Terminal, write_output
 
 from memspec.invariants.discovery import DEFAULT_TARGET
@@ -60,6 +60,8 @@ def parser() -> argparse.ArgumentParser:
                    help="exit 0 although some invariant is UNTESTED (its actions never succeeded often enough)")
     p.add_argument("--min-accepted", type=non_negative_int, default=None,
                    help="accepting steps each declaring action needs for a PASS (default 3)")
+    p.add_argument("--until", metavar="INV", action="append", type=invariant_id, default=None,
+                   help="end a level's run once this invariant has failed (no further masked pass; repeatable)")
     p.add_argument("--corpus", action="store_true", help="replay the Z3-synthesized traces (memspec.invariants.corpus)")
     return p
 
@@ -81,6 +83,8 @@ def main(argv: list[str]) -> int:
     steps = args.steps
     all_results: dict[str, list] = {}
     extra = {} if args.min_accepted is None else {"min_accepted": args.min_accepted}
+    if args.until:
+        extra["until"] = tuple(args.until)
     progress = Progress(TextColumn("{task.description}", markup=False), BarColumn(), TextColumn("{task.fields[info]}"),
                         TimeElapsedColumn(), console=console, transient=True, disable=args.quiet)
     with progress:
