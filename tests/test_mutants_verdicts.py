@@ -92,4 +92,3 @@ def test_the_data_mutants_break_nothing_but_the_bytes():
                          integrity=False)
         res = W.walk(plan, max_steps=1500, seed=3, run_length=40)
         assert not res.failures, (name, [f.violation for f in res.failures])
-

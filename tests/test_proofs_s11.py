@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 import z3
 
 from memspec.invariants import proofs_seed000 as E
@@ -42,6 +43,7 @@ def test_each_new_encoding_is_proved_on_its_own() -> None:
             assert c.ok, (a.name, c.detail)
 
 
+@pytest.mark.fresh_process
 def test_copy_on_write_without_its_out_of_memory_guard_is_refuted() -> None:
     """Private pages taken whatever the device holds: physical bytes pass the capacity."""
     def cow_no_guard(s: St, a: St):
