@@ -343,8 +343,8 @@ def conform(target: str, level: str = "all", *, profile: str = "ci", examples: i
     UNTESTED, see :mod:`~memspec.invariants.verdicts`).  ``until``:
     invariant ids whose first failure ends a level's run (no further
     masked pass; see :func:`~memspec.invariants.stateful.run_hypothesis`)."""
-    opts = {"until": list(until or ()), "profile": profile, "examples": examples, "steps": steps, "seed": seed, "db": db, "capacity": capacity,
-            "timeout": timeout, "machine": machine, "shrink": shrink, "shrink_seconds": shrink_seconds,
+    opts = {"profile": profile, "examples": examples, "steps": steps, "seed": seed, "db": db, "capacity": capacity,
+            "until": list(until or ()), "timeout": timeout, "machine": machine, "shrink": shrink, "shrink_seconds": shrink_seconds,
             "build_timeout": build_timeout}
     results: list[PlanResult] = []
     done: list[str] = []
