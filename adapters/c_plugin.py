@@ -115,7 +115,8 @@ class Geometry(ctypes.Structure):
     """``memspec_geometry`` (ABI 2)."""
     _fields_ = [("unit", ctypes.c_uint64), ("alignment", ctypes.c_uint64), ("bound", ctypes.c_uint32),
                 ("next_class", ctypes.c_uint32), ("header", ctypes.c_uint64), ("min_class", ctypes.c_uint64),
-                ("classes", ctypes.c_void_p), ("nclasses", ctypes.c_uint64), ("overhead", ctypes.c_uint64)]
+                ("classes", ctypes.c_void_p), ("nclasses", ctypes.c_uint64), ("overhead", ctypes.c_uint64),
+                ("max_alignment", ctypes.c_uint64)]
 
 
 _vp, _u64, _i64, _i32, _u32 = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32, ctypes.c_uint32
@@ -390,11 +391,16 @@ def read_geometry(g: Geometry) -> AllocatorGeometry:
     overhead = int(g.overhead)
     if overhead != OVERHEAD_UNDECLARED and overhead > INT64_MAX:
         raise bad("overhead", f"is {overhead}: not a byte count (MEMSPEC_OVERHEAD_UNDECLARED to leave it out)")
+    most = int(g.max_alignment)
+    if most and not (align <= most <= GEOMETRY_LIMIT and most & (most - 1) == 0):
+        raise bad("max_alignment", f"is {most}: must be 0 (no limit) or a power of two from alignment ({align}) "
+                                   f"to {GEOMETRY_LIMIT}")
     try:
         bound = None if rounding is None else FootprintBound(rounding, header=header, min_class=min_class,
                                                             classes=classes, next_class=bool(g.next_class))
         return AllocatorGeometry(unit=unit, alignment=align, bound=bound,
-                                 overhead=None if overhead == OVERHEAD_UNDECLARED else overhead)
+                                 overhead=None if overhead == OVERHEAD_UNDECLARED else overhead,
+                                 max_alignment=most or None)
     except ValueError as e:
         raise PluginError(f"geometry: {e}") from e
 
@@ -546,7 +552,7 @@ class Instance:
         if not self.lib.has_geometry:
             return None
         g = Geometry(unit=1, alignment=1, bound=0, next_class=0, header=0, min_class=0, classes=None, nclasses=0,
-                     overhead=OVERHEAD_UNDECLARED)
+                     overhead=OVERHEAD_UNDECLARED, max_alignment=0)
         self.call("geometry", ctypes.byref(g))
         return read_geometry(g)
 

@@ -178,6 +178,12 @@ static void geo(void *d, memspec_geometry *g) {
     g->header = 64;
 #elif BAD == 9
     g->next_class = 2;
+#elif BAD == 40
+    g->alignment = 256; g->max_alignment = 128;   /* below the alignment every address has */
+#elif BAD == 41
+    g->max_alignment = 3000;                       /* not a power of two */
+#elif BAD == 42
+    g->max_alignment = 4096;                       /* good: declared */
 #endif
 }
 static const memspec_kit_ops OPS = {
@@ -205,7 +211,7 @@ def bad_source(tmp_path_factory):
 @pytest.mark.parametrize("bad, field", [
     (1, "geometry.unit"), (2, "geometry.alignment"), (3, "geometry.bound"), (4, "geometry.classes"),
     (5, "geometry.classes"), (6, "geometry.nclasses"), (7, "geometry.overhead"), (8, "geometry.bound"),
-    (9, "geometry.next_class"),
+    (9, "geometry.next_class"), (40, "geometry.max_alignment"), (41, "geometry.max_alignment"),
 ])
 def test_a_bad_geometry_is_refused_naming_the_field(bad_source, bad, field):
     d, src = bad_source
@@ -218,6 +224,22 @@ def test_a_bad_geometry_is_refused_naming_the_field(bad_source, bad, field):
     results = runner.conform(f"c:{lib}", "mechanism", examples=2, steps=3, out_dir=None)
     errors = " ".join(results[0].errors)
     assert field in errors and not results[0].failures, results[0].errors
+
+
+def test_max_alignment_travels_and_its_absence_is_no_limit(bad_source, libs):
+    """ABI 2's ``max_alignment`` (appended to ``memspec_geometry``): declared, it reaches the spec's
+    geometry (a request above it may be refused); a plugin that does not set it keeps 0 = no limit."""
+    d, src = bad_source
+    inst = c_plugin.factory(str(_build(d, "bad42", src, "-DBAD=42")))()
+    try:
+        assert inst.geometry.max_alignment == 4096
+    finally:
+        inst.close()
+    inst = resolve(f"c:{libs['classes']}").factory(capacity=8 << 20)   # declares a geometry, no max_alignment
+    try:
+        assert inst.geometry is not None and inst.geometry.max_alignment is None
+    finally:
+        inst.close()
 
 
 @pytest.mark.parametrize("bad, why", [(10, "NULL"), (11, "overflows"), (12, "not mapped"), (13, "not read-write")])

@@ -216,7 +216,7 @@ typedef enum memspec_bound_kind {
 
 /* How the allocator packs memory (memspec.spec.api.AllocatorGeometry).  The
  * loader fills the defaults (unit 1, alignment 1, bound NONE, header 0,
- * min_class 0, no classes, next_class 0, overhead UNDECLARED) and calls
+ * min_class 0, no classes, next_class 0, overhead UNDECLARED, max_alignment 0) and calls
  * `geometry`; the plugin overwrites what it declares.  Everything is checked
  * (a bad value refuses the plugin with a one-line error naming the field). */
 typedef struct memspec_geometry {
@@ -229,6 +229,10 @@ typedef struct memspec_geometry {
     const uint64_t *classes;   /* CLASSES: ascending, positive; read by the loader right after the call */
     uint64_t nclasses;         /* <= MEMSPEC_MAX_CLASSES */
     uint64_t overhead;         /* bytes of the capacity kept for itself, or MEMSPEC_OVERHEAD_UNDECLARED */
+    /* the largest alignment allocate honours (a power of two >= alignment); a request for more may be refused
+     * with INVALID_REQUEST.  0: no limit declared (every power-of-two alignment must be honoured).  Added
+     * at the end of the struct: the loader owns it and fills 0, so a plugin built before it is unchanged. */
+    uint64_t max_alignment;
 } memspec_geometry;
 
 /* flags */
