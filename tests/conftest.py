@@ -1,16 +1,16 @@
-"""Test configuration: the Hypothesis profile (``ci`` unless HYPOTHESIS_PROFILE says otherwise)."""
+"""Test configuration: the Hypothesis profile (``ci`` unless HYPOTHESIS_PROFILE says otherwise), and the
+``fresh_process`` marker."""
+
+import os
+import subprocess
+import sys
+
+import pytest
 
 from memspec import profiles
 
 profiles.load()
 
-
-
-import os  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-
-import pytest  # noqa: E402
 
 _CHILD = "MEMSPEC_TEST_IN_FRESH_PROCESS"
 

@@ -87,10 +87,12 @@ def test_heap_initiation_and_c1_as_a_consequence() -> None:
 
 @pytest.mark.parametrize("action", ["double_free", "record_stream", "complete_stream", "empty_cache_wait",
                                     "empty_cache", "malloc:eb", "malloc:retry", "process_event:wait"])
+@pytest.mark.fresh_process
 def test_heap_consecution_of_an_action(action: str) -> None:
-    from tests.z3_fresh import consecution
+    from memspec.invariants import proofs_caching_heap as H
 
-    res = consecution(action)
+    act = next(a for a in H.actions() if a.name == action)
+    res = H.consecution(act, timeout_ms=60000)
     assert res and all(r in ("proved", "framed") for _n, r, _t in res), [x for x in res if x[1] not in ("proved", "framed")]
 
 

@@ -10,7 +10,6 @@ import z3
 
 from memspec.invariants import proofs_caching_agree as A
 from memspec.invariants import proofs_caching_heap as H
-from tests.z3_fresh import consecution
 
 MiB = 1 << 20
 NEW_ACTIONS = ["malloc:expand", "gc_end:expand", "malloc_retry:expand", "expand:map", "expand:fresh",
@@ -21,9 +20,10 @@ def _act(name: str, guards: frozenset = frozenset()) -> H.Act:
     return next(a for a in H.actions(guards) if a.name == name)
 
 
+@pytest.mark.fresh_process
 @pytest.mark.parametrize("action", NEW_ACTIONS)
 def test_expandable_action_is_inductive(action: str) -> None:
-    res = consecution(action)
+    res = H.consecution(_act(action), timeout_ms=60000)
     assert res and all(r in ("proved", "framed") for _n, r, _t in res), [x for x in res if x[1] not in ("proved", "framed")]
 
 

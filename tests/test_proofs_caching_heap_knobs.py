@@ -8,7 +8,6 @@ import pytest
 
 from memspec.invariants import proofs_caching_agree as A
 from memspec.invariants import proofs_caching_heap as H
-from tests.z3_fresh import consecution
 
 MiB = 1 << 20
 KNOB_ACTIONS = ["malloc:gc", "malloc:avail", "gc_end:oom", "gc_end:avail", "avail_end:retry", "phase:release",
@@ -58,9 +57,11 @@ def test_division_kernel_agreement_catches_a_slip_at_the_entry_start(monkeypatch
     assert any("size=2048" in b for b in bad), bad[:3]
 
 
+@pytest.mark.fresh_process
 @pytest.mark.parametrize("action", KNOB_ACTIONS)
 def test_knob_actions_are_inductive(action: str) -> None:
-    res = consecution(action, phase=True)
+    act = next(a for a in H.actions() + H.phase_actions() if a.name == action)
+    res = H.consecution(act, timeout_ms=60000)
     assert res and all(r in ("proved", "framed") for _n, r, _t in res), [x for x in res if x[1] not in ("proved", "framed")]
 
 
