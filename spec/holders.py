@@ -47,7 +47,7 @@ from memspec.spec.api import Fence, TicketState
 from memspec.spec.core import Check, Domain, Raises, Returns, action, booleans, only, outcomes
 from memspec.spec.errors import GrantDenied, InvalidRange, InvalidRequest, InvalidTicket, MemspecError, OutOfMemory, Unsupported
 from memspec.spec.state import KvRequest, Seen, SysState, Weight, add, new_ref
-from memspec.spec.manager import context_alive, drop_owned, new_owned, physical_total
+from memspec.spec.manager import capability_refusal_is_stale, context_alive, drop_owned, new_owned, physical_total
 from memspec.spec.governor import KV, WEIGHTS, charge_at_footprint, holder_name, ticket_receive
 from memspec.spec.ep import PENDING, done_flags, enqueue, flags_ok, known_flags, launch, new_entry, refund, run_done
 
@@ -324,7 +324,9 @@ def kv_open(s: SysState, request: tuple[int, int, int | None, int]) -> Any:
     """Open a KV request: step 1, reserve ``max_bytes`` of stable virtual address.
 
     Needs the installed mechanism's VirtualBacking (and SharedMapping for a
-    prefix): without it, Unsupported (an explicit refusal, S5).  With a
+    prefix): without it, Unsupported (an explicit refusal, S5); with it,
+    never Unsupported (S3's clause ``capability-refused``: a refusal from an
+    earlier mechanism's snapshot).  With a
     prefix, the first ``prefix_bytes`` are mapped read-only from the origin's
     physical pages -- no new charge (S13: charged once); a prefix larger than
     what the origin committed: InvalidRequest or InvalidRange.  Returns None.
@@ -335,7 +337,8 @@ def kv_open(s: SysState, request: tuple[int, int, int | None, int]) -> Any:
         return only(Unsupported, blame="S5", describe="the installed mechanism lacks the capability")
     if origin is not None and (prefix > s.kv[origin].own or prefix > max_bytes):
         return outcomes(Raises(InvalidRequest, "prefix larger than the origin's committed KV"),
-                        Raises(InvalidRange, "prefix larger than the origin's committed KV"), blame="S13")
+                        Raises(InvalidRange, "prefix larger than the origin's committed KV"), blame="S13",
+                        forbidden=capability_refusal_is_stale(s, "VirtualBacking and SharedMapping"))
     installed = s.registry.installed
 
     def then(_v: Any) -> None:
@@ -350,7 +353,9 @@ def kv_open(s: SysState, request: tuple[int, int, int | None, int]) -> Any:
         return ref  # type: ignore[return-value]
 
     return outcomes(Returns("None", lambda v: v is None, then, lambda: None), blame="S5",
-                    touched=(ref,) if origin is None else (ref, origin))
+                    touched=(ref,) if origin is None else (ref, origin),
+                    forbidden=capability_refusal_is_stale(s, "VirtualBacking" if origin is None
+                                                          else "VirtualBacking and SharedMapping"))
 
 
 def _draw_grow(s: SysState, c: Any) -> tuple[int, int, int | None]:

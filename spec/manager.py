@@ -38,7 +38,7 @@ from memspec.spec import kernels as K
 from memspec.spec.api import Fence
 from memspec.spec.core import Check, Domain, Raises, Returns, action, one_of, only, outcomes
 from memspec.spec.eager import SIZES
-from memspec.spec.errors import DoubleFree, GrantDenied, InvalidRequest, OutOfMemory
+from memspec.spec.errors import DoubleFree, GrantDenied, InvalidRequest, OutOfMemory, Unsupported
 from memspec.spec.state import (
     Owned,
     Seen,
@@ -270,6 +270,22 @@ def current_capabilities(s: SysState) -> tuple[int, bool, bool]:
     i = s.registry.installed
     vb, sm = s.registry.capabilities[i]
     return (i, vb, sm)
+
+
+def capability_refusal_is_stale(s: SysState, needs: str) -> tuple:
+    """A refusal an action may not give: ``Unsupported`` while the mechanism
+    installed now *has* every capability the action needs (``needs``: what
+    it needs, in words).  Such a refusal answered from a snapshot of an
+    earlier mechanism -- S3, *a capability query must not return a stale
+    allocator snapshot* -- so it is blamed on S3's clause
+    ``S3.capability-refused``, not on the action's own rule (a refusal is
+    never a silent no-op, S5's rule).  Use as an ``outcomes(...,
+    forbidden=...)`` entry where the installed mechanism has ``needs``."""
+    i = s.registry.installed
+    return (Raises(Unsupported, f"never while mechanism {i}, installed now, has {needs}",
+                   checks=(Check("S3", "capability-refused", lambda e: False,
+                                 f"mechanism {i}, installed now, has {needs}: the refusal answered "
+                                 f"for a mechanism not installed"),)),)
 
 
 def _perform_select(sut: Any, mechanism: int) -> int:

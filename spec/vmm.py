@@ -385,17 +385,19 @@ def reserve_owned(s: SysState, size: Any) -> Any:
     """Reserve virtual address for the session holder through the binding.
 
     Needs the installed mechanism's VirtualBacking: without it Unsupported
-    (explicit, S5).  Not a positive int: InvalidRequest.  Returns an owning
+    (explicit, S5); with it, never Unsupported (a refusal answered from an
+    earlier mechanism's snapshot: S3's clause ``capability-refused``, see
+    :func:`~memspec.spec.manager.capability_refusal_is_stale`).  Not a positive int: InvalidRequest.  Returns an owning
     reservation of the installed mechanism with at least ``round_up(size,
     page)`` bytes; nothing is charged (no physical bytes).
     """
-    from memspec.spec.manager import new_owned
+    from memspec.spec.manager import capability_refusal_is_stale, new_owned
     from memspec.spec.governor import SESSION
 
     if not s.registry.capabilities[s.registry.installed][0]:
         return only(Unsupported, blame="S5", describe="the installed mechanism has no VirtualBacking")
     if not is_size(size):
-        return only(InvalidRequest, blame="S5")
+        return outcomes(Raises(InvalidRequest), blame="S5", forbidden=capability_refusal_is_stale(s, "VirtualBacking"))
     want = K.round_up(size, s.page)
     installed = s.registry.installed
 
@@ -419,7 +421,7 @@ def reserve_owned(s: SysState, size: Any) -> Any:
     branches: list[Any] = [Returns(f"an owning reservation of >= {want} bytes, nothing charged", accepts, then, witness)]
     if size > s.capacity:
         branches.append(Raises(OutOfMemory, "no virtual address space left"))
-    return outcomes(*branches, blame="S5")
+    return outcomes(*branches, blame="S5", forbidden=capability_refusal_is_stale(s, "VirtualBacking"))
 
 
 def _draw_res_span(s: SysState, c: Any) -> tuple[int, int, int]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 
+from memspec.commands.mutants import blame_of
 from memspec.invariants import runner
 from memspec.invariants.mutants import all_mutants
 from memspec.invariants.mutants.seed000 import MUTANTS as SEED000
@@ -53,16 +54,13 @@ _REGRESSED: dict = {}
 # growth-keeps-partial-mapping (S9) was listed here since the protocol templates: its kill needs a kv_grow
 # drawn with an injected failure, which the argument guidance dropped (the spec can only refuse it); the
 # engine's rare-branch quota for failure paths (engine.failure_path, FAULT_QUOTA) keeps such draws
-#: mutants whose root cause shows first as another rule's symptom: the failure found first must name
-#: the rule broken (runner.diagnose; the kill table of `memspec mutants` checks it for every mutant)
-_BLAME_FIRST = {"cuda-host-unmap-before-fence", "fence-read-on-default-stream", "drop-frees-synchronously",
-                "caching-no-coalescing", "caching-segment-exact-multiple-up", "release-waits-for-last-fence-only",
-                "claimed-ticket-expires-again"}
-#: killed (S4 is among its failures, its own row and reproduction), but not blamed first: its S10 failure
-#: (``destroy_context`` succeeds after the early release) is found sooner and is no proven consequence of
-#: S4 (issue 31: a call the spec forbids is never presumed another rule's consequence; the swap replay
-#: that used to relate them even points the other way).  Kept visible as an expected failure.
-_BLAME_REGRESSED = {"release-waits-for-first-fence-only"}
+#: every mutant's failure found first names the rule it breaks (runner.diagnose; ``memspec mutants``
+#: checks the same for its kill table, with Hypothesis's count-bounded shrink).  The root causes that
+#: once showed first as another rule's symptom: cuda-host-unmap-before-fence, fence-read-on-default-stream,
+#: drop-frees-synchronously, caching-no-coalescing, caching-segment-exact-multiple-up,
+#: release-waits-for-{first,last}-fence-only, claimed-ticket-expires-again; and stale-capabilities
+#: (a kv_open refused as Unsupported from the stale snapshot read as S5 until the spec named that
+#: refusal S3's clause ``capability-refused``).
 _PARAMS = [pytest.param(m, id=m.name, marks=[pytest.mark.xfail(strict=False, reason=_REGRESSED[m.name])]
                         if m.name in _REGRESSED else []) for m in ALL]
 
@@ -117,23 +115,6 @@ def test_mutant_is_caught_by_its_invariant(mutant):
     caught = {f.invariant for f in res.failures}
     assert not res.errors, res.errors
     assert mutant.invariant in caught, f"{mutant.name}: caught by {sorted(caught) or 'nothing'}"
-    if mutant.name in _BLAME_FIRST:
-        from memspec.commands.mutants import blame_of
-
-        first, _rest = blame_of(res.failures)
-        assert first.invariant == mutant.invariant, \
-            f"{mutant.name}: blamed {first.invariant} first ({first.reason[:200]}); first shown as {first.consequences}"
-
-
-@pytest.mark.xfail(strict=False, reason="with Hypothesis's (time-bounded) shrink, as `memspec mutants` runs it, S10 "
-                                        "(destroy_context after the early release) was found first and is no proven "
-                                        "consequence of S4: see _BLAME_REGRESSED; without it (here) S4 is first")
-@pytest.mark.parametrize("name", sorted(_BLAME_REGRESSED))
-def test_blame_first_of_the_regressed_mutants(name):
-    from memspec.commands.mutants import blame_of
-
-    (m,) = [m for m in ALL if m.name == name]
-    (res,) = runner.conform(f"mutant:{m.name}", "all", profile="ci", examples=100, steps=40, capacity=16 * MiB,
-                            out_dir=None, shrink=False, until=(m.invariant,))
     first, _rest = blame_of(res.failures)
-    assert first is not None and first.invariant == m.invariant
+    assert first.invariant == mutant.invariant, \
+        f"{mutant.name}: blamed {first.invariant} first ({first.reason[:200]}); first shown as {first.consequences}"

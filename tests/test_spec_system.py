@@ -217,6 +217,25 @@ def test_kv_needs_virtual_backing():
     drive(SYSTEM, s2, "reserve_owned", size=PAGE, error=Unsupported)
 
 
+def test_a_refusal_while_the_installed_mechanism_has_the_capability_is_s3s_clause():
+    """An Unsupported from kv_open or reserve_owned while the mechanism
+    installed now has what they need is no permitted answer, and the answer
+    names S3's clause (a refusal from an earlier mechanism's snapshot), not
+    the action's own rule S5; without the capability it stays S5's
+    explicit refusal."""
+    s = fresh()
+    for name, args in (("kv_open", {"request": (s.next_ref, 4 * PAGE, None, 0)}), ("reserve_owned", {"size": PAGE}),
+                       ("reserve_owned", {"size": 0})):
+        outs = SYSTEM.action(name).step(s, **args)
+        err = Unsupported("stale")
+        assert outs.match(None, err) is None, name
+        b, bad = outs.closest(None, err)
+        assert [c.id for c in bad] == ["S3.capability-refused"], (name, args)
+    drive(SYSTEM, s, "select", mechanism=1)          # no VirtualBacking now: Unsupported is S5's explicit refusal
+    outs = SYSTEM.action("kv_open").step(s, request=(s.next_ref, 4 * PAGE, None, 0))
+    assert outs.match(None, Unsupported("none")) is not None and outs.blame == "S5"
+
+
 def test_kv_growth_is_transactional():
     s = fresh()
     r = s.next_ref
