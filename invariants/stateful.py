@@ -154,34 +154,51 @@ def collect(result: PlanResult, exc: BaseException) -> None:
 
 
 class shrink_budget:
-    """Bound the time Hypothesis spends shrinking one failure (its engine's
-    own limit is 300 s; a conformance run wants its counterexample sooner)."""
+    """Bound the shrinking Hypothesis does for one failure.
 
-    def __init__(self, seconds: float | None) -> None:
+    ``shrinks``: successful shrinks (Hypothesis's ``MAX_SHRINKS``, a count:
+    what a run shrinks to, and so which failures it finds while shrinking,
+    is then the same on a quiet and on a busy machine); ``seconds``: a
+    wall-clock ceiling (Hypothesis's ``MAX_SHRINKING_SECONDS``, its own is
+    300 s), kept only as a safety for a pathological shrink; a fuzzing
+    campaign, budgeted in time by design, uses it as its budget.  ``None``
+    leaves Hypothesis's value."""
+
+    def __init__(self, seconds: float | None, shrinks: int | None = None) -> None:
         self.seconds = seconds
-        self.old = None
+        self.shrinks = shrinks
+        self.old: tuple | None = None
 
     def __enter__(self):
-        if self.seconds is not None:
-            try:
-                from hypothesis.internal.conjecture import engine
+        try:
+            from hypothesis.internal.conjecture import engine
 
-                self.old = engine.MAX_SHRINKING_SECONDS
+            self.old = (engine.MAX_SHRINKING_SECONDS, engine.MAX_SHRINKS)
+            if self.seconds is not None:
                 engine.MAX_SHRINKING_SECONDS = self.seconds
-            except (ImportError, AttributeError):  # pragma: no cover
-                self.old = None
+            if self.shrinks is not None:
+                engine.MAX_SHRINKS = self.shrinks
+        except (ImportError, AttributeError):  # pragma: no cover
+            self.old = None
         return self
 
     def __exit__(self, *exc):
         if self.old is not None:
             from hypothesis.internal.conjecture import engine
 
-            engine.MAX_SHRINKING_SECONDS = self.old
+            engine.MAX_SHRINKING_SECONDS, engine.MAX_SHRINKS = self.old
         return False
 
 
-#: seconds of shrinking per failure in conform/mutants runs (None: Hypothesis's default)
-SHRINK_SECONDS: float | None = 30.0
+#: successful shrinks per failure in conform/mutants runs: a count, so that a
+#: run's reproductions and blame do not depend on the machine's load (each
+#: failure is then minimized further by :func:`~memspec.invariants.blame.minimize`,
+#: bounded by a replay count too)
+SHRINKS: int | None = 25
+
+#: wall-clock ceiling of that shrinking, a safety only (Hypothesis's own is
+#: 300 s): the count above ends a shrink first on any machine this runs on
+SHRINK_SECONDS: float | None = 300.0
 
 
 #: further passes after a pass that found failures (each with the checks those
@@ -421,7 +438,8 @@ def _one_pass(plan: E.Plan, settings: Any, seed: int | None, shrink_seconds: flo
     test = get_state_machine_test(cls, settings=_rule_settings(settings))
     test._hypothesis_internal_database_key = database_key(plan) + suffix.encode()
     try:
-        with shrink_budget(SHRINK_SECONDS if shrink_seconds == -1 else shrink_seconds), stable_constants():
+        with shrink_budget(SHRINK_SECONDS if shrink_seconds == -1 else shrink_seconds,
+                           SHRINKS if shrink_seconds == -1 else None), stable_constants():
             test()
     except KeyboardInterrupt:
         raise
