@@ -146,5 +146,9 @@ def test_expandable_reserved_may_pass_the_memory_fraction_cap_and_c1_agrees() ->
     assert enc["C1"] and next(i for i in C.INVARIANTS if i.id == "C1").check(st) is None
 
 
-def test_rows_c1_to_c9_but_c8_are_unbounded() -> None:
-    assert all(H.BOUNDED[f"C{i}"] is None for i in range(1, 10) if i != 8)
+def test_every_caching_row_but_c8_is_unbounded() -> None:
+    from memspec.spec.caching import IDS
+
+    assert list(H.BOUNDED) == list(IDS)
+    assert set(H.NOT_HEAP_ENCODED) == {"C8"}
+    assert all(H.BOUNDED[i] is None for i in IDS if i != "C8")

@@ -1,6 +1,8 @@
 """``memspec prove``: Z3 inductive proofs of the spec's invariants.
 
-One row per invariant (S1-S15, C1-C9), plus G1 (configuration generations,
+One row per invariant of the spec's catalogs (seed 000's S rows,
+:data:`memspec.spec.invariants.CATALOG`; the caching allocator's C rows,
+:data:`memspec.spec.caching.CATALOG`), plus G1 (configuration generations,
 on S15's machine) and P1 (progress, :mod:`memspec.invariants.proofs_progress`),
 and "proved" only when all of these hold (DESIGN.md, *What "proved" must mean*):
 
@@ -139,10 +141,41 @@ def _verdict(rec: dict[str, Any]) -> dict[str, Any]:
     return rec
 
 
+def _unencoded_seed000(ids: list[str]) -> list[str]:
+    """The requested ids of seed 000's catalog (:data:`memspec.spec.invariants.CATALOG`) that no Z3
+    proof of :func:`memspec.invariants.proofs_catalog.all_proofs` encodes (none while every catalog
+    entry has its proof): each is a row that is not proved, never an id left out."""
+    from memspec.invariants.proofs_catalog import all_proofs
+    from memspec.spec import invariants as seed000
+
+    have = {p.id for p in all_proofs()}
+    return [e.id for e in seed000.CATALOG if e.id not in have and (not ids or e.id in ids)]
+
+
+def _unencoded_record(inv_id: str) -> dict[str, Any]:
+    """The row of a catalog invariant with no Z3 proof: not proved, saying what is missing."""
+    from memspec.invariants.proofs_catalog import declared
+    from memspec.spec import invariants as seed000
+
+    title = next(e.title for e in seed000.CATALOG if e.id == inv_id)
+    rec: dict[str, Any] = {
+        "id": inv_id, "title": title, "proved": False, "status": "no proof",
+        "bounded": None, "assumed": [], "declared_actions": declared(inv_id), "encoded_actions": [],
+        "invariant_agreement": {"samples": 0, "disagreements": 0}, "transition_agreement": {},
+        "transition_mismatches": 0,
+        "unguarded": {"guard": None, "refuted": False, "named_invariant_violated": False, "trace": ""},
+        "checks": [], "_details": {"inv": [], "mismatch": [], "unsampled": []},
+    }
+    rec = _verdict(rec)
+    rec["_why"].insert(0, f"no Z3 proof: {inv_id} is in the catalog (memspec.spec.invariants) but "
+                          "memspec.invariants.proofs_seed000 has no Proof for it (PROOFS)")
+    return rec
+
+
 def _caching_records(heap: Any, agree: Any = None, c8: Any = None) -> list[dict[str, Any]]:
     """The C rows: the heap encoding of :mod:`memspec.invariants.proofs_caching_heap`
     (one inductive invariant over an arbitrary well-formed heap, so its checks
-    are shared by C1-C7 and C9), each invariant's unguarded variant,
+    are shared by every C row but those of ``NOT_HEAP_ENCODED``: C8), each invariant's unguarded variant,
     encoded/declared from the spec's action table; the transition and
     invariant agreement of that encoding with spec/caching
     (:mod:`memspec.invariants.proofs_caching_agree`, shared by the rows: one
@@ -372,6 +405,7 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
     for p, (res, _cpu) in zip(proofs, by_kind.get("S", [])):
         r, bsets = res
         records.append(_verdict(_seed000_record(p, r, reps, bsets)))
+    records += [_unencoded_record(i) for i in _unencoded_seed000(ids)]
     if want_p1:
         records.append(by_kind["P1"][0][0])
     caching = None
@@ -481,16 +515,43 @@ def _json(records: list[dict[str, Any]], caching: Any, total: float) -> dict[str
     return out
 
 
-#: the rows issue 13's acceptance names
-ACCEPTANCE_IDS = tuple(f"S{i}" for i in range(1, 16)) + tuple(f"C{i}" for i in range(1, 10))
+def catalog_ids() -> tuple[str, ...]:
+    """Every id of the spec's invariant catalogs, in catalog order: seed 000's
+    (:data:`memspec.spec.invariants.CATALOG`) then the caching allocator's
+    (:data:`memspec.spec.caching.invariants.CATALOG`).  Read at each call, never
+    restated here: an invariant added to a catalog is a row of ``memspec prove``."""
+    from memspec.spec import invariants as seed000
+    from memspec.spec.caching import invariants as caching
+
+    return tuple(e.id for e in seed000.CATALOG) + tuple(e.id for e in caching.CATALOG)
 
 
-def check_acceptance(data: dict[str, Any], ids: tuple[str, ...] = ACCEPTANCE_IDS) -> list[str]:
+#: rows of ``memspec prove`` beyond the catalogs: G1 (configuration generations, a proof of
+#: :mod:`memspec.invariants.proofs_seed000` on S15's machine, in ``all_proofs()``) and P1 (progress,
+#: :mod:`memspec.invariants.proofs_progress`, a row of its own with no Z3 ``Proof`` object)
+EXTRA_ROWS = ("G1", "P1")
+
+
+def acceptance_ids() -> tuple[str, ...]:
+    """The rows issue 13's acceptance names: every catalog invariant (:func:`catalog_ids`)."""
+    return catalog_ids()
+
+
+def __getattr__(name: str) -> Any:
+    # ``ACCEPTANCE_IDS``, the former constant, read from the catalogs when asked
+    if name == "ACCEPTANCE_IDS":
+        return acceptance_ids()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def check_acceptance(data: dict[str, Any], ids: tuple[str, ...] | None = None) -> list[str]:
     """Every acceptance field of every row of a ``--json`` file (issue 13): ``proved`` true, ``bounded``
     null, ``assumed`` empty, ``encoded_actions`` covering ``declared_actions``, invariant agreement
     sampled with 0 disagreements, every branch of every encoded action sampled, the unguarded variant
     refuted on the invariant it names.  One line per failing field (empty: all hold); a row missing
-    from the file fails."""
+    from the file fails.  ``ids``: the rows to check (default :func:`acceptance_ids`)."""
+    if ids is None:
+        ids = acceptance_ids()
     rows = data.get("invariants") if isinstance(data, dict) else None
     if not isinstance(rows, dict):
         return ["not a `memspec prove --json` file: no 'invariants' object"]
@@ -538,11 +599,12 @@ def _check_acceptance_file(path: str) -> int:
     except (OSError, ValueError) as e:
         print(f"memspec prove --check-acceptance: cannot read {path}: {e}")
         return 2
-    bad = check_acceptance(data)
+    ids = acceptance_ids()
+    bad = check_acceptance(data, ids)
     for line in bad:
         print(f"FAIL {line}")
     failing = sorted({line.split(":")[0] for line in bad}, key=lambda x: (x[0], int(x[1:]) if x[1:].isdigit() else 0))
-    print(f"acceptance: {len(ACCEPTANCE_IDS) - len(failing)}/{len(ACCEPTANCE_IDS)} rows hold every field"
+    print(f"acceptance: {len(ids) - len(failing)}/{len(ids)} rows hold every field"
           + (f"; failing: {', '.join(failing)}" if failing else ""))
     return 1 if bad else 0
 
@@ -553,9 +615,22 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+def known_ids() -> list[str]:
+    """The ids ``memspec prove`` accepts, in report order: the catalogs' (:func:`catalog_ids`; one
+    with no proof is a row that fails, naming what is missing), every Z3 proof's and :data:`EXTRA_ROWS`."""
+    from memspec.invariants.proofs_catalog import all_proofs
+
+    out = list(catalog_ids())
+    for i in [p.id for p in all_proofs()] + list(EXTRA_ROWS):
+        if i not in out:
+            out.append(i)
+    return out
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="memspec prove", description=__doc__.split("\n\n")[0])
-    ap.add_argument("ids", nargs="*", help="invariant ids (default: all)")
+    ap.add_argument("ids", nargs="*", help="invariant ids: those of the spec's catalogs (seed 000's S rows, the "
+                                           "caching allocator's C rows), G1 and P1 (default: all)")
     ap.add_argument("--samples", type=int, default=400,
                     help="transition-agreement samples per adapter, at most (default 400)")
     ap.add_argument("--per-branch", type=int, default=PER_BRANCH,
@@ -578,7 +653,7 @@ def main(argv: list[str]) -> int:
                     help="plant breaks in encodings, spec actions and kernels; print the kill table (each break "
                          "in a process of its own, --jobs at a time)")
     ap.add_argument("--check-acceptance", metavar="FILE",
-                    help="check every acceptance field of every S1-S15 and C1-C9 row of a --json FILE "
+                    help="check every acceptance field of every catalog row (S and C) of a --json FILE "
                          "(exit 1 naming each failing field); runs no proof")
     ns = ap.parse_args(argv)
     if ns.jobs is not None and ns.jobs < 1:
@@ -594,12 +669,10 @@ def main(argv: list[str]) -> int:
 
         return self_test(jobs=ns.jobs if ns.jobs is not None else default_jobs())
 
-    from memspec.invariants.proofs_catalog import all_proofs
-
-    known = {p.id for p in all_proofs()} | {f"C{i}" for i in range(1, 10)} | {"P1"}
+    known = known_ids()
     unknown = [i for i in ns.ids if i not in known]
     if unknown:
-        print(f"memspec prove: unknown invariant id(s) {unknown}; known: {', '.join(sorted(known))}")
+        print(f"memspec prove: unknown invariant id(s) {unknown}; known: {', '.join(known)}")
         return 2
     records, caching, total = run(ns.ids, ns.samples, ns.inv_samples, ns.seed, not ns.no_caching, ns.depth,
                                   per_branch=ns.per_branch or None,
