@@ -148,13 +148,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-templates", action="store_true", help="no protocol templates (macro-steps)")
     p.add_argument("--json", help="also write the figures here")
     p.add_argument("--set", action="append", default=[], metavar="NAME=INT",
-                   help="set an engine constant for this run (experiments), e.g. FOCUS_STEPS=10")
+                   help="set a constant of the engine or its draws for this run (experiments), e.g. FOCUS_STEPS=10")
     a = p.parse_args(argv)
+    from memspec.invariants import draws as D
     from memspec.invariants import engine as E
 
     for kv in a.set:
         k, _, v = kv.partition("=")
-        setattr(E, k, int(v))
+        mod = D if hasattr(D, k) else E   # the swarm, focus and guidance constants live in draws
+        if not hasattr(mod, k):
+            p.error(f"--set {kv}: no such constant in invariants.draws or invariants.engine")
+        setattr(mod, k, int(v))
     out = measure(a.target, a.examples, a.steps, a.capacity_mib, guide=not a.no_guide, swarm=not a.no_swarm,
                   baseline=a.baseline, templates=not a.no_templates)
     if a.seeds:

@@ -14,6 +14,7 @@ import dataclasses
 
 from typing import Any, Callable
 
+from memspec.invariants import draws as D
 from memspec.invariants import engine as E
 from memspec.invariants.errors import Violation, violation_class
 from memspec.invariants.guard import CallGuard
@@ -707,7 +708,7 @@ LEDGER_MIN_ACTIONS = 10
 
 def _ledger(plan: E.Plan, inv: str) -> bool:
     """``inv`` is the machine's ledger: the rule declared by the most
-    actions, more than :data:`~memspec.invariants.engine.FOCUS_MAX_SHARE`
+    actions, more than :data:`~memspec.invariants.draws.FOCUS_MAX_SHARE`
     of a table of at least :data:`LEDGER_MIN_ACTIONS` (S11, *every byte is
     accounted for*, which 16 of the system's 32 actions move).  Its total
     off together with another rule's figure is a symptom of that step:
@@ -717,7 +718,7 @@ def _ledger(plan: E.Plan, inv: str) -> bool:
     rank = _declared_by(plan)
     n = len(plan.machine.actions)
     top = max(rank.values(), default=0)
-    return n >= LEDGER_MIN_ACTIONS and rank.get(inv, 0) == top > E.FOCUS_MAX_SHARE * n \
+    return n >= LEDGER_MIN_ACTIONS and rank.get(inv, 0) == top > D.FOCUS_MAX_SHARE * n \
         and sum(1 for v in rank.values() if v == top) == 1
 
 

@@ -233,14 +233,14 @@ def learn_protocols(machine: Any, init: dict, actions: list, *, steps: int = LEA
     learned until then.
 
     ``faults``, when given, receives the names of the actions the walk saw
-    answer with a failure path (:func:`~memspec.invariants.engine.failure_path`:
+    answer with a failure path (:func:`~memspec.invariants.draws.failure_path`:
     an outcome whose one answer is *any* error of the contract, a failure
     the caller's arguments injected).  The walk draws each action's
     arguments with ``RandomChooser``, so a failure path a domain draws one
     time in five is seen after a few steps of that action."""
     import random
 
-    from memspec.invariants.engine import failure_path
+    from memspec.invariants.draws import failure_path
 
     from memspec.invariants.choosers import RandomChooser
     from memspec.spec.core import Raises, Returns

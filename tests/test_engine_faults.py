@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 
+from memspec.invariants import draws as D
 from memspec.invariants import engine as E
 from memspec.invariants.choosers import RandomChooser
 from memspec.invariants.planning import make_plan
@@ -20,14 +21,14 @@ from memspec.spec.errors import GrantDenied, MemspecError
 
 def test_a_failure_path_is_an_outcome_that_accepts_any_error_of_the_contract():
     inj = only(MemspecError, blame="S9", describe="injected failure at step 4: rolled back")
-    assert E.failure_path(inj) == "injected failure at step 4: rolled back"
+    assert D.failure_path(inj) == "injected failure at step 4: rolled back"
     # sizes in the description do not make new paths; the step does
     big = only(MemspecError, blame="S9", describe="injected failure at step 5 after 2097152 bytes")
-    assert E.failure_path(big) == "injected failure at step 5 after N bytes"
+    assert D.failure_path(big) == "injected failure at step 5 after N bytes"
     # a refusal the state forces names its class; an outcome with an accepting branch is no failure path
-    assert E.failure_path(only(GrantDenied, blame="S9", describe="4096 > free 0")) is None
-    assert E.failure_path(outcomes(Returns("0"), Raises(MemspecError), blame="S9")) is None
-    assert E.failure_path(None) is None
+    assert D.failure_path(only(GrantDenied, blame="S9", describe="4096 > free 0")) is None
+    assert D.failure_path(outcomes(Returns("0"), Raises(MemspecError), blame="S9")) is None
+    assert D.failure_path(None) is None
 
 
 def _failure_steps(plan, examples: int) -> tuple[int, int]:
@@ -37,7 +38,7 @@ def _failure_steps(plan, examples: int) -> tuple[int, int]:
     orig = E.Run.apply
 
     def apply(self, action, args, choices=None):
-        got.append(E.failure_path(E._spec_outcomes(action, self.state, args)) is not None)
+        got.append(D.failure_path(D._spec_outcomes(action, self.state, args)) is not None)
         return orig(self, action, args, choices)
 
     steps = hit = 0
@@ -65,7 +66,7 @@ def test_the_quota_keeps_failure_paths_the_guidance_would_drop(monkeypatch):
     than ``FAULT_QUOTA`` of an action's failure draws by its hunt."""
     plan = make_plan("reference", "system", capacity=16 * MiB)
     with_q = _failure_steps(plan, 60)
-    monkeypatch.setattr(E, "FAULT_QUOTA", 0)
+    monkeypatch.setattr(D, "FAULT_QUOTA", 0)
     without = _failure_steps(plan, 60)
     assert with_q[0] > without[0] and with_q[1] > without[1], (with_q, without)
 
@@ -79,7 +80,7 @@ def test_a_failure_draw_is_kept_and_counted_per_example():
         for _ in range(40):
             run.step(ch)
         # what the hunt kept, per action: never past the quota; each kept path is named
-        assert all(n <= E.FAULT_QUOTA for n in run._faulted.values()), run._faulted
+        assert all(n <= D.FAULT_QUOTA for n in run._faulted.values()), run._faulted
         assert sum(run._fault_paths.values()) == sum(run._faulted.values())
         kept += sum(run._faulted.values())
         run.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 
+from memspec.invariants import draws as D
 from memspec.invariants import engine as E
 from memspec.invariants.choosers import RandomChooser
 from memspec.invariants.planning import Template, learn_protocols, make_plan
@@ -41,7 +42,7 @@ def test_templates_are_learned_from_the_spec_alone():
 def test_a_script_makes_the_objects_first_then_follows_the_life_then_sweeps():
     plan = _plan()
     tpl = plan.templates["objects of issue_ticket"]
-    names = dict(E.focus_groups(plan))["objects of issue_ticket"]
+    names = dict(D.focus_groups(plan))["objects of issue_ticket"]
     run = E.Run(plan)
     for seed in range(30):
         record: list = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+from memspec.invariants import draws as D
 from memspec.invariants import engine as E
 from memspec.invariants.choosers import RandomChooser, ReplayChooser
 from memspec.invariants.planning import make_plan, protocol_groups
@@ -36,12 +37,12 @@ def test_protocols_are_learned_from_the_spec_alone():
 
 def test_focus_groups_come_from_roles_invariants_and_protocols_and_stay_small():
     plan = _plan()
-    groups = E.focus_groups(plan)
+    groups = D.focus_groups(plan)
     names = {n for n, _ in groups}
     assert "role ExecutionProvider" in names and "invariant S15" in names
     # a ledger every other action moves (S11) is no protocol
     assert "invariant S11" not in names
-    cap = max(2, int(len(plan.actions) * E.FOCUS_MAX_SHARE))
+    cap = max(2, int(len(plan.actions) * D.FOCUS_MAX_SHARE))
     assert all(2 <= len(g) <= cap for _n, g in groups)
     # a learned protocol brings the small roles of its actions: use brings the EP's poll and synchronize
     fence = dict(groups)["objects of allocate_owned"]
@@ -55,14 +56,14 @@ def test_a_focus_gives_its_actions_two_thirds_of_the_draws_each_alike():
     plan = _plan()
     acts = plan.actions
     names = frozenset({"new_stream", "use", "synchronize", "poll"})
-    on, ws = E._focused(acts, list(acts), [a.weight for a in acts], names)
+    on, ws = D._focused(acts, list(acts), [a.weight for a in acts], names)
     w = dict(zip((a.name for a in on), ws))
     infocus = sum(w[n] for n in names)
     assert infocus * 3 >= 2 * sum(ws) * 0.95
     assert len({w[n] for n in names}) == 1          # new_stream as likely as use
     # an action the swarm switched off is switched on when its protocol is the focus
     off = [a for a in acts if a.name != "new_stream"]
-    on2, _ = E._focused(acts, off, [a.weight for a in off], names)
+    on2, _ = D._focused(acts, off, [a.weight for a in off], names)
     assert "new_stream" in {a.name for a in on2}
 
 
