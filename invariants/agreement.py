@@ -37,21 +37,7 @@ from memspec.invariants.proofs import (
     ARR, ARR2, ARR2B, BARR, BOOL, INT, OUTCOMES, Act, Proof, St, _args, at, bv, concrete, fresh, iv, limit,
 )
 from memspec.invariants import z3native as native
-from memspec.spec.core import Raises, Returns
-
-
-class RandomChooser:
-    def __init__(self, rng: random.Random) -> None:
-        self.rng = rng
-
-    def integer(self, lo: int, hi: int) -> int:
-        return self.rng.randint(lo, hi)
-
-    def choice(self, options: Any) -> Any:
-        return self.rng.choice(list(options))
-
-    def boolean(self) -> bool:
-        return self.rng.random() < 0.5
+from memspec.spec.core import RandomChooser, Raises, Returns
 
 
 def outcome_name(branch: Any) -> str:

@@ -379,7 +379,7 @@ def realize(level: str, wanted: list[Goal], *, steps: int = 3000, seed: int = 0,
     import random
 
     from memspec.invariants import engine as E
-    from memspec.invariants.agreement import RandomChooser
+    from memspec.spec.core import RandomChooser
     from memspec.invariants.guard import CallGuard
     from memspec.invariants.planning import make_plan
 

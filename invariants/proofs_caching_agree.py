@@ -936,7 +936,7 @@ MIX = ("malloc",) * 6 + ("free",) * 4 + ("record_stream", "record_stream", "comp
 
 def walk(rep: Agreement, preset: str, capacity: int, streams: int, max_split_size: int, knobs: dict[str, Any],
          steps: int, rng: random.Random, guards: frozenset = frozenset()) -> None:
-    from memspec.invariants.agreement import RandomChooser
+    from memspec.spec.core import RandomChooser
     from memspec.spec import caching as C
 
     st = C.init(policy=preset, capacity=capacity, streams=streams, max_split_size=max_split_size, **knobs)

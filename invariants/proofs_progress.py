@@ -155,7 +155,8 @@ def check_on_spec(samples: int, seed: int) -> ProgressResult:
     """Walk SYSTEM (all its actions, from the ticket walk's init: two cold
     weights loaded) and check :func:`admit_after_releases` at ``samples``
     visited states."""
-    from memspec.invariants.agreement import RandomChooser, follow, pick_branch
+    from memspec.invariants.agreement import follow, pick_branch
+    from memspec.spec.core import RandomChooser
     from memspec.invariants.agreement_adapters import _sys_too_big, _tickets_init
     from memspec.spec.system import SYSTEM
 

@@ -30,11 +30,11 @@ from typing import Any, Callable, Iterator
 import z3
 
 from memspec.invariants import proofs_seed000 as E
-from memspec.invariants.agreement import RandomChooser, follow, pick_branch
+from memspec.invariants.agreement import follow, pick_branch
 from memspec.invariants.forked import forkable
 from memspec.invariants.proofs import Proof, on_ok, outcome, prove, upd
 from memspec.spec import kernels as K
-from memspec.spec.core import Raises, Returns
+from memspec.spec.core import RandomChooser, Raises, Returns
 
 
 @dataclass

@@ -34,6 +34,7 @@ the generic classes for the optional compiled build, ``memspec/native.py``).
 from __future__ import annotations
 
 import inspect
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterable, Protocol, Sequence, TypeVar
 
@@ -235,7 +236,8 @@ def only(error: type[MemspecError], *, blame: str, describe: str = "", touched: 
 # --------------------------------------------------------------------------
 
 class Chooser(Protocol):
-    """Source of choices: Hypothesis ``data.draw`` or a seeded ``random.Random``."""
+    """Source of choices: Hypothesis's choice sequence (:class:`HypothesisChooser`)
+    or a seeded ``random.Random`` (:class:`RandomChooser`)."""
 
     def integer(self, lo: int, hi: int) -> int: ...
     def choice(self, options: Sequence[Any]) -> Any: ...
@@ -271,6 +273,147 @@ def booleans() -> Domain:
 def pick(describe: str, options: Callable[[Any], Sequence[Any]]) -> Domain:
     """One element of ``options(state)`` (e.g. the ids of live handles)."""
     return Domain(describe, lambda s, c: c.choice(options(s)), lambda s: len(options(s)) > 0)
+
+
+# --------------------------------------------------------------------------
+# Choosers: the one seeded chooser, and Hypothesis's
+# --------------------------------------------------------------------------
+
+@mypyc_attr(native_class=False)  # an exception: never a native class of the compiled build
+class SpecError(Exception):
+    """The spec model itself raised while stepping (a bug in the spec, not in
+    the target): a chooser asked for a choice from an empty domain or for a
+    weighted draw over weights that are not positive ints.  The harness
+    (``memspec.invariants.errors``) raises and reports the same class."""
+
+
+_CUMULATIVE: dict = {}
+
+
+def _cumulative(weights: tuple) -> tuple:
+    """Running totals of ``weights`` (cached per weight tuple)."""
+    cum = _CUMULATIVE.get(weights)
+    if cum is None:
+        if not weights or any(not isinstance(w, int) or w <= 0 for w in weights):
+            raise SpecError(f"action weights must be positive ints, got {weights!r}")
+        total, out = 0, []
+        for w in weights:
+            total += w
+            out.append(total)
+        if len(_CUMULATIVE) > 4096:  # swarm testing makes a weight tuple per example
+            _CUMULATIVE.clear()
+        cum = _CUMULATIVE[weights] = tuple(out)
+    return cum
+
+
+def _weighted_index(cum: tuple, k: int) -> int:
+    """The index whose slot ``[cum[i-1], cum[i])`` holds ``k``."""
+    return bisect_right(cum, k)
+
+
+def _choice_by_integer(chooser: Any, options: Sequence[Any]) -> Any:
+    """One of ``options`` by the chooser's own ``integer`` draw (none for a
+    one-value domain); an empty domain is a spec error, never an IndexError."""
+    if not isinstance(options, (list, tuple, range)):
+        options = list(options)
+    n = len(options)
+    if n == 0:
+        raise SpecError("choice from an empty domain")
+    return options[chooser.integer(0, n - 1)] if n > 1 else options[0]
+
+
+class RandomChooser:
+    """The seeded :class:`Chooser` over a ``random.Random`` (every random walk:
+    the spec's own, its documentation's samples, the proofs' agreement walks,
+    the harness's walks), recording the choice sequence in Hypothesis's
+    primitive form (``int`` for an integer or a choice's index, ``bool``)
+    into ``record`` when given, so that a walk replays into Hypothesis.
+
+    A draw over one value (``integer(5, 5)``, a choice of one option) takes
+    nothing from ``rng`` and records it as drawn; :meth:`weighted` is one
+    integer draw over the weights' total, as :class:`HypothesisChooser`'s."""
+
+    __slots__ = ("rng", "record")
+
+    def __init__(self, rng: Any, record: list | None = None) -> None:
+        self.rng = rng
+        self.record = record
+
+    def integer(self, lo: int, hi: int) -> int:
+        v = self.rng.randint(lo, hi) if hi > lo else lo
+        if self.record is not None:
+            self.record.append(v)
+        return v
+
+    def weighted(self, weights: tuple) -> int:
+        """An index drawn with probability proportional to ``weights``:
+        one :meth:`integer` in ``[0, sum(weights))`` (the same recorded draw
+        as :meth:`HypothesisChooser.weighted`)."""
+        cum = _cumulative(weights)
+        return _weighted_index(cum, self.integer(0, cum[-1] - 1))
+
+    def choice(self, options: Sequence[Any]) -> Any:
+        return _choice_by_integer(self, options)
+
+    def boolean(self) -> bool:
+        v = self.rng.random() < 0.5
+        if self.record is not None:
+            self.record.append(v)
+        return v
+
+
+class HypothesisChooser:
+    """Draws through Hypothesis's choice sequence (shrinkable): ``data`` is a
+    ``st.data()`` object or a ``ConjectureData``.
+
+    Uses the low-level ``ConjectureData.draw_integer``/``draw_boolean`` when
+    available (a strategy ``data.draw`` costs about twice as much per draw);
+    ``choice`` draws an index, so its choice sequence is the same as the
+    random walk's (see :class:`RandomChooser`) and a walk can be replayed
+    into Hypothesis for shrinking.
+    """
+
+    __slots__ = ("_int", "_bool", "_cd", "_w", "_cum")
+
+    def __init__(self, data: Any) -> None:
+        cd = getattr(data, "conjecture_data", data)
+        self._cd = None
+        self._w: tuple | None = None   # the last weights drawn by, and their running totals
+        self._cum: tuple = ()
+        if hasattr(cd, "draw_integer") and hasattr(cd, "draw_boolean"):
+            self._cd = cd
+            self._int = cd.draw_integer  # (min_value, max_value)
+            self._bool = cd.draw_boolean
+        else:  # pragma: no cover - older/newer Hypothesis without the low-level API
+            from hypothesis import strategies as st
+
+            self._int = lambda lo, hi: data.draw(st.integers(lo, hi))
+            self._bool = lambda: data.draw(st.booleans())
+
+    def integer(self, lo: int, hi: int) -> int:
+        return self._int(lo, hi)
+
+    def weighted(self, weights: tuple) -> int:
+        """An index drawn with probability proportional to ``weights``: one
+        plain integer draw in ``[0, sum(weights))`` mapped through the
+        cumulative weights (see :func:`_weighted_index`).
+
+        Hypothesis's integer distribution favours 0 a little (about 5% extra
+        here), which lands on the table's first, heaviest action; a plain
+        draw costs about half a ``weights=`` draw, and shrinking still moves
+        towards index 0."""
+        if weights is self._w:
+            cum = self._cum
+        else:
+            cum = self._cum = _cumulative(weights)
+            self._w = weights
+        return bisect_right(cum, self._int(0, cum[-1] - 1))
+
+    def choice(self, options: Sequence[Any]) -> Any:
+        return _choice_by_integer(self, options)
+
+    def boolean(self) -> bool:
+        return bool(self._bool())
 
 
 # --------------------------------------------------------------------------

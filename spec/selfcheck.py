@@ -11,8 +11,10 @@ Two drivers share :func:`spec_step`:
 
 * :func:`state_machine` -- a Hypothesis ``RuleBasedStateMachine`` whose rules
   are generated from the machine's action table (one rule per action,
-  repeated ``weight`` times), choosing through ``data.draw`` (shrinking);
-* :func:`random_walk` -- a plain seeded random walk (fast, no shrinking).
+  repeated ``weight`` times), choosing through Hypothesis's choice sequence
+  (:class:`~memspec.spec.core.HypothesisChooser`: shrinking);
+* :func:`random_walk` -- a plain seeded random walk
+  (:class:`~memspec.spec.core.RandomChooser`: fast, no shrinking).
 """
 
 from __future__ import annotations
@@ -21,42 +23,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from memspec.spec.core import Action, Machine, Raises, Returns
-
-
-class RandomChooser:
-    """:class:`~memspec.spec.core.Chooser` over ``random.Random``."""
-
-    def __init__(self, rng: random.Random) -> None:
-        self.rng = rng
-
-    def integer(self, lo: int, hi: int) -> int:
-        return self.rng.randint(lo, hi)
-
-    def choice(self, options: Sequence[Any]) -> Any:
-        return options[self.rng.randrange(len(options))]
-
-    def boolean(self) -> bool:
-        return self.rng.random() < 0.5
-
-
-class DataChooser:
-    """:class:`~memspec.spec.core.Chooser` over Hypothesis ``data.draw`` (shrinks toward small choices)."""
-
-    def __init__(self, data: Any) -> None:
-        from hypothesis import strategies as st
-
-        self.data = data
-        self.st = st
-
-    def integer(self, lo: int, hi: int) -> int:
-        return self.data.draw(self.st.integers(lo, hi))
-
-    def choice(self, options: Sequence[Any]) -> Any:
-        return options[self.data.draw(self.st.integers(0, len(options) - 1))]
-
-    def boolean(self) -> bool:
-        return self.data.draw(self.st.booleans())
+from memspec.spec.core import Action, HypothesisChooser, Machine, RandomChooser, Raises, Returns
 
 
 def usable(action: Action[Any], state: Any) -> bool:
@@ -146,7 +113,7 @@ def state_machine(machine: Machine[Any], *, capacity: int = 64 * 4096, page: int
         @precondition(lambda self: self.state is not None and usable(act, self.state))
         @rule(data=st.data())
         def run(self: Any, data: Any) -> None:
-            step = spec_step(machine, self.state, act, DataChooser(data))
+            step = spec_step(machine, self.state, act, HypothesisChooser(data))
             counters["steps"] += 1
             assert not step.broken, f"{act.name}({step.args}) -> {step.branch}: broke {step.broken}"
 

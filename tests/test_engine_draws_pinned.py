@@ -59,3 +59,28 @@ def test_a_seeded_run_draws_what_it_drew_before_the_split(pinned):
 @pytest.mark.parametrize("pinned", PINNED[:2], ids=lambda e: f"{e['level']}-{e['seed']}")
 def test_the_walk_chooser_draws_the_same(pinned):
     assert _example(pinned["level"], pinned["seed"], WalkChooser) == pinned
+
+
+def test_one_random_chooser_under_every_former_import_path():
+    """Issue 32: ``spec.selfcheck``, ``invariants.agreement`` and
+    ``invariants.choosers`` each had a ``RandomChooser``; now they all name
+    the spec's one class (``spec.core``), and the walk's ``WalkChooser`` is
+    that class with the same draws; ``spec.selfcheck.DataChooser`` became
+    the spec's ``HypothesisChooser``, which the harness uses too."""
+    from memspec.invariants import agreement, choosers, harness
+    from memspec.invariants.errors import SpecError
+    from memspec.spec import core, selfcheck
+
+    assert selfcheck.RandomChooser is agreement.RandomChooser is choosers.RandomChooser is core.RandomChooser
+    assert harness.RandomChooser is core.RandomChooser
+    assert issubclass(choosers.WalkChooser, core.RandomChooser)
+    assert choosers.HypothesisChooser is selfcheck.HypothesisChooser is core.HypothesisChooser
+    assert not hasattr(selfcheck, "DataChooser")
+    assert SpecError is core.SpecError
+    # a one-value draw takes nothing from the generator (the harness's behaviour, now everyone's)
+    a, b = random.Random(5), random.Random(5)
+    ch = core.RandomChooser(a)
+    assert ch.integer(3, 3) == 3 and ch.choice(["only"]) == "only"
+    assert a.random() == b.random()
+    with pytest.raises(SpecError, match="empty domain"):
+        ch.choice([])

@@ -277,7 +277,8 @@ def test_the_invariant_evaluator_decides_as_the_invariant_built_on_the_state() -
     a broken state included."""
     import random
 
-    from memspec.invariants.agreement import RandomChooser, follow, inv_eval, pick_branch, quantified_counts
+    from memspec.invariants.agreement import follow, inv_eval, pick_branch, quantified_counts
+    from memspec.spec.core import RandomChooser
     from memspec.invariants.agreement_adapters import _mech_init, _s13_state
     from memspec.spec.mechanism import MECHANISM
 

@@ -109,7 +109,8 @@ def test_spec_check_command(capsys):
 def test_witnesses_are_accepted_by_their_own_branches():
     """In every state of a walk, every Returns witness is accepted by its branch's guard."""
     rng = random.Random(5)
-    from memspec.spec.selfcheck import RandomChooser, usable
+    from memspec.spec.core import RandomChooser
+    from memspec.spec.selfcheck import usable
 
     for machine in (MECHANISM, SYSTEM):
         s = machine.init(capacity=64 * 4096, page=4096, virtual_backing=True, shared_mapping=True, ep=True)
