@@ -16,6 +16,14 @@ NEW_ACTIONS = ["malloc:expand", "gc_end:expand", "malloc_retry:expand", "expand:
                "expand:serve", "expand:oom", "expand:retry", "unmap:free", "unmap:cache"]
 
 
+def _rebind(monkeypatch, name: str, value) -> None:  # type: ignore[no-untyped-def]
+    """Rebind ``name`` in the heap encoding's face and in each of its parts that has it
+    (:data:`proofs_caching_heap.PARTS`): the parts call each other's functions directly."""
+    for m in (H, *H.PARTS):
+        if hasattr(m, name):
+            monkeypatch.setattr(m, name, value)
+
+
 def _act(name: str, guards: frozenset = frozenset()) -> H.Act:
     return next(a for a in H.actions(guards) if a.name == name)
 
@@ -72,7 +80,7 @@ def test_planted_encoding_break_map_forgets_reserved_is_caught(monkeypatch) -> N
         out, s2 = orig(s, a)
         return out, s2.set(Rs=s.Rs, Rl=s.Rl)
 
-    monkeypatch.setattr(H, "map_step", forgets)
+    _rebind(monkeypatch, "map_step", forgets)
     res = dict((n, r) for n, r, _t in H.consecution(_act("expand:map"), timeout_ms=60000, only=("reserved",)))
     assert res["reserved"] != "proved", res
 
@@ -84,7 +92,7 @@ def test_planted_encoding_break_unmap_without_merging_is_caught(monkeypatch) -> 
     def no_unmapped_merge(s, b, guards=frozenset(), kind=H.FREE):  # type: ignore[no-untyped-def]
         return orig(s, b, frozenset({"merge-next"}) if kind == H.UNM else guards, kind)
 
-    monkeypatch.setattr(H, "_merge_free", no_unmapped_merge)
+    _rebind(monkeypatch, "_merge_free", no_unmapped_merge)
     res = dict((n, r) for n, r, _t in H.consecution(_act("unmap:cache"), timeout_ms=60000, only=("C3",)))
     assert res["C3"] != "proved", res
 
@@ -115,7 +123,7 @@ def test_agreement_catches_an_encoding_that_maps_without_rounding_to_pages(monke
         need = s.mr - z3.If(s.xh == -1, 0, H.at(s.sz, s.xh))
         return z3.If(need < H.at(s.sz, q), need, H.at(s.sz, q))
 
-    monkeypatch.setattr(H, "map_len", exact)
+    _rebind(monkeypatch, "map_len", exact)
     rep = A.Agreement()
     A.expandable_sweep(rep)
     assert rep.mismatches, "a mapping of the bytes needed, not whole pages, went unnoticed"

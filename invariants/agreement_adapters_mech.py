@@ -1,0 +1,455 @@
+"""Agreement adapters of the mechanism level (spec/mechanism.py MECHANISM): the first
+part of :mod:`memspec.invariants.agreement_adapters` (which assembles them; import
+from there).
+
+S1 / S14 deallocate, S5 VirtualBacking, S13 SharedMapping, S12 mechanism
+reservations; :data:`MECH_ADAPTERS` (extended in :mod:`.agreement_adapters` by the
+ledger model's and the queue's adapters) and the helpers every level shares.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memspec.invariants import proofs_seed000 as E
+from memspec.invariants.agreement import Adapter, AgreementReport, Universe, flatten, walk_and_compare
+from memspec.invariants.proofs import Proof, prefix_values
+
+
+UMAX = 6  # objects of one kind in a sampled state (the walk restarts beyond)
+PAGE = 4096
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _new_slot(u: Universe, kind: str) -> int:
+    n = len(u.idx[kind])
+    u.idx[kind] = {**u.idx[kind], -1 - n: n}
+    return n
+
+
+def _adopt(u: Universe, u2: Universe) -> None:
+    for k, m in u2.idx.items():
+        if len(m) >= len(u.idx.get(k, {})):
+            u.idx[k] = m
+
+
+# ==========================================================================
+# Mechanism level (spec/mechanism.py MECHANISM)
+# ==========================================================================
+
+def _mech_init() -> Any:
+    from memspec.spec.mechanism import init
+
+    return init(capacity=12 * PAGE, page=PAGE, virtual_backing=True, shared_mapping=True, ep=True)
+
+
+def _mech_too_big(s: Any) -> bool:
+    return (len(s.allocations) > UMAX or sum(1 for r in s.reservations.values() if r.kind == "backing") > UMAX
+            or len(s.handles) > UMAX or len(s.mappings) > UMAX)
+
+
+# -- S1 / S14: DeviceAllocator.deallocate ----------------------------------
+
+def _s1_state(s: Any) -> tuple[dict[str, Any], Universe]:
+    """Mechanism level: each allocation, made by the mechanism under test (0)
+    or by its twin (1, a foreign handle); every freed one was freed by its
+    creator unless the spec recorded a foreign free (then: by mechanism -1)."""
+    u = Universe()
+    ix = u.add("alloc", s.allocations)
+    by = (lambda a: -1) if s.foreign_frees else (lambda a: 1 if a.foreign else 0)
+    st = {
+        "astate": (0, {ix[r]: (E.LIVE if a.live else E.FREED) for r, a in s.allocations.items()}),
+        "amech": (0, {ix[r]: (1 if a.foreign else 0) for r, a in s.allocations.items()}),
+        "actx": (0, {}), "fctx": (0, {}), "inst": 0,
+        "fmech": (0, {ix[r]: by(a) for r, a in s.allocations.items() if not a.live}),
+    }
+    return st, u
+
+
+def _s1_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s1_state(s)
+    return st, {"x": u.idx["alloc"][args["handle"]], "m": 0, "c": 0}, u
+
+
+_S1_CMP = ("astate", "amech", "fmech", "fctx", "inst")
+
+
+def _s1_expected(s: Any, u: Universe, value: Any) -> Any:
+    st, u2 = _s1_state(s)
+    _adopt(u, u2)
+    return flatten(st, E.S1.fields, _S1_CMP, u)
+
+
+def _s1_alloc_project(foreign: bool) -> Any:
+    def project(s: Any, args: dict[str, Any], taken: str) -> Any:
+        """A refused allocation (OutOfMemory, InvalidRequest) makes nothing:
+        no S1 record to compare (its accounting is S8's and S11's)."""
+        if taken != "ok":
+            return None
+        st, u = _s1_state(s)
+        return st, {"x": _new_slot(u, "alloc"), "m": 1 if foreign else 0, "c": 0}, u
+    return project
+
+
+def _s14_state(s: Any) -> tuple[dict[str, Any], Universe]:
+    """Every object with an identity (allocations, reservations, physical
+    handles; own or foreign) renumbered densely in creation order, so the
+    identity of object ``i`` is ``i`` and the next identity is their count."""
+    from memspec.spec.state import is_size  # noqa: F401  (the spec's own size rule is not reused here)
+
+    u = Universe()
+    objs: dict[int, Any] = {**s.allocations, **s.reservations, **s.handles}
+    ix = u.add("obj", objs)
+
+    def live(r: int) -> bool:
+        o = objs[r]
+        return (not o.released) if r in s.handles else o.live
+
+    st = {
+        "astate": (0, {ix[r]: (E.LIVE if live(r) else E.FREED) for r in objs}),
+        "gen": (0, {ix[r]: ix[r] for r in objs}),
+        "owner": (0, {ix[r]: ix[r] for r in objs}),
+        "nextgen": len(objs),
+        "addr": (0, {ix[r]: (o.address if r not in s.handles else 0) for r, o in objs.items()}),
+        "addrd": (False, {ix[r]: True for r in s.allocations}),
+        "foreign": (False, {ix[r]: bool(getattr(o, "foreign", False)) for r, o in objs.items()}),
+        "byaddr": (E.NOADDR, {addr: ix[r] for addr, r in s.by_address.items()}),
+    }
+    return st, u
+
+
+def _s14_sys_state(s: Any) -> tuple[dict[str, Any], Universe]:
+    """The system level: the owning objects the binding handed out."""
+    u = Universe()
+    ix = u.add("obj", s.owned)
+    st = {
+        "astate": (0, {ix[r]: (E.LIVE if o.state == "live" else E.FREED) for r, o in s.owned.items()}),
+        "gen": (0, {ix[r]: ix[r] for r in s.owned}), "owner": (0, {ix[r]: ix[r] for r in s.owned}),
+        "nextgen": len(s.owned), "addr": (0, {}), "addrd": (False, {}), "foreign": (False, {}),
+        "byaddr": (E.NOADDR, {}),
+    }
+    return st, u
+
+
+_S14_CMP = ("astate", "addrd", "foreign", "nextgen")
+
+
+def _s14_expected_with(state_fn: Any) -> Any:
+    def expected(s: Any, u: Universe, value: Any) -> Any:
+        st, u2 = state_fn(s)
+        _adopt(u, u2)
+        return flatten(st, E.S14.fields, _S14_CMP, u)
+    return expected
+
+
+def _s14_err(errors: tuple[str, ...], cond: dict[str, bool], taken: str) -> int:
+    """The index (1-based) of the first error outside S14 that the spec state
+    forces (``cond``); else the error the walk follows where the spec only
+    allows one (an OutOfMemory, a page-rounded plan over the budget); else 0."""
+    for i, e in enumerate(errors):
+        if cond.get(e):
+            return i + 1
+    return errors.index(taken) + 1 if taken in errors else 0
+
+
+def _not_size(x: Any) -> bool:
+    return not (isinstance(x, int) and not isinstance(x, bool) and x > 0)
+
+
+def _s14_make_project(errors_of: str, kind: str) -> Any:
+    errors = E._S14_MAKE[errors_of][0]
+
+    def project(s: Any, args: dict[str, Any], taken: str) -> Any:
+        st, u = _s14_state(s) if kind == "mech" else _s14_sys_state(s)
+        size = args["size"]
+        cond = {"InvalidRequest": _not_size(size) or (errors_of == "create" and size % s.page != 0)}
+        if errors_of == "allocate_owned" and not cond["InvalidRequest"]:
+            cond["GrantDenied"] = size > s.free
+        if errors_of == "reserve_owned":
+            cond["Unsupported"] = not s.registry.capabilities[s.registry.installed][0]
+        err = _s14_err(errors, cond, taken)
+        # a fresh address no live allocation owns (the spec's witness picks it after this step)
+        ad = max([0] + [k + 1 for k in st["byaddr"][1]]) if errors_of == "allocate" else 0
+        return st, {"x": _new_slot(u, "obj"), "ad": ad, "err": err}, u
+    return project
+
+
+def _s14_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s14_state(s)
+    return st, {"x": u.idx["obj"][args["handle"]]}, u
+
+
+def _s14_res_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s14_state(s)
+    ref = args["reservation"]
+    r = s.reservations[ref]
+    mapped = r.live and not r.foreign and bool(getattr(r, "backed", ()))
+    return st, {"x": u.idx["obj"][ref], "err": 1 if mapped else 0}, u
+
+
+# -- S5: VirtualBacking ----------------------------------------------------
+
+_S5_SYS_EMPTY = {"free": 0, "ostate": (0, {}), "rcap": (False, {}), "osize": (0, {}), "ocb": (0, {}),
+                 "kst": (0, {}), "kcap": (False, {})}
+
+
+def _s5_state(s: Any, ret: int = 0, answer: int = 0) -> tuple[dict[str, Any], Universe]:
+    u = Universe()
+    res = {r: v for r, v in s.reservations.items() if v.kind == "backing"}
+    ix = u.add("res", res)
+    u.pages = max([v.size // s.page for v in res.values()] + [0]) + 2
+    st = {
+        "cap": s.virtual_backing, "scap": s.shared_mapping, "page": s.page, "capacity": s.capacity,
+        "physical": s.physical, "foreign": s.foreign_bytes,
+        "other": s.eager_bytes + s.shared_bytes + s.private_bytes, "ctot": s.committed_bytes,
+        "absent": s.absent_answered,
+        "rlive": (False, {ix[r]: v.live for r, v in res.items()}),
+        "rforeign": (False, {ix[r]: v.foreign for r, v in res.items()}),
+        "rsize": (0, {ix[r]: v.size for r, v in res.items()}),
+        "pc": {ix[r]: set(v.committed) for r, v in res.items()},
+        "reported": (0, {ix[r]: v.reported for r, v in res.items()}),
+        "answer": answer, "ret": ret, **_S5_SYS_EMPTY,
+    }
+    return st, u
+
+
+_S5_CMP = ("cap", "physical", "ctot", "absent", "rlive", "rforeign", "rsize", "pc", "reported")
+
+
+def _s5_span_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s5_state(s)
+    ref, lo, hi = args["span"]
+    return st, {"r": u.idx["res"][ref], "lo": lo, "hi": hi, "oom": taken == "OutOfMemory"}, u
+
+
+def _s5_ret_expected(s: Any, u: Universe, value: Any) -> Any:
+    st, u2 = _s5_state(s, ret=value if _is_int(value) else 0)
+    _adopt(u, u2)
+    u.pages = max(u.pages, u2.pages)
+    return flatten(st, E.S5.fields, _S5_CMP + ("ret",), u)
+
+
+def _s5_release_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s5_state(s)
+    if args["reservation"] not in u.idx["res"]:
+        return None
+    return st, {"r": u.idx["res"][args["reservation"]]}, u
+
+
+def _s5_reserve_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    from memspec.spec import kernels as K
+
+    st, u = _s5_state(s)
+    size = args["size"]
+    bad = _not_size(size)
+    return st, {"r": _new_slot(u, "res"), "n": s.page if bad else K.round_up(size, s.page), "bad": bad,
+                "oom": taken == "OutOfMemory"}, u
+
+
+def _s5_query_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s5_state(s)
+    return st, {}, u
+
+
+def _s5_query_expected(s: Any, u: Universe, value: Any) -> Any:
+    st, _ = _s5_state(s, answer=0 if value is None else 1)
+    return flatten(st, E.S5.fields, _S5_CMP + ("answer",), u)
+
+
+# -- S13: SharedMapping ----------------------------------------------------
+
+def _s13_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
+    u = Universe()
+    hx = u.add("handle", s.handles)
+    mx = u.add("mapping", s.mappings)
+    shared_res = {r: v for r, v in s.reservations.items() if v.kind == "shared"}
+    rx = u.add("res", shared_res)
+    hs, ms = s.handles, s.mappings
+    st = {
+        "page": s.page, "capacity": s.capacity, "physical": s.physical, "foreign": getattr(s, "foreign_bytes", 0),
+        "shared": s.shared_bytes,
+        "private": s.private_bytes,
+        "hexists": (False, {hx[r]: True for r in hs}),
+        "hsize": (0, {hx[r]: h.size for r, h in hs.items()}),
+        "hreleased": (False, {hx[r]: h.released for r, h in hs.items()}),
+        "hmaps": (0, {hx[r]: h.mappings for r, h in hs.items()}),
+        "hfreed": (False, {hx[r]: h.freed for r, h in hs.items()}),
+        "mlive": (False, {mx[r]: m.live for r, m in ms.items()}),
+        "mh": (0, {mx[r]: hx[m.handle] for r, m in ms.items()}),
+        "msize": (0, {mx[r]: m.size for r, m in ms.items()}),
+        "mro": (False, {mx[r]: m.read_only for r, m in ms.items()}),
+        "mpriv": (False, {mx[r]: m.private for r, m in ms.items()}),
+        "rowrites": s.readonly_writes,
+        "rlive": (False, {rx[r]: v.live for r, v in shared_res.items()}),
+        "ret": ret,
+        "nm": len(ms),
+        "PM": {hx[h]: prefix_values([1 if (m.live and not m.private and m.handle == h) else 0
+                                     for _r, m in sorted(ms.items())]) for h in hs},
+        # the KV part of S13 is the system level's
+        "cap": s.virtual_backing, "scap": s.shared_mapping, "kst": (0, {}), "kown": (0, {}), "korig": (-1, {}),
+        "kpre": (0, {}),
+    }
+    return st, u
+
+
+_S13_CMP = ("physical", "shared", "private", "hexists", "hsize", "hreleased", "hmaps", "hfreed",
+            "mlive", "mh", "msize", "mro", "mpriv", "rowrites", "rlive")
+
+
+def _misplaced(s: Any, ref: int, off: int, size: int) -> bool:
+    """A map that does not fit: misaligned, past the end, or over a backed page."""
+    r = s.reservations[ref]
+    if off % s.page or off + size > r.size or off < 0:
+        return True
+    return any(p in r.backed for p in range(off // s.page, (off + size) // s.page))
+
+
+def _s13_expected(s: Any, u: Universe, value: Any) -> Any:
+    st, u2 = _s13_state(s, ret=value if isinstance(value, int) else 0)
+    # a mapping made by this step gets the next dense index, as in the projection
+    for k in ("handle", "mapping", "res"):
+        if len(u2.idx[k]) > len(u.idx[k]):
+            u.idx[k] = u2.idx[k]
+    return flatten(st, E.S13.fields, _S13_CMP + ("ret",), u)
+
+
+def _s13_create_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s13_state(s)
+    u.idx["handle"] = {**u.idx["handle"], -1: len(u.idx["handle"])}  # the new handle's slot
+    n = args["size"]
+    if not isinstance(n, int) or isinstance(n, bool):
+        return None  # a non-int size: the spec's InvalidRequest, not an arithmetic case
+    return st, {"h": len(s.handles), "n": n, "oom": taken == "OutOfMemory"}, u
+
+
+def _s13_map_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s13_state(s)
+    h = s.handles[args["handle"]]
+    ref, off = args["place"]
+    u.idx["mapping"] = {**u.idx["mapping"], -1: len(u.idx["mapping"])}
+    return st, {"m": len(s.mappings), "h": u.idx["handle"][args["handle"]], "ro": args["read_only"],
+                "r": u.idx["res"][ref], "bad": _misplaced(s, ref, off, h.size)}, u
+
+
+def _s13_mapping_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s13_state(s)
+    mref, res, _off, size = args["mapping"]
+    return st, {"m": u.idx["mapping"][mref], "size": size, "oom": taken == "OutOfMemory"}, u
+
+
+def _s13_handle_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s13_state(s)
+    return st, {"h": u.idx["handle"][args["handle"]]}, u
+
+
+def _s13_write_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s13_state(s)
+    return st, {"m": u.idx["mapping"][args["mapping"][0]]}, u
+
+
+def _s13_free_res_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s13_state(s)
+    ref = args["reservation"]
+    r = s.reservations[ref]
+    return st, {"r": u.idx["res"][ref], "mapped": bool(r.backed)}, u
+
+
+MECH_ADAPTERS = [
+    Adapter("S14", "free", "deallocate", _s14_project, _s14_expected_with(_s14_state), _S14_CMP),
+    Adapter("S14", "release_reservation", "release_reservation", _s14_res_project, _s14_expected_with(_s14_state),
+            _S14_CMP),
+    Adapter("S14", "free_shared_reservation", "free_shared_reservation", _s14_res_project,
+            _s14_expected_with(_s14_state), _S14_CMP),
+] + [
+    Adapter("S14", n, n, _s14_make_project(n, "mech"), _s14_expected_with(_s14_state), _S14_CMP)
+    for n in ("allocate", "create", "reserve", "shared_reserve")
+] + [
+    Adapter("S5", "query_virtual_backing", "query_virtual_backing", _s5_query_project, _s5_query_expected,
+            _S5_CMP + ("answer",)),
+    Adapter("S5", "query_shared_mapping", "query_shared_mapping", _s5_query_project, _s5_query_expected,
+            _S5_CMP + ("answer",)),
+    Adapter("S5", "reserve", "reserve", _s5_reserve_project, _s5_ret_expected, _S5_CMP),
+    Adapter("S5", "committed_bytes", "committed_bytes", _s5_release_project, _s5_ret_expected, _S5_CMP + ("ret",)),
+    Adapter("S5", "commit_range", "commit_range", _s5_span_project, _s5_ret_expected, _S5_CMP + ("ret",)),
+    Adapter("S5", "decommit_range", "decommit_range", _s5_span_project, _s5_ret_expected, _S5_CMP + ("ret",)),
+    Adapter("S5", "release_reservation", "release_reservation", _s5_release_project, _s5_ret_expected, _S5_CMP + ("ret",)),
+    Adapter("S13", "create", "create", _s13_create_project, _s13_expected, _S13_CMP),
+    Adapter("S13", "map", "map", _s13_map_project, _s13_expected, _S13_CMP + ("ret",)),
+    Adapter("S13", "unmap", "unmap", _s13_mapping_project, _s13_expected, _S13_CMP + ("ret",)),
+    Adapter("S13", "copy_on_write", "copy_on_write", _s13_mapping_project, _s13_expected, _S13_CMP + ("ret",)),
+    Adapter("S13", "release_handle", "release_handle", _s13_handle_project, _s13_expected, _S13_CMP + ("ret",)),
+    Adapter("S13", "write_through", "write_through", _s13_write_project, _s13_expected, _S13_CMP),
+    Adapter("S13", "mapping_count", "mapping_count", _s13_handle_project, _s13_expected, _S13_CMP + ("ret",)),
+    Adapter("S13", "free_shared_reservation", "free_shared_reservation", _s13_free_res_project, _s13_expected,
+            _S13_CMP),
+]
+
+
+# -- S12: mechanism reservations keep their address --------------------------
+
+def _aligned_nonempty(lo: int, hi: int, page: int) -> bool:
+    return 0 <= lo < hi and lo % page == 0 and hi % page == 0
+
+
+def _s12_bad(page: int, size: int, committed: Any, lo: int, hi: int, commit: bool) -> bool:
+    """InvalidRange for a reason other than S12's guard (the end past the
+    reservation): misaligned, empty, reversed, a page already (commit) or
+    not (decommit) committed."""
+    if not _aligned_nonempty(lo, hi, page):
+        return True
+    if hi > size:
+        return False  # the guard's case
+    span = range(lo // page, hi // page)
+    return any(p in committed for p in span) if commit else not all(p in committed for p in span)
+
+
+def _s12_mech_state(s: Any) -> tuple[dict[str, Any], Universe]:
+    u = Universe()
+    res = {r: v for r, v in s.reservations.items() if v.kind == "backing"}
+    ix = u.add("res", res)
+    st = {
+        "rstate": (0, {ix[r]: (E.LIVE if v.live else E.FREED) for r, v in res.items()}),
+        "base": (0, {ix[r]: v.address for r, v in res.items()}),
+        "base0": (0, {ix[r]: v.address for r, v in res.items()}),
+        "rsize": (0, {ix[r]: v.size for r, v in res.items()}),
+        "kc": (0, {ix[r]: len(v.committed) * s.page for r, v in res.items()}),
+        "rforeign": (False, {ix[r]: v.foreign for r, v in res.items()}),
+        "nextva": s.w_next_address, "free": 0, "cap": s.virtual_backing, "scap": s.shared_mapping,
+    }
+    return st, u
+
+
+_S12_MECH_CMP = ("rstate", "base", "rsize", "kc")
+
+
+def _s12_mech_project(commit: bool) -> Any:
+    def project(s: Any, args: dict[str, Any], taken: str) -> Any:
+        st, u = _s12_mech_state(s)
+        ref, lo, hi = args["span"]
+        r = s.reservations[ref]
+        return st, {"r": u.idx["res"][ref], "lo": lo, "hi": hi, "oom": taken == "OutOfMemory",
+                    "bad": _s12_bad(s.page, r.size, r.committed, lo, hi, commit)}, u
+    return project
+
+
+def _s12_mech_expected(s: Any, u: Universe, value: Any) -> Any:
+    st, _ = _s12_mech_state(s)
+    return flatten(st, E.S12.fields, _S12_MECH_CMP, u)
+
+
+MECH_ADAPTERS += [
+    Adapter("S12", "commit_range", "commit_range", _s12_mech_project(True), _s12_mech_expected, _S12_MECH_CMP),
+    Adapter("S12", "decommit_range", "decommit_range", _s12_mech_project(False), _s12_mech_expected, _S12_MECH_CMP),
+]
+
+
+def run_mechanism(samples: int, seed: int, inv_samples: int = 0, per_branch: int | None = None,
+                  prior: list[AgreementReport] | None = None) -> list[AgreementReport]:
+    from memspec.spec.mechanism import MECHANISM
+
+    proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS}
+    return walk_and_compare(MECHANISM, _mech_init, MECH_ADAPTERS, proofs, samples, seed, _mech_too_big,
+                            inv_samples=inv_samples, per_branch=per_branch, prior=prior)

@@ -1,0 +1,705 @@
+"""Agreement adapters of the system level (spec/system.py SYSTEM): the second part of
+:mod:`memspec.invariants.agreement_adapters` (which assembles them; import from
+there).
+
+S15 / G1 tickets and generations, S3 selection, S2 charge before commit, S9 growth,
+S12 owning reservations, the small-device and focused walks, S13 read-only prefixes,
+S5 without VirtualBacking; :data:`SYS_ADAPTERS`, :data:`TICKET_ADAPTERS` and
+:func:`run_all`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memspec.invariants import proofs_seed000 as E
+from memspec.invariants.agreement import Adapter, AgreementReport, Universe, flatten, walk_and_compare
+from memspec.invariants.proofs import Proof, prefix_values
+from memspec.invariants.agreement_adapters_mech import (
+    MECH_ADAPTERS, PAGE, UMAX, _S14_CMP, _adopt, _is_int, _mech_init, _mech_too_big, _new_slot, _not_size, _s12_bad,
+    _s14_expected_with, _s14_make_project, _s14_sys_state, run_mechanism,
+)
+
+
+# ==========================================================================
+# System level (spec/system.py SYSTEM)
+# ==========================================================================
+
+def _sys_init() -> Any:
+    from memspec.spec.system import init
+
+    return init(capacity=16 * PAGE, page=PAGE, virtual_backing=True, shared_mapping=True)
+
+
+def _sys_too_big(s: Any) -> bool:
+    return (len(s.grants) > UMAX or len(s.leases) > UMAX or len(s.tickets) > UMAX
+            or sum(1 for o in s.owned.values() if o.kind == "allocation") > UMAX)
+
+
+# -- S15 / G1: pressure tickets and configuration generations ----------------
+
+_TSTATE = {"pending": E.T_PENDING, "granted": E.T_GRANTED, "claimed": E.T_CLAIMED, "cancelled": E.T_CANCELLED,
+           "timed_out": E.T_TIMED_OUT, "failed": E.T_FAILED}
+
+
+def _s15_state(s: Any, out_bytes: int = 0) -> tuple[dict[str, Any], Universe]:
+    u = Universe()
+    tx = u.add("ticket", s.tickets)
+    ts = s.tickets
+    order = [tk for _r, tk in sorted(ts.items())]
+    st = {
+        "cap": s.capacity, "free": s.free, "granted": s.granted, "charged": s.charged,
+        "tstate": (0, {tx[r]: _TSTATE.get(t.state, 9) for r, t in ts.items()}),
+        "held": (0, {tx[r]: t.held for r, t in ts.items()}),
+        "ret": (0, {tx[r]: t.returns for r, t in ts.items()}),
+        "amount": (0, {tx[r]: t.amount for r, t in ts.items()}),
+        "deadline": (0, {tx[r]: t.deadline for r, t in ts.items()}),
+        "tgen": (0, {tx[r]: t.generation for r, t in ts.items()}),
+        "gen": s.generation,
+        "sumheld": s.tickets_held, "sumgr": s.open_grants, "out_bytes": out_bytes, "nt": len(ts),
+        "PP": prefix_values([tk.held if tk.state == "pending" else 0 for tk in order]),
+        "PN": prefix_values([tk.held if tk.state == "granted" else 0 for tk in order]),
+    }
+    return st, u
+
+
+_S15_CMP = ("cap", "free", "granted", "charged", "tstate", "held", "ret", "amount", "deadline", "tgen", "gen")
+
+
+def _s15_expected(s: Any, u: Universe, value: Any) -> Any:
+    n = value if _is_int(value) else getattr(value, "nbytes", 0)
+    st, u2 = _s15_state(s, out_bytes=n if _is_int(n) else 0)
+    _adopt(u, u2)
+    return flatten(st, E.S15.fields, _S15_CMP + ("out_bytes",), u)
+
+
+def _s15_plain_expected(s: Any, u: Universe, value: Any) -> Any:
+    st, u2 = _s15_state(s)
+    _adopt(u, u2)
+    return flatten(st, E.S15.fields, _S15_CMP, u)
+
+
+def _s15_issue_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    amount, _priority, deadline = args["request"]
+    if not _is_int(amount):
+        return None
+    st, u = _s15_state(s)
+    return st, {"t": _new_slot(u, "ticket"), "n": amount, "dl": deadline}, u
+
+
+def _s15_ticket_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s15_state(s)
+    return st, {"t": u.idx["ticket"][args["ticket"]]}, u
+
+
+def _s15_respond_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    """A holder's answer: ``r`` is what its releases refunded -- the value the
+    step returns, filled in by :func:`_s15_respond_expected`.  Skipped when
+    releases are already queued: the answer runs those too (other holders'
+    refunds, outside the encoding)."""
+    if s.queue and taken == "ok":
+        return None
+    st, u = _s15_state(s)
+    enc_args = {"t": u.idx["ticket"][args["answer"][0]], "r": 0}
+    u.enc_args = enc_args  # type: ignore[attr-defined]
+    return st, enc_args, u
+
+
+def _s15_respond_expected(s: Any, u: Universe, value: Any) -> Any:
+    if value is not None:  # an error branch returns nothing: the releases refunded nothing
+        u.enc_args["r"] = value["released"]  # type: ignore[attr-defined]
+    return _s15_plain_expected(s, u, value)
+
+
+def _due(s: Any, now: Any) -> list[int]:
+    t_now, live = now
+    return [r for r in live if 0 < s.tickets[r].deadline <= t_now]
+
+
+def _s15_expire_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    """The spec times out every due ticket; the encoding one ticket ``t``: the
+    due one (ok), or -- when none is due -- a terminal ticket (InvalidTicket)
+    or a live one not due (InvalidRequest), alternating with the clock.
+    Skipped when several are due (several encoded steps)."""
+    due = _due(s, args["now"])
+    if len(due) > 1 or not s.tickets:
+        return None
+    st, u = _s15_state(s)
+    if due:
+        t = due[0]
+    else:
+        terminal = sorted(r for r, tk in s.tickets.items() if _TSTATE[tk.state] in (3, 4, 5, 6))
+        live = sorted(r for r in s.tickets if r not in terminal)
+        pool = (terminal or live) if args["now"][0] % 2 == 0 else (live or terminal)
+        t = pool[len(s.tickets) % len(pool)]
+    return st, {"t": u.idx["ticket"][t], "now": args["now"][0]}, u
+
+
+def _s15_expire_permit(value: Any, enc_args: dict[str, Any]) -> set[str]:
+    return {"ok"} if len(tuple(value)) == 1 else {"InvalidTicket", "InvalidRequest"}
+
+
+def _s15_reconfigure_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s15_state(s)
+    return st, {}, u
+
+
+def _s15_adapters(inv: str) -> list[Adapter]:
+    return [
+        Adapter(inv, "issue_ticket", "issue_ticket", _s15_issue_project, _s15_plain_expected, _S15_CMP),
+        Adapter(inv, "respond", "respond", _s15_respond_project, _s15_respond_expected, _S15_CMP),
+        Adapter(inv, "claim", "claim", _s15_ticket_project, _s15_expected, _S15_CMP + ("out_bytes",)),
+        Adapter(inv, "cancel_ticket", "cancel_ticket", _s15_ticket_project, _s15_expected, _S15_CMP + ("out_bytes",)),
+        Adapter(inv, "expire", "expire", _s15_expire_project, _s15_plain_expected, _S15_CMP,
+                permit=_s15_expire_permit),
+        Adapter(inv, "reconfigure", "reconfigure", _s15_reconfigure_project, _s15_plain_expected, _S15_CMP),
+    ]
+
+
+#: S15's and G1's adapters (one machine, two properties), sampled by :func:`run_tickets`
+TICKET_ADAPTERS = _s15_adapters("S15") + _s15_adapters("G1")
+
+#: the ticket protocol's actions and what it needs (resident cold weights to release): the walk
+#: that samples S15 and G1 runs on these, so that granted tickets (claim ok) are common
+_TICKET_WALK = ("issue_ticket", "respond", "claim", "cancel_ticket", "expire", "reconfigure", "load_weight",
+                "set_hot", "unload_weight")
+
+
+def _tickets_init() -> Any:
+    """SYSTEM's init, then ModelResidency loads two cold weights (spec steps, so
+    the state is reachable): a holder then has bytes to release for a ticket."""
+    from memspec.spec.selfcheck import drive
+    from memspec.spec.system import SYSTEM
+
+    s = _sys_init()
+    for name in ("w1", "w2"):
+        drive(SYSTEM, s, "load_weight", weight=(name, False, s.weights[name].pages * s.page))
+    return s
+
+
+class _Restricted:
+    def __init__(self, machine: Any, names: tuple[str, ...]) -> None:
+        self.actions = [a for a in machine.actions if a.name in names]
+
+
+def run_tickets(samples: int, seed: int, inv_samples: int = 0, per_branch: int | None = None,
+                prior: list[AgreementReport] | None = None) -> list[AgreementReport]:
+    """S15 and G1 on the ticket protocol's actions of SYSTEM (every state it
+    visits is a reachable SYSTEM state: a subset of its actions from its init)."""
+    from memspec.spec.system import SYSTEM
+
+    proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS + E.MORE_PROOFS}
+    ads = [a for a in TICKET_ADAPTERS if a.invariant in proofs]
+    return walk_and_compare(_Restricted(SYSTEM, _TICKET_WALK), _tickets_init, ads, proofs, samples, seed + 15,
+                            _sys_too_big, inv_samples=inv_samples, per_branch=per_branch, prior=prior)
+
+
+# -- S3: selection and capability queries ------------------------------------
+
+def _s3_state(s: Any, answer: int = 0) -> tuple[dict[str, Any], Universe]:
+    reg = s.registry
+    u = Universe()
+    u.add("device", [0])
+    gen = reg.generation if reg.generation is not None else s.w_generation
+    return {"inst": (0, {0: reg.installed}), "gen": (0, {0: gen}), "snap": (0, {}), "snapgen": (-1, {}),
+            "answer": answer}, u
+
+
+def _s3_select_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s3_state(s)
+    return st, {"d": 0, "m": args["mechanism"]}, u
+
+
+def _s3_select_expected(s: Any, u: Universe, value: Any) -> Any:
+    st, _ = _s3_state(s)
+    return flatten(st, E.S3.fields, ("inst", "gen"), u)
+
+
+def _s3_query_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s3_state(s)
+    return st, {"d": 0}, u
+
+
+def _s3_query_expected(s: Any, u: Universe, value: Any) -> Any:
+    st, _ = _s3_state(s, answer=value["mechanism"])
+    return flatten(st, E.S3.fields, ("inst", "gen", "answer"), u)
+
+
+def _s3_alloc_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    """allocate_owned answers which mechanism made the allocation: S3's query
+    (the mechanism installed now).  Its refusals (no grant, OOM, ...) are
+    S8's and S11's, outside S3's encoding."""
+    if taken != "ok":
+        return None
+    return _s3_query_project(s, args, taken)
+
+
+SYS_ADAPTERS = [
+    Adapter("S3", "select", "select", _s3_select_project, _s3_select_expected, ("inst", "gen")),
+    Adapter("S3", "query", "binding_capabilities", _s3_query_project, _s3_query_expected, ("inst", "gen", "answer")),
+    Adapter("S3", "query", "manager_capabilities", _s3_query_project, _s3_query_expected, ("inst", "gen", "answer")),
+    Adapter("S3", "query", "allocate_owned", _s3_alloc_project, _s3_query_expected, ("inst", "gen", "answer")),
+] + [
+    Adapter("S14", n, n, _s14_make_project(n, "sys"), _s14_expected_with(_s14_sys_state), _S14_CMP)
+    for n in ("allocate_owned", "reserve_owned")
+]
+
+
+def run_system(samples: int, seed: int, inv_samples: int = 0, per_branch: int | None = None,
+               prior: list[AgreementReport] | None = None) -> list[AgreementReport]:
+    from memspec.spec.system import SYSTEM
+
+    proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS}
+    return walk_and_compare(SYSTEM, _sys_init, SYS_ADAPTERS, proofs, samples, seed, _sys_too_big,
+                            inv_samples=inv_samples, per_branch=per_branch, prior=prior)
+
+
+def run_all(samples: int = 1000, seed: int = 0, inv_samples: int = 0,
+            per_branch: int | None = None) -> list[AgreementReport]:
+    """Transition agreement on ``samples`` states per adapter (or, with
+    ``per_branch``, until every outcome branch of each adapter's encoded action
+    has ``per_branch`` agreeing samples, at most ``samples``), invariant
+    agreement on the first ``inv_samples`` of them.  The walks focused on rare
+    branches run first: what they sample counts towards the main walks' quotas."""
+    out = (run_small_system(samples, seed, inv_samples, per_branch) + run_focused(samples, seed, inv_samples, per_branch)
+           + run_bare_mechanism(samples, seed, inv_samples, per_branch))
+    out += run_mechanism(samples, seed, inv_samples, per_branch, prior=out)
+    out += run_system(samples, seed, inv_samples, per_branch, prior=out)
+    return out + run_tickets(samples, seed, inv_samples, per_branch, prior=out)
+
+
+# -- owned allocations (used by S4 / S7) --------------------------------------
+
+_ASTATE = {"live": E.LIVE, "queued": E.QUEUED, "freed": E.FREED}
+
+
+def _owned_allocs(s: Any) -> dict[int, Any]:
+    return {r: o for r, o in s.owned.items() if o.kind == "allocation"}
+
+
+# -- S2: charge before commit, per holder --------------------------------------
+
+def _s2_holders() -> dict[str, int]:
+    from memspec.spec.governor import KV, SESSION, WEIGHTS
+
+    return {SESSION: 0, WEIGHTS: 1, KV: 2}
+
+
+def _s2_state(s: Any) -> tuple[dict[str, Any], Universe]:
+    """Installed bytes and charge per holder (session 0, weights 1, KV 2), and free."""
+    u = Universe()
+    hx = _s2_holders()
+    u.add("holder", list(hx.values()))
+    return {"committed": (0, {i: s.physical_by.get(h, 0) for h, i in hx.items()}),
+            "charge": (0, {i: s.charged_by.get(h, 0) for h, i in hx.items()}), "free": s.free}, u
+
+
+_S2_CMP = ("committed", "charge", "free")
+
+
+def _s2_expected(s: Any, u: Universe, value: Any) -> Any:
+    st, _ = _s2_state(s)
+    return flatten(st, E.S2.fields, _S2_CMP, u)
+
+
+def _s2_range_bad(s: Any, span: tuple[int, int, int]) -> bool:
+    """Not a page range inside the reservation, or a page of it committed already (read from the record)."""
+    ref, start, end = span
+    o = s.owned[ref]
+    if not (0 <= start < end <= o.size and start % s.page == 0 and end % s.page == 0):
+        return True
+    return any(p in o.committed for p in range(start // s.page, end // s.page))
+
+
+def _s2_commit_owned_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    ref, start, end = args["span"]
+    st, u = _s2_state(s)
+    return st, {"n": end - start if end > start else 1, "bad_range": _s2_range_bad(s, args["span"]),
+                "oom": taken == "OutOfMemory"}, u
+
+
+def _s2_allocate_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    """The session's footprint is the page-rounded size (the walk's witness);
+    not a positive int: InvalidRequest before any accounting, outside S2."""
+    size = args["size"]
+    if not _is_int(size) or size <= 0:
+        return None
+    st, u = _s2_state(s)
+    return st, {"h": 0, "fp": -(-size // s.page) * s.page, "oom": taken == "OutOfMemory"}, u
+
+
+def _s2_load_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s2_state(s)
+    return st, {"h": 1, "fp": args["weight"][2], "oom": taken == "OutOfMemory"}, u
+
+
+def _s2_reserve_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    """Not a positive int: InvalidRequest before any accounting, outside S2."""
+    n = args["nbytes"]
+    if not _is_int(n) or n <= 0:
+        return None
+    st, u = _s2_state(s)
+    return st, {"n": n}, u
+
+
+def _s2_cancel_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    g = s.grants[args["grant"]]
+    st, u = _s2_state(s)
+    return st, {"gb": g.nbytes, "open": g.state == "open"}, u
+
+
+def _s2_commit_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    ref, actual = args["grant"]
+    g = s.grants[ref]
+    st, u = _s2_state(s)
+    return st, {"h": _s2_holders()[g.holder], "gb": g.nbytes, "actual": actual, "open": g.state == "open"}, u
+
+
+def _s2_grow_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    r, new, fail_at = args["growth"]
+    q = s.kv[r]
+    st, u = _s2_state(s)
+    return st, {"n": -(-new // s.page) * s.page - q.committed, "past": new > q.max_bytes,
+                "refuse": taken == "InvalidRequest", "fail": fail_at in (4, 5), "oom": taken == "OutOfMemory"}, u
+
+
+SYS_ADAPTERS += [
+    Adapter("S2", "commit_owned", "commit_owned", _s2_commit_owned_project, _s2_expected, _S2_CMP),
+    Adapter("S2", "allocate", "allocate_owned", _s2_allocate_project, _s2_expected, _S2_CMP),
+    Adapter("S2", "allocate", "load_weight", _s2_load_project, _s2_expected, _S2_CMP),
+    Adapter("S2", "reserve", "reserve", _s2_reserve_project, _s2_expected, _S2_CMP),
+    Adapter("S2", "cancel", "cancel", _s2_cancel_project, _s2_expected, _S2_CMP),
+    Adapter("S2", "commit", "commit", _s2_commit_project, _s2_expected, _S2_CMP),
+    Adapter("S2", "grow", "kv_grow", _s2_grow_project, _s2_expected, _S2_CMP),
+]
+
+
+# -- S9: KvPageStore growth ---------------------------------------------------
+
+def _s9_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
+    u = Universe()
+    qx = u.add("request", s.kv)
+    st = {
+        "rsize": (0, {qx[r]: q.max_bytes for r, q in s.kv.items()}),
+        "kc": (0, {qx[r]: q.committed for r, q in s.kv.items()}),
+        "view": (0, {qx[r]: q.committed for r, q in s.kv.items()}),
+        "chg": (0, {qx[r]: q.own for r, q in s.kv.items()}),
+        "prefix": (0, {qx[r]: q.prefix for r, q in s.kv.items()}),
+        "free": s.free, "page": s.page, "ret": ret,
+    }
+    return st, u
+
+
+_S9_CMP = ("rsize", "kc", "view", "chg", "free")
+
+
+def _s9_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    r, new, fail_at = args["growth"]
+    st, u = _s9_state(s)
+    return st, {"r": u.idx["request"][r], "nb": new, "fail": fail_at or 0, "oom": taken == "OutOfMemory",
+                "refuse": taken == "InvalidRequest"}, u
+
+
+def _s9_expected(s: Any, u: Universe, value: Any) -> Any:
+    st, _ = _s9_state(s, ret=value if _is_int(value) else 0)
+    return flatten(st, E.S9.fields, _S9_CMP + ("ret",), u)
+
+
+SYS_ADAPTERS.append(Adapter("S9", "grow", "kv_grow", _s9_project, _s9_expected, _S9_CMP + ("ret",)))
+
+
+# -- S12: owning reservations and KV requests keep their address ---------------
+
+def _s12_sys_state(s: Any) -> tuple[dict[str, Any], Universe]:
+    """Owning reservations (base: the address the target reported, base0:
+    the one reserved) and KV requests (the store's stable range, whose
+    address the spec does not see: 0) as one kind of reservation."""
+    u = Universe()
+    res = {r: o for r, o in s.owned.items() if o.kind == "reservation"}
+    ix = u.add("res", {**res, **s.kv})
+    vb, sm = s.registry.capabilities[s.registry.installed]
+    st = {
+        "rstate": (0, {**{ix[r]: (E.LIVE if o.state == "live" else E.FREED) for r, o in res.items()},
+                       **{ix[r]: (E.LIVE if q.state == "open" else E.FREED) for r, q in s.kv.items()}}),
+        "base": (0, {ix[r]: o.address for r, o in res.items()}),
+        "base0": (0, {ix[r]: o.base for r, o in res.items()}),
+        "rsize": (0, {**{ix[r]: o.size for r, o in res.items()}, **{ix[r]: q.max_bytes for r, q in s.kv.items()}}),
+        "kc": (0, {**{ix[r]: len(o.committed) * s.page for r, o in res.items()},
+                   **{ix[r]: q.committed for r, q in s.kv.items()}}),
+        "rforeign": (False, {}), "nextva": s.w_next_address, "free": s.free, "cap": vb, "scap": sm,
+    }
+    return st, u
+
+
+_S12_SYS_CMP = ("rstate", "base", "rsize", "kc", "free")
+
+
+def _s12_sys_expected(cmp: tuple[str, ...]) -> Any:
+    def expected(s: Any, u: Universe, value: Any) -> Any:
+        st, u2 = _s12_sys_state(s)
+        _adopt(u, u2)
+        return flatten(st, E.S12.fields, cmp, u)
+    return expected
+
+
+def _s12_span_project(commit: bool) -> Any:
+    def project(s: Any, args: dict[str, Any], taken: str) -> Any:
+        st, u = _s12_sys_state(s)
+        ref, lo, hi = args["span"]
+        o = s.owned[ref]
+        return st, {"r": u.idx["res"][ref], "lo": lo, "hi": hi, "oom": taken == "OutOfMemory",
+                    "bad": _s12_bad(s.page, o.size, o.committed, lo, hi, commit)}, u
+    return project
+
+
+def _s12_reserve_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    from memspec.spec import kernels as K
+
+    st, u = _s12_sys_state(s)
+    size = args["size"]
+    bad = _not_size(size)
+    return st, {"r": _new_slot(u, "res"), "n": s.page if bad else K.round_up(size, s.page), "bad": bad,
+                "oom": taken == "OutOfMemory"}, u
+
+
+def _s12_kv_open_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    _ref, max_bytes, origin, prefix = args["request"]
+    st, u = _s12_sys_state(s)
+    bad = origin is not None and (prefix > s.kv[origin].own or prefix > max_bytes)
+    return st, {"r": _new_slot(u, "res"), "n": max_bytes, "bad": bad, "oom": False, "prefix": origin is not None}, u
+
+
+def _s12_kv_grow_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    from memspec.spec import kernels as K
+
+    r, new, fail_at = args["growth"]
+    st, u = _s12_sys_state(s)
+    return st, {"r": u.idx["res"][r], "end": K.round_up(new, s.page), "refuse": taken == "InvalidRequest",
+                "fail": fail_at in (4, 5), "oom": taken == "OutOfMemory"}, u
+
+
+SYS_ADAPTERS += [
+    Adapter("S12", "reserve_owned", "reserve_owned", _s12_reserve_project,
+            _s12_sys_expected(("rstate", "base", "base0", "rsize", "kc")), ("rstate", "base", "base0", "rsize", "kc")),
+    Adapter("S12", "kv_open", "kv_open", _s12_kv_open_project, _s12_sys_expected(("rstate", "rsize")),
+            ("rstate", "rsize")),
+    Adapter("S12", "commit", "commit_owned", _s12_span_project(True), _s12_sys_expected(_S12_SYS_CMP), _S12_SYS_CMP),
+    Adapter("S12", "decommit", "decommit_owned", _s12_span_project(False), _s12_sys_expected(_S12_SYS_CMP),
+            _S12_SYS_CMP),
+    Adapter("S12", "kv_grow", "kv_grow", _s12_kv_grow_project, _s12_sys_expected(_S12_SYS_CMP), _S12_SYS_CMP),
+]
+
+
+# -- a small device: reservations larger than it (the OutOfMemory the spec allows) --
+
+def _small_sys_init() -> Any:
+    from memspec.spec.system import init
+
+    return init(capacity=2 * PAGE, page=PAGE, virtual_backing=True, shared_mapping=True)
+
+
+#: spec actions whose OutOfMemory branch needs a size past the device: reserve_owned
+#: draws at most 8 pages, fewer than the main walk's 16
+SMALL_SYS_ADAPTERS = [a for a in SYS_ADAPTERS if a.spec_action == "reserve_owned" and a.invariant in ("S12", "S14")]
+#: (S5's adapters are appended below, where they are defined)
+
+
+def run_small_system(samples: int, seed: int, inv_samples: int = 0, per_branch: int | None = None,
+                     prior: list[AgreementReport] | None = None) -> list[AgreementReport]:
+    from memspec.spec.system import SYSTEM
+
+    proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS}
+    n = max(20, samples // 8)
+    return walk_and_compare(SYSTEM, _small_sys_init, SMALL_SYS_ADAPTERS, proofs, n, seed + 1, _sys_too_big,
+                            inv_samples=min(inv_samples, n), per_branch=per_branch, prior=prior)
+
+
+def _extra_small(n: int, seed: int, inv: int, ids: set[str]) -> list[AgreementReport]:
+    return run_small_system(n, seed, inv) if ids & {"S5", "S12", "S14"} else []
+
+
+# -- focused walks: the spec's own machine restricted to a few of its actions -----
+#
+# Branches the full walk reaches rarely (a KV prefix larger than what its
+# origin committed; a shared reservation freed while still mapped) are
+# reached by walking only the actions that build those states.  The states
+# are reachable in the full machine (the same actions from the same init).
+
+class _Focused:
+    def __init__(self, machine: Any, names: tuple[str, ...]) -> None:
+        self.actions = [a for a in machine.actions if a.name in names]
+
+
+_KV_FOCUS = ("kv_open", "kv_grow", "kv_close")
+_SHARED_FOCUS = ("shared_reserve", "create", "map", "unmap", "free_shared_reservation")
+
+
+def run_focused(samples: int, seed: int, inv_samples: int = 0, per_branch: int | None = None,
+                prior: list[AgreementReport] | None = None) -> list[AgreementReport]:
+    from memspec.spec.mechanism import MECHANISM
+    from memspec.spec.system import SYSTEM
+
+    proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS}
+    n = max(20, samples // 8)
+    kv = [a for a in SYS_ADAPTERS if a.spec_action == "kv_open" and a.invariant in ("S5", "S12", "S13")]
+    sh = [a for a in MECH_ADAPTERS if a.spec_action == "free_shared_reservation" and a.invariant in ("S13", "S14")]
+    n_kv = max(40, samples // 3)  # an oversized prefix is ~3% of kv_open's draws
+    return (walk_and_compare(_Focused(SYSTEM, _KV_FOCUS), _sys_init, kv, proofs, n_kv, seed + 2, _sys_too_big,
+                             inv_samples=min(inv_samples, n_kv), favour=0.1, per_branch=per_branch, prior=prior)
+            + walk_and_compare(_Focused(MECHANISM, _SHARED_FOCUS), _mech_init, sh, proofs, n, seed + 3, _mech_too_big,
+                               inv_samples=min(inv_samples, n), favour=0.1, per_branch=per_branch, prior=prior))
+
+
+def _extra_focused(n: int, seed: int, inv: int, ids: set[str]) -> list[AgreementReport]:
+    return run_focused(n, seed, inv) if ids & {"S5", "S12", "S13", "S14"} else []
+
+
+EXTRA_WALKS = [_extra_small, _extra_focused]
+
+
+# -- S13: KvPageStore read-only prefixes ------------------------------------------
+
+_KST = {"open": 1, "closed": 2, "released": 2}
+
+
+def _s13_sys_state(s: Any) -> tuple[dict[str, Any], Universe]:
+    u = Universe()
+    qx = u.add("request", s.kv)
+    vb, sm = s.registry.capabilities[s.registry.installed]
+    st = {
+        "page": s.page, "capacity": s.capacity, "physical": 0, "foreign": 0, "shared": 0, "private": 0,
+        "hexists": (False, {}), "hsize": (0, {}), "hreleased": (False, {}), "hmaps": (0, {}), "hfreed": (False, {}),
+        "mlive": (False, {}), "mh": (0, {}), "msize": (0, {}), "mro": (False, {}), "mpriv": (False, {}),
+        "rowrites": 0, "ret": 0, "PM": {}, "nm": 0, "rlive": (False, {}), "cap": vb, "scap": sm,
+        "kst": (0, {qx[r]: _KST[q.state] for r, q in s.kv.items()}),
+        "kown": (0, {qx[r]: q.own for r, q in s.kv.items()}),
+        "korig": (-1, {qx[r]: qx[q.prefix_of] for r, q in s.kv.items() if q.prefix_of is not None}),
+        "kpre": (0, {qx[r]: q.prefix for r, q in s.kv.items()}),
+    }
+    return st, u
+
+
+_S13_KV_CMP = ("kst", "kown", "korig", "kpre")
+
+
+def _s13_sys_expected(s: Any, u: Universe, value: Any) -> Any:
+    st, u2 = _s13_sys_state(s)
+    _adopt(u, u2)
+    return flatten(st, E.S13.fields, _S13_KV_CMP, u)
+
+
+def _s13_kv_open_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    _ref, max_bytes, origin, prefix = args["request"]
+    st, u = _s13_sys_state(s)
+    q = _new_slot(u, "request")
+    return st, {"q": q, "n": max_bytes, "org": u.idx["request"][origin] if origin is not None else 0,
+                "p": prefix if origin is not None else 0, "hasorig": origin is not None}, u
+
+
+def _s13_kv_close_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s13_sys_state(s)
+    return st, {"q": u.idx["request"][args["request"]]}, u
+
+
+SYS_ADAPTERS += [
+    Adapter("S13", "kv_open", "kv_open", _s13_kv_open_project, _s13_sys_expected, _S13_KV_CMP),
+    Adapter("S13", "kv_close", "kv_close", _s13_kv_close_project, _s13_sys_expected, _S13_KV_CMP),
+]
+
+
+# -- S5: the binding's reservations and KV requests need VirtualBacking ---------
+
+def _s5_sys_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
+    u = Universe()
+    res = {r: o for r, o in s.owned.items() if o.kind == "reservation"}
+    ox = u.add("res", res)
+    qx = u.add("kv", s.kv)
+    caps = s.registry.capabilities
+    vb, sm = caps[s.registry.installed]
+    st = {
+        "cap": vb, "scap": sm, "page": s.page, "capacity": s.capacity, "physical": 0, "foreign": 0, "other": 0,
+        "ctot": 0, "absent": 0, "rlive": (False, {}), "rforeign": (False, {}), "rsize": (0, {}), "pc": {},
+        "reported": (0, {}), "answer": 0, "ret": ret, "free": s.free,
+        "ostate": (0, {ox[r]: (E.LIVE if r in s.reservations else E.FREED) for r in res}),
+        "rcap": (False, {ox[r]: caps[o.creator][0] for r, o in res.items()}),
+        "osize": (0, {ox[r]: o.size for r, o in res.items()}),
+        "ocb": (0, {ox[r]: len(o.committed) * s.page for r, o in res.items()}),
+        "kst": (0, {qx[r]: (E.LIVE if q.state == "open" else E.FREED) for r, q in s.kv.items()}),
+        "kcap": (False, {qx[r]: caps[q.creator][0] for r, q in s.kv.items()}),
+    }
+    return st, u
+
+
+def _s5_sys_expected(cmp: tuple[str, ...]) -> Any:
+    def expected(s: Any, u: Universe, value: Any) -> Any:
+        facts = getattr(value, "facts", None)  # commit_owned returns Seen(None, {"bytes": ..., "address": ...})
+        ret = facts.get("bytes", 0) if isinstance(facts, dict) else 0
+        st, u2 = _s5_sys_state(s, ret=ret if _is_int(ret) else 0)
+        _adopt(u, u2)
+        return flatten(st, E.S5.fields, cmp, u)
+    return expected
+
+
+def _s5_reserve_owned_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    from memspec.spec import kernels as K
+
+    st, u = _s5_sys_state(s)
+    size = args["size"]
+    bad = _not_size(size)
+    return st, {"r": _new_slot(u, "res"), "n": s.page if bad else K.round_up(size, s.page), "bad": bad,
+                "oom": taken == "OutOfMemory"}, u
+
+
+def _s5_commit_owned_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s5_sys_state(s)
+    ref, lo, hi = args["span"]
+    o = s.owned[ref]
+    return st, {"r": u.idx["res"][ref], "lo": lo, "hi": hi, "oom": taken == "OutOfMemory",
+                "bad": _s12_bad(s.page, o.size, o.committed, lo, hi, True)}, u
+
+
+def _s5_kv_open_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    _ref, max_bytes, origin, prefix = args["request"]
+    st, u = _s5_sys_state(s)
+    bad = origin is not None and (prefix > s.kv[origin].own or prefix > max_bytes)
+    return st, {"q": _new_slot(u, "kv"), "bad": bad, "prefix": origin is not None}, u
+
+
+_S5_OWN_CMP = ("ostate", "rcap", "osize", "ocb", "free")
+SYS_ADAPTERS += [
+    Adapter("S5", "reserve_owned", "reserve_owned", _s5_reserve_owned_project, _s5_sys_expected(_S5_OWN_CMP),
+            _S5_OWN_CMP),
+    Adapter("S5", "commit_owned", "commit_owned", _s5_commit_owned_project,
+            _s5_sys_expected(_S5_OWN_CMP + ("ret",)), _S5_OWN_CMP + ("ret",)),
+    Adapter("S5", "kv_open", "kv_open", _s5_kv_open_project, _s5_sys_expected(("kst", "kcap")), ("kst", "kcap")),
+]
+
+
+# on a small device reserve_owned may be refused (OutOfMemory) and commit_owned outruns the budget (GrantDenied)
+SMALL_SYS_ADAPTERS += [a for a in SYS_ADAPTERS if a.invariant == "S5" and a.spec_action in ("reserve_owned", "commit_owned")]
+
+
+# -- S5: a mechanism without VirtualBacking or SharedMapping answers None -------
+
+def _bare_mech_init() -> Any:
+    from memspec.spec.mechanism import init
+
+    return init(capacity=12 * PAGE, page=PAGE, virtual_backing=False, shared_mapping=False, ep=True)
+
+
+def run_bare_mechanism(samples: int, seed: int, inv_samples: int = 0, per_branch: int | None = None,
+                       prior: list[AgreementReport] | None = None) -> list[AgreementReport]:
+    from memspec.spec.mechanism import MECHANISM
+
+    proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS}
+    ads = [a for a in MECH_ADAPTERS if a.invariant == "S5" and a.spec_action.startswith("query_")]
+    n = max(20, samples // 8)
+    return walk_and_compare(MECHANISM, _bare_mech_init, ads, proofs, n, seed + 4, _mech_too_big,
+                            inv_samples=min(inv_samples, n), per_branch=per_branch, prior=prior)
+
+
+def _extra_bare(n: int, seed: int, inv: int, ids: set[str]) -> list[AgreementReport]:
+    return run_bare_mechanism(n, seed, inv) if "S5" in ids else []
+
+
+EXTRA_WALKS.append(_extra_bare)

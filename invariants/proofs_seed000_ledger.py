@@ -1,0 +1,786 @@
+"""Z3 encodings of seed 000's invariants S8 through S11: the second part of
+:mod:`memspec.invariants.proofs_seed000` (which assembles them; import from there).
+
+S8 exact-accounting and S11 ledger-conservation (ONE ledger model: every action of the
+Governor, the holders and the queue on one state), S9 transactional-growth, S10
+context-pinned.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import z3
+
+from memspec.invariants.z3fast import And, Implies, Not, Or
+from memspec.invariants.proofs import (
+    ARR, ARR2, ARR2B, BARR, BOOL, CODE, INT, OK, PENDING, Act, Proof, St, at, count_append, count_change, merge, on_ok,
+    outcome, prefix_append, prefix_change, prefix_count, prefix_sum, upd,
+)
+from memspec.spec import kernels as K
+from memspec.invariants.proofs_seed000_objects import (
+    F0, FREED, LIVE, NONE, QUEUED, T_CANCELLED, T_CLAIMED, T_FAILED, T_GRANTED, T_PENDING, T_TIMED_OUT, Z0, _X,
+    _terminal, alive, catalog,
+)
+
+
+# ==========================================================================
+# S8 exact-accounting and S11 ledger-conservation: ONE ledger model
+# (mirrors spec/governor.py, spec/manager.py, spec/holders.py, spec/ep.py,
+# spec/vmm.py commit_owned, spec/eager.py allocate/deallocate)
+#
+# The Governor's ledger (cap, free, granted, charged), the spec's running
+# totals (open grants ``og``, ticket holdings ``th``, per holder: charge
+# ``cb``, live footprints ``lb``, queued refunds ``qb``, unrefunded leases
+# ``lsb``) and the records they summarise: grants, tickets, and *charge
+# items* -- every charged thing a holder has: an owning allocation, a weight,
+# an owning reservation's committed bytes, a KV request's own pages (live),
+# a release waiting in the deferred-free queue (queued), a lease.  Each
+# summary is checked by a prefix-sum ghost over dense ids (keyed by holder
+# for the per-holder ones), part of the invariant, so nothing is assumed.
+# What the tickets hold is split in two ghosts, pending (``PTP``) and the
+# rest (``PTG``), so that reconfigure's "every pending ticket gives its bytes
+# back" is one step (as S15's machine does it).
+# The device side (mechanism level): physical bytes against capacity, the
+# sum of what the live mechanism objects hold (*device objects*: own
+# allocations, backing reservations' committed bytes, physical handles not
+# freed, private copies of mappings; a live shared mapping holds no bytes of
+# its own, its handle does).
+# ==========================================================================
+
+def _ledger(s: St) -> K.Ledger:
+    return K.Ledger(s.cap, s.free, s.granted, s.charged)
+
+
+def _with_ledger(s: St, l: K.Ledger, **kw: Any) -> St:
+    return s.set(cap=l.capacity, free=l.free, granted=l.granted, charged=l.charged, **kw)
+
+
+SESSION_H, WEIGHTS_H, KV_H = 0, 1, 2          # the spec's holders
+HOLDERS_H = (SESSION_H, WEIGHTS_H, KV_H)
+G_OPEN, G_COMMITTED, G_CANCELLED = 1, 2, 3    # grant states
+I_LIVE, I_QUEUED, I_LEASE, I_GONE = 1, 2, 3, 4  # charge-item states
+K_ALLOC, K_WEIGHT, K_KV, K_LEASE, K_PIECE, K_RES = 1, 2, 3, 4, 5, 6  # charge-item kinds
+
+
+def _kput(P2: Any, n: Any, key: Any, v: Any) -> Any:
+    """Keyed prefix sums after appending id ``n`` contributing ``v`` under ``key``."""
+    k = z3.Int("kp_k")
+    return z3.Lambda([k], prefix_append(at(P2, k), n, z3.If(k == key, v, 0)))
+
+
+def _kchg(P2: Any, x: Any, key: Any, d: Any) -> Any:
+    """Keyed prefix sums after id ``x``'s contribution under ``key`` changed by ``d``."""
+    k = z3.Int("kc_k")
+    return z3.Lambda([k], prefix_change(at(P2, k), x, z3.If(k == key, d, 0)))
+
+
+_BUCKETS = (("PLV", I_LIVE), ("PQ", I_QUEUED), ("PLS", I_LEASE))
+
+
+def _contrib(st: Any, b: Any, which: int) -> Any:
+    return z3.If(st == which, b, 0)
+
+
+def _charged(st: Any, b: Any) -> Any:
+    """What an item adds to ``charged``: its bytes while live, queued or a lease."""
+    return z3.If(And(st >= I_LIVE, st <= I_LEASE), b, 0)
+
+
+#: the holder every kind of charge item belongs to (a queued piece: any)
+_KIND_HOLDER = {K_ALLOC: SESSION_H, K_WEIGHT: WEIGHTS_H, K_KV: KV_H, K_LEASE: SESSION_H, K_RES: SESSION_H}
+
+
+def _item_set(s: St, x: Any, nst: Any, nb: Any) -> St:
+    """Charge item ``x`` (existing) now in state ``nst`` with ``nb`` bytes: the ghosts follow."""
+    h, st, b = at(s.ih, x), at(s.ist, x), at(s.ib, x)
+    kw = {P: _kchg(s[P], x, h, _contrib(nst, nb, w) - _contrib(st, b, w)) for P, w in _BUCKETS}
+    return s.set(ist=upd(s.ist, x, nst), ib=upd(s.ib, x, nb), PC=prefix_change(s.PC, x, _charged(nst, nb) - _charged(st, b)),
+                 **kw)
+
+
+def _item_new(s: St, h: Any, kind: int, nst: int, b: Any) -> St:
+    """A new charge item (id ``n``) of holder ``h``."""
+    kw = {P: _kput(s[P], s.n, h, _contrib(z3.IntVal(nst), b, w)) for P, w in _BUCKETS}
+    return s.set(ist=upd(s.ist, s.n, nst), ih=upd(s.ih, s.n, h), ik=upd(s.ik, s.n, kind), ib=upd(s.ib, s.n, b),
+                 PC=prefix_append(s.PC, s.n, _charged(z3.IntVal(nst), b)), n=s.n + 1, **kw)
+
+
+def _hadd(arr: Any, h: Any, d: Any) -> Any:
+    return upd(arr, h, at(arr, h) + d)
+
+
+def _charge(s: St, h: Any, planned: Any, fp: Any, **kw: Any) -> St:
+    """governor.charge_at_footprint: grant ``planned``, charge the footprint ``fp`` to ``h``."""
+    l = K.commit_grant(K.grant(_ledger(s), planned), planned, fp)
+    return _with_ledger(s, l, cb=_hadd(s.cb, h, fp), **kw)
+
+
+def _refund(s: St, h: Any, b: Any, **kw: Any) -> St:
+    """ep.refund: a charge of ``b`` bytes of holder ``h`` released."""
+    return _with_ledger(s, K.refund(_ledger(s), b), cb=_hadd(s.cb, h, -b), **kw)
+
+
+# -- the Governor: grants and leases (spec/governor.py) ---------------------
+
+def _l_reserve(check: bool):
+    def step(s: St, a: St):
+        l = _ledger(s)
+        pairs = [(a.nb <= 0, "InvalidRequest")]
+        if check:
+            pairs.append((Not(K.can_grant(l, a.nb)), "GrantDenied"))
+        return on_ok(outcome(*pairs), s, _with_ledger(s, K.grant(l, a.nb), gst=upd(s.gst, a.g, G_OPEN),
+                                                     gb=upd(s.gb, a.g, a.nb), og=s.og + a.nb,
+                                                     PG=prefix_append(s.PG, s.ng, a.nb), ng=s.ng + 1))
+    return step
+
+
+def _l_commit(check: bool):
+    def step(s: St, a: St):
+        b = at(s.gb, a.g)
+        pairs = [(at(s.gst, a.g) != G_OPEN, "InvalidRequest")] if check else []
+        pairs.append((Not(K.can_commit(_ledger(s), b, a.actual)), "GrantDenied"))
+        s1 = _with_ledger(s, K.commit_grant(_ledger(s), b, a.actual), gst=upd(s.gst, a.g, G_COMMITTED), og=s.og - b,
+                          PG=prefix_change(s.PG, a.g, -b if check else -_contrib(at(s.gst, a.g), b, G_OPEN)),
+                          cb=_hadd(s.cb, SESSION_H, a.actual), lsb=_hadd(s.lsb, SESSION_H, a.actual))
+        return on_ok(outcome(*pairs), s, _item_new(s1, SESSION_H, K_LEASE, I_LEASE, a.actual))
+    return step
+
+
+def _l_cancel(s: St, a: St):
+    b = at(s.gb, a.g)
+    out = outcome((at(s.gst, a.g) != G_OPEN, "InvalidRequest"))
+    return on_ok(out, s, _with_ledger(s, K.cancel_grant(_ledger(s), b), gst=upd(s.gst, a.g, G_CANCELLED),
+                                      og=s.og - b, ret=b, PG=prefix_change(s.PG, a.g, -b)))
+
+
+def _l_refund_lease(s: St, a: St):
+    b, h = at(s.ib, a.x), at(s.ih, a.x)
+    out = outcome((at(s.ist, a.x) != I_LEASE, "InvalidRequest"))
+    s1 = _refund(s, h, b, lsb=_hadd(s.lsb, h, -b), ret=b)
+    return on_ok(out, s, _item_set(s1, a.x, I_GONE, b))
+
+
+# -- the allocation transaction (spec/manager.py, holders.py, vmm.py) --------
+
+def _l_allocate_owned(s: St, a: St):
+    """allocate_owned: grant ``size``, allocate (the device may refuse:
+    ``oom``), commit the charge at the footprint (which must fit, else the
+    plan is refused); every failure returns the grant."""
+    l0 = _ledger(s)
+    l1 = K.grant(l0, a.size)
+    out = outcome((a.size <= 0, "InvalidRequest"), (Not(K.can_grant(l0, a.size)), "GrantDenied"),
+                  (a.oom, "OutOfMemory"), (Not(K.can_commit(l1, a.size, a.fp)), "GrantDenied"))
+    s1 = _charge(s, SESSION_H, a.size, a.fp, lb=_hadd(s.lb, SESSION_H, a.fp))
+    return on_ok(out, s, _item_new(s1, SESSION_H, K_ALLOC, I_LIVE, a.fp))
+
+
+def _l_load_weight(s: St, a: St):
+    out = outcome((Not(K.can_grant(_ledger(s), a.nb)), "GrantDenied"), (a.oom, "OutOfMemory"))
+    s1 = _charge(s, WEIGHTS_H, a.nb, a.nb, lb=_hadd(s.lb, WEIGHTS_H, a.nb))
+    return on_ok(out, s, _item_new(s1, WEIGHTS_H, K_WEIGHT, I_LIVE, a.nb))
+
+
+def _l_commit_owned(s: St, a: St):
+    """commit_owned on reservation item ``x``: charge-then-commit ``nb`` bytes."""
+    out = outcome((a.bad, "InvalidRange"), (Not(K.can_grant(_ledger(s), a.nb)), "GrantDenied"),
+                  (a.oom, "OutOfMemory"))
+    s1 = _charge(s, SESSION_H, a.nb, a.nb, lb=_hadd(s.lb, SESSION_H, a.nb))
+    return on_ok(out, s, _item_set(s1, a.x, I_LIVE, at(s.ib, a.x) + a.nb))
+
+
+def _l_kv_grow(s: St, a: St):
+    """kv_grow of request item ``x`` by ``d`` bytes (the page-rounded growth):
+    ``past``: beyond max_bytes; ``refuse``: nothing to grow answered
+    InvalidRequest; ``fail``: a failure injected at step 4/5; ``oom``."""
+    out = outcome((a.past, "InvalidRange"), (And(a.d <= 0, a.refuse), "InvalidRequest"), (a.d <= 0, "ok"),
+                  (Not(K.can_grant(_ledger(s), a.d)), "GrantDenied"), (a.fail, "MemspecError"),
+                  (a.oom, "OutOfMemory"))
+    s1 = _item_set(_charge(s, KV_H, a.d, a.d, lb=_hadd(s.lb, KV_H, a.d)), a.x, I_LIVE, at(s.ib, a.x) + a.d)
+    return out, merge(And(out == OK, a.d > 0), s1, s)
+
+
+# -- releases: drop, unload, the deferred-free queue (spec/ep.py) -------------
+
+def _enqueue(s: St, x: Any) -> St:
+    """drop_owned: a live item's footprint moves from live to queued (never refunded here)."""
+    h, b = at(s.ih, x), at(s.ib, x)
+    return _item_set(s.set(lb=_hadd(s.lb, h, -b), qb=_hadd(s.qb, h, b)), x, I_QUEUED, b)
+
+
+def _run(s: St, x: Any) -> St:
+    """ep.run_entry: a queued release runs; its holder's charge is refunded."""
+    h, b = at(s.ih, x), at(s.ib, x)
+    return _item_set(_refund(s, h, b, qb=_hadd(s.qb, h, -b)), x, I_GONE, b)
+
+
+def _l_drop(s: St, a: St):
+    out = outcome((at(s.ist, a.x) != I_LIVE, "DoubleFree"))
+    return on_ok(out, s, _enqueue(s, a.x))
+
+
+def _l_unload(s: St, a: St):
+    return on_ok(z3.IntVal(OK), s, _enqueue(s, a.x))
+
+
+def _l_poll(s: St, a: St):
+    """poll runs the releases whose fences are done, one release per step
+    (``run_done`` runs them one after another); ``none``: nothing was done."""
+    return on_ok(z3.IntVal(OK), s, merge(a.none, s, _run(s, a.x)))
+
+
+# -- pressure tickets (spec/governor.py, holders.py respond) ----------------
+
+def _tpend(st: Any, h: Any) -> Any:
+    """What a ticket in state ``st`` holding ``h`` adds to the pending ghost ``PTP``."""
+    return z3.If(st == T_PENDING, h, 0)
+
+
+def _trest(st: Any, h: Any) -> Any:
+    """... and to ``PTG`` (every other state; a terminal ticket holds 0)."""
+    return z3.If(st == T_PENDING, 0, h)
+
+
+def _tmove(s: St, t: Any, st2: Any, h2: Any) -> dict[str, Any]:
+    """The ticket ghosts after ticket ``t`` goes to state ``st2`` holding ``h2``."""
+    st, h = at(s.tst, t), at(s.tb, t)
+    return {"PTP": prefix_change(s.PTP, t, _tpend(st2, h2) - _tpend(st, h)),
+            "PTG": prefix_change(s.PTG, t, _trest(st2, h2) - _trest(st, h))}
+
+
+def _tend(s: St, t: Any, st: int) -> St:
+    """governor.ticket_end: the ticket's holdings go back to free, once."""
+    h = at(s.tb, t)
+    return _with_ledger(s, K.return_grant(_ledger(s), h), tst=upd(s.tst, t, st), tb=upd(s.tb, t, 0), th=s.th - h,
+                        ret=h, **_tmove(s, t, z3.IntVal(st), z3.IntVal(0)))
+
+
+def _l_claim(s: St, a: St):
+    out = outcome((at(s.tst, a.t) != T_GRANTED, "InvalidTicket"))
+    h = at(s.tb, a.t)
+    return on_ok(out, s, s.set(tst=upd(s.tst, a.t, T_CLAIMED), tb=upd(s.tb, a.t, 0), th=s.th - h, og=s.og + h, ret=h,
+                               **_tmove(s, a.t, z3.IntVal(T_CLAIMED), z3.IntVal(0)),
+                               gst=upd(s.gst, a.g, G_OPEN), gb=upd(s.gb, a.g, h),
+                               PG=prefix_append(s.PG, s.ng, h), ng=s.ng + 1))
+
+
+def _l_cancel_ticket(s: St, a: St):
+    out = outcome((_terminal(at(s.tst, a.t)), "InvalidTicket"))
+    return on_ok(out, s, _tend(s, a.t, T_CANCELLED))
+
+
+def _l_expire(s: St, a: St):
+    """expire times out every due live ticket, one ticket per step; ``none``: none due."""
+    return on_ok(z3.IntVal(OK), s, merge(a.none, s, _tend(s, a.t, T_TIMED_OUT)))
+
+
+def _l_reconfigure(s: St, a: St):
+    """reconfigure: a new generation (not part of the ledger); every pending
+    ticket fails at once, and what they hold (``PTP[nt]``) goes back to free."""
+    i = z3.Int("l_rc_i")
+    pend = lambda x: at(s.tst, x) == T_PENDING  # noqa: E731
+    back = at(s.PTP, s.nt)
+    return on_ok(z3.IntVal(OK), s, _with_ledger(
+        s, K.return_grant(_ledger(s), back), th=s.th - back,
+        tst=z3.Lambda([i], z3.If(pend(i), T_FAILED, at(s.tst, i))), tb=z3.Lambda([i], z3.If(pend(i), 0, at(s.tb, i))),
+        PTP=Z0()))
+
+
+def _l_respond(s: St, a: St):
+    """A holder answers ticket ``t``: ``mode`` 0 nothing released; 1 a queued
+    release ``x`` of its own ran (0 reported); 2 the cold weight ``x`` was its
+    victim: dropped, run, and its bytes reported.  The reported bytes move
+    from free into the ticket (ticket_receive)."""
+    out = outcome((_terminal(at(s.tst, a.t)), "InvalidTicket"))
+    h, b, st0 = at(s.ih, a.x), at(s.ib, a.x), at(s.ist, a.x)
+    # the release runs: a queued one (mode 1), or the victim's, queued and run at once (mode 2: live ->
+    # refunded, its queued bytes come and go); either way the item's charge is refunded
+    gone = _item_set(_refund(s, h, b, lb=_hadd(s.lb, h, -_contrib(st0, b, I_LIVE)),
+                             qb=_hadd(s.qb, h, -_contrib(st0, b, I_QUEUED))), a.x, I_GONE, b)
+    ran = merge(a.mode == 0, s, gone)
+    r = K.ite(a.mode == 2, at(s.ib, a.x), 0)
+    held = at(s.tb, a.t) + r
+    nst = K.ite(And(at(s.tst, a.t) == T_PENDING, held >= at(s.ta, a.t)), T_GRANTED, at(s.tst, a.t))
+    s1 = _with_ledger(ran, K.grant_from_free(_ledger(ran), r), tb=upd(s.tb, a.t, held), tst=upd(s.tst, a.t, nst),
+                      th=s.th + r, **_tmove(ran, a.t, nst, held))
+    return on_ok(out, s, s1)
+
+
+# -- the device (mechanism level: spec/eager.py, vmm.py, shared.py) ----------
+# Device objects ``mst``/``mb`` (kind ``mk``): an own allocation (its
+# footprint), a backing reservation (its committed bytes), a physical handle
+# (its size; ``hrel``: its creator released it, ``hmaps``: its mapping
+# count), a mapping of handle ``mh`` (live shared: M_SHARED, no bytes of its
+# own; after copy-on-write: live, its private bytes).  A foreign object (made
+# by the twin) and a reservation that is misused in a way S11 does not talk
+# about (a misaligned range, a page already (not) committed) are the
+# arguments ``foreign`` / ``bad``; the twin's share of the device, ``oom``.
+
+M_ALLOC, M_RES, M_HANDLE, M_MAP = 1, 2, 3, 4  # device-object kinds
+M_SHARED = 5                                 # a live mapping on its handle's pages (no bytes of its own)
+
+
+def _m_new(s: St, kind: int, b: Any, **kw: Any) -> St:
+    """A new live device object (id ``nm``) of ``b`` bytes: the device takes them."""
+    return s.set(phys=s.phys + b, mst=upd(s.mst, s.nm, I_LIVE), mb=upd(s.mb, s.nm, b), mk=upd(s.mk, s.nm, kind),
+                 PMB=prefix_append(s.PMB, s.nm, b), nm=s.nm + 1, **kw)
+
+
+def _m_set(s: St, x: Any, nst: Any, nb: Any) -> St:
+    """Device object ``x`` now in state ``nst`` holding ``nb``: physical bytes and the ghost follow."""
+    d = _contrib(nst, nb, I_LIVE) - _contrib(at(s.mst, x), at(s.mb, x), I_LIVE)
+    return s.set(phys=s.phys + d, mst=upd(s.mst, x, nst), mb=upd(s.mb, x, nb), PMB=prefix_change(s.PMB, x, d))
+
+
+def _m_allocate(check: bool):
+    def step(s: St, a: St):
+        pairs = [(Or(a.size <= 0, a.bad_align), "InvalidRequest")]
+        if check:
+            pairs.append((s.phys + a.fp > s.mcap, "OutOfMemory"))
+        pairs.append((a.oom, "OutOfMemory"))
+        return on_ok(outcome(*pairs), s, _m_new(s, M_ALLOC, a.fp))
+    return step
+
+
+def _m_release(s: St, a: St):
+    """deallocate: a live allocation it made is freed and its footprint returned."""
+    b = at(s.mb, a.x)
+    out = outcome((a.foreign, "ForeignAllocation"), (at(s.mst, a.x) != I_LIVE, "StaleHandle"))
+    return on_ok(out, s, s.set(phys=s.phys - b, mst=upd(s.mst, a.x, I_GONE), ret=b,
+                               PMB=prefix_change(s.PMB, a.x, -b)))
+
+
+def _m_commit_range(s: St, a: St):
+    """VirtualBacking.commit_range of ``nb`` bytes on reservation ``x``:
+    foreign, released, or a range that is not legal and uncommitted
+    (``bad``) are refused; OutOfMemory exactly when ``physical + nb`` exceeds
+    the capacity (or the twin holds the rest: ``oom``); else the device
+    takes ``nb`` bytes for ``x``."""
+    out = outcome((a.foreign, "ForeignAllocation"), (at(s.mst, a.x) != I_LIVE, "StaleHandle"), (a.bad, "InvalidRange"),
+                  (s.phys + a.nb > s.mcap, "OutOfMemory"), (a.oom, "OutOfMemory"))
+    return on_ok(out, s, _m_set(s, a.x, I_LIVE, at(s.mb, a.x) + a.nb).set(ret=a.nb))
+
+
+def _m_decommit_range(s: St, a: St):
+    """decommit_range: every page of the range committed (else ``bad``:
+    InvalidRange); its ``nb`` bytes go back to the device."""
+    out = outcome((a.foreign, "ForeignAllocation"), (at(s.mst, a.x) != I_LIVE, "StaleHandle"), (a.bad, "InvalidRange"))
+    return on_ok(out, s, _m_set(s, a.x, I_LIVE, at(s.mb, a.x) - a.nb).set(ret=a.nb))
+
+
+def _m_release_reservation(s: St, a: St):
+    """release_reservation: foreign or released already refused; what is
+    still committed goes back to the device (and is returned)."""
+    out = outcome((a.foreign, "ForeignAllocation"), (at(s.mst, a.x) != I_LIVE, "StaleHandle"))
+    return on_ok(out, s, _m_set(s, a.x, I_GONE, 0).set(ret=at(s.mb, a.x)))
+
+
+def _m_create(s: St, a: St):
+    """SharedMapping.create: ``size`` (a positive page multiple, else
+    ``bad``) physical bytes taken once; OutOfMemory exactly when they do not fit."""
+    out = outcome((a.bad, "InvalidRequest"), (s.phys + a.size > s.mcap, "OutOfMemory"), (a.oom, "OutOfMemory"))
+    return on_ok(out, s, _m_new(s, M_HANDLE, a.size, hrel=upd(s.hrel, s.nm, 0), hmaps=upd(s.hmaps, s.nm, 0)))
+
+
+def _m_maybe_free(s: St, h: Any) -> St:
+    """shared._maybe_free: a handle released, unmapped everywhere and not freed yet is freed."""
+    due = And(at(s.hrel, h) != 0, at(s.hmaps, h) == 0, at(s.mst, h) == I_LIVE)
+    return merge(due, _m_set(s, h, I_GONE, at(s.mb, h)), s)
+
+
+def _m_release_handle(s: St, a: St):
+    """release_handle: the creator's reference dropped (again: DoubleFree);
+    returns the handle's size if no mapping remains (freed now), else 0."""
+    out = outcome((at(s.hrel, a.x) != 0, "DoubleFree"))
+    s1 = s.set(hrel=upd(s.hrel, a.x, 1), ret=K.ite(at(s.hmaps, a.x) == 0, at(s.mb, a.x), 0))
+    return on_ok(out, s, _m_maybe_free(s1, a.x))
+
+
+def _m_mapped(s: St, x: Any) -> Any:
+    """``x`` is a live mapping (shared, or copied: private)."""
+    return Or(at(s.mst, x) == I_LIVE, at(s.mst, x) == M_SHARED)
+
+
+def _mapping_out(s: St, a: St, *more: tuple[Any, str]) -> Any:
+    """A call on mapping ``x`` whose range is not exactly one live mapping (``bad``): InvalidRange.
+    (The spec's reservation checks cannot fire: a reservation is not freed while mapped.)"""
+    return outcome((Or(a.bad, Not(_m_mapped(s, a.x))), "InvalidRange"), *more)
+
+
+def _m_unmap(s: St, a: St):
+    """unmap of mapping ``x`` (of handle ``h``): private pages are freed;
+    else the handle loses a mapping (freed if released and now unmapped)."""
+    out = _mapping_out(s, a)
+    private = _m_set(s, a.x, I_GONE, at(s.mb, a.x))
+    shared = _m_maybe_free(s.set(mst=upd(s.mst, a.x, I_GONE), hmaps=upd(s.hmaps, a.h, at(s.hmaps, a.h) - 1)), a.h)
+    return on_ok(out, s, merge(at(s.mst, a.x) == I_LIVE, private, shared).set(ret=at(s.mb, a.x)))
+
+
+def _m_copy_on_write(s: St, a: St):
+    """copy_on_write of shared mapping ``x``: private pages of its size are
+    taken (OutOfMemory exactly when they do not fit), then the handle loses
+    the mapping (freed if released and now unmapped)."""
+    b = at(s.mb, a.x)
+    out = _mapping_out(s, a, (at(s.mst, a.x) == I_LIVE, "InvalidRange"), (s.phys + b > s.mcap, "OutOfMemory"),
+                       (a.oom, "OutOfMemory"))
+    s1 = _m_set(s, a.x, I_LIVE, b)
+    s1 = _m_maybe_free(s1.set(hmaps=upd(s1.hmaps, a.h, at(s1.hmaps, a.h) - 1), ret=b), a.h)
+    return on_ok(out, s, s1)
+
+
+def _sel(s: St, f: str, i: Any) -> Any:
+    """``at(s[f], i)``, built once per state and concrete index ``i`` (an unrolled ghost reads each
+    record several times: invariant agreement spent most of its time building the same selects)."""
+    if not isinstance(i, int):
+        return at(s[f], i)
+    memo = s.__dict__.setdefault("_sel", {})
+    t = memo.get((f, i))
+    if t is None:
+        t = memo[(f, i)] = at(s[f], i)
+    return t
+
+
+def _holder_part(s: St, o: Any) -> Any:
+    """At a holder ``o`` (0..2): its charge is its live footprints, queued
+    refunds and leases, each the sum over its charge items (keyed prefix-sum
+    ghosts).  Nothing to say at any other object (on a concrete object
+    outside 0..2 the formula is not built: invariant agreement's fast path)."""
+    if z3.is_int_value(o) and not 0 <= o.as_long() <= 2:
+        return z3.BoolVal(True)
+    return Implies(And(0 <= o, o <= 2), And(
+        at(s.cb, o) == at(s.lb, o) + at(s.qb, o) + at(s.lsb, o),
+        *[And(prefix_count(s[P], s.n, o, lambda k, i, w=w: z3.If(And(_sel(s, "ist", i) == w,
+                                                                             _sel(s, "ih", i) == k),
+                                                                     _sel(s, "ib", i), 0)),
+                 at(s[tot], o) == at(at(s[P], o), s.n))
+          for (P, w), tot in zip(_BUCKETS, ("lb", "qb", "lsb"))]))
+
+
+def _l_global(s: St) -> list[Any]:
+    """The conjuncts of ``_l_inv`` that name no object: the ledger, the
+    running totals and the prefix-sum ghosts over every record.  Built once
+    per state (kept with it): invariant agreement states the invariant at
+    every object of a projected state, and unrolling every ghost once per
+    object dominated its cost."""
+    hit = s.__dict__.get("_global")
+    if hit is not None:
+        return hit
+    sel = lambda f, i: _sel(s, f, i)  # noqa: E731
+    g = [
+        K.ledger_ok(_ledger(s)), s.page > 0,
+        s.granted == s.og + s.th, s.charged == at(s.cb, 0) + at(s.cb, 1) + at(s.cb, 2),
+        prefix_sum(s.PC, s.n, lambda i: _charged(sel("ist", i), sel("ib", i))), s.charged == at(s.PC, s.n),
+        prefix_sum(s.PG, s.ng, lambda i: _contrib(sel("gst", i), sel("gb", i), G_OPEN)), s.og == at(s.PG, s.ng),
+        prefix_sum(s.PTP, s.nt, lambda i: _tpend(sel("tst", i), sel("tb", i))),
+        prefix_sum(s.PTG, s.nt, lambda i: _trest(sel("tst", i), sel("tb", i))), s.th == at(s.PTP, s.nt) + at(s.PTG, s.nt),
+        0 <= s.phys, s.phys <= s.mcap,
+        prefix_sum(s.PMB, s.nm, lambda i: _contrib(sel("mst", i), sel("mb", i), I_LIVE)), s.phys == at(s.PMB, s.nm),
+    ]
+    s.__dict__["_global"] = g
+    return g
+
+
+def _l_inv(s: St, o: Any) -> Any:
+    """The ledger is conserved; granted is the open grants plus the tickets'
+    holdings; each holder's charge is its live footprints, queued refunds and
+    leases; the running totals equal their records (prefix-sum ghosts); the
+    device holds the sum of its live objects' bytes, at most its capacity."""
+    def live_item(i: Any) -> Any:
+        return at(s.ist, i) != 0
+    return And(
+        *_l_global(s),
+        _holder_part(s, o),
+        # charge items: dense ids, a holder, bytes >= 0
+        Implies(live_item(o), And(0 <= o, o < s.n, 0 <= at(s.ih, o), at(s.ih, o) <= 2, at(s.ib, o) >= 0)),
+        *[Implies(And(live_item(o), at(s.ik, o) == k), at(s.ih, o) == h) for k, h in _KIND_HOLDER.items()],
+        # grants
+        Implies(at(s.gst, o) != 0, And(0 <= o, o < s.ng, at(s.gb, o) >= 0)),
+        # tickets
+        Implies(at(s.tst, o) != 0, And(0 <= o, o < s.nt)), at(s.tb, o) >= 0,
+        Implies(Or(at(s.tst, o) == 0, _terminal(at(s.tst, o))), at(s.tb, o) == 0),
+        # device objects: dense ids, bytes >= 0
+        Implies(at(s.mst, o) != 0, And(0 <= o, o < s.nm, at(s.mb, o) >= 0)),
+    )
+
+
+Z00 = lambda: z3.K(z3.IntSort(), Z0())  # noqa: E731
+_L_FIELDS = {"cap": INT, "free": INT, "granted": INT, "charged": INT, "og": INT, "th": INT, "page": INT, "ret": INT,
+             "cb": ARR, "lb": ARR, "qb": ARR, "lsb": ARR,
+             "gst": ARR, "gb": ARR, "PG": ARR, "ng": INT,
+             "tst": ARR, "tb": ARR, "ta": ARR, "PTP": ARR, "PTG": ARR, "nt": INT,
+             "ist": ARR, "ih": ARR, "ik": ARR, "ib": ARR, "n": INT, "PLV": ARR2, "PQ": ARR2, "PLS": ARR2, "PC": ARR,
+             "phys": INT, "mcap": INT, "mst": ARR, "mb": ARR, "PMB": ARR, "nm": INT,
+             "mk": ARR, "hrel": ARR, "hmaps": ARR, "mh": ARR}
+
+
+_L_COUNTS = ("n", "ng", "nt", "nm")  # the dense-id counts of the ghosts
+
+
+def _l_init(s: St) -> Any:
+    return And(s.cap >= 0, s.free == s.cap, s.granted == 0, s.charged == 0, s.og == 0, s.th == 0, s.page > 0,
+                  s.cb == Z0(), s.lb == Z0(), s.qb == Z0(), s.lsb == Z0(),
+                  s.gst == Z0(), s.ng == 0, at(s.PG, 0) == 0, s.tst == Z0(), s.tb == Z0(), s.nt == 0,
+                  at(s.PTP, 0) == 0, at(s.PTG, 0) == 0,
+                  s.ist == Z0(), s.n == 0, s.PLV == Z00(), s.PQ == Z00(), s.PLS == Z00(), at(s.PC, 0) == 0,
+                  s.phys == 0, s.mcap >= 0, s.mst == Z0(), s.nm == 0, at(s.PMB, 0) == 0)
+
+
+def _l_inst(s: St, o: Any, a: St) -> list:
+    """No further instance: ``charged`` is itself a checked prefix sum over
+    the items (so a refund of one item's bytes keeps it >= 0), and each
+    holder's buckets are stated at the invariant's free object."""
+    return []
+
+
+def _kind(k: int):
+    return lambda s, a: at(s.ik, a.x) == k
+
+
+_ITEM = lambda s, a: at(s.ist, a.x) != 0  # noqa: E731
+
+
+def _m_kind(k: int):
+    """``x`` is a device object of kind ``k``."""
+    return lambda s, a: And(at(s.mst, a.x) != 0, at(s.mk, a.x) == k)
+
+
+_M_SPAN = {"x": INT, "nb": INT, "foreign": BOOL, "bad": BOOL, "oom": BOOL}
+_M_MAPPING = {"x": INT, "h": INT, "bad": BOOL}
+
+
+def _m_mapping_pre(s: St, a: St) -> Any:
+    """``x`` a live mapping (the spec draws unmap's and copy_on_write's from the live ones) of handle ``h``."""
+    return And(_m_kind(M_MAP)(s, a), _m_mapped(s, a.x), at(s.mh, a.x) == a.h, at(s.mst, a.h) != 0,
+                  at(s.mk, a.h) == M_HANDLE)
+_L_ACTS: dict[str, Act] = {a.name: a for a in [
+    Act("reserve", {"g": INT, "nb": INT}, _l_reserve(True), pre=lambda s, a: a.g == s.ng, objs=("g",)),
+    Act("commit", {"g": INT, "actual": INT}, _l_commit(True),
+        pre=lambda s, a: And(at(s.gst, a.g) != 0, a.actual >= 0), objs=("g",)),
+    Act("cancel", {"g": INT}, _l_cancel, pre=lambda s, a: at(s.gst, a.g) != 0, objs=("g",)),
+    Act("refund_lease", {"x": INT}, _l_refund_lease, pre=lambda s, a: And(_ITEM(s, a), _kind(K_LEASE)(s, a)),
+        objs=("x",)),
+    Act("allocate_owned", {"size": INT, "fp": INT, "oom": BOOL}, _l_allocate_owned,
+        pre=lambda s, a: Or(a.size <= 0, K.footprint_ok(a.size, a.fp, s.page))),
+    Act("load_weight", {"nb": INT, "oom": BOOL}, _l_load_weight, pre=lambda s, a: a.nb > 0),
+    Act("commit_owned", {"x": INT, "nb": INT, "bad": BOOL, "oom": BOOL}, _l_commit_owned,
+        pre=lambda s, a: And(_ITEM(s, a), _kind(K_RES)(s, a), at(s.ist, a.x) == I_LIVE, a.nb > 0), objs=("x",)),
+    Act("kv_grow", {"x": INT, "d": INT, "past": BOOL, "refuse": BOOL, "fail": BOOL, "oom": BOOL}, _l_kv_grow,
+        pre=lambda s, a: And(_ITEM(s, a), _kind(K_KV)(s, a), at(s.ist, a.x) == I_LIVE), objs=("x",)),
+    Act("drop", {"x": INT}, _l_drop, pre=lambda s, a: And(_ITEM(s, a), _kind(K_ALLOC)(s, a)), objs=("x",)),
+    Act("unload_weight", {"x": INT}, _l_unload,
+        pre=lambda s, a: And(_kind(K_WEIGHT)(s, a), at(s.ist, a.x) == I_LIVE), objs=("x",)),
+    Act("poll", {"x": INT, "none": BOOL}, _l_poll, pre=lambda s, a: Or(a.none, at(s.ist, a.x) == I_QUEUED),
+        objs=("x",)),
+    Act("claim", {"t": INT, "g": INT}, _l_claim, pre=lambda s, a: And(at(s.tst, a.t) != 0, a.g == s.ng),
+        objs=("t", "g")),
+    Act("cancel_ticket", {"t": INT}, _l_cancel_ticket, pre=lambda s, a: at(s.tst, a.t) != 0, objs=("t",)),
+    Act("expire", {"t": INT, "none": BOOL}, _l_expire,
+        pre=lambda s, a: Or(a.none, And(at(s.tst, a.t) != 0, Not(_terminal(at(s.tst, a.t))))), objs=("t",)),
+    Act("respond", {"t": INT, "x": INT, "mode": INT}, _l_respond,
+        pre=lambda s, a: And(at(s.tst, a.t) != 0, Or(
+            a.mode == 0, And(a.mode == 1, at(s.ist, a.x) == I_QUEUED),
+            And(a.mode == 2, _kind(K_WEIGHT)(s, a), at(s.ist, a.x) == I_LIVE, at(s.ih, a.x) == WEIGHTS_H))),
+        objs=("t", "x")),
+    # ``bad_align``: an alignment that is not a power of two; the footprint is at least the size
+    # (aligned_footprint: the page-rounded size plus the alignment beyond the page)
+    Act("m_allocate", {"size": INT, "bad_align": BOOL, "fp": INT, "oom": BOOL}, _m_allocate(True),
+        pre=lambda s, a: Or(a.size <= 0, a.bad_align, a.fp >= a.size)),
+    Act("m_deallocate", {"x": INT, "foreign": BOOL}, _m_release, pre=_m_kind(M_ALLOC), objs=("x",)),
+    Act("m_commit_range", _M_SPAN, _m_commit_range, pre=lambda s, a: And(_m_kind(M_RES)(s, a), a.nb > 0),
+        objs=("x",)),
+    # a legal range whose every page is committed holds at most the reservation's committed bytes
+    Act("m_decommit_range", _M_SPAN, _m_decommit_range,
+        pre=lambda s, a: And(_m_kind(M_RES)(s, a), a.nb > 0,
+                                Or(a.bad, a.foreign, at(s.mst, a.x) != I_LIVE, a.nb <= at(s.mb, a.x))),
+        objs=("x",)),
+    Act("m_release_reservation", {"x": INT, "foreign": BOOL}, _m_release_reservation, pre=_m_kind(M_RES),
+        objs=("x",)),
+    Act("m_create", {"size": INT, "bad": BOOL, "oom": BOOL}, _m_create, pre=lambda s, a: Or(a.bad, a.size > 0)),
+    Act("m_release_handle", {"x": INT}, _m_release_handle, pre=_m_kind(M_HANDLE), objs=("x",)),
+    Act("m_unmap", _M_MAPPING, _m_unmap, pre=_m_mapping_pre, objs=("x", "h")),
+    Act("m_copy_on_write", dict(_M_MAPPING, oom=BOOL), _m_copy_on_write, pre=_m_mapping_pre, objs=("x", "h")),
+    Act("reconfigure", {}, _l_reconfigure),
+]}
+
+
+def _l_acts(*names: str) -> list[Act]:
+    return [_L_ACTS[n] for n in names]
+
+
+def _s8_named(s: St, o: Any) -> Any:
+    """S8 on the records: granted is the open grants plus what tickets hold,
+    and a holder's charge is its live footprints, queued refunds and leases."""
+    return And(s.granted == at(s.PG, s.ng) + at(s.PTP, s.nt) + at(s.PTG, s.nt),
+                  Implies(And(0 <= o, o <= 2), at(s.cb, o) == sum(at(at(s[P], o), s.n) for P, _w in _BUCKETS)))
+
+
+S8 = Proof(
+    *catalog("S8"),
+    fields=dict(_L_FIELDS), init=_l_init, inv=_l_inv, inst=_l_inst,
+    counts=_L_COUNTS,
+    actions=_l_acts("reserve", "commit", "cancel", "allocate_owned", "load_weight", "m_allocate"),
+    unguarded=Act("commit", {"g": INT, "actual": INT}, _l_commit(False),
+                  pre=lambda s, a: And(at(s.gst, a.g) != 0, a.actual >= 0), objs=("g",)),
+    guard="only an open grant can be committed (a committed or cancelled one: InvalidRequest)",
+    bmc_depth=3,
+)
+
+
+# ==========================================================================
+# S9 transactional-growth
+# ==========================================================================
+
+def _s9_grow(check: bool):
+    """spec/holders.py kv_grow: the six-step transaction.  ``fail`` 4/5 injects
+    a failure at that step, ``oom`` is the device's OutOfMemory at step 4;
+    ``refuse``: a growth of nothing may answer 0 or InvalidRequest."""
+    def step(s: St, a: St):
+        kc = at(s.kc, a.r)
+        new = K.round_up(a.nb, s.page)
+        delta = new - kc
+        out = outcome((a.nb > at(s.rsize, a.r), "InvalidRange"),
+                      (And(delta <= 0, a.refuse), "InvalidRequest"), (delta <= 0, "ok"),
+                      (delta > s.free, "GrantDenied"), (Or(a.fail == 4, a.fail == 5), "MemspecError"),
+                      (a.oom, "OutOfMemory"))
+        grows = And(out == OK, delta > 0)
+        ok = s.set(kc=upd(s.kc, a.r, new), view=upd(s.view, a.r, new),
+                   chg=upd(s.chg, a.r, at(s.chg, a.r) + delta), free=s.free - delta, ret=delta)
+        nxt = merge(grows, ok, merge(out == OK, s.set(ret=0), s))
+        if not check:  # step 5 failed: grant returned but the new mapping is left in place
+            bad = And(a.fail == 5, out == code_of("MemspecError"))
+            nxt = merge(bad, s.set(kc=upd(s.kc, a.r, new)), nxt)
+        return out, nxt
+    return step
+
+
+def code_of(name: str) -> int:
+    return CODE[name]
+
+
+_GROW = {"r": INT, "nb": INT, "fail": INT, "oom": BOOL, "refuse": BOOL}
+_GROW_PRE = lambda s, a: Or(a.fail == 0, a.fail == 4, a.fail == 5)  # noqa: E731
+S9 = Proof(
+    *catalog("S9"),
+    # kc: committed bytes of the request's view (its prefix, mapped read-only from the request it
+    # shares and charged there, plus its own growth); chg: what the request itself is charged
+    fields={"rsize": ARR, "kc": ARR, "view": ARR, "chg": ARR, "prefix": ARR, "free": INT, "page": INT, "ret": INT},
+    init=lambda s: And(s.kc == s.prefix, s.view == s.prefix, s.chg == Z0(), s.free >= 0, s.page > 0),
+    inv=lambda s, r: And(at(s.view, r) == at(s.kc, r), at(s.chg, r) + at(s.prefix, r) == at(s.kc, r),
+                            at(s.chg, r) >= 0, s.free >= 0, s.page > 0),
+    actions=[Act("grow", _GROW, _s9_grow(True), pre=_GROW_PRE, objs=("r",))],
+    unguarded=Act("grow", _GROW, _s9_grow(False), pre=_GROW_PRE, objs=("r",)),
+    guard="a failure at step 4/5 rolls back the mapping (and returns the grant)",
+    bmc_depth=1,
+)
+
+
+# ==========================================================================
+# S10 context-pinned
+# ==========================================================================
+# Objects as for S4 (anything released through the deferred-free queue),
+# each made in context ``actx[x]``; ``calive[c]``: context ``c`` exists.
+# A context's pins are its live and queued objects, stated as they are
+# (*the context is not destroyed while an allocation is still alive*), so no
+# counter or ghost sum is needed: destroy_context asks whether one exists.
+
+def _s10_create(s: St, a: St):
+    """The provider context is created (the system starts with it)."""
+    return on_ok(z3.IntVal(OK), s, s.set(calive=upd(s.calive, a.c, True)))
+
+
+def _s10_alloc(s: St, a: St):
+    """An owning allocation is made in the binding's context (the binding is
+    used only while its context is alive)."""
+    return on_ok(z3.IntVal(OK), s, s.set(astate=upd(s.astate, a.x, LIVE), actx=upd(s.actx, a.x, a.c)))
+
+
+def _s10_drop(s: St, a: St):
+    """Drop / close: the release is queued; the object still pins its context."""
+    out = outcome((at(s.astate, a.x) != LIVE, "DoubleFree"))
+    return on_ok(out, s, s.set(astate=upd(s.astate, a.x, QUEUED)))
+
+
+def _s10_decommit(s: St, a: St):
+    """A decommit queues a release ``y`` made in the reservation's context."""
+    out = outcome((a.bad, "InvalidRange"))
+    return on_ok(out, s, s.set(astate=upd(s.astate, a.y, QUEUED), actx=upd(s.actx, a.y, at(s.actx, a.x))))
+
+
+def _s10_poll(s: St, a: St):
+    """``poll`` runs the queued releases the EP reports done (``ready``):
+    they stop pinning their context."""
+    j = z3.Int("s10_j")
+    runs = And(at(s.astate, j) == QUEUED, at(a.ready, j))
+    return on_ok(z3.IntVal(OK), s, s.set(astate=z3.Lambda([j], z3.If(runs, FREED, at(s.astate, j)))))
+
+
+def _pinned(s: St, c: Any) -> Any:
+    """Some live or queued object was made in context ``c``."""
+    j = z3.Int("pin_j")
+    return z3.Exists([j], And(alive(s, j), at(s.actx, j) == c))
+
+
+def _s10_destroy(check: bool):
+    """destroy_context: while pinned, ContextBusy and it stays alive.
+    Unguarded: destroyed whatever still pins it."""
+    def step(s: St, a: St):
+        pairs = [(_pinned(s, a.c), "ContextBusy")] if check else []
+        return on_ok(outcome(*pairs), s, s.set(calive=upd(s.calive, a.c, False)))
+    return step
+
+
+def _s10_inv(s: St, o: Any) -> Any:
+    """A live or queued object's context is alive."""
+    return Implies(alive(s, o), at(s.calive, at(s.actx, o)))
+
+
+_C = {"c": INT}
+_S10_LIVE = lambda s, a: at(s.astate, a.x) == LIVE  # noqa: E731
+S10 = Proof(
+    *catalog("S10"),
+    fields={"astate": ARR, "actx": ARR, "calive": BARR},
+    init=lambda s: And(s.astate == Z0(), s.calive == F0()),
+    inv=_s10_inv,
+    actions=[
+        Act("create_context", _C, _s10_create, pre=lambda s, a: Not(at(s.calive, a.c))),
+        Act("allocate", {"x": INT, "c": INT}, _s10_alloc,
+            pre=lambda s, a: And(at(s.astate, a.x) == NONE, at(s.calive, a.c)), objs=("x",)),
+        Act("drop", _X, _s10_drop, pre=lambda s, a: at(s.astate, a.x) != NONE, objs=("x",)),
+        Act("close", _X, _s10_drop, pre=_S10_LIVE, objs=("x",)),
+        Act("decommit", {"x": INT, "y": INT, "bad": BOOL}, _s10_decommit,
+            pre=lambda s, a: And(_S10_LIVE(s, a), at(s.astate, a.y) == NONE), objs=("x", "y")),
+        Act("poll", {"ready": BARR}, _s10_poll),
+        Act("destroy_context", _C, _s10_destroy(True), pre=lambda s, a: at(s.calive, a.c)),
+    ],
+    unguarded=Act("destroy_context", _C, _s10_destroy(False), pre=lambda s, a: at(s.calive, a.c)),
+    guard="destroy_context raises ContextBusy while allocations or queued releases pin it",
+    bmc_depth=3,
+)
+
+
+# ==========================================================================
+# S11 ledger-conservation: the ledger model of S8 (above), every action
+# that declares S11 (system level: the Governor, the binding, the holders,
+# the deferred-free queue; mechanism level: the device's physical bytes)
+# ==========================================================================
+
+def _s11_named(s: St, o: Any) -> Any:
+    """capacity == free + granted + charged, all >= 0; the holders' charges
+    sum to charged, each >= 0; the device holds 0..capacity physical bytes."""
+    return And(K.ledger_ok(_ledger(s)), s.charged == at(s.cb, 0) + at(s.cb, 1) + at(s.cb, 2),
+                  Implies(And(0 <= o, o <= 2), at(s.cb, o) >= 0),
+                  0 <= s.phys, s.phys <= s.mcap)
+
+
+S11 = Proof(
+    *catalog("S11"),
+    fields=dict(_L_FIELDS), init=_l_init, inv=_l_inv, inst=_l_inst,
+    counts=_L_COUNTS,
+    actions=_l_acts("reserve", "commit", "cancel", "refund_lease", "allocate_owned", "load_weight", "commit_owned",
+                    "kv_grow", "drop", "unload_weight", "poll", "claim", "cancel_ticket", "expire", "respond",
+                    "m_allocate", "m_deallocate", "m_commit_range", "m_decommit_range", "m_release_reservation",
+                    "m_create", "m_release_handle", "m_unmap", "m_copy_on_write", "reconfigure"),
+    unguarded=Act("reserve", {"g": INT, "nb": INT}, _l_reserve(False), pre=lambda s, a: a.g == s.ng, objs=("g",)),
+    guard="the Governor grants only what is free (can_grant)",
+    bmc_depth=1,
+)

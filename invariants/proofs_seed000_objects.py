@@ -1,0 +1,670 @@
+"""Z3 encodings of seed 000's invariants S1 through S7: the first part of
+:mod:`memspec.invariants.proofs_seed000` (which assembles them; import from there).
+
+S1 creator-free, S2 charge-before-commit, S3 fresh-capability, S4 fence-release (and
+the queue S7 shares), S5 no-silent-noop, S6 holder-chooses, S7 role-separation; with
+the codes every encoding shares (object lifecycle, ticket states) and :func:`catalog`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import z3
+
+from memspec.invariants.z3fast import And, Implies, Not, Or
+from memspec.invariants.proofs import (
+    ARR, ARR2, ARR2B, BARR, BOOL, CODE, INT, OK, PENDING, Act, Proof, St, at, count_append, count_change, merge, on_ok,
+    outcome, prefix_append, prefix_change, prefix_count, prefix_sum, upd,
+)
+from memspec.spec import kernels as K
+from memspec.spec.invariants import BY_ID as CATALOG
+
+
+def catalog(inv_id: str) -> tuple[str, str, str]:
+    """``(id, title, seed quote)`` of an invariant, read from the spec's catalog
+    (:mod:`memspec.spec.invariants`): defined once, never restated here."""
+    inv = CATALOG[inv_id]
+    return inv.id, inv.title.split(":")[0].strip(), inv.quote
+
+
+NONE, LIVE, QUEUED, FREED = 0, 1, 2, 3
+Z0 = lambda: z3.K(z3.IntSort(), z3.IntVal(0))  # noqa: E731
+F0 = lambda: z3.K(z3.IntSort(), z3.BoolVal(False))  # noqa: E731
+
+
+def alive(s: St, o: Any) -> Any:
+    return Or(at(s.astate, o) == LIVE, at(s.astate, o) == QUEUED)
+
+
+# ==========================================================================
+# S1 creator-free
+# ==========================================================================
+# ``amech[x]`` / ``actx[x]``: the mechanism and context that created object
+# ``x``; ``fmech[x]`` / ``fctx[x]``: those that released it; ``inst``: the
+# mechanism installed now (the system level may replace it: *If something
+# caches the old allocator and then uses it to free a pointer created by the
+# new allocator, that causes a cross-allocator free*).
+
+def _s1_alloc(s: St, a: St):
+    """An allocation made by mechanism ``m`` (0: the one under test, 1: its
+    twin, the source of foreign handles) in context ``c``."""
+    return on_ok(z3.IntVal(OK), s, s.set(astate=upd(s.astate, a.x, LIVE), amech=upd(s.amech, a.x, a.m),
+                                         actx=upd(s.actx, a.x, a.c)))
+
+
+def _s1_release(check: bool):
+    """``deallocate`` through mechanism ``m`` in context ``c``: a handle that
+    mechanism did not create is refused (ForeignAllocation); one freed
+    already, DoubleFree.  Unguarded: the creator is not checked."""
+    def step(s: St, a: St):
+        st = at(s.astate, a.x)
+        foreign = Or(at(s.amech, a.x) != a.m, at(s.actx, a.x) != a.c) if check else z3.BoolVal(False)
+        out = outcome((st == FREED, "DoubleFree"), (st != LIVE, "StaleHandle"), (foreign, "ForeignAllocation"))
+        return on_ok(out, s, s.set(astate=upd(s.astate, a.x, FREED), fmech=upd(s.fmech, a.x, a.m),
+                                   fctx=upd(s.fctx, a.x, a.c)))
+    return step
+
+
+def _s1_enqueue(s: St, a: St):
+    """A live object's release is queued (drop, close_owned, unload_weight,
+    kv_close; a decommit queues part of one): S1 does not depend on which, so
+    any live object may be queued at any time (an over-approximation)."""
+    return on_ok(z3.IntVal(OK), s, s.set(astate=upd(s.astate, a.x, QUEUED)))
+
+
+def _s1_select(s: St, a: St):
+    """``select``: mechanism ``m`` is installed (what was made before keeps its creator)."""
+    return on_ok(z3.IntVal(OK), s, s.set(inst=a.m))
+
+
+def _s1_poll(s: St, a: St):
+    """``poll`` runs the queued releases the EP reports done (``ready``), each
+    *released by the mechanism/context that created it* -- not by the one
+    installed now."""
+    j = z3.Int("s1_j")
+    runs = And(at(s.astate, j) == QUEUED, at(a.ready, j))
+    return on_ok(z3.IntVal(OK), s, s.set(
+        astate=z3.Lambda([j], z3.If(runs, FREED, at(s.astate, j))),
+        fmech=z3.Lambda([j], z3.If(runs, at(s.amech, j), at(s.fmech, j))),
+        fctx=z3.Lambda([j], z3.If(runs, at(s.actx, j), at(s.fctx, j)))))
+
+
+_P3 = {"x": INT, "m": INT, "c": INT}
+#: the mechanism level has no queue: a handle drawn for deallocate is live or freed
+_S1_MECH_HANDLE = lambda s, a: Or(at(s.astate, a.x) == LIVE, at(s.astate, a.x) == FREED)  # noqa: E731
+S1 = Proof(
+    *catalog("S1"),
+    fields={"astate": ARR, "amech": ARR, "actx": ARR, "fmech": ARR, "fctx": ARR, "inst": INT},
+    init=lambda s: s.astate == Z0(),
+    inv=lambda s, o: Implies(at(s.astate, o) == FREED,
+                                And(at(s.fmech, o) == at(s.amech, o), at(s.fctx, o) == at(s.actx, o))),
+    actions=[
+        Act("allocate", _P3, _s1_alloc, pre=lambda s, a: at(s.astate, a.x) == NONE, objs=("x",)),
+        Act("release", _P3, _s1_release(True), pre=_S1_MECH_HANDLE, objs=("x",)),
+        Act("enqueue", {"x": INT}, _s1_enqueue, pre=lambda s, a: at(s.astate, a.x) == LIVE, objs=("x",)),
+        Act("select", {"m": INT}, _s1_select),
+        Act("poll", {"ready": BARR}, _s1_poll),
+    ],
+    unguarded=Act("release", _P3, _s1_release(False), pre=_S1_MECH_HANDLE, objs=("x",)),
+    guard="release checks the handle's creating mechanism and context (else ForeignAllocation)",
+    bmc_depth=2,
+)
+
+
+# ==========================================================================
+# S2 charge-before-commit
+# ==========================================================================
+# Per holder ``h`` (0 session, 1 ModelResidency, 2 KvPageStore):
+# ``committed[h]`` the physical bytes installed for it, ``charge[h]`` what
+# the Governor charges it; ``free`` the Governor's free bytes.  Every action
+# that installs physical bytes first obtains their charge (*a charge must be
+# obtained before physical commit*): the Governor can charge at most what is
+# free (``K.minimum(n, free)``), and the guard refuses (GrantDenied) unless
+# all ``n`` bytes are.  The unguarded variant drops that guard: the bytes are
+# mapped, the Governor charges what it can.
+
+def _s2_install(s: St, h: Any, n: Any) -> St:
+    """Charge ``n`` bytes to holder ``h`` (as much as is free), then install them."""
+    return s.set(committed=upd(s.committed, h, at(s.committed, h) + n),
+                 charge=upd(s.charge, h, at(s.charge, h) + K.minimum(n, s.free)), free=s.free - n)
+
+
+def _s2_reserve(s: St, a: St):
+    """Governor ``reserve``: a provisional grant of ``n`` bytes leaves free (GrantDenied if more than is free)."""
+    out = outcome((Not(K.can_grant(K.Ledger(0, s.free, 0, 0), a.n)), "GrantDenied"))
+    return on_ok(out, s, s.set(free=s.free - a.n))
+
+
+def _s2_cancel(s: St, a: St):
+    """Governor ``cancel``: an open grant's ``gb`` bytes return to free (not open: InvalidRequest)."""
+    out = outcome((Not(a.open), "InvalidRequest"))
+    return on_ok(out, s, s.set(free=s.free + a.gb))
+
+
+def _s2_commit(s: St, a: St):
+    """Governor ``commit``: an open grant of ``gb`` bytes becomes a lease of
+    ``actual`` bytes charged to ``h``; the difference comes from free
+    (GrantDenied if more than is free).  Installs nothing."""
+    out = outcome((Not(a.open), "InvalidRequest"), (a.actual - a.gb > s.free, "GrantDenied"))
+    return on_ok(out, s, s.set(charge=upd(s.charge, a.h, at(s.charge, a.h) + a.actual),
+                               free=s.free - (a.actual - a.gb)))
+
+
+def _s2_allocate(s: St, a: St):
+    """``allocate_owned`` (holder 0) and ``load_weight`` (holder 1): the
+    allocation transaction charges the footprint ``fp`` (GrantDenied if it is
+    not free), then the device allocates it (or OutOfMemory, grant returned)."""
+    out = outcome((a.fp > s.free, "GrantDenied"), (a.oom, "OutOfMemory"))
+    return on_ok(out, s, _s2_install(s, a.h, a.fp))
+
+
+def _s2_commit_owned(check: bool):
+    """``commit_owned``: charge-then-commit ``n`` bytes of a reservation
+    (``bad_range``: InvalidRange, S5's check; ``oom``: the device's answer)."""
+    def step(s: St, a: St):
+        pairs = [(a.bad_range, "InvalidRange")] + ([(a.n > s.free, "GrantDenied")] if check else [])
+        out = outcome(*pairs, (a.oom, "OutOfMemory"))
+        return on_ok(out, s, _s2_install(s, 0, a.n))
+    return step
+
+
+def _s2_grow(s: St, a: St):
+    """``kv_grow`` by ``n`` bytes (holder 2): past the request's maximum,
+    InvalidRange (``past``); nothing to grow, 0 or InvalidRequest
+    (``refuse``); the growth not free, GrantDenied; an injected failure
+    (``fail``) or OutOfMemory is rolled back; else charged, then committed."""
+    grows = a.n > 0
+    out = outcome((a.past, "InvalidRange"), (And(Not(grows), a.refuse), "InvalidRequest"),
+                  (And(grows, a.n > s.free), "GrantDenied"), (And(grows, a.fail), "MemspecError"),
+                  (And(grows, a.oom), "OutOfMemory"))
+    return on_ok(out, s, _s2_install(s, 2, K.ite(grows, a.n, 0)))
+
+
+_S2_OWNED = {"n": INT, "bad_range": BOOL, "oom": BOOL}
+S2 = Proof(
+    *catalog("S2"),
+    fields={"committed": ARR, "charge": ARR, "free": INT},
+    init=lambda s: And(s.committed == Z0(), s.charge == Z0(), s.free >= 0),
+    inv=lambda s, h: And(0 <= at(s.committed, h), at(s.committed, h) <= at(s.charge, h), s.free >= 0),
+    actions=[
+        Act("reserve", {"n": INT}, _s2_reserve, pre=lambda s, a: a.n > 0),
+        Act("cancel", {"gb": INT, "open": BOOL}, _s2_cancel, pre=lambda s, a: a.gb > 0),
+        Act("commit", {"h": INT, "gb": INT, "actual": INT, "open": BOOL}, _s2_commit,
+            pre=lambda s, a: And(a.gb > 0, a.actual >= 0), objs=("h",)),
+        Act("allocate", {"h": INT, "fp": INT, "oom": BOOL}, _s2_allocate,
+            pre=lambda s, a: And(a.fp > 0, Or(a.h == 0, a.h == 1)), objs=("h",)),
+        Act("commit_owned", _S2_OWNED, _s2_commit_owned(True), pre=lambda s, a: a.n > 0),
+        Act("grow", {"n": INT, "past": BOOL, "refuse": BOOL, "fail": BOOL, "oom": BOOL}, _s2_grow),
+    ],
+    unguarded=Act("commit_owned", _S2_OWNED, _s2_commit_owned(False), pre=lambda s, a: a.n > 0),
+    guard="commit_owned requires the Governor to charge all the bytes (else GrantDenied) before mapping them",
+    bmc_depth=2,
+)
+
+
+# ==========================================================================
+# S3 fresh-capability
+# ==========================================================================
+
+def _s3_select(s: St, a: St):
+    return on_ok(z3.IntVal(OK), s, s.set(inst=upd(s.inst, a.d, a.m), gen=upd(s.gen, a.d, at(s.gen, a.d) + 1)))
+
+
+def _s3_query(check: bool):
+    def step(s: St, a: St):
+        cached = at(s.snapgen, a.d) == at(s.gen, a.d) if check else at(s.snapgen, a.d) >= 0
+        answer = K.ite(cached, at(s.snap, a.d), at(s.inst, a.d))
+        nxt = s.set(answer=answer,
+                    snap=upd(s.snap, a.d, K.ite(cached, at(s.snap, a.d), at(s.inst, a.d))),
+                    snapgen=upd(s.snapgen, a.d, K.ite(cached, at(s.snapgen, a.d), at(s.gen, a.d))))
+        return on_ok(z3.IntVal(OK), s, nxt)
+    return step
+
+
+def _s3_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
+    if name == "query":
+        return s2.answer == at(s.inst, a.d)  # the answer is the mechanism installed now
+    return z3.BoolVal(True)
+
+
+S3 = Proof(
+    *catalog("S3"),
+    fields={"inst": ARR, "gen": ARR, "snap": ARR, "snapgen": ARR, "answer": INT},
+    init=lambda s: And(s.gen == Z0(), s.snapgen == z3.K(z3.IntSort(), z3.IntVal(-1))),
+    inv=lambda s, d: And(at(s.snapgen, d) <= at(s.gen, d),
+                            Implies(at(s.snapgen, d) == at(s.gen, d), at(s.snap, d) == at(s.inst, d))),
+    actions=[
+        Act("select", {"d": INT, "m": INT}, _s3_select, objs=("d",)),
+        Act("query", {"d": INT}, _s3_query(True), objs=("d",)),
+    ],
+    unguarded=Act("query", {"d": INT}, _s3_query(False), objs=("d",)),
+    guard="a cached capability is used only if its generation is the installed one",
+    step_prop=_s3_prop,
+    bmc_depth=3,
+)
+
+
+# ==========================================================================
+# S4 fence-release  (and the queue used by S7)
+# ==========================================================================
+
+# Streams are unbounded: ``iss[st]`` / ``done[st]`` count the work items
+# launched on / completed by stream ``st``; ``use[x][st]`` is the last item of
+# stream ``st`` that used object ``x`` (0: none).  An object is anything whose
+# release goes through the deferred-free queue (seed 000: *owning handle Drop
+# -> enter the EP/context deferred-free queue -> wait for the related
+# stream/fence to finish -> allocator actually frees*): an owning allocation,
+# a weight, an owning reservation, a KV request, or a queued decommit of some
+# of a reservation's pages.
+
+def _fence_fields() -> dict[str, str]:
+    return {"astate": ARR, "use": ARR2, "iss": ARR, "done": ARR}
+
+
+def _fence_init(s: St) -> Any:
+    return And(s.astate == Z0(), s.iss == Z0(), s.done == Z0(), s.use == z3.K(z3.IntSort(), Z0()))
+
+
+def _q_alloc(s: St, a: St):
+    """An object is made (an owning allocation): live, no work has used it yet."""
+    return on_ok(z3.IntVal(OK), s, s.set(astate=upd(s.astate, a.x, LIVE), use=upd(s.use, a.x, Z0())))
+
+
+def _q_use(s: St, a: St):
+    """*H->>E: submit GPU work that uses the allocation*: one more work item
+    on stream ``st``, recorded as the object's fence on that stream."""
+    item = at(s.iss, a.st) + 1
+    return on_ok(z3.IntVal(OK), s, s.set(iss=upd(s.iss, a.st, item),
+                                         use=upd(s.use, a.x, upd(at(s.use, a.x), a.st, item))))
+
+
+def _q_drop(s: St, a: St):
+    """*Drop should be responsible for enqueuing*: a live object's release is
+    queued (a second drop: DoubleFree); nothing is freed, no stream waited on."""
+    out = outcome((at(s.astate, a.x) != LIVE, "DoubleFree"))
+    return on_ok(out, s, s.set(astate=upd(s.astate, a.x, QUEUED)))
+
+
+def _q_decommit(s: St, a: St):
+    """A decommit of a live reservation's pages (``bad``: a page of the range
+    is not committed, InvalidRange) queues their release as a new object
+    ``y``, behind every fence recorded on the reservation so far."""
+    out = outcome((a.bad, "InvalidRange"))
+    return on_ok(out, s, s.set(astate=upd(s.astate, a.y, QUEUED), use=upd(s.use, a.y, at(s.use, a.x))))
+
+
+def _q_sync(s: St, a: St):
+    """``synchronize(stream)`` (``every``: all streams): the device runs the
+    stream's queued work, so every work item launched on it is done."""
+    return on_ok(z3.IntVal(OK), s, s.set(done=z3.If(a.every, s.iss, upd(s.done, a.st, at(s.iss, a.st)))))
+
+
+def _q_progress(s: St, a: St):
+    """The device completes ``k`` more items of a stream on its own (the EP
+    may report such a fence done before anyone synchronizes)."""
+    return on_ok(z3.IntVal(OK), s, s.set(done=upd(s.done, a.st, K.minimum(at(s.iss, a.st), at(s.done, a.st) + a.k))))
+
+
+def _fences_done(s: St, x: Any) -> Any:
+    st = z3.Int("fd_st")
+    return z3.ForAll([st], at(at(s.use, x), st) <= at(s.done, st))
+
+
+def _q_poll(check: bool):
+    """``poll``: the queue runs every queued release whose fences are all done
+    (*wait for the related stream/fence to finish*; then *allocator actually
+    frees*); the others stay queued.  Unguarded: every queued release runs."""
+    def step(s: St, a: St):
+        j = z3.Int("poll_j")
+        runs = And(at(s.astate, j) == QUEUED, _fences_done(s, j) if check else z3.BoolVal(True))
+        return on_ok(z3.IntVal(OK), s, s.set(astate=z3.Lambda([j], z3.If(runs, FREED, at(s.astate, j)))))
+    return step
+
+
+_X = {"x": INT}
+_STREAM_PRE = lambda s, a: a.st >= 0  # noqa: E731
+_LIVE_X = lambda s, a: at(s.astate, a.x) == LIVE  # noqa: E731
+_FENCE_ACTS = [
+    Act("allocate", _X, _q_alloc, pre=lambda s, a: at(s.astate, a.x) == NONE, objs=("x",)),
+    Act("use", {"x": INT, "st": INT}, _q_use, pre=lambda s, a: And(_STREAM_PRE(s, a), _LIVE_X(s, a)), objs=("x",)),
+    Act("drop", _X, _q_drop, pre=lambda s, a: at(s.astate, a.x) != NONE, objs=("x",)),
+    # close_owned, unload_weight, kv_close: the same enqueue, drawn on live objects only
+    Act("close", _X, _q_drop, pre=_LIVE_X, objs=("x",)),
+    Act("decommit", {"x": INT, "y": INT, "bad": BOOL}, _q_decommit,
+        pre=lambda s, a: And(_LIVE_X(s, a), at(s.astate, a.y) == NONE), objs=("x", "y")),
+    Act("synchronize", {"st": INT, "every": BOOL}, _q_sync, pre=_STREAM_PRE),
+    Act("progress", {"st": INT, "k": INT}, _q_progress, pre=lambda s, a: And(_STREAM_PRE(s, a), a.k >= 1)),
+    Act("poll", {}, _q_poll(True)),
+]
+
+
+def _s4_inv(s: St, o: Any) -> Any:
+    st = z3.Int("inv_st")
+    u, iss, done = at(at(s.use, o), st), at(s.iss, st), at(s.done, st)
+    return z3.ForAll([st], And(0 <= done, done <= iss, u <= iss,
+                                  Implies(at(s.astate, o) == FREED, u <= done)))
+
+
+S4 = Proof(
+    *catalog("S4"),
+    fields=_fence_fields(), init=_fence_init, inv=_s4_inv, actions=list(_FENCE_ACTS),
+    unguarded=Act("poll", {}, _q_poll(False)),
+    guard="the deferred-free queue frees only after every fence recorded on the allocation completed",
+    bmc_depth=4,
+)
+
+
+# ==========================================================================
+# S5 no-silent-noop  (mirrors spec/vmm.py: reserve, commit_range,
+# decommit_range, committed_bytes, release_reservation, reserve_owned,
+# commit_owned; spec/mechanism.py: query_virtual_backing,
+# query_shared_mapping; spec/holders.py: kv_open)
+#
+# The invariant is the spec's own (spec/invariants.py ``_s5_mech`` /
+# ``_s5_sys``): no absent capability was ever answered with an object
+# (``absent``: the spec's ``absent_answered``); the physical bytes the
+# mechanism reported are the pages installed (``physical == other + ctot``,
+# ``other``: eager, shared and private bytes, which no S5 action changes);
+# every live owning reservation and open KV request was made by a mechanism
+# with VirtualBacking (``rcap``/``kcap``).  Each commit/decommit changes the
+# reservation's reported bytes, the total and ``physical`` by exactly
+# ``end - start`` and returns it (a step property); ``committed_bytes``
+# answers the bytes the commits reported.  Nothing here needs a page count:
+# the page set ``pc`` decides only the guards, so the machine holds for a
+# symbolic page with no lemma.  VirtualBacking's methods exist only on a
+# mechanism that has it (``requires``), so their domain is ``cap``; the
+# explicit refusal without it is the system level's (reserve_owned,
+# kv_open: Unsupported).  Sizes that are not sizes, a misaligned or
+# already-committed owned range, an oversized prefix are the argument ``bad``;
+# an OutOfMemory the spec allows is ``oom``.
+# ==========================================================================
+
+def _in_range(p: Any, lo: Any, hi: Any, page: Any) -> Any:
+    return And(K.floordiv(lo, page) <= p, p < K.floordiv(hi, page))
+
+
+def _some_page(s: St, r: Any, lo: Any, hi: Any, committed: bool) -> Any:
+    """Is some page of [lo, hi) of reservation r committed (or, with
+    ``committed=False``, not committed)?"""
+    p = z3.Int("pg")
+    row = at(s.pc, r)
+    hit = at(row, p) if committed else Not(at(row, p))
+    return z3.Exists([p], And(_in_range(p, lo, hi, s.page), hit))
+
+
+def _oom(s: St, n: Any, oom: Any) -> Any:
+    """spec/state.py oom_rule: OutOfMemory when the bytes do not fit, and allowed
+    (the environment's choice ``oom``) when they would not fit with what a twin
+    on the same device holds; never from fragmentation."""
+    return Or(s.physical + n > s.capacity, And(oom, s.physical + s.foreign + n > s.capacity))
+
+
+def _s5_handle_errors(s: St, r: Any) -> list:
+    return [(at(s.rforeign, r), "ForeignAllocation"), (Not(at(s.rlive, r)), "StaleHandle")]
+
+
+def _s5_query(which: str, check: bool):
+    """A capability query: the object when present, ``None`` when absent (the
+    guard); a stub answered for an absent capability is counted in ``absent``."""
+    def step(s: St, a: St):
+        present = s[which]
+        answer = K.ite(present, 1, 0) if check else z3.IntVal(1)
+        return on_ok(z3.IntVal(OK), s, s.set(answer=answer,
+                                             absent=s.absent + K.ite(And(Not(present), answer == 1), 1, 0)))
+    return step
+
+
+def _s5_reserve(s: St, a: St):
+    out = outcome((a.bad, "InvalidRequest"), (a.oom, "OutOfMemory"))
+    return on_ok(out, s, s.set(rlive=upd(s.rlive, a.r, True), rforeign=upd(s.rforeign, a.r, False),
+                               rsize=upd(s.rsize, a.r, a.n), reported=upd(s.reported, a.r, 0),
+                               pc=upd(s.pc, a.r, z3.K(z3.IntSort(), z3.BoolVal(False)))))
+
+
+def _s5_commit(s: St, a: St):
+    n = a.hi - a.lo
+    pg = z3.Int("pg")
+    row = at(s.pc, a.r)
+    new_row = z3.Lambda([pg], Or(at(row, pg), _in_range(pg, a.lo, a.hi, s.page)))
+    out = outcome(*_s5_handle_errors(s, a.r),
+                  (Not(K.range_ok(a.lo, a.hi, at(s.rsize, a.r), s.page)), "InvalidRange"),
+                  (_some_page(s, a.r, a.lo, a.hi, True), "InvalidRange"),
+                  (_oom(s, n, a.oom), "OutOfMemory"))
+    return on_ok(out, s, s.set(pc=upd(s.pc, a.r, new_row), reported=upd(s.reported, a.r, at(s.reported, a.r) + n),
+                               physical=s.physical + n, ctot=s.ctot + n, ret=n))
+
+
+def _s5_decommit(s: St, a: St):
+    n = a.hi - a.lo
+    pg = z3.Int("pg")
+    row = at(s.pc, a.r)
+    new_row = z3.Lambda([pg], And(at(row, pg), Not(_in_range(pg, a.lo, a.hi, s.page))))
+    out = outcome(*_s5_handle_errors(s, a.r),
+                  (Not(K.range_ok(a.lo, a.hi, at(s.rsize, a.r), s.page)), "InvalidRange"),
+                  (_some_page(s, a.r, a.lo, a.hi, False), "InvalidRange"))
+    return on_ok(out, s, s.set(pc=upd(s.pc, a.r, new_row), reported=upd(s.reported, a.r, at(s.reported, a.r) - n),
+                               physical=s.physical - n, ctot=s.ctot - n, ret=n))
+
+
+def _s5_committed_bytes(s: St, a: St):
+    out = outcome(*_s5_handle_errors(s, a.r))
+    return on_ok(out, s, s.set(ret=at(s.reported, a.r)))
+
+
+def _s5_release(s: St, a: St):
+    n = at(s.reported, a.r)
+    out = outcome(*_s5_handle_errors(s, a.r))
+    return on_ok(out, s, s.set(pc=upd(s.pc, a.r, z3.K(z3.IntSort(), z3.BoolVal(False))), reported=upd(s.reported, a.r, 0),
+                               physical=s.physical - n, ctot=s.ctot - n, rlive=upd(s.rlive, a.r, False), ret=n))
+
+
+def _s5_reserve_owned(check: bool):
+    """The binding's reserve: without the installed mechanism's VirtualBacking,
+    Unsupported (the guard); the reservation records whether its creator has it."""
+    def step(s: St, a: St):
+        out = outcome(*([(Not(s.cap), "Unsupported")] if check else []), (a.bad, "InvalidRequest"),
+                      (a.oom, "OutOfMemory"))
+        return on_ok(out, s, s.set(ostate=upd(s.ostate, a.r, LIVE), rcap=upd(s.rcap, a.r, s.cap),
+                                   osize=upd(s.osize, a.r, a.n), ocb=upd(s.ocb, a.r, 0)))
+    return step
+
+
+def _s5_commit_owned(s: St, a: St):
+    n = a.hi - a.lo
+    out = outcome((Or(a.bad, a.hi > at(s.osize, a.r)), "InvalidRange"), (n > s.free, "GrantDenied"),
+                  (a.oom, "OutOfMemory"))
+    return on_ok(out, s, s.set(ocb=upd(s.ocb, a.r, at(s.ocb, a.r) + n), free=s.free - n, ret=n))
+
+
+def _s5_kv_open(s: St, a: St):
+    out = outcome((Or(Not(s.cap), And(a.prefix, Not(s.scap))), "Unsupported"), (a.bad, "InvalidRequest"))
+    return on_ok(out, s, s.set(kst=upd(s.kst, a.q, LIVE), kcap=upd(s.kcap, a.q, s.cap)))
+
+
+def _s5_named(s: St, o: Any) -> Any:
+    """The spec's S5 (both levels), at object ``o``."""
+    return And(s.absent == 0, s.physical == s.other + s.ctot,
+                  Implies(at(s.ostate, o) == LIVE, at(s.rcap, o)), Implies(at(s.kst, o) == LIVE, at(s.kcap, o)))
+
+
+def _s5_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
+    if name in ("query_virtual_backing", "query_shared_mapping"):  # explicit absence
+        return s2.answer == K.ite(s["cap" if name == "query_virtual_backing" else "scap"], 1, 0)
+    if name in ("commit_range", "decommit_range"):
+        sign = 1 if name == "commit_range" else -1
+        delta = at(s2.reported, a.r) - at(s.reported, a.r)
+        return Implies(out == OK, And(s2.ret == a.hi - a.lo, s2.ret > 0, delta == sign * s2.ret,
+                                            s2.physical - s.physical == sign * s2.ret, s2.ctot - s.ctot == sign * s2.ret))
+    if name == "commit_owned":
+        return Implies(out == OK, And(s2.ret == a.hi - a.lo, at(s2.ocb, a.r) - at(s.ocb, a.r) == s2.ret))
+    if name == "committed_bytes":
+        return Implies(out == OK, s2.ret == at(s.reported, a.r))
+    if name == "release_reservation":
+        return Implies(out == OK, And(s2.ret == at(s.reported, a.r), s.physical - s2.physical == s2.ret))
+    return z3.BoolVal(True)
+
+
+_SPAN = {"r": INT, "lo": INT, "hi": INT}
+_SPAN_OOM = {**_SPAN, "oom": BOOL}
+_CAP = lambda s, a: s.cap  # noqa: E731  (VirtualBacking's methods exist only when it is provided)
+_S5_RES = {"r": INT, "n": INT, "bad": BOOL, "oom": BOOL}
+S5 = Proof(
+    *catalog("S5"),
+    fields={"cap": BOOL, "scap": BOOL, "page": INT, "capacity": INT, "physical": INT, "foreign": INT, "other": INT,
+            "ctot": INT, "absent": INT, "rlive": BARR, "rforeign": BARR, "rsize": ARR, "pc": ARR2B, "reported": ARR,
+            "answer": INT, "ret": INT, "free": INT, "ostate": ARR, "rcap": BARR, "osize": ARR, "ocb": ARR,
+            "kst": ARR, "kcap": BARR},
+    init=lambda s: And(s.page > 0, s.capacity >= 0, s.physical == 0, s.other == 0, s.ctot == 0, s.absent == 0,
+                          s.rlive == F0(), s.reported == Z0(), s.ostate == Z0(), s.kst == Z0(),
+                          s.pc == z3.K(z3.IntSort(), z3.K(z3.IntSort(), z3.BoolVal(False)))),
+    inv=lambda s, r: And(s.page > 0, _s5_named(s, r)),
+    actions=[
+        Act("query_virtual_backing", {}, _s5_query("cap", True)),
+        Act("query_shared_mapping", {}, _s5_query("scap", True)),
+        Act("reserve", _S5_RES, _s5_reserve, pre=lambda s, a: And(s.cap, Not(at(s.rlive, a.r)))),
+        Act("commit_range", _SPAN_OOM, _s5_commit, pre=_CAP),
+        Act("decommit_range", _SPAN, _s5_decommit, pre=_CAP),
+        Act("committed_bytes", {"r": INT}, _s5_committed_bytes, pre=_CAP),
+        Act("release_reservation", {"r": INT}, _s5_release, pre=_CAP),
+        Act("reserve_owned", _S5_RES, _s5_reserve_owned(True), pre=lambda s, a: at(s.ostate, a.r) == NONE),
+        Act("commit_owned", {**_SPAN, "bad": BOOL, "oom": BOOL}, _s5_commit_owned,
+            pre=lambda s, a: at(s.ostate, a.r) == LIVE),
+        Act("kv_open", {"q": INT, "bad": BOOL, "prefix": BOOL}, _s5_kv_open, pre=lambda s, a: at(s.kst, a.q) == NONE),
+    ],
+    unguarded=Act("reserve_owned", _S5_RES, _s5_reserve_owned(False), pre=lambda s, a: at(s.ostate, a.r) == NONE),
+    guard="reserve through the binding needs the installed mechanism's VirtualBacking (else Unsupported), never "
+          "a reservation no commit can back",
+    step_prop=_s5_prop,
+    bmc_depth=1,
+)
+
+
+# ==========================================================================
+# S6 holder-chooses  (mirrors spec/governor.py issue_ticket, spec/holders.py
+# set_hot and respond: the Governor only issues tickets; a holder answers by
+# choosing its own victims -- ModelResidency only cold resident weights,
+# KvPageStore none, reporting at most what its own releases refunded)
+# ==========================================================================
+
+T_PENDING, T_GRANTED, T_CLAIMED, T_CANCELLED, T_TIMED_OUT = 1, 2, 3, 4, 5
+T_FAILED = 6   # a pending ticket of a configuration that reconfigure replaced (S15's generations)
+
+
+def _terminal(st: Any) -> Any:
+    return Or(st == T_CLAIMED, st == T_CANCELLED, st == T_TIMED_OUT, st == T_FAILED)
+
+
+H_WEIGHTS, H_KV = 0, 1  # the holders that answer tickets
+
+
+def _s6_issue(s: St, a: St):
+    out = outcome((a.n <= 0, "InvalidRequest"))
+    return on_ok(out, s, s.set(tstate=upd(s.tstate, a.t, T_PENDING), held=upd(s.held, a.t, 0),
+                               amount=upd(s.amount, a.t, a.n)))
+
+
+def _s6_set_hot(s: St, a: St):
+    return on_ok(z3.IntVal(OK), s, s.set(hot=upd(s.hot, a.w, a.h)))
+
+
+def _s6_evict(s: St, w: Any, go: Any) -> St:
+    """holders.evict(by="holder", pressure=True) of weight ``w`` when ``go``:
+    it leaves residency; a hot one is recorded (S6's ``hot_evictions``)."""
+    return s.set(res=upd(s.res, w, And(at(s.res, w), Not(go))),
+                 hot_ev=s.hot_ev + K.ite(And(go, at(s.hot, w)), 1, 0))
+
+
+def _s6_respond(s: St, a: St):
+    """``holder`` answers ticket ``t``: ModelResidency evicts ``nv`` (0..2)
+    victims ``v1``, ``v2`` and reports their bytes; KvPageStore evicts none and
+    reports ``r``, at most the ``refunded`` bytes its own releases gave back
+    (more is an overclaim).  The ticket holds the report; granted once it
+    holds its amount.  A terminal ticket: InvalidTicket."""
+    out = outcome((Or(at(s.tstate, a.t) == 0, _terminal(at(s.tstate, a.t))), "InvalidTicket"))
+    wts = a.holder == H_WEIGHTS
+    s1 = _s6_evict(_s6_evict(s, a.v1, And(wts, a.nv >= 1)), a.v2, And(wts, a.nv >= 2))
+    r = K.ite(wts, K.ite(a.nv >= 1, at(s.wb, a.v1), 0) + K.ite(a.nv >= 2, at(s.wb, a.v2), 0), a.r)
+    held = at(s.held, a.t) + r
+    st = K.ite(Or(at(s.tstate, a.t) == T_GRANTED, held >= at(s.amount, a.t)), T_GRANTED, at(s.tstate, a.t))
+    return on_ok(out, s, s1.set(held=upd(s.held, a.t, held), tstate=upd(s.tstate, a.t, st),
+                                over=s.over + K.ite(And(Not(wts), a.r > a.refunded), 1, 0)))
+
+
+def _s6_pre(check: bool):
+    """The holder's choice: a known ticket; victims distinct weights (and,
+    the guard, resident and cold); KV reports ``0 <= r <= refunded``."""
+    def pre(s: St, a: St) -> Any:
+        def ok_victim(v: Any) -> Any:
+            return And(at(s.res, v), Not(at(s.hot, v))) if check else at(s.res, v)
+        wts = And(a.holder == H_WEIGHTS, 0 <= a.nv, a.nv <= 2, Implies(a.nv >= 1, ok_victim(a.v1)),
+                     Implies(a.nv >= 2, And(ok_victim(a.v2), a.v2 != a.v1)))
+        kv = And(a.holder == H_KV, a.nv == 0, 0 <= a.r, a.r <= a.refunded)
+        return And(at(s.tstate, a.t) != 0, Or(wts, kv))
+    return pre
+
+
+def _s6_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
+    if name == "issue_ticket":  # the Governor's own action takes nothing from any holder
+        return at(s2.res, o) == at(s.res, o)
+    if name == "respond":  # only the answering holder's weights move, and 0 is a valid answer
+        return And(Implies(a.holder != H_WEIGHTS, at(s2.res, o) == at(s.res, o)),
+                      Implies(And(a.holder == H_KV, a.r == 0, at(s.tstate, a.t) == T_PENDING), out == OK))
+    return z3.BoolVal(True)
+
+
+_S6_RESPOND = {"t": INT, "holder": INT, "nv": INT, "v1": INT, "v2": INT, "r": INT, "refunded": INT}
+S6 = Proof(
+    *catalog("S6"),
+    fields={"res": BARR, "hot": BARR, "wb": ARR, "tstate": ARR, "held": ARR, "amount": ARR,
+            "gov_ev": INT, "hot_ev": INT, "over": INT},
+    # any weights resident (hot or cold) and of any size >= 0: load_weight (S8/S11's) may have loaded them
+    init=lambda s: And(s.tstate == Z0(), s.held == Z0(), s.gov_ev == 0, s.hot_ev == 0, s.over == 0,
+                          z3.ForAll([z3.Int("w0")], at(s.wb, z3.Int("w0")) >= 0)),
+    inv=lambda s, o: And(s.gov_ev == 0, s.hot_ev == 0, s.over == 0, at(s.held, o) >= 0,
+                            Implies(at(s.res, o), at(s.wb, o) >= 0)),
+    actions=[
+        Act("issue_ticket", {"t": INT, "n": INT}, _s6_issue, pre=lambda s, a: at(s.tstate, a.t) == 0, objs=("t",)),
+        Act("set_hot", {"w": INT, "h": BOOL}, _s6_set_hot, pre=lambda s, a: at(s.res, a.w), objs=("w",)),
+        Act("respond", _S6_RESPOND, _s6_respond, pre=_s6_pre(True), objs=("t", "v1", "v2")),
+    ],
+    unguarded=Act("respond", _S6_RESPOND, _s6_respond, pre=_s6_pre(False), objs=("t", "v1", "v2")),
+    guard="ModelResidency's victims are cold resident weights (a hot weight is never released under pressure)",
+    step_prop=_s6_prop,
+    bmc_depth=2,
+)
+
+
+# ==========================================================================
+# S7 role-separation
+# ==========================================================================
+
+def _s7_drop_frees(s: St, a: St):
+    """The unguarded drop: the release skips the deferred-free queue and frees
+    on the spot (the guarded one is S4's ``_q_drop``: it only enqueues)."""
+    out = outcome((at(s.astate, a.x) != LIVE, "DoubleFree"))
+    return on_ok(out, s, s.set(astate=upd(s.astate, a.x, FREED)))
+
+
+def _s7_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
+    """*Drop should be responsible for enqueuing, not for synchronizing the
+    whole GPU on an arbitrary thread or freeing immediately*: every
+    enqueueing action leaves its object queued and no stream's progress
+    changed, and frees nothing else."""
+    if name in ("drop", "close", "decommit"):
+        x = a.y if name == "decommit" else a.x
+        return And(Implies(out == OK, at(s2.astate, x) == QUEUED), s2.done == s.done,
+                      Implies(at(s2.astate, o) == FREED, at(s.astate, o) == FREED))
+    return z3.BoolVal(True)
+
+
+S7 = Proof(
+    *catalog("S7"),
+    fields=_fence_fields(), init=_fence_init, inv=_s4_inv,
+    # the queue machine of S4, action by action (so S4's agreement samples are S7's too)
+    actions=list(_FENCE_ACTS),
+    unguarded=Act("drop", _X, _s7_drop_frees, pre=_FENCE_ACTS[2].pre, objs=("x",)),
+    guard="Drop only enqueues on the deferred-free queue",
+    step_prop=_s7_prop,
+    bmc_depth=2,
+)
