@@ -633,6 +633,12 @@ def detect_prove(p: Proof, baseline: tuple[set[str], bool]) -> str | None:
     return None
 
 
+#: agreeing samples the self-test's agreement walk wants on every outcome branch of an encoded action
+#: (``memspec prove`` wants ``PER_BRANCH``): a bug on an error branch is caught only where that branch
+#: is sampled, so the walk keeps drawing until each branch has its quota, not until a total is reached
+DETECT_PER_BRANCH = 3
+
+
 def detect_agreement(inv: str, samples: int = 150) -> str | None:
     from memspec.invariants import agreement_adapters as A
     from memspec.invariants.agreement import walk_and_compare
@@ -648,7 +654,8 @@ def detect_agreement(inv: str, samples: int = 150) -> str | None:
         mine = [a for a in ads if a.invariant == inv]
         if not mine:
             continue
-        for rep in walk_and_compare(machine, init, mine, proofs, samples, 1, too_big, max_steps=20000):
+        for rep in walk_and_compare(machine, init, mine, proofs, samples, 1, too_big, max_steps=20000,
+                                    per_branch=DETECT_PER_BRANCH):
             if rep.mismatches:
                 return f"prove/agreement: {rep.action} disagrees with the spec ({len(rep.mismatches)} samples)"
     return None
