@@ -387,34 +387,10 @@ def describe(target: str, level: str = "all", *, machine: str | None = None, tim
     """``[(level, [(invariant id, title)], error or None)]`` for ``target``,
     learnt in a supervised child (the factory runs there, once)."""
     def work(ch: Channel) -> None:
-        guard = CallGuard(timeout, "direct")
-        guard.blame, guard.what = TARGET_ERROR, f"importing the target {target!r}"
-        guard.limit = max(timeout, BUILD_SECONDS)
-        tref, err = guard.call(resolve, target)
-        if err is None and tref.factory is None:
-            err = LookupError(tref.error or "unavailable")
-        if err is not None:
-            ch.send({"t": "error", "level": level, "error": f"{type(err).__name__}: {err}"})
-            return
-        guard.what = f"building the target {target!r} (its factory)"
-        probe, err = guard.call(build_probe, tref, None)
-        if err is not None:
-            ch.send({"t": "error", "level": level, "error": f"{type(err).__name__}: {err}"})
-            return
-        try:
-            lv = [tref.mutant.level] if tref.mutant is not None and level == "all" else levels_for(probe.kind, level)
-            if not lv:
-                ch.send({"t": "error", "level": level, "error": f"level {level!r} does not apply to a target of kind {probe.kind!r}"})
-            for lvl in lv:
-                guard.what = f"probing the target for the {lvl} level"
-                plan, err = guard.call(make_plan, tref, lvl, machine=machine, probe=probe)
-                if err is not None:
-                    ch.send({"t": "error", "level": lvl, "error": f"{type(err).__name__}: {err}"})
-                else:
-                    ch.send({"t": "plan", "level": lvl,
-                             "invariants": [[inv.id, inv.title] for inv in plan.machine.invariants]})
-        finally:
-            guard.call(close_probe, probe)
+        for plan in plan_in_child(ch, target, level, [], capacity=None, timeout=timeout, build_timeout=None,
+                                  machine=machine):
+            ch.send({"t": "plan", "level": plan.level,
+                     "invariants": [[inv.id, inv.title] for inv in plan.machine.invariants]})
 
     end = supervise(work, timeout=timeout)
     out = []
