@@ -73,7 +73,9 @@ def test_hypothesis_rounds_are_sized_from_the_measured_rate(tmp_path, monkeypatc
     rate measured so far (the old code asked for up to 200 at a guessed 5/s)."""
     # the rounds run in the supervised worker (forked from here): it writes what it asked to a file
     log = tmp_path / "asked.txt"
-    real = engine._round_settings
+    from memspec.invariants import fuzz_rounds   # the rounds run there (invariants/fuzz.py's workers call them)
+
+    real = fuzz_rounds._round_settings
 
     def spy(args, seed, examples, **kw):
         with open(log, "a") as fh:
@@ -92,8 +94,8 @@ def test_hypothesis_rounds_are_sized_from_the_measured_rate(tmp_path, monkeypatc
             Clock.now += 0.25
             return Clock.now
 
-    monkeypatch.setattr(engine, "_round_settings", spy)
-    monkeypatch.setattr(engine, "time", Clock())
+    monkeypatch.setattr(fuzz_rounds, "_round_settings", spy)
+    monkeypatch.setattr(fuzz_rounds, "time", Clock())
     rc, doc = _run_inprocess(tmp_path, "reference", "--mode", "hypothesis", "--seconds", "3", "--jobs", "1",
                              "--level", "mechanism")
     assert rc == 0, doc
