@@ -44,7 +44,7 @@ from memspec.invariants.guard import BUILD_SECONDS, CallGuard
 from memspec.invariants.integrity import make_integrity
 from memspec.invariants import text as T
 from memspec.spec import api
-from memspec.spec.core import _nothing as _SPEC_NO_OP
+from memspec.spec.core import CHECKS_MEMO, ChecksMemo, _nothing as _SPEC_NO_OP
 from memspec.spec.errors import MemspecError
 
 
@@ -511,7 +511,23 @@ class Run(Draws):
     def check_after(self, touched: tuple, bound: tuple, args: dict | None = None) -> None:
         """Every check after a step.  When several fail at once, the report
         blames the rule that was broken, not its downstream figure (see
-        :meth:`_blame_first`); the others are listed as consequences."""
+        :meth:`_blame_first`); the others are listed as consequences.
+
+        While the checks run, the spec state carries a fresh
+        :data:`~memspec.spec.core.CHECKS_MEMO` dict (nothing changes the
+        state meanwhile): what several checks derive from the state alike is
+        computed once per step."""
+        state = self.state
+        d = getattr(state, "__dict__", None)
+        if d is None:
+            return self._check_after(touched, bound, args)
+        d[CHECKS_MEMO] = ChecksMemo(state)
+        try:
+            return self._check_after(touched, bound, args)
+        finally:
+            d.pop(CHECKS_MEMO, None)
+
+    def _check_after(self, touched: tuple, bound: tuple, args: dict | None = None) -> None:
         found: list = self.check_invariants()   # [(invariant, cause, reason)] of this step
         if self.plan.observations:
             self.check_observations(touched + bound, found=found)
@@ -681,6 +697,8 @@ class Run(Draws):
                 expected = obs.expected(state, r)
             except Exception as e:  # noqa: BLE001
                 raise SpecError(f"observation {obs.name}: expected() raised {type(e).__name__}: {e}") from e
+            if err is None and not value != expected:   # the same comparison as below, once
+                continue   # the common case: nothing to name (the check's key is built only for a failure)
             name = getattr(obs, "check", "") or obs.name
             key = (None, f"{obs.blame}.{name}")
             if err is not None:

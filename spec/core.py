@@ -61,6 +61,45 @@ def _always(_: Any) -> bool:
     return True
 
 
+#: the key, in a spec state's ``__dict__``, of a dict that lives only while a
+#: harness checks that state after a step (invariants, observations, data
+#: regions: nothing changes the state meanwhile); a spec may keep there what
+#: several of its checks derive from the state alike (the caching spec's
+#: layout), computed once per check sweep instead of once per check.  Absent
+#: at any other time: a check called on its own computes afresh.
+CHECKS_MEMO = "_memspec_checks_memo"
+
+
+@mypyc_attr(native_class=False)  # a dict subclass: never a native class of the compiled build
+class ChecksMemo(dict):
+    """The dict of :data:`CHECKS_MEMO`: a copy of the state (``deepcopy``,
+    ``copy``) carries ``None`` instead, so that no copy sees what was
+    derived from the state it was copied from after either one changes
+    (and a shallow copy, which shares it, is not its ``owner``)."""
+
+    __slots__ = ("owner",)
+
+    def __init__(self, owner: Any) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def __copy__(self) -> None:
+        return None
+
+    def __deepcopy__(self, _memo: dict) -> None:
+        return None
+
+    def __reduce__(self) -> tuple:
+        return (type(None), ())
+
+
+def checks_memo(state: Any) -> dict | None:
+    """The dict of :data:`CHECKS_MEMO` while a harness checks ``state``, else ``None``."""
+    d = getattr(state, "__dict__", None)
+    m = d.get(CHECKS_MEMO) if d is not None else None
+    return m if m is not None and m.owner is state else None
+
+
 # --------------------------------------------------------------------------
 # Outcomes
 # --------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from memspec.spec.caching.kernels import K_ROUND_LARGE, K_SMALL_SIZE
 from memspec.spec.caching.state import FREE, LIVE, PENDING, UNMAPPED, Block, CachingState
-from memspec.spec.core import Invariant, Witness
+from memspec.spec.core import Invariant, Witness, checks_memo
 from memspec.spec.invariants import CatalogEntry, catalog_of
 
 
@@ -50,7 +50,30 @@ def layout_violations(segments: list[dict]) -> dict[str, str | None]:
 
 def spec_segments(st: CachingState) -> list[dict]:
     """The spec's layout in ``snapshot()['segments']`` form: mapped ranges of
-    arenas are segments of their own, as in PyTorch."""
+    arenas are segments of their own, as in PyTorch.  Built once per check
+    sweep of a harness (:func:`~memspec.spec.core.checks_memo`: C2, C3, C4
+    and two observations read it), else on every call; never to be mutated."""
+    memo = checks_memo(st)
+    if memo is None:
+        return _spec_segments(st)
+    got = memo.get("segments")
+    if got is None:
+        got = memo["segments"] = _spec_segments(st)
+    return got
+
+
+def _spec_layout(st: CachingState) -> dict[str, str | None]:
+    """:func:`layout_violations` of the spec's layout (once per check sweep, as :func:`spec_segments`)."""
+    memo = checks_memo(st)
+    if memo is None:
+        return layout_violations(_spec_segments(st))
+    got = memo.get("layout")
+    if got is None:
+        got = memo["layout"] = layout_violations(spec_segments(st))
+    return got
+
+
+def _spec_segments(st: CachingState) -> list[dict]:
     names = {FREE: "inactive", LIVE: "active_allocated", PENDING: "active_pending_free"}
     out = []
     for s in st.segments:
@@ -96,7 +119,7 @@ def _layout_check(inv: str):
         why = _recorded(inv)(st)
         if why:
             return why
-        return layout_violations(spec_segments(st))[inv]
+        return _spec_layout(st)[inv]
     return check
 
 
