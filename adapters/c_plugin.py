@@ -256,26 +256,37 @@ def mapped_rw(base: int, size: int) -> str | None:
     if base + size - 1 > U64_MAX:
         return f"{base:#x} + {size} overflows 64 bits"
     try:
-        with open("/proc/self/maps") as f:
-            spans = []
-            for line in f:
-                fields = line.split()
-                lo, _, hi = fields[0].partition("-")
-                spans.append((int(lo, 16), int(hi, 16), fields[1]))
+        with open("/proc/self/maps", "rb") as f:
+            lines = f.read().splitlines()
+        # the kernel lists the mappings in address order: start at the last
+        # one that begins at or below ``base`` (the ones before end at or
+        # below its start), found by bisection, and parse only from there
+        first = max(bisect.bisect_right(lines, base, key=_map_start) - 1, 0)
+        at, end = base, base + size
+        for line in lines[first:]:
+            fields = line.split()
+            lo_s, _, hi_s = fields[0].partition(b"-")
+            lo, hi = int(lo_s, 16), int(hi_s, 16)
+            if lo > at:
+                break   # in address order: no later mapping holds ``at``
+            if hi <= at:
+                continue
+            perms = fields[1].decode("ascii", "replace")
+            if not perms.startswith("rw"):
+                return f"{lo:#x}-{hi:#x} is mapped {perms}, not read-write"
+            at = hi
+            if at >= end:
+                return None
     except (OSError, ValueError, IndexError):
         if peek(base, 1) is None or peek(base + size - 1, 1) is None:
             return "its first or last byte is not readable"
         return None
-    at, end = base, base + size
-    for lo, hi, perms in sorted(spans):
-        if hi <= at or lo > at:
-            continue
-        if not perms.startswith("rw"):
-            return f"{lo:#x}-{hi:#x} is mapped {perms}, not read-write"
-        at = hi
-        if at >= end:
-            return None
     return f"{at:#x} is not mapped in this process (/proc/self/maps)"
+
+
+def _map_start(line: bytes) -> int:
+    """The start address of a ``/proc/self/maps`` line."""
+    return int(line[: line.index(b"-")], 16)
 
 
 class Library:
