@@ -3,7 +3,7 @@ table, write JSON.
 
     python -m bench                 # everything (< 10 min on 2 cores)
     python -m bench --quick         # tiny sizes: a smoke run (seconds)
-    python -m bench --only caching  # one group: harness walk liveset caching replay jobs formal gpu report oom
+    python -m bench --only caching  # one group: harness walk oracle liveset caching replay jobs formal gpu report oom
     python -m bench --json out.json # default bench-results.json
     python -m bench --markdown t.md # also the table as Markdown
 
@@ -29,6 +29,7 @@ from bench.common import FAILED, Row, print_table, unavailable
 GROUPS: dict[str, str] = {
     "harness": "bench.harness:harness_rows",
     "walk": "bench.harness:walk_rows",
+    "oracle": "bench.oracle:run",
     "liveset": "bench.harness:liveset_rows",
     "caching": "bench.caching:run",
     "replay": "bench.replay:run",
