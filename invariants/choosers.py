@@ -125,7 +125,15 @@ class PackedChooser:
             return lo
         if n > PACK_SMALL or n < 1:
             return self._int(lo, hi)
-        return lo + self._digit(n)
+        # :meth:`_digit`, inline (every small draw of a step comes here)
+        room = self._room
+        if room < n * PACK_SLACK:
+            self._v = _mix(self._int(0, _PACK_MAX))
+            room = 1 << PACK_BITS
+        v = self._v
+        self._v = v // n
+        self._room = room // n
+        return lo + v % n
 
     def _digit(self, n: int) -> int:
         """The next digit in ``[0, n)`` of the packed integer (a new one

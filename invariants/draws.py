@@ -314,10 +314,13 @@ class Draws:
                 rec = RecordingChooser(chooser)
                 args = _draw(a, state, rec)
                 outs = _spec_outcomes(a, state, args)
-                accepting = outs is None or misuse or any(hasattr(b, "accepts") for b in outs.branches)
+                accepting = outs is None or misuse or _offers_return(outs)
                 refs = _refs_in(args)
                 fresh = (a.name, refs) not in seen
-                near = sum(1 for r in refs if r in recent)
+                near = 0
+                for r in refs:
+                    if r in recent:
+                        near += 1
                 fault = failure_path(outs) if quota else None
                 if fault is not None and not hunt:
                     # seen in this example: its later draws hunt for the quota (per example, not per
@@ -351,7 +354,7 @@ class Draws:
         if guided:
             outs = _spec_outcomes(a, state, args)
             self._outs = (a, args, outs)
-            accepting = outs is None or getattr(a, "misuse", False) or any(hasattr(b, "accepts") for b in outs.branches)
+            accepting = outs is None or getattr(a, "misuse", False) or _offers_return(outs)
         else:
             accepting = True
         return a, args, rec.record, accepting
@@ -383,6 +386,14 @@ def _draw(a: Any, state: Any, rec: Any) -> dict:
         raise
     except Exception as e:  # noqa: BLE001
         raise SpecError(f"drawing arguments of {a.name} raised {type(e).__name__}: {e}") from e
+
+
+def _offers_return(outs: Any) -> bool:
+    """The spec offers a returning (accepting) branch: one with ``accepts``."""
+    for b in outs.branches:
+        if hasattr(b, "accepts"):
+            return True
+    return False
 
 
 def _refs_in(args: dict) -> tuple:

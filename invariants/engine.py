@@ -197,8 +197,9 @@ def _kind_of_outcome(outcome: str) -> str:
     k = _KINDS.get(outcome)
     if k is None:
         k = _KIND_NUMBER.sub("N", outcome)
-        if len(_KINDS) < 10_000:
-            _KINDS[outcome] = k
+        if len(_KINDS) >= 10_000:   # full (a long fuzz run): start over, so the outcomes of now are cached
+            _KINDS.clear()
+        _KINDS[outcome] = k
     return k
 
 
