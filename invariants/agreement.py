@@ -21,10 +21,17 @@ spec's step:
 
 Ghost fields of an encoding (who freed an object, the generation owner map)
 are not compared.
+
+Where a row compares the invariants (the encoded one on the projection, the
+executable one on the spec state), it also compares them on perturbed copies
+of the state, mostly unreachable (:mod:`~memspec.invariants.agreement_perturb`):
+an executable check that holds where the named encoding fails is weaker than
+its encoding (a conjunct dropped), which reachable states alone never show.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 import time
@@ -310,6 +317,21 @@ class AgreementReport:
     #: samples on which the hypotheses were evaluated and did not hold (the encoded invariant holds
     #: on every reachable state, so one is a contradiction or a wrong lemma)
     hyp_refuted: list[str] = field(default_factory=list)
+    #: invariant strength off the reachable states (:mod:`memspec.invariants.agreement_perturb`):
+    #: perturbed states compared, and those skipped (the projection or the check declined them)
+    perturbed: int = 0
+    perturb_skipped: int = 0
+    #: perturbed states on which the executable invariant holds and the named encoding fails (the
+    #: executable check is weaker than its encoding there): a disagreement (every one, no cap)
+    exec_weaker: list[str] = field(default_factory=list)
+    #: the same on a leaf of :data:`agreement_perturb.SHADOWED` (a record behind an aggregate): not counted
+    shadowed: int = 0
+    #: perturbed states on which the executable invariant fails and the whole encoding holds, by leaf
+    #: pattern (a field the projection does not carry, or a rule the encoding does not state): a figure
+    enc_weaker: dict[str, int] = field(default_factory=dict)
+    #: perturbed states the executable invariant rejected; the state class the walk is on
+    exec_rejected: int = 0
+    level: str = ""
 
 
 class Universe:
@@ -410,12 +432,15 @@ class InvariantEval:
     quantifier remains).  Built once per (proof, universe size, values of its
     quantified counts): the invariant's terms are never rebuilt per state."""
 
-    def __init__(self, p: Proof, nobj: int, finite: bool = False) -> None:
+    def __init__(self, p: Proof, nobj: int, finite: bool = False,
+                 formula: Callable[[Any, Any], Any] | None = None) -> None:
         self.p, self.nobj, self.finite = p, nobj, finite
+        #: the formula evaluated (default the inductive invariant; the named one: :func:`named_eval`)
+        self.formula = formula if formula is not None else p.inv
         self.progs: dict[int, tuple[Any, native.Program | None]] = {}
         if finite:  # quantifiers instantiated over the universe once, then substituted per state
             self.s = fresh(p.fields, "iv")
-            self.expr = instantiate(z3.And(*[p.inv(self.s, z3.IntVal(i)) for i in range(nobj)]),
+            self.expr = instantiate(z3.And(*[self.formula(self.s, z3.IntVal(i)) for i in range(nobj)]),
                                     list(range(nobj)) + [-1])
         else:
             # one formula per tuple of the counts (a prefix-sum ghost over a concrete count is
@@ -435,7 +460,7 @@ class InvariantEval:
             expr = self.by_counts.get(key)
             if expr is None:
                 sc = self.sym.set(**{f: iv(state[f]) for f in self.counts})
-                expr = self.by_counts[key] = z3.And(*[self.p.inv(sc, z3.IntVal(i)) for i in range(self.nobj)])
+                expr = self.by_counts[key] = z3.And(*[self.formula(sc, z3.IntVal(i)) for i in range(self.nobj)])
             fields, sym = self.rest, self.sym
         k = expr.get_id()
         if k not in self.progs:
@@ -461,6 +486,21 @@ def inv_eval(p: Proof, nobj: int, finite: bool) -> InvariantEval:
     ie = _INV_EVALS.get(key)
     if ie is None:
         ie = _INV_EVALS[key] = InvariantEval(p, nobj, finite)
+    return ie
+
+
+def named_eval(p: Proof, nobj: int, finite: bool) -> InvariantEval:
+    """The evaluator of the invariant the row is named for (:func:`proofs.named_of`: the inductive
+    invariant without its auxiliary and ghost conjuncts) on concrete projected states."""
+    from memspec.invariants.proofs import named_of
+
+    f = named_of(p)
+    if f is p.inv:
+        return inv_eval(p, nobj, finite)
+    key = (f, tuple(p.fields.items()), p.counts, nobj, finite)
+    ie = _INV_EVALS.get(key)
+    if ie is None:
+        ie = _INV_EVALS[key] = InvariantEval(p, nobj, finite, formula=f)
     return ie
 
 
@@ -538,7 +578,7 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
                      samples: int, seed: int, too_big: Callable[[Any], bool], max_steps: int = 400000,
                      restart_every: int = 60, inv_samples: int = 0, favour: float = 0.85,
                      per_branch: int | None = None, prior: list[AgreementReport] | None = None,
-                     soft_steps: int | None = None) -> list[AgreementReport]:
+                     soft_steps: int | None = None, perturb: int | None = None) -> list[AgreementReport]:
     """Walk ``machine`` from ``init()``; at each step whose action has adapters,
     compare; stop when every adapter has enough samples.  ``favour``: how
     often a step is drawn among the actions whose adapters still need samples
@@ -554,7 +594,11 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
     counts count towards the quotas.  ``soft_steps`` (default
     ``SOFT_STEPS_PER_SAMPLE x samples``): past this many steps a branch needs
     one sample, not ``per_branch`` (a rare branch ends the walk as soon as it
-    is reached).  Deterministic in ``seed``; nothing depends on time."""
+    is reached).  ``perturb`` (default :data:`agreement_perturb.PER_STATE`; 0: off): on each state
+    where a row compares the invariants, that many perturbed copies compared too (the executable
+    invariant on the copy, the encoding on its projection: :mod:`memspec.invariants.agreement_perturb`;
+    their own seeded draws, so the walk is the same with or without).  Deterministic in ``seed``;
+    nothing depends on time."""
     from memspec.invariants.proofs import branches as branch_set
 
     rng = random.Random(seed)
@@ -674,6 +718,58 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
                     if len(r.exec_violations) < 20:
                         r.exec_violations.append(f"{i} fails {where}: {why}")
 
+    from memspec.invariants import agreement_perturb as PT
+
+    n_perturb = PT.PER_STATE if perturb is None else perturb
+    perturber = PT.Perturber(seed * 7919 + 33)
+
+    def perturb_rows(act: Any, args: dict[str, Any], taken: str, todo: list[Any]) -> None:
+        """The rows of ``todo`` that compare the invariants on this (pre-step) state: each also on
+        ``n_perturb`` perturbed copies of it (one deep copy, shared)."""
+        base: list[Any] = []
+        lv: list[Any] = []   # the state's leaves, enumerated once for every row
+
+        def copy_of() -> Any:
+            if not base:
+                base.append(copy.deepcopy(state))
+            return base[0]
+
+        for ad, _rep, _pr in todo:
+            for inv_id in (ad.invariant,) + ad.also:
+                key = (inv_id, ad.action, ad.spec_action)
+                if reps[key].inv_samples >= want_inv[key]:
+                    continue
+                r_, p_ = reps[key], proofs[inv_id]
+                exec_id = getattr(p_, "declared_by", inv_id)
+
+                def evaluate(pattern: str, where: str, pr: Any, why: str | None, r_: Any = r_, p_: Any = p_,
+                             ad: Adapter = ad, inv_id: str = inv_id, exec_id: str = exec_id) -> None:
+                    if pr is None:
+                        r_.perturb_skipped += 1
+                        return
+                    enc_state, _a, u = pr
+                    r_.perturbed += 1
+                    r_.level = type(state).__name__
+                    if why is None:
+                        if not named_eval(p_, u.nobj, ad.finite).holds(enc_state):
+                            if PT.is_shadowed(inv_id, pattern):
+                                r_.shadowed += 1
+                            else:
+                                r_.exec_weaker.append(
+                                    f"{where} (a state near the one before {act.name}{args}): the executable "
+                                    f"{exec_id} holds, the encoded {inv_id} (named) fails")
+                    else:
+                        r_.exec_rejected += 1
+                        if inv_eval(p_, u.nobj, ad.finite).holds(enc_state):
+                            r_.enc_weaker[pattern] = r_.enc_weaker.get(pattern, 0) + 1
+
+                if not lv:
+                    lv.append(PT.leaves(state))
+                picks = perturber.pick(inv_id, state, n_perturb, getattr(state, "page", 1) or 1, lv[0])
+                r_.perturb_skipped += PT.perturbed(
+                    state, picks, SPEC_INVARIANTS[exec_id].check,
+                    lambda st, ad=ad: ad.project(st, args, taken), evaluate, copy_of)
+
     state = init()
     assert_exec("at the initial state")
     steps_since = 0
@@ -723,6 +819,8 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
         spec_before = {i: SPEC_INVARIANTS[getattr(proofs[i], "declared_by", i)].check(state) is None
                        for ad, rep, _pr in todo for i in (ad.invariant,) + ad.also
                        if reps[(i, ad.action, ad.spec_action)].inv_samples < want_inv[(i, ad.action, ad.spec_action)]}
+        if n_perturb and spec_before:
+            perturb_rows(act, args, taken, todo)
         value = follow(branch)
         assert_exec(f"after {act.name}{args} -> {taken}")
         for ad, rep, (enc_state, enc_args, u) in todo:

@@ -271,29 +271,99 @@ def _frozen(obj: Any) -> bool:
     return dataclasses.is_dataclass(obj) and getattr(type(obj), "__dataclass_params__").frozen
 
 
-@contextmanager
-def _s8_exec_weakened() -> Iterator[None]:
+def _exec_weakened(inv: str, make: Callable[[Any], Any]) -> Callable[[], Iterator[None]]:
+    """The executable invariant ``inv`` (``memspec.spec.invariants``) with a conjunct dropped: its
+    ``check`` and ``full_check`` replaced by ``make(SI)`` (a ``_Levels``, built from the module), the
+    module attribute and :data:`BY_ID` patched for the duration of the break."""
+    @contextmanager
+    def cm() -> Iterator[None]:
+        import dataclasses
+
+        from memspec.spec import invariants as SI
+
+        old = SI.BY_ID[inv]
+        lv = make(SI)
+        new = dataclasses.replace(old, check=lv, full_check=lv, levels=lv.levels)
+        with _patched(SI, inv, new):
+            SI.BY_ID[inv] = new
+            try:
+                yield
+            finally:
+                SI.BY_ID[inv] = old
+    return cm
+
+
+def _s8_no_granted(SI: Any) -> Any:
     """executable S8 with its first conjunct dropped (granted = open grants + ticket holdings)."""
-    import dataclasses
-
-    from memspec.spec import invariants as SI
-
     def weak(s: Any) -> Any:
         for h, n in s.charged_by.items():
             own = s.live_bytes_by.get(h, 0) + s.queued_bytes_by.get(h, 0) + s.lease_bytes.get(h, 0)
             if n != own:
                 return f"{h} is charged {n} but its live and queued footprints and leases come to {own}"
         return None
+    return SI._sys(weak)
 
-    old = SI.BY_ID["S8"]
-    lv = SI._sys(weak)
-    new = dataclasses.replace(old, check=lv, full_check=lv, levels=lv.levels)
-    with _patched(SI, "S8", new):
-        SI.BY_ID["S8"] = new
-        try:
-            yield
-        finally:
-            SI.BY_ID["S8"] = old
+
+#: kept for callers of the former name: the S8 break's context manager
+_s8_exec_weakened = _exec_weakened("S8", _s8_no_granted)
+
+
+def _s11_no_holder_sum(SI: Any) -> Any:
+    """executable S11 (system level) without "the holders' charges sum to the ledger's charged"."""
+    def weak(s: Any) -> Any:
+        if not K.ledger_ok(K.Ledger(s.capacity, s.free, s.granted, s.charged)):
+            return f"ledger broken: capacity {s.capacity} != free {s.free} + granted {s.granted} + charged {s.charged}"
+        for h, n in s.charged_by.items():
+            if n < 0:
+                return f"{h} has a negative charge {n}"
+        return None
+    return SI._both(SI._s11_mech, weak)
+
+
+def _s5_no_physical_model(SI: Any) -> Any:
+    """executable S5 (mechanism level) without "the physical bytes reported are the pages installed"."""
+    def weak(s: Any) -> Any:
+        if s.absent_answered:
+            return f"an absent capability was answered with an object ({s.absent_answered} time(s))"
+        return None
+    return SI._both(weak, SI._s5_sys)
+
+
+def _s13_no_readonly(SI: Any) -> Any:
+    """executable S13 (mechanism level) without "no write through a read-only mapping succeeded"."""
+    def weak(s: Any) -> Any:
+        live = 0
+        for h in s.handles.values():
+            if h.freed and (not h.released or h.mappings):
+                return f"handle {h.ref} freed with {h.mappings} mapping(s), released={h.released}"
+            if not h.freed:
+                live += h.size
+        if live != s.shared_bytes:
+            return f"unfreed handles hold {live} bytes; counted {s.shared_bytes}"
+        return None
+    return SI._both(weak, SI._s13_sys)
+
+
+def _s12_nothing(SI: Any) -> Any:
+    """executable S12 with its one conjunct dropped (no moved address recorded): it accepts everything."""
+    return SI._sys(lambda s: None)
+
+
+def _exec_weakened_breaks() -> list[Break]:
+    """Issue 33's "a weakened executable check": each caught by the agreement's comparison on perturbed
+    states (:mod:`memspec.invariants.agreement_perturb`), as ``memspec prove`` runs it."""
+    return [
+        Break("S8 spec: the executable S8 drops its granted = open + held conjunct", "spec", "S8",
+              ("agreement",), patch=_s8_exec_weakened),
+        Break("S11 spec: the executable S11 drops its holders' charges = charged conjunct", "spec", "S11",
+              ("agreement",), patch=_exec_weakened("S11", _s11_no_holder_sum)),
+        Break("S5 spec: the executable S5 drops its physical = installed pages conjunct", "spec", "S5",
+              ("agreement",), patch=_exec_weakened("S5", _s5_no_physical_model)),
+        Break("S13 spec: the executable S13 drops its read-only writes conjunct", "spec", "S13",
+              ("agreement",), patch=_exec_weakened("S13", _s13_no_readonly)),
+        Break("S12 spec: the executable S12 drops its one conjunct (accepts everything)", "spec", "S12",
+              ("agreement",), patch=_exec_weakened("S12", _s12_nothing)),
+    ]
 
 
 def _footprint_one_page_more(orig: Any) -> Any:
@@ -304,10 +374,9 @@ def _footprint_one_page_more(orig: Any) -> Any:
 
 def uncaught() -> list[Break]:
     """Breaks of issue 33 that no detector catches yet (not in :func:`catalog`, so ``--self-test``
-    still means "every planted break killed"): a weakened executable check is invisible while the
-    agreement compares the executable and encoded invariants only on reachable states, where both hold."""
-    return [Break("S8 spec: the executable S8 drops its granted = open + held conjunct", "spec", "S8",
-                  ("agreement",), patch=_s8_exec_weakened)]
+    still means "every planted break killed").  None now: the weakened executable checks are
+    :func:`_exec_weakened_breaks`, caught by the comparison on perturbed states."""
+    return []
 
 
 # -- caching breaks (spec/caching policy) -------------------------------------------
@@ -583,6 +652,7 @@ def catalog() -> list[Break]:
     for inv, (act_name, _guard, words) in UNGUARDED.items():
         out.append(Break(f"{inv} encoding (caching heap): {act_name} without '{words}'", "encoding", inv,
                          (f"heap:{inv}",)))
+    out += _exec_weakened_breaks()
     out += _generation_progress_breaks()
     out += _caching_knob_breaks()
     out += _caching_expandable_breaks()
@@ -639,9 +709,17 @@ def detect_prove(p: Proof, baseline: tuple[set[str], bool]) -> str | None:
 DETECT_PER_BRANCH = 3
 
 
-def detect_agreement(inv: str, samples: int = 150) -> str | None:
+#: invariant-agreement states per adapter of the self-test's agreement walk: on each, the executable
+#: and encoded invariants are also compared on perturbed copies (a weakened executable check)
+DETECT_INV_SAMPLES = 60
+
+
+def detect_agreement(inv: str, samples: int = 150, inv_samples: int = DETECT_INV_SAMPLES) -> str | None:
+    """Transition agreement of ``inv``'s encoded actions with the (possibly broken) spec, then the
+    invariant strength on perturbed states (:func:`agreement_perturb.strength_problems`)."""
     from memspec.invariants import agreement_adapters as A
     from memspec.invariants.agreement import walk_and_compare
+    from memspec.invariants.agreement_perturb import strength, strength_problems
     from memspec.spec.mechanism import MECHANISM
     from memspec.spec.system import SYSTEM
 
@@ -650,14 +728,20 @@ def detect_agreement(inv: str, samples: int = 150) -> str | None:
              (SYSTEM, A._sys_init, A.SYS_ADAPTERS, A._sys_too_big)]
     if hasattr(A, "TICKET_ADAPTERS"):  # S15 / G1 sample on the ticket protocol's walk
         walks.append((A._Restricted(SYSTEM, A._TICKET_WALK), A._tickets_init, A.TICKET_ADAPTERS, A._sys_too_big))
+    every: list[Any] = []
     for machine, init, ads, too_big in walks:
-        mine = [a for a in ads if a.invariant == inv]
+        mine = [a for a in ads if a.invariant == inv or inv in a.also]   # S8's rows ride on S11's adapters
         if not mine:
             continue
-        for rep in walk_and_compare(machine, init, mine, proofs, samples, 1, too_big, max_steps=20000,
-                                    per_branch=DETECT_PER_BRANCH):
+        reps = walk_and_compare(machine, init, mine, proofs, samples, 1, too_big, max_steps=20000,
+                                per_branch=DETECT_PER_BRANCH, inv_samples=inv_samples)
+        for rep in reps:
             if rep.mismatches:
                 return f"prove/agreement: {rep.action} disagrees with the spec ({len(rep.mismatches)} samples)"
+        every += reps
+    why = strength_problems(strength(every, inv))
+    if why:
+        return f"prove/agreement (invariant strength): {inv} {why[0][:160]}"
     return None
 
 

@@ -95,6 +95,9 @@ def _s2(s: SysState) -> str | None:
     for h, n in s.physical_by.items():
         if n > s.charged_by.get(h, 0):
             return f"{h}: {n} bytes installed but only {s.charged_by.get(h, 0)} charged"
+    for h, n in s.charged_by.items():   # a holder with nothing installed: 0 bytes, never above its charge
+        if h not in s.physical_by and n < 0:
+            return f"{h}: 0 bytes installed but only {n} charged"
     return None
 
 

@@ -304,3 +304,20 @@ def test_the_invariant_evaluator_decides_as_the_invariant_built_on_the_state() -
                    else (0, {0: 1}))
         assert inv_eval(E.S13, u.nobj, False).holds(bad) == _direct(E.S13, bad, u.nobj) is False
     assert seen_maps >= 2
+
+
+def test_no_row_has_an_executable_invariant_weaker_than_its_encoding(reports) -> None:
+    """On the unbroken spec the comparison on perturbed states (issue 33) fails no row: the executable
+    invariant never holds where the named encoding fails (off :data:`agreement_perturb.SHADOWED`), and
+    rejects some perturbed state wherever the encoding does; every row was compared on perturbed states."""
+    from memspec.invariants.agreement_perturb import strength, strength_problems
+
+    for inv in sorted({r.invariant for r in reports}):
+        st = strength(reports, inv)
+        assert st["perturbed"] > 0, inv
+        assert not strength_problems(st), (inv, strength_problems(st))
+    # every row with shadowed fields needs them: without the list its row would fail
+    from memspec.invariants.agreement_perturb import SHADOWED
+
+    for inv in SHADOWED:
+        assert strength(reports, inv)["shadowed"] > 0, inv

@@ -98,3 +98,82 @@ def test_solver_budgets_are_rlimit_units_only() -> None:
     assert not hasattr(H, "QF_WALL_MS")
     for mod in (P, H, *H.PARTS):
         assert 'set("timeout"' not in inspect.getsource(mod)
+
+
+# --------------------------------------------------------------------------
+# a weakened executable check (issue 33): the invariants compared on perturbed states
+# --------------------------------------------------------------------------
+
+def test_weakened_executable_checks_are_caught() -> None:
+    """Each planted weakening of an executable invariant (a conjunct dropped) is caught by the
+    agreement's comparison on perturbed states, which is silent on the unbroken spec; none is left
+    in ``uncaught()``."""
+    breaks = T._exec_weakened_breaks()
+    assert len({b.invariant for b in breaks}) >= 3 and not T.uncaught()
+    assert all(b.name in {c.name for c in T.catalog()} for b in breaks)
+    for b in breaks:
+        assert T.detect_agreement(b.invariant) is None, b.invariant
+        with b.patch():
+            caught = T.detect_agreement(b.invariant)
+        assert caught and "invariant strength" in caught and f" {b.invariant} " in caught, (b.name, caught)
+
+
+def test_a_weakened_check_is_caught_by_prove_rows() -> None:
+    """``memspec prove``'s verdict reads the same figures: the row of a weakened S8 is not proved."""
+    from memspec.commands.prove import _verdict
+    from memspec.invariants.agreement_perturb import strength, strength_problems
+
+    with T._s8_exec_weakened():
+        reps = _ledger_walk(samples=40, inv_samples=10)
+    st = strength(reps, "S8")
+    assert st["executable_weaker"] and strength_problems(st)
+    rec = {"status": "proved", "assumed": [], "declared_actions": [], "encoded_actions": [],
+           "invariant_agreement": {"samples": 1, "disagreements": 0}, "transition_agreement": {"a": {"ok": 1}},
+           "unguarded": {"refuted": True, "named_invariant_violated": True}, "bounded": "",
+           "invariant_strength": st}
+    assert not _verdict(rec)["proved"] and any("weaker than its encoding" in w for w in rec["_why"])
+
+
+def _ledger_walk(samples: int, inv_samples: int, seed: int = 1, perturb: int | None = None) -> list:
+    from memspec.invariants import agreement_adapters as A
+    from memspec.invariants.agreement import walk_and_compare
+    from memspec.spec.system import SYSTEM
+
+    proofs = {p.id: p for p in all_proofs()}
+    mine = [a for a in A.SYS_ADAPTERS if "S8" in a.also]
+    return walk_and_compare(SYSTEM, A._sys_init, mine, proofs, samples, seed, A._sys_too_big, max_steps=3000,
+                            inv_samples=inv_samples, perturb=perturb)
+
+
+def test_perturbations_are_deterministic_and_leave_the_walk_alone() -> None:
+    """The perturbed leaves and values depend on the seed only; the walk (samples, branches,
+    invariant samples) is the same with or without them; the walker never touches the walked state."""
+    from memspec.invariants import agreement_perturb as PT
+    from memspec.invariants.agreement_adapters import _sys_init
+
+    st = _sys_init()
+
+    def values(s) -> dict:
+        return {p: [PT.read(s, x) for x in xs] for p, xs in PT.leaves(s).items()}
+
+    before = values(st)
+    a, b = PT.Perturber(5), PT.Perturber(5)
+    picks = [a.pick("S8", st, 4, st.page) for _ in range(6)]
+    assert picks == [b.pick("S8", st, 4, st.page) for _ in range(6)]
+    pats = [p for ps in picks for p, _path, _v in ps]
+    assert len(set(pats)) == len(pats) or len(set(pats)) == len(PT.leaves(st))   # the patterns in turn
+    seen = []
+    PT.perturbed(st, picks[0], lambda s: None, lambda s: s.granted,
+                 lambda pat, where, pr, why: seen.append((pat, where, pr)))
+    assert len(seen) == 4 and values(st) == before
+
+    def figures(reps: list) -> list:
+        return [(r.invariant, r.action, r.samples, r.inv_samples, sorted(r.branches.items()), r.perturbed,
+                 r.perturb_skipped, r.exec_weaker, r.shadowed, sorted(r.enc_weaker.items()), r.exec_rejected)
+                for r in reps]
+
+    one, two = _ledger_walk(30, 6), _ledger_walk(30, 6)
+    assert figures(one) == figures(two) and sum(r.perturbed for r in one) > 0
+    off = _ledger_walk(30, 6, perturb=0)
+    assert [f[:5] for f in figures(off)] == [f[:5] for f in figures(one)]
+    assert sum(r.perturbed for r in off) == 0

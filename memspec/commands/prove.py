@@ -14,7 +14,11 @@ and "proved" only when all of these hold (DESIGN.md, *What "proved" must mean*):
   invariant holds exactly where the executable one does;
 * transition agreement: every branch of every encoded action that has a spec
   counterpart was sampled and agreed (per-branch counts; 0 samples fails);
-* the unguarded variant (one guard removed) breaks the invariant it names.
+* the unguarded variant (one guard removed) breaks the invariant it names;
+* invariant strength: on perturbed copies of the walk's states (mostly
+  unreachable; :mod:`memspec.invariants.agreement_perturb`) the executable
+  invariant never holds where the named encoding fails, and it rejects some
+  perturbed state wherever the encoding does (a weakened executable check).
 
 Exit status 1 if any invariant is not proved.  ``--json FILE`` writes the
 per-invariant record; ``--self-test`` plants breaks and prints a kill table.
@@ -66,6 +70,9 @@ def _seed000_record(p: Any, r: Any, reps: list[Any], branch_sets: dict[str, list
         mismatches += [f"{x.action}: {m}" for m in x.mismatches]
     unsampled = [f"{act}/{b}" for act, bs in trans.items() for b, n in bs.items() if n == 0]
     exec_bad = sorted({v for x in mine for v in x.exec_violations})
+    from memspec.invariants.agreement_perturb import strength
+
+    strong = strength(reps, p.id)
     # each action's hypotheses shown satisfiable, per outcome branch: by a Z3 model (its branch) or
     # by a concrete state of the agreement walk that satisfies them (every branch of an action with a
     # spec counterpart; one branch of an action without)
@@ -93,6 +100,8 @@ def _seed000_record(p: Any, r: Any, reps: list[Any], branch_sets: dict[str, list
                       "named_invariant_violated": r.named_invariant_violated,
                       "violates": r.unguarded_violates or None, "trace": r.unguarded_trace},
         "executable_invariant": {"violations": len(exec_bad), "examples": exec_bad[:3]},
+        # the executable invariant against the encoding on perturbed (unreachable) states near the walk's
+        "invariant_strength": strong,
         "hypotheses": {"unknown_to_z3": list(r.hyp_unknown), "not_shown_satisfiable": unshown,
                        "contradictory": [c.name[4:] for c in r.checks if c.name.startswith("hyp:") and not c.ok]},
         "checks": [{"name": c.name, "ok": c.ok, "seconds": round(c.seconds, 3), "detail": c.detail} for c in r.checks],
@@ -129,6 +138,10 @@ def _verdict(rec: dict[str, Any]) -> dict[str, Any]:
     if ex.get("violations"):
         why.append(f"executable invariant fails on {ex['violations']} visited state(s) of the agreement walk, "
                    f"e.g. {ex['examples'][0][:200]}")
+    if rec.get("invariant_strength") is not None:
+        from memspec.invariants.agreement_perturb import strength_problems
+
+        why += strength_problems(rec["invariant_strength"])
     hy = rec.get("hypotheses") or {}
     if hy.get("not_shown_satisfiable"):
         ns = hy["not_shown_satisfiable"]
@@ -505,6 +518,8 @@ def _json(records: list[dict[str, Any]], caching: Any, total: float) -> dict[str
     for r in records:
         out["invariants"][r["id"]]["unguarded"] = {k: r["unguarded"][k]
                                                    for k in ("guard", "refuted", "named_invariant_violated")}
+        if r.get("invariant_strength") is not None:
+            out["invariants"][r["id"]]["invariant_strength"] = r["invariant_strength"]
     if caching is not None:
         out["caching_cpu_seconds"] = {k: round(v, 2) for k, v in CPU.items()}
         out["caching"] = {
