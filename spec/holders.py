@@ -217,10 +217,12 @@ def _perform_respond(sut: Any, answer: tuple[int, str, bool], pending: Any) -> S
         return Seen(None, {})
     done = done_flags(sut, pending)
     role = sut.weights if holder == WEIGHTS else sut.kv
+    queued = sut.ep.pending_releases()
     released = role.on_pressure(t)
     sut.ep.poll()
     t2 = sut.governor.respond(t, name, released)
-    return Seen(None, {"done": done, "released": released, "state": t2.state, "held": t2.held})
+    return Seen(None, {"done": done, "released": released, "state": t2.state, "held": t2.held,
+                       "drained": queued - sut.ep.pending_releases()})
 
 
 @action(role="Holder",
@@ -239,6 +241,14 @@ def respond(s: SysState, answer: tuple[int, str, bool], pending: Any) -> Any:
     refunded; then the Governor moves exactly the reported bytes from free
     into the ticket, which becomes granted once it holds its amount.  A
     terminal ticket takes no answer: InvalidTicket.
+
+    The answer runs the deferred-free queue (the holder's ``on_pressure``
+    and the EP's ``poll``) as ``poll`` does: of the releases queued before
+    it, only those whose fences are all done may run (the victims' fresh
+    releases may run too).  The queue shrinking by more than the releases
+    reported done ran one before its fence: S4's clause
+    ``release-before-fence`` (*GPU release must obey stream/fence
+    ordering*), whatever figure the early refund then moves.
     """
     t_ref, holder, terminal = answer
     t = s.tickets[t_ref]
@@ -277,9 +287,24 @@ def respond(s: SysState, answer: tuple[int, str, bool], pending: Any) -> Any:
         r = sum(weight_footprint(s, w) for w in cold[:2])
         held = t.held + r
         state = TicketState.GRANTED if (t.state == TicketState.GRANTED or held >= t.amount) else TicketState.PENDING
-        return Seen(None, {"done": known_flags(s, pending), "released": r, "state": state, "held": held})
+        done = known_flags(s, pending)
+        return Seen(None, {"done": done, "released": r, "state": state, "held": held,
+                           "drained": sum(1 for d in done if d)})
 
-    return outcomes(Returns("the bytes the holder's releases refunded, now held by the ticket", accepts, then, witness),
+    exact = all(s.queue[seq].exact for seq, _f in pending if seq in s.queue)
+
+    def fenced_ok(v: Any) -> bool:
+        """The queue (as the EP counts it) drained by at most the releases reported done (the
+        victims' own releases, queued and run inside the answer, cancel out).  A queue holding an
+        object the implementation may release in pieces (a KV request's pages) is bounded only
+        when no release was reported done: then nothing of it may run."""
+        drained = v["drained"]
+        may = sum(1 for d in v["done"] if d)
+        return type(drained) is int and drained <= (may if exact or may == 0 else drained)
+
+    return outcomes(Returns("the bytes the holder's releases refunded, now held by the ticket", accepts, then, witness,
+                            checks=(Check("S4", "release-before-fence", fenced_ok,
+                                          "the queue ran no release whose fences were not all done"),)),
                     blame="S6", touched=(t_ref,))
 
 

@@ -162,13 +162,13 @@ def test_holders_choose_cold_victims_and_the_ticket_is_granted_claimed():
     drive(SYSTEM, s, "load_weight", weight=("w2", True, 4 * PAGE))   # hot
     t = _ticket(s, 2 * PAGE)
     pend = queue_snapshot(s)
-    hot = Seen(None, {"done": [], "released": 4 * PAGE, "state": TicketState.GRANTED, "held": 4 * PAGE})
+    hot = Seen(None, {"done": [], "released": 4 * PAGE, "state": TicketState.GRANTED, "held": 4 * PAGE, "drained": 0})
     assert not permits(SYSTEM, s, "respond", answer=(t, "weights", False), pending=pend, value=hot)
-    kv_some = Seen(None, {"done": [], "released": PAGE, "state": TicketState.PENDING, "held": PAGE})
+    kv_some = Seen(None, {"done": [], "released": PAGE, "state": TicketState.PENDING, "held": PAGE, "drained": 0})
     assert not permits(SYSTEM, s, "respond", answer=(t, "kv", False), pending=pend, value=kv_some), "KV holds nothing"
-    zero = Seen(None, {"done": [], "released": 0, "state": TicketState.PENDING, "held": 0})
+    zero = Seen(None, {"done": [], "released": 0, "state": TicketState.PENDING, "held": 0, "drained": 0})
     drive(SYSTEM, s, "respond", answer=(t, "kv", False), pending=pend, value=zero)  # 0 is a valid answer
-    cold = Seen(None, {"done": [], "released": 2 * PAGE, "state": TicketState.GRANTED, "held": 2 * PAGE})
+    cold = Seen(None, {"done": [], "released": 2 * PAGE, "state": TicketState.GRANTED, "held": 2 * PAGE, "drained": 0})
     drive(SYSTEM, s, "respond", answer=(t, "weights", False), pending=pend, value=cold)
     assert not s.weights["w1"].resident and s.weights["w2"].resident
     assert s.tickets[t].state == TicketState.GRANTED and s.granted == 2 * PAGE
@@ -295,6 +295,27 @@ def test_reservation_commit_keeps_address_and_decommit_is_deferred():
     ok(s)
 
 
+def test_an_answer_that_drains_a_release_whose_fence_is_pending_breaks_s4():
+    """A holder's answer runs the deferred-free queue as poll does: the queue
+    may shrink by at most the releases reported done; more ran one before
+    its fence (S4's clause ``release-before-fence``), not the holder's rule."""
+    s = fresh()
+    st = drive(SYSTEM, s, "new_stream", value=7)
+    a = drive(SYSTEM, s, "allocate_owned", size=PAGE)
+    drive(SYSTEM, s, "use", allocation=a, stream=st, value=Fence(7, 1))
+    drive(SYSTEM, s, "drop", allocation=a, value=None)
+    t = _ticket(s, PAGE)
+    pend = queue_snapshot(s)
+    assert len(pend) == 1 and pend[0][1], "a release queued behind a fence of its work"
+    early = Seen(None, {"done": [False], "released": 0, "state": TicketState.PENDING, "held": 0, "drained": 1})
+    outs = SYSTEM.action("respond").step(s, answer=(t, "kv", False), pending=pend)
+    assert outs.match(early) is None
+    _b, bad = outs.closest(early)
+    assert [c.id for c in bad] == ["S4.release-before-fence"]
+    waits = Seen(None, {"done": [False], "released": 0, "state": TicketState.PENDING, "held": 0, "drained": 0})
+    assert permits(SYSTEM, s, "respond", answer=(t, "kv", False), pending=pend, value=waits)
+
+
 # -- contexts ------------------------------------------------------------------
 
 
@@ -333,7 +354,7 @@ def test_weights_hot_cold_unload():
     drive(SYSTEM, s, "load_weight", weight=("w2", True, 4 * PAGE), value=Seen(None, {"footprint": 4 * PAGE}))
     assert s.charged_by["weights"] == 4 * PAGE
     t = _ticket(s, PAGE)
-    hot_victim = Seen(None, {"done": [], "released": 4 * PAGE, "state": TicketState.GRANTED, "held": 4 * PAGE})
+    hot_victim = Seen(None, {"done": [], "released": 4 * PAGE, "state": TicketState.GRANTED, "held": 4 * PAGE, "drained": 0})
     assert not permits(SYSTEM, s, "respond", answer=(t, "weights", False), pending=(), value=hot_victim)
     drive(SYSTEM, s, "set_hot", weight="w2", hot=False, value=None)
     assert permits(SYSTEM, s, "respond", answer=(t, "weights", False), pending=(), value=hot_victim)
