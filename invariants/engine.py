@@ -325,6 +325,8 @@ class Run(Draws):
         v = violation_class(invariant + (f".{check}" if check else ""))(invariant, cause, reason, self.trace,
                                                                           self.nsteps)
         v.check = check
+        if key is None and cause == "data":   # a data check raised from the integrity layer: maskable as after_step masks it
+            key = (None, f"{invariant}.data")
         v.key = key
         v.also_keys = also   # the mask keys of the other checks that failed at the same step
         v.masked_hits = list(getattr(self, "masked_hits", ()))
@@ -766,9 +768,13 @@ class Run(Draws):
                 bad = self.machine.check_invariants(self.state, full=True)
             except Exception as e:  # noqa: BLE001
                 raise SpecError(f"a full invariant check raised {type(e).__name__}: {e}") from e
-            if bad:
-                inv, why = bad[0]
-                self.fail(inv, "invariant", why + " (full check at end of run)", key=(None, f"{inv}.invariant"))
+            masks = self.plan.masks
+            for inv, why in bad:   # a masked invariant stays masked here too (its failure was found before)
+                key = (None, f"{inv}.invariant")
+                if key in masks:
+                    self._hit((self.nsteps, key))
+                    continue
+                self.fail(inv, "invariant", why + " (full check at end of run)", key=key)
             if self.integrity is not None:
                 self.integrity.verify_all()
         finally:

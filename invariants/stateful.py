@@ -203,9 +203,16 @@ SHRINK_SECONDS: float | None = 300.0
 
 #: further passes after a pass that found failures (each with the checks those
 #: failures broke masked, every action kept): every distinct failure in one
-#: run.  3: a crash whose leftovers show in two figures at the next pass
-#: (the seed toy's small-request crash) still leaves a pass for a second bug
+#: run.  Counted in *full passes' worth of steps*, not in passes: a pass
+#: that finds its failure early costs little, so a crash whose leftovers
+#: show in one figure after another (the seed toy's small-request crash:
+#: six figures over six short passes) still leaves room for a second bug;
+#: passes that explore their whole budget stop after 3 more
 MORE_PASSES = 3
+
+#: at most this many passes in one run, however cheap (each failure found is
+#: then minimized, diagnosed and related: bounded work per failure)
+MAX_PASSES = 16
 
 
 
@@ -216,8 +223,10 @@ def run_hypothesis(plan: E.Plan, settings: Any, *, seed: int | None = None,
     """Drive the plan's state machine under ``settings`` in this process;
     never raises for a target's misbehaviour (it lands in the result).
 
-    Every distinct failure in one run: after a pass that found failures, up
-    to ``more_passes`` (default :data:`MORE_PASSES`) further passes run with
+    Every distinct failure in one run: after a pass that found failures,
+    further passes run, while the run's steps stay within ``more_passes``
+    (default :data:`MORE_PASSES`) more passes' worth (``max_examples x
+    stateful_step_count`` each; at most :data:`MAX_PASSES` passes), with
     those failures' checks *masked* (``Plan.masks``): every action stays in
     the table, the spec follows the branch whose clause broke (or, for an
     answer it cannot follow, keeps its state), and every other check goes
@@ -242,8 +251,12 @@ def run_hypothesis(plan: E.Plan, settings: Any, *, seed: int | None = None,
     if Phase.generate not in settings.phases:
         left = 0  # a replay-only run (reuse/shrink) cannot explore further: one pass
     t0 = time.perf_counter()
+    spend = (left + 1) * settings.max_examples * settings.stateful_step_count   # steps all passes may take
+    s0 = plan.stats.steps
     try:
-        for n in range(left + 1):
+        for n in range(MAX_PASSES if left else 1):
+            if n and plan.stats.steps - s0 >= spend:
+                break
             before = len(result.failures)
             _one_pass(plan, settings, seed, shrink_seconds, result, f":pass{n}" if n else "")
             if any(f.invariant == NONDETERMINISM for f in result.failures[before:]) \
@@ -257,7 +270,9 @@ def run_hypothesis(plan: E.Plan, settings: Any, *, seed: int | None = None,
             new = result.failures[before:]
             fresh = []
             for f in new:
-                key = (f.invariant, f.check, _last_action(f))
+                # one failure per check (its mask key): a figure of the same rule at the same call is
+                # another check, and the next pass must mask it too
+                key = f.key if f.key is not None else (f.invariant, f.check, _last_action(f))
                 if key not in seen:
                     seen.add(key)
                     fresh.append(f)
