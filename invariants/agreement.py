@@ -449,6 +449,9 @@ class InvariantEval:
             self.sym = fresh(p.fields, "ivc")
             self.by_counts: dict[tuple[int, ...], Any] = {}
             self.rest = [f for f in p.fields if f not in self.counts]
+        # each substituted field's (constant name, field, kind), read from Z3 once, not per state
+        fields, sym = (list(p.fields), self.s) if finite else (self.rest, self.sym)
+        self._names = [(sym[f].decl().name(), f, p.fields[f]) for f in fields]
 
     def holds(self, state: dict[str, Any]) -> bool:
         """The encoded invariant on a concrete state: by :mod:`z3native`, cross-checked with Z3 on a
@@ -471,7 +474,7 @@ class InvariantEval:
             return Compiled._truth(substitute(expr, *subs) if subs else expr)
 
         return native.checked(self.progs[k][1],
-                              lambda: {sym[f].decl().name(): native_value(self.p.fields[f], state[f]) for f in fields},
+                              lambda: {nm: native_value(kind, state[f]) for nm, f, kind in self._names},
                               lambda v: bool(v[0]), by_z3, f"the encoded {self.p.id}")
 
 
