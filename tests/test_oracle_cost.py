@@ -154,3 +154,21 @@ def test_the_loaders_memory_check_tells_mappings_apart():
         assert "not mapped" in mapped_rw(ro + page, 16)
     finally:
         libc.munmap(ro, 3 * page)
+
+
+@pytest.mark.parametrize("target", ["reference-caching", "reference-caching-seed", "reference-caching-expandable"])
+def test_the_one_pass_stats_figures_are_the_states_own(target):
+    """The memory_stats observation's spec figures, summed in one pass over
+    the blocks, equal ``CachingState.reserved/figure/count`` (same keys, same order)."""
+    from memspec.spec.caching import observations as O
+
+    plan = runner.make_plan(target, "caching")
+    for seed in range(2):
+        run, ch = _walk(plan, seed)
+        try:
+            for _ in range(60):
+                run.step(ch)
+                a, b = O._stats_expected(run.state, None), O._stats_expected_by_figures(run.state, None)
+                assert a == b and list(a) == list(b)
+        finally:
+            run.close()
