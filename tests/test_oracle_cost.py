@@ -172,3 +172,32 @@ def test_the_one_pass_stats_figures_are_the_states_own(target):
                 assert a == b and list(a) == list(b)
         finally:
             run.close()
+
+
+@pytest.mark.parametrize("target", ["reference-caching", "reference-caching-seed", "reference-caching-expandable"])
+def test_c1_from_the_one_pass_figures_is_c1_by_definition(target):
+    """C1's check reads the one-pass pool figures (shared with the stats
+    observation in a check sweep); it answers as its definition over
+    ``CachingState``'s aggregates, on reachable states and on broken ones."""
+    import copy as _copy
+
+    from memspec.spec.caching import invariants as CI
+
+    plan = runner.make_plan(target, "caching")
+    run, ch = _walk(plan, 3)
+    try:
+        for _ in range(60):
+            run.step(ch)
+            st = run.state
+            assert CI._c1(st) == CI._c1_by_figures(st)
+            for seg in st.segments:    # broken copies: more requested than active, a smaller device
+                bad = _copy.deepcopy(st)
+                for b in bad.segments[st.segments.index(seg)].blocks:
+                    b.requested = b.size + 1
+                assert CI._c1(bad) == CI._c1_by_figures(bad)
+                break
+            tiny = _copy.deepcopy(st)
+            tiny.policy = __import__("dataclasses").replace(tiny.policy, capacity=0)   # the policy is shared: a new one
+            assert CI._c1(tiny) == CI._c1_by_figures(tiny)
+    finally:
+        run.close()

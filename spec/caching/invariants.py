@@ -101,7 +101,65 @@ def _spec_segments(st: CachingState) -> list[dict]:
     return out
 
 
+def pool_figures(st: CachingState) -> dict:
+    """``{None | True | False: [reserved, allocated bytes, active bytes,
+    requested bytes, allocated blocks, active blocks]}``, in all and per pool
+    (small, large): ``CachingState.reserved``, ``figure((LIVE,))``,
+    ``figure((LIVE, PENDING))``, ``figure((LIVE, PENDING), requested=True)``,
+    ``count((LIVE,))``, ``count((LIVE, PENDING))`` in one pass over the
+    blocks; once per check sweep (:func:`~memspec.spec.core.checks_memo`:
+    C1 and the ``memory_stats`` observation read it).  Never to be mutated."""
+    memo = checks_memo(st)
+    if memo is not None:
+        got = memo.get("pools")
+        if got is None:
+            got = memo["pools"] = _pool_figures(st)
+        return got
+    return _pool_figures(st)
+
+
+def _pool_figures(st: CachingState) -> dict:
+    acc: dict = {None: [0] * 6, True: [0] * 6, False: [0] * 6}
+    for s in st.segments:
+        # the pools as CachingState's aggregates select them (``s.small == small``)
+        pools = (acc[None], acc[True]) if s.small == True else (acc[None], acc[False]) if s.small == False \
+            else (acc[None],)  # noqa: E712
+        reserved = s.size if not s.expandable else sum(b.size for b in s.blocks if b.state != UNMAPPED)
+        alloc = active = req = n_alloc = n_active = 0
+        for b in s.blocks:
+            state = b.state
+            if state == LIVE:
+                alloc += b.size
+                n_alloc += 1
+            elif state != PENDING:
+                continue
+            active += b.size
+            req += b.requested
+            n_active += 1
+        for a in pools:
+            a[0] += reserved
+            a[1] += alloc
+            a[2] += active
+            a[3] += req
+            a[4] += n_alloc
+            a[5] += n_active
+    return acc
+
+
 def _c1(st: CachingState) -> str | None:
+    figures = pool_figures(st)
+    for small in (None, True, False):
+        name = {None: "all", True: "small_pool", False: "large_pool"}[small]
+        res, _alloc, act, req = figures[small][:4]
+        if not (res >= act >= req):
+            return f"{name}: reserved {res} >= allocated {act} >= requested {req} fails"
+    if figures[None][0] > st.policy.capacity:
+        return f"reserved {figures[None][0]} exceeds the device's {st.policy.capacity} bytes"
+    return _recorded("C1")(st)
+
+
+def _c1_by_figures(st: CachingState) -> str | None:
+    """:func:`_c1` from ``CachingState``'s own aggregates (its definition; the tests compare the two)."""
     for small in (None, True, False):
         name = {None: "all", True: "small_pool", False: "large_pool"}[small]
         res = st.reserved(small)

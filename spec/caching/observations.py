@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from memspec.spec.caching.invariants import layout_violations, spec_segments
-from memspec.spec.caching.state import FREE, LIVE, PENDING, UNMAPPED, CachingState, Policy
+from memspec.spec.caching.invariants import layout_violations, pool_figures, spec_segments
+from memspec.spec.caching.state import FREE, LIVE, PENDING, CachingState, Policy
 from memspec.spec.core import Observation
 
 
@@ -75,33 +75,11 @@ def _memory_stats(sut: Any) -> dict:
 def _stats_expected(st: CachingState, _r: Any) -> dict[str, int]:
     """``memory_stats()`` figures the state fixes: bytes reserved, allocated,
     active (allocated or pending free) and requested, and the counts of
-    allocated and active blocks, per pool and in all (the figures of
-    ``CachingState.reserved``, ``figure`` and ``count``, in one pass over
-    the blocks)."""
-    # per pool: [reserved, allocated bytes, active bytes, requested bytes, allocations, active blocks]
-    acc = {None: [0] * 6, True: [0] * 6, False: [0] * 6}
-    for s in st.segments:
-        pools = (acc[None], acc[True]) if s.small == True else (acc[None], acc[False]) if s.small == False \
-            else (acc[None],)  # noqa: E712 - the pools are compared as CachingState compares them
-        reserved = s.size if not s.expandable else sum(b.size for b in s.blocks if b.state != UNMAPPED)
-        alloc = active = req = n_alloc = n_active = 0
-        for b in s.blocks:
-            state = b.state
-            if state == LIVE:
-                alloc += b.size
-                n_alloc += 1
-            elif state != PENDING:
-                continue
-            active += b.size
-            req += b.requested
-            n_active += 1
-        for a in pools:
-            a[0] += reserved
-            a[1] += alloc
-            a[2] += active
-            a[3] += req
-            a[4] += n_alloc
-            a[5] += n_active
+    allocated and active blocks, per pool and in all (``CachingState``'s
+    ``reserved``, ``figure`` and ``count``, summed in one pass over the
+    blocks by :func:`~memspec.spec.caching.invariants.pool_figures`, which C1
+    shares in a check sweep)."""
+    acc = pool_figures(st)
     out = {}
     for small, name in _POOLS:
         a = acc[small]
