@@ -11,8 +11,9 @@ import os
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: the harness's own modules (proofs/agreement/contracts are checked by their own tests)
-HARNESS = ["errors", "choosers", "guard", "integrity", "engine", "levels", "planning", "runner", "repro", "walk",
-           "harness", "discovery", "report", "pytest_suite", "profiles"]
+HARNESS = ["errors", "choosers", "guard", "integrity", "plan", "draws", "engine", "levels", "planning", "runner",
+           "repro", "walk", "harness", "discovery", "report", "pytest_suite", "profiles", "fuzz", "fuzz_rounds",
+           "fuzz_db", "stateful", "blame", "wire", "results"]
 CLI = ("memspec.cli", "memspec.commands", "memspec.profiles", "memspec.pytest_plugin", "memspec.__main__")
 
 
