@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from memspec.invariants import runner
-from memspec.invariants import wire
+from memspec.invariants import wire as W
 from memspec.invariants.discovery import DEFAULT_TARGET
 from memspec.invariants.guard import BUILD_SECONDS, StepLog, supervise
 from memspec.invariants.fuzz_db import _Counter, lost_saves, open_database  # noqa: F401 - re-exported
@@ -112,24 +112,13 @@ def hard_bound(opts: FuzzOptions) -> float:
 # --------------------------------------------------------------------------
 
 def _fail_dict(f) -> dict:
-    """A failure as conform's child sends it (read by ``_Parent`` and here)."""
-    return {"invariant": f.invariant, "cause": f.cause, "reason": f.reason, "trace": trace_msg(f.trace),
-            "std": f.steps_to_detection, "flaky": f.flaky, "cap": f.capacity,
-            "also": [str(c) for c in f.consequences], "check": f.check,
-            "key": list(f.key) if f.key is not None else None}
+    """A failure as conform's child sends it (one record: :class:`~memspec.invariants.wire.FailureRecord`)."""
+    return W.failure_to_wire(f)
 
 
-def _fail_from(target: str, level: str, d: Any) -> "runner.Failure | None":
-    """A failure from a child's (untrusted) message."""
-    if not isinstance(d, dict):
-        return None
-    s = lambda v: v if isinstance(v, str) else repr(v)  # noqa: E731
-    cap = d.get("cap")
-    return runner.Failure(target, level, s(d.get("invariant")), s(d.get("cause")), s(d.get("reason")),
-                          trace_from(d.get("trace") or []), d.get("std") if type(d.get("std")) is int else None,
-                          flaky=bool(d.get("flaky")), capacity=cap if type(cap) is int and cap > 0 else None,
-                          consequences=[s(c) for c in d.get("also") or [] if isinstance(d.get("also"), list)],
-                          check=d.get("check") if isinstance(d.get("check"), str) else None)
+def _fail_from(target: str, level: str, d: Any) -> "runner.Failure":
+    """A failure from a child's (untrusted) message: every field checked (WireError)."""
+    return W.failure_from_wire(target, level, d)
 
 
 def _plan_msg(plan) -> dict:
@@ -151,6 +140,7 @@ def _hook(ch, plan) -> None:
 
     last_run: list = [None]
     sent = [0]
+    step_wire = W.Step.wire_of
 
     def on_call(run, ts) -> None:
         if ts is None:
@@ -160,17 +150,13 @@ def _hook(ch, plan) -> None:
                 sent[0] = firsts   # the first example of each invariant that failed (not every shrink step)
                 # the example before failed: its steps reach the parent now, before the worker
                 # goes on (a target that kills it next must not take the finding with it)
-                ch.send({"t": "failed-example", "level": plan.level, "trace": trace_msg(before.trace),
-                         "cap": before.capacity})
+                ch.send(W.FailedExample(plan.level, tuple(before.trace), before.capacity).to_wire())
             last_run[0] = run
             if log is not None:
                 log.reset()
-            ch.send({"t": "ex", "cap": run.capacity})
+            ch.send(W.ExampleStart(run.capacity).to_wire())
             return
-        msg = wire._step_msg(ts)
-        if len(run.trace) >= 2:
-            prev = run.trace[-2]
-            msg["po"], msg["pb"] = prev.outcome, list(prev.bound)
+        msg = step_wire(ts, run.trace[-2] if len(run.trace) >= 2 else None)
         if log is None or not log.append(msg, run.plan.stats.steps):
             ch.send(msg)
 
@@ -178,9 +164,7 @@ def _hook(ch, plan) -> None:
         now = _monotonic()
         if now - last[0] > 0.25:
             last[0] = now
-            st = p.stats
-            ch.send({"t": "p", "examples": st.examples, "steps": st.steps, "failing": st.failures_seen,
-                     "outcomes": len(st.outcomes), "actions": dict(st.actions), "seconds": st.seconds})
+            ch.send(W.Progress.of(p.stats).to_wire())
 
     plan.on_call, plan.on_step = on_call, on_step
 
@@ -189,7 +173,7 @@ def _worker(ch, opts: FuzzOptions, w: int, skip: list, stop_flag: _Counter, seco
     """One worker (a supervised child): plan, then fuzz each level with its
     own seed range for ``seconds`` from the end of its start."""
     c_start = time.process_time()
-    ch.send({"t": "hello"})
+    ch.send(W.Hello().to_wire())
     plans = _plans(ch, opts, skip)
     if not plans:
         return
@@ -205,7 +189,7 @@ def _worker(ch, opts: FuzzOptions, w: int, skip: list, stop_flag: _Counter, seco
         return stop_flag.is_set() and not one
 
     def note(text: str) -> None:
-        ch.send({"t": "note", "text": text})
+        ch.send(W.Note(text).to_wire())
 
     try:
         for i, plan in enumerate(plans):
@@ -217,8 +201,7 @@ def _worker(ch, opts: FuzzOptions, w: int, skip: list, stop_flag: _Counter, seco
             res = runner.PlanResult(plan.target, plan.level, plan)
 
             def found(f, walk_at, lvl=plan.level) -> None:
-                ch.send({"t": "found", "level": lvl, "failure": _fail_dict(f),
-                         "walk": list(walk_at) if walk_at else None})
+                ch.send(W.Found(lvl, W.FailureRecord.of(f), tuple(walk_at) if walk_at else None).to_wire())
 
             c0 = time.process_time()
             try:
@@ -226,7 +209,7 @@ def _worker(ch, opts: FuzzOptions, w: int, skip: list, stop_flag: _Counter, seco
                     if w == 0 and not one:   # the database's walk counterexamples, once, by one worker
                         for f in replay_walk_database(plan, database):
                             stop_flag.set()
-                            ch.send({"t": "found", "level": plan.level, "failure": _fail_dict(f), "db": True})
+                            ch.send(W.Found(plan.level, W.FailureRecord.of(f), None, True).to_wire())
                     rs = [] if stop() else fuzz_walk(
                         plan, share, opts, note, shrink=shrink, seed=seed, stop=stop, database=database,
                         on_failure=None if one else (lambda wf: stop_flag.set()), on_found=found)
@@ -244,12 +227,11 @@ def _worker(ch, opts: FuzzOptions, w: int, skip: list, stop_flag: _Counter, seco
                 res.errors += r.errors
                 res.notes += list(getattr(r, "notes", []) or [])
             plan.on_call = plan.on_step = None
-            ch.send({"t": "result", "level": plan.level, "errors": res.errors, "notes": list(res.notes),
-                     "stats": wire._stats_msg(plan.stats), "shrunk": one,
-                     "failures": [_fail_dict(f) for f in res.failures]})
+            ch.send(W.Result(plan.level, tuple(res.errors), tuple(res.notes), plan.stats,
+                             tuple(W.FailureRecord.of(f) for f in res.failures), one).to_wire())
     finally:
-        ch.send({"t": "wstats", "ready_s": ready_s, "start_cpu_s": start_cpu, "fuzz_cpu_s": fuzz_cpu,
-                 "cpu_s": time.process_time() - c_start, "shrink_s": shrink.used})
+        ch.send(W.WorkerStats(float(ready_s), float(start_cpu), float(fuzz_cpu),
+                              float(time.process_time() - c_start), float(shrink.used)).to_wire())
 
 
 def _shrinker(ch, opts: FuzzOptions, tasks: list) -> None:
@@ -264,7 +246,7 @@ def _shrinker(ch, opts: FuzzOptions, tasks: list) -> None:
     from memspec.invariants import harness as H
     from memspec.invariants import walk
 
-    ch.send({"t": "hello"})
+    ch.send(W.Hello().to_wire())
     levels = sorted({t[1] for t in tasks})
     plans = {p.level: p for p in _plans(ch, opts, [], only=levels)}
     database = open_database(opts.db, opts.db_readonly_github, opts.db_artifact)
@@ -272,13 +254,13 @@ def _shrinker(ch, opts: FuzzOptions, tasks: list) -> None:
     got: dict = {}   # level -> invariants already reported
     for index, lvl, kind, payload in tasks:
         plan = plans.get(lvl)
-        ch.send({"t": "task", "index": index})
+        ch.send(W.Task(index).to_wire())
         if plan is None:
             continue
         said = got.setdefault(lvl, set())
 
-        def send(f, what="shrunk", index=index, lvl=lvl):
-            ch.send({"t": what, "index": index, "level": lvl, "failure": _fail_dict(f)})
+        def send(f, what=W.Shrunk, index=index, lvl=lvl):
+            ch.send(what(index, lvl, W.FailureRecord.of(f)).to_wire())
 
         if kind == "hyp-db":
             sets = runner.hypothesis_settings("fuzz", examples=1, steps=opts.steps, db=None, database=database,
@@ -302,14 +284,14 @@ def _shrinker(ch, opts: FuzzOptions, tasks: list) -> None:
             v, choices = walk.walk_once(plan, walk.run_seed(seed, run_index), opts.steps or 200, guard)
             if v is not None:
                 said.add(v.invariant)
-                send(runner.Failure(plan.target, lvl, v.invariant, v.cause, v.reason, v.trace, steps), "replayed")
+                send(runner.Failure(plan.target, lvl, v.invariant, v.cause, v.reason, v.trace, steps), W.Replayed)
                 send(_shrink_walk_failure(plan, walk.WalkFailure(v, seed, run_index, choices, steps), database,
                                           shrink))
         elif kind == "steps":
             inv, cause, reason, sent = payload
             if inv in said:
                 continue
-            sent = {**sent, "on_replayed": lambda f: send(f, "replayed") if f.invariant not in said else None}
+            sent = {**sent, "on_replayed": lambda f: send(f, W.Replayed) if f.invariant not in said else None}
             f = _worker_failure(plan, inv, cause, reason, sent)
             if f.invariant in said:
                 continue
@@ -336,12 +318,22 @@ class _Worker:
         self.failed_examples: list = []  # (level, steps as sent, capacity): examples that failed, as they ended
 
 
-def _supervised(work: Callable, opts: FuzzOptions, on_message: Callable, parent, seconds: float):
+def _supervised(work: Callable, opts: FuzzOptions, on_message: Callable, parent, seconds: float,
+                on_malformed: Callable | None = None):
     """One supervised child: ``work(ch)``; its death reported by ``parent``
-    (conform's ``_Parent``).  Killed at ``seconds`` past its start at the latest."""
+    (conform's ``_Parent``).  Killed at ``seconds`` past its start at the latest.
+    Each message is decoded once (every field checked): ``on_message`` gets
+    its record first, ``parent`` what it leaves; a malformed message is a
+    harness error of ``parent``'s current plan (``_Parent.malformed``), or
+    goes to ``on_malformed`` when given."""
     def handle(m: dict) -> None:
-        if not on_message(m):
-            parent.on_message(m)
+        try:
+            rec = W.decode(m)
+        except W.WireError as e:
+            (on_malformed or parent.malformed)(e, m)
+            return
+        if not on_message(rec):
+            parent.on_record(rec)
 
     end = supervise(work, timeout=opts.timeout, on_message=handle, deadline=time.monotonic() + seconds)
     if end.death is not None or parent.current is not None:
@@ -366,42 +358,32 @@ def _drive(opts: FuzzOptions, wk: _Worker, stop_flag: _Counter, deadline: float,
                 released[0] = True
                 fork_lock.release()
 
-        def on_message(m: dict, parent=parent) -> bool:
-            t = m.get("t")
-            if t == "hello":
+        def on_message(rec: W.Message, parent=parent) -> bool:
+            if isinstance(rec, W.Hello):
                 release()
                 return True
-            if t == "found":
-                lvl = str(m.get("level"))
-                f = _fail_from(opts.target, lvl, m.get("failure"))
-                walk_at = m.get("walk")
-                walk_at = tuple(walk_at) if isinstance(walk_at, list) and len(walk_at) == 2 and \
-                    all(type(x) is int for x in walk_at) else None
-                if f is not None:
-                    wk.found.append((lvl, f, walk_at, bool(m.get("db"))))
-                    note(f"{lvl} {f.invariant} [{f.cause}] {f.reason[:90]} (worker {wk.w})")
+            if isinstance(rec, W.Found):
+                f = rec.failure.to_failure(opts.target, rec.level)
+                wk.found.append((rec.level, f, rec.walk, rec.db))
+                note(f"{rec.level} {f.invariant} [{f.cause}] {f.reason[:90]} (worker {wk.w})")
                 return True
-            if t == "failed-example":
-                lvl, trace = str(m.get("level")), m.get("trace")
-                if isinstance(trace, list) and trace and len(wk.failed_examples) < 8:
-                    wk.failed_examples.append((lvl, trace, m.get("cap") if type(m.get("cap")) is int else None))
+            if isinstance(rec, W.FailedExample):
+                if rec.trace and len(wk.failed_examples) < 8:
+                    wk.failed_examples.append((rec.level, list(rec.trace), rec.capacity))
                 return True
-            if t == "note":
+            if isinstance(rec, W.Note):
                 return True
-            if t == "wstats":
-                wk.stats = {k: v for k, v in m.items() if k != "t" and isinstance(v, (int, float))}
+            if isinstance(rec, W.WorkerStats):
+                wk.stats = rec.figures()
                 return True
-            if t == "result":
-                if m.get("shrunk") is True:
-                    wk.shrunk_levels.add(str(m.get("level")))
+            if isinstance(rec, W.Result):
+                if rec.shrunk:
+                    wk.shrunk_levels.add(rec.level)
                 return False
-            if t == "p" and parent.current is not None:
-                acts = m.get("actions") if isinstance(m.get("actions"), dict) else {}
-                sec = m.get("seconds")
+            if isinstance(rec, W.Progress) and parent.current is not None:
                 wk.progress[parent.current.level] = (
-                    wire._int(m.get("steps")), frozenset(str(a) for a, n in acts.items() if n),
-                    wire._int(m.get("outcomes")), len(parent.current.plan.actions),
-                    float(sec) if isinstance(sec, (int, float)) else 0.0)
+                    rec.steps, frozenset(a for a, n in rec.actions.items() if n), rec.outcomes,
+                    len(parent.current.plan.actions), rec.seconds)
                 on_progress(wk.w, dict(wk.progress))
             return False
 
@@ -509,7 +491,7 @@ def _gather(opts: FuzzOptions, workers: list, note: Callable, out: FuzzRun) -> l
             if lvl in finished:
                 continue   # the worker shrank and reported what it found there
             tasks.append([len(tasks), lvl, "steps", ("?", "found", "a failed example",
-                                                     {"trace": trace, "capacity": cap})])
+                                                     {"trace": trace_msg(trace), "capacity": cap})])
         for lvl, f, walk_at, from_db in wk.found:
             if lvl in wk.shrunk_levels and any(r.level == lvl for r in wk.results):
                 continue   # the worker shrank it and said so
@@ -555,31 +537,34 @@ def _shrink_all(opts: FuzzOptions, tasks: list, fallback: dict, final: dict, lev
     results: dict = {}     # task index -> {invariant: (level, Failure)} ("shrunk" replaces "replayed")
     completed: set = set()  # tasks the shrinker finished (a task it died on is not)
     pending = list(tasks)
+    malformed: list = []   # (level or None, harness error): a message of the shrinker's that did not decode
     t0 = time.perf_counter()
     for _attempt in range(len(tasks) + 1):
         if not pending:
             break
         current = [None]
 
-        def on_message(m: dict) -> bool:
-            t = m.get("t")
-            if t == "task":
+        def on_message(rec: W.Message) -> bool:
+            if isinstance(rec, W.Task):
                 if current[0] is not None:
                     completed.add(current[0])
-                current[0] = m.get("index")
-            elif t in ("shrunk", "replayed"):
-                idx, lvl = m.get("index"), str(m.get("level"))
-                f = _fail_from(opts.target, lvl, m.get("failure"))
-                if f is not None and type(idx) is int:
-                    got = results.setdefault(idx, {})
-                    got[f.invariant] = (lvl, f)
-            elif t == "error":
-                note(f"shrinker: {m.get('error')}")
+                current[0] = rec.index
+            elif isinstance(rec, W.Shrunk):   # or Replayed
+                got = results.setdefault(rec.index, {})
+                got[rec.failure.invariant] = (rec.level, rec.failure.to_failure(opts.target, rec.level))
+            elif isinstance(rec, W.Error):
+                note(f"shrinker: {rec.error}")
             return True
+
+        def on_malformed(e: W.WireError, m) -> None:
+            lvl = m.get("level") if isinstance(m, dict) else None
+            malformed.append((lvl if type(lvl) is str and lvl in levels else None, str(e)))
+            note(f"shrinker: {e}")
 
         parent = runner._Parent(opts.target, opts.level, [], [], None, None, None)
         bound = opts.shrink_seconds + max(opts.timeout, BUILD_SECONDS) + opts.timeout * 4 + HARD_GRACE
-        end = _supervised(lambda ch, todo=list(pending): _shrinker(ch, opts, todo), opts, on_message, parent, bound)
+        end = _supervised(lambda ch, todo=list(pending): _shrinker(ch, opts, todo), opts, on_message, parent, bound,
+                          on_malformed)
         if end.death is None:
             completed.add(current[0])
             break
@@ -604,3 +589,7 @@ def _shrink_all(opts: FuzzOptions, tasks: list, fallback: dict, final: dict, lev
     for lvl in final:
         if lvl not in levels:
             levels[lvl] = runner.PlanResult(opts.target, lvl, None)
+    for lvl, err in malformed:   # a harness error of the level it names (of every level when it names none)
+        for name, agg in levels.items():
+            if lvl in (None, name) and err not in agg.errors:
+                agg.errors.append(err)

@@ -45,8 +45,8 @@ def replay_steps(plan: Any, guard: CallGuard, capacity: int | None, steps: list)
     return runner._replay_steps(plan, guard, capacity, steps)
 
 
-trace_msg = wire._trace_msg
-trace_from = wire._trace_from
+trace_msg = wire.trace_to_wire
+trace_from = wire.trace_from_wire
 
 
 class ShrinkBudget:

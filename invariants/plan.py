@@ -129,6 +129,29 @@ class Plan:
     def action_names(self) -> list[str]:
         return [a.name for a in self.actions]
 
+    @property
+    def undrawn(self) -> dict[str, list[str]]:
+        """``{action name: [capabilities it needs that the target lacks]}``
+        for the machine's actions this plan does not draw."""
+        drawn = set(self.action_names)
+        return {a.name: [r for r in getattr(a, "requires", ()) if not self.capabilities.get(r)]
+                for a in self.machine.actions if a.name not in drawn}
+
+    @property
+    def absent(self) -> list[str]:
+        """The invariants with no action declaring them and no observation
+        or start check blamed on them at this level (sorted): their cells
+        read "\u2014" (not part of this level), never PASS."""
+        declares = self.declares
+        observed = {o.blame for o in self.observations or ()} | {o.blame for o in self.start_checks or ()}
+        observed |= {o.blame for o in getattr(self.machine, "observations", ()) or ()}
+        return sorted(inv for inv in self.invariant_ids if not declares.get(inv) and inv not in observed)
+
+    @property
+    def env(self) -> dict:
+        """The environment the target needs at process start (``factory.memspec_env``)."""
+        return dict(getattr(self.factory, "memspec_env", None) or {})
+
     def titles(self) -> dict[str, str]:
         return {inv.id: inv.title for inv in self.machine.invariants}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, Union
 
 from memspec.invariants import engine as E
 from memspec.invariants import verdicts as V
@@ -130,11 +130,45 @@ class PlanInfo:
         return dict(self.invariants)
 
 
+class PlanView(Protocol):
+    """What the report, the reproductions and the verdicts read of a plan:
+    an engine :class:`~memspec.invariants.plan.Plan` (in-process) and a
+    :class:`PlanInfo` (the supervisor's, from a child's "plan" message)
+    both have it, under the same names."""
+
+    target: str
+    level: str
+    na: dict
+    capabilities: dict
+    timeout: float
+    factory_kwargs: dict
+    machine_ref: str | None
+    mutant: Any
+    stats: E.Stats
+
+    @property
+    def declares(self) -> dict: ...
+    @property
+    def witnesses(self) -> dict: ...
+    @property
+    def undrawn(self) -> dict: ...
+    @property
+    def absent(self) -> list: ...
+    @property
+    def env(self) -> dict: ...
+    @property
+    def action_names(self) -> list: ...
+    @property
+    def invariant_ids(self) -> list: ...
+    def titles(self) -> dict: ...
+
+
 @dataclass
 class PlanResult:
     target: str
     level: str
-    plan: Any   # an engine Plan (in-process) or a PlanInfo (supervised)
+    #: an engine Plan (in-process) or a PlanInfo (supervised): see :class:`PlanView`
+    plan: Union[E.Plan, "PlanInfo", None]
     failures: list[Failure] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)   # spec/target/harness errors (not a target FAIL)
     seconds: float = 0.0
@@ -147,8 +181,8 @@ class PlanResult:
         """Per invariant: tested or not, why, and the counts per declaring action."""
         if self.plan is None:
             return {}
-        return V.coverage(getattr(self.plan, "declares", {}) or {}, self.plan.action_names, self.stats,
-                          self.min_accepted, getattr(self.plan, "witnesses", None) or {})
+        return V.coverage(self.plan.declares, self.plan.action_names, self.stats, self.min_accepted,
+                          self.plan.witnesses)
 
     @property
     def stats(self) -> E.Stats:
@@ -196,8 +230,8 @@ class PlanResult:
         """The N/A reason when no action declaring ``inv`` is drawn because
         each needs a capability the target lacks (``use_owned`` without an
         Execution Provider); None otherwise."""
-        decl = (getattr(self.plan, "declares", {}) or {}).get(inv) or []
-        undrawn = _undrawn(self.plan)
+        decl = self.plan.declares.get(inv) or []
+        undrawn = self.plan.undrawn
         if not decl or any(a not in undrawn for a in decl):
             return None
         need = sorted({r for a in decl for r in undrawn[a]})
@@ -213,19 +247,10 @@ class PlanResult:
         return [inv for inv, _t, st, _d in self.rows() if st == "UNTESTED"]
 
 
-def _undrawn(plan: Any) -> dict:
+def _undrawn(plan: PlanView) -> dict:
     """``{action name: [capabilities it needs that the target lacks]}`` for
     the machine's actions a plan does not draw (an engine Plan or a PlanInfo)."""
-    got = getattr(plan, "undrawn", None)
-    if isinstance(got, dict):
-        return got
-    machine = getattr(plan, "machine", None)
-    if machine is None:
-        return {}
-    caps = getattr(plan, "capabilities", {}) or {}
-    drawn = set(plan.action_names)
-    return {a.name: [r for r in getattr(a, "requires", ()) if not caps.get(r)] for a in machine.actions
-            if a.name not in drawn}
+    return plan.undrawn
 
 
 def fail_detail(failures: list) -> str:
@@ -233,7 +258,7 @@ def fail_detail(failures: list) -> str:
     broke (``[S8.alignment] [outcome] ...``)."""
     return " | ".join((f"[{f.check_id}] [{f.cause}] {f.reason}" if f.check else f"[{f.cause}] {f.reason}")
                       + (f" (likely a consequence of {f.likely_cause}: that rule breaks in this failure's state)"
-                         if getattr(f, "likely_cause", None) else "")
+                         if f.likely_cause else "")
                       for f in failures)
 
 
@@ -252,20 +277,11 @@ def rests_on(cov: dict, stats: Any) -> str:
     return "rests on: " + ", ".join(parts)
 
 
-def not_at_level(plan: Any) -> set:
+def not_at_level(plan: PlanView) -> set:
     """The invariants of ``plan``'s machine that have no action declaring them
     and no observation blamed on them at its level: their cells read
     "\u2014" (not part of this level), never PASS."""
-    got = getattr(plan, "absent", None)
-    if isinstance(got, (set, frozenset, list, tuple)):
-        return set(got)
-    declares = getattr(plan, "declares", {}) or {}
-    observed = {o.blame for o in getattr(plan, "observations", ()) or ()}
-    observed |= {o.blame for o in getattr(plan, "start_checks", ()) or ()}
-    machine = getattr(plan, "machine", None)
-    if machine is not None:
-        observed |= {o.blame for o in getattr(machine, "observations", ()) or ()}
-    return {inv for inv in plan.invariant_ids if not declares.get(inv) and inv not in observed}
+    return set(plan.absent)
 
 
 def _last_action(f: Any) -> str | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from memspec.invariants import engine as E
@@ -37,8 +38,8 @@ from memspec.invariants.results import (Failure, PlanInfo, PlanResult, Verdict, 
 from memspec.invariants.stateful import (MORE_PASSES, SHRINK_SECONDS, STEPS_PER_RULE,  # noqa: F401 - re-exported
                                          _flatten, _one_pass, build_state_machine, collect, database_key,
                                          hypothesis_settings, run_hypothesis, shrink_budget, stable_constants)
-from memspec.invariants.wire import (_int, _literal_repr, _plain, _stats_into, _stats_msg,  # noqa: F401
-                                     _step_msg, _trace_from, _trace_msg)
+from memspec.invariants import wire as W
+from memspec.invariants.wire import WireError, _literal_repr, _plain  # noqa: F401 - re-exported
 
 
 def plan_in_child(ch: Channel, target: str, level: str, skip: list, *, capacity: int | None, timeout: float,
@@ -54,21 +55,20 @@ def plan_in_child(ch: Channel, target: str, level: str, skip: list, *, capacity:
     if err is None and tref.factory is None:
         err = LookupError(tref.error or "unavailable")
     if err is not None:
-        ch.send({"t": "error", "level": level, "error": f"{type(err).__name__}: {err}"})
+        ch.send(W.Error(level, f"{type(err).__name__}: {err}").to_wire())
         return []
     guard.what = f"building the target {target!r} (its factory)"
     probe, err = guard.call(build_probe, tref, capacity)
     if err is not None:
         msg = str(err) if isinstance(err, TargetError) else \
             f"target {tref.name!r} factory raised {type(err).__module__}.{type(err).__name__}: {err}"
-        ch.send({"t": "error", "level": level, "error": msg})
+        ch.send(W.Error(level, msg).to_wire())
         return []
     plans: list = []
     try:
         lv = [tref.mutant.level] if tref.mutant is not None and level == "all" else levels_for(probe.kind, level)
         if not lv:
-            ch.send({"t": "error", "level": level,
-                     "error": f"level {level!r} does not apply to a target of kind {probe.kind!r}"})
+            ch.send(W.Error(level, f"level {level!r} does not apply to a target of kind {probe.kind!r}").to_wire())
             return []
         for lvl in lv:
             if lvl in skip or (only is not None and lvl not in only):
@@ -77,7 +77,7 @@ def plan_in_child(ch: Channel, target: str, level: str, skip: list, *, capacity:
             plan, err = guard.call(make_plan, tref, lvl, capacity=capacity, timeout=timeout, machine=machine,
                                    probe=probe)
             if err is not None:
-                ch.send({"t": "error", "level": lvl, "error": f"{type(err).__name__}: {err}"})
+                ch.send(W.Error(lvl, f"{type(err).__name__}: {err}").to_wire())
                 continue
             plans.append(plan)
     finally:
@@ -87,26 +87,69 @@ def plan_in_child(ch: Channel, target: str, level: str, skip: list, *, capacity:
     return plans
 
 
-def _child(ch: Channel, target: str, level: str, skip: list, opts: dict) -> None:
+@dataclass(frozen=True)
+class RunOptions:
+    """How conform's child runs each plan (what :func:`conform` was asked),
+    checked where it is made."""
+
+    profile: str = "ci"
+    examples: int | None = None
+    steps: int | None = None
+    seed: int | None = None
+    db: str | None = None
+    capacity: int | None = None
+    until: tuple = ()
+    timeout: float = 5.0
+    machine: str | None = None
+    shrink: bool = False
+    shrink_seconds: float | None = -1
+    build_timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        def bad(name: str, what: str) -> None:
+            raise TypeError(f"run option {name}={getattr(self, name)!r} is not {what}")
+
+        def opt_int(name: str) -> None:
+            v = getattr(self, name)
+            if v is not None and (type(v) is not int):
+                bad(name, "an int or None")
+
+        def opt_num(name: str) -> None:
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                bad(name, "a number or None")
+
+        if not isinstance(self.profile, str):
+            bad("profile", "a str")
+        for name in ("examples", "steps", "seed", "capacity"):
+            opt_int(name)
+        for name in ("db", "machine"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                bad(name, "a str or None")
+        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not self.timeout > 0:
+            bad("timeout", "a positive number")
+        opt_num("shrink_seconds")
+        opt_num("build_timeout")
+        if not isinstance(self.shrink, bool):
+            bad("shrink", "a bool")
+        if not isinstance(self.until, tuple) or not all(isinstance(u, str) for u in self.until):
+            bad("until", "a tuple of invariant ids")
+
+
+def _child(ch: Channel, target: str, level: str, skip: list, opts: RunOptions) -> None:
     """The supervised child: probe the target once, plan each level, run it,
     and say everything on ``ch``.  Nothing it sends is code."""
-    for plan in plan_in_child(ch, target, level, skip, capacity=opts["capacity"], timeout=opts["timeout"],
-                              build_timeout=opts["build_timeout"], machine=opts["machine"]):
+    for plan in plan_in_child(ch, target, level, skip, capacity=opts.capacity, timeout=opts.timeout,
+                              build_timeout=opts.build_timeout, machine=opts.machine):
         _run_child_plan(ch, plan, opts)
 
 
 def plan_msg(plan: E.Plan) -> dict:
     """What a child says of a plan before running it (read by :class:`_Parent`)."""
-    return {"t": "plan", "level": plan.level, "target": plan.target,
-            "invariants": [[inv.id, inv.title] for inv in plan.machine.invariants], "na": plan.na,
-            "capabilities": plan.capabilities, "actions": [a.name for a in plan.actions],
-            "declares": plan.declares, "undrawn": _undrawn(plan),
-            "absent": sorted(not_at_level(plan)), "witnesses": plan.witnesses,
-            "env": dict(getattr(plan.factory, "memspec_env", None) or {}),
-            "timeout": plan.timeout, "factory_kwargs": plan.factory_kwargs, "machine_ref": plan.machine_ref}
+    return W.PlanMsg.of(plan).to_wire()
 
 
-def _run_child_plan(ch: Channel, plan: E.Plan, opts: dict) -> None:
+def _run_child_plan(ch: Channel, plan: E.Plan, opts: RunOptions) -> None:
     ch.send(plan_msg(plan))
     last = [0.0]
 
@@ -114,17 +157,16 @@ def _run_child_plan(ch: Channel, plan: E.Plan, opts: dict) -> None:
     # supervisor only if this process dies); the channel carries the examples'
     # starts, progress and results -- and a step only when the log is full
     log = StepLog.current
+    step_wire = W.Step.wire_of
 
     def on_call(run: E.Run, ts: E.TraceStep | None) -> None:
         if ts is None:
             if log is not None:
                 log.reset()
-            ch.send({"t": "ex", "cap": run.capacity})
+            ch.send(W.ExampleStart(run.capacity).to_wire())
             return
-        msg = _step_msg(ts)
-        if len(run.trace) >= 2:   # what the previous step answered (the last one's answer may never come)
-            prev = run.trace[-2]
-            msg["po"], msg["pb"] = prev.outcome, list(prev.bound)
+        # what the previous step answered rides with this one (the last one's answer may never come)
+        msg = step_wire(ts, run.trace[-2] if len(run.trace) >= 2 else None)
         if log is None or not log.append(msg, run.plan.stats.steps):
             ch.send(msg)
 
@@ -132,46 +174,22 @@ def _run_child_plan(ch: Channel, plan: E.Plan, opts: dict) -> None:
         now = time.perf_counter()
         if now - last[0] > 0.2:
             last[0] = now
-            st = p.stats
-            ch.send({"t": "p", "examples": st.examples, "steps": st.steps, "failing": st.failures_seen,
-                     "outcomes": len(st.outcomes), "actions": dict(st.actions)})
+            ch.send(W.Progress.of(p.stats).to_wire())
 
     plan.on_call = on_call
     plan.on_step = on_step
-    plan.build_timeout = opts["build_timeout"]
+    plan.build_timeout = opts.build_timeout
     extra: dict = {}
-    if not opts["shrink"]:
+    if not opts.shrink:
         from hypothesis import Phase
 
         extra["phases"] = [Phase.explicit, Phase.reuse, Phase.generate]
-    sets = hypothesis_settings(opts["profile"], examples=opts["examples"], steps=opts["steps"], db=opts["db"],
-                               seed=opts["seed"], **extra)
-    res = run_hypothesis(plan, sets, seed=opts["seed"], shrink_seconds=opts["shrink_seconds"],
-                         until=frozenset(opts.get("until") or ()) or None)
-    ch.send({"t": "result", "level": plan.level, "errors": res.errors, "notes": list(res.notes),
-             "stats": _stats_msg(plan.stats),
-             "failures": [{"invariant": f.invariant, "cause": f.cause, "reason": f.reason,
-                           "trace": _trace_msg(f.trace), "std": f.steps_to_detection, "flaky": f.flaky,
-                           "cap": f.capacity, "also": [str(c) for c in f.consequences],
-                           "check": f.check, "key": list(f.key) if f.key is not None else None,
-                           "masks": [list(k) for k in f.needs_masks], "likely": f.likely_cause}
-                          for f in res.failures]})
-
-
-def _cap(v: Any) -> int | None:
-    """A device capacity the (untrusted) child named: a positive int, or None."""
-    return v if type(v) is int and v > 0 else None
-
-
-def _str(v: Any) -> str:
-    return v if isinstance(v, str) else repr(v)
-
-
-def _key(v: Any) -> tuple | None:
-    """A failure's mask key the (untrusted) child named: ``(action or None, check id)``."""
-    if isinstance(v, list) and len(v) == 2 and (v[0] is None or isinstance(v[0], str)) and isinstance(v[1], str):
-        return (v[0], v[1])
-    return None
+    sets = hypothesis_settings(opts.profile, examples=opts.examples, steps=opts.steps, db=opts.db,
+                               seed=opts.seed, **extra)
+    res = run_hypothesis(plan, sets, seed=opts.seed, shrink_seconds=opts.shrink_seconds,
+                         until=frozenset(opts.until) or None)
+    ch.send(W.Result(plan.level, tuple(res.errors), tuple(res.notes), plan.stats,
+                     tuple(W.FailureRecord.of(f) for f in res.failures)).to_wire())
 
 
 class _Parent:
@@ -188,101 +206,81 @@ class _Parent:
         self.stopped = False
         self.min_accepted = V.MIN_ACCEPTED
 
-    @staticmethod
-    def _add_step(trace: list, m: dict) -> None:
-        """Append step message ``m`` to ``trace``; its ``po``/``pb`` are the
-        previous step's answer."""
-        if trace and "po" in m:
-            trace[-1] = {**trace[-1], "o": m.get("po"), "b": m.get("pb")}
-        trace.append(m)
+    def on_message(self, m: Any) -> None:
+        """A message from the child, as :func:`~memspec.invariants.guard.supervise`
+        parsed it: decoded (every field checked), then taken in; a malformed
+        one is a harness error of the plan it came in (:meth:`malformed`)."""
+        try:
+            rec = W.decode(m)
+        except WireError as e:
+            self.malformed(e, m)
+            return
+        self.on_record(rec)
 
-    def on_message(self, m: dict) -> None:
-        t = m.get("t")
-        if t == "s":   # a step the child's StepLog had no room for
-            self._add_step(self.trace, m)
+    def malformed(self, e: WireError, m: Any = None) -> None:
+        """A message that is not what its kind says: the current plan (else
+        the level the message names, else the run's) ends with a harness
+        ERROR; the messages after it are read as usual."""
+        r = self.current
+        if r is None:
+            lvl = m.get("level") if isinstance(m, dict) else None
+            r = PlanResult(self.target, lvl if type(lvl) is str and len(lvl) <= 100 else self.level, None)
+        r.errors.append(str(e))
+        self.results.append(r)
+        self.done.append(r.level)
+        if self.current is None and r.level == self.level:
+            self.stopped = True
+        self.current = None
+
+    def on_record(self, rec: W.Message) -> None:
+        if isinstance(rec, W.Step):   # a step the child's StepLog had no room for
+            self.trace.append(rec)
             if self.current is not None:   # counted here too: a child that dies sends no result
                 st = self.current.plan.stats
                 st.steps += 1
-                st.actions[_str(m.get("a"))] += 1
-        elif t == "ex":
+                st.actions[rec.action] += 1
+        elif isinstance(rec, W.ExampleStart):
             self.trace = []
-            self.capacity = _cap(m.get("cap"))
+            self.capacity = rec.capacity if rec.capacity is not None and rec.capacity > 0 else None
             if self.current is not None:
                 self.current.plan.stats.examples += 1
-        elif t == "p" and self.current is not None:
+        elif isinstance(rec, W.Progress):
+            if self.current is None:
+                return
             st = self.current.plan.stats
-            st.examples, st.steps, st.failures_seen = _int(m.get("examples")), _int(m.get("steps")), _int(m.get("failing"))
-            acts = m.get("actions")
-            if isinstance(acts, dict):
-                st.actions = Counter({_str(k): _int(v) for k, v in acts.items()})
+            st.examples, st.steps, st.failures_seen = rec.examples, rec.steps, rec.failing
+            st.actions = Counter(rec.actions)
             if self.on_step is not None:
                 self.on_step(self.current.plan)
-        elif t == "plan":
-            lvl = _str(m.get("level"))
-            inv = [(_str(x[0]), _str(x[1])) for x in m.get("invariants") or [] if isinstance(x, list) and len(x) == 2]
-            na = {_str(k): _str(v) for k, v in (m.get("na") or {}).items()} if isinstance(m.get("na"), dict) else {}
-            caps = {_str(k): bool(v) for k, v in (m.get("capabilities") or {}).items()} \
-                if isinstance(m.get("capabilities"), dict) else {}
-            fkw = m.get("factory_kwargs") if isinstance(m.get("factory_kwargs"), dict) else {}
-            info = PlanInfo(self.target, lvl, inv, na, caps, [_str(a) for a in m.get("actions") or []],
-                            float(m.get("timeout") or 5.0), {"capacity": fkw["capacity"]} if "capacity" in fkw else {},
-                            m.get("machine_ref") if isinstance(m.get("machine_ref"), str) else None,
-                            mutant=self.mutant)
-            und = m.get("undrawn")
-            if isinstance(und, dict):
-                info.undrawn = {_str(k): [_str(r) for r in v] for k, v in und.items() if isinstance(v, list)}
-            env = m.get("env")
-            if isinstance(env, dict):
-                info.env = {k: v for k, v in env.items() if isinstance(k, str) and isinstance(v, str)}
-            wit = m.get("witnesses")
-            if isinstance(wit, dict):
-                info.witnesses = {_str(k): [[_str(x) for x in w] for w in v if isinstance(w, list) and len(w) == 3]
-                                  for k, v in wit.items() if isinstance(v, list)}
-            absent = m.get("absent")
-            if isinstance(absent, list):
-                info.absent = [_str(a) for a in absent]
-            decl = m.get("declares")
-            if isinstance(decl, dict):
-                info.declares = {_str(k): [_str(a) for a in v] for k, v in decl.items() if isinstance(v, list)}
-            self.current = PlanResult(self.target, lvl, info, min_accepted=self.min_accepted)
+        elif isinstance(rec, W.PlanMsg):
+            info = rec.to_info(self.target, self.mutant)
+            self.current = PlanResult(self.target, rec.level, info, min_accepted=self.min_accepted)
             self.trace = []
             self._t0 = time.perf_counter()
             if self.on_plan is not None:
                 self.on_plan(info)
-        elif t == "result" and self.current is not None:
+        elif isinstance(rec, W.Result):
             r = self.current
-            _stats_into(r.plan.stats, m.get("stats") or {})
+            if r is None:
+                return
+            W.stats_into(r.plan.stats, rec.stats)
             r.seconds = r.plan.stats.seconds
-            r.errors += [_str(e) for e in m.get("errors") or []]
-            r.notes += [_str(e) for e in m.get("notes") or [] if isinstance(m.get("notes"), list)]
-            for f in m.get("failures") or []:
-                if isinstance(f, dict):
-                    r.failures.append(Failure(self.target, r.level, _str(f.get("invariant")), _str(f.get("cause")),
-                                              _str(f.get("reason")), _trace_from(f.get("trace") or []),
-                                              f.get("std") if isinstance(f.get("std"), int) else None,
-                                              flaky=bool(f.get("flaky")), capacity=_cap(f.get("cap")),
-                                              consequences=[_str(c) for c in f.get("also") or []
-                                                            if isinstance(f.get("also"), list)],
-                                              check=f.get("check") if isinstance(f.get("check"), str) else None,
-                                              key=_key(f.get("key")),
-                                              likely_cause=f.get("likely") if isinstance(f.get("likely"), str)
-                                              else None,
-                                              needs_masks=tuple(k for k in map(_key, f.get("masks") or [])
-                                                                if k is not None)
-                                              if isinstance(f.get("masks"), list) else ()))
+            r.errors += list(rec.errors)
+            r.notes += list(rec.notes)
+            r.failures += [f.to_failure(self.target, r.level) for f in rec.failures]
             self.results.append(r)
             self.done.append(r.level)
             self.current = None
-        elif t == "error":
-            r = PlanResult(self.target, _str(m.get("level")), None)
-            r.errors.append(_str(m.get("error")))
+        elif isinstance(rec, W.Error):
+            r = PlanResult(self.target, rec.level, None)
+            r.errors.append(rec.error)
             self.results.append(r)
             self.done.append(r.level)
             if self.current is None and r.level == self.level:
                 self.stopped = True
-        elif t == "fatal":
+        elif isinstance(rec, W.Fatal):
             r = self.current or PlanResult(self.target, self.level, None)
-            r.errors.append(f"harness error: {_str(m.get('error'))}")
+            r.errors.append(f"harness error: {rec.error}")
             if self.current is not None:
                 self.results.append(r)
                 self.done.append(r.level)
@@ -295,14 +293,23 @@ class _Parent:
         """The child ended without finishing: report it where it happened
         (the steps of its last example: those of its StepLog, then any it
         had to send on the channel)."""
-        msgs: list = []
-        for m in [*getattr(end, "log", ()), *self.trace]:
-            if isinstance(m, dict):
-                self._add_step(msgs, m)
+        steps: list = []
+        bad: WireError | None = None
+        for m in end.log:   # read only now (the child wrote them, unchecked, one per step)
+            try:
+                steps.append(W.Step.from_wire(m))
+            except WireError as e:
+                bad = e
+                break
+        if bad is None:
+            steps += self.trace
         if self.current is not None:
             st = self.current.plan.stats
-            st.steps = max(st.steps, _int(getattr(end, "log_steps", 0)))
-        trace = _trace_from(msgs)
+            st.steps = max(st.steps, end.log_steps if type(end.log_steps) is int else 0)
+        try:
+            trace = W.steps_to_trace(steps)
+        except WireError as e:
+            bad, trace = bad or e, []
         where = f"step {len(trace)} ({trace[-1].action})" if trace else "before the first step"
         r = self.current
         if r is None:
@@ -313,6 +320,8 @@ class _Parent:
             return
         r.seconds = time.perf_counter() - self._t0
         r.plan.stats.seconds = r.seconds
+        if bad is not None:   # the steps are reported as far as they could be read
+            r.errors.append(str(bad))
         blame = end.blame or TARGET_ERROR
         if blame == TARGET_ERROR:
             r.errors.append(f"target {self.target!r}: {end.death}" + ("" if end.what else f", {where}"))
@@ -353,9 +362,8 @@ def conform(target: str, level: str = "all", *, profile: str = "ci", examples: i
     reproduction 2 steps without it, 2.5 with it; 44 s of CPU without it,
     634 s with it; every blame the same).  Both bounds are counts, so a
     run's reproductions and blame do not depend on the machine's load."""
-    opts = {"profile": profile, "examples": examples, "steps": steps, "seed": seed, "db": db, "capacity": capacity,
-            "until": list(until or ()), "timeout": timeout, "machine": machine, "shrink": shrink, "shrink_seconds": shrink_seconds,
-            "build_timeout": build_timeout}
+    opts = RunOptions(profile, examples, steps, seed, db, capacity, tuple(until or ()), timeout, machine, shrink,
+                      shrink_seconds, build_timeout)
     results: list[PlanResult] = []
     done: list[str] = []
     mutant = None
@@ -389,17 +397,21 @@ def describe(target: str, level: str = "all", *, machine: str | None = None, tim
     def work(ch: Channel) -> None:
         for plan in plan_in_child(ch, target, level, [], capacity=None, timeout=timeout, build_timeout=None,
                                   machine=machine):
-            ch.send({"t": "plan", "level": plan.level,
-                     "invariants": [[inv.id, inv.title] for inv in plan.machine.invariants]})
+            ch.send(plan_msg(plan))
 
     end = supervise(work, timeout=timeout)
     out = []
     for m in end.messages:
-        if m.get("t") == "plan":
-            out.append((_str(m.get("level")), [(_str(x[0]), _str(x[1])) for x in m.get("invariants") or []
-                                              if isinstance(x, list) and len(x) == 2], None))
-        elif m.get("t") == "error":
-            out.append((_str(m.get("level")), [], _str(m.get("error"))))
+        try:
+            rec = W.decode(m)
+        except WireError as e:
+            lvl = m.get("level")
+            out.append((lvl if type(lvl) is str and len(lvl) <= 100 else level, [], str(e)))
+            continue
+        if isinstance(rec, W.PlanMsg):
+            out.append((rec.level, list(rec.invariants), None))
+        elif isinstance(rec, W.Error):
+            out.append((rec.level, [], rec.error))
     if end.death is not None:
         out.append((level, [], f"target {target!r}: {end.death}"))
     return out

@@ -12,7 +12,6 @@ is missing.  The verdict code is the one the report uses
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import pytest
 
@@ -29,8 +28,8 @@ CASES = [(lvl, inv.id) for lvl, m in MACHINES.items() for inv in m.invariants]
 
 def _plan(level: str) -> tuple:
     m = MACHINES[level]
-    plan = SimpleNamespace(machine=m, observations=m.observations, start_checks=m.start_checks,
-                           actions=m.actions, invariant_ids=[i.id for i in m.invariants])
+    plan = E.Plan("t", level, None, m, {}, list(m.actions), list(m.observations), {}, {}, None,
+                  start_checks=list(m.start_checks))
     declares = {inv.id: [a.name for a in m.actions if inv.id in a.invariants] for inv in m.invariants}
     names = {a.name for a in m.actions}
     wit = {inv.id: [[w.action, w.outcome, w.describe] for w in inv.witnesses if w.action in names]
