@@ -48,10 +48,13 @@ from __future__ import annotations
 import copy
 import datetime as _dt
 import json
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from memspec.invariants import pictures as P
 from memspec.invariants import text as T
+
+if TYPE_CHECKING:
+    from memspec.invariants.results import PlanView
 
 SCHEMA = "memspec.run/1"
 
@@ -74,27 +77,27 @@ def _call(action: str, args: dict) -> str:
     return f"{action}({', '.join(f'{k}={_r(v, 60)}' for k, v in args.items())})"
 
 
-def machine_of(plan: Any) -> Any:
+def machine_of(plan: "PlanView") -> Any:
     """The spec machine of a plan: an engine plan carries it; the supervisor's
     view of a plan run in a child names it (the level's, or ``machine_ref``).
     Spec code only: nothing of the target runs here."""
-    m = getattr(plan, "machine", None)
-    if m is not None:
-        return m
     from memspec.invariants import planning
+    from memspec.invariants.plan import Plan
 
-    ref = getattr(plan, "machine_ref", None)
+    if isinstance(plan, Plan):
+        return plan.machine
+    ref = plan.machine_ref
     try:
         return planning.load_machine(ref) if ref else planning.machine_for(plan.level)
     except Exception:  # noqa: BLE001 - no machine: no quotes, coverage not recorded
         return None
 
 
-def _action_names(plan: Any) -> set:
-    return {a if isinstance(a, str) else getattr(a, "name", str(a)) for a in getattr(plan, "actions", []) or []}
+def _action_names(plan: "PlanView") -> set:
+    return set(plan.action_names)
 
 
-def coverage_of(plan: Any, inv_id: str, machine: Any = None) -> dict | None:
+def coverage_of(plan: "PlanView", inv_id: str, machine: Any = None) -> dict | None:
     """What exercised ``inv_id`` in a run of ``plan``: steps per declaring
     action (of those the run could draw), the outcome branches they took, the
     observations blamed on it.  Prefers a ``coverage`` mapping the plan's
@@ -221,7 +224,7 @@ def _replay_in_child(ch: Any, target: str, level: str, trace: list, expect: str,
         run.close()
 
 
-def replay_failure(plan: Any, failure: Any, *, target: str | None = None) -> tuple[list[dict], dict]:
+def replay_failure(plan: "PlanView", failure: Any, *, target: str | None = None) -> tuple[list[dict], dict]:
     """Replay ``failure.trace`` on a fresh target and spec -- in a supervised
     child, as the conformance run itself: the target's code never runs in
     this process -- and record, per step, the call, the permitted outcomes,
@@ -236,9 +239,8 @@ def replay_failure(plan: Any, failure: Any, *, target: str | None = None) -> tup
     rows: list[dict] = []
     end_msg: dict = {}
     target = target or plan.target
-    opts = {"timeout": float(getattr(plan, "timeout", 5.0) or 5.0),
-            "capacity": (getattr(plan, "factory_kwargs", None) or {}).get("capacity"),
-            "machine": getattr(plan, "machine_ref", None)}
+    opts = {"timeout": float(plan.timeout or 5.0), "capacity": plan.factory_kwargs.get("capacity"),
+            "machine": plan.machine_ref}
 
     def on_message(m: dict) -> None:
         if m.get("t") == "step" and isinstance(m.get("row"), dict):

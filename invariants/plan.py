@@ -103,6 +103,8 @@ class Plan:
     #: the run goes on checking everything else (a failure masks, it does
     #: not blind: every action stays in the table)
     masks: frozenset = frozenset()
+    #: the reproduction files written for this plan's failures (none overwrites another)
+    repro_paths: set = field(default_factory=set, repr=False, compare=False)
 
     @property
     def invariant_ids(self) -> list[str]:

@@ -23,6 +23,7 @@ from memspec.invariants.choosers import ReplayChooser
 from memspec.invariants.errors import Violation
 from memspec.invariants.guard import CallGuard
 from memspec.invariants.planning import make_plan
+from memspec.invariants.results import PlanView
 
 
 def _literal(v: Any) -> bool:
@@ -53,13 +54,11 @@ def _safe_name(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", s).strip("_")[:120] or "x"
 
 
-def _env_of(plan: Any) -> dict:
+def _env_of(plan: PlanView) -> dict:
     """The environment the plan's target declares it needs at process start
     (``factory.memspec_env``, sent by the supervised child as ``PlanInfo.env``):
     string keys and values only."""
-    env = getattr(plan, "env", None)
-    if env is None:
-        env = getattr(getattr(plan, "factory", None), "memspec_env", None)
+    env = plan.env
     if not isinstance(env, dict):
         return {}
     return {k: v for k, v in env.items() if isinstance(k, str) and isinstance(v, str) and _ENV_KEY.fullmatch(k)
@@ -71,7 +70,7 @@ def _env_of(plan: Any) -> dict:
 _ENV_KEY = re.compile(r"GLIBC_TUNABLES|(MALLOC|MIMALLOC|JEMALLOC|JE_MALLOC|TCMALLOC|MEMSPEC)_[A-Z0-9_]+")
 
 
-def render(failure: Any, plan: Any, target_name: str | None = None) -> str:
+def render(failure: Any, plan: PlanView, target_name: str | None = None) -> str:
     """The reproduction's source.  Text that the target (or a plugin) supplied
     -- error messages, outcomes, the reason, names -- is written only as
     repr-escaped data (``REASON``, ``OUTCOMES``, ``STEPS``), never inside a
@@ -135,20 +134,14 @@ if __name__ == "__main__":
 '''
 
 
-def write_repro(failure: Any, plan: Any, out_dir: str, target_name: str | None = None) -> Path:
+def write_repro(failure: Any, plan: PlanView, out_dir: str, target_name: str | None = None) -> Path:
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
-    check = getattr(failure, "check", None)
+    check = failure.check
     stem = _safe_name(f"{target_name or plan.target}-{plan.level}-{failure.invariant}"
                       + (f"-{check}" if check else "") + f"-{failure.cause}")
     path = d / (stem + ".py")
-    taken = getattr(plan, "_repro_paths", None)
-    if taken is None:
-        taken = set()
-        try:
-            plan._repro_paths = taken
-        except AttributeError:
-            pass
+    taken = plan.repro_paths
     n = 2
     while str(path) in taken:   # every counterexample its own file, never one overwriting another
         path = d / f"{stem}-{n}.py"

@@ -117,6 +117,8 @@ class PlanInfo:
     witnesses: dict = field(default_factory=dict)
     #: the environment the target needs at process start (``factory.memspec_env``)
     env: dict = field(default_factory=dict)
+    #: the reproduction files written for this plan's failures (none overwrites another)
+    repro_paths: set = field(default_factory=set, repr=False, compare=False)
 
     @property
     def invariant_ids(self) -> list[str]:
@@ -145,6 +147,7 @@ class PlanView(Protocol):
     machine_ref: str | None
     mutant: Any
     stats: E.Stats
+    repro_paths: set
 
     @property
     def declares(self) -> dict: ...

@@ -222,7 +222,7 @@ def test_generated_repro_runs_no_target_text(tmp_path, text):
     trace = [TraceStep("step\r" + t, {"size": _NastyRepr(marker)}, [1, 2], t, (1,))]
     failure = SimpleNamespace(invariant="S1" + t, cause="outcome" + t, reason=t, trace=trace)
     plan = SimpleNamespace(target="reference", level="mechanism", factory_kwargs={"capacity": None}, timeout=5.0,
-                           machine_ref=None, titles=lambda: {})
+                           machine_ref=None, titles=lambda: {}, env={})
     src = repro.render(failure, plan, target_name="reference")
     code = compile(src, "repro.py", "exec")  # a valid module
     assert code is not None
@@ -242,7 +242,7 @@ def test_generated_repro_file_runs_standalone_without_executing_text(tmp_path):
     t = f"bad\rimport os; os.system('touch {marker}')"
     failure = SimpleNamespace(invariant="S1", cause="outcome", reason=t, trace=[])
     plan = SimpleNamespace(target="reference", level="mechanism", factory_kwargs={"capacity": None}, timeout=5.0,
-                           machine_ref=None, titles=lambda: {"S1": t})
+                           machine_ref=None, titles=lambda: {"S1": t}, env={})
     path = tmp_path / "r.py"
     path.write_text(repro.render(failure, plan))
     p = subprocess.run([sys.executable, str(path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
