@@ -1,0 +1,837 @@
+"""Proof coverage derived from what the spec writes (issue 33, item 1).
+
+A proof of ``memspec prove`` is a Z3 machine of *encoded actions*; which spec
+actions each stands for is the hand annotation ``ENCODES``
+(:mod:`memspec.invariants.proofs_seed000`).  Checked only against the spec's
+own hand annotation (``invariants=(...)`` on each action), a proof could
+leave out a spec transition that changes what its invariant reads and still
+be called proved.  This module derives the set a proof must encode from the
+executable spec itself:
+
+* **write sets** per ``(level, action, branch)``: seeded spec-only walks of
+  the two machines of seed 000 (:data:`WALKS`: the mechanism and the system
+  level under each capability configuration, the configurations of the
+  agreement walk), each step drawn and followed the way
+  :func:`memspec.spec.selfcheck.spec_step` does (a permitted branch, its
+  witness value), with a structural snapshot of the state before and after
+  the branch (:func:`snapshot`): every field whose value changed is written.
+  Granularity ``Record.field`` (the top-level fields of ``MechState`` /
+  ``SysState``, the fields of their nested records: ``Owned.state``,
+  ``KvRequest.own``, ``Registry.installed``...); a dict or set that gained or
+  lost a member is a write of its field, and a record that appeared writes
+  every field of its own.  Dicts keyed by holder name (``charged_by``,
+  ``physical_by``...) are written per key (``SysState.charged_by[kv]``).
+  How often each branch was taken is counted; a branch the spec offered but
+  no walk took, and an action no walk drew, are listed (:attr:`Footprints.unreached`):
+  what the walks could not show is visible, never silent.
+* **read sets** per invariant: each executable invariant of
+  :data:`memspec.spec.invariants.ALL` (its ``check`` and its ``full_check``)
+  evaluated on a recording proxy of every state the walks visit
+  (:class:`_Rec`): each attribute read is logged at the same granularity,
+  and a dict read by key logs that key.
+* **record counters** (``premature_frees``, ``misreleased``, ...): a field
+  an invariant reads that no spec-only step writes is written only where
+  an implementation's answer breaks a rule (a forbidden answer, which a
+  spec-only walk never takes, and which the proofs model by their unguarded
+  variants).  Its writers are found statically (:func:`static_writers`): the
+  actions whose step code reaches a ``STORE_ATTR`` of that field (the
+  bytecode of the step, of the closures it makes, and of every spec
+  function they name).  Each such action is required with the branch
+  :data:`FORBIDDEN` -- an over-approximation, by action, never a field left
+  unwritten.
+
+A row's **required** actions: every ``level:action`` one of whose branches
+writes a field its invariant reads (less :data:`EXCLUDED`); **encoded**: the
+spec actions its machine's encoded actions stand for
+(:func:`memspec.invariants.proofs_catalog.encoded`, so an action dropped from
+the machine drops what it encodes).  A gap is a required action not
+encoded: either listed in :data:`KNOWN_GAPS` with its reason (the row is
+then "proved over its encoded actions", with ``uncovered``), or unexplained
+(the row fails, naming the action and the field).  A known gap that is no
+longer a gap is *stale* and fails too, naming the line to delete.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import dis
+import inspect
+import random
+import re
+import types
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+#: the branch name of a static writer of a record counter (an answer the spec forbids)
+FORBIDDEN = "(an answer the spec forbids: static)"
+
+#: fields no required set counts, with the reason (read or written, they say nothing about a rule)
+EXCLUDED: dict[str, str] = {
+    "MechState.next_ref": "reference-id counter: names objects, no rule reads it",
+    "SysState.next_ref": "reference-id counter: names objects, no rule reads it",
+    "SysState.queue_seq": "queue sequence counter: orders entries, no rule reads it",
+    "MechState.w_next_address": "witness support: the spec-only run's address model",
+    "MechState.w_freed": "witness support: the spec-only run's address model",
+    "MechState.w_next_identity": "witness support: fresh identities for spec-only witnesses",
+    "SysState.w_generation": "witness support: the spec-only run's generation model",
+    "SysState.w_next_address": "witness support: the spec-only run's address model",
+    "SysState.w_next_identity": "witness support: fresh identities for spec-only witnesses",
+    "MechState.q_allocations": "quality figure (measured, never a verdict)",
+    "MechState.q_requested": "quality figure (measured, never a verdict)",
+    "MechState.q_footprint": "quality figure (measured, never a verdict)",
+    "MechState.q_refused_with_room": "quality figure (measured, never a verdict)",
+}
+
+#: Reviewed gaps: ``(row, "level:action", reason)``, one per line.  A row with one is "proved over
+#: its encoded actions" and lists the action in ``uncovered``; a gap not listed here fails the row;
+#: a line here that is no longer a gap fails too (delete that line).
+KNOWN_GAPS: tuple[tuple[str, str, str], ...] = (
+    ("S1", "system:respond", "respond runs queued releases (misreleased is decided there): not in S1's machine"),
+    ("S2", "system:reserve_owned", "new_owned adds the session's physical_by key at 0 bytes: no reservation in S2's machine"),
+    ("S4", "system:respond", "respond's queued releases: not encoded in S4's machine (issue 33)"),
+    ("S5", "mechanism:allocate", "a mechanism writer of physical outside S5's machine (issue 33)"),
+    ("S5", "mechanism:copy_on_write", "a mechanism writer of physical outside S5's machine (issue 33)"),
+    ("S5", "mechanism:create", "a mechanism writer of physical outside S5's machine (issue 33)"),
+    ("S5", "mechanism:deallocate", "a mechanism writer of physical outside S5's machine (issue 33)"),
+    ("S5", "mechanism:release_handle", "a mechanism writer of physical outside S5's machine (issue 33)"),
+    ("S5", "mechanism:unmap", "a mechanism writer of physical outside S5's machine (issue 33)"),
+    ("S5", "mechanism:reserve_foreign", "makes a reservation S5's full check reads (kind, reported): not in S5's machine"),
+    ("S5", "mechanism:shared_reserve", "makes a reservation S5's full check reads (kind, reported): not in S5's machine"),
+    ("S5", "system:allocate_owned", "makes an owned object whose creator S5 reads: not in S5's machine"),
+    ("S5", "system:load_weight", "makes an owned object whose creator S5 reads: not in S5's machine"),
+    ("S5", "system:close_owned", "a binding reservation leaves SysState.reservations: not in S5's machine"),
+    ("S5", "system:kv_close", "an open KV request (whose creator S5 reads) closes: not in S5's machine"),
+    ("S5", "system:poll", "a KV request's release runs (state released): not in S5's machine"),
+    ("S5", "system:respond", "a KV request's release runs (state released): not in S5's machine"),
+    ("S7", "system:respond", "respond's queued releases: not encoded in S7's machine (issue 33)"),
+    ("S8", "system:cancel_ticket", "ticket holdings move granted (granted = open grants + holdings): not in S8's machine"),
+    ("S8", "system:claim", "ticket holdings move to an open grant: not in S8's machine"),
+    ("S8", "system:expire", "ticket holdings move granted: not in S8's machine"),
+    ("S8", "system:reconfigure", "failed tickets' holdings move granted: not in S8's machine"),
+    ("S8", "system:respond", "releases refunded into a ticket (holdings, queued refunds): not in S8's machine"),
+    ("S8", "system:close_owned", "reservation close: the release path is outside S8 (issue 33)"),
+    ("S8", "system:decommit_owned", "reservation decommit: the release path is outside S8 (issue 33)"),
+    ("S8", "system:drop", "a queued release (live -> queued refunds): not in S8's machine"),
+    ("S8", "system:unload_weight", "a queued release (live -> queued refunds): not in S8's machine"),
+    ("S8", "system:kv_close", "the KV release path is outside S8 (issue 33)"),
+    ("S8", "system:poll", "queued releases run (refunds, KV release path): not in S8's machine (issue 33)"),
+    ("S8", "system:commit_owned", "a reservation's commit changes its footprint and charge: not in S8's machine"),
+    ("S8", "system:kv_grow", "a KV growth changes the store's live bytes and charge: not in S8's machine"),
+    ("S8", "system:kv_open", "a new KV request (own bytes S8's full check sums): not in S8's machine"),
+    ("S8", "system:refund_lease", "a lease refund lowers lease bytes and charge: not in S8's machine"),
+    ("S8", "system:reserve_owned", "a new owned reservation (footprint 0): not in S8's machine"),
+    ("S9", "system:kv_close", "S9 is a one-action machine (issue 33)"),
+    ("S9", "system:kv_open", "S9 is a one-action machine (issue 33)"),
+    ("S9", "system:poll", "S9 is a one-action machine: the KV release path (issue 33)"),
+    ("S9", "system:respond", "S9 is a one-action machine: the KV release path (issue 33)"),
+    ("S10", "system:kv_open", "a KV request pins the context (live_objects): not in S10's machine"),
+    ("S10", "system:load_weight", "a weight's owned allocation pins the context: not in S10's machine"),
+    ("S10", "system:reserve_owned", "an owned reservation pins the context: not in S10's machine"),
+    ("S10", "system:respond", "respond queues and runs releases (pins, queue): not in S10's machine"),
+    ("S10", "system:unload_weight", "a queued release (pins, queue): not in S10's machine"),
+    ("S13", "system:kv_grow", "S13's keep-pages-for-sharers rule is in no machine (issue 33)"),
+    ("S13", "system:poll", "S13's keep-pages-for-sharers rule is in no machine: a KV release run (issue 33)"),
+    ("S13", "system:respond", "S13's keep-pages-for-sharers rule is in no machine: a KV release run (issue 33)"),
+    ("S14", "mechanism:allocate_foreign", "records the twin's identity (duplicate_identities): not in S14's machine"),
+    ("S14", "mechanism:reserve_foreign", "records the twin's identity (duplicate_identities): not in S14's machine"),
+)
+
+#: Reviewed static over-approximations: ``(field, "level:action", reason)``: the bytecode search
+#: (:func:`static_writers`) finds a store of the field in code the action reaches, but the action's
+#: own call cannot take it.  A line the search no longer reports is stale (delete it).
+STATIC_NOT_WRITERS: tuple[tuple[str, str, str], ...] = (
+    ("SysState.governor_evictions", "system:unload_weight",
+     "unload_weight calls evict(by='holder'): the store runs only for by != 'holder'"),
+    ("SysState.hot_evictions", "system:unload_weight",
+     "unload_weight calls evict(pressure=False): the store runs only under pressure"),
+)
+
+
+# --------------------------------------------------------------------------
+# Snapshots and their differences (write sets)
+# --------------------------------------------------------------------------
+
+def _record_types() -> tuple[type, ...]:
+    """The mutable records of the spec's state (spec/state.py): recursed into field by field."""
+    from memspec.spec import state as S
+
+    return tuple(c for c in vars(S).values()
+                 if isinstance(c, type) and dataclasses.is_dataclass(c) and c.__module__ == S.__name__
+                 and not c.__dataclass_params__.frozen)  # type: ignore[attr-defined]
+
+
+_RECORDS: tuple[type, ...] = ()
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _records() -> tuple[type, ...]:
+    global _RECORDS
+    if not _RECORDS:
+        _RECORDS = _record_types()
+    return _RECORDS
+
+
+def _fields_of(cls: type) -> tuple[str, ...]:
+    f = _FIELDS.get(cls)
+    if f is None:
+        f = _FIELDS[cls] = tuple(x.name for x in dataclasses.fields(cls))
+    return f
+
+
+class _Rec(tuple):
+    """A record's snapshot: ``(type name, (snapshot of each field))`` (fields: :data:`_NAMED`)."""
+
+
+class _Map(dict):
+    """A dict's (or a ``SortedDict``'s, a ``RefSet``'s) snapshot: key -> snapshot."""
+
+
+def snapshot(x: Any) -> Any:
+    """A structural copy of ``x`` that compares by value: records field by field, dicts key by key,
+    sets and lists by their members; a function (a queued entry's ``on_run``) by nothing (its
+    effects show in what it writes when it runs)."""
+    t = type(x)
+    if t in _PLAIN:
+        return x
+    how = _HOW.get(t)
+    if how is None:
+        how = _HOW[t] = _how(t)
+    return how(x)
+
+
+_PLAIN = frozenset({int, str, bool, float, type(None)})
+
+
+def _how(t: type) -> Callable[[Any], Any]:
+    """How to snapshot a value of type ``t`` (decided once per type)."""
+    if t in _records():
+        name, fields = t.__name__, _fields_of(t)
+        _NAMED[name] = fields
+        return lambda x: _Rec((name, tuple([snapshot(getattr(x, f)) for f in fields])))
+    if issubclass(t, dict):   # dict, SortedDict
+        return lambda x: _Map({k: snapshot(v) for k, v in x.items()})
+    if t.__name__ == "RefSet":
+        return lambda x: frozenset(x.items)
+    if issubclass(t, (set, frozenset)):
+        return frozenset
+    if issubclass(t, (list, tuple)):
+        return lambda x: tuple(snapshot(v) for v in x)
+    if issubclass(t, (types.FunctionType, types.MethodType, types.BuiltinFunctionType)):
+        return lambda x: "<function>"
+    return lambda x: x
+
+
+_HOW: dict[type, Callable[[Any], Any]] = {}
+#: a record type's name -> its fields, in the order of its snapshot's values
+_NAMED: dict[str, tuple[str, ...]] = {}
+
+
+def _new_record_writes(snap: _Rec, out: set[tuple[str, Any]]) -> None:
+    name, values = snap
+    for f, v in zip(_NAMED[name], values):
+        out.add((f"{name}.{f}", None))
+        if isinstance(v, _Map):
+            for w in v.values():
+                if isinstance(w, _Rec):
+                    _new_record_writes(w, out)
+        elif isinstance(v, _Rec):
+            _new_record_writes(v, out)
+
+
+def _diff_value(where: str, a: Any, b: Any, out: set[tuple[str, Any]]) -> None:
+    """The writes that turn snapshot ``a`` of field ``where`` into ``b``."""
+    if a == b:
+        return
+    if isinstance(a, _Rec) and isinstance(b, _Rec) and a[0] == b[0]:
+        _diff_record(a, b, out)
+        return
+    if isinstance(a, _Map) and isinstance(b, _Map):
+        keys = set(a) | set(b)
+        by_key = all(isinstance(k, str) for k in keys)
+        if set(a) != set(b) and not by_key:
+            out.add((where, None))   # a member gained or lost
+        for k in keys:
+            va, vb = a.get(k, _ABSENT), b.get(k, _ABSENT)
+            if va == vb:
+                continue
+            if isinstance(va, _Rec) and isinstance(vb, _Rec) and va[0] == vb[0]:
+                _diff_record(va, vb, out)
+            else:
+                if by_key:
+                    out.add((where, k))
+                if isinstance(vb, _Rec) and va is _ABSENT:
+                    _new_record_writes(vb, out)
+                elif not by_key:
+                    out.add((where, None))
+        return
+    out.add((where, None))
+
+
+_ABSENT = object()
+
+
+def _diff_record(a: _Rec, b: _Rec, out: set[tuple[str, Any]]) -> None:
+    name = a[0]
+    for f, va, vb in zip(_NAMED[name], a[1], b[1]):
+        if va != vb:
+            _diff_value(f"{name}.{f}", va, vb, out)
+
+
+def writes_between(before: Any, after: Any) -> set[tuple[str, Any]]:
+    """``{(Record.field, key or None)}`` the step from snapshot ``before`` to ``after`` wrote."""
+    out: set[tuple[str, Any]] = set()
+    _diff_record(before, after, out)
+    return out
+
+
+# --------------------------------------------------------------------------
+# Recording proxies (read sets)
+# --------------------------------------------------------------------------
+
+class _Rd:
+    """A recording proxy of a record: each field read is logged as ``(Record.field, None)``; a
+    property (``KvRequest.committed``) runs on the proxy, so the fields it reads are logged."""
+
+    __slots__ = ("_o", "_log")
+
+    def __init__(self, o: Any, log: set[tuple[str, Any]]) -> None:
+        object.__setattr__(self, "_o", o)
+        object.__setattr__(self, "_log", log)
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:   # isinstance(proxy, SysState) holds
+        return type(object.__getattribute__(self, "_o"))
+
+    def __getattr__(self, name: str) -> Any:
+        o = object.__getattribute__(self, "_o")
+        log = object.__getattribute__(self, "_log")
+        cls = type(o)
+        attr = getattr(cls, name, None)
+        if isinstance(attr, property):
+            return attr.fget(self)   # type: ignore[misc]
+        v = getattr(o, name)
+        where = f"{cls.__name__}.{name}"
+        if name in _fields_of(cls):
+            if isinstance(v, dict):
+                return _RdMap(v, where, log)
+            log.add((where, None))
+        return _wrap(v, log)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"an invariant wrote {name}: invariants only read")
+
+
+class _RdMap:
+    """A recording proxy of a dict field: a read by a string key (a holder's name) logs that key;
+    any other read (iteration, length, an object's ref) logs the whole field."""
+
+    __slots__ = ("_d", "_w", "_log")
+
+    def __init__(self, d: dict, where: str, log: set[tuple[str, Any]]) -> None:
+        self._d, self._w, self._log = d, where, log
+
+    def _key(self, k: Any) -> None:
+        self._log.add((self._w, k if isinstance(k, str) else None))
+
+    def _all(self) -> None:
+        self._log.add((self._w, None))
+
+    def __getitem__(self, k: Any) -> Any:
+        self._key(k)
+        return _wrap(self._d[k], self._log)
+
+    def get(self, k: Any, default: Any = None) -> Any:
+        self._key(k)
+        return _wrap(self._d[k], self._log) if k in self._d else default
+
+    def __contains__(self, k: Any) -> bool:
+        self._key(k)
+        return k in self._d
+
+    def __len__(self) -> int:
+        self._all()
+        return len(self._d)
+
+    def __bool__(self) -> bool:
+        self._all()
+        return bool(self._d)
+
+    def __iter__(self) -> Any:
+        self._all()
+        return iter(list(self._d))
+
+    def keys(self) -> list:
+        self._all()
+        return list(self._d.keys())
+
+    def values(self) -> list:
+        self._all()
+        return [_wrap(v, self._log) for v in self._d.values()]
+
+    def items(self) -> list:
+        self._all()
+        return [(k, _wrap(v, self._log)) for k, v in self._d.items()]
+
+
+def _wrap(v: Any, log: set[tuple[str, Any]]) -> Any:
+    if isinstance(v, _records()):
+        return _Rd(v, log)
+    if isinstance(v, list):
+        return [_wrap(x, log) for x in v]
+    return v
+
+
+def reads_of(fn: Callable[[Any], Any], state: Any) -> set[tuple[str, Any]]:
+    """What ``fn`` (an invariant's predicate for ``state``'s level) reads of ``state``."""
+    log: set[tuple[str, Any]] = set()
+    fn(_Rd(state, log))
+    return log
+
+
+# --------------------------------------------------------------------------
+# Static writers of record counters
+# --------------------------------------------------------------------------
+
+def _spec_functions() -> dict[str, list[types.CodeType]]:
+    """Every function of the spec's modules by name (module-level functions and methods)."""
+    import importlib
+    import pkgutil
+
+    import memspec.spec as spec_pkg
+
+    out: dict[str, list[types.CodeType]] = {}
+    seen: set[int] = set()
+    for m in pkgutil.iter_modules(spec_pkg.__path__):
+        if m.ispkg:
+            continue
+        mod = importlib.import_module(f"memspec.spec.{m.name}")
+        for v in list(vars(mod).values()):
+            cands = [v] + ([x for x in vars(v).values()] if isinstance(v, type) and v.__module__ == mod.__name__ else [])
+            for c in cands:
+                fn = getattr(c, "fget", c)
+                code = getattr(fn, "__code__", None)
+                if code is not None and id(code) not in seen and getattr(fn, "__module__", "").startswith("memspec.spec"):
+                    seen.add(id(code))
+                    out.setdefault(fn.__name__, []).append(code)
+    return out
+
+
+def _codes_reached(start: Iterable[types.CodeType], funcs: dict[str, list[types.CodeType]]) -> list[types.CodeType]:
+    todo, seen, out = list(start), set(), []
+    while todo:
+        c = todo.pop()
+        if id(c) in seen:
+            continue
+        seen.add(id(c))
+        out.append(c)
+        todo += [k for k in c.co_consts if isinstance(k, types.CodeType)]
+        for n in c.co_names:
+            todo += funcs.get(n, [])
+    return out
+
+
+def _stores(code: types.CodeType) -> set[str]:
+    return {i.argval for i in dis.get_instructions(code) if i.opname == "STORE_ATTR"}
+
+
+def static_writers(machine: Any, attrs: Iterable[str]) -> dict[str, set[str]]:
+    """``{action: {attribute}}``: the actions of ``machine`` whose step code (its closures, and every
+    spec function they name, transitively) stores one of ``attrs``."""
+    want = set(attrs)
+    funcs = _spec_functions()
+    out: dict[str, set[str]] = {}
+    for a in machine.actions:
+        got: set[str] = set()
+        for c in _codes_reached([a.step.__code__], funcs):
+            got |= _stores(c) & want
+        if got:
+            out[a.name] = got
+    return out
+
+
+# --------------------------------------------------------------------------
+# The walks
+# --------------------------------------------------------------------------
+
+PAGE = 4096
+_VB_SM = ((True, True), (True, False), (False, True), (False, False))
+#: the ticket protocol and what feeds it (weights to release): granted, claimed, failed tickets
+TICKET_FOCUS = ("issue_ticket", "respond", "claim", "cancel_ticket", "expire", "reconfigure", "load_weight",
+                "set_hot", "unload_weight")
+#: KV requests (some sharing a prefix) grown, used, closed, their releases run
+KV_FOCUS = ("kv_open", "kv_grow", "kv_use", "kv_close", "poll", "synchronize")
+#: shared memory: handles mapped, written, copied on write, unmapped, released
+SHARED_FOCUS = ("shared_reserve", "create", "map", "unmap", "free_shared_reservation", "copy_on_write",
+                "write_through", "release_handle", "mapping_count")
+
+
+@dataclass(frozen=True)
+class Walk:
+    """One seeded walk: a machine (``level``), its init keywords, the actions it draws from
+    (``focus``: a subset, whose states are reachable in the whole machine; empty: all) and its steps."""
+
+    level: str
+    init: dict
+    steps: int
+    focus: tuple[str, ...] = ()
+
+
+#: the machines and capability configurations walked (those of the agreement walk: each capability on
+#: and off, a roomy device and one of two pages), and focused walks of the protocols whose deep states
+#: the whole machine reaches rarely (a reconfigure failing tickets that hold bytes, a KV release run)
+WALKS: tuple[Walk, ...] = tuple(
+    [Walk("mechanism", dict(capacity=12 * PAGE, page=PAGE, virtual_backing=vb, shared_mapping=sm, ep=True), 900)
+     for vb, sm in _VB_SM]
+    + [Walk("system", dict(capacity=16 * PAGE, page=PAGE, virtual_backing=vb, shared_mapping=sm), 1000)
+       for vb, sm in _VB_SM]
+    + [Walk("system", dict(capacity=2 * PAGE, page=PAGE, virtual_backing=True, shared_mapping=True), 600),
+       Walk("system", dict(capacity=16 * PAGE, page=PAGE, virtual_backing=True, shared_mapping=True), 900,
+            TICKET_FOCUS),
+       Walk("system", dict(capacity=16 * PAGE, page=PAGE, virtual_backing=True, shared_mapping=True), 750, KV_FOCUS),
+       Walk("mechanism", dict(capacity=12 * PAGE, page=PAGE, virtual_backing=True, shared_mapping=True, ep=True),
+            600, SHARED_FOCUS)]
+)
+#: the walk restarts from the initial state every ``RESTART`` steps
+RESTART = 60
+#: the invariants' reads are recorded on every ``READ_EVERY``-th state of a walk (and at each restart)
+READ_EVERY = 5
+#: the derivation's seed (fixed: the coverage of a row does not depend on ``memspec prove --seed``)
+SEED = 0
+
+Key = tuple[str, str, str]  # (level, action, branch)
+
+
+@dataclass
+class Footprints:
+    """What the walks saw: per ``(level, action, branch)`` the fields written and how often it was
+    taken; per invariant the fields read."""
+
+    #: ``(level, action, branch) -> {(field, key)}``
+    writes: dict[Key, set[tuple[str, Any]]] = field(default_factory=dict)
+    taken: dict[Key, int] = field(default_factory=dict)
+    #: branches the spec offered and no walk took (no witness, or never drawn)
+    offered: dict[Key, int] = field(default_factory=dict)
+    #: ``level:action`` drawn at least once
+    drawn: dict[str, int] = field(default_factory=dict)
+    actions: list[str] = field(default_factory=list)
+    #: invariant id -> {(field, key)}
+    reads: dict[str, set[tuple[str, Any]]] = field(default_factory=dict)
+    #: read fields no step wrote, and the actions that store them statically (``level:action``)
+    static: dict[str, list[str]] = field(default_factory=dict)
+    #: ``(field, level:action)`` of :data:`STATIC_NOT_WRITERS` the static search did report (and so set aside)
+    static_excluded: list[tuple[str, str]] = field(default_factory=list)
+    steps: int = 0
+
+    @property
+    def unreached(self) -> list[str]:
+        """Actions no walk drew, and branches the spec offered that no walk took."""
+        out = [a for a in self.actions if a not in self.drawn]
+        out += [f"{lvl}:{a} / {b}" for (lvl, a, b) in sorted(self.offered) if (lvl, a, b) not in self.taken]
+        return out
+
+
+_NUM = re.compile(r"0x[0-9a-fA-F]+|\d+")
+_SEQ = re.compile(r"N(, N)+")  # a list of figures (the pending tickets [N, N, N]): one kind, whatever its length
+
+
+def _label(branch: Any) -> str:
+    """A branch by its kind: ``raises <Error> (<why>)`` or ``returns <what>``, every number written N."""
+    from memspec.spec.core import Raises
+
+    if isinstance(branch, Raises):
+        return f"raises {branch.error.__name__}" + (f" ({_SEQ.sub('N...', _NUM.sub('N', branch.describe))})"
+                                                    if branch.describe else "")
+    return "returns " + _SEQ.sub("N...", _NUM.sub("N", branch.describe))
+
+
+def _weighted(rng: random.Random, weights: list[int]) -> int:
+    """An index drawn with probability proportional to ``weights`` (an action's ``weight``)."""
+    k = rng.randrange(sum(max(1, w) for w in weights))
+    for i, w in enumerate(weights):
+        k -= max(1, w)
+        if k < 0:
+            return i
+    return len(weights) - 1
+
+
+def _machine(level: str) -> Any:
+    from memspec.invariants.proofs_catalog import machines
+
+    return machines()[level]
+
+
+def _invariant_fns(state: Any) -> list[tuple[str, Callable[[Any], Any]]]:
+    from memspec.spec.invariants import ALL
+
+    out = []
+    for inv in ALL:
+        for chk in (inv.check, inv.full_check):
+            if chk is None:
+                continue
+            levels = getattr(chk, "levels", None)
+            fn = levels.get(type(state)) if levels is not None else chk
+            if fn is not None:
+                out.append((inv.id, fn))
+    return out
+
+
+def derive(seed: int = SEED, walks: tuple[Walk, ...] = WALKS, machines: dict[str, Any] | None = None,
+           scale: float = 1.0) -> Footprints:
+    """Walk each of ``walks`` (seeded; ``scale`` times its steps) and record the footprints.
+    ``machines``: ``{level: machine}`` in place of the spec's (a test's planted action)."""
+    from memspec.spec.core import RandomChooser, Returns
+    from memspec.spec.selfcheck import make_error, takeable, usable
+
+    fp = Footprints()
+    mach = machines or {}
+    levels = sorted({w.level for w in walks})
+    for lvl in levels:
+        m = mach.get(lvl) or _machine(lvl)
+        fp.actions += [f"{lvl}:{a.name}" for a in m.actions]
+    for k, walk in enumerate(walks):
+        lvl, kw = walk.level, walk.init
+        m = mach.get(lvl) or _machine(lvl)
+        acts = [a for a in m.actions if not walk.focus or a.name in walk.focus]
+        rng = random.Random(seed * 1000 + k)
+        chooser = RandomChooser(rng)
+        weighted = [a for a in m.actions for _ in range(max(1, a.weight))]
+        fns: list[tuple[str, Callable[[Any], Any]]] = []
+        state: Any = None
+        before: Any = None
+        for i in range(int(walk.steps * scale)):
+            if state is None or i % RESTART == 0:
+                state = m.init(**kw)
+                fns = _invariant_fns(state)
+                before = snapshot(state)
+            if i % READ_EVERY == 0:
+                for inv_id, fn in fns:
+                    fp.reads.setdefault(inv_id, set()).update(reads_of(fn, state))
+            options = [a for a in acts if usable(a, state)]
+            if not options:
+                state = None
+                continue
+            act = options[_weighted(rng, [a.weight for a in options])]
+            fp.drawn[f"{lvl}:{act.name}"] = fp.drawn.get(f"{lvl}:{act.name}", 0) + 1
+            args = act.draw_args(state, chooser)
+            outs = act.step(state, **args)
+            for b in outs.branches:
+                key = (lvl, act.name, _label(b))
+                fp.offered[key] = fp.offered.get(key, 0) + 1
+            branches = [b for b in outs.branches if takeable(b)]
+            if not branches:
+                continue
+            b = branches[chooser.integer(0, len(branches) - 1)] if len(branches) > 1 else branches[0]
+            if isinstance(b, Returns):
+                b.then(b.witness())   # type: ignore[misc]
+            else:
+                b.then(make_error(b.error))
+            key = (lvl, act.name, _label(b))
+            fp.taken[key] = fp.taken.get(key, 0) + 1
+            after = snapshot(state)
+            fp.writes.setdefault(key, set()).update(writes_between(before, after))
+            before = after
+            fp.steps += 1
+    _add_static(fp, {lvl: (mach.get(lvl) or _machine(lvl)) for lvl in levels})
+    return fp
+
+
+def _add_static(fp: Footprints, machines: dict[str, Any]) -> None:
+    """Record counters: top-level fields an invariant reads that no walk step wrote; their writers
+    found statically, required with the branch :data:`FORBIDDEN`."""
+    written = {f for ws in fp.writes.values() for f, _k in ws}
+    read = {f for rs in fp.reads.values() for f, _k in rs}
+    state_type = {"mechanism": "MechState", "system": "SysState"}
+    for lvl, m in machines.items():
+        tname = state_type.get(lvl)
+        unwritten = {f.split(".", 1)[1] for f in read - written if f.startswith(f"{tname}.") and f not in EXCLUDED}
+        if not unwritten:
+            continue
+        for act, attrs in static_writers(m, unwritten).items():
+            for a in sorted(attrs):
+                if (f"{tname}.{a}", f"{lvl}:{act}") in _NOT_WRITERS:
+                    attrs = attrs - {a}
+                    fp.static_excluded.append((f"{tname}.{a}", f"{lvl}:{act}"))
+            if not attrs:
+                continue
+            key = (lvl, act, FORBIDDEN)
+            fp.writes.setdefault(key, set()).update((f"{tname}.{a}", None) for a in attrs)
+            for a in attrs:
+                fp.static.setdefault(f"{tname}.{a}", []).append(f"{lvl}:{act}")
+
+
+_NOT_WRITERS = {(f, a) for f, a, _why in STATIC_NOT_WRITERS}
+
+_CACHE: dict[Any, Footprints] = {}
+
+
+def footprints() -> Footprints:
+    """The derivation, once per process (seeded: the same every time)."""
+    got = _CACHE.get("default")
+    if got is None:
+        got = _CACHE["default"] = derive()
+    return got
+
+
+# --------------------------------------------------------------------------
+# Coverage of a proof's machine
+# --------------------------------------------------------------------------
+
+def field_name(f: tuple[str, Any]) -> str:
+    """``SysState.charged_by[kv]`` for a write or read of one holder's key, else ``Record.field``."""
+    return f"{f[0]}[{f[1]}]" if f[1] is not None else f[0]
+
+
+def _meets(w: tuple[str, Any], reads: dict[str, set[Any]]) -> bool:
+    """A write ``(field, key)`` changes what the reads ``{field: {keys}}`` (``None``: every key) saw."""
+    keys = reads.get(w[0])
+    if keys is None:
+        return False
+    return w[1] is None or None in keys or w[1] in keys
+
+
+@dataclass
+class Gap:
+    """A spec action that writes what a row's invariant reads and that its machine does not encode."""
+
+    action: str                      # "level:action"
+    #: branch -> the fields it writes that the invariant reads
+    branches: dict[str, list[str]]
+    known: str | None = None         # the reason, where :data:`KNOWN_GAPS` lists it
+
+    @property
+    def fields(self) -> list[str]:
+        return sorted({f for fs in self.branches.values() for f in fs})
+
+    def describe(self, inv: str) -> str:
+        how = "; ".join(f"{b}: {', '.join(fs)}" for b, fs in sorted(self.branches.items()))
+        return f"{self.action} writes {', '.join(self.fields)}, which {inv} reads ({how})"
+
+
+@dataclass
+class RowCoverage:
+    """A row's derived coverage: what its invariant reads, the spec actions (and branches) that write
+    it, those its machine encodes, the gaps, and :data:`KNOWN_GAPS` lines that are stale."""
+
+    row: str
+    invariant: str
+    reads: list[str]
+    #: ``level:action`` -> branch -> fields written that the invariant reads
+    required: dict[str, dict[str, list[str]]]
+    encoded: list[str]
+    gaps: list[Gap]
+    stale: list[str]
+
+    @property
+    def uncovered(self) -> list[str]:
+        """The reviewed gaps (:data:`KNOWN_GAPS`): the row is proved over its encoded actions only."""
+        return [g.action for g in self.gaps if g.known is not None]
+
+    @property
+    def unexplained(self) -> list[Gap]:
+        return [g for g in self.gaps if g.known is None]
+
+    @property
+    def problems(self) -> list[str]:
+        """What fails the row: an unexplained gap, a stale :data:`KNOWN_GAPS` line."""
+        out = [f"NOT COVERED (no reviewed reason): {g.describe(self.invariant)}; {self.row}'s machine encodes "
+               f"no action for it (add one to ENCODES, or a line to KNOWN_GAPS in {_HERE})" for g in self.unexplained]
+        return out + self.stale
+
+    def as_json(self) -> dict[str, Any]:
+        return {"invariant": self.invariant, "reads": self.reads, "required": sorted(self.required),
+                "required_branches": self.required, "encoded": self.encoded,
+                "gaps": [{"action": g.action, "fields": g.fields, "branches": g.branches, "known": g.known}
+                         for g in self.gaps],
+                "uncovered": self.uncovered, "unexplained": [g.action for g in self.unexplained],
+                "stale_known_gaps": self.stale}
+
+
+_HERE = "invariants/footprints.py"
+
+
+def known_gap_line(row: str, action: str) -> int | None:
+    """The line of this module holding ``(row, action, ...)`` in :data:`KNOWN_GAPS`."""
+    return _line_of(f'("{row}", "{action}"')
+
+
+def _line_of(text: str) -> int | None:
+    import os
+
+    try:
+        with open(os.path.realpath(__file__)) as fh:
+            for n, line in enumerate(fh, 1):
+                if text in line:
+                    return n
+    except OSError:
+        return None
+    return None
+
+
+def row_coverage(p: Any, fp: Footprints | None = None,
+                 known: tuple[tuple[str, str, str], ...] | None = None) -> RowCoverage:
+    """The derived coverage of proof ``p`` (its machine's actions, as they are now: an action dropped
+    from ``p.actions`` no longer encodes anything)."""
+    from memspec.invariants.proofs_catalog import encoded
+
+    fp = fp if fp is not None else footprints()
+    known = KNOWN_GAPS if known is None else known
+    inv = getattr(p, "declared_by", p.id)
+    reads: dict[str, set[Any]] = {}
+    for f, k in fp.reads.get(inv, set()):
+        if f not in EXCLUDED:
+            reads.setdefault(f, set()).add(k)
+    required: dict[str, dict[str, list[str]]] = {}
+    for (lvl, act, branch), ws in sorted(fp.writes.items()):
+        hit = sorted({field_name(w) for w in ws if w[0] not in EXCLUDED and _meets(w, reads)})
+        if hit:
+            required.setdefault(f"{lvl}:{act}", {})[branch] = hit
+    enc = encoded(p)
+    mine = {a: why for r, a, why in known if r == p.id}
+    gaps = [Gap(a, bs, mine.get(a)) for a, bs in sorted(required.items()) if a not in enc]
+    gapped = {g.action for g in gaps}
+    stale = []
+    for a in sorted(mine):
+        if a not in gapped:
+            why = (f"{p.id}'s machine encodes it" if a in enc else
+                   f"nothing {a} writes is read by {inv}" if a not in required else "")
+            line = known_gap_line(p.id, a)
+            where = f"{_HERE}:{line}" if line else _HERE
+            stale.append(f"STALE known gap: ({p.id!r}, {a!r}) is no longer a gap ({why}): delete its line "
+                         f"in KNOWN_GAPS at {where}")
+    return RowCoverage(p.id, inv, sorted(field_name((f, k)) for f, ks in reads.items() for k in ks),
+                       required, enc, gaps, stale)
+
+
+def table_problems(rows: Iterable[str], known: tuple[tuple[str, str, str], ...] | None = None) -> list[str]:
+    """Lines of :data:`KNOWN_GAPS` that name no row of ``rows``, no spec action, or repeat a line."""
+    from memspec.invariants.proofs_catalog import machines
+
+    known = KNOWN_GAPS if known is None else known
+    names = {f"{lvl}:{a.name}" for lvl, m in machines().items() for a in m.actions}
+    rows = set(rows)
+    out, seen = [], set()
+    for r, a, why in known:
+        line = known_gap_line(r, a)
+        where = f"{_HERE}:{line}" if line else _HERE
+        if r not in rows:
+            out.append(f"KNOWN_GAPS line ({r!r}, {a!r}) at {where} names no proof row")
+        if a not in names:
+            out.append(f"KNOWN_GAPS line ({r!r}, {a!r}) at {where} names no spec action")
+        if (r, a) in seen:
+            out.append(f"KNOWN_GAPS line ({r!r}, {a!r}) at {where} is listed twice")
+        if not why.strip():
+            out.append(f"KNOWN_GAPS line ({r!r}, {a!r}) at {where} gives no reason")
+        seen.add((r, a))
+    return out
+
+
+def static_problems(fp: Footprints | None = None) -> list[str]:
+    """Lines of :data:`STATIC_NOT_WRITERS` the static search no longer reports (stale: delete them)."""
+    fp = fp if fp is not None else footprints()
+    out = []
+    for f, a, _why in STATIC_NOT_WRITERS:
+        if (f, a) not in fp.static_excluded:
+            line = _line_of(f'("{f}", "{a}"')
+            out.append(f"STALE static exclusion: ({f!r}, {a!r}) is no longer found by the static search: delete "
+                       f"its line in STATIC_NOT_WRITERS at {_HERE}:{line}")
+    return out
