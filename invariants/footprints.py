@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import dataclasses
 import dis
-import inspect
 import random
 import re
 import types
@@ -594,7 +593,6 @@ def derive(seed: int = SEED, walks: tuple[Walk, ...] = WALKS, machines: dict[str
         acts = [a for a in m.actions if not walk.focus or a.name in walk.focus]
         rng = random.Random(seed * 1000 + k)
         chooser = RandomChooser(rng)
-        weighted = [a for a in m.actions for _ in range(max(1, a.weight))]
         fns: list[tuple[str, Callable[[Any], Any]]] = []
         state: Any = None
         before: Any = None

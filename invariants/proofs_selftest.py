@@ -653,6 +653,7 @@ def catalog() -> list[Break]:
         out.append(Break(f"{inv} encoding (caching heap): {act_name} without '{words}'", "encoding", inv,
                          (f"heap:{inv}",)))
     out += _exec_weakened_breaks()
+    out += _coverage_breaks()
     out += _generation_progress_breaks()
     out += _caching_knob_breaks()
     out += _caching_expandable_breaks()
@@ -828,7 +829,62 @@ def detect_caching_agreement() -> str | None:
     return None
 
 
+# -- derived coverage (issue 33): a machine that leaves out a writer of what its invariant reads --------
+
+#: ``(row, encoded action)`` dropped from the row's machine (the agreement adapter goes with it: the
+#: action is no longer in the proof): each encodes a spec action that writes what the row reads
+DROPPED = (("S4", "poll"), ("S11", "m_deallocate"), ("S15", "expire"), ("S2", "commit_owned"))
+
+
+def _dropped(inv: str, action: str) -> Callable[[], Proof]:
+    def build() -> Proof:
+        p = _proof(inv)
+        if not any(a.name == action for a in p.actions):
+            raise LookupError(f"{inv}'s machine has no encoded action {action} to drop")
+        return replace(p, actions=[a for a in p.actions if a.name != action])
+    return build
+
+
+@contextmanager
+def _undeclared_refund() -> Iterator[None]:
+    """A spec action no ENCODES names: a refund path that lowers the session's charge and forgets its
+    physical bytes (what S2 reads)."""
+    from memspec.spec import ep
+    from memspec.spec.core import Action, outcomes
+    from memspec.spec.system import SYSTEM
+
+    def refund_forgetting_physical(s: Any) -> Any:
+        def then(_v: Any) -> None:
+            if s.charged_by.get("session", 0) >= s.page:
+                ep.refund(s, "session", s.page)
+        return outcomes(Returns("None", lambda v: v is None, then, lambda: None), blame="S2")
+
+    act = Action("refund_forgetting_physical", "Governor", "A refund that forgets the physical bytes.", {},
+                 refund_forgetting_physical, lambda sut: None)
+    with _patched(SYSTEM, "actions", SYSTEM.actions + [act]):
+        yield
+
+
+def detect_coverage(p: Proof) -> str | None:
+    """``memspec prove``'s derived coverage of ``p`` (fresh spec-only walks: a planted spec action is
+    walked): an unexplained gap or a stale reviewed line fails the row."""
+    from memspec.invariants import footprints as F
+
+    why = F.row_coverage(p, F.derive()).problems
+    return f"prove/coverage: {why[0][:200]}" if why else None
+
+
+def _coverage_breaks() -> list[Break]:
+    out = [Break(f"{inv} encoding: {act} dropped from the machine (with its adapter)", "encoding", inv,
+                 ("coverage",), proof=_dropped(inv, act)) for inv, act in DROPPED]
+    out.append(Break("S2 spec: an undeclared action refunds a charge and keeps the physical bytes", "spec", "S2",
+                     ("coverage",), patch=_undeclared_refund))
+    return out
+
+
 def run_detector(d: str, b: Break, baselines: dict[str, Any]) -> str | None:
+    if d == "coverage":
+        return detect_coverage(b.proof() if b.proof is not None else _proof(b.invariant))
     if d == "prove":
         p = b.proof() if b.proof is not None else _proof(b.invariant)
         return detect_prove(p, baselines[f"prove:{b.invariant}"])
@@ -864,6 +920,7 @@ def _baseline_keys(breaks: list[Break]) -> list[str]:
     keys = [f"prove:{inv}" for inv in sorted({b.invariant for b in breaks if "prove" in b.detectors},
                                               key=lambda x: int(x[1:]))]
     keys += [f"agreement:{inv}" for inv in sorted({b.invariant for b in breaks if "agreement" in b.detectors})]
+    keys += [f"coverage:{inv}" for inv in sorted({b.invariant for b in breaks if "coverage" in b.detectors})]
     keys += ["progress"] if "progress" in used else []
     keys += sorted(d for d in used if d.startswith("spec-"))
     keys += [d for d in ("caching-kernels", "c8", "caching-agreement") if d in used]
@@ -878,6 +935,8 @@ def _baseline(key: str) -> Any:
         return _failing_checks(_proof(arg))
     if kind == "agreement":
         return detect_agreement(arg)
+    if kind == "coverage":
+        return detect_coverage(_proof(arg))
     if kind == "spec-check":
         return detect_spec_check(arg)
     if kind == "spec-walk":
@@ -893,7 +952,7 @@ def _run_break(b: Break, baselines: dict[str, Any], problems: dict[str, Any]) ->
         cm.__enter__()
     try:
         for d in b.detectors:
-            key = f"{d}:{b.invariant}" if d in ("prove", "agreement") else d
+            key = f"{d}:{b.invariant}" if d in ("prove", "agreement", "coverage") else d
             if key in problems:
                 continue  # a detector that fires unbroken proves nothing
             caught = run_detector(d, b, baselines)
