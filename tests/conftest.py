@@ -1,9 +1,13 @@
 """Test configuration: the Hypothesis profile (``ci`` unless HYPOTHESIS_PROFILE says otherwise), and the
 ``fresh_process`` marker."""
 
+import atexit
+import json
 import os
+import select
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -13,12 +17,109 @@ profiles.load()
 
 
 _CHILD = "MEMSPEC_TEST_IN_FRESH_PROCESS"
+#: the backstop of one fresh-process test (pyproject's pytest timeout, 900 s, is the hang detector)
+_FRESH_LIMIT_S = 850
 
 
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "fresh_process: run this test in a fresh interpreter (Z3's search, hence its time, depends on "
                    "the terms earlier tests left in its global context; the verdict does not)")
+
+
+# A fresh interpreter costs about 2 s of CPU before the test starts (the interpreter, pytest, its plugins,
+# Hypothesis, Z3), times 53 tests.  The zygote pays that once per pytest process: a new interpreter that
+# imports only those third-party packages -- no project module (Hypothesis draws integers from a pool of
+# constants harvested from the project's modules in ``sys.modules``), no Z3 term (its main context is not
+# created by the import) -- and then, per test, forks a child that runs ``pytest.main`` on the test's node
+# id exactly as ``python -m pytest`` would.  Every child starts from the same never-used zygote; nothing a
+# test does reaches the zygote or another test.  Requests and answers are one JSON line each (never pickled).
+_ZYGOTE_SRC = r"""
+import json, os, sys
+import pytest, _pytest.config, _pytest.main, _pytest.python, _pytest.runner, _pytest.fixtures, _pytest.terminal
+import hypothesis, z3
+try:
+    import pytest_timeout, xdist
+except ImportError:
+    pass
+assert z3.z3._main_ctx is None, "the zygote must not create Z3's context"
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    req = json.loads(line)
+    sys.stdout.flush(); sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        rc = 70
+        try:
+            fd = os.open(req["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0); os.dup2(fd, 1); os.dup2(fd, 2)
+            os.chdir(req["cwd"])
+            os.environ.clear(); os.environ.update(req["env"])
+            rc = int(pytest.main(req["args"]))
+        except BaseException as e:
+            print(f"fresh-process child: {type(e).__name__}: {e}", file=sys.stderr)
+        finally:
+            try:
+                sys.stdout.flush(); sys.stderr.flush()
+            finally:
+                os._exit(rc)
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps({"rc": os.waitstatus_to_exitcode(status)}), flush=True)
+"""
+
+_zygote: "subprocess.Popen[str] | None" = None
+
+
+def _stop_zygote() -> None:
+    global _zygote
+    z, _zygote = _zygote, None
+    if z is not None:
+        try:
+            z.stdin.close()   # its loop ends: it exits
+            z.wait(timeout=10)
+        except Exception:
+            z.kill()
+            z.wait()
+
+
+def _read_line(z: "subprocess.Popen[str]", limit: float) -> dict:
+    ready, _, _ = select.select([z.stdout], [], [], limit)
+    line = z.stdout.readline() if ready else ""
+    if not line:
+        raise RuntimeError("the fresh-process zygote did not answer" + ("" if ready else f" within {limit:g}s"))
+    return json.loads(line)
+
+
+def _start_zygote(root: str) -> "subprocess.Popen[str]":
+    global _zygote
+    if _zygote is None or _zygote.poll() is not None:
+        _zygote = subprocess.Popen([sys.executable, "-c", _ZYGOTE_SRC], cwd=root, stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, text=True, env={**os.environ, _CHILD: "1"},
+                                   start_new_session=True)
+        atexit.register(_stop_zygote)
+        if _read_line(_zygote, 120) != {"ready": True}:
+            raise RuntimeError("the fresh-process zygote did not start")
+    return _zygote
+
+
+def _in_fresh_process(root: str, args: list[str]) -> tuple[int, str]:
+    """``python -m pytest ARGS`` in a child of the zygote: its exit status and its output."""
+    with tempfile.NamedTemporaryFile("r", prefix="fresh-", suffix=".out") as out:
+        z = _start_zygote(root)
+        try:
+            z.stdin.write(json.dumps({"args": args, "cwd": root, "out": out.name,
+                                      "env": {**os.environ, _CHILD: "1"}}) + "\n")
+            z.stdin.flush()
+            rc = _read_line(z, _FRESH_LIMIT_S)["rc"]
+        except BaseException:
+            try:                      # a timeout or an interrupt: the zygote and its child go (their own group)
+                os.killpg(z.pid, 9)
+            except OSError:
+                pass
+            _stop_zygote()
+            raise
+        return rc, out.read()
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -28,10 +129,17 @@ def pytest_pyfunc_call(pyfuncitem):
     if pyfuncitem.get_closest_marker("fresh_process") is None or os.environ.get(_CHILD):
         return None
     root = str(pyfuncitem.config.rootpath)
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                        "--durations=0", "--durations-min=1e9", pyfuncitem.nodeid],
-                       cwd=root, capture_output=True, text=True, env={**os.environ, _CHILD: "1"}, timeout=850)
-    if p.returncode != 0:
-        pytest.fail(f"in a fresh interpreter ({pyfuncitem.nodeid}), exit {p.returncode}:\n"
-                    f"{p.stdout[-6000:]}\n{p.stderr[-2000:]}", pytrace=False)
+    args = ["-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--durations=0", "--durations-min=1e9",
+            "-W", "ignore::pytest.PytestAssertRewriteWarning",   # the zygote imported Hypothesis before pytest
+            pyfuncitem.nodeid]
+    if hasattr(os, "fork"):
+        rc, out = _in_fresh_process(root, args)
+        err = ""
+    else:
+        p = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=root, capture_output=True, text=True,
+                           env={**os.environ, _CHILD: "1"}, timeout=_FRESH_LIMIT_S)
+        rc, out, err = p.returncode, p.stdout, p.stderr
+    if rc != 0:
+        pytest.fail(f"in a fresh interpreter ({pyfuncitem.nodeid}), exit {rc}:\n{out[-6000:]}\n{err[-2000:]}",
+                    pytrace=False)
     return True
