@@ -42,6 +42,7 @@ BREAKS = [  # (what is changed in row S7, the words the failure line must carry)
     (lambda r: r.update(transition_agreement={}), "no transition agreement"),
     (lambda r: r["unguarded"].update(refuted=False), "refuted False"),
     (lambda r: r["unguarded"].update(named_invariant_violated=False), "named invariant violated False"),
+    (lambda r: r.update(uncovered=["system:respond"]), "not covered: ['system:respond']"),
 ]
 
 
@@ -80,7 +81,11 @@ def test_a_real_subset_of_prove_passes_the_check() -> None:
     records, _c, _t = P.run(["S1", "S3"], samples=60, inv_samples=10, seed=0, caching_on=False, depth=4,
                             per_branch=5)
     data = json.loads(json.dumps(P._json(records, None, 0.0)))
-    assert P.check_acceptance(data, ids=("S1", "S3")) == []
+    # a row proved over its encoded actions only (a reviewed gap of the derived coverage, issue 33) fails
+    # on that field alone, naming the spec actions its machine leaves out
+    partial = [f"{i}: not covered: {sorted(data['invariants'][i]['uncovered'])}" for i in ("S1", "S3")
+               if data["invariants"][i]["uncovered"]]
+    assert P.check_acceptance(data, ids=("S1", "S3")) == partial
     broken = copy.deepcopy(data)
     broken["invariants"]["S3"]["encoded_actions"] = []
-    assert [b.split(":")[0] for b in P.check_acceptance(broken, ids=("S1", "S3"))] == ["S3"]
+    assert [b.split(":")[0] for b in P.check_acceptance(broken, ids=("S1", "S3")) if b not in partial] == ["S3"]
