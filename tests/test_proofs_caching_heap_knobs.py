@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from memspec.invariants import proofs_caching_agree as A
+from memspec.invariants import proofs_caching_agree_runs as AR
 from memspec.invariants import proofs_caching_heap as H
 
 MiB = 1 << 20
@@ -134,7 +135,7 @@ def test_agreement_catches_a_garbage_collection_of_the_small_pool(monkeypatch) -
                     st.segments.remove(s)
         return gc
 
-    monkeypatch.setattr(A, "KNOB_SCRIPTS", A.KNOB_SCRIPTS + (
+    monkeypatch.setattr(AR, "KNOB_SCRIPTS", AR.KNOB_SCRIPTS + (
         ("pytorch", {"capacity": 64 << 20, "memory_fraction": 0.75, "garbage_collection_threshold": 0.25},
          (("malloc", 1), ("malloc", 15), ("free", 0), ("malloc", 40))),))
     assert _knob_mismatches(monkeypatch, "memspec.spec.caching.policy", "_garbage_collect", make)
