@@ -129,7 +129,14 @@ def field(kind: str, m: dict, name: str, read: Callable, path: str = "") -> Any:
     return read(kind, path + name, get(kind, m, name, path))
 
 
+def choice(kind: str, path: str, v: Any) -> int | bool:
+    """A recorded primitive choice: an int (``integer``) or a bool (``boolean``)."""
+    return v if type(v) is bool else integer(kind, path, v)
+
+
 ints = list_of(integer)
+#: a step's recorded choices
+choices = list_of(choice)
 texts = list_of(text)
 counts = dict_of(integer)
 #: a failure's mask key ``(action or None, check id)``
@@ -198,7 +205,7 @@ def trace_step_to_wire(ts: E.TraceStep) -> dict:
 
 def trace_step_from_wire(kind: str, path: str, d: Any) -> E.TraceStep:
     return E.TraceStep(field(kind, d, "a", text, path + "."), field(kind, d, "args", arguments, path + "."),
-                       field(kind, d, "c", ints, path + "."), field(kind, d, "o", text, path + "."),
+                       field(kind, d, "c", choices, path + "."), field(kind, d, "o", text, path + "."),
                        tuple(field(kind, d, "b", ints, path + ".")))
 
 
@@ -346,7 +353,7 @@ class Step:
     def from_wire(cls, m: Any) -> "Step":
         k = cls.T
         po = m.get("po") if type(m) is dict else None
-        return cls(field(k, m, "a", text), field(k, m, "args", optional(text)), tuple(field(k, m, "c", ints)),
+        return cls(field(k, m, "a", text), field(k, m, "args", optional(text)), tuple(field(k, m, "c", choices)),
                    None if po is None else text(k, "po", po),
                    None if po is None else tuple(field(k, m, "pb", ints)))
 

@@ -26,7 +26,7 @@ from memspec.invariants.results import Failure  # noqa: E402
 
 
 def _ts(i: int, outcome: str = "returns ok") -> E.TraceStep:
-    return E.TraceStep(f"act{i}", {"size": 4096 * i, "ref": (i, "r"), "flags": [True, None]}, [i, 0, 7],
+    return E.TraceStep(f"act{i}", {"size": 4096 * i, "ref": (i, "r"), "flags": [True, None]}, [i, True, 7],
                        outcome, (i, i + 1))
 
 
@@ -44,7 +44,7 @@ def _failure() -> W.FailureRecord:
 
 RECORDS = [
     W.Done(), W.Hello(), W.ExampleStart(1 << 30), W.ExampleStart(None),
-    W.Step("alloc", "{'size': 4096}", (1, 2, 3)), W.Step("free", None, (), "returns ok", (4, 5)),
+    W.Step("alloc", "{'size': 4096}", (1, False, 3)), W.Step("free", None, (), "returns ok", (4, 5)),
     W.Progress(3, 40, 1, 7, {"alloc": 30, "free": 0}, 0.5),
     W.PlanMsg("mechanism", "reference", (("S1", "no overlap"), ("S2", "ledger")), {"S9": "no growth"},
               {"execution_provider": True, "grow": False}, ("alloc", "free"), {"S1": ("alloc",), "S2": ()},
@@ -173,10 +173,11 @@ def test_huge_and_deeply_nested_values(monkeypatch):
 
 def test_the_childs_step_builder_is_the_records_wire_form():
     a, b = _ts(1), _ts(2)
-    assert W.Step.wire_of(a, None) == W.Step("act1", W._literal_repr(a.args), (1, 0, 7)).to_wire()
-    assert W.Step.wire_of(b, a) == W.Step("act2", W._literal_repr(b.args), (2, 0, 7), a.outcome, a.bound).to_wire()
+    assert W.Step.wire_of(a, None) == W.Step("act1", W._literal_repr(a.args), (1, True, 7)).to_wire()
+    assert W.Step.wire_of(b, a) == W.Step("act2", W._literal_repr(b.args), (2, True, 7), a.outcome, a.bound).to_wire()
     trace = W.steps_to_trace([W.decode(W.Step.wire_of(a, None)), W.decode(W.Step.wire_of(b, a))])
-    assert trace == [a, E.TraceStep("act2", b.args, [2, 0, 7], "", ())]
+    assert trace == [a, E.TraceStep("act2", b.args, [2, True, 7], "", ())]
+    assert type(trace[0].choices[1]) is bool   # a boolean choice stays one (a replay reads it back as drawn)
 
 
 def test_one_failure_record_for_conform_and_fuzz():
