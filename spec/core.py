@@ -100,6 +100,19 @@ def checks_memo(state: Any) -> dict | None:
     return m if m is not None and m.owner is state else None
 
 
+def once(memo: dict | None, key: str, compute: Callable[[Any], Any], arg: Any) -> Any:
+    """``compute(arg)``, kept in ``memo`` under ``key`` and read from there
+    after (a :func:`checks_memo` of a state, or a harness's per-step dict of
+    reads); with no ``memo``, computed afresh.  What it returns is shared:
+    never to be mutated."""
+    if memo is None:
+        return compute(arg)
+    got = memo.get(key)
+    if got is None:
+        got = memo[key] = compute(arg)
+    return got
+
+
 # --------------------------------------------------------------------------
 # Outcomes
 # --------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from memspec.spec.caching.kernels import K_ROUND_LARGE, K_SMALL_SIZE
 from memspec.spec.caching.state import FREE, LIVE, PENDING, UNMAPPED, Block, CachingState
-from memspec.spec.core import Invariant, Witness, checks_memo
+from memspec.spec.core import Invariant, Witness, checks_memo, once
 from memspec.spec.invariants import CatalogEntry, catalog_of
 
 
@@ -53,24 +53,16 @@ def spec_segments(st: CachingState) -> list[dict]:
     arenas are segments of their own, as in PyTorch.  Built once per check
     sweep of a harness (:func:`~memspec.spec.core.checks_memo`: C2, C3, C4
     and two observations read it), else on every call; never to be mutated."""
-    memo = checks_memo(st)
-    if memo is None:
-        return _spec_segments(st)
-    got = memo.get("segments")
-    if got is None:
-        got = memo["segments"] = _spec_segments(st)
-    return got
+    return once(checks_memo(st), "segments", _spec_segments, st)
 
 
 def _spec_layout(st: CachingState) -> dict[str, str | None]:
     """:func:`layout_violations` of the spec's layout (once per check sweep, as :func:`spec_segments`)."""
-    memo = checks_memo(st)
-    if memo is None:
-        return layout_violations(_spec_segments(st))
-    got = memo.get("layout")
-    if got is None:
-        got = memo["layout"] = layout_violations(spec_segments(st))
-    return got
+    return once(checks_memo(st), "layout", _layout_of, st)
+
+
+def _layout_of(st: CachingState) -> dict[str, str | None]:
+    return layout_violations(spec_segments(st))
 
 
 def _spec_segments(st: CachingState) -> list[dict]:
@@ -109,13 +101,7 @@ def pool_figures(st: CachingState) -> dict:
     ``count((LIVE,))``, ``count((LIVE, PENDING))`` in one pass over the
     blocks; once per check sweep (:func:`~memspec.spec.core.checks_memo`:
     C1 and the ``memory_stats`` observation read it).  Never to be mutated."""
-    memo = checks_memo(st)
-    if memo is not None:
-        got = memo.get("pools")
-        if got is None:
-            got = memo["pools"] = _pool_figures(st)
-        return got
-    return _pool_figures(st)
+    return once(checks_memo(st), "pools", _pool_figures, st)
 
 
 def _pool_figures(st: CachingState) -> dict:

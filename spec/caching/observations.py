@@ -7,7 +7,7 @@ from typing import Any
 
 from memspec.spec.caching.invariants import layout_violations, pool_figures, spec_segments
 from memspec.spec.caching.state import FREE, LIVE, PENDING, CachingState, Policy
-from memspec.spec.core import Observation
+from memspec.spec.core import Observation, once
 
 
 def _impl_segments(sut: Any) -> list[dict]:
@@ -15,13 +15,7 @@ def _impl_segments(sut: Any) -> list[dict]:
     step when the harness shares one step's reads among its observations
     (``sut.reads``, see :func:`_memory_stats`): five observations read it,
     and each read exports the whole snapshot."""
-    reads = getattr(sut, "reads", None)
-    if reads is None:
-        return _read_segments(sut)
-    got = reads.get("segments")
-    if got is None:
-        got = reads["segments"] = _read_segments(sut)
-    return got
+    return once(getattr(sut, "reads", None), "segments", _read_segments, sut)
 
 
 def _read_segments(sut: Any) -> list[dict]:
@@ -36,13 +30,11 @@ def _read_segments(sut: Any) -> list[dict]:
 def _impl_layout(sut: Any) -> dict[str, str | None]:
     """:func:`layout_violations` of the implementation's layout, judged once
     per step when the step's reads are shared (C2, C3 and C4 read it)."""
-    reads = getattr(sut, "reads", None)
-    if reads is None:
-        return layout_violations(_impl_segments(sut))
-    got = reads.get("layout")
-    if got is None:
-        got = reads["layout"] = layout_violations(_impl_segments(sut))
-    return got
+    return once(getattr(sut, "reads", None), "layout", _impl_layout_of, sut)
+
+
+def _impl_layout_of(sut: Any) -> dict[str, str | None]:
+    return layout_violations(_impl_segments(sut))
 
 
 def _impl_layout_check(inv: str):
@@ -63,13 +55,11 @@ def _memory_stats(sut: Any) -> dict:
     harness shares one step's reads among its observations (``sut.reads``,
     a dict for the step, else ``None``): three observations read it, and one
     read costs about 80 us on the reference."""
-    reads = getattr(sut, "reads", None)
-    if reads is None:
-        return sut.allocator.memory_stats()
-    got = reads.get("memory_stats")
-    if got is None:
-        got = reads["memory_stats"] = sut.allocator.memory_stats()
-    return got
+    return once(getattr(sut, "reads", None), "memory_stats", _read_memory_stats, sut)
+
+
+def _read_memory_stats(sut: Any) -> dict:
+    return sut.allocator.memory_stats()
 
 
 def _stats_expected(st: CachingState, _r: Any) -> dict[str, int]:
