@@ -102,9 +102,15 @@ def test_violation_classes_are_per_invariant():
 
 
 def test_call_guard_reports_hang_in_thread_mode_too():
+    import threading
+
     g = H.CallGuard(0.1, mode="thread")
-    import time
-    v, err = g.call(time.sleep, 5)
+    # a call that cannot finish (not a slow one: a 5 s sleep would end on its own): released below
+    never = threading.Event()
+    try:
+        v, err = g.call(never.wait)
+    finally:
+        never.set()
     assert isinstance(err, H._HangResult)
     # the hang shortened the guard's timeout (to 0.05 s) for shrinking: the healthy calls that
     # follow get a generous one, so a loaded machine cannot turn them into hangs
