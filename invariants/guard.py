@@ -347,6 +347,32 @@ def _describe_status(status: int) -> str:
     return f"the process ended with wait status {status}"
 
 
+def fork(child: Callable[[], int]) -> int:
+    """The one way memspec forks (the supervisor here, ``memspec prove``'s
+    fresh processes in :mod:`~memspec.invariants.forked`): in the child,
+    ``child()`` runs with the fault handler off (a crash is the parent's to
+    report, not a stack dump on the terminal) and the process leaves with
+    ``os._exit`` of its result -- 3 if it raised anything, ``SystemExit``
+    included --, so it never returns into the parent's stack or runs the
+    parent's exit handlers.  Returns the child's pid (the caller reaps it)."""
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 3
+        try:
+            try:
+                import faulthandler
+
+                faulthandler.disable()
+            except Exception:  # noqa: BLE001
+                pass
+            code = child()
+        except BaseException:  # noqa: BLE001 - the exit status says it; nothing may unwind into the parent's code
+            code = 3
+        finally:
+            os._exit(code)
+    return pid
+
+
 def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Callable[[dict], None] | None = None,
               poll: float = 0.05, deadline: float | None = None) -> Ending:
     """Run ``work(channel)`` in a forked child; return how it ended.
@@ -365,30 +391,23 @@ def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Ca
     watch = Watch()
     log = StepLog()
     r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child
-        code = 0
-        try:
-            try:
-                import faulthandler
 
-                faulthandler.disable()   # a crash is the parent's to report, not a stack dump on the terminal
-            except Exception:  # noqa: BLE001
-                pass
-            os.close(r)
-            CallGuard.watch = watch
-            StepLog.current = log
-            ch = Channel(w)
+    def child() -> int:
+        os.close(r)
+        CallGuard.watch = watch
+        StepLog.current = log
+        ch = Channel(w)
+        try:
+            work(ch)
+            ch.send({"t": "done"})
+        except BaseException as e:  # noqa: BLE001 - reported, never propagated into the parent's stack
             try:
-                work(ch)
-                ch.send({"t": "done"})
-            except BaseException as e:  # noqa: BLE001 - reported, never propagated into the parent's stack
-                try:
-                    ch.send({"t": "fatal", "error": f"{type(e).__name__}: {e}"})
-                except BaseException:  # noqa: BLE001
-                    code = 3
-        finally:
-            os._exit(code)
+                ch.send({"t": "fatal", "error": f"{type(e).__name__}: {e}"})
+            except BaseException:  # noqa: BLE001
+                return 3
+        return 0
+
+    pid = fork(child)
     os.close(w)
     end = Ending()
     parts: list = [b""]

@@ -57,3 +57,17 @@ def test_a_process_that_dies_without_a_result_is_reported() -> None:
 
 def test_no_items_no_processes() -> None:
     assert in_fresh_processes(_touch, [], jobs=4) == []
+
+
+
+def test_a_process_that_dies_while_writing_its_result_is_reported(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from memspec.invariants import forked
+
+    def half_then_die(fd: int, data: bytes) -> None:   # runs in the job's process (a fork of this one)
+        os.write(fd, data[: len(data) // 2])
+        os._exit(0)
+
+    monkeypatch.setattr(forked, "_write_all", half_then_die)
+    with pytest.raises(ForkedJobError) as e:
+        in_fresh_processes(_touch, [4], jobs=1)
+    assert "job 0 (4)" in str(e.value) and "partial result" in str(e.value)
