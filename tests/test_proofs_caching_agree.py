@@ -4,12 +4,22 @@ expandable-segment encoding likewise."""
 
 from __future__ import annotations
 
+import copy
 
 import pytest
 
 from memspec.invariants import proofs_caching_agree as A
+from memspec.invariants import proofs_caching_agree_runs as R
 
 MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def parts() -> dict:
+    """Every part of the agreement ``memspec prove`` runs (``run_agreement(steps=30, seed=0)``: the sweeps of
+    each preset, the knob sweep, the walks), each computed once on a report of its own: the tests below take
+    copies (a report is plain data) instead of running the same deterministic sweeps again."""
+    return {p: A.agreement_part(p, steps=30, seed=0) for p in A.agreement_parts()}
 
 
 def _steps(preset: str, script, rep: A.Agreement, streams: int = 1) -> None:
@@ -30,10 +40,8 @@ MERGE_PREVIOUS = [("malloc", {"size": 3 * MiB, "stream": 0}), ("malloc", {"size"
 
 
 @pytest.mark.parametrize("preset", ["seed", "pytorch"])
-def test_boundary_and_event_sweeps_agree_and_reach_every_threshold_branch(preset: str) -> None:
-    rep = A.Agreement()
-    A.boundary_sweep(rep, preset)
-    A.event_sweep(rep, preset)
+def test_boundary_and_event_sweeps_agree_and_reach_every_threshold_branch(parts, preset: str) -> None:
+    rep = copy.deepcopy(parts[("sweeps", preset)])   # A.boundary_sweep, then A.event_sweep, on a fresh report
     _steps(preset, MERGE_PREVIOUS, rep)
     assert rep.mismatches == []
     m = rep.counts["caching:malloc"]
@@ -45,8 +53,18 @@ def test_boundary_and_event_sweeps_agree_and_reach_every_threshold_branch(preset
     assert all(n > 0 and bad == 0 for n, bad in rep.inv.values()), rep.inv
 
 
-def test_walks_agree_with_every_branch_sampled() -> None:
+def test_walks_agree_with_every_branch_sampled(parts, monkeypatch) -> None:
+    # run_agreement itself runs, each of its parts read from the fixture (computed with the same arguments)
+    plain = R.agreement_part
+
+    def part(p, *args, **kw):  # type: ignore[no-untyped-def]
+        if kw or args != (30, A.WALKS_PER_CONFIG, 0, frozenset(), True):
+            return plain(p, *args, **kw)
+        return copy.deepcopy(parts[p])
+
+    monkeypatch.setattr(R, "agreement_part", part)
     rep = A.run_agreement(steps=30, seed=0)   # what `memspec prove` runs (WALKS_PER_CONFIG)
+    assert rep.samples == sum(r.samples for r in parts.values()) > 0
     assert rep.mismatches == [], rep.mismatches[:3]
     unsampled = [(a, b) for a, bs in rep.counts.items() for b, n in bs.items() if n == 0]
     assert unsampled == []
@@ -154,15 +172,16 @@ def test_caching_rows_carry_the_agreement_and_fail_on_a_mismatch() -> None:
     assert rows["C8"]["status"] == "not run" and not rows["C8"]["proved"]
 
 
-def test_agreement_parts_merge_into_the_serial_counts() -> None:
+def test_agreement_parts_merge_into_the_serial_counts(parts) -> None:
     """The pool runs each part of the agreement in its own report: merged, they give what one report
     collecting the same sweeps gives (a state two parts both evaluated is counted once)."""
-    serial = A.Agreement()
-    for _ in range(2):  # the same states twice: counted once in the invariant agreement
-        A.boundary_sweep(serial, "seed")
-        A.event_sweep(serial, "seed")
-    part = A.agreement_part(("sweeps", "seed"))
-    merged = A.merge_agreements([part, A.agreement_part(("sweeps", "seed"))])
+    part = parts[("sweeps", "seed")]   # the seed preset's sweeps on a fresh report (deterministic)
+    # the same states twice: counted once in the invariant agreement.  The serial report's first pass is
+    # that part (the same sweeps on a fresh report); the second pass runs here, on a copy of it
+    serial = copy.deepcopy(part)
+    A.boundary_sweep(serial, "seed")
+    A.event_sweep(serial, "seed")
+    merged = A.merge_agreements([part, copy.deepcopy(part)])
     assert merged.inv == serial.inv and merged.inv == part.inv
     assert sum(n for n, _bad in merged.inv.values()) > 0
     # transitions are not deduplicated: every step checked is a sample
@@ -178,10 +197,9 @@ def test_agreement_parts_merge_into_the_serial_counts() -> None:
     assert len([p for p in two if p[0] == "expandable-walk"]) == 2 * len(A.EXPANDABLE_WALKS)
 
 
-def test_knob_scripts_reach_pytorchs_retry_then_split() -> None:
+def test_knob_scripts_reach_pytorchs_retry_then_split(parts) -> None:
     # the one branch that only a second random walk per configuration used to reach
-    rep = A.Agreement()
-    A.knob_sweep(rep)
+    rep = parts[("knobs",)]   # A.knob_sweep on a fresh report
     assert rep.mismatches == [], rep.mismatches[:3]
     assert rep.counts["caching:malloc"]["malloc_retry:new/split"] > 0
 
