@@ -40,9 +40,11 @@ def test_open_database_layers_github_read_only_over_the_local_directory(tmp_path
 
 
 def test_a_counterexample_from_the_shared_database_is_replayed_and_kept_locally(tmp_path, monkeypatch):
-    # machine A finds a failure and its database is "uploaded"
+    # machine A finds a failure and its database is "uploaded".  Two jobs: the first failure stops the run
+    # (one job fuzzes on to the deadline), so the budget is room to find it on a loaded machine, not a
+    # duration every run pays
     a_db = tmp_path / "a-db"
-    rc = fuzz.main(["mutant:foreign-free", "--seconds", "20", "--jobs", "1",   # room to find it on a loaded machine "--capacity", str(16 * MiB),
+    rc = fuzz.main(["mutant:foreign-free", "--seconds", "120", "--jobs", "2", "--capacity", str(16 * MiB),
                     "--db", str(a_db), "--out", str(tmp_path / "a-repro"), "--quiet"])
     assert rc == 1 and _files(a_db)
     shared_before = _files(a_db)
