@@ -86,7 +86,6 @@ EXCLUDED: dict[str, str] = {
 #: a line here that is no longer a gap fails too (delete that line).
 KNOWN_GAPS: tuple[tuple[str, str, str], ...] = (
     ("S1", "system:respond", "respond runs queued releases (misreleased is decided there): not in S1's machine"),
-    ("S2", "system:reserve_owned", "new_owned adds the session's physical_by key at 0 bytes: no reservation in S2's machine"),
     ("S5", "mechanism:allocate", "a mechanism writer of physical outside S5's machine (issue 33)"),
     ("S5", "mechanism:copy_on_write", "a mechanism writer of physical outside S5's machine (issue 33)"),
     ("S5", "mechanism:create", "a mechanism writer of physical outside S5's machine (issue 33)"),
