@@ -562,6 +562,7 @@ def _json(records: list[dict[str, Any]], caching: Any, total: float) -> dict[str
         "invariants": {r["id"]: {k: r[k] for k in keys} for r in records},
         "why_not_proved": {r["id"]: r["_why"] for r in records if not r["proved"]},
         "not_fully_proved": {r["id"]: r["uncovered"] for r in records if r["proved"] and r.get("uncovered")},
+        "fully_proved": all(r["proved"] and not r.get("uncovered") for r in records),
     }
     for r in records:
         out["invariants"][r["id"]]["unguarded"] = {k: r["unguarded"][k]
@@ -615,7 +616,8 @@ def check_acceptance(data: dict[str, Any], ids: tuple[str, ...] | None = None) -
     """Every acceptance field of every row of a ``--json`` file (issue 13): ``proved`` true, ``bounded``
     null, ``assumed`` empty, ``encoded_actions`` covering ``declared_actions``, invariant agreement
     sampled with 0 disagreements, every branch of every encoded action sampled, the unguarded variant
-    refuted on the invariant it names.  One line per failing field (empty: all hold); a row missing
+    refuted on the invariant it names, and no spec action left ``uncovered`` (derived coverage, issue 33:
+    a row proved over its encoded actions only is not a full proof).  One line per failing field (empty: all hold); a row missing
     from the file fails.  ``ids``: the rows to check (default :func:`acceptance_ids`)."""
     if ids is None:
         ids = acceptance_ids()
