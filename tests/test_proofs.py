@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import z3
 
-from memspec.invariants.proofs import Act, Proof, St, on_ok, outcome, prove, refute_unguarded
+from memspec.invariants.proofs import Act, Proof, St, on_ok, prove, refute_unguarded
 from memspec.invariants.proofs_seed000 import PROOFS
 
 from memspec.spec.invariants import IDS
