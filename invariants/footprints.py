@@ -100,22 +100,7 @@ KNOWN_GAPS: tuple[tuple[str, str, str], ...] = (
     ("S5", "system:kv_close", "an open KV request (whose creator S5 reads) closes: not in S5's machine"),
     ("S5", "system:poll", "a KV request's release runs (state released): not in S5's machine"),
     ("S5", "system:respond", "a KV request's release runs (state released): not in S5's machine"),
-    ("S8", "system:cancel_ticket", "ticket holdings move granted (granted = open grants + holdings): not in S8's machine"),
-    ("S8", "system:claim", "ticket holdings move to an open grant: not in S8's machine"),
-    ("S8", "system:expire", "ticket holdings move granted: not in S8's machine"),
-    ("S8", "system:reconfigure", "failed tickets' holdings move granted: not in S8's machine"),
-    ("S8", "system:respond", "releases refunded into a ticket (holdings, queued refunds): not in S8's machine"),
-    ("S8", "system:close_owned", "reservation close: the release path is outside S8 (issue 33)"),
     ("S8", "system:decommit_owned", "reservation decommit: the release path is outside S8 (issue 33)"),
-    ("S8", "system:drop", "a queued release (live -> queued refunds): not in S8's machine"),
-    ("S8", "system:unload_weight", "a queued release (live -> queued refunds): not in S8's machine"),
-    ("S8", "system:kv_close", "the KV release path is outside S8 (issue 33)"),
-    ("S8", "system:poll", "queued releases run (refunds, KV release path): not in S8's machine (issue 33)"),
-    ("S8", "system:commit_owned", "a reservation's commit changes its footprint and charge: not in S8's machine"),
-    ("S8", "system:kv_grow", "a KV growth changes the store's live bytes and charge: not in S8's machine"),
-    ("S8", "system:kv_open", "a new KV request (own bytes S8's full check sums): not in S8's machine"),
-    ("S8", "system:refund_lease", "a lease refund lowers lease bytes and charge: not in S8's machine"),
-    ("S8", "system:reserve_owned", "a new owned reservation (footprint 0): not in S8's machine"),
     ("S10", "system:kv_open", "a KV request pins the context (live_objects): not in S10's machine"),
     ("S10", "system:load_weight", "a weight's owned allocation pins the context: not in S10's machine"),
     ("S10", "system:reserve_owned", "an owned reservation pins the context: not in S10's machine"),
@@ -826,3 +811,28 @@ def static_problems(fp: Footprints | None = None) -> list[str]:
             out.append(f"STALE static exclusion: ({f!r}, {a!r}) is no longer found by the static search: delete "
                        f"its line in STATIC_NOT_WRITERS at {_HERE}:{line}")
     return out
+
+
+def main() -> int:
+    """``python -m memspec.invariants.footprints``: every row's derived coverage against
+    :data:`KNOWN_GAPS`: the lines to delete (stale) and the gaps with no line (to encode, or to review
+    and add), then what the walks did not reach.  Exit 1 when the table needs an edit."""
+    from memspec.invariants.proofs_catalog import all_proofs
+
+    fp = footprints()
+    bad = table_problems([p.id for p in all_proofs()]) + static_problems(fp)
+    for p in all_proofs():
+        cov = row_coverage(p, fp)
+        print(f"{p.id}: {len(cov.required)} required, {len(cov.uncovered)} reviewed gap(s)"
+              + (f": {', '.join(cov.uncovered)}" if cov.uncovered else ""))
+        bad += cov.stale
+        for g in cov.unexplained:
+            bad.append(f"unexplained gap: {g.describe(cov.invariant)}\n    to review: "
+                       f'("{p.id}", "{g.action}", "<why it is not encoded>"),')
+    print("\n".join(bad) if bad else "KNOWN_GAPS matches the proofs' machines")
+    print(f"walks: {fp.steps} steps; unreached: {', '.join(fp.unreached) or 'none'}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
