@@ -451,6 +451,9 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
         fp = footprints()
         cpu = time.process_time() - t0
         GROUP_CPU["coverage"] = {"tasks": 1, "cpu": cpu, "largest": cpu}
+    COVERAGE.clear()
+    if fp is not None:   # what the derivation's walks could not show: visible, never silent
+        COVERAGE.update(steps=fp.steps, unreached=fp.unreached)
     records = []
     for p, (res, _cpu) in zip(proofs, by_kind.get("S", [])):
         r, bsets = res
@@ -530,6 +533,9 @@ def _print(records: list[dict[str, Any]], caching: Any, total: float, traces: bo
               + ("agree" if not caching.kernel_mismatches else f"{len(caching.kernel_mismatches)} DISAGREE"))
     if CPU:
         print("  caching CPU seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in CPU.items()))
+    if COVERAGE:
+        print(f"\ncoverage derived from {COVERAGE['steps']} spec-only steps; spec branches no walk reached "
+              f"(what they write is in no required set): {', '.join(COVERAGE['unreached']) or 'none'}")
     n_ok = sum(1 for r in records if r["proved"])
     part = [r["id"] for r in records if r["proved"] and r.get("uncovered")]
     print(f"\n{n_ok}/{len(records)} invariants proved"
@@ -539,6 +545,9 @@ def _print(records: list[dict[str, Any]], caching: Any, total: float, traces: bo
 
 #: CPU seconds of each part of the caching checks in this run (for the report, never for a verdict)
 CPU: dict[str, float] = {}
+#: the coverage derivation of the last :func:`run`: its walk steps and the spec actions and branches
+#: its walks never reached (their writes are not in any required set: an under-approximation, shown)
+COVERAGE: dict[str, Any] = {}
 #: per kind of proof group in this run: tasks, CPU seconds in all, the largest one's (for the report only)
 GROUP_CPU: dict[str, dict[str, float]] = {}
 #: every task of the last :func:`run` and its CPU seconds, costliest first
@@ -564,6 +573,8 @@ def _json(records: list[dict[str, Any]], caching: Any, total: float) -> dict[str
         "not_fully_proved": {r["id"]: r["uncovered"] for r in records if r["proved"] and r.get("uncovered")},
         "fully_proved": all(r["proved"] and not r.get("uncovered") for r in records),
     }
+    if COVERAGE:
+        out["coverage_walks"] = dict(COVERAGE)
     for r in records:
         out["invariants"][r["id"]]["unguarded"] = {k: r["unguarded"][k]
                                                    for k in ("guard", "refuted", "named_invariant_violated")}
