@@ -83,7 +83,8 @@ EXCLUDED: dict[str, str] = {
 
 #: Reviewed gaps: ``(row, "level:action", reason)``, one per line.  A row with one is "proved over
 #: its encoded actions" and lists the action in ``uncovered``; a gap not listed here fails the row;
-#: a line here that is no longer a gap fails too (delete that line).
+#: a line here that is no longer a gap fails too (delete that line).  ``python -m
+#: memspec.invariants.footprints`` lists the lines to delete and the gaps with no line.
 KNOWN_GAPS: tuple[tuple[str, str, str], ...] = (
     ("S1", "system:respond", "respond runs queued releases (misreleased is decided there): not in S1's machine"),
     ("S2", "system:poll", "a queued release refunds the charge: S2's machine has no charge-lowering action (issue 33)"),
