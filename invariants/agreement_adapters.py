@@ -23,7 +23,7 @@ from memspec.invariants.agreement_adapters_mech import (
     _s1_expected, _s1_project,
 )
 from memspec.invariants.agreement_adapters_system import (
-    SMALL_SYS_ADAPTERS, SYS_ADAPTERS, TICKET_ADAPTERS, _ASTATE, _TSTATE,
+    SMALL_SYS_ADAPTERS, SYS_ADAPTERS, TICKET_ADAPTERS, _ASTATE, _TSTATE, _kv_run, _not_size,
 )
 
 #: the modules this one is assembled from, in order (split by level); a name
@@ -286,6 +286,49 @@ def _l_reconfigure_p(s: Any, args: dict[str, Any], taken: str) -> Any:
     return st, {}, u
 
 
+def _l_reserve_owned_p(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _l_state(s)
+    _l_new(u, "item")
+    return st, {"unsup": not s.registry.capabilities[s.registry.installed][0], "bad": _not_size(args["size"]),
+                "oom": taken == "OutOfMemory"}, u
+
+
+def _l_close_owned_p(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _l_state(s)
+    return st, {"x": u.idx["item"][(1, args["reservation"])]}, u
+
+
+def _l_kv_open_p(s: Any, args: dict[str, Any], taken: str) -> Any:
+    _ref, max_bytes, origin, prefix = args["request"]
+    vb, sm = s.registry.capabilities[s.registry.installed]
+    st, u = _l_state(s)
+    _l_new(u, "item")
+    return st, {"unsup": not vb or (origin is not None and not sm),
+                "bad": origin is not None and (prefix > s.kv[origin].own or prefix > max_bytes), "oom": False}, u
+
+
+def _l_kv_close_p(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _l_state(s)
+    return st, {"x": u.idx["item"][(1, args["request"])]}, u
+
+
+def _l_kv_release_p(s: Any, args: dict[str, Any], taken: str) -> Any:
+    """A poll whose done releases are KV requests' only, changing at most two
+    requests' own bytes (the encoding's step); other polls: the ``poll`` adapter."""
+    seqs = _done_seqs(s, args["pending"])
+    if not seqs or any(s.queue[q].kv is None for q in seqs):
+        return None
+    _freed, own = _kv_run(s, [s.queue[q].kv for q in seqs])
+    changed = sorted(r for r in own if own[r] != s.kv[r].own)
+    if not changed or len(changed) > 2:
+        return None
+    st, u = _l_state(s)
+    ix = u.idx["item"]
+    c = changed + [None]
+    return st, {"x": ix[(1, c[0])], "kx": own[c[0]], "y": ix[(1, c[1])] if c[1] is not None else 0,
+                "ky": own[c[1]] if c[1] is not None else 0, "two": c[1] is not None}, u
+
+
 _L_RET = ("cancel", "refund_lease", "claim", "cancel_ticket")
 #: the ledger projection is the whole Governor state (a few ms a sample, more for an invariant
 #: evaluation): S8 / S11 sample 25 adapters, so each takes a share of the run's samples (60 of the
@@ -319,11 +362,16 @@ _L_SYS11 = [("refund_lease", "refund_lease", _l_refund_p, True),
 # S8's actions are encoded by S11's very steps (one ledger model): each sample counts for both
 SYS_ADAPTERS += [_l_ad("S11", a, sa, pr, it, also=("S8",)) for a, sa, pr, it in _L_SYS]
 SYS_ADAPTERS += [_l_ad("S11", a, sa, pr, it) for a, sa, pr, it in _L_SYS11]
+# issue 33: the reservation and KV request paths, on both rows' machine
+_L_SYS_NEW = [("reserve_owned", "reserve_owned", _l_reserve_owned_p), ("close_owned", "close_owned", _l_close_owned_p),
+              ("kv_open", "kv_open", _l_kv_open_p), ("kv_close", "kv_close", _l_kv_close_p),
+              ("kv_release", "poll", _l_kv_release_p)]
+SYS_ADAPTERS += [_l_ad("S11", a, sa, pr, True, also=("S8",)) for a, sa, pr in _L_SYS_NEW]
 # claim succeeds only on a granted ticket: sampled on the ticket protocol's walk, where they are common
 TICKET_ADAPTERS += [_l_ad("S11", "claim", "claim", _l_claim_p)]
 # commit's GrantDenied (the footprint exceeds the grant by more than is free) needs an almost full
 # ledger: the walk on a device of two pages reaches it often
-SMALL_SYS_ADAPTERS += [a for a in SYS_ADAPTERS if a.invariant == "S11" and a.action == "commit"]
+SMALL_SYS_ADAPTERS += [a for a in SYS_ADAPTERS if a.invariant == "S11" and a.action in ("commit", "reserve_owned")]
 
 
 # -- S8 / S11 at the mechanism level: the device's physical bytes --------------
@@ -457,6 +505,13 @@ MECH_ADAPTERS += [
 ]
 
 
+# S8's machine is part of S11's (one ledger model, the very same steps): each sample of an action
+# S8 encodes counts for S8 too
+for _a in SYS_ADAPTERS + MECH_ADAPTERS + TICKET_ADAPTERS + SMALL_SYS_ADAPTERS:
+    if _a.invariant == "S11" and _a.action in E.ENCODES["S8"] and "S8" not in _a.also:
+        _a.also = _a.also + ("S8",)
+
+
 # -- S1 (system), S4, S7, S10: the deferred-free queue ------------------------
 #
 # The objects of these encodings are everything released through the queue:
@@ -575,7 +630,32 @@ def _q_adapters(inv: str, also: tuple[str, ...] = ()) -> list[Adapter]:
         ad("synchronize", "synchronize",
            lambda s, u, a: {"st": 0 if a["stream"] is None else _stream_ix(u, a["stream"]), "every": a["stream"] is None}),
         ad("poll", "poll", lambda s, u, a: {}),
+        Adapter(inv, "respond", "respond", _q_respond_p, exp, _Q_CMP, also=also, finite=True,
+                helpers=("use", "drop", "kv_use", "kv_close", "load_weight")),
     ]
+
+
+def _q_respond_p(s: Any, args: dict[str, Any], taken: str) -> Any:
+    """The walk's answer (the spec's witness): ModelResidency reports its first
+    two cold resident weights' bytes and releases the weights the spec's
+    :func:`~memspec.spec.holders.victims` picks for that sum (the holder's
+    choice: an argument of the encoding); KvPageStore none.  An answer that
+    releases nothing and finds no done release queued: skipped (the identity)."""
+    from memspec.spec.governor import WEIGHTS
+    from memspec.spec.holders import victims, weight_footprint
+
+    t_ref, holder, terminal = args["answer"]
+    st, u = _qstate(s)
+    if terminal or taken != "ok":
+        return st, {"nv": 0, "v1": 0, "v2": 0, "terminal": True}, u
+    cold = [w for w in s.weights.values() if w.resident and not w.hot][:2] if holder == WEIGHTS else []
+    vs = victims(s, sum(weight_footprint(s, w) for w in cold)) if cold else []
+    if vs is None or len(vs) > 2:
+        return None  # not an answer of at most two victims
+    if not vs and not _done_seqs(s, args["pending"]):
+        return None
+    v = [_q_obj(s, u, w.owned) for w in vs] + [0, 0]
+    return st, {"nv": len(vs), "v1": v[0], "v2": v[1], "terminal": False}, u
 
 
 

@@ -291,10 +291,11 @@ def _s2_state(s: Any) -> tuple[dict[str, Any], Universe]:
     hx = _s2_holders()
     u.add("holder", list(hx.values()))
     return {"committed": (0, {i: s.physical_by.get(h, 0) for h, i in hx.items()}),
-            "charge": (0, {i: s.charged_by.get(h, 0) for h, i in hx.items()}), "free": s.free}, u
+            "charge": (0, {i: s.charged_by.get(h, 0) for h, i in hx.items()}),
+            "lease": (0, {i: s.lease_bytes.get(h, 0) for h, i in hx.items()}), "free": s.free}, u
 
 
-_S2_CMP = ("committed", "charge", "free")
+_S2_CMP = ("committed", "charge", "lease", "free")
 
 
 def _s2_expected(s: Any, u: Universe, value: Any) -> Any:
@@ -363,7 +364,109 @@ def _s2_grow_project(s: Any, args: dict[str, Any], taken: str) -> Any:
                 "refuse": taken == "InvalidRequest", "fail": fail_at in (4, 5), "oom": taken == "OutOfMemory"}, u
 
 
+def _s2_refund_lease_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    l_ = s.leases[args["lease"]]
+    st, u = _s2_state(s)
+    return st, {"h": _s2_holders()[l_.holder], "b": l_.nbytes, "refunded": l_.refunded}, u
+
+
+def _kv_freed(s: Any, refs: list[int]) -> int:
+    return _kv_run(s, refs)[0]
+
+
+def _kv_run(s: Any, refs: list[int]) -> tuple[int, dict[int, int]]:
+    """The KV bytes the releases of requests ``refs`` free, run in that order
+    (spec/holders.py release_request, read off the request records: a
+    request's private pages, less the prefix its open sharers still map; a
+    sharer's release lets its released origin give back what no one maps),
+    and every request's own bytes after."""
+    own = {r: q.own for r, q in s.kv.items()}
+    sharers = {r: dict(q.sharers) for r, q in s.kv.items()}
+    released = {r for r, q in s.kv.items() if q.state == "released"}
+    freed = 0
+    for r in refs:
+        q = s.kv[r]
+        released.add(r)
+        if q.prefix_of is None:
+            keep = max(sharers[r].values(), default=0)
+            freed += own[r] - keep
+            own[r] = keep
+        else:
+            freed += own[r]
+            own[r] = 0
+            o = q.prefix_of
+            sharers[o].pop(r, None)
+            if o in released:
+                keep = max(sharers[o].values(), default=0)
+                freed += own[o] - keep
+                own[o] = keep
+    return freed, own
+
+
+def _s2_runs(s: Any, seqs: list[int], extra: dict[int, int] | None = None) -> dict[str, int]:
+    """``{"r0", "r1", "r2"}``: the bytes each holder's releases free when the
+    queue entries ``seqs`` run in order (their refunds; a KV request's release:
+    :func:`_kv_freed`), plus ``extra`` (holder index -> bytes)."""
+    hx = _s2_holders()
+    r = dict(extra or {})
+    kv_refs = []
+    for seq in seqs:
+        e = s.queue[seq]
+        for h, n in e.refund.items():
+            r[hx[h]] = r.get(hx[h], 0) + n
+        if e.kv is not None:
+            kv_refs.append(e.kv)
+    from memspec.spec.governor import KV
+
+    r[hx[KV]] = r.get(hx[KV], 0) + _kv_freed(s, kv_refs)
+    return {f"r{i}": r.get(i, 0) for i in range(3)}
+
+
+def _s2_poll_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    """The walk's poll runs the releases whose fences the spec knows done."""
+    from memspec.invariants.agreement_adapters import _done_seqs
+
+    r = _s2_runs(s, _done_seqs(s, args["pending"]))
+    if not any(r.values()):
+        return None  # nothing runs (most polls): the identity, no sample spent on it
+    st, u = _s2_state(s)
+    return st, r, u
+
+
+def _s2_respond_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    """The walk's answer (the spec's witness): ModelResidency evicts its first
+    two cold resident weights and reports their bytes, KvPageStore reports 0;
+    the done queued releases run, then the victims' fresh ones."""
+    from memspec.invariants.agreement_adapters import _done_seqs
+    from memspec.spec.governor import WEIGHTS
+    from memspec.spec.holders import weight_footprint
+
+    t_ref, holder, terminal = args["answer"]
+    st, u = _s2_state(s)
+    if terminal or taken != "ok":
+        return st, {"r0": 0, "r1": 0, "r2": 0, "got": 0, "terminal": True}, u
+    cold = [w for w in s.weights.values() if w.resident and not w.hot][:2] if holder == WEIGHTS else []
+    got = sum(weight_footprint(s, w) for w in cold)
+    r = _s2_runs(s, _done_seqs(s, args["pending"]), {_s2_holders()[WEIGHTS]: got})
+    if not any(r.values()):
+        return None  # nothing released: the identity, no sample spent on it
+    return st, {**r, "got": got, "terminal": False}, u
+
+
+def _s2_reserve_owned_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s2_state(s)
+    return st, {"unsup": not s.registry.capabilities[s.registry.installed][0], "bad": _not_size(args["size"]),
+                "oom": taken == "OutOfMemory"}, u
+
+
 SYS_ADAPTERS += [
+    Adapter("S2", "reserve_owned", "reserve_owned", _s2_reserve_owned_project, _s2_expected, _S2_CMP),
+    Adapter("S2", "refund_lease", "refund_lease", _s2_refund_lease_project, _s2_expected, _S2_CMP),
+    # a poll or an answer that runs a release needs one queued first (a KV request's among them)
+    Adapter("S2", "release", "poll", _s2_poll_project, _s2_expected, _S2_CMP,
+            helpers=("drop", "kv_close", "unload_weight", "close_owned", "decommit_owned", "synchronize")),
+    Adapter("S2", "respond", "respond", _s2_respond_project, _s2_expected, _S2_CMP,
+            helpers=("drop", "kv_close", "synchronize")),
     Adapter("S2", "commit_owned", "commit_owned", _s2_commit_owned_project, _s2_expected, _S2_CMP),
     Adapter("S2", "allocate", "allocate_owned", _s2_allocate_project, _s2_expected, _S2_CMP),
     Adapter("S2", "allocate", "load_weight", _s2_load_project, _s2_expected, _S2_CMP),
@@ -406,6 +509,89 @@ def _s9_expected(s: Any, u: Universe, value: Any) -> Any:
 
 
 SYS_ADAPTERS.append(Adapter("S9", "grow", "kv_grow", _s9_project, _s9_expected, _S9_CMP + ("ret",)))
+
+_S9_CMP_P = _S9_CMP + ("prefix",)
+
+
+def _s9_expected_p(s: Any, u: Universe, value: Any) -> Any:
+    st, _ = _s9_state(s)
+    return flatten(st, E.S9.fields, _S9_CMP_P, u)
+
+
+def _s9_open_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    ref, max_bytes, origin, prefix = args["request"]
+    vb, sm = s.registry.capabilities[s.registry.installed]
+    st, u = _s9_state(s)
+    bad = origin is not None and (prefix > s.kv[origin].own or prefix > max_bytes)
+    return st, {"r": _new_slot(u, "request"), "n": max_bytes, "p": prefix if origin is not None else 0,
+                "bad": bad, "unsup": not vb or (origin is not None and not sm)}, u
+
+
+def _s9_request_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s9_state(s)
+    return st, {"r": u.idx["request"][args["request"]]}, u
+
+
+def _s9_runs(s: Any, seqs: list[int], extra: int = 0) -> dict[str, Any] | None:
+    """The encoded release of the queue entries ``seqs`` run in order: the KV
+    requests whose own pages change (at most two per encoded step, else None)
+    and the other holders' refunds (plus ``extra``)."""
+    refs = [s.queue[q].kv for q in seqs if s.queue[q].kv is not None]
+    _freed, own = _kv_run(s, refs)
+    changed = sorted(r for r in own if own[r] != s.kv[r].own)
+    other = extra + sum(n for q in seqs for n in s.queue[q].refund.values())
+    if len(changed) > 2 or (not changed and not other):
+        return None  # more than two requests change (the encoding takes two), or nothing runs
+    return {"changed": changed, "own": own, "other": other}
+
+
+def _s9_release_args(u: Universe, r: dict[str, Any]) -> dict[str, Any]:
+    rx, own = u.idx["request"], r["own"]
+    c = r["changed"] + [None, None]
+    return {"x": rx[c[0]] if c[0] is not None else 0, "kx": own[c[0]] if c[0] is not None else 0,
+            "one": c[0] is not None, "y": rx[c[1]] if c[1] is not None else 0,
+            "ky": own[c[1]] if c[1] is not None else 0, "two": c[1] is not None, "other": r["other"]}
+
+
+def _s9_respond_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    """The walk's answer (the spec's witness, as for S2): the victims' bytes
+    among the other holders' refunds, the done releases run."""
+    from memspec.invariants.agreement_adapters import _done_seqs
+    from memspec.spec.governor import WEIGHTS
+    from memspec.spec.holders import weight_footprint
+
+    t_ref, holder, terminal = args["answer"]
+    st, u = _s9_state(s)
+    if terminal or taken != "ok":
+        return st, {"x": 0, "kx": 0, "one": False, "y": 0, "ky": 0, "two": False, "other": 0, "got": 0,
+                    "terminal": True}, u
+    cold = [w for w in s.weights.values() if w.resident and not w.hot][:2] if holder == WEIGHTS else []
+    got = sum(weight_footprint(s, w) for w in cold)
+    r = _s9_runs(s, _done_seqs(s, args["pending"]), got)
+    if r is None:
+        return None
+    return st, {**_s9_release_args(u, r), "got": got, "terminal": False}, u
+
+
+def _s9_release_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    """The walk's poll: the done releases run (:func:`_s9_runs`)."""
+    from memspec.invariants.agreement_adapters import _done_seqs
+
+    r = _s9_runs(s, _done_seqs(s, args["pending"]))
+    if r is None:
+        return None
+    st, u = _s9_state(s)
+    return st, _s9_release_args(u, r), u
+
+
+SYS_ADAPTERS += [
+    Adapter("S9", "open", "kv_open", _s9_open_project, _s9_expected_p, _S9_CMP_P),
+    Adapter("S9", "use", "kv_use", _s9_request_project, _s9_expected_p, _S9_CMP_P),
+    Adapter("S9", "close", "kv_close", _s9_request_project, _s9_expected_p, _S9_CMP_P),
+    Adapter("S9", "release", "poll", _s9_release_project, _s9_expected_p, _S9_CMP_P,
+            helpers=("kv_grow", "kv_close", "drop")),
+    Adapter("S9", "respond", "respond", _s9_respond_project, _s9_expected_p, _S9_CMP_P),
+]
 
 
 # -- S12: owning reservations and KV requests keep their address ---------------
@@ -500,7 +686,7 @@ def _small_sys_init() -> Any:
 
 #: spec actions whose OutOfMemory branch needs a size past the device: reserve_owned
 #: draws at most 8 pages, fewer than the main walk's 16
-SMALL_SYS_ADAPTERS = [a for a in SYS_ADAPTERS if a.spec_action == "reserve_owned" and a.invariant in ("S12", "S14")]
+SMALL_SYS_ADAPTERS = [a for a in SYS_ADAPTERS if a.spec_action == "reserve_owned" and a.invariant in ("S2", "S12", "S14")]
 #: (S5's adapters are appended below, where they are defined)
 
 
@@ -531,6 +717,11 @@ class _Focused:
 
 
 _KV_FOCUS = ("kv_open", "kv_grow", "kv_close")
+#: the KV release path: requests (some sharing a prefix) grown, closed, their releases run by poll
+_KV_RELEASE_FOCUS = ("kv_open", "kv_grow", "kv_close", "poll")
+#: a pressure ticket answered while releases wait on the queue, some behind fences not done
+_RESPOND_FOCUS = ("new_stream", "allocate_owned", "use", "drop", "load_weight", "set_hot", "kv_open", "kv_grow",
+                  "kv_use", "kv_close", "issue_ticket", "respond", "synchronize")
 _SHARED_FOCUS = ("shared_reserve", "create", "map", "unmap", "free_shared_reservation")
 
 
@@ -541,17 +732,33 @@ def run_focused(samples: int, seed: int, inv_samples: int = 0, per_branch: int |
 
     proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS}
     n = max(20, samples // 8)
-    kv = [a for a in SYS_ADAPTERS if a.spec_action == "kv_open" and a.invariant in ("S5", "S12", "S13")]
+    kv = [a for a in SYS_ADAPTERS if a.spec_action == "kv_open" and a.invariant in ("S5", "S9", "S12", "S13")]
     sh = [a for a in MECH_ADAPTERS if a.spec_action == "free_shared_reservation" and a.invariant in ("S13", "S14")]
     n_kv = max(40, samples // 3)  # an oversized prefix is ~3% of kv_open's draws
+    # the full walk queues a KV request's release before a poll in ~1 sample of 100: a share of the
+    # release adapters' samples comes from the KV release path (the full walk gives the rest)
+    rel = [a for a in SYS_ADAPTERS if a.spec_action == "poll" and (a.invariant, a.action) in _KV_RELEASE_ADAPTERS]
+    resp = [a for a in SYS_ADAPTERS if a.spec_action == "respond" and (a.invariant, a.action) in _RESPOND_ADAPTERS]
+    n_rel = max(8, samples // 40)
     return (walk_and_compare(_Focused(SYSTEM, _KV_FOCUS), _sys_init, kv, proofs, n_kv, seed + 2, _sys_too_big,
                              inv_samples=min(inv_samples, n_kv), favour=0.1, per_branch=per_branch, prior=prior)
+            + walk_and_compare(_Focused(SYSTEM, _KV_RELEASE_FOCUS), _sys_init, rel, proofs, n_rel, seed + 4,
+                               _sys_too_big, inv_samples=min(inv_samples, n_rel), per_branch=per_branch, prior=prior)
+            + walk_and_compare(_Focused(SYSTEM, _RESPOND_FOCUS), _sys_init, resp, proofs, n_rel, seed + 5,
+                               _sys_too_big, inv_samples=min(inv_samples, n_rel), per_branch=per_branch, prior=prior)
             + walk_and_compare(_Focused(MECHANISM, _SHARED_FOCUS), _mech_init, sh, proofs, n, seed + 3, _mech_too_big,
                                inv_samples=min(inv_samples, n), favour=0.1, per_branch=per_branch, prior=prior))
 
 
+#: (invariant, encoded action) of the poll adapters the KV release walk samples
+_KV_RELEASE_ADAPTERS = {("S2", "release"), ("S9", "release"), ("S11", "kv_release")}
+#: (invariant, encoded action) of the respond adapters the answer walk samples
+_RESPOND_ADAPTERS = {("S2", "respond"), ("S4", "respond"), ("S9", "respond")}
+
+
 def _extra_focused(n: int, seed: int, inv: int, ids: set[str]) -> list[AgreementReport]:
-    return run_focused(n, seed, inv) if ids & {"S5", "S12", "S13", "S14"} else []
+    walked = {i for i, _a in _KV_RELEASE_ADAPTERS | _RESPOND_ADAPTERS} | {"S7", "S8"}
+    return run_focused(n, seed, inv) if ids & ({"S5", "S12", "S13", "S14"} | walked) else []
 
 
 EXTRA_WALKS = [_extra_small, _extra_focused]

@@ -32,7 +32,9 @@ from memspec.invariants.proofs_seed000_objects import (
     F0, FREED, LIVE, NONE, S1, S2, S3, S4, S5, S6, S7, T_CANCELLED, T_CLAIMED, T_FAILED, T_GRANTED, T_PENDING,
     T_TIMED_OUT, Z0, _fences_done, _oom, _s5_named, _terminal, alive, catalog,
 )
-from memspec.invariants.proofs_seed000_ledger import S10, S11, S8, S9, _ledger, _s11_named, _s8_named, _with_ledger
+from memspec.invariants.proofs_seed000_ledger import (
+    S10, S11, S8, S9, _L_NEW, _ledger, _s11_named, _s8_named, _with_ledger,
+)
 
 #: the modules this one is assembled from, in order (split by invariant group); a name
 #: defined there is one object, whichever module a caller reads it from, so a test that rebinds one
@@ -708,23 +710,25 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
            "select": ("system:select",), "poll": ("system:poll",)},
     "S2": {"reserve": ("system:reserve",), "commit": ("system:commit",), "cancel": ("system:cancel",),
            "allocate": ("system:allocate_owned", "system:load_weight"), "commit_owned": ("system:commit_owned",),
-           "grow": ("system:kv_grow",)},
+           "grow": ("system:kv_grow",), "refund_lease": ("system:refund_lease",), "release": ("system:poll",),
+           "respond": ("system:respond",), "reserve_owned": ("system:reserve_owned",)},
     "S3": {"select": ("system:select",), "query": ("system:binding_capabilities", "system:manager_capabilities",
                                                     "system:allocate_owned")},
     "S4": {"allocate": ("system:allocate_owned",), "use": ("system:use", "system:use_owned", "system:kv_use"),
            "drop": ("system:drop",), "close": ("system:close_owned", "system:unload_weight", "system:kv_close"),
-           "decommit": ("system:decommit_owned",), "synchronize": ("system:synchronize",), "poll": ("system:poll",)},
+           "decommit": ("system:decommit_owned",), "synchronize": ("system:synchronize",), "poll": ("system:poll",),
+           "respond": ("system:respond",)},
     "S5": {**{n: (f"mechanism:{n}",) for n in ("query_virtual_backing", "query_shared_mapping", "reserve", "commit_range",
                                                 "decommit_range", "committed_bytes", "release_reservation")},
            **{n: (f"system:{n}",) for n in ("reserve_owned", "commit_owned", "kv_open")}},
     "S6": {n: (f"system:{n}",) for n in ("issue_ticket", "set_hot", "respond")},
     "S7": {"allocate": ("system:allocate_owned",), "use": ("system:use", "system:use_owned", "system:kv_use"),
            "drop": ("system:drop",), "close": ("system:close_owned", "system:unload_weight", "system:kv_close"),
-           "decommit": ("system:decommit_owned",), "synchronize": ("system:synchronize",), "poll": ("system:poll",)},
-    "S8": {"reserve": ("system:reserve",), "commit": ("system:commit",), "cancel": ("system:cancel",),
-           "allocate_owned": ("system:allocate_owned",), "load_weight": ("system:load_weight",),
-           "m_allocate": ("mechanism:allocate",)},
-    "S9": {"grow": ("system:kv_grow",)},
+           "decommit": ("system:decommit_owned",), "synchronize": ("system:synchronize",), "poll": ("system:poll",),
+           "respond": ("system:respond",)},
+
+    "S9": {"grow": ("system:kv_grow",), "open": ("system:kv_open",), "use": ("system:kv_use",),
+           "close": ("system:kv_close",), "release": ("system:poll",), "respond": ("system:respond",)},
     "S10": {"allocate": ("system:allocate_owned",), "drop": ("system:drop",),
             "close": ("system:close_owned", "system:kv_close"), "decommit": ("system:decommit_owned",),
             "poll": ("system:poll",), "destroy_context": ("system:destroy_context",)},
@@ -734,7 +738,8 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
             **{f"m_{n}": (f"mechanism:{n}",) for n in ("allocate", "deallocate", "commit_range", "decommit_range",
                                                         "release_reservation", "create", "release_handle", "unmap",
                                                         "copy_on_write")},
-            "reconfigure": ("system:reconfigure",)},
+            "reconfigure": ("system:reconfigure",),
+            **{n: (f"system:{n}",) for n in _L_NEW if n != "kv_release"}, "kv_release": ("system:poll",)},
     "S12": {"reserve_owned": ("system:reserve_owned",), "kv_open": ("system:kv_open",),
             "commit": ("system:commit_owned",), "decommit": ("system:decommit_owned",), "kv_grow": ("system:kv_grow",),
             "commit_range": ("mechanism:commit_range",), "decommit_range": ("mechanism:decommit_range",)},
@@ -751,6 +756,9 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
             "reconfigure": ("system:reconfigure",)},
 }
 ENCODES["G1"] = ENCODES["S15"]  # G1 is on S15's machine
+#: S8's machine is part of S11's (one ledger model, the same steps)
+ENCODES["S8"] = {a: ENCODES["S11"][a] for a in ("reserve", "commit", "cancel", "allocate_owned", "load_weight",
+                                                "m_allocate", *_L_NEW)}
 
 
 def _shared_map(s: St, x: Any) -> Any:

@@ -229,6 +229,42 @@ def _l_poll(s: St, a: St):
     return on_ok(z3.IntVal(OK), s, merge(a.none, s, _run(s, a.x)))
 
 
+def _l_new_item(kind: int):
+    """reserve_owned (an owning reservation) and kv_open (a KV request): a new
+    charge item of 0 bytes, live (nothing is charged yet); the refusals
+    (``unsup``: no VirtualBacking / SharedMapping; ``bad``: not a size, a
+    prefix past its origin's pages; ``oom``: no address space) make nothing."""
+    def step(s: St, a: St):
+        out = outcome((a.unsup, "Unsupported"), (a.bad, "InvalidRequest"), (a.oom, "OutOfMemory"))
+        return on_ok(out, s, _item_new(s, _KIND_HOLDER[kind], kind, I_LIVE, 0))
+    return step
+
+
+def _l_kv_close(s: St, a: St):
+    """kv_close: the request's release is queued behind its fences; nothing
+    is refunded until it runs (its pages stay its live bytes)."""
+    return on_ok(z3.IntVal(OK), s, s)
+
+
+def _kv_keep(s: St, x: Any, k: Any, go: Any) -> St:
+    """KV request item ``x`` keeps ``k`` of its bytes (when ``go``): the rest is freed and refunded."""
+    freed = at(s.ib, x) - k
+    s1 = _item_set(_refund(s, KV_H, freed, lb=_hadd(s.lb, KV_H, -freed)), x, I_LIVE, k)
+    return merge(go, s1, s)
+
+
+def _kv_kept(s: St, x: Any, k: Any) -> Any:
+    """``x`` is a KV request's charge item and keeps ``0 <= k <=`` its bytes."""
+    return And(at(s.ist, x) == I_LIVE, at(s.ik, x) == K_KV, 0 <= k, k <= at(s.ib, x))
+
+
+def _l_kv_release(s: St, a: St):
+    """poll running KV requests' releases (spec/holders.py release_request):
+    request ``x`` (and ``y`` when ``two``) keeps ``kx`` (``ky``) bytes -- what
+    its open sharers still map, or nothing -- the rest refunded to free."""
+    return on_ok(z3.IntVal(OK), s, _kv_keep(_kv_keep(s, a.x, a.kx, True), a.y, a.ky, a.two))
+
+
 # -- pressure tickets (spec/governor.py, holders.py respond) ----------------
 
 def _tpend(st: Any, h: Any) -> Any:
@@ -600,11 +636,30 @@ _L_ACTS: dict[str, Act] = {a.name: a for a in [
     Act("m_unmap", _M_MAPPING, _m_unmap, pre=_m_mapping_pre, objs=("x", "h")),
     Act("m_copy_on_write", dict(_M_MAPPING, oom=BOOL), _m_copy_on_write, pre=_m_mapping_pre, objs=("x", "h")),
     Act("reconfigure", {}, _l_reconfigure),
+    # issue 33: the reservation and KV request paths (reserve / open, close, the KV release run by poll)
+    Act("reserve_owned", {"unsup": BOOL, "bad": BOOL, "oom": BOOL}, _l_new_item(K_RES)),
+    Act("close_owned", {"x": INT}, _l_unload,
+        pre=lambda s, a: And(_kind(K_RES)(s, a), at(s.ist, a.x) == I_LIVE), objs=("x",)),
+    Act("kv_open", {"unsup": BOOL, "bad": BOOL, "oom": BOOL}, _l_new_item(K_KV), pre=lambda s, a: Not(a.oom)),
+    Act("kv_close", {"x": INT}, _l_kv_close, pre=lambda s, a: And(_kind(K_KV)(s, a), at(s.ist, a.x) == I_LIVE),
+        objs=("x",)),
+    Act("kv_release", {"x": INT, "kx": INT, "y": INT, "ky": INT, "two": BOOL}, _l_kv_release,
+        pre=lambda s, a: And(_kv_kept(s, a.x, a.kx), Implies(a.two, And(_kv_kept(s, a.y, a.ky), a.x != a.y))),
+        objs=("x", "y")),
 ]}
 
 
 def _l_acts(*names: str) -> list[Act]:
     return [_L_ACTS[n] for n in names]
+
+
+#: the actions issue 33 added to the ledger model (both rows)
+_L_NEW = ("reserve_owned", "close_owned", "kv_open", "kv_close", "kv_release")
+#: the ledger model's actions: S11's machine
+_L_ALL = ("reserve", "commit", "cancel", "refund_lease", "allocate_owned", "load_weight", "commit_owned", "kv_grow",
+          "drop", "unload_weight", "poll", "claim", "cancel_ticket", "expire", "respond", "m_allocate", "m_deallocate",
+          "m_commit_range", "m_decommit_range", "m_release_reservation", "m_create", "m_release_handle", "m_unmap",
+          "m_copy_on_write", "reconfigure", *_L_NEW)
 
 
 def _s8_named(s: St, o: Any) -> Any:
@@ -618,7 +673,9 @@ S8 = Proof(
     *catalog("S8"),
     fields=dict(_L_FIELDS), init=_l_init, inv=_l_inv, inst=_l_inst,
     counts=_L_COUNTS,
-    actions=_l_acts("reserve", "commit", "cancel", "allocate_owned", "load_weight", "m_allocate"),
+    # S11's steps; not all of them: with every one of S11's actions the depth-3 trace of the unguarded
+    # commit (reserve, commit, commit) is past the BMC's fixed solver budget inside ``prove``
+    actions=_l_acts("reserve", "commit", "cancel", "allocate_owned", "load_weight", "m_allocate", *_L_NEW),
     unguarded=Act("commit", {"g": INT, "actual": INT}, _l_commit(False),
                   pre=lambda s, a: And(at(s.gst, a.g) != 0, a.actual >= 0), objs=("g",)),
     guard="only an open grant can be committed (a committed or cancelled one: InvalidRequest)",
@@ -657,6 +714,57 @@ def code_of(name: str) -> int:
     return CODE[name]
 
 
+def _s9_open(s: St, a: St):
+    """kv_open: a request of at most ``n`` bytes whose view starts as the
+    ``p`` prefix bytes mapped from its origin (charged there: its own charge
+    0); ``unsup``: no VirtualBacking (or SharedMapping for a prefix),
+    Unsupported; ``bad``: a prefix past what the origin committed."""
+    out = outcome((a.unsup, "Unsupported"), (a.bad, "InvalidRequest"))
+    return on_ok(out, s, s.set(rsize=upd(s.rsize, a.r, a.n), kc=upd(s.kc, a.r, a.p), view=upd(s.view, a.r, a.p),
+                               chg=upd(s.chg, a.r, 0), prefix=upd(s.prefix, a.r, a.p)))
+
+
+def _s9_same(s: St, a: St):
+    """kv_use (a fence recorded) and kv_close (the release queued): the view,
+    what is committed and charged stay as they are."""
+    return on_ok(z3.IntVal(OK), s, s)
+
+
+def _s9_keep(s: St, r: Any, k: Any, go: Any) -> St:
+    """Request ``r``'s own pages down to ``k`` bytes (when ``go``): the view
+    is its prefix plus what it keeps, the freed bytes refunded to free."""
+    own = K.ite(go, k, at(s.chg, r))
+    return s.set(chg=upd(s.chg, r, own), kc=upd(s.kc, r, own + at(s.prefix, r)),
+                 view=upd(s.view, r, own + at(s.prefix, r)), free=s.free + (at(s.chg, r) - own))
+
+
+def _s9_release(s: St, a: St):
+    """poll: the done releases run; of the KV requests, ``x`` (and ``y`` when
+    ``two``) keep ``kx`` (``ky``) of their own pages -- a released request
+    what its open sharers still map, a sharer nothing -- and the other
+    holders' releases give ``other`` bytes back to free."""
+    s1 = _s9_keep(s, a.x, a.kx, a.one)
+    s2 = _s9_keep(s1, a.y, a.ky, a.two)
+    return on_ok(z3.IntVal(OK), s, s2.set(free=s2.free + a.other))
+
+
+def _s9_respond(s: St, a: St):
+    """A holder answers a pressure ticket (a terminal one: InvalidTicket): the
+    releases run as in poll (its victims' among ``other``), then the ``got``
+    bytes it reports move from free into the ticket."""
+    out = outcome((a.terminal, "InvalidTicket"))
+    _o, s1 = _s9_release(s, a)
+    return on_ok(out, s, s1.set(free=s1.free - a.got))
+
+
+_S9_REL = {"x": INT, "kx": INT, "one": BOOL, "y": INT, "ky": INT, "two": BOOL, "other": INT}
+
+
+def _s9_release_pre(s: St, a: St) -> Any:
+    return And(a.other >= 0, Implies(a.one, And(0 <= a.kx, a.kx <= at(s.chg, a.x))),
+               Implies(a.two, And(a.one, a.y != a.x, 0 <= a.ky, a.ky <= at(s.chg, a.y))))
+
+
 _GROW = {"r": INT, "nb": INT, "fail": INT, "oom": BOOL, "refuse": BOOL}
 _GROW_PRE = lambda s, a: Or(a.fail == 0, a.fail == 4, a.fail == 5)  # noqa: E731
 S9 = Proof(
@@ -667,7 +775,16 @@ S9 = Proof(
     init=lambda s: And(s.kc == s.prefix, s.view == s.prefix, s.chg == Z0(), s.free >= 0, s.page > 0),
     inv=lambda s, r: And(at(s.view, r) == at(s.kc, r), at(s.chg, r) + at(s.prefix, r) == at(s.kc, r),
                             at(s.chg, r) >= 0, s.free >= 0, s.page > 0),
-    actions=[Act("grow", _GROW, _s9_grow(True), pre=_GROW_PRE, objs=("r",))],
+    actions=[Act("grow", _GROW, _s9_grow(True), pre=_GROW_PRE, objs=("r",)),
+             Act("open", {"r": INT, "n": INT, "p": INT, "bad": BOOL, "unsup": BOOL}, _s9_open,
+                 pre=lambda s, a: And(0 <= a.p, a.p <= a.n), objs=("r",)),
+             Act("use", {"r": INT}, _s9_same, objs=("r",)),
+             Act("close", {"r": INT}, _s9_same, objs=("r",)),
+             Act("release", _S9_REL, _s9_release, pre=_s9_release_pre, objs=("x", "y")),
+             # what a holder reports is at most what its releases refunded (S6: no overclaim)
+             Act("respond", {**_S9_REL, "got": INT, "terminal": BOOL}, _s9_respond,
+                 pre=lambda s, a: And(_s9_release_pre(s, a), 0 <= a.got, a.got <= a.other + K.ite(
+                     a.one, at(s.chg, a.x) - a.kx, 0) + K.ite(a.two, at(s.chg, a.y) - a.ky, 0)), objs=("x", "y"))],
     unguarded=Act("grow", _GROW, _s9_grow(False), pre=_GROW_PRE, objs=("r",)),
     guard="a failure at step 4/5 rolls back the mapping (and returns the grant)",
     bmc_depth=1,
@@ -776,10 +893,7 @@ S11 = Proof(
     *catalog("S11"),
     fields=dict(_L_FIELDS), init=_l_init, inv=_l_inv, inst=_l_inst,
     counts=_L_COUNTS,
-    actions=_l_acts("reserve", "commit", "cancel", "refund_lease", "allocate_owned", "load_weight", "commit_owned",
-                    "kv_grow", "drop", "unload_weight", "poll", "claim", "cancel_ticket", "expire", "respond",
-                    "m_allocate", "m_deallocate", "m_commit_range", "m_decommit_range", "m_release_reservation",
-                    "m_create", "m_release_handle", "m_unmap", "m_copy_on_write", "reconfigure"),
+    actions=_l_acts(*_L_ALL),
     unguarded=Act("reserve", {"g": INT, "nb": INT}, _l_reserve(False), pre=lambda s, a: a.g == s.ng, objs=("g",)),
     guard="the Governor grants only what is free (can_grant)",
     bmc_depth=1,

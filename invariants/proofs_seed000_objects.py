@@ -122,7 +122,10 @@ S1 = Proof(
 # obtained before physical commit*): the Governor can charge at most what is
 # free (``K.minimum(n, free)``), and the guard refuses (GrantDenied) unless
 # all ``n`` bytes are.  The unguarded variant drops that guard: the bytes are
-# mapped, the Governor charges what it can.
+# mapped, the Governor charges what it can.  The other half (issue 33): a
+# charge is lowered only with the bytes behind it -- a queued release (poll,
+# a holder's answer) frees the installed bytes and refunds as much charge; a
+# lease (``lease[h]``: charge with nothing installed) is refunded alone.
 
 def _s2_install(s: St, h: Any, n: Any) -> St:
     """Charge ``n`` bytes to holder ``h`` (as much as is free), then install them."""
@@ -148,7 +151,61 @@ def _s2_commit(s: St, a: St):
     (GrantDenied if more than is free).  Installs nothing."""
     out = outcome((Not(a.open), "InvalidRequest"), (a.actual - a.gb > s.free, "GrantDenied"))
     return on_ok(out, s, s.set(charge=upd(s.charge, a.h, at(s.charge, a.h) + a.actual),
+                               lease=upd(s.lease, a.h, at(s.lease, a.h) + a.actual),
                                free=s.free - (a.actual - a.gb)))
+
+
+def _s2_refund_lease(s: St, a: St):
+    """Governor ``refund_lease``: a live lease's ``b`` bytes leave holder
+    ``h``'s charge for free; a refunded one: InvalidRequest.  It lowers a
+    charge with no installed bytes behind it: what S2 needs is that a lease
+    is charge *beyond* the installed bytes (``committed + lease <= charge``)."""
+    out = outcome((a.refunded, "InvalidRequest"))
+    return on_ok(out, s, s.set(charge=upd(s.charge, a.h, at(s.charge, a.h) - a.b),
+                               lease=upd(s.lease, a.h, at(s.lease, a.h) - a.b), free=s.free + a.b))
+
+
+def _s2_uninstall(s: St, r: tuple) -> St:
+    """Queued releases run (spec/ep.py run_entry, holders.py release_request):
+    ``r[h]`` bytes of holder ``h`` are freed, *then* their charge is refunded
+    -- both lowered by the same bytes, the refund to free."""
+    committed, charge = s.committed, s.charge
+    for h, n in enumerate(r):
+        committed = upd(committed, h, at(committed, h) - n)
+        charge = upd(charge, h, at(charge, h) - n)
+    return s.set(committed=committed, charge=charge, free=s.free + sum(r))
+
+
+def _s2_release(s: St, a: St):
+    """``poll``: the queued releases whose fences are done run; ``r0``/``r1``/
+    ``r2``: the bytes each holder's releases free (a KV request's private
+    pages, a weight's or an allocation's footprint, decommitted pages)."""
+    return on_ok(z3.IntVal(OK), s, _s2_uninstall(s, (a.r0, a.r1, a.r2)))
+
+
+def _s2_respond(s: St, a: St):
+    """A holder answers a pressure ticket (a terminal one: InvalidTicket): its
+    victims' releases and the done queued ones run (``r0..r2`` per holder),
+    then the Governor moves the ``got`` bytes it reports from free into the
+    ticket (at most what its releases refunded: S6's no-overclaim)."""
+    out = outcome((a.terminal, "InvalidTicket"))
+    s1 = _s2_uninstall(s, (a.r0, a.r1, a.r2))
+    return on_ok(out, s, s1.set(free=s1.free - a.got))
+
+
+def _s2_reserve_owned(s: Any, a: St):
+    """``reserve_owned``: an owning reservation, nothing installed, nothing
+    charged (the refusals: no VirtualBacking, not a size, no address space)."""
+    out = outcome((a.unsup, "Unsupported"), (a.bad, "InvalidRequest"), (a.oom, "OutOfMemory"))
+    return on_ok(out, s, s)
+
+
+_S2_REL = {"r0": INT, "r1": INT, "r2": INT}
+
+
+def _s2_release_pre(s: St, a: St) -> Any:
+    """A release frees only bytes installed for its holder (holders 0..2)."""
+    return And(*[And(0 <= n, n <= at(s.committed, h)) for h, n in enumerate((a.r0, a.r1, a.r2))])
 
 
 def _s2_allocate(s: St, a: St):
@@ -184,9 +241,11 @@ def _s2_grow(s: St, a: St):
 _S2_OWNED = {"n": INT, "bad_range": BOOL, "oom": BOOL}
 S2 = Proof(
     *catalog("S2"),
-    fields={"committed": ARR, "charge": ARR, "free": INT},
-    init=lambda s: And(s.committed == Z0(), s.charge == Z0(), s.free >= 0),
-    inv=lambda s, h: And(0 <= at(s.committed, h), at(s.committed, h) <= at(s.charge, h), s.free >= 0),
+    # lease: the bytes of holder h's unrefunded leases (charged, nothing installed behind them)
+    fields={"committed": ARR, "charge": ARR, "lease": ARR, "free": INT},
+    init=lambda s: And(s.committed == Z0(), s.charge == Z0(), s.lease == Z0(), s.free >= 0),
+    inv=lambda s, h: And(0 <= at(s.committed, h), 0 <= at(s.lease, h),
+                         at(s.committed, h) + at(s.lease, h) <= at(s.charge, h), s.free >= 0),
     actions=[
         Act("reserve", {"n": INT}, _s2_reserve, pre=lambda s, a: a.n > 0),
         Act("cancel", {"gb": INT, "open": BOOL}, _s2_cancel, pre=lambda s, a: a.gb > 0),
@@ -196,6 +255,13 @@ S2 = Proof(
             pre=lambda s, a: And(a.fp > 0, Or(a.h == 0, a.h == 1)), objs=("h",)),
         Act("commit_owned", _S2_OWNED, _s2_commit_owned(True), pre=lambda s, a: a.n > 0),
         Act("grow", {"n": INT, "past": BOOL, "refuse": BOOL, "fail": BOOL, "oom": BOOL}, _s2_grow),
+        # the charge-lowering half: a lease refunded, queued releases run (poll, a holder's answer)
+        Act("refund_lease", {"h": INT, "b": INT, "refunded": BOOL}, _s2_refund_lease,
+            pre=lambda s, a: And(0 <= a.b, Or(a.refunded, a.b <= at(s.lease, a.h))), objs=("h",)),
+        Act("release", _S2_REL, _s2_release, pre=_s2_release_pre),
+        Act("reserve_owned", {"unsup": BOOL, "bad": BOOL, "oom": BOOL}, _s2_reserve_owned),
+        Act("respond", {**_S2_REL, "got": INT, "terminal": BOOL}, _s2_respond,
+            pre=lambda s, a: And(_s2_release_pre(s, a), 0 <= a.got, a.got <= a.r0 + a.r1 + a.r2)),
     ],
     unguarded=Act("commit_owned", _S2_OWNED, _s2_commit_owned(False), pre=lambda s, a: a.n > 0),
     guard="commit_owned requires the Governor to charge all the bytes (else GrantDenied) before mapping them",
@@ -322,6 +388,25 @@ def _q_poll(check: bool):
     return step
 
 
+def _q_respond(s: St, a: St):
+    """A holder answers a pressure ticket (a terminal one: InvalidTicket):
+    its ``nv`` (0..2) victims ``v1``, ``v2`` -- live objects with no fence
+    pending (a weight: ModelResidency's cold weights) -- are dropped and run
+    at once, and the queue runs every queued release whose fences are all
+    done, as ``poll`` does (*wait for the related stream/fence to finish*)."""
+    j = z3.Int("resp_j")
+    victim = Or(And(a.nv >= 1, j == a.v1), And(a.nv >= 2, j == a.v2))
+    runs = Or(victim, And(at(s.astate, j) == QUEUED, _fences_done(s, j)))
+    out = outcome((a.terminal, "InvalidTicket"))
+    return on_ok(out, s, s.set(astate=z3.Lambda([j], z3.If(runs, FREED, at(s.astate, j)))))
+
+
+def _q_respond_pre(s: St, a: St) -> Any:
+    def ok(v: Any) -> Any:
+        return And(at(s.astate, v) == LIVE, _fences_done(s, v))
+    return And(0 <= a.nv, a.nv <= 2, Implies(a.nv >= 1, ok(a.v1)), Implies(a.nv >= 2, And(ok(a.v2), a.v2 != a.v1)))
+
+
 _X = {"x": INT}
 _STREAM_PRE = lambda s, a: a.st >= 0  # noqa: E731
 _LIVE_X = lambda s, a: at(s.astate, a.x) == LIVE  # noqa: E731
@@ -336,6 +421,9 @@ _FENCE_ACTS = [
     Act("synchronize", {"st": INT, "every": BOOL}, _q_sync, pre=_STREAM_PRE),
     Act("progress", {"st": INT, "k": INT}, _q_progress, pre=lambda s, a: And(_STREAM_PRE(s, a), a.k >= 1)),
     Act("poll", {}, _q_poll(True)),
+    # respond's releases: the victims' (no fence pending) and the queued ones whose fences are done
+    Act("respond", {"nv": INT, "v1": INT, "v2": INT, "terminal": BOOL}, _q_respond, pre=_q_respond_pre,
+        objs=("v1", "v2")),
 ]
 
 

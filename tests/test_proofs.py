@@ -61,7 +61,7 @@ def test_ledger_model_encodes_every_action_declaring_s8() -> None:
 
     assert set(declared("S8")) <= set(encoded(m.S8))
     # S11's every one, at both levels (the device side: allocations, reservations, handles, mappings)
-    assert set(declared("S11")) == set(encoded(m.S11))
+    assert set(declared("S11")) <= set(encoded(m.S11))  # issue 33: and the reservation and KV paths
     assert {"mechanism:allocate", "mechanism:commit_range", "mechanism:unmap", "system:reconfigure"} <= set(encoded(m.S11))
 
 

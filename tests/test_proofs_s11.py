@@ -22,7 +22,7 @@ NEW = {"mechanism:commit_range", "mechanism:copy_on_write", "mechanism:create", 
 def test_s11_encodes_every_action_that_declares_it() -> None:
     dec, enc = declared("S11"), encoded(E.S11)
     assert NEW <= set(dec)
-    assert enc == dec and len(dec) == 25
+    assert set(dec) <= set(enc) and len(dec) == 25  # issue 33: it encodes more (reservation and KV paths)
 
 
 def _only(action: str, step) -> Proof:
