@@ -259,6 +259,47 @@ def _s5_query_expected(s: Any, u: Universe, value: Any) -> Any:
     return flatten(st, E.S5.fields, _S5_CMP + ("answer",), u)
 
 
+def _s5_device_d(s: Any, action: str, args: dict[str, Any]) -> int:
+    """The physical bytes a successful ``action`` moves (the walk's witness:
+    an allocation's footprint is its page-rounded size), read off the records."""
+    from memspec.spec import kernels as K
+
+    def last_of(h: Any) -> int:  # the handle's pages go with its last mapping, once released
+        return h.size if h.released and h.mappings == 1 and not h.freed else 0
+    if action == "allocate":
+        return K.round_up(args["size"], s.page)
+    if action == "deallocate":
+        return -s.allocations[args["handle"]].footprint
+    if action == "create":
+        return args["size"]
+    if action == "release_handle":
+        h = s.handles[args["handle"]]
+        return -h.size if h.mappings == 0 and not h.freed else 0
+    m = s.mappings[args["mapping"][0]]
+    h = s.handles[m.handle]
+    if action == "unmap":
+        return -m.size if m.private else -last_of(h)
+    return m.size - last_of(h)  # copy_on_write: a private copy, the shared pages' last mapping gone
+
+
+_S5_ONE_OF = {"StaleHandle": "DoubleFree", "InvalidRange": "InvalidRequest"}
+
+
+def _s5_device_project(action: str) -> Any:
+    def project(s: Any, args: dict[str, Any], taken: str) -> Any:
+        from memspec.invariants.proofs import CODE
+
+        st, u = _s5_state(s)
+        code = taken if action in ("unmap", "copy_on_write") else _S5_ONE_OF.get(taken, taken)
+        return st, {"d": _s5_device_d(s, action, args) if taken == "ok" else 0, "code": CODE[code]}, u
+    return project
+
+
+def _s5_device_expected(s: Any, u: Universe, value: Any) -> Any:
+    st, _ = _s5_state(s)
+    return flatten(st, E.S5.fields, _S5_CMP + ("other",), u)
+
+
 # -- S13: SharedMapping ----------------------------------------------------
 
 def _s13_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
@@ -366,6 +407,9 @@ MECH_ADAPTERS = [
 ] + [
     Adapter("S14", n, n, _s14_make_project(n, "mech"), _s14_expected_with(_s14_state), _S14_CMP)
     for n in ("allocate", "create", "reserve", "shared_reserve")
+] + [
+    Adapter("S5", f"m_{n}", n, _s5_device_project(n), _s5_device_expected, _S5_CMP + ("other",))
+    for n in ("allocate", "deallocate", "create", "release_handle", "unmap", "copy_on_write")
 ] + [
     Adapter("S5", "query_virtual_backing", "query_virtual_backing", _s5_query_project, _s5_query_expected,
             _S5_CMP + ("answer",)),

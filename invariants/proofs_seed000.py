@@ -720,7 +720,10 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
            "respond": ("system:respond",)},
     "S5": {**{n: (f"mechanism:{n}",) for n in ("query_virtual_backing", "query_shared_mapping", "reserve", "commit_range",
                                                 "decommit_range", "committed_bytes", "release_reservation")},
-           **{n: (f"system:{n}",) for n in ("reserve_owned", "commit_owned", "kv_open")}},
+           **{n: (f"system:{n}",) for n in ("reserve_owned", "commit_owned", "kv_open")},
+           # issue 33: the mechanism's other writers of physical
+           **{f"m_{n}": (f"mechanism:{n}",) for n in ("allocate", "deallocate", "create", "release_handle", "unmap",
+                                                       "copy_on_write")}},
     "S6": {n: (f"system:{n}",) for n in ("issue_ticket", "set_hot", "respond")},
     "S7": {"allocate": ("system:allocate_owned",), "use": ("system:use", "system:use_owned", "system:kv_use"),
            "drop": ("system:drop",), "close": ("system:close_owned", "system:unload_weight", "system:kv_close"),
@@ -757,8 +760,7 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
 }
 ENCODES["G1"] = ENCODES["S15"]  # G1 is on S15's machine
 #: S8's machine is part of S11's (one ledger model, the same steps)
-ENCODES["S8"] = {a: ENCODES["S11"][a] for a in ("reserve", "commit", "cancel", "allocate_owned", "load_weight",
-                                                "m_allocate", *_L_NEW)}
+ENCODES["S8"] = {a.name: ENCODES["S11"][a.name] for a in S8.actions}
 
 
 def _shared_map(s: St, x: Any) -> Any:

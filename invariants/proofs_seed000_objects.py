@@ -570,6 +570,30 @@ def _s5_kv_open(s: St, a: St):
     return on_ok(out, s, s.set(kst=upd(s.kst, a.q, LIVE), kcap=upd(s.kcap, a.q, s.cap)))
 
 
+def _s5_device(s: St, a: St):
+    """The mechanism's other writers of ``physical`` (issue 33): allocate,
+    deallocate (eager bytes), create, release_handle, unmap, copy_on_write
+    (shared and private bytes): on success the device's physical bytes and
+    ``other`` move by the same ``d`` (a free: ``d < 0``; copy_on_write: its
+    private copy, less the handle's pages when that was their last mapping)
+    and no reservation's committed bytes change.  ``code``: the outcome the
+    spec answers (these actions' refusals are other rows' rules; here they
+    change nothing)."""
+    return on_ok(a.code, s, s.set(physical=s.physical + a.d, other=s.other + a.d))
+
+
+#: each writer's refusals (one class where the spec permits two: DoubleFree for StaleHandle,
+#: InvalidRequest for InvalidRange)
+_S5_CODES = {"m_allocate": ("InvalidRequest", "OutOfMemory"), "m_deallocate": ("ForeignAllocation", "DoubleFree"),
+             "m_create": ("InvalidRequest", "OutOfMemory"), "m_release_handle": ("DoubleFree",),
+             "m_unmap": ("InvalidRange",), "m_copy_on_write": ("InvalidRange", "OutOfMemory")}
+
+
+def _s5_device_pre(name: str):
+    codes = (OK,) + tuple(CODE[e] for e in _S5_CODES[name])
+    return lambda s, a: And(Or(*[a.code == c for c in codes]), s.other + a.d >= 0)
+
+
 def _s5_named(s: St, o: Any) -> Any:
     """The spec's S5 (both levels), at object ``o``."""
     return And(s.absent == 0, s.physical == s.other + s.ctot,
@@ -586,6 +610,9 @@ def _s5_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
                                             s2.physical - s.physical == sign * s2.ret, s2.ctot - s.ctot == sign * s2.ret))
     if name == "commit_owned":
         return Implies(out == OK, And(s2.ret == a.hi - a.lo, at(s2.ocb, a.r) - at(s.ocb, a.r) == s2.ret))
+    if name in _S5_DEVICE:  # the bytes it reports moved are the device's, never a reservation's
+        return Implies(out == OK, And(s2.physical - s.physical == a.d, s2.ctot == s.ctot,
+                                      s2.reported == s.reported, s2.pc == s.pc))
     if name == "committed_bytes":
         return Implies(out == OK, s2.ret == at(s.reported, a.r))
     if name == "release_reservation":
@@ -593,6 +620,7 @@ def _s5_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
     return z3.BoolVal(True)
 
 
+_S5_DEVICE = ("m_allocate", "m_deallocate", "m_create", "m_release_handle", "m_unmap", "m_copy_on_write")
 _SPAN = {"r": INT, "lo": INT, "hi": INT}
 _SPAN_OOM = {**_SPAN, "oom": BOOL}
 _CAP = lambda s, a: s.cap  # noqa: E731  (VirtualBacking's methods exist only when it is provided)
@@ -619,6 +647,7 @@ S5 = Proof(
         Act("commit_owned", {**_SPAN, "bad": BOOL, "oom": BOOL}, _s5_commit_owned,
             pre=lambda s, a: at(s.ostate, a.r) == LIVE),
         Act("kv_open", {"q": INT, "bad": BOOL, "prefix": BOOL}, _s5_kv_open, pre=lambda s, a: at(s.kst, a.q) == NONE),
+        *[Act(n, {"d": INT, "code": INT}, _s5_device, pre=_s5_device_pre(n)) for n in _S5_DEVICE],
     ],
     unguarded=Act("reserve_owned", _S5_RES, _s5_reserve_owned(False), pre=lambda s, a: at(s.ostate, a.r) == NONE),
     guard="reserve through the binding needs the installed mechanism's VirtualBacking (else Unsupported), never "
