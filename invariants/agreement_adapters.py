@@ -23,7 +23,7 @@ from memspec.invariants.agreement_adapters_mech import (
     _s1_expected, _s1_project,
 )
 from memspec.invariants.agreement_adapters_system import (
-    SMALL_SYS_ADAPTERS, SYS_ADAPTERS, TICKET_ADAPTERS, _ASTATE, _TSTATE, _kv_run, _not_size,
+    SMALL_SYS_ADAPTERS, SYS_ADAPTERS, TICKET_ADAPTERS, _ASTATE, _TSTATE, _done_seqs, _kv_run, _not_size,
 )
 
 #: the modules this one is assembled from, in order (split by level); a name
@@ -212,13 +212,6 @@ def _l_drop_p(s: Any, args: dict[str, Any], taken: str) -> Any:
 def _l_unload_p(s: Any, args: dict[str, Any], taken: str) -> Any:
     st, u = _l_state(s)
     return st, {"x": u.idx["item"][(1, s.weights[args["weight"]].owned)]}, u
-
-
-def _done_seqs(s: Any, pending: Any) -> list[int]:
-    """The queued releases the walk's poll runs: those whose fences the spec knows done."""
-    from memspec.spec.ep import known_flags
-
-    return [seq for (seq, _f), done in zip(pending, known_flags(s, pending)) if done and seq in s.queue]
 
 
 def _entry_item(s: Any, u: Universe, seq: int) -> int | None:

@@ -25,6 +25,13 @@ from memspec.invariants.agreement_adapters_mech import (
 # System level (spec/system.py SYSTEM)
 # ==========================================================================
 
+def _done_seqs(s: Any, pending: Any) -> list[int]:
+    """The queued releases the walk's poll runs: those whose fences the spec knows done."""
+    from memspec.spec.ep import known_flags
+
+    return [seq for (seq, _f), done in zip(pending, known_flags(s, pending)) if done and seq in s.queue]
+
+
 def _sys_init() -> Any:
     from memspec.spec.system import init
 
@@ -424,7 +431,6 @@ def _s2_runs(s: Any, seqs: list[int], extra: dict[int, int] | None = None) -> di
 
 def _s2_poll_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     """The walk's poll runs the releases whose fences the spec knows done."""
-    from memspec.invariants.agreement_adapters import _done_seqs
 
     r = _s2_runs(s, _done_seqs(s, args["pending"]))
     if not any(r.values()):
@@ -437,7 +443,6 @@ def _s2_respond_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     """The walk's answer (the spec's witness): ModelResidency evicts its first
     two cold resident weights and reports their bytes, KvPageStore reports 0;
     the done queued releases run, then the victims' fresh ones."""
-    from memspec.invariants.agreement_adapters import _done_seqs
     from memspec.spec.governor import WEIGHTS
     from memspec.spec.holders import weight_footprint
 
@@ -556,7 +561,6 @@ def _s9_release_args(u: Universe, r: dict[str, Any]) -> dict[str, Any]:
 def _s9_respond_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     """The walk's answer (the spec's witness, as for S2): the victims' bytes
     among the other holders' refunds, the done releases run."""
-    from memspec.invariants.agreement_adapters import _done_seqs
     from memspec.spec.governor import WEIGHTS
     from memspec.spec.holders import weight_footprint
 
@@ -575,7 +579,6 @@ def _s9_respond_project(s: Any, args: dict[str, Any], taken: str) -> Any:
 
 def _s9_release_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     """The walk's poll: the done releases run (:func:`_s9_runs`)."""
-    from memspec.invariants.agreement_adapters import _done_seqs
 
     r = _s9_runs(s, _done_seqs(s, args["pending"]))
     if r is None:

@@ -915,21 +915,3 @@ def _invariant_agreement(st: Any, vals: dict[str, Any], rep: Agreement, where: s
                                         f"encoding {'holds' if enc[inv.id] else 'fails'}")
     rep.seen[key] = tuple(evaluated)
 
-
-# --------------------------------------------------------------------------
-# the walks, the directed sweeps and the parts ``prove`` runs live in
-# :mod:`memspec.invariants.proofs_caching_agree_runs`; read through here too
-# --------------------------------------------------------------------------
-
-#: the names of :mod:`~memspec.invariants.proofs_caching_agree_runs` this module answers for
-RUNS = frozenset(("WALKS", "MIX", "walk", "boundary_sweep", "event_sweep", "KNOB_SCRIPTS", "knob_sweep",
-                  "division_sizes", "EXPANDABLE_SCRIPTS", "EXPANDABLE_WALKS", "expandable_sweep", "WALKS_PER_CONFIG",
-                  "agreement_parts", "agreement_part", "merge_agreements", "run_agreement"))
-
-
-def __getattr__(name: str) -> Any:
-    if name in RUNS:
-        from memspec.invariants import proofs_caching_agree_runs
-
-        return getattr(proofs_caching_agree_runs, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1076,7 +1076,7 @@ CONFIGS = (dict(policy="seed", capacity=44 * MiB), dict(policy="pytorch", capaci
 
 def _walks(rng: random.Random, walks: int, steps: int, rep: dict[str, Any]) -> None:
     from memspec.spec.core import RandomChooser
-    from memspec.invariants.proofs_caching_agree import MIX
+    from memspec.invariants.proofs_caching_agree_runs import MIX
     from memspec.spec import caching as C
 
     for w in range(walks):

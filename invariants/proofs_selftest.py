@@ -821,7 +821,7 @@ def detect_caching_agreement() -> str | None:
     """Transition agreement of the caching heap encoding with ``spec/caching``
     (:mod:`memspec.invariants.proofs_caching_agree`: boundary and event
     sweeps of both presets, then random walks), on the (possibly broken) spec."""
-    from memspec.invariants.proofs_caching_agree import run_agreement
+    from memspec.invariants.proofs_caching_agree_runs import run_agreement
 
     rep = run_agreement(seed=0)
     if rep.mismatches:

@@ -9,6 +9,7 @@ import copy
 import pytest
 
 from memspec.invariants import proofs_caching_agree as A
+from memspec.invariants import proofs_caching_agree_runs as AR
 from memspec.invariants import proofs_caching_agree_runs as R
 
 MiB = 1 << 20
@@ -19,7 +20,7 @@ def parts() -> dict:
     """Every part of the agreement ``memspec prove`` runs (``run_agreement(steps=30, seed=0)``: the sweeps of
     each preset, the knob sweep, the walks), each computed once on a report of its own: the tests below take
     copies (a report is plain data) instead of running the same deterministic sweeps again."""
-    return {p: A.agreement_part(p, steps=30, seed=0) for p in A.agreement_parts()}
+    return {p: AR.agreement_part(p, steps=30, seed=0) for p in AR.agreement_parts()}
 
 
 def _steps(preset: str, script, rep: A.Agreement, streams: int = 1) -> None:
@@ -41,7 +42,7 @@ MERGE_PREVIOUS = [("malloc", {"size": 3 * MiB, "stream": 0}), ("malloc", {"size"
 
 @pytest.mark.parametrize("preset", ["seed", "pytorch"])
 def test_boundary_and_event_sweeps_agree_and_reach_every_threshold_branch(parts, preset: str) -> None:
-    rep = copy.deepcopy(parts[("sweeps", preset)])   # A.boundary_sweep, then A.event_sweep, on a fresh report
+    rep = copy.deepcopy(parts[("sweeps", preset)])   # AR.boundary_sweep, then AR.event_sweep, on a fresh report
     _steps(preset, MERGE_PREVIOUS, rep)
     assert rep.mismatches == []
     m = rep.counts["caching:malloc"]
@@ -58,12 +59,12 @@ def test_walks_agree_with_every_branch_sampled(parts, monkeypatch) -> None:
     plain = R.agreement_part
 
     def part(p, *args, **kw):  # type: ignore[no-untyped-def]
-        if kw or args != (30, A.WALKS_PER_CONFIG, 0, frozenset(), True):
+        if kw or args != (30, AR.WALKS_PER_CONFIG, 0, frozenset(), True):
             return plain(p, *args, **kw)
         return copy.deepcopy(parts[p])
 
     monkeypatch.setattr(R, "agreement_part", part)
-    rep = A.run_agreement(steps=30, seed=0)   # what `memspec prove` runs (WALKS_PER_CONFIG)
+    rep = AR.run_agreement(steps=30, seed=0)   # what `memspec prove` runs (WALKS_PER_CONFIG)
     assert rep.samples == sum(r.samples for r in parts.values()) > 0
     assert rep.mismatches == [], rep.mismatches[:3]
     unsampled = [(a, b) for a, bs in rep.counts.items() for b, n in bs.items() if n == 0]
@@ -100,7 +101,7 @@ def test_seed_split_rule_with_strict_comparison_is_caught(monkeypatch) -> None:
 
     monkeypatch.setattr(P, "should_split", strict)
     rep = A.Agreement()
-    A.boundary_sweep(rep, "seed")
+    AR.boundary_sweep(rep, "seed")
     assert rep.mismatches, "the strict split rule went unnoticed"
     assert any("malloc(size=" in m for m in rep.mismatches)
 
@@ -179,27 +180,27 @@ def test_agreement_parts_merge_into_the_serial_counts(parts) -> None:
     # the same states twice: counted once in the invariant agreement.  The serial report's first pass is
     # that part (the same sweeps on a fresh report); the second pass runs here, on a copy of it
     serial = copy.deepcopy(part)
-    A.boundary_sweep(serial, "seed")
-    A.event_sweep(serial, "seed")
-    merged = A.merge_agreements([part, copy.deepcopy(part)])
+    AR.boundary_sweep(serial, "seed")
+    AR.event_sweep(serial, "seed")
+    merged = AR.merge_agreements([part, copy.deepcopy(part)])
     assert merged.inv == serial.inv and merged.inv == part.inv
     assert sum(n for n, _bad in merged.inv.values()) > 0
     # transitions are not deduplicated: every step checked is a sample
     assert merged.samples == serial.samples == 2 * part.samples
     assert merged.counts == serial.counts and merged.mismatches == serial.mismatches == []
     assert merged.counts["caching:malloc"]["malloc:fit/split"] == 2 * part.counts["caching:malloc"]["malloc:fit/split"]
-    parts = A.agreement_parts()
+    parts = AR.agreement_parts()
     assert ("knobs",) in parts and ("expandable-scripts",) in parts
-    assert len([p for p in parts if p[0] == "walk"]) == A.WALKS_PER_CONFIG * len(A.WALKS)
-    assert len([p for p in parts if p[0] == "expandable-walk"]) == A.WALKS_PER_CONFIG * len(A.EXPANDABLE_WALKS)
-    two = A.agreement_parts(walks_per_config=2)   # --walks 2: a second walk of every configuration
-    assert len([p for p in two if p[0] == "walk"]) == 2 * len(A.WALKS)
-    assert len([p for p in two if p[0] == "expandable-walk"]) == 2 * len(A.EXPANDABLE_WALKS)
+    assert len([p for p in parts if p[0] == "walk"]) == AR.WALKS_PER_CONFIG * len(AR.WALKS)
+    assert len([p for p in parts if p[0] == "expandable-walk"]) == AR.WALKS_PER_CONFIG * len(AR.EXPANDABLE_WALKS)
+    two = AR.agreement_parts(walks_per_config=2)   # --walks 2: a second walk of every configuration
+    assert len([p for p in two if p[0] == "walk"]) == 2 * len(AR.WALKS)
+    assert len([p for p in two if p[0] == "expandable-walk"]) == 2 * len(AR.EXPANDABLE_WALKS)
 
 
 def test_knob_scripts_reach_pytorchs_retry_then_split(parts) -> None:
     # the one branch that only a second random walk per configuration used to reach
-    rep = parts[("knobs",)]   # A.knob_sweep on a fresh report
+    rep = parts[("knobs",)]   # AR.knob_sweep on a fresh report
     assert rep.mismatches == [], rep.mismatches[:3]
     assert rep.counts["caching:malloc"]["malloc_retry:new/split"] > 0
 

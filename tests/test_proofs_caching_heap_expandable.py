@@ -9,6 +9,7 @@ import pytest
 import z3
 
 from memspec.invariants import proofs_caching_agree as A
+from memspec.invariants import proofs_caching_agree_runs as AR
 from memspec.invariants import proofs_caching_heap as H
 
 MiB = 1 << 20
@@ -99,7 +100,7 @@ def test_planted_encoding_break_unmap_without_merging_is_caught(monkeypatch) -> 
 
 def test_agreement_counts_every_expandable_branch() -> None:
     rep = A.Agreement()
-    A.expandable_sweep(rep)
+    AR.expandable_sweep(rep)
     assert rep.mismatches == [], rep.mismatches[:3]
     m = rep.counts["caching:malloc"]
     for branch in A.EXPANDABLE_BRANCHES + ("malloc:expand", "gc_end:expand", "malloc_retry:expand", "expand:map",
@@ -125,7 +126,7 @@ def test_agreement_catches_an_encoding_that_maps_without_rounding_to_pages(monke
 
     _rebind(monkeypatch, "map_len", exact)
     rep = A.Agreement()
-    A.expandable_sweep(rep)
+    AR.expandable_sweep(rep)
     assert rep.mismatches, "a mapping of the bytes needed, not whole pages, went unnoticed"
 
 
@@ -135,7 +136,7 @@ def test_agreement_catches_a_spec_whose_mapping_ignores_the_device(monkeypatch) 
 
     monkeypatch.setattr(P, "_map", _map_ignores_the_device(P._map))
     rep = A.Agreement()
-    A.expandable_sweep(rep)
+    AR.expandable_sweep(rep)
     assert rep.mismatches, "a spec mapping past the device went unnoticed"
 
 

@@ -92,7 +92,7 @@ def test_self_test_kills_each_knob_break(knob: str) -> None:
 
 def test_knob_sweep_agrees_and_samples_every_knob_branch() -> None:
     rep = A.Agreement()
-    A.knob_sweep(rep)
+    AR.knob_sweep(rep)
     assert rep.mismatches == [], rep.mismatches[:3]
     m = rep.counts["caching:malloc"]
     # (gc_end:expand, with expandable segments: test_proofs_caching_heap_expandable)
@@ -108,7 +108,7 @@ def _knob_mismatches(monkeypatch, module: str, attr: str, make) -> list[str]:  #
     mod = importlib.import_module(module)
     monkeypatch.setattr(mod, attr, make(getattr(mod, attr)))
     rep = A.Agreement()
-    A.knob_sweep(rep)
+    AR.knob_sweep(rep)
     return rep.mismatches
 
 
@@ -161,7 +161,7 @@ def test_agreement_catches_a_spec_that_ignores_the_divisions(monkeypatch) -> Non
 
     monkeypatch.setattr(S.Policy, "rounded", lambda self, size: S.round_size(size, self.seed, 0))
     rep = A.Agreement()
-    A.knob_sweep(rep)
+    AR.knob_sweep(rep)
     assert rep.mismatches
 
 

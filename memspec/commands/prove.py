@@ -306,7 +306,7 @@ def _task(task: tuple[Any, ...]) -> tuple[Any, float]:
 
         out = heap_unit(task[1])
     elif kind == "agreement":
-        from memspec.invariants.proofs_caching_agree import agreement_part
+        from memspec.invariants.proofs_caching_agree_runs import agreement_part
 
         # a batch of parts in one process: the compiled encodings (per action and heap size) are shared
         out = [agreement_part(part, seed=task[1], walks_per_config=task[3]) for part in task[2]]
@@ -415,13 +415,13 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
         from memspec.invariants.proofs_caching_heap import heap_units as units_of
 
         heap_units = units_of(ids=[i for i in cids if i != "C8"] or None)
-        from memspec.invariants.proofs_caching_agree import agreement_parts
+        from memspec.invariants.proofs_caching_agree_runs import agreement_parts
 
         tasks += [("heap", u) for u in heap_units]
         # the caching agreement's parts in one process (a batch): they share the encodings compiled per
         # action and heap size (the 22 parts of two walks per configuration: 66 s CPU in one process, 85 s
         # in two, 230 s in a process each); each part's figures do not depend on the batch it ran in
-        from memspec.invariants.proofs_caching_agree import WALKS_PER_CONFIG
+        from memspec.invariants.proofs_caching_agree_runs import WALKS_PER_CONFIG
 
         walks = WALKS_PER_CONFIG if walks is None else walks
         parts = agreement_parts(walks_per_config=walks)
@@ -470,7 +470,7 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
 
         heap = join_units([res for res, _cpu in by_kind["heap"]])
         CPU["heap induction + refutations"] = sum(cpu for _res, cpu in by_kind["heap"])
-        from memspec.invariants.proofs_caching_agree import merge_agreements
+        from memspec.invariants.proofs_caching_agree_runs import merge_agreements
 
         batches = [res for res, _cpu in by_kind["agreement"]]   # batch k holds parts k, k + nb, ...
         agree = merge_agreements([batches[i % len(batches)][i // len(batches)]
