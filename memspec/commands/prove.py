@@ -538,9 +538,10 @@ def _print(records: list[dict[str, Any]], caching: Any, total: float, traces: bo
               f"(what they write is in no required set): {', '.join(COVERAGE['unreached']) or 'none'}")
     n_ok = sum(1 for r in records if r["proved"])
     part = [r["id"] for r in records if r["proved"] and r.get("uncovered")]
-    print(f"\n{n_ok}/{len(records)} invariants proved"
-          + (f" ({len(part)} of them over their encoded actions only, with spec actions NOT COVERED: "
-             f"{', '.join(part)})" if part else "") + f"; total {total:.1f}s")
+    print(f"\n{n_ok - len(part)}/{len(records)} invariants fully proved"
+          + (f"; {len(part)} more proved over their encoded actions only (PARTIAL: spec actions NOT COVERED, "
+             f"reviewed gaps): {', '.join(part)}" if part else "")
+          + (f"; {len(records) - n_ok} NOT proved" if n_ok < len(records) else "") + f"; total {total:.1f}s")
 
 
 #: CPU seconds of each part of the caching checks in this run (for the report, never for a verdict)
