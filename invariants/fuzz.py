@@ -74,6 +74,9 @@ class FuzzOptions:
     out: str | None = "memspec-out/repro"
     machine: str | None = None
     build_timeout: float | None = None
+    #: end at the first failure (shrunk, with its reproduction) instead of fuzzing on to the deadline;
+    #: with several jobs the first failure already stops them all
+    until_failure: bool = False
 
 
 @dataclass
@@ -180,13 +183,14 @@ def _worker(ch, opts: FuzzOptions, w: int, skip: list, stop_flag: _Counter, seco
     ready_s, start_cpu = time.perf_counter() - t_fork, time.process_time() - c_start
     one = opts.jobs == 1
     seed = opts.seed + w * SEED_STRIDE
+    halt = opts.until_failure or not one   # whether a failure found stops this worker's fuzzing
     database = open_database(opts.db, opts.db_readonly_github, opts.db_artifact)
     shrink = ShrinkBudget(opts.shrink_seconds)
     deadline = time.perf_counter() + seconds
     fuzz_cpu = 0.0
 
     def stop() -> bool:
-        return stop_flag.is_set() and not one
+        return stop_flag.is_set() and halt
 
     def note(text: str) -> None:
         ch.send(W.Note(text).to_wire())
@@ -202,6 +206,8 @@ def _worker(ch, opts: FuzzOptions, w: int, skip: list, stop_flag: _Counter, seco
 
             def found(f, walk_at, lvl=plan.level) -> None:
                 ch.send(W.Found(lvl, W.FailureRecord.of(f), tuple(walk_at) if walk_at else None).to_wire())
+                if one and opts.until_failure:
+                    stop_flag.set()   # the one worker shrinks it, then stops (fuzz_walk / the rounds read stop())
 
             c0 = time.process_time()
             try:
@@ -402,7 +408,8 @@ def _drive(opts: FuzzOptions, wk: _Worker, stop_flag: _Counter, deadline: float,
         if opts.jobs > 1:
             stop_flag.set()
         note(f"worker {wk.w}: {end.death}")
-        if parent.stopped or stop_flag.is_set() and opts.jobs > 1 or time.perf_counter() >= deadline:
+        if parent.stopped or stop_flag.is_set() and (opts.jobs > 1 or opts.until_failure) \
+                or time.perf_counter() >= deadline:
             break
 
 

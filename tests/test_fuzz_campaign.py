@@ -68,7 +68,10 @@ def test_a_counterexample_from_the_shared_database_is_replayed_and_kept_locally(
 
     monkeypatch.setattr(hdb, "GitHubArtifactDatabase", fake_github)
     b_db, out = tmp_path / "b-db", tmp_path / "b.json"
-    rc = fuzz.main(["mutant:foreign-free", "--seconds", "3", "--jobs", "1", "--capacity", str(16 * MiB),
+    # --until-failure: the replayed counterexample ends the run (a 3 s budget made the verdict a race
+    # between the worker's start and the deadline on a loaded machine)
+    rc = fuzz.main(["mutant:foreign-free", "--seconds", "300", "--jobs", "1", "--until-failure",
+                    "--capacity", str(16 * MiB),
                     "--db", str(b_db), "--db-readonly-github", "acme/memspec", "--db-artifact", "gpu-fuzz-db",
                     "--out", str(tmp_path / "b-repro"), "--quiet", "--json", str(out)])
     assert rc == 1

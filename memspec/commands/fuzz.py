@@ -153,6 +153,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=out_dir, default="memspec-out/repro", help="directory for reproduction files")
     p.add_argument("--json", metavar="FILE", type=out_file, default=None, help="write the run's figures and failures as JSON")
     p.add_argument("--machine", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--until-failure", action="store_true",
+                   help="end at the first failure (shrunk, with its reproduction) instead of fuzzing on to the "
+                        "deadline; with --jobs > 1 the first failure always stops every worker")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--html", metavar="FILE", type=out_file, help="write a self-contained HTML report of the run")
     return p
@@ -256,7 +259,7 @@ def options(args, jobs: int) -> engine.FuzzOptions:
         seconds=_budget(args), seed=args.seed, jobs=jobs, db=args.db, db_readonly_github=args.db_readonly_github,
         db_artifact=args.db_artifact, steps=args.steps, timeout=args.timeout, shrink_seconds=args.shrink_seconds,
         capacity=args.capacity, out=args.out, machine=args.machine,
-        build_timeout=args.build_timeout)
+        build_timeout=args.build_timeout, until_failure=args.until_failure)
 
 
 def main(argv: list[str]) -> int:
