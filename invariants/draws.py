@@ -90,6 +90,8 @@ class Draws:
         self._fault_paths: Counter = Counter()
         #: actions a draw of this example showed a failure path (besides ``Plan.faults``)
         self._fault_seen: set = set()
+        #: (trace, its length, :meth:`_recent_refs`) of the step being drawn
+        self._recent: tuple | None = None
 
     def available(self) -> list:
         """The actions of the plan available in the current state."""
@@ -209,8 +211,7 @@ class Draws:
             # is not: Hypothesis favours some integers of a wide range):
             # none, a role or an invariant, or (PROTOCOL_KINDS times as
             # often) a protocol, played as a script when it has a template
-            proto = [g for g in groups if g[0].startswith("objects of ")]
-            other = [g for g in groups if not g[0].startswith("objects of ")]
+            proto, other = _focus_kinds(self.plan, groups)
             kind = chooser.integer(0, 2 + PROTOCOL_KINDS - 1)
             pool = (proto or other) if kind >= 2 else (other or proto) if kind == 1 else None
             if pool:
@@ -248,7 +249,7 @@ class Draws:
         :data:`FOCUS_STEPS` steps).  When it ends, the next step draws the
         next focus.  Returns the script reversed (``pop()`` gives the
         next)."""
-        acts = {a.name: a for a in self.plan.actions}
+        acts = _by_name(self.plan)
         used = set(tpl.producers) | set(tpl.consumers) | set(tpl.sweeps)
         others = sorted(n for n in names if n not in used and n in acts)
         makers = set(tpl.makers)
@@ -299,54 +300,69 @@ class Draws:
         one: the spec can only refuse an injected failure."""
         guided = self.plan.guide and getattr(chooser, "weighted", None) is not None
         state = self.state
-        best = None
         if guided and a.params:
-            quota = self._faulted[a.name] < FAULT_QUOTA
-            hunt = quota and (a.name in self.plan.faults or a.name in self._fault_seen)
-            rare = hunt or self._rare(a)
+            name = a.name
+            # Counter lookups by .get: a missing key costs no __missing__ call
+            quota = self._faulted.get(name, 0) < FAULT_QUOTA
+            hunt = quota and (name in self.plan.faults or name in self._fault_seen)
+            rare = hunt or self._offered.get(name, 0) * RARE_SHARE <= self._drawn.get(name, 0)
             limit = RARE_ARG_REDRAWS if rare else ARG_REDRAWS
             sure = RARE_SURE_DRAWS if rare else 0
             paths = self._fault_paths
             recent = self._recent_refs()
             seen = self._seen
             misuse = getattr(a, "misuse", False)
+            best = None
+            best_score = None
+            #: the attempts so far: (args, outs, accepting, refs, fault); a redraw of the same
+            #: arguments (a small domain) reuses its outcomes: the state has not moved
+            tried: list = []
             for attempt in range(limit + 1):
                 rec = RecordingChooser(chooser)
                 args = _draw(a, state, rec)
-                outs = _spec_outcomes(a, state, args)
-                accepting = outs is None or misuse or _offers_return(outs)
-                refs = _refs_in(args)
-                fresh = (a.name, refs) not in seen
+                for t in tried:
+                    if t[0] == args:
+                        _a, outs, accepting, refs, fault = t
+                        break
+                else:
+                    outs = _spec_outcomes(a, state, args)
+                    accepting = outs is None or misuse or _offers_return(outs)
+                    refs = _refs_in(args)
+                    fault = failure_path(outs) if quota else None
+                    tried.append((args, outs, accepting, refs, fault))
+                fresh = (name, refs) not in seen
                 near = 0
-                for r in refs:
-                    if r in recent:
-                        near += 1
-                fault = failure_path(outs) if quota else None
+                if recent:
+                    for r in refs:
+                        if r in recent:
+                            near += 1
                 if fault is not None and not hunt:
                     # seen in this example: its later draws hunt for the quota (per example, not per
                     # run: the same choices must draw the same arguments when Hypothesis replays them)
-                    self._fault_seen.add(a.name)
+                    self._fault_seen.add(name)
                 # the quota: a failure path not kept yet in this example (2), one kept already (1)
-                want = 0 if fault is None else 2 if not paths[(a.name, fault)] else 1
-                score = (want, accepting, fresh, min(near, len(refs)))
-                if best is None or score > best[0]:
-                    best = (score, args, rec.record, outs, accepting, refs, fault)
+                want = 0 if fault is None else 2 if not paths[(name, fault)] else 1
+                nrefs = len(refs)
+                score = (want, accepting, fresh, near if near < nrefs else nrefs)
+                if best_score is None or score > best_score:
+                    best_score = score
+                    best = (args, rec.record, outs, accepting, refs, fault)
                 if want == 2 or not rec.record or attempt == limit:
                     break
-                if not hunt and accepting and fresh and near >= min(len(refs), 2):
+                if not hunt and accepting and fresh and near >= (nrefs if nrefs < 2 else 2):
                     break
                 if (accepting or attempt >= sure) and not chooser.boolean():
                     break
-            _score, args, record, outs, accepting, refs, fault = best
+            args, record, outs, accepting, refs, fault = best  # type: ignore[misc]
             if fault is not None:
-                self._faulted[a.name] += 1
-                paths[(a.name, fault)] += 1
+                self._faulted[name] += 1
+                paths[(name, fault)] += 1
             # kept for apply(): the same action, arguments and state give the same outcomes
             self._outs = (a, args, outs)
-            seen.add((a.name, refs))
-            self._drawn[a.name] += 1
+            seen.add((name, refs))
+            self._drawn[name] += 1
             if accepting:
-                self._offered[a.name] += 1
+                self._offered[name] += 1
             # a failure path kept for the quota keeps its step too (choose() gives a refusal's away)
             return a, args, record, accepting or fault is not None
         rec = RecordingChooser(chooser)
@@ -369,14 +385,23 @@ class Draws:
 
     def _recent_refs(self) -> frozenset:
         """The reference ids the last :data:`RECENT_STEPS` steps of this
-        example named in their arguments or bound."""
+        example named in their arguments or bound (computed once per step:
+        the trace grows by one step at a time, each finished when the next
+        is drawn)."""
+        trace = self.trace
+        n = len(trace)
+        got = self._recent
+        if got is not None and got[0] is trace and got[1] == n:
+            return got[2]
         out: set = set()
-        for ts in self.trace[-RECENT_STEPS:]:
+        for ts in trace[-RECENT_STEPS:]:
             refs = ts.refs
             if refs is None:   # a finished step's: computed once
                 refs = ts.refs = ts.bound + _refs_in(ts.args)
             out.update(refs)
-        return frozenset(out)
+        recent = frozenset(out)
+        self._recent = (trace, n, recent)
+        return recent
 
 
 def _draw(a: Any, state: Any, rec: Any) -> dict:
@@ -464,17 +489,52 @@ def focus_groups(plan: Any) -> tuple:
     return groups
 
 
+def _focus_kinds(plan: Any, groups: tuple) -> tuple:
+    """``(protocols, others)``: :func:`focus_groups` split into the
+    protocols over one kind of object and the roles and invariants (cached
+    on the plan with the groups they split)."""
+    got = plan.__dict__.get("_focus_kinds")
+    if got is not None and got[0] is groups:
+        return got[1]
+    proto = [g for g in groups if g[0].startswith("objects of ")]
+    other = [g for g in groups if not g[0].startswith("objects of ")]
+    plan.__dict__["_focus_kinds"] = (groups, (proto, other))
+    return proto, other
+
+
+def _by_name(plan: Any) -> dict:
+    """The plan's actions by name (cached on the plan with its table)."""
+    got = plan.__dict__.get("_by_name")
+    if got is not None and got[0] is plan.actions:
+        return got[1]
+    acts = {a.name: a for a in plan.actions}
+    plan.__dict__["_by_name"] = (plan.actions, acts)
+    return acts
+
+
 def _focused(acts: list, on: list, ws: list, names: frozenset) -> tuple:
     """Switch the actions ``names`` on, each as likely as the others (a
     protocol's light steps, ``new_stream`` say, as often as its heavy
     ones), together :data:`FOCUS_RATIO` times as likely as the others."""
     ons = {a.name for a in on}
-    on = list(on) + [a for a in acts if a.name in names and a.name not in ons]
-    ws = list(ws) + [1 for a in acts if a.name in names and a.name not in ons]
-    n = sum(1 for a in on if a.name in names)
-    rest = sum(w for a, w in zip(on, ws) if a.name not in names)
+    on = list(on)
+    ws = list(ws)
+    for a in acts:
+        if a.name in names and a.name not in ons:
+            on.append(a)
+            ws.append(1)
+    n = 0
+    rest = 0
+    inside = []
+    for a, w in zip(on, ws):
+        if a.name in names:
+            n += 1
+            inside.append(True)
+        else:
+            rest += w
+            inside.append(False)
     each = max(1, -(-rest * FOCUS_RATIO // max(n, 1)))
-    return on, [each if a.name in names else w for a, w in zip(on, ws)]
+    return on, [each if i else w for i, w in zip(inside, ws)]
 
 
 def failure_path(outs: Any) -> str | None:
