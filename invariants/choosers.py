@@ -26,12 +26,29 @@ class WalkChooser(RandomChooser):
     _randbelow(hi - lo + 1)``), without ``randint``'s and ``randrange``'s
     argument checks on every draw."""
 
-    __slots__ = ("_below", "_random")
+    __slots__ = ("_below", "_random", "_wlast", "_wcum")
 
     def __init__(self, rng: Any, record: list | None = None) -> None:
         super().__init__(rng, record)
         self._below = rng._randbelow  # type: ignore[attr-defined]
         self._random = rng.random
+        #: the weights of the last :meth:`weighted` draw and their running totals (a run
+        #: draws its actions over one swarm's weights, the same tuple, step after step)
+        self._wlast: tuple | None = None
+        self._wcum: tuple = ()
+
+    def weighted(self, weights: tuple) -> int:
+        """:meth:`RandomChooser.weighted`, value for value, without hashing
+        the weights again when they are the same tuple as the last draw's."""
+        if weights is not self._wlast:
+            self._wcum = _cumulative(weights)
+            self._wlast = weights
+        cum = self._wcum
+        total = cum[-1]
+        v = self._below(total) if total > 1 else 0
+        if self.record is not None:
+            self.record.append(v)
+        return bisect_right(cum, v)
 
     def integer(self, lo: int, hi: int) -> int:
         v = lo + self._below(hi - lo + 1) if hi > lo else lo
@@ -151,7 +168,15 @@ class PackedChooser:
         return _choice_by_integer(self, options)
 
     def boolean(self) -> bool:
-        return self.integer(0, 1) == 1
+        # :meth:`integer` over (0, 1), inline
+        room = self._room
+        if room < 2 * PACK_SLACK:
+            self._v = _mix(self._int(0, _PACK_MAX))
+            room = 1 << PACK_BITS
+        v = self._v
+        self._v = v // 2
+        self._room = room // 2
+        return v % 2 == 1
 
 
 class ReplayChooser:

@@ -326,9 +326,18 @@ class Draws:
                         break
                 else:
                     outs = _spec_outcomes(a, state, args)
-                    accepting = outs is None or misuse or _offers_return(outs)
+                    if outs is None or misuse:
+                        accepting = True
+                    else:
+                        # _offers_return and failure_path's first test, inline
+                        accepting = False
+                        branches = outs.branches
+                        for b in branches:
+                            if hasattr(b, "accepts"):
+                                accepting = True
+                                break
                     refs = _refs_in(args)
-                    fault = failure_path(outs) if quota else None
+                    fault = failure_path(outs) if quota and outs is not None and len(outs.branches) == 1 else None
                     tried.append((args, outs, accepting, refs, fault))
                 fresh = (name, refs) not in seen
                 near = 0
@@ -383,23 +392,23 @@ class Draws:
         arguments when Hypothesis replays them (shrinking)."""
         return self._offered[a.name] * RARE_SHARE <= self._drawn[a.name]
 
-    def _recent_refs(self) -> frozenset:
+    def _recent_refs(self) -> tuple:
         """The reference ids the last :data:`RECENT_STEPS` steps of this
-        example named in their arguments or bound (computed once per step:
-        the trace grows by one step at a time, each finished when the next
-        is drawn)."""
+        example named in their arguments or bound, as one tuple (a dozen
+        ints at most: membership is a scan in C; repeats allowed), computed
+        once per step: the trace grows by one step at a time, each finished
+        when the next is drawn."""
         trace = self.trace
         n = len(trace)
         got = self._recent
         if got is not None and got[0] is trace and got[1] == n:
             return got[2]
-        out: set = set()
+        recent: tuple = ()
         for ts in trace[-RECENT_STEPS:]:
             refs = ts.refs
             if refs is None:   # a finished step's: computed once
                 refs = ts.refs = ts.bound + _refs_in(ts.args)
-            out.update(refs)
-        recent = frozenset(out)
+            recent += refs
         self._recent = (trace, n, recent)
         return recent
 
@@ -427,10 +436,13 @@ def _refs_in(args: dict) -> tuple:
     ``(ticket, holder, terminal)``)."""
     out = []
     for v in args.values():
-        if type(v) is int:
+        t = type(v)
+        if t is int:
             out.append(v)
-        elif type(v) is tuple:
-            out.extend(x for x in v if type(x) is int)
+        elif t is tuple:
+            for x in v:
+                if type(x) is int:
+                    out.append(x)
     return tuple(out)
 
 
