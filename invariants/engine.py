@@ -44,7 +44,7 @@ from memspec.invariants.integrity import make_integrity
 from memspec.invariants import text as T
 from memspec.invariants.plan import Plan, Stats  # noqa: F401 - the engine's face: callers name E.Plan, E.Stats
 from memspec.spec import api
-from memspec.spec.core import CHECKS_MEMO, ChecksMemo, _nothing as _SPEC_NO_OP
+from memspec.spec.core import CHECKS_MEMO, ChecksMemo, Returns, _nothing as _SPEC_NO_OP
 from memspec.spec.errors import MemspecError
 
 
@@ -221,19 +221,23 @@ class Run(Draws):
         st = plan.stats
         st.steps += 1
         self.nsteps += 1
-        st.actions[action.name] += 1
-        ts = TraceStep(action.name, dict(args), list(choices or []), "", ())
+        meta = _ACTION_META.get(id(action))
+        if meta is None or meta[0] is not action:
+            meta = _action_meta(action)
+        _a, name, bounds, misuse = meta
+        st.actions[name] += 1
+        ts = TraceStep(name, dict(args), list(choices) if choices else [], "", ())
         self.trace.append(ts)
         state = self.state
-        for k, bfn in _boundaries_of(action):
+        for k, bfn in bounds:
             v = args.get(k)
             if type(v) is int:
                 try:
                     hit = v in bfn(state)
                 except Exception as e:  # noqa: BLE001
-                    raise SpecError(f"{action.name}: boundaries of {k} raised {type(e).__name__}: {e}") from e
+                    raise SpecError(f"{name}: boundaries of {k} raised {type(e).__name__}: {e}") from e
                 if hit:
-                    st.boundaries[f"{action.name}.{k}={v}"] += 1
+                    st.boundaries[f"{name}.{k}={v}"] += 1
         drawn, self._outs = self._outs, None
         if drawn is not None and drawn[0] is action and drawn[1] is args and drawn[2] is not None:
             outs = drawn[2]  # computed by the guidance of choose() on this very state
@@ -241,21 +245,20 @@ class Run(Draws):
             try:
                 outs = action.step(state, **args)
             except Exception as e:  # noqa: BLE001
-                raise SpecError(f"{action.name}.step({args}) raised {type(e).__name__}: {e}") from e
-        misuse = getattr(action, "misuse", False)
+                raise SpecError(f"{name}.step({args}) raised {type(e).__name__}: {e}") from e
         if misuse:
-            st.offered[action.name] += 1
+            st.offered[name] += 1
         else:
             for b in outs.branches:
-                if hasattr(b, "accepts"):  # a Returns branch: the call may succeed here
-                    st.offered[action.name] += 1
+                if type(b) is Returns or hasattr(b, "accepts"):  # a Returns branch: the call may succeed here
+                    st.offered[name] += 1
                     break
         g = self.guard
-        g.blame, g.what = outs.blame, f"step {self.nsteps}: {action.name}"
+        g.blame, g.what = outs.blame, f"step {self.nsteps}: {name}"
         if plan.on_call is not None:
             plan.on_call(self, ts)
         value, err = g.call(action.perform, self.sut, **args)
-        if isinstance(err, SpecError):
+        if err is not None and isinstance(err, SpecError):
             raise err
         branch = outs.match(value, err)
         if branch is None:
@@ -268,14 +271,15 @@ class Run(Draws):
                     plan.on_step(plan)
                 return ts
         is_return = err is None
-        ts.outcome = ("returns " + branch.describe) if is_return else f"raises {type(err).__name__}"
-        st.outcomes[(action.name, _kind_of_outcome(ts.outcome))] += 1
+        ts.outcome = outcome = ("returns " + branch.describe) if is_return else f"raises {type(err).__name__}"
+        kind = _KINDS.get(outcome)
+        st.outcomes[(name, kind if kind is not None else _kind_of_outcome(outcome))] += 1
         if is_return or misuse:
             st.accepted[action.name] += 1
         try:
             result = branch.then(value if is_return else err)
         except Exception as e:  # noqa: BLE001
-            raise SpecError(f"{action.name}: following branch {ts.outcome!r} raised {type(e).__name__}: {e}") from e
+            raise SpecError(f"{name}: following branch {ts.outcome!r} raised {type(e).__name__}: {e}") from e
         bound = self._bind(result, value) if is_return else ()
         ts.bound = bound
         self._action = action
@@ -666,6 +670,15 @@ class Run(Draws):
 PACKED_DRAWS = True
 
 
+
+
+#: id(action) -> (action, its name, its params' boundaries (:func:`_boundaries_of`), whether it is a misuse)
+_ACTION_META: dict[int, tuple] = {}
+
+
+def _action_meta(action: Any) -> tuple:
+    got = _ACTION_META[id(action)] = (action, action.name, _boundaries_of(action), getattr(action, "misuse", False))
+    return got
 
 
 #: id(action) -> (action, [(param, its domain's ``boundaries``)]): the

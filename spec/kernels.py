@@ -309,8 +309,20 @@ def size_boundaries(page: int, room: int, capacity: int) -> tuple[int, ...]:
     starts), what is still free (``room``: the device exactly full) and one
     page over it, and the capacity and one page over it.  Only positive
     sizes (the illegal ones are drawn elsewhere)."""
-    points = {page, 2 * page, room, room + page, capacity, capacity + page}
-    return tuple(sorted({p + d for p in points for d in (-1, 0, 1) if p + d > 0}))
+    key = (page, room, capacity)
+    got = _SIZE_BOUNDARIES.get(key)
+    if got is None:   # a pure function of three ints: computed once per distinct triple
+        points = {page, 2 * page, room, room + page, capacity, capacity + page}
+        got = tuple(sorted({p + d for p in points for d in (-1, 0, 1) if p + d > 0}))
+        if len(_SIZE_BOUNDARIES) >= 4096:
+            _SIZE_BOUNDARIES.clear()
+        _SIZE_BOUNDARIES[key] = got
+    return got
+
+
+#: (page, room, capacity) -> :func:`size_boundaries`; (page, default) -> :func:`alignment_boundaries`
+_SIZE_BOUNDARIES: dict = {}
+_ALIGNMENT_BOUNDARIES: dict = {}
 
 
 def alignment_boundaries(page: int, default: int) -> tuple[int, ...]:
@@ -319,5 +331,12 @@ def alignment_boundaries(page: int, default: int) -> tuple[int, ...]:
     of two above the page up to four pages (an allocator that aligns only to
     its page is caught there), each exactly (legal: a power of two) and at
     +-1 (illegal: not a power of two, refused with InvalidRequest)."""
-    points = {default, page, 2 * page, 4 * page}
-    return tuple(sorted({p + d for p in points for d in (-1, 0, 1) if p + d > 0}))
+    key = (page, default)
+    got = _ALIGNMENT_BOUNDARIES.get(key)
+    if got is None:
+        points = {default, page, 2 * page, 4 * page}
+        got = tuple(sorted({p + d for p in points for d in (-1, 0, 1) if p + d > 0}))
+        if len(_ALIGNMENT_BOUNDARIES) >= 4096:
+            _ALIGNMENT_BOUNDARIES.clear()
+        _ALIGNMENT_BOUNDARIES[key] = got
+    return got
