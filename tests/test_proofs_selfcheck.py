@@ -177,3 +177,82 @@ def test_perturbations_are_deterministic_and_leave_the_walk_alone() -> None:
     off = _ledger_walk(30, 6, perturb=0)
     assert [f[:5] for f in figures(off)] == [f[:5] for f in figures(one)]
     assert sum(r.perturbed for r in off) == 0
+
+
+# --------------------------------------------------------------------------
+# every break class of issue 33, on more than one row, caught by prove's own checks
+# --------------------------------------------------------------------------
+
+#: issue 33's break classes -> the self-test breaks (name prefixes) that plant each, on different rows
+CLASSES = {
+    "a dropped encoded action": ("S4 encoding: poll dropped", "S15 encoding: expire dropped"),
+    "a contradictory helper": ("engine: a contradictory helper", "S13 encoding: a helper lemma",
+                               "S15 encoding: a helper lemma"),
+    "a vacuous invariant": ("S10 encoding: the inductive invariant is vacuous", "S4 encoding: the named rule is a"),
+    "a weakened encoding": ("S10 encoding: allocate does not record", "S8 encoding: commit keeps"),
+    "a spec bug on an undeclared writer": ("S2 spec: an undeclared action", "S5 spec: an undeclared mechanism"),
+    "a bug on an error branch": ("S9 spec: a refused growth", "S11 spec: a refused reserve"),
+    "a weakened executable check": ("S8 spec: the executable S8 drops", "S12 spec: the executable S12 drops"),
+    "a weakened kernel": ("S11 kernel: refund returns", "S8 kernel: aligned_footprint"),
+}
+
+
+def test_every_break_class_is_planted_on_two_rows() -> None:
+    cat = T.catalog()
+    for cls, prefixes in CLASSES.items():
+        found = [b for p in prefixes for b in cat if b.name.startswith(p)]
+        assert len(found) == len(prefixes), (cls, [p for p in prefixes if not any(b.name.startswith(p) for b in cat)])
+        assert len({b.invariant for b in found}) >= 2, cls
+
+
+def test_every_break_is_put_to_prove_first() -> None:
+    """Each break's first detector is one of ``memspec prove``'s own (the spec's stateful test and the
+    caching walk are a reported fallback only)."""
+    for b in T.catalog():
+        assert b.detectors and not T.outside_prove(b.detectors[0]), b.name
+        outside = [i for i, d in enumerate(b.detectors) if T.outside_prove(d)]
+        assert all(i > j for i in outside for j, d in enumerate(b.detectors) if not T.outside_prove(d)), b.name
+
+
+def test_contradictory_helper_lemma_is_caught_on_another_row() -> None:
+    r = P.prove(T._contradictory_lemma("S15")())
+    assert not r.proved and r.assumed
+    assert T.detect_prove(T._contradictory_lemma("S15")(), T._failing_checks(_p("S15")))
+
+
+def test_vacuous_named_rule_is_caught_on_another_row() -> None:
+    r = P.prove(T._vacuous_named("S4")())
+    assert "named:not-trivial" in _failing(r)
+
+
+def test_error_branch_bug_is_caught_on_another_action() -> None:
+    assert T.detect_agreement("S11") is None
+    with T._error_branch_mutates("system", "reserve", "GrantDenied", T._refused_reserve_grants)():
+        caught = T.detect_agreement("S11")
+    assert caught and "reserve" in caught
+
+
+def test_undeclared_mechanism_writer_is_caught_by_coverage() -> None:
+    assert T.detect_coverage(_p("S5")) is None
+    with T._undeclared_trim():
+        caught = T.detect_coverage(_p("S5"))
+    assert caught and "trim_private" in caught
+
+
+def test_self_test_exit_names_survivors_and_catches_outside_prove(monkeypatch, capsys) -> None:
+    """``--self-test`` exits non-zero, naming the break, when one survives or only a detector outside
+    ``memspec prove`` catches it."""
+    a = T.Break("A planted", "spec", "S1", ("agreement",))
+    b = T.Break("B planted", "spec", "S1", ("agreement",))
+    monkeypatch.setattr(T, "expected_covered", lambda: [])
+    monkeypatch.setitem(T.LAST_RUN, "baselines", 0.0)
+    monkeypatch.setitem(T.LAST_RUN, "breaks", 0.0)
+    for rows, want in ((([(a, "prove: x fails", 0.0), (b, None, 0.0)], {}), "SURVIVED: B planted"),
+                       (([(a, "prove: x fails", 0.0), (b, "spec-check: S1 broken", 0.0)], {}),
+                        "caught only outside memspec prove: B planted"),
+                       (([(a, "prove: x fails", 0.0), (b, "prove/agreement: y", 0.0)], {}), None)):
+        monkeypatch.setattr(T, "run_self_test", lambda jobs=1, _r=rows: _r)
+        rc = T.main()
+        out = capsys.readouterr().out
+        assert (rc == 0) == (want is None), out
+        assert want is None or want in out
