@@ -17,6 +17,23 @@ through the detectors that apply:
 A detector counts only where it is silent on the unbroken project (the
 baseline is run first).  A break is *killed* when a detector fires; the
 table names it and the first reason.
+
+Every break is put to ``memspec prove``'s own checks first (:func:`prove_first`:
+a break that names none gets its machine's agreement); ``spec-check`` and the
+caching walk, which are not part of ``prove``, run only as a fallback, and a
+catch made by them alone is flagged ``NOT BY PROVE``.  ``--self-test`` exits 1
+when a break survives or is caught only outside ``prove`` (each named), or a
+detector fires on the unbroken project.
+
+The breaks are built per class (issue 33), each on more than one row, so the
+mechanisms are general: a dropped encoded action and an undeclared writer
+(derived coverage), a contradictory helper (the satisfiability of each
+action's hypotheses; a helper not derived makes the row conditional), a
+vacuous invariant (``Inv => Named`` and ``Named`` falsifiable), a weakened
+encoding (the Z3 checks and the unguarded refutation), a bug on an error
+branch (transition agreement compares error branches' post-states too), a
+weakened executable check (invariant strength on perturbed states), a
+weakened kernel (the kernel facts proved with the rows, and agreement).
 """
 
 from __future__ import annotations
