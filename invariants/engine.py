@@ -44,7 +44,7 @@ from memspec.invariants.integrity import make_integrity
 from memspec.invariants import text as T
 from memspec.invariants.plan import Plan, Stats  # noqa: F401 - the engine's face: callers name E.Plan, E.Stats
 from memspec.spec import api
-from memspec.spec.core import CHECKS_MEMO, ChecksMemo, Returns, _nothing as _SPEC_NO_OP
+from memspec.spec.core import CHECKS_MEMO, ChecksMemo, Returns, _nothing as _SPEC_NO_OP, global_figure as _GLOBAL_FIGURE
 from memspec.spec.errors import MemspecError
 
 
@@ -363,7 +363,7 @@ class Run(Draws):
         if refs is None:
             return ()
         value = self.machine.unwrap(value)  # what perform read, as the machine wraps it: bind the implementation object
-        if isinstance(result, int) and not isinstance(result, bool):
+        if type(result) is int or (isinstance(result, int) and not isinstance(result, bool)):
             refs[result] = value
             return (result,)
         if isinstance(result, tuple) and result and all(isinstance(r, int) and not isinstance(r, bool) for r in result):
@@ -390,11 +390,20 @@ class Run(Draws):
         d = getattr(state, "__dict__", None)
         if d is None:
             return self._check_after(touched, bound, args)
-        d[CHECKS_MEMO] = ChecksMemo(state)
+        # one memo per run, emptied and handed to the state before each sweep
+        # (removed from the state after it, as a fresh one was)
+        memo = self.__dict__.get("_memo")
+        if memo is None:
+            memo = self._memo = ChecksMemo(state)
+        else:
+            memo.clear()
+            memo.owner = state
+        d[CHECKS_MEMO] = memo
         try:
             return self._check_after(touched, bound, args)
         finally:
             d.pop(CHECKS_MEMO, None)
+            memo.clear()
 
     def _check_after(self, touched: tuple, bound: tuple, args: dict | None = None) -> None:
         found: list = self.check_invariants()   # [(invariant, cause, reason)] of this step
@@ -545,8 +554,12 @@ class Run(Draws):
             jobs = [(obs, None) for obs in start]
         else:
             for obs in self._observations_for(self._action):
+                refs = obs.refs
+                if refs is _GLOBAL_FIGURE:   # a global figure: (None,) after every step, without the call
+                    add((obs, None))
+                    continue
                 try:
-                    for r in obs.refs(state, touched):
+                    for r in refs(state, touched):
                         add((obs, r))
                 except Exception as e:  # noqa: BLE001
                     raise SpecError(f"observation {obs.name}: refs() raised {type(e).__name__}: {e}") from e

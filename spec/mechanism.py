@@ -26,7 +26,7 @@ from typing import Any
 
 from memspec.spec import eager, shared, vmm
 from memspec.spec.api import AllocatorGeometry, DeviceAllocation, SharedMapping, VirtualBacking
-from memspec.spec.core import DataRegion, Machine, Observation, Returns, Within, action, outcomes
+from memspec.spec.core import DataRegion, Machine, Observation, Returns, Within, action, global_figure, outcomes
 from memspec.spec.invariants import ALL
 from memspec.spec.state import MechState
 
@@ -146,7 +146,7 @@ OBSERVATIONS = [
         # the device took is an account that is wrong.
         "physical bytes held (at least the live footprints)",
         "S8",
-        lambda s, _t: (None,),
+        global_figure,
         lambda s, _r: Within(s.physical + s.foreign_bytes),
         lambda sut, _r: sut.physical_bytes(),
         requires=("physical_bytes",),
@@ -191,10 +191,10 @@ def _capability_answer(getter: str, protocol: type) -> Any:
 #: capability query answers as it did when the target was discovered -- an
 #: object with the protocol's methods, or ``None``.
 START_CHECKS = [
-    Observation("virtual_backing()", "S5", lambda s, _t: (None,),
+    Observation("virtual_backing()", "S5", global_figure,
                 lambda s, _r: "present" if s.virtual_backing else None,
                 _capability_answer("virtual_backing", VirtualBacking)),
-    Observation("shared_mapping()", "S5", lambda s, _t: (None,),
+    Observation("shared_mapping()", "S5", global_figure,
                 lambda s, _r: "present" if s.shared_mapping else None,
                 _capability_answer("shared_mapping", SharedMapping)),
 ]

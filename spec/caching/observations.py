@@ -7,7 +7,7 @@ from typing import Any
 
 from memspec.spec.caching.invariants import layout_violations, pool_figures, spec_segments
 from memspec.spec.caching.state import FREE, LIVE, PENDING, CachingState, Policy
-from memspec.spec.core import Observation, once
+from memspec.spec.core import Observation, global_figure, once
 
 
 def _impl_segments(sut: Any) -> list[dict]:
@@ -211,8 +211,8 @@ def _bookkeeping(sut: Any, _r: Any) -> str | None:
     return None
 
 
-def _global(_s: Any, _t: Any):
-    return (None,)
+#: a global figure, read after every step
+_global = global_figure
 
 
 OBSERVATIONS = [
