@@ -175,6 +175,47 @@ def test_the_one_pass_stats_figures_are_the_states_own(target):
 
 
 @pytest.mark.parametrize("target", ["reference-caching", "reference-caching-seed", "reference-caching-expandable"])
+def test_the_one_pass_segment_figures_are_the_per_pool_ones(target):
+    """The segments/inactive-splits observation's spec figures, counted in
+    one pass over the segments, equal the per-pool definition (same keys,
+    same order)."""
+    from memspec.spec.caching import observations as O
+
+    plan = runner.make_plan(target, "caching")
+    for seed in range(2):
+        run, ch = _walk(plan, seed)
+        try:
+            for _ in range(60):
+                run.step(ch)
+                a, b = O._segments_expected(run.state, None), O._segments_expected_by_pools(run.state, None)
+                assert a == b and list(a) == list(b)
+        finally:
+            run.close()
+
+
+def test_bookkeeping_compares_as_read_as_it_did_with_a_dict_of_offsets():
+    """The bookkeeping observation after a run's first read (compared in
+    the loop, no dict of offsets) names the same first disagreement: a peak
+    below current before any moved offset, else the first family moved."""
+    from types import SimpleNamespace
+
+    from memspec.spec.caching import observations as O
+
+    fams = ("a.all", "b.all", "c.all")
+    flat = {f"{f}.{p}": 0 for f in fams for p in ("allocated", "current", "freed", "peak")}
+    sut = SimpleNamespace(reads=None)
+    sut.allocator = SimpleNamespace(memory_stats=lambda: flat)
+    assert O._bookkeeping(sut, None) is None              # the first read: the offsets
+    assert O._bookkeeping(sut, None) is None
+    flat["c.all.allocated"] = 5                            # c moved by 5
+    assert O._bookkeeping(sut, None).startswith("c.all: allocated - freed - current moved by 5 ")
+    flat["b.all.allocated"] = 2                            # b too: b is first
+    assert O._bookkeeping(sut, None).startswith("b.all: allocated - freed - current moved by 2 ")
+    flat["c.all.current"], flat["c.all.peak"] = 3, 1       # a peak below current wins over a moved offset
+    assert O._bookkeeping(sut, None) == "c.all: peak 1 below current 3"
+
+
+@pytest.mark.parametrize("target", ["reference-caching", "reference-caching-seed", "reference-caching-expandable"])
 def test_c1_from_the_one_pass_figures_is_c1_by_definition(target):
     """C1's check reads the one-pass pool figures (shared with the stats
     observation in a check sweep); it answers as its definition over

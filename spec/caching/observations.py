@@ -128,9 +128,13 @@ def _required(key: str) -> bool:
     return "_bytes." in key or key == "num_ooms"
 
 
+#: ``(key, whether the implementation must report it)`` of every compared figure
+_STATS_REQUIRED = tuple((k, _required(k)) for k in _STATS_KEYS)
+
+
 def _stats_observed(sut: Any, _r: Any) -> dict[str, Any]:
     flat = _memory_stats(sut)
-    return {k: flat[k] if _required(k) else flat.get(k, NOT_REPORTED) for k in _STATS_KEYS}
+    return {k: flat[k] if req else flat.get(k, NOT_REPORTED) for k, req in _STATS_REQUIRED}
 
 
 def _segments_expected(st: CachingState, _r: Any) -> dict[str, int]:
@@ -138,6 +142,28 @@ def _segments_expected(st: CachingState, _r: Any) -> dict[str, int]:
     that hold more than one block: cached, yet not releasable), count and
     bytes, per pool and in all.  Compared for segments of fixed size only
     (see :func:`_fixed_segments`)."""
+    # one pass over the segments: [segments, inactive splits, their bytes] per pool
+    acc = {True: [0, 0, 0], False: [0, 0, 0]}
+    for s in st.segments:
+        a = acc[bool(s.small)]
+        a[0] += 1
+        if len(s.blocks) > 1:
+            for b in s.blocks:
+                if b.state == FREE:
+                    a[1] += 1
+                    a[2] += b.size
+    small_a, large_a = acc[True], acc[False]
+    out = {}
+    for small, name in _POOLS:
+        a = small_a if small is True else large_a if small is False else [x + y for x, y in zip(small_a, large_a)]
+        out[f"segment.{name}.current"] = a[0]
+        out[f"inactive_split.{name}.current"] = a[1]
+        out[f"inactive_split_bytes.{name}.current"] = a[2]
+    return out
+
+
+def _segments_expected_by_pools(st: CachingState, _r: Any) -> dict[str, int]:
+    """:func:`_segments_expected`, one walk over the segments per pool (its definition)."""
     out = {}
     for small, name in _POOLS:
         out[f"segment.{name}.current"] = sum(1 for s in st.segments if small is None or s.small == small)
@@ -189,6 +215,27 @@ def _bookkeeping(sut: Any, _r: Any) -> str | None:
     allocator; a reset of the accumulated figures before the run moves it
     once).  ``None`` when they agree, else the first that does not."""
     flat = _memory_stats(sut)
+    base = getattr(sut, "_memspec_stat_offsets", None)
+    if base is not None:   # every read after the run's first: compared as read, no dict of offsets built
+        moved = None
+        for fam, cur_k, peak_k, up_k, down_k in _families(flat):
+            cur = flat[cur_k]
+            peak = flat.get(peak_k)
+            if type(peak) is int and peak < cur:
+                return f"{fam}: peak {peak} below current {cur}"
+            if moved is None:
+                up = flat.get(up_k)
+                if type(up) is int:
+                    down = flat.get(down_k)
+                    if type(down) is int:
+                        b = base.get(fam, _NO_BASE)
+                        if b is not _NO_BASE and up - down - cur != b:
+                            moved = (fam, up - down - cur - b)
+        if moved is None:
+            return None
+        fam = moved[0]
+        return (f"{fam}: allocated - freed - current moved by {moved[1]} "
+                f"(allocated {flat[fam + '.allocated']}, freed {flat[fam + '.freed']}, current {flat[fam + '.current']})")
     offsets = {}
     for fam, cur_k, peak_k, up_k, down_k in _families(flat):
         cur = flat[cur_k]
@@ -210,6 +257,8 @@ def _bookkeeping(sut: Any, _r: Any) -> str | None:
                     f"(allocated {flat[fam + '.allocated']}, freed {flat[fam + '.freed']}, current {flat[fam + '.current']})")
     return None
 
+
+_NO_BASE = object()
 
 #: a global figure, read after every step
 _global = global_figure
