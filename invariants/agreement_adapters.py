@@ -19,7 +19,7 @@ from memspec.invariants.agreement import Adapter, AgreementReport, Universe, fla
 from memspec.invariants.proofs import Proof, prefix_values
 from memspec.invariants import agreement_adapters_mech, agreement_adapters_system
 from memspec.invariants.agreement_adapters_mech import (
-    MECH_ADAPTERS, _S1_CMP, _adopt, _aligned_nonempty, _is_int, _new_slot, _s12_bad, _s1_alloc_project,
+    MECH_ADAPTERS, _S1_CMP, _aligned_nonempty, _expected, _is_int, _new_slot, _s12_bad, _s1_alloc_project,
     _s1_expected, _s1_project,
 )
 from memspec.invariants.agreement_adapters_system import (
@@ -778,10 +778,7 @@ def _s6_state(s: Any) -> tuple[dict[str, Any], Universe]:
 _S6_CMP = ("res", "hot", "tstate", "held", "amount", "gov_ev", "hot_ev", "over")
 
 
-def _s6_expected(s: Any, u: Universe, value: Any) -> Any:
-    st, u2 = _s6_state(s)
-    _adopt(u, u2)
-    return flatten(st, E.S6.fields, _S6_CMP, u)
+_s6_expected = _expected(_s6_state, E.S6.fields, _S6_CMP)
 
 
 def _s6_issue_p(s: Any, args: dict[str, Any], taken: str) -> Any:

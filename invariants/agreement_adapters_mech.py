@@ -36,6 +36,47 @@ def _adopt(u: Universe, u2: Universe) -> None:
             u.idx[k] = m
 
 
+def _expected(state_fn: Any, fields: Any, cmp: tuple[str, ...], adopt: bool = True) -> Any:
+    """The expected post-state of an adapter: ``state_fn``'s projection of the
+    spec's post-state, its fields ``cmp`` flattened (the new objects' indices
+    adopted into the step's universe unless ``adopt`` is false)."""
+    def expected(s: Any, u: Universe, value: Any) -> Any:
+        st, u2 = state_fn(s)
+        if adopt:
+            _adopt(u, u2)
+        return flatten(st, fields, cmp, u)
+    return expected
+
+
+def _project(state_fn: Any, args_fn: Any) -> Any:
+    """An adapter's projection: one state record's projection (``state_fn``)
+    with one action's arguments (``args_fn(s, u, args, taken)``), shared by
+    every invariant that projects that record or encodes that action."""
+    def project(s: Any, args: dict[str, Any], taken: str) -> Any:
+        st, u = state_fn(s)
+        return st, args_fn(s, u, args, taken), u
+    return project
+
+
+def _reserve_args(s: Any, u: Universe, args: dict[str, Any], taken: str) -> dict[str, Any]:
+    """reserve / reserve_owned: a new reservation slot, its page-rounded size (one page when not a size)."""
+    from memspec.spec import kernels as K
+
+    bad = _not_size(args["size"])
+    return {"r": _new_slot(u, "res"), "n": s.page if bad else K.round_up(args["size"], s.page), "bad": bad,
+            "oom": taken == "OutOfMemory"}
+
+
+def _owned_span_args(commit: bool) -> Any:
+    """commit_owned / decommit_owned: the reservation's span, refused for a reason other than S12's guard."""
+    def args_fn(s: Any, u: Universe, args: dict[str, Any], taken: str) -> dict[str, Any]:
+        ref, lo, hi = args["span"]
+        o = s.owned[ref]
+        return {"r": u.idx["res"][ref], "lo": lo, "hi": hi, "oom": taken == "OutOfMemory",
+                "bad": _s12_bad(s.page, o.size, o.committed, lo, hi, commit)}
+    return args_fn
+
+
 # ==========================================================================
 # Mechanism level (spec/mechanism.py MECHANISM)
 # ==========================================================================
@@ -77,10 +118,7 @@ def _s1_project(s: Any, args: dict[str, Any], taken: str) -> Any:
 _S1_CMP = ("astate", "amech", "fmech", "fctx", "inst")
 
 
-def _s1_expected(s: Any, u: Universe, value: Any) -> Any:
-    st, u2 = _s1_state(s)
-    _adopt(u, u2)
-    return flatten(st, E.S1.fields, _S1_CMP, u)
+_s1_expected = _expected(_s1_state, E.S1.fields, _S1_CMP)
 
 
 def _s1_alloc_project(foreign: bool) -> Any:
@@ -138,11 +176,7 @@ _S14_CMP = ("astate", "addrd", "foreign", "nextgen")
 
 
 def _s14_expected_with(state_fn: Any) -> Any:
-    def expected(s: Any, u: Universe, value: Any) -> Any:
-        st, u2 = state_fn(s)
-        _adopt(u, u2)
-        return flatten(st, E.S14.fields, _S14_CMP, u)
-    return expected
+    return _expected(state_fn, E.S14.fields, _S14_CMP)
 
 
 def _s14_err(errors: tuple[str, ...], cond: dict[str, bool], taken: str) -> int:
@@ -239,14 +273,7 @@ def _s5_release_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     return st, {"r": u.idx["res"][args["reservation"]]}, u
 
 
-def _s5_reserve_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    from memspec.spec import kernels as K
-
-    st, u = _s5_state(s)
-    size = args["size"]
-    bad = _not_size(size)
-    return st, {"r": _new_slot(u, "res"), "n": s.page if bad else K.round_up(size, s.page), "bad": bad,
-                "oom": taken == "OutOfMemory"}, u
+_s5_reserve_project = _project(_s5_state, _reserve_args)
 
 
 def _s5_query_project(s: Any, args: dict[str, Any], taken: str) -> Any:
@@ -295,9 +322,7 @@ def _s5_device_project(action: str) -> Any:
     return project
 
 
-def _s5_device_expected(s: Any, u: Universe, value: Any) -> Any:
-    st, _ = _s5_state(s)
-    return flatten(st, E.S5.fields, _S5_CMP + ("other",), u)
+_s5_device_expected = _expected(_s5_state, E.S5.fields, _S5_CMP + ("other",), adopt=False)
 
 
 # -- S13: SharedMapping ----------------------------------------------------
@@ -479,9 +504,7 @@ def _s12_mech_project(commit: bool) -> Any:
     return project
 
 
-def _s12_mech_expected(s: Any, u: Universe, value: Any) -> Any:
-    st, _ = _s12_mech_state(s)
-    return flatten(st, E.S12.fields, _S12_MECH_CMP, u)
+_s12_mech_expected = _expected(_s12_mech_state, E.S12.fields, _S12_MECH_CMP, adopt=False)
 
 
 MECH_ADAPTERS += [

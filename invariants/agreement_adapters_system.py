@@ -16,8 +16,8 @@ from memspec.invariants import proofs_seed000 as E
 from memspec.invariants.agreement import Adapter, AgreementReport, Universe, flatten, walk_and_compare
 from memspec.invariants.proofs import Proof, prefix_values
 from memspec.invariants.agreement_adapters_mech import (
-    MECH_ADAPTERS, PAGE, UMAX, _S14_CMP, _adopt, _is_int, _mech_init, _mech_too_big, _new_slot, _not_size, _s12_bad,
-    _s14_expected_with, _s14_make_project, _s14_sys_state, run_mechanism,
+    MECH_ADAPTERS, PAGE, UMAX, _S14_CMP, _adopt, _expected, _is_int, _mech_init, _mech_too_big, _new_slot, _not_size,
+    _owned_span_args, _project, _reserve_args, _s14_expected_with, _s14_make_project, _s14_sys_state, run_mechanism,
 )
 
 
@@ -80,10 +80,7 @@ def _s15_expected(s: Any, u: Universe, value: Any) -> Any:
     return flatten(st, E.S15.fields, _S15_CMP + ("out_bytes",), u)
 
 
-def _s15_plain_expected(s: Any, u: Universe, value: Any) -> Any:
-    st, u2 = _s15_state(s)
-    _adopt(u, u2)
-    return flatten(st, E.S15.fields, _S15_CMP, u)
+_s15_plain_expected = _expected(_s15_state, E.S15.fields, _S15_CMP)
 
 
 def _s15_issue_project(s: Any, args: dict[str, Any], taken: str) -> Any:
@@ -217,9 +214,7 @@ def _s3_select_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     return st, {"d": 0, "m": args["mechanism"]}, u
 
 
-def _s3_select_expected(s: Any, u: Universe, value: Any) -> Any:
-    st, _ = _s3_state(s)
-    return flatten(st, E.S3.fields, ("inst", "gen"), u)
+_s3_select_expected = _expected(_s3_state, E.S3.fields, ("inst", "gen"), adopt=False)
 
 
 def _s3_query_project(s: Any, args: dict[str, Any], taken: str) -> Any:
@@ -280,10 +275,6 @@ def run_all(samples: int = 1000, seed: int = 0, inv_samples: int = 0,
 _ASTATE = {"live": E.LIVE, "queued": E.QUEUED, "freed": E.FREED}
 
 
-def _owned_allocs(s: Any) -> dict[int, Any]:
-    return {r: o for r, o in s.owned.items() if o.kind == "allocation"}
-
-
 # -- S2: charge before commit, per holder --------------------------------------
 
 def _s2_holders() -> dict[str, int]:
@@ -305,9 +296,7 @@ def _s2_state(s: Any) -> tuple[dict[str, Any], Universe]:
 _S2_CMP = ("committed", "charge", "lease", "free")
 
 
-def _s2_expected(s: Any, u: Universe, value: Any) -> Any:
-    st, _ = _s2_state(s)
-    return flatten(st, E.S2.fields, _S2_CMP, u)
+_s2_expected = _expected(_s2_state, E.S2.fields, _S2_CMP, adopt=False)
 
 
 def _s2_range_bad(s: Any, span: tuple[int, int, int]) -> bool:
@@ -518,9 +507,7 @@ SYS_ADAPTERS.append(Adapter("S9", "grow", "kv_grow", _s9_project, _s9_expected, 
 _S9_CMP_P = _S9_CMP + ("prefix",)
 
 
-def _s9_expected_p(s: Any, u: Universe, value: Any) -> Any:
-    st, _ = _s9_state(s)
-    return flatten(st, E.S9.fields, _S9_CMP_P, u)
+_s9_expected_p = _expected(_s9_state, E.S9.fields, _S9_CMP_P, adopt=False)
 
 
 def _s9_open_project(s: Any, args: dict[str, Any], taken: str) -> Any:
@@ -624,31 +611,14 @@ _S12_SYS_CMP = ("rstate", "base", "rsize", "kc", "free")
 
 
 def _s12_sys_expected(cmp: tuple[str, ...]) -> Any:
-    def expected(s: Any, u: Universe, value: Any) -> Any:
-        st, u2 = _s12_sys_state(s)
-        _adopt(u, u2)
-        return flatten(st, E.S12.fields, cmp, u)
-    return expected
+    return _expected(_s12_sys_state, E.S12.fields, cmp)
 
 
 def _s12_span_project(commit: bool) -> Any:
-    def project(s: Any, args: dict[str, Any], taken: str) -> Any:
-        st, u = _s12_sys_state(s)
-        ref, lo, hi = args["span"]
-        o = s.owned[ref]
-        return st, {"r": u.idx["res"][ref], "lo": lo, "hi": hi, "oom": taken == "OutOfMemory",
-                    "bad": _s12_bad(s.page, o.size, o.committed, lo, hi, commit)}, u
-    return project
+    return _project(_s12_sys_state, _owned_span_args(commit))
 
 
-def _s12_reserve_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    from memspec.spec import kernels as K
-
-    st, u = _s12_sys_state(s)
-    size = args["size"]
-    bad = _not_size(size)
-    return st, {"r": _new_slot(u, "res"), "n": s.page if bad else K.round_up(size, s.page), "bad": bad,
-                "oom": taken == "OutOfMemory"}, u
+_s12_reserve_project = _project(_s12_sys_state, _reserve_args)
 
 
 def _s12_kv_open_project(s: Any, args: dict[str, Any], taken: str) -> Any:
@@ -850,22 +820,8 @@ def _s5_sys_expected(cmp: tuple[str, ...]) -> Any:
     return expected
 
 
-def _s5_reserve_owned_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    from memspec.spec import kernels as K
-
-    st, u = _s5_sys_state(s)
-    size = args["size"]
-    bad = _not_size(size)
-    return st, {"r": _new_slot(u, "res"), "n": s.page if bad else K.round_up(size, s.page), "bad": bad,
-                "oom": taken == "OutOfMemory"}, u
-
-
-def _s5_commit_owned_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _s5_sys_state(s)
-    ref, lo, hi = args["span"]
-    o = s.owned[ref]
-    return st, {"r": u.idx["res"][ref], "lo": lo, "hi": hi, "oom": taken == "OutOfMemory",
-                "bad": _s12_bad(s.page, o.size, o.committed, lo, hi, True)}, u
+_s5_reserve_owned_project = _project(_s5_sys_state, _reserve_args)
+_s5_commit_owned_project = _project(_s5_sys_state, _owned_span_args(True))
 
 
 def _s5_kv_open_project(s: Any, args: dict[str, Any], taken: str) -> Any:

@@ -394,7 +394,7 @@ def _spec_functions() -> dict[str, list[types.CodeType]]:
             for c in cands:
                 fn = getattr(c, "fget", c)
                 code = getattr(fn, "__code__", None)
-                if code is not None and id(code) not in seen and getattr(fn, "__module__", "").startswith("memspec.spec"):
+                if code is not None and id(code) not in seen and (getattr(fn, "__module__", None) or "").startswith("memspec.spec"):
                     seen.add(id(code))
                     out.setdefault(fn.__name__, []).append(code)
     return out
