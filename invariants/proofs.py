@@ -388,13 +388,24 @@ def _aligned_footprint_fact(page: int) -> Any:
                    And(r >= need, r < need + page, r == K.floordiv(r, page) * page))
 
 
+def _round_up_fact(page: int) -> Any:
+    """:func:`kernels.round_up` at ``page`` is the least multiple of the page that holds ``n`` (its
+    docstring contract): no page more, none less."""
+    n = z3.Int("kr_n")
+    r = K.round_up(n, page)
+    return Implies(n >= 0, And(r >= n, r < n + page, r == K.floordiv(r, page) * page))
+
+
+_PAGES = (4096, 65536, 2 * 1024 * 1024)
+
 #: facts about the spec's kernels that a row's charges rest on, proved with the row (``kernel:<name>``);
 #: built when checked, so a kernel patched in this process is the one proved
 KERNEL_FACTS: dict[str, tuple[tuple[str, Callable[[], Any]], ...]] = {
-    row: tuple((f"aligned_footprint@{pg}", (lambda pg=pg: _aligned_footprint_fact(pg)))
-               for pg in (4096, 65536, 2 * 1024 * 1024))
+    row: tuple((f"aligned_footprint@{pg}", (lambda pg=pg: _aligned_footprint_fact(pg))) for pg in _PAGES)
     for row in ("S2", "S8")
 }
+#: S9's growth is charged in pages: round_up is the page rounding its commits rest on
+KERNEL_FACTS["S9"] = tuple((f"round_up@{pg}", (lambda pg=pg: _round_up_fact(pg))) for pg in _PAGES)
 
 
 def named_of(p: Proof) -> Callable[[St, Any], Any]:

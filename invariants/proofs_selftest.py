@@ -682,7 +682,7 @@ def catalog() -> list[Break]:
               patch=_kernel("return_grant", _return_grant_twice)),
         Break("S11 kernel: cancel_grant keeps the grant", "kernel", "S11", ("prove", "agreement"),
               patch=_kernel("cancel_grant", _cancel_keeps_grant)),
-        Break("S9 kernel: round_up rounds down", "kernel", "S9", ("agreement", "spec-check:system"),
+        Break("S9 kernel: round_up rounds down", "kernel", "S9", ("prove", "agreement", "spec-check:system"),
               patch=_kernel("round_up", _round_up_short)),
         Break("C3 spec: freed blocks are not coalesced", "spec", "C3", ("spec-walk:caching",),
               patch=_spec_patch("memspec.spec.caching.policy", "_merge_around", _no_merge)),

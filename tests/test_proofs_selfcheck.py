@@ -256,3 +256,11 @@ def test_self_test_exit_names_survivors_and_catches_outside_prove(monkeypatch, c
         out = capsys.readouterr().out
         assert (rc == 0) == (want is None), out
         assert want is None or want in out
+
+
+def test_weakened_round_up_is_caught_by_prove_on_s9() -> None:
+    """A weakened round_up (the page rounding S9's growth rests on) fails S9's kernel facts."""
+    assert P.prove(_p("S9")).proved
+    with T._kernel("round_up", T._round_up_short)():
+        r = P.prove(_p("S9"))
+    assert any(n.startswith("kernel:round_up") for n in _failing(r))
