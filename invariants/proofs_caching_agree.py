@@ -860,10 +860,6 @@ def _avail_choices(vals: dict[str, Any]) -> tuple[int, int]:
     return (big[0] if big else -1), (elig[-1] if elig else -1)
 
 
-def _count_alive(vals: dict[str, Any]) -> int:
-    return sum(1 for i in range(vals["n"]) if _g(vals, "al", i))
-
-
 _KERNELS: dict[tuple, tuple[int, int]] = {}
 
 

@@ -61,8 +61,6 @@ FIELDS: dict[str, str] = {
     "oq": INT, "orr": INT, "oa": INT, "olf": INT,  # the last OOM's figures
     **{name: ARR for name in SUMS},
 }
-#: fields compared by the agreement (the rest are ghosts)
-GHOSTS = ("pv", "nx", *SUMS)
 
 
 # --------------------------------------------------------------------------
