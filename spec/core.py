@@ -747,6 +747,7 @@ def fast_frozen_init(cls: type) -> type:
         exec(src, ns)   # noqa: S102 - generated from the class's own field names
         init = ns["__init__"]
         init.__qualname__ = f"{cls.__qualname__}.__init__"
+        init.__module__ = cls.__module__   # exec left it None: readers of a function's module (footprints) see the class's
         init.__doc__ = "Stores the fields into the instance's dict (:func:`fast_frozen_init`)."
         old = cls.__init__
         cls.__init__ = init   # type: ignore[misc]
