@@ -4,10 +4,12 @@
 import atexit
 import json
 import os
+import re
 import select
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -143,3 +145,54 @@ def pytest_pyfunc_call(pyfuncitem):
         pytest.fail(f"in a fresh interpreter ({pyfuncitem.nodeid}), exit {rc}:\n{out[-6000:]}\n{err[-2000:]}",
                     pytrace=False)
     return True
+
+
+# Scheduling under ``-n auto`` (measured on the README's command, quiet 2-core machine, 503 s before): (1)
+# xdist's ``load`` mode sends each test to whichever worker is free, so a module-scoped fixture shared by two
+# tests was built once per worker that ran one of them (the agreement walk of ``test_proofs_agreement.py``:
+# 22.4 s + 21.2 s); (2) the expensive tests came late in collection order, and one worker ran them alone at
+# the end while the other idled.  (xdist's own ``loadgroup`` mode cannot help: with pytest 9 the group suffix
+# it writes into ``item._nodeid`` is ignored.)  So: every test file that defines a module-scoped fixture is
+# one unit of work (one worker, its fixtures built once), every other test is a unit of its own, and units go
+# out one at a time to whichever worker is free, largest first (``pytest_collection_modifyitems``).  Which
+# test runs where never decides a verdict; a plain ``python -m pytest`` (no ``-n``) keeps the file order.
+_MODULE_FIXTURE = re.compile(r"@pytest\.fixture\([^)]*scope\s*=\s*[\"']module[\"']")
+
+
+def _files_sharing_a_module_fixture(root: Path) -> frozenset[str]:
+    tests = root / "tests"
+    return frozenset(f"tests/{p.name}" for p in tests.glob("test_*.py")
+                     if _MODULE_FIXTURE.search(p.read_text(encoding="utf-8")))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "load":
+        return None        # a mode the user asked for by name is xdist's
+    from xdist.scheduler import LoadScopeScheduling
+
+    shared = _files_sharing_a_module_fixture(Path(str(config.rootpath)))
+
+    class _ModuleFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in shared else nodeid
+
+    config.option.loadscopereorder = False     # keep the workers' order: the slow tests first
+    return _ModuleFixtureScheduling(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """In an xdist worker, the order the controller hands out (largest units first): the files that are one
+    unit, then the tests marked ``slow``, then the ``fresh_process`` ones, then the rest, each in file order."""
+    if not hasattr(config, "workerinput"):
+        return
+    shared = _files_sharing_a_module_fixture(Path(str(config.rootpath)))
+
+    def rank(item: pytest.Item) -> int:
+        if item.nodeid.split("::", 1)[0] in shared:
+            return 0
+        return 1 if item.get_closest_marker("slow") else 2 if item.get_closest_marker("fresh_process") else 3
+
+    items.sort(key=rank)   # stable: file order within a rank

@@ -14,6 +14,7 @@ from memspec.invariants.contracts_pairs import all_pairs
 from memspec.spec import kernels as K
 
 
+@pytest.mark.slow
 def test_crosshair_check_and_diffbehavior_find_nothing() -> None:
     rep = run_contracts(per_condition_timeout=2.0, diff_timeout=4.0, jobs=2)
     checked = {r.target for r in rep.rows if r.kind == "check"}

@@ -53,6 +53,7 @@ def test_mutant_reproduction_runs_standalone_and_fails_the_same_way(tmp_path):
     assert p2.returncode == 0 and "did not reproduce" in p2.stdout, p2.stdout + p2.stderr
 
 
+@pytest.mark.slow
 def test_walk_finds_a_planted_mutant_and_hypothesis_shrinks_it():
     plan = runner.make_plan("mutant:noop-commit", "mechanism", capacity=16 * MiB)
     res = walk.walk(plan, max_steps=20_000, seed=3, run_length=100)

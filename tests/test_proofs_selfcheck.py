@@ -6,6 +6,8 @@ each break in a process of its own, is ``memspec prove --self-test``.
 
 from __future__ import annotations
 
+import pytest
+
 import inspect
 from dataclasses import replace
 
@@ -104,6 +106,7 @@ def test_solver_budgets_are_rlimit_units_only() -> None:
 # a weakened executable check (issue 33): the invariants compared on perturbed states
 # --------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_weakened_executable_checks_are_caught() -> None:
     """Each planted weakening of an executable invariant (a conjunct dropped) is caught by the
     agreement's comparison on perturbed states, which is silent on the unbroken spec; none is left
@@ -225,6 +228,7 @@ def test_vacuous_named_rule_is_caught_on_another_row() -> None:
     assert "named:not-trivial" in _failing(r)
 
 
+@pytest.mark.slow
 def test_error_branch_bug_is_caught_on_another_action() -> None:
     assert T.detect_agreement("S11") is None
     with T._error_branch_mutates("system", "reserve", "GrantDenied", T._refused_reserve_grants)():

@@ -12,6 +12,8 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
+import pytest
+
 from memspec.invariants import proofs_selftest as T
 from memspec.spec.caching import policy as Pol
 
@@ -36,6 +38,7 @@ def _leaky_c3() -> T.Break:
     return T.Break("C3 spec (leaky): freed blocks are not coalesced", "spec", "C3", c3.detectors, patch=leaky)
 
 
+@pytest.mark.slow
 def test_a_break_that_leaks_does_not_mask_the_next(monkeypatch) -> None:
     orig = Pol._candidates
     monkeypatch.setattr(Pol, "_candidates", orig)  # restored at teardown whatever the run leaves
@@ -49,6 +52,7 @@ def test_a_break_that_leaks_does_not_mask_the_next(monkeypatch) -> None:
     assert Pol._candidates is orig  # the breaks ran in their own processes: nothing leaked here
 
 
+@pytest.mark.slow
 def test_without_isolation_the_leak_changes_the_second_verdict(monkeypatch) -> None:
     """The same two breaks in one process: the second is judged on a spec the first left changed (what
     the isolation prevents).  Since every break goes to ``prove``'s caching agreement first, the leak is
@@ -64,6 +68,7 @@ def test_without_isolation_the_leak_changes_the_second_verdict(monkeypatch) -> N
     assert rows[1][1] != alone[1], (rows[1][1], alone[1])
 
 
+@pytest.mark.slow
 def test_jobs_do_not_change_the_rows() -> None:
     breaks = [_catalog("C3 spec: freed blocks are not coalesced"), _catalog("C4 spec: best fit searches both pools"),
               _catalog("S10 encoding: allocate does not record its context (no pin)")]

@@ -58,6 +58,7 @@ TERMS = [
 ]
 
 
+@pytest.mark.slow
 def test_every_operator_gives_z3s_value_on_random_states() -> None:
     prog = N.Program(TERMS)
     rnd = random.Random(7)
