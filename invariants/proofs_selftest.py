@@ -614,8 +614,8 @@ def _in_fresh_processes(job: Callable[[Any], Any], items: list[Any], jobs: int) 
 LAST_RUN: dict[str, float] = {}
 
 
-def run_self_test(breaks: list[Break] | None = None, *, jobs: int = 1,
-                  isolate: bool = True) -> tuple[list[tuple[Break, str | None, float]], dict[str, Any]]:
+def run_self_test(breaks: list[Break] | None = None, *, jobs: int = 1, isolate: bool = True,
+                  known: dict[str, Any] | None = None) -> tuple[list[tuple[Break, str | None, float]], dict[str, Any]]:
     """The kill table: ``(break, the catch or None, seconds)`` per break, and the detectors that fire on
     the unbroken project (``problems``: they are not used).
 
@@ -628,17 +628,23 @@ def run_self_test(breaks: list[Break] | None = None, *, jobs: int = 1,
     of constants harvested from every project module imported so far (re-scanned whenever
     ``sys.modules`` grows), so which modules earlier detectors had imported changed the seeded walks;
     with that pool frozen the same sequence catches it.  Isolated, each break starts from this process's
-    state (the same for every break).  The rows do not depend on ``jobs``, only the seconds do."""
+    state (the same for every break).  The rows do not depend on ``jobs``, only the seconds do.
+
+    ``known``: baselines an earlier run of this process computed (a detector's answer on the unbroken
+    project is a function of the project's code), reused by key; the ones this run computes are added
+    to it.  Several runs over breaks that share detectors (the test suite's) then pay for each once."""
     global _WORK
     breaks = breaks if breaks is not None else catalog()
     t0 = time.perf_counter()
-    keys = _baseline_keys(breaks)
+    known = {} if known is None else known
+    keys = [k for k in _baseline_keys(breaks) if k not in known]
     isolate = isolate and forkable()
     if isolate:
         base = _in_fresh_processes(_baseline_job, keys, jobs)
     else:
         base = [_baseline_job(k) for k in keys]
-    baselines = {k: v for k, (v, _w, _c) in zip(keys, base)}
+    known.update((k, v) for k, (v, _w, _c) in zip(keys, base))
+    baselines = {k: known[k] for k in _baseline_keys(breaks)}
     problems: dict[str, Any] = {}
     for k, v in baselines.items():
         if k.startswith("prove:"):
