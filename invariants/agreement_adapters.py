@@ -507,6 +507,9 @@ for _a in SYS_ADAPTERS + MECH_ADAPTERS + TICKET_ADAPTERS + SMALL_SYS_ADAPTERS:
 
 # -- S1 (system), S4, S7, S10: the deferred-free queue ------------------------
 #
+# S4, S7 and S10 are one machine (S4's), projected once (:func:`_qstate`): one
+# adapter per spec action, credited to the three rows.  S1's system-level
+# projection (:func:`_s1_sys_state`) is its own.
 # The objects of these encodings are everything released through the queue:
 # owned records (allocation, weight, reservation) and KV requests by
 # reference id, then queued decommits (queue entries of neither) by entry
@@ -547,8 +550,9 @@ def _fence_known_done(s: Any, f: int) -> bool:
 
 
 def _qstate(s: Any, u: QueueUniverse | None = None) -> tuple[dict[str, Any], QueueUniverse]:
-    """The S4/S7 fence machine: objects' states, ``use[x][stream]`` the last
-    work item of each stream recorded on x, streams' launched/completed."""
+    """The S4/S7/S10 queue machine: objects' states, ``use[x][stream]`` the last
+    work item of each stream recorded on x, streams' launched/completed; every
+    object made in the one provider context (0), alive or not."""
     objs = _queue_objects(s)
     u = u if u is not None else QueueUniverse()
     ix = u.index([k for k, *_ in objs])
@@ -567,11 +571,12 @@ def _qstate(s: Any, u: QueueUniverse | None = None) -> tuple[dict[str, Any], Que
             astate[i] = E.FREED
     st = {"astate": (0, astate), "use": use,
           "iss": (0, {sx[r]: x.launched for r, x in s.streams.items()}),
-          "done": (0, {sx[r]: x.completed for r, x in s.streams.items()})}
+          "done": (0, {sx[r]: x.completed for r, x in s.streams.items()}),
+          "actx": (0, {}), "calive": (False, {0: s.registry.context_alive})}
     return st, u
 
 
-_Q_CMP = ("astate", "use", "iss", "done")
+_Q_CMP = ("astate", "use", "iss", "done", "actx", "calive")
 
 
 def _stream_ix(u: Any, stream: int) -> int:
@@ -597,8 +602,8 @@ _DECOMMIT_HELPERS = ("reserve_owned", "commit_owned")
 
 
 def _q_adapters(inv: str, also: tuple[str, ...] = ()) -> list[Adapter]:
-    """The fence machine's adapters for ``inv`` (and ``also``: S7 encodes
-    every action by the same step as S4, so each sample counts for both)."""
+    """The queue machine's adapters for ``inv`` (and ``also``: S7 and S10 encode
+    every action by the same step as S4, so each sample counts for each)."""
     exp = _keyed_expected(inv, _qstate, _Q_CMP)
 
     def ad(action: str, spec_action: str, arg: Any, ok_only: bool = False, **kw: Any) -> Adapter:
@@ -609,7 +614,7 @@ def _q_adapters(inv: str, also: tuple[str, ...] = ()) -> list[Adapter]:
     use = lambda key: (lambda s, u, a: {"x": _q_obj(s, u, a[key]), "st": _stream_ix(u, a["stream"])})  # noqa: E731
     return [
         # allocate_owned's refusals make nothing (S8's and S11's to compare)
-        ad("allocate", "allocate_owned", lambda s, u, a: {"x": _new(u)}, ok_only=True),
+        ad("allocate", "allocate_owned", lambda s, u, a: {"x": _new(u), "c": 0}, ok_only=True),
         ad("use", "use", use("allocation")),
         ad("use", "use_owned", use("reservation")),
         ad("use", "kv_use", use("request")),
@@ -625,6 +630,7 @@ def _q_adapters(inv: str, also: tuple[str, ...] = ()) -> list[Adapter]:
         ad("poll", "poll", lambda s, u, a: {}),
         Adapter(inv, "respond", "respond", _q_respond_p, exp, _Q_CMP, also=also, finite=True,
                 helpers=("use", "drop", "kv_use", "kv_close", "load_weight")),
+        ad("destroy_context", "destroy_context", lambda s, u, a: {"c": 0}),
     ]
 
 
@@ -659,18 +665,6 @@ def _ready(s: Any, u: Any) -> tuple[bool, dict[int, bool]]:
     ix = u.idx["q"]
     return (False, {ix[k]: all(_fence_known_done(s, f) for f in fences)
                     for k, code, fences, _c in _queue_objects(s) if code == E.QUEUED})
-
-
-def _s10_state(s: Any, u: QueueUniverse | None = None) -> tuple[dict[str, Any], QueueUniverse]:
-    """S10: every queue object, made in the one provider context (0)."""
-    objs = _queue_objects(s)
-    u = u if u is not None else QueueUniverse()
-    ix = u.index([k for k, *_ in objs])
-    astate = {ix[k]: code for k, code, _f, _c in objs}
-    for k, i in ix.items():
-        if k[0] == "entry" and i not in astate:
-            astate[i] = E.FREED
-    return {"astate": (0, astate), "actx": (0, {}), "calive": (False, {0: s.registry.context_alive})}, u
 
 
 def _s1_sys_state(s: Any, u: QueueUniverse | None = None) -> tuple[dict[str, Any], QueueUniverse]:
@@ -719,15 +713,8 @@ def _new(u: Any) -> int:
     return u.index([("new", 0)])[("new", 0)]
 
 
-_S10_CMP = ("astate", "calive")
 _S1_SYS_CMP = ("astate", "amech", "fmech", "inst")
-_S10_EXP = _keyed_expected("S10", _s10_state, _S10_CMP)
 _S1_EXP = _keyed_expected("S1", _s1_sys_state, _S1_SYS_CMP)
-_ONE = lambda key: (lambda s, u, a: {"x": _q_obj(s, u, a[key])})  # noqa: E731
-
-
-def _s10(action: str, spec_action: str, arg: Any, ok_only: bool = False, **kw: Any) -> Adapter:
-    return Adapter("S10", action, spec_action, _keyed(_s10_state, arg, ok_only), _S10_EXP, _S10_CMP, finite=True, **kw)
 
 
 def _s1(action: str, spec_action: str, arg: Any) -> Adapter:
@@ -735,16 +722,6 @@ def _s1(action: str, spec_action: str, arg: Any) -> Adapter:
 
 
 SYS_ADAPTERS += [
-    # allocate_owned's refusals make nothing (S8's and S11's to compare)
-    _s10("allocate", "allocate_owned", lambda s, u, a: {"x": _new(u), "c": 0}, ok_only=True),
-    _s10("drop", "drop", _ONE("allocation")),
-    _s10("close", "close_owned", _ONE("reservation")),
-    _s10("close", "kv_close", _ONE("request")),
-    _s10("decommit", "decommit_owned", lambda s, u, a: {"x": _q_obj(s, u, a["span"][0]), "y": _new(u),
-                                                        "bad": _decommit_bad(s, a["span"])},
-         balance=2, helpers=_DECOMMIT_HELPERS),
-    _s10("poll", "poll", lambda s, u, a: {"ready": _ready(s, u)}),
-    _s10("destroy_context", "destroy_context", lambda s, u, a: {"c": 0}),
     _s1("select", "select", lambda s, u, a: {"m": a["mechanism"]}),
     _s1("poll", "poll", lambda s, u, a: {"ready": _ready(s, u)}),
 ]
@@ -754,7 +731,7 @@ MECH_ADAPTERS += [
     Adapter("S1", "allocate", "allocate", _s1_alloc_project(False), _s1_expected, _S1_CMP),
     Adapter("S1", "allocate", "allocate_foreign", _s1_alloc_project(True), _s1_expected, _S1_CMP),
 ]
-SYS_ADAPTERS += _q_adapters("S4", also=("S7",))
+SYS_ADAPTERS += _q_adapters("S4", also=("S7", "S10"))
 
 
 # -- S6: tickets answered by the holders that choose their own victims ---------

@@ -730,7 +730,7 @@ _RESPOND_ADAPTERS = {("S2", "respond"), ("S4", "respond"), ("S9", "respond")}
 
 
 def _extra_focused(n: int, seed: int, inv: int, ids: set[str]) -> list[AgreementReport]:
-    walked = {i for i, _a in _KV_RELEASE_ADAPTERS | _RESPOND_ADAPTERS} | {"S7", "S8"}
+    walked = {i for i, _a in _KV_RELEASE_ADAPTERS | _RESPOND_ADAPTERS} | {"S7", "S8", "S10"}
     return run_focused(n, seed, inv) if ids & ({"S5", "S12", "S13", "S14"} | walked) else []
 
 

@@ -111,8 +111,6 @@ KNOWN_GAPS: tuple[tuple[str, str, str], ...] = (
     ("S10", "system:kv_open", "a KV request pins the context (live_objects): not in S10's machine"),
     ("S10", "system:load_weight", "a weight's owned allocation pins the context: not in S10's machine"),
     ("S10", "system:reserve_owned", "an owned reservation pins the context: not in S10's machine"),
-    ("S10", "system:respond", "respond queues and runs releases (pins, queue): not in S10's machine"),
-    ("S10", "system:unload_weight", "a queued release (pins, queue): not in S10's machine"),
     ("S13", "system:kv_grow", "S13's keep-pages-for-sharers rule is in no machine (issue 33)"),
     ("S13", "system:poll", "S13's keep-pages-for-sharers rule is in no machine: a KV release run (issue 33)"),
     ("S13", "system:respond", "S13's keep-pages-for-sharers rule is in no machine: a KV release run (issue 33)"),

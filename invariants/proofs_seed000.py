@@ -8,10 +8,16 @@ Object lifecycle codes: 0 none (id never used), 1 live, 2 queued (dropped,
 waiting for fences), 3 freed.
 
 The encodings are split by invariant group, each module under 1,200 lines:
-:mod:`.proofs_seed000_objects` (S1 through S7), :mod:`.proofs_seed000_ledger` (the
-ledger model: S8 through S11), and this module (S12 through S15, G1, the proof lists
-:data:`PROOFS` / :data:`MORE_PROOFS` and the encoded-action catalog).  Every name of
-the parts is a name of this module: import from here.
+:mod:`.proofs_seed000_objects` (S1 through S7, and S10 on S4's deferred-free queue
+machine), :mod:`.proofs_seed000_ledger` (the ledger model: S8, S9, S11), and this
+module (S12 through S15, G1, the proof lists :data:`PROOFS` / :data:`MORE_PROOFS` and
+the encoded-action catalog).  Every name of the parts is a name of this module: import
+from here.
+
+Rows that state their rule on the same spec actions share one machine (the same
+fields, the same steps and preconditions; each row with its own invariant, named rule
+and unguarded variant): S7 and S10 are proved on S4's deferred-free queue machine, S8
+on S11's ledger model, G1 on S15's tickets.
 """
 
 from __future__ import annotations
@@ -29,11 +35,11 @@ from memspec.spec import kernels as K
 from memspec.spec.invariants import BY_ID as CATALOG
 from memspec.invariants import proofs_seed000_objects, proofs_seed000_ledger
 from memspec.invariants.proofs_seed000_objects import (
-    F0, FREED, LIVE, NONE, S1, S2, S3, S4, S5, S6, S7, T_CANCELLED, T_CLAIMED, T_FAILED, T_GRANTED, T_PENDING,
-    T_TIMED_OUT, Z0, _fences_done, _oom, _s5_named, _terminal, alive, catalog,
+    F0, FREED, LIVE, NONE, S1, S10, S2, S3, S4, S5, S6, S7, T_CANCELLED, T_CLAIMED, T_FAILED, T_GRANTED, T_PENDING,
+    T_TIMED_OUT, Z0, _fences_done, _oom, _s10_inv, _s5_named, _terminal, alive, catalog,
 )
 from memspec.invariants.proofs_seed000_ledger import (
-    S10, S11, S8, S9, _L_NEW, _ledger, _s11_named, _s8_named, _with_ledger,
+    S11, S8, S9, _L_NEW, _ledger, _s11_named, _s8_named, _with_ledger,
 )
 
 #: the modules this one is assembled from, in order (split by invariant group); a name
@@ -714,10 +720,11 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
            "respond": ("system:respond",), "reserve_owned": ("system:reserve_owned",)},
     "S3": {"select": ("system:select",), "query": ("system:binding_capabilities", "system:manager_capabilities",
                                                     "system:allocate_owned")},
+    # the deferred-free queue machine (S4, S7, S10: one machine, below)
     "S4": {"allocate": ("system:allocate_owned",), "use": ("system:use", "system:use_owned", "system:kv_use"),
            "drop": ("system:drop",), "close": ("system:close_owned", "system:unload_weight", "system:kv_close"),
            "decommit": ("system:decommit_owned",), "synchronize": ("system:synchronize",), "poll": ("system:poll",),
-           "respond": ("system:respond",)},
+           "respond": ("system:respond",), "destroy_context": ("system:destroy_context",)},
     "S5": {**{n: (f"mechanism:{n}",) for n in ("query_virtual_backing", "query_shared_mapping", "reserve", "commit_range",
                                                 "decommit_range", "committed_bytes", "release_reservation")},
            **{n: (f"system:{n}",) for n in ("reserve_owned", "commit_owned", "kv_open")},
@@ -725,16 +732,8 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
            **{f"m_{n}": (f"mechanism:{n}",) for n in ("allocate", "deallocate", "create", "release_handle", "unmap",
                                                        "copy_on_write")}},
     "S6": {n: (f"system:{n}",) for n in ("issue_ticket", "set_hot", "respond")},
-    "S7": {"allocate": ("system:allocate_owned",), "use": ("system:use", "system:use_owned", "system:kv_use"),
-           "drop": ("system:drop",), "close": ("system:close_owned", "system:unload_weight", "system:kv_close"),
-           "decommit": ("system:decommit_owned",), "synchronize": ("system:synchronize",), "poll": ("system:poll",),
-           "respond": ("system:respond",)},
-
     "S9": {"grow": ("system:kv_grow",), "open": ("system:kv_open",), "use": ("system:kv_use",),
            "close": ("system:kv_close",), "release": ("system:poll",), "respond": ("system:respond",)},
-    "S10": {"allocate": ("system:allocate_owned",), "drop": ("system:drop",),
-            "close": ("system:close_owned", "system:kv_close"), "decommit": ("system:decommit_owned",),
-            "poll": ("system:poll",), "destroy_context": ("system:destroy_context",)},
     "S11": {**{n: (f"system:{n}",) for n in ("reserve", "commit", "cancel", "refund_lease", "allocate_owned",
                                              "load_weight", "commit_owned", "kv_grow", "drop", "unload_weight",
                                              "poll", "claim", "cancel_ticket", "expire", "respond")},
@@ -759,6 +758,7 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
             "reconfigure": ("system:reconfigure",)},
 }
 ENCODES["G1"] = ENCODES["S15"]  # G1 is on S15's machine
+ENCODES["S7"] = ENCODES["S10"] = ENCODES["S4"]  # S7 and S10 are on S4's queue machine
 #: S8's machine is part of S11's (one ledger model, the same steps)
 ENCODES["S8"] = {a.name: ENCODES["S11"][a.name] for a in S8.actions}
 
@@ -776,7 +776,7 @@ NAMED: dict[str, Any] = {
     "S7": lambda s, o: z3.BoolVal(True),  # a step property: drop enqueues, never frees or synchronizes
     "S8": _s8_named,
     "S9": lambda s, r: And(at(s.view, r) == at(s.kc, r), at(s.chg, r) + at(s.prefix, r) == at(s.kc, r)),
-    "S10": lambda s, o: Implies(alive(s, o), at(s.calive, at(s.actx, o))),
+    "S10": _s10_inv,
     "S11": _s11_named,
     "S12": lambda s, r: Implies(at(s.rstate, r) == LIVE, at(s.base, r) == at(s.base0, r)),
     "S13": lambda s, o: And(Implies(_shared_map(s, o), Not(at(s.hfreed, at(s.mh, o)))),

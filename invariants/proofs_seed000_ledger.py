@@ -1,9 +1,10 @@
-"""Z3 encodings of seed 000's invariants S8 through S11: the second part of
+"""Z3 encodings of seed 000's invariants S8, S9 and S11: the second part of
 :mod:`memspec.invariants.proofs_seed000` (which assembles them; import from there).
 
 S8 exact-accounting and S11 ledger-conservation (ONE ledger model: every action of the
-Governor, the holders and the queue on one state), S9 transactional-growth, S10
-context-pinned.
+Governor, the holders and the queue on one state), S9 transactional-growth.  (S10
+context-pinned is proved on S4's deferred-free queue machine, in
+:mod:`.proofs_seed000_objects`.)
 """
 
 from __future__ import annotations
@@ -14,13 +15,12 @@ import z3
 
 from memspec.invariants.z3fast import And, Implies, Not, Or
 from memspec.invariants.proofs import (
-    ARR, ARR2, ARR2B, BARR, BOOL, CODE, INT, OK, PENDING, Act, Proof, St, at, count_append, count_change, merge, on_ok,
-    outcome, prefix_append, prefix_change, prefix_count, prefix_sum, upd,
+    ARR, ARR2, BOOL, CODE, INT, OK, Act, Proof, St, at, merge, on_ok, outcome, prefix_append, prefix_change,
+    prefix_count, prefix_sum, upd,
 )
 from memspec.spec import kernels as K
 from memspec.invariants.proofs_seed000_objects import (
-    F0, FREED, LIVE, NONE, QUEUED, T_CANCELLED, T_CLAIMED, T_FAILED, T_GRANTED, T_PENDING, T_TIMED_OUT, Z0, _X,
-    _terminal, alive, catalog,
+    T_CANCELLED, T_CLAIMED, T_FAILED, T_GRANTED, T_PENDING, T_TIMED_OUT, Z0, _terminal, catalog,
 )
 
 
@@ -790,90 +790,6 @@ S9 = Proof(
     unguarded=Act("grow", _GROW, _s9_grow(False), pre=_GROW_PRE, objs=("r",)),
     guard="a failure at step 4/5 rolls back the mapping (and returns the grant)",
     bmc_depth=1,
-)
-
-
-# ==========================================================================
-# S10 context-pinned
-# ==========================================================================
-# Objects as for S4 (anything released through the deferred-free queue),
-# each made in context ``actx[x]``; ``calive[c]``: context ``c`` exists.
-# A context's pins are its live and queued objects, stated as they are
-# (*the context is not destroyed while an allocation is still alive*), so no
-# counter or ghost sum is needed: destroy_context asks whether one exists.
-
-def _s10_create(s: St, a: St):
-    """The provider context is created (the system starts with it)."""
-    return on_ok(z3.IntVal(OK), s, s.set(calive=upd(s.calive, a.c, True)))
-
-
-def _s10_alloc(s: St, a: St):
-    """An owning allocation is made in the binding's context (the binding is
-    used only while its context is alive)."""
-    return on_ok(z3.IntVal(OK), s, s.set(astate=upd(s.astate, a.x, LIVE), actx=upd(s.actx, a.x, a.c)))
-
-
-def _s10_drop(s: St, a: St):
-    """Drop / close: the release is queued; the object still pins its context."""
-    out = outcome((at(s.astate, a.x) != LIVE, "DoubleFree"))
-    return on_ok(out, s, s.set(astate=upd(s.astate, a.x, QUEUED)))
-
-
-def _s10_decommit(s: St, a: St):
-    """A decommit queues a release ``y`` made in the reservation's context."""
-    out = outcome((a.bad, "InvalidRange"))
-    return on_ok(out, s, s.set(astate=upd(s.astate, a.y, QUEUED), actx=upd(s.actx, a.y, at(s.actx, a.x))))
-
-
-def _s10_poll(s: St, a: St):
-    """``poll`` runs the queued releases the EP reports done (``ready``):
-    they stop pinning their context."""
-    j = z3.Int("s10_j")
-    runs = And(at(s.astate, j) == QUEUED, at(a.ready, j))
-    return on_ok(z3.IntVal(OK), s, s.set(astate=z3.Lambda([j], z3.If(runs, FREED, at(s.astate, j)))))
-
-
-def _pinned(s: St, c: Any) -> Any:
-    """Some live or queued object was made in context ``c``."""
-    j = z3.Int("pin_j")
-    return z3.Exists([j], And(alive(s, j), at(s.actx, j) == c))
-
-
-def _s10_destroy(check: bool):
-    """destroy_context: while pinned, ContextBusy and it stays alive.
-    Unguarded: destroyed whatever still pins it."""
-    def step(s: St, a: St):
-        pairs = [(_pinned(s, a.c), "ContextBusy")] if check else []
-        return on_ok(outcome(*pairs), s, s.set(calive=upd(s.calive, a.c, False)))
-    return step
-
-
-def _s10_inv(s: St, o: Any) -> Any:
-    """A live or queued object's context is alive."""
-    return Implies(alive(s, o), at(s.calive, at(s.actx, o)))
-
-
-_C = {"c": INT}
-_S10_LIVE = lambda s, a: at(s.astate, a.x) == LIVE  # noqa: E731
-S10 = Proof(
-    *catalog("S10"),
-    fields={"astate": ARR, "actx": ARR, "calive": BARR},
-    init=lambda s: And(s.astate == Z0(), s.calive == F0()),
-    inv=_s10_inv,
-    actions=[
-        Act("create_context", _C, _s10_create, pre=lambda s, a: Not(at(s.calive, a.c))),
-        Act("allocate", {"x": INT, "c": INT}, _s10_alloc,
-            pre=lambda s, a: And(at(s.astate, a.x) == NONE, at(s.calive, a.c)), objs=("x",)),
-        Act("drop", _X, _s10_drop, pre=lambda s, a: at(s.astate, a.x) != NONE, objs=("x",)),
-        Act("close", _X, _s10_drop, pre=_S10_LIVE, objs=("x",)),
-        Act("decommit", {"x": INT, "y": INT, "bad": BOOL}, _s10_decommit,
-            pre=lambda s, a: And(_S10_LIVE(s, a), at(s.astate, a.y) == NONE), objs=("x", "y")),
-        Act("poll", {"ready": BARR}, _s10_poll),
-        Act("destroy_context", _C, _s10_destroy(True), pre=lambda s, a: at(s.calive, a.c)),
-    ],
-    unguarded=Act("destroy_context", _C, _s10_destroy(False), pre=lambda s, a: at(s.calive, a.c)),
-    guard="destroy_context raises ContextBusy while allocations or queued releases pin it",
-    bmc_depth=3,
 )
 
 

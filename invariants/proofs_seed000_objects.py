@@ -1,9 +1,10 @@
-"""Z3 encodings of seed 000's invariants S1 through S7: the first part of
+"""Z3 encodings of seed 000's invariants S1 through S7 and S10: the first part of
 :mod:`memspec.invariants.proofs_seed000` (which assembles them; import from there).
 
-S1 creator-free, S2 charge-before-commit, S3 fresh-capability, S4 fence-release (and
-the queue S7 shares), S5 no-silent-noop, S6 holder-chooses, S7 role-separation; with
-the codes every encoding shares (object lifecycle, ticket states) and :func:`catalog`.
+S1 creator-free, S2 charge-before-commit, S3 fresh-capability, S4 fence-release (the
+deferred-free queue machine, with the objects' contexts: S7 and S10 are proved on it
+too), S5 no-silent-noop, S6 holder-chooses, S7 role-separation, S10 context-pinned;
+with the codes every encoding shares (object lifecycle, ticket states) and :func:`catalog`.
 """
 
 from __future__ import annotations
@@ -312,7 +313,7 @@ S3 = Proof(
 
 
 # ==========================================================================
-# S4 fence-release  (and the queue used by S7)
+# S4 fence-release: the deferred-free queue machine, shared by S4, S7 and S10
 # ==========================================================================
 
 # Streams are unbounded: ``iss[st]`` / ``done[st]`` count the work items
@@ -322,10 +323,14 @@ S3 = Proof(
 # -> enter the EP/context deferred-free queue -> wait for the related
 # stream/fence to finish -> allocator actually frees*): an owning allocation,
 # a weight, an owning reservation, a KV request, or a queued decommit of some
-# of a reservation's pages.
+# of a reservation's pages.  Each is made in context ``actx[x]``;
+# ``calive[c]``: context ``c`` exists (S10's part of the state: a context's
+# pins are its live and queued objects, stated as they are, so no counter or
+# ghost sum is needed).  The initial contexts are any (the system starts with
+# its provider context): no object exists, so none is pinned.
 
 def _fence_fields() -> dict[str, str]:
-    return {"astate": ARR, "use": ARR2, "iss": ARR, "done": ARR}
+    return {"astate": ARR, "use": ARR2, "iss": ARR, "done": ARR, "actx": ARR, "calive": BARR}
 
 
 def _fence_init(s: St) -> Any:
@@ -333,8 +338,11 @@ def _fence_init(s: St) -> Any:
 
 
 def _q_alloc(s: St, a: St):
-    """An object is made (an owning allocation): live, no work has used it yet."""
-    return on_ok(z3.IntVal(OK), s, s.set(astate=upd(s.astate, a.x, LIVE), use=upd(s.use, a.x, Z0())))
+    """An object is made (an owning allocation) in the binding's context ``c``
+    (the binding is used only while its context is alive): live, no work has
+    used it yet."""
+    return on_ok(z3.IntVal(OK), s, s.set(astate=upd(s.astate, a.x, LIVE), use=upd(s.use, a.x, Z0()),
+                                         actx=upd(s.actx, a.x, a.c)))
 
 
 def _q_use(s: St, a: St):
@@ -347,7 +355,8 @@ def _q_use(s: St, a: St):
 
 def _q_drop(s: St, a: St):
     """*Drop should be responsible for enqueuing*: a live object's release is
-    queued (a second drop: DoubleFree); nothing is freed, no stream waited on."""
+    queued (a second drop: DoubleFree); nothing is freed, no stream waited on
+    (the object still pins its context)."""
     out = outcome((at(s.astate, a.x) != LIVE, "DoubleFree"))
     return on_ok(out, s, s.set(astate=upd(s.astate, a.x, QUEUED)))
 
@@ -355,9 +364,11 @@ def _q_drop(s: St, a: St):
 def _q_decommit(s: St, a: St):
     """A decommit of a live reservation's pages (``bad``: a page of the range
     is not committed, InvalidRange) queues their release as a new object
-    ``y``, behind every fence recorded on the reservation so far."""
+    ``y``, behind every fence recorded on the reservation so far, made in the
+    reservation's context."""
     out = outcome((a.bad, "InvalidRange"))
-    return on_ok(out, s, s.set(astate=upd(s.astate, a.y, QUEUED), use=upd(s.use, a.y, at(s.use, a.x))))
+    return on_ok(out, s, s.set(astate=upd(s.astate, a.y, QUEUED), use=upd(s.use, a.y, at(s.use, a.x)),
+                               actx=upd(s.actx, a.y, at(s.actx, a.x))))
 
 
 def _q_sync(s: St, a: St):
@@ -407,11 +418,33 @@ def _q_respond_pre(s: St, a: St) -> Any:
     return And(0 <= a.nv, a.nv <= 2, Implies(a.nv >= 1, ok(a.v1)), Implies(a.nv >= 2, And(ok(a.v2), a.v2 != a.v1)))
 
 
+def _q_create_context(s: St, a: St):
+    """The provider context is created (the system starts with it)."""
+    return on_ok(z3.IntVal(OK), s, s.set(calive=upd(s.calive, a.c, True)))
+
+
+def _pinned(s: St, c: Any) -> Any:
+    """Some live or queued object was made in context ``c``."""
+    j = z3.Int("pin_j")
+    return z3.Exists([j], And(alive(s, j), at(s.actx, j) == c))
+
+
+def _q_destroy_context(check: bool):
+    """destroy_context: while pinned, ContextBusy and it stays alive.
+    Unguarded: destroyed whatever still pins it."""
+    def step(s: St, a: St):
+        pairs = [(_pinned(s, a.c), "ContextBusy")] if check else []
+        return on_ok(outcome(*pairs), s, s.set(calive=upd(s.calive, a.c, False)))
+    return step
+
+
 _X = {"x": INT}
+_C = {"c": INT}
 _STREAM_PRE = lambda s, a: a.st >= 0  # noqa: E731
 _LIVE_X = lambda s, a: at(s.astate, a.x) == LIVE  # noqa: E731
 _FENCE_ACTS = [
-    Act("allocate", _X, _q_alloc, pre=lambda s, a: at(s.astate, a.x) == NONE, objs=("x",)),
+    Act("allocate", {"x": INT, "c": INT}, _q_alloc,
+        pre=lambda s, a: And(at(s.astate, a.x) == NONE, at(s.calive, a.c)), objs=("x",)),
     Act("use", {"x": INT, "st": INT}, _q_use, pre=lambda s, a: And(_STREAM_PRE(s, a), _LIVE_X(s, a)), objs=("x",)),
     Act("drop", _X, _q_drop, pre=lambda s, a: at(s.astate, a.x) != NONE, objs=("x",)),
     # close_owned, unload_weight, kv_close: the same enqueue, drawn on live objects only
@@ -424,6 +457,8 @@ _FENCE_ACTS = [
     # respond's releases: the victims' (no fence pending) and the queued ones whose fences are done
     Act("respond", {"nv": INT, "v1": INT, "v2": INT, "terminal": BOOL}, _q_respond, pre=_q_respond_pre,
         objs=("v1", "v2")),
+    Act("create_context", _C, _q_create_context, pre=lambda s, a: Not(at(s.calive, a.c))),
+    Act("destroy_context", _C, _q_destroy_context(True), pre=lambda s, a: at(s.calive, a.c)),
 ]
 
 
@@ -784,4 +819,24 @@ S7 = Proof(
     guard="Drop only enqueues on the deferred-free queue",
     step_prop=_s7_prop,
     bmc_depth=2,
+)
+
+
+# ==========================================================================
+# S10 context-pinned: the queue machine of S4 (its ``actx`` / ``calive``)
+# ==========================================================================
+
+def _s10_inv(s: St, o: Any) -> Any:
+    """A live or queued object's context is alive."""
+    return Implies(alive(s, o), at(s.calive, at(s.actx, o)))
+
+
+S10 = Proof(
+    *catalog("S10"),
+    fields=_fence_fields(), init=_fence_init, inv=_s10_inv,
+    # the queue machine of S4, action by action (so S4's agreement samples are S10's too)
+    actions=list(_FENCE_ACTS),
+    unguarded=Act("destroy_context", _C, _q_destroy_context(False), pre=_FENCE_ACTS[-1].pre),
+    guard="destroy_context raises ContextBusy while allocations or queued releases pin it",
+    bmc_depth=3,
 )

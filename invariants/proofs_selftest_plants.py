@@ -61,8 +61,9 @@ def _swap(inv: str, action: str, step: Callable[[Any, Any], Any]) -> Callable[[]
 # -- encoding breaks that are not "the guard removed" -------------------------
 
 def _s10_alloc_no_context(s: Any, a: Any) -> Any:
-    """allocate that does not record the context it was made in (so nothing pins it)."""
-    return on_ok(z3.IntVal(E.OK), s, s.set(astate=upd(s.astate, a.x, E.LIVE)))
+    """The queue machine's allocate (S4's, which S10 is proved on) that does not record the context
+    it was made in (so nothing pins it)."""
+    return on_ok(z3.IntVal(E.OK), s, s.set(astate=upd(s.astate, a.x, E.LIVE), use=upd(s.use, a.x, E.Z0())))
 
 
 def _s8_commit_keeps_open_grant(s: Any, a: Any) -> Any:

@@ -240,6 +240,32 @@ def test_dropping_an_encoded_action_drops_coverage_queue_and_charge(inv_id: str,
     assert set(declared(inv_id)) - set(encoded(fewer))
 
 
+def test_rows_credited_by_one_adapter_share_its_machine() -> None:
+    """Issue 33 (one Z3 relation per spec action): an agreement adapter credits its samples to the
+    further rows of ``also`` only where they are proved on the adapter's very machine (the same
+    fields; the encoded action by the same step and precondition functions).  S7 and S10 are on S4's
+    deferred-free queue machine: one projection, one adapter per spec action, for the three rows."""
+    from memspec.invariants import agreement_adapters as A
+    from memspec.invariants.proofs_seed000 import MORE_PROOFS
+
+    proofs = {p.id: p for p in PROOFS + MORE_PROOFS}
+    shared: dict[str, set[str]] = {}
+    for ad in A.MECH_ADAPTERS + A.SYS_ADAPTERS + A.TICKET_ADAPTERS + A.SMALL_SYS_ADAPTERS:
+        p = proofs[ad.invariant]
+        for other in ad.also:
+            q = proofs[other]
+            assert q.fields == p.fields, (ad.invariant, other)
+            assert q.action(ad.action).step is p.action(ad.action).step, (ad.invariant, other, ad.action)
+            assert q.action(ad.action).pre is p.action(ad.action).pre, (ad.invariant, other, ad.action)
+            shared.setdefault(ad.invariant, set()).add(other)
+    assert shared.get("S4") == {"S7", "S10"}, shared
+    s4, s10 = proofs["S4"], proofs["S10"]
+    assert [a.name for a in s10.actions] == [a.name for a in s4.actions]
+    assert all(a.step is b.step and a.pre is b.pre for a, b in zip(s4.actions, s10.actions))
+    # no adapter of S10's own: every S10 sample comes from the queue machine's adapters
+    assert not [ad for ad in A.SYS_ADAPTERS + A.MECH_ADAPTERS if ad.invariant == "S10"]
+
+
 def test_s4_poll_checks_every_stream_not_two() -> None:
     """Streams are unbounded: a poll that checks only streams 0 and 1 is
     refuted (work on a third stream is still running)."""
