@@ -87,6 +87,37 @@ def test_a_new_catalog_id_is_a_row_of_prove_and_of_its_self_test(scratch_catalog
         T.catalog()
 
 
+def test_a_new_invariant_with_a_check_is_told_what_its_proof_needs(scratch_catalogs, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """S16 with an executable check (S2's predicate, under a new id) and no proof: ``prove S16`` fails,
+    naming the fields the check reads, the spec actions that write them (derived exactly as S2's own row
+    derives its coverage, so the two sets are equal) and the closest existing machine."""
+    from memspec.commands import prove as P
+    from memspec.invariants import footprints as F
+    from memspec.invariants.proofs_catalog import all_proofs
+    from memspec.spec import invariants as seed000
+
+    s16 = seed000._inv("S16", "scratch: S2's predicate under a new id", "(scratch)", seed000.S2.check)
+    monkeypatch.setattr(seed000, "ALL", seed000.ALL + [s16])
+    capsys.readouterr()
+    rc = P.main(["S16", "--jobs", "1", "--no-caching"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "NOT PROVED" in out and "no Z3 proof" in out and "no executable check" not in out, out
+    need = P._what_a_proof_needs("S16")
+    (s2,) = [p for p in all_proofs() if p.id == "S2"]
+    assert need["required"] == sorted(F.row_coverage(s2).required) and need["required"], need
+    assert need["reads"] and all(r in out for r in need["reads"][:8]), (need, out)
+    assert f"closest machine: {need['closest_machine']}'s encodes" in out, out
+    assert "the spec actions that write them: " + ", ".join(need["required"]) in out, out
+
+
+def test_a_catalog_id_with_no_check_is_told_so(scratch_catalogs, capsys) -> None:  # type: ignore[no-untyped-def]
+    from memspec.commands import prove as P
+
+    capsys.readouterr()
+    assert P.main(["S16", "--jobs", "1", "--no-caching"]) == 1
+    assert "no executable check: memspec.spec.invariants.ALL has no Invariant S16" in capsys.readouterr().out
+
+
 #: ranges from 1 in prose that name a part of a catalog on purpose, and why (any other names the whole one)
 PROSE_PARTS = {
     "C1-C3": "proofs_caching.py: the rows of its bounded search; bench/README.md: bench runs named C1-C3",

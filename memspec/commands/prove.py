@@ -192,8 +192,11 @@ def _unencoded_seed000(ids: list[str]) -> list[str]:
     return [e.id for e in seed000.CATALOG if e.id not in have and (not ids or e.id in ids)]
 
 
-def _unencoded_record(inv_id: str) -> dict[str, Any]:
-    """The row of a catalog invariant with no Z3 proof: not proved, saying what is missing."""
+def _unencoded_record(inv_id: str, fp: Any = None) -> dict[str, Any]:
+    """The row of a catalog invariant with no Z3 proof: not proved, saying what is missing -- and, when the
+    spec has its executable check, what a proof needs: the fields the check reads and the spec actions that
+    write them (derived as every row's coverage is, :mod:`memspec.invariants.footprints`), and the existing
+    machine that already encodes most of those actions (a new row can share it, as S7 shares S4's)."""
     from memspec.invariants.proofs_catalog import declared
     from memspec.spec import invariants as seed000
 
@@ -207,9 +210,51 @@ def _unencoded_record(inv_id: str) -> dict[str, Any]:
         "checks": [], "_details": {"inv": [], "mismatch": [], "unsampled": []},
     }
     rec = _verdict(rec)
-    rec["_why"].insert(0, f"no Z3 proof: {inv_id} is in the catalog (memspec.spec.invariants) but "
-                          "memspec.invariants.proofs_seed000 has no Proof for it (PROOFS)")
+    missing = [f"no Z3 proof: {inv_id} is in the catalog (memspec.spec.invariants) but "
+               "memspec.invariants.proofs_seed000 has no Proof for it (PROOFS)"]
+    if not any(i.id == inv_id for i in seed000.ALL):
+        missing.append(f"no executable check: memspec.spec.invariants.ALL has no Invariant {inv_id} (its "
+                       "predicate over the spec state comes first: the proof's reads and actions derive from it)")
+    else:
+        need = _what_a_proof_needs(inv_id, fp)
+        rec["needs"] = need
+        if need["required"]:
+            best, lacks = need["closest_machine"], need["closest_lacks"]
+            missing.append(f"{inv_id} reads {', '.join(need['reads'][:8])}"
+                           + (" ..." if len(need["reads"]) > 8 else "") + "; the spec actions that write them: "
+                           + ", ".join(need["required"]))
+            missing.append(f"closest machine: {best}'s encodes "
+                           + (f"all of them: what is missing is a Proof on that machine (its fields and actions, as "
+                              f"S7 shares S4's) with {inv_id}'s predicate in Z3 terms, and its NAMED entry"
+                              if not lacks else
+                              f"all but {', '.join(lacks)} (encode those, or a KNOWN_GAPS line with a reason)"))
+        else:
+            missing.append(f"{inv_id}'s check reads nothing any spec action writes in the derivation's walks "
+                           f"({need['steps']} steps): no machine can say anything about it")
+    rec["_why"][:0] = missing
+    rec["proved"] = False
     return rec
+
+
+def _what_a_proof_needs(inv_id: str, fp: Any = None) -> dict[str, Any]:
+    """For an invariant with an executable check and no proof: its derived reads, the spec actions whose
+    writes meet them (``level:action``), and the proof whose machine encodes the most of those."""
+    from types import SimpleNamespace
+
+    from memspec.invariants import footprints as F
+    from memspec.invariants.proofs_catalog import all_proofs, encoded
+
+    fp = fp if fp is not None else F.footprints()
+    cov = F.row_coverage(SimpleNamespace(id=inv_id, declared_by=inv_id, actions=[]), fp, known=())
+    required = sorted(cov.required)
+    best, lacks = None, required
+    for q in all_proofs():
+        enc = set(encoded(q))
+        miss = [a for a in required if a not in enc]
+        if best is None or len(miss) < len(lacks):
+            best, lacks = q.id, miss
+    return {"reads": list(cov.reads), "required": required, "closest_machine": best, "closest_lacks": lacks,
+            "steps": fp.steps}
 
 
 def _caching_records(heap: Any, agree: Any = None, c8: Any = None) -> list[dict[str, Any]]:
@@ -458,7 +503,7 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
     for p, (res, _cpu) in zip(proofs, by_kind.get("S", [])):
         r, bsets = res
         records.append(_verdict(_seed000_record(p, r, reps, bsets, fp)))
-    records += [_unencoded_record(i) for i in _unencoded_seed000(ids)]
+    records += [_unencoded_record(i, fp) for i in _unencoded_seed000(ids)]
     if want_p1:
         records.append(by_kind["P1"][0][0])
     caching = None
