@@ -274,8 +274,6 @@ def main(argv: list[str]) -> int:
         if why is not None:
             say(f"memspec fuzz: --db {args.db} cannot persist anything ({why}): "
                 "the counterexamples of this run will not be saved")
-    from rich.live import Live
-
     from memspec import profiles as _profiles  # noqa: F401 - the "fuzz" profile, before the forks
 
     opts = options(args, jobs)
@@ -286,8 +284,12 @@ def main(argv: list[str]) -> int:
         disp.workers[w] = {lvl: v[:4] for lvl, v in levels.items()}
         disp.worker_seconds[w] = {lvl: v[4] for lvl, v in levels.items()}
 
-    live = contextlib.nullcontext() if args.quiet else Live(disp, console=console, refresh_per_second=4,
-                                                              transient=False, redirect_stdout=False)
+    if args.quiet:   # no live display: rich.live is not even imported
+        live = contextlib.nullcontext()
+    else:
+        from rich.live import Live
+
+        live = Live(disp, console=console, refresh_per_second=4, transient=False, redirect_stdout=False)
     with live:
         got = engine.run(opts, on_progress=on_progress, note=disp.failures.append)
     disp.parent_cpu, disp.parent_setup_cpu, disp.fuzz_cpu = got.parent_cpu, got.parent_setup_cpu, got.fuzz_cpu
