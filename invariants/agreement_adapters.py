@@ -613,8 +613,9 @@ def _q_adapters(inv: str, also: tuple[str, ...] = ()) -> list[Adapter]:
     obj = lambda key: (lambda s, u, a: {"x": _q_obj(s, u, a[key])})  # noqa: E731
     use = lambda key: (lambda s, u, a: {"x": _q_obj(s, u, a[key]), "st": _stream_ix(u, a["stream"])})  # noqa: E731
     return [
-        # allocate_owned's refusals make nothing (S8's and S11's to compare)
-        ad("allocate", "allocate_owned", lambda s, u, a: {"x": _new(u), "c": 0}, ok_only=True),
+        # each makes one queue object, live, with no fence yet; their refusals make nothing (other rows' to compare)
+        *[ad("allocate", n, lambda s, u, a: {"x": _new(u), "c": 0}, ok_only=True)
+          for n in ("allocate_owned", "load_weight", "reserve_owned", "kv_open")],
         ad("use", "use", use("allocation")),
         ad("use", "use_owned", use("reservation")),
         ad("use", "kv_use", use("request")),

@@ -108,9 +108,6 @@ KNOWN_GAPS: tuple[tuple[str, str, str], ...] = (
     ("S8", "system:refund_lease", "a lease refund lowers lease bytes and charge: not in S8's machine"),
     ("S8", "system:poll", "a poll runs queued releases (KV pieces too): kv_release is on S11's machine only; "
                           "on S8's, its unguarded-commit search was refuted or not by the terms built before"),
-    ("S10", "system:kv_open", "a KV request pins the context (live_objects): not in S10's machine"),
-    ("S10", "system:load_weight", "a weight's owned allocation pins the context: not in S10's machine"),
-    ("S10", "system:reserve_owned", "an owned reservation pins the context: not in S10's machine"),
     ("S13", "system:kv_grow", "S13's keep-pages-for-sharers rule is in no machine (issue 33)"),
     ("S13", "system:poll", "S13's keep-pages-for-sharers rule is in no machine: a KV release run (issue 33)"),
     ("S13", "system:respond", "S13's keep-pages-for-sharers rule is in no machine: a KV release run (issue 33)"),

@@ -721,7 +721,8 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
     "S3": {"select": ("system:select",), "query": ("system:binding_capabilities", "system:manager_capabilities",
                                                     "system:allocate_owned")},
     # the deferred-free queue machine (S4, S7, S10: one machine, below)
-    "S4": {"allocate": ("system:allocate_owned",), "use": ("system:use", "system:use_owned", "system:kv_use"),
+    "S4": {"allocate": ("system:allocate_owned", "system:load_weight", "system:reserve_owned", "system:kv_open"),
+           "use": ("system:use", "system:use_owned", "system:kv_use"),
            "drop": ("system:drop",), "close": ("system:close_owned", "system:unload_weight", "system:kv_close"),
            "decommit": ("system:decommit_owned",), "synchronize": ("system:synchronize",), "poll": ("system:poll",),
            "respond": ("system:respond",), "destroy_context": ("system:destroy_context",)},

@@ -338,9 +338,9 @@ def _fence_init(s: St) -> Any:
 
 
 def _q_alloc(s: St, a: St):
-    """An object is made (an owning allocation) in the binding's context ``c``
-    (the binding is used only while its context is alive): live, no work has
-    used it yet."""
+    """An object is made (an owning allocation, a weight, an owning
+    reservation, a KV request) in the binding's context ``c`` (the binding is
+    used only while its context is alive): live, no work has used it yet."""
     return on_ok(z3.IntVal(OK), s, s.set(astate=upd(s.astate, a.x, LIVE), use=upd(s.use, a.x, Z0()),
                                          actx=upd(s.actx, a.x, a.c)))
 
