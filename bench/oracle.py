@@ -21,7 +21,10 @@ the same walks also run on that tree, interleaved with this one's, and the
 row's ratio is this tree's rate over the baseline's (the note gives both);
 without it the ratio is empty.  The note gives the phase split of a step
 (:func:`bench.profile.walk_phases`, CPU us/step, this tree) and the load
-average.  No target: the figures say where the oracle's time goes.
+average.  The split is wall time scaled to CPU: on a loaded machine (a load
+of 10 on 2 cores) a phase's figure moves by +-50% from one run to the next;
+instructions per step (valgrind's callgrind, ``bench/README.md``) are the
+figures to compare then.  No target: the figures say where the oracle's time goes.
 """
 
 from __future__ import annotations
@@ -166,8 +169,12 @@ def run(quick: bool = False) -> list[Row]:
             if ph is not None:
                 extra["phases_us_per_step"] = ph["phases"]
                 extra["cpu_us_per_step"] = ph["cpu_us_per_step"]
+                extra["handoff_wall_us_per_step"] = ph.get("handoff_wall_us_per_step")
                 note += f"; a step, CPU us ({ph['cpu_us_per_step']:.0f} in all): " + ", ".join(
                     f"{k} {v:.0f}" for k, v in ph["phases"].items())
+                if ph.get("handoff_wall_us_per_step") is not None:
+                    note += f" (and {ph['handoff_wall_us_per_step']:.0f} us of wall per step handing the runs to " \
+                            "the worker thread, outside the split)"
             problems = new["problems"] + old["problems"]
             if problems:
                 note += f"; NOTE run not clean: {'; '.join(map(str, problems[:3]))[:150]}"

@@ -217,3 +217,44 @@ def test_walk_row_states_its_ceiling(quick_results):
     ceiling = walk[0]["extra"]["ceiling"]
     assert set(ceiling) == {"mechanism", "system", "both"} and all(_num(x) and x > 0 for x in ceiling.values())
     assert "CEILING" in walk[0]["note"]
+
+
+def test_walk_phases_scale_over_the_runs_and_give_the_hand_off_apart():
+    """``bench.profile.walk_phases`` (the split ``--only oracle`` and the walk
+    row print): the phases, the in-run loop included, add up to the walk's
+    CPU per step (the scale is the wall inside the runs); the wall between
+    the runs -- each run handed to the guard's worker thread and back -- is
+    given apart, never a phase; the module's patches are undone.  No timing
+    is asserted, only the bookkeeping."""
+    from bench.profile import WALK_PHASES, walk_phases
+    from memspec.invariants import walk as W
+    from memspec.invariants.engine import Run
+
+    before = (W._walk_once, Run.__dict__.get("apply"))
+    m = walk_phases("mechanism", steps=60, run_length=20)
+    assert (W._walk_once, Run.__dict__.get("apply")) == before
+    assert m["steps"] >= 60 and not m["failures"] and not m["errors"]
+    assert list(m["phases"]) == [label for label, _d in WALK_PHASES]
+    assert math.isclose(sum(m["phases"].values()), m["cpu_us_per_step"], rel_tol=1e-6)
+    assert _num(m["handoff_wall_us_per_step"]) and 0 <= m["handoff_wall_us_per_step"] <= m["wall_us_per_step"]
+
+
+def test_phase_instructions_split_is_exclusive_and_less_the_wrappers():
+    """``bench.phase_instructions.split``: inclusive counts of one process
+    per phase become exclusive instructions per step (a phase less the
+    phases it calls), each count less its calls times a wrapped no-op's
+    instructions, and they add up to the whole run's."""
+    from bench.phase_instructions import PHASES, split
+
+    steps = 10
+    inc = {"_walk_once": 1000, "choose": 300, "_spec_outcomes": 100, "apply": 500, "perform": 80, "check_after": 250,
+           "check_invariants": 20, "check_observations": 90, "after_step": 60, "__init__": 70, "teardown": 10}
+    assert set(inc) == set(PHASES)
+    calls = dict.fromkeys(inc, 10)
+    counts = {k: (v * steps + calls[k] * 7, calls[k], steps) for k, v in inc.items()}
+    got = split(counts, 7.0)
+    assert got["draw: guidance"] == 200 and got["draw: spec outcome sets"] == 100
+    assert got["target call"] == 80 and got["spec + match"] == 500 - 80 - 250
+    assert (got["invariants"], got["observations"], got["data integrity"]) == (20, 90, 60)
+    assert got["check_after rest"] == 250 - 20 - 90 - 60 and got["walk loop"] == 1000 - 300 - 500 - 70 - 10
+    assert math.isclose(sum(got.values()), 1000)
