@@ -40,6 +40,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -114,10 +115,29 @@ def summary(rows: list[dict]) -> dict:
             "worst_cpu_mutant": max(killed, key=lambda r: r["cpu_s"])["name"] if killed else None}
 
 
+#: the checkout's folders the editable install maps into the package (pyproject.toml's package-dir)
+_FOLDERS = ("spec", "reference", "cuda_impl", "invariants", "adapters")
+
+
+def shadow_package(tree: Path, out: Path) -> Path:
+    """A folder whose ``memspec`` package is ``tree``'s: a copy of its
+    ``memspec/`` (links to the folders already there, e.g. made by hand in a
+    worktree, left out) with the checkout's folders linked in, as the
+    editable install maps them (as ``bench.oracle.shadow_package``).  First
+    on ``PYTHONPATH``, from a directory that is not a checkout, ``import
+    memspec`` is ``tree``'s."""
+    pkg = out / "memspec"
+    shutil.copytree(tree / "memspec", pkg, ignore=shutil.ignore_patterns("__pycache__", *_FOLDERS))
+    for d in _FOLDERS:
+        if (tree / d).is_dir():
+            os.symlink(tree / d, pkg / d)
+    return out
+
+
 def _which(pythonpath: str | None, cwd: str | None) -> str:
     """The file ``memspec.invariants.engine`` is imported from on one side (which code runs)."""
     env = dict(os.environ, PYTHONPATH=pythonpath) if pythonpath is not None else None
-    p = subprocess.run([sys.executable, "-c", "import memspec.invariants.engine as e; print(e.__file__)"],
+    p = subprocess.run([sys.executable, "-c", "import os, memspec.invariants.engine as e; print(os.path.realpath(e.__file__))"],
                        capture_output=True, text=True, env=env, cwd=cwd)
     return (p.stdout.strip() or p.stderr.strip()[-200:])
 
@@ -151,8 +171,6 @@ def main(argv: list[str] | None = None) -> int:
         # side -> (PYTHONPATH, cwd); None: this interpreter's own import path
         sides: dict[str, tuple[str | None, str | None]] = {"this": (None, None)}
         if args.baseline:
-            from bench.oracle import shadow_package
-
             root = Path(__file__).resolve().parent.parent
             base = Path(args.baseline).resolve()
             if not (base / "memspec" / "__init__.py").is_file():
