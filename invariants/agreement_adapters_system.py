@@ -673,10 +673,6 @@ def run_small_system(samples: int, seed: int, inv_samples: int = 0, per_branch: 
                             inv_samples=min(inv_samples, n), per_branch=per_branch, prior=prior)
 
 
-def _extra_small(n: int, seed: int, inv: int, ids: set[str]) -> list[AgreementReport]:
-    return run_small_system(n, seed, inv) if ids & {"S5", "S12", "S14"} else []
-
-
 # -- focused walks: the spec's own machine restricted to a few of its actions -----
 #
 # Branches the full walk reaches rarely (a KV prefix larger than what its
@@ -727,14 +723,6 @@ def run_focused(samples: int, seed: int, inv_samples: int = 0, per_branch: int |
 _KV_RELEASE_ADAPTERS = {("S2", "release"), ("S9", "release"), ("S11", "kv_release")}
 #: (invariant, encoded action) of the respond adapters the answer walk samples
 _RESPOND_ADAPTERS = {("S2", "respond"), ("S4", "respond"), ("S9", "respond")}
-
-
-def _extra_focused(n: int, seed: int, inv: int, ids: set[str]) -> list[AgreementReport]:
-    walked = {i for i, _a in _KV_RELEASE_ADAPTERS | _RESPOND_ADAPTERS} | {"S7", "S8", "S10"}
-    return run_focused(n, seed, inv) if ids & ({"S5", "S12", "S13", "S14"} | walked) else []
-
-
-EXTRA_WALKS = [_extra_small, _extra_focused]
 
 
 # -- S13: KvPageStore read-only prefixes ------------------------------------------
@@ -864,8 +852,3 @@ def run_bare_mechanism(samples: int, seed: int, inv_samples: int = 0, per_branch
                             inv_samples=min(inv_samples, n), per_branch=per_branch, prior=prior)
 
 
-def _extra_bare(n: int, seed: int, inv: int, ids: set[str]) -> list[AgreementReport]:
-    return run_bare_mechanism(n, seed, inv) if "S5" in ids else []
-
-
-EXTRA_WALKS.append(_extra_bare)

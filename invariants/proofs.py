@@ -672,7 +672,7 @@ def refute_unguarded_ex(p: Proof, actions: list[Act] | None = None) -> tuple[boo
 
 
 # --------------------------------------------------------------------------
-# Concrete evaluation of an encoded action (for the agreement test)
+# Concrete values as Z3 literals (the agreement checks substitute them into encoded terms)
 # --------------------------------------------------------------------------
 
 _IV: dict[int, Any] = {}
@@ -744,54 +744,9 @@ def concrete(kind: str, value: Any) -> Any:
     return t
 
 
-class CompiledAct:
-    """An action's relation built once over symbolic state/args; evaluated on
-    concrete values by ``z3.substitute`` + ``z3.simplify`` (no solver call)."""
-
-    def __init__(self, p: Proof, act: Act, universe: list[int]) -> None:
-        self.p, self.act, self.universe = p, act, universe
-        self.s = fresh(p.fields, "cs")
-        self.a = _args(act, "ca")
-        out, s2 = act.step(self.s, self.a)
-        self.pre = act.pre(self.s, self.a)
-        self.out = out
-        self.s2 = s2
-        exprs: list[Any] = [out]
-        self.keys: list[tuple[str, Any]] = [("outcome", None)]
-        for f, kind in p.fields.items():
-            if kind in (ARR, BARR):
-                for i in universe:
-                    exprs.append(at(s2[f], i))
-                    self.keys.append((f, i))
-            else:
-                exprs.append(s2[f])
-                self.keys.append((f, None))
-        # one term: a tuple of the outputs (Z3 has no tuples: pack as one Int/Bool array store chain per kind)
-        self.exprs = exprs
-
-    def evaluate(self, state: dict[str, Any], args: dict[str, Any]) -> dict[tuple[str, Any], Any] | None:
-        """``None`` when the arguments are outside the action's domain (``pre``)."""
-        subs = [(self.s[f], concrete(k, state[f])) for f, k in self.p.fields.items()]
-        subs += [(self.a[n], concrete(k, args[n])) for n, k in self.act.params.items()]
-        pre = z3.simplify(z3.substitute(z3.BoolVal(True) if isinstance(self.pre, bool) else self.pre, *subs))
-        if not z3.is_true(pre):
-            return None
-        vals = [z3.simplify(z3.substitute(e, *subs)) for e in self.exprs]
-        out: dict[tuple[str, Any], Any] = {}
-        for key, v in zip(self.keys, vals):
-            if z3.is_int_value(v):
-                out[key] = v.as_long()
-            elif z3.is_true(v) or z3.is_false(v):
-                out[key] = z3.is_true(v)
-            else:
-                raise ValueError(f"{self.act.name}: {key} did not simplify to a value: {v}")
-        out[("outcome", None)] = OUTCOMES[out[("outcome", None)]]
-        return out
-
-
 __all__ = [
     "Act", "Proof", "ProofResult", "CheckResult", "St", "prove", "refute_unguarded", "refute_unguarded_ex",
-    "check_named", "check_hypotheses", "hyp_formula", "named_of", "branches", "CompiledAct", "OUTCOMES", "CODE", "OK", "PENDING", "INT", "BOOL", "ARR", "BARR",
+    "check_named", "check_hypotheses", "hyp_formula", "named_of", "branches", "OUTCOMES", "CODE", "OK", "PENDING", "INT", "BOOL", "ARR", "BARR",
     "merge", "upd", "at", "outcome", "on_ok", "fresh", "K", "prefix_sum", "prefix_append", "prefix_change",
     "prefix_count", "count_append", "count_change", "ARR2", "prefix_values",
 ]
