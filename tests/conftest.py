@@ -165,7 +165,7 @@ def _files_sharing_a_module_fixture(root: Path) -> frozenset[str]:
                      if _MODULE_FIXTURE.search(p.read_text(encoding="utf-8")))
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)   # optional: a run with -p no:xdist has no such hook
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "load":
         return None        # a mode the user asked for by name is xdist's
