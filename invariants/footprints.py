@@ -639,15 +639,21 @@ def _add_static(fp: Footprints, machines: dict[str, Any]) -> None:
 
 _NOT_WRITERS = {(f, a) for f, a, _why in STATIC_NOT_WRITERS}
 
-_CACHE: dict[Any, Footprints] = {}
+_CACHE: dict[Any, tuple[tuple[Any, ...], Footprints]] = {}
 
 
 def footprints() -> Footprints:
-    """The derivation, once per process (seeded: the same every time)."""
-    got = _CACHE.get("default")
+    """The derivation, once per process and catalog (seeded: the same every time).  The key is the
+    invariants of :data:`memspec.spec.invariants.ALL` as they are now (id and check functions): one added
+    or replaced since (an engineer's scratch S16, a test's) has no read set in a derivation made before it,
+    so it gets a derivation of its own."""
+    from memspec.spec.invariants import ALL
+
+    key = tuple((inv.id, id(inv.check), id(inv.full_check)) for inv in ALL)
+    got = _CACHE.get(key)
     if got is None:
-        got = _CACHE["default"] = derive()
-    return got
+        got = _CACHE[key] = (tuple(ALL), derive())   # the invariants kept alive: their ids stay theirs
+    return got[1]
 
 
 # --------------------------------------------------------------------------
