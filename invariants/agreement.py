@@ -272,7 +272,7 @@ class Adapter:
     helpers: tuple[str, ...] = ()
     #: further invariants whose proofs encode this action by the very same
     #: step (same ``step`` and ``pre`` functions, same fields): each sample is
-    #: credited to them too, with their own invariant agreement (S7 and S10 share S4's machine)
+    #: credited to them too, with their own invariant agreement (S7 and S10 share S4's machine, G1 and S6 S15's)
     also: tuple[str, ...] = ()
     #: concrete evaluation instantiates the encoding's quantifiers over the
     #: universe (see :func:`instantiate`; the projection must keep every

@@ -5,7 +5,7 @@
 The adapters are split by level, each module under 1,200 lines:
 :mod:`.agreement_adapters_mech` (the mechanism level), :mod:`.agreement_adapters_system`
 (the system level's protocols), and this module (the ledger model of S8 / S11 at both
-levels, the deferred-free queue of S1, S4, S7, S10, and S6).  The adapter lists are
+levels, the deferred-free queue of S1, S4, S7, S10).  The adapter lists are
 one list each, extended in that order.  Every name of the parts is a name of this
 module: import from here.
 """
@@ -19,8 +19,7 @@ from memspec.invariants.agreement import Adapter, AgreementReport, Universe, fla
 from memspec.invariants.proofs import Proof, prefix_values
 from memspec.invariants import agreement_adapters_mech, agreement_adapters_system
 from memspec.invariants.agreement_adapters_mech import (
-    MECH_ADAPTERS, _S1_CMP, _aligned_nonempty, _expected, _is_int, _new_slot, _s12_bad, _s1_alloc_project,
-    _s1_expected, _s1_project,
+    MECH_ADAPTERS, _S1_CMP, _aligned_nonempty, _is_int, _s12_bad, _s1_alloc_project, _s1_expected, _s1_project,
 )
 from memspec.invariants.agreement_adapters_system import (
     SMALL_SYS_ADAPTERS, SYS_ADAPTERS, TICKET_ADAPTERS, _ASTATE, _TSTATE, _done_seqs, _kv_run, _not_size,
@@ -734,63 +733,3 @@ MECH_ADAPTERS += [
 ]
 SYS_ADAPTERS += _q_adapters("S4", also=("S7", "S10"))
 
-
-# -- S6: tickets answered by the holders that choose their own victims ---------
-
-def _s6_state(s: Any) -> tuple[dict[str, Any], Universe]:
-    u = Universe()
-    wx = u.add("weight", s.weights)
-    tx = u.add("ticket", s.tickets)
-    ws, ts = s.weights, sorted(s.tickets.items())
-    st = {
-        "res": (False, {wx[n]: w.resident for n, w in ws.items()}),
-        "hot": (False, {wx[n]: w.hot for n, w in ws.items()}),
-        "wb": (0, {wx[n]: w.pages * s.page for n, w in ws.items()}),
-        "tstate": (0, {tx[r]: _TSTATE.get(t.state, 9) for r, t in ts}),
-        "held": (0, {tx[r]: t.held for r, t in ts}), "amount": (0, {tx[r]: t.amount for r, t in ts}),
-        "gov_ev": s.governor_evictions, "hot_ev": s.hot_evictions, "over": s.overclaims,
-    }
-    return st, u
-
-
-_S6_CMP = ("res", "hot", "tstate", "held", "amount", "gov_ev", "hot_ev", "over")
-
-
-_s6_expected = _expected(_s6_state, E.S6.fields, _S6_CMP)
-
-
-def _s6_issue_p(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _s6_state(s)
-    return st, {"t": _new_slot(u, "ticket"), "n": _size(args["request"][0])}, u
-
-
-def _s6_set_hot_p(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _s6_state(s)
-    return st, {"w": u.idx["weight"][args["weight"]], "h": bool(args["hot"])}, u
-
-
-def _s6_respond_p(s: Any, args: dict[str, Any], taken: str) -> Any:
-    """The walk's answer (respond's witness): ModelResidency's first two cold
-    resident weights; KvPageStore 0, with what its own done releases refund."""
-    t_ref, holder, terminal = args["answer"]
-    st, u = _s6_state(s)
-    a = {"t": u.idx["ticket"][t_ref], "holder": E.H_WEIGHTS if holder == "weights" else E.H_KV, "nv": 0,
-         "v1": 0, "v2": 0, "r": 0, "refunded": 0}
-    if terminal or taken != "ok":
-        return st, a, u
-    if holder == "weights":
-        cold = [n for n, w in s.weights.items() if w.resident and not w.hot][:2]
-        a["nv"] = len(cold)
-        for k, n in zip(("v1", "v2"), cold):
-            a[k] = u.idx["weight"][n]
-    else:
-        done = set(_done_seqs(s, args["pending"]))
-        a["refunded"] = sum(e.refund.get("kv", 0) for q, e in s.queue.items() if q in done)
-    return st, a, u
-
-
-SYS_ADAPTERS += [
-    Adapter("S6", "issue_ticket", "issue_ticket", _s6_issue_p, _s6_expected, _S6_CMP),
-    Adapter("S6", "set_hot", "set_hot", _s6_set_hot_p, _s6_expected, _S6_CMP),
-    Adapter("S6", "respond", "respond", _s6_respond_p, _s6_expected, _S6_CMP),
-]

@@ -2,10 +2,10 @@
 :mod:`memspec.invariants.agreement_adapters` (which assembles them; import from
 there).
 
-S15 / G1 tickets and generations, S3 selection, S2 charge before commit, S9 growth,
-S12 owning reservations, the small-device and focused walks, S13 read-only prefixes,
-S5 without VirtualBacking; :data:`SYS_ADAPTERS`, :data:`TICKET_ADAPTERS` and
-:func:`run_all`.
+S15 / G1 / S6 on the ticket machine (tickets, generations, the holders' answers), S3
+selection, S2 charge before commit, S9 growth, S12 owning reservations, the
+small-device and focused walks, S13 read-only prefixes, S5 without VirtualBacking;
+:data:`SYS_ADAPTERS`, :data:`TICKET_ADAPTERS` and :func:`run_all`.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def _sys_too_big(s: Any) -> bool:
             or sum(1 for o in s.owned.values() if o.kind == "allocation") > UMAX)
 
 
-# -- S15 / G1: pressure tickets and configuration generations ----------------
+# -- S15 / G1 / S6: pressure tickets, configuration generations, the holders' choice ----------
 
 _TSTATE = {"pending": E.T_PENDING, "granted": E.T_GRANTED, "claimed": E.T_CLAIMED, "cancelled": E.T_CANCELLED,
            "timed_out": E.T_TIMED_OUT, "failed": E.T_FAILED}
@@ -52,7 +52,8 @@ _TSTATE = {"pending": E.T_PENDING, "granted": E.T_GRANTED, "claimed": E.T_CLAIME
 def _s15_state(s: Any, out_bytes: int = 0) -> tuple[dict[str, Any], Universe]:
     u = Universe()
     tx = u.add("ticket", s.tickets)
-    ts = s.tickets
+    wx = u.add("weight", s.weights)
+    ts, ws = s.tickets, s.weights
     order = [tk for _r, tk in sorted(ts.items())]
     st = {
         "cap": s.capacity, "free": s.free, "granted": s.granted, "charged": s.charged,
@@ -66,11 +67,16 @@ def _s15_state(s: Any, out_bytes: int = 0) -> tuple[dict[str, Any], Universe]:
         "sumheld": s.tickets_held, "sumgr": s.open_grants, "out_bytes": out_bytes, "nt": len(ts),
         "PP": prefix_values([tk.held if tk.state == "pending" else 0 for tk in order]),
         "PN": prefix_values([tk.held if tk.state == "granted" else 0 for tk in order]),
+        # S6's part: ModelResidency's weights and the spec's S6 counters
+        "res": (False, {wx[n]: w.resident for n, w in ws.items()}),
+        "hot": (False, {wx[n]: w.hot for n, w in ws.items()}),
+        "gov_ev": s.governor_evictions, "hot_ev": s.hot_evictions, "over": s.overclaims,
     }
     return st, u
 
 
-_S15_CMP = ("cap", "free", "granted", "charged", "tstate", "held", "ret", "amount", "deadline", "tgen", "gen")
+_S15_CMP = ("cap", "free", "granted", "charged", "tstate", "held", "ret", "amount", "deadline", "tgen", "gen",
+            "res", "hot", "gov_ev", "hot_ev", "over")
 
 
 def _s15_expected(s: Any, u: Universe, value: Any) -> Any:
@@ -97,14 +103,23 @@ def _s15_ticket_project(s: Any, args: dict[str, Any], taken: str) -> Any:
 
 
 def _s15_respond_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    """A holder's answer: ``r`` is what its releases refunded -- the value the
-    step returns, filled in by :func:`_s15_respond_expected`.  Skipped when
-    releases are already queued: the answer runs those too (other holders'
-    refunds, outside the encoding)."""
+    """A holder's answer (respond's witness): ModelResidency's victims are its
+    first two cold resident weights, KvPageStore names none; ``r`` is what the
+    releases refunded -- the value the step returns, filled in by
+    :func:`_s15_respond_expected`.  Skipped when releases are already queued:
+    the answer runs those too (other holders' refunds, outside the encoding),
+    so KvPageStore's own releases refunded nothing here."""
     if s.queue and taken == "ok":
         return None
+    t_ref, holder, terminal = args["answer"]
     st, u = _s15_state(s)
-    enc_args = {"t": u.idx["ticket"][args["answer"][0]], "r": 0}
+    enc_args = {"t": u.idx["ticket"][t_ref], "holder": E.H_WEIGHTS if holder == "weights" else E.H_KV, "nv": 0,
+                "v1": 0, "v2": 0, "r": 0, "refunded": 0}
+    if holder == "weights" and not terminal and taken == "ok":
+        cold = [n for n, w in s.weights.items() if w.resident and not w.hot][:2]
+        enc_args["nv"] = len(cold)
+        for k, n in zip(("v1", "v2"), cold):
+            enc_args[k] = u.idx["weight"][n]
     u.enc_args = enc_args  # type: ignore[attr-defined]
     return st, enc_args, u
 
@@ -148,20 +163,28 @@ def _s15_reconfigure_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     return st, {}, u
 
 
-def _s15_adapters(inv: str) -> list[Adapter]:
-    return [
-        Adapter(inv, "issue_ticket", "issue_ticket", _s15_issue_project, _s15_plain_expected, _S15_CMP),
-        Adapter(inv, "respond", "respond", _s15_respond_project, _s15_respond_expected, _S15_CMP),
-        Adapter(inv, "claim", "claim", _s15_ticket_project, _s15_expected, _S15_CMP + ("out_bytes",)),
-        Adapter(inv, "cancel_ticket", "cancel_ticket", _s15_ticket_project, _s15_expected, _S15_CMP + ("out_bytes",)),
-        Adapter(inv, "expire", "expire", _s15_expire_project, _s15_plain_expected, _S15_CMP,
-                permit=_s15_expire_permit),
-        Adapter(inv, "reconfigure", "reconfigure", _s15_reconfigure_project, _s15_plain_expected, _S15_CMP),
-    ]
+def _s15_set_hot_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _s15_state(s)
+    return st, {"w": u.idx["weight"][args["weight"]], "h": bool(args["hot"])}, u
 
 
-#: S15's and G1's adapters (one machine, two properties), sampled by :func:`run_tickets`
-TICKET_ADAPTERS = _s15_adapters("S15") + _s15_adapters("G1")
+_ON_TICKETS = ("G1", "S6")  # the rows proved on S15's ticket machine: each sample is theirs too
+
+#: the ticket machine's adapters (one machine, three properties: S15, G1, S6), sampled by :func:`run_tickets`
+TICKET_ADAPTERS = [
+    Adapter("S15", "issue_ticket", "issue_ticket", _s15_issue_project, _s15_plain_expected, _S15_CMP,
+            also=_ON_TICKETS),
+    Adapter("S15", "respond", "respond", _s15_respond_project, _s15_respond_expected, _S15_CMP, also=_ON_TICKETS),
+    Adapter("S15", "claim", "claim", _s15_ticket_project, _s15_expected, _S15_CMP + ("out_bytes",),
+            also=_ON_TICKETS),
+    Adapter("S15", "cancel_ticket", "cancel_ticket", _s15_ticket_project, _s15_expected, _S15_CMP + ("out_bytes",),
+            also=_ON_TICKETS),
+    Adapter("S15", "expire", "expire", _s15_expire_project, _s15_plain_expected, _S15_CMP,
+            permit=_s15_expire_permit, also=_ON_TICKETS),
+    Adapter("S15", "reconfigure", "reconfigure", _s15_reconfigure_project, _s15_plain_expected, _S15_CMP,
+            also=_ON_TICKETS),
+    Adapter("S15", "set_hot", "set_hot", _s15_set_hot_project, _s15_plain_expected, _S15_CMP, also=_ON_TICKETS),
+]
 
 #: the ticket protocol's actions and what it needs (resident cold weights to release): the walk
 #: that samples S15 and G1 runs on these, so that granted tickets (claim ok) are common
@@ -188,7 +211,7 @@ class _Restricted:
 
 def run_tickets(samples: int, seed: int, inv_samples: int = 0, per_branch: int | None = None,
                 prior: list[AgreementReport] | None = None) -> list[AgreementReport]:
-    """S15 and G1 on the ticket protocol's actions of SYSTEM (every state it
+    """S15, G1 and S6 on the ticket protocol's actions of SYSTEM (every state it
     visits is a reachable SYSTEM state: a subset of its actions from its init)."""
     from memspec.spec.system import SYSTEM
 

@@ -74,7 +74,9 @@ def _sequence(s: St, n: Any, cold: Any) -> tuple[list[Any], Any]:
     issue, respond, claim = p.action("issue_ticket"), p.action("respond"), p.action("claim")
     a1 = St(t=t, n=need, dl=z3.IntVal(0))
     o1, s1 = issue.step(s, a1)
-    a2 = St(t=t, r=cold)
+    # ModelResidency answers with its cold bytes (S15's figure; S6's victims are not needed here)
+    a2 = St(t=t, holder=z3.IntVal(E.H_WEIGHTS), nv=z3.IntVal(0), v1=z3.IntVal(0), v2=z3.IntVal(0), r=cold,
+            refunded=z3.IntVal(0))
     o2, s2 = respond.step(s1, a2)
     a3 = St(t=t)
     o3, s3 = claim.step(s2, a3)

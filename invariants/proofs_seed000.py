@@ -8,16 +8,17 @@ Object lifecycle codes: 0 none (id never used), 1 live, 2 queued (dropped,
 waiting for fences), 3 freed.
 
 The encodings are split by invariant group, each module under 1,200 lines:
-:mod:`.proofs_seed000_objects` (S1 through S7, and S10 on S4's deferred-free queue
-machine), :mod:`.proofs_seed000_ledger` (the ledger model: S8, S9, S11), and this
-module (S12 through S15, G1, the proof lists :data:`PROOFS` / :data:`MORE_PROOFS` and
-the encoded-action catalog).  Every name of the parts is a name of this module: import
-from here.
+:mod:`.proofs_seed000_objects` (S1 through S5, S7, and S10 on S4's deferred-free
+queue machine), :mod:`.proofs_seed000_ledger` (the ledger model: S8, S9, S11), and
+this module (S12 through S15, G1 and S6 on S15's ticket machine, the proof lists
+:data:`PROOFS` / :data:`MORE_PROOFS` and the encoded-action catalog).  Every name of
+the parts is a name of this module: import from here.
 
 Rows that state their rule on the same spec actions share one machine (the same
 fields, the same steps and preconditions; each row with its own invariant, named rule
 and unguarded variant): S7 and S10 are proved on S4's deferred-free queue machine, S8
-on S11's ledger model, G1 on S15's tickets.
+on S11's ledger model, G1 and S6 on S15's ticket machine (its respond is one relation:
+S15's refund of the answer's bytes into the ticket and S6's choice of victims).
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ from memspec.spec import kernels as K
 from memspec.spec.invariants import BY_ID as CATALOG
 from memspec.invariants import proofs_seed000_objects, proofs_seed000_ledger
 from memspec.invariants.proofs_seed000_objects import (
-    F0, FREED, LIVE, NONE, S1, S10, S2, S3, S4, S5, S6, S7, T_CANCELLED, T_CLAIMED, T_FAILED, T_GRANTED, T_PENDING,
-    T_TIMED_OUT, Z0, _fences_done, _oom, _s10_inv, _s5_named, _terminal, alive, catalog,
+    F0, FREED, H_KV, H_WEIGHTS, LIVE, NONE, S1, S10, S2, S3, S4, S5, S7, T_CANCELLED, T_CLAIMED, T_FAILED, T_GRANTED,
+    T_PENDING, T_TIMED_OUT, Z0, _fences_done, _oom, _s10_inv, _s5_named, _terminal, alive, catalog,
 )
 from memspec.invariants.proofs_seed000_ledger import (
     S11, S8, S9, _L_NEW, _ledger, _s11_named, _s8_named, _with_ledger,
@@ -512,7 +513,8 @@ S14 = Proof(
 
 # ==========================================================================
 # S15 ticket-exactly-once  (mirrors spec/governor.py: issue_ticket, claim,
-# cancel_ticket, expire, reconfigure; spec/holders.py: respond)
+# cancel_ticket, expire, reconfigure; spec/holders.py: respond, set_hot):
+# the ticket machine, shared by S15, G1 and S6
 #
 # Configuration generations: every ticket records the generation it was
 # issued in (tgen); reconfigure bumps gen and fails every pending ticket at
@@ -520,9 +522,18 @@ S14 = Proof(
 # tickets hold into pending (PP) and the rest (PN, i.e. granted), so that
 # reconfigure's "every pending ticket gives its bytes back" is one step:
 # free += PP[nt], and PP becomes 0 everywhere.
+#
+# S6's part (holder-chooses): the weights ModelResidency holds (res: resident,
+# hot: in use, never a victim) and the spec's S6 counters (gov_ev: released by
+# someone other than the holder, hot_ev: hot weights released under pressure,
+# over: answers reporting more than the holder's releases refunded).  The
+# answer's bytes are one figure, r: what the releases refunded (the victims'
+# real footprints, as the spec refunds them), moved into the ticket; the
+# victims are the holder's choice, not tied to r here (the agreement compares
+# both, victims and bytes, with the spec's answer).
 # ==========================================================================
 
-# T_FAILED and _terminal: with the other ticket states (S6), read by S11's ledger model too
+# T_FAILED, _terminal, H_WEIGHTS / H_KV: with the codes every encoding shares (proofs_seed000_objects)
 
 
 def _returned(st: Any) -> Any:
@@ -553,20 +564,36 @@ def _s15_issue(s: St, a: St):
                                PP=prefix_append(s.PP, s.nt, 0), PN=prefix_append(s.PN, s.nt, 0), nt=s.nt + 1))
 
 
-def _s15_respond(check_gen: bool = True):
-    def step(s: St, a: St):
-        """A holder answers ticket ``t``: its releases refund ``r`` bytes of its
-        charge to free (spec/ep.py refund), and the Governor moves them from
-        free into the ticket (spec/governor.py ticket_receive)."""
-        st = at(s.tstate, a.t)
-        stale = And(st == T_PENDING, at(s.tgen, a.t) != s.gen) if check_gen else z3.BoolVal(False)
-        out = outcome((Not(Or(st == T_PENDING, st == T_GRANTED)), "InvalidTicket"), (stale, "InvalidTicket"))
-        l = K.grant_from_free(K.refund(_ledger(s), a.r), a.r)
-        held = at(s.held, a.t) + a.r
-        st2 = K.ite(And(st == T_PENDING, held >= at(s.amount, a.t)), T_GRANTED, st)
-        return on_ok(out, s, _with_ledger(s, l, held=upd(s.held, a.t, held), tstate=upd(s.tstate, a.t, st2),
-                                          sumheld=s.sumheld + a.r, **_moved(s, a.t, st2, held)))
-    return step
+def _evict(s: St, w: Any, go: Any) -> St:
+    """holders.evict(by="holder", pressure=True) of weight ``w`` when ``go``:
+    it leaves residency; a hot one is recorded (S6's ``hot_evictions``)."""
+    return s.set(res=upd(s.res, w, And(at(s.res, w), Not(go))),
+                 hot_ev=s.hot_ev + K.ite(And(go, at(s.hot, w)), 1, 0))
+
+
+def _s15_respond(s: St, a: St):
+    """``holder`` answers ticket ``t``: ModelResidency evicts its ``nv`` (0..2)
+    victims ``v1``, ``v2``, KvPageStore none; the releases refund ``r`` bytes
+    of the charge to free (spec/ep.py refund), and the Governor moves them from
+    free into the ticket (spec/governor.py ticket_receive), granted once it
+    holds its amount.  KvPageStore reporting more than its own releases
+    ``refunded`` is an overclaim (S6).  A ticket neither pending nor granted,
+    or pending from an older configuration: InvalidTicket."""
+    st = at(s.tstate, a.t)
+    stale = And(st == T_PENDING, at(s.tgen, a.t) != s.gen)
+    out = outcome((Not(Or(st == T_PENDING, st == T_GRANTED)), "InvalidTicket"), (stale, "InvalidTicket"))
+    wts = a.holder == H_WEIGHTS
+    s1 = _evict(_evict(s, a.v1, And(wts, a.nv >= 1)), a.v2, And(wts, a.nv >= 2))
+    l = K.grant_from_free(K.refund(_ledger(s), a.r), a.r)
+    held = at(s.held, a.t) + a.r
+    st2 = K.ite(And(st == T_PENDING, held >= at(s.amount, a.t)), T_GRANTED, st)
+    over = s.over + K.ite(And(Not(wts), a.r > a.refunded), 1, 0)
+    return on_ok(out, s, _with_ledger(s1, l, held=upd(s.held, a.t, held), tstate=upd(s.tstate, a.t, st2),
+                                      sumheld=s.sumheld + a.r, over=over, **_moved(s, a.t, st2, held)))
+
+
+def _set_hot(s: St, a: St):
+    return on_ok(z3.IntVal(OK), s, s.set(hot=upd(s.hot, a.w, a.h)))
 
 
 def _s15_claim(s: St, a: St):
@@ -635,28 +662,48 @@ def _s15_inv(s: St, o: Any) -> Any:
 
 _T = {"t": INT}
 _EXISTS = lambda s, a: at(s.tstate, a.t) != 0  # noqa: E731  (the spec draws existing tickets)
-#: a holder releases only bytes it is charged for (the spec's victims are its own resident weights)
-_RESPOND_PRE = lambda s, a: And(a.r >= 0, a.r <= s.charged, at(s.tstate, a.t) != 0)  # noqa: E731
+
+
+def _respond_pre(check: bool):
+    """A holder releases only bytes it is charged for (the spec's victims are its own resident
+    weights), answering a known ticket.  Its choice (S6): ModelResidency's victims are distinct
+    resident weights and (the guard) cold; KvPageStore names none and reports at most what its own
+    releases ``refunded``."""
+    def pre(s: St, a: St) -> Any:
+        def ok_victim(v: Any) -> Any:
+            return And(at(s.res, v), Not(at(s.hot, v))) if check else at(s.res, v)
+        wts = And(a.holder == H_WEIGHTS, 0 <= a.nv, a.nv <= 2, Implies(a.nv >= 1, ok_victim(a.v1)),
+                  Implies(a.nv >= 2, And(ok_victim(a.v2), a.v2 != a.v1)))
+        kv = And(a.holder == H_KV, a.nv == 0, a.r <= a.refunded)
+        return And(a.r >= 0, a.r <= s.charged, at(s.tstate, a.t) != 0, Or(wts, kv))
+    return pre
+
+
+_RESPOND = {"t": INT, "holder": INT, "nv": INT, "v1": INT, "v2": INT, "r": INT, "refunded": INT}
 _S15_FIELDS = {"cap": INT, "free": INT, "granted": INT, "charged": INT, "tstate": ARR, "held": ARR, "ret": ARR,
                "amount": ARR, "deadline": ARR, "tgen": ARR, "gen": INT, "sumheld": INT, "sumgr": INT,
-               "out_bytes": INT, "PP": ARR, "PN": ARR, "nt": INT}
+               "out_bytes": INT, "PP": ARR, "PN": ARR, "nt": INT,
+               # S6's part: the weights (resident, hot) and the spec's S6 counters
+               "res": BARR, "hot": BARR, "gov_ev": INT, "hot_ev": INT, "over": INT}
 
 
 def _s15_init(s: St) -> Any:
+    """No ticket yet; any weights resident, hot or cold (load_weight, S11's, may have loaded them)."""
     return And(s.cap >= 0, s.free >= 0, s.charged >= 0, s.free + s.charged == s.cap, s.granted == 0,
                   s.tstate == Z0(), s.held == Z0(), s.ret == Z0(), s.sumheld == 0, s.sumgr == 0,
-                  s.nt == 0, at(s.PP, 0) == 0, at(s.PN, 0) == 0)
+                  s.nt == 0, at(s.PP, 0) == 0, at(s.PN, 0) == 0, s.gov_ev == 0, s.hot_ev == 0, s.over == 0)
 
 
-def _s15_actions(fail_stale: bool = True) -> list[Act]:
-    return [
-        Act("issue_ticket", {"t": INT, "n": INT, "dl": INT}, _s15_issue, pre=lambda s, a: a.t == s.nt, objs=("t",)),
-        Act("respond", {"t": INT, "r": INT}, _s15_respond(), pre=_RESPOND_PRE, objs=("t",)),
-        Act("claim", _T, _s15_claim, pre=_EXISTS, objs=("t",)),
-        Act("cancel_ticket", _T, _s15_cancel(True), pre=_EXISTS, objs=("t",)),
-        Act("expire", {"t": INT, "now": INT}, _s15_expire, pre=_EXISTS, objs=("t",)),
-        Act("reconfigure", {}, _s15_reconfigure(fail_stale)),
-    ]
+#: the ticket machine's actions, one list (the same step and precondition functions) for S15, G1 and S6
+_TICKET_ACTS = [
+    Act("issue_ticket", {"t": INT, "n": INT, "dl": INT}, _s15_issue, pre=lambda s, a: a.t == s.nt, objs=("t",)),
+    Act("respond", _RESPOND, _s15_respond, pre=_respond_pre(True), objs=("t",)),
+    Act("claim", _T, _s15_claim, pre=_EXISTS, objs=("t",)),
+    Act("cancel_ticket", _T, _s15_cancel(True), pre=_EXISTS, objs=("t",)),
+    Act("expire", {"t": INT, "now": INT}, _s15_expire, pre=_EXISTS, objs=("t",)),
+    Act("reconfigure", {}, _s15_reconfigure(True)),
+    Act("set_hot", {"w": INT, "h": BOOL}, _set_hot, pre=lambda s, a: at(s.res, a.w), objs=("w",)),
+]
 
 
 S15 = Proof(
@@ -666,7 +713,7 @@ S15 = Proof(
     inv=_s15_inv,
     lemmas=lambda s, o, a: Implies(Not(_terminal(at(s.tstate, o))), at(s.held, o) <= s.sumheld),
     lemma_doc="what a ticket holds is at most the sum of what the tickets hold",
-    actions=_s15_actions(),
+    actions=list(_TICKET_ACTS),
     unguarded=Act("cancel_ticket", _T, _s15_cancel(False), pre=_EXISTS, objs=("t",)),
     guard="cancel of a terminal ticket raises InvalidTicket (its grant was already returned)",
     bmc_depth=3,
@@ -690,13 +737,53 @@ G1 = Proof(
     inv=_s15_inv,
     lemmas=lambda s, o, a: Implies(Not(_terminal(at(s.tstate, o))), at(s.held, o) <= s.sumheld),
     lemma_doc="what a ticket holds is at most the sum of what the tickets hold",
-    actions=_s15_actions(),
+    actions=list(_TICKET_ACTS),
     unguarded=Act("reconfigure", {}, _s15_reconfigure(False)),
     guard="reconfigure fails every pending ticket of the older generation (their bytes returned once)",
     step_prop=_g1_step,
     bmc_depth=3,
 )
 G1.declared_by = "S15"  # type: ignore[attr-defined]  (the spec's actions declare S15; G1 is part of it)
+
+
+# ==========================================================================
+# S6 holder-chooses, on S15's ticket machine  (spec/governor.py issue_ticket,
+# spec/holders.py set_hot and respond: the Governor only issues tickets; a
+# holder answers by choosing its own victims -- ModelResidency only cold
+# resident weights, KvPageStore none, reporting at most what its own releases
+# refunded)
+# ==========================================================================
+
+def _s6_named(s: St, o: Any) -> Any:
+    return And(s.gov_ev == 0, s.hot_ev == 0, s.over == 0)
+
+
+def _s6_inv(s: St, o: Any) -> Any:
+    """The named rule, and (S15's) no pending ticket of an older configuration: a holder's 0 is
+    then accepted on every pending ticket."""
+    return And(_s6_named(s, o), Implies(at(s.tstate, o) == T_PENDING, at(s.tgen, o) == s.gen))
+
+
+def _s6_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
+    if name == "respond":  # only the answering holder's weights move, and 0 is a valid answer
+        return And(Implies(a.holder != H_WEIGHTS, at(s2.res, o) == at(s.res, o)),
+                   Implies(And(a.holder == H_KV, a.r == 0, at(s.tstate, a.t) == T_PENDING), out == OK))
+    # the Governor's own actions (issue, claim, cancel, expire, reconfigure) take nothing from any holder
+    return at(s2.res, o) == at(s.res, o)
+
+
+S6 = Proof(
+    *catalog("S6"),
+    fields=dict(_S15_FIELDS),
+    init=_s15_init,
+    inv=_s6_inv,
+    # S15's ticket machine, action by action (so its agreement samples are S6's too)
+    actions=list(_TICKET_ACTS),
+    unguarded=Act("respond", _RESPOND, _s15_respond, pre=_respond_pre(False), objs=("t",)),
+    guard="ModelResidency's victims are cold resident weights (a hot weight is never released under pressure)",
+    step_prop=_s6_prop,
+    bmc_depth=2,
+)
 
 
 PROOFS = [S1, S2, S3, S4, S5, S6, S7, S8, S9, S10, S11, S12, S13, S14, S15]
@@ -732,7 +819,6 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
            # issue 33: the mechanism's other writers of physical
            **{f"m_{n}": (f"mechanism:{n}",) for n in ("allocate", "deallocate", "create", "release_handle", "unmap",
                                                        "copy_on_write")}},
-    "S6": {n: (f"system:{n}",) for n in ("issue_ticket", "set_hot", "respond")},
     "S9": {"grow": ("system:kv_grow",), "open": ("system:kv_open",), "use": ("system:kv_use",),
            "close": ("system:kv_close",), "release": ("system:poll",), "respond": ("system:respond",)},
     "S11": {**{n: (f"system:{n}",) for n in ("reserve", "commit", "cancel", "refund_lease", "allocate_owned",
@@ -756,9 +842,9 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
             "allocate_owned": ("system:allocate_owned",), "reserve_owned": ("system:reserve_owned",)},
     "S15": {"issue_ticket": ("system:issue_ticket",), "respond": ("system:respond",), "claim": ("system:claim",),
             "cancel_ticket": ("system:cancel_ticket",), "expire": ("system:expire",),
-            "reconfigure": ("system:reconfigure",)},
+            "reconfigure": ("system:reconfigure",), "set_hot": ("system:set_hot",)},
 }
-ENCODES["G1"] = ENCODES["S15"]  # G1 is on S15's machine
+ENCODES["G1"] = ENCODES["S6"] = ENCODES["S15"]  # G1 and S6 are on S15's ticket machine
 ENCODES["S7"] = ENCODES["S10"] = ENCODES["S4"]  # S7 and S10 are on S4's queue machine
 #: S8's machine is part of S11's (one ledger model, the same steps)
 ENCODES["S8"] = {a.name: ENCODES["S11"][a.name] for a in S8.actions}
@@ -773,7 +859,7 @@ NAMED: dict[str, Any] = {
     "S3": lambda s, d: Implies(at(s.snapgen, d) == at(s.gen, d), at(s.snap, d) == at(s.inst, d)),
     "S4": lambda s, o: Implies(at(s.astate, o) == FREED, _fences_done(s, o)),
     "S5": _s5_named,  # + the step properties: a successful commit changes exactly the range
-    "S6": lambda s, o: And(s.gov_ev == 0, s.hot_ev == 0, s.over == 0),
+    "S6": _s6_named,
     "S7": lambda s, o: z3.BoolVal(True),  # a step property: drop enqueues, never frees or synchronizes
     "S8": _s8_named,
     "S9": lambda s, r: And(at(s.view, r) == at(s.kc, r), at(s.chg, r) + at(s.prefix, r) == at(s.kc, r)),

@@ -1,10 +1,11 @@
-"""Z3 encodings of seed 000's invariants S1 through S7 and S10: the first part of
+"""Z3 encodings of seed 000's invariants S1 through S5, S7 and S10: the first part of
 :mod:`memspec.invariants.proofs_seed000` (which assembles them; import from there).
 
 S1 creator-free, S2 charge-before-commit, S3 fresh-capability, S4 fence-release (the
 deferred-free queue machine, with the objects' contexts: S7 and S10 are proved on it
-too), S5 no-silent-noop, S6 holder-chooses, S7 role-separation, S10 context-pinned;
-with the codes every encoding shares (object lifecycle, ticket states) and :func:`catalog`.
+too), S5 no-silent-noop, S7 role-separation, S10 context-pinned; with the codes every
+encoding shares (object lifecycle, ticket states, the holders that answer tickets) and
+:func:`catalog`.  S6 holder-chooses is proved on S15's ticket machine (in the face).
 """
 
 from __future__ import annotations
@@ -693,10 +694,7 @@ S5 = Proof(
 
 
 # ==========================================================================
-# S6 holder-chooses  (mirrors spec/governor.py issue_ticket, spec/holders.py
-# set_hot and respond: the Governor only issues tickets; a holder answers by
-# choosing its own victims -- ModelResidency only cold resident weights,
-# KvPageStore none, reporting at most what its own releases refunded)
+# Ticket states (S15's ticket machine, on which S6 is proved too; read by S11's ledger model)
 # ==========================================================================
 
 T_PENDING, T_GRANTED, T_CLAIMED, T_CANCELLED, T_TIMED_OUT = 1, 2, 3, 4, 5
@@ -708,83 +706,6 @@ def _terminal(st: Any) -> Any:
 
 
 H_WEIGHTS, H_KV = 0, 1  # the holders that answer tickets
-
-
-def _s6_issue(s: St, a: St):
-    out = outcome((a.n <= 0, "InvalidRequest"))
-    return on_ok(out, s, s.set(tstate=upd(s.tstate, a.t, T_PENDING), held=upd(s.held, a.t, 0),
-                               amount=upd(s.amount, a.t, a.n)))
-
-
-def _s6_set_hot(s: St, a: St):
-    return on_ok(z3.IntVal(OK), s, s.set(hot=upd(s.hot, a.w, a.h)))
-
-
-def _s6_evict(s: St, w: Any, go: Any) -> St:
-    """holders.evict(by="holder", pressure=True) of weight ``w`` when ``go``:
-    it leaves residency; a hot one is recorded (S6's ``hot_evictions``)."""
-    return s.set(res=upd(s.res, w, And(at(s.res, w), Not(go))),
-                 hot_ev=s.hot_ev + K.ite(And(go, at(s.hot, w)), 1, 0))
-
-
-def _s6_respond(s: St, a: St):
-    """``holder`` answers ticket ``t``: ModelResidency evicts ``nv`` (0..2)
-    victims ``v1``, ``v2`` and reports their bytes; KvPageStore evicts none and
-    reports ``r``, at most the ``refunded`` bytes its own releases gave back
-    (more is an overclaim).  The ticket holds the report; granted once it
-    holds its amount.  A terminal ticket: InvalidTicket."""
-    out = outcome((Or(at(s.tstate, a.t) == 0, _terminal(at(s.tstate, a.t))), "InvalidTicket"))
-    wts = a.holder == H_WEIGHTS
-    s1 = _s6_evict(_s6_evict(s, a.v1, And(wts, a.nv >= 1)), a.v2, And(wts, a.nv >= 2))
-    r = K.ite(wts, K.ite(a.nv >= 1, at(s.wb, a.v1), 0) + K.ite(a.nv >= 2, at(s.wb, a.v2), 0), a.r)
-    held = at(s.held, a.t) + r
-    st = K.ite(Or(at(s.tstate, a.t) == T_GRANTED, held >= at(s.amount, a.t)), T_GRANTED, at(s.tstate, a.t))
-    return on_ok(out, s, s1.set(held=upd(s.held, a.t, held), tstate=upd(s.tstate, a.t, st),
-                                over=s.over + K.ite(And(Not(wts), a.r > a.refunded), 1, 0)))
-
-
-def _s6_pre(check: bool):
-    """The holder's choice: a known ticket; victims distinct weights (and,
-    the guard, resident and cold); KV reports ``0 <= r <= refunded``."""
-    def pre(s: St, a: St) -> Any:
-        def ok_victim(v: Any) -> Any:
-            return And(at(s.res, v), Not(at(s.hot, v))) if check else at(s.res, v)
-        wts = And(a.holder == H_WEIGHTS, 0 <= a.nv, a.nv <= 2, Implies(a.nv >= 1, ok_victim(a.v1)),
-                     Implies(a.nv >= 2, And(ok_victim(a.v2), a.v2 != a.v1)))
-        kv = And(a.holder == H_KV, a.nv == 0, 0 <= a.r, a.r <= a.refunded)
-        return And(at(s.tstate, a.t) != 0, Or(wts, kv))
-    return pre
-
-
-def _s6_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
-    if name == "issue_ticket":  # the Governor's own action takes nothing from any holder
-        return at(s2.res, o) == at(s.res, o)
-    if name == "respond":  # only the answering holder's weights move, and 0 is a valid answer
-        return And(Implies(a.holder != H_WEIGHTS, at(s2.res, o) == at(s.res, o)),
-                      Implies(And(a.holder == H_KV, a.r == 0, at(s.tstate, a.t) == T_PENDING), out == OK))
-    return z3.BoolVal(True)
-
-
-_S6_RESPOND = {"t": INT, "holder": INT, "nv": INT, "v1": INT, "v2": INT, "r": INT, "refunded": INT}
-S6 = Proof(
-    *catalog("S6"),
-    fields={"res": BARR, "hot": BARR, "wb": ARR, "tstate": ARR, "held": ARR, "amount": ARR,
-            "gov_ev": INT, "hot_ev": INT, "over": INT},
-    # any weights resident (hot or cold) and of any size >= 0: load_weight (S8/S11's) may have loaded them
-    init=lambda s: And(s.tstate == Z0(), s.held == Z0(), s.gov_ev == 0, s.hot_ev == 0, s.over == 0,
-                          z3.ForAll([z3.Int("w0")], at(s.wb, z3.Int("w0")) >= 0)),
-    inv=lambda s, o: And(s.gov_ev == 0, s.hot_ev == 0, s.over == 0, at(s.held, o) >= 0,
-                            Implies(at(s.res, o), at(s.wb, o) >= 0)),
-    actions=[
-        Act("issue_ticket", {"t": INT, "n": INT}, _s6_issue, pre=lambda s, a: at(s.tstate, a.t) == 0, objs=("t",)),
-        Act("set_hot", {"w": INT, "h": BOOL}, _s6_set_hot, pre=lambda s, a: at(s.res, a.w), objs=("w",)),
-        Act("respond", _S6_RESPOND, _s6_respond, pre=_s6_pre(True), objs=("t", "v1", "v2")),
-    ],
-    unguarded=Act("respond", _S6_RESPOND, _s6_respond, pre=_s6_pre(False), objs=("t", "v1", "v2")),
-    guard="ModelResidency's victims are cold resident weights (a hot weight is never released under pressure)",
-    step_prop=_s6_prop,
-    bmc_depth=2,
-)
 
 
 # ==========================================================================

@@ -710,7 +710,7 @@ def main(jobs: int = 1) -> int:
 
 def _s15_respond_never_grants(s: Any, a: Any) -> Any:
     """S15's respond, but a ticket that reaches its amount stays pending."""
-    out, s2 = E._s15_respond()(s, a)
+    out, s2 = E._s15_respond(s, a)
     return out, s2.set(tstate=s.tstate)
 
 

@@ -1,4 +1,4 @@
-"""S15 and G1 (configuration generations) on one Z3 machine: every branch of
+"""S15, G1 (configuration generations) and S6 (holder-chooses) on one Z3 machine: every branch of
 every encoded action is sampled on reachable spec states and agrees; and
 P1 (progress): a request that fits after releases is admitted -- by Z3 for
 an arbitrary state, and on the executable spec by a walk; planted breaks
@@ -24,8 +24,8 @@ def reports():
     return run_tickets(400, 0, 40, per_branch=40)
 
 
-def test_s15_and_g1_are_proved_with_nothing_assumed() -> None:
-    for p in (E.S15, E.G1):
+def test_the_ticket_machine_rows_are_proved_with_nothing_assumed() -> None:
+    for p in (E.S15, E.G1, E.S6):
         r = prove(p)
         assert r.proved and not r.assumed, [c.detail for c in r.checks if not c.ok]
         assert r.unguarded_refuted and "[unguarded]" in r.unguarded_trace
@@ -33,7 +33,7 @@ def test_s15_and_g1_are_proved_with_nothing_assumed() -> None:
 
 def test_every_branch_of_every_ticket_action_is_sampled_and_agrees(reports) -> None:
     for r in reports:
-        p = {"S15": E.S15, "G1": E.G1, "S11": E.S11}[r.invariant]  # S11's claim shares the ticket walk
+        p = {"S15": E.S15, "G1": E.G1, "S6": E.S6, "S11": E.S11}[r.invariant]  # S11's claim shares the walk
         want = set(branches(p, p.action(r.action)))
         assert not r.mismatches, r.mismatches[:2]
         assert not r.inv_disagreements and r.inv_samples > 0
@@ -48,7 +48,8 @@ def test_expire_that_ignores_the_deadline_disagrees() -> None:
         return E.on_ok(out, s, E._end(s, a.t, E.T_TIMED_OUT))
 
     wrong = replace(E.S15, actions=[replace(a, step=expire_any) if a.name == "expire" else a for a in E.S15.actions])
-    ads = [a for a in TICKET_ADAPTERS if a.invariant == "S15" and a.action == "expire"]
+    # S15's alone (its adapter credits G1 and S6 too, on the unbroken machine)
+    ads = [replace(a, also=()) for a in TICKET_ADAPTERS if a.invariant == "S15" and a.action == "expire"]
     from memspec.spec.system import SYSTEM
 
     reps = walk_and_compare(_Restricted(SYSTEM, _TICKET_WALK), _tickets_init, ads, {"S15": wrong}, 150, 3,
@@ -79,7 +80,7 @@ def test_progress_z3_fails_when_respond_never_grants() -> None:
     from memspec.invariants.proofs_progress import prove_progress
 
     def never_grants(s, a):
-        out, s2 = E._s15_respond()(s, a)
+        out, s2 = E._s15_respond(s, a)
         return out, s2.set(tstate=s.tstate)
 
     broken = replace(E.S15, actions=[replace(a, step=never_grants) if a.name == "respond" else a
