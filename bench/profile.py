@@ -123,8 +123,10 @@ def walk_phases(level: str, steps: int = 3000, run_length: int = 50, seed: int =
     saved[(I.Integrity, "after_step")] = I.Integrity.__dict__.get("after_step")
     I.Integrity.after_step = timed("after_step", I.Integrity.after_step)
     acc["runs"] = 0
-    saved[(walk, "_walk_once")] = walk._walk_once   # looked up at each call: walk_once runs the timed one
-    walk._walk_once = timed("runs", walk._walk_once)
+    once = getattr(walk, "_walk_once", None)   # looked up at each call: walk_once runs the timed one
+    if once is not None:   # (without it the scale is the walk's whole wall, as before)
+        saved[(walk, "_walk_once")] = once
+        walk._walk_once = timed("runs", once)
     plan = runner.make_plan(target, level)
     plan.actions = [dataclasses.replace(a, perform=timed("perform", a.perform)) for a in plan.actions]
     try:
