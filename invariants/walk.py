@@ -10,7 +10,11 @@ Every walk records its choice sequence in Hypothesis's primitive form (see
 Hypothesis for shrinking: the sequence is saved in the example database under
 the key of :func:`shrink_test`, whose loop draws exactly the same choices
 (a "continue" boolean per step, then the step's own draws), so Hypothesis's
-*reuse* phase replays the walk and its shrinker minimises it.  The shrunk
+*reuse* phase replays the walk and its shrinker minimises it.  Before that,
+:func:`preshrink` deletes whole steps (delta debugging over the steps the
+replay marks, bounded by a count of replays, each candidate kept when it
+fails with the same invariant): Hypothesis's own deletions rarely line up
+with a whole step, so it then starts from far fewer steps.  The shrunk
 failure is then written as a standalone reproduction like any other.
 """
 
@@ -190,6 +194,36 @@ def walk(plan: H.Plan, *, seconds: float | None = None, max_steps: int | None = 
 # Handing a walk's failure to Hypothesis
 # --------------------------------------------------------------------------
 
+#: the label of the span the replay marks around each step
+STEP_SPAN = 0x6D656D
+
+
+def _replay(plan: H.Plan, guard: H.CallGuard, max_steps: int, cd: Any, starts: list | None = None) -> None:
+    """Run the walk's loop on the choices of ``cd`` (a ``ConjectureData``):
+    per step a "stop?" boolean then the step's draws, each step in a span
+    (so Hypothesis can delete whole steps).  ``starts``: gets the index in
+    the choice sequence of each step's "stop?" draw (the steps run)."""
+    chooser = H.HypothesisChooser(cd)
+    run = H.Run(plan, guard, chooser)
+    try:
+        i = 0
+        while True:
+            cd.start_span(STEP_SPAN)
+            at = len(cd.nodes) if starts is not None else 0
+            stop = cd.draw_boolean(p=1 / 64, forced=True if i >= max_steps else None)
+            if stop:
+                cd.stop_span()
+                break
+            if starts is not None:
+                starts.append(at)
+            run.step(chooser)
+            cd.stop_span()
+            i += 1
+        run.teardown()
+    finally:
+        run.close()
+
+
 def shrink_test(plan: H.Plan, max_steps: int, guard: H.CallGuard) -> Callable:
     """A ``@given`` test whose choice sequence has the walk's shape:
     per step a "stop?" boolean then the step's draws (spans mark steps so
@@ -198,35 +232,101 @@ def shrink_test(plan: H.Plan, max_steps: int, guard: H.CallGuard) -> Callable:
 
     @given(st.data())
     def memspec_walk_replay(data):
-        cd = data.conjecture_data
-        chooser = H.HypothesisChooser(cd)
-        run = H.Run(plan, guard, chooser)
-        try:
-            i = 0
-            while True:
-                span = getattr(cd, "start_span", None)
-                if span is not None:
-                    span(0x6D656D)
-                stop = cd.draw_boolean(p=1 / 64, forced=True if i >= max_steps else None)
-                if stop:
-                    if span is not None:
-                        cd.stop_span()
-                    break
-                run.step(chooser)
-                if span is not None:
-                    cd.stop_span()
-                i += 1
-            run.teardown()
-        finally:
-            run.close()
+        _replay(plan, guard, max_steps, data.conjecture_data)
 
     return memspec_walk_replay
 
 
+# --------------------------------------------------------------------------
+# Step-level pre-shrink: whole steps deleted before Hypothesis shrinks
+# --------------------------------------------------------------------------
+
+#: replays the step-level pre-shrink may make for one failure (a count, not
+#: seconds: its result does not depend on the machine's load)
+PRESHRINK_REPLAYS = 100
+
+
+@dataclass
+class PreShrink:
+    """What :func:`preshrink` made of a failing choice sequence."""
+    choices: list                  # the shortest failing sequence found (as the replay consumed it)
+    violation: H.Violation | None  # its violation (None: the sequence did not fail again as it was found)
+    steps_before: int = 0          # steps of the first replay (everything after the failing step dropped)
+    steps_after: int = 0
+    replays: int = 0
+    kept: int = 0                  # candidates kept (each deleted at least one whole step)
+
+
+def replay_choices(plan: H.Plan, guard: H.CallGuard, max_steps: int,
+                   choices: list) -> tuple[H.Violation | None, list, list]:
+    """Replay ``choices`` deterministically through the shrink test's loop
+    (``ConjectureData.for_choices``, as Hypothesis replays a choice
+    sequence): ``(violation or None, the choices consumed, the index of each
+    step's "stop?" draw)``."""
+    from hypothesis.internal.conjecture.data import ConjectureData
+
+    cd = ConjectureData.for_choices(choices)
+    starts: list = []
+    v = None
+    try:
+        _replay(plan, guard, max_steps, cd, starts)
+    except KeyboardInterrupt:
+        raise
+    except H.Violation as e:
+        v = e
+    except BaseException:  # noqa: BLE001 - ran out of choices, or the spec/target could not run it: no failure
+        v = None
+    return v, list(cd.choices), starts
+
+
+def preshrink(plan: H.Plan, failure: WalkFailure, guard: H.CallGuard, *, max_steps: int | None = None,
+              replays: int | None = None) -> PreShrink:
+    """Delete whole steps from ``failure``'s choice sequence, keeping a
+    candidate when its replay fails with a violation of the same invariant.
+
+    The first replay drops everything after the failing step (what it did
+    not consume); then delta debugging over the steps: runs of half the
+    steps, a quarter, ..., single steps, each tried for deletion in turn.
+    Bounded by ``replays`` replays (the first included; default
+    :data:`PRESHRINK_REPLAYS`)."""
+    inv = failure.violation.invariant
+    replays = PRESHRINK_REPLAYS if replays is None else replays
+    max_steps = len(failure.choices) if max_steps is None else max_steps
+    v, choices, starts = replay_choices(plan, guard, max_steps, list(failure.choices))
+    out = PreShrink(list(failure.choices), None, len(starts), len(starts), 1)
+    if v is None or v.invariant != inv:
+        return out
+    out.choices, out.violation = choices, v
+    n = len(starts)
+    chunk = max(n // 2, 1)
+    while out.replays < replays and n > 0:
+        i = 0
+        while i < n and out.replays < replays:
+            j = min(i + chunk, n)
+            end = starts[j] if j < n else len(choices)
+            cand = choices[:starts[i]] + choices[end:]
+            if not cand or cand[-1] is not True:
+                cand.append(True)   # stop: a run that no longer fails mid-step still ends and tears down
+            out.replays += 1
+            v2, c2, s2 = replay_choices(plan, guard, max_steps, cand)
+            if v2 is not None and v2.invariant == inv and len(s2) < n:
+                choices, starts, n = c2, s2, len(s2)
+                out.choices, out.violation, out.steps_after = c2, v2, n
+                out.kept += 1
+                continue   # the same position again: the steps that followed moved up
+            i = j
+        if chunk == 1:
+            break
+        chunk = max(chunk // 2, 1)
+    return out
+
+
 def shrink(plan: H.Plan, failure: WalkFailure, *, db: Any = None, max_examples: int = 50) -> H.Violation | None:
-    """Replay ``failure`` through Hypothesis (reuse + shrink phases) and
-    return the shrunk violation of the same invariant (``None`` if Hypothesis
-    could not reproduce it: the target is then nondeterministic)."""
+    """Pre-shrink ``failure`` (:func:`preshrink`: whole steps deleted), then
+    replay the result through Hypothesis (reuse + shrink phases) and return
+    the shortest violation of the same invariant either found (Hypothesis
+    may report several origins; ``None`` if neither reproduced it: the
+    target is then nondeterministic)."""
     from hypothesis import Phase, Verbosity, settings
     from hypothesis.database import InMemoryExampleDatabase, choices_to_bytes
 
@@ -238,9 +338,14 @@ def shrink(plan: H.Plan, failure: WalkFailure, *, db: Any = None, max_examples: 
     test = shrink_test(plan, max_steps, guard)
     key = database_key(plan, "walk")
     test._hypothesis_internal_database_key = key
+    guard.install()
+    try:
+        pre = preshrink(plan, failure, guard, max_steps=max_steps)
+    finally:
+        guard.uninstall()
     # the *secondary* corpus: examples in the primary one count as already
     # shrunk and would be replayed as they are
-    database.save(key + b".secondary", choices_to_bytes(failure.choices))
+    database.save(key + b".secondary", choices_to_bytes(pre.choices))
     s = settings(database=database, max_examples=max_examples, deadline=None, verbosity=Verbosity.quiet,
                  phases=[Phase.reuse, Phase.shrink], report_multiple_bugs=True, derandomize=False,
                  suppress_health_check=list(__import__("hypothesis").HealthCheck))
@@ -252,7 +357,10 @@ def shrink(plan: H.Plan, failure: WalkFailure, *, db: Any = None, max_examples: 
     except BaseException as e:  # noqa: BLE001
         found = [x for x, _f in _flatten(e) if isinstance(x, H.Violation)]
         same = [v for v in found if v.invariant == failure.violation.invariant]
-        return (same or found or [None])[0]
+        if pre.violation is not None:
+            same.append(pre.violation)   # it reproduces on its own too (a deterministic replay)
+        # Hypothesis reports every origin it shrank: the shortest of the same invariant
+        return min(same, key=lambda v: len(v.trace)) if same else (found or [None])[0]
     finally:
         guard.uninstall()
-    return None
+    return pre.violation
