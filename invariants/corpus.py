@@ -268,8 +268,11 @@ def goals() -> list[Goal]:
         if key not in cache:
             cache[key] = branches(p, act)
         out += [Goal(lvl, p.id, act.name, ad.spec_action, b) for b in cache[key]]
-        if p.unguarded.name == act.name:
-            out.append(Goal(lvl, p.id, act.name, ad.spec_action, "refused", "unguarded"))
+        # the rows the adapter also credits share the machine (its branches are the same goals), each with an
+        # unguarded variant of its own
+        for q in [p] + [proofs[i] for i in ad.also if i in proofs]:
+            if q.unguarded.name == act.name:
+                out.append(Goal(lvl, q.id, act.name, ad.spec_action, "refused", "unguarded"))
     return out
 
 
@@ -388,7 +391,8 @@ def realize(level: str, wanted: list[Goal], *, steps: int = 3000, seed: int = 0,
     plan = make_plan(REALIZE_ON, level, capacity=SEED000_CAPACITY)
     ev = _Evaluator()
     by_spec: dict[str, list[tuple[Goal, Any, Any]]] = {}
-    ads = {(a.invariant, a.action, a.spec_action): a for a in _adapters()}
+    # an adapter projects onto its machine, which the rows it also credits share
+    ads = {(i, a.action, a.spec_action): a for a in _adapters() for i in (a.invariant,) + tuple(a.also)}
     for g in wanted:
         ad = ads[(g.invariant, g.action, g.spec_action)]
         p = ev.proofs[g.invariant]

@@ -50,6 +50,9 @@ def test_goals_come_from_the_encodings_that_exist_now() -> None:
     mine = {(g.action, g.branch) for g in gs if g.invariant == "S15" and g.kind == "branch"}
     assert mine == {(a.name, b) for a in p.actions for b in branches(p, a)}
     assert any(g.kind == "unguarded" and g.invariant == "G1" for g in gs)
+    # every row has its unguarded variant as a goal, a row on a shared machine (S7, S10 on S4's; S6, G1 on
+    # S15's) through the adapters that also credit it
+    assert {g.invariant for g in gs if g.kind == "unguarded"} == {x.id for x in all_proofs()}
 
 
 def test_seed000_traces_take_the_spec_branch_on_reference_and_cuda_host(seed000) -> None:
