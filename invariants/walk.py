@@ -280,7 +280,7 @@ def replay_choices(plan: H.Plan, guard: H.CallGuard, max_steps: int,
 
 
 def preshrink(plan: H.Plan, failure: WalkFailure, guard: H.CallGuard, *, max_steps: int | None = None,
-              replays: int | None = None) -> PreShrink:
+              replays: int | None = None, until: float | None = None) -> PreShrink:
     """Delete whole steps from ``failure``'s choice sequence, keeping a
     candidate when its replay fails with a violation of the same invariant.
 
@@ -288,7 +288,9 @@ def preshrink(plan: H.Plan, failure: WalkFailure, guard: H.CallGuard, *, max_ste
     not consume); then delta debugging over the steps: runs of half the
     steps, a quarter, ..., single steps, each tried for deletion in turn.
     Bounded by ``replays`` replays (the first included; default
-    :data:`PRESHRINK_REPLAYS`)."""
+    :data:`PRESHRINK_REPLAYS`), and, as a safety only, by ``until`` (a
+    ``time.perf_counter()`` value: the shrink budget's end, which a fuzzing
+    campaign sets; no new replay starts after it)."""
     inv = failure.violation.invariant
     replays = PRESHRINK_REPLAYS if replays is None else replays
     max_steps = len(failure.choices) if max_steps is None else max_steps
@@ -299,9 +301,12 @@ def preshrink(plan: H.Plan, failure: WalkFailure, guard: H.CallGuard, *, max_ste
     out.choices, out.violation = choices, v
     n = len(starts)
     chunk = max(n // 2, 1)
-    while out.replays < replays and n > 0:
+    def more() -> bool:
+        return out.replays < replays and (until is None or time.perf_counter() < until)
+
+    while more() and n > 0:
         i = 0
-        while i < n and out.replays < replays:
+        while i < n and more():
             j = min(i + chunk, n)
             end = starts[j] if j < n else len(choices)
             cand = choices[:starts[i]] + choices[end:]
@@ -331,6 +336,7 @@ def shrink(plan: H.Plan, failure: WalkFailure, *, db: Any = None, max_examples: 
     from hypothesis.database import InMemoryExampleDatabase, choices_to_bytes
 
     from memspec.invariants.results import _flatten, database_key
+    from memspec.invariants.stateful import shrink_budget
 
     database = db if db is not None else InMemoryExampleDatabase()
     guard = H.CallGuard(plan.timeout, plan.guard_mode)
@@ -338,11 +344,18 @@ def shrink(plan: H.Plan, failure: WalkFailure, *, db: Any = None, max_examples: 
     test = shrink_test(plan, max_steps, guard)
     key = database_key(plan, "walk")
     test._hypothesis_internal_database_key = key
+    # the pre-shrink is part of the shrink's seconds (``--shrink-seconds``):
+    # what it spends, Hypothesis's shrink (whose ceiling the caller set) no longer gets
+    from hypothesis.internal.conjecture import engine as hyp_engine
+
+    budget = float(hyp_engine.MAX_SHRINKING_SECONDS)
+    t0 = time.perf_counter()
     guard.install()
     try:
-        pre = preshrink(plan, failure, guard, max_steps=max_steps)
+        pre = preshrink(plan, failure, guard, max_steps=max_steps, until=t0 + budget)
     finally:
         guard.uninstall()
+    left = max(budget - (time.perf_counter() - t0), 0.0)
     # the *secondary* corpus: examples in the primary one count as already
     # shrunk and would be replayed as they are
     database.save(key + b".secondary", choices_to_bytes(pre.choices))
@@ -351,7 +364,8 @@ def shrink(plan: H.Plan, failure: WalkFailure, *, db: Any = None, max_examples: 
                  suppress_health_check=list(__import__("hypothesis").HealthCheck))
     guard.install()
     try:
-        settings(s)(test)()
+        with shrink_budget(left):
+            settings(s)(test)()
     except KeyboardInterrupt:
         raise
     except BaseException as e:  # noqa: BLE001

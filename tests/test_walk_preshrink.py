@@ -112,3 +112,43 @@ def test_fuzz_walk_writes_a_reproduction_that_fails(tmp_path):
     assert f["invariant"] == INV and f["repro"] and f["steps"] <= 10, f
     p = subprocess.run([sys.executable, f["repro"]], capture_output=True, text=True, timeout=120)
     assert p.returncode != 0 and INV in p.stdout + p.stderr, (p.returncode, p.stdout[-800:], p.stderr[-800:])
+
+
+def test_preshrink_counts_inside_the_shrink_seconds(found, monkeypatch):
+    """The pre-shrink is part of ``--shrink-seconds``: with a budget already spent it makes only its
+    first replay (the tail dropped), and Hypothesis's shrink gets what the pre-shrink left (here 0),
+    not the whole budget again.  No wall-clock verdict: the budgets are 0 or in the past."""
+    from hypothesis.internal.conjecture import engine
+
+    plan, wf = found
+    guard = H.CallGuard(plan.timeout, plan.guard_mode)
+    guard.install()
+    try:
+        spent = walk.preshrink(plan, wf, guard, until=walk.time.perf_counter() - 1.0)
+    finally:
+        guard.uninstall()
+    assert spent.replays == 1 and spent.kept == 0 and spent.violation is not None
+
+    seen = []
+    real = walk.preshrink
+
+    def spy(*a, **k):
+        seen.append(k.get("until"))
+        return real(*a, **k)
+
+    ceilings = []
+    real_enter = runner.shrink_budget.__enter__
+
+    def enter(self):
+        ceilings.append(self.seconds)
+        return real_enter(self)
+
+    monkeypatch.setattr(walk, "preshrink", spy)
+    monkeypatch.setattr(runner.shrink_budget, "__enter__", enter)
+    with runner.shrink_budget(0.0):
+        v = walk.shrink(plan, wf)
+    # the caller's ceiling (0 s): the pre-shrink ends at once and Hypothesis gets 0 s too
+    assert v is not None and v.invariant == INV
+    assert seen and seen[0] is not None and seen[0] <= walk.time.perf_counter()
+    assert ceilings[0] == 0.0 and ceilings[1:] == [0.0], ceilings
+    assert engine.MAX_SHRINKING_SECONDS != 0.0   # restored after both contexts
