@@ -150,6 +150,40 @@ def _trace_entry_plain(e: Any) -> bool:
     return e.get("size", 0) >= 0 and e.get("device_free", 0) >= 0
 
 
+def _check_layout(seg: dict, i: int) -> None:
+    """A segment's blocks lie inside it and do not overlap (a real
+    allocator's blocks are pieces of their segment: a snapshot where they
+    are not is corrupt or crafted, and every figure drawn from it --
+    allocated above reserved, say -- would be nonsense)."""
+    lo, hi = seg["address"], seg["address"] + seg["total_size"]
+    order = sorted(range(len(seg["blocks"])), key=lambda j: seg["blocks"][j]["address"])
+    end, prev = lo, None
+    for j in order:
+        b = seg["blocks"][j]
+        a, n = b["address"], b["size"]
+        if a < lo or a + n > hi:
+            raise SnapshotError(f"segments[{i}].blocks[{j}]: [{a:#x}, {a + n:#x}) lies outside its segment "
+                                f"[{lo:#x}, {hi:#x})")
+        if a < end and prev is not None:
+            raise SnapshotError(f"segments[{i}].blocks[{j}]: overlaps segments[{i}].blocks[{prev}] "
+                                f"(starts at {a:#x}, before {end:#x})")
+        end, prev = a + n, j
+
+
+def _check_disjoint(segs: list) -> None:
+    """Segments of one device do not overlap (each is its own reservation)."""
+    order = sorted(range(len(segs)), key=lambda i: (segs[i].get("device", 0), segs[i]["address"]))
+    prev = None
+    for i in order:
+        s = segs[i]
+        if prev is not None:
+            p = segs[prev]
+            if p.get("device", 0) == s.get("device", 0) and s["address"] < p["address"] + p["total_size"]:
+                raise SnapshotError(f"segments[{i}]: overlaps segments[{prev}] (starts at {s['address']:#x}, "
+                                    f"before {p['address'] + p['total_size']:#x})")
+        prev = i
+
+
 def check_snapshot(snap: Any) -> dict:
     """Schema check of every field memspec reads; fills PyTorch's optional
     fields an older snapshot lacks.  SnapshotError (an InvalidRequest) names
@@ -176,6 +210,8 @@ def check_snapshot(snap: Any) -> dict:
             if "address" not in b:
                 b["address"] = addr
             addr = b["address"] + b["size"]
+        _check_layout(seg, i)
+    _check_disjoint(snap["segments"])
     traces = snap.setdefault("device_traces", [[]])
     if not isinstance(traces, list) or not all(isinstance(t, list) for t in traces):
         raise SnapshotError("'device_traces' must be a list of lists (one per device)")

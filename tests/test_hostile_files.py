@@ -122,6 +122,15 @@ def _seg(**over):
     ({"segments": [], "allocator_settings": {"memspec_preset": "evil"}}, "memspec_preset"),
     ({"segments": [_seg(address=1 << 80)]}, "'address'"),
     ([1, 2], "not a memory snapshot"),
+    # a layout no allocator makes: blocks outside their segment, overlapping blocks or segments
+    ({"segments": [_seg(blocks=[{"address": 0, "size": 3 * MiB, "state": "active_allocated"}])]}, "lies outside"),
+    ({"segments": [_seg(blocks=[{"size": 1 * MiB, "state": "active_allocated"}] * 3)]}, "segments[0].blocks["),
+    ({"segments": [_seg(blocks=[{"size": 2 * MiB, "state": "active_allocated"},
+                                {"size": 1 * MiB, "state": "inactive"}])]}, "lies outside"),
+    ({"segments": [_seg(blocks=[{"address": 0, "size": MiB, "state": "inactive"},
+                                {"address": MiB // 2, "size": MiB, "state": "inactive"}])]}, "overlaps"),
+    ({"segments": [_seg(), _seg(address=MiB, blocks=[{"address": MiB, "size": 2 * MiB, "state": "inactive"}])]},
+     "segments[1]: overlaps segments[0]"),
 ])
 def test_malformed_snapshot_fields_are_named(tmp_path, snap, field):
     f = tmp_path / "bad.pickle"
@@ -132,6 +141,15 @@ def test_malformed_snapshot_fields_are_named(tmp_path, snap, field):
     p = subprocess.run([sys.executable, "-m", "memspec", "snapshot", str(f), "--replay"], capture_output=True,
                        text=True, timeout=60)
     assert p.returncode == 2 and "cannot read" in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_segments_of_other_devices_may_share_addresses_and_blocks_may_leave_gaps():
+    """Not every odd layout is refused: one address on two devices, and a segment whose blocks
+    do not cover it all (a snapshot may leave blocks out), load."""
+    gap = _seg(blocks=[{"address": MiB, "size": MiB, "state": "active_allocated", "frames": []}])
+    snap = {"segments": [_seg(device=0), _seg(device=1), dict(gap, address=4 * MiB,
+                         blocks=[dict(gap["blocks"][0], address=5 * MiB)])]}
+    assert cs.check_snapshot(snap) is snap
 
 
 @pytest.mark.parametrize("blob", [b"\x00\x01\x02garbage\xff", b"", b"{not json", b"\x80\x05K\x01.", b"(" * 100000])
