@@ -11,7 +11,7 @@ Pure Python and compiled: when ``memspec.reference.caching`` imports as a
 mypyc build (``memspec build-native``, ``MEMSPEC_NATIVE=1``: its
 ``COMPILED`` is true), every reference figure is measured twice in the same
 run, compiled and pure (a pure copy loaded from the source files next to
-it, ``caching_stats`` included); the row's value and verdict are the
+it, its parts and ``caching_stats`` included); the row's value and verdict are the
 compiled figure's, its note names the build and gives the pure figure
 (``extra``: ``compiled``, ``pure_*``).  Without a build the rows are pure
 Python and say so.
@@ -52,6 +52,9 @@ class Unavailable(Exception):
 
 CACHING = "memspec.reference.caching"
 STATS = "memspec.reference.caching_stats"
+#: the modules the allocator is made of, each importing only those before it
+#: (``caching`` is the face of ``caching_blocks`` and ``caching_segments``)
+PARTS = (STATS, "memspec.reference.caching_blocks", "memspec.reference.caching_segments", CACHING)
 
 
 def reference_ops(preset: str, mod: Any = None) -> tuple[Callable[[int], Any], Callable[[Any], Any]]:
@@ -72,22 +75,22 @@ def is_compiled(mod: Any) -> bool:
 
 def load_pure(install: bool = False) -> Any:
     """A pure-Python copy of ``memspec.reference.caching`` (and of the
-    ``caching_stats`` it imports), executed from the source files in the
+    modules it imports, :data:`PARTS`), executed from the source files in the
     package's directory whatever build the normal import finds; the
     ``sys.modules`` entries are restored afterwards, unless ``install``
     (then later imports get the pure copies)."""
     import memspec.reference as pkg
 
     where = Path(list(pkg.__path__)[0])
-    saved = {k: sys.modules.get(k) for k in (STATS, CACHING)}
+    saved = {k: sys.modules.get(k) for k in PARTS}
     try:
         got = None
-        for name in (STATS, CACHING):
+        for name in PARTS:
             spec = importlib.util.spec_from_file_location(name, where / (name.rsplit(".", 1)[1] + ".py"))
             if spec is None or spec.loader is None:
                 raise Unavailable(f"no source of {name} in {where}")
             got = importlib.util.module_from_spec(spec)
-            sys.modules[name] = got  # caching imports this very caching_stats
+            sys.modules[name] = got  # the later parts import these very copies
             spec.loader.exec_module(got)
         return got
     except (OSError, ImportError) as e:

@@ -66,9 +66,11 @@ from typing import Any, Sequence
 #:   mypyc checks a parameter's annotation at the call, so a compiled
 #:   ``size: int`` raises ``TypeError`` first -- a different answer, which the
 #:   harness reports as a conformance failure (seen: S5 unexpected-exception
-#:   on ``allocate``).  ``reference.caching`` (with ``caching_stats``, compiled
-#:   together) is written for the build: its validating entry points take
-#:   ``Any``, its handle copies itself (``__copy__``: mypyc's classes refuse
+#:   on ``allocate``).  ``reference.caching`` (with its parts
+#:   ``caching_blocks`` and ``caching_segments`` and with ``caching_stats``,
+#:   compiled together: the native classes of one are used by the others) is
+#:   written for the build: its validating entry points take ``Any``, its
+#:   handle copies itself (``__copy__``: mypyc's classes refuse
 #:   ``copyreg``'s argument-less construction) and its allocator class allows
 #:   interpreted subclasses (the mutants); the caching tests, the hostile ones
 #:   included, pass compiled (``tests/test_caching_native.py``);
@@ -99,8 +101,11 @@ MODULES: tuple[str, ...] = (
     "memspec.invariants.integrity",
     # the caching allocator (bench.caching's rows, ``memspec snapshot --replay``): compiled, its
     # presets ran 1.3-2.4x the pure-Python pairs per CPU second (bench caching rows, pure and
-    # compiled side by side in one run); caching imports caching_stats
+    # compiled side by side in one run); caching imports caching_segments, which imports
+    # caching_blocks; all three import caching_stats
     "memspec.reference.caching_stats",
+    "memspec.reference.caching_blocks",
+    "memspec.reference.caching_segments",
     "memspec.reference.caching",
 )
 

@@ -28,12 +28,25 @@ a cudaMalloc with a capacity).  Expandable segments map pages through any
 :class:`~memspec.spec.api.VirtualBacking` (default the same simulated
 device's; the reference VMM or CUDA's may be passed in).
 
+The allocator is three modules; this one is its face (every name callers
+import is a name of this module):
+
+* :mod:`~memspec.reference.caching_blocks` -- the policy's constants and
+  rounding ladder, the records (segments, blocks, pools, handles) and the
+  free list's ``SortedList`` helpers;
+* :mod:`~memspec.reference.caching_segments` -- the simulated device and
+  :class:`~memspec.reference.caching_segments.SegmentLayer`, the allocator's
+  base: the pools' free lists, cudaMalloc/cudaFree of segments, the cache
+  releases, garbage collection, expandable segments;
+* this module -- :class:`CachingAllocator`: settings, streams, malloc, free,
+  empty_cache, the OOM and the inspection calls.
+
 Only :mod:`memspec.spec.api` and :mod:`memspec.spec.errors` are imported from
 the spec (layering rule).
 
-Compiled: this module and :mod:`~memspec.reference.caching_stats` type-check
-under mypy and compile with mypyc (``memspec build-native``; compile the two
-together).  The pure-Python source is the reference and the fallback; the
+Compiled: these three modules and :mod:`~memspec.reference.caching_stats`
+type-check under mypy and compile with mypyc (``memspec build-native``;
+compile the four together: the native classes of one are used by the others).  The pure-Python source is the reference and the fallback; the
 build runs the same code, with the hot paths' locals typed (``COMPILED`` says
 which one runs).  :class:`CachingAllocator` allows interpreted subclasses
 (the mutants); the entry points that validate their arguments take ``Any``
@@ -44,27 +57,14 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import reprlib
 from collections import deque
-from typing import Any, Callable, Final, Iterator, NoReturn, cast
+from typing import Any, Callable, Final, Iterator, NoReturn
 
 from mypy_extensions import mypyc_attr
-from sortedcontainers import SortedList  # type: ignore[import-untyped]
 
-from memspec.spec.api import (
-    DEFAULT_PAGE,
-    AllocationRequest,
-    DeviceAllocation,
-    DeviceKey,
-    IdentitySource,
-    MiB,
-    ReserveRequest,
-    VirtualAllocation,
-)
 from memspec.spec.errors import (
     DoubleFree,
     ForeignAllocation,
-    InvalidRange,
     InvalidRequest,
     OutOfMemory,
     StaleHandle,
@@ -76,453 +76,55 @@ from memspec.reference.caching_stats import (
     ONE_EB_MESSAGE,
     SMALL,
     AllocatorStats,
-    Stat,
-    SumStat,
     increase_pooled,
     memory_summary,
     pytorch_oom_message,
     seed_oom_message,
 )
+from memspec.reference.caching_blocks import (
+    _M64,
+    K_LARGE_BUFFER,
+    K_MIN_BLOCK,
+    K_MIN_LARGE_ALLOC,
+    K_ROUND_LARGE,
+    K_SMALL_BUFFER,
+    K_SMALL_SIZE,
+    PRESETS,
+    ROUNDUP_INTERVALS,
+    CachedBlock,
+    _Block,
+    _describe,
+    _hot,
+    _keys_after,
+    _Pool,
+    _sl_add,
+    _sl_delete,
+    free_key,
+    round_request,
+    segment_bytes,
+    unkey,
+)
+from memspec.reference.caching_segments import (
+    SegmentLayer,
+    SimulatedBacking,
+    SimulatedDevice,
+    SimulatedDriver,
+    SimulatedMechanism,
+)
+
+#: the public names, as before the split into caching_blocks and caching_segments (importers
+#: read them from here; the private ones the tests and mutants use are names of this module too)
+__all__ = [
+    "COMPILED", "K_LARGE_BUFFER", "K_MIN_BLOCK", "K_MIN_LARGE_ALLOC", "K_ROUND_LARGE", "K_SMALL_BUFFER",
+    "K_SMALL_SIZE", "PRESETS", "ROUNDUP_INTERVALS", "CachedBlock", "CachingAllocator", "SegmentLayer",
+    "SimulatedBacking", "SimulatedDevice", "SimulatedDriver", "SimulatedMechanism", "free_key",
+    "round_request", "segment_bytes", "unkey",
+]
 
 #: (Final: a mypyc build holds them in C statics, not module-dict look-ups)
 bisect_left: Final = bisect.bisect_left
 bisect_right: Final = bisect.bisect_right
 insort: Final = bisect.insort
-
-K_MIN_BLOCK: Final = 512
-K_SMALL_SIZE: Final = 1 * MiB
-K_SMALL_BUFFER: Final = 2 * MiB
-K_LARGE_BUFFER: Final = 20 * MiB
-K_MIN_LARGE_ALLOC: Final = 10 * MiB
-K_ROUND_LARGE: Final = 2 * MiB
-PRESETS = ("pytorch", "seed")
-ROUNDUP_INTERVALS: Final = 16  # 1 MiB .. 64 GiB, one divisions entry per power of two
-_M64: Final = (1 << 64) - 1
-
-
-def _inc2(stat: list, idx: int, n: int) -> None:
-    """``Stat.increase(n)`` on the ``all`` entry and the pool's entry."""
-    for s in (stat[ALL], stat[idx]):
-        c = s.current + n
-        s.current = c
-        s.allocated += n
-        if c > s.peak:
-            s.peak = c
-
-
-def _dec2(stat: list, idx: int, n: int) -> None:
-    """``Stat.decrease(n)`` on the ``all`` entry and the pool's entry."""
-    for s in (stat[ALL], stat[idx]):
-        s.current -= n
-
-
-def free_key(stream: int, size: int, addr: int) -> int:
-    """The free-list order ``(stream, size, address)`` packed in one int
-    (int comparisons are much cheaper than tuple ones)."""
-    return (stream << 128) | (size << 64) | addr
-
-
-def unkey(key: int) -> tuple[int, int, int]:
-    return key >> 128, (key >> 64) & _M64, key & _M64
-
-
-def _pow2_divisions(size: int, divisions: tuple[int, ...]) -> int:
-    log_size = size.bit_length() - 1
-    index = min(max(0, log_size - 20), ROUNDUP_INTERVALS - 1)
-    return divisions[index]
-
-
-def round_request(size: int, preset: str, divisions: tuple[int, ...] | None = None) -> int:
-    """The rounding ladder. pytorch: < 512 -> 512; power-of-two divisions when
-    configured and ``size > 512 * d``; else the next 512 multiple.  seed:
-    *512 B steps to 1 MiB, then 2 MiB steps forever.*"""
-    if preset == "seed":
-        if size <= K_SMALL_SIZE:
-            return (size + K_MIN_BLOCK - 1) // K_MIN_BLOCK * K_MIN_BLOCK
-        return (size + K_ROUND_LARGE - 1) // K_ROUND_LARGE * K_ROUND_LARGE
-    if size < K_MIN_BLOCK:
-        return K_MIN_BLOCK
-    if divisions:
-        d = _pow2_divisions(size, divisions)
-        if d > 1 and size > K_MIN_BLOCK * d:
-            if size & (size - 1) == 0:
-                return size
-            floor = 1 << (size.bit_length() - 1)
-            step = floor >> (d.bit_length() - 1)
-            if step == 0:
-                return floor << 1
-            low = size & ~(step - 1)
-            return size if low == size else low + step
-    return (size + K_MIN_BLOCK - 1) // K_MIN_BLOCK * K_MIN_BLOCK
-
-
-def segment_bytes(rounded: int, preset: str) -> int:
-    """Bytes of the cudaMalloc that serves a rounded request with no free
-    block.  pytorch (``get_allocation_size``): <= 1 MiB -> 2 MiB; < 10 MiB ->
-    20 MiB; else the next 2 MiB multiple.  seed: small -> 2 MiB, large ->
-    ``max(20 MiB, rounded)``."""
-    if rounded <= K_SMALL_SIZE:
-        return K_SMALL_BUFFER
-    if preset == "seed":
-        return max(K_LARGE_BUFFER, rounded)
-    if rounded < K_MIN_LARGE_ALLOC:
-        return K_LARGE_BUFFER
-    return (rounded + K_ROUND_LARGE - 1) // K_ROUND_LARGE * K_ROUND_LARGE
-
-
-# --------------------------------------------------------------------------
-# The simulated device: a cudaMalloc with a capacity, and VMM pages
-# --------------------------------------------------------------------------
-
-class SimulatedDevice:
-    """A device with ``capacity`` physical bytes shared by a cudaMalloc-like
-    :class:`SimulatedDriver` and a page-granular :class:`SimulatedBacking`.
-
-    ``other_processes`` (pid -> bytes) models co-tenants: seed 003, *the
-    driver's pool is shared*.  Virtual addresses are handed out by a bump
-    pointer (*VA is not scarce. Physical HBM is.*).
-    """
-
-    def __init__(self, capacity: Any, *, page: int = DEFAULT_PAGE, base: int = 0x7F0A_0000_0000,
-                 other_processes: dict[int, int] | None = None, name: str = "sim-caching") -> None:
-        if not isinstance(capacity, int) or capacity <= 0:
-            raise InvalidRequest(f"capacity must be a positive int, got {capacity!r}")
-        self.capacity = capacity
-        self.page = page
-        self.used = 0  # physical bytes this process holds (segments + mapped pages)
-        self.other_processes = dict(other_processes or {})
-        self._next_va = base
-        self.key = DeviceKey("sim", 0)
-        self.name = name
-
-    def free_bytes(self) -> int:
-        return self.capacity - self.used - sum(self.other_processes.values())
-
-    def mem_get_info(self) -> tuple[int, int]:
-        """``cudaMemGetInfo``: (free, total)."""
-        return self.free_bytes(), self.capacity
-
-    def take(self, n: int, what: str) -> None:
-        if n > self.free_bytes():
-            raise OutOfMemory(
-                f"simulated device out of memory: {what} needs {n} bytes, {self.free_bytes()} free of {self.capacity}",
-                requested=n, total_capacity=self.capacity, free=self.free_bytes(),
-            )
-        self.used += n
-
-    def give(self, n: int) -> None:
-        self.used -= n
-
-    def new_va(self, size: int, align: int) -> int:
-        a = (self._next_va + align - 1) // align * align
-        self._next_va = a + size
-        return a
-
-
-class SimulatedDriver:
-    """``cudaMalloc``/``cudaFree`` as a :class:`~memspec.spec.api.DeviceAllocator`:
-    page-granular (seed 003: *3 MiB + 1 B of request becomes 4 MiB of mappings*)."""
-
-    def __init__(self, dev: SimulatedDevice) -> None:
-        self.dev = dev
-        self._ids = IdentitySource("sim-cudaMalloc")
-        self._live: dict[Any, DeviceAllocation] = {}
-        self._dead: set[Any] = set()
-
-    def device(self) -> DeviceKey:
-        return self.dev.key
-
-    def allocate(self, request: AllocationRequest) -> DeviceAllocation:
-        n = request.size
-        if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
-            raise InvalidRequest(f"size must be a positive int, got {n!r}")
-        fp = (n + self.dev.page - 1) // self.dev.page * self.dev.page
-        self.dev.take(fp, f"cudaMalloc({n})")
-        a = DeviceAllocation(self.dev.new_va(fp, self.dev.page), n, fp, self._ids.new(), self.dev.key)
-        self._live[a.identity] = a
-        return a
-
-    def deallocate(self, allocation: DeviceAllocation) -> int:
-        if not isinstance(allocation, DeviceAllocation) or allocation.identity.creator != self._ids.creator:
-            raise ForeignAllocation(f"{allocation!r} was not made by this driver")
-        if allocation.identity in self._dead:
-            raise DoubleFree(f"{allocation.identity} already freed")
-        if allocation.identity not in self._live:
-            raise StaleHandle(f"{allocation.identity} is not live")
-        del self._live[allocation.identity]
-        self._dead.add(allocation.identity)
-        self.dev.give(allocation.footprint)
-        return allocation.footprint
-
-
-class SimulatedBacking:
-    """Page-granular VMM (``cuMemAddressReserve``/``cuMemCreate``+``cuMemMap``/
-    ``cuMemUnmap``) as a :class:`~memspec.spec.api.VirtualBacking`."""
-
-    def __init__(self, dev: SimulatedDevice) -> None:
-        self.dev = dev
-        self._ids = IdentitySource("sim-vmm")
-        self._pages: dict[Any, set[int]] = {}
-
-    def granularity(self) -> int:
-        return self.dev.page
-
-    def _check(self, va: VirtualAllocation, start: int, end: int) -> set[int]:
-        if not isinstance(va, VirtualAllocation) or va.identity.creator != self._ids.creator:
-            raise ForeignAllocation(f"{va!r} was not reserved here")
-        pages = self._pages.get(va.identity)
-        if pages is None:
-            raise StaleHandle(f"{va.identity} was released")
-        g = self.dev.page
-        if start < 0 or end > va.size or start >= end or start % g or end % g:
-            raise InvalidRange(f"[{start}, {end}) is not a page-aligned range inside {va.size} bytes")
-        return pages
-
-    def reserve(self, request: ReserveRequest) -> VirtualAllocation:
-        if not isinstance(request.size, int) or request.size <= 0:
-            raise InvalidRequest(f"size must be a positive int, got {request.size!r}")
-        g = self.dev.page
-        size = (request.size + g - 1) // g * g
-        va = VirtualAllocation(self.dev.new_va(size, g), size, self._ids.new(), self.dev.key)
-        self._pages[va.identity] = set()
-        return va
-
-    def commit_range(self, allocation: VirtualAllocation, start: int, end: int) -> int:
-        pages = self._check(allocation, start, end)
-        g = self.dev.page
-        want = range(start // g, end // g)
-        if any(p in pages for p in want):
-            raise InvalidRange(f"[{start}, {end}) is already (partly) committed")
-        self.dev.take(end - start, f"commit of {end - start} bytes")
-        pages.update(want)
-        return end - start
-
-    def decommit_range(self, allocation: VirtualAllocation, start: int, end: int) -> int:
-        pages = self._check(allocation, start, end)
-        g = self.dev.page
-        want = range(start // g, end // g)
-        if not all(p in pages for p in want):
-            raise InvalidRange(f"[{start}, {end}) is not wholly committed")
-        pages.difference_update(want)
-        self.dev.give(end - start)
-        return end - start
-
-    def committed_bytes(self, allocation: VirtualAllocation) -> int:
-        pages = self._pages.get(allocation.identity)
-        if pages is None:
-            raise StaleHandle(f"{allocation.identity} was released")
-        return len(pages) * self.dev.page
-
-    def release(self, allocation: VirtualAllocation) -> int:
-        n = self.committed_bytes(allocation)
-        del self._pages[allocation.identity]
-        self.dev.give(n)
-        return n
-
-
-class SimulatedMechanism:
-    """The mechanism a caching target sits on: the simulated cudaMalloc and VMM."""
-
-    def __init__(self, dev: SimulatedDevice) -> None:
-        self.name = dev.name
-        self.dev = dev
-        self._driver = SimulatedDriver(dev)
-        self._backing = SimulatedBacking(dev)
-
-    def allocator(self) -> SimulatedDriver:
-        return self._driver
-
-    def virtual_backing(self) -> SimulatedBacking:
-        return self._backing
-
-    def shared_mapping(self) -> None:
-        return None
-
-
-# --------------------------------------------------------------------------
-# Blocks, segments, pools, handles
-# --------------------------------------------------------------------------
-
-class _Segment:
-    """One cudaMalloc (``expandable=False``) or one expandable VA arena."""
-
-    __slots__ = ("address", "size", "stream", "small", "expandable", "handle", "page", "head", "owner", "pool")
-
-    def __init__(self, address: int, size: int, stream: int, small: bool, expandable: bool, handle: Any,
-                 page: int, owner: Any, pool: _Pool):
-        self.address, self.size, self.stream, self.small = address, size, stream, small
-        self.expandable, self.handle, self.page, self.owner = expandable, handle, page, owner
-        self.pool = pool  # the owner's _Pool of this segment's blocks
-        self.head: _Block | None = None
-
-
-class _Block:
-    """A block of a segment: the allocator's own record (never handed out).
-
-    ``allocated``, ``size``, ``requested_size``, ``stream``, the neighbour
-    links and the event counts are read only from here, never from a
-    :class:`CachedBlock` handle."""
-
-    __slots__ = ("address", "size", "requested_size", "stream", "seg", "prev", "next", "allocated", "mapped",
-                 "events", "uses", "gc_base", "handle")
-
-    def __init__(self, address: int, size: int, stream: int, seg: _Segment) -> None:
-        self.address, self.size, self.stream, self.seg = address, size, stream, seg
-        self.requested_size = 0
-        self.handle: CachedBlock | None = None  # the record: the one live handle of this block
-        self.prev: _Block | None = None
-        self.next: _Block | None = None
-        self.allocated = False
-        self.mapped = True
-        self.events = 0
-        self.uses: set[int] | None = None
-        self.gc_base = 0
-
-    def is_split(self) -> bool:
-        return self.prev is not None or self.next is not None
-
-    def __repr__(self) -> str:
-        return (f"_Block(address={self.address:#x}, size={self.size}, requested_size={self.requested_size}, "
-                f"stream={self.stream}, allocated={self.allocated})")
-
-
-def _describe(h: Any) -> str:
-    """A handle's fields for an error message, whatever they hold (never raises)."""
-    parts = []
-    for name in ("address", "size", "requested_size", "stream"):
-        v = getattr(h, name, None)
-        parts.append(f"{name}={v:#x}" if name == "address" and type(v) is int else f"{name}={reprlib.repr(v)}")
-    return "CachedBlock(" + ", ".join(parts) + ")"
-
-
-class CachedBlock:
-    """The handle :meth:`CachingAllocator.malloc` hands out: ``address``,
-    ``size`` (after rounding and the split decision), ``requested_size``,
-    ``stream`` -- a read-out for the caller, nothing more.
-
-    The allocator never trusts a handle's fields: ``free`` and
-    ``record_stream`` accept a handle only when the allocator's own record --
-    the block's ``handle`` slot, set at malloc and cleared at free -- names
-    this very object (identity), and the block's segment is this allocator's.
-    A copy (``copy.copy``), a hand-built handle with a live block's address,
-    a handle whose fields were altered, or a handle already freed is refused
-    with a named error (DoubleFree, StaleHandle, ForeignAllocation), the
-    ledger unchanged.  Every malloc makes a new handle, so a stale one is
-    never live again even when its block or address is recycled."""
-
-    __slots__ = ("address", "size", "requested_size", "stream", "_block", "_freed")
-
-    def __init__(self, address: int = 0, size: int = 0, requested_size: int = 0, stream: int = 0,
-                 block: Any = None) -> None:
-        # (every argument has a default: a mypyc build's ``CachedBlock.__new__(CachedBlock)``
-        # runs this ``__init__``, and a hand-built handle must be refused by name, not by TypeError)
-        self.address, self.size, self.requested_size, self.stream = address, size, requested_size, stream
-        self._block = block
-        self._freed = False
-
-    def __copy__(self) -> CachedBlock:
-        """A copy has the same fields (and names the same block) but is never
-        live: only the object malloc returned is (``free`` refuses a copy
-        with StaleHandle, DoubleFree once the original was freed).  Defined,
-        not inherited, so a mypyc build copies as pure Python does."""
-        c = CachedBlock(self.address, self.size, self.requested_size, self.stream, self._block)
-        c._freed = getattr(self, "_freed", False) is True  # (the pure malloc leaves it unset until free)
-        return c
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> CachedBlock:
-        """As :meth:`__copy__`: a handle is a read-out; deep-copying it does
-        not duplicate the allocator its block belongs to."""
-        c = self.__copy__()
-        memo[id(self)] = c
-        return c
-
-    def __repr__(self) -> str:
-        return _describe(self)
-
-
-def _sl_add(pool: _Pool, v: int) -> None:
-    """``pool.blocks.add(v)`` with its common case inlined (sortedcontainers 2.x
-    internals: no positional index rebuilt; a full sublist is split as ``add`` does)."""
-    maxes = pool.maxes
-    lst: list[int]
-    if maxes:
-        if v >= maxes[-1]:
-            pos = len(maxes) - 1
-            lst = pool.lists[pos]
-            lst.append(v)
-            maxes[pos] = v
-        else:
-            pos = bisect_right(maxes, v)
-            lst = pool.lists[pos]
-            insort(lst, v)
-        bl = pool.blocks
-        if pool.index or len(lst) > 2000:
-            bl._expand(pos)
-        bl._len += 1
-    else:
-        pool.blocks.add(v)
-
-
-def _sl_delete(bl: SortedList, maxes: list, lst: list, pos: int, idx: int) -> None:
-    """``SortedList._delete(pos, idx)``; its common cases inlined (no positional
-    index in use; the sublist stays non-empty and either is the only one or
-    is longer than half the load, so nothing is merged)."""
-    if not bl._index and len(lst) > 1 and (len(lst) > 501 or len(maxes) == 1):
-        del lst[idx]
-        bl._len -= 1
-        maxes[pos] = lst[-1]
-    else:
-        bl._delete(pos, idx)
-
-
-def _keys_after(lists: list, pos: int, idx: int) -> Iterator[int]:
-    """The keys of a SortedList (its ``_lists``) after the one at ``(pos,
-    idx)``, in order (``irange`` without its set-up, which the expandable
-    best fit paid at every malloc)."""
-    idx += 1
-    for sub in itertools.islice(lists, pos, None):
-        yield from itertools.islice(sub, idx, None)
-        idx = 0
-
-
-#: a pool's hot figures: (this pool's, the other pool's, all) for each of allocation,
-#: allocated_bytes, requested_bytes, inactive_split, inactive_split_bytes
-_Hot = tuple[Stat, Stat, SumStat, Stat, Stat, SumStat, Stat, Stat, SumStat, Stat, Stat, SumStat, Stat, Stat, SumStat]
-#: those free updates: allocation, allocated_bytes and requested_bytes of this pool (decreases
-#: only), then inactive_split and inactive_split_bytes as in ``_Hot``
-_HotFree = tuple[Stat, Stat, Stat, Stat, Stat, SumStat, Stat, Stat, SumStat]
-
-
-def _hot(s: AllocatorStats, j: int, o: int) -> _Hot:
-    """The Stat objects the fast paths of pool ``j`` update (``o``: the
-    other pool): for each of allocation, allocated_bytes, requested_bytes,
-    inactive_split, inactive_split_bytes, this pool's, the other pool's and
-    ``all`` (a SumStat: only its peak is stored)."""
-    return cast(_Hot, tuple(x for name in ("allocation", "allocated_bytes", "requested_bytes", "inactive_split",
-                                           "inactive_split_bytes")
-                            for x in (getattr(s, name)[j], getattr(s, name)[o], getattr(s, name)[ALL])))
-
-
-class _Pool:
-    __slots__ = ("small", "blocks", "maxes", "lists", "index", "free", "unmapped", "unmapped_at", "gc_calls", "hot",
-                 "hot_free")
-
-    def __init__(self, small: bool, hot: _Hot) -> None:
-        self.small = small
-        self.blocks = SortedList()  # free_key(stream, size, address) of free mapped blocks
-        assert self.blocks._load == 1000, "the inlined SortedList paths assume the default load factor"
-        #: the free list's internals, read by the inlined paths (sortedcontainers 2.x
-        #: SortedList mutates these three lists in place and never rebinds them)
-        self.maxes: list[int] = self.blocks._maxes
-        self.lists: list[list[int]] = self.blocks._lists
-        self.index: list[int] = self.blocks._index
-        self.free: dict[int, _Block] = {}
-        self.unmapped = SortedList()  # (stream << 64) | address of unmapped blocks of expandable arenas
-        self.unmapped_at: dict[int, _Block] = {}
-        self.gc_calls = 0
-        #: the Stat objects the fast paths update (see :func:`_hot`); those free updates
-        self.hot = hot
-        self.hot_free: _HotFree = (hot[0], hot[3], hot[6], hot[9], hot[10], hot[11], hot[12], hot[13], hot[14])
 
 
 def _compiled_probe() -> None:
@@ -542,8 +144,10 @@ _STATE_LIVE, _STATE_PENDING, _STATE_FREE = "active_allocated", "active_pending_f
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # the mutants and tests subclass it (compiled by mypyc)
-class CachingAllocator:
-    """One device's caching allocator (see the module docstring).
+class CachingAllocator(SegmentLayer):
+    """One device's caching allocator (see the module docstring); its
+    segment layer (pools, segments, cache releases, expandable segments) is
+    the base :class:`~memspec.reference.caching_segments.SegmentLayer`.
 
     ``driver``: a DeviceAllocator for segments (cudaMalloc); ``backing``: a
     VirtualBacking for expandable segments; ``mem_get_info``: ``() -> (free,
@@ -599,19 +203,19 @@ class CachingAllocator:
         self.stats = st = AllocatorStats()
         self._small = _Pool(True, _hot(st, SMALL, LARGE))
         self._large = _Pool(False, _hot(st, LARGE, SMALL))
-        self._segments: dict[int, _Segment] = {}
+        self._segments = {}
         self._seg_alloc: dict[int, Any] = {}
         self._pending: set[_Block] = set()
         self._issued: dict[int, int] = {}
         self._completed: dict[int, int] = {}
         self._events: dict[int, deque] = {}
         self._n_events = 0
-        self._total: int = 0  # total_allocated_memory: bytes of segments and mapped pages
+        self._total = 0  # total_allocated_memory: bytes of segments and mapped pages
         self._clock = itertools.count(1)
-        self._trace: deque | None = deque(maxlen=max_entries) if record_history else None
+        self._trace = deque(maxlen=max_entries) if record_history else None
         self.arena_factor = arena_factor if arena_factor is not None else (16.0 if preset == "seed" else 1.125)
         self.memory_fraction: float | None = None
-        self._allowed: int | None = None
+        self._allowed = None
         self._ever_expandable = False
         self.set_allocator_settings(
             expandable_segments=expandable_segments,
@@ -732,67 +336,6 @@ class CachingAllocator:
         self.synchronize()
         self.stats.num_sync_all_streams += 1
         self._process_events()
-
-    # ---------------------------------------------------------------- pools
-
-    def _insert(self, pool: _Pool, b: _Block) -> None:
-        _sl_add(pool, (b.stream << 128) | (b.size << 64) | b.address)
-        pool.free[b.address] = b
-        b.gc_base = pool.gc_calls
-
-    def _remove(self, pool: _Pool, b: _Block) -> None:
-        v = (b.stream << 128) | (b.size << 64) | b.address
-        bl = pool.blocks
-        maxes = bl._maxes
-        pos = bisect_left(maxes, v)
-        lst = bl._lists[pos]
-        idx = bisect_left(lst, v)
-        if lst[idx] != v:  # pragma: no cover - a broken free list
-            raise KeyError(v)
-        _sl_delete(bl, maxes, lst, pos, idx)
-        del pool.free[b.address]
-
-    def _insert_unmapped(self, pool: _Pool, b: _Block) -> None:
-        pool.unmapped.add((b.stream << 64) | b.address)
-        pool.unmapped_at[b.address] = b
-
-    def _remove_unmapped(self, pool: _Pool, b: _Block) -> None:
-        pool.unmapped.remove((b.stream << 64) | b.address)
-        del pool.unmapped_at[b.address]
-
-    def _pool_of(self, b: _Block) -> _Pool:
-        return self._small if b.seg.small else self._large
-
-    def _try_merge(self, pool: _Pool, dst: _Block, src: _Block | None) -> int:
-        if src is None or src.allocated or src.events or src.uses or src.mapped != dst.mapped:
-            return 0
-        if src.mapped:
-            self._remove(pool, src)
-        else:
-            self._remove_unmapped(pool, src)
-        if dst.prev is src:
-            dst.address = src.address
-            dst.prev = src.prev
-            if dst.prev is not None:
-                dst.prev.next = dst
-            else:
-                dst.seg.head = dst
-        else:
-            dst.next = src.next
-            if dst.next is not None:
-                dst.next.prev = dst
-        dst.size += src.size
-        return src.size
-
-    # ---------------------------------------------------------------- trace
-
-    def _record(self, action: str, addr: int, size: int, stream: int) -> None:
-        if self._trace is not None:
-            self._trace.append((action, addr, size, stream, next(self._clock)))
-
-    def record_memory_history(self, enabled: bool = True, max_entries: int = 1_000_000) -> None:
-        """``torch.cuda.memory._record_memory_history``."""
-        self._trace = deque(maxlen=max_entries) if enabled else None
 
     # ---------------------------------------------------------------- malloc
 
@@ -1065,271 +608,6 @@ class CachingAllocator:
             self._record("alloc", b.address, size, stream)
         return b
 
-    # ---------------------------------------------------------------- segments
-
-    def _alloc_block(self, pool: _Pool, stream: int, r: int, alloc_size: int, *, retry: bool) -> _Block | None:
-        if retry:
-            self.stats.num_alloc_retries += 1
-        # memory_fraction: PyTorch checks the segment size; the seed's toy under expandable segments maps only
-        # the rounded request's pages (``mapped + want``), so its cap is checked on the pages of ``r``
-        cap_size = -(-r // self._page(pool.small)) * self._page(pool.small) if (self._seed and self.expandable) else alloc_size
-        if self._allowed is not None and self._total + cap_size > self._allowed:
-            return None
-        if self.expandable:
-            return self._try_allocate_expandable(pool, stream, r)
-        try:
-            a = self._driver.allocate(AllocationRequest(alloc_size, alignment=K_MIN_BLOCK))
-        except OutOfMemory:
-            return None
-        addr = a.address
-        seg = _Segment(addr, alloc_size, stream, pool.small, False, a, 0, self, pool)
-        self._segments[addr] = seg
-        self._total += alloc_size
-        idx = SMALL if pool.small else LARGE
-        for s in (self.stats.segment,):
-            _inc2(s, idx, 1)
-        _inc2(self.stats.reserved_bytes, idx, alloc_size)
-        if self._max_split is not None and alloc_size >= self._max_split:
-            self.stats.oversize_segments.increase(1)
-        self.stats.num_device_alloc += 1
-        self._record("segment_alloc", addr, alloc_size, stream)
-        b = _Block(addr, alloc_size, stream, seg)
-        seg.head = b
-        return b
-
-    def _release_block(self, pool: _Pool, b: _Block) -> int:
-        """cudaFree a whole free segment (``b`` is its only block, in the pool)."""
-        seg = b.seg
-        self.stats.num_device_free += 1
-        self._record("segment_free", b.address, b.size, b.stream)
-        self._remove(pool, b)
-        self._driver.deallocate(seg.handle)
-        del self._segments[seg.address]
-        self._total -= b.size
-        idx = SMALL if pool.small else LARGE
-        for s, n in ((self.stats.segment, 1), (self.stats.reserved_bytes, b.size)):
-            _dec2(s, idx, n)
-        if self._max_split is not None and b.size >= self._max_split:
-            self.stats.oversize_segments.decrease(1)
-        return b.size
-
-    def _release_available_cached_blocks(self, pool: _Pool, stream: int, r: int) -> bool:
-        """With max_split_size set: free one oversize cached segment big
-        enough, else several oversize ones, largest first."""
-        ms = self._max_split
-        if ms is None:
-            return False
-        want = max(r, ms)
-        keys: list[int] = [k for k in pool.blocks.irange((stream << 128), ((stream + 1) << 128) - 1)]
-        big = [k for k in keys if (k >> 64) & _M64 >= want]
-        if not big:
-            released = 0
-            for k in reversed(keys):
-                size = (k >> 64) & _M64
-                if released >= want or size < ms:
-                    break
-                b = pool.free[k & _M64]
-                if not b.seg.expandable and not b.is_split():
-                    released += self._release_block(pool, b)
-            return released >= want
-        b = pool.free[big[0] & _M64]
-        if b.seg.expandable or b.is_split():
-            return False
-        self._release_block(pool, b)
-        return True
-
-    def _release_cached_blocks(self) -> int:
-        self._synchronize_and_free_events()
-        return self._release_blocks(self._large) + self._release_blocks(self._small)
-
-    def _release_blocks(self, pool: _Pool) -> int:
-        released = 0
-        to_unmap = []
-        for key in list(pool.blocks):
-            b = pool.free.get(key & _M64)
-            if b is None or free_key(b.stream, b.size, b.address) != key:
-                continue
-            if b.seg.expandable:
-                to_unmap.append(b)
-            elif b.prev is None and b.next is None:
-                released += self._release_block(pool, b)
-        for b in to_unmap:
-            if pool.free.get(b.address) is b:
-                released += self._unmap_block(pool, b)
-        return released
-
-    def _garbage_collect(self) -> None:
-        """garbage_collection_threshold: when reserved > t * allowed, free
-        unsplit large cached blocks, oldest (by reuse interval) first."""
-        allowed = self._allowed
-        if allowed is None:  # (only called with a memory fraction set)
-            return
-        threshold = int(self.gc_threshold * allowed)
-        if self._total <= threshold:
-            return
-        target = self._total - threshold
-        pool = self._large
-        cand = [b for b in pool.free.values() if not b.is_split()]
-        if not cand:
-            return
-        total_age = sum(pool.gc_calls - b.gc_base for b in cand)
-        count = len(cand)
-        reclaimed = 0
-        freed_one = True
-        while reclaimed < target and freed_one and count > 0:
-            threshold_age = total_age / count
-            freed_one = False
-            for key in list(pool.blocks):
-                b = pool.free.get(key & _M64)
-                if b is None or b.is_split() or b.seg.expandable:
-                    continue
-                age = pool.gc_calls - b.gc_base
-                if age >= threshold_age:
-                    freed_one = True
-                    reclaimed += b.size
-                    total_age -= age
-                    count -= 1
-                    self._release_block(pool, b)
-
-    # ---------------------------------------------------------------- expandable segments
-
-    def _page(self, small: bool) -> int:
-        if self.preset == "seed":
-            return K_ROUND_LARGE
-        return K_SMALL_BUFFER if small else K_LARGE_BUFFER
-
-    def _try_allocate_expandable(self, pool: _Pool, stream: int, r: int) -> _Block | None:
-        c = self._find_expandable_block(pool, stream, r)
-        if c is None:  # a fresh arena's VA is smaller than the request
-            return None
-        if not c.mapped:
-            if not self._map_block(pool, c, min(c.size, r)):
-                return None
-        while c.size < r:
-            nxt: Any = c.next  # (the unmapped block after c: _find_expandable_block found enough)
-            if not self._map_block(pool, nxt, min(r - c.size, nxt.size)):
-                return None
-            c = nxt
-        self._remove(pool, c)
-        return c
-
-    @staticmethod
-    def _allocatable(b: _Block | None) -> bool:
-        return b is not None and not b.allocated and b.events == 0 and not b.uses
-
-    def _find_expandable_block(self, pool: _Pool, stream: int, r: int) -> _Block | None:
-        for key in pool.unmapped.irange(stream << 64, ((stream + 1) << 64) - 1):
-            c = pool.unmapped_at[key & _M64]
-            p = c.prev
-            if p is not None and self._allocatable(p):
-                c = p
-            got: int = 0
-            x: _Block | None = c
-            while got < r and x is not None and self._allocatable(x):
-                got += x.size
-                x = x.next
-            if got >= r:
-                return c
-        page = self._page(pool.small)
-        size = -(-int(self.capacity * self.arena_factor) // page) * page
-        if size < r:  # no arena can hold the request (arena_factor below the presets'): OutOfMemory
-            return None
-        va = self._backing.reserve(ReserveRequest(size))
-        seg = _Segment(va.address, va.size - va.size % page, stream, pool.small, True, va, page, self, pool)
-        self._segments[seg.address] = seg
-        c = _Block(seg.address, seg.size, stream, seg)
-        c.mapped = False
-        seg.head = c
-        self._insert_unmapped(pool, c)
-        return c
-
-    def _map_block(self, pool: _Pool, b: _Block, size: int) -> bool:
-        seg = b.seg
-        page = seg.page
-        off = b.address - seg.address
-        end = min(-(-(off + size) // page) * page, off + b.size)
-        done = []
-        try:
-            for p in range(off, end, page):
-                self._backing.commit_range(seg.handle, p, p + page)
-                done.append(p)
-        except OutOfMemory:
-            for p in done:
-                self._backing.decommit_range(seg.handle, p, p + page)
-            return False
-        mapped = end - off
-        self._remove_unmapped(pool, b)
-        b.mapped = True
-        if mapped < b.size:
-            rest = _Block(b.address + mapped, b.size - mapped, b.stream, seg)
-            rest.mapped = False
-            rest.next = b.next
-            if rest.next is not None:
-                rest.next.prev = rest
-            rest.prev = b
-            b.next = rest
-            b.size = mapped
-            self._insert_unmapped(pool, rest)
-        self._try_merge(pool, b, b.prev)
-        self._try_merge(pool, b, b.next)
-        self._insert(pool, b)
-        self._total += mapped
-        idx = SMALL if pool.small else LARGE
-        _inc2(self.stats.reserved_bytes, idx, mapped)
-        self.stats.num_device_alloc += 1
-        self._record("segment_map", seg.address + off, mapped, b.stream)
-        return True
-
-    def _unmap_block(self, pool: _Pool, b: _Block) -> int:
-        """Unmap the whole pages inside free block ``b`` (which is in the pool)."""
-        seg = b.seg
-        page = seg.page
-        off = b.address - seg.address
-        begin = -(-off // page) * page
-        end = (off + b.size) // page * page
-        if end <= begin:
-            return 0
-        for p in range(begin, end, page):
-            self._backing.decommit_range(seg.handle, p, p + page)
-        self._remove(pool, b)
-        before = seg.address + begin - b.address
-        if before > 0:
-            bf = _Block(b.address, before, b.stream, seg)
-            bf.prev = b.prev
-            if bf.prev is not None:
-                bf.prev.next = bf
-            else:
-                seg.head = bf
-            bf.next = b
-            b.prev = bf
-            self._insert(pool, bf)
-        after = b.address + b.size - (seg.address + end)
-        if after > 0:
-            af = _Block(seg.address + end, after, b.stream, seg)
-            af.next = b.next
-            if af.next is not None:
-                af.next.prev = af
-            af.prev = b
-            b.next = af
-            self._insert(pool, af)
-        b.address = seg.address + begin
-        b.size = end - begin
-        b.mapped = False
-        self._try_merge(pool, b, b.prev)
-        self._try_merge(pool, b, b.next)
-        self._insert_unmapped(pool, b)
-        n = end - begin
-        self._total -= n
-        idx = SMALL if pool.small else LARGE
-        _dec2(self.stats.reserved_bytes, idx, n)
-        self.stats.num_device_free += 1
-        self._record("segment_unmap", seg.address + begin, n, b.stream)
-        if b.prev is None and b.next is None and b.size == seg.size:
-            self._remove_unmapped(pool, b)
-            self._backing.release(seg.handle)
-            del self._segments[seg.address]
-        return n
-
     # ---------------------------------------------------------------- free
 
     def _refuse(self, handle: Any) -> Exception:
@@ -1549,6 +827,10 @@ class CachingAllocator:
         Returns the bytes released.  Seed 003: *it moves, merges, and
         defragments nothing inside partially-live segments.*"""
         return self._release_cached_blocks()
+
+    def _release_cached_blocks(self) -> int:
+        self._synchronize_and_free_events()
+        return self._release_blocks(self._large) + self._release_blocks(self._small)
 
     def largest_free_block(self) -> int:
         return max((b.size for p in (self._small, self._large) for b in p.free.values()), default=0)

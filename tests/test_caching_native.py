@@ -1,6 +1,7 @@
-"""reference/caching.py and caching_stats.py stay compilable by mypyc: they
-type-check under mypy (mypyc refuses modules that do not), and the pure
-module reports itself as not compiled."""
+"""reference/caching.py, its parts caching_blocks.py and caching_segments.py,
+and caching_stats.py stay compilable by mypyc: they type-check under mypy
+(mypyc refuses modules that do not), and the pure module reports itself as
+not compiled."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+#: the caching allocator's modules, compiled together (the face ``caching`` and its parts)
+CACHING_MODULES = ("memspec.reference.caching", "memspec.reference.caching_blocks",
+                   "memspec.reference.caching_segments", "memspec.reference.caching_stats")
 
 
 def test_the_module_says_whether_it_runs_compiled():
@@ -27,6 +31,8 @@ def test_the_module_says_whether_it_runs_compiled():
         assert rc._new_block is object.__new__  # the pure hot paths skip __init__ frames
     else:  # a build: compiled functions carry no code object
         assert not hasattr(rc.CachingAllocator.malloc, "__code__") and not rs.__file__.endswith(".py")
+        for m in CACHING_MODULES:  # the parts are compiled with the face
+            assert not importlib.import_module(m).__file__.endswith(".py"), m
 
 
 def test_caching_modules_type_check_for_mypyc(tmp_path):
@@ -39,12 +45,14 @@ def test_caching_modules_type_check_for_mypyc(tmp_path):
     (pkg / "reference" / "__init__.py").write_text("")
     for f in ("__init__.py", "api.py", "errors.py"):
         shutil.copy(ROOT / "spec" / f, pkg / "spec" / f)
-    for f in ("caching.py", "caching_stats.py", "caching_export.py", "caching_snapshot.py"):
+    compiled = [m.rsplit(".", 1)[1] + ".py" for m in CACHING_MODULES]
+    for f in (*compiled, "caching_export.py", "caching_snapshot.py"):
         shutil.copy(ROOT / "reference" / f, pkg / "reference" / f)
     p = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", "--python-executable", sys.executable,
-                        "memspec/reference/caching.py", "memspec/reference/caching_stats.py"],
+                        *(f"memspec/reference/{f}" for f in compiled)],
                        cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0 and "Success: no issues found in 2 source files" in p.stdout, p.stdout + p.stderr
+    assert p.returncode == 0 and f"Success: no issues found in {len(compiled)} source files" in p.stdout, \
+        p.stdout + p.stderr
 
 
 def test_a_subclass_override_of_the_segment_size_is_honoured():
@@ -159,7 +167,7 @@ def test_compiled_caching_allocator_reports_the_pure_figures():
     the same errors, statistics, segments and trace, figure for figure."""
     from memspec import native
 
-    assert "memspec.reference.caching" in native.MODULES and "memspec.reference.caching_stats" in native.MODULES
+    assert set(CACHING_MODULES) <= set(native.MODULES)
     root = native.cache_root()
     native.build(root=root)
 
@@ -176,7 +184,7 @@ def test_compiled_caching_allocator_reports_the_pure_figures():
     pure, comp = child(None), child("1")
     assert pure["compiled"] is False and pure["file"].endswith(".py")
     assert comp["compiled"] is True and not comp["file"].endswith(".py"), comp["info"]
-    assert {"memspec.reference.caching", "memspec.reference.caching_stats"} <= set(comp["info"]["compiled"])
+    assert set(CACHING_MODULES) <= set(comp["info"]["compiled"])
     assert any(r["log"] for r in pure["runs"]) and all(r["trace"] for r in pure["runs"])
     for p, c in zip(pure["runs"], comp["runs"]):
         assert p["config"] == c["config"]
