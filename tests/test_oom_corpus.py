@@ -45,7 +45,12 @@ def test_every_named_format_has_a_real_message_that_is_read():
             "hip_error_outofmemory": "tensorflow-rocm", "would exceed allowed memory": "pytorch-cuda-async",
             "failed to cuda calloc": "nccl", "defaultcpuallocator": "host", "mps backend out of memory": "pytorch-mps",
             "hip out of memory": "pytorch-hip", "xpu out of memory": "pytorch-xpu", "bufferassignment": "jax",
-            "could not create cudnn handle": "tensorflow", "cuda runtime error": "cuda-runtime"}
+            "could not create cudnn handle": "tensorflow", "cuda runtime error": "cuda-runtime",
+            # allocator libraries
+            "out of memory allocating": "cupy", "out of memory to allocate": "cupy",
+            "cuda_memory_resource": "rmm", "maximum pool size exceeded": "rmm", "call to cumemalloc": "numba",
+            "cudamalloc failed": "ggml", "no available memory for the cache blocks": "vllm",
+            "gpu_memory_utilization (": "vllm"}
     for lit, stack in need.items():
         hits = [e for e in ENTRIES if lit in e["message"].lower()]
         assert hits, lit

@@ -48,7 +48,7 @@ the parts, private ones included, is a name of this module: import from here.
 from __future__ import annotations
 
 from . import oom_figures, oom_read, oom_triage
-from .oom_figures import CAUSES, FIGURES, MAX_READ, STACKS, Figures, GiB, MiB, fmt
+from .oom_figures import CAUSES, FIGURES, LIBRARY_STACKS, MAX_READ, STACKS, Figures, GiB, MiB, fmt
 from .oom_triage import _SEGMENT_FLOOR, Verdict, _triage_pytorch
 
 #: the modules this one is assembled from, in order; a name defined there is one
@@ -78,7 +78,10 @@ def budget(f: Figures) -> tuple[int | None, str]:
         name = {"pytorch-mps": "MPS's max allowed",
                 "tensorflow": "TensorFlow's BFC memory limit", "tensorflow-rocm": "TensorFlow's BFC memory limit",
                 "jax": "XLA's memory limit",
-                "pytorch-cuda-async": "the PyTorch limit (per-process memory fraction)"}.get(
+                "pytorch-cuda-async": "the PyTorch limit (per-process memory fraction)",
+                "cupy": "CuPy's pool limit (MemoryPool.set_limit / CUPY_GPU_MEMORY_LIMIT)",
+                "rmm": "RMM's maximum pool size",
+                "vllm": "vLLM's budget (total x gpu_memory_utilization)"}.get(
                     f.stack, "the per-process memory fraction ('allowed')")
         lims.append((f.allowed, f"{name} {fmt(f.allowed)}"))
     if f.stack == "jax" and f.total and not f.allowed:
@@ -341,6 +344,225 @@ def _async(f: Figures, ev: list[str]) -> Verdict:
         "shrink the batch; restart the process last"])
 
 
+# ---------------------------------------------------------------------------
+# Allocator libraries: CuPy, RMM, Numba, llama.cpp/ggml, vLLM -- each with its own figures and remedies
+# ---------------------------------------------------------------------------
+
+_SMI = "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv"
+
+
+def _presumed_device(what: str) -> str:
+    return (f"presumed: {what}; the message prints neither the device's total nor its free memory, so it cannot "
+            "tell a working set too large for the card (the commonest cause) from memory held elsewhere -- another "
+            "process, or another library in this process (PyTorch's cache, TensorFlow/JAX preallocation, a second "
+            "pool) -- the second step tells them apart")
+
+
+def _cupy(f: Figures, ev: list[str]) -> Verdict:
+    R, H, L = f.requested, f.reserved, f.allowed
+    free_cache = ("cupy.get_default_memory_pool().free_all_blocks() (and get_default_pinned_memory_pool()'s) "
+                  "returns the pool's cached free blocks to the device; a split block returns only when all its "
+                  "parts are free")
+    shrink = ("shrink the working set: process the arrays in chunks, del intermediates inside loops, write into "
+              "existing arrays (out=, in-place ops) and use smaller dtypes (float32 for float64)")
+    if "reserved" in f.derived:
+        ev.append(f"the pool held {fmt(H)} (= {f.derived['reserved']}: CuPy < 7 printed 'total' with the request added)")
+    if R is None:
+        ev.append("the CuPy message is incomplete: no request size")
+        return Verdict("unknown", ev + ["missing: requested, the pool's total"], [
+            "paste the whole 'Out of memory allocating N bytes (...)' line", free_cache, shrink])
+    if L is not None and H is not None and H + R > L:
+        ev.append(f"the pool holds {fmt(H)} + requested {fmt(R)} = {fmt(H + R)} > the pool's limit {fmt(L)} "
+                  "(MemoryPool.set_limit or CUPY_GPU_MEMORY_LIMIT): CuPy refused before asking the device -- "
+                  "the device's free memory does not enter into it")
+        ev.append("what 'allocated so far' counts: the pool's total -- arrays in use and the cached free blocks "
+                  "it keeps for reuse. CuPy 7-12 checks the limit before freeing that cache, so cached blocks "
+                  "alone can trip it (cupy/cupy#7678); CuPy >= 13 frees the cache and collects garbage first, "
+                  "so there the figure is what is still in use")
+        if R > L:
+            ev.append(f"the request alone ({fmt(R)}) is larger than the limit: no freeing can place it")
+            return Verdict("does-not-fit", ev, [
+                f"the request ({fmt(R)}) is larger than the pool's limit ({fmt(L)}): raise the limit "
+                "(set_limit(size=...) or set_limit(fraction=...), CUPY_GPU_MEMORY_LIMIT) if the device has room, "
+                "or shrink what the operation is given (chunks)", shrink,
+                f"{_SMI}: the device's free memory, before raising the limit"])
+        return Verdict("memory-fraction", ev, [
+            f"the pool's limit ({fmt(L)}) binds, not the device: {free_cache} -- call it before the large "
+            "allocation (CuPy 7-12 counts the cache against the limit and does not free it first); or raise the "
+            "limit: MemoryPool.set_limit(size=...) / set_limit(fraction=...), or CUPY_GPU_MEMORY_LIMIT "
+            "(bytes or '90%')",
+            "del arrays no longer needed (and results kept in lists or closures) so the pool's in-use bytes drop; "
+            "CuPy >= 13 frees its cache and runs gc before refusing at the limit",
+            shrink,
+            f"{_SMI}: if you raise the limit, check the device has the room"])
+    if L is not None and H is not None:
+        ev.append(f"the pool holds {fmt(H)} + requested {fmt(R)} = {fmt(H + R)} <= its limit {fmt(L)}: CuPy "
+                  "refuses at the limit only when the total would exceed it, so the limit did not fire -- the "
+                  "device itself refused (CuPy prints the limit in every message once one is set); the device "
+                  f"could not give this process the {fmt(L)} the limit allows")
+    held = f"the pool holds {fmt(H)}" if H is not None else "the pool's total is not printed"
+    ev.append(f"CuPy freed its cached blocks and ran gc, retried, and the device still refused {fmt(R)}; {held} "
+              "('allocated so far': arrays in use, plus -- in CuPy 7-12 -- the cache it had before freeing it)")
+    ev.append(_presumed_device("this process's arrays fill the device"))
+    return Verdict("does-not-fit", ev, [
+        shrink,
+        f"{_SMI}: if another process holds the device, stop it; if this process holds much more than the pool's "
+        f"{fmt(H) if H is not None else 'total'}, another library in it does (PyTorch's cache: "
+        "torch.cuda.empty_cache(); TensorFlow/JAX preallocation) -- or share one pool (cupy.cuda.set_allocator "
+        "with RMM's or PyTorch's allocator)",
+        "at the failure, compare cupy.get_default_memory_pool().used_bytes() / total_bytes() with "
+        "cupy.cuda.Device().mem_info (free, total)",
+        "managed memory oversubscribes the device (slow): cupy.cuda.set_allocator(cupy.cuda.MemoryPool("
+        "cupy.cuda.malloc_managed).malloc)"])
+
+
+def _rmm(f: Figures, ev: list[str]) -> Verdict:
+    R, H, L = f.requested, f.reserved, f.allowed
+    spill = ("spill to host instead of failing: dask-cuda's device_memory_limit / --device-memory-limit (and "
+             "jit_unspill), cuDF's spilling (CUDF_SPILL=on)")
+    chunks = ("smaller pieces: more, smaller partitions (dask_cudf: a smaller blocksize / npartitions), "
+              "cudf.read_csv/read_parquet in chunks (byte_range, row groups), fewer columns loaded")
+    if "rmmlimit" in f.hints:
+        ev.append("RMM's limiting_resource_adaptor refused: the allocation would exceed the adaptor's allocation "
+                  "limit -- a configured cap, not the device")
+        return Verdict("memory-fraction", ev, [
+            "the RMM limiting adaptor's allocation limit binds, not the device: raise it "
+            "(rmm.mr.LimitingResourceAdaptor(upstream, allocation_limit=...)) or fit under it", chunks, spill])
+    if L is not None and H is not None and R is not None:
+        if H + R > L:
+            ev.append(f"the pool holds {fmt(H)} + requested {fmt(R)} = {fmt(H + R)} > its maximum_pool_size "
+                      f"{fmt(L)}: the pool may not grow -- its configured maximum binds, not the device")
+            if R > L:
+                return Verdict("does-not-fit", ev, [
+                    f"the request ({fmt(R)}) is larger than the pool's maximum ({fmt(L)}): raise "
+                    "maximum_pool_size if the device has room, or " + chunks, spill])
+            return Verdict("memory-fraction", ev, [
+                f"RMM's maximum pool size ({fmt(L)}) binds: raise maximum_pool_size (rmm.reinitialize("
+                "pool_allocator=True, maximum_pool_size=...), PoolMemoryResource(..., maximum_pool_size=...), "
+                "dask-cuda --rmm-maximum-pool-size) if the device has room, or leave it unset",
+                spill, chunks,
+                "a pool split into many partly used blocks cannot place a large request: release long-lived "
+                "buffers, or use rmm.mr.ArenaMemoryResource / CudaAsyncMemoryResource"])
+        ev.append(f"the pool holds {fmt(H)} + requested {fmt(R)} <= its maximum {fmt(L)}: the device refused to "
+                  "grow the pool")
+    creating = "rmm-create" in f.hints
+    if "rmmmax" in f.hints and creating and R is None:
+        ev.append("the text shows the pool being created with a set initial size (rmm_pool_size / "
+                  "initial_pool_size): RMM raises 'Maximum pool size exceeded' when that first block cannot be "
+                  "allocated -- the initial size is more than the device can give")
+        return Verdict("does-not-fit", ev, [
+            "the pool's initial size is larger than the device's free memory: set it smaller "
+            "(dask-cuda --rmm-pool-size / rmm_pool_size, rmm.reinitialize(initial_pool_size=...)) -- below "
+            "nvidia-smi's free memory, leaving room for the CUDA context and allocations outside the pool",
+            f"{_SMI}: another process holding the device shrinks what the pool can take",
+            spill])
+    if "rmmmax" in f.hints and "rmm-upstream" in f.hints:
+        ev.append("'Maximum pool size exceeded' with the upstream's cudaErrorMemoryAllocation as its reason: the "
+                  "pool was under its maximum and the device refused to grow it")
+    elif "rmmmax" in f.hints and L is None:
+        ev.append("RMM says 'Maximum pool size exceeded' both when the pool reached its maximum_pool_size and when "
+                  "the device refused to grow it (RMM before 25.04 does not print which, nor any figure)")
+        return Verdict("unknown", ev + ["missing: the pool's size, its maximum and the device's free memory "
+                                        "(RMM >= 25.04 prints 'current/max/try size')"], [
+            "if a maximum_pool_size is set (rmm.reinitialize, PoolMemoryResource, dask-cuda "
+            "--rmm-maximum-pool-size): raise it or leave it unset -- the pool may then take the whole device",
+            f"if not: the device is full -- {_SMI} for other processes; then " + chunks,
+            spill,
+            "managed memory oversubscribes the device (slow): rmm.reinitialize(managed_memory=True) "
+            "(a pool over managed memory needs a maximum_pool_size above the device's)"])
+    what = f"RMM asked the device for {fmt(R)} and cudaMalloc refused" if R is not None else \
+        "RMM's CUDA memory resource got cudaErrorMemoryAllocation from cudaMalloc (the request is not printed)"
+    ev.append(what)
+    ev.append(_presumed_device("cuDF/RMM's working set is too large for the device"))
+    return Verdict("does-not-fit", ev, [
+        chunks + " -- cuDF's readers and joins take several times the input's size in temporaries",
+        f"{_SMI}: another process on the device (a second notebook kernel using cuDF, a dask worker sharing the "
+        "GPU) is the cause instead -- stop it or give each its own GPU",
+        spill,
+        "managed memory oversubscribes the device (slow): rmm.reinitialize(managed_memory=True)"])
+
+
+def _numba(f: Figures, ev: list[str]) -> Verdict:
+    ev.append("Numba's memalloc flushed its pending deallocations and retried once, then the driver's cuMemAlloc "
+              "still returned CUDA_ERROR_OUT_OF_MEMORY; Numba prints no size or figures")
+    ev.append(_presumed_device("the device arrays do not fit"))
+    return Verdict("does-not-fit", ev, [
+        "shrink what is on the device at once: copy and process the data in chunks, reuse device arrays "
+        "(copy_to_device into an existing array) rather than allocating per call, smaller dtypes",
+        f"{_SMI}: if another process holds the device, stop it; if this process holds more than Numba's arrays, "
+        "another library does (cuDF/RMM's pool, CuPy's pool, PyTorch's cache) -- let Numba allocate from the same "
+        "pool (NUMBA_CUDA_MEMORY_MANAGER=rmm.allocators.numba, or CuPy's EMM plugin)",
+        "at the failure, numba.cuda.current_context().get_memory_info() gives (free, total); deallocations inside "
+        "a cuda.defer_cleanup() block wait until it ends",
+        "restart the process (last)"])
+
+
+def _ggml(f: Figures, ev: list[str]) -> Verdict:
+    R, D = f.requested, f.device
+    phase = next((h.split(":", 1)[1] for h in f.hints if h.startswith("ggml:")), "unknown")
+    where = {"weights": "the model's weights (loading the layers offloaded to the GPU)",
+             "compute": "the compute buffer (sized by the context and the (u)batch)",
+             "kv": "the KV cache (sized by the context and the parallel slots)",
+             "unknown": "a backend buffer"}[phase]
+    dev = f" on device {D}" if D is not None else ""
+    ev.append(f"ggml asked cudaMalloc for {fmt(R)}{dev} for {where}, and the driver refused"
+              if R is not None else f"ggml's cudaMalloc failed{dev} for {where} (no size printed)")
+    ev.append(_presumed_device("the buffer does not fit beside what the device already holds"))
+    layers = ("offload fewer layers: -ngl / --n-gpu-layers N (the rest run on the CPU), or a smaller model or "
+              "quantization (Q4_K_M instead of Q8_0)")
+    compute = ("a smaller compute buffer: a smaller -ub/--ubatch-size and -b/--batch-size, a smaller context -c, "
+               "flash attention (-fa on)")
+    kv = ("a smaller KV cache: a smaller context -c, a quantized cache (--cache-type-k q8_0 --cache-type-v q8_0), "
+          "fewer parallel slots (-np)")
+    split = ("several GPUs: move layers off the full device with --tensor-split (e.g. -ts 3,1), or "
+             "--split-mode layer")
+    smi = f"{_SMI}: another process (a second server, a desktop app) holding the device is the cause instead"
+    first = {"weights": [layers, compute], "compute": [compute, layers], "kv": [kv, compute],
+             "unknown": [layers, compute]}[phase]
+    return Verdict("does-not-fit", ev, first + [smi, split] + ([kv] if phase != "kv" else []))
+
+
+def _vllm(f: Figures, ev: list[str]) -> Verdict:
+    T, A, W, N, P, K = f.total, f.allowed, f.allocated, f.other_allocations, f.activation_peak, f.kv_cache
+    util = (A / T) if (A and T) else None
+    knobs = ("cut the activation peak: lower max_num_batched_tokens / max_num_seqs (and max_model_len); "
+             "--enforce-eager skips the CUDA-graph memory")
+    smaller = ("a smaller or quantized model (AWQ/GPTQ/FP8), or tensor_parallel_size > 1 to split the weights "
+               "across GPUs")
+    if T is not None and A is not None and W is not None:
+        need = W + (N or 0) + (P or 0)
+        ev.append(f"vLLM's budget = total {fmt(T)} x gpu_memory_utilization {util:.2f} = {fmt(A)}; weights {fmt(W)} "
+                  f"+ non-torch {fmt(N)} + activation peak {fmt(P)} = {fmt(need)}"
+                  + (f"; left for the KV cache: {fmt(K)}" if K is not None else ""))
+        if need > 0.95 * T:
+            ev.append(f"{fmt(need)} > 95% of the card ({fmt(int(0.95 * T))}): no gpu_memory_utilization leaves "
+                      "room for a KV cache -- the model does not fit this device")
+            return Verdict("does-not-fit", ev, [smaller + f": the weights alone take {fmt(W)} of {fmt(T)}",
+                                                knobs, "a GPU with more memory"])
+        want = min(0.95, (need + max(T // 20, GiB // 2)) / T)
+        ev.append(f"{fmt(need)} > the budget {fmt(A)} but < the card's {fmt(T)}: the configured fraction binds, "
+                  f"not the device -- at gpu_memory_utilization ~{want:.2f} a KV cache fits")
+        return Verdict("memory-fraction", ev, [
+            f"raise gpu_memory_utilization from {util:.2f} to ~{want:.2f} (--gpu-memory-utilization; the fraction "
+            "is of the whole card, so anything else on the GPU must fit in the rest)", knobs, smaller])
+    ev.append("vLLM sizes its KV cache as total x gpu_memory_utilization less the weights and the profiled "
+              "activation peak (older versions also count other processes' memory) and none was left; the "
+              "profiling lines before the error ('model weights take ...', 'reserved for KV Cache is ...', "
+              "'Available KV cache memory') would say whether the fraction or the card binds")
+    ev.append("presumed: the configured fraction binds (the error's own advice); missing: total, the fraction, "
+              "the weights")
+    return Verdict("memory-fraction", ev, [
+        "raise gpu_memory_utilization (--gpu-memory-utilization; 0.9 by default -- a small fraction leaves the "
+        "weights no room for a KV cache); the fraction is of the whole card, so anything else on the GPU must fit "
+        "in the rest",
+        knobs,
+        smaller + " -- if the weights alone approach the card",
+        f"{_SMI}: another process on the GPU shrinks what vLLM can take"])
+
+
+_LIBRARIES = {"cupy": _cupy, "rmm": _rmm, "numba": _numba, "ggml": _ggml, "vllm": _vllm}
+
+
 def triage(f: Figures, *, distributed: bool = False, cudnn_benchmark: bool = False,
            cuda_graphs: bool = False) -> Verdict:
     """Which stack, what binds, then that stack's causes in order -- each on evidence."""
@@ -383,6 +605,8 @@ def _dispatch(f: Figures, **flags: bool) -> Verdict:
         return _tf(f, ev)
     if f.stack == "jax":
         return _jax(f, ev)
+    if f.stack in LIBRARY_STACKS:
+        return _LIBRARIES[f.stack](f, ev)
     # PyTorch's caching allocator (CUDA, HIP, XPU), NCCL, library statuses, bare runtime errors
     pv = _pytorch_extra(f, flags)
     if pv is not None:

@@ -21,7 +21,8 @@ CAUSES: dict[str, str] = {
     "graph-pools": "seed cause 4: CUDA graph private pools",
     "cudnn-workspace": "seed cause 5: a cuDNN workspace",
     "driver-reserve": "seed cause 6: driver/kernel reserve (memory the driver reports but will not give)",
-    "memory-fraction": "a per-process limit binds (PyTorch's memory fraction, 'X allowed'), not the device",
+    "memory-fraction": "a configured per-process limit binds, not the device (PyTorch's memory fraction 'X allowed', "
+                       "CuPy's pool limit, RMM's maximum pool size or limiting adaptor, vLLM's gpu_memory_utilization)",
     "framework-preallocation": "the framework's own up-front pool (TensorFlow, JAX/XLA) is the limit, or left "
                                "too little for a library or another process",
     "stream-events": "cached blocks held by frees waiting on events recorded on other streams",
@@ -45,12 +46,20 @@ STACKS: dict[str, str] = {
     "cudnn": "a CUDA library status (cuDNN/cuBLAS)",
     "cuda-runtime": "the CUDA runtime/driver (no allocator figures)",
     "host": "host RAM (a CPU allocator)",
+    "cupy": "CuPy memory pool",
+    "rmm": "RAPIDS RMM (memory resource / pool; cuDF, dask-cuda)",
+    "numba": "Numba CUDA (driver allocation, no allocator figures)",
+    "ggml": "llama.cpp / ggml CUDA backend",
+    "vllm": "vLLM engine (KV-cache sizing under gpu_memory_utilization)",
     "unknown": "unrecognised",
 }
 
 #: Figures of ``parsed`` in ``--json`` order.
 FIGURES = ("requested", "total", "free", "allocated", "reserved", "reserved_unallocated", "this_process",
-           "other_processes", "private_pools", "allowed", "other_allocations", "program_total")
+           "other_processes", "private_pools", "allowed", "other_allocations", "program_total", "activation_peak",
+           "kv_cache")
+#: stacks that are allocator libraries (not a framework's allocator): each has its own triage in ``oom``
+LIBRARY_STACKS = ("cupy", "rmm", "numba", "ggml", "vllm")
 
 _UNIT = {b"b": 1, b"byte": 1, b"bytes": 1, b"kib": KiB, b"kb": KiB, b"mib": MiB, b"mb": MiB,
          b"gib": GiB, b"gb": GiB, b"tib": TiB, b"tb": TiB}
@@ -70,7 +79,23 @@ _IS_FREE = re.compile(_W + rb"is" + _W + rb"free")
 
 #: Anchors inside a window: (name, pattern).  Each is tried only where its
 #: first word occurs; all are possessive.
-_ANCHORS = re.compile(rb"(?=[otamfrcipl(gwdub])(?:" + b"|".join([
+_ANCHORS = re.compile(rb"(?=[otamfrcipl(gwduben])(?:" + b"|".join([
+    # allocator libraries, before 'out of memory' (an alternative that matches first wins)
+    rb"(?P<cupy>out" + _W + rb"of" + _W + rb"memory" + _W + rb"(?:allocating|to" + _W + rb"allocate)(?=" + _W
+    + rb"[0-9]))",
+    rb"(?P<ggml>allocating(?=" + _W + rb"[0-9.]{1,30}+" + _O + rb"[kmg]ib" + _W + rb"on" + _W + rb"device))",
+    rb"(?P<bufsize>buffer" + _W + rb"of" + _W + rb"size" + _W + rb"(?P<bufn>[0-9]{1,20}+)(?![0-9.]))",
+    rb"(?P<rmmgrow>current/max/try" + _W + rb"size" + _O + rb"=)",
+    rb"(?P<rmmmax>maximum" + _W + rb"pool" + _W + rb"size" + _W + rb"exceeded)",
+    rb"(?P<rmmlimit>exceeded" + _W + rb"memory" + _W + rb"limit)",
+    rb"(?P<vllmcap>total_gpu_memory" + _O + rb"\()",
+    rb"(?P<vllmw>model" + _W + rb"weights" + _W + rb"take)",
+    rb"(?P<vllmnt>non_torch_memory" + _W + rb"takes)",
+    rb"(?P<vllmact>activation" + _W + rb"peak" + _W + rb"memory" + _W + rb"takes)",
+    rb"(?P<vllmkv>(?:reserved" + _W + rb"for" + _W + rb"kv" + _W + rb"cache" + _W + rb"is|available" + _W + rb"kv"
+    + _W + rb"cache" + _W + rb"memory:))",
+    rb"(?P<vllmnone>no" + _W + rb"available" + _W + rb"memory" + _W + rb"for" + _W + rb"the" + _W + rb"cache"
+    + _W + rb"blocks)",
     rb"(?P<oom>out" + _W + rb"of" + _W + rb"memory)",
     rb"(?P<tried>tr(?:ied|ying)" + _W + rb"to" + _W + rb"allocate)",
     rb"(?P<xla>memory" + _W + rb"allocating)",
@@ -149,7 +174,8 @@ _MARKERS: tuple[tuple[str, bytes], ...] = (
 _SEEDS = (b"of memory", b"to allocate", b"outofmemory", b"out_of_memory", b"memoryallocation",
           b"resource_exhausted", b"_alloc_failed", b"total capac", b"oom when allocating", b"resourceexhausted",
           b"resource exhausted", b"exceed allowed memory", b"cuda calloc", b"inuse:", b"enough memory",
-          b"hiperror_t(1002)", b"handle: cu")
+          b"hiperror_t(1002)", b"handle: cu", b"cudamalloc failed", b"pool size exceeded", b"exceeded memory limit",
+          b"memory for the cache blocks", b"for kv cache is", b"kv cache memory:")
 _BEFORE, _AFTER = 400, 2000
 #: at most this many bytes of message windows are read closely (~1,200 messages);
 #: the rest are counted, not read -- the work stays bounded whatever the log
@@ -200,6 +226,8 @@ class Figures:
     stack: str = "unknown"
     other_allocations: int | None = None   # MPS: memory the device holds outside PyTorch's MPS allocator
     program_total: int | None = None       # XLA BufferAssignment "total allocation"
+    activation_peak: int | None = None     # vLLM's profile: "PyTorch activation peak memory takes X"
+    kv_cache: int | None = None            # vLLM: memory left for the KV cache (negative: none)
     tensor_shape: str | None = None        # TensorFlow "OOM when allocating tensor with shape[...]"
     dtype: str | None = None
     tensor_bytes: int | None = None        # shape x dtype size

@@ -13,7 +13,7 @@ import json
 import re
 from typing import Any
 
-from .oom_figures import (BinaryInput, Figures, MAX_READ, MiB, NotAnOOM, _AFTER, _ANCHORS, _BACK,
+from .oom_figures import (BinaryInput, Figures, LIBRARY_STACKS, MAX_READ, MiB, NotAnOOM, _AFTER, _ANCHORS, _BACK,
     _BACK_WINDOW, _BEFORE, _CONTEXT_ALLOWANCE, _DIGITS, _DTYPE_BYTES, _FWD, _GLOBAL_MARKERS, _IS_FREE, _MARKERS,
     _OF, _PAREN_BYTES, _SEEDS, _TFSHAPE, _UNIT, fmt)
 
@@ -155,8 +155,9 @@ def _scan(low: bytes, windows: list[tuple[int, int]]) -> list[Figures]:
                 a = "gpu"
             if a == "oom":
                 # TensorFlow prints its BFC stats between the two 'ran out of memory' lines of one failure
-                if cur.has_fig and not ("tfstats" in cur.fmt and cur.f.requested is None):
-                    new()
+                if cur.has_fig and not ("tfstats" in cur.fmt and cur.f.requested is None) \
+                        and not ("ggml" in cur.fmt and low.rfind(b"failed:", max(0, m.start() - 12), m.start()) >= 0):
+                    new()   # (ggml's own line ends 'cudaMalloc failed: out of memory': the same failure)
                 cur.oom = True
             elif a == "tried":
                 got = _size_after(low, m.end())
@@ -314,6 +315,73 @@ def _scan(low: bytes, windows: list[tuple[int, int]]) -> list[Figures]:
                 if got:
                     once("program_total", got[0])
                     cur.fmt.add("bufferassignment")
+            elif a == "cupy":
+                got_c = _cupy_figures(low, m.end())
+                if got_c:
+                    req, held, with_req, limit = got_c
+                    put("requested", req)   # a second CuPy message starts the next record
+                    cur.oom = True
+                    cur.fmt.add("cupy")
+                    if held is not None:
+                        cur.f.reserved = max(0, held - req) if with_req else held
+                        if with_req:   # CuPy < 7 printed the pool's total with the request added
+                            cur.f.derived["reserved"] = "the printed 'total' less the request (CuPy < 7 adds it)"
+                    if limit is not None:
+                        cur.f.allowed = limit
+                        cur.fmt.add("cupy-limit")
+            elif a == "ggml":
+                got = _size_after(low, m.end())
+                if got:
+                    put("requested", got[0])   # one 'allocating' line per failure: a second starts the next
+                    cur.oom = True
+                    cur.fmt.add("ggml")
+                    dm = _GGML_DEV.match(low, got[1])
+                    if dm:
+                        cur.f.device = int(dm.group(1))
+            elif a == "bufsize":
+                # ggml: "alloc_tensor_range: failed to allocate CUDA0 buffer of size N" (the exact bytes)
+                if low.rfind(b"failed to allocate", max(0, m.start() - 48), m.start()) >= 0:
+                    v = int(m.group("bufn"))
+                    if cur.f.requested is None or _agree(cur.f.requested, v):
+                        cur.f.requested = v
+                        cur.has_fig = cur.oom = True
+            elif a == "rmmgrow":
+                # RMM >= 25.04: "Not enough room to grow, current/max/try size = A, B, C"
+                gm = _RMM_GROW.match(low, m.end())
+                if gm:
+                    vals = [_num_unit(gm.group(i), gm.group(i + 1)) for i in (1, 3, 5)]
+                    if vals[0] is not None:
+                        once("reserved", vals[0])
+                    if vals[1] is not None:
+                        once("allowed", vals[1])
+                    if vals[2] is not None:
+                        once("requested", vals[2])
+                    cur.fmt.add("rmmgrow")
+                cur.oom = True
+            elif a in ("rmmmax", "rmmlimit"):
+                cur.oom = True
+                cur.fmt.add(a)
+            elif a == "vllmcap":
+                vm = _VLLM_CAP.match(low, m.end())
+                if vm:
+                    once("total", _num_unit(vm.group(1), vm.group(2)))
+                    once("allowed", _num_unit(vm.group(4), vm.group(5)))
+                    cur.fmt.add("vllm")
+            elif a in ("vllmw", "vllmnt", "vllmact"):
+                got = _size_after(low, m.end())
+                if got:
+                    once({"vllmw": "allocated", "vllmnt": "other_allocations", "vllmact": "activation_peak"}[a],
+                         got[0])
+                    cur.fmt.add("vllm")
+            elif a == "vllmkv":
+                km = _SIGNED.match(low, m.end())
+                got = _size_after(low, km.end()) if km else None
+                if got:
+                    once("kv_cache", -got[0] if km.group(1) else got[0])
+                    cur.fmt.add("vllm")
+            elif a == "vllmnone":
+                cur.oom = True
+                cur.fmt.add("vllm")
             if a == "tried" and low.find(b"not a failure", m.end(), m.end() + 300) >= 0:
                 cur.f.not_failure = True
     new()
@@ -324,7 +392,11 @@ def _scan(low: bytes, windows: list[tuple[int, int]]) -> list[Figures]:
         f.span = (r.lo, r.hi)
         f.hints |= {x for x in fm if x in ("host", "async", "tfshape", "tfstats", "failalloc", "unable", "calloc",
                                            "bufferassignment")}
-        if "seed" in fm:
+        lib_kind = next((k for k in ("cupy", "ggml", "vllm", "rmmgrow", "rmmmax", "rmmlimit") if k in fm), None)
+        if lib_kind is not None:
+            f.kind = "rmm" if lib_kind.startswith("rmm") else lib_kind
+            f.hints |= {x for x in fm if x.startswith(("rmm", "cupy"))}
+        elif "seed" in fm:
             f.kind = "seed"
         elif "mps" in fm:
             f.kind = "mps"
@@ -344,6 +416,67 @@ def _scan(low: bytes, windows: list[tuple[int, int]]) -> list[Figures]:
             f.kind = "driver"
         out.append(f)
     return out
+
+
+#: CuPy's OutOfMemoryError, after "Out of memory allocating" / "out of memory to allocate" (cupy/cuda/memory.pyx):
+#: "N bytes (allocated so far: A bytes[, limit set to: L bytes])." (CuPy >= 7, thousands separators) or
+#: "N bytes (total T bytes[, limit set to L bytes])" (CuPy < 7: T includes the request)
+_CUPY = re.compile(rb"[ \t\r\n]{1,8}+([0-9][0-9,]{0,40}+)[ \t\r\n]{1,8}+bytes(?:[ \t\r\n]*+\((allocated[ \t\r\n]++so"
+                   rb"[ \t\r\n]++far:|total)[ \t\r\n]*+([0-9][0-9,]{0,40}+)[ \t\r\n]++bytes(?:[ \t\r\n]*+,[ \t\r\n]*+limit"
+                   rb"[ \t\r\n]++set[ \t\r\n]++to:?[ \t\r\n]*+([0-9][0-9,]{0,40}+)[ \t\r\n]++bytes)?)?")
+#: ggml: "allocating 4096.00 MiB on device 0: cudaMalloc failed"
+_GGML_DEV = re.compile(rb"[ \t]++on[ \t]++device[ \t]++([0-9]{1,3}+)")
+#: RMM: " A unit, B unit, C unit" after "current/max/try size =" (units up to EiB: SIZE_MAX is an unlimited maximum)
+_RMM_GROW = re.compile(rb"[ \t]*+([0-9]{1,30}+(?:\.[0-9]{1,30}+)?)[ \t]*+([a-z]{1,3}+)[ \t]*+,[ \t]*+([0-9]{1,30}+(?:\.[0-9]{1,30}+)?)"
+                       rb"[ \t]*+([a-z]{1,3}+)[ \t]*+,[ \t]*+([0-9]{1,30}+(?:\.[0-9]{1,30}+)?)[ \t]*+([a-z]{1,3}+)")
+#: vLLM: "total_gpu_memory (79.19GiB) x gpu_memory_utilization (0.90) = 71.27GiB"
+_VLLM_CAP = re.compile(rb"[ \t]*+([0-9]{1,12}+(?:\.[0-9]{1,12}+)?)[ \t]*+(gib|mib|gb|mb)[ \t]*+\)[ \t]*+x[ \t]*+"
+                       rb"gpu_memory_utilization[ \t]*+\([ \t]*+([0-9.]{1,12}+)[ \t]*+\)[ \t]*+=[ \t]*+"
+                       rb"([0-9]{1,12}+(?:\.[0-9]{1,12}+)?)[ \t]*+(gib|mib|gb|mb)")
+_SIGNED = re.compile(rb"[ \t]*+(-?)")
+
+
+def _num_unit(num: bytes, unit: bytes) -> int | None:
+    u = _UNIT.get(unit)
+    return None if u is None else int(round(float(num) * u))
+
+
+def _cupy_figures(low: bytes, pos: int) -> tuple[int, int | None, bool, int | None] | None:
+    """CuPy's OutOfMemoryError after its anchor: (request, pool total, printed with the request added?, limit)."""
+    cm = _CUPY.match(low, pos)
+    if not cm:
+        return None
+    held = int(cm.group(3).replace(b",", b"")) if cm.group(3) is not None else None
+    limit = int(cm.group(4).replace(b",", b"")) if cm.group(4) is not None else None
+    return int(cm.group(1).replace(b",", b"")), held, cm.group(2) == b"total", limit
+
+
+#: text that shows an RMM pool being created with a set initial size (rather than grown)
+_RMM_CREATE = (b"--rmm-pool-size", b"rmm_pool_size=", b"plugin.setup", b"initialize_allocator", b"initial_pool_size")
+
+
+def _ggml_phase(text: bytes) -> str:
+    """Which llama.cpp buffer failed: the weights, the compute buffer or the KV cache (its log's function names)."""
+    if any(x in text for x in (b"gallocr_reserve", b"compute buffer", b"compute pp buffer", b"graph_reserve")):
+        return "compute"
+    if any(x in text for x in (b"alloc_tensor_range", b"llama_model_load", b"load_tensors", b"error loading model")):
+        return "weights"
+    if any(x in text for x in (b"kv_cache_init", b"kv buffer", b"llama_kv_cache")):
+        return "kv"
+    return "unknown"
+
+
+def _library_context(f: Figures, low: bytes) -> None:
+    """Context an allocator library's message leaves around it, as hints: an RMM pool being created, the
+    llama.cpp buffer that failed."""
+    lo, hi = max(0, f.span[0] - 4000), min(len(low), f.span[1] + 600)
+    near = low[lo:hi]
+    if f.stack == "rmm" and any(x in near for x in _RMM_CREATE):
+        f.hints.add("rmm-create")
+    if f.stack == "rmm" and b"cudaerrormemoryallocation" in low[f.span[0]:min(len(low), f.span[1] + 600)]:
+        f.hints.add("rmm-upstream")   # RMM >= 25.04 appends the upstream's error: the device refused the growth
+    if f.stack == "ggml":
+        f.hints.add("ggml:" + _ggml_phase(low[max(0, f.span[0] - 200):min(len(low), f.span[1] + 600)]))
 
 
 def _complete(f: Figures) -> None:
@@ -419,6 +552,16 @@ _STACK_MARKERS: tuple[tuple[str, tuple[bytes, ...]], ...] = (
     ("pytorch-cuda-async", (b"would exceed allowed memory", b"free (according to cuda)")),
     ("pytorch-xpu", (b"xpu out of memory",)),
     ("pytorch-hip", (b"hip out of memory", b"pytorch_hip_alloc_conf", b"(e.g., hip graphs)")),
+    # allocator libraries (before the frameworks and the bare runtime: their messages name the runtime's error)
+    ("cupy", (b"cupy.cuda.memory", b"cupy/cuda/memory", b"out of memory allocating", b"(allocated so far:",
+              b"out of memory to allocate", b"cupy_gpu_memory_limit")),
+    ("rmm", (b"rmm/mr/", b"rmm failure at", b"rmm_error_out_of_memory", b"rmm._lib", b"librmm",
+             b"maximum pool size exceeded", b"current/max/try size", b"rmmerror")),
+    ("numba", (b"call to cumemalloc", b"numba.cuda", b"numba/cuda", b"cudaapierror")),
+    ("ggml", (b"ggml_backend_cuda", b"ggml_gallocr", b"alloc_tensor_range", b"ggml_cuda", b"llama_model_load",
+              b"llama_kv_cache", b"cudamalloc failed: out of memory")),
+    ("vllm", (b"no available memory for the cache blocks", b"for kv cache is", b"available kv cache memory",
+              b"gpu_memory_utilization (")),
     ("jax", (b"xlaruntimeerror", b"bufferassignment", b"xla_python_client", b"jaxlib", b"local_client.cc",
              b"device ordinal", b"pjrt", b"gpu_cudamallocasync_allocator", b"jax.", b"/jax/")),
     ("tensorflow-rocm", (b"rocm_driver", b"hip_error_outofmemory", b"hiperror_t(", b"rocm_dnn")),
@@ -465,6 +608,8 @@ def _merge_repeats(recs: list[Figures]) -> list[Figures]:
         have_p = {k for k in _MERGE_FIELDS if getattr(p, k) is not None} if p is not None else set()
         have_f = {k for k in _MERGE_FIELDS if getattr(f, k) is not None}
         whole_again = have_f == have_p and len(have_f) >= 3   # a second complete message: a second failure
+        # ggml prints one 'allocating ... cudaMalloc failed' line per attempt, never one failure twice
+        whole_again = whole_again or (p is not None and p.kind == f.kind == "ggml" and "requested" in have_f)
         if p is not None and not whole_again and f.span[0] - p.span[1] <= 4096 and p.stack == f.stack \
                 and all(_agree(getattr(p, k), getattr(f, k)) for k in _MERGE_FIELDS) \
                 and (f.tensor_shape is None or p.tensor_shape in (None, f.tensor_shape)) \
@@ -545,7 +690,7 @@ def _check(f: Figures, low: bytes, whole_len: int) -> None:
         cut = "XLA's BufferAssignment stats end with 'total allocation'"
     if f.truncated and cut is None:
         cut = "the tensor shape is not closed with ']'"
-    if cut is None and f.span[1] >= whole_len - 2 and f.kind != "driver":
+    if cut is None and f.span[1] >= whole_len - 2 and f.kind not in ("driver", "ggml"):   # ggml ends on a byte count
         tail = low[max(0, whole_len - 12):whole_len].rstrip()
         if tail[-1:].isdigit() or tail.endswith((b";", b",", b"(")):
             cut = "the input ends in the middle of the message"
@@ -596,6 +741,8 @@ def parse(data: bytes | str, *, pid: int | None = None, which: int | None = None
         r.stack = _stack_of(low, r.span[0], r.span[1])
         if "host" in r.hints:
             r.stack = "host"
+        if r.stack in LIBRARY_STACKS and r.kind in ("driver", "tensorflow", "pytorch-partial"):
+            r.kind = r.stack
     ooms = [r for r in recs if r.kind != "driver" or r.requested is not None]
     if not recs and not (hints & {"driver", "allocfail", "tensorflow"}) and handle is None:
         raise NotAnOOM("the text is not an out-of-memory message (no 'out of memory', 'Tried to allocate', "
@@ -604,6 +751,8 @@ def parse(data: bytes | str, *, pid: int | None = None, which: int | None = None
         f0 = Figures(kind="tensorflow" if "tensorflow" in hints or handle else "driver")
         f0.span = (0, len(low))
         f0.stack = _stack_of(low, 0, min(len(low), 4096))
+        if f0.stack in LIBRARY_STACKS:
+            f0.kind = f0.stack
         if handle is not None:
             f0.hints.add("handle")
             if f0.stack in ("unknown", "cuda-runtime", "cudnn"):
@@ -635,6 +784,8 @@ def parse(data: bytes | str, *, pid: int | None = None, which: int | None = None
     if len(grow) >= 3 and all(b > a for a, b in zip(grow, grow[1:])) and grow[-1] >= 1.2 * grow[0]:
         best.hints.add("growing")
         best.stats_notes.append("allocated grows message after message: " + " -> ".join(fmt(x) for x in grow[-6:]))
+    if best.stack in LIBRARY_STACKS:
+        _library_context(best, low)
     _complete(best)
     resolve_self(best, pid)
     _check(best, low, len(low))
