@@ -158,6 +158,12 @@ def test_ggml_weights_on_load():
     assert any("device 1" in e and "weights" in e for e in v.evidence)
 
 
+def test_ggml_lines_back_to_back_are_separate_failures():
+    """A CuPy anchor must not read 'out of memory' + the next line's 'allocating N MiB' as one message."""
+    f, _ = _run("allocating 4096.00 MiB on device 0: cudaMalloc failed: out of memory\n" * 3)
+    assert f.stack == "ggml" and f.messages == 3 and f.requested == 4096 * MiB
+
+
 def test_ggml_compute_buffer_names_the_batch_knobs_first():
     f, v = _run("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 9866.00 MiB on device 0: cudaMalloc "
                 "failed: out of memory\nggml_gallocr_reserve_n: failed to allocate CUDA0 buffer of size 10345250816\n"

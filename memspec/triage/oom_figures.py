@@ -81,8 +81,7 @@ _IS_FREE = re.compile(_W + rb"is" + _W + rb"free")
 #: first word occurs; all are possessive.
 _ANCHORS = re.compile(rb"(?=[otamfrcipl(gwduben])(?:" + b"|".join([
     # allocator libraries, before 'out of memory' (an alternative that matches first wins)
-    rb"(?P<cupy>out" + _W + rb"of" + _W + rb"memory" + _W + rb"(?:allocating|to" + _W + rb"allocate)(?=" + _W
-    + rb"[0-9]))",
+    rb"(?P<cupy>out" + _W + rb"of" + _W + rb"memory[ \t]++(?:allocating|to[ \t]++allocate)(?=[ \t]++[0-9]))",   # one line
     rb"(?P<ggml>allocating(?=" + _W + rb"[0-9.]{1,30}+" + _O + rb"[kmg]ib" + _W + rb"on" + _W + rb"device))",
     rb"(?P<bufsize>buffer" + _W + rb"of" + _W + rb"size" + _W + rb"(?P<bufn>[0-9]{1,20}+)(?![0-9.]))",
     rb"(?P<rmmgrow>current/max/try" + _W + rb"size" + _O + rb"=)",
