@@ -74,7 +74,9 @@ def budget(f: Figures) -> tuple[int | None, str]:
     lims: list[tuple[int, str]] = []
     if f.total:
         lims.append((f.total, f"the device's total capacity {fmt(f.total)}"))
-    if f.allowed and (f.total is None or f.allowed < f.total):
+    pool_under = f.stack in ("cupy", "rmm") and f.allowed is not None and f.reserved is not None \
+        and f.requested is not None and f.reserved + f.requested <= f.allowed   # a pool under its cap: not binding
+    if f.allowed and (f.total is None or f.allowed < f.total) and not pool_under:
         name = {"pytorch-mps": "MPS's max allowed",
                 "tensorflow": "TensorFlow's BFC memory limit", "tensorflow-rocm": "TensorFlow's BFC memory limit",
                 "jax": "XLA's memory limit",
