@@ -85,6 +85,11 @@ def test_rmm_bare_cuda_error():
     assert any("spill" in s for s in v.next_steps)
 
 
+def test_rmm_before_0_13_rmmerror():
+    f, v = _run("rmm.rmm.RMMError: RMM_ERROR_OUT_OF_MEMORY")
+    assert f.stack == "rmm" and v.cause == "does-not-fit" and any(e.startswith("presumed") for e in v.evidence)
+
+
 def test_rmm_pool_maximum_binds_with_figures():
     f, v = _run("MemoryError: std::bad_alloc: out_of_memory: RMM failure at:/x/include/rmm/mr/pool_memory_resource"
                 ".hpp:70: Maximum pool size exceeded (failed to allocate 1.000000 GiB): Not enough room to grow, "
@@ -210,6 +215,16 @@ def test_vllm_weights_larger_than_the_card_do_not_fit():
                 "non_torch_memory takes 0.20GiB; PyTorch activation peak memory takes 2.10GiB; the rest of the "
                 "memory reserved for KV Cache is -1.65GiB.\n" + _VLLM_ERR)
     assert f.stack == "vllm" and v.cause == "does-not-fit" and "quantized" in v.next_steps[0]
+
+
+def test_vllm_max_model_len_larger_than_the_kv_budget():
+    f, v = _run("ValueError: To serve at least one request with the models's max seq len (65536), (7.0 GiB KV cache "
+                "is needed, which is larger than the available KV cache memory (2.39 GiB). Based on the available "
+                "memory, the estimated maximum model length is 22336. Try increasing `gpu_memory_utilization` or "
+                "decreasing `max_model_len` when initializing the engine.")
+    assert f.stack == "vllm" and f.requested == 7 * GiB and abs(f.kv_cache - 2.39 * GiB) < 0.01 * GiB
+    assert v.cause == "memory-fraction"
+    assert "max_model_len" in v.next_steps[0] and "22336" in v.next_steps[0]
 
 
 # ---------------------------------------------------------------------------

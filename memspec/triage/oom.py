@@ -531,6 +531,18 @@ def _vllm(f: Figures, ev: list[str]) -> Verdict:
              "--enforce-eager skips the CUDA-graph memory")
     smaller = ("a smaller or quantized model (AWQ/GPTQ/FP8), or tensor_parallel_size > 1 to split the weights "
                "across GPUs")
+    R = f.requested
+    lens = {h.split(":", 1)[0]: int(h.split(":", 1)[1]) for h in f.hints if h.startswith("vllm-") and ":" in h}
+    if R is not None and K is not None and K > 0 and R > K:
+        mx, est = lens.get("vllm-maxlen"), lens.get("vllm-estlen")
+        ev.append(f"one request at max_model_len{f' {mx}' if mx else ''} needs {fmt(R)} of KV cache; "
+                  f"{fmt(K)} is available -- what gpu_memory_utilization leaves after the weights and the "
+                  "activation peak: the configured budget binds, not the device")
+        return Verdict("memory-fraction", ev, [
+            "fit the budget to the configuration: lower max_model_len (--max-model-len"
+            + (f" <= {est}, vLLM's own estimate" if est else f", to about {K / R:.0%} of {mx}" if mx else "")
+            + ") or raise gpu_memory_utilization (the fraction of the card vLLM may use) if the GPU has the room",
+            "a smaller KV cache per token: kv_cache_dtype=fp8; " + knobs, smaller])
     if T is not None and A is not None and W is not None:
         need = W + (N or 0) + (P or 0)
         ev.append(f"vLLM's budget = total {fmt(T)} x gpu_memory_utilization {util:.2f} = {fmt(A)}; weights {fmt(W)} "

@@ -79,7 +79,7 @@ _IS_FREE = re.compile(_W + rb"is" + _W + rb"free")
 
 #: Anchors inside a window: (name, pattern).  Each is tried only where its
 #: first word occurs; all are possessive.
-_ANCHORS = re.compile(rb"(?=[otamfrcipl(gwduben])(?:" + b"|".join([
+_ANCHORS = re.compile(rb"(?=[otamfrcipl(gwdubenk])(?:" + b"|".join([
     # allocator libraries, before 'out of memory' (an alternative that matches first wins)
     rb"(?P<cupy>out" + _W + rb"of" + _W + rb"memory[ \t]++(?:allocating|to[ \t]++allocate)(?=[ \t]++[0-9]))",   # one line
     rb"(?P<ggml>allocating(?=" + _W + rb"[0-9.]{1,30}+" + _O + rb"[kmg]ib" + _W + rb"on" + _W + rb"device))",
@@ -92,7 +92,11 @@ _ANCHORS = re.compile(rb"(?=[otamfrcipl(gwduben])(?:" + b"|".join([
     rb"(?P<vllmnt>non_torch_memory" + _W + rb"takes)",
     rb"(?P<vllmact>activation" + _W + rb"peak" + _W + rb"memory" + _W + rb"takes)",
     rb"(?P<vllmkv>(?:reserved" + _W + rb"for" + _W + rb"kv" + _W + rb"cache" + _W + rb"is|available" + _W + rb"kv"
-    + _W + rb"cache" + _W + rb"memory:))",
+    + _W + rb"cache" + _W + rb"memory" + _O + rb"[:(]))",
+    # vLLM V1: "max seq len (X), Y GiB KV cache is needed, which is larger than the available KV cache memory (Z GiB)"
+    rb"(?P<vllmneed>kv" + _W + rb"cache" + _W + rb"is" + _W + rb"needed)",
+    rb"(?P<vllmlen>(?:max" + _W + rb"seq" + _W + rb"len" + _O + rb"\(|maximum" + _W + rb"model" + _W + rb"length"
+    + _W + rb"is)" + _O + rb"(?P<vlen>[0-9]{1,12}+))",
     rb"(?P<vllmnone>no" + _W + rb"available" + _W + rb"memory" + _W + rb"for" + _W + rb"the" + _W + rb"cache"
     + _W + rb"blocks)",
     rb"(?P<oom>out" + _W + rb"of" + _W + rb"memory)",
@@ -161,6 +165,7 @@ _MARKERS: tuple[tuple[str, bytes], ...] = (
     ("driver", b"cudaerrormemoryallocation"),
     ("driver", b"cuda_error_out_of_memory"),
     ("driver", b"hiperroroutofmemory"),
+    ("driver", b"rmm_error_out_of_memory"),      # RMM < 0.13's RMMError (rmm.rmm.RMMError: RMM_ERROR_OUT_OF_MEMORY)
     ("tensorflow", b"resource_exhausted"),
     ("tensorflow", b"resource exhausted"),
     ("tensorflow", b"oom when allocating"),
@@ -174,7 +179,7 @@ _SEEDS = (b"of memory", b"to allocate", b"outofmemory", b"out_of_memory", b"memo
           b"resource_exhausted", b"_alloc_failed", b"total capac", b"oom when allocating", b"resourceexhausted",
           b"resource exhausted", b"exceed allowed memory", b"cuda calloc", b"inuse:", b"enough memory",
           b"hiperror_t(1002)", b"handle: cu", b"cudamalloc failed", b"pool size exceeded", b"exceeded memory limit",
-          b"memory for the cache blocks", b"for kv cache is", b"kv cache memory:")
+          b"memory for the cache blocks", b"for kv cache is", b"kv cache memory:", b"kv cache is needed")
 _BEFORE, _AFTER = 400, 2000
 #: at most this many bytes of message windows are read closely (~1,200 messages);
 #: the rest are counted, not read -- the work stays bounded whatever the log

@@ -379,6 +379,18 @@ def _scan(low: bytes, windows: list[tuple[int, int]]) -> list[Figures]:
                 if got:
                     once("kv_cache", -got[0] if km.group(1) else got[0])
                     cur.fmt.add("vllm")
+            elif a == "vllmneed":
+                v = _size_before(low, m.start())
+                if v is not None:
+                    if cur.f.requested is not None and "vllm" in cur.fmt:
+                        new()
+                    put("requested", v)
+                    cur.oom = True
+                    cur.fmt.add("vllm")
+            elif a == "vllmlen":
+                which = "vllm-maxlen" if low[m.start()] == ord("m") and low.startswith(b"max", m.start()) \
+                    and not low.startswith(b"maximum", m.start()) else "vllm-estlen"
+                cur.f.hints.add(f"{which}:{int(m.group('vlen'))}")
             elif a == "vllmnone":
                 cur.oom = True
                 cur.fmt.add("vllm")
@@ -561,7 +573,7 @@ _STACK_MARKERS: tuple[tuple[str, tuple[bytes, ...]], ...] = (
     ("ggml", (b"ggml_backend_cuda", b"ggml_gallocr", b"alloc_tensor_range", b"ggml_cuda", b"llama_model_load",
               b"llama_kv_cache", b"cudamalloc failed: out of memory")),
     ("vllm", (b"no available memory for the cache blocks", b"for kv cache is", b"available kv cache memory",
-              b"gpu_memory_utilization (")),
+              b"gpu_memory_utilization (", b"kv cache is needed")),
     ("jax", (b"xlaruntimeerror", b"bufferassignment", b"xla_python_client", b"jaxlib", b"local_client.cc",
              b"device ordinal", b"pjrt", b"gpu_cudamallocasync_allocator", b"jax.", b"/jax/")),
     ("tensorflow-rocm", (b"rocm_driver", b"hip_error_outofmemory", b"hiperror_t(", b"rocm_dnn")),
