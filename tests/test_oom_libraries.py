@@ -227,6 +227,13 @@ def test_vllm_max_model_len_larger_than_the_kv_budget():
     assert "max_model_len" in v.next_steps[0] and "22336" in v.next_steps[0]
 
 
+def test_vllm_v0_max_seq_len_in_tokens():
+    f, v = _run("ValueError: The model's max seq len (4096) is larger than the maximum number of tokens that can be "
+                "stored in KV cache (3664). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
+                "initializing the engine.")
+    assert f.stack == "vllm" and v.cause == "memory-fraction" and "<= 3664" in v.next_steps[0]
+
+
 # ---------------------------------------------------------------------------
 # the class: the JSON names the stack and carries the figures
 # ---------------------------------------------------------------------------

@@ -533,8 +533,8 @@ def _vllm(f: Figures, ev: list[str]) -> Verdict:
                "across GPUs")
     R = f.requested
     lens = {h.split(":", 1)[0]: int(h.split(":", 1)[1]) for h in f.hints if h.startswith("vllm-") and ":" in h}
+    mx, est = lens.get("vllm-maxlen"), lens.get("vllm-estlen")   # configured max_model_len; what the KV holds
     if R is not None and K is not None and K > 0 and R > K:
-        mx, est = lens.get("vllm-maxlen"), lens.get("vllm-estlen")
         ev.append(f"one request at max_model_len{f' {mx}' if mx else ''} needs {fmt(R)} of KV cache; "
                   f"{fmt(K)} is available -- what gpu_memory_utilization leaves after the weights and the "
                   "activation peak: the configured budget binds, not the device")
@@ -542,6 +542,13 @@ def _vllm(f: Figures, ev: list[str]) -> Verdict:
             "fit the budget to the configuration: lower max_model_len (--max-model-len"
             + (f" <= {est}, vLLM's own estimate" if est else f", to about {K / R:.0%} of {mx}" if mx else "")
             + ") or raise gpu_memory_utilization (the fraction of the card vLLM may use) if the GPU has the room",
+            "a smaller KV cache per token: kv_cache_dtype=fp8; " + knobs, smaller])
+    if R is None and mx is not None and est is not None and est < mx:
+        ev.append(f"max_model_len {mx} tokens > the {est} tokens the KV cache can hold under gpu_memory_utilization: "
+                  "one request at the full length would not fit the configured budget")
+        return Verdict("memory-fraction", ev, [
+            f"fit the budget to the configuration: lower max_model_len (--max-model-len <= {est}) or raise "
+            "gpu_memory_utilization (the fraction of the card vLLM may use) if the GPU has the room",
             "a smaller KV cache per token: kv_cache_dtype=fp8; " + knobs, smaller])
     if T is not None and A is not None and W is not None:
         need = W + (N or 0) + (P or 0)

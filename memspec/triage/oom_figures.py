@@ -96,7 +96,8 @@ _ANCHORS = re.compile(rb"(?=[otamfrcipl(gwdubenk])(?:" + b"|".join([
     # vLLM V1: "max seq len (X), Y GiB KV cache is needed, which is larger than the available KV cache memory (Z GiB)"
     rb"(?P<vllmneed>kv" + _W + rb"cache" + _W + rb"is" + _W + rb"needed)",
     rb"(?P<vllmlen>(?:max" + _W + rb"seq" + _W + rb"len" + _O + rb"\(|maximum" + _W + rb"model" + _W + rb"length"
-    + _W + rb"is)" + _O + rb"(?P<vlen>[0-9]{1,12}+))",
+    + _W + rb"is|tokens" + _W + rb"that" + _W + rb"can" + _W + rb"be" + _W + rb"stored" + _W + rb"in" + _W + rb"kv"
+    + _W + rb"cache" + _O + rb"\()" + _O + rb"(?P<vlen>[0-9]{1,12}+))",
     rb"(?P<vllmnone>no" + _W + rb"available" + _W + rb"memory" + _W + rb"for" + _W + rb"the" + _W + rb"cache"
     + _W + rb"blocks)",
     rb"(?P<oom>out" + _W + rb"of" + _W + rb"memory)",
@@ -179,7 +180,8 @@ _SEEDS = (b"of memory", b"to allocate", b"outofmemory", b"out_of_memory", b"memo
           b"resource_exhausted", b"_alloc_failed", b"total capac", b"oom when allocating", b"resourceexhausted",
           b"resource exhausted", b"exceed allowed memory", b"cuda calloc", b"inuse:", b"enough memory",
           b"hiperror_t(1002)", b"handle: cu", b"cudamalloc failed", b"pool size exceeded", b"exceeded memory limit",
-          b"memory for the cache blocks", b"for kv cache is", b"kv cache memory:", b"kv cache is needed")
+          b"memory for the cache blocks", b"for kv cache is", b"kv cache memory:", b"kv cache is needed",
+          b"stored in kv cache")
 _BEFORE, _AFTER = 400, 2000
 #: at most this many bytes of message windows are read closely (~1,200 messages);
 #: the rest are counted, not read -- the work stays bounded whatever the log

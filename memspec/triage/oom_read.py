@@ -388,9 +388,14 @@ def _scan(low: bytes, windows: list[tuple[int, int]]) -> list[Figures]:
                     cur.oom = True
                     cur.fmt.add("vllm")
             elif a == "vllmlen":
-                which = "vllm-maxlen" if low[m.start()] == ord("m") and low.startswith(b"max", m.start()) \
+                # 'max seq len (X)': the configured max_model_len; 'maximum model length is N' / 'tokens that
+                # can be stored in KV cache (N)': what the KV budget holds
+                which = "vllm-maxlen" if low.startswith(b"max", m.start()) \
                     and not low.startswith(b"maximum", m.start()) else "vllm-estlen"
                 cur.f.hints.add(f"{which}:{int(m.group('vlen'))}")
+                if which == "vllm-estlen" and low.startswith(b"tokens", m.start()):
+                    cur.oom = True   # V0: "The model's max seq len (X) is larger than the maximum number of tokens..."
+                    cur.fmt.add("vllm")
             elif a == "vllmnone":
                 cur.oom = True
                 cur.fmt.add("vllm")
@@ -573,7 +578,7 @@ _STACK_MARKERS: tuple[tuple[str, tuple[bytes, ...]], ...] = (
     ("ggml", (b"ggml_backend_cuda", b"ggml_gallocr", b"alloc_tensor_range", b"ggml_cuda", b"llama_model_load",
               b"llama_kv_cache", b"cudamalloc failed: out of memory")),
     ("vllm", (b"no available memory for the cache blocks", b"for kv cache is", b"available kv cache memory",
-              b"gpu_memory_utilization (", b"kv cache is needed")),
+              b"gpu_memory_utilization (", b"kv cache is needed", b"stored in kv cache")),
     ("jax", (b"xlaruntimeerror", b"bufferassignment", b"xla_python_client", b"jaxlib", b"local_client.cc",
              b"device ordinal", b"pjrt", b"gpu_cudamallocasync_allocator", b"jax.", b"/jax/")),
     ("tensorflow-rocm", (b"rocm_driver", b"hip_error_outofmemory", b"hiperror_t(", b"rocm_dnn")),
