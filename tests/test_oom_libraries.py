@@ -163,6 +163,16 @@ def test_ggml_weights_on_load():
     assert any("device 1" in e and "weights" in e for e in v.evidence)
 
 
+def test_ggml_reads_free_memory_from_the_load_line():
+    f, v = _run("llama_model_load_from_file_impl: using device CUDA0 (NVIDIA GeForce RTX 3060) (0000:01:00.0) - "
+                "10958 MiB free\n" + "llama_model_loader: - kv   0: general.architecture str = llama\n" * 50
+                + "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 12000.00 MiB on device 0: cudaMalloc failed: "
+                "out of memory\nalloc_tensor_range: failed to allocate CUDA0 buffer of size 12582912000\n")
+    assert f.stack == "ggml" and f.free == 10958 * MiB and f.requested == 12582912000
+    assert v.cause == "does-not-fit" and not any(e.startswith("presumed") for e in v.evidence)
+    assert any("free when llama.cpp started" in e for e in v.evidence)
+
+
 def test_ggml_lines_back_to_back_are_separate_failures():
     """A CuPy anchor must not read 'out of memory' + the next line's 'allocating N MiB' as one message."""
     f, _ = _run("allocating 4096.00 MiB on device 0: cudaMalloc failed: out of memory\n" * 3)

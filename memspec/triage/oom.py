@@ -509,7 +509,14 @@ def _ggml(f: Figures, ev: list[str]) -> Verdict:
     dev = f" on device {D}" if D is not None else ""
     ev.append(f"ggml asked cudaMalloc for {fmt(R)}{dev} for {where}, and the driver refused"
               if R is not None else f"ggml's cudaMalloc failed{dev} for {where} (no size printed)")
-    ev.append(_presumed_device("the buffer does not fit beside what the device already holds"))
+    if "ggml-free-at-load" in f.hints and f.free is not None and R is not None and R > f.free:
+        ev.append(f"the log's load line says the device had {fmt(f.free)} free when llama.cpp started: the "
+                  f"{fmt(R)} buffer alone is larger -- it cannot fit, whatever else runs")
+    else:
+        if "ggml-free-at-load" in f.hints and f.free is not None:
+            ev.append(f"the device had {fmt(f.free)} free at load (the log's 'using device' line); the buffers "
+                      "allocated since (weights, KV cache, compute) take their share of it")
+        ev.append(_presumed_device("the buffer does not fit beside what the device already holds"))
     layers = ("offload fewer layers: -ngl / --n-gpu-layers N (the rest run on the CPU), or a smaller model or "
               "quantization (Q4_K_M instead of Q8_0)")
     compute = ("a smaller compute buffer: a smaller -ub/--ubatch-size and -b/--batch-size, a smaller context -c, "

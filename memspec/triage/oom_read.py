@@ -443,6 +443,8 @@ _CUPY = re.compile(rb"[ \t\r\n]{1,8}+([0-9][0-9,]{0,40}+)[ \t\r\n]{1,8}+bytes(?:
                    rb"[ \t\r\n]++set[ \t\r\n]++to:?[ \t\r\n]*+([0-9][0-9,]{0,40}+)[ \t\r\n]++bytes)?)?")
 #: ggml: "allocating 4096.00 MiB on device 0: cudaMalloc failed"
 _GGML_DEV = re.compile(rb"[ \t]++on[ \t]++device[ \t]++([0-9]{1,3}+)")
+#: llama.cpp: "llama_model_load_from_file_impl: using device CUDA0 (NVIDIA ...) (0000:01:00.0) - 10958 MiB free"
+_GGML_FREE = re.compile(rb"using device (?:cuda|rocm|vulkan)([0-9]{1,3}+) \([^\n]{0,160}?\) - ([0-9]{1,9}+) mib free")
 #: RMM: " A unit, B unit, C unit" after "current/max/try size =" (units up to EiB: SIZE_MAX is an unlimited maximum)
 _RMM_GROW = re.compile(rb"[ \t]*+([0-9]{1,30}+(?:\.[0-9]{1,30}+)?)[ \t]*+([a-z]{1,3}+)[ \t]*+,[ \t]*+([0-9]{1,30}+(?:\.[0-9]{1,30}+)?)"
                        rb"[ \t]*+([a-z]{1,3}+)[ \t]*+,[ \t]*+([0-9]{1,30}+(?:\.[0-9]{1,30}+)?)[ \t]*+([a-z]{1,3}+)")
@@ -494,6 +496,16 @@ def _library_context(f: Figures, low: bytes) -> None:
         f.hints.add("rmm-upstream")   # RMM >= 25.04 appends the upstream's error: the device refused the growth
     if f.stack == "ggml":
         f.hints.add("ggml:" + _ggml_phase(low[max(0, f.span[0] - 200):min(len(low), f.span[1] + 600)]))
+        # llama.cpp's load line "using device CUDA0 (name) - 23038 MiB free" (printed once, at load): the last
+        # one for the failing device, before the failure
+        dev = f.device if f.device is not None else 0
+        free_at_load = None
+        for dm in _GGML_FREE.finditer(low, 0, f.span[0]):
+            if int(dm.group(1)) == dev:
+                free_at_load = int(dm.group(2)) * MiB
+        if free_at_load is not None and f.free is None:
+            f.free = free_at_load
+            f.hints.add("ggml-free-at-load")
 
 
 def _complete(f: Figures) -> None:
