@@ -16,8 +16,8 @@ from typing import Any, Sequence
 from memspec.invariants.errors import SpecError
 from memspec.spec.core import HypothesisChooser, RandomChooser, _choice_by_integer, _cumulative, _weighted_index
 
-__all__ = ["HypothesisChooser", "PackedChooser", "RandomChooser", "RecordingChooser", "ReplayChooser", "WalkChooser",
-           "_choice_by_integer", "_cumulative", "_weighted_index"]
+__all__ = ["HypothesisChooser", "PackedChooser", "PackedRecorder", "RandomChooser", "RecordingChooser", "ReplayChooser",
+           "WalkChooser", "_choice_by_integer", "_cumulative", "_weighted_index", "recorder"]
 
 
 class WalkChooser(RandomChooser):
@@ -109,7 +109,7 @@ class PackedChooser:
     random walk (:class:`RandomChooser` inside) records the wide integers,
     which replay into Hypothesis as the same choices."""
 
-    __slots__ = ("inner", "_int", "_v", "_room", "_weighted", "_drew")
+    __slots__ = ("inner", "_int", "_v", "_room", "_weighted", "_drew", "_wlast", "_wcum")
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
@@ -118,6 +118,10 @@ class PackedChooser:
         self._v = 0
         self._room = 0
         self._drew = False
+        #: the weights of the last packed :meth:`weighted` draw and their running totals (a
+        #: run's redraws are over one swarm's weights, the same tuple: not hashed again)
+        self._wlast: tuple | None = None
+        self._wcum: tuple = ()
 
     def new_step(self) -> None:
         self._room = 0
@@ -132,7 +136,10 @@ class PackedChooser:
         if not self._drew:
             self._drew = True
             return self._weighted(weights)
-        cum = _cumulative(weights)
+        if weights is not self._wlast:
+            self._wcum = _cumulative(weights)
+            self._wlast = weights
+        cum = self._wcum
         total = cum[-1]
         return bisect_right(cum, self._digit(total) if total <= PACK_WEIGHTS else self._int(0, total - 1))
 
@@ -177,6 +184,60 @@ class PackedChooser:
         self._v = v // 2
         self._room = room // 2
         return v % 2 == 1
+
+
+class PackedRecorder:
+    """``RecordingChooser(packed)`` for a :class:`PackedChooser` ``packed``:
+    the same values from the same packed state, the same record, in one
+    frame per draw instead of two (the guided argument draws of a step,
+    ``draws.Draws._draw_args``, make most of a step's small draws through
+    it).  ``record`` is replaced by the caller for each draw it keeps apart
+    (``rec.record = []``), so one recorder serves a whole run."""
+
+    __slots__ = ("inner", "record", "_int")
+
+    def __init__(self, inner: PackedChooser) -> None:
+        self.inner = inner
+        self.record: list = []
+        self._int = inner._int
+
+    def integer(self, lo: int, hi: int) -> int:
+        # PackedChooser.integer, inline, then recorded as RecordingChooser.integer records it
+        n = hi - lo + 1
+        if n == 1:
+            v = lo
+        elif n > PACK_SMALL or n < 1:
+            v = self._int(lo, hi)
+        else:
+            p = self.inner
+            room = p._room
+            if room < n * PACK_SLACK:
+                p._v = _mix(self._int(0, _PACK_MAX))
+                room = 1 << PACK_BITS
+            x = p._v
+            p._v = x // n
+            p._room = room // n
+            v = lo + x % n
+        self.record.append(v)
+        return v
+
+    def choice(self, options: Sequence[Any]) -> Any:
+        options = list(options) if not isinstance(options, (list, tuple, range)) else options
+        n = len(options)
+        if n == 0:
+            raise SpecError("choice from an empty domain")
+        return options[self.integer(0, n - 1)] if n > 1 else options[0]
+
+    def boolean(self) -> bool:
+        v = self.inner.boolean()
+        self.record.append(v)
+        return v
+
+
+def recorder(chooser: Any) -> Any:
+    """``RecordingChooser(chooser)``, or for a :class:`PackedChooser` the
+    :class:`PackedRecorder` that draws and records the same."""
+    return PackedRecorder(chooser) if type(chooser) is PackedChooser else RecordingChooser(chooser)
 
 
 class ReplayChooser:

@@ -24,7 +24,7 @@ import re
 from collections import Counter
 from typing import Any
 
-from memspec.invariants.choosers import RecordingChooser
+from memspec.invariants.choosers import PackedChooser, PackedRecorder, RecordingChooser
 from memspec.invariants.errors import SpecError
 from memspec.spec.core import Raises
 from memspec.spec.errors import MemspecError
@@ -70,6 +70,9 @@ class Draws:
     ``Run.apply`` through ``_outs`` (the same action, arguments and state
     give the same outcomes: ``apply`` does not step the spec twice)."""
 
+    #: see :meth:`_recorder` (a class default: a run built without ``_init_draws`` has none yet)
+    _rec: Any = None
+
     def _init_draws(self) -> None:
         """This example's drawing state (a fresh run: no swarm, no focus yet)."""
         self._swarm: tuple | None = None   # (actions, weights) of this example (swarm testing)
@@ -92,6 +95,8 @@ class Draws:
         self._fault_seen: set = set()
         #: (trace, its length, :meth:`_recent_refs`) of the step being drawn
         self._recent: tuple | None = None
+        #: the recorder of argument draws (one per chooser: each draw gets a fresh ``record``)
+        self._rec: Any = None
 
     def available(self) -> list:
         """The actions of the plan available in the current state."""
@@ -314,30 +319,45 @@ class Draws:
             misuse = getattr(a, "misuse", False)
             best = None
             best_score = None
+            rec = self._recorder(chooser)
             #: the attempts so far: (args, outs, accepting, refs, fault); a redraw of the same
             #: arguments (a small domain) reuses its outcomes: the state has not moved
             tried: list = []
             for attempt in range(limit + 1):
-                rec = RecordingChooser(chooser)
-                args = _draw(a, state, rec)
+                rec.record = record = []
+                # _draw, inline
+                try:
+                    args = a.draw_args(state, rec)
+                except SpecError:
+                    raise
+                except Exception as e:  # noqa: BLE001
+                    raise SpecError(f"drawing arguments of {a.name} raised {type(e).__name__}: {e}") from e
                 for t in tried:
                     if t[0] == args:
                         _a, outs, accepting, refs, fault = t
                         break
                 else:
                     outs = _spec_outcomes(a, state, args)
-                    if outs is None or misuse:
+                    fault = None
+                    if outs is None:
                         accepting = True
                     else:
-                        # _offers_return and failure_path's first test, inline
-                        accepting = False
                         branches = outs.branches
-                        for b in branches:
-                            if hasattr(b, "accepts"):
-                                accepting = True
-                                break
+                        if misuse:
+                            accepting = True
+                        else:
+                            # _offers_return, inline
+                            accepting = False
+                            for b in branches:
+                                if hasattr(b, "accepts"):
+                                    accepting = True
+                                    break
+                        if quota and len(branches) == 1:
+                            # failure_path, inline
+                            b = branches[0]
+                            if isinstance(b, Raises) and b.error is MemspecError:
+                                fault = _NUMBER.sub("N", b.describe)
                     refs = _refs_in(args)
-                    fault = failure_path(outs) if quota and outs is not None and len(outs.branches) == 1 else None
                     tried.append((args, outs, accepting, refs, fault))
                 fresh = (name, refs) not in seen
                 near = 0
@@ -355,8 +375,8 @@ class Draws:
                 score = (want, accepting, fresh, near if near < nrefs else nrefs)
                 if best_score is None or score > best_score:
                     best_score = score
-                    best = (args, rec.record, outs, accepting, refs, fault)
-                if want == 2 or not rec.record or attempt == limit:
+                    best = (args, record, outs, accepting, refs, fault)
+                if want == 2 or not record or attempt == limit:
                     break
                 if not hunt and accepting and fresh and near >= (nrefs if nrefs < 2 else 2):
                     break
@@ -366,23 +386,35 @@ class Draws:
             if fault is not None:
                 self._faulted[name] += 1
                 paths[(name, fault)] += 1
-            # kept for apply(): the same action, arguments and state give the same outcomes
-            self._outs = (a, args, outs)
+            # kept for apply(): the same action, arguments and state give the same outcomes (and
+            # the trace step names the same references: ``TraceStep.refs`` without a second ``_refs_in``)
+            self._outs = (a, args, outs, refs)
             seen.add((name, refs))
             self._drawn[name] += 1
             if accepting:
                 self._offered[name] += 1
             # a failure path kept for the quota keeps its step too (choose() gives a refusal's away)
             return a, args, record, accepting or fault is not None
-        rec = RecordingChooser(chooser)
+        rec = self._recorder(chooser)
+        rec.record = []
         args = _draw(a, state, rec)
         if guided:
             outs = _spec_outcomes(a, state, args)
-            self._outs = (a, args, outs)
+            self._outs = (a, args, outs, None)
             accepting = outs is None or getattr(a, "misuse", False) or _offers_return(outs)
         else:
             accepting = True
         return a, args, rec.record, accepting
+
+    def _recorder(self, chooser: Any) -> Any:
+        """The run's recorder of argument draws from ``chooser``
+        (``RecordingChooser(chooser)``, or the :class:`PackedRecorder` that
+        draws and records the same from a :class:`PackedChooser`); the
+        caller sets a fresh ``record`` for each draw."""
+        rec = self._rec
+        if rec is None or rec.inner is not chooser:
+            rec = self._rec = PackedRecorder(chooser) if type(chooser) is PackedChooser else RecordingChooser(chooser)
+        return rec
 
     def _rare(self, a: Any) -> bool:
         """The spec offered ``a`` an accepting branch in fewer than one in

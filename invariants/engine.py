@@ -115,7 +115,8 @@ class Run(Draws):
         self.failed = False
         self.nsteps = 0
         self._action = None
-        #: (action, args, Outcomes or None) the guidance computed for the step being drawn
+        #: (action, args, Outcomes or None, the references args names or None) the guidance computed
+        #: for the step being drawn
         self._outs: tuple | None = None
         self._obs_cache: dict | None = None
         self._checks: list | None = None
@@ -239,8 +240,10 @@ class Run(Draws):
                 if hit:
                     st.boundaries[f"{name}.{k}={v}"] += 1
         drawn, self._outs = self._outs, None
+        drawn_refs = None
         if drawn is not None and drawn[0] is action and drawn[1] is args and drawn[2] is not None:
             outs = drawn[2]  # computed by the guidance of choose() on this very state
+            drawn_refs = drawn[3]   # the references ``args`` names (``draws._refs_in``), if the guidance had them
         else:
             try:
                 outs = action.step(state, **args)
@@ -282,6 +285,8 @@ class Run(Draws):
             raise SpecError(f"{name}: following branch {ts.outcome!r} raised {type(e).__name__}: {e}") from e
         bound = self._bind(result, value) if is_return else ()
         ts.bound = bound
+        if drawn_refs is not None:
+            ts.refs = bound + drawn_refs   # as ``Draws._recent_refs`` would compute it from ``ts``
         self._action = action
         # a branch whose ``then`` is the spec's no-op left the state as it was
         self._state_changed = branch.then is not _SPEC_NO_OP

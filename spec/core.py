@@ -527,7 +527,12 @@ class Action(Generic[S]):
         return True
 
     def draw_args(self, state: Any, chooser: Chooser) -> dict[str, Any]:
-        return {k: d.draw(state, chooser) for k, d in self.params.items()}
+        # a loop, not a comprehension: the same dict in the same order, without a function
+        # object made per call (a harness draws an action's arguments several times a step)
+        args: dict[str, Any] = {}
+        for k, d in self.params.items():
+            args[k] = d.draw(state, chooser)
+        return args
 
 
 def action(

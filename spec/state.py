@@ -484,11 +484,14 @@ def from_refs(describe: str, *sets: Any) -> Any:
     :class:`RefSet`), in O(1)."""
     from memspec.spec.core import Domain
 
-    def options(state: Any) -> list[RefSet]:
-        return [rs for rs in (g(state) for g in sets) if len(rs)]
-
     def draw(state: Any, chooser: Any) -> int:
-        avail = options(state)
+        # the non-empty sets, by a loop (not a comprehension over a generator: no function
+        # objects made per call; a harness draws several times a step)
+        avail: list[RefSet] = []
+        for g in sets:
+            rs = g(state)
+            if len(rs):
+                avail.append(rs)
         rs = avail[chooser.integer(0, len(avail) - 1)] if len(avail) > 1 else avail[0]
         return rs.at(chooser.integer(0, len(rs) - 1))
 
