@@ -336,7 +336,6 @@ def shrink(plan: H.Plan, failure: WalkFailure, *, db: Any = None, max_examples: 
     from hypothesis.database import InMemoryExampleDatabase, choices_to_bytes
 
     from memspec.invariants.results import _flatten, database_key
-    from memspec.invariants.stateful import shrink_budget
 
     database = db if db is not None else InMemoryExampleDatabase()
     guard = H.CallGuard(plan.timeout, plan.guard_mode)
@@ -363,9 +362,9 @@ def shrink(plan: H.Plan, failure: WalkFailure, *, db: Any = None, max_examples: 
                  phases=[Phase.reuse, Phase.shrink], report_multiple_bugs=True, derandomize=False,
                  suppress_health_check=list(__import__("hypothesis").HealthCheck))
     guard.install()
+    hyp_engine.MAX_SHRINKING_SECONDS = left
     try:
-        with shrink_budget(left):
-            settings(s)(test)()
+        settings(s)(test)()
     except KeyboardInterrupt:
         raise
     except BaseException as e:  # noqa: BLE001
@@ -377,4 +376,5 @@ def shrink(plan: H.Plan, failure: WalkFailure, *, db: Any = None, max_examples: 
         return min(same, key=lambda v: len(v.trace)) if same else (found or [None])[0]
     finally:
         guard.uninstall()
+        hyp_engine.MAX_SHRINKING_SECONDS = budget   # the caller's ceiling again
     return pre.violation

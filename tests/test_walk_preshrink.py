@@ -137,18 +137,68 @@ def test_preshrink_counts_inside_the_shrink_seconds(found, monkeypatch):
         return real(*a, **k)
 
     ceilings = []
-    real_enter = runner.shrink_budget.__enter__
+    real_test = walk.shrink_test
 
-    def enter(self):
-        ceilings.append(self.seconds)
-        return real_enter(self)
+    def test_spy(*a, **k):
+        inner = real_test(*a, **k)
+        hyp_test = inner.hypothesis.inner_test
+
+        def record(*ia, **ik):
+            ceilings.append(engine.MAX_SHRINKING_SECONDS)
+            return hyp_test(*ia, **ik)
+
+        inner.hypothesis.inner_test = record
+        return inner
 
     monkeypatch.setattr(walk, "preshrink", spy)
-    monkeypatch.setattr(runner.shrink_budget, "__enter__", enter)
+    monkeypatch.setattr(walk, "shrink_test", test_spy)
     with runner.shrink_budget(0.0):
         v = walk.shrink(plan, wf)
-    # the caller's ceiling (0 s): the pre-shrink ends at once and Hypothesis gets 0 s too
+        restored = engine.MAX_SHRINKING_SECONDS
+    # the caller's ceiling (0 s): the pre-shrink ends at once and Hypothesis's shrink gets 0 s too
     assert v is not None and v.invariant == INV
     assert seen and seen[0] is not None and seen[0] <= walk.time.perf_counter()
-    assert ceilings[0] == 0.0 and ceilings[1:] == [0.0], ceilings
+    assert ceilings and set(ceilings) == {0.0}, ceilings
+    assert restored == 0.0   # the caller's ceiling again after the shrink
     assert engine.MAX_SHRINKING_SECONDS != 0.0   # restored after both contexts
+
+
+def test_hypothesis_shrink_gets_the_budget_less_the_preshrink(found, monkeypatch):
+    """A fake clock (no wall time): the pre-shrink "takes" 600 of the caller's 1000 s, so
+    Hypothesis's shrink runs under a 400 s ceiling, and the caller's 1000 s is restored after."""
+    from types import SimpleNamespace
+
+    from hypothesis.internal.conjecture import engine
+
+    plan, wf = found
+    now = [5000.0]
+    monkeypatch.setattr(walk, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    real = walk.preshrink
+
+    def slow(*a, **k):
+        out = real(*a, **k)
+        now[0] += 600.0
+        return out
+
+    ceilings = []
+    real_test = walk.shrink_test
+
+    def test_spy(*a, **k):
+        inner = real_test(*a, **k)
+        hyp_test = inner.hypothesis.inner_test
+
+        def record(*ia, **ik):
+            ceilings.append(engine.MAX_SHRINKING_SECONDS)
+            return hyp_test(*ia, **ik)
+
+        inner.hypothesis.inner_test = record
+        return inner
+
+    monkeypatch.setattr(walk, "preshrink", slow)
+    monkeypatch.setattr(walk, "shrink_test", test_spy)
+    with runner.shrink_budget(1000.0):
+        v = walk.shrink(plan, wf)
+        restored = engine.MAX_SHRINKING_SECONDS
+    assert v is not None and v.invariant == INV
+    assert ceilings and set(ceilings) == {400.0}, ceilings
+    assert restored == 1000.0
