@@ -8,14 +8,14 @@ step that the target takes the branch the spec takes.  ``memspec conform
 What the corpus holds:
 
 * for each caching preset (``pytorch``, ``seed``) the shortest fragmentation
-  OOM Z3 synthesizes (:func:`memspec.invariants.proofs_caching.synthesize`:
+  OOM Z3 synthesizes (:func:`memspec.invariants.formal.proofs_caching.synthesize`:
   free bytes >= the request, yet malloc fails) as a ``malloc``/``free``
   sequence on the caching machine;
 * for every Z3 encoding of seed 000 that exists when the corpus is built
-  (:func:`memspec.invariants.proofs_catalog.all_proofs`, read at run time)
+  (:func:`memspec.invariants.formal.proofs_catalog.all_proofs`, read at run time)
   and every encoded action with a spec counterpart (the agreement adapters
-  of :mod:`memspec.invariants.agreement_adapters`), one trace per outcome
-  branch Z3 finds for it (:func:`memspec.invariants.proofs.branches`), and
+  of :mod:`memspec.invariants.formal.agreement_adapters`), one trace per outcome
+  branch Z3 finds for it (:func:`memspec.invariants.formal.proofs.branches`), and
   one per unguarded variant: a step where removing the guard changes what
   the encoding does (the guarded action refuses where the unguarded one
   accepts, or both accept with different next states) -- the step Z3's
@@ -67,7 +67,7 @@ class ReplayResult:
 def _steps_from_synthesis(syn: Any) -> list[tuple[str, dict[str, Any]]]:
     """The synthesized text trace as caching-machine steps; a free names the
     spec reference its malloc made (found by running the spec alone)."""
-    from memspec.invariants.proofs_caching import _parse
+    from memspec.invariants.formal.proofs_caching import _parse
     from memspec.spec.caching import free, init, malloc
 
     st = init(policy=syn.preset, capacity=CAPACITY)
@@ -93,7 +93,7 @@ def _steps_from_synthesis(syn: Any) -> list[tuple[str, dict[str, Any]]]:
 
 def build_corpus(depth: int = 6) -> list[CorpusTrace]:
     """Every trace Z3 synthesizes for the corpus (see the module docstring)."""
-    from memspec.invariants.proofs_caching import synthesize
+    from memspec.invariants.formal import synthesize
 
     out = []
     for preset in ("pytorch", "seed"):
@@ -216,8 +216,8 @@ class Seed000Trace:
 
 def _adapters() -> list[Any]:
     """Every adapter the agreement module defines now (any module-level list of them)."""
-    from memspec.invariants import agreement_adapters as A
-    from memspec.invariants.agreement import Adapter
+    from memspec.invariants.formal import agreement_adapters as A
+    from memspec.invariants.formal import Adapter
 
     seen: dict[tuple[str, str, str], Any] = {}
     for v in vars(A).values():
@@ -239,7 +239,7 @@ def _level_of(spec_action: str) -> str | None:
 
 def _lvl_for(ad: Any) -> str | None:
     """The level an adapter projects from: the mechanism adapters project MechState."""
-    from memspec.invariants import agreement_adapters as A
+    from memspec.invariants.formal import agreement_adapters as A
 
     if ad in getattr(A, "MECH_ADAPTERS", []):
         return "mechanism"
@@ -249,8 +249,7 @@ def _lvl_for(ad: Any) -> str | None:
 def goals() -> list[Goal]:
     """Every branch of every encoded action with an adapter, and every unguarded
     variant with one, for the encodings that exist now."""
-    from memspec.invariants.proofs import branches
-    from memspec.invariants.proofs_catalog import all_proofs
+    from memspec.invariants.formal import all_proofs, branches
 
     proofs = {p.id: p for p in all_proofs()}
     out: list[Goal] = []
@@ -284,13 +283,13 @@ class _Evaluator:
     """The encoded outcome of a candidate step, from the projected pre-state."""
 
     def __init__(self) -> None:
-        from memspec.invariants.proofs_catalog import all_proofs
+        from memspec.invariants.formal import all_proofs
 
         self.proofs = {p.id: p for p in all_proofs()}
         self.cache: dict[tuple[Any, ...], Any] = {}
 
     def outcome(self, ad: Any, act: Any, state: Any, args: dict[str, Any], taken: str) -> str | None:
-        from memspec.invariants.agreement import Compiled
+        from memspec.invariants.formal import Compiled
 
         try:
             pr = ad.project(state, args, taken)
@@ -318,8 +317,8 @@ class _Evaluator:
         One closed formula per (proof, universe), decided by substitution."""
         import z3
 
-        from memspec.invariants.agreement import Compiled
-        from memspec.invariants.proofs import ARR, BARR, BOOL, INT, _args, fresh
+        from memspec.invariants.formal import ARR, BARR, BOOL, INT, Compiled, fresh
+        from memspec.invariants.formal.proofs import _args
 
         try:
             pr = ad.project(state, args, taken)
@@ -354,7 +353,7 @@ class _Evaluator:
             return None
         if not (z3.is_int_value(go) and z3.is_int_value(uo)):
             return None
-        from memspec.invariants.proofs import OUTCOMES
+        from memspec.invariants.formal import OUTCOMES
 
         gname, uname = OUTCOMES[go.as_long()], OUTCOMES[uo.as_long()]
         if gname != uname:
@@ -363,13 +362,13 @@ class _Evaluator:
 
 
 def concrete(kind: str, value: Any) -> Any:
-    from memspec.invariants.proofs import concrete as lit
+    from memspec.invariants.formal import concrete as lit
 
     return lit(kind, value)
 
 
 def _permitted(outs: Any) -> list[str]:
-    from memspec.invariants.agreement import outcome_name
+    from memspec.invariants.formal import outcome_name
 
     return sorted({outcome_name(b) for b in outs.branches})
 

@@ -68,7 +68,7 @@ def test_prove_reads_its_ids_from_the_catalogs() -> None:
 
 def test_a_new_catalog_id_is_a_row_of_prove_and_of_its_self_test(scratch_catalogs, capsys) -> None:  # type: ignore[no-untyped-def]
     from memspec.commands import prove as P
-    from memspec.invariants import proofs_selftest as T
+    from memspec.invariants.formal import proofs_selftest as T
 
     # `memspec prove S16` is a row that is not proved, naming what is missing (not "unknown id")
     capsys.readouterr()
@@ -92,8 +92,8 @@ def test_a_new_invariant_with_a_check_is_told_what_its_proof_needs(scratch_catal
     naming the fields the check reads, the spec actions that write them (derived exactly as S2's own row
     derives its coverage, so the two sets are equal) and the closest existing machine."""
     from memspec.commands import prove as P
-    from memspec.invariants import footprints as F
-    from memspec.invariants.proofs_catalog import all_proofs
+    from memspec.invariants.formal import coverage as F
+    from memspec.invariants.formal.proofs_catalog import all_proofs
     from memspec.spec import invariants as seed000
 
     F.footprints()   # a derivation made before S16 existed (another test's) has no read set for it

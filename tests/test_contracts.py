@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memspec.invariants.contracts import check_module, diff_pair, run_contracts
-from memspec.invariants.contracts_pairs import all_pairs
+from memspec.invariants.formal.contracts import check_module, diff_pair, run_contracts
+from memspec.invariants.formal.contracts_pairs import all_pairs
 from memspec.spec import kernels as K
 
 
@@ -45,8 +45,8 @@ def test_crosshair_check_catches_a_broken_contract(tmp_path, monkeypatch) -> Non
 
 
 def test_diffbehavior_catches_a_different_twin() -> None:
-    row = diff_pair("mutant", "memspec.invariants.contracts_pairs.spec_round_up",
-                    "memspec.invariants.contracts_pairs.mutant_round_up", per_condition_timeout=4.0)
+    row = diff_pair("mutant", "memspec.invariants.formal.contracts_pairs.spec_round_up",
+                    "memspec.invariants.formal.contracts_pairs.mutant_round_up", per_condition_timeout=4.0)
     assert not row.ok and row.verdict == "different", (row.verdict, row.detail)
 
 
@@ -90,7 +90,7 @@ def test_a_killed_crosshair_run_is_a_timeout_not_a_verdict(tmp_path, monkeypatch
     """A CrossHair process killed at the wall-clock limit has shown nothing:
     its rows say ``timeout`` (not clean, not counterexample), for a module
     check and for a diff pair alike."""
-    import memspec.invariants.contracts as c
+    import memspec.invariants.formal.contracts as c
 
     (tmp_path / "kfine.py").write_text(textwrap.dedent('''
         def ident(n: int) -> int:
@@ -129,7 +129,7 @@ def test_crosshair_runs_the_pure_python_modules_even_with_the_native_build_enabl
     import subprocess
 
     from memspec import native
-    from memspec.invariants import contracts
+    from memspec.invariants.formal import contracts
 
     seen: dict = {}
 

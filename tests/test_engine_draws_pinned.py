@@ -62,12 +62,13 @@ def test_the_walk_chooser_draws_the_same(pinned):
 
 
 def test_one_random_chooser_under_every_former_import_path():
-    """Issue 32: ``spec.selfcheck``, ``invariants.agreement`` and
+    """Issue 32: ``spec.selfcheck``, ``invariants.formal.agreement`` and
     ``invariants.choosers`` each had a ``RandomChooser``; now they all name
     the spec's one class (``spec.core``), and the walk's ``WalkChooser`` is
     that class with the same draws; ``spec.selfcheck.DataChooser`` became
     the spec's ``HypothesisChooser``, which the harness uses too."""
-    from memspec.invariants import agreement, choosers, harness
+    from memspec.invariants import choosers, harness
+    from memspec.invariants.formal import agreement
     from memspec.invariants.errors import SpecError
     from memspec.spec import core, selfcheck
 

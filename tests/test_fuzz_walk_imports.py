@@ -18,8 +18,8 @@ import sys
 
 #: module name prefixes a quiet walk-mode kill must not import
 UNUSED = ("z3", "crosshair", "hypothesis_crosshair_provider", "rich.live", "memspec.invariants.html_report",
-          "memspec.invariants.pictures", "memspec.invariants.proofs", "memspec.invariants.agreement",
-          "memspec.invariants.z3native")
+          "memspec.invariants.pictures", "memspec.invariants.formal.proofs", "memspec.invariants.formal.agreement",
+          "memspec.invariants.formal.z3native")
 
 
 def test_quiet_walk_kill_imports_no_solver_report_or_live_display(tmp_path):

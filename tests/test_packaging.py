@@ -23,6 +23,7 @@ SUBPACKAGES = [
     "memspec.cuda_impl",
     "memspec.invariants",
     "memspec.invariants.mutants",
+    "memspec.invariants.formal",
     "memspec.cli",
 ]
 GENERIC = ["spec", "reference", "invariants", "cuda_impl", "tests", "bench"]

@@ -1,4 +1,4 @@
-"""Proof coverage derived from what the spec writes (issue 33, item 1: :mod:`memspec.invariants.footprints`).
+"""Proof coverage derived from what the spec writes (issue 33, item 1: :mod:`memspec.invariants.formal.coverage`).
 
 The write sets come from seeded spec-only walks, the read sets from the executable invariants on a
 recording proxy; a row's required actions are the writers of what its invariant reads, and a gap (a
@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from memspec.invariants import footprints as F
-from memspec.invariants import proofs_seed000 as E
-from memspec.invariants.proofs import Act
-from memspec.invariants.proofs_catalog import all_proofs
+from memspec.invariants.formal import coverage as F
+from memspec.invariants.formal import proofs_seed000 as E
+from memspec.invariants.formal.proofs import Act
+from memspec.invariants.formal.proofs_catalog import all_proofs
 
 
 @pytest.fixture(scope="module")
@@ -139,14 +139,14 @@ def test_a_reviewed_gap_is_partial_and_not_accepted(fp: F.Footprints) -> None:
 
 def test_a_stale_known_gap_names_its_line(fp: F.Footprints) -> None:
     """A KNOWN_GAPS line whose action the row's machine now encodes is stale: the row fails, naming the
-    line of invariants/footprints.py to delete."""
+    line of invariants/formal/coverage.py to delete."""
     row, action = _a_reviewed_gap(fp)
     p = _proof(row)
     closed = replace(p, actions=p.actions + [Act("closing", {}, p.actions[0].step, spec=(action,))])
     cov = F.row_coverage(closed, fp)
     line = F.known_gap_line(row, action)
     assert line is not None
-    assert any(f"STALE known gap: ({row!r}, {action!r})" in w and f"invariants/footprints.py:{line}" in w
+    assert any(f"STALE known gap: ({row!r}, {action!r})" in w and f"invariants/formal/coverage.py:{line}" in w
                for w in cov.problems), cov.problems
     # a line naming an action the row's invariant does not depend on at all is stale too
     extra = F.KNOWN_GAPS + (("S3", "system:synchronize", "nothing"),)
@@ -185,7 +185,7 @@ def test_unreached_branches_and_actions_are_reported() -> None:
 def test_an_undeclared_spec_writer_is_named() -> None:
     """A spec action no ENCODES names that lowers the session's charge (what S2 reads): derived
     coverage names it (the self-test's planted spec bug)."""
-    from memspec.invariants import proofs_selftest as T
+    from memspec.invariants.formal import proofs_selftest as T
 
     before = T.detect_coverage(_proof("S2"))   # None, or a stale KNOWN_GAPS line (not this test's)
     assert before is None or "refund_forgetting_physical" not in before

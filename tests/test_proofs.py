@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import z3
 
-from memspec.invariants.proofs import Act, Proof, St, on_ok, prove, refute_unguarded
-from memspec.invariants.proofs_seed000 import PROOFS
+from memspec.invariants.formal.proofs import Act, Proof, St, on_ok, prove, refute_unguarded
+from memspec.invariants.formal.proofs_seed000 import PROOFS
 
 from memspec.spec.invariants import IDS
 
@@ -36,7 +36,7 @@ def test_a_lemma_the_invariant_does_not_imply_is_reported_assumed() -> None:
     """The ledger model without its prefix-sum ghost for ``charged``: the
     lemma "a lease's bytes are at most what is charged" (needed to refund it)
     no longer follows, so the proof is conditional, not proved."""
-    from memspec.invariants import proofs_seed000 as m
+    from memspec.invariants.formal import proofs_seed000 as m
 
     def weak_inv(s, o):  # the ledger invariant with the PC ghost (charged == sum over items) dropped
         full = m._l_inv(s, o)
@@ -56,8 +56,8 @@ def test_a_lemma_the_invariant_does_not_imply_is_reported_assumed() -> None:
 def test_ledger_model_encodes_every_action_declaring_s8() -> None:
     """S8's machine encodes every spec action whose table declares S8, and
     S11's every one."""
-    from memspec.invariants import proofs_seed000 as m
-    from memspec.invariants.proofs_catalog import declared, encoded
+    from memspec.invariants.formal import proofs_seed000 as m
+    from memspec.invariants.formal.proofs_catalog import declared, encoded
 
     assert set(declared("S8")) <= set(encoded(m.S8))
     # S11's every one, at both levels (the device side: allocations, reservations, handles, mappings)
@@ -70,7 +70,7 @@ def test_s8_unguarded_commit_breaks_s8_itself() -> None:
     breaks S8's own conjunct: granted is no longer the open grants plus the
     tickets' holdings (the refutation is checked against S8's named
     invariant, not any conjunct of the ledger model)."""
-    from memspec.invariants import proofs_seed000 as m
+    from memspec.invariants.formal import proofs_seed000 as m
 
     ok, trace = refute_unguarded(m.S8)
     assert ok and "invariant broken" in trace and "[unguarded]" in trace
@@ -90,7 +90,7 @@ def test_catalog_is_read_from_the_spec() -> None:
 def test_encoded_actions_are_checked_against_the_spec_tables() -> None:
     from dataclasses import replace
 
-    from memspec.invariants.proofs_catalog import declared, encoded
+    from memspec.invariants.formal.proofs_catalog import declared, encoded
 
     s9 = [p for p in PROOFS if p.id == "S9"][0]
     assert declared("S9") == ["system:kv_grow"] and "system:kv_grow" in encoded(s9)  # issue 33: S9 encodes more
@@ -102,7 +102,7 @@ def test_encoded_actions_are_checked_against_the_spec_tables() -> None:
 def test_a_broken_invariant_is_not_proved() -> None:
     """The engine reports a counterexample, not 'proved', for a false claim:
     S11 with the Governor's can_grant guard dropped from the *guarded* action."""
-    from memspec.invariants import proofs_seed000 as m
+    from memspec.invariants.formal import proofs_seed000 as m
 
     bad = Proof(**{**m.S11.__dict__, "actions": [m.S11.unguarded]})
     r = prove(bad)
@@ -115,7 +115,7 @@ def test_a_broken_invariant_is_not_proved() -> None:
 
 def test_refutation_fails_when_the_variant_keeps_its_guard() -> None:
     """refute_unguarded finds nothing when the 'unguarded' action is the guarded one."""
-    from memspec.invariants import proofs_seed000 as m
+    from memspec.invariants.formal import proofs_seed000 as m
 
     same = Proof(**{**m.S10.__dict__, "unguarded": m.S10.action("destroy_context")})
     ok, why = refute_unguarded(same)
@@ -128,7 +128,7 @@ def test_refutation_fails_when_the_variant_keeps_its_guard() -> None:
 
 @pytest.mark.parametrize("inv_id", ["S5", "S12", "S13", "S14"])
 def test_mechanism_invariants_encode_every_declaring_action(inv_id: str) -> None:
-    from memspec.invariants.proofs_catalog import declared, encoded
+    from memspec.invariants.formal.proofs_catalog import declared, encoded
 
     p = [x for x in PROOFS if x.id == inv_id][0]
     assert set(declared(inv_id)) <= set(encoded(p)), sorted(set(declared(inv_id)) - set(encoded(p)))
@@ -155,7 +155,7 @@ def test_removing_the_guard_breaks_the_proof(inv_id: str) -> None:
 def test_s12_guarded_commit_writes_the_base() -> None:
     """S12's committing actions share one body that re-reserves (moves the
     base) when the range does not fit: only the range guard keeps the address."""
-    from memspec.invariants import proofs_seed000 as m
+    from memspec.invariants.formal import proofs_seed000 as m
 
     s = St({"rstate": z3.K(z3.IntSort(), z3.IntVal(m.LIVE)), "base": z3.K(z3.IntSort(), z3.IntVal(5)),
             "base0": z3.K(z3.IntSort(), z3.IntVal(5)), "rsize": z3.K(z3.IntSort(), z3.IntVal(8)),
@@ -175,7 +175,7 @@ def at_(arr, i):
 def test_s13_read_only_write_counter_can_fail() -> None:
     """``rowrites`` is the spec's readonly_writes: a write_through without the
     read-only guard counts one, and the invariant fails there."""
-    from memspec.invariants import proofs_seed000 as m
+    from memspec.invariants.formal import proofs_seed000 as m
 
     unguarded = Act("write_through", {"m": "int"}, lambda s, a: on_ok(z3.IntVal(0), s, s.set(
         rowrites=s.rowrites + m.K.ite(z3.And(m.at(s.mro, a.m), z3.Not(m.at(s.mpriv, a.m))), 1, 0))),
@@ -190,7 +190,7 @@ def test_s13_read_only_write_counter_can_fail() -> None:
 def test_dropping_an_encoded_action_drops_coverage(inv_id: str, action: str) -> None:
     from dataclasses import replace
 
-    from memspec.invariants.proofs_catalog import declared, encoded
+    from memspec.invariants.formal.proofs_catalog import declared, encoded
 
     p = [x for x in PROOFS if x.id == inv_id][0]
     fewer = replace(p, actions=[a for a in p.actions if a.name != action])
@@ -206,7 +206,7 @@ MINE = ["S1", "S2", "S4", "S7", "S10"]
 
 @pytest.mark.parametrize("inv_id", MINE)
 def test_queue_and_charge_invariants_encode_every_declaring_action(inv_id: str) -> None:
-    from memspec.invariants.proofs_catalog import declared, encoded
+    from memspec.invariants.formal.proofs_catalog import declared, encoded
 
     p = [x for x in PROOFS if x.id == inv_id][0]
     assert set(declared(inv_id)) <= set(encoded(p)), sorted(set(declared(inv_id)) - set(encoded(p)))
@@ -233,7 +233,7 @@ def test_removing_the_guard_breaks_the_proof_queue_and_charge(inv_id: str) -> No
 def test_dropping_an_encoded_action_drops_coverage_queue_and_charge(inv_id: str, action: str) -> None:
     from dataclasses import replace
 
-    from memspec.invariants.proofs_catalog import declared, encoded
+    from memspec.invariants.formal.proofs_catalog import declared, encoded
 
     p = [x for x in PROOFS if x.id == inv_id][0]
     fewer = replace(p, actions=[a for a in p.actions if a.name != action])
@@ -246,8 +246,8 @@ def test_rows_credited_by_one_adapter_share_its_machine() -> None:
     fields; the encoded action by the same step and precondition functions).  S7 and S10 are on S4's
     deferred-free queue machine, G1 and S6 on S15's ticket machine: one projection, one adapter per
     spec action, for every row of the machine."""
-    from memspec.invariants import agreement_adapters as A
-    from memspec.invariants.proofs_seed000 import MORE_PROOFS
+    from memspec.invariants.formal import agreement_adapters as A
+    from memspec.invariants.formal.proofs_seed000 import MORE_PROOFS
 
     proofs = {p.id: p for p in PROOFS + MORE_PROOFS}
     shared: dict[str, set[str]] = {}
@@ -273,7 +273,7 @@ def test_rows_credited_by_one_adapter_share_its_machine() -> None:
 def test_s4_poll_checks_every_stream_not_two() -> None:
     """Streams are unbounded: a poll that checks only streams 0 and 1 is
     refuted (work on a third stream is still running)."""
-    from memspec.invariants import proofs_seed000 as m
+    from memspec.invariants.formal import proofs_seed000 as m
 
     def poll_two_streams(s, a):
         j = z3.Int("j")

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from memspec.invariants import proofs_seed000 as E
-from memspec.invariants.agreement import walk_and_compare
-from memspec.invariants.agreement_adapters import run_all as run_agreement
-from memspec.invariants.proofs import Proof
+from memspec.invariants.formal import proofs_seed000 as E
+from memspec.invariants.formal.agreement import walk_and_compare
+from memspec.invariants.formal.agreement_adapters import run_all as run_agreement
+from memspec.invariants.formal.proofs import Proof
 
 SAMPLES = 400
 
@@ -26,9 +26,9 @@ def test_every_encoded_action_agrees_with_the_spec(reports) -> None:
     bad = [f"{r.invariant}/{r.action}: {m}" for r in reports for m in r.mismatches]
     assert not bad, "\n".join(bad[:10])
     from memspec.commands.prove import PER_BRANCH
-    from memspec.invariants.agreement_adapters import MECH_ADAPTERS, SYS_ADAPTERS, TICKET_ADAPTERS
-    from memspec.invariants.agreement import SOFT_STEPS_PER_SAMPLE
-    from memspec.invariants.proofs import branches
+    from memspec.invariants.formal.agreement_adapters import MECH_ADAPTERS, SYS_ADAPTERS, TICKET_ADAPTERS
+    from memspec.invariants.formal.agreement import SOFT_STEPS_PER_SAMPLE
+    from memspec.invariants.formal.proofs import branches
 
     proofs = {p.id: p for p in E.PROOFS + E.MORE_PROOFS}
     got: dict = {}  # the extra walks (small device, focused, bare mechanism) add reports for the same adapters
@@ -59,7 +59,7 @@ def test_every_encoded_action_agrees_with_the_spec(reports) -> None:
 def test_per_branch_quotas_stop_sampling_a_branch_that_has_enough() -> None:
     """With quotas a frequent branch stops costing evaluations at its quota while
     the walk goes on for the rarer ones; a prior walk's counts count towards them."""
-    from memspec.invariants.agreement_adapters import MECH_ADAPTERS, _mech_init, _mech_too_big
+    from memspec.invariants.formal.agreement_adapters import MECH_ADAPTERS, _mech_init, _mech_too_big
     from memspec.spec.mechanism import MECHANISM
 
     proofs = {p.id: p for p in E.PROOFS}
@@ -77,7 +77,7 @@ def test_per_branch_quotas_stop_sampling_a_branch_that_has_enough() -> None:
 
 
 def test_past_the_soft_budget_one_sample_per_branch_is_enough() -> None:
-    from memspec.invariants.agreement_adapters import MECH_ADAPTERS, _mech_init, _mech_too_big
+    from memspec.invariants.formal.agreement_adapters import MECH_ADAPTERS, _mech_init, _mech_too_big
     from memspec.spec.mechanism import MECHANISM
 
     proofs = {p.id: p for p in E.PROOFS}
@@ -109,7 +109,7 @@ def test_agreement_covers_the_mechanism_invariants(reports) -> None:
 
 def test_a_relation_that_differs_from_the_spec_is_caught() -> None:
     """The unguarded Governor reserve (grants more than is free) disagrees with the spec's."""
-    from memspec.invariants.agreement_adapters import SYS_ADAPTERS, _sys_init, _sys_too_big
+    from memspec.invariants.formal.agreement_adapters import SYS_ADAPTERS, _sys_init, _sys_too_big
     from memspec.spec.system import SYSTEM
 
     wrong = Proof(**{**E.S11.__dict__, "actions": [E.S11.unguarded if a.name == "reserve" else a
@@ -136,7 +136,7 @@ def test_every_branch_of_the_queue_and_charge_encodings_is_sampled(reports) -> N
     """Each encoded action of S1, S2, S4, S7, S10 with a spec counterpart is
     compared on every branch the encoding can take, and its invariant
     agrees with the spec's on every sampled state."""
-    from memspec.invariants.proofs import branches
+    from memspec.invariants.formal.proofs import branches
 
     proofs = {p.id: p for p in E.PROOFS}
     for inv in MINE:
@@ -160,7 +160,7 @@ def _walk_with(inv: str, action: str, replacement, samples: int = 150):
     e.g. foreign handles), with ``replacement`` in place of ``action``."""
     from dataclasses import replace
 
-    from memspec.invariants.agreement_adapters import MECH_ADAPTERS, SYS_ADAPTERS, _mech_init, _mech_too_big, \
+    from memspec.invariants.formal.agreement_adapters import MECH_ADAPTERS, SYS_ADAPTERS, _mech_init, _mech_too_big, \
         _sys_init, _sys_too_big
     from memspec.spec.mechanism import MECHANISM
     from memspec.spec.system import SYSTEM
@@ -195,7 +195,7 @@ def test_mechanism_invariants_agree_on_every_branch(reports, inv_id: str) -> Non
     """S5, S12, S13, S14: every encoded action has a spec counterpart, every
     outcome branch Z3 finds for it was sampled and agreed, and the encoded
     invariant agrees with the spec's on every sampled state."""
-    from memspec.invariants.proofs import branches
+    from memspec.invariants.formal.proofs import branches
 
     p = [x for x in E.PROOFS if x.id == inv_id][0]
     mine = [r for r in reports if r.invariant == inv_id]
@@ -216,7 +216,7 @@ def test_mechanism_invariants_agree_on_every_branch(reports, inv_id: str) -> Non
 def test_an_unguarded_variant_disagrees_with_the_spec(inv_id: str, spec_action: str) -> None:
     """The guard removed (reserve without VirtualBacking; a commit past the
     reservation that moves it) is what the spec refuses: agreement catches it."""
-    from memspec.invariants.agreement_adapters import SYS_ADAPTERS, _sys_init, _sys_too_big
+    from memspec.invariants.formal.agreement_adapters import SYS_ADAPTERS, _sys_init, _sys_too_big
     from memspec.spec.system import SYSTEM
 
     p = [x for x in E.PROOFS if x.id == inv_id][0]
@@ -233,8 +233,8 @@ def test_ledger_model_agrees_on_every_branch(reports, inv_id: str) -> None:
     that declares the invariant is compared on every outcome branch Z3 finds
     for its encoding, with no mismatch, and the encoded invariant agrees with
     the spec's on every sampled state."""
-    from memspec.invariants.proofs import branches
-    from memspec.invariants.proofs_catalog import declared
+    from memspec.invariants.formal.proofs import branches
+    from memspec.invariants.formal.proofs_catalog import declared
 
     p = [x for x in E.PROOFS if x.id == inv_id][0]
     mine = [r for r in reports if r.invariant == inv_id]
@@ -268,8 +268,8 @@ def _direct(p, state, nobj):
     answer is keyed by the state's text."""
     import z3
 
-    from memspec.invariants.agreement import Compiled
-    from memspec.invariants.proofs import St, concrete
+    from memspec.invariants.formal.agreement import Compiled
+    from memspec.invariants.formal.proofs import St, concrete
 
     key = (p.id, nobj, repr(sorted(state.items())))
     if key not in _DIRECT:
@@ -285,9 +285,9 @@ def test_the_invariant_evaluator_decides_as_the_invariant_built_on_the_state() -
     a broken state included."""
     import random
 
-    from memspec.invariants.agreement import follow, inv_eval, pick_branch, quantified_counts
+    from memspec.invariants.formal.agreement import follow, inv_eval, pick_branch, quantified_counts
     from memspec.spec.core import RandomChooser
-    from memspec.invariants.agreement_adapters import _mech_init, _s13_state
+    from memspec.invariants.formal.agreement_adapters import _mech_init, _s13_state
     from memspec.spec.mechanism import MECHANISM
 
     assert quantified_counts(E.S13) == ("nm",)
@@ -318,14 +318,14 @@ def test_no_row_has_an_executable_invariant_weaker_than_its_encoding(reports) ->
     """On the unbroken spec the comparison on perturbed states (issue 33) fails no row: the executable
     invariant never holds where the named encoding fails (off :data:`agreement_perturb.SHADOWED`), and
     rejects some perturbed state wherever the encoding does; every row was compared on perturbed states."""
-    from memspec.invariants.agreement_perturb import strength, strength_problems
+    from memspec.invariants.formal.agreement_perturb import strength, strength_problems
 
     for inv in sorted({r.invariant for r in reports}):
         st = strength(reports, inv)
         assert st["perturbed"] > 0, inv
         assert not strength_problems(st), (inv, strength_problems(st))
     # every row with shadowed fields needs them: without the list its row would fail
-    from memspec.invariants.agreement_perturb import SHADOWED
+    from memspec.invariants.formal.agreement_perturb import SHADOWED
 
     for inv in SHADOWED:
         assert strength(reports, inv)["shadowed"] > 0, inv

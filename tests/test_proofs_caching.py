@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from memspec.invariants.proofs_caching import (
+from memspec.invariants.formal.proofs_caching import (
     EXPANDABLE_SIZES, expandable_no_fragmentation_oom, kernel_agreement, replay, synthesize,
 )
 
@@ -53,7 +53,7 @@ def test_z3_policy_kernels_agree_with_the_spec() -> None:
 
 @pytest.mark.parametrize("preset", ["pytorch", "seed"])
 def test_c1_c2_c3_hold_for_every_sequence_up_to_depth_4(preset: str) -> None:
-    from memspec.invariants.proofs_caching import C_DEPTH, bounded_c_invariants
+    from memspec.invariants.formal.proofs_caching import C_DEPTH, bounded_c_invariants
 
     r = bounded_c_invariants(preset, depth=C_DEPTH)
     assert r.ok, r.results
@@ -62,7 +62,7 @@ def test_c1_c2_c3_hold_for_every_sequence_up_to_depth_4(preset: str) -> None:
 def test_bounded_proof_catches_a_free_that_does_not_coalesce(monkeypatch) -> None:
     import z3
 
-    from memspec.invariants import proofs_caching as PC
+    from memspec.invariants.formal import proofs_caching as PC
 
     def free_without_merge(st, i):  # type: ignore[no-untyped-def]
         out = st.copy()
@@ -79,7 +79,7 @@ def test_bounded_proof_catches_a_free_that_does_not_coalesce(monkeypatch) -> Non
 # --------------------------------------------------------------------------
 
 def test_heap_initiation_and_c1_as_a_consequence() -> None:
-    from memspec.invariants import proofs_caching_heap as H
+    from memspec.invariants.formal import proofs_caching_heap as H
 
     assert H.initiation() == "proved"
     assert H.safety_c1() == "proved"
@@ -89,7 +89,7 @@ def test_heap_initiation_and_c1_as_a_consequence() -> None:
                                     "empty_cache", "malloc:eb", "malloc:retry", "process_event:wait"])
 @pytest.mark.fresh_process
 def test_heap_consecution_of_an_action(action: str) -> None:
-    from memspec.invariants import proofs_caching_heap as H
+    from memspec.invariants.formal import proofs_caching_heap as H
 
     act = next(a for a in H.actions() if a.name == action)
     res = H.consecution(act, timeout_ms=60000)
@@ -98,7 +98,7 @@ def test_heap_consecution_of_an_action(action: str) -> None:
 
 def test_heap_consecution_fails_when_empty_cache_releases_any_free_block() -> None:
     """A planted break (empty_cache without the whole-segment guard) is not proved."""
-    from memspec.invariants import proofs_caching_heap as H
+    from memspec.invariants.formal import proofs_caching_heap as H
 
     act = next(a for a in H.actions(frozenset({"whole"})) if a.name == "empty_cache")
     res = dict((n, r) for n, r, _t in H.consecution(act, timeout_ms=60000, only=("C2:block", "step:C6")))
@@ -107,7 +107,7 @@ def test_heap_consecution_fails_when_empty_cache_releases_any_free_block() -> No
 
 @pytest.mark.parametrize("inv", ["C1", "C2", "C3", "C4", "C5", "C6", "C7", "C9"])
 def test_each_unguarded_variant_breaks_its_named_invariant(inv: str) -> None:
-    from memspec.invariants import proofs_caching_heap as H
+    from memspec.invariants.formal import proofs_caching_heap as H
 
     ok, trace = H.refute(inv)
     assert ok, trace
@@ -116,7 +116,7 @@ def test_each_unguarded_variant_breaks_its_named_invariant(inv: str) -> None:
 
 def test_guarded_action_is_not_refuted() -> None:
     """The refutation search is not vacuous: with its guard kept, the C4 action breaks nothing."""
-    from memspec.invariants import proofs_caching_heap as H
+    from memspec.invariants.formal import proofs_caching_heap as H
 
     saved = H.UNGUARDED["C4"]
     H.UNGUARDED["C4"] = ("malloc:fit", "none-removed", "nothing removed")
@@ -128,8 +128,8 @@ def test_guarded_action_is_not_refuted() -> None:
 
 
 def test_heap_encoding_covers_every_declaring_spec_action() -> None:
-    from memspec.invariants import proofs_caching_heap as H
-    from memspec.invariants.proofs_catalog import declared, machines
+    from memspec.invariants.formal import proofs_caching_heap as H
+    from memspec.invariants.formal.proofs_catalog import declared, machines
 
     known = {f"{lvl}:{a.name}" for lvl, m in machines().items() for a in m.actions}
     enc = {n for a in H.actions() for n in a.spec}
@@ -141,14 +141,14 @@ def test_heap_encoding_covers_every_declaring_spec_action() -> None:
 
 
 def test_z3_kernels_agree_with_the_spec_at_every_threshold() -> None:
-    from memspec.invariants import proofs_caching_heap as H
+    from memspec.invariants.formal import proofs_caching_heap as H
 
     assert H.kernel_boundary_agreement() == []
 
 
 def test_threshold_agreement_catches_a_strict_seed_split_rule(monkeypatch) -> None:
     """The issue's slip: the seed preset's split rule with > instead of >= is caught at the 2 MiB remainder."""
-    from memspec.invariants import proofs_caching_heap as H
+    from memspec.invariants.formal import proofs_caching_heap as H
     from memspec.spec.caching import kernels as SK
 
     orig = SK.should_split
@@ -166,7 +166,7 @@ def test_threshold_agreement_catches_a_strict_seed_split_rule(monkeypatch) -> No
 def test_self_test_kills_the_caching_breaks() -> None:
     """The C entries of ``memspec prove --self-test``: the strict seed split rule and
     two heap-encoding breaks are each caught, naming the invariant."""
-    from memspec.invariants import proofs_selftest as ST
+    from memspec.invariants.formal import proofs_selftest as ST
 
     mine = [b for b in ST.catalog() if b.invariant in ("C5", "C3", "C7")
             and (b.detectors[0] in ("caching-kernels", "heap:C3", "heap:C7"))]

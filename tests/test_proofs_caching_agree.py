@@ -8,9 +8,9 @@ import copy
 
 import pytest
 
-from memspec.invariants import proofs_caching_agree as A
-from memspec.invariants import proofs_caching_agree_runs as AR
-from memspec.invariants import proofs_caching_agree_runs as R
+from memspec.invariants.formal import proofs_caching_agree as A
+from memspec.invariants.formal import proofs_caching_agree_runs as AR
+from memspec.invariants.formal import proofs_caching_agree_runs as R
 
 MiB = 1 << 20
 
@@ -110,8 +110,8 @@ def test_invariant_agreement_catches_an_encoding_that_disagrees(monkeypatch) -> 
     """An encoded C5 stricter than the spec's (4 MiB multiples) disagrees on reachable states."""
     import z3
 
-    from memspec.invariants import proofs_caching_heap as H
-    from memspec.invariants.proofs import at
+    from memspec.invariants.formal import proofs_caching_heap as H
+    from memspec.invariants.formal.proofs import at
 
     def c5_wrong(s):  # type: ignore[no-untyped-def]
         return H._all(s.n, lambda i: z3.Implies(z3.And(at(s.al, i), s.seed, z3.Not(at(s.sm, i))),
@@ -141,7 +141,7 @@ def test_projection_never_calls_the_policy(monkeypatch) -> None:
 
 
 def _fake_heap(refuted: bool = True) -> dict:
-    from memspec.invariants.proofs_caching_heap import UNGUARDED, actions
+    from memspec.invariants.formal.proofs_caching_heap import UNGUARDED, actions
 
     return {"checks": [("init", "proved", 0.0)], "refuted": {c: (refuted, "trace") for c in UNGUARDED},
             "actions": {a.name: list(a.spec) for a in actions()}}
@@ -210,8 +210,8 @@ def test_memoized_builders_give_the_very_terms_of_a_plain_build() -> None:
     memoized build and the plain one are the same AST."""
     import z3
 
-    from memspec.invariants import proofs_caching_heap as H
-    from memspec.invariants.proofs import St, _sort
+    from memspec.invariants.formal import proofs_caching_heap as H
+    from memspec.invariants.formal.proofs import St, _sort
 
     act = next(a for a in H.actions() if a.name == "malloc:fit")
     s = St({f: (6 if f == "n" else z3.Const(f"{f}@memo", _sort(H.FIELDS[f]))) for f in H.FIELDS})

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from memspec.invariants import proofs_caching_expandable as E
-from memspec.invariants import proofs_selftest as T
+from memspec.invariants.formal import proofs_caching_expandable as E
+from memspec.invariants.formal import proofs_selftest as T
 
 MiB = 1 << 20
 

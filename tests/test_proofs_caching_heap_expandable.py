@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import z3
 
-from memspec.invariants import proofs_caching_agree as A
-from memspec.invariants import proofs_caching_agree_runs as AR
-from memspec.invariants import proofs_caching_heap as H
+from memspec.invariants.formal import proofs_caching_agree as A
+from memspec.invariants.formal import proofs_caching_agree_runs as AR
+from memspec.invariants.formal import proofs_caching_heap as H
 
 MiB = 1 << 20
 NEW_ACTIONS = ["malloc:expand", "gc_end:expand", "malloc_retry:expand", "expand:map", "expand:fresh",
@@ -39,7 +39,7 @@ def test_expandable_action_is_inductive(action: str) -> None:
 @pytest.mark.parametrize("action", NEW_ACTIONS)
 def test_expandable_action_is_enabled_on_some_well_formed_heap(action: str) -> None:
     """Not vacuous: a heap of at most 4 blocks satisfies the whole invariant, the flag and the precondition."""
-    from memspec.invariants.proofs import _args, fresh
+    from memspec.invariants.formal.proofs import _args, fresh
 
     act = _act(action)
     s, a = fresh(H.FIELDS, "v"), _args(act, "v")
@@ -56,7 +56,7 @@ def test_expandable_action_is_enabled_on_some_well_formed_heap(action: str) -> N
 
 def test_the_flag_is_symbolic_in_every_consecution() -> None:
     """One proof covers both values: init admits either, and the new actions need it on."""
-    from memspec.invariants.proofs import fresh
+    from memspec.invariants.formal.proofs import fresh
 
     s = fresh(H.FIELDS, "f")
     for val in (True, False):
@@ -131,7 +131,7 @@ def test_agreement_catches_an_encoding_that_maps_without_rounding_to_pages(monke
 
 
 def test_agreement_catches_a_spec_whose_mapping_ignores_the_device(monkeypatch) -> None:
-    from memspec.invariants.proofs_selftest import _map_ignores_the_device
+    from memspec.invariants.formal.proofs_selftest import _map_ignores_the_device
     from memspec.spec.caching import policy as P
 
     monkeypatch.setattr(P, "_map", _map_ignores_the_device(P._map))

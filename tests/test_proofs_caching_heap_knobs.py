@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from memspec.invariants import proofs_caching_agree as A
-from memspec.invariants import proofs_caching_agree_runs as AR
-from memspec.invariants import proofs_caching_heap as H
+from memspec.invariants.formal import proofs_caching_agree as A
+from memspec.invariants.formal import proofs_caching_agree_runs as AR
+from memspec.invariants.formal import proofs_caching_heap as H
 
 MiB = 1 << 20
 KNOB_ACTIONS = ["malloc:gc", "malloc:avail", "gc_end:oom", "gc_end:avail", "avail_end:retry", "phase:release",
@@ -84,7 +84,7 @@ def test_each_knob_without_its_guard_breaks_its_invariant(knob: str) -> None:
 
 @pytest.mark.parametrize("knob", sorted(H.KNOB_UNGUARDED))
 def test_self_test_kills_each_knob_break(knob: str) -> None:
-    from memspec.invariants import proofs_selftest as ST
+    from memspec.invariants.formal import proofs_selftest as ST
 
     caught = ST.detect_heap_knob(knob)
     assert caught and H.KNOB_UNGUARDED[knob][0] in caught, caught

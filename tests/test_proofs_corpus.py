@@ -42,8 +42,8 @@ def seed000() -> tuple[list, list]:
 
 
 def test_goals_come_from_the_encodings_that_exist_now() -> None:
-    from memspec.invariants.proofs import branches
-    from memspec.invariants.proofs_catalog import all_proofs
+    from memspec.invariants.formal.proofs import branches
+    from memspec.invariants.formal.proofs_catalog import all_proofs
 
     gs = C.goals()
     p = {x.id: x for x in all_proofs()}["S15"]

@@ -10,9 +10,9 @@ from dataclasses import replace
 import pytest
 import z3
 
-from memspec.invariants import proofs_seed000 as E
-from memspec.invariants.proofs import Proof, St, at, merge, on_ok, outcome, prove, upd
-from memspec.invariants.proofs_catalog import declared, encoded
+from memspec.invariants.formal import proofs_seed000 as E
+from memspec.invariants.formal.proofs import Proof, St, at, merge, on_ok, outcome, prove, upd
+from memspec.invariants.formal.proofs_catalog import declared, encoded
 
 #: the actions S11's machine lacked before issue 13's deliverable 2
 NEW = {"mechanism:commit_range", "mechanism:copy_on_write", "mechanism:create", "mechanism:decommit_range",
@@ -88,8 +88,8 @@ def test_reconfigure_that_keeps_the_pending_bytes_is_refuted() -> None:
 def test_an_unmap_that_leaves_private_pages_behind_disagrees_with_the_spec() -> None:
     """Transition agreement compares the device's bytes: an unmap of a
     copied mapping that keeps its private pages is not the spec's unmap."""
-    from memspec.invariants.agreement import walk_and_compare
-    from memspec.invariants.agreement_adapters import MECH_ADAPTERS, _mech_init, _mech_too_big
+    from memspec.invariants.formal.agreement import walk_and_compare
+    from memspec.invariants.formal.agreement_adapters import MECH_ADAPTERS, _mech_init, _mech_too_big
     from memspec.spec.mechanism import MECHANISM
 
     def unmap_keeps_private(s: St, a: St):

@@ -13,9 +13,9 @@ from dataclasses import replace
 
 import z3
 
-from memspec.invariants import proofs as P
-from memspec.invariants import proofs_selftest as T
-from memspec.invariants.proofs_catalog import all_proofs
+from memspec.invariants.formal import proofs as P
+from memspec.invariants.formal import proofs_selftest as T
+from memspec.invariants.formal.proofs_catalog import all_proofs
 
 
 def _p(i: str):
@@ -77,8 +77,8 @@ def test_named_invariant_violated_is_computed() -> None:
 def test_executable_invariant_asserted_along_the_walk() -> None:
     import dataclasses
 
-    from memspec.invariants import agreement_adapters as A
-    from memspec.invariants.agreement import walk_and_compare
+    from memspec.invariants.formal import agreement_adapters as A
+    from memspec.invariants.formal.agreement import walk_and_compare
     from memspec.spec import invariants as SI
     from memspec.spec.system import SYSTEM
 
@@ -95,7 +95,7 @@ def test_executable_invariant_asserted_along_the_walk() -> None:
 
 
 def test_solver_budgets_are_rlimit_units_only() -> None:
-    from memspec.invariants import proofs_caching_heap as H
+    from memspec.invariants.formal import proofs_caching_heap as H
 
     assert not hasattr(H, "QF_WALL_MS")
     for mod in (P, H, *H.PARTS):
@@ -124,7 +124,7 @@ def test_weakened_executable_checks_are_caught() -> None:
 def test_a_weakened_check_is_caught_by_prove_rows() -> None:
     """``memspec prove``'s verdict reads the same figures: the row of a weakened S8 is not proved."""
     from memspec.commands.prove import _verdict
-    from memspec.invariants.agreement_perturb import strength, strength_problems
+    from memspec.invariants.formal.agreement_perturb import strength, strength_problems
 
     with T._s8_exec_weakened():
         reps = _ledger_walk(samples=40, inv_samples=10)
@@ -138,8 +138,8 @@ def test_a_weakened_check_is_caught_by_prove_rows() -> None:
 
 
 def _ledger_walk(samples: int, inv_samples: int, seed: int = 1, perturb: int | None = None) -> list:
-    from memspec.invariants import agreement_adapters as A
-    from memspec.invariants.agreement import walk_and_compare
+    from memspec.invariants.formal import agreement_adapters as A
+    from memspec.invariants.formal.agreement import walk_and_compare
     from memspec.spec.system import SYSTEM
 
     proofs = {p.id: p for p in all_proofs()}
@@ -151,8 +151,8 @@ def _ledger_walk(samples: int, inv_samples: int, seed: int = 1, perturb: int | N
 def test_perturbations_are_deterministic_and_leave_the_walk_alone() -> None:
     """The perturbed leaves and values depend on the seed only; the walk (samples, branches,
     invariant samples) is the same with or without them; the walker never touches the walked state."""
-    from memspec.invariants import agreement_perturb as PT
-    from memspec.invariants.agreement_adapters import _sys_init
+    from memspec.invariants.formal import agreement_perturb as PT
+    from memspec.invariants.formal.agreement_adapters import _sys_init
 
     st = _sys_init()
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from memspec.invariants.proofs_selftest import catalog
+from memspec.invariants.formal.proofs_selftest import catalog
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,7 +28,7 @@ PLANTED = ("S10 encoding: allocate does not record its context (no pin)", "S4 sp
 _RUN = r"""
 import json, sys
 from contextlib import contextmanager
-from memspec.invariants.proofs_selftest import Break, catalog, names, run_self_test
+from memspec.invariants.formal.proofs_selftest import Break, catalog, names, run_self_test
 
 planted = [b for b in catalog() if b.name.startswith(tuple(json.loads(sys.argv[1])))]
 

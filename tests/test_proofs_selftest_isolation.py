@@ -14,7 +14,7 @@ from typing import Iterator
 
 import pytest
 
-from memspec.invariants import proofs_selftest as T
+from memspec.invariants.formal import proofs_selftest as T
 from memspec.spec.caching import policy as Pol
 
 

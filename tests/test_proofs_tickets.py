@@ -10,12 +10,12 @@ from dataclasses import replace
 
 import pytest
 
-from memspec.invariants import proofs_seed000 as E
-from memspec.invariants.agreement import walk_and_compare
-from memspec.invariants.agreement_adapters import (
+from memspec.invariants.formal import proofs_seed000 as E
+from memspec.invariants.formal.agreement import walk_and_compare
+from memspec.invariants.formal.agreement_adapters import (
     TICKET_ADAPTERS, _Restricted, _sys_too_big, _TICKET_WALK, _tickets_init, run_tickets,
 )
-from memspec.invariants.proofs import branches, prove
+from memspec.invariants.formal.proofs import branches, prove
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def test_expire_that_ignores_the_deadline_disagrees() -> None:
 
 
 def test_progress_is_proved_and_not_vacuous() -> None:
-    from memspec.invariants.proofs_progress import check_on_spec, prove_progress
+    from memspec.invariants.formal.proofs_progress import check_on_spec, prove_progress
 
     z = prove_progress()
     assert z.proved and not z.vacuous and z.refuted_without_fit, z
@@ -67,7 +67,7 @@ def test_progress_is_proved_and_not_vacuous() -> None:
 
 
 def test_progress_walk_fires_when_a_holder_cannot_release() -> None:
-    from memspec.invariants.proofs_progress import check_on_spec
+    from memspec.invariants.formal.proofs_progress import check_on_spec
     from memspec.spec import holders
 
     with pytest.MonkeyPatch.context() as mp:
@@ -77,7 +77,7 @@ def test_progress_walk_fires_when_a_holder_cannot_release() -> None:
 
 
 def test_progress_z3_fails_when_respond_never_grants() -> None:
-    from memspec.invariants.proofs_progress import prove_progress
+    from memspec.invariants.formal.proofs_progress import prove_progress
 
     def never_grants(s, a):
         out, s2 = E._s15_respond(s, a)

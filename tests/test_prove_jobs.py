@@ -39,7 +39,7 @@ def test_pool_returns_results_in_task_order() -> None:
 
 
 def test_heap_units_join_in_unit_order_whatever_ran_them() -> None:
-    from memspec.invariants import proofs_caching_heap as H
+    from memspec.invariants.formal import proofs_caching_heap as H
 
     units = [u for u in H.heap_units() if u[0] in ("init", "kernels", "knob")][:3]
     serial = H.join_units([H.heap_unit(u) for u in units])
@@ -80,7 +80,7 @@ def test_pool_submits_the_costliest_units_first() -> None:
     heavy = ("heap", ("step", "unmap:cache", "sums-mono"))
     light = ("heap", ("init",))
     assert P.task_cost(heavy) > P.task_cost(light) and P.task_cost(heavy) > P.task_cost(("S", "S1"))
-    from memspec.invariants import proofs_caching_heap as H
+    from memspec.invariants.formal import proofs_caching_heap as H
 
     # a split unit is estimated at its share of the whole action
     whole = H.unit_cost(("step", "unmap:cache"))
@@ -88,7 +88,7 @@ def test_pool_submits_the_costliest_units_first() -> None:
 
 
 def test_heavy_consecutions_are_split_into_parts_and_the_parts_cover_every_goal() -> None:
-    from memspec.invariants import proofs_caching_heap as H
+    from memspec.invariants.formal import proofs_caching_heap as H
 
     units = H.heap_units()
     for name in H.SPLIT_STEPS:

@@ -1,11 +1,11 @@
-"""memspec.invariants.z3fast builds the very terms z3py's And/Or/Implies/Not build."""
+"""memspec.invariants.formal.z3fast builds the very terms z3py's And/Or/Implies/Not build."""
 
 from __future__ import annotations
 
 import pytest
 import z3
 
-from memspec.invariants import z3fast as F
+from memspec.invariants.formal import z3fast as F
 
 p, q, r = z3.Bools("p q r")
 x = z3.Int("x")
@@ -35,9 +35,9 @@ def test_the_proofs_hypotheses_are_the_terms_z3py_builds(module: str, monkeypatc
     the module's operators set back to z3py's: the same ASTs."""
     import importlib
 
-    from memspec.invariants.proofs import _args, _sort, fresh
+    from memspec.invariants.formal.proofs import _args, _sort, fresh
 
-    mod = importlib.import_module(f"memspec.invariants.{module}")
+    mod = importlib.import_module(f"memspec.invariants.formal.{module}")
     counter = [0]
 
     def fresh_int(prefix: str = "x") -> z3.ArithRef:   # the same names in both builds (Z3's own differ)
@@ -55,7 +55,7 @@ def test_the_proofs_hypotheses_are_the_terms_z3py_builds(module: str, monkeypatc
                 out += [mod.inv(s), act.pre(s, a), *[v for v in s2.values() if z3.is_expr(v)]]
             return out
     else:
-        from memspec.invariants.proofs_catalog import all_proofs
+        from memspec.invariants.formal.proofs_catalog import all_proofs
 
         def builds():  # type: ignore[no-untyped-def]
             out = []

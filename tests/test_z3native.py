@@ -1,4 +1,4 @@
-"""memspec.invariants.z3native: Z3 terms evaluated by Python must give Z3's own values."""
+"""memspec.invariants.formal.z3native: Z3 terms evaluated by Python must give Z3's own values."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 import pytest
 import z3
 
-from memspec.invariants import z3native as N
+from memspec.invariants.formal import z3native as N
 
 MiB = 1 << 20
 x, y = z3.Ints("x y")
@@ -113,7 +113,7 @@ def test_cross_checks_run_on_the_first_evaluation_and_every_nth() -> None:
 def test_a_wrong_evaluation_is_caught_by_the_cross_check_in_the_caching_agreement(monkeypatch) -> None:
     """A defect of the evaluator (here: every Boolean negated) is raised at the first evaluation, never
     reported as an invariant disagreement."""
-    from memspec.invariants import proofs_caching_agree as CA
+    from memspec.invariants.formal import proofs_caching_agree as CA
     from memspec.spec import caching as C
 
     st = C.init(policy="seed", capacity=44 * MiB)
@@ -122,13 +122,13 @@ def test_a_wrong_evaluation_is_caught_by_the_cross_check_in_the_caching_agreemen
     real_call = N.Program.__call__
     monkeypatch.setattr(N.Program, "__call__", lambda self, env: tuple(not v for v in real_call(self, env)))
     monkeypatch.setattr(CA, "_INV_TERMS", {})
-    with pytest.raises(AssertionError, match="a defect of memspec.invariants.z3native"):
+    with pytest.raises(AssertionError, match="a defect of memspec.invariants.formal.z3native"):
         CA.encoded_invariants(vals)
 
 
 def test_a_wrong_evaluation_is_caught_by_the_cross_check_in_the_s_agreement(monkeypatch) -> None:
-    from memspec.invariants import agreement as AG
-    from memspec.invariants.agreement_adapters import run_tickets
+    from memspec.invariants.formal import agreement as AG
+    from memspec.invariants.formal.agreement_adapters import run_tickets
 
     real_call = N.Program.__call__
 
@@ -138,5 +138,5 @@ def test_a_wrong_evaluation_is_caught_by_the_cross_check_in_the_s_agreement(monk
 
     monkeypatch.setattr(N.Program, "__call__", wrong)
     monkeypatch.setattr(AG, "_COMPILED", {})
-    with pytest.raises(AssertionError, match="a defect of memspec.invariants.z3native"):
+    with pytest.raises(AssertionError, match="a defect of memspec.invariants.formal.z3native"):
         run_tickets(20, 0, 0, None)

@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--json", metavar="FILE", type=out_file)
     ns = ap.parse_args(argv)
 
-    from memspec.invariants.contracts import run_contracts
+    from memspec.invariants.formal import run_contracts
 
     rep = run_contracts(ns.per_condition_timeout, ns.diff_timeout, ns.jobs, ns.module_timeout)
     w = max([len(r.target) for r in rep.rows] + [10])

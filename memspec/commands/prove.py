@@ -3,7 +3,7 @@
 One row per invariant of the spec's catalogs (seed 000's S rows,
 :data:`memspec.spec.invariants.CATALOG`; the caching allocator's C rows,
 :data:`memspec.spec.caching.CATALOG`), plus G1 (configuration generations,
-on S15's machine) and P1 (progress, :mod:`memspec.invariants.proofs_progress`),
+on S15's machine) and P1 (progress, :mod:`memspec.invariants.formal.proofs_progress`),
 and "proved" only when all of these hold (DESIGN.md, *What "proved" must mean*):
 
 * the inductive proof passes with nothing assumed (a lemma not derived from
@@ -13,7 +13,7 @@ and "proved" only when all of these hold (DESIGN.md, *What "proved" must mean*):
 * its Z3 machine encodes every spec action that *writes what the invariant
   reads*, derived from the executable spec (seeded spec-only walks: the
   fields each branch writes, the fields each invariant reads;
-  :mod:`memspec.invariants.footprints`).  A gap listed with its reason in
+  :mod:`memspec.invariants.formal.coverage`).  A gap listed with its reason in
   ``KNOWN_GAPS`` leaves the row proved over its encoded actions only
   (PARTIAL, ``uncovered`` in the JSON, not a full proof for the acceptance
   check); any other gap, or a stale line of that table, fails the row, naming
@@ -24,7 +24,7 @@ and "proved" only when all of these hold (DESIGN.md, *What "proved" must mean*):
   counterpart was sampled and agreed (per-branch counts; 0 samples fails);
 * the unguarded variant (one guard removed) breaks the invariant it names;
 * invariant strength: on perturbed copies of the walk's states (mostly
-  unreachable; :mod:`memspec.invariants.agreement_perturb`) the executable
+  unreachable; :mod:`memspec.invariants.formal.agreement_perturb`) the executable
   invariant never holds where the named encoding fails, and it rejects some
   perturbed state wherever the encoding does (a weakened executable check).
 
@@ -51,14 +51,14 @@ PER_BRANCH = 25
 
 
 def _agreement(samples: int, inv_samples: int, seed: int, per_branch: int | None = None) -> list[Any]:
-    from memspec.invariants.agreement_adapters import run_all
+    from memspec.invariants.formal import run_agreement
 
-    return run_all(samples=samples, seed=seed, inv_samples=inv_samples, per_branch=per_branch)
+    return run_agreement(samples=samples, seed=seed, inv_samples=inv_samples, per_branch=per_branch)
 
 
 def _seed000_record(p: Any, r: Any, reps: list[Any], branch_sets: dict[str, list[str]],
                     fp: Any = None) -> dict[str, Any]:
-    from memspec.invariants.proofs_catalog import declared, encoded
+    from memspec.invariants.formal import declared, encoded
 
     dec, enc = declared(getattr(p, "declared_by", p.id)), encoded(p)  # G1 is on S15's machine
     mine = [x for x in reps if x.invariant == p.id]
@@ -79,7 +79,7 @@ def _seed000_record(p: Any, r: Any, reps: list[Any], branch_sets: dict[str, list
         mismatches += [f"{x.action}: {m}" for m in x.mismatches]
     unsampled = [f"{act}/{b}" for act, bs in trans.items() for b, n in bs.items() if n == 0]
     exec_bad = sorted({v for x in mine for v in x.exec_violations})
-    from memspec.invariants.agreement_perturb import strength
+    from memspec.invariants.formal import strength
 
     strong = strength(reps, p.id)
     # each action's hypotheses shown satisfiable, per outcome branch: by a Z3 model (its branch) or
@@ -121,16 +121,15 @@ def _seed000_record(p: Any, r: Any, reps: list[Any], branch_sets: dict[str, list
 
 
 def _coverage_fields(p: Any, fp: Any) -> dict[str, Any]:
-    """A row's coverage derived from what the spec writes (:mod:`memspec.invariants.footprints`):
+    """A row's coverage derived from what the spec writes (:mod:`memspec.invariants.formal.coverage`):
     ``uncovered`` (reviewed gaps: proved over its encoded actions only), ``coverage`` (reads, required
     actions, gaps), and ``_coverage_problems`` (an unexplained gap, a stale reviewed line: the row fails)."""
     if fp is None:
         return {}
-    from memspec.invariants import footprints as F
-    from memspec.invariants.proofs_catalog import all_proofs
+    from memspec.invariants.formal import all_proofs, row_coverage, static_problems, table_problems
 
-    cov = F.row_coverage(p, fp)
-    table = F.table_problems([q.id for q in all_proofs()]) + F.static_problems(fp)
+    cov = row_coverage(p, fp)
+    table = table_problems([q.id for q in all_proofs()]) + static_problems(fp)
     return {"uncovered": cov.uncovered, "coverage": cov.as_json(),
             "_coverage_problems": cov.problems + table,
             "_uncovered_fields": {g.action: g.fields for g in cov.gaps if g.known is not None}}
@@ -165,7 +164,7 @@ def _verdict(rec: dict[str, Any]) -> dict[str, Any]:
         why.append(f"executable invariant fails on {ex['violations']} visited state(s) of the agreement walk, "
                    f"e.g. {ex['examples'][0][:200]}")
     if rec.get("invariant_strength") is not None:
-        from memspec.invariants.agreement_perturb import strength_problems
+        from memspec.invariants.formal import strength_problems
 
         why += strength_problems(rec["invariant_strength"])
     hy = rec.get("hypotheses") or {}
@@ -183,9 +182,9 @@ def _verdict(rec: dict[str, Any]) -> dict[str, Any]:
 
 def _unencoded_seed000(ids: list[str]) -> list[str]:
     """The requested ids of seed 000's catalog (:data:`memspec.spec.invariants.CATALOG`) that no Z3
-    proof of :func:`memspec.invariants.proofs_catalog.all_proofs` encodes (none while every catalog
+    proof of :func:`memspec.invariants.formal.proofs_catalog.all_proofs` encodes (none while every catalog
     entry has its proof): each is a row that is not proved, never an id left out."""
-    from memspec.invariants.proofs_catalog import all_proofs
+    from memspec.invariants.formal import all_proofs
     from memspec.spec import invariants as seed000
 
     have = {p.id for p in all_proofs()}
@@ -195,9 +194,9 @@ def _unencoded_seed000(ids: list[str]) -> list[str]:
 def _unencoded_record(inv_id: str, fp: Any = None) -> dict[str, Any]:
     """The row of a catalog invariant with no Z3 proof: not proved, saying what is missing -- and, when the
     spec has its executable check, what a proof needs: the fields the check reads and the spec actions that
-    write them (derived as every row's coverage is, :mod:`memspec.invariants.footprints`), and the existing
+    write them (derived as every row's coverage is, :mod:`memspec.invariants.formal.coverage`), and the existing
     machine that already encodes most of those actions (a new row can share it, as S7 shares S4's)."""
-    from memspec.invariants.proofs_catalog import declared
+    from memspec.invariants.formal import declared
     from memspec.spec import invariants as seed000
 
     title = next(e.title for e in seed000.CATALOG if e.id == inv_id)
@@ -211,7 +210,7 @@ def _unencoded_record(inv_id: str, fp: Any = None) -> dict[str, Any]:
     }
     rec = _verdict(rec)
     missing = [f"no Z3 proof: {inv_id} is in the catalog (memspec.spec.invariants) but "
-               "memspec.invariants.proofs_seed000 has no Proof for it (PROOFS)"]
+               "memspec.invariants.formal.proofs_seed000 has no Proof for it (PROOFS)"]
     if not any(i.id == inv_id for i in seed000.ALL):
         missing.append(f"no executable check: memspec.spec.invariants.ALL has no Invariant {inv_id} (its "
                        "predicate over the spec state comes first: the proof's reads and actions derive from it)")
@@ -241,11 +240,10 @@ def _what_a_proof_needs(inv_id: str, fp: Any = None) -> dict[str, Any]:
     writes meet them (``level:action``), and the proof whose machine encodes the most of those."""
     from types import SimpleNamespace
 
-    from memspec.invariants import footprints as F
-    from memspec.invariants.proofs_catalog import all_proofs, encoded
+    from memspec.invariants.formal import all_proofs, encoded, footprints, row_coverage
 
-    fp = fp if fp is not None else F.footprints()
-    cov = F.row_coverage(SimpleNamespace(id=inv_id, declared_by=inv_id, actions=[]), fp, known=())
+    fp = fp if fp is not None else footprints()
+    cov = row_coverage(SimpleNamespace(id=inv_id, declared_by=inv_id, actions=[]), fp, known=())
     required = sorted(cov.required)
     best, lacks = None, required
     for q in all_proofs():
@@ -258,17 +256,16 @@ def _what_a_proof_needs(inv_id: str, fp: Any = None) -> dict[str, Any]:
 
 
 def _caching_records(heap: Any, agree: Any = None, c8: Any = None) -> list[dict[str, Any]]:
-    """The C rows: the heap encoding of :mod:`memspec.invariants.proofs_caching_heap`
+    """The C rows: the heap encoding of :mod:`memspec.invariants.formal.proofs_caching_heap`
     (one inductive invariant over an arbitrary well-formed heap, so its checks
     are shared by every C row but those of ``NOT_HEAP_ENCODED``: C8), each invariant's unguarded variant,
     encoded/declared from the spec's action table; the transition and
     invariant agreement of that encoding with spec/caching
-    (:mod:`memspec.invariants.proofs_caching_agree`, shared by the rows: one
+    (:mod:`memspec.invariants.formal.proofs_caching_agree`, shared by the rows: one
     machine); C8 from the expandable-segment encoding
-    (:mod:`memspec.invariants.proofs_caching_expandable`).  Verdicts by
+    (:mod:`memspec.invariants.formal.proofs_caching_expandable`).  Verdicts by
     :func:`_verdict` (the same rules as the S rows)."""
-    from memspec.invariants.proofs_caching_heap import BOUNDED, UNGUARDED
-    from memspec.invariants.proofs_catalog import declared, machines
+    from memspec.invariants.formal import BOUNDED, UNGUARDED, declared, machines
     from memspec.spec.caching import INVARIANTS
 
     known = {f"{lvl}:{a.name}" for lvl, m in machines().items() for a in m.actions}
@@ -333,30 +330,29 @@ def _task(task: tuple[Any, ...]) -> tuple[Any, float]:
     if kind == "S-agreement":
         out = _agreement(*task[1:])
     elif kind == "S":
-        from memspec.invariants.proofs import branches, prove
-        from memspec.invariants.proofs_catalog import all_proofs
+        from memspec.invariants.formal import all_proofs, branches, prove
 
         p = next(x for x in all_proofs() if x.id == task[1])
         out = (prove(p), {a.name: branches(p, a) for a in p.actions})
     elif kind == "P1":
-        from memspec.invariants.proofs_progress import record as progress_record
+        from memspec.invariants.formal import progress_record
 
         out = progress_record(*task[1:])
     elif kind == "synthesis":
-        from memspec.invariants.proofs_caching import run_caching
+        from memspec.invariants.formal import run_caching
 
         out = run_caching(depth=task[1], samples=task[2])
     elif kind == "heap":
-        from memspec.invariants.proofs_caching_heap import heap_unit
+        from memspec.invariants.formal import heap_unit
 
         out = heap_unit(task[1])
     elif kind == "agreement":
-        from memspec.invariants.proofs_caching_agree_runs import agreement_part
+        from memspec.invariants.formal import agreement_part
 
         # a batch of parts in one process: the compiled encodings (per action and heap size) are shared
         out = [agreement_part(part, seed=task[1], walks_per_config=task[3]) for part in task[2]]
     elif kind == "C8":
-        from memspec.invariants.proofs_caching_expandable import run_c8
+        from memspec.invariants.formal import run_c8
 
         out = run_c8(seed=task[1])
     else:
@@ -417,7 +413,7 @@ def task_cost(task: tuple[Any, ...]) -> float:
     """A static estimate of a task's CPU seconds (the pool runs the costliest first, so that no
     worker is left with a long one at the end); a heap unit's from :data:`HEAP_UNIT_COST`."""
     if task[0] == "heap":
-        from memspec.invariants.proofs_caching_heap import unit_cost
+        from memspec.invariants.formal import unit_cost
 
         return unit_cost(task[1])
     return _COST.get(task[0], 0)
@@ -436,8 +432,8 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
     its process built before, so those texts may differ between runs with
     different ``jobs``; the verdicts and depths do not.  ``walks``: random walks of the caching
     agreement per configuration (each a fresh seed; the directed scripts and sweeps always run;
-    None: :data:`memspec.invariants.proofs_caching_agree.WALKS_PER_CONFIG`)."""
-    from memspec.invariants.proofs_catalog import all_proofs
+    None: :data:`memspec.invariants.formal.proofs_caching_agree.WALKS_PER_CONFIG`)."""
+    from memspec.invariants.formal import all_proofs
 
     t_all = time.perf_counter()
     CPU.clear()
@@ -457,16 +453,16 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
     if want_syn:
         tasks.append(("synthesis", depth, samples))
     if want_heap:
-        from memspec.invariants.proofs_caching_heap import heap_units as units_of
+        from memspec.invariants.formal import heap_units as units_of
 
         heap_units = units_of(ids=[i for i in cids if i != "C8"] or None)
-        from memspec.invariants.proofs_caching_agree_runs import agreement_parts
+        from memspec.invariants.formal import agreement_parts
 
         tasks += [("heap", u) for u in heap_units]
         # the caching agreement's parts in one process (a batch): they share the encodings compiled per
         # action and heap size (the 22 parts of two walks per configuration: 66 s CPU in one process, 85 s
         # in two, 230 s in a process each); each part's figures do not depend on the batch it ran in
-        from memspec.invariants.proofs_caching_agree_runs import WALKS_PER_CONFIG
+        from memspec.invariants.formal import WALKS_PER_CONFIG
 
         walks = WALKS_PER_CONFIG if walks is None else walks
         parts = agreement_parts(walks_per_config=walks)
@@ -490,7 +486,7 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
     if proofs:
         # the S rows' coverage, derived from what the spec writes: seeded spec-only walks (no Z3 term), here
         # after the groups ran (so no group's process inherits them); once per process
-        from memspec.invariants.footprints import footprints
+        from memspec.invariants.formal import footprints
 
         t0 = time.process_time()
         fp = footprints()
@@ -511,11 +507,11 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
         caching, CPU["synthesis"] = by_kind["synthesis"][0]
     heap = agree = c8 = None
     if want_heap:
-        from memspec.invariants.proofs_caching_heap import join_units
+        from memspec.invariants.formal import join_units
 
         heap = join_units([res for res, _cpu in by_kind["heap"]])
         CPU["heap induction + refutations"] = sum(cpu for _res, cpu in by_kind["heap"])
-        from memspec.invariants.proofs_caching_agree_runs import merge_agreements
+        from memspec.invariants.formal import merge_agreements
 
         batches = [res for res, _cpu in by_kind["agreement"]]   # batch k holds parts k, k + nb, ...
         agree = merge_agreements([batches[i % len(batches)][i // len(batches)]
@@ -549,7 +545,7 @@ def _print(records: list[dict[str, Any]], caching: Any, total: float, traces: bo
         if rec.get("uncovered"):
             fields = rec.get("_uncovered_fields", {})
             print(f"     {'PROVED' if rec['proved'] else 'checked'} over its encoded actions; NOT COVERED (reviewed "
-                  "gaps, invariants/footprints.py KNOWN_GAPS): "
+                  "gaps, invariants/formal/coverage.py KNOWN_GAPS): "
                   + ", ".join(f"{a} ({', '.join(fields.get(a, []))})" for a in rec["uncovered"]))
         for w in rec["_why"]:
             print(f"     {w}")
@@ -652,8 +648,8 @@ def catalog_ids() -> tuple[str, ...]:
 
 
 #: rows of ``memspec prove`` beyond the catalogs: G1 (configuration generations, a proof of
-#: :mod:`memspec.invariants.proofs_seed000` on S15's machine, in ``all_proofs()``) and P1 (progress,
-#: :mod:`memspec.invariants.proofs_progress`, a row of its own with no Z3 ``Proof`` object)
+#: :mod:`memspec.invariants.formal.proofs_seed000` on S15's machine, in ``all_proofs()``) and P1 (progress,
+#: :mod:`memspec.invariants.formal.proofs_progress`, a row of its own with no Z3 ``Proof`` object)
 EXTRA_ROWS = ("G1", "P1")
 
 
@@ -746,7 +742,7 @@ def _cpu_seconds() -> float:
 def known_ids() -> list[str]:
     """The ids ``memspec prove`` accepts, in report order: the catalogs' (:func:`catalog_ids`; one
     with no proof is a row that fails, naming what is missing), every Z3 proof's and :data:`EXTRA_ROWS`."""
-    from memspec.invariants.proofs_catalog import all_proofs
+    from memspec.invariants.formal import all_proofs
 
     out = list(catalog_ids())
     for i in [p.id for p in all_proofs()] + list(EXTRA_ROWS):
@@ -793,7 +789,7 @@ def main(argv: list[str]) -> int:
         return _check_acceptance_file(ns.check_acceptance)
 
     if ns.self_test:
-        from memspec.invariants.proofs_selftest import main as self_test
+        from memspec.invariants.formal import self_test
 
         return self_test(jobs=ns.jobs if ns.jobs is not None else default_jobs())
 

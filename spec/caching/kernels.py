@@ -2,7 +2,7 @@
 
 Seed 003: *Every request rounds to a 512 B multiple (kMinBlockSize) ...*.
 Each kernel carries PEP 316 contracts (``pre:``/``post:``); CrossHair checks
-them (``memspec contracts``) and Z3 re-states them (``invariants/proofs_caching``).
+them (``memspec contracts``) and Z3 re-states them (``invariants/formal/proofs_caching``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Invariant strength off the reachable states: the executable invariant and its encoding compared on
 *perturbed* spec states (issue 33, "a weakened executable check").
 
-The agreement walk (:func:`memspec.invariants.agreement.walk_and_compare`) compares the executable
+The agreement walk (:func:`memspec.invariants.formal.agreement.walk_and_compare`) compares the executable
 invariant (``memspec.spec.invariants``) with the encoded one on projections of *reachable* states,
 where both hold: an executable check with a conjunct dropped still holds there, and nothing notices.
 Here each sampled state is copied and one leaf of the copy changed at a time (an ``int``: +-1,
@@ -11,7 +11,7 @@ near the reachable ones, mostly unreachable; on each
 * the executable invariant (``check``, what every conformance step asserts) is evaluated on the
   perturbed spec state, and
 * the encoding on the perturbed state's projection (the adapter's own ``project``): the row's
-  *named* invariant (:func:`memspec.invariants.proofs.named_of`, without the auxiliary and ghost
+  *named* invariant (:func:`memspec.invariants.formal.proofs.named_of`, without the auxiliary and ghost
   conjuncts an inductive invariant needs) and its whole inductive invariant.
 
 Two disagreements are counted:

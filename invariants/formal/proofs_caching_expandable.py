@@ -102,8 +102,8 @@ from typing import Any, Callable
 
 import z3
 
-from memspec.invariants import z3fast as z3f
-from memspec.invariants.proofs import at as _select, limit
+from memspec.invariants.formal import z3fast as z3f
+from memspec.invariants.formal.proofs import at as _select, limit
 
 MiB = 1 << 20
 P2, P20 = 2 * MiB, 20 * MiB
@@ -626,7 +626,7 @@ def _preserved(name: str, s: St, t: St, pre: Callable[[Any], list[Any]], anchors
     # than unsat is re-checked on the default solver (a goal is proved if either answers unsat; both are
     # sound for unsat); the vacuity check (no claim) takes the first solver's sat
     sols = []
-    from memspec.invariants.proofs_caching_heap import qf_solver
+    from memspec.invariants.formal.proofs_caching_heap import qf_solver
 
     for sol in (qf_solver(BUDGET_MS), limit(z3.Solver(), BUDGET_MS)):
         sol.add(*SIDE)
@@ -1076,7 +1076,7 @@ CONFIGS = (dict(policy="seed", capacity=44 * MiB), dict(policy="pytorch", capaci
 
 def _walks(rng: random.Random, walks: int, steps: int, rep: dict[str, Any]) -> None:
     from memspec.spec.core import RandomChooser
-    from memspec.invariants.proofs_caching_agree_runs import MIX
+    from memspec.invariants.formal.proofs_caching_agree_runs import MIX
     from memspec.spec import caching as C
 
     for w in range(walks):

@@ -30,7 +30,7 @@ from typing import Any
 
 import z3
 
-from memspec.invariants.proofs import limit  # Z3 resource limits, not wall-clock timeouts
+from memspec.invariants.formal.proofs import limit  # Z3 resource limits, not wall-clock timeouts
 
 from memspec.spec.api import MiB
 

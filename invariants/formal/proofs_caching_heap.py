@@ -21,7 +21,7 @@ disjoint, segments pairwise disjoint, each block's start the segment start or
 the end of its ``pv`` block (and its end the segment end or the start of its
 ``nx`` block), one pool and one stream per segment, requested <= size.  With
 non-overlap that is tiling (C2).  The byte figures are checked prefix-sum
-ghosts (:func:`memspec.invariants.proofs.prefix_sum`): free / active (live +
+ghosts (:func:`memspec.invariants.formal.proofs.prefix_sum`): free / active (live +
 pending) / live / slack (size - requested) / whole-free-segment bytes per
 pool, proved inductive with the rest, so C1's sums need no lemma.
 
@@ -124,20 +124,20 @@ from typing import Any, Callable
 
 import z3
 
-from memspec.invariants.z3fast import And, Implies, Not, Or
-from memspec.invariants.proofs import limit  # Z3 resource limits, not wall-clock timeouts
+from memspec.invariants.formal.z3fast import And, Implies, Not, Or
+from memspec.invariants.formal.proofs import limit  # Z3 resource limits, not wall-clock timeouts
 
-from memspec.invariants.proofs import (
+from memspec.invariants.formal.proofs import (
     ARR, BARR, BOOL, CODE, INT, OK, PENDING, Act, Proof, St, at, upd,
 )
 from memspec.spec.caching.invariants import CATALOG as CACHING_CATALOG
-from memspec.invariants import proofs_caching_heap_terms, proofs_caching_heap_actions
-from memspec.invariants.proofs_caching_heap_terms import (
+from memspec.invariants.formal import proofs_caching_heap_terms, proofs_caching_heap_actions
+from memspec.invariants.formal.proofs_caching_heap_terms import (
     FIELDS, FREE, K_MIN_BLOCK, K_ROUND_LARGE, K_SMALL, K_SMALL_BUFFER, MODE, MiB, STREAMS, SUMS, _all, _all2,
     _contrib, block_wf, c1, c2, c3, c4, c5, c7, idle, page, pair_wf, reserved_wf, round_ok, rounding_lemma,
     scalars_wf, sums_wf, total, wf, z_round, z_segment, z_split,
 )
-from memspec.invariants.proofs_caching_heap_actions import (
+from memspec.invariants.formal.proofs_caching_heap_actions import (
     _cand, _largest_free_ok, _no_whole_pages, _tried, _whole_free, actions, grow_best, malloc_parts, phase_actions,
     retry_parts, unmap_parts,
 )
@@ -160,7 +160,7 @@ COVERED = {"gc:release": "phase:release", "avail:big": "phase:release", "avail:o
 
 def covered(act: Act, timeout_ms: int = 30000) -> str:
     """``act`` is an instance of its phase action: the same step, and ``pre(act) => pre(phase action)``."""
-    from memspec.invariants.proofs import _args, fresh
+    from memspec.invariants.formal.proofs import _args, fresh
 
     gen = next(g for g in phase_actions() if g.name == COVERED[act.name])
     if act.step is not gen.step:
@@ -453,7 +453,7 @@ def consecution(act: Act, timeout_ms: int = 30000, only: tuple[str, ...] = (),
     touches.  ``grouped``: first one query per :data:`GROUPS` entry (goals
     proved together are reported ``proved``, their seconds the group's share);
     any group not proved so is re-checked goal by goal."""
-    from memspec.invariants.proofs import _args, fresh
+    from memspec.invariants.formal.proofs import _args, fresh
 
     s = fresh(FIELDS, "s")
     a = _args(act, "a")
@@ -511,7 +511,7 @@ def consecution(act: Act, timeout_ms: int = 30000, only: tuple[str, ...] = (),
 
 def safety_c1(timeout_ms: int = 30000) -> str:
     """C1 follows from the invariant: reserved = free + active >= active; slack >= 0; reserved <= the device."""
-    from memspec.invariants.proofs import fresh
+    from memspec.invariants.formal.proofs import fresh
 
     s = fresh(FIELDS, "s")
     r, _m = _check(lambda: inv(s), lambda: c1(s), s, St(), timeout_ms)
@@ -519,7 +519,7 @@ def safety_c1(timeout_ms: int = 30000) -> str:
 
 
 def initiation() -> str:
-    from memspec.invariants.proofs import fresh
+    from memspec.invariants.formal.proofs import fresh
 
     s = fresh(FIELDS, "s")
     MODE.kind, MODE.skolems = "skolem", []
@@ -565,7 +565,7 @@ def refute(inv_id: str, timeout_ms: int = 60000, knob: str | None = None) -> tup
     """A well-formed heap (the whole inductive invariant holds on it, at most
     :data:`REFUTE_BLOCKS` blocks, every quantifier expanded exactly) from which
     the unguarded action breaks the invariant it names.  ``(refuted, trace)``."""
-    from memspec.invariants.proofs import _args, fresh
+    from memspec.invariants.formal.proofs import _args, fresh
 
     act_name, guard, words = UNGUARDED[inv_id] if knob is None else KNOB_UNGUARDED[knob][1:]
     act = next(x for x in actions(frozenset({guard})) if x.name == act_name)

@@ -1,6 +1,6 @@
 """Projections of the executable spec's states onto the Z3 encodings
-(:mod:`memspec.invariants.proofs_seed000`), per action; see
-:mod:`memspec.invariants.agreement`.
+(:mod:`memspec.invariants.formal.proofs_seed000`), per action; see
+:mod:`memspec.invariants.formal.agreement`.
 
 The adapters are split by level, each module under 1,200 lines:
 :mod:`.agreement_adapters_mech` (the mechanism level), :mod:`.agreement_adapters_system`
@@ -14,14 +14,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from memspec.invariants import proofs_seed000 as E
-from memspec.invariants.agreement import Adapter, AgreementReport, Universe, flatten, walk_and_compare
-from memspec.invariants.proofs import Proof, prefix_values
-from memspec.invariants import agreement_adapters_mech, agreement_adapters_system
-from memspec.invariants.agreement_adapters_mech import (
+from memspec.invariants.formal import proofs_seed000 as E
+from memspec.invariants.formal.agreement import Adapter, AgreementReport, Universe, flatten, walk_and_compare
+from memspec.invariants.formal.proofs import Proof, prefix_values
+from memspec.invariants.formal import agreement_adapters_mech, agreement_adapters_system
+from memspec.invariants.formal.agreement_adapters_mech import (
     MECH_ADAPTERS, _S1_CMP, _aligned_nonempty, _is_int, _s12_bad, _s1_alloc_project, _s1_expected, _s1_project,
 )
-from memspec.invariants.agreement_adapters_system import (
+from memspec.invariants.formal.agreement_adapters_system import (
     SMALL_SYS_ADAPTERS, SYS_ADAPTERS, TICKET_ADAPTERS, _ASTATE, _TSTATE, _done_seqs, _kv_run, _not_size,
 )
 

@@ -1,5 +1,5 @@
 """Z3 encodings of seed 000's invariants S8, S9 and S11: the second part of
-:mod:`memspec.invariants.proofs_seed000` (which assembles them; import from there).
+:mod:`memspec.invariants.formal.proofs_seed000` (which assembles them; import from there).
 
 S8 exact-accounting and S11 ledger-conservation (ONE ledger model: every action of the
 Governor, the holders and the queue on one state), S9 transactional-growth.  (S10
@@ -13,13 +13,13 @@ from typing import Any
 
 import z3
 
-from memspec.invariants.z3fast import And, Implies, Not, Or
-from memspec.invariants.proofs import (
+from memspec.invariants.formal.z3fast import And, Implies, Not, Or
+from memspec.invariants.formal.proofs import (
     ARR, ARR2, BOOL, CODE, INT, OK, Act, Proof, St, at, merge, on_ok, outcome, prefix_append, prefix_change,
     prefix_count, prefix_sum, upd,
 )
 from memspec.spec import kernels as K
-from memspec.invariants.proofs_seed000_objects import (
+from memspec.invariants.formal.proofs_seed000_objects import (
     T_CANCELLED, T_CLAIMED, T_FAILED, T_GRANTED, T_PENDING, T_TIMED_OUT, Z0, _terminal, catalog,
 )
 

@@ -1,5 +1,5 @@
 """Agreement adapters of the mechanism level (spec/mechanism.py MECHANISM): the first
-part of :mod:`memspec.invariants.agreement_adapters` (which assembles them; import
+part of :mod:`memspec.invariants.formal.agreement_adapters` (which assembles them; import
 from there).
 
 S1 / S14 deallocate, S5 VirtualBacking, S13 SharedMapping, S12 mechanism
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from memspec.invariants import proofs_seed000 as E
-from memspec.invariants.agreement import Adapter, AgreementReport, Universe, flatten, walk_and_compare
-from memspec.invariants.proofs import Proof, prefix_values
+from memspec.invariants.formal import proofs_seed000 as E
+from memspec.invariants.formal.agreement import Adapter, AgreementReport, Universe, flatten, walk_and_compare
+from memspec.invariants.formal.proofs import Proof, prefix_values
 
 
 UMAX = 6  # objects of one kind in a sampled state (the walk restarts beyond)
@@ -314,7 +314,7 @@ _S5_ONE_OF = {"StaleHandle": "DoubleFree", "InvalidRange": "InvalidRequest"}
 
 def _s5_device_project(action: str) -> Any:
     def project(s: Any, args: dict[str, Any], taken: str) -> Any:
-        from memspec.invariants.proofs import CODE
+        from memspec.invariants.formal.proofs import CODE
 
         st, u = _s5_state(s)
         code = taken if action in ("unmap", "copy_on_write") else _S5_ONE_OF.get(taken, taken)

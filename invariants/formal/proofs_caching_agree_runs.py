@@ -1,9 +1,9 @@
-"""The runs of the caching agreement (:mod:`memspec.invariants.proofs_caching_agree`):
+"""The runs of the caching agreement (:mod:`memspec.invariants.formal.proofs_caching_agree`):
 the random walks' policies (:data:`WALKS`, :data:`EXPANDABLE_WALKS`), the
 directed boundary, event, knob and expandable-segment scripts, and how
 ``memspec prove`` cuts them into parts, runs each part (seeded) and merges
 their reports.  What each step is compared on is the agreement module's
-:func:`~memspec.invariants.proofs_caching_agree.check_step`."""
+:func:`~memspec.invariants.formal.proofs_caching_agree.check_step`."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import random
 import time
 from typing import Any
 
-from memspec.invariants import proofs_caching_heap as H
-from memspec.invariants.proofs_caching_agree import Agreement, check_step
+from memspec.invariants.formal import proofs_caching_heap as H
+from memspec.invariants.formal.proofs_caching_agree import Agreement, check_step
 
 # --------------------------------------------------------------------------
 # the walks and the boundary sweep
@@ -147,7 +147,7 @@ def knob_sweep(rep: Agreement, guards: frozenset = frozenset()) -> None:
 def division_sizes(table: tuple[int, ...]) -> tuple[int, ...]:
     """Requests at the divisions' thresholds, +-1: each entry's start ``512 * d``, and in the intervals of
     1, 2, 4 and 8 MiB their start and first step (the kernels are checked at every threshold by
-    :func:`~memspec.invariants.proofs_caching_heap.kernel_boundary_agreement`; this drives malloc)."""
+    :func:`~memspec.invariants.formal.proofs_caching_heap.kernel_boundary_agreement`; this drives malloc)."""
     pts = {512 * d for d in set(table) if d > 1}
     for e in (20, 21, 22, 23):
         d = table[min(max(0, e - 20), 15)]

@@ -1,7 +1,7 @@
 """Caching kernel pairs for ``crosshair diffbehavior``: spec/caching.py's pure
 kernels against the reference caching allocator's own functions
 (reference/caching.py).  Same conventions as
-:mod:`memspec.invariants.contracts_pairs` (``None`` outside the domain)."""
+:mod:`memspec.invariants.formal.contracts_pairs` (``None`` outside the domain)."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def ref_split(remaining: int, size: int, small: bool, seed: bool, expandable: bo
     return CachingAllocator._should_split(me, small, remaining, size)  # type: ignore[arg-type]
 
 
-_M = "memspec.invariants.contracts_caching_pairs."
+_M = "memspec.invariants.formal.contracts_caching_pairs."
 PAIRS: list[tuple[str, str, str, str]] = [
     ("round_size[pytorch]", _M + "spec_round_pytorch", _M + "ref_round_pytorch", "caching.round_size vs reference round_request('pytorch')"),
     ("round_size[seed]", _M + "spec_round_seed", _M + "ref_round_seed", "caching.round_size(seed) vs round_request('seed')"),

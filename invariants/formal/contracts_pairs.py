@@ -169,20 +169,20 @@ def ref_ticket_cancel(free: int, granted: int, charged: int, n: int) -> Ledger4:
 
 #: (name, spec function, reference function, what is compared)
 KERNEL_PAIRS: list[tuple[str, str, str, str]] = [
-    ("round_up", "memspec.invariants.contracts_pairs.spec_round_up", "memspec.invariants.contracts_pairs.ref_round_up",
+    ("round_up", "memspec.invariants.formal.contracts_pairs.spec_round_up", "memspec.invariants.formal.contracts_pairs.ref_round_up",
      "kernels.round_up vs reference.common.round_up"),
-    ("grant", "memspec.invariants.contracts_pairs.spec_grant", "memspec.invariants.contracts_pairs.ref_grant",
+    ("grant", "memspec.invariants.formal.contracts_pairs.spec_grant", "memspec.invariants.formal.contracts_pairs.ref_grant",
      "kernels.can_grant+grant vs ReferenceGovernor.reserve"),
-    ("commit_grant", "memspec.invariants.contracts_pairs.spec_commit", "memspec.invariants.contracts_pairs.ref_commit",
+    ("commit_grant", "memspec.invariants.formal.contracts_pairs.spec_commit", "memspec.invariants.formal.contracts_pairs.ref_commit",
      "kernels.can_commit+commit_grant vs ReferenceGovernor.commit"),
-    ("cancel_grant", "memspec.invariants.contracts_pairs.spec_cancel", "memspec.invariants.contracts_pairs.ref_cancel",
+    ("cancel_grant", "memspec.invariants.formal.contracts_pairs.spec_cancel", "memspec.invariants.formal.contracts_pairs.ref_cancel",
      "kernels.cancel_grant vs ReferenceGovernor.cancel"),
-    ("refund", "memspec.invariants.contracts_pairs.spec_refund", "memspec.invariants.contracts_pairs.ref_refund",
+    ("refund", "memspec.invariants.formal.contracts_pairs.spec_refund", "memspec.invariants.formal.contracts_pairs.ref_refund",
      "kernels.refund vs ReferenceGovernor.refund"),
-    ("grant_from_free", "memspec.invariants.contracts_pairs.spec_ticket_receive",
-     "memspec.invariants.contracts_pairs.ref_ticket_receive", "kernels.grant_from_free vs ReferenceGovernor.respond"),
-    ("return_grant", "memspec.invariants.contracts_pairs.spec_ticket_cancel",
-     "memspec.invariants.contracts_pairs.ref_ticket_cancel",
+    ("grant_from_free", "memspec.invariants.formal.contracts_pairs.spec_ticket_receive",
+     "memspec.invariants.formal.contracts_pairs.ref_ticket_receive", "kernels.grant_from_free vs ReferenceGovernor.respond"),
+    ("return_grant", "memspec.invariants.formal.contracts_pairs.spec_ticket_cancel",
+     "memspec.invariants.formal.contracts_pairs.ref_ticket_cancel",
      "kernels.grant_from_free+return_grant vs ReferenceGovernor.respond+cancel_ticket"),
 ]
 
@@ -204,7 +204,7 @@ def caching_pairs() -> tuple[list[tuple[str, str, str, str]], list[str]]:
         import memspec.spec.caching  # noqa: F401
     except ImportError:
         return [], ["caching kernels: memspec.spec.caching does not exist yet; no diffbehavior pairs"]
-    from memspec.invariants import contracts_caching_pairs as cp
+    from memspec.invariants.formal import contracts_caching_pairs as cp
 
     return cp.PAIRS, cp.NOTES
 

@@ -1,5 +1,5 @@
 """Transition and invariant agreement of the caching heap encoding
-(:mod:`memspec.invariants.proofs_caching_heap`) with the executable caching
+(:mod:`memspec.invariants.formal.proofs_caching_heap`) with the executable caching
 spec (``spec/caching``).
 
 Seed 003: *the spec is a refinement oracle: the policy is deterministic, so
@@ -39,14 +39,14 @@ module checks that it is the *same machine* as the executable spec:
   with 0 samples fails ``prove``.  Policies: both presets, with and without
   max_split_size, memory_fraction, garbage_collection_threshold and
   roundup_power2_divisions (``WALKS``, ``KNOB_SCRIPTS`` in
-  :mod:`~memspec.invariants.proofs_caching_agree_runs`).
+  :mod:`~memspec.invariants.formal.proofs_caching_agree_runs`).
 * **invariant agreement**: each C invariant's encoding (``NAMED``) evaluated
   on the projection must equal the executable invariant's verdict on the state.
 
 Evaluation: each encoded action is built once per heap size ``n`` (Python
 int: every quantifier over block ids is the conjunction over them) on
 symbolic fields.  Its terms are evaluated on each sample by
-:mod:`~memspec.invariants.z3native` (the term DAG as straight-line Python);
+:mod:`~memspec.invariants.formal.z3native` (the term DAG as straight-line Python);
 the first evaluation of each compiled action and every
 ``CROSS_CHECK_EVERY``-th after it are also evaluated by Z3 itself (the
 outputs packed into one term, the concrete projection substituted, simplified:
@@ -63,7 +63,7 @@ mapping's steps (``expand:map``/``fresh``/``serve``/``oom``/``retry``), the
 toy's ``unmap:free`` after a free and ``unmap:cache`` at empty_cache and the
 retry run until the spec's step is matched, with their own branch counts
 (:data:`EXPANDABLE_BRANCHES`).  C8's own encoding is
-:mod:`memspec.invariants.proofs_caching_expandable`.
+:mod:`memspec.invariants.formal.proofs_caching_expandable`.
 """
 
 from __future__ import annotations
@@ -75,9 +75,9 @@ from typing import Any, Iterator
 
 import z3
 
-from memspec.invariants import proofs_caching_heap as H
-from memspec.invariants import z3native as native
-from memspec.invariants.proofs import ARR, BARR, BOOL, INT, OUTCOMES, St, _sort, at, concrete, iv
+from memspec.invariants.formal import proofs_caching_heap as H
+from memspec.invariants.formal import z3native as native
+from memspec.invariants.formal.proofs import ARR, BARR, BOOL, INT, OUTCOMES, St, _sort, at, concrete, iv
 
 _KIND = {"free": H.FREE, "live": H.LIVE, "pending": H.PEND, "unmapped": H.UNM}
 #: block fields compared by address (the ghost neighbours ``pv``/``nx`` are compared as addresses)

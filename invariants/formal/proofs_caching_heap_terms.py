@@ -1,5 +1,5 @@
 """The caching heap encoding's state and terms: the first part of
-:mod:`memspec.invariants.proofs_caching_heap` (which assembles it; import from there).
+:mod:`memspec.invariants.formal.proofs_caching_heap` (which assembles it; import from there).
 
 Seed 003's constants, the heap's fields and ghost prefix sums, the quantifiers over
 block ids (and their four modes), the policy kernels re-stated from the seed's words,
@@ -12,10 +12,10 @@ from typing import Any, Callable
 
 import z3
 
-from memspec.invariants.z3fast import And, Implies, Not, Or
-from memspec.invariants.proofs import limit  # Z3 resource limits, not wall-clock timeouts
+from memspec.invariants.formal.z3fast import And, Implies, Not, Or
+from memspec.invariants.formal.proofs import limit  # Z3 resource limits, not wall-clock timeouts
 
-from memspec.invariants.proofs import (
+from memspec.invariants.formal.proofs import (
     ARR, BARR, BOOL, CODE, INT, OK, PENDING, Act, Proof, St, at, upd,
 )
 
@@ -202,7 +202,7 @@ def rounding_lemma(timeout_ms: int = 60000) -> str:
     """``round_ok(n, z_round(n))`` for every request ``n >= 1`` and every table of legal entries: one query
     per case of :func:`z_round` (the toy's ladder; each power-of-two interval; outside them), the cases'
     conditions pairwise disjoint (each interval is ``[2**e, 2**(e+1))``), so together they are the claim."""
-    from memspec.invariants.proofs import fresh
+    from memspec.invariants.formal.proofs import fresh
 
     s = fresh(FIELDS, "rl")
     n = z3.Int("rl_n")

@@ -1,7 +1,7 @@
 """Z3 terms evaluated on concrete values by Python, without a Z3 call.
 
-The agreement checks (:mod:`memspec.invariants.agreement`,
-:mod:`memspec.invariants.proofs_caching_agree`) evaluate each encoded action --
+The agreement checks (:mod:`memspec.invariants.formal.agreement`,
+:mod:`memspec.invariants.formal.proofs_caching_agree`) evaluate each encoded action --
 a Z3 term over symbolic fields -- on thousands of concrete states.  Z3's own
 way, substitute the values and simplify, costs milliseconds a sample, most of
 it in building the concrete arrays as store chains.  :class:`Program` turns the
@@ -385,7 +385,7 @@ def cross_check_failed(what: str, native: Any, z3_value: Any) -> AssertionError:
         if bad is not None:
             what, native, z3_value = f"{what} (output {bad!r})", native[bad], z3_value.get(bad)
     return AssertionError(f"z3native: {what} evaluated to {native!r} in Python but to {z3_value!r} by Z3: "
-                          "a defect of memspec.invariants.z3native")
+                          "a defect of memspec.invariants.formal.z3native")
 
 
 def checked(prog: Program | None, env: Callable[[], dict[str, Any]], convert: Callable[[tuple[Any, ...]], Any],

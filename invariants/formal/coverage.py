@@ -2,7 +2,7 @@
 
 A proof of ``memspec prove`` is a Z3 machine of *encoded actions*; which spec
 actions each stands for is the hand annotation ``ENCODES``
-(:mod:`memspec.invariants.proofs_seed000`).  Checked only against the spec's
+(:mod:`memspec.invariants.formal.proofs_seed000`).  Checked only against the spec's
 own hand annotation (``invariants=(...)`` on each action), a proof could
 leave out a spec transition that changes what its invariant reads and still
 be called proved.  This module derives the set a proof must encode from the
@@ -43,7 +43,7 @@ executable spec itself:
 A row's **required** actions: every ``level:action`` one of whose branches
 writes a field its invariant reads (less :data:`EXCLUDED`); **encoded**: the
 spec actions its machine's encoded actions stand for
-(:func:`memspec.invariants.proofs_catalog.encoded`, so an action dropped from
+(:func:`memspec.invariants.formal.proofs_catalog.encoded`, so an action dropped from
 the machine drops what it encodes).  A gap is a required action not
 encoded: either listed in :data:`KNOWN_GAPS` with its reason (the row is
 then "proved over its encoded actions", with ``uncovered``), or unexplained
@@ -84,7 +84,7 @@ EXCLUDED: dict[str, str] = {
 #: Reviewed gaps: ``(row, "level:action", reason)``, one per line.  A row with one is "proved over
 #: its encoded actions" and lists the action in ``uncovered``; a gap not listed here fails the row;
 #: a line here that is no longer a gap fails too (delete that line).  ``python -m
-#: memspec.invariants.footprints`` lists the lines to delete and the gaps with no line.
+#: memspec.invariants.formal.coverage`` lists the lines to delete and the gaps with no line.
 KNOWN_GAPS: tuple[tuple[str, str, str], ...] = (
     ("S1", "system:respond", "respond runs queued releases (misreleased is decided there): not in S1's machine"),
     ("S5", "mechanism:reserve_foreign", "makes a reservation S5's full check reads (kind, reported): not in S5's machine"),
@@ -534,7 +534,7 @@ def _weighted(rng: random.Random, weights: list[int]) -> int:
 
 
 def _machine(level: str) -> Any:
-    from memspec.invariants.proofs_catalog import machines
+    from memspec.invariants.formal.proofs_catalog import machines
 
     return machines()[level]
 
@@ -730,7 +730,7 @@ class RowCoverage:
                 "stale_known_gaps": self.stale}
 
 
-_HERE = "invariants/footprints.py"
+_HERE = "invariants/formal/coverage.py"
 
 
 def known_gap_line(row: str, action: str) -> int | None:
@@ -755,7 +755,7 @@ def row_coverage(p: Any, fp: Footprints | None = None,
                  known: tuple[tuple[str, str, str], ...] | None = None) -> RowCoverage:
     """The derived coverage of proof ``p`` (its machine's actions, as they are now: an action dropped
     from ``p.actions`` no longer encodes anything)."""
-    from memspec.invariants.proofs_catalog import encoded
+    from memspec.invariants.formal.proofs_catalog import encoded
 
     fp = fp if fp is not None else footprints()
     known = KNOWN_GAPS if known is None else known
@@ -788,7 +788,7 @@ def row_coverage(p: Any, fp: Footprints | None = None,
 
 def table_problems(rows: Iterable[str], known: tuple[tuple[str, str, str], ...] | None = None) -> list[str]:
     """Lines of :data:`KNOWN_GAPS` that name no row of ``rows``, no spec action, or repeat a line."""
-    from memspec.invariants.proofs_catalog import machines
+    from memspec.invariants.formal.proofs_catalog import machines
 
     known = KNOWN_GAPS if known is None else known
     names = {f"{lvl}:{a.name}" for lvl, m in machines().items() for a in m.actions}
@@ -822,10 +822,10 @@ def static_problems(fp: Footprints | None = None) -> list[str]:
 
 
 def main() -> int:
-    """``python -m memspec.invariants.footprints``: every row's derived coverage against
+    """``python -m memspec.invariants.formal.coverage``: every row's derived coverage against
     :data:`KNOWN_GAPS`: the lines to delete (stale) and the gaps with no line (to encode, or to review
     and add), then what the walks did not reach.  Exit 1 when the table needs an edit."""
-    from memspec.invariants.proofs_catalog import all_proofs
+    from memspec.invariants.formal.proofs_catalog import all_proofs
 
     fp = footprints()
     bad = table_problems([p.id for p in all_proofs()]) + static_problems(fp)

@@ -22,7 +22,7 @@ this sequence, each step enabled and taking its ok branch:
 Checked two ways:
 
 * **Z3**, for an arbitrary state: the steps are S15's encoded actions
-  (:mod:`memspec.invariants.proofs_seed000`, the same terms its induction and
+  (:mod:`memspec.invariants.formal.proofs_seed000`, the same terms its induction and
   agreement use) and the ledger kernels; the negation is unsat.  Two sanity
   checks keep it from being vacuous: the hypotheses are satisfiable with
   releases needed, and dropping ``cold`` from the bound (``n <= free + cold +
@@ -44,7 +44,7 @@ from typing import Any
 
 import z3
 
-from memspec.invariants.proofs import OK, St, _check_unsat, fresh, limit
+from memspec.invariants.formal.proofs import OK, St, _check_unsat, fresh, limit
 from memspec.spec import kernels as K
 
 ID, TITLE = "P1", "progress"
@@ -66,7 +66,7 @@ class ProgressResult:
 
 def _sequence(s: St, n: Any, cold: Any) -> tuple[list[Any], Any]:
     """The obligations (each step enabled and ok) and the admission's guard."""
-    from memspec.invariants import proofs_seed000 as E
+    from memspec.invariants.formal import proofs_seed000 as E
 
     p = E.S15
     t = s.nt
@@ -88,7 +88,7 @@ def _sequence(s: St, n: Any, cold: Any) -> tuple[list[Any], Any]:
 
 
 def prove_progress() -> ProgressResult:
-    from memspec.invariants import proofs_seed000 as E
+    from memspec.invariants.formal import proofs_seed000 as E
 
     res = ProgressResult()
     t0 = time.perf_counter()
@@ -157,9 +157,9 @@ def check_on_spec(samples: int, seed: int) -> ProgressResult:
     """Walk SYSTEM (all its actions, from the ticket walk's init: two cold
     weights loaded) and check :func:`admit_after_releases` at ``samples``
     visited states."""
-    from memspec.invariants.agreement import follow, pick_branch
+    from memspec.invariants.formal.agreement import follow, pick_branch
     from memspec.spec.core import RandomChooser
-    from memspec.invariants.agreement_adapters import _sys_too_big, _tickets_init
+    from memspec.invariants.formal.agreement_adapters import _sys_too_big, _tickets_init
     from memspec.spec.system import SYSTEM
 
     res = ProgressResult()
@@ -192,7 +192,7 @@ def check_on_spec(samples: int, seed: int) -> ProgressResult:
 
 def record(samples: int, seed: int) -> dict[str, Any]:
     """The P1 row of ``memspec prove`` (the same keys as the invariants' rows)."""
-    from memspec.invariants.proofs_catalog import declared
+    from memspec.invariants.formal.proofs_catalog import declared
 
     z = prove_progress()
     w = check_on_spec(samples, seed)

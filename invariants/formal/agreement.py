@@ -6,7 +6,7 @@ its initial state (arguments drawn by the spec's own domains, a random
 permitted branch followed, its witness value fed back).  Before each step
 the spec state is projected onto the encoding's fields (objects renumbered
 densely); the encoded action is evaluated on those concrete values by
-:mod:`~memspec.invariants.z3native` (the term as straight-line Python; its
+:mod:`~memspec.invariants.formal.z3native` (the term as straight-line Python; its
 first evaluation and every ``CROSS_CHECK_EVERY``-th are also evaluated by
 Z3 and must give the same value) or, for a term with a quantifier left
 (e.g. "some page of the range is committed"), by ``z3.substitute`` +
@@ -24,7 +24,7 @@ are not compared.
 
 Where a row compares the invariants (the encoded one on the projection, the
 executable one on the spec state), it also compares them on perturbed copies
-of the state, mostly unreachable (:mod:`~memspec.invariants.agreement_perturb`):
+of the state, mostly unreachable (:mod:`~memspec.invariants.formal.agreement_perturb`):
 an executable check that holds where the named encoding fails is weaker than
 its encoding (a conjunct dropped), which reachable states alone never show.
 """
@@ -40,10 +40,10 @@ from typing import Any, Callable
 
 import z3
 
-from memspec.invariants.proofs import (
+from memspec.invariants.formal.proofs import (
     ARR, ARR2, ARR2B, BARR, BOOL, INT, OUTCOMES, Act, Proof, St, _args, at, bv, concrete, fresh, iv, limit,
 )
-from memspec.invariants import z3native as native
+from memspec.invariants.formal import z3native as native
 from memspec.spec.core import RandomChooser, Raises, Returns
 
 
@@ -70,7 +70,7 @@ def substitute(t: Any, *pairs: tuple[Any, Any]) -> Any:
 
 
 def native_value(kind: str, value: Any) -> Any:
-    """A field's concrete value (the form :func:`~memspec.invariants.proofs.concrete` takes) as a
+    """A field's concrete value (the form :func:`~memspec.invariants.formal.proofs.concrete` takes) as a
     :mod:`z3native` value: arrays ``(default, {index: value})``, nested for the two-level kinds."""
     if kind == ARR2B:   # {index: set of true indices}
         return ((False, {}), {i: (False, {j: True for j in t}) for i, t in value.items()})
@@ -317,7 +317,7 @@ class AgreementReport:
     #: samples on which the hypotheses were evaluated and did not hold (the encoded invariant holds
     #: on every reachable state, so one is a contradiction or a wrong lemma)
     hyp_refuted: list[str] = field(default_factory=list)
-    #: invariant strength off the reachable states (:mod:`memspec.invariants.agreement_perturb`):
+    #: invariant strength off the reachable states (:mod:`memspec.invariants.formal.agreement_perturb`):
     #: perturbed states compared, and those skipped (the projection or the check declined them)
     perturbed: int = 0
     perturb_skipped: int = 0
@@ -495,7 +495,7 @@ def inv_eval(p: Proof, nobj: int, finite: bool) -> InvariantEval:
 def named_eval(p: Proof, nobj: int, finite: bool) -> InvariantEval:
     """The evaluator of the invariant the row is named for (:func:`proofs.named_of`: the inductive
     invariant without its auxiliary and ghost conjuncts) on concrete projected states."""
-    from memspec.invariants.proofs import named_of
+    from memspec.invariants.formal.proofs import named_of
 
     f = named_of(p)
     if f is p.inv:
@@ -525,7 +525,7 @@ class HypEval:
     counts), decided by substitution (and a solver call where a quantifier remains)."""
 
     def __init__(self, p: Proof, act: Act, nobj: int, finite: bool) -> None:
-        from memspec.invariants.proofs import hyp_formula
+        from memspec.invariants.formal.proofs import hyp_formula
 
         self.p, self.act, self.nobj, self.finite = p, act, nobj, finite
         self.counts = () if finite else quantified_counts(p)
@@ -599,10 +599,10 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
     one sample, not ``per_branch`` (a rare branch ends the walk as soon as it
     is reached).  ``perturb`` (default :data:`agreement_perturb.PER_STATE`; 0: off): on each state
     where a row compares the invariants, that many perturbed copies compared too (the executable
-    invariant on the copy, the encoding on its projection: :mod:`memspec.invariants.agreement_perturb`;
+    invariant on the copy, the encoding on its projection: :mod:`memspec.invariants.formal.agreement_perturb`;
     their own seeded draws, so the walk is the same with or without).  Deterministic in ``seed``;
     nothing depends on time."""
-    from memspec.invariants.proofs import branches as branch_set
+    from memspec.invariants.formal.proofs import branches as branch_set
 
     rng = random.Random(seed)
     chooser = RandomChooser(rng)
@@ -721,7 +721,7 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
                     if len(r.exec_violations) < 20:
                         r.exec_violations.append(f"{i} fails {where}: {why}")
 
-    from memspec.invariants import agreement_perturb as PT
+    from memspec.invariants.formal import agreement_perturb as PT
 
     n_perturb = PT.PER_STATE if perturb is None else perturb
     perturber = PT.Perturber(seed * 7919 + 33)

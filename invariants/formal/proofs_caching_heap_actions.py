@@ -1,5 +1,5 @@
 """The caching heap encoding's transitions: the second part of
-:mod:`memspec.invariants.proofs_caching_heap` (which assembles it; import from there).
+:mod:`memspec.invariants.formal.proofs_caching_heap` (which assembles it; import from there).
 
 Every encoded action (malloc's paths, free, record_stream, the stream events,
 empty_cache, the garbage collection and release_available phases), expandable
@@ -13,12 +13,12 @@ from typing import Any, Callable
 
 import z3
 
-from memspec.invariants.z3fast import And, Implies, Not, Or
+from memspec.invariants.formal.z3fast import And, Implies, Not, Or
 
-from memspec.invariants.proofs import (
+from memspec.invariants.formal.proofs import (
     ARR, BARR, BOOL, CODE, INT, OK, PENDING, Act, Proof, St, at, upd,
 )
-from memspec.invariants.proofs_caching_heap_terms import (
+from memspec.invariants.formal.proofs_caching_heap_terms import (
     DOUBLE, FREE, K_LARGE_BUFFER, K_MIN_BLOCK, K_SMALL, LIVE, MODE, ONE_EB, OOM, PEND, STREAMS, SUMS, UNM, _all,
     _all2, _contrib, ceil_pg, floor_pg, idle, page, round_ok, total, z_segment, z_split,
 )

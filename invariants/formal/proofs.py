@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 import z3
 
-from memspec.invariants.z3fast import And, Implies, Not, Or
+from memspec.invariants.formal.z3fast import And, Implies, Not, Or
 from memspec.spec import kernels as K
 from memspec.spec.errors import ALL_ERRORS
 

@@ -1,5 +1,5 @@
 """Agreement adapters of the system level (spec/system.py SYSTEM): the second part of
-:mod:`memspec.invariants.agreement_adapters` (which assembles them; import from
+:mod:`memspec.invariants.formal.agreement_adapters` (which assembles them; import from
 there).
 
 S15 / G1 / S6 on the ticket machine (tickets, generations, the holders' answers), S3
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from memspec.invariants import proofs_seed000 as E
-from memspec.invariants.agreement import Adapter, AgreementReport, Universe, flatten, walk_and_compare
-from memspec.invariants.proofs import Proof, prefix_values
-from memspec.invariants.agreement_adapters_mech import (
+from memspec.invariants.formal import proofs_seed000 as E
+from memspec.invariants.formal.agreement import Adapter, AgreementReport, Universe, flatten, walk_and_compare
+from memspec.invariants.formal.proofs import Proof, prefix_values
+from memspec.invariants.formal.agreement_adapters_mech import (
     MECH_ADAPTERS, PAGE, UMAX, _S14_CMP, _adopt, _expected, _is_int, _mech_init, _mech_too_big, _new_slot, _not_size,
     _owned_span_args, _project, _reserve_args, _s14_expected_with, _s14_make_project, _s14_sys_state, run_mechanism,
 )

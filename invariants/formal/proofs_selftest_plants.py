@@ -12,8 +12,8 @@ from typing import Any, Callable, Iterator
 
 import z3
 
-from memspec.invariants import proofs_seed000 as E
-from memspec.invariants.proofs import Proof, on_ok, outcome, upd
+from memspec.invariants.formal import proofs_seed000 as E
+from memspec.invariants.formal.proofs import Proof, on_ok, outcome, upd
 from memspec.spec import kernels as K
 from memspec.spec.core import Raises
 
@@ -193,7 +193,7 @@ def _round_up_short(n: Any, page: Any) -> Any:
 def _contradictory_helper() -> Iterator[None]:
     """The engine's hypothesis builder (every consecution's ``Inv /\\ Lemmas /\\ Pre``) with one
     contradictory helper fact conjoined: every goal then holds vacuously."""
-    from memspec.invariants import proofs as P
+    from memspec.invariants.formal import proofs as P
 
     orig = P._hyp
 
@@ -387,7 +387,7 @@ def _s12_nothing(SI: Any) -> Any:
 
 def _exec_weakened_breaks() -> list[Break]:
     """Issue 33's "a weakened executable check": each caught by the agreement's comparison on perturbed
-    states (:mod:`memspec.invariants.agreement_perturb`), as ``memspec prove`` runs it."""
+    states (:mod:`memspec.invariants.formal.agreement_perturb`), as ``memspec prove`` runs it."""
     return [
         Break("S8 spec: the executable S8 drops its granted = open + held conjunct", "spec", "S8",
               ("agreement",), patch=_s8_exec_weakened),
@@ -459,7 +459,7 @@ def _reserved_short() -> Iterator[None]:
         yield
 
 
-# -- caching heap-encoding breaks (invariants/proofs_caching_heap) -----------------
+# -- caching heap-encoding breaks (invariants/formal/proofs_caching_heap) -----------------
 
 #: C invariant -> the goal of its unguarded action's consecution that the guard protects
 HEAP_GOALS = {"C1": ("reserved",), "C2": ("C2:pair",), "C3": ("C3",), "C4": ("C4",), "C5": ("step:C5",),
@@ -470,7 +470,7 @@ HEAP_GOALS = {"C1": ("reserved",), "C2": ("C2:pair",), "C3": ("C3",), "C4": ("C4
 def _guard_removed_refutes(inv: str, act_name: str, guard: str, words: str, only: Any) -> str | None:
     """The heap action ``act_name`` proves its goals ``only`` and, with
     ``guard`` removed, does not: the catch naming ``inv``, else None."""
-    from memspec.invariants import proofs_caching_heap as H
+    from memspec.invariants.formal import proofs_caching_heap as H
 
     good = next(a for a in H.actions() if a.name == act_name)
     if any(r not in ("proved", "framed") for _n, r, _t in H.consecution(good, 60000, only=only)):
@@ -484,7 +484,7 @@ def _guard_removed_refutes(inv: str, act_name: str, guard: str, words: str, only
 def detect_heap(inv: str) -> str | None:
     """The invariant's guarded action proves its goal and the same action with
     the guard removed (:data:`proofs_caching_heap.UNGUARDED`) does not."""
-    from memspec.invariants import proofs_caching_heap as H
+    from memspec.invariants.formal import proofs_caching_heap as H
 
     act_name, guard, words = H.UNGUARDED[inv]
     only = HEAP_GOALS[inv]
@@ -492,7 +492,7 @@ def detect_heap(inv: str) -> str | None:
 
 
 def detect_caching_kernels() -> str | None:
-    from memspec.invariants.proofs_caching_heap import kernel_boundary_agreement
+    from memspec.invariants.formal.proofs_caching_heap import kernel_boundary_agreement
 
     bad = kernel_boundary_agreement()
     return f"prove (caching kernels at thresholds): {bad[0]} (C5)" if bad else None

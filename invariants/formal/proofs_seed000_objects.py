@@ -1,5 +1,5 @@
 """Z3 encodings of seed 000's invariants S1 through S5, S7 and S10: the first part of
-:mod:`memspec.invariants.proofs_seed000` (which assembles them; import from there).
+:mod:`memspec.invariants.formal.proofs_seed000` (which assembles them; import from there).
 
 S1 creator-free, S2 charge-before-commit, S3 fresh-capability, S4 fence-release (the
 deferred-free queue machine, with the objects' contexts: S7 and S10 are proved on it
@@ -14,8 +14,8 @@ from typing import Any
 
 import z3
 
-from memspec.invariants.z3fast import And, Implies, Not, Or
-from memspec.invariants.proofs import (
+from memspec.invariants.formal.z3fast import And, Implies, Not, Or
+from memspec.invariants.formal.proofs import (
     ARR, ARR2, ARR2B, BARR, BOOL, CODE, INT, OK, PENDING, Act, Proof, St, at, count_append, count_change, merge, on_ok,
     outcome, prefix_append, prefix_change, prefix_count, prefix_sum, upd,
 )

@@ -44,16 +44,16 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Callable, Iterator
 
-from memspec.invariants import proofs_seed000 as E
-from memspec.invariants.agreement import follow
+from memspec.invariants.formal import proofs_seed000 as E
+from memspec.invariants.formal.agreement import follow
 from memspec.invariants.forked import forkable
-from memspec.invariants.proofs import Proof, prove
+from memspec.invariants.formal.proofs import Proof, prove
 from memspec.spec import kernels as K
 from memspec.spec.core import RandomChooser, Returns
 
 
-from memspec.invariants import proofs_selftest_plants
-from memspec.invariants.proofs_selftest_plants import (  # noqa: F401 - the face's names
+from memspec.invariants.formal import proofs_selftest_plants
+from memspec.invariants.formal.proofs_selftest_plants import (  # noqa: F401 - the face's names
     Break, _any_pool,
     _can_grant_unchecked, _cancel_keeps_grant, _contradictory_helper, _contradictory_lemma, _drop_frees,
     _eager_shared_free, _error_branch_mutates, _exec_weakened_breaks, _footprint_one_page_more,
@@ -77,7 +77,7 @@ def detect_c8(walks: int | None = None, steps: int | None = None) -> str | None:
     (scripted walks, then expandable walks: at least prove's), then its Z3 proofs and refutation."""
     import random
 
-    from memspec.invariants import proofs_caching_expandable as E
+    from memspec.invariants.formal import proofs_caching_expandable as E
 
     rep = E.new_report()
     for key in E.SCRIPTS:
@@ -178,7 +178,7 @@ def catalog() -> list[Break]:
         Break("C5 kernel: the seed split rule is strict (remainder > 2 MiB)", "kernel", "C5", ("caching-kernels",),
               patch=_spec_patch("memspec.spec.caching.kernels", "should_split", _strict_seed_split)),
         Break("C8 encoding: an expandable malloc maps the whole run, not only the pages it lacks", "encoding", "C8",
-              ("c8",), patch=_spec_patch("memspec.invariants.proofs_caching_expandable", "map_step", _whole_run)),
+              ("c8",), patch=_spec_patch("memspec.invariants.formal.proofs_caching_expandable", "map_step", _whole_run)),
         Break("C8 spec: the seed preset's free keeps its pages mapped", "spec", "C8", ("c8",),
               patch=_spec_patch("memspec.spec.caching.policy", "_unmap", _unmap_nothing)),
         Break("C8 spec: the expandable first fit picks the last arena by address", "spec", "C8", ("c8",),
@@ -207,7 +207,7 @@ def catalog() -> list[Break]:
         Break("S8 kernel: aligned_footprint admits one page more above the page alignment", "kernel", "S8",
               ("prove",), patch=_kernel("aligned_footprint", _footprint_one_page_more(K.aligned_footprint))),
     ]
-    from memspec.invariants.proofs_caching_heap import UNGUARDED
+    from memspec.invariants.formal.proofs_caching_heap import UNGUARDED
 
     for inv, (act_name, _guard, words) in UNGUARDED.items():
         out.append(Break(f"{inv} encoding (caching heap): {act_name} without '{words}'", "encoding", inv,
@@ -255,7 +255,7 @@ KNOB_GOALS = {"memory_fraction": ("reserved",), "roundup_power2_divisions": ("C2
 def detect_heap_knob(knob: str) -> str | None:
     """The knob's guarded action proves its goal and the same action with the guard removed
     (:data:`proofs_caching_heap.KNOB_UNGUARDED`) does not."""
-    from memspec.invariants import proofs_caching_heap as H
+    from memspec.invariants.formal import proofs_caching_heap as H
 
     inv, act_name, guard, words = H.KNOB_UNGUARDED[knob]
     only = KNOB_GOALS[knob]
@@ -263,7 +263,7 @@ def detect_heap_knob(knob: str) -> str | None:
 
 
 def _caching_knob_breaks() -> list[Break]:
-    from memspec.invariants.proofs_caching_heap import KNOB_UNGUARDED
+    from memspec.invariants.formal.proofs_caching_heap import KNOB_UNGUARDED
 
     return [Break(f"{inv} encoding (caching heap, {knob}): {act_name} without '{words}'", "encoding", inv,
                   (f"heap-knob:{knob}",))
@@ -308,9 +308,9 @@ DETECT_INV_SAMPLES = 100
 def detect_agreement(inv: str, samples: int = 400, inv_samples: int = DETECT_INV_SAMPLES) -> str | None:
     """Transition agreement of ``inv``'s encoded actions with the (possibly broken) spec, then the
     invariant strength on perturbed states (:func:`agreement_perturb.strength_problems`)."""
-    from memspec.invariants import agreement_adapters as A
-    from memspec.invariants.agreement import walk_and_compare
-    from memspec.invariants.agreement_perturb import strength, strength_problems
+    from memspec.invariants.formal import agreement_adapters as A
+    from memspec.invariants.formal.agreement import walk_and_compare
+    from memspec.invariants.formal.agreement_perturb import strength, strength_problems
     from memspec.spec.mechanism import MECHANISM
     from memspec.spec.system import SYSTEM
 
@@ -412,9 +412,9 @@ def detect_caching_walk(walks: int = 60, steps: int = 40) -> str | None:
 
 def detect_caching_agreement() -> str | None:
     """Transition agreement of the caching heap encoding with ``spec/caching``
-    (:mod:`memspec.invariants.proofs_caching_agree`: boundary and event
+    (:mod:`memspec.invariants.formal.proofs_caching_agree`: boundary and event
     sweeps of both presets, then random walks), on the (possibly broken) spec."""
-    from memspec.invariants.proofs_caching_agree_runs import run_agreement
+    from memspec.invariants.formal.proofs_caching_agree_runs import run_agreement
 
     rep = run_agreement(seed=0)
     if rep.mismatches:
@@ -481,7 +481,7 @@ def _undeclared_trim() -> Iterator[None]:
 def detect_coverage(p: Proof) -> str | None:
     """``memspec prove``'s derived coverage of ``p`` (fresh spec-only walks: a planted spec action is
     walked): an unexplained gap or a stale reviewed line fails the row."""
-    from memspec.invariants import footprints as F
+    from memspec.invariants.formal import coverage as F
 
     why = F.row_coverage(p, F.derive()).problems
     return f"prove/coverage: {why[0][:200]}" if why else None
@@ -735,7 +735,7 @@ def _ticket_end_keeps_failed(orig: Any) -> Any:
 
 def detect_progress() -> str | None:
     """P1: Z3's admission proof over S15's machine, then the spec walk."""
-    from memspec.invariants.proofs_progress import check_on_spec, prove_progress
+    from memspec.invariants.formal.proofs_progress import check_on_spec, prove_progress
 
     z = prove_progress()
     if not z.proved:

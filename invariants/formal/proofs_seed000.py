@@ -1,4 +1,4 @@
-"""Z3 encodings of the seed-000 invariants S1-S15 (see :mod:`memspec.invariants.proofs`).
+"""Z3 encodings of the seed-000 invariants S1-S15 (see :mod:`memspec.invariants.formal.proofs`).
 
 Each encoding keeps only the state an invariant talks about; object records
 (allocations, reservations, holders, tickets, handles, mappings, contexts) are
@@ -27,19 +27,19 @@ from typing import Any
 
 import z3
 
-from memspec.invariants.z3fast import And, Implies, Not, Or
-from memspec.invariants.proofs import (
+from memspec.invariants.formal.z3fast import And, Implies, Not, Or
+from memspec.invariants.formal.proofs import (
     ARR, ARR2, ARR2B, BARR, BOOL, CODE, INT, OK, PENDING, Act, Proof, St, at, count_append, count_change, merge, on_ok,
     outcome, prefix_append, prefix_change, prefix_count, prefix_sum, upd,
 )
 from memspec.spec import kernels as K
 from memspec.spec.invariants import BY_ID as CATALOG
-from memspec.invariants import proofs_seed000_objects, proofs_seed000_ledger
-from memspec.invariants.proofs_seed000_objects import (
+from memspec.invariants.formal import proofs_seed000_objects, proofs_seed000_ledger
+from memspec.invariants.formal.proofs_seed000_objects import (
     F0, FREED, H_KV, H_WEIGHTS, LIVE, NONE, S1, S10, S2, S3, S4, S5, S7, T_CANCELLED, T_CLAIMED, T_FAILED, T_GRANTED,
     T_PENDING, T_TIMED_OUT, Z0, _fences_done, _oom, _s10_inv, _s5_named, _terminal, alive, catalog,
 )
-from memspec.invariants.proofs_seed000_ledger import (
+from memspec.invariants.formal.proofs_seed000_ledger import (
     S11, S8, S9, _L_NEW, _ledger, _s11_named, _s8_named, _with_ledger,
 )
 

@@ -1,14 +1,14 @@
 """Every Z3 proof of the project, in one list: the seed-000 encodings
-(:mod:`memspec.invariants.proofs_seed000`) on the engine of
-:mod:`memspec.invariants.proofs`.  The engine imports no encoding, so no
+(:mod:`memspec.invariants.formal.proofs_seed000`) on the engine of
+:mod:`memspec.invariants.formal.proofs`.  The engine imports no encoding, so no
 import cycle; ``memspec prove`` reads the list from here."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from memspec.invariants.proofs import Proof, ProofResult, prove
-from memspec.invariants.proofs_seed000 import MORE_PROOFS, PROOFS
+from memspec.invariants.formal.proofs import Proof, ProofResult, prove
+from memspec.invariants.formal.proofs_seed000 import MORE_PROOFS, PROOFS
 
 
 def all_proofs() -> list[Proof]:

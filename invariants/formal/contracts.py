@@ -4,7 +4,7 @@
   the docstrings) of :mod:`memspec.spec.kernels` and, once it exists, the
   caching kernels of :mod:`memspec.spec.caching`;
 * ``crosshair diffbehavior`` between each spec kernel and its reference
-  counterpart (:mod:`memspec.invariants.contracts_pairs`).
+  counterpart (:mod:`memspec.invariants.formal.contracts_pairs`).
 
 Each run is a subprocess (``python -m crosshair ...``) with a bounded
 per-condition time; a result row says which function, what was run, how
@@ -156,7 +156,7 @@ def diff_pair(name: str, spec_fn: str, ref_fn: str, per_condition_timeout: float
 
 def diff_pairs() -> tuple[list[tuple[str, str, str, str]], list[str]]:
     """The pairs whose both sides import, and a note for each one that does not."""
-    from memspec.invariants.contracts_pairs import all_pairs
+    from memspec.invariants.formal.contracts_pairs import all_pairs
 
     return all_pairs()
 
