@@ -26,7 +26,7 @@ from typing import Any
 
 from memspec.invariants.choosers import PackedChooser, PackedRecorder, RecordingChooser
 from memspec.invariants.errors import SpecError
-from memspec.spec.core import Raises
+from memspec.spec.core import Raises, Returns
 from memspec.spec.errors import MemspecError
 
 
@@ -349,7 +349,7 @@ class Draws:
                             # _offers_return, inline
                             accepting = False
                             for b in branches:
-                                if hasattr(b, "accepts"):
+                                if type(b) is Returns or hasattr(b, "accepts"):
                                     accepting = True
                                     break
                         if quota and len(branches) == 1:
