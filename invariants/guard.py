@@ -387,6 +387,9 @@ def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Ca
     a child still running then is killed the same way and reported as hung,
     wherever it is (a target that stopped its own process between calls, a
     thread of the target's holding the GIL): the bound of a time-budgeted run.
+    The child's exit ends the watch, not the end of its pipe: a process the
+    target forked may hold the pipe open, and a target may close it and
+    carry on (its calls are watched until the child ends).
     """
     watch = Watch()
     log = StepLog()
@@ -413,33 +416,62 @@ def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Ca
     parts: list = [b""]
     last_calls, since = -1, time.monotonic()
     done = False
+    eof = False
+    status: int | None = None   # the child's wait status, once reaped
+    nap = 0.001
+
+    def take(chunk: bytes) -> None:
+        nonlocal parts, done
+        if b"\n" not in chunk:   # a long line still arriving: keep the pieces, join once (not quadratic)
+            parts.append(chunk)
+            return
+        head, _, rest = chunk.partition(b"\n")
+        parts.append(head)
+        *lines, tail = rest.split(b"\n")
+        lines.insert(0, b"".join(parts))
+        parts = [tail]
+        for line in lines:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(msg, dict):
+                continue
+            if msg.get("t") == "done":
+                done = True
+            end.messages.append(msg)
+            if on_message is not None:
+                on_message(msg)
+
     try:
         while True:
-            ready, _, _ = select.select([r], [], [], poll)
-            if ready:
-                chunk = os.read(r, 1 << 16)
-                if not chunk:
-                    break
-                if b"\n" not in chunk:   # a long line still arriving: keep the pieces, join once (not quadratic)
-                    parts.append(chunk)
-                    continue
-                head, _, rest = chunk.partition(b"\n")
-                parts.append(head)
-                *lines, tail = rest.split(b"\n")
-                lines.insert(0, b"".join(parts))
-                parts = [tail]
-                for line in lines:
-                    try:
-                        msg = json.loads(line)
-                    except ValueError:
-                        continue
-                    if not isinstance(msg, dict):
-                        continue
-                    if msg.get("t") == "done":
-                        done = True
-                    end.messages.append(msg)
-                    if on_message is not None:
-                        on_message(msg)
+            if not eof:
+                ready, _, _ = select.select([r], [], [], poll)
+                if ready:
+                    chunk = os.read(r, 1 << 16)
+                    if chunk:
+                        take(chunk)
+                    else:
+                        eof = True
+            else:
+                # the pipe is closed (the child ended, or the target closed it):
+                # what ends the watch is the child's exit
+                time.sleep(nap)
+                nap = min(poll, nap * 2)
+            # The child's exit -- not the pipe's end -- ends the watch: a
+            # process the target forked holds the pipe open as long as it lives.
+            got, st = os.waitpid(pid, os.WNOHANG)
+            if got:
+                status = st
+                for _ in range(256):   # what the child wrote before it ended (bounded: a grandchild may write on)
+                    if eof or not select.select([r], [], [], 0)[0]:
+                        break
+                    chunk = os.read(r, 1 << 16)
+                    if chunk:
+                        take(chunk)
+                    else:
+                        eof = True
+                break
             calls, inside, limit, blame, what = watch.read()
             now = time.monotonic()
             allowed = limit if limit > 0 else timeout
@@ -456,14 +488,16 @@ def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Ca
                 os.kill(pid, signal.SIGKILL)
                 break
     except BaseException:   # Ctrl-C or a bug of the caller's: the child must not outlive the supervisor
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        if status is None:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         raise
     finally:
         os.close(r)
-        _, status = os.waitpid(pid, 0)
+        if status is None:
+            _, status = os.waitpid(pid, 0)
         if not done and end.death is None:
             _calls, inside, _limit, end.blame, end.what = watch.read()
             end.death = _describe_status(status) + (f" inside the target ({end.what})" if inside else "")
