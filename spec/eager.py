@@ -15,7 +15,8 @@ import itertools
 from typing import Any
 
 from memspec.spec import kernels as K
-from memspec.spec.api import AllocationRequest, AllocatorGeometry, DeviceAllocation, DeviceKey, Fence, is_power_of_two
+from memspec.spec.api import (AllocationRequest, AllocatorGeometry, DeviceAllocation, DeviceKey, Fence, Identity,
+                              is_power_of_two)
 from memspec.spec.core import Check, Domain, Raises, Returns, action, only, outcomes
 from memspec.spec.errors import (
     DoubleFree,
@@ -110,6 +111,13 @@ def geometry_of(s: Any) -> AllocatorGeometry:
 
 def _next_pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
+
+
+def plain_identity(i: Any) -> bool:
+    """An :class:`~memspec.spec.api.Identity` of a ``str`` and an ``int``, no
+    subclass of either: its equality and hash are the dataclass's own (a
+    target's object whose ``__hash__`` raises or changes is not one)."""
+    return type(i) is Identity and type(i.creator) is str and type(i.generation) is int
 
 
 def most_footprint(g: AllocatorGeometry, size: int, alignment: int) -> int | None:
@@ -266,8 +274,10 @@ def allocate(s: MechState, size: Any, alignment: int = ALIGNMENT) -> Any:
     room = s.capacity - (g.overhead or 0)
 
     def shaped(v: Any) -> bool:
-        return (isinstance(v, DeviceAllocation) and v.size == size and type(v.footprint) is int
-                and type(v.address) is int and (v.block is None or type(v.block) is int))
+        # plain ints and a plain Identity: a value whose ``__eq__``/``__hash__`` lies or raises is no answer
+        # (an int subclass equal to everything would pass ``v.size == size`` with any size)
+        return (isinstance(v, DeviceAllocation) and type(v.size) is int and v.size == size and type(v.footprint) is int
+                and type(v.address) is int and (v.block is None or type(v.block) is int) and plain_identity(v.identity))
 
     checks = [Check("S8", "footprint", lambda v: v.footprint >= size, f"footprint >= {size}")]
     if hi is not None:
@@ -388,7 +398,7 @@ def deallocate(s: MechState, handle: int) -> Any:
     return outcomes(
         Returns(
             f"{rec.footprint} (its footprint)",
-            lambda v: isinstance(v, int) and not isinstance(v, bool) and v == rec.footprint,
+            lambda v: type(v) is int and v == rec.footprint,   # not a bool, not an int subclass that lies
             lambda v: _free_allocation(s, handle, v),
             lambda: rec.footprint,
         ),

@@ -136,3 +136,106 @@ def test_a_target_that_closes_the_harness_pipe_then_hangs_is_a_hang(hold):
     assert len(res.failures) == 1, (res.errors, res.failures)
     f = res.failures[0]
     assert f.cause == "hang" and "did not return within" in f.reason, f.reason
+
+
+# --------------------------------------------------------------------------
+# Values that lie: an int equal to everything, an identity whose hash raises
+# --------------------------------------------------------------------------
+
+class EqualsEverything(int):
+    """An int that says it equals whatever it is compared with."""
+
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    __hash__ = int.__hash__
+
+
+class RaisingIdentity:
+    """A handle identity whose hash, equality and repr raise."""
+
+    def __hash__(self):
+        raise RuntimeError("__hash__ of the target's identity exploded")
+
+    def __eq__(self, other):
+        raise RuntimeError("__eq__ of the target's identity exploded")
+
+    def __repr__(self):
+        raise RuntimeError("__repr__ of the target's identity exploded")
+
+
+class _LyingAllocator:
+    def __init__(self, inner, mode):
+        self._inner, self._mode = inner, mode
+
+    def __getattr__(self, k):
+        return getattr(self._inner, k)
+
+    def allocate(self, request):
+        import dataclasses
+
+        a = self._inner.allocate(request)
+        if self._mode == "size":
+            return dataclasses.replace(a, size=EqualsEverything(1))
+        if self._mode == "identity":
+            return dataclasses.replace(a, identity=RaisingIdentity())
+        return a
+
+    def deallocate(self, allocation):
+        got = self._inner.deallocate(allocation)
+        return EqualsEverything(0) if self._mode == "free" else got
+
+
+class _LyingMechanism:
+    def __init__(self, inner, mode):
+        self._inner, self._alloc = inner, _LyingAllocator(inner.allocator(), mode)
+
+    def __getattr__(self, k):
+        return getattr(self._inner, k)
+
+    def allocator(self):
+        return self._alloc
+
+
+def _reference_lying(mode):
+    def factory(capacity=None):
+        from memspec.reference.targets import reference_eager
+
+        inst = reference_eager(capacity) if capacity is not None else reference_eager()
+        inst.mechanism = _LyingMechanism(inst.mechanism, mode)
+        return inst
+    return factory
+
+
+reference_size_equals_everything = _reference_lying("size")
+reference_identity_hash_raises = _reference_lying("identity")
+reference_free_equals_everything = _reference_lying("free")
+
+
+def _conform_reference(target):
+    return runner.conform(f"{HERE}:{target}", "mechanism", examples=5, steps=10, out_dir=None, timeout=60)
+
+
+def _failed(res):
+    return {(f.invariant, f.cause) for f in res.failures}
+
+
+def test_an_allocation_whose_size_equals_everything_is_a_failure_not_a_pass():
+    (res,) = _conform_reference("reference_size_equals_everything")
+    assert not res.errors, res.errors
+    assert ("S8", "outcome") in _failed(res), res.failures
+
+
+def test_an_identity_whose_hash_raises_is_the_targets_failure_not_a_spec_error():
+    (res,) = _conform_reference("reference_identity_hash_raises")
+    assert not res.errors, res.errors   # was: "spec error: allocate: following branch ... raised RuntimeError"
+    assert ("S8", "outcome") in _failed(res), res.failures
+
+
+def test_a_free_that_answers_an_int_equal_to_everything_is_blamed_on_the_free():
+    (res,) = _conform_reference("reference_free_equals_everything")
+    assert not res.errors, res.errors
+    assert ("S1", "outcome") in _failed(res), res.failures
