@@ -16,6 +16,7 @@ from memspec.invariants.discovery import TargetRef, resolve
 from memspec.invariants.engine import Plan
 from memspec.invariants.errors import TargetError
 from memspec.invariants.levels import LEVELS, levels_for  # noqa: F401 - re-exported
+from memspec.invariants.text import safe_repr
 from memspec.spec import api
 
 
@@ -66,6 +67,9 @@ def applicability(machine: Any, actions_all: list, actions_on: list, observation
 #: steps, and the out-of-memory paths of the small device are still taken.
 LARGE_DEVICE = 4
 
+#: a target's capacity must be below this (what a message from a child carries: wire_fields.MAX_INT)
+MAX_CAPACITY = 1 << 63
+
 
 
 def build_probe(tref: TargetRef, capacity: int | None) -> api.TargetInstance:
@@ -78,8 +82,20 @@ def build_probe(tref: TargetRef, capacity: int | None) -> api.TargetInstance:
     if not isinstance(inst, api.TargetInstance):
         raise TargetError(f"target {tref.name!r} factory returned {type(inst).__name__}, not a TargetInstance")
     api.adopt_legacy_extras(inst)
-    if inst.kind not in api.TARGET_KINDS:
-        raise TargetError(f"target {tref.name!r} has kind {inst.kind!r} (one of {', '.join(api.TARGET_KINDS)})")
+    kind = inst.kind
+    # a plain str: a str subclass whose ``__eq__`` says yes to every kind is not a kind
+    if type(kind) is not str or kind not in api.TARGET_KINDS:
+        of = "" if type(kind) is str else f" of type {type(kind).__name__}"
+        raise TargetError(f"target {tref.name!r} has kind {safe_repr(kind, 200)}{of} "
+                          f"(one of {', '.join(api.TARGET_KINDS)})")
+    cap = inst.capacity
+    # the device's bytes are a plain int (no bool, float, NaN or int subclass) that a message can
+    # carry (the sizes drawn from it travel in reproductions): a bad one is the target's error
+    # here, not a spec error or a lost result later
+    if cap is not None and (type(cap) is not int or not 0 < cap < MAX_CAPACITY):
+        of = "" if type(cap) is int else f" of type {type(cap).__name__}"
+        raise TargetError(f"target {tref.name!r} has capacity {safe_repr(cap, 200)}{of} "
+                          f"(a positive int below 2**63, or None)")
     return inst
 
 

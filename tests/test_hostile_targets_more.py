@@ -239,3 +239,49 @@ def test_a_free_that_answers_an_int_equal_to_everything_is_blamed_on_the_free():
     (res,) = _conform_reference("reference_free_equals_everything")
     assert not res.errors, res.errors
     assert ("S1", "outcome") in _failed(res), res.failures
+
+
+# --------------------------------------------------------------------------
+# A factory's fields: the capacity and the kind are plain values
+# --------------------------------------------------------------------------
+
+class StrEqualToEverything(str):
+    def __eq__(self, other):
+        return True
+
+    __hash__ = str.__hash__
+
+
+def _reference_with(**fields):
+    def factory(capacity=None):
+        from memspec.reference.targets import reference_eager
+
+        inst = reference_eager(capacity) if capacity is not None else reference_eager()
+        for k, v in fields.items():
+            setattr(inst, k, v)
+        return inst
+    return factory
+
+
+reference_capacity_negative = _reference_with(capacity=-1)              # was: ERROR "spec error: mechanism.init"
+reference_capacity_nan = _reference_with(capacity=float("nan"))         # was: a mechanism level run (FAIL S8)
+reference_capacity_bool = _reference_with(capacity=True)                # was: FAIL S8.capacity
+reference_capacity_huge = _reference_with(capacity=1 << 200)            # was: "harness error: malformed result"
+reference_kind_equal_to_everything = _reference_with(kind=StrEqualToEverything("caching"))
+
+
+@pytest.mark.parametrize("target, words", [
+    ("reference_capacity_negative", "has capacity -1 "),
+    ("reference_capacity_nan", "has capacity nan of type float"),
+    ("reference_capacity_bool", "has capacity True of type bool"),
+    ("reference_capacity_huge", "has capacity 1606938044"),
+    ("reference_kind_equal_to_everything", "of type StrEqualToEverything"),
+])
+def test_a_bad_capacity_or_kind_is_the_targets_error_before_any_level(target, words):
+    results = runner.conform(f"{HERE}:{target}", "all", examples=3, steps=5, out_dir=None, timeout=60)
+    assert [(r.level, len(r.errors), r.failures) for r in results] == [("all", 1, [])], \
+        [(r.level, r.errors, r.failures) for r in results]
+    (err,) = results[0].errors
+    assert words in err, err
+    assert "(a positive int below 2**63, or None)" in err or "(one of mechanism, caching)" in err, err
+    assert "spec error" not in err and "harness error" not in err
