@@ -285,3 +285,70 @@ def test_a_bad_capacity_or_kind_is_the_targets_error_before_any_level(target, wo
     assert words in err, err
     assert "(a positive int below 2**63, or None)" in err or "(one of mechanism, caching)" in err, err
     assert "spec error" not in err and "harness error" not in err
+
+
+# --------------------------------------------------------------------------
+# The caching level: a block handle and a figure that lie
+# --------------------------------------------------------------------------
+
+class _Block:
+    """A block handle of the target's own, wrapping the reference's."""
+
+    def __init__(self, inner, **fields):
+        self._inner = inner
+        self.address, self.size = inner.address, inner.size
+        self.requested_size, self.stream = inner.requested_size, inner.stream
+        self.__dict__.update(fields)
+
+
+class _LyingCaching:
+    def __init__(self, inner, mode):
+        self._inner, self._mode = inner, mode
+
+    def __getattr__(self, k):
+        return getattr(self._inner, k)
+
+    def malloc(self, size, stream=0):
+        b = self._inner.malloc(size, stream)
+        if self._mode == "size":    # every field an int equal to everything: the block says it is 1 byte
+            return _Block(b, address=EqualsEverything(b.address), size=EqualsEverything(1),
+                          requested_size=EqualsEverything(b.requested_size), stream=EqualsEverything(b.stream))
+        if self._mode == "address":
+            return _Block(b, address=str(b.address))
+        return b
+
+    def free(self, block):
+        return self._inner.free(getattr(block, "_inner", block))
+
+    def record_stream(self, block, stream):
+        return self._inner.record_stream(getattr(block, "_inner", block), stream)
+
+    def empty_cache(self):
+        got = self._inner.empty_cache()
+        return EqualsEverything(0) if self._mode == "empty" else got
+
+
+def _caching_lying(mode):
+    def factory(capacity=None):
+        from memspec.reference.caching_targets import pytorch_preset
+
+        inst = pytorch_preset(capacity) if capacity is not None else pytorch_preset()
+        inst.allocator = _LyingCaching(inst.allocator, mode)
+        return inst
+    return factory
+
+
+caching_block_equal_to_everything = _caching_lying("size")      # was: PASS
+caching_block_str_address = _caching_lying("address")           # was: ERROR "spec error: malloc: following branch ..."
+caching_empty_cache_equal_to_everything = _caching_lying("empty")  # was: PASS
+
+
+@pytest.mark.parametrize("target, inv", [
+    ("caching_block_equal_to_everything", "C4"),
+    ("caching_block_str_address", "C4"),
+    ("caching_empty_cache_equal_to_everything", "C6"),
+])
+def test_a_caching_answer_that_lies_or_is_not_an_int_is_a_failure(target, inv):
+    (res,) = runner.conform(f"{HERE}:{target}", "caching", examples=10, steps=10, out_dir=None, timeout=60)
+    assert not res.errors, res.errors
+    assert inv in {f.invariant for f in res.failures}, res.failures

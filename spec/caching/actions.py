@@ -161,6 +161,13 @@ def _diagnose_block(st: CachingState, p: Prediction, v: Any, size: int, stream: 
     return "C5", f"a {v.size}-byte block at {v.address:#x} (spec: {_describe_pred(p)})"
 
 
+def plain_block(v: Any) -> bool:
+    """A block handle whose ``address``, ``size``, ``requested_size`` and
+    ``stream`` are plain ints (no bool, no int subclass whose comparisons lie
+    or raise): the only answer of malloc the spec reads."""
+    return all(type(getattr(v, f, None)) is int for f in ("address", "size", "requested_size", "stream"))
+
+
 def _describe_pred(p: Prediction) -> str:
     if p.oom is not None:
         return "OutOfMemory"
@@ -177,7 +184,7 @@ def _check_oom(st: CachingState, figures: dict, err: BaseException) -> None:
     """C9: the OOM's figures and message equal the allocator's state."""
     for k, want in figures.items():
         got = getattr(err, k, None)
-        if got != want:
+        if type(got) is not int or got != want:   # a plain int: an int subclass equal to everything is no figure
             _violate(st, "C9", f"OutOfMemory.{k} = {got!r}, the state says {want!r}")
             return
     msg = str(err)
@@ -219,13 +226,15 @@ def _malloc_step(st: CachingState, size: int, stream: int):
             return ref
 
         return outcomes(Raises(OutOfMemory, "no policy-satisfiable memory", then=on_oom),
-                        Returns("a block the state cannot hold (diagnosed)", accepts=lambda v: hasattr(v, "address"),
+                        Returns("a block the state cannot hold (diagnosed)", accepts=plain_block,
                                 then=unexpected_block),
                         blame="C9")
 
     nb = p.seg.blocks[p.index]
 
     def exact(v: Any) -> bool:
+        if not plain_block(v):
+            return False
         if v.size != nb.size or v.requested_size != size or v.stream != stream:
             return False
         if p.seg.base is not None:
@@ -254,7 +263,7 @@ def _malloc_step(st: CachingState, size: int, stream: int):
 
     return outcomes(
         Returns(f"the predicted block: {_describe_pred(p)}", accepts=exact, then=bind, witness=witness),
-        Returns("another block (diagnosed)", accepts=lambda v: hasattr(v, "address") and hasattr(v, "size"), then=other_block),
+        Returns("another block (diagnosed)", accepts=plain_block, then=other_block),
         Raises(OutOfMemory, "where the spec has memory (diagnosed)", then=spurious_oom),
         blame="C4",
     )
@@ -363,7 +372,7 @@ def empty_cache(st: CachingState):
         _violate(st, "C6", f"empty_cache() released {v} bytes; the fully-free segments/pages hold {released}")
 
     return outcomes(Returns(f"{released} (bytes released)" if released else "0 (nothing fully free to release)",
-                            accepts=lambda v: v == released, then=ok, witness=lambda: released),
-                    Returns("another figure (diagnosed)", accepts=lambda v: isinstance(v, int), then=wrong),
+                            accepts=lambda v: type(v) is int and v == released, then=ok, witness=lambda: released),
+                    Returns("another figure (diagnosed)", accepts=lambda v: type(v) is int, then=wrong),
                     blame="C6")
 
