@@ -19,10 +19,12 @@ from memspec.invariants.formal.agreement import Adapter, AgreementReport, Univer
 from memspec.invariants.formal.proofs import Proof, prefix_values
 from memspec.invariants.formal import agreement_adapters_mech, agreement_adapters_system
 from memspec.invariants.formal.agreement_adapters_mech import (
-    MECH_ADAPTERS, _S1_CMP, _aligned_nonempty, _is_int, _s12_bad, _s1_alloc_project, _s1_expected, _s1_project,
+    MECH_ADAPTERS, _S1_CMP, _aligned_nonempty, _is_int, _project, _s12_bad, _s1_alloc_project, _s1_expected,
+    _s1_project,
 )
 from memspec.invariants.formal.agreement_adapters_system import (
-    SMALL_SYS_ADAPTERS, SYS_ADAPTERS, TICKET_ADAPTERS, _ASTATE, _TSTATE, _done_seqs, _kv_run, _not_size,
+    SMALL_SYS_ADAPTERS, SYS_ADAPTERS, TICKET_ADAPTERS, _ASTATE, _TSTATE, _done_seqs, _kv_open_refusals, _kv_run,
+    _not_size,
 )
 
 #: the modules this one is assembled from, in order (split by level); a name
@@ -146,71 +148,67 @@ def _size(x: Any) -> int:
     return x if _is_int(x) and x > 0 else 0
 
 
-def _l_reserve_p(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _l_state(s)
-    return st, {"g": _l_new(u, "grant"), "nb": _size(args["nbytes"])}, u
+def _new_item(args_fn: Any) -> Any:
+    """The arguments of an action that makes a charge item: the item's slot (the next index) first."""
+    def fn(s: Any, u: Universe, a: dict[str, Any], taken: str) -> dict[str, Any]:
+        _l_new(u, "item")
+        return args_fn(s, u, a, taken)
+    return fn
 
 
-def _l_commit_p(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _l_state(s)
-    ref, actual = args["grant"]
-    _l_new(u, "item")
-    return st, {"g": u.idx["grant"][ref], "actual": actual}, u
+def _l_item(key: str) -> Any:
+    """The charge item of the owned record, KV request or lease that the argument ``key`` names."""
+    return lambda s, u, a, taken: {"x": u.idx["item"][(1, a[key])]}
 
 
-def _l_cancel_p(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _l_state(s)
-    return st, {"g": u.idx["grant"][args["grant"]]}, u
-
-
-def _l_refund_p(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _l_state(s)
-    return st, {"x": u.idx["item"][(1, args["lease"])]}, u
-
-
-def _l_alloc_p(s: Any, args: dict[str, Any], taken: str) -> Any:
+def _l_alloc_args(s: Any, u: Universe, a: dict[str, Any], taken: str) -> dict[str, Any]:
     from memspec.spec import kernels as K
 
-    size = _size(args["size"])
-    st, u = _l_state(s)
-    _l_new(u, "item")
-    return st, {"size": size, "fp": K.round_up(size, s.page) if size else 0, "oom": taken == "OutOfMemory"}, u
+    size = _size(a["size"])
+    return {"size": size, "fp": K.round_up(size, s.page) if size else 0, "oom": taken == "OutOfMemory"}
 
 
-def _l_load_p(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _l_state(s)
-    _l_new(u, "item")
-    return st, {"nb": args["weight"][2], "oom": taken == "OutOfMemory"}, u
-
-
-def _l_commit_owned_p(s: Any, args: dict[str, Any], taken: str) -> Any:
+def _l_commit_owned_args(s: Any, u: Universe, a: dict[str, Any], taken: str) -> dict[str, Any]:
     from memspec.spec.vmm import pages, range_legal
 
-    ref, start, end = args["span"]
+    ref, start, end = a["span"]
     o = s.owned[ref]
     bad = not range_legal(s, o, start, end) or any(p in o.committed for p in pages(s, start, end))
-    st, u = _l_state(s)
-    return st, {"x": u.idx["item"][(1, ref)], "nb": max(end - start, 1), "bad": bad, "oom": taken == "OutOfMemory"}, u
+    return {"x": u.idx["item"][(1, ref)], "nb": max(end - start, 1), "bad": bad, "oom": taken == "OutOfMemory"}
 
 
-def _l_kv_grow_p(s: Any, args: dict[str, Any], taken: str) -> Any:
+def _l_kv_grow_args(s: Any, u: Universe, a: dict[str, Any], taken: str) -> dict[str, Any]:
     from memspec.spec import kernels as K
 
-    r, new, fail_at = args["growth"]
+    r, new, fail_at = a["growth"]
     q = s.kv[r]
-    st, u = _l_state(s)
-    return st, {"x": u.idx["item"][(1, r)], "d": K.round_up(new, s.page) - q.committed, "past": new > q.max_bytes,
-                "refuse": taken == "InvalidRequest", "fail": fail_at in (4, 5), "oom": taken == "OutOfMemory"}, u
+    return {"x": u.idx["item"][(1, r)], "d": K.round_up(new, s.page) - q.committed, "past": new > q.max_bytes,
+            "refuse": taken == "InvalidRequest", "fail": fail_at in (4, 5), "oom": taken == "OutOfMemory"}
 
 
-def _l_drop_p(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _l_state(s)
-    return st, {"x": u.idx["item"][(1, args["allocation"])]}, u
-
-
-def _l_unload_p(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _l_state(s)
-    return st, {"x": u.idx["item"][(1, s.weights[args["weight"]].owned)]}, u
+#: the arguments of the ledger machine's encoded actions, one entry per action, each read off the one
+#: projection of the system state (:func:`_l_state`; an action that makes an object takes the next index)
+_L_ARGS = {
+    "reserve": lambda s, u, a, taken: {"g": _l_new(u, "grant"), "nb": _size(a["nbytes"])},
+    "commit": _new_item(lambda s, u, a, taken: {"g": u.idx["grant"][a["grant"][0]], "actual": a["grant"][1]}),
+    "cancel": lambda s, u, a, taken: {"g": u.idx["grant"][a["grant"]]},
+    "refund_lease": _l_item("lease"),
+    "allocate_owned": _new_item(_l_alloc_args),
+    "load_weight": _new_item(lambda s, u, a, taken: {"nb": a["weight"][2], "oom": taken == "OutOfMemory"}),
+    "commit_owned": _l_commit_owned_args,
+    "kv_grow": _l_kv_grow_args,
+    "drop": _l_item("allocation"),
+    "unload_weight": lambda s, u, a, taken: {"x": u.idx["item"][(1, s.weights[a["weight"]].owned)]},
+    "claim": lambda s, u, a, taken: {"t": u.idx["ticket"][a["ticket"]], "g": _l_new(u, "grant")},
+    "cancel_ticket": lambda s, u, a, taken: {"t": u.idx["ticket"][a["ticket"]]},
+    "reconfigure": lambda s, u, a, taken: {},
+    "reserve_owned": _new_item(lambda s, u, a, taken: {
+        "unsup": not s.registry.capabilities[s.registry.installed][0], "bad": _not_size(a["size"]),
+        "oom": taken == "OutOfMemory"}),
+    "close_owned": _l_item("reservation"),
+    "kv_open": _new_item(lambda s, u, a, taken: {**_kv_open_refusals(s, a["request"]), "oom": False}),
+    "kv_close": _l_item("request"),
+}
 
 
 def _entry_item(s: Any, u: Universe, seq: int) -> int | None:
@@ -233,16 +231,6 @@ def _l_poll_p(s: Any, args: dict[str, Any], taken: str) -> Any:
     if x is None:
         return None
     return st, {"x": x, "none": not seqs}, u
-
-
-def _l_claim_p(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _l_state(s)
-    return st, {"t": u.idx["ticket"][args["ticket"]], "g": _l_new(u, "grant")}, u
-
-
-def _l_ticket_p(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _l_state(s)
-    return st, {"t": u.idx["ticket"][args["ticket"]]}, u
 
 
 def _l_expire_p(s: Any, args: dict[str, Any], taken: str) -> Any:
@@ -273,37 +261,6 @@ def _l_respond_p(s: Any, args: dict[str, Any], taken: str) -> Any:
     return st, {"t": t, "x": 0, "mode": 0}, u
 
 
-def _l_reconfigure_p(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _l_state(s)
-    return st, {}, u
-
-
-def _l_reserve_owned_p(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _l_state(s)
-    _l_new(u, "item")
-    return st, {"unsup": not s.registry.capabilities[s.registry.installed][0], "bad": _not_size(args["size"]),
-                "oom": taken == "OutOfMemory"}, u
-
-
-def _l_close_owned_p(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _l_state(s)
-    return st, {"x": u.idx["item"][(1, args["reservation"])]}, u
-
-
-def _l_kv_open_p(s: Any, args: dict[str, Any], taken: str) -> Any:
-    _ref, max_bytes, origin, prefix = args["request"]
-    vb, sm = s.registry.capabilities[s.registry.installed]
-    st, u = _l_state(s)
-    _l_new(u, "item")
-    return st, {"unsup": not vb or (origin is not None and not sm),
-                "bad": origin is not None and (prefix > s.kv[origin].own or prefix > max_bytes), "oom": False}, u
-
-
-def _l_kv_close_p(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _l_state(s)
-    return st, {"x": u.idx["item"][(1, args["request"])]}, u
-
-
 def _l_kv_release_p(s: Any, args: dict[str, Any], taken: str) -> Any:
     """A poll whose done releases are KV requests' only, changing at most two
     requests' own bytes (the encoding's step); other polls: the ``poll`` adapter."""
@@ -329,38 +286,39 @@ _L_RET = ("cancel", "refund_lease", "claim", "cancel_ticket")
 _L_WEIGHT, _L_MAX_INV = 0.15, 10
 
 
-def _l_ad(inv: str, act: str, spec: str, project: Any, items: bool = True, also: tuple[str, ...] = ()) -> Adapter:
-    """``items``: compare the charge items too (not where a queued piece leaves the queue)."""
+#: every encoded action's projection: the ledger projection with the action's arguments (:data:`_L_ARGS`),
+#: or one of its own where a step's releases decide whether the sample is one the encoding runs
+_L_PROJECT = {**{a: _project(_l_state, f) for a, f in _L_ARGS.items()},
+              "poll": _l_poll_p, "expire": _l_expire_p, "respond": _l_respond_p, "kv_release": _l_kv_release_p}
+#: the spec action of an encoded action named otherwise; the actions whose charge items are not compared
+#: (a queued piece leaves the queue)
+_L_SPEC, _L_NO_ITEMS = {"kv_release": "poll"}, ("poll", "respond")
+
+
+def _l_ad(inv: str, act: str, also: tuple[str, ...] = ()) -> Adapter:
+    items = act not in _L_NO_ITEMS
     # commit's GrantDenied (the footprint exceeds the grant by more than is free) needs an almost full
     # ledger: its adapter is not capped and samples its outcomes in equal shares
     rare = act == "commit"
     # kv_grow's InvalidRequest (a growth of nothing refused, which the spec permits) is one draw in
     # ~20: the adapter keeps a larger share so that the walk draws kv_grow often enough to meet it
     weight = 0.375 if act == "kv_grow" else _L_WEIGHT
-    return Adapter(inv, act, spec, project, _l_expected,
+    return Adapter(inv, act, _L_SPEC.get(act, act), _L_PROJECT[act], _l_expected,
                    (_L_CMP_ITEMS if items else _L_CMP) + (("ret",) if act in _L_RET else ()), also=also,
                    balance=3 if rare else 0, weight=weight, max_inv_samples=_L_MAX_INV)
 
 
-_L_SYS = [("reserve", "reserve", _l_reserve_p, True), ("commit", "commit", _l_commit_p, True),
-          ("cancel", "cancel", _l_cancel_p, True), ("allocate_owned", "allocate_owned", _l_alloc_p, True),
-          ("load_weight", "load_weight", _l_load_p, True)]
-_L_SYS11 = [("refund_lease", "refund_lease", _l_refund_p, True),
-            ("commit_owned", "commit_owned", _l_commit_owned_p, True), ("kv_grow", "kv_grow", _l_kv_grow_p, True),
-            ("drop", "drop", _l_drop_p, True), ("unload_weight", "unload_weight", _l_unload_p, True),
-            ("poll", "poll", _l_poll_p, False),
-            ("cancel_ticket", "cancel_ticket", _l_ticket_p, True), ("expire", "expire", _l_expire_p, True),
-            ("respond", "respond", _l_respond_p, False), ("reconfigure", "reconfigure", _l_reconfigure_p, True)]
+_L_SYS = ("reserve", "commit", "cancel", "allocate_owned", "load_weight")
+_L_SYS11 = ("refund_lease", "commit_owned", "kv_grow", "drop", "unload_weight", "poll", "cancel_ticket", "expire",
+            "respond", "reconfigure")
 # S8's actions are encoded by S11's very steps (one ledger model): each sample counts for both
-SYS_ADAPTERS += [_l_ad("S11", a, sa, pr, it, also=("S8",)) for a, sa, pr, it in _L_SYS]
-SYS_ADAPTERS += [_l_ad("S11", a, sa, pr, it) for a, sa, pr, it in _L_SYS11]
+SYS_ADAPTERS += [_l_ad("S11", a, also=("S8",)) for a in _L_SYS]
+SYS_ADAPTERS += [_l_ad("S11", a) for a in _L_SYS11]
 # issue 33: the reservation and KV request paths, on both rows' machine
-_L_SYS_NEW = [("reserve_owned", "reserve_owned", _l_reserve_owned_p), ("close_owned", "close_owned", _l_close_owned_p),
-              ("kv_open", "kv_open", _l_kv_open_p), ("kv_close", "kv_close", _l_kv_close_p),
-              ("kv_release", "poll", _l_kv_release_p)]
-SYS_ADAPTERS += [_l_ad("S11", a, sa, pr, True) for a, sa, pr in _L_SYS_NEW]  # S8's share: below
+_L_SYS_NEW = ("reserve_owned", "close_owned", "kv_open", "kv_close", "kv_release")
+SYS_ADAPTERS += [_l_ad("S11", a) for a in _L_SYS_NEW]  # S8's share: below
 # claim succeeds only on a granted ticket: sampled on the ticket protocol's walk, where they are common
-TICKET_ADAPTERS += [_l_ad("S11", "claim", "claim", _l_claim_p)]
+TICKET_ADAPTERS += [_l_ad("S11", "claim")]
 # commit's GrantDenied (the footprint exceeds the grant by more than is free) needs an almost full
 # ledger: the walk on a device of two pages reaches it often
 SMALL_SYS_ADAPTERS += [a for a in SYS_ADAPTERS if a.invariant == "S11" and a.action in ("commit", "reserve_owned")]
@@ -417,83 +375,67 @@ def _l_mech_expected(s: Any, u: Universe, value: Any) -> Any:
     return flatten(st, E.S11.fields, _M_CMP + ("ret",), u)
 
 
-def _l_m_alloc_p(s: Any, args: dict[str, Any], taken: str) -> Any:
+def _l_m_alloc_args(s: Any, u: Universe, a: dict[str, Any], taken: str) -> dict[str, Any]:
     from memspec.spec import kernels as K
 
     from memspec.spec.eager import ALIGNMENT
 
-    size, align = _size(args["size"]), args.get("alignment", ALIGNMENT)
+    size, align = _size(a["size"]), a.get("alignment", ALIGNMENT)
     bad = not (_is_int(align) and align > 0 and align & (align - 1) == 0)
-    st, u = _l_mech_state(s)
     _l_new(u, "mitem")
     fp = K.round_up(size, s.page) if size and not bad else 0  # the walk's footprint: the witness's
-    return st, {"size": size, "bad_align": bad, "fp": fp, "oom": taken == "OutOfMemory"}, u
+    return {"size": size, "bad_align": bad, "fp": fp, "oom": taken == "OutOfMemory"}
 
 
-def _l_m_dealloc_p(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _l_mech_state(s)
-    return st, {"x": u.idx["mitem"][("a", args["handle"])], "foreign": s.allocations[args["handle"]].foreign}, u
-
-
-def _l_m_span_p(commit: bool) -> Any:
+def _l_m_span_args(commit: bool) -> Any:
     """commit_range / decommit_range: ``bad`` is a range the spec refuses for
     a reason other than the handle: misaligned, empty, reversed, past the
     end, a page already (commit) or not (decommit) committed."""
-    def project(s: Any, args: dict[str, Any], taken: str) -> Any:
-        ref, lo, hi = args["span"]
+    def args_fn(s: Any, u: Universe, a: dict[str, Any], taken: str) -> dict[str, Any]:
+        ref, lo, hi = a["span"]
         r = s.reservations[ref]
         bad = (not _aligned_nonempty(lo, hi, s.page) or hi > r.size
                or _s12_bad(s.page, r.size, r.committed, lo, hi, commit))
-        st, u = _l_mech_state(s)
-        return st, {"x": u.idx["mitem"][("r", ref)], "nb": max(hi - lo, 1), "foreign": r.foreign, "bad": bad,
-                    "oom": taken == "OutOfMemory"}, u
-    return project
+        return {"x": u.idx["mitem"][("r", ref)], "nb": max(hi - lo, 1), "foreign": r.foreign, "bad": bad,
+                "oom": taken == "OutOfMemory"}
+    return args_fn
 
 
-def _l_m_release_res_p(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _l_mech_state(s)
-    ref = args["reservation"]
-    return st, {"x": u.idx["mitem"][("r", ref)], "foreign": s.reservations[ref].foreign}, u
-
-
-def _l_m_create_p(s: Any, args: dict[str, Any], taken: str) -> Any:
-    size = args["size"]
+def _l_m_create_args(s: Any, u: Universe, a: dict[str, Any], taken: str) -> dict[str, Any]:
+    size = a["size"]
     bad = not _is_int(size) or size <= 0 or size % s.page != 0
-    st, u = _l_mech_state(s)
     _l_new(u, "mitem")
-    return st, {"size": 0 if bad else size, "bad": bad, "oom": taken == "OutOfMemory"}, u
+    return {"size": 0 if bad else size, "bad": bad, "oom": taken == "OutOfMemory"}
 
 
-def _l_m_release_handle_p(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _l_mech_state(s)
-    return st, {"x": u.idx["mitem"][("h", args["handle"])]}, u
-
-
-def _l_m_mapping_p(s: Any, args: dict[str, Any], taken: str) -> Any:
+def _l_m_mapping_args(s: Any, u: Universe, a: dict[str, Any], taken: str) -> dict[str, Any]:
     """unmap / copy_on_write of ``(mapping, reservation, offset, size)``:
     ``bad``: not its exact size."""
-    mref, _res, _off, size = args["mapping"]
+    mref, _res, _off, size = a["mapping"]
     m = s.mappings[mref]
-    st, u = _l_mech_state(s)
-    return st, {"x": u.idx["mitem"][("m", mref)], "h": u.idx["mitem"][("h", m.handle)],
-                "bad": size != m.size,
-                "oom": taken == "OutOfMemory"}, u
+    return {"x": u.idx["mitem"][("m", mref)], "h": u.idx["mitem"][("h", m.handle)], "bad": size != m.size,
+            "oom": taken == "OutOfMemory"}
 
 
-MECH_ADAPTERS += [
-    Adapter("S11", f"m_{name}", name, project, _l_mech_expected, _M_CMP + (("ret",) if ret else ()),
-            weight=_L_WEIGHT, max_inv_samples=_L_MAX_INV)
-    for name, project, ret in [("commit_range", _l_m_span_p(True), True), ("decommit_range", _l_m_span_p(False), True),
-                               ("release_reservation", _l_m_release_res_p, True), ("create", _l_m_create_p, False),
-                               ("release_handle", _l_m_release_handle_p, True), ("unmap", _l_m_mapping_p, True),
-                               ("copy_on_write", _l_m_mapping_p, True)]
-]
+#: the device-side encoded actions (``m_<spec action>``): their arguments, read off the one device
+#: projection (:func:`_l_mech_state`), and whether the step's value is compared
+_L_M_ARGS = {
+    "commit_range": (_l_m_span_args(True), True), "decommit_range": (_l_m_span_args(False), True),
+    "release_reservation": (lambda s, u, a, taken: {"x": u.idx["mitem"][("r", a["reservation"])],
+                                                    "foreign": s.reservations[a["reservation"]].foreign}, True),
+    "create": (_l_m_create_args, False),
+    "release_handle": (lambda s, u, a, taken: {"x": u.idx["mitem"][("h", a["handle"])]}, True),
+    "unmap": (_l_m_mapping_args, True), "copy_on_write": (_l_m_mapping_args, True),
+    "allocate": (_l_m_alloc_args, False),
+    "deallocate": (lambda s, u, a, taken: {"x": u.idx["mitem"][("a", a["handle"])],
+                                           "foreign": s.allocations[a["handle"]].foreign}, True),
+}
 MECH_ADAPTERS += [
     # S8's encoding of allocate is S11's (same step, same fields): each sample counts for both
-    Adapter("S11", "m_allocate", "allocate", _l_m_alloc_p, _l_mech_expected, _M_CMP, also=("S8",),
-            weight=_L_WEIGHT, max_inv_samples=_L_MAX_INV),
-    Adapter("S11", "m_deallocate", "deallocate", _l_m_dealloc_p, _l_mech_expected, _M_CMP + ("ret",),
-            weight=_L_WEIGHT, max_inv_samples=_L_MAX_INV),
+    Adapter("S11", f"m_{name}", name, _project(_l_mech_state, args), _l_mech_expected,
+            _M_CMP + (("ret",) if ret else ()), also=("S8",) if name == "allocate" else (),
+            weight=_L_WEIGHT, max_inv_samples=_L_MAX_INV)
+    for name, (args, ret) in _L_M_ARGS.items()
 ]
 
 

@@ -67,11 +67,12 @@ def _reserve_args(s: Any, u: Universe, args: dict[str, Any], taken: str) -> dict
             "oom": taken == "OutOfMemory"}
 
 
-def _owned_span_args(commit: bool) -> Any:
-    """commit_owned / decommit_owned: the reservation's span, refused for a reason other than S12's guard."""
+def _owned_span_args(commit: bool, records: str = "owned") -> Any:
+    """commit_owned / decommit_owned (commit_range / decommit_range: ``records`` "reservations"): the
+    reservation's span, refused for a reason other than S12's guard."""
     def args_fn(s: Any, u: Universe, args: dict[str, Any], taken: str) -> dict[str, Any]:
         ref, lo, hi = args["span"]
-        o = s.owned[ref]
+        o = getattr(s, records)[ref]
         return {"r": u.idx["res"][ref], "lo": lo, "hi": hi, "oom": taken == "OutOfMemory",
                 "bad": _s12_bad(s.page, o.size, o.committed, lo, hi, commit)}
     return args_fn
@@ -110,9 +111,7 @@ def _s1_state(s: Any) -> tuple[dict[str, Any], Universe]:
     return st, u
 
 
-def _s1_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _s1_state(s)
-    return st, {"x": u.idx["alloc"][args["handle"]], "m": 0, "c": 0}, u
+_s1_project = _project(_s1_state, lambda s, u, a, taken: {"x": u.idx["alloc"][a["handle"]], "m": 0, "c": 0})
 
 
 _S1_CMP = ("astate", "amech", "fmech", "fctx", "inst")
@@ -211,17 +210,17 @@ def _s14_make_project(errors_of: str, kind: str) -> Any:
     return project
 
 
-def _s14_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _s14_state(s)
-    return st, {"x": u.idx["obj"][args["handle"]]}, u
+_s14_project = _project(_s14_state, lambda s, u, a, taken: {"x": u.idx["obj"][a["handle"]]})
 
 
-def _s14_res_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _s14_state(s)
+def _s14_res_args(s: Any, u: Universe, args: dict[str, Any], taken: str) -> dict[str, Any]:
     ref = args["reservation"]
     r = s.reservations[ref]
     mapped = r.live and not r.foreign and bool(getattr(r, "backed", ()))
-    return st, {"x": u.idx["obj"][ref], "err": 1 if mapped else 0}, u
+    return {"x": u.idx["obj"][ref], "err": 1 if mapped else 0}
+
+
+_s14_res_project = _project(_s14_state, _s14_res_args)
 
 
 # -- S5: VirtualBacking ----------------------------------------------------
@@ -253,10 +252,8 @@ def _s5_state(s: Any, ret: int = 0, answer: int = 0) -> tuple[dict[str, Any], Un
 _S5_CMP = ("cap", "physical", "ctot", "absent", "rlive", "rforeign", "rsize", "pc", "reported")
 
 
-def _s5_span_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _s5_state(s)
-    ref, lo, hi = args["span"]
-    return st, {"r": u.idx["res"][ref], "lo": lo, "hi": hi, "oom": taken == "OutOfMemory"}, u
+_s5_span_project = _project(_s5_state, lambda s, u, a, taken: {
+    "r": u.idx["res"][a["span"][0]], "lo": a["span"][1], "hi": a["span"][2], "oom": taken == "OutOfMemory"})
 
 
 def _s5_ret_expected(s: Any, u: Universe, value: Any) -> Any:
@@ -276,9 +273,7 @@ def _s5_release_project(s: Any, args: dict[str, Any], taken: str) -> Any:
 _s5_reserve_project = _project(_s5_state, _reserve_args)
 
 
-def _s5_query_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _s5_state(s)
-    return st, {}, u
+_s5_query_project = _project(_s5_state, lambda s, u, a, taken: {})
 
 
 def _s5_query_expected(s: Any, u: Universe, value: Any) -> Any:
@@ -400,27 +395,12 @@ def _s13_map_project(s: Any, args: dict[str, Any], taken: str) -> Any:
                 "r": u.idx["res"][ref], "bad": _misplaced(s, ref, off, h.size)}, u
 
 
-def _s13_mapping_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _s13_state(s)
-    mref, res, _off, size = args["mapping"]
-    return st, {"m": u.idx["mapping"][mref], "size": size, "oom": taken == "OutOfMemory"}, u
-
-
-def _s13_handle_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _s13_state(s)
-    return st, {"h": u.idx["handle"][args["handle"]]}, u
-
-
-def _s13_write_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _s13_state(s)
-    return st, {"m": u.idx["mapping"][args["mapping"][0]]}, u
-
-
-def _s13_free_res_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _s13_state(s)
-    ref = args["reservation"]
-    r = s.reservations[ref]
-    return st, {"r": u.idx["res"][ref], "mapped": bool(r.backed)}, u
+_s13_mapping_project = _project(_s13_state, lambda s, u, a, taken: {
+    "m": u.idx["mapping"][a["mapping"][0]], "size": a["mapping"][3], "oom": taken == "OutOfMemory"})
+_s13_handle_project = _project(_s13_state, lambda s, u, a, taken: {"h": u.idx["handle"][a["handle"]]})
+_s13_write_project = _project(_s13_state, lambda s, u, a, taken: {"m": u.idx["mapping"][a["mapping"][0]]})
+_s13_free_res_project = _project(_s13_state, lambda s, u, a, taken: {
+    "r": u.idx["res"][a["reservation"]], "mapped": bool(s.reservations[a["reservation"]].backed)})
 
 
 MECH_ADAPTERS = [
@@ -495,13 +475,7 @@ _S12_MECH_CMP = ("rstate", "base", "rsize", "kc")
 
 
 def _s12_mech_project(commit: bool) -> Any:
-    def project(s: Any, args: dict[str, Any], taken: str) -> Any:
-        st, u = _s12_mech_state(s)
-        ref, lo, hi = args["span"]
-        r = s.reservations[ref]
-        return st, {"r": u.idx["res"][ref], "lo": lo, "hi": hi, "oom": taken == "OutOfMemory",
-                    "bad": _s12_bad(s.page, r.size, r.committed, lo, hi, commit)}, u
-    return project
+    return _project(_s12_mech_state, _owned_span_args(commit, "reservations"))
 
 
 _s12_mech_expected = _expected(_s12_mech_state, E.S12.fields, _S12_MECH_CMP, adopt=False)

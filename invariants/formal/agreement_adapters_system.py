@@ -97,9 +97,7 @@ def _s15_issue_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     return st, {"t": _new_slot(u, "ticket"), "n": amount, "dl": deadline}, u
 
 
-def _s15_ticket_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _s15_state(s)
-    return st, {"t": u.idx["ticket"][args["ticket"]]}, u
+_s15_ticket_project = _project(_s15_state, lambda s, u, a, taken: {"t": u.idx["ticket"][a["ticket"]]})
 
 
 def _s15_respond_project(s: Any, args: dict[str, Any], taken: str) -> Any:
@@ -158,14 +156,9 @@ def _s15_expire_permit(value: Any, enc_args: dict[str, Any]) -> set[str]:
     return {"ok"} if len(tuple(value)) == 1 else {"InvalidTicket", "InvalidRequest"}
 
 
-def _s15_reconfigure_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _s15_state(s)
-    return st, {}, u
-
-
-def _s15_set_hot_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _s15_state(s)
-    return st, {"w": u.idx["weight"][args["weight"]], "h": bool(args["hot"])}, u
+_s15_reconfigure_project = _project(_s15_state, lambda s, u, a, taken: {})
+_s15_set_hot_project = _project(_s15_state, lambda s, u, a, taken: {"w": u.idx["weight"][a["weight"]],
+                                                                   "h": bool(a["hot"])})
 
 
 _ON_TICKETS = ("G1", "S6")  # the rows proved on S15's ticket machine: each sample is theirs too
@@ -232,17 +225,13 @@ def _s3_state(s: Any, answer: int = 0) -> tuple[dict[str, Any], Universe]:
             "answer": answer}, u
 
 
-def _s3_select_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _s3_state(s)
-    return st, {"d": 0, "m": args["mechanism"]}, u
+_s3_select_project = _project(_s3_state, lambda s, u, a, taken: {"d": 0, "m": a["mechanism"]})
 
 
 _s3_select_expected = _expected(_s3_state, E.S3.fields, ("inst", "gen"), adopt=False)
 
 
-def _s3_query_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _s3_state(s)
-    return st, {"d": 0}, u
+_s3_query_project = _project(_s3_state, lambda s, u, a, taken: {"d": 0})
 
 
 def _s3_query_expected(s: Any, u: Universe, value: Any) -> Any:
@@ -331,11 +320,8 @@ def _s2_range_bad(s: Any, span: tuple[int, int, int]) -> bool:
     return any(p in o.committed for p in range(start // s.page, end // s.page))
 
 
-def _s2_commit_owned_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    ref, start, end = args["span"]
-    st, u = _s2_state(s)
-    return st, {"n": end - start if end > start else 1, "bad_range": _s2_range_bad(s, args["span"]),
-                "oom": taken == "OutOfMemory"}, u
+_s2_commit_owned_project = _project(_s2_state, lambda s, u, a, taken: {
+    "n": a["span"][2] - a["span"][1] if a["span"][2] > a["span"][1] else 1, "bad_range": _s2_range_bad(s, a["span"]), "oom": taken == "OutOfMemory"})
 
 
 def _s2_allocate_project(s: Any, args: dict[str, Any], taken: str) -> Any:
@@ -348,9 +334,8 @@ def _s2_allocate_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     return st, {"h": 0, "fp": -(-size // s.page) * s.page, "oom": taken == "OutOfMemory"}, u
 
 
-def _s2_load_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _s2_state(s)
-    return st, {"h": 1, "fp": args["weight"][2], "oom": taken == "OutOfMemory"}, u
+_s2_load_project = _project(_s2_state, lambda s, u, a, taken: {"h": 1, "fp": a["weight"][2],
+                                                               "oom": taken == "OutOfMemory"})
 
 
 def _s2_reserve_project(s: Any, args: dict[str, Any], taken: str) -> Any:
@@ -362,31 +347,26 @@ def _s2_reserve_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     return st, {"n": n}, u
 
 
-def _s2_cancel_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    g = s.grants[args["grant"]]
-    st, u = _s2_state(s)
-    return st, {"gb": g.nbytes, "open": g.state == "open"}, u
+def _s2_grant(g: Any) -> dict[str, Any]:
+    return {"gb": g.nbytes, "open": g.state == "open"}
 
 
-def _s2_commit_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    ref, actual = args["grant"]
-    g = s.grants[ref]
-    st, u = _s2_state(s)
-    return st, {"h": _s2_holders()[g.holder], "gb": g.nbytes, "actual": actual, "open": g.state == "open"}, u
-
-
-def _s2_grow_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+def _s2_grow_args(s: Any, u: Universe, args: dict[str, Any], taken: str) -> dict[str, Any]:
     r, new, fail_at = args["growth"]
     q = s.kv[r]
-    st, u = _s2_state(s)
-    return st, {"n": -(-new // s.page) * s.page - q.committed, "past": new > q.max_bytes,
-                "refuse": taken == "InvalidRequest", "fail": fail_at in (4, 5), "oom": taken == "OutOfMemory"}, u
+    return {"n": -(-new // s.page) * s.page - q.committed, "past": new > q.max_bytes,
+            "refuse": taken == "InvalidRequest", "fail": fail_at in (4, 5), "oom": taken == "OutOfMemory"}
 
 
-def _s2_refund_lease_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    l_ = s.leases[args["lease"]]
-    st, u = _s2_state(s)
-    return st, {"h": _s2_holders()[l_.holder], "b": l_.nbytes, "refunded": l_.refunded}, u
+def _s2_lease(l_: Any) -> dict[str, Any]:
+    return {"h": _s2_holders()[l_.holder], "b": l_.nbytes, "refunded": l_.refunded}
+
+
+_s2_cancel_project = _project(_s2_state, lambda s, u, a, taken: _s2_grant(s.grants[a["grant"]]))
+_s2_commit_project = _project(_s2_state, lambda s, u, a, taken: {
+    "h": _s2_holders()[s.grants[a["grant"][0]].holder], **_s2_grant(s.grants[a["grant"][0]]), "actual": a["grant"][1]})
+_s2_grow_project = _project(_s2_state, _s2_grow_args)
+_s2_refund_lease_project = _project(_s2_state, lambda s, u, a, taken: _s2_lease(s.leases[a["lease"]]))
 
 
 def _kv_freed(s: Any, refs: list[int]) -> int:
@@ -470,10 +450,9 @@ def _s2_respond_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     return st, {**r, "got": got, "terminal": False}, u
 
 
-def _s2_reserve_owned_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _s2_state(s)
-    return st, {"unsup": not s.registry.capabilities[s.registry.installed][0], "bad": _not_size(args["size"]),
-                "oom": taken == "OutOfMemory"}, u
+_s2_reserve_owned_project = _project(_s2_state, lambda s, u, a, taken: {
+    "unsup": not s.registry.capabilities[s.registry.installed][0], "bad": _not_size(a["size"]),
+    "oom": taken == "OutOfMemory"})
 
 
 SYS_ADAPTERS += [
@@ -533,18 +512,23 @@ _S9_CMP_P = _S9_CMP + ("prefix",)
 _s9_expected_p = _expected(_s9_state, E.S9.fields, _S9_CMP_P, adopt=False)
 
 
+def _kv_open_refusals(s: Any, request: tuple[Any, int, Any, int]) -> dict[str, bool]:
+    """kv_open's refusals, as every row's projection reads them: ``unsup`` (no VirtualBacking, or no
+    SharedMapping for a prefix) and ``bad`` (a prefix past what its origin holds, or past the request)."""
+    _ref, max_bytes, origin, prefix = request
+    vb, sm = s.registry.capabilities[s.registry.installed]
+    return {"unsup": not vb or (origin is not None and not sm),
+            "bad": origin is not None and (prefix > s.kv[origin].own or prefix > max_bytes)}
+
+
 def _s9_open_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     ref, max_bytes, origin, prefix = args["request"]
-    vb, sm = s.registry.capabilities[s.registry.installed]
     st, u = _s9_state(s)
-    bad = origin is not None and (prefix > s.kv[origin].own or prefix > max_bytes)
     return st, {"r": _new_slot(u, "request"), "n": max_bytes, "p": prefix if origin is not None else 0,
-                "bad": bad, "unsup": not vb or (origin is not None and not sm)}, u
+                **_kv_open_refusals(s, args["request"])}, u
 
 
-def _s9_request_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _s9_state(s)
-    return st, {"r": u.idx["request"][args["request"]]}, u
+_s9_request_project = _project(_s9_state, lambda s, u, a, taken: {"r": u.idx["request"][a["request"]]})
 
 
 def _s9_runs(s: Any, seqs: list[int], extra: int = 0) -> dict[str, Any] | None:
@@ -647,7 +631,7 @@ _s12_reserve_project = _project(_s12_sys_state, _reserve_args)
 def _s12_kv_open_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     _ref, max_bytes, origin, prefix = args["request"]
     st, u = _s12_sys_state(s)
-    bad = origin is not None and (prefix > s.kv[origin].own or prefix > max_bytes)
+    bad = _kv_open_refusals(s, args["request"])["bad"]
     return st, {"r": _new_slot(u, "res"), "n": max_bytes, "bad": bad, "oom": False, "prefix": origin is not None}, u
 
 
@@ -787,9 +771,7 @@ def _s13_kv_open_project(s: Any, args: dict[str, Any], taken: str) -> Any:
                 "p": prefix if origin is not None else 0, "hasorig": origin is not None}, u
 
 
-def _s13_kv_close_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _s13_sys_state(s)
-    return st, {"q": u.idx["request"][args["request"]]}, u
+_s13_kv_close_project = _project(_s13_sys_state, lambda s, u, a, taken: {"q": u.idx["request"][a["request"]]})
 
 
 SYS_ADAPTERS += [
@@ -836,10 +818,9 @@ _s5_commit_owned_project = _project(_s5_sys_state, _owned_span_args(True))
 
 
 def _s5_kv_open_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    _ref, max_bytes, origin, prefix = args["request"]
     st, u = _s5_sys_state(s)
-    bad = origin is not None and (prefix > s.kv[origin].own or prefix > max_bytes)
-    return st, {"q": _new_slot(u, "kv"), "bad": bad, "prefix": origin is not None}, u
+    bad = _kv_open_refusals(s, args["request"])["bad"]
+    return st, {"q": _new_slot(u, "kv"), "bad": bad, "prefix": args["request"][2] is not None}, u
 
 
 _S5_OWN_CMP = ("ostate", "rcap", "osize", "ocb", "free")
