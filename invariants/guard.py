@@ -36,6 +36,7 @@ import queue
 import select
 import signal
 import struct
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -373,6 +374,39 @@ def fork(child: Callable[[], int]) -> int:
     return pid
 
 
+def _own_group() -> None:
+    """In a supervised child: a process group of its own (a signal the target
+    sends its group -- ``os.kill(0, SIGINT)`` -- reaches no supervisor, and
+    the processes it forks are killed with the child), and, on Linux, death
+    with the thread that forked it (Ctrl-C reaches the supervisor only now:
+    the child must not outlive it)."""
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)   # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL to the supervised child's process group (``pid``'s, while the
+    child is unreaped), else to the child alone."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+        return
+    except OSError:
+        pass
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
 def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Callable[[dict], None] | None = None,
               poll: float = 0.05, deadline: float | None = None) -> Ending:
     """Run ``work(channel)`` in a forked child; return how it ended.
@@ -396,6 +430,7 @@ def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Ca
     r, w = os.pipe()
 
     def child() -> int:
+        _own_group()
         os.close(r)
         CallGuard.watch = watch
         StepLog.current = log
@@ -411,13 +446,16 @@ def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Ca
         return 0
 
     pid = fork(child)
+    try:
+        os.setpgid(pid, pid)   # as the child does (whichever runs first)
+    except OSError:
+        pass
     os.close(w)
     end = Ending()
     parts: list = [b""]
     last_calls, since = -1, time.monotonic()
     done = False
     eof = False
-    status: int | None = None   # the child's wait status, once reaped
     nap = 0.001
 
     def take(chunk: bytes) -> None:
@@ -460,9 +498,8 @@ def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Ca
                 nap = min(poll, nap * 2)
             # The child's exit -- not the pipe's end -- ends the watch: a
             # process the target forked holds the pipe open as long as it lives.
-            got, st = os.waitpid(pid, os.WNOHANG)
-            if got:
-                status = st
+            # (WNOWAIT: left unreaped, the child keeps its process group's id for the kill below)
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
                 for _ in range(256):   # what the child wrote before it ended (bounded: a grandchild may write on)
                     if eof or not select.select([r], [], [], 0)[0]:
                         break
@@ -480,24 +517,17 @@ def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Ca
             elif now - since > allowed:
                 end.hang, end.blame, end.what = True, blame, what
                 end.death = f"a call into the target did not return within {allowed:g} s ({what})"
-                os.kill(pid, signal.SIGKILL)
                 break
             if deadline is not None and now > deadline:
                 end.hang, end.blame, end.what = True, blame if inside else "", what if inside else ""
                 end.death = "the process did not finish within its time bound" + (f" ({what})" if inside else "")
-                os.kill(pid, signal.SIGKILL)
                 break
-    except BaseException:   # Ctrl-C or a bug of the caller's: the child must not outlive the supervisor
-        if status is None:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        raise
     finally:
+        # Ctrl-C or a bug of the caller's included: the child must not outlive the supervisor, nor
+        # the processes a target forked (its process group; the child, unreaped, still holds its id)
         os.close(r)
-        if status is None:
-            _, status = os.waitpid(pid, 0)
+        _kill_group(pid)
+        _, status = os.waitpid(pid, 0)
         if not done and end.death is None:
             _calls, inside, _limit, end.blame, end.what = watch.read()
             end.death = _describe_status(status) + (f" inside the target ({end.what})" if inside else "")

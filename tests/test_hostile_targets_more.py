@@ -39,10 +39,13 @@ def _block_forever() -> None:
 
 def _fork_and_linger() -> None:
     """Fork a grandchild that keeps every inherited descriptor -- the
-    harness's pipe among them -- open until the test ends."""
+    harness's pipe among them -- open until the test ends (it says its pid
+    on the held pipe's second pair, when there is one)."""
     if os.fork() == 0:
         try:
             os.close(_HOLD[1])
+            if len(_HOLD) == 4:
+                os.write(_HOLD[3], b"%d\n" % os.getpid())
             _block_forever()
         finally:
             os._exit(0)
@@ -89,7 +92,8 @@ def hold():
     # this file under another name: its globals would be another module's)
     held = importlib.import_module(HERE)._HOLD
     r, w = os.pipe()
-    held[:] = _HOLD[:] = [r, w]
+    pr, pw = os.pipe()   # the lingering processes' pids
+    held[:] = _HOLD[:] = [r, w, pr, pw]
     try:
         yield
     finally:
@@ -97,6 +101,25 @@ def hold():
         _HOLD.clear()
         os.close(w)   # every process left blocked on the pipe reads its end and exits
         os.close(r)
+        os.close(pr)
+        os.close(pw)
+
+
+def _lingering_pids() -> list:
+    os.set_blocking(_HOLD[2], False)
+    try:
+        data = os.read(_HOLD[2], 1 << 16)
+    except BlockingIOError:
+        data = b""
+    return [int(x) for x in data.split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def _conform(target, **kw):
@@ -127,6 +150,43 @@ def test_a_target_that_forks_a_lingering_process_is_judged_not_hung(hold):
     (res,) = _conform("toy_forks")
     assert not res.errors and not res.failures, (res.errors, res.failures)
     assert res.plan.stats.steps > 0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
+def test_the_processes_a_target_forks_do_not_outlive_its_run(hold):
+    import time
+
+    (res,) = _conform("toy_forks")
+    pids = _lingering_pids()
+    assert pids
+    # killed with the run's process group: each is gone (or a zombie) as soon as the kill lands;
+    # before, each lived on, blocked on the held pipe, until the test closed it
+    until = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < until:
+        time.sleep(0.05)
+    assert not [p for p in pids if _alive(p)]
+
+
+def toy_factory_interrupts_its_group(capacity=None):
+    import signal
+
+    os.kill(0, signal.SIGINT)     # its process group: once the supervisor's too
+    return _toy_with(ToyAllocator)(capacity)
+
+
+def test_a_target_that_interrupts_its_process_group_does_not_interrupt_the_harness():
+    import subprocess
+
+    code = ("import sys; sys.path.insert(0, %r)\n"
+            "from memspec.invariants import runner\n"
+            "res = runner.conform(%r, 'mechanism', machine=%r, examples=2, steps=3, out_dir=None, timeout=60)\n"
+            "print('RESULT', [(r.level, r.errors) for r in res])\n") % (ROOT, f"{HERE}:toy_factory_interrupts_its_group", TOY)
+    # a session of its own: on the code before the fix the SIGINT reached this process's group
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       start_new_session=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "RESULT [('mechanism', [" in p.stdout and "KeyboardInterrupt" in p.stdout, p.stdout[-2000:]
 
 
 @pytest.mark.timeout(60)
