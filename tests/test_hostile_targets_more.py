@@ -1,6 +1,9 @@
-"""More hostile targets: what a target may do to the process it runs in (fork,
-close the harness's pipe) and values that lie about themselves.  Each test
-failed (or hung) before the fix it guards.  A hang here is a call that cannot
+"""More hostile targets: what a target may do to the process it runs in (fork
+processes that outlive it, close the harness's pipe, interrupt its process
+group), fields of its instance that are not what they say (capacity, kind),
+and answers that lie about themselves (ints equal to everything, identities
+whose hash raises, at the mechanism and the caching level).  Each test failed
+(or hung) before the fix it guards.  A hang here is a call that cannot
 finish (a read of a pipe nobody writes), never a slow one; the processes a
 target leaves behind end when the test closes that pipe.
 
