@@ -423,3 +423,20 @@ def test_a_caching_answer_that_lies_or_is_not_an_int_is_a_failure(target, inv):
     (res,) = runner.conform(f"{HERE}:{target}", "caching", examples=10, steps=10, out_dir=None, timeout=60)
     assert not res.errors, res.errors
     assert inv in {f.invariant for f in res.failures}, res.failures
+
+
+# --------------------------------------------------------------------------
+# conform --corpus runs the target's code too: supervised
+# --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("target, words", [
+    ("toy_factory_os_exits", "exited with status 0"),
+    ("toy_factory_exits_0", "raised SystemExit: 0"),
+])
+def test_corpus_with_a_factory_that_exits_0_is_an_error_never_green(target, words):
+    import subprocess
+
+    p = subprocess.run([sys.executable, "-m", "memspec", "conform", "--corpus", f"tests.hostile_targets:{target}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1, (p.returncode, p.stdout[-2000:], p.stderr[-2000:])   # was 0, nothing printed
+    assert words in p.stderr and target in p.stderr, p.stderr[-2000:]

@@ -66,12 +66,38 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _corpus(targets: list[str]) -> int:
+    """``--corpus``: the replays run the targets' code (import, factory,
+    steps), so they run in a supervised child, as a conformance run does: a
+    target that exits (``sys.exit(0)`` and ``os._exit(0)`` included),
+    crashes or hangs in a call is one line on stderr and exit status 1,
+    never a green run."""
+    from memspec.invariants import text as T
+    from memspec.invariants.corpus import main as corpus_main
+    from memspec.invariants.guard import supervise
+
+    def work(ch) -> None:  # type: ignore[no-untyped-def]
+        try:
+            rc = corpus_main(targets)
+        finally:
+            sys.stdout.flush()   # the child leaves by os._exit: its buffered rows would be lost
+        ch.send({"t": "rc", "rc": rc if type(rc) is int else 1})
+
+    end = supervise(work, timeout=60.0)
+    rcs = [m.get("rc") for m in end.messages if m.get("t") == "rc"]
+    fatal = [m.get("error") for m in end.messages if m.get("t") == "fatal"]
+    if end.death is None and not fatal and len(rcs) == 1 and type(rcs[0]) is int and 0 <= rcs[0] <= 255:
+        return rcs[0]
+    why = f"the replay raised {T.safe_str(fatal[0], 2000)}" if fatal else (end.death or "no result")
+    print(f"memspec conform --corpus {T.terminal(' '.join(targets), 500)}: {T.terminal(why, 2000)}",
+          file=sys.stderr)
+    return 1
+
+
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     if args.corpus:
-        from memspec.invariants.corpus import main as corpus_main
-
-        return corpus_main(args.targets or [DEFAULT_TARGET])
+        return _corpus(args.targets or [DEFAULT_TARGET])
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from memspec.invariants import report, runner
