@@ -34,15 +34,10 @@ from memspec.invariants.formal.proofs import limit  # Z3 resource limits, not wa
 
 from memspec.spec.api import MiB
 
-K_MIN_BLOCK = 512
-K_SMALL = MiB
-K_ROUND_LARGE = 2 * MiB
-K_LARGE_BUFFER = 20 * MiB
-K_MIN_LARGE_ALLOC = 10 * MiB
-
-
-def ceil_to(x: Any, unit: int) -> Any:
-    return ((x + unit - 1) / unit) * unit
+# the seed's size constants and rounding, stated once: the heap encoding's
+from memspec.invariants.formal.proofs_caching_heap_terms import (  # noqa: F401 - names of this module too
+    K_LARGE_BUFFER, K_MIN_BLOCK, K_MIN_LARGE_ALLOC, K_ROUND_LARGE, K_SMALL, ceil_to,
+)
 
 
 # -- the policy kernels, on Z3 integers (agreement with spec/caching.py is tested) --
