@@ -440,3 +440,41 @@ def test_corpus_with_a_factory_that_exits_0_is_an_error_never_green(target, word
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 1, (p.returncode, p.stdout[-2000:], p.stderr[-2000:])   # was 0, nothing printed
     assert words in p.stderr and target in p.stderr, p.stderr[-2000:]
+
+
+# --------------------------------------------------------------------------
+# memspec targets probes every plugin's factory: supervised, its text escaped
+# --------------------------------------------------------------------------
+
+def toy_factory_raises_markup(capacity=None):
+    raise RuntimeError("[/] an unbalanced closing tag [bold]")
+
+
+_TARGETS_SCRIPT = """
+import sys
+sys.path.insert(0, {root!r})
+from memspec.invariants import discovery
+from memspec.invariants.discovery import TargetRef
+import tests.hostile_targets as H
+import tests.test_hostile_targets_more as M
+
+refs = [TargetRef("exits-0", H.toy_factory_os_exits, "test"), TargetRef("markup", M.toy_factory_raises_markup, "test"),
+        TargetRef("bad-import", None, "test", error="ImportError: [/] no module"), TargetRef("toy", H.toy, "test")]
+discovery.list_targets = lambda: refs
+from memspec.commands import targets
+print("RC", targets.main([]))
+"""
+
+
+def test_targets_lists_a_factory_that_exits_or_raises_markup_and_goes_on():
+    import subprocess
+
+    p = subprocess.run([sys.executable, "-c", _TARGETS_SCRIPT.format(root=ROOT)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "COLUMNS": "400"})
+    # was: exit status 0 with nothing listed (the factory's os._exit ended memspec), and a MarkupError
+    assert p.returncode == 0 and "RC 0" in p.stdout, (p.returncode, p.stdout[-3000:], p.stderr[-3000:])
+    out = " ".join(p.stdout.replace("│", " ").split())
+    assert "exits-0: unavailable: probing it: the process exited with status 0" in out, out
+    assert "markup: unavailable: RuntimeError: [/] an unbalanced closing tag [bold]" in out, out
+    assert "bad-import: import failed: ImportError: [/] no module" in out, out
+    assert "toy mechanism allocator, ep available" in out, out
