@@ -23,8 +23,8 @@ from memspec.invariants.formal.agreement_adapters_mech import (
     _s1_project,
 )
 from memspec.invariants.formal.agreement_adapters_system import (
-    SMALL_SYS_ADAPTERS, SYS_ADAPTERS, TICKET_ADAPTERS, _ASTATE, _TSTATE, _done_seqs, _kv_open_refusals, _kv_run,
-    _not_size,
+    SMALL_SYS_ADAPTERS, SYS_ADAPTERS, TICKET_ADAPTERS, _ASTATE, _TSTATE, _answer_victims, _done_seqs,
+    _kv_open_refusals, _kv_run, _not_size,
 )
 
 #: the modules this one is assembled from, in order (split by level); a name
@@ -250,7 +250,7 @@ def _l_respond_p(s: Any, args: dict[str, Any], taken: str) -> Any:
     if terminal or taken != "ok":
         return st, {"t": t, "x": 0, "mode": 0}, u
     seqs = _done_seqs(s, args["pending"])
-    victims = [w for w in s.weights.values() if w.resident and not w.hot][:2] if holder == "weights" else []
+    victims = _answer_victims(s, holder)
     if len(seqs) + len(victims) > 1:
         return None  # several releases: the encoding runs one per step
     if victims:
@@ -582,14 +582,13 @@ def _q_respond_p(s: Any, args: dict[str, Any], taken: str) -> Any:
     :func:`~memspec.spec.holders.victims` picks for that sum (the holder's
     choice: an argument of the encoding); KvPageStore none.  An answer that
     releases nothing and finds no done release queued: skipped (the identity)."""
-    from memspec.spec.governor import WEIGHTS
     from memspec.spec.holders import victims, weight_footprint
 
     t_ref, holder, terminal = args["answer"]
     st, u = _qstate(s)
     if terminal or taken != "ok":
         return st, {"nv": 0, "v1": 0, "v2": 0, "terminal": True}, u
-    cold = [w for w in s.weights.values() if w.resident and not w.hot][:2] if holder == WEIGHTS else []
+    cold = _answer_victims(s, holder)
     vs = victims(s, sum(weight_footprint(s, w) for w in cold)) if cold else []
     if vs is None or len(vs) > 2:
         return None  # not an answer of at most two victims

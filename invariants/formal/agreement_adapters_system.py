@@ -113,11 +113,11 @@ def _s15_respond_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     st, u = _s15_state(s)
     enc_args = {"t": u.idx["ticket"][t_ref], "holder": E.H_WEIGHTS if holder == "weights" else E.H_KV, "nv": 0,
                 "v1": 0, "v2": 0, "r": 0, "refunded": 0}
-    if holder == "weights" and not terminal and taken == "ok":
-        cold = [n for n, w in s.weights.items() if w.resident and not w.hot][:2]
+    if not terminal and taken == "ok":
+        cold = _answer_victims(s, holder)
         enc_args["nv"] = len(cold)
-        for k, n in zip(("v1", "v2"), cold):
-            enc_args[k] = u.idx["weight"][n]
+        for k, w in zip(("v1", "v2"), cold):
+            enc_args[k] = u.idx["weight"][w.name]
     u.enc_args = enc_args  # type: ignore[attr-defined]
     return st, enc_args, u
 
@@ -198,8 +198,14 @@ def _tickets_init() -> Any:
 
 
 class _Restricted:
+    """The spec's machine restricted to the actions ``names`` (its walks visit reachable states only)."""
     def __init__(self, machine: Any, names: tuple[str, ...]) -> None:
         self.actions = [a for a in machine.actions if a.name in names]
+
+
+def _answer_victims(s: Any, holder: str) -> list[Any]:
+    """respond's witness: ModelResidency releases its first two cold resident weights, KvPageStore none."""
+    return [w for w in s.weights.values() if w.resident and not w.hot][:2] if holder == "weights" else []
 
 
 def run_tickets(samples: int, seed: int, inv_samples: int = 0, per_branch: int | None = None,
@@ -321,7 +327,8 @@ def _s2_range_bad(s: Any, span: tuple[int, int, int]) -> bool:
 
 
 _s2_commit_owned_project = _project(_s2_state, lambda s, u, a, taken: {
-    "n": a["span"][2] - a["span"][1] if a["span"][2] > a["span"][1] else 1, "bad_range": _s2_range_bad(s, a["span"]), "oom": taken == "OutOfMemory"})
+    "n": a["span"][2] - a["span"][1] if a["span"][2] > a["span"][1] else 1, "bad_range": _s2_range_bad(s, a["span"]),
+    "oom": taken == "OutOfMemory"})
 
 
 def _s2_allocate_project(s: Any, args: dict[str, Any], taken: str) -> Any:
@@ -442,8 +449,7 @@ def _s2_respond_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     st, u = _s2_state(s)
     if terminal or taken != "ok":
         return st, {"r0": 0, "r1": 0, "r2": 0, "got": 0, "terminal": True}, u
-    cold = [w for w in s.weights.values() if w.resident and not w.hot][:2] if holder == WEIGHTS else []
-    got = sum(weight_footprint(s, w) for w in cold)
+    got = sum(weight_footprint(s, w) for w in _answer_victims(s, holder))
     r = _s2_runs(s, _done_seqs(s, args["pending"]), {_s2_holders()[WEIGHTS]: got})
     if not any(r.values()):
         return None  # nothing released: the identity, no sample spent on it
@@ -555,7 +561,6 @@ def _s9_release_args(u: Universe, r: dict[str, Any]) -> dict[str, Any]:
 def _s9_respond_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     """The walk's answer (the spec's witness, as for S2): the victims' bytes
     among the other holders' refunds, the done releases run."""
-    from memspec.spec.governor import WEIGHTS
     from memspec.spec.holders import weight_footprint
 
     t_ref, holder, terminal = args["answer"]
@@ -563,8 +568,7 @@ def _s9_respond_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     if terminal or taken != "ok":
         return st, {"x": 0, "kx": 0, "one": False, "y": 0, "ky": 0, "two": False, "other": 0, "got": 0,
                     "terminal": True}, u
-    cold = [w for w in s.weights.values() if w.resident and not w.hot][:2] if holder == WEIGHTS else []
-    got = sum(weight_footprint(s, w) for w in cold)
+    got = sum(weight_footprint(s, w) for w in _answer_victims(s, holder))
     r = _s9_runs(s, _done_seqs(s, args["pending"]), got)
     if r is None:
         return None
@@ -684,13 +688,7 @@ def run_small_system(samples: int, seed: int, inv_samples: int = 0, per_branch: 
 #
 # Branches the full walk reaches rarely (a KV prefix larger than what its
 # origin committed; a shared reservation freed while still mapped) are
-# reached by walking only the actions that build those states.  The states
-# are reachable in the full machine (the same actions from the same init).
-
-class _Focused:
-    def __init__(self, machine: Any, names: tuple[str, ...]) -> None:
-        self.actions = [a for a in machine.actions if a.name in names]
-
+# reached by walking only the actions that build those states (:class:`_Restricted`).
 
 _KV_FOCUS = ("kv_open", "kv_grow", "kv_close")
 #: the KV release path: requests (some sharing a prefix) grown, closed, their releases run by poll
@@ -716,14 +714,15 @@ def run_focused(samples: int, seed: int, inv_samples: int = 0, per_branch: int |
     rel = [a for a in SYS_ADAPTERS if a.spec_action == "poll" and (a.invariant, a.action) in _KV_RELEASE_ADAPTERS]
     resp = [a for a in SYS_ADAPTERS if a.spec_action == "respond" and (a.invariant, a.action) in _RESPOND_ADAPTERS]
     n_rel = max(8, samples // 40)
-    return (walk_and_compare(_Focused(SYSTEM, _KV_FOCUS), _sys_init, kv, proofs, n_kv, seed + 2, _sys_too_big,
+    return (walk_and_compare(_Restricted(SYSTEM, _KV_FOCUS), _sys_init, kv, proofs, n_kv, seed + 2, _sys_too_big,
                              inv_samples=min(inv_samples, n_kv), favour=0.1, per_branch=per_branch, prior=prior)
-            + walk_and_compare(_Focused(SYSTEM, _KV_RELEASE_FOCUS), _sys_init, rel, proofs, n_rel, seed + 4,
+            + walk_and_compare(_Restricted(SYSTEM, _KV_RELEASE_FOCUS), _sys_init, rel, proofs, n_rel, seed + 4,
                                _sys_too_big, inv_samples=min(inv_samples, n_rel), per_branch=per_branch, prior=prior)
-            + walk_and_compare(_Focused(SYSTEM, _RESPOND_FOCUS), _sys_init, resp, proofs, n_rel, seed + 5,
+            + walk_and_compare(_Restricted(SYSTEM, _RESPOND_FOCUS), _sys_init, resp, proofs, n_rel, seed + 5,
                                _sys_too_big, inv_samples=min(inv_samples, n_rel), per_branch=per_branch, prior=prior)
-            + walk_and_compare(_Focused(MECHANISM, _SHARED_FOCUS), _mech_init, sh, proofs, n, seed + 3, _mech_too_big,
-                               inv_samples=min(inv_samples, n), favour=0.1, per_branch=per_branch, prior=prior))
+            + walk_and_compare(_Restricted(MECHANISM, _SHARED_FOCUS), _mech_init, sh, proofs, n, seed + 3,
+                               _mech_too_big, inv_samples=min(inv_samples, n), favour=0.1, per_branch=per_branch,
+                               prior=prior))
 
 
 #: (invariant, encoded action) of the poll adapters the KV release walk samples

@@ -546,29 +546,23 @@ def _s5_reserve(s: St, a: St):
                                pc=upd(s.pc, a.r, z3.K(z3.IntSort(), z3.BoolVal(False)))))
 
 
-def _s5_commit(s: St, a: St):
-    n = a.hi - a.lo
-    pg = z3.Int("pg")
-    row = at(s.pc, a.r)
-    new_row = z3.Lambda([pg], Or(at(row, pg), _in_range(pg, a.lo, a.hi, s.page)))
-    out = outcome(*_s5_handle_errors(s, a.r),
-                  (Not(K.range_ok(a.lo, a.hi, at(s.rsize, a.r), s.page)), "InvalidRange"),
-                  (_some_page(s, a.r, a.lo, a.hi, True), "InvalidRange"),
-                  (_oom(s, n, a.oom), "OutOfMemory"))
-    return on_ok(out, s, s.set(pc=upd(s.pc, a.r, new_row), reported=upd(s.reported, a.r, at(s.reported, a.r) + n),
-                               physical=s.physical + n, ctot=s.ctot + n, ret=n))
-
-
-def _s5_decommit(s: St, a: St):
-    n = a.hi - a.lo
-    pg = z3.Int("pg")
-    row = at(s.pc, a.r)
-    new_row = z3.Lambda([pg], And(at(row, pg), Not(_in_range(pg, a.lo, a.hi, s.page))))
-    out = outcome(*_s5_handle_errors(s, a.r),
-                  (Not(K.range_ok(a.lo, a.hi, at(s.rsize, a.r), s.page)), "InvalidRange"),
-                  (_some_page(s, a.r, a.lo, a.hi, False), "InvalidRange"))
-    return on_ok(out, s, s.set(pc=upd(s.pc, a.r, new_row), reported=upd(s.reported, a.r, at(s.reported, a.r) - n),
-                               physical=s.physical - n, ctot=s.ctot - n, ret=n))
+def _s5_span(commit: bool):
+    """commit_range (``commit``) / decommit_range of [lo, hi): the pages join (leave) the page set,
+    their ``n`` bytes are added to (taken from) what is reported, physical and the committed total."""
+    def step(s: St, a: St):
+        n = a.hi - a.lo
+        pg = z3.Int("pg")
+        row = at(s.pc, a.r)
+        new_row = z3.Lambda([pg], Or(at(row, pg), _in_range(pg, a.lo, a.hi, s.page)) if commit
+                            else And(at(row, pg), Not(_in_range(pg, a.lo, a.hi, s.page))))
+        out = outcome(*_s5_handle_errors(s, a.r),
+                      (Not(K.range_ok(a.lo, a.hi, at(s.rsize, a.r), s.page)), "InvalidRange"),
+                      (_some_page(s, a.r, a.lo, a.hi, commit), "InvalidRange"),
+                      *([(_oom(s, n, a.oom), "OutOfMemory")] if commit else []))
+        move = (lambda x: x + n) if commit else (lambda x: x - n)
+        return on_ok(out, s, s.set(pc=upd(s.pc, a.r, new_row), reported=upd(s.reported, a.r, move(at(s.reported, a.r))),
+                                   physical=move(s.physical), ctot=move(s.ctot), ret=n))
+    return step
 
 
 def _s5_committed_bytes(s: St, a: St):
@@ -675,8 +669,8 @@ S5 = Proof(
         Act("query_virtual_backing", {}, _s5_query("cap", True)),
         Act("query_shared_mapping", {}, _s5_query("scap", True)),
         Act("reserve", _S5_RES, _s5_reserve, pre=lambda s, a: And(s.cap, Not(at(s.rlive, a.r)))),
-        Act("commit_range", _SPAN_OOM, _s5_commit, pre=_CAP),
-        Act("decommit_range", _SPAN, _s5_decommit, pre=_CAP),
+        Act("commit_range", _SPAN_OOM, _s5_span(True), pre=_CAP),
+        Act("decommit_range", _SPAN, _s5_span(False), pre=_CAP),
         Act("committed_bytes", {"r": INT}, _s5_committed_bytes, pre=_CAP),
         Act("release_reservation", {"r": INT}, _s5_release, pre=_CAP),
         Act("reserve_owned", _S5_RES, _s5_reserve_owned(True), pre=lambda s, a: at(s.ostate, a.r) == NONE),
