@@ -19,8 +19,8 @@ from memspec.invariants.formal.agreement import Adapter, AgreementReport, Univer
 from memspec.invariants.formal.proofs import Proof, prefix_values
 from memspec.invariants.formal import agreement_adapters_mech, agreement_adapters_system
 from memspec.invariants.formal.agreement_adapters_mech import (
-    MECH_ADAPTERS, _S1_CMP, _aligned_nonempty, _is_int, _project, _s12_bad, _s1_alloc_project, _s1_expected,
-    _s1_project,
+    MECH_ADAPTERS, _S1_CMP, _aligned_nonempty, _expected, _is_int, _project, _ret, _s12_bad, _s1_alloc_project,
+    _s1_expected, _s1_project,
 )
 from memspec.invariants.formal.agreement_adapters_system import (
     SMALL_SYS_ADAPTERS, SYS_ADAPTERS, TICKET_ADAPTERS, _ASTATE, _TSTATE, _answer_victims, _done_seqs,
@@ -127,15 +127,9 @@ _L_CMP = ("cap", "free", "granted", "charged", "og", "th", "cb", "lb", "qb", "ls
 _L_CMP_ITEMS = _L_CMP + ("ist", "ib")
 
 
-def _l_expected(s: Any, u: Universe, value: Any) -> Any:
-    ret = value if _is_int(value) else getattr(value, "nbytes", 0) if isinstance(value, Grant) else 0
-    st, u2 = _l_state(s, ret=ret)
-    for k in ("grant", "ticket"):
-        if len(u2.idx[k]) >= len(u.idx[k]):
-            u.idx[k] = u2.idx[k]
-    if len(u2.idx["item"]) >= len(u.idx["item"]):
-        u.idx["item"] = u2.idx["item"]
-    return flatten(st, E.S11.fields, _L_CMP_ITEMS + ("ret",), u)
+# the value returned: an int, or a Grant's bytes (commit); the padding is the pre-state's
+_l_expected = _expected(_l_state, E.S11.fields, _L_CMP_ITEMS + ("ret",), adopt=("grant", "ticket", "item"),
+                        value=lambda v: {"ret": v if _is_int(v) else v.nbytes if isinstance(v, Grant) else 0})
 
 
 def _l_new(u: Universe, kind: str) -> int:
@@ -368,11 +362,7 @@ def _l_mech_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
 _M_CMP = ("phys", "mst", "mb", "mk", "hrel", "hmaps", "mh")
 
 
-def _l_mech_expected(s: Any, u: Universe, value: Any) -> Any:
-    st, u2 = _l_mech_state(s, ret=value if _is_int(value) else 0)
-    if len(u2.idx["mitem"]) >= len(u.idx["mitem"]):
-        u.idx["mitem"] = u2.idx["mitem"]
-    return flatten(st, E.S11.fields, _M_CMP + ("ret",), u)
+_l_mech_expected = _expected(_l_mech_state, E.S11.fields, _M_CMP + ("ret",), adopt=("mitem",), value=_ret)
 
 
 def _l_m_alloc_args(s: Any, u: Universe, a: dict[str, Any], taken: str) -> dict[str, Any]:

@@ -30,20 +30,28 @@ def _new_slot(u: Universe, kind: str) -> int:
     return n
 
 
-def _adopt(u: Universe, u2: Universe) -> None:
+def _adopt(u: Universe, u2: Universe, kinds: Any = None) -> None:
+    """The post-state's indices (of the object ``kinds``, default all) where they are no fewer."""
     for k, m in u2.idx.items():
-        if len(m) >= len(u.idx.get(k, {})):
+        if (kinds is None or k in kinds) and len(m) >= len(u.idx.get(k, {})):
             u.idx[k] = m
 
 
-def _expected(state_fn: Any, fields: Any, cmp: tuple[str, ...], adopt: bool = True) -> Any:
+def _ret(value: Any) -> dict[str, Any]:
+    """The value a step returns, as the encodings' ``ret`` (0 for anything but an int)."""
+    return {"ret": value if _is_int(value) else 0}
+
+
+def _expected(state_fn: Any, fields: Any, cmp: tuple[str, ...], adopt: bool = True, value: Any = None) -> Any:
     """The expected post-state of an adapter: ``state_fn``'s projection of the
-    spec's post-state, its fields ``cmp`` flattened (the new objects' indices
-    adopted into the step's universe unless ``adopt`` is false)."""
-    def expected(s: Any, u: Universe, value: Any) -> Any:
-        st, u2 = state_fn(s)
+    spec's post-state (with ``value(v)``'s keywords: what the step returned, as
+    the projection records it), its fields ``cmp`` flattened (the new objects'
+    indices adopted into the step's universe unless ``adopt`` is false; those of
+    the kinds ``adopt`` names if it is a tuple)."""
+    def expected(s: Any, u: Universe, v: Any) -> Any:
+        st, u2 = state_fn(s, **(value(v) if value is not None else {}))
         if adopt:
-            _adopt(u, u2)
+            _adopt(u, u2, None if adopt is True else adopt)
         return flatten(st, fields, cmp, u)
     return expected
 
@@ -54,7 +62,8 @@ def _project(state_fn: Any, args_fn: Any) -> Any:
     every invariant that projects that record or encodes that action."""
     def project(s: Any, args: dict[str, Any], taken: str) -> Any:
         st, u = state_fn(s)
-        return st, args_fn(s, u, args, taken), u
+        a = args_fn(s, u, args, taken)
+        return None if a is None else (st, a, u)  # None: not a sample the encoding runs
     return project
 
 
@@ -121,14 +130,10 @@ _s1_expected = _expected(_s1_state, E.S1.fields, _S1_CMP)
 
 
 def _s1_alloc_project(foreign: bool) -> Any:
-    def project(s: Any, args: dict[str, Any], taken: str) -> Any:
-        """A refused allocation (OutOfMemory, InvalidRequest) makes nothing:
-        no S1 record to compare (its accounting is S8's and S11's)."""
-        if taken != "ok":
-            return None
-        st, u = _s1_state(s)
-        return st, {"x": _new_slot(u, "alloc"), "m": 1 if foreign else 0, "c": 0}, u
-    return project
+    """A refused allocation (OutOfMemory, InvalidRequest) makes nothing:
+    no S1 record to compare (its accounting is S8's and S11's)."""
+    return _project(_s1_state, lambda s, u, a, taken: None if taken != "ok" else {
+        "x": _new_slot(u, "alloc"), "m": 1 if foreign else 0, "c": 0})
 
 
 def _s14_state(s: Any) -> tuple[dict[str, Any], Universe]:
@@ -276,9 +281,8 @@ _s5_reserve_project = _project(_s5_state, _reserve_args)
 _s5_query_project = _project(_s5_state, lambda s, u, a, taken: {})
 
 
-def _s5_query_expected(s: Any, u: Universe, value: Any) -> Any:
-    st, _ = _s5_state(s, answer=0 if value is None else 1)
-    return flatten(st, E.S5.fields, _S5_CMP + ("answer",), u)
+_s5_query_expected = _expected(_s5_state, E.S5.fields, _S5_CMP + ("answer",), adopt=False,
+                               value=lambda v: {"answer": 0 if v is None else 1})
 
 
 def _s5_device_d(s: Any, action: str, args: dict[str, Any]) -> int:
@@ -377,22 +381,20 @@ def _s13_expected(s: Any, u: Universe, value: Any) -> Any:
     return flatten(st, E.S13.fields, _S13_CMP + ("ret",), u)
 
 
-def _s13_create_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _s13_state(s)
+def _s13_create_args(s: Any, u: Universe, args: dict[str, Any], taken: str) -> Any:
     u.idx["handle"] = {**u.idx["handle"], -1: len(u.idx["handle"])}  # the new handle's slot
     n = args["size"]
     if not isinstance(n, int) or isinstance(n, bool):
         return None  # a non-int size: the spec's InvalidRequest, not an arithmetic case
-    return st, {"h": len(s.handles), "n": n, "oom": taken == "OutOfMemory"}, u
+    return {"h": len(s.handles), "n": n, "oom": taken == "OutOfMemory"}
 
 
-def _s13_map_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _s13_state(s)
+def _s13_map_args(s: Any, u: Universe, args: dict[str, Any], taken: str) -> dict[str, Any]:
     h = s.handles[args["handle"]]
     ref, off = args["place"]
     u.idx["mapping"] = {**u.idx["mapping"], -1: len(u.idx["mapping"])}
-    return st, {"m": len(s.mappings), "h": u.idx["handle"][args["handle"]], "ro": args["read_only"],
-                "r": u.idx["res"][ref], "bad": _misplaced(s, ref, off, h.size)}, u
+    return {"m": len(s.mappings), "h": u.idx["handle"][args["handle"]], "ro": args["read_only"],
+            "r": u.idx["res"][ref], "bad": _misplaced(s, ref, off, h.size)}
 
 
 _s13_mapping_project = _project(_s13_state, lambda s, u, a, taken: {
@@ -425,8 +427,8 @@ MECH_ADAPTERS = [
     Adapter("S5", "commit_range", "commit_range", _s5_span_project, _s5_ret_expected, _S5_CMP + ("ret",)),
     Adapter("S5", "decommit_range", "decommit_range", _s5_span_project, _s5_ret_expected, _S5_CMP + ("ret",)),
     Adapter("S5", "release_reservation", "release_reservation", _s5_release_project, _s5_ret_expected, _S5_CMP + ("ret",)),
-    Adapter("S13", "create", "create", _s13_create_project, _s13_expected, _S13_CMP),
-    Adapter("S13", "map", "map", _s13_map_project, _s13_expected, _S13_CMP + ("ret",)),
+    Adapter("S13", "create", "create", _project(_s13_state, _s13_create_args), _s13_expected, _S13_CMP),
+    Adapter("S13", "map", "map", _project(_s13_state, _s13_map_args), _s13_expected, _S13_CMP + ("ret",)),
     Adapter("S13", "unmap", "unmap", _s13_mapping_project, _s13_expected, _S13_CMP + ("ret",)),
     Adapter("S13", "copy_on_write", "copy_on_write", _s13_mapping_project, _s13_expected, _S13_CMP + ("ret",)),
     Adapter("S13", "release_handle", "release_handle", _s13_handle_project, _s13_expected, _S13_CMP + ("ret",)),

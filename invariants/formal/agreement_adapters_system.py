@@ -13,11 +13,12 @@ from __future__ import annotations
 from typing import Any
 
 from memspec.invariants.formal import proofs_seed000 as E
-from memspec.invariants.formal.agreement import Adapter, AgreementReport, Universe, flatten, walk_and_compare
+from memspec.invariants.formal.agreement import Adapter, AgreementReport, Universe, walk_and_compare
 from memspec.invariants.formal.proofs import Proof, prefix_values
 from memspec.invariants.formal.agreement_adapters_mech import (
-    MECH_ADAPTERS, PAGE, UMAX, _S14_CMP, _adopt, _expected, _is_int, _mech_init, _mech_too_big, _new_slot, _not_size,
-    _owned_span_args, _project, _reserve_args, _s14_expected_with, _s14_make_project, _s14_sys_state, run_mechanism,
+    MECH_ADAPTERS, PAGE, UMAX, _S14_CMP, _expected, _is_int, _mech_init, _mech_too_big, _new_slot, _not_size,
+    _owned_span_args, _project, _reserve_args, _ret, _s14_expected_with, _s14_make_project, _s14_sys_state,
+    run_mechanism,
 )
 
 
@@ -79,22 +80,16 @@ _S15_CMP = ("cap", "free", "granted", "charged", "tstate", "held", "ret", "amoun
             "res", "hot", "gov_ev", "hot_ev", "over")
 
 
-def _s15_expected(s: Any, u: Universe, value: Any) -> Any:
-    n = value if _is_int(value) else getattr(value, "nbytes", 0)
-    st, u2 = _s15_state(s, out_bytes=n if _is_int(n) else 0)
-    _adopt(u, u2)
-    return flatten(st, E.S15.fields, _S15_CMP + ("out_bytes",), u)
+# claim / cancel_ticket return the bytes handed over (a Grant's), the out_bytes of the encoding
+_s15_expected = _expected(_s15_state, E.S15.fields, _S15_CMP + ("out_bytes",), value=lambda v: {
+    "out_bytes": _ret(v if _is_int(v) else getattr(v, "nbytes", 0))["ret"]})
 
 
 _s15_plain_expected = _expected(_s15_state, E.S15.fields, _S15_CMP)
 
 
-def _s15_issue_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    amount, _priority, deadline = args["request"]
-    if not _is_int(amount):
-        return None
-    st, u = _s15_state(s)
-    return st, {"t": _new_slot(u, "ticket"), "n": amount, "dl": deadline}, u
+_s15_issue_project = _project(_s15_state, lambda s, u, a, taken: None if not _is_int(a["request"][0]) else {
+    "t": _new_slot(u, "ticket"), "n": a["request"][0], "dl": a["request"][2]})
 
 
 _s15_ticket_project = _project(_s15_state, lambda s, u, a, taken: {"t": u.idx["ticket"][a["ticket"]]})
@@ -240,9 +235,8 @@ _s3_select_expected = _expected(_s3_state, E.S3.fields, ("inst", "gen"), adopt=F
 _s3_query_project = _project(_s3_state, lambda s, u, a, taken: {"d": 0})
 
 
-def _s3_query_expected(s: Any, u: Universe, value: Any) -> Any:
-    st, _ = _s3_state(s, answer=value["mechanism"])
-    return flatten(st, E.S3.fields, ("inst", "gen", "answer"), u)
+_s3_query_expected = _expected(_s3_state, E.S3.fields, ("inst", "gen", "answer"), adopt=False,
+                               value=lambda v: {"answer": v["mechanism"]})
 
 
 def _s3_alloc_project(s: Any, args: dict[str, Any], taken: str) -> Any:
@@ -331,27 +325,19 @@ _s2_commit_owned_project = _project(_s2_state, lambda s, u, a, taken: {
     "oom": taken == "OutOfMemory"})
 
 
-def _s2_allocate_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    """The session's footprint is the page-rounded size (the walk's witness);
-    not a positive int: InvalidRequest before any accounting, outside S2."""
-    size = args["size"]
-    if not _is_int(size) or size <= 0:
-        return None
-    st, u = _s2_state(s)
-    return st, {"h": 0, "fp": -(-size // s.page) * s.page, "oom": taken == "OutOfMemory"}, u
+# allocate_owned: the session's footprint is the page-rounded size (the walk's witness);
+# not a positive int: InvalidRequest before any accounting, outside S2
+_s2_allocate_project = _project(_s2_state, lambda s, u, a, taken: None if not (_is_int(a["size"]) and a["size"] > 0)
+                                else {"h": 0, "fp": -(-a["size"] // s.page) * s.page, "oom": taken == "OutOfMemory"})
 
 
 _s2_load_project = _project(_s2_state, lambda s, u, a, taken: {"h": 1, "fp": a["weight"][2],
                                                                "oom": taken == "OutOfMemory"})
 
 
-def _s2_reserve_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    """Not a positive int: InvalidRequest before any accounting, outside S2."""
-    n = args["nbytes"]
-    if not _is_int(n) or n <= 0:
-        return None
-    st, u = _s2_state(s)
-    return st, {"n": n}, u
+# reserve: not a positive int: InvalidRequest before any accounting, outside S2
+_s2_reserve_project = _project(_s2_state, lambda s, u, a, taken: {"n": a["nbytes"]}
+                               if _is_int(a["nbytes"]) and a["nbytes"] > 0 else None)
 
 
 def _s2_grant(g: Any) -> dict[str, Any]:
@@ -498,16 +484,10 @@ def _s9_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
 _S9_CMP = ("rsize", "kc", "view", "chg", "free")
 
 
-def _s9_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    r, new, fail_at = args["growth"]
-    st, u = _s9_state(s)
-    return st, {"r": u.idx["request"][r], "nb": new, "fail": fail_at or 0, "oom": taken == "OutOfMemory",
-                "refuse": taken == "InvalidRequest"}, u
-
-
-def _s9_expected(s: Any, u: Universe, value: Any) -> Any:
-    st, _ = _s9_state(s, ret=value if _is_int(value) else 0)
-    return flatten(st, E.S9.fields, _S9_CMP + ("ret",), u)
+_s9_project = _project(_s9_state, lambda s, u, a, taken: {
+    "r": u.idx["request"][a["growth"][0]], "nb": a["growth"][1], "fail": a["growth"][2] or 0,
+    "oom": taken == "OutOfMemory", "refuse": taken == "InvalidRequest"})
+_s9_expected = _expected(_s9_state, E.S9.fields, _S9_CMP + ("ret",), adopt=False, value=_ret)
 
 
 SYS_ADAPTERS.append(Adapter("S9", "grow", "kv_grow", _s9_project, _s9_expected, _S9_CMP + ("ret",)))
@@ -756,10 +736,7 @@ def _s13_sys_state(s: Any) -> tuple[dict[str, Any], Universe]:
 _S13_KV_CMP = ("kst", "kown", "korig", "kpre")
 
 
-def _s13_sys_expected(s: Any, u: Universe, value: Any) -> Any:
-    st, u2 = _s13_sys_state(s)
-    _adopt(u, u2)
-    return flatten(st, E.S13.fields, _S13_KV_CMP, u)
+_s13_sys_expected = _expected(_s13_sys_state, E.S13.fields, _S13_KV_CMP)
 
 
 def _s13_kv_open_project(s: Any, args: dict[str, Any], taken: str) -> Any:
@@ -803,13 +780,10 @@ def _s5_sys_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
 
 
 def _s5_sys_expected(cmp: tuple[str, ...]) -> Any:
-    def expected(s: Any, u: Universe, value: Any) -> Any:
+    def bytes_of(value: Any) -> dict[str, Any]:
         facts = getattr(value, "facts", None)  # commit_owned returns Seen(None, {"bytes": ..., "address": ...})
-        ret = facts.get("bytes", 0) if isinstance(facts, dict) else 0
-        st, u2 = _s5_sys_state(s, ret=ret if _is_int(ret) else 0)
-        _adopt(u, u2)
-        return flatten(st, E.S5.fields, cmp, u)
-    return expected
+        return _ret(facts.get("bytes", 0) if isinstance(facts, dict) else 0)
+    return _expected(_s5_sys_state, E.S5.fields, cmp, value=bytes_of)
 
 
 _s5_reserve_owned_project = _project(_s5_sys_state, _reserve_args)
