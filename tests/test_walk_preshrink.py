@@ -114,6 +114,28 @@ def test_fuzz_walk_writes_a_reproduction_that_fails(tmp_path):
     assert p.returncode != 0 and INV in p.stdout + p.stderr, (p.returncode, p.stdout[-800:], p.stderr[-800:])
 
 
+def _record_shrink_ceilings(monkeypatch) -> list:
+    """Hypothesis's shrink ceiling (``MAX_SHRINKING_SECONDS``) each time the shrink's test runs."""
+    from hypothesis.internal.conjecture import engine
+
+    ceilings: list = []
+    real_test = walk.shrink_test
+
+    def test_spy(*a, **k):
+        inner = real_test(*a, **k)
+        hyp_test = inner.hypothesis.inner_test
+
+        def record(*ia, **ik):
+            ceilings.append(engine.MAX_SHRINKING_SECONDS)
+            return hyp_test(*ia, **ik)
+
+        inner.hypothesis.inner_test = record
+        return inner
+
+    monkeypatch.setattr(walk, "shrink_test", test_spy)
+    return ceilings
+
+
 def test_preshrink_counts_inside_the_shrink_seconds(found, monkeypatch):
     """The pre-shrink is part of ``--shrink-seconds``: with a budget already spent it makes only its
     first replay (the tail dropped), and Hypothesis's shrink gets what the pre-shrink left (here 0),
@@ -136,22 +158,8 @@ def test_preshrink_counts_inside_the_shrink_seconds(found, monkeypatch):
         seen.append(k.get("until"))
         return real(*a, **k)
 
-    ceilings = []
-    real_test = walk.shrink_test
-
-    def test_spy(*a, **k):
-        inner = real_test(*a, **k)
-        hyp_test = inner.hypothesis.inner_test
-
-        def record(*ia, **ik):
-            ceilings.append(engine.MAX_SHRINKING_SECONDS)
-            return hyp_test(*ia, **ik)
-
-        inner.hypothesis.inner_test = record
-        return inner
-
+    ceilings = _record_shrink_ceilings(monkeypatch)
     monkeypatch.setattr(walk, "preshrink", spy)
-    monkeypatch.setattr(walk, "shrink_test", test_spy)
     with runner.shrink_budget(0.0):
         v = walk.shrink(plan, wf)
         restored = engine.MAX_SHRINKING_SECONDS
@@ -180,22 +188,8 @@ def test_hypothesis_shrink_gets_the_budget_less_the_preshrink(found, monkeypatch
         now[0] += 600.0
         return out
 
-    ceilings = []
-    real_test = walk.shrink_test
-
-    def test_spy(*a, **k):
-        inner = real_test(*a, **k)
-        hyp_test = inner.hypothesis.inner_test
-
-        def record(*ia, **ik):
-            ceilings.append(engine.MAX_SHRINKING_SECONDS)
-            return hyp_test(*ia, **ik)
-
-        inner.hypothesis.inner_test = record
-        return inner
-
+    ceilings = _record_shrink_ceilings(monkeypatch)
     monkeypatch.setattr(walk, "preshrink", slow)
-    monkeypatch.setattr(walk, "shrink_test", test_spy)
     with runner.shrink_budget(1000.0):
         v = walk.shrink(plan, wf)
         restored = engine.MAX_SHRINKING_SECONDS
