@@ -407,8 +407,27 @@ def _kill_group(pid: int) -> None:
         pass
 
 
+#: a supervised child outside every target call that makes no call and uses no CPU for
+#: max(IDLE_SECONDS, IDLE_FACTOR x the call allowance) is stuck (a thread of the target's holding
+#: the interpreter lock in C between calls): the harness's own code between calls never waits
+IDLE_SECONDS = 300.0
+IDLE_FACTOR = 20
+
+
+def _cpu_and_state(pid: int) -> tuple[int, str] | None:
+    """``pid``'s CPU ticks (user + system, every thread) and its state letter, from
+    ``/proc/PID/stat`` (None where there is no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        rest = data[data.rindex(b")") + 2:].split()
+        return int(rest[11]) + int(rest[12]), rest[0].decode("ascii", "replace")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Callable[[dict], None] | None = None,
-              poll: float = 0.05, deadline: float | None = None) -> Ending:
+              poll: float = 0.05, deadline: float | None = None, idle: float | None = -1.0) -> Ending:
     """Run ``work(channel)`` in a forked child; return how it ended.
 
     The child must send ``{"t": "done"}`` when its work is complete; a child
@@ -424,6 +443,12 @@ def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Ca
     The child's exit ends the watch, not the end of its pipe: a process the
     target forked may hold the pipe open, and a target may close it and
     carry on (its calls are watched until the child ends).
+    ``idle`` (seconds; default max(:data:`IDLE_SECONDS`, :data:`IDLE_FACTOR`
+    x ``timeout``), ``None``: off): a child outside every target call that
+    makes no new call and uses no CPU that long -- not runnable, so not
+    merely starved by a busy machine -- is stuck (a thread of the target's
+    holding the interpreter lock in C while the harness is between calls,
+    which no call's allowance sees) and is killed and reported as hung.
     """
     watch = Watch()
     log = StepLog()
@@ -454,6 +479,9 @@ def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Ca
     end = Ending()
     parts: list = [b""]
     last_calls, since = -1, time.monotonic()
+    idle_bound = max(IDLE_SECONDS, IDLE_FACTOR * timeout) if idle is not None and idle < 0 else idle
+    idle_mark: tuple = ()
+    idle_since = next_idle_check = time.monotonic()
     done = False
     eof = False
     nap = 0.001
@@ -518,6 +546,18 @@ def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Ca
                 end.hang, end.blame, end.what = True, blame, what
                 end.death = f"a call into the target did not return within {allowed:g} s ({what})"
                 break
+            if idle_bound is not None and now >= next_idle_check:
+                next_idle_check = now + min(1.0, idle_bound / 4)
+                cpu = _cpu_and_state(pid)
+                mark = (calls, cpu[0] if cpu else None)
+                if cpu is None or inside or cpu[1] == "R" or mark != idle_mark:
+                    idle_mark, idle_since = mark, now
+                elif now - idle_since > idle_bound:
+                    end.hang, end.blame, end.what = True, "", ""
+                    end.death = (f"the process made no target call and used no CPU for {idle_bound:g} s while "
+                                 "outside every call (stuck: e.g. a thread of the target's holding the "
+                                 "interpreter lock)")
+                    break
             if deadline is not None and now > deadline:
                 end.hang, end.blame, end.what = True, blame if inside else "", what if inside else ""
                 end.death = "the process did not finish within its time bound" + (f" ({what})" if inside else "")

@@ -481,3 +481,43 @@ def test_targets_lists_a_factory_that_exits_or_raises_markup_and_goes_on():
     assert "markup: unavailable: RuntimeError: [/] an unbalanced closing tag [bold]" in out, out
     assert "bad-import: import failed: ImportError: [/] no module" in out, out
     assert "toy mechanism allocator, ep available" in out, out
+
+
+# --------------------------------------------------------------------------
+# A thread of the target's holding the interpreter lock between calls
+# --------------------------------------------------------------------------
+
+def _holds_the_gil_forever(ch) -> None:
+    """A thread takes the interpreter lock into C and sleeps there (``PyDLL``: the lock is not released),
+    while the main thread is between calls, in the harness's own code: no call is ever inside."""
+    import ctypes
+    import threading
+
+    threading.Thread(target=lambda: ctypes.PyDLL(None).sleep(3600), daemon=True).start()
+    while True:   # the harness's code: it needs the lock, which it never gets back
+        pass
+
+
+def _busy_outside_calls(ch) -> None:
+    """Slow, CPU-bound work between calls (a long spec check, a shrink): not stuck."""
+    import time
+
+    end = time.process_time() + 2.0
+    while time.process_time() < end:
+        pass
+
+
+@pytest.mark.timeout(120)
+def test_a_thread_holding_the_interpreter_lock_between_calls_is_a_hang_not_a_hang_forever():
+    from memspec.invariants.guard import supervise
+
+    end = supervise(_holds_the_gil_forever, timeout=5.0, idle=1.0)
+    assert end.hang and "no target call and used no CPU" in (end.death or ""), end.death
+
+
+@pytest.mark.timeout(120)
+def test_cpu_bound_work_outside_calls_is_not_taken_for_stuck():
+    from memspec.invariants.guard import supervise
+
+    end = supervise(_busy_outside_calls, timeout=5.0, idle=0.5)
+    assert not end.hang and end.death is None, end.death
