@@ -26,7 +26,16 @@ def test_a_target_that_leaves_the_spec_branch_fails() -> None:
                                                         ("malloc", {"size": 40 * MiB, "stream": 0})],
                         "OutOfMemory", capacity=64 * MiB)
     r = replay("mutant:caching-wrong-oom-figures", trace)
-    assert not r.ok and "C9" in r.detail
+    assert not r.ok and "C9" in r.detail and r.status == "FAIL"
+
+
+def test_a_permitted_end_other_than_the_synthesized_one_is_untested_not_fail() -> None:
+    """Every answer the spec permits, but the trace does not end on the outcome it was made for (here a
+    trace that claims an OOM where one 40 MiB malloc on a 64 MiB device succeeds): no verdict, not FAIL."""
+    trace = CorpusTrace("oom?", "hand-made", "pytorch", [("malloc", {"size": 40 * MiB, "stream": 0})],
+                        "OutOfMemory", capacity=64 * MiB)
+    r = replay("reference-caching", trace)
+    assert not r.ok and r.status == "UNTESTED" and "which the spec permits" in r.detail, (r.status, r.detail)
 
 
 # -- seed 000: a Z3-driven trace per encoded branch and unguarded variant -------
