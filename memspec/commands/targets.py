@@ -9,7 +9,6 @@ from __future__ import annotations
 from memspec.invariants.report import console as _report_console
 
 import argparse
-import sys
 
 
 #: seconds one target's probe (its factory, the capabilities, its close) may take
