@@ -222,11 +222,7 @@ class PackedRecorder:
         return v
 
     def choice(self, options: Sequence[Any]) -> Any:
-        options = list(options) if not isinstance(options, (list, tuple, range)) else options
-        n = len(options)
-        if n == 0:
-            raise SpecError("choice from an empty domain")
-        return options[self.integer(0, n - 1)] if n > 1 else options[0]
+        return _choice_by_integer(self, options)
 
     def boolean(self) -> bool:
         v = self.inner.boolean()
@@ -282,11 +278,7 @@ class RecordingChooser:
         return v
 
     def choice(self, options: Sequence[Any]) -> Any:
-        options = list(options) if not isinstance(options, (list, tuple, range)) else options
-        n = len(options)
-        if n == 0:
-            raise SpecError("choice from an empty domain")
-        return options[self.integer(0, n - 1)] if n > 1 else options[0]
+        return _choice_by_integer(self, options)
 
     def boolean(self) -> bool:
         v = self.inner.boolean()
