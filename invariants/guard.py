@@ -384,6 +384,11 @@ def _own_group() -> None:
         os.setpgid(0, 0)
     except OSError:
         pass
+    _die_with_parent()
+
+
+def _die_with_parent() -> None:
+    """On Linux: SIGKILL when the thread that forked this process ends."""
     if sys.platform.startswith("linux"):
         try:
             import ctypes
@@ -391,6 +396,35 @@ def _own_group() -> None:
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)   # PR_SET_PDEATHSIG
         except (OSError, AttributeError):
             pass
+
+
+def _deaf() -> None:
+    """In the shield: every signal that can be ignored is (the supervisor ends it with SIGKILL, which
+    cannot): a target's ``os.kill(os.getppid(), SIGTERM)`` then changes nothing, where a dying shield
+    would end the worker at some later point of its run, not at the call that sent it."""
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
+            continue
+        try:
+            signal.signal(sig, signal.SIG_IGN)
+        except (OSError, ValueError, RuntimeError):
+            pass
+
+
+def _end_as(pid: int) -> int:
+    """In the shield (below): wait for ``pid`` and end the way it ended -- of
+    the same signal, or with the same exit status -- so the supervisor reads
+    the worker's ending from the shield's."""
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+            os.kill(os.getpid(), sig)
+        except (OSError, ValueError):
+            pass
+        return 128 + sig
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 3
 
 
 def _kill_group(pid: int) -> None:
@@ -412,6 +446,11 @@ def _kill_group(pid: int) -> None:
 #: the interpreter lock in C between calls): the harness's own code between calls never waits
 IDLE_SECONDS = 300.0
 IDLE_FACTOR = 20
+
+
+#: the longest message line the supervisor keeps (bytes): a longer one is dropped as it arrives, as a
+#: line that does not parse is (the pipe is in reach of the target's code, which may write without end)
+MAX_MESSAGE = 64 << 20
 
 
 def _cpu_and_state(pid: int) -> tuple[int, str] | None:
@@ -449,14 +488,32 @@ def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Ca
     merely starved by a busy machine -- is stuck (a thread of the target's
     holding the interpreter lock in C while the harness is between calls,
     which no call's allowance sees) and is killed and reported as hung.
+
+    The work runs one process further down: the supervised child is a shield
+    that only waits for the worker it forks and ends as it ended.  The
+    target's parent (``os.getppid()``) is that shield, never the supervisor:
+    a target that signals its parent -- SIGTERM, SIGKILL, anything -- ends
+    its own run (a crash, reported with the signal), not memspec.
     """
     watch = Watch()
     log = StepLog()
+    worker = mmap.mmap(-1, 8)   # the worker's pid, for the stuck check's CPU reading
     r, w = os.pipe()
 
     def child() -> int:
         _own_group()
         os.close(r)
+        gpid = fork(work_in_worker)
+        os.close(w)
+        _deaf()
+        return _end_as(gpid)
+
+    def work_in_worker() -> int:
+        shield = os.getppid()
+        _die_with_parent()
+        if os.getppid() != shield:   # the shield ended before the line above
+            return 3
+        struct.pack_into("<Q", worker, 0, os.getpid())
         CallGuard.watch = watch
         StepLog.current = log
         ch = Channel(w)
@@ -485,17 +542,22 @@ def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Ca
     done = False
     eof = False
     nap = 0.001
+    held, dropping = 0, False   # bytes of the line arriving; whether it is past MAX_MESSAGE
 
     def take(chunk: bytes) -> None:
-        nonlocal parts, done
+        nonlocal parts, done, held, dropping
         if b"\n" not in chunk:   # a long line still arriving: keep the pieces, join once (not quadratic)
-            parts.append(chunk)
+            held += len(chunk)
+            if held > MAX_MESSAGE:   # a line past any message's size (a target writing into the pipe): dropped
+                parts, dropping = [b""], True
+            elif not dropping:
+                parts.append(chunk)
             return
         head, _, rest = chunk.partition(b"\n")
         parts.append(head)
         *lines, tail = rest.split(b"\n")
-        lines.insert(0, b"".join(parts))
-        parts = [tail]
+        lines.insert(0, b"" if dropping or held + len(head) > MAX_MESSAGE else b"".join(parts))
+        parts, held, dropping = [tail], len(tail), False
         for line in lines:
             try:
                 msg = json.loads(line)
@@ -537,6 +599,11 @@ def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Ca
                     else:
                         eof = True
                 break
+            try:   # the shield, stopped by the target (SIGSTOP, which it cannot ignore), waits on
+                if os.waitid(os.P_PID, pid, os.WSTOPPED | os.WNOHANG) is not None:
+                    os.kill(pid, signal.SIGCONT)
+            except ChildProcessError:   # it has just ended (a zombie has no stop to report): seen next round
+                pass
             calls, inside, limit, blame, what = watch.read()
             now = time.monotonic()
             allowed = limit if limit > 0 else timeout
@@ -548,7 +615,7 @@ def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Ca
                 break
             if idle_bound is not None and now >= next_idle_check:
                 next_idle_check = now + min(1.0, idle_bound / 4)
-                cpu = _cpu_and_state(pid)
+                cpu = _cpu_and_state(struct.unpack_from("<Q", worker, 0)[0] or pid)
                 mark = (calls, cpu[0] if cpu else None)
                 if cpu is None or inside or cpu[1] == "R" or mark != idle_mark:
                     idle_mark, idle_since = mark, now
@@ -575,4 +642,5 @@ def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Ca
             end.log, end.log_steps = log.read()
         watch.mem.close()
         log.mem.close()
+        worker.close()
     return end

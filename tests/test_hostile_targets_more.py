@@ -524,3 +524,83 @@ def test_cpu_bound_work_outside_calls_is_not_taken_for_stuck():
 
     end = supervise(_busy_outside_calls, timeout=5.0, idle=0.5)
     assert not end.hang and end.death is None, end.death
+
+
+# --------------------------------------------------------------------------
+# A target that signals its parent; a target that floods the harness's pipe
+# --------------------------------------------------------------------------
+
+def toy_signals_its_parent(capacity=None):
+    """At its third allocation the target sends ``MEMSPEC_TEST_SIGNAL`` to its parent process."""
+    import signal
+
+    sig = getattr(signal, os.environ["MEMSPEC_TEST_SIGNAL"])
+
+    class _Signalling(ToyAllocator):
+        calls = 0
+
+        def allocate(self, request):
+            _Signalling.calls += 1
+            if _Signalling.calls == 3:
+                os.kill(os.getppid(), sig)
+            return super().allocate(request)
+
+    return _toy_with(_Signalling)(capacity)
+
+
+def _conform_in_a_process(target: str, env: dict):  # type: ignore[no-untyped-def]
+    import subprocess
+
+    code = ("import sys; sys.path.insert(0, %r)\n"
+            "from memspec.invariants import runner\n"
+            "res = runner.conform(%r, 'mechanism', machine=%r, examples=3, steps=5, out_dir=None, timeout=60)\n"
+            "print('RESULT', [(r.level, r.errors, [(f.cause, f.reason) for f in r.failures]) for r in res])\n"
+            ) % (ROOT, target, TOY)
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=240,
+                          start_new_session=True, env={**os.environ, **env})
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGSTOP"])
+def test_a_target_that_signals_its_parent_does_not_stop_the_harness(sig):
+    """Before: the target's parent was the harness itself -- SIGTERM ended ``memspec conform`` (exit 143)
+    and SIGSTOP stopped it for good.  Now the parent is a shield that ignores what it can and is continued
+    when stopped: the run goes on to its verdict, here a clean one (the toy keeps every rule)."""
+    p = _conform_in_a_process(f"{HERE}:toy_signals_its_parent", {"MEMSPEC_TEST_SIGNAL": sig})
+    assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
+    assert "RESULT [('mechanism', [], [])]" in p.stdout, p.stdout[-2000:]
+
+
+@pytest.mark.timeout(300)
+def test_a_target_that_kills_its_parent_is_a_crash_of_the_target_not_of_the_harness():
+    p = _conform_in_a_process(f"{HERE}:toy_signals_its_parent", {"MEMSPEC_TEST_SIGNAL": "SIGKILL"})
+    assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
+    assert "RESULT [('mechanism', [], [('crash', 'the process died of signal SIGKILL" in p.stdout, p.stdout[-2000:]
+
+
+@pytest.mark.timeout(120)
+def test_a_line_without_end_on_the_harness_pipe_is_dropped_not_kept(monkeypatch):
+    """The pipe is in reach of the target's code: 32 MiB written into it with no newline are dropped
+    as they arrive (the cap, 1 MiB here), and the messages after them still read."""
+    import tracemalloc
+
+    from memspec.invariants import guard
+
+    monkeypatch.setattr(guard, "MAX_MESSAGE", 1 << 20)
+
+    def work(ch):
+        block = b"x" * (1 << 16)
+        for _ in range(512):
+            os.write(ch.fd, block)
+        os.write(ch.fd, b"\n")
+        ch.send({"t": "hello"})
+
+    tracemalloc.start()
+    try:
+        end = supervise(work, timeout=60)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert end.death is None, end.death
+    assert [m["t"] for m in end.messages] == ["hello", "done"]
+    assert peak < 8 << 20, peak   # before: the 32 MiB line was kept whole (and joined: twice that)
