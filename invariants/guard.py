@@ -411,11 +411,74 @@ def _deaf() -> None:
             pass
 
 
-def _end_as(pid: int) -> int:
-    """In the shield (below): wait for ``pid`` and end the way it ended -- of
-    the same signal, or with the same exit status -- so the supervisor reads
-    the worker's ending from the shield's."""
-    _, status = os.waitpid(pid, 0)
+#: the most bytes of a worker's own output (its stdout and stderr together: the target's prints and
+#: warnings) the shield passes on; past it, one line says how much was dropped (a target printing
+#: without end fills no log and no disk, and never blocks on a full pipe: the rest is read and dropped)
+MAX_TARGET_OUTPUT = 4 << 20
+
+
+def _relay(pid: int, pipes: dict[int, int]) -> int:
+    """In the shield: pass what the worker writes on ``pipes`` (read end -> the shield's own descriptor,
+    1 or 2) on, up to :data:`MAX_TARGET_OUTPUT` bytes, until the worker ``pid`` ends; return its wait
+    status.  The worker's end is seen on its pidfd where there is one (else every 50 ms)."""
+    try:
+        ends = [os.pidfd_open(pid)]
+    except (AttributeError, OSError):
+        ends = []
+    passed = dropped = 0
+    live = dict(pipes)
+
+    def pass_on(rd: int) -> bool:
+        nonlocal passed, dropped
+        try:
+            data = os.read(rd, 1 << 16)
+        except BlockingIOError:
+            return False
+        except OSError:
+            data = b""
+        if not data:
+            del live[rd]
+            return False
+        keep = data[:max(0, MAX_TARGET_OUTPUT - passed)]
+        passed += len(keep)
+        dropped += len(data) - len(keep)
+        try:
+            view = memoryview(keep)
+            while view:
+                view = view[os.write(live[rd], view):]
+        except OSError:   # the shield's own output is gone (a closed pipe): the rest is dropped
+            passed = MAX_TARGET_OUTPUT
+        return True
+
+    status = None
+    while status is None:
+        try:
+            ready, _, _ = select.select(list(live) + ends, [], [], None if ends else 0.05)
+        except InterruptedError:
+            continue
+        for rd in ready:
+            if rd in live:
+                pass_on(rd)
+        wpid, st = os.waitpid(pid, os.WNOHANG)
+        if wpid:
+            status = st
+    for rd in list(live):   # what it wrote before it ended (bounded: a process it forked may write on)
+        os.set_blocking(rd, False)
+        for _ in range(256):
+            if not pass_on(rd):
+                break
+    if dropped:
+        try:
+            os.write(2, f"memspec: the target's output past {MAX_TARGET_OUTPUT} bytes was dropped "
+                        f"({dropped} bytes so far)\n".encode())
+        except OSError:
+            pass
+    return status
+
+
+def _end_as(status: int) -> int:
+    """In the shield (below): end the way the worker ended (its wait ``status``) -- of the same signal,
+    or with the same exit status -- so the supervisor reads the worker's ending from the shield's."""
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         try:
@@ -503,16 +566,23 @@ def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Ca
     def child() -> int:
         _own_group()
         os.close(r)
-        gpid = fork(work_in_worker)
+        out = {fd: os.pipe() for fd in (1, 2)}   # the worker's stdout and stderr, relayed (and capped) here
+        gpid = fork(lambda: work_in_worker(out))
         os.close(w)
+        for rd, wr in out.values():
+            os.close(wr)
         _deaf()
-        return _end_as(gpid)
+        return _end_as(_relay(gpid, {rd: fd for fd, (rd, _wr) in out.items()}))
 
-    def work_in_worker() -> int:
+    def work_in_worker(out: dict[int, tuple[int, int]]) -> int:
         shield = os.getppid()
         _die_with_parent()
         if os.getppid() != shield:   # the shield ended before the line above
             return 3
+        for fd, (rd, wr) in out.items():
+            os.dup2(wr, fd)
+            os.close(wr)
+            os.close(rd)
         struct.pack_into("<Q", worker, 0, os.getpid())
         CallGuard.watch = watch
         StepLog.current = log

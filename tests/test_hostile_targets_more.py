@@ -604,3 +604,31 @@ def test_a_line_without_end_on_the_harness_pipe_is_dropped_not_kept(monkeypatch)
     assert end.death is None, end.death
     assert [m["t"] for m in end.messages] == ["hello", "done"]
     assert peak < 8 << 20, peak   # before: the 32 MiB line was kept whole (and joined: twice that)
+
+
+@pytest.mark.timeout(300)
+def test_a_target_that_prints_without_end_fills_no_log():
+    """The worker's stdout and stderr pass through its shield, capped: 40 MiB of prints come out as the
+    cap's 4 MiB and a line saying what was dropped; the print before them, and the run, are intact.
+    Before: all 40 MiB reached the harness's output."""
+    import subprocess
+
+    code = ("import os, sys; sys.path.insert(0, %r)\n"
+            "from memspec.invariants import guard\n"
+            "def work(ch):\n"
+            "    print('hello from the target', flush=True)\n"
+            "    block = 'y' * (1 << 20)\n"
+            "    for _ in range(20):\n"
+            "        sys.stdout.write(block); sys.stderr.write(block)\n"
+            "    sys.stdout.flush(); sys.stderr.flush()\n"
+            "    ch.send({'t': 'hello'})\n"
+            "end = guard.supervise(work, timeout=120)\n"
+            "print('RESULT', end.death, [m['t'] for m in end.messages], getattr(guard, 'MAX_TARGET_OUTPUT', None))\n"
+            ) % (ROOT,)
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, timeout=240)
+    out, err = p.stdout.decode(), p.stderr.decode()
+    assert p.returncode == 0, err[-2000:]
+    assert out.startswith("hello from the target\n"), out[:200]
+    assert len(out) + len(err) < (4 << 20) + 4096, (len(out), len(err))
+    assert f"RESULT None ['hello', 'done'] {4 << 20}" in out, out[-300:]
+    assert "the target's output past 4194304 bytes was dropped" in err, err[-300:]
