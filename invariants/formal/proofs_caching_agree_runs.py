@@ -186,8 +186,10 @@ EXPANDABLE_SCRIPTS: tuple[tuple[str, dict[str, Any], tuple[tuple[Any, ...], ...]
     ("pytorch", {**_EX, "capacity": 200 << 20}, (("malloc", 20, 0), ("malloc", 20, 0), ("malloc", 20, 0),
                                                  ("malloc", 20, 0), ("malloc", 20, 0), ("free", 1), ("empty_cache",),
                                                  ("free", 3), ("empty_cache",), ("free", 2), ("malloc", 60, 0))),
-    # (C8) the toy's memory_fraction OutOfMemory with arenas: checked on the request's pages
-    ("seed", {**_EX, "capacity": 44 << 20, "memory_fraction": 0.5}, (("malloc", 4, 0), ("malloc", 4, 0))),
+    # (C8) the toy's memory_fraction cap with arenas, checked on the request's pages: 8 MiB mapped, a 16 MiB
+    # request over the 22 MiB cap is refused (the device has 36 MiB free)
+    ("seed", {**_EX, "capacity": 44 << 20, "memory_fraction": 0.5}, (("malloc", 4, 0), ("malloc", 4, 0),
+                                                                      ("malloc", 16, 0))),
     # (C8) arenas of 40 MiB VA: a second arena of the pool and stream; then both have a 20 MiB run: the first
     # by address serves
     ("pytorch", {**_EX, "capacity": 64 << 20, "arena_factor": 0.5},
