@@ -1,6 +1,6 @@
 """The caching heap encoding agrees with spec/caching (transitions and
-invariants), and the agreement catches planted spec breaks; C8's
-expandable-segment encoding likewise."""
+invariants), and the agreement catches planted spec breaks (C8 included:
+one machine for every C row)."""
 
 from __future__ import annotations
 
@@ -155,7 +155,7 @@ def test_caching_rows_carry_the_agreement_and_fail_on_a_mismatch() -> None:
         for b in branches:
             branches[b] = 1
     rep.inv = {c: [5, 0] for c in A.HEAP_INVARIANTS}
-    rows = {r["id"]: r for r in _caching_records(_fake_heap(), rep, None)}
+    rows = {r["id"]: r for r in _caching_records(_fake_heap(), rep)}
     c3 = rows["C3"]
     assert c3["transition_agreement"]["caching:free"] == {"free:pending": 1, "free:merge": 1, "unmap:free": 1}
     assert c3["invariant_agreement"] == {"samples": 5, "disagreements": 0}
@@ -165,12 +165,16 @@ def test_caching_rows_carry_the_agreement_and_fail_on_a_mismatch() -> None:
     rep.mismatches.append("free(ref=1) on seed: block at 0x0: ...")
     rep.counts["caching:free"]["free:pending"] = 0
     rep.inv["C3"] = [5, 1]
-    c3 = {r["id"]: r for r in _caching_records(_fake_heap(), rep, None)}["C3"]
+    c3 = {r["id"]: r for r in _caching_records(_fake_heap(), rep)}["C3"]
     assert not c3["proved"]
     why = " | ".join(c3["_why"])
     assert "transition agreement: 1 disagreements" in why and "caching:free/free:pending" in why
     assert "invariant agreement: 1/5 disagree" in why
-    assert rows["C8"]["status"] == "not run" and not rows["C8"]["proved"]
+    # C8 is a row of the same machine: the heap's checks and the same agreement
+    c8 = rows["C8"]
+    assert c8["status"] == "proved" and c8["encoded_actions"] == rows["C3"]["encoded_actions"]
+    assert c8["invariant_agreement"] == {"samples": 5, "disagreements": 0}
+    assert c8["transition_agreement"] == rows["C3"]["transition_agreement"]
 
 
 def test_agreement_parts_merge_into_the_serial_counts(parts) -> None:

@@ -77,8 +77,8 @@ def test_map_without_the_device_check_is_refuted_naming_c1() -> None:
 def test_planted_encoding_break_map_forgets_reserved_is_caught(monkeypatch) -> None:
     orig = H.map_step
 
-    def forgets(s, a):  # type: ignore[no-untyped-def]
-        out, s2 = orig(s, a)
+    def forgets(s, a, guards=frozenset()):  # type: ignore[no-untyped-def]
+        out, s2 = orig(s, a, guards)
         return out, s2.set(Rs=s.Rs, Rl=s.Rl)
 
     _rebind(monkeypatch, "map_step", forgets)
@@ -120,7 +120,7 @@ def _fresh_compiles(monkeypatch) -> None:
 def test_agreement_catches_an_encoding_that_maps_without_rounding_to_pages(monkeypatch) -> None:
     _fresh_compiles(monkeypatch)
 
-    def exact(s, q):  # type: ignore[no-untyped-def]
+    def exact(s, q, guards=frozenset()):  # type: ignore[no-untyped-def]
         need = s.mr - z3.If(s.xh == -1, 0, H.at(s.sz, s.xh))
         return z3.If(need < H.at(s.sz, q), need, H.at(s.sz, q))
 
@@ -155,9 +155,10 @@ def test_expandable_reserved_may_pass_the_memory_fraction_cap_and_c1_agrees() ->
     assert enc["C1"] and next(i for i in C.INVARIANTS if i.id == "C1").check(st) is None
 
 
-def test_every_caching_row_but_c8_is_unbounded() -> None:
+def test_every_caching_row_is_unbounded_on_the_heap() -> None:
     from memspec.spec.caching import IDS
 
     assert list(H.BOUNDED) == list(IDS)
-    assert set(H.NOT_HEAP_ENCODED) == {"C8"}
-    assert all(H.BOUNDED[i] is None for i in IDS if i != "C8")
+    assert H.NOT_HEAP_ENCODED == {}
+    assert all(H.BOUNDED[i] is None for i in IDS)
+    assert set(H.UNGUARDED) == set(IDS) and set(H.NAMED) == set(IDS)

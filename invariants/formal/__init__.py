@@ -13,8 +13,8 @@ every proof and what each encodes; :mod:`.proofs_progress` is P1 (progress, live
 **The caching rows (seed 003).**  :mod:`.proofs_caching` is the bounded fragmentation search and
 the OOM synthesis; :mod:`.proofs_caching_heap` proves the C rows by induction over an arbitrary
 well-formed heap (assembled from :mod:`.proofs_caching_heap_terms` and
-:mod:`.proofs_caching_heap_actions`); :mod:`.proofs_caching_expandable` is C8 (expandable
-segments); :mod:`.proofs_caching_agree` compares the heap encoding with the executable caching
+:mod:`.proofs_caching_heap_actions`; expandable segments and C8 included);
+:mod:`.proofs_caching_agree` compares the heap encoding with the executable caching
 spec step by step, and :mod:`.proofs_caching_agree_runs` holds its walks and directed scripts and
 cuts them into the parts ``prove`` runs.
 
@@ -67,7 +67,6 @@ _FACE: dict[str, tuple[str, str]] = {
     "agreement_part": ("proofs_caching_agree_runs", "agreement_part"),
     "agreement_parts": ("proofs_caching_agree_runs", "agreement_parts"),
     "merge_agreements": ("proofs_caching_agree_runs", "merge_agreements"),
-    "run_c8": ("proofs_caching_expandable", "run_c8"),
     # prove --self-test, and memspec contracts
     "self_test": ("proofs_selftest", "main"), "run_contracts": ("contracts", "run_contracts"),
 }

@@ -435,13 +435,11 @@ class CachingReport:
     expandable: list[ExpandableCheck]
     kernel_mismatches: list[str]
     seconds: float
-    bounded: list[Any] = None  # type: ignore[assignment]
 
     @property
     def ok(self) -> bool:
         return (all(s.depth is not None for s in self.synth) and all(ok for ok, _ in self.replays)
-                and all(e.page_level is None for e in self.expandable) and not self.kernel_mismatches
-                and all(b.ok for b in (self.bounded or [])))
+                and all(e.page_level is None for e in self.expandable) and not self.kernel_mismatches)
 
 
 #: malloc sizes of the expandable search: a 2 MiB block (splits a 20 MiB page),
@@ -455,88 +453,5 @@ def run_caching(depth: int = 8, samples: int = 1000, sizes: tuple[int, ...] = EX
     replays = [replay(s) if s.depth is not None else (False, "nothing to replay") for s in synth]
     exp = [expandable_no_fragmentation_oom(p, depth=depth, sizes=sizes) for p in ("pytorch", "seed")]
     km = kernel_agreement(samples)
-    # C1-C3 are proved by induction over any well-formed heap (proofs_caching_heap), not by this bounded search
-    return CachingReport(synth, replays, exp, km, time.perf_counter() - t0, [])
-
-
-#: depth of the bounded C1-C3 proofs (depth 5+ takes minutes: the unrolled
-#: best-fit/coalesce relation grows quadratically in the block slots)
-C_DEPTH = 4
-
-
-# --------------------------------------------------------------------------
-# C1 / C2 / C3 on the same encoding: bounded proofs (every sequence <= k ops)
-# --------------------------------------------------------------------------
-
-def _c_violations(st: Slots) -> dict[str, Any]:
-    """Each C invariant's negation on an encoded state."""
-    N, S = len(st.used), len(st.salive)
-    live = [z3.And(st.used[j], z3.Not(st.free[j])) for j in range(N)]
-    c1 = z3.Or(st.allocated() > st.reserved(), st.allocated() < 0)
-    tiles = []
-    for s in range(S):
-        total = z3.Sum([z3.If(z3.And(st.used[j], st.seg[j] == s), st.size[j], 0) for j in range(N)])
-        tiles.append(z3.And(st.salive[s], total != st.ssize[s]))
-    for j in range(N):
-        tiles.append(z3.And(st.used[j], z3.Or(st.off[j] < 0, st.size[j] <= 0,
-                                              *[z3.And(st.seg[j] == s, st.off[j] + st.size[j] > st.ssize[s])
-                                                for s in range(S)])))
-        for i in range(j + 1, N):
-            tiles.append(z3.And(st.used[i], st.used[j], st.seg[i] == st.seg[j],
-                                st.off[i] < st.off[j] + st.size[j], st.off[j] < st.off[i] + st.size[i]))
-    c3 = [z3.And(st.used[i], st.used[j], st.free[i], st.free[j], st.seg[i] == st.seg[j],
-                 z3.Or(st.off[i] + st.size[i] == st.off[j], st.off[j] + st.size[j] == st.off[i]))
-          for i in range(N) for j in range(i + 1, N)]
-    del live
-    return {"C1": c1, "C2": z3.Or(*tiles), "C3": z3.Or(*c3)}
-
-
-@dataclass
-class BoundedProof:
-    preset: str
-    depth: int
-    results: dict[str, str]   # invariant -> "holds up to depth k" or a counterexample
-    seconds: float
-
-    @property
-    def ok(self) -> bool:
-        return all(v.startswith("holds") for v in self.results.values())
-
-
-def bounded_c_invariants(preset: str, depth: int = 6, capacity: int = 40 * MiB) -> BoundedProof:
-    """C1 (reserved >= allocated), C2 (blocks tile their segment, no overlap)
-    and C3 (no two adjacent free blocks) after *every* sequence of at most
-    ``depth`` malloc/free calls with symbolic (unbounded) sizes."""
-    seed = preset == "seed"
-    t0 = time.perf_counter()
-    N, S = 2 * depth + 2, depth + 1
-    results = {c: f"holds up to depth {depth}" for c in ("C1", "C2", "C3")}
-    st = initial(N, S)
-    sol = limit(z3.Solver(), 60000)
-    for t in range(depth):
-        is_alloc, n, idx = z3.Bool(f"alloc{t}"), z3.Int(f"n{t}"), z3.Int(f"slot{t}")
-        sol.add(n > K_SMALL, n <= capacity)
-        a_st, ok, _, _ = malloc(st, n, seed, capacity)
-        live = [z3.And(st.used[j], z3.Not(st.free[j])) for j in range(N)]
-        sol.add(z3.Implies(z3.Not(is_alloc), z3.And(idx >= 0, idx < N, _pick([idx == j for j in range(N)], live))))
-        sol.add(z3.Implies(is_alloc, ok))
-        st = a_st.ite(is_alloc, free(st, idx))
-        for c, bad in _c_violations(st).items():
-            if not results[c].startswith("holds"):
-                continue
-            sol.push()
-            sol.add(bad)
-            r = sol.check()
-            if r == z3.sat:
-                m = sol.model()
-                steps = []
-                for u in range(t + 1):
-                    if z3.is_true(m.eval(z3.Bool(f"alloc{u}"), model_completion=True)):
-                        steps.append(f"malloc({m.eval(z3.Int(f'n{u}'), model_completion=True)})")
-                    else:
-                        steps.append(f"free(slot {m.eval(z3.Int(f'slot{u}'), model_completion=True)})")
-                results[c] = "VIOLATED: " + "; ".join(steps)
-            elif r == z3.unknown:
-                results[c] = f"unknown at depth {t + 1}"
-            sol.pop()
-    return BoundedProof(preset, depth, results, time.perf_counter() - t0)
+    # C1-C9 are proved by induction over any well-formed heap (proofs_caching_heap), not by this bounded search
+    return CachingReport(synth, replays, exp, km, time.perf_counter() - t0)

@@ -62,8 +62,9 @@ request) and PyTorch's expandable best fit from the projected blocks, then the
 mapping's steps (``expand:map``/``fresh``/``serve``/``oom``/``retry``), the
 toy's ``unmap:free`` after a free and ``unmap:cache`` at empty_cache and the
 retry run until the spec's step is matched, with their own branch counts
-(:data:`EXPANDABLE_BRANCHES`).  C8's own encoding is
-:mod:`memspec.invariants.formal.proofs_caching_expandable`.
+(:data:`EXPANDABLE_BRANCHES`).  These are C8's agreement too: C8 is a step
+property of this machine's mapping failures (and of the memory_fraction
+OutOfMemory with arenas), not a machine of its own.
 """
 
 from __future__ import annotations
@@ -85,8 +86,8 @@ BLOCK_FIELDS = ("sz", "k", "rq", "sm", "sr", "sb", "ss", *[f"u{t}" for t in rang
                 *[f"e{t}" for t in range(H.STREAMS)])
 SCALARS = ("Rs", "Rl", *[f"i{t}" for t in range(H.STREAMS)], *[f"c{t}" for t in range(H.STREAMS)], "md", "gp", "ra",
            "xp")
-#: the invariants with an encoding evaluated on heap states (C8 is expandable-only: its own module)
-HEAP_INVARIANTS = ("C1", "C2", "C3", "C4", "C5", "C6", "C7", "C9")
+#: the invariants with an encoding evaluated on heap states (every C row: one machine)
+HEAP_INVARIANTS = ("C1", "C2", "C3", "C4", "C5", "C6", "C7", "C8", "C9")
 
 
 # --------------------------------------------------------------------------
@@ -810,7 +811,7 @@ def _expand(acts: dict[str, H.Act], enc: dict[str, Any], base: int, r: int, rep:
         target = xq if xh == -1 else _g(enc, "nx", xh)
         lf, lw = _largest(enc)
         cands = [("expand:serve", {"b": xh}), ("expand:map", {"b": target}), ("expand:fresh", {"base": base}),
-                 ("expand:oom", {"lf": lf, "lw": lw}), ("expand:retry", {})]
+                 ("expand:oom", {"b": target, "lf": lf, "lw": lw}), ("expand:retry", {"b": target})]
         hold = [(nm, a) for nm, a in cands if compiled(acts[nm], enc["n"], guards).applies(enc, a)]
         if len(hold) != 1:
             raise _NoPath(f"expandable mapping: encoded steps whose precondition holds: {[h[0] for h in hold] or 'none'}")

@@ -182,6 +182,18 @@ EXPANDABLE_SCRIPTS: tuple[tuple[str, dict[str, Any], tuple[tuple[Any, ...], ...]
     # memory_fraction and the garbage collection with arenas: the collection releases no arena
     ("pytorch", {**_EX, "capacity": 64 << 20, "memory_fraction": 0.75, "garbage_collection_threshold": 0.5},
      (("malloc", 15, 0), ("malloc", 15, 0), ("free", 0), ("malloc", 1, 1), ("malloc", 40, 1))),
+    # (C8) a run of several unmapped blocks mapped one by one for a 60 MiB request
+    ("pytorch", {**_EX, "capacity": 200 << 20}, (("malloc", 20, 0), ("malloc", 20, 0), ("malloc", 20, 0),
+                                                 ("malloc", 20, 0), ("malloc", 20, 0), ("free", 1), ("empty_cache",),
+                                                 ("free", 3), ("empty_cache",), ("free", 2), ("malloc", 60, 0))),
+    # (C8) the toy's memory_fraction cap with arenas, checked on the request's pages: 8 MiB mapped, a 16 MiB
+    # request over the 22 MiB cap is refused (the device has 36 MiB free)
+    ("seed", {**_EX, "capacity": 44 << 20, "memory_fraction": 0.5}, (("malloc", 4, 0), ("malloc", 4, 0),
+                                                                      ("malloc", 16, 0))),
+    # (C8) arenas of 40 MiB VA: a second arena of the pool and stream; then both have a 20 MiB run: the first
+    # by address serves
+    ("pytorch", {**_EX, "capacity": 64 << 20, "arena_factor": 0.5},
+     (("malloc", 20, 0), ("malloc", 20, 0), ("malloc", 20, 0), ("free", 0), ("empty_cache",), ("malloc", 20, 0))),
 )
 #: the random walks with expandable segments (the policies of :data:`WALKS` that reach the arenas' branches)
 EXPANDABLE_WALKS = (("seed", 44 << 20, 3, 0, _EX), ("pytorch", 64 << 20, 3, 0, _EX),

@@ -109,6 +109,34 @@ whose first mapping failed stays in the spec's state without a base and
 without a mapped byte (the spec maps it later like a fresh one): it is not a
 block here.
 
+C8 (seed 003: *A freed block's pages unmap -- physical memory returns to the
+driver immediately -- and a later large request maps fresh pages into a fresh
+contiguous VA run*; the row: OutOfMemory only at physical exhaustion) is a
+step property of the mapping's failures, on this machine (no encoding of its
+own): at ``expand:oom`` / ``expand:retry`` the device has fewer free bytes
+(capacity - reserved) than the pages the next step lacks
+(:func:`lacking`: the target unmapped block's pages up to the request's last
+byte, or a fresh arena's first pages), or no arena's VA holds the request
+(an ``arena_factor`` that small; not the presets'); those pages are less than
+the request plus a page (a fresh arena's at most its page-rounded size; the
+first encoding also had every unmapped block start on a page, so the run's at
+most the page-rounded request: that conjunct took ``expand:map``'s consecution
+from 3 s to over 6 min here, and is left out); at an arena's other
+OutOfMemory (``malloc:oom``, ``gc_end:oom``, ``malloc_retry:oom`` with the
+flag) it is memory_fraction's cap, checked on ``alloc`` (pytorch) or on the
+request's pages (the toy), both at most the page-rounded request.  Its
+unguarded variant (``expand:oom`` with :func:`map_len` the whole unmapped
+block, not only the pages the request lacks) raises OutOfMemory with the
+request's pages free.  Findings on the spec (from C8's first encoding, a
+machine of its own since merged into this one): the seed preset's fraction
+check used ``alloc`` (the toy's ``max(20 MiB, r)``), so the toy with
+``memory_fraction`` raised OutOfMemory with more free bytes under the cap
+than the request's pages (the spec and the reference now check the request's
+pages there); the toy's ``empty_cache`` answer leaves out the pages its
+events' frees unmapped on the way; with ``arena_factor`` set so that an
+arena's VA is smaller than a request, ``predict_malloc`` raised IndexError
+(now an OutOfMemory, no arena reserved).
+
 The encoding is split by job, each module under 1,200 lines:
 :mod:`.proofs_caching_heap_terms` (fields, quantifiers, kernels, the invariants'
 conjuncts), :mod:`.proofs_caching_heap_actions` (the transitions and expandable
@@ -127,19 +155,17 @@ import z3
 from memspec.invariants.formal.z3fast import And, Implies, Not, Or
 from memspec.invariants.formal.proofs import limit  # Z3 resource limits, not wall-clock timeouts
 
-from memspec.invariants.formal.proofs import (
-    ARR, BARR, BOOL, CODE, INT, OK, PENDING, Act, Proof, St, at, upd,
-)
+from memspec.invariants.formal.proofs import Act, St, at
 from memspec.spec.caching.invariants import CATALOG as CACHING_CATALOG
 from memspec.invariants.formal import proofs_caching_heap_terms, proofs_caching_heap_actions
 from memspec.invariants.formal.proofs_caching_heap_terms import (
     FIELDS, FREE, K_MIN_BLOCK, K_ROUND_LARGE, K_SMALL, K_SMALL_BUFFER, MODE, MiB, STREAMS, SUMS, _all, _all2,
-    _contrib, block_wf, c1, c2, c3, c4, c5, c7, idle, page, pair_wf, reserved_wf, round_ok, rounding_lemma,
-    scalars_wf, sums_wf, total, wf, z_round, z_segment, z_split,
+    _contrib, block_wf, c1, c2, c3, c4, c5, c7, ceil_pg, idle, page, pair_wf, reserved_wf, round_ok,
+    rounding_lemma, scalars_wf, sums_wf, total, wf, z_round, z_segment, z_split,
 )
 from memspec.invariants.formal.proofs_caching_heap_actions import (
-    _cand, _largest_free_ok, _no_whole_pages, _tried, _whole_free, actions, grow_best, malloc_parts, phase_actions,
-    retry_parts, unmap_parts,
+    _cand, _largest_free_ok, _no_whole_pages, _target, _tried, _whole_free, actions, grow_best, lacking,
+    malloc_parts, no_arena_holds, phase_actions, retry_parts, unmap_parts,
 )
 
 #: the modules this one is assembled from, in order (split by job); a name
@@ -243,6 +269,22 @@ def step_ok(name: str, s: St, a: St, out: Any, s2: St) -> dict[str, Any]:
         head, tail = B - _rel, _rel + at(s.sz, a.b) - E
         props["C6"] = And(s2.Rs + s2.Rl == s.Rs + s.Rl - (E - B), s2.ret == s.ret + (E - B),
                              head < pg, tail < pg, E - B >= pg)
+    if name in ("expand:oom", "expand:retry"):
+        # C8 (expandable segments: OutOfMemory only at physical exhaustion): the device has less free than the
+        # pages the next step lacks (or no arena's VA holds the request), and those are less than the request
+        # plus a page (a fresh arena's: at most its page-rounded size); ``lacking`` is the guarded one (the
+        # unguarded action maps the whole block)
+        more, pg = lacking(s), page(s, s.mr <= K_SMALL)
+        props["C8"] = And(Or(s.cap - (s.Rs + s.Rl) < more, And(_target(s) == -1, no_arena_holds(s))),
+                          more < s.mr + pg, Implies(_target(s) == -1, more <= ceil_pg(s.mr, pg)))
+    if name in ("malloc:oom", "gc_end:oom", "malloc_retry:oom"):
+        # C8, an arena's other OutOfMemory: memory_fraction's cap, checked on ``alloc`` (pytorch) or the
+        # request's pages (the toy), both at most the page-rounded request
+        rr = s.mr if name != "malloc:oom" else a.r
+        rel = retry_parts(s, a)["rel"] if name == "malloc_retry:oom" else s
+        want = z3.If(s.seed, ceil_pg(rr, page(s, rr <= K_SMALL)), z_segment(s, rr))
+        props["C8"] = Implies(s.ex, And(s.hf, rel.Rs + rel.Rl + want > s.lim,
+                                        want <= ceil_pg(rr, page(s, rr <= K_SMALL))))
     if name.startswith("process_event"):
         ev = [Implies(a.t == tt, s[f"c{tt}"] >= at(s[f"e{tt}"], a.b)) for tt in range(STREAMS)]
         props["C7"] = And(*ev)
@@ -264,7 +306,7 @@ def _figures_ok(s2: St, tried: Any, lf: Any, lw: Any) -> Any:
 
 NAMED: dict[str, Callable[[St], Any]] = {
     "C1": c1, "C2": c2, "C3": c3, "C4": c4, "C5": c5, "C6": lambda s: z3.BoolVal(True), "C7": c7,
-    "C9": lambda s: z3.BoolVal(True),
+    "C8": lambda s: z3.BoolVal(True), "C9": lambda s: z3.BoolVal(True),
 }
 
 
@@ -543,6 +585,7 @@ UNGUARDED: dict[str, tuple[str, str, str]] = {
     "C5": ("malloc:fit", "split", "split only if should_split (the remainder is legal)"),
     "C6": ("empty_cache", "whole", "empty_cache releases a free block only if it is its whole segment"),
     "C7": ("process_event:free", "event", "an event is processed only when its stream completed it"),
+    "C8": ("expand:oom", "map-lacking", "map only the pages the request lacks (not the whole unmapped block)"),
     "C9": ("malloc_retry:oom", "after", "the OOM figures are taken after the retry released the cache"),
 }
 
@@ -611,13 +654,9 @@ def refute(inv_id: str, timeout_ms: int = 60000, knob: str | None = None) -> tup
 # the C rows of ``memspec prove``
 # --------------------------------------------------------------------------
 
-#: the caching catalog's rows this heap encoding does not prove, keyed by id, and why: C8 (an OOM with
-#: the pages free is the missed merge's) is about the physical pages of an expandable segment's VA arena,
-#: which this heap encoding does not model; its row is proved by :mod:`.proofs_caching_expandable`
-#: (``memspec prove`` takes C8's checks from there, this text only if that encoding is not run)
-NOT_HEAP_ENCODED: dict[str, str] = {
-    "C8": "not encoded: expandable segments (physical pages of a VA arena) have no Z3 encoding yet",
-}
+#: the caching catalog's rows this heap encoding does not prove, keyed by id, and why: none (C8, expandable
+#: segments' OutOfMemory only at physical exhaustion, is a step property of the mapping's failures here)
+NOT_HEAP_ENCODED: dict[str, str] = {}
 #: what the encoding leaves out, per invariant of the caching catalog (:data:`memspec.spec.caching.CATALOG`,
 #: in its order; a proof with a restriction is reported bounded, never proved): nothing for every row but
 #: those of :data:`NOT_HEAP_ENCODED` -- one encoding of both presets and of expandable segments on and off

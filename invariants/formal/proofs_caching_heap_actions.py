@@ -15,9 +15,7 @@ import z3
 
 from memspec.invariants.formal.z3fast import And, Implies, Not, Or
 
-from memspec.invariants.formal.proofs import (
-    ARR, BARR, BOOL, CODE, INT, OK, PENDING, Act, Proof, St, at, upd,
-)
+from memspec.invariants.formal.proofs import INT, OK, PENDING, Act, St, at, upd
 from memspec.invariants.formal.proofs_caching_heap_terms import (
     DOUBLE, FREE, K_LARGE_BUFFER, K_MIN_BLOCK, K_SMALL, LIVE, MODE, ONE_EB, OOM, PEND, STREAMS, SUMS, UNM, _all,
     _all2, _contrib, ceil_pg, floor_pg, idle, page, round_ok, total, z_segment, z_split,
@@ -347,7 +345,7 @@ def malloc_pre(s: St, a: St, path: str, guards: frozenset = frozenset()) -> Any:
 
 def malloc_step(s: St, a: St, path: str, guards: frozenset = frozenset()) -> tuple[Any, St]:
     m = malloc_parts(s, a, guards)
-    r, small, alloc, b = m["r"], m["small"], m["alloc"], a.b
+    r, b = m["r"], a.b
     if path == "eb":
         return OOM, s
     if path == "gc":
@@ -519,7 +517,6 @@ def process_last(s: St, a: St) -> Any:
 def free_step(s: St, a: St, path: str, guards: frozenset = frozenset()) -> tuple[Any, St]:
     b = a.b
     us = [at(s[f"u{tt}"], b) for tt in range(STREAMS)]
-    has = Or(*us) if "uses" not in guards else z3.BoolVal(False)
     pend = s.set(k=upd(s.k, b, PEND), **{f"i{tt}": s[f"i{tt}"] + z3.If(us[tt], 1, 0) for tt in range(STREAMS)},
                  **{f"e{tt}": z3.If(us[tt], upd(s[f"e{tt}"], b, s[f"i{tt}"] + 1), s[f"e{tt}"])
                     for tt in range(STREAMS)})
@@ -576,9 +573,12 @@ def _growing(s: St) -> Any:
     return Or(s.xh == -1, at(s.sz, s.xh) < s.mr)
 
 
-def map_len(s: St, q: Any) -> Any:
+def map_len(s: St, q: Any, guards: frozenset = frozenset()) -> Any:
     """``_map``: the pages of unmapped block ``q`` from its start up to the request's last byte (the head's
-    bytes already count), at most the block."""
+    bytes already count), at most the block (C8's unguarded variant, ``map-lacking`` removed: the whole
+    block)."""
+    if "map-lacking" in guards:
+        return at(s.sz, q)
     need = s.mr - z3.If(s.xh == -1, 0, at(s.sz, s.xh))
     rel = at(s.ad, q) - at(s.sb, q)
     end = ceil_pg(rel + need, page(s, at(s.sm, q))) - rel
@@ -600,11 +600,11 @@ def _reserve(s: St, small: Any, delta: Any) -> dict[str, Any]:
     return {"Rs": s.Rs + z3.If(small, delta, 0), "Rl": s.Rl + z3.If(small, 0, delta)}
 
 
-def map_step(s: St, a: St) -> tuple[Any, St]:
+def map_step(s: St, a: St, guards: frozenset = frozenset()) -> tuple[Any, St]:
     """expand:map: the pages of unmapped block ``b`` (the target) are mapped; they become free and merge
     with the head (and, the block mapped whole, with a free block after it); the rest stays unmapped."""
     q = a.b
-    m = map_len(s, q)
+    m = map_len(s, q, guards)
     part = m < at(s.sz, q)
     n = s.n
     rest = {"al": part, "ad": at(s.ad, q) + m, "sz": at(s.sz, q) - m, "k": UNM, "rq": 0, "sm": at(s.sm, q),
@@ -665,14 +665,25 @@ def expand_fail_step(s: St, a: St, path: str) -> tuple[Any, St]:
     return PENDING, _retry_state(done, s.mn, s.mt, s.mr)
 
 
-def _fails(s: St) -> Any:
+def _fails(s: St, guards: frozenset = frozenset()) -> Any:
     """The next mapping does not fit the device."""
     q = _target(s)
     used = s.Rs + s.Rl
     # (a fresh arena whose VA is smaller than the request: no arena can hold it)
-    return z3.If(q == -1, And(s.xh == -1, Or(used + fresh_len(s) > s.cap,
-                                                  _arena_va(s, s.mr <= K_SMALL) < s.mr)),
-                 And(0 <= q, q < s.n, at(s.al, q), at(s.k, q) == UNM, used + map_len(s, q) > s.cap))
+    return z3.If(q == -1, And(s.xh == -1, Or(used + fresh_len(s) > s.cap, no_arena_holds(s))),
+                 And(0 <= q, q < s.n, at(s.al, q), at(s.k, q) == UNM, used + map_len(s, q, guards) > s.cap))
+
+
+def no_arena_holds(s: St) -> Any:
+    """A fresh arena's VA is smaller than the request (``arena_factor`` that small: not the presets')."""
+    return _arena_va(s, s.mr <= K_SMALL) < s.mr
+
+
+def lacking(s: St) -> Any:
+    """The bytes the mapping's next step maps (C8: an OutOfMemory leaves less free than these): the lacking
+    pages of the target unmapped block, or a fresh arena's first pages."""
+    q = _target(s)
+    return z3.If(q == -1, fresh_len(s), map_len(s, q))
 
 
 def unmap_parts(s: St, b: Any) -> tuple[Any, Any, Any, Any]:
@@ -781,11 +792,12 @@ def actions(guards: frozenset = frozenset()) -> list[Act]:
         mk_avail_end("new"), mk_avail_end("retry"),
         mk_retry("new"), mk_retry("oom"), mk_retry("expand"),
         # expandable segments: the mapping's steps, the unmap of whole free pages
-        Act("expand:map", {"b": INT}, map_step,
+        Act("expand:map", {"b": INT}, lambda s, a: map_step(s, a, guards),
             lambda s, a: And(s.xp, _growing(s), a.b == _target(s), 0 <= a.b, a.b < s.n, at(s.al, a.b),
                                 Or(s.xh == -1, at(s.pv, a.b) == s.xh),
                                 at(s.k, a.b) == UNM,
-                                z3.BoolVal(True) if "map-room" in guards else s.Rs + s.Rl + map_len(s, a.b) <= s.cap),
+                                z3.BoolVal(True) if "map-room" in guards else
+                                s.Rs + s.Rl + map_len(s, a.b, guards) <= s.cap),
             spec=("caching:malloc",)),
         Act("expand:fresh", {"base": INT}, fresh_step,
             lambda s, a: And(s.xp, s.xh == -1, s.xq == -1, s.Rs + s.Rl + fresh_len(s) <= s.cap,
@@ -793,11 +805,17 @@ def actions(guards: frozenset = frozenset()) -> list[Act]:
             spec=("caching:malloc",)),
         Act("expand:serve", {"b": INT}, lambda s, a: serve_step(s, a, guards),
             lambda s, a: And(s.xp, s.xh != -1, a.b == s.xh, at(s.sz, s.xh) >= s.mr), spec=("caching:malloc",)),
-        Act("expand:oom", {"lf": INT, "lw": INT}, lambda s, a: expand_fail_step(s, a, "oom"),
-            lambda s, a: And(s.xp, _growing(s), _fails(s), Or(s.seed, s.x2), _largest_free_ok(s, a.lf, a.lw)),
+        # (``b``: the target that does not fit, -1 a fresh arena, after the head -- named so that the proofs
+        # see its block and the head)
+        Act("expand:oom", {"b": INT, "lf": INT, "lw": INT}, lambda s, a: expand_fail_step(s, a, "oom"),
+            lambda s, a: And(s.xp, _growing(s), a.b == _target(s), Or(s.xh == -1, at(s.pv, a.b) == s.xh),
+                             _fails(s, guards), Or(s.seed, s.x2),
+                             _largest_free_ok(s, a.lf, a.lw)),
             spec=("caching:malloc",)),
-        Act("expand:retry", {}, lambda s, a: expand_fail_step(s, a, "retry"),
-            lambda s, a: And(s.xp, _growing(s), _fails(s), Not(s.seed), Not(s.x2)), spec=("caching:malloc",)),
+        Act("expand:retry", {"b": INT}, lambda s, a: expand_fail_step(s, a, "retry"),
+            lambda s, a: And(s.xp, _growing(s), a.b == _target(s), Or(s.xh == -1, at(s.pv, a.b) == s.xh),
+                             _fails(s, guards), Not(s.seed), Not(s.x2)),
+            spec=("caching:malloc",)),
         Act("unmap:free", {"b": INT}, lambda s, a: unmap_step(s, a, False),
             lambda s, a: And(s.ex, s.seed, idle(s), 0 <= a.b, a.b < s.n, at(s.al, a.b), at(s.k, a.b) == FREE,
                                 has_pages(s, a.b)),

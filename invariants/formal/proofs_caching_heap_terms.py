@@ -15,9 +15,7 @@ import z3
 from memspec.invariants.formal.z3fast import And, Implies, Not, Or
 from memspec.invariants.formal.proofs import limit  # Z3 resource limits, not wall-clock timeouts
 
-from memspec.invariants.formal.proofs import (
-    ARR, BARR, BOOL, CODE, INT, OK, PENDING, Act, Proof, St, at, upd,
-)
+from memspec.invariants.formal.proofs import ARR, BARR, BOOL, CODE, INT, St, at
 
 
 MiB = 1 << 20

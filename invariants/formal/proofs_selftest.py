@@ -72,33 +72,6 @@ for _part in PARTS:
 del _part
 
 
-def detect_c8(walks: int | None = None, steps: int | None = None) -> str | None:
-    """C8's row material (:func:`proofs_caching_expandable.run_c8`): its agreement with ``spec/caching``
-    (scripted walks, then expandable walks: at least prove's), then its Z3 proofs and refutation."""
-    import random
-
-    from memspec.invariants.formal import proofs_caching_expandable as E
-
-    rep = E.new_report()
-    for key in E.SCRIPTS:
-        E.run_script(key, rep)
-    for sd in range(E.SEEDS):
-        E._walks(random.Random(sd), max(walks or 0, E.WALKS), max(steps or 0, E.STEPS), rep)
-    if rep["mismatches"]:
-        return f"prove/C8 agreement: {len(rep['mismatches'])} disagreements, e.g. {rep['mismatches'][0][:100]} (C8)"
-    if rep["inv"][1]:
-        return f"prove/C8 invariant agreement: {rep['inv'][1]}/{rep['inv'][0]} states disagree (C8)"
-    unsampled = [f"{a}/{b}" for a, bs in rep["counts"].items() for b, n in bs.items() if not n]
-    if unsampled:
-        return f"prove/C8 agreement: branches with 0 samples: {unsampled[:3]} (C8)"
-    bad = [(n, r) for n, r, _t in E.proofs() if r != "proved"]
-    if bad:
-        return f"prove (caching C8): {bad[0][0]} {bad[0][1]} (C8)"
-    if not E.refute()[0]:
-        return "prove (caching C8): the unguarded variant is not refuted (C8)"
-    return None
-
-
 def seed000_ids() -> list[str]:
     """Seed 000's invariant ids in catalog order (:data:`memspec.spec.invariants.CATALOG`, read at each call)."""
     from memspec.spec import invariants as seed000
@@ -178,14 +151,16 @@ def catalog() -> list[Break]:
         Break("C5 kernel: the seed split rule is strict (remainder > 2 MiB)", "kernel", "C5", ("caching-kernels",),
               patch=_spec_patch("memspec.spec.caching.kernels", "should_split", _strict_seed_split)),
         Break("C8 encoding: an expandable malloc maps the whole run, not only the pages it lacks", "encoding", "C8",
-              ("c8",), patch=_spec_patch("memspec.invariants.formal.proofs_caching_expandable", "map_step", _whole_run)),
-        Break("C8 spec: the seed preset's free keeps its pages mapped", "spec", "C8", ("c8",),
+              ("caching-agreement",),
+              patch=_spec_patch("memspec.invariants.formal.proofs_caching_heap_actions", "map_len", _whole_run)),
+        Break("C8 spec: the seed preset's free keeps its pages mapped", "spec", "C8", ("caching-agreement",),
               patch=_spec_patch("memspec.spec.caching.policy", "_unmap", _unmap_nothing)),
-        Break("C8 spec: the expandable first fit picks the last arena by address", "spec", "C8", ("c8",),
+        Break("C8 spec: the expandable first fit picks the last arena by address", "spec", "C8",
+              ("caching-agreement",),
               patch=_spec_patch("memspec.spec.caching.policy", "_find_expandable", _last_arena_first)),
-        Break("C8 spec: pytorch's OOM retry waits for events but unmaps no page", "spec", "C8", ("c8",),
+        Break("C8 spec: pytorch's OOM retry waits for events but unmaps no page", "spec", "C8", ("caching-agreement",),
               patch=_spec_patch("memspec.spec.caching.policy", "_release_cached", _release_keeps_pages)),
-        Break("C8 spec: empty_cache keeps the whole free pages of arenas mapped", "spec", "C8", ("c8",),
+        Break("C8 spec: empty_cache keeps the whole free pages of arenas mapped", "spec", "C8", ("caching-agreement",),
               patch=_spec_patch("memspec.spec.caching.actions", "_release_cached", _release_keeps_pages)),
     ]
     out += [
@@ -519,8 +494,6 @@ def run_detector(d: str, b: Break, baselines: dict[str, Any]) -> str | None:
         return detect_caching_agreement()
     if d == "progress":
         return detect_progress()
-    if d == "c8":
-        return detect_c8()
     raise ValueError(d)
 
 
@@ -538,7 +511,7 @@ def _baseline_keys(breaks: list[Break]) -> list[str]:
     keys += [f"coverage:{inv}" for inv in sorted({b.invariant for b in breaks if "coverage" in b.detectors})]
     keys += ["progress"] if "progress" in used else []
     keys += sorted(d for d in used if d.startswith("spec-"))
-    keys += [d for d in ("caching-kernels", "c8", "caching-agreement") if d in used]
+    keys += [d for d in ("caching-kernels", "caching-agreement") if d in used]
     return keys
 
 
@@ -556,7 +529,7 @@ def _baseline(key: str) -> Any:
         return detect_spec_check(arg)
     if kind == "spec-walk":
         return detect_caching_walk()
-    return {"progress": detect_progress, "caching-kernels": detect_caching_kernels, "c8": detect_c8,
+    return {"progress": detect_progress, "caching-kernels": detect_caching_kernels,
             "caching-agreement": detect_caching_agreement}[kind]()
 
 

@@ -463,7 +463,7 @@ def _reserved_short() -> Iterator[None]:
 
 #: C invariant -> the goal of its unguarded action's consecution that the guard protects
 HEAP_GOALS = {"C1": ("reserved",), "C2": ("C2:pair",), "C3": ("C3",), "C4": ("C4",), "C5": ("step:C5",),
-              "C6": ("step:C6",), "C7": ("step:C7",), "C9": ("step:C9",)}
+              "C6": ("step:C6",), "C7": ("step:C7",), "C8": ("step:C8",), "C9": ("step:C9",)}
 
 
 
@@ -508,9 +508,10 @@ def _strict_seed_split(orig: Any) -> Any:
 
 
 def _whole_run(orig: Any) -> Any:
-    def map_step(s: Any, a: Any, whole: bool = False, page: Any = None) -> Any:
-        return orig(s, a, True, page)
-    return map_step
+    """The heap's ``map_len`` with C8's guard removed: the whole unmapped block, not the pages lacking."""
+    def map_len(s: Any, q: Any, guards: frozenset = frozenset()) -> Any:
+        return orig(s, q, guards | {"map-lacking"})
+    return map_len
 
 
 def _unmap_nothing(_orig: Any) -> Any:

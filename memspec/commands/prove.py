@@ -255,16 +255,14 @@ def _what_a_proof_needs(inv_id: str, fp: Any = None) -> dict[str, Any]:
             "steps": fp.steps}
 
 
-def _caching_records(heap: Any, agree: Any = None, c8: Any = None) -> list[dict[str, Any]]:
+def _caching_records(heap: Any, agree: Any = None) -> list[dict[str, Any]]:
     """The C rows: the heap encoding of :mod:`memspec.invariants.formal.proofs_caching_heap`
-    (one inductive invariant over an arbitrary well-formed heap, so its checks
-    are shared by every C row but those of ``NOT_HEAP_ENCODED``: C8), each invariant's unguarded variant,
+    (one inductive invariant over an arbitrary well-formed heap, expandable segments included, so its
+    checks are shared by every C row), each invariant's unguarded variant,
     encoded/declared from the spec's action table; the transition and
     invariant agreement of that encoding with spec/caching
     (:mod:`memspec.invariants.formal.proofs_caching_agree`, shared by the rows: one
-    machine); C8 from the expandable-segment encoding
-    (:mod:`memspec.invariants.formal.proofs_caching_expandable`).  Verdicts by
-    :func:`_verdict` (the same rules as the S rows)."""
+    machine).  Verdicts by :func:`_verdict` (the same rules as the S rows)."""
     from memspec.invariants.formal import BOUNDED, UNGUARDED, declared, machines
     from memspec.spec.caching import INVARIANTS
 
@@ -279,7 +277,7 @@ def _caching_records(heap: Any, agree: Any = None, c8: Any = None) -> list[dict[
             "unguarded": {"guard": None, "refuted": False, "named_invariant_violated": False, "trace": ""},
             "checks": [], "_details": {"inv": [], "mismatch": [], "unsampled": []},
         }
-        src = c8 if inv.id == "C8" else heap
+        src = heap
         if src is not None:
             bad = [c for c in src["checks"] if c[1] not in ("proved", "framed")]
             rec["status"] = "proved" if not bad else "FAILED"
@@ -295,13 +293,13 @@ def _caching_records(heap: Any, agree: Any = None, c8: Any = None) -> list[dict[
                 ok, trace = src["refuted"][inv.id]
                 guards = src.get("unguarded", UNGUARDED)
                 # what the counterexample breaks, as its model evaluated it (proofs_caching_heap.refute tags the
-                # last line); C8's refutation asks for C8's own violation (an OOM with the pages free) and nothing else
-                violates = ("named invariant" if (inv.id == "C8" or "(named invariant)" in trace)
+                # last line)
+                violates = ("named invariant" if "(named invariant)" in trace
                             else "step property" if "(step property)" in trace else None) if ok else None
                 rec["unguarded"] = {"guard": guards[inv.id][2], "refuted": ok,
                                     "named_invariant_violated": violates is not None, "violates": violates,
                                     "trace": trace}
-        ag = c8.get("agreement") if (inv.id == "C8" and c8 is not None) else agree
+        ag = agree
         if ag is not None:
             samples, disagree = ag.inv.get(inv.id, [0, 0])
             rec["invariant_agreement"] = {"samples": samples, "disagreements": disagree}
@@ -351,10 +349,6 @@ def _task(task: tuple[Any, ...]) -> tuple[Any, float]:
 
         # a batch of parts in one process: the compiled encodings (per action and heap size) are shared
         out = [agreement_part(part, seed=task[1], walks_per_config=task[3]) for part in task[2]]
-    elif kind == "C8":
-        from memspec.invariants.formal import run_c8
-
-        out = run_c8(seed=task[1])
     else:
         raise ValueError(f"unknown proof group {task!r}")
     return out, time.process_time() - t0
@@ -406,7 +400,7 @@ def _run_tasks(tasks: list[tuple[Any, ...]], jobs: int, progress: bool = False) 
 AGREEMENT_BATCHES = 1
 
 #: rough CPU seconds of each kind of proof group (only the submission order depends on it)
-_COST = {"S-agreement": 50, "agreement": 70, "C8": 30, "synthesis": 20, "heap": 2, "P1": 5, "S": 1}
+_COST = {"S-agreement": 50, "agreement": 70, "synthesis": 20, "heap": 2, "P1": 5, "S": 1}
 
 
 def task_cost(task: tuple[Any, ...]) -> float:
@@ -424,7 +418,7 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
         jobs: int = 1, walks: int | None = None) -> tuple[list[dict[str, Any]], Any, float]:
     """Every requested row.  The proof groups (the S rows' agreement walk, each
     S proof, P1, the caching synthesis, each unit of the heap induction, the
-    caching agreement, C8) are independent: with ``jobs`` > 1 they run in a
+    caching agreement) are independent: with ``jobs`` > 1 they run in a
     process pool, and the rows are assembled in the same order from the same
     results, so the rows do not depend on ``jobs`` (only the seconds do).  A
     Z3 witness (the synthesized fragmentation trace, an unguarded variant's
@@ -441,8 +435,7 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
     cids = [i for i in ids if i.startswith("C")]
     want_p1 = not ids or "P1" in ids
     want_syn = caching_on and (not ids or bool(cids))
-    want_heap = caching_on and (not ids or any(i != "C8" for i in cids))
-    want_c8 = caching_on and (not ids or "C8" in cids)
+    want_heap = caching_on and (not ids or bool(cids))
     heap_units: list[tuple[str, ...]] = []
     tasks: list[tuple[Any, ...]] = []
     if samples and proofs:  # only the S rows read it
@@ -455,7 +448,7 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
     if want_heap:
         from memspec.invariants.formal import heap_units as units_of
 
-        heap_units = units_of(ids=[i for i in cids if i != "C8"] or None)
+        heap_units = units_of(ids=cids or None)
         from memspec.invariants.formal import agreement_parts
 
         tasks += [("heap", u) for u in heap_units]
@@ -468,8 +461,6 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
         parts = agreement_parts(walks_per_config=walks)
         nb = AGREEMENT_BATCHES
         tasks += [("agreement", seed, tuple(parts[k::nb]), walks) for k in range(nb)]
-    if want_c8:
-        tasks.append(("C8", seed))
     results = dict(zip(range(len(tasks)), _run_tasks(tasks, jobs, progress=not quiet)))
     by_kind: dict[str, list[tuple[Any, float]]] = {}
     GROUP_CPU.clear()
@@ -505,7 +496,7 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
     caching = None
     if want_syn:
         caching, CPU["synthesis"] = by_kind["synthesis"][0]
-    heap = agree = c8 = None
+    heap = agree = None
     if want_heap:
         from memspec.invariants.formal import join_units
 
@@ -517,10 +508,8 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
         agree = merge_agreements([batches[i % len(batches)][i // len(batches)]
                                   for i in range(sum(map(len, batches)))])
         CPU["agreement"] = sum(cpu for _res, cpu in by_kind["agreement"])
-    if want_c8:
-        c8, CPU["C8"] = by_kind["C8"][0]
     if not ids or cids:
-        records += [r for r in _caching_records(heap, agree, c8) if not ids or r["id"] in ids]
+        records += [r for r in _caching_records(heap, agree) if not ids or r["id"] in ids]
     return records, caching, time.perf_counter() - t_all
 
 
