@@ -261,6 +261,7 @@ def test_rows_credited_by_one_adapter_share_its_machine() -> None:
             shared.setdefault(ad.invariant, set()).add(other)
     assert shared.get("S4") == {"S7", "S10"}, shared
     assert shared.get("S15") == {"G1", "S6"}, shared
+    assert shared.get("S11") == {"S8", "S9"}, shared   # S8 and S9 on S11's ledger model
     for base, other in (("S4", "S10"), ("S15", "S6"), ("S15", "G1")):
         p, q = proofs[base], proofs[other]
         assert [a.name for a in q.actions] == [a.name for a in p.actions]
@@ -268,6 +269,8 @@ def test_rows_credited_by_one_adapter_share_its_machine() -> None:
     # no adapter of S10's, S6's or G1's own: their samples come from the shared machine's adapters
     ads = A.SYS_ADAPTERS + A.MECH_ADAPTERS + A.TICKET_ADAPTERS + A.SMALL_SYS_ADAPTERS
     assert not [ad for ad in ads if ad.invariant in ("S10", "S6", "G1")]
+    # S9's own: kv_use only (a fence recorded, not S11's action), on the ledger projection
+    assert [(ad.action, ad.project) for ad in ads if ad.invariant == "S9"] == [("kv_use", A._L_PROJECT["kv_use"])]
 
 
 def test_s4_poll_checks_every_stream_not_two() -> None:

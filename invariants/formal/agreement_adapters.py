@@ -4,7 +4,7 @@
 
 The adapters are split by level, each module under 1,200 lines:
 :mod:`.agreement_adapters_mech` (the mechanism level), :mod:`.agreement_adapters_system`
-(the system level's protocols), and this module (the ledger model of S8 / S11 at both
+(the system level's protocols), and this module (the ledger model of S8 / S9 / S11 at both
 levels, the deferred-free queue of S1, S4, S7, S10).  The adapter lists are
 one list each, extended in that order.  Every name of the parts is a name of this
 module: import from here.
@@ -37,12 +37,13 @@ for _part in PARTS:
 del _part
 
 
-# -- S8 / S11: the ledger model ----------------------------------------------
+# -- S8 / S9 / S11: the ledger model -----------------------------------------
 # Every figure is recomputed from the spec's records (grants, tickets, owned
 # objects, KV requests, leases, queue entries), except the running totals the
 # spec keeps (open_grants, tickets_held, charged_by, live/queued/lease bytes
 # by holder), which are projected as they are: the encoding proves them equal
 # to the records' sums, and the agreement checks that the spec keeps them so.
+# A KV request's item carries its view (S9): committed bytes, the view, the prefix.
 
 from memspec.spec.api import Grant  # noqa: E402
 
@@ -75,6 +76,14 @@ def _l_items(s: Any) -> list[tuple[Any, int, int, int, int]]:
 def _l_zero_mech() -> dict[str, Any]:
     return {"phys": 0, "mcap": 0, "mst": (0, {}), "mb": (0, {}), "PMB": prefix_values([]), "nm": 0,
             "mk": (0, {}), "hrel": (0, {}), "hmaps": (0, {}), "mh": (0, {})}
+
+
+def _l_views(s: Any, u: Universe) -> dict[str, Any]:
+    """Each KV request's item: the bytes committed in its view (its own pages and its prefix), the
+    view, the prefix mapped from its origin."""
+    ix = {u.idx["item"][(1, r)]: q for r, q in s.kv.items()}
+    return {"ikc": (0, {i: q.committed for i, q in ix.items()}), "iview": (0, {i: q.committed for i, q in ix.items()}),
+            "ipre": (0, {i: q.prefix for i, q in ix.items()})}
 
 
 def _l_pad(u: Universe) -> None:
@@ -117,14 +126,14 @@ def _l_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
         "ik": (0, {i: it[2] for i, it in enumerate(items)}), "ib": (0, {i: it[4] for i, it in enumerate(items)}),
         "n": len(items), "PLV": keyed(E.I_LIVE), "PQ": keyed(E.I_QUEUED), "PLS": keyed(E.I_LEASE),
         "PC": prefix_values([nb if st_ in (E.I_LIVE, E.I_QUEUED, E.I_LEASE) else 0 for _k, _h, _kd, st_, nb in items]),
-        **_l_zero_mech(),
+        **_l_views(s, u), **_l_zero_mech(),
     }
     _l_pad(u)
     return st, u
 
 
 _L_CMP = ("cap", "free", "granted", "charged", "og", "th", "cb", "lb", "qb", "lsb", "gst", "gb", "tst", "tb")
-_L_CMP_ITEMS = _L_CMP + ("ist", "ib")
+_L_CMP_ITEMS = _L_CMP + ("ist", "ib", "ikc", "iview", "ipre")
 
 
 # the value returned: an int, or a Grant's bytes (commit); the padding is the pre-state's
@@ -200,8 +209,10 @@ _L_ARGS = {
         "unsup": not s.registry.capabilities[s.registry.installed][0], "bad": _not_size(a["size"]),
         "oom": taken == "OutOfMemory"}),
     "close_owned": _l_item("reservation"),
-    "kv_open": _new_item(lambda s, u, a, taken: {**_kv_open_refusals(s, a["request"]), "oom": False}),
+    "kv_open": _new_item(lambda s, u, a, taken: {**_kv_open_refusals(s, a["request"]), "oom": False,
+                                                 "p": a["request"][3] if a["request"][2] is not None else 0}),
     "kv_close": _l_item("request"),
+    "kv_use": _l_item("request"),
 }
 
 
@@ -310,7 +321,9 @@ SYS_ADAPTERS += [_l_ad("S11", a, also=("S8",)) for a in _L_SYS]
 SYS_ADAPTERS += [_l_ad("S11", a) for a in _L_SYS11]
 # issue 33: the reservation and KV request paths, on both rows' machine
 _L_SYS_NEW = ("reserve_owned", "close_owned", "kv_open", "kv_close", "kv_release")
-SYS_ADAPTERS += [_l_ad("S11", a) for a in _L_SYS_NEW]  # S8's share: below
+SYS_ADAPTERS += [_l_ad("S11", a) for a in _L_SYS_NEW]  # S8's and S9's shares: below
+# S9's kv_use (a fence recorded: nothing of the ledger changes) is not S11's action
+SYS_ADAPTERS += [_l_ad("S9", "kv_use")]
 # claim succeeds only on a granted ticket: sampled on the ticket protocol's walk, where they are common
 TICKET_ADAPTERS += [_l_ad("S11", "claim")]
 # commit's GrantDenied (the footprint exceeds the grant by more than is free) needs an almost full
@@ -350,7 +363,7 @@ def _l_mech_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
           "PG": prefix_values([]), "ng": 0, "tst": (0, {}), "tb": (0, {}), "ta": (0, {}),
           "nt": 0, "ist": (0, {}), "ih": (0, {}), "ik": (0, {}), "ib": (0, {}), "n": 0, "PTP": prefix_values([]),
           "PTG": prefix_values([]),
-          "PLV": {}, "PQ": {}, "PLS": {}, "PC": prefix_values([]),
+          "PLV": {}, "PQ": {}, "PLS": {}, "PC": prefix_values([]), "ikc": (0, {}), "iview": (0, {}), "ipre": (0, {}),
           "phys": s.physical, "mcap": s.capacity,
           "mst": (0, {i: o[1] for i, o in enumerate(objs)}),
           "mb": (0, {i: o[2] for i, o in enumerate(objs)}),
@@ -429,11 +442,12 @@ MECH_ADAPTERS += [
 ]
 
 
-# S8's machine is part of S11's (one ledger model, the very same steps): each sample of an action
-# S8 encodes counts for S8 too
+# S8's and S9's machines are part of S11's (one ledger model, the very same steps): each sample of an
+# action S8 (S9) encodes counts for S8 (S9) too
 for _a in SYS_ADAPTERS + MECH_ADAPTERS + TICKET_ADAPTERS + SMALL_SYS_ADAPTERS:
-    if _a.invariant == "S11" and _a.action in E.ENCODES["S8"] and "S8" not in _a.also:
-        _a.also = _a.also + ("S8",)
+    for _row in ("S8", "S9"):
+        if _a.invariant == "S11" and _a.action in E.ENCODES[_row] and _row not in _a.also:
+            _a.also = _a.also + (_row,)
 
 
 # -- S1 (system), S4, S7, S10: the deferred-free queue ------------------------

@@ -3,7 +3,7 @@
 there).
 
 S15 / G1 / S6 on the ticket machine (tickets, generations, the holders' answers), S3
-selection, S2 charge before commit, S9 growth, S12 owning reservations, the
+selection, S2 charge before commit, S12 owning reservations, the
 small-device and focused walks, S13 read-only prefixes, S5 without VirtualBacking;
 :data:`SYS_ADAPTERS`, :data:`TICKET_ADAPTERS` and :func:`run_all`.
 """
@@ -465,39 +465,6 @@ SYS_ADAPTERS += [
 ]
 
 
-# -- S9: KvPageStore growth ---------------------------------------------------
-
-def _s9_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
-    u = Universe()
-    qx = u.add("request", s.kv)
-    st = {
-        "rsize": (0, {qx[r]: q.max_bytes for r, q in s.kv.items()}),
-        "kc": (0, {qx[r]: q.committed for r, q in s.kv.items()}),
-        "view": (0, {qx[r]: q.committed for r, q in s.kv.items()}),
-        "chg": (0, {qx[r]: q.own for r, q in s.kv.items()}),
-        "prefix": (0, {qx[r]: q.prefix for r, q in s.kv.items()}),
-        "free": s.free, "page": s.page, "ret": ret,
-    }
-    return st, u
-
-
-_S9_CMP = ("rsize", "kc", "view", "chg", "free")
-
-
-_s9_project = _project(_s9_state, lambda s, u, a, taken: {
-    "r": u.idx["request"][a["growth"][0]], "nb": a["growth"][1], "fail": a["growth"][2] or 0,
-    "oom": taken == "OutOfMemory", "refuse": taken == "InvalidRequest"})
-_s9_expected = _expected(_s9_state, E.S9.fields, _S9_CMP + ("ret",), adopt=False, value=_ret)
-
-
-SYS_ADAPTERS.append(Adapter("S9", "grow", "kv_grow", _s9_project, _s9_expected, _S9_CMP + ("ret",)))
-
-_S9_CMP_P = _S9_CMP + ("prefix",)
-
-
-_s9_expected_p = _expected(_s9_state, E.S9.fields, _S9_CMP_P, adopt=False)
-
-
 def _kv_open_refusals(s: Any, request: tuple[Any, int, Any, int]) -> dict[str, bool]:
     """kv_open's refusals, as every row's projection reads them: ``unsup`` (no VirtualBacking, or no
     SharedMapping for a prefix) and ``bad`` (a prefix past what its origin holds, or past the request)."""
@@ -505,74 +472,6 @@ def _kv_open_refusals(s: Any, request: tuple[Any, int, Any, int]) -> dict[str, b
     vb, sm = s.registry.capabilities[s.registry.installed]
     return {"unsup": not vb or (origin is not None and not sm),
             "bad": origin is not None and (prefix > s.kv[origin].own or prefix > max_bytes)}
-
-
-def _s9_open_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    ref, max_bytes, origin, prefix = args["request"]
-    st, u = _s9_state(s)
-    return st, {"r": _new_slot(u, "request"), "n": max_bytes, "p": prefix if origin is not None else 0,
-                **_kv_open_refusals(s, args["request"])}, u
-
-
-_s9_request_project = _project(_s9_state, lambda s, u, a, taken: {"r": u.idx["request"][a["request"]]})
-
-
-def _s9_runs(s: Any, seqs: list[int], extra: int = 0) -> dict[str, Any] | None:
-    """The encoded release of the queue entries ``seqs`` run in order: the KV
-    requests whose own pages change (at most two per encoded step, else None)
-    and the other holders' refunds (plus ``extra``)."""
-    refs = [s.queue[q].kv for q in seqs if s.queue[q].kv is not None]
-    _freed, own = _kv_run(s, refs)
-    changed = sorted(r for r in own if own[r] != s.kv[r].own)
-    other = extra + sum(n for q in seqs for n in s.queue[q].refund.values())
-    if len(changed) > 2 or (not changed and not other):
-        return None  # more than two requests change (the encoding takes two), or nothing runs
-    return {"changed": changed, "own": own, "other": other}
-
-
-def _s9_release_args(u: Universe, r: dict[str, Any]) -> dict[str, Any]:
-    rx, own = u.idx["request"], r["own"]
-    c = r["changed"] + [None, None]
-    return {"x": rx[c[0]] if c[0] is not None else 0, "kx": own[c[0]] if c[0] is not None else 0,
-            "one": c[0] is not None, "y": rx[c[1]] if c[1] is not None else 0,
-            "ky": own[c[1]] if c[1] is not None else 0, "two": c[1] is not None, "other": r["other"]}
-
-
-def _s9_respond_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    """The walk's answer (the spec's witness, as for S2): the victims' bytes
-    among the other holders' refunds, the done releases run."""
-    from memspec.spec.holders import weight_footprint
-
-    t_ref, holder, terminal = args["answer"]
-    st, u = _s9_state(s)
-    if terminal or taken != "ok":
-        return st, {"x": 0, "kx": 0, "one": False, "y": 0, "ky": 0, "two": False, "other": 0, "got": 0,
-                    "terminal": True}, u
-    got = sum(weight_footprint(s, w) for w in _answer_victims(s, holder))
-    r = _s9_runs(s, _done_seqs(s, args["pending"]), got)
-    if r is None:
-        return None
-    return st, {**_s9_release_args(u, r), "got": got, "terminal": False}, u
-
-
-def _s9_release_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    """The walk's poll: the done releases run (:func:`_s9_runs`)."""
-
-    r = _s9_runs(s, _done_seqs(s, args["pending"]))
-    if r is None:
-        return None
-    st, u = _s9_state(s)
-    return st, _s9_release_args(u, r), u
-
-
-SYS_ADAPTERS += [
-    Adapter("S9", "open", "kv_open", _s9_open_project, _s9_expected_p, _S9_CMP_P),
-    Adapter("S9", "use", "kv_use", _s9_request_project, _s9_expected_p, _S9_CMP_P),
-    Adapter("S9", "close", "kv_close", _s9_request_project, _s9_expected_p, _S9_CMP_P),
-    Adapter("S9", "release", "poll", _s9_release_project, _s9_expected_p, _S9_CMP_P,
-            helpers=("kv_grow", "kv_close", "drop")),
-    Adapter("S9", "respond", "respond", _s9_respond_project, _s9_expected_p, _S9_CMP_P),
-]
 
 
 # -- S12: owning reservations and KV requests keep their address ---------------
@@ -686,7 +585,7 @@ def run_focused(samples: int, seed: int, inv_samples: int = 0, per_branch: int |
 
     proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS}
     n = max(20, samples // 8)
-    kv = [a for a in SYS_ADAPTERS if a.spec_action == "kv_open" and a.invariant in ("S5", "S9", "S12", "S13")]
+    kv = [a for a in SYS_ADAPTERS if a.spec_action == "kv_open" and a.invariant in ("S5", "S12", "S13")]
     sh = [a for a in MECH_ADAPTERS if a.spec_action == "free_shared_reservation" and a.invariant in ("S13", "S14")]
     n_kv = max(40, samples // 3)  # an oversized prefix is ~3% of kv_open's draws
     # the full walk queues a KV request's release before a poll in ~1 sample of 100: a share of the
@@ -706,9 +605,9 @@ def run_focused(samples: int, seed: int, inv_samples: int = 0, per_branch: int |
 
 
 #: (invariant, encoded action) of the poll adapters the KV release walk samples
-_KV_RELEASE_ADAPTERS = {("S2", "release"), ("S9", "release"), ("S11", "kv_release")}
+_KV_RELEASE_ADAPTERS = {("S2", "release"), ("S11", "kv_release")}
 #: (invariant, encoded action) of the respond adapters the answer walk samples
-_RESPOND_ADAPTERS = {("S2", "respond"), ("S4", "respond"), ("S9", "respond")}
+_RESPOND_ADAPTERS = {("S2", "respond"), ("S4", "respond")}
 
 
 # -- S13: KvPageStore read-only prefixes ------------------------------------------

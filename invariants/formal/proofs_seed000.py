@@ -17,7 +17,7 @@ the parts is a name of this module: import from here.
 Rows that state their rule on the same spec actions share one machine (the same
 fields, the same steps and preconditions; each row with its own invariant, named rule
 and unguarded variant): S7 and S10 are proved on S4's deferred-free queue machine, S8
-on S11's ledger model, G1 and S6 on S15's ticket machine (its respond is one relation:
+and S9 on S11's ledger model, G1 and S6 on S15's ticket machine (its respond is one relation:
 S15's refund of the answer's bytes into the ticket and S6's choice of victims).
 """
 
@@ -40,7 +40,7 @@ from memspec.invariants.formal.proofs_seed000_objects import (
     T_PENDING, T_TIMED_OUT, Z0, _fences_done, _oom, _s10_inv, _s5_named, _terminal, alive, catalog,
 )
 from memspec.invariants.formal.proofs_seed000_ledger import (
-    S11, S8, S9, _L_NEW, _ledger, _s11_named, _s8_named, _with_ledger,
+    S11, S8, S9, _L_NEW, _ledger, _s11_named, _s8_named, _s9_named, _with_ledger,
 )
 
 #: the modules this one is assembled from, in order (split by invariant group); a name
@@ -819,8 +819,6 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
            # issue 33: the mechanism's other writers of physical
            **{f"m_{n}": (f"mechanism:{n}",) for n in ("allocate", "deallocate", "create", "release_handle", "unmap",
                                                        "copy_on_write")}},
-    "S9": {"grow": ("system:kv_grow",), "open": ("system:kv_open",), "use": ("system:kv_use",),
-           "close": ("system:kv_close",), "release": ("system:poll",), "respond": ("system:respond",)},
     "S11": {**{n: (f"system:{n}",) for n in ("reserve", "commit", "cancel", "refund_lease", "allocate_owned",
                                              "load_weight", "commit_owned", "kv_grow", "drop", "unload_weight",
                                              "poll", "claim", "cancel_ticket", "expire", "respond")},
@@ -846,8 +844,10 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
 }
 ENCODES["G1"] = ENCODES["S6"] = ENCODES["S15"]  # G1 and S6 are on S15's ticket machine
 ENCODES["S7"] = ENCODES["S10"] = ENCODES["S4"]  # S7 and S10 are on S4's queue machine
-#: S8's machine is part of S11's (one ledger model, the same steps)
+#: S8's and S9's machines are part of S11's (one ledger model, the same steps; S9's kv_use is not S11's)
 ENCODES["S8"] = {a.name: ENCODES["S11"][a.name] for a in S8.actions}
+ENCODES["S9"] = {**{a.name: ENCODES["S11"][a.name] for a in S9.actions if a.name != "kv_use"},
+                 "kv_use": ("system:kv_use",)}
 
 
 def _shared_map(s: St, x: Any) -> Any:
@@ -862,7 +862,7 @@ NAMED: dict[str, Any] = {
     "S6": _s6_named,
     "S7": lambda s, o: z3.BoolVal(True),  # a step property: drop enqueues, never frees or synchronizes
     "S8": _s8_named,
-    "S9": lambda s, r: And(at(s.view, r) == at(s.kc, r), at(s.chg, r) + at(s.prefix, r) == at(s.kc, r)),
+    "S9": _s9_named,
     "S10": _s10_inv,
     "S11": _s11_named,
     "S12": lambda s, r: Implies(at(s.rstate, r) == LIVE, at(s.base, r) == at(s.base0, r)),
