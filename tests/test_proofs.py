@@ -228,8 +228,9 @@ def test_removing_the_guard_breaks_the_proof_queue_and_charge(inv_id: str) -> No
     assert prove(p).proved
 
 
-@pytest.mark.parametrize("inv_id,action", [("S1", "poll"), ("S1", "select"), ("S2", "grow"), ("S2", "allocate"),
-                                           ("S4", "decommit"), ("S4", "use"), ("S7", "close"), ("S10", "close")])
+@pytest.mark.parametrize("inv_id,action", [("S1", "poll"), ("S1", "select"), ("S2", "kv_grow"),
+                                           ("S2", "allocate_owned"), ("S4", "decommit"), ("S4", "use"),
+                                           ("S7", "close"), ("S10", "close")])
 def test_dropping_an_encoded_action_drops_coverage_queue_and_charge(inv_id: str, action: str) -> None:
     from dataclasses import replace
 
@@ -261,7 +262,7 @@ def test_rows_credited_by_one_adapter_share_its_machine() -> None:
             shared.setdefault(ad.invariant, set()).add(other)
     assert shared.get("S4") == {"S7", "S10"}, shared
     assert shared.get("S15") == {"G1", "S6"}, shared
-    assert shared.get("S11") == {"S8", "S9"}, shared   # S8 and S9 on S11's ledger model
+    assert shared.get("S11") == {"S2", "S8", "S9"}, shared   # S2, S8 and S9 on S11's ledger model
     for base, other in (("S4", "S10"), ("S15", "S6"), ("S15", "G1")):
         p, q = proofs[base], proofs[other]
         assert [a.name for a in q.actions] == [a.name for a in p.actions]

@@ -4,7 +4,7 @@
 
 The adapters are split by level, each module under 1,200 lines:
 :mod:`.agreement_adapters_mech` (the mechanism level), :mod:`.agreement_adapters_system`
-(the system level's protocols), and this module (the ledger model of S8 / S9 / S11 at both
+(the system level's protocols), and this module (the ledger model of S2 / S8 / S9 / S11 at both
 levels, the deferred-free queue of S1, S4, S7, S10).  The adapter lists are
 one list each, extended in that order.  Every name of the parts is a name of this
 module: import from here.
@@ -19,12 +19,12 @@ from memspec.invariants.formal.agreement import Adapter, AgreementReport, Univer
 from memspec.invariants.formal.proofs import Proof, prefix_values
 from memspec.invariants.formal import agreement_adapters_mech, agreement_adapters_system
 from memspec.invariants.formal.agreement_adapters_mech import (
-    MECH_ADAPTERS, _S1_CMP, _aligned_nonempty, _expected, _is_int, _project, _ret, _s12_bad, _s1_alloc_project,
-    _s1_expected, _s1_project,
+    MECH_ADAPTERS, _S1_CMP, _aligned_nonempty, _expected, _is_int, _not_size, _project, _ret, _s12_bad,
+    _s1_alloc_project, _s1_expected, _s1_project,
 )
 from memspec.invariants.formal.agreement_adapters_system import (
     SMALL_SYS_ADAPTERS, SYS_ADAPTERS, TICKET_ADAPTERS, _ASTATE, _TSTATE, _answer_victims, _done_seqs,
-    _kv_open_refusals, _kv_run, _not_size,
+    _kv_open_refusals, _kv_run,
 )
 
 #: the modules this one is assembled from, in order (split by level); a name
@@ -37,11 +37,11 @@ for _part in PARTS:
 del _part
 
 
-# -- S8 / S9 / S11: the ledger model -----------------------------------------
+# -- S2 / S8 / S9 / S11: the ledger model ------------------------------------
 # Every figure is recomputed from the spec's records (grants, tickets, owned
 # objects, KV requests, leases, queue entries), except the running totals the
 # spec keeps (open_grants, tickets_held, charged_by, live/queued/lease bytes
-# by holder), which are projected as they are: the encoding proves them equal
+# and physical bytes by holder), which are projected as they are: the encoding proves them equal
 # to the records' sums, and the agreement checks that the spec keeps them so.
 # A KV request's item carries its view (S9): committed bytes, the view, the prefix.
 
@@ -114,7 +114,7 @@ def _l_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
         "cap": s.capacity, "free": s.free, "granted": s.granted, "charged": s.charged, "og": s.open_grants,
         "th": s.tickets_held, "page": s.page, "ret": ret,
         "cb": per_holder(s.charged_by), "lb": per_holder(s.live_bytes_by), "qb": per_holder(s.queued_bytes_by),
-        "lsb": per_holder(s.lease_bytes),
+        "lsb": per_holder(s.lease_bytes), "pb": per_holder(s.physical_by),
         "gst": (0, {gx[r]: _GSTATE[g.state] for r, g in grants}), "gb": (0, {gx[r]: g.nbytes for r, g in grants}),
         "PG": prefix_values([g.nbytes if g.state == "open" else 0 for _r, g in grants]), "ng": len(grants),
         "tst": (0, {tx[r]: _TSTATE.get(t.state, 9) for r, t in tickets}), "tb": (0, {tx[r]: t.held for r, t in tickets}),
@@ -132,7 +132,7 @@ def _l_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
     return st, u
 
 
-_L_CMP = ("cap", "free", "granted", "charged", "og", "th", "cb", "lb", "qb", "lsb", "gst", "gb", "tst", "tb")
+_L_CMP = ("cap", "free", "granted", "charged", "og", "th", "cb", "lb", "qb", "lsb", "pb", "gst", "gb", "tst", "tb")
 _L_CMP_ITEMS = _L_CMP + ("ist", "ib", "ikc", "iview", "ipre")
 
 
@@ -359,7 +359,7 @@ def _l_mech_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
            "hmaps": (0, {i: h.mappings for i, h in hs.items()}),
            "mh": (0, {ix[("m", r)]: ix[("h", m.handle)] for r, m in s.mappings.items()})}
     st = {"cap": 0, "free": 0, "granted": 0, "charged": 0, "og": 0, "th": 0, "page": s.page, "ret": ret,
-          "cb": (0, {}), "lb": (0, {}), "qb": (0, {}), "lsb": (0, {}), "gst": (0, {}), "gb": (0, {}),
+          "cb": (0, {}), "lb": (0, {}), "qb": (0, {}), "lsb": (0, {}), "pb": (0, {}), "gst": (0, {}), "gb": (0, {}),
           "PG": prefix_values([]), "ng": 0, "tst": (0, {}), "tb": (0, {}), "ta": (0, {}),
           "nt": 0, "ist": (0, {}), "ih": (0, {}), "ik": (0, {}), "ib": (0, {}), "n": 0, "PTP": prefix_values([]),
           "PTG": prefix_values([]),
@@ -442,10 +442,10 @@ MECH_ADAPTERS += [
 ]
 
 
-# S8's and S9's machines are part of S11's (one ledger model, the very same steps): each sample of an
-# action S8 (S9) encodes counts for S8 (S9) too
+# S2's, S8's and S9's machines are part of S11's (one ledger model, the very same steps): each sample
+# of an action one of them encodes counts for it too
 for _a in SYS_ADAPTERS + MECH_ADAPTERS + TICKET_ADAPTERS + SMALL_SYS_ADAPTERS:
-    for _row in ("S8", "S9"):
+    for _row in ("S2", "S8", "S9"):
         if _a.invariant == "S11" and _a.action in E.ENCODES[_row] and _row not in _a.also:
             _a.also = _a.also + (_row,)
 
