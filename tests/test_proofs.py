@@ -228,8 +228,9 @@ def test_removing_the_guard_breaks_the_proof_queue_and_charge(inv_id: str) -> No
     assert prove(p).proved
 
 
-@pytest.mark.parametrize("inv_id,action", [("S1", "poll"), ("S1", "select"), ("S2", "grow"), ("S2", "allocate"),
-                                           ("S4", "decommit"), ("S4", "use"), ("S7", "close"), ("S10", "close")])
+@pytest.mark.parametrize("inv_id,action", [("S1", "poll"), ("S1", "select"), ("S2", "kv_grow"),
+                                           ("S2", "allocate_owned"), ("S4", "decommit"), ("S4", "use"),
+                                           ("S7", "close"), ("S10", "close")])
 def test_dropping_an_encoded_action_drops_coverage_queue_and_charge(inv_id: str, action: str) -> None:
     from dataclasses import replace
 
@@ -261,6 +262,7 @@ def test_rows_credited_by_one_adapter_share_its_machine() -> None:
             shared.setdefault(ad.invariant, set()).add(other)
     assert shared.get("S4") == {"S7", "S10"}, shared
     assert shared.get("S15") == {"G1", "S6"}, shared
+    assert shared.get("S11") == {"S2", "S8", "S9"}, shared   # S2, S8 and S9 on S11's ledger model
     for base, other in (("S4", "S10"), ("S15", "S6"), ("S15", "G1")):
         p, q = proofs[base], proofs[other]
         assert [a.name for a in q.actions] == [a.name for a in p.actions]
@@ -268,6 +270,8 @@ def test_rows_credited_by_one_adapter_share_its_machine() -> None:
     # no adapter of S10's, S6's or G1's own: their samples come from the shared machine's adapters
     ads = A.SYS_ADAPTERS + A.MECH_ADAPTERS + A.TICKET_ADAPTERS + A.SMALL_SYS_ADAPTERS
     assert not [ad for ad in ads if ad.invariant in ("S10", "S6", "G1")]
+    # S9's own: kv_use only (a fence recorded, not S11's action), on the ledger projection
+    assert [(ad.action, ad.project) for ad in ads if ad.invariant == "S9"] == [("kv_use", A._L_PROJECT["kv_use"])]
 
 
 def test_s4_poll_checks_every_stream_not_two() -> None:

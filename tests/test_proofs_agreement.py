@@ -91,14 +91,14 @@ def test_past_the_soft_budget_one_sample_per_branch_is_enough() -> None:
 def test_invariant_agreement_is_measured_and_finds_the_known_gaps(reports) -> None:
     """The encoded invariant is evaluated on every sampled projection: it
     agrees where the encoding models the whole state (S13, S15, and the
-    ledger model of S8 / S11: grants, tickets, every charge item, the device)."""
+    ledger model of S8 / S9 / S11: grants, tickets, every charge item, the device)."""
     by = {}
     for r in reports:
         n, bad = by.get(r.invariant, (0, 0))
         by[r.invariant] = (n + r.inv_samples, bad + len(r.inv_disagreements))
     assert by["S13"][0] > 0 and by["S13"][1] == 0
     assert by["S15"][0] > 0 and by["S15"][1] == 0
-    for inv in ("S8", "S11"):
+    for inv in ("S8", "S9", "S11"):
         assert by[inv][0] > 0 and by[inv][1] == 0, (inv, by[inv])
 
 
@@ -227,9 +227,9 @@ def test_an_unguarded_variant_disagrees_with_the_spec(inv_id: str, spec_action: 
     assert reps[0].mismatches, f"{inv_id}: the unguarded {spec_action} agreed with the spec"
 
 
-@pytest.mark.parametrize("inv_id", ["S8", "S11"])
+@pytest.mark.parametrize("inv_id", ["S8", "S9", "S11"])
 def test_ledger_model_agrees_on_every_branch(reports, inv_id: str) -> None:
-    """S8 / S11 (one ledger model, the device included): every spec action
+    """S8 / S9 / S11 (one ledger model, the device included): every spec action
     that declares the invariant is compared on every outcome branch Z3 finds
     for its encoding, with no mismatch, and the encoded invariant agrees with
     the spec's on every sampled state."""

@@ -4,7 +4,7 @@
 
 The adapters are split by level, each module under 1,200 lines:
 :mod:`.agreement_adapters_mech` (the mechanism level), :mod:`.agreement_adapters_system`
-(the system level's protocols), and this module (the ledger model of S8 / S11 at both
+(the system level's protocols), and this module (the ledger model of S2 / S8 / S9 / S11 at both
 levels, the deferred-free queue of S1, S4, S7, S10).  The adapter lists are
 one list each, extended in that order.  Every name of the parts is a name of this
 module: import from here.
@@ -19,12 +19,12 @@ from memspec.invariants.formal.agreement import Adapter, AgreementReport, Univer
 from memspec.invariants.formal.proofs import Proof, prefix_values
 from memspec.invariants.formal import agreement_adapters_mech, agreement_adapters_system
 from memspec.invariants.formal.agreement_adapters_mech import (
-    MECH_ADAPTERS, _S1_CMP, _aligned_nonempty, _expected, _is_int, _project, _ret, _s12_bad, _s1_alloc_project,
-    _s1_expected, _s1_project,
+    MECH_ADAPTERS, _S1_CMP, _aligned_nonempty, _expected, _is_int, _not_size, _project, _ret, _s12_bad,
+    _s1_alloc_project, _s1_expected, _s1_project,
 )
 from memspec.invariants.formal.agreement_adapters_system import (
     SMALL_SYS_ADAPTERS, SYS_ADAPTERS, TICKET_ADAPTERS, _ASTATE, _TSTATE, _answer_victims, _done_seqs,
-    _kv_open_refusals, _kv_run, _not_size,
+    _kv_open_refusals, _kv_run,
 )
 
 #: the modules this one is assembled from, in order (split by level); a name
@@ -37,12 +37,13 @@ for _part in PARTS:
 del _part
 
 
-# -- S8 / S11: the ledger model ----------------------------------------------
+# -- S2 / S8 / S9 / S11: the ledger model ------------------------------------
 # Every figure is recomputed from the spec's records (grants, tickets, owned
 # objects, KV requests, leases, queue entries), except the running totals the
 # spec keeps (open_grants, tickets_held, charged_by, live/queued/lease bytes
-# by holder), which are projected as they are: the encoding proves them equal
+# and physical bytes by holder), which are projected as they are: the encoding proves them equal
 # to the records' sums, and the agreement checks that the spec keeps them so.
+# A KV request's item carries its view (S9): committed bytes, the view, the prefix.
 
 from memspec.spec.api import Grant  # noqa: E402
 
@@ -77,6 +78,14 @@ def _l_zero_mech() -> dict[str, Any]:
             "mk": (0, {}), "hrel": (0, {}), "hmaps": (0, {}), "mh": (0, {})}
 
 
+def _l_views(s: Any, u: Universe) -> dict[str, Any]:
+    """Each KV request's item: the bytes committed in its view (its own pages and its prefix), the
+    view, the prefix mapped from its origin."""
+    ix = {u.idx["item"][(1, r)]: q for r, q in s.kv.items()}
+    return {"ikc": (0, {i: q.committed for i, q in ix.items()}), "iview": (0, {i: q.committed for i, q in ix.items()}),
+            "ipre": (0, {i: q.prefix for i, q in ix.items()})}
+
+
 def _l_pad(u: Universe) -> None:
     """Round the universe up to a multiple of 4 objects, with room for one the step makes: the
     encoded relation is compiled once per universe size, and a compile costs as much as ~50 samples."""
@@ -105,7 +114,7 @@ def _l_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
         "cap": s.capacity, "free": s.free, "granted": s.granted, "charged": s.charged, "og": s.open_grants,
         "th": s.tickets_held, "page": s.page, "ret": ret,
         "cb": per_holder(s.charged_by), "lb": per_holder(s.live_bytes_by), "qb": per_holder(s.queued_bytes_by),
-        "lsb": per_holder(s.lease_bytes),
+        "lsb": per_holder(s.lease_bytes), "pb": per_holder(s.physical_by),
         "gst": (0, {gx[r]: _GSTATE[g.state] for r, g in grants}), "gb": (0, {gx[r]: g.nbytes for r, g in grants}),
         "PG": prefix_values([g.nbytes if g.state == "open" else 0 for _r, g in grants]), "ng": len(grants),
         "tst": (0, {tx[r]: _TSTATE.get(t.state, 9) for r, t in tickets}), "tb": (0, {tx[r]: t.held for r, t in tickets}),
@@ -117,14 +126,14 @@ def _l_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
         "ik": (0, {i: it[2] for i, it in enumerate(items)}), "ib": (0, {i: it[4] for i, it in enumerate(items)}),
         "n": len(items), "PLV": keyed(E.I_LIVE), "PQ": keyed(E.I_QUEUED), "PLS": keyed(E.I_LEASE),
         "PC": prefix_values([nb if st_ in (E.I_LIVE, E.I_QUEUED, E.I_LEASE) else 0 for _k, _h, _kd, st_, nb in items]),
-        **_l_zero_mech(),
+        **_l_views(s, u), **_l_zero_mech(),
     }
     _l_pad(u)
     return st, u
 
 
-_L_CMP = ("cap", "free", "granted", "charged", "og", "th", "cb", "lb", "qb", "lsb", "gst", "gb", "tst", "tb")
-_L_CMP_ITEMS = _L_CMP + ("ist", "ib")
+_L_CMP = ("cap", "free", "granted", "charged", "og", "th", "cb", "lb", "qb", "lsb", "pb", "gst", "gb", "tst", "tb")
+_L_CMP_ITEMS = _L_CMP + ("ist", "ib", "ikc", "iview", "ipre")
 
 
 # the value returned: an int, or a Grant's bytes (commit); the padding is the pre-state's
@@ -200,8 +209,10 @@ _L_ARGS = {
         "unsup": not s.registry.capabilities[s.registry.installed][0], "bad": _not_size(a["size"]),
         "oom": taken == "OutOfMemory"}),
     "close_owned": _l_item("reservation"),
-    "kv_open": _new_item(lambda s, u, a, taken: {**_kv_open_refusals(s, a["request"]), "oom": False}),
+    "kv_open": _new_item(lambda s, u, a, taken: {**_kv_open_refusals(s, a["request"]), "oom": False,
+                                                 "p": a["request"][3] if a["request"][2] is not None else 0}),
     "kv_close": _l_item("request"),
+    "kv_use": _l_item("request"),
 }
 
 
@@ -310,7 +321,9 @@ SYS_ADAPTERS += [_l_ad("S11", a, also=("S8",)) for a in _L_SYS]
 SYS_ADAPTERS += [_l_ad("S11", a) for a in _L_SYS11]
 # issue 33: the reservation and KV request paths, on both rows' machine
 _L_SYS_NEW = ("reserve_owned", "close_owned", "kv_open", "kv_close", "kv_release")
-SYS_ADAPTERS += [_l_ad("S11", a) for a in _L_SYS_NEW]  # S8's share: below
+SYS_ADAPTERS += [_l_ad("S11", a) for a in _L_SYS_NEW]  # S8's and S9's shares: below
+# S9's kv_use (a fence recorded: nothing of the ledger changes) is not S11's action
+SYS_ADAPTERS += [_l_ad("S9", "kv_use")]
 # claim succeeds only on a granted ticket: sampled on the ticket protocol's walk, where they are common
 TICKET_ADAPTERS += [_l_ad("S11", "claim")]
 # commit's GrantDenied (the footprint exceeds the grant by more than is free) needs an almost full
@@ -346,11 +359,11 @@ def _l_mech_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
            "hmaps": (0, {i: h.mappings for i, h in hs.items()}),
            "mh": (0, {ix[("m", r)]: ix[("h", m.handle)] for r, m in s.mappings.items()})}
     st = {"cap": 0, "free": 0, "granted": 0, "charged": 0, "og": 0, "th": 0, "page": s.page, "ret": ret,
-          "cb": (0, {}), "lb": (0, {}), "qb": (0, {}), "lsb": (0, {}), "gst": (0, {}), "gb": (0, {}),
+          "cb": (0, {}), "lb": (0, {}), "qb": (0, {}), "lsb": (0, {}), "pb": (0, {}), "gst": (0, {}), "gb": (0, {}),
           "PG": prefix_values([]), "ng": 0, "tst": (0, {}), "tb": (0, {}), "ta": (0, {}),
           "nt": 0, "ist": (0, {}), "ih": (0, {}), "ik": (0, {}), "ib": (0, {}), "n": 0, "PTP": prefix_values([]),
           "PTG": prefix_values([]),
-          "PLV": {}, "PQ": {}, "PLS": {}, "PC": prefix_values([]),
+          "PLV": {}, "PQ": {}, "PLS": {}, "PC": prefix_values([]), "ikc": (0, {}), "iview": (0, {}), "ipre": (0, {}),
           "phys": s.physical, "mcap": s.capacity,
           "mst": (0, {i: o[1] for i, o in enumerate(objs)}),
           "mb": (0, {i: o[2] for i, o in enumerate(objs)}),
@@ -429,11 +442,12 @@ MECH_ADAPTERS += [
 ]
 
 
-# S8's machine is part of S11's (one ledger model, the very same steps): each sample of an action
-# S8 encodes counts for S8 too
+# S2's, S8's and S9's machines are part of S11's (one ledger model, the very same steps): each sample
+# of an action one of them encodes counts for it too
 for _a in SYS_ADAPTERS + MECH_ADAPTERS + TICKET_ADAPTERS + SMALL_SYS_ADAPTERS:
-    if _a.invariant == "S11" and _a.action in E.ENCODES["S8"] and "S8" not in _a.also:
-        _a.also = _a.also + ("S8",)
+    for _row in ("S2", "S8", "S9"):
+        if _a.invariant == "S11" and _a.action in E.ENCODES[_row] and _row not in _a.also:
+            _a.also = _a.also + (_row,)
 
 
 # -- S1 (system), S4, S7, S10: the deferred-free queue ------------------------

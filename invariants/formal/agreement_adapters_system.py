@@ -3,7 +3,7 @@
 there).
 
 S15 / G1 / S6 on the ticket machine (tickets, generations, the holders' answers), S3
-selection, S2 charge before commit, S9 growth, S12 owning reservations, the
+selection, S12 owning reservations, the
 small-device and focused walks, S13 read-only prefixes, S5 without VirtualBacking;
 :data:`SYS_ADAPTERS`, :data:`TICKET_ADAPTERS` and :func:`run_all`.
 """
@@ -16,7 +16,7 @@ from memspec.invariants.formal import proofs_seed000 as E
 from memspec.invariants.formal.agreement import Adapter, AgreementReport, Universe, walk_and_compare
 from memspec.invariants.formal.proofs import Proof, prefix_values
 from memspec.invariants.formal.agreement_adapters_mech import (
-    MECH_ADAPTERS, PAGE, UMAX, _S14_CMP, _expected, _is_int, _mech_init, _mech_too_big, _new_slot, _not_size,
+    MECH_ADAPTERS, PAGE, UMAX, _S14_CMP, _expected, _is_int, _mech_init, _mech_too_big, _new_slot,
     _owned_span_args, _project, _reserve_args, _ret, _s14_expected_with, _s14_make_project, _s14_sys_state,
     run_mechanism,
 )
@@ -287,84 +287,7 @@ def run_all(samples: int = 1000, seed: int = 0, inv_samples: int = 0,
 _ASTATE = {"live": E.LIVE, "queued": E.QUEUED, "freed": E.FREED}
 
 
-# -- S2: charge before commit, per holder --------------------------------------
-
-def _s2_holders() -> dict[str, int]:
-    from memspec.spec.governor import KV, SESSION, WEIGHTS
-
-    return {SESSION: 0, WEIGHTS: 1, KV: 2}
-
-
-def _s2_state(s: Any) -> tuple[dict[str, Any], Universe]:
-    """Installed bytes and charge per holder (session 0, weights 1, KV 2), and free."""
-    u = Universe()
-    hx = _s2_holders()
-    u.add("holder", list(hx.values()))
-    return {"committed": (0, {i: s.physical_by.get(h, 0) for h, i in hx.items()}),
-            "charge": (0, {i: s.charged_by.get(h, 0) for h, i in hx.items()}),
-            "lease": (0, {i: s.lease_bytes.get(h, 0) for h, i in hx.items()}), "free": s.free}, u
-
-
-_S2_CMP = ("committed", "charge", "lease", "free")
-
-
-_s2_expected = _expected(_s2_state, E.S2.fields, _S2_CMP, adopt=False)
-
-
-def _s2_range_bad(s: Any, span: tuple[int, int, int]) -> bool:
-    """Not a page range inside the reservation, or a page of it committed already (read from the record)."""
-    ref, start, end = span
-    o = s.owned[ref]
-    if not (0 <= start < end <= o.size and start % s.page == 0 and end % s.page == 0):
-        return True
-    return any(p in o.committed for p in range(start // s.page, end // s.page))
-
-
-_s2_commit_owned_project = _project(_s2_state, lambda s, u, a, taken: {
-    "n": a["span"][2] - a["span"][1] if a["span"][2] > a["span"][1] else 1, "bad_range": _s2_range_bad(s, a["span"]),
-    "oom": taken == "OutOfMemory"})
-
-
-# allocate_owned: the session's footprint is the page-rounded size (the walk's witness);
-# not a positive int: InvalidRequest before any accounting, outside S2
-_s2_allocate_project = _project(_s2_state, lambda s, u, a, taken: None if not (_is_int(a["size"]) and a["size"] > 0)
-                                else {"h": 0, "fp": -(-a["size"] // s.page) * s.page, "oom": taken == "OutOfMemory"})
-
-
-_s2_load_project = _project(_s2_state, lambda s, u, a, taken: {"h": 1, "fp": a["weight"][2],
-                                                               "oom": taken == "OutOfMemory"})
-
-
-# reserve: not a positive int: InvalidRequest before any accounting, outside S2
-_s2_reserve_project = _project(_s2_state, lambda s, u, a, taken: {"n": a["nbytes"]}
-                               if _is_int(a["nbytes"]) and a["nbytes"] > 0 else None)
-
-
-def _s2_grant(g: Any) -> dict[str, Any]:
-    return {"gb": g.nbytes, "open": g.state == "open"}
-
-
-def _s2_grow_args(s: Any, u: Universe, args: dict[str, Any], taken: str) -> dict[str, Any]:
-    r, new, fail_at = args["growth"]
-    q = s.kv[r]
-    return {"n": -(-new // s.page) * s.page - q.committed, "past": new > q.max_bytes,
-            "refuse": taken == "InvalidRequest", "fail": fail_at in (4, 5), "oom": taken == "OutOfMemory"}
-
-
-def _s2_lease(l_: Any) -> dict[str, Any]:
-    return {"h": _s2_holders()[l_.holder], "b": l_.nbytes, "refunded": l_.refunded}
-
-
-_s2_cancel_project = _project(_s2_state, lambda s, u, a, taken: _s2_grant(s.grants[a["grant"]]))
-_s2_commit_project = _project(_s2_state, lambda s, u, a, taken: {
-    "h": _s2_holders()[s.grants[a["grant"][0]].holder], **_s2_grant(s.grants[a["grant"][0]]), "actual": a["grant"][1]})
-_s2_grow_project = _project(_s2_state, _s2_grow_args)
-_s2_refund_lease_project = _project(_s2_state, lambda s, u, a, taken: _s2_lease(s.leases[a["lease"]]))
-
-
-def _kv_freed(s: Any, refs: list[int]) -> int:
-    return _kv_run(s, refs)[0]
-
+# -- KV releases (read off the request records, for the ledger's kv_release) ----
 
 def _kv_run(s: Any, refs: list[int]) -> tuple[int, dict[int, int]]:
     """The KV bytes the releases of requests ``refs`` free, run in that order
@@ -395,109 +318,6 @@ def _kv_run(s: Any, refs: list[int]) -> tuple[int, dict[int, int]]:
     return freed, own
 
 
-def _s2_runs(s: Any, seqs: list[int], extra: dict[int, int] | None = None) -> dict[str, int]:
-    """``{"r0", "r1", "r2"}``: the bytes each holder's releases free when the
-    queue entries ``seqs`` run in order (their refunds; a KV request's release:
-    :func:`_kv_freed`), plus ``extra`` (holder index -> bytes)."""
-    hx = _s2_holders()
-    r = dict(extra or {})
-    kv_refs = []
-    for seq in seqs:
-        e = s.queue[seq]
-        for h, n in e.refund.items():
-            r[hx[h]] = r.get(hx[h], 0) + n
-        if e.kv is not None:
-            kv_refs.append(e.kv)
-    from memspec.spec.governor import KV
-
-    r[hx[KV]] = r.get(hx[KV], 0) + _kv_freed(s, kv_refs)
-    return {f"r{i}": r.get(i, 0) for i in range(3)}
-
-
-def _s2_poll_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    """The walk's poll runs the releases whose fences the spec knows done."""
-
-    r = _s2_runs(s, _done_seqs(s, args["pending"]))
-    if not any(r.values()):
-        return None  # nothing runs (most polls): the identity, no sample spent on it
-    st, u = _s2_state(s)
-    return st, r, u
-
-
-def _s2_respond_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    """The walk's answer (the spec's witness): ModelResidency evicts its first
-    two cold resident weights and reports their bytes, KvPageStore reports 0;
-    the done queued releases run, then the victims' fresh ones."""
-    from memspec.spec.governor import WEIGHTS
-    from memspec.spec.holders import weight_footprint
-
-    t_ref, holder, terminal = args["answer"]
-    st, u = _s2_state(s)
-    if terminal or taken != "ok":
-        return st, {"r0": 0, "r1": 0, "r2": 0, "got": 0, "terminal": True}, u
-    got = sum(weight_footprint(s, w) for w in _answer_victims(s, holder))
-    r = _s2_runs(s, _done_seqs(s, args["pending"]), {_s2_holders()[WEIGHTS]: got})
-    if not any(r.values()):
-        return None  # nothing released: the identity, no sample spent on it
-    return st, {**r, "got": got, "terminal": False}, u
-
-
-_s2_reserve_owned_project = _project(_s2_state, lambda s, u, a, taken: {
-    "unsup": not s.registry.capabilities[s.registry.installed][0], "bad": _not_size(a["size"]),
-    "oom": taken == "OutOfMemory"})
-
-
-SYS_ADAPTERS += [
-    Adapter("S2", "reserve_owned", "reserve_owned", _s2_reserve_owned_project, _s2_expected, _S2_CMP),
-    Adapter("S2", "refund_lease", "refund_lease", _s2_refund_lease_project, _s2_expected, _S2_CMP),
-    # a poll or an answer that runs a release needs one queued first (a KV request's among them)
-    Adapter("S2", "release", "poll", _s2_poll_project, _s2_expected, _S2_CMP,
-            helpers=("drop", "kv_close", "unload_weight", "close_owned", "decommit_owned", "synchronize")),
-    Adapter("S2", "respond", "respond", _s2_respond_project, _s2_expected, _S2_CMP,
-            helpers=("drop", "kv_close", "synchronize")),
-    Adapter("S2", "commit_owned", "commit_owned", _s2_commit_owned_project, _s2_expected, _S2_CMP),
-    Adapter("S2", "allocate", "allocate_owned", _s2_allocate_project, _s2_expected, _S2_CMP),
-    Adapter("S2", "allocate", "load_weight", _s2_load_project, _s2_expected, _S2_CMP),
-    Adapter("S2", "reserve", "reserve", _s2_reserve_project, _s2_expected, _S2_CMP),
-    Adapter("S2", "cancel", "cancel", _s2_cancel_project, _s2_expected, _S2_CMP),
-    Adapter("S2", "commit", "commit", _s2_commit_project, _s2_expected, _S2_CMP),
-    Adapter("S2", "grow", "kv_grow", _s2_grow_project, _s2_expected, _S2_CMP),
-]
-
-
-# -- S9: KvPageStore growth ---------------------------------------------------
-
-def _s9_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
-    u = Universe()
-    qx = u.add("request", s.kv)
-    st = {
-        "rsize": (0, {qx[r]: q.max_bytes for r, q in s.kv.items()}),
-        "kc": (0, {qx[r]: q.committed for r, q in s.kv.items()}),
-        "view": (0, {qx[r]: q.committed for r, q in s.kv.items()}),
-        "chg": (0, {qx[r]: q.own for r, q in s.kv.items()}),
-        "prefix": (0, {qx[r]: q.prefix for r, q in s.kv.items()}),
-        "free": s.free, "page": s.page, "ret": ret,
-    }
-    return st, u
-
-
-_S9_CMP = ("rsize", "kc", "view", "chg", "free")
-
-
-_s9_project = _project(_s9_state, lambda s, u, a, taken: {
-    "r": u.idx["request"][a["growth"][0]], "nb": a["growth"][1], "fail": a["growth"][2] or 0,
-    "oom": taken == "OutOfMemory", "refuse": taken == "InvalidRequest"})
-_s9_expected = _expected(_s9_state, E.S9.fields, _S9_CMP + ("ret",), adopt=False, value=_ret)
-
-
-SYS_ADAPTERS.append(Adapter("S9", "grow", "kv_grow", _s9_project, _s9_expected, _S9_CMP + ("ret",)))
-
-_S9_CMP_P = _S9_CMP + ("prefix",)
-
-
-_s9_expected_p = _expected(_s9_state, E.S9.fields, _S9_CMP_P, adopt=False)
-
-
 def _kv_open_refusals(s: Any, request: tuple[Any, int, Any, int]) -> dict[str, bool]:
     """kv_open's refusals, as every row's projection reads them: ``unsup`` (no VirtualBacking, or no
     SharedMapping for a prefix) and ``bad`` (a prefix past what its origin holds, or past the request)."""
@@ -505,74 +325,6 @@ def _kv_open_refusals(s: Any, request: tuple[Any, int, Any, int]) -> dict[str, b
     vb, sm = s.registry.capabilities[s.registry.installed]
     return {"unsup": not vb or (origin is not None and not sm),
             "bad": origin is not None and (prefix > s.kv[origin].own or prefix > max_bytes)}
-
-
-def _s9_open_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    ref, max_bytes, origin, prefix = args["request"]
-    st, u = _s9_state(s)
-    return st, {"r": _new_slot(u, "request"), "n": max_bytes, "p": prefix if origin is not None else 0,
-                **_kv_open_refusals(s, args["request"])}, u
-
-
-_s9_request_project = _project(_s9_state, lambda s, u, a, taken: {"r": u.idx["request"][a["request"]]})
-
-
-def _s9_runs(s: Any, seqs: list[int], extra: int = 0) -> dict[str, Any] | None:
-    """The encoded release of the queue entries ``seqs`` run in order: the KV
-    requests whose own pages change (at most two per encoded step, else None)
-    and the other holders' refunds (plus ``extra``)."""
-    refs = [s.queue[q].kv for q in seqs if s.queue[q].kv is not None]
-    _freed, own = _kv_run(s, refs)
-    changed = sorted(r for r in own if own[r] != s.kv[r].own)
-    other = extra + sum(n for q in seqs for n in s.queue[q].refund.values())
-    if len(changed) > 2 or (not changed and not other):
-        return None  # more than two requests change (the encoding takes two), or nothing runs
-    return {"changed": changed, "own": own, "other": other}
-
-
-def _s9_release_args(u: Universe, r: dict[str, Any]) -> dict[str, Any]:
-    rx, own = u.idx["request"], r["own"]
-    c = r["changed"] + [None, None]
-    return {"x": rx[c[0]] if c[0] is not None else 0, "kx": own[c[0]] if c[0] is not None else 0,
-            "one": c[0] is not None, "y": rx[c[1]] if c[1] is not None else 0,
-            "ky": own[c[1]] if c[1] is not None else 0, "two": c[1] is not None, "other": r["other"]}
-
-
-def _s9_respond_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    """The walk's answer (the spec's witness, as for S2): the victims' bytes
-    among the other holders' refunds, the done releases run."""
-    from memspec.spec.holders import weight_footprint
-
-    t_ref, holder, terminal = args["answer"]
-    st, u = _s9_state(s)
-    if terminal or taken != "ok":
-        return st, {"x": 0, "kx": 0, "one": False, "y": 0, "ky": 0, "two": False, "other": 0, "got": 0,
-                    "terminal": True}, u
-    got = sum(weight_footprint(s, w) for w in _answer_victims(s, holder))
-    r = _s9_runs(s, _done_seqs(s, args["pending"]), got)
-    if r is None:
-        return None
-    return st, {**_s9_release_args(u, r), "got": got, "terminal": False}, u
-
-
-def _s9_release_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    """The walk's poll: the done releases run (:func:`_s9_runs`)."""
-
-    r = _s9_runs(s, _done_seqs(s, args["pending"]))
-    if r is None:
-        return None
-    st, u = _s9_state(s)
-    return st, _s9_release_args(u, r), u
-
-
-SYS_ADAPTERS += [
-    Adapter("S9", "open", "kv_open", _s9_open_project, _s9_expected_p, _S9_CMP_P),
-    Adapter("S9", "use", "kv_use", _s9_request_project, _s9_expected_p, _S9_CMP_P),
-    Adapter("S9", "close", "kv_close", _s9_request_project, _s9_expected_p, _S9_CMP_P),
-    Adapter("S9", "release", "poll", _s9_release_project, _s9_expected_p, _S9_CMP_P,
-            helpers=("kv_grow", "kv_close", "drop")),
-    Adapter("S9", "respond", "respond", _s9_respond_project, _s9_expected_p, _S9_CMP_P),
-]
 
 
 # -- S12: owning reservations and KV requests keep their address ---------------
@@ -650,7 +402,7 @@ def _small_sys_init() -> Any:
 
 #: spec actions whose OutOfMemory branch needs a size past the device: reserve_owned
 #: draws at most 8 pages, fewer than the main walk's 16
-SMALL_SYS_ADAPTERS = [a for a in SYS_ADAPTERS if a.spec_action == "reserve_owned" and a.invariant in ("S2", "S12", "S14")]
+SMALL_SYS_ADAPTERS = [a for a in SYS_ADAPTERS if a.spec_action == "reserve_owned" and a.invariant in ("S12", "S14")]
 #: (S5's adapters are appended below, where they are defined)
 
 
@@ -686,7 +438,7 @@ def run_focused(samples: int, seed: int, inv_samples: int = 0, per_branch: int |
 
     proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS}
     n = max(20, samples // 8)
-    kv = [a for a in SYS_ADAPTERS if a.spec_action == "kv_open" and a.invariant in ("S5", "S9", "S12", "S13")]
+    kv = [a for a in SYS_ADAPTERS if a.spec_action == "kv_open" and a.invariant in ("S5", "S12", "S13")]
     sh = [a for a in MECH_ADAPTERS if a.spec_action == "free_shared_reservation" and a.invariant in ("S13", "S14")]
     n_kv = max(40, samples // 3)  # an oversized prefix is ~3% of kv_open's draws
     # the full walk queues a KV request's release before a poll in ~1 sample of 100: a share of the
@@ -706,9 +458,9 @@ def run_focused(samples: int, seed: int, inv_samples: int = 0, per_branch: int |
 
 
 #: (invariant, encoded action) of the poll adapters the KV release walk samples
-_KV_RELEASE_ADAPTERS = {("S2", "release"), ("S9", "release"), ("S11", "kv_release")}
+_KV_RELEASE_ADAPTERS = {("S11", "kv_release")}
 #: (invariant, encoded action) of the respond adapters the answer walk samples
-_RESPOND_ADAPTERS = {("S2", "respond"), ("S4", "respond"), ("S9", "respond")}
+_RESPOND_ADAPTERS = {("S4", "respond")}
 
 
 # -- S13: KvPageStore read-only prefixes ------------------------------------------

@@ -8,16 +8,16 @@ Object lifecycle codes: 0 none (id never used), 1 live, 2 queued (dropped,
 waiting for fences), 3 freed.
 
 The encodings are split by invariant group, each module under 1,200 lines:
-:mod:`.proofs_seed000_objects` (S1 through S5, S7, and S10 on S4's deferred-free
-queue machine), :mod:`.proofs_seed000_ledger` (the ledger model: S8, S9, S11), and
+:mod:`.proofs_seed000_objects` (S1, S3 through S5, S7, and S10 on S4's deferred-free
+queue machine), :mod:`.proofs_seed000_ledger` (the ledger model: S2, S8, S9, S11), and
 this module (S12 through S15, G1 and S6 on S15's ticket machine, the proof lists
 :data:`PROOFS` / :data:`MORE_PROOFS` and the encoded-action catalog).  Every name of
 the parts is a name of this module: import from here.
 
 Rows that state their rule on the same spec actions share one machine (the same
 fields, the same steps and preconditions; each row with its own invariant, named rule
-and unguarded variant): S7 and S10 are proved on S4's deferred-free queue machine, S8
-on S11's ledger model, G1 and S6 on S15's ticket machine (its respond is one relation:
+and unguarded variant): S7 and S10 are proved on S4's deferred-free queue machine, S2, S8
+and S9 on S11's ledger model, G1 and S6 on S15's ticket machine (its respond is one relation:
 S15's refund of the answer's bytes into the ticket and S6's choice of victims).
 """
 
@@ -36,11 +36,11 @@ from memspec.spec import kernels as K
 from memspec.spec.invariants import BY_ID as CATALOG
 from memspec.invariants.formal import proofs_seed000_objects, proofs_seed000_ledger
 from memspec.invariants.formal.proofs_seed000_objects import (
-    F0, FREED, H_KV, H_WEIGHTS, LIVE, NONE, S1, S10, S2, S3, S4, S5, S7, T_CANCELLED, T_CLAIMED, T_FAILED, T_GRANTED,
+    F0, FREED, H_KV, H_WEIGHTS, LIVE, NONE, S1, S10, S3, S4, S5, S7, T_CANCELLED, T_CLAIMED, T_FAILED, T_GRANTED,
     T_PENDING, T_TIMED_OUT, Z0, _fences_done, _oom, _s10_inv, _s5_named, _terminal, alive, catalog,
 )
 from memspec.invariants.formal.proofs_seed000_ledger import (
-    S11, S8, S9, _L_NEW, _ledger, _s11_named, _s8_named, _with_ledger,
+    S11, S2, S8, S9, _L_NEW, _ledger, _s11_named, _s2_named, _s8_named, _s9_named, _with_ledger,
 )
 
 #: the modules this one is assembled from, in order (split by invariant group); a name
@@ -801,10 +801,6 @@ MORE_PROOFS = [G1]
 ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
     "S1": {"allocate": ("mechanism:allocate", "mechanism:allocate_foreign"), "release": ("mechanism:deallocate",),
            "select": ("system:select",), "poll": ("system:poll",)},
-    "S2": {"reserve": ("system:reserve",), "commit": ("system:commit",), "cancel": ("system:cancel",),
-           "allocate": ("system:allocate_owned", "system:load_weight"), "commit_owned": ("system:commit_owned",),
-           "grow": ("system:kv_grow",), "refund_lease": ("system:refund_lease",), "release": ("system:poll",),
-           "respond": ("system:respond",), "reserve_owned": ("system:reserve_owned",)},
     "S3": {"select": ("system:select",), "query": ("system:binding_capabilities", "system:manager_capabilities",
                                                     "system:allocate_owned")},
     # the deferred-free queue machine (S4, S7, S10: one machine, below)
@@ -819,8 +815,6 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
            # issue 33: the mechanism's other writers of physical
            **{f"m_{n}": (f"mechanism:{n}",) for n in ("allocate", "deallocate", "create", "release_handle", "unmap",
                                                        "copy_on_write")}},
-    "S9": {"grow": ("system:kv_grow",), "open": ("system:kv_open",), "use": ("system:kv_use",),
-           "close": ("system:kv_close",), "release": ("system:poll",), "respond": ("system:respond",)},
     "S11": {**{n: (f"system:{n}",) for n in ("reserve", "commit", "cancel", "refund_lease", "allocate_owned",
                                              "load_weight", "commit_owned", "kv_grow", "drop", "unload_weight",
                                              "poll", "claim", "cancel_ticket", "expire", "respond")},
@@ -846,8 +840,11 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
 }
 ENCODES["G1"] = ENCODES["S6"] = ENCODES["S15"]  # G1 and S6 are on S15's ticket machine
 ENCODES["S7"] = ENCODES["S10"] = ENCODES["S4"]  # S7 and S10 are on S4's queue machine
-#: S8's machine is part of S11's (one ledger model, the same steps)
+#: S2's, S8's and S9's machines are part of S11's (one ledger model, the same steps; S9's kv_use is not S11's)
+ENCODES["S2"] = {a.name: ENCODES["S11"][a.name] for a in S2.actions}
 ENCODES["S8"] = {a.name: ENCODES["S11"][a.name] for a in S8.actions}
+ENCODES["S9"] = {**{a.name: ENCODES["S11"][a.name] for a in S9.actions if a.name != "kv_use"},
+                 "kv_use": ("system:kv_use",)}
 
 
 def _shared_map(s: St, x: Any) -> Any:
@@ -855,14 +852,14 @@ def _shared_map(s: St, x: Any) -> Any:
 
 
 NAMED: dict[str, Any] = {
-    "S2": lambda s, h: at(s.committed, h) <= at(s.charge, h),
+    "S2": _s2_named,
     "S3": lambda s, d: Implies(at(s.snapgen, d) == at(s.gen, d), at(s.snap, d) == at(s.inst, d)),
     "S4": lambda s, o: Implies(at(s.astate, o) == FREED, _fences_done(s, o)),
     "S5": _s5_named,  # + the step properties: a successful commit changes exactly the range
     "S6": _s6_named,
     "S7": lambda s, o: z3.BoolVal(True),  # a step property: drop enqueues, never frees or synchronizes
     "S8": _s8_named,
-    "S9": lambda s, r: And(at(s.view, r) == at(s.kc, r), at(s.chg, r) + at(s.prefix, r) == at(s.kc, r)),
+    "S9": _s9_named,
     "S10": _s10_inv,
     "S11": _s11_named,
     "S12": lambda s, r: Implies(at(s.rstate, r) == LIVE, at(s.base, r) == at(s.base0, r)),

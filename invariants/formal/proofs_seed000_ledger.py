@@ -1,10 +1,11 @@
-"""Z3 encodings of seed 000's invariants S8, S9 and S11: the second part of
+"""Z3 encodings of seed 000's invariants S2, S8, S9 and S11: the second part of
 :mod:`memspec.invariants.formal.proofs_seed000` (which assembles them; import from there).
 
-S8 exact-accounting and S11 ledger-conservation (ONE ledger model: every action of the
-Governor, the holders and the queue on one state), S9 transactional-growth.  (S10
-context-pinned is proved on S4's deferred-free queue machine, in
-:mod:`.proofs_seed000_objects`.)
+S2 charge-before-commit, S8 exact-accounting, S9 transactional-growth and S11
+ledger-conservation: ONE ledger model (every action of the Governor, the holders and the
+queue on one state; S2, S8 and S9 on the actions they need, each row its own invariant,
+named rule and unguarded variant).  (S10 context-pinned is proved on S4's deferred-free
+queue machine, in :mod:`.proofs_seed000_objects`.)
 """
 
 from __future__ import annotations
@@ -25,17 +26,23 @@ from memspec.invariants.formal.proofs_seed000_objects import (
 
 
 # ==========================================================================
-# S8 exact-accounting and S11 ledger-conservation: ONE ledger model
-# (mirrors spec/governor.py, spec/manager.py, spec/holders.py, spec/ep.py,
-# spec/vmm.py commit_owned, spec/eager.py allocate/deallocate)
+# S8 exact-accounting and S11 ledger-conservation: ONE ledger model (S2's
+# and S9's too, below; mirrors spec/governor.py, spec/manager.py,
+# spec/holders.py, spec/ep.py, spec/vmm.py commit_owned, spec/eager.py
+# allocate/deallocate)
 #
 # The Governor's ledger (cap, free, granted, charged), the spec's running
 # totals (open grants ``og``, ticket holdings ``th``, per holder: charge
 # ``cb``, live footprints ``lb``, queued refunds ``qb``, unrefunded leases
-# ``lsb``) and the records they summarise: grants, tickets, and *charge
-# items* -- every charged thing a holder has: an owning allocation, a weight,
-# an owning reservation's committed bytes, a KV request's own pages (live),
-# a release waiting in the deferred-free queue (queued), a lease.  Each
+# ``lsb``, the physical bytes installed for it ``pb``) and the records they
+# summarise: grants, tickets, and *charge items* -- every charged thing a
+# holder has: an owning allocation, a weight, an owning reservation's
+# committed bytes, a KV request's own pages (live), a release waiting in the
+# deferred-free queue (queued), a lease.  A KV
+# request's item also keeps its view (S9): the bytes committed in it
+# (``ikc``), the view it exposes (``iview``) and its prefix mapped read-only
+# from the request it shares (``ipre``, charged there); its bytes are its
+# own pages, so bytes + prefix == committed == view.  Each
 # summary is checked by a prefix-sum ghost over dense ids (keyed by holder
 # for the per-holder ones), part of the invariant, so nothing is assumed.
 # What the tickets hold is split in two ghosts, pending (``PTP``) and the
@@ -110,6 +117,11 @@ def _hadd(arr: Any, h: Any, d: Any) -> Any:
     return upd(arr, h, at(arr, h) + d)
 
 
+def _live(s: St, h: Any, d: Any, **kw: Any) -> dict[str, Any]:
+    """Holder ``h``'s live footprints change by ``d`` bytes, installed (or freed) with them."""
+    return {"lb": _hadd(s.lb, h, d), "pb": _hadd(s.pb, h, d), **kw}
+
+
 def _charge(s: St, h: Any, planned: Any, fp: Any, **kw: Any) -> St:
     """governor.charge_at_footprint: grant ``planned``, charge the footprint ``fp`` to ``h``."""
     l = K.commit_grant(K.grant(_ledger(s), planned), planned, fp)
@@ -171,33 +183,52 @@ def _l_allocate_owned(s: St, a: St):
     l1 = K.grant(l0, a.size)
     out = outcome((a.size <= 0, "InvalidRequest"), (Not(K.can_grant(l0, a.size)), "GrantDenied"),
                   (a.oom, "OutOfMemory"), (Not(K.can_commit(l1, a.size, a.fp)), "GrantDenied"))
-    s1 = _charge(s, SESSION_H, a.size, a.fp, lb=_hadd(s.lb, SESSION_H, a.fp))
+    s1 = _charge(s, SESSION_H, a.size, a.fp, **_live(s, SESSION_H, a.fp))
     return on_ok(out, s, _item_new(s1, SESSION_H, K_ALLOC, I_LIVE, a.fp))
 
 
 def _l_load_weight(s: St, a: St):
     out = outcome((Not(K.can_grant(_ledger(s), a.nb)), "GrantDenied"), (a.oom, "OutOfMemory"))
-    s1 = _charge(s, WEIGHTS_H, a.nb, a.nb, lb=_hadd(s.lb, WEIGHTS_H, a.nb))
+    s1 = _charge(s, WEIGHTS_H, a.nb, a.nb, **_live(s, WEIGHTS_H, a.nb))
     return on_ok(out, s, _item_new(s1, WEIGHTS_H, K_WEIGHT, I_LIVE, a.nb))
 
 
-def _l_commit_owned(s: St, a: St):
-    """commit_owned on reservation item ``x``: charge-then-commit ``nb`` bytes."""
-    out = outcome((a.bad, "InvalidRange"), (Not(K.can_grant(_ledger(s), a.nb)), "GrantDenied"),
-                  (a.oom, "OutOfMemory"))
-    s1 = _charge(s, SESSION_H, a.nb, a.nb, lb=_hadd(s.lb, SESSION_H, a.nb))
-    return on_ok(out, s, _item_set(s1, a.x, I_LIVE, at(s.ib, a.x) + a.nb))
+def _l_commit_owned(check: bool):
+    """commit_owned on reservation item ``x``: charge-then-commit ``nb`` bytes
+    (the Governor charges all of them, else GrantDenied, before they are
+    mapped).  Unguarded (S2's variant): the bytes are mapped, the Governor
+    charges what it can (what is free)."""
+    def step(s: St, a: St):
+        pairs = [(a.bad, "InvalidRange")] + ([(Not(K.can_grant(_ledger(s), a.nb)), "GrantDenied")] if check else [])
+        out = outcome(*pairs, (a.oom, "OutOfMemory"))
+        c = a.nb if check else K.minimum(a.nb, s.free)
+        s1 = _charge(s, SESSION_H, c, c, **_live(s, SESSION_H, c, pb=_hadd(s.pb, SESSION_H, a.nb)))
+        return on_ok(out, s, _item_set(s1, a.x, I_LIVE, at(s.ib, a.x) + c))
+    return step
 
 
-def _l_kv_grow(s: St, a: St):
-    """kv_grow of request item ``x`` by ``d`` bytes (the page-rounded growth):
-    ``past``: beyond max_bytes; ``refuse``: nothing to grow answered
-    InvalidRequest; ``fail``: a failure injected at step 4/5; ``oom``."""
-    out = outcome((a.past, "InvalidRange"), (And(a.d <= 0, a.refuse), "InvalidRequest"), (a.d <= 0, "ok"),
-                  (Not(K.can_grant(_ledger(s), a.d)), "GrantDenied"), (a.fail, "MemspecError"),
-                  (a.oom, "OutOfMemory"))
-    s1 = _item_set(_charge(s, KV_H, a.d, a.d, lb=_hadd(s.lb, KV_H, a.d)), a.x, I_LIVE, at(s.ib, a.x) + a.d)
-    return out, merge(And(out == OK, a.d > 0), s1, s)
+def _kv_view(s: St, x: Any, kc: Any, view: Any) -> St:
+    """KV request item ``x`` now has ``kc`` bytes committed in its view and exposes ``view``."""
+    return s.set(ikc=upd(s.ikc, x, kc), iview=upd(s.iview, x, view))
+
+
+def _l_kv_grow(check: bool):
+    """kv_grow of request item ``x`` by ``d`` bytes (the page-rounded growth),
+    the six-step transaction (spec/holders.py): ``past``: beyond max_bytes;
+    ``refuse``: nothing to grow answered InvalidRequest; ``fail``: a failure
+    injected at step 4/5; ``oom``: the device's OutOfMemory at step 4.  A
+    growth commits ``d`` bytes more in the view and charges them."""
+    def step(s: St, a: St):
+        out = outcome((a.past, "InvalidRange"), (And(a.d <= 0, a.refuse), "InvalidRequest"), (a.d <= 0, "ok"),
+                      (Not(K.can_grant(_ledger(s), a.d)), "GrantDenied"), (a.fail, "MemspecError"),
+                      (a.oom, "OutOfMemory"))
+        kc = at(s.ikc, a.x) + a.d
+        s1 = _item_set(_charge(s, KV_H, a.d, a.d, **_live(s, KV_H, a.d)), a.x, I_LIVE, at(s.ib, a.x) + a.d)
+        nxt = merge(And(out == OK, a.d > 0), _kv_view(s1, a.x, kc, at(s.iview, a.x) + a.d), s)
+        if not check:  # step 4/5 failed: the grant returned, but the new mapping is left in place
+            nxt = merge(And(a.fail, out == CODE["MemspecError"]), _kv_view(s, a.x, kc, at(s.iview, a.x)), nxt)
+        return out, nxt
+    return step
 
 
 # -- releases: drop, unload, the deferred-free queue (spec/ep.py) -------------
@@ -209,9 +240,9 @@ def _enqueue(s: St, x: Any) -> St:
 
 
 def _run(s: St, x: Any) -> St:
-    """ep.run_entry: a queued release runs; its holder's charge is refunded."""
+    """ep.run_entry: a queued release runs: its bytes are freed, its holder's charge refunded."""
     h, b = at(s.ih, x), at(s.ib, x)
-    return _item_set(_refund(s, h, b, qb=_hadd(s.qb, h, -b)), x, I_GONE, b)
+    return _item_set(_refund(s, h, b, qb=_hadd(s.qb, h, -b), pb=_hadd(s.pb, h, -b)), x, I_GONE, b)
 
 
 def _l_drop(s: St, a: St):
@@ -233,24 +264,32 @@ def _l_new_item(kind: int):
     """reserve_owned (an owning reservation) and kv_open (a KV request): a new
     charge item of 0 bytes, live (nothing is charged yet); the refusals
     (``unsup``: no VirtualBacking / SharedMapping; ``bad``: not a size, a
-    prefix past its origin's pages; ``oom``: no address space) make nothing."""
+    prefix past its origin's pages; ``oom``: no address space) make nothing.
+    A KV request's view starts as the ``p`` prefix bytes mapped from its
+    origin (charged there: its own bytes 0)."""
     def step(s: St, a: St):
         out = outcome((a.unsup, "Unsupported"), (a.bad, "InvalidRequest"), (a.oom, "OutOfMemory"))
-        return on_ok(out, s, _item_new(s, _KIND_HOLDER[kind], kind, I_LIVE, 0))
+        s1 = _item_new(s, _KIND_HOLDER[kind], kind, I_LIVE, 0)
+        if kind == K_KV:
+            s1 = _kv_view(s1, s.n, a.p, a.p).set(ipre=upd(s.ipre, s.n, a.p))
+        return on_ok(out, s, s1)
     return step
 
 
 def _l_kv_close(s: St, a: St):
     """kv_close: the request's release is queued behind its fences; nothing
-    is refunded until it runs (its pages stay its live bytes)."""
+    is refunded until it runs (its pages stay its live bytes).  kv_use (a
+    fence recorded) the same: the view, what is committed and charged stay."""
     return on_ok(z3.IntVal(OK), s, s)
 
 
 def _kv_keep(s: St, x: Any, k: Any, go: Any) -> St:
-    """KV request item ``x`` keeps ``k`` of its bytes (when ``go``): the rest is freed and refunded."""
+    """KV request item ``x`` keeps ``k`` of its own bytes (when ``go``): the rest is freed and
+    refunded; its view is its prefix plus what it keeps."""
     freed = at(s.ib, x) - k
-    s1 = _item_set(_refund(s, KV_H, freed, lb=_hadd(s.lb, KV_H, -freed)), x, I_LIVE, k)
-    return merge(go, s1, s)
+    s1 = _item_set(_refund(s, KV_H, freed, **_live(s, KV_H, -freed)), x, I_LIVE, k)
+    view = k + at(s.ipre, x)
+    return merge(go, _kv_view(s1, x, view, view), s)
 
 
 def _kv_kept(s: St, x: Any, k: Any) -> Any:
@@ -331,7 +370,7 @@ def _l_respond(s: St, a: St):
     h, b, st0 = at(s.ih, a.x), at(s.ib, a.x), at(s.ist, a.x)
     # the release runs: a queued one (mode 1), or the victim's, queued and run at once (mode 2: live ->
     # refunded, its queued bytes come and go); either way the item's charge is refunded
-    gone = _item_set(_refund(s, h, b, lb=_hadd(s.lb, h, -_contrib(st0, b, I_LIVE)),
+    gone = _item_set(_refund(s, h, b, lb=_hadd(s.lb, h, -_contrib(st0, b, I_LIVE)), pb=_hadd(s.pb, h, -b),
                              qb=_hadd(s.qb, h, -_contrib(st0, b, I_QUEUED))), a.x, I_GONE, b)
     ran = merge(a.mode == 0, s, gone)
     r = K.ite(a.mode == 2, at(s.ib, a.x), 0)
@@ -516,19 +555,22 @@ def _l_global(s: St) -> list[Any]:
     return g
 
 
+def _item_facts(s: St, o: Any) -> list[Any]:
+    """Charge items: dense ids, a holder (the one of their kind), bytes >= 0."""
+    live = at(s.ist, o) != 0
+    return [Implies(live, And(0 <= o, o < s.n, 0 <= at(s.ih, o), at(s.ih, o) <= 2, at(s.ib, o) >= 0)),
+            *[Implies(And(live, at(s.ik, o) == k), at(s.ih, o) == h) for k, h in _KIND_HOLDER.items()]]
+
+
 def _l_inv(s: St, o: Any) -> Any:
     """The ledger is conserved; granted is the open grants plus the tickets'
     holdings; each holder's charge is its live footprints, queued refunds and
     leases; the running totals equal their records (prefix-sum ghosts); the
     device holds the sum of its live objects' bytes, at most its capacity."""
-    def live_item(i: Any) -> Any:
-        return at(s.ist, i) != 0
     return And(
         *_l_global(s),
         _holder_part(s, o),
-        # charge items: dense ids, a holder, bytes >= 0
-        Implies(live_item(o), And(0 <= o, o < s.n, 0 <= at(s.ih, o), at(s.ih, o) <= 2, at(s.ib, o) >= 0)),
-        *[Implies(And(live_item(o), at(s.ik, o) == k), at(s.ih, o) == h) for k, h in _KIND_HOLDER.items()],
+        *_item_facts(s, o),
         # grants
         Implies(at(s.gst, o) != 0, And(0 <= o, o < s.ng, at(s.gb, o) >= 0)),
         # tickets
@@ -541,10 +583,11 @@ def _l_inv(s: St, o: Any) -> Any:
 
 Z00 = lambda: z3.K(z3.IntSort(), Z0())  # noqa: E731
 _L_FIELDS = {"cap": INT, "free": INT, "granted": INT, "charged": INT, "og": INT, "th": INT, "page": INT, "ret": INT,
-             "cb": ARR, "lb": ARR, "qb": ARR, "lsb": ARR,
+             "cb": ARR, "lb": ARR, "qb": ARR, "lsb": ARR, "pb": ARR,
              "gst": ARR, "gb": ARR, "PG": ARR, "ng": INT,
              "tst": ARR, "tb": ARR, "ta": ARR, "PTP": ARR, "PTG": ARR, "nt": INT,
              "ist": ARR, "ih": ARR, "ik": ARR, "ib": ARR, "n": INT, "PLV": ARR2, "PQ": ARR2, "PLS": ARR2, "PC": ARR,
+             "ikc": ARR, "iview": ARR, "ipre": ARR,
              "phys": INT, "mcap": INT, "mst": ARR, "mb": ARR, "PMB": ARR, "nm": INT,
              "mk": ARR, "hrel": ARR, "hmaps": ARR, "mh": ARR}
 
@@ -554,7 +597,7 @@ _L_COUNTS = ("n", "ng", "nt", "nm")  # the dense-id counts of the ghosts
 
 def _l_init(s: St) -> Any:
     return And(s.cap >= 0, s.free == s.cap, s.granted == 0, s.charged == 0, s.og == 0, s.th == 0, s.page > 0,
-                  s.cb == Z0(), s.lb == Z0(), s.qb == Z0(), s.lsb == Z0(),
+                  s.cb == Z0(), s.lb == Z0(), s.qb == Z0(), s.lsb == Z0(), s.pb == Z0(),
                   s.gst == Z0(), s.ng == 0, at(s.PG, 0) == 0, s.tst == Z0(), s.tb == Z0(), s.nt == 0,
                   at(s.PTP, 0) == 0, at(s.PTG, 0) == 0,
                   s.ist == Z0(), s.n == 0, s.PLV == Z00(), s.PQ == Z00(), s.PLS == Z00(), at(s.PC, 0) == 0,
@@ -588,6 +631,20 @@ def _m_mapping_pre(s: St, a: St) -> Any:
     """``x`` a live mapping (the spec draws unmap's and copy_on_write's from the live ones) of handle ``h``."""
     return And(_m_kind(M_MAP)(s, a), _m_mapped(s, a.x), at(s.mh, a.x) == a.h, at(s.mst, a.h) != 0,
                   at(s.mk, a.h) == M_HANDLE)
+_COMMIT_OWNED = {"x": INT, "nb": INT, "bad": BOOL, "oom": BOOL}
+
+
+def _commit_owned_pre(s: St, a: St) -> Any:
+    return And(_ITEM(s, a), _kind(K_RES)(s, a), at(s.ist, a.x) == I_LIVE, a.nb > 0)
+
+
+_KV_GROW = {"x": INT, "d": INT, "past": BOOL, "refuse": BOOL, "fail": BOOL, "oom": BOOL}
+
+
+def _kv_grow_pre(s: St, a: St) -> Any:
+    return And(_ITEM(s, a), _kind(K_KV)(s, a), at(s.ist, a.x) == I_LIVE)
+
+
 _L_ACTS: dict[str, Act] = {a.name: a for a in [
     Act("reserve", {"g": INT, "nb": INT}, _l_reserve(True), pre=lambda s, a: a.g == s.ng, objs=("g",)),
     Act("commit", {"g": INT, "actual": INT}, _l_commit(True),
@@ -598,10 +655,8 @@ _L_ACTS: dict[str, Act] = {a.name: a for a in [
     Act("allocate_owned", {"size": INT, "fp": INT, "oom": BOOL}, _l_allocate_owned,
         pre=lambda s, a: Or(a.size <= 0, K.footprint_ok(a.size, a.fp, s.page))),
     Act("load_weight", {"nb": INT, "oom": BOOL}, _l_load_weight, pre=lambda s, a: a.nb > 0),
-    Act("commit_owned", {"x": INT, "nb": INT, "bad": BOOL, "oom": BOOL}, _l_commit_owned,
-        pre=lambda s, a: And(_ITEM(s, a), _kind(K_RES)(s, a), at(s.ist, a.x) == I_LIVE, a.nb > 0), objs=("x",)),
-    Act("kv_grow", {"x": INT, "d": INT, "past": BOOL, "refuse": BOOL, "fail": BOOL, "oom": BOOL}, _l_kv_grow,
-        pre=lambda s, a: And(_ITEM(s, a), _kind(K_KV)(s, a), at(s.ist, a.x) == I_LIVE), objs=("x",)),
+    Act("commit_owned", _COMMIT_OWNED, _l_commit_owned(True), pre=_commit_owned_pre, objs=("x",)),
+    Act("kv_grow", _KV_GROW, _l_kv_grow(True), pre=_kv_grow_pre, objs=("x",)),
     Act("drop", {"x": INT}, _l_drop, pre=lambda s, a: And(_ITEM(s, a), _kind(K_ALLOC)(s, a)), objs=("x",)),
     Act("unload_weight", {"x": INT}, _l_unload,
         pre=lambda s, a: And(_kind(K_WEIGHT)(s, a), at(s.ist, a.x) == I_LIVE), objs=("x",)),
@@ -640,8 +695,12 @@ _L_ACTS: dict[str, Act] = {a.name: a for a in [
     Act("reserve_owned", {"unsup": BOOL, "bad": BOOL, "oom": BOOL}, _l_new_item(K_RES)),
     Act("close_owned", {"x": INT}, _l_unload,
         pre=lambda s, a: And(_kind(K_RES)(s, a), at(s.ist, a.x) == I_LIVE), objs=("x",)),
-    Act("kv_open", {"unsup": BOOL, "bad": BOOL, "oom": BOOL}, _l_new_item(K_KV), pre=lambda s, a: Not(a.oom)),
+    Act("kv_open", {"unsup": BOOL, "bad": BOOL, "oom": BOOL, "p": INT}, _l_new_item(K_KV),
+        pre=lambda s, a: And(Not(a.oom), a.p >= 0)),
     Act("kv_close", {"x": INT}, _l_kv_close, pre=lambda s, a: And(_kind(K_KV)(s, a), at(s.ist, a.x) == I_LIVE),
+        objs=("x",)),
+    # S9's: a fence recorded on an open request (nothing of the ledger changes)
+    Act("kv_use", {"x": INT}, _l_kv_close, pre=lambda s, a: And(_kind(K_KV)(s, a), at(s.ist, a.x) == I_LIVE),
         objs=("x",)),
     Act("kv_release", {"x": INT, "kx": INT, "y": INT, "ky": INT, "two": BOOL}, _l_kv_release,
         pre=lambda s, a: And(_kv_kept(s, a.x, a.kx), Implies(a.two, And(_kv_kept(s, a.y, a.ky), a.x != a.y))),
@@ -686,115 +745,82 @@ S8 = Proof(
 
 
 # ==========================================================================
-# S9 transactional-growth
+# S2 charge-before-commit: on the ledger model (above), the actions that
+# charge a holder or install bytes for it, and the ones that lower either
+# (spec/governor.py, manager.py, vmm.py commit_owned, holders.py kv_grow,
+# the queue's releases: poll, a holder's answer)
+#
+# Per holder: ``pb`` the physical bytes installed for it, ``cb`` its charge.
+# Every action that installs bytes first obtains their charge (*a charge
+# must be obtained before physical commit*); a charge is lowered only with
+# the bytes behind it (a queued release frees them, then refunds as much),
+# or alone where nothing is installed behind it (a lease).  The unguarded
+# variant: commit_owned maps the bytes, the Governor charges what it can.
 # ==========================================================================
 
-def _s9_grow(check: bool):
-    """spec/holders.py kv_grow: the six-step transaction.  ``fail`` 4/5 injects
-    a failure at that step, ``oom`` is the device's OutOfMemory at step 4;
-    ``refuse``: a growth of nothing may answer 0 or InvalidRequest."""
-    def step(s: St, a: St):
-        kc = at(s.kc, a.r)
-        new = K.round_up(a.nb, s.page)
-        delta = new - kc
-        out = outcome((a.nb > at(s.rsize, a.r), "InvalidRange"),
-                      (And(delta <= 0, a.refuse), "InvalidRequest"), (delta <= 0, "ok"),
-                      (delta > s.free, "GrantDenied"), (Or(a.fail == 4, a.fail == 5), "MemspecError"),
-                      (a.oom, "OutOfMemory"))
-        grows = And(out == OK, delta > 0)
-        ok = s.set(kc=upd(s.kc, a.r, new), view=upd(s.view, a.r, new),
-                   chg=upd(s.chg, a.r, at(s.chg, a.r) + delta), free=s.free - delta, ret=delta)
-        nxt = merge(grows, ok, merge(out == OK, s.set(ret=0), s))
-        if not check:  # step 5 failed: grant returned but the new mapping is left in place
-            bad = And(a.fail == 5, out == code_of("MemspecError"))
-            nxt = merge(bad, s.set(kc=upd(s.kc, a.r, new)), nxt)
-        return out, nxt
-    return step
+def _s2_named(s: St, h: Any) -> Any:
+    """A holder's installed physical bytes never exceed its charge."""
+    return Implies(And(0 <= h, h <= 2), at(s.pb, h) <= at(s.cb, h))
 
 
-def code_of(name: str) -> int:
-    return CODE[name]
+def _s2_inv(s: St, o: Any) -> Any:
+    """S2's rule with what its steps need of the ledger: a holder's charge is
+    its live footprints, queued refunds and leases, each the sum over its
+    charge items (as for S8), and the first two are what is installed for it
+    (a lease is charge with nothing installed behind it); the items' facts
+    (dense ids from 0); an open grant's bytes >= 0 (cancel returns them), free >= 0."""
+    return And(_holder_part(s, o), Implies(And(0 <= o, o <= 2), at(s.pb, o) == at(s.lb, o) + at(s.qb, o)),
+               *_item_facts(s, o), s.n >= 0, Implies(at(s.gst, o) != 0, at(s.gb, o) >= 0), s.free >= 0)
 
 
-def _s9_open(s: St, a: St):
-    """kv_open: a request of at most ``n`` bytes whose view starts as the
-    ``p`` prefix bytes mapped from its origin (charged there: its own charge
-    0); ``unsup``: no VirtualBacking (or SharedMapping for a prefix),
-    Unsupported; ``bad``: a prefix past what the origin committed."""
-    out = outcome((a.unsup, "Unsupported"), (a.bad, "InvalidRequest"))
-    return on_ok(out, s, s.set(rsize=upd(s.rsize, a.r, a.n), kc=upd(s.kc, a.r, a.p), view=upd(s.view, a.r, a.p),
-                               chg=upd(s.chg, a.r, 0), prefix=upd(s.prefix, a.r, a.p)))
+#: S2's actions on the ledger model (kv_release and poll: a poll running KV releases, or another's)
+_S2_ACTS = ("reserve", "cancel", "commit", "refund_lease", "allocate_owned", "load_weight", "commit_owned", "kv_grow",
+            "poll", "kv_release", "respond", "reserve_owned")
 
-
-def _s9_same(s: St, a: St):
-    """kv_use (a fence recorded) and kv_close (the release queued): the view,
-    what is committed and charged stay as they are."""
-    return on_ok(z3.IntVal(OK), s, s)
-
-
-def _s9_keep(s: St, r: Any, k: Any, go: Any) -> St:
-    """Request ``r``'s own pages down to ``k`` bytes (when ``go``): the view
-    is its prefix plus what it keeps, the freed bytes refunded to free."""
-    own = K.ite(go, k, at(s.chg, r))
-    return s.set(chg=upd(s.chg, r, own), kc=upd(s.kc, r, own + at(s.prefix, r)),
-                 view=upd(s.view, r, own + at(s.prefix, r)), free=s.free + (at(s.chg, r) - own))
-
-
-def _s9_release(s: St, a: St):
-    """poll: the done releases run; of the KV requests, ``x`` (and ``y`` when
-    ``two``) keep ``kx`` (``ky``) of their own pages -- a released request
-    what its open sharers still map, a sharer nothing -- and the other
-    holders' releases give ``other`` bytes back to free."""
-    s1 = _s9_keep(s, a.x, a.kx, a.one)
-    s2 = _s9_keep(s1, a.y, a.ky, a.two)
-    return on_ok(z3.IntVal(OK), s, s2.set(free=s2.free + a.other))
-
-
-def _s9_respond(s: St, a: St):
-    """A holder answers a pressure ticket (a terminal one: InvalidTicket): the
-    releases run as in poll (its victims' among ``other``), then the ``got``
-    bytes it reports move from free into the ticket."""
-    out = outcome((a.terminal, "InvalidTicket"))
-    _o, s1 = _s9_release(s, a)
-    return on_ok(out, s, s1.set(free=s1.free - a.got))
-
-
-_S9_REL = {"x": INT, "kx": INT, "one": BOOL, "y": INT, "ky": INT, "two": BOOL, "other": INT}
-
-
-def _s9_release_pre(s: St, a: St) -> Any:
-    return And(a.other >= 0, Implies(a.one, And(0 <= a.kx, a.kx <= at(s.chg, a.x))),
-               Implies(a.two, And(a.one, a.y != a.x, 0 <= a.ky, a.ky <= at(s.chg, a.y))))
-
-
-_GROW = {"r": INT, "nb": INT, "fail": INT, "oom": BOOL, "refuse": BOOL}
-_GROW_PRE = lambda s, a: Or(a.fail == 0, a.fail == 4, a.fail == 5)  # noqa: E731
-S9 = Proof(
-    *catalog("S9"),
-    # kc: committed bytes of the request's view (its prefix, mapped read-only from the request it
-    # shares and charged there, plus its own growth); chg: what the request itself is charged
-    fields={"rsize": ARR, "kc": ARR, "view": ARR, "chg": ARR, "prefix": ARR, "free": INT, "page": INT, "ret": INT},
-    init=lambda s: And(s.kc == s.prefix, s.view == s.prefix, s.chg == Z0(), s.free >= 0, s.page > 0),
-    inv=lambda s, r: And(at(s.view, r) == at(s.kc, r), at(s.chg, r) + at(s.prefix, r) == at(s.kc, r),
-                            at(s.chg, r) >= 0, s.free >= 0, s.page > 0),
-    actions=[Act("grow", _GROW, _s9_grow(True), pre=_GROW_PRE, objs=("r",)),
-             Act("open", {"r": INT, "n": INT, "p": INT, "bad": BOOL, "unsup": BOOL}, _s9_open,
-                 pre=lambda s, a: And(0 <= a.p, a.p <= a.n), objs=("r",)),
-             Act("use", {"r": INT}, _s9_same, objs=("r",)),
-             Act("close", {"r": INT}, _s9_same, objs=("r",)),
-             Act("release", _S9_REL, _s9_release, pre=_s9_release_pre, objs=("x", "y")),
-             # what a holder reports is at most what its releases refunded (S6: no overclaim)
-             Act("respond", {**_S9_REL, "got": INT, "terminal": BOOL}, _s9_respond,
-                 pre=lambda s, a: And(_s9_release_pre(s, a), 0 <= a.got, a.got <= a.other + K.ite(
-                     a.one, at(s.chg, a.x) - a.kx, 0) + K.ite(a.two, at(s.chg, a.y) - a.ky, 0)), objs=("x", "y"))],
-    unguarded=Act("grow", _GROW, _s9_grow(False), pre=_GROW_PRE, objs=("r",)),
-    guard="a failure at step 4/5 rolls back the mapping (and returns the grant)",
-    bmc_depth=1,
+S2 = Proof(
+    *catalog("S2"),
+    fields=dict(_L_FIELDS), init=_l_init, inv=_s2_inv,
+    actions=_l_acts(*_S2_ACTS),
+    unguarded=Act("commit_owned", _COMMIT_OWNED, _l_commit_owned(False), pre=_commit_owned_pre, objs=("x",)),
+    guard="commit_owned requires the Governor to charge all the bytes (else GrantDenied) before mapping them",
+    bmc_depth=2,
 )
 
 
 # ==========================================================================
-# S11 ledger-conservation: the ledger model of S8 (above), every action
+# S9 transactional-growth: on the ledger model (above), the actions that
+# touch a KV request's view or its pages (spec/holders.py kv_open, kv_use,
+# kv_grow, kv_close; poll and respond running the releases)
+# ==========================================================================
+
+def _s9_named(s: St, o: Any) -> Any:
+    """A KV request's view is what is committed in it, and its own charged
+    pages plus its prefix are what is committed."""
+    return Implies(And(at(s.ist, o) != 0, at(s.ik, o) == K_KV),
+                   And(at(s.iview, o) == at(s.ikc, o), at(s.ib, o) + at(s.ipre, o) == at(s.ikc, o)))
+
+
+def _s9_inv(s: St, o: Any) -> Any:
+    """S9's rule, with what its steps need of the ledger: an item's bytes are
+    >= 0 (a release refunds them to free), free >= 0 (a growth takes from it)."""
+    return And(_s9_named(s, o), Implies(at(s.ist, o) != 0, at(s.ib, o) >= 0), s.free >= 0, s.page > 0)
+
+
+#: S9's actions on the ledger model (kv_release and poll: a poll running KV releases, or another's)
+_S9_ACTS = ("kv_open", "kv_use", "kv_close", "kv_grow", "kv_release", "poll", "respond")
+
+S9 = Proof(
+    *catalog("S9"),
+    fields=dict(_L_FIELDS), init=_l_init, inv=_s9_inv,
+    actions=_l_acts(*_S9_ACTS),
+    unguarded=Act("kv_grow", _KV_GROW, _l_kv_grow(False), pre=_kv_grow_pre, objs=("x",)),
+    guard="a failure at step 4/5 rolls back the mapping (and returns the grant)",
+    bmc_depth=2,
+)
+
+
+# ==========================================================================
+# S11 ledger-conservation: the ledger model (above), every action
 # that declares S11 (system level: the Governor, the binding, the holders,
 # the deferred-free queue; mechanism level: the device's physical bytes)
 # ==========================================================================

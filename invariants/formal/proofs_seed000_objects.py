@@ -1,11 +1,12 @@
-"""Z3 encodings of seed 000's invariants S1 through S5, S7 and S10: the first part of
+"""Z3 encodings of seed 000's invariants S1, S3 through S5, S7 and S10: the first part of
 :mod:`memspec.invariants.formal.proofs_seed000` (which assembles them; import from there).
 
-S1 creator-free, S2 charge-before-commit, S3 fresh-capability, S4 fence-release (the
+S1 creator-free, S3 fresh-capability, S4 fence-release (the
 deferred-free queue machine, with the objects' contexts: S7 and S10 are proved on it
 too), S5 no-silent-noop, S7 role-separation, S10 context-pinned; with the codes every
 encoding shares (object lifecycle, ticket states, the holders that answer tickets) and
-:func:`catalog`.  S6 holder-chooses is proved on S15's ticket machine (in the face).
+:func:`catalog`.  S6 holder-chooses is proved on S15's ticket machine (in the face), S2
+charge-before-commit on the ledger model (:mod:`.proofs_seed000_ledger`).
 """
 
 from __future__ import annotations
@@ -110,163 +111,6 @@ S1 = Proof(
     ],
     unguarded=Act("release", _P3, _s1_release(False), pre=_S1_MECH_HANDLE, objs=("x",)),
     guard="release checks the handle's creating mechanism and context (else ForeignAllocation)",
-    bmc_depth=2,
-)
-
-
-# ==========================================================================
-# S2 charge-before-commit
-# ==========================================================================
-# Per holder ``h`` (0 session, 1 ModelResidency, 2 KvPageStore):
-# ``committed[h]`` the physical bytes installed for it, ``charge[h]`` what
-# the Governor charges it; ``free`` the Governor's free bytes.  Every action
-# that installs physical bytes first obtains their charge (*a charge must be
-# obtained before physical commit*): the Governor can charge at most what is
-# free (``K.minimum(n, free)``), and the guard refuses (GrantDenied) unless
-# all ``n`` bytes are.  The unguarded variant drops that guard: the bytes are
-# mapped, the Governor charges what it can.  The other half (issue 33): a
-# charge is lowered only with the bytes behind it -- a queued release (poll,
-# a holder's answer) frees the installed bytes and refunds as much charge; a
-# lease (``lease[h]``: charge with nothing installed) is refunded alone.
-
-def _s2_install(s: St, h: Any, n: Any) -> St:
-    """Charge ``n`` bytes to holder ``h`` (as much as is free), then install them."""
-    return s.set(committed=upd(s.committed, h, at(s.committed, h) + n),
-                 charge=upd(s.charge, h, at(s.charge, h) + K.minimum(n, s.free)), free=s.free - n)
-
-
-def _s2_reserve(s: St, a: St):
-    """Governor ``reserve``: a provisional grant of ``n`` bytes leaves free (GrantDenied if more than is free)."""
-    out = outcome((Not(K.can_grant(K.Ledger(0, s.free, 0, 0), a.n)), "GrantDenied"))
-    return on_ok(out, s, s.set(free=s.free - a.n))
-
-
-def _s2_cancel(s: St, a: St):
-    """Governor ``cancel``: an open grant's ``gb`` bytes return to free (not open: InvalidRequest)."""
-    out = outcome((Not(a.open), "InvalidRequest"))
-    return on_ok(out, s, s.set(free=s.free + a.gb))
-
-
-def _s2_commit(s: St, a: St):
-    """Governor ``commit``: an open grant of ``gb`` bytes becomes a lease of
-    ``actual`` bytes charged to ``h``; the difference comes from free
-    (GrantDenied if more than is free).  Installs nothing."""
-    out = outcome((Not(a.open), "InvalidRequest"), (a.actual - a.gb > s.free, "GrantDenied"))
-    return on_ok(out, s, s.set(charge=upd(s.charge, a.h, at(s.charge, a.h) + a.actual),
-                               lease=upd(s.lease, a.h, at(s.lease, a.h) + a.actual),
-                               free=s.free - (a.actual - a.gb)))
-
-
-def _s2_refund_lease(s: St, a: St):
-    """Governor ``refund_lease``: a live lease's ``b`` bytes leave holder
-    ``h``'s charge for free; a refunded one: InvalidRequest.  It lowers a
-    charge with no installed bytes behind it: what S2 needs is that a lease
-    is charge *beyond* the installed bytes (``committed + lease <= charge``)."""
-    out = outcome((a.refunded, "InvalidRequest"))
-    return on_ok(out, s, s.set(charge=upd(s.charge, a.h, at(s.charge, a.h) - a.b),
-                               lease=upd(s.lease, a.h, at(s.lease, a.h) - a.b), free=s.free + a.b))
-
-
-def _s2_uninstall(s: St, r: tuple) -> St:
-    """Queued releases run (spec/ep.py run_entry, holders.py release_request):
-    ``r[h]`` bytes of holder ``h`` are freed, *then* their charge is refunded
-    -- both lowered by the same bytes, the refund to free."""
-    committed, charge = s.committed, s.charge
-    for h, n in enumerate(r):
-        committed = upd(committed, h, at(committed, h) - n)
-        charge = upd(charge, h, at(charge, h) - n)
-    return s.set(committed=committed, charge=charge, free=s.free + sum(r))
-
-
-def _s2_release(s: St, a: St):
-    """``poll``: the queued releases whose fences are done run; ``r0``/``r1``/
-    ``r2``: the bytes each holder's releases free (a KV request's private
-    pages, a weight's or an allocation's footprint, decommitted pages)."""
-    return on_ok(z3.IntVal(OK), s, _s2_uninstall(s, (a.r0, a.r1, a.r2)))
-
-
-def _s2_respond(s: St, a: St):
-    """A holder answers a pressure ticket (a terminal one: InvalidTicket): its
-    victims' releases and the done queued ones run (``r0..r2`` per holder),
-    then the Governor moves the ``got`` bytes it reports from free into the
-    ticket (at most what its releases refunded: S6's no-overclaim)."""
-    out = outcome((a.terminal, "InvalidTicket"))
-    s1 = _s2_uninstall(s, (a.r0, a.r1, a.r2))
-    return on_ok(out, s, s1.set(free=s1.free - a.got))
-
-
-def _s2_reserve_owned(s: Any, a: St):
-    """``reserve_owned``: an owning reservation, nothing installed, nothing
-    charged (the refusals: no VirtualBacking, not a size, no address space)."""
-    out = outcome((a.unsup, "Unsupported"), (a.bad, "InvalidRequest"), (a.oom, "OutOfMemory"))
-    return on_ok(out, s, s)
-
-
-_S2_REL = {"r0": INT, "r1": INT, "r2": INT}
-
-
-def _s2_release_pre(s: St, a: St) -> Any:
-    """A release frees only bytes installed for its holder (holders 0..2)."""
-    return And(*[And(0 <= n, n <= at(s.committed, h)) for h, n in enumerate((a.r0, a.r1, a.r2))])
-
-
-def _s2_allocate(s: St, a: St):
-    """``allocate_owned`` (holder 0) and ``load_weight`` (holder 1): the
-    allocation transaction charges the footprint ``fp`` (GrantDenied if it is
-    not free), then the device allocates it (or OutOfMemory, grant returned)."""
-    out = outcome((a.fp > s.free, "GrantDenied"), (a.oom, "OutOfMemory"))
-    return on_ok(out, s, _s2_install(s, a.h, a.fp))
-
-
-def _s2_commit_owned(check: bool):
-    """``commit_owned``: charge-then-commit ``n`` bytes of a reservation
-    (``bad_range``: InvalidRange, S5's check; ``oom``: the device's answer)."""
-    def step(s: St, a: St):
-        pairs = [(a.bad_range, "InvalidRange")] + ([(a.n > s.free, "GrantDenied")] if check else [])
-        out = outcome(*pairs, (a.oom, "OutOfMemory"))
-        return on_ok(out, s, _s2_install(s, 0, a.n))
-    return step
-
-
-def _s2_grow(s: St, a: St):
-    """``kv_grow`` by ``n`` bytes (holder 2): past the request's maximum,
-    InvalidRange (``past``); nothing to grow, 0 or InvalidRequest
-    (``refuse``); the growth not free, GrantDenied; an injected failure
-    (``fail``) or OutOfMemory is rolled back; else charged, then committed."""
-    grows = a.n > 0
-    out = outcome((a.past, "InvalidRange"), (And(Not(grows), a.refuse), "InvalidRequest"),
-                  (And(grows, a.n > s.free), "GrantDenied"), (And(grows, a.fail), "MemspecError"),
-                  (And(grows, a.oom), "OutOfMemory"))
-    return on_ok(out, s, _s2_install(s, 2, K.ite(grows, a.n, 0)))
-
-
-_S2_OWNED = {"n": INT, "bad_range": BOOL, "oom": BOOL}
-S2 = Proof(
-    *catalog("S2"),
-    # lease: the bytes of holder h's unrefunded leases (charged, nothing installed behind them)
-    fields={"committed": ARR, "charge": ARR, "lease": ARR, "free": INT},
-    init=lambda s: And(s.committed == Z0(), s.charge == Z0(), s.lease == Z0(), s.free >= 0),
-    inv=lambda s, h: And(0 <= at(s.committed, h), 0 <= at(s.lease, h),
-                         at(s.committed, h) + at(s.lease, h) <= at(s.charge, h), s.free >= 0),
-    actions=[
-        Act("reserve", {"n": INT}, _s2_reserve, pre=lambda s, a: a.n > 0),
-        Act("cancel", {"gb": INT, "open": BOOL}, _s2_cancel, pre=lambda s, a: a.gb > 0),
-        Act("commit", {"h": INT, "gb": INT, "actual": INT, "open": BOOL}, _s2_commit,
-            pre=lambda s, a: And(a.gb > 0, a.actual >= 0), objs=("h",)),
-        Act("allocate", {"h": INT, "fp": INT, "oom": BOOL}, _s2_allocate,
-            pre=lambda s, a: And(a.fp > 0, Or(a.h == 0, a.h == 1)), objs=("h",)),
-        Act("commit_owned", _S2_OWNED, _s2_commit_owned(True), pre=lambda s, a: a.n > 0),
-        Act("grow", {"n": INT, "past": BOOL, "refuse": BOOL, "fail": BOOL, "oom": BOOL}, _s2_grow),
-        # the charge-lowering half: a lease refunded, queued releases run (poll, a holder's answer)
-        Act("refund_lease", {"h": INT, "b": INT, "refunded": BOOL}, _s2_refund_lease,
-            pre=lambda s, a: And(0 <= a.b, Or(a.refunded, a.b <= at(s.lease, a.h))), objs=("h",)),
-        Act("release", _S2_REL, _s2_release, pre=_s2_release_pre),
-        Act("reserve_owned", {"unsup": BOOL, "bad": BOOL, "oom": BOOL}, _s2_reserve_owned),
-        Act("respond", {**_S2_REL, "got": INT, "terminal": BOOL}, _s2_respond,
-            pre=lambda s, a: And(_s2_release_pre(s, a), 0 <= a.got, a.got <= a.r0 + a.r1 + a.r2)),
-    ],
-    unguarded=Act("commit_owned", _S2_OWNED, _s2_commit_owned(False), pre=lambda s, a: a.n > 0),
-    guard="commit_owned requires the Governor to charge all the bytes (else GrantDenied) before mapping them",
     bmc_depth=2,
 )
 
