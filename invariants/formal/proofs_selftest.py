@@ -72,29 +72,24 @@ for _part in PARTS:
 del _part
 
 
-def detect_c8(walks: int | None = None, steps: int | None = None) -> str | None:
-    """C8's row material (:func:`proofs_caching_expandable.run_c8`): its agreement with ``spec/caching``
-    (scripted walks, then expandable walks: at least prove's), then its Z3 proofs and refutation."""
-    import random
+def detect_c8() -> str | None:
+    """C8's row material (:func:`proofs_caching_expandable.run_c8`: its Z3 proofs and refutation, its
+    agreement with ``spec/caching``, scripted walks then expandable walks), judged as prove judges it."""
+    from memspec.invariants.formal.proofs_caching_expandable import run_c8
 
-    from memspec.invariants.formal import proofs_caching_expandable as E
-
-    rep = E.new_report()
-    for key in E.SCRIPTS:
-        E.run_script(key, rep)
-    for sd in range(E.SEEDS):
-        E._walks(random.Random(sd), max(walks or 0, E.WALKS), max(steps or 0, E.STEPS), rep)
-    if rep["mismatches"]:
-        return f"prove/C8 agreement: {len(rep['mismatches'])} disagreements, e.g. {rep['mismatches'][0][:100]} (C8)"
-    if rep["inv"][1]:
-        return f"prove/C8 invariant agreement: {rep['inv'][1]}/{rep['inv'][0]} states disagree (C8)"
-    unsampled = [f"{a}/{b}" for a, bs in rep["counts"].items() for b, n in bs.items() if not n]
+    m = run_c8()
+    ag = m["agreement"]
+    if ag.mismatches:
+        return f"prove/C8 agreement: {len(ag.mismatches)} disagreements, e.g. {ag.mismatches[0][:100]} (C8)"
+    if ag.inv["C8"][1]:
+        return f"prove/C8 invariant agreement: {ag.inv['C8'][1]}/{ag.inv['C8'][0]} states disagree (C8)"
+    unsampled = [f"{a}/{b}" for a, bs in ag.counts.items() for b, n in bs.items() if not n]
     if unsampled:
         return f"prove/C8 agreement: branches with 0 samples: {unsampled[:3]} (C8)"
-    bad = [(n, r) for n, r, _t in E.proofs() if r != "proved"]
+    bad = [(n, r) for n, r, _t in m["checks"] if r != "proved"]
     if bad:
         return f"prove (caching C8): {bad[0][0]} {bad[0][1]} (C8)"
-    if not E.refute()[0]:
+    if not m["refuted"]["C8"][0]:
         return "prove (caching C8): the unguarded variant is not refuted (C8)"
     return None
 
@@ -497,31 +492,37 @@ def _coverage_breaks() -> list[Break]:
     return out
 
 
+#: the detectors run per row: a break's is keyed by its invariant (``prove:S9``), as is its baseline
+PER_ROW = ("prove", "agreement", "coverage")
+
+
+def detector_key(d: str, inv: str) -> str:
+    """Detector ``d`` of a break on ``inv``, as its baseline is keyed."""
+    return f"{d}:{inv}" if d in PER_ROW else d
+
+
+def run_key(key: str, proof: Proof | None = None, baselines: dict[str, Any] | None = None) -> Any:
+    """The detector ``key`` names (:func:`detector_key`; after its colon, its argument).  ``proof``: the
+    row's proof, broken (default the row's own); ``baselines``: the unbroken project's answers, where
+    this is a break's run -- ``prove`` then answers with the checks that fail now and did not there;
+    without them (a baseline) with the failing checks themselves (:func:`_failing_checks`)."""
+    kind, _, arg = key.partition(":")
+    if kind in ("prove", "coverage"):
+        p = proof if proof is not None else _proof(arg)
+        if kind == "coverage":
+            return detect_coverage(p)
+        return _failing_checks(p) if baselines is None else detect_prove(p, baselines[key])
+    run = {"agreement": lambda: detect_agreement(arg), "spec-check": lambda: detect_spec_check(arg),
+           "spec-walk": detect_caching_walk, "heap": lambda: detect_heap(arg),
+           "heap-knob": lambda: detect_heap_knob(arg), "caching-kernels": detect_caching_kernels,
+           "caching-agreement": detect_caching_agreement, "progress": detect_progress, "c8": detect_c8}.get(kind)
+    if run is None:
+        raise ValueError(key)
+    return run()
+
+
 def run_detector(d: str, b: Break, baselines: dict[str, Any]) -> str | None:
-    if d == "coverage":
-        return detect_coverage(b.proof() if b.proof is not None else _proof(b.invariant))
-    if d == "prove":
-        p = b.proof() if b.proof is not None else _proof(b.invariant)
-        return detect_prove(p, baselines[f"prove:{b.invariant}"])
-    if d == "agreement":
-        return detect_agreement(b.invariant)
-    if d.startswith("spec-check:"):
-        return detect_spec_check(d.split(":")[1])
-    if d == "spec-walk:caching":
-        return detect_caching_walk()
-    if d.startswith("heap:"):
-        return detect_heap(d.split(":")[1])
-    if d.startswith("heap-knob:"):
-        return detect_heap_knob(d.split(":")[1])
-    if d == "caching-kernels":
-        return detect_caching_kernels()
-    if d == "caching-agreement":
-        return detect_caching_agreement()
-    if d == "progress":
-        return detect_progress()
-    if d == "c8":
-        return detect_c8()
-    raise ValueError(d)
+    return run_key(detector_key(d, b.invariant), b.proof() if b.proof is not None else None, baselines)
 
 
 # --------------------------------------------------------------------------
@@ -545,19 +546,7 @@ def _baseline_keys(breaks: list[Break]) -> list[str]:
 def _baseline(key: str) -> Any:
     """One detector on the unbroken project: for ``prove:<inv>`` the failing checks and whether the
     unguarded variant is refuted; for the others the detector's answer (None: silent)."""
-    kind, _, arg = key.partition(":")
-    if kind == "prove":
-        return _failing_checks(_proof(arg))
-    if kind == "agreement":
-        return detect_agreement(arg)
-    if kind == "coverage":
-        return detect_coverage(_proof(arg))
-    if kind == "spec-check":
-        return detect_spec_check(arg)
-    if kind == "spec-walk":
-        return detect_caching_walk()
-    return {"progress": detect_progress, "caching-kernels": detect_caching_kernels, "c8": detect_c8,
-            "caching-agreement": detect_caching_agreement}[kind]()
+    return run_key(key)
 
 
 def _run_break(b: Break, baselines: dict[str, Any], problems: dict[str, Any]) -> str | None:
@@ -567,8 +556,7 @@ def _run_break(b: Break, baselines: dict[str, Any], problems: dict[str, Any]) ->
         cm.__enter__()
     try:
         for d in b.detectors:
-            key = f"{d}:{b.invariant}" if d in ("prove", "agreement", "coverage") else d
-            if key in problems:
+            if detector_key(d, b.invariant) in problems:
                 continue  # a detector that fires unbroken proves nothing
             caught = run_detector(d, b, baselines)
             if caught:
