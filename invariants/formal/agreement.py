@@ -498,7 +498,8 @@ class InvariantEval(_ByCounts):
                  formula: Callable[[Any, Any], Any] | None = None) -> None:
         #: the formula evaluated (default the inductive invariant; the named one: :func:`named_eval`)
         f = formula if formula is not None else p.inv
-        super().__init__(p, nobj, finite, "iv", lambda sc: z3.And(*[f(sc, z3.IntVal(i)) for i in range(nobj)]))
+        super().__init__(p, nobj, finite, "iv" if finite else "ivc",
+                         lambda sc: z3.And(*[f(sc, z3.IntVal(i)) for i in range(nobj)]))
         self.progs: dict[int, tuple[Any, native.Program | None]] = {}
 
     def holds(self, state: dict[str, Any]) -> bool:

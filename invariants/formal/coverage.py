@@ -66,19 +66,15 @@ FORBIDDEN = "(an answer the spec forbids: static)"
 
 #: fields no required set counts, with the reason (read or written, they say nothing about a rule)
 EXCLUDED: dict[str, str] = {
-    "MechState.next_ref": "reference-id counter: names objects, no rule reads it",
-    "SysState.next_ref": "reference-id counter: names objects, no rule reads it",
+    **{f"{rec}.{f}": why for rec in ("MechState", "SysState") for f, why in (   # fields of both levels
+        ("next_ref", "reference-id counter: names objects, no rule reads it"),
+        ("w_next_address", "witness support: the spec-only run's address model"),
+        ("w_next_identity", "witness support: fresh identities for spec-only witnesses"))},
     "SysState.queue_seq": "queue sequence counter: orders entries, no rule reads it",
-    "MechState.w_next_address": "witness support: the spec-only run's address model",
     "MechState.w_freed": "witness support: the spec-only run's address model",
-    "MechState.w_next_identity": "witness support: fresh identities for spec-only witnesses",
     "SysState.w_generation": "witness support: the spec-only run's generation model",
-    "SysState.w_next_address": "witness support: the spec-only run's address model",
-    "SysState.w_next_identity": "witness support: fresh identities for spec-only witnesses",
-    "MechState.q_allocations": "quality figure (measured, never a verdict)",
-    "MechState.q_requested": "quality figure (measured, never a verdict)",
-    "MechState.q_footprint": "quality figure (measured, never a verdict)",
-    "MechState.q_refused_with_room": "quality figure (measured, never a verdict)",
+    **{f"MechState.q_{f}": "quality figure (measured, never a verdict)"
+       for f in ("allocations", "requested", "footprint", "refused_with_room")},
 }
 
 #: Reviewed gaps: ``(row, "level:action", reason)``, one per line.  A row with one is "proved over

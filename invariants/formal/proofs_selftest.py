@@ -531,12 +531,11 @@ def run_detector(d: str, b: Break, baselines: dict[str, Any]) -> str | None:
 
 def _baseline_keys(breaks: list[Break]) -> list[str]:
     """The detectors to run on the unbroken project: ``prove:<inv>`` for each invariant with a break the
-    Z3 checks catch, ``agreement:<inv>`` likewise, then each other detector the breaks use."""
+    Z3 checks catch, ``agreement:<inv>`` and ``coverage:<inv>`` likewise (:data:`PER_ROW`), then each
+    other detector the breaks use (the heap detectors judge a break against its own unbroken action)."""
     used = {d for b in breaks for d in b.detectors}
-    keys = [f"prove:{inv}" for inv in sorted({b.invariant for b in breaks if "prove" in b.detectors},
-                                              key=lambda x: int(x[1:]))]
-    keys += [f"agreement:{inv}" for inv in sorted({b.invariant for b in breaks if "agreement" in b.detectors})]
-    keys += [f"coverage:{inv}" for inv in sorted({b.invariant for b in breaks if "coverage" in b.detectors})]
+    keys = [f"{d}:{inv}" for d in PER_ROW for inv in sorted({b.invariant for b in breaks if d in b.detectors},
+                                                            key=lambda x: (int(x[1:]), x))]
     keys += ["progress"] if "progress" in used else []
     keys += sorted(d for d in used if d.startswith("spec-"))
     keys += [d for d in ("caching-kernels", "c8", "caching-agreement") if d in used]
@@ -702,15 +701,6 @@ def _s15_respond_never_grants(s: Any, a: Any) -> Any:
     return out, s2.set(tstate=s.tstate)
 
 
-@contextmanager
-def _s15_machine_swapped(action: str, step: Callable[[Any, Any], Any]) -> Iterator[None]:
-    """S15's machine (which P1's sequence runs on) with one action's step replaced."""
-    p = E.S15
-    with _patched(E, "S15", replace(p, actions=[replace(a, step=step) if a.name == action else a
-                                                for a in p.actions])):
-        yield
-
-
 def _ticket_end_keeps_failed(orig: Any) -> Any:
     from memspec.spec.api import TicketState
 
@@ -743,7 +733,8 @@ def _generation_progress_breaks() -> list[Break]:
               ("agreement", "spec-check:system"), patch=_spec_patch("memspec.spec.governor", "ticket_end",
                                                         _ticket_end_keeps_failed)),
         Break("P1 encoding: respond never grants a ticket that holds its amount", "encoding", "P1", ("progress",),
-              patch=lambda: _s15_machine_swapped("respond", _s15_respond_never_grants)),
+              # S15's machine, which P1's sequence runs on, with respond swapped
+              patch=lambda: _patched(E, "S15", _swap("S15", "respond", _s15_respond_never_grants)())),
         Break("P1 spec: ModelResidency cannot release its cold weights", "spec", "P1", ("progress",),
               patch=_spec_patch("memspec.spec.holders", "victims",
                                 lambda _o: (lambda s, released: [] if released == 0 else None))),
