@@ -69,12 +69,6 @@ def substitute(t: Any, *pairs: tuple[Any, Any]) -> Any:
     return z3.z3._to_expr_ref(z3.Z3_substitute(t.ctx.ref(), t.as_ast(), n, src, dst), t.ctx)
 
 
-def literals(sym: St, kinds: dict[str, str], values: dict[str, Any]) -> list[tuple[Any, Any]]:
-    """``(symbol, Z3 literal of its concrete value)`` of each field (or parameter) of ``kinds``: what a
-    concrete evaluation substitutes (:func:`~memspec.invariants.formal.proofs.concrete`)."""
-    return [(sym[f], concrete(k, values[f])) for f, k in kinds.items()]
-
-
 def native_value(kind: str, value: Any) -> Any:
     """A field's concrete value (the form :func:`~memspec.invariants.formal.proofs.concrete` takes) as a
     :mod:`z3native` value: arrays ``(default, {index: value})``, nested for the two-level kinds."""
@@ -135,7 +129,8 @@ class Compiled:
         for key in compared_keys(p.fields, compare, nobj, npages):
             f, ix = key
             self.keys.append(key)
-            exprs.append(s2[f] if ix is None else at(s2[f], ix) if isinstance(ix, int) else at(at(s2[f], ix[0]), ix[1]))
+            exprs.append(s2[f] if ix is None else at(s2[f], ix) if isinstance(ix, int)
+                         else at(at(s2[f], ix[0]), ix[1]))
         self.exprs = exprs = [exprs[0]] + [fin(e) for e in exprs[1:]]
         # one closed formula per sample: outcome in the permitted set and every
         # compared value equal to the spec's (placeholders substituted per sample)
@@ -170,7 +165,8 @@ class Compiled:
         raise RuntimeError(f"{self.act.name}: no outcome decided for {v}")
 
     def _subs(self, state: dict[str, Any], args: dict[str, Any]) -> list[tuple[Any, Any]]:
-        return literals(self.s, self.p.fields, state) + literals(self.a, self.act.params, args)
+        return [(self.s[f], concrete(k, state[f])) for f, k in self.p.fields.items()] + \
+            [(self.a[n], concrete(k, args[n])) for n, k in self.act.params.items()]
 
     @staticmethod
     def _truth(e: Any) -> bool:
@@ -394,16 +390,13 @@ def flatten(state: dict[str, Any], fields: dict[str, str], compare: tuple[str, .
 # --------------------------------------------------------------------------
 
 def enabled(machine: Any, state: Any) -> list[Any]:
-    """The actions of ``machine`` a walk may draw at ``state`` (:func:`memspec.spec.selfcheck.usable`)."""
-    from memspec.spec.selfcheck import usable
-
-    return [a for a in machine.actions if usable(a, state)]
+    """The actions of ``machine`` a walk may draw at ``state``: enabled, their capabilities present."""
+    return [a for a in machine.actions if a.available(state) and all(state.has(c) for c in a.requires)]
 
 
 def draw(pool: list[Any], state: Any, rng: random.Random, chooser: Any) -> tuple[Any, dict[str, Any], Any, Any]:
-    """One step of a spec-only walk, drawn: an action of ``pool`` by weight, its arguments (the spec's own
-    domains), its outcomes, and the branch the walk follows (:func:`pick_branch`; ``None``: none can be
-    taken).  Nothing is applied yet (:func:`follow`)."""
+    """A spec-only walk's step, drawn: an action of ``pool`` by weight, its arguments, its outcomes, the
+    branch the walk follows (:func:`pick_branch`; ``None``: none).  Applied by :func:`follow`."""
     act = rng.choices(pool, weights=[a.weight for a in pool])[0]
     args = act.draw_args(state, chooser)
     outs = act.step(state, **args)
@@ -460,10 +453,9 @@ def quantified_counts(p: Proof) -> tuple[str, ...]:
 
 class _ByCounts:
     """A closed formula over a proof's fields (the encoded invariant, an action's hypotheses), built once
-    per tuple of the concrete values of its quantified counts (:func:`quantified_counts`: a prefix-sum
-    ghost over a concrete count is unrolled rather than left as a quantifier for a solver; ``finite``:
-    none, the quantifiers are instantiated over the universe instead, :func:`instantiate`), then decided
-    on each concrete state by substituting the other fields.  The terms are never rebuilt per state."""
+    per tuple of values of its quantified counts (:func:`quantified_counts`: a prefix-sum ghost over a
+    concrete count is unrolled; ``finite``: none, the quantifiers are instantiated over the universe,
+    :func:`instantiate`), decided on each concrete state by substituting the other fields."""
 
     def __init__(self, p: Proof, nobj: int, finite: bool, tag: str, build: Callable[[St], Any]) -> None:
         self.p, self.nobj, self.finite = p, nobj, finite
@@ -525,12 +517,12 @@ class HypEval(_ByCounts):
     def __init__(self, p: Proof, act: Act, nobj: int, finite: bool) -> None:
         from memspec.invariants.formal.proofs import hyp_formula
 
-        self.act, self.a = act, _args(act, "hya")
         super().__init__(p, nobj, finite, "hy", lambda sc: hyp_formula(p, act, sc, self.a, iv(0)))
+        self.act, self.a = act, _args(act, "hya")   # after the state's constants, as they always were made
 
     def holds(self, state: dict[str, Any], args: dict[str, Any]) -> bool:
         expr = self.formula(state)
-        subs = self.subs(state) + literals(self.a, self.act.params, args)
+        subs = self.subs(state) + [(self.a[n], concrete(k, args[n])) for n, k in self.act.params.items()]
         return Compiled._truth(substitute(expr, *subs) if subs else expr)
 
 
