@@ -41,10 +41,10 @@ from typing import Any, Callable
 import z3
 
 from memspec.invariants.formal.proofs import (
-    ARR, ARR2, ARR2B, BARR, BOOL, INT, OUTCOMES, Act, Proof, St, _args, at, bv, concrete, fresh, iv, limit,
+    ARR, ARR2, ARR2B, BARR, INT, OUTCOMES, Act, Proof, St, _args, at, bv, concrete, fresh, iv, limit,
 )
 from memspec.invariants.formal import z3native as native
-from memspec.spec.core import RandomChooser, Raises, Returns
+from memspec.spec.core import RandomChooser, Returns
 
 
 def outcome_name(branch: Any) -> str:
@@ -126,20 +126,11 @@ class Compiled:
         out, self.pre = fin(out), fin(self.pre)
         self.keys: list[Key] = [("outcome", None)]
         exprs: list[Any] = [out]
-        for f in compare:
-            kind = p.fields[f]
-            if kind in (ARR, BARR):
-                for i in range(nobj):
-                    self.keys.append((f, i))
-                    exprs.append(at(s2[f], i))
-            elif kind in (ARR2B, ARR2):
-                for i in range(nobj):
-                    for j in range(npages if kind == ARR2B else nobj):
-                        self.keys.append((f, (i, j)))
-                        exprs.append(at(at(s2[f], i), j))
-            else:
-                self.keys.append((f, None))
-                exprs.append(s2[f])
+        for key in compared_keys(p.fields, compare, nobj, npages):
+            f, ix = key
+            self.keys.append(key)
+            exprs.append(s2[f] if ix is None else at(s2[f], ix) if isinstance(ix, int)
+                         else at(at(s2[f], ix[0]), ix[1]))
         self.exprs = exprs = [exprs[0]] + [fin(e) for e in exprs[1:]]
         # one closed formula per sample: outcome in the permitted set and every
         # compared value equal to the spec's (placeholders substituted per sample)
@@ -174,9 +165,8 @@ class Compiled:
         raise RuntimeError(f"{self.act.name}: no outcome decided for {v}")
 
     def _subs(self, state: dict[str, Any], args: dict[str, Any]) -> list[tuple[Any, Any]]:
-        subs = [(self.s[f], concrete(k, state[f])) for f, k in self.p.fields.items()]
-        subs += [(self.a[n], concrete(k, args[n])) for n, k in self.act.params.items()]
-        return subs
+        return [(self.s[f], concrete(k, state[f])) for f, k in self.p.fields.items()] + \
+            [(self.a[n], concrete(k, args[n])) for n, k in self.act.params.items()]
 
     @staticmethod
     def _truth(e: Any) -> bool:
@@ -293,6 +283,11 @@ class Adapter:
     #: outcome this adapter has seen fewer than ``RARE`` times (rare branches)
     weight: float = 1.0
 
+    def keys(self) -> list[tuple[str, str, str]]:
+        """``(row, encoded action, spec action)`` of every row a sample of this adapter is credited to:
+        its own first, then those of ``also``."""
+        return [(i, self.action, self.spec_action) for i in (self.invariant,) + self.also]
+
 
 @dataclass
 class AgreementReport:
@@ -355,28 +350,38 @@ def arr(default: Any, items: dict[int, Any]) -> tuple[Any, dict[int, Any]]:
     return (default, items)
 
 
-def flatten(state: dict[str, Any], fields: dict[str, str], compare: tuple[str, ...], u: Universe) -> dict[Key, Any]:
-    """The compared values of an encoded state, by key."""
-    out: dict[Key, Any] = {}
-    n = u.nobj
+def compared_keys(fields: dict[str, str], compare: tuple[str, ...], nobj: int, npages: int) -> list[Key]:
+    """The keys a comparison reads, in order: ``(field, None)`` of a scalar, ``(field, i)`` of an array
+    at each object, ``(field, (i, j))`` of a two-level array (``j`` over the pages for ``ARR2B``, over the
+    objects for ``ARR2``).  The compiled terms (:class:`Compiled`) and the projected values
+    (:func:`flatten`) are both read at these keys."""
+    out: list[Key] = []
     for f in compare:
         kind = fields[f]
-        v = state[f]
         if kind in (ARR, BARR):
-            default, items = v
-            for i in range(n):
-                out[(f, i)] = items.get(i, default)
-        elif kind == ARR2B:
-            for i in range(n):
-                for j in range(u.pages):
-                    out[(f, (i, j))] = j in v.get(i, set())
-        elif kind == ARR2:
-            for i in range(n):
-                d, items = v.get(i, (0, {}))
-                for j in range(n):
-                    out[(f, (i, j))] = items.get(j, d)
+            out += [(f, i) for i in range(nobj)]
+        elif kind in (ARR2B, ARR2):
+            out += [(f, (i, j)) for i in range(nobj) for j in range(npages if kind == ARR2B else nobj)]
         else:
-            out[(f, None)] = v
+            out.append((f, None))
+    return out
+
+
+def flatten(state: dict[str, Any], fields: dict[str, str], compare: tuple[str, ...], u: Universe) -> dict[Key, Any]:
+    """The compared values of an encoded state, by key (:func:`compared_keys`)."""
+    out: dict[Key, Any] = {}
+    for key in compared_keys(fields, compare, u.nobj, u.pages):
+        f, ix = key
+        kind, v = fields[f], state[f]
+        if ix is None:
+            out[key] = v
+        elif kind in (ARR, BARR):
+            out[key] = v[1].get(ix, v[0])
+        elif kind == ARR2B:
+            out[key] = ix[1] in v.get(ix[0], set())
+        else:   # ARR2: rows absent are all 0
+            d, items = v.get(ix[0], (0, {}))
+            out[key] = items.get(ix[1], d)
     return out
 
 
@@ -384,18 +389,38 @@ def flatten(state: dict[str, Any], fields: dict[str, str], compare: tuple[str, .
 # Walking the spec machine
 # --------------------------------------------------------------------------
 
+def enabled(machine: Any, state: Any) -> list[Any]:
+    """The actions of ``machine`` a walk may draw at ``state``: enabled, their capabilities present."""
+    return [a for a in machine.actions if a.available(state) and all(state.has(c) for c in a.requires)]
+
+
+def draw(pool: list[Any], state: Any, rng: random.Random, chooser: Any) -> tuple[Any, dict[str, Any], Any, Any]:
+    """A spec-only walk's step, drawn: an action of ``pool`` by weight, its arguments, its outcomes, the
+    branch the walk follows (:func:`pick_branch`; ``None``: none).  Applied by :func:`follow`."""
+    act = rng.choices(pool, weights=[a.weight for a in pool])[0]
+    args = act.draw_args(state, chooser)
+    outs = act.step(state, **args)
+    return act, args, outs, pick_branch(outs, rng)
+
+
 def pick_branch(outs: Any, rng: random.Random) -> Any:
-    takeable = [b for b in outs.branches if isinstance(b, Raises) or b.witness is not None]
-    return rng.choice(takeable) if takeable else None
+    """A branch the spec alone can take (:func:`memspec.spec.selfcheck.takeable`: an error, or a return
+    with a witness), drawn; ``None`` when there is none."""
+    from memspec.spec.selfcheck import takeable
+
+    branches = [b for b in outs.branches if takeable(b)]
+    return rng.choice(branches) if branches else None
 
 
 def follow(branch: Any) -> Any:
     """Apply a branch to the spec state (spec-only: witness values); the value returned."""
+    from memspec.spec.selfcheck import make_error
+
     if isinstance(branch, Returns):
         v = branch.witness()
         branch.then(v)
         return v
-    branch.then(branch.error("spec-only agreement walk"))
+    branch.then(make_error(branch.error))
     return None
 
 
@@ -426,51 +451,57 @@ def quantified_counts(p: Proof) -> tuple[str, ...]:
     return tuple(f for f in p.fields if f in found or f in p.counts)
 
 
-class InvariantEval:
-    """The encoded invariant of a proof at every object of a projected state,
-    as one closed formula decided by substitution (and a solver call where a
-    quantifier remains).  Built once per (proof, universe size, values of its
-    quantified counts): the invariant's terms are never rebuilt per state."""
+class _ByCounts:
+    """A closed formula over a proof's fields (the encoded invariant, an action's hypotheses), built once
+    per tuple of values of its quantified counts (:func:`quantified_counts`: a prefix-sum ghost over a
+    concrete count is unrolled; ``finite``: none, the quantifiers are instantiated over the universe,
+    :func:`instantiate`), decided on each concrete state by substituting the other fields."""
+
+    def __init__(self, p: Proof, nobj: int, finite: bool, tag: str, build: Callable[[St], Any]) -> None:
+        self.p, self.nobj, self.finite = p, nobj, finite
+        self.counts = () if finite else quantified_counts(p)
+        self.sym = fresh(p.fields, tag)
+        self.by_counts: dict[tuple[int, ...], Any] = {}
+        self._build = build
+        #: each substituted field's (constant name, field, kind), read from Z3 once, not per state
+        self._names = [(self.sym[f].decl().name(), f, k) for f, k in p.fields.items() if f not in self.counts]
+
+    def formula(self, state: dict[str, Any]) -> Any:
+        key = tuple(state[f] for f in self.counts)
+        e = self.by_counts.get(key)
+        if e is None:
+            e = self._build(self.sym.set(**{f: iv(state[f]) for f in self.counts}))
+            e = z3.BoolVal(e) if isinstance(e, bool) else e
+            if self.finite:
+                e = instantiate(e, list(range(self.nobj)) + [-1])
+            self.by_counts[key] = e
+        return e
+
+    def subs(self, state: dict[str, Any]) -> list[tuple[Any, Any]]:
+        return [(self.sym[f], concrete(k, state[f])) for _nm, f, k in self._names]
+
+
+class InvariantEval(_ByCounts):
+    """The encoded invariant of a proof at every object of a projected state (:class:`_ByCounts`):
+    by :mod:`z3native`, cross-checked with Z3 on a sample, or by Z3 (a solver call where a quantifier
+    remains)."""
 
     def __init__(self, p: Proof, nobj: int, finite: bool = False,
                  formula: Callable[[Any, Any], Any] | None = None) -> None:
-        self.p, self.nobj, self.finite = p, nobj, finite
         #: the formula evaluated (default the inductive invariant; the named one: :func:`named_eval`)
-        self.formula = formula if formula is not None else p.inv
+        f = formula if formula is not None else p.inv
+        super().__init__(p, nobj, finite, "iv" if finite else "ivc",
+                         lambda sc: z3.And(*[f(sc, z3.IntVal(i)) for i in range(nobj)]))
         self.progs: dict[int, tuple[Any, native.Program | None]] = {}
-        if finite:  # quantifiers instantiated over the universe once, then substituted per state
-            self.s = fresh(p.fields, "iv")
-            self.expr = instantiate(z3.And(*[self.formula(self.s, z3.IntVal(i)) for i in range(nobj)]),
-                                    list(range(nobj)) + [-1])
-        else:
-            # one formula per tuple of the counts (a prefix-sum ghost over a concrete count is
-            # unrolled rather than left as a quantifier for a solver), substituted per state
-            self.counts = quantified_counts(p)
-            self.sym = fresh(p.fields, "ivc")
-            self.by_counts: dict[tuple[int, ...], Any] = {}
-            self.rest = [f for f in p.fields if f not in self.counts]
-        # each substituted field's (constant name, field, kind), read from Z3 once, not per state
-        fields, sym = (list(p.fields), self.s) if finite else (self.rest, self.sym)
-        self._names = [(sym[f].decl().name(), f, p.fields[f]) for f in fields]
 
     def holds(self, state: dict[str, Any]) -> bool:
-        """The encoded invariant on a concrete state: by :mod:`z3native`, cross-checked with Z3 on a
-        sample, or by Z3 (a quantifier that remained is decided by a solver)."""
-        if self.finite:
-            expr, fields, sym = self.expr, list(self.p.fields), self.s
-        else:
-            key = tuple(state[f] for f in self.counts)
-            expr = self.by_counts.get(key)
-            if expr is None:
-                sc = self.sym.set(**{f: iv(state[f]) for f in self.counts})
-                expr = self.by_counts[key] = z3.And(*[self.formula(sc, z3.IntVal(i)) for i in range(self.nobj)])
-            fields, sym = self.rest, self.sym
+        expr = self.formula(state)
         k = expr.get_id()
         if k not in self.progs:
             self.progs[k] = (expr, native.build([expr]))   # the term kept alive with its program
 
         def by_z3() -> bool:
-            subs = [(sym[f], concrete(self.p.fields[f], state[f])) for f in fields]
+            subs = self.subs(state)
             return Compiled._truth(substitute(expr, *subs) if subs else expr)
 
         return native.checked(self.progs[k][1],
@@ -478,18 +509,39 @@ class InvariantEval:
                               lambda v: bool(v[0]), by_z3, f"the encoded {self.p.id}")
 
 
-#: built invariant evaluators and compiled actions, shared by every walk of a run.  Keyed by the
-#: functions themselves (never by an invariant's name alone), so a planted break gets its own
+class HypEval(_ByCounts):
+    """An action's proof hypotheses (:func:`proofs.hyp_formula` at object 0) on a concrete projected
+    state and arguments (:class:`_ByCounts`), decided by substitution (and a solver call where a
+    quantifier remains)."""
+
+    def __init__(self, p: Proof, act: Act, nobj: int, finite: bool) -> None:
+        from memspec.invariants.formal.proofs import hyp_formula
+
+        super().__init__(p, nobj, finite, "hy", lambda sc: hyp_formula(p, act, sc, self.a, iv(0)))
+        self.act, self.a = act, _args(act, "hya")   # after the state's constants, as they always were made
+
+    def holds(self, state: dict[str, Any], args: dict[str, Any]) -> bool:
+        expr = self.formula(state)
+        subs = self.subs(state) + [(self.a[n], concrete(k, args[n])) for n, k in self.act.params.items()]
+        return Compiled._truth(substitute(expr, *subs) if subs else expr)
+
+
+def _memo(cache: dict[Any, Any], key: Any, build: Callable[[], Any]) -> Any:
+    got = cache.get(key)
+    if got is None:
+        got = cache[key] = build()
+    return got
+
+
+#: built invariant evaluators, compiled actions and hypothesis evaluators, shared by every walk of a run.
+#: Keyed by the functions themselves (never by an invariant's name alone), so a planted break gets its own
 _INV_EVALS: dict[Any, InvariantEval] = {}
 _COMPILED: dict[Any, "Compiled"] = {}
+_HYP_EVALS: dict[Any, HypEval] = {}
 
 
 def inv_eval(p: Proof, nobj: int, finite: bool) -> InvariantEval:
-    key = (p.inv, tuple(p.fields.items()), p.counts, nobj, finite)
-    ie = _INV_EVALS.get(key)
-    if ie is None:
-        ie = _INV_EVALS[key] = InvariantEval(p, nobj, finite)
-    return ie
+    return _formula_eval(p, p.inv, nobj, finite)
 
 
 def named_eval(p: Proof, nobj: int, finite: bool) -> InvariantEval:
@@ -497,67 +549,26 @@ def named_eval(p: Proof, nobj: int, finite: bool) -> InvariantEval:
     invariant without its auxiliary and ghost conjuncts) on concrete projected states."""
     from memspec.invariants.formal.proofs import named_of
 
-    f = named_of(p)
-    if f is p.inv:
-        return inv_eval(p, nobj, finite)
-    key = (f, tuple(p.fields.items()), p.counts, nobj, finite)
-    ie = _INV_EVALS.get(key)
-    if ie is None:
-        ie = _INV_EVALS[key] = InvariantEval(p, nobj, finite, formula=f)
-    return ie
+    return _formula_eval(p, named_of(p), nobj, finite)
+
+
+def _formula_eval(p: Proof, f: Callable[[Any, Any], Any], nobj: int, finite: bool) -> InvariantEval:
+    return _memo(_INV_EVALS, (f, tuple(p.fields.items()), p.counts, nobj, finite),
+                 lambda: InvariantEval(p, nobj, finite, formula=f))
 
 
 def compiled_for(p: Proof, act: Act, nobj: int, npages: int, compare: tuple[str, ...], finite: bool) -> "Compiled":
-    key = (act.step, act.pre, tuple(act.params.items()), tuple(p.fields.items()), nobj, npages, compare, finite)
-    c = _COMPILED.get(key)
-    if c is None:
-        c = _COMPILED[key] = Compiled(p, act, nobj, npages, compare, finite)
-    return c
+    return _memo(_COMPILED, (act.step, act.pre, tuple(act.params.items()), tuple(p.fields.items()), nobj, npages,
+                             compare, finite), lambda: Compiled(p, act, nobj, npages, compare, finite))
+
+
+def hyp_eval(p: Proof, act: Act, nobj: int, finite: bool) -> HypEval:
+    return _memo(_HYP_EVALS, (p.inv, p.lemmas, p.inst, act.step, act.pre, tuple(p.fields.items()), nobj, finite),
+                 lambda: HypEval(p, act, nobj, finite))
 
 
 #: fields of an encoding that hold what a step returned (not state): an error branch leaves them as they were
 RETURN_FIELDS = frozenset({"ret", "answer", "out_bytes"})
-
-
-class HypEval:
-    """An action's proof hypotheses (:func:`proofs.hyp_formula` at object 0) on a concrete projected
-    state and arguments: built once per (proof, action, universe size, values of the quantified
-    counts), decided by substitution (and a solver call where a quantifier remains)."""
-
-    def __init__(self, p: Proof, act: Act, nobj: int, finite: bool) -> None:
-        from memspec.invariants.formal.proofs import hyp_formula
-
-        self.p, self.act, self.nobj, self.finite = p, act, nobj, finite
-        self.counts = () if finite else quantified_counts(p)
-        self.sym = fresh(p.fields, "hy")
-        self.a = _args(act, "hya")
-        self.by_counts: dict[tuple[int, ...], Any] = {}
-        self._build = hyp_formula
-
-    def holds(self, state: dict[str, Any], args: dict[str, Any]) -> bool:
-        key = tuple(state[f] for f in self.counts)
-        expr = self.by_counts.get(key)
-        if expr is None:
-            sc = self.sym.set(**{f: iv(state[f]) for f in self.counts})
-            e = self._build(self.p, self.act, sc, self.a, iv(0))
-            e = z3.BoolVal(e) if isinstance(e, bool) else e
-            if self.finite:
-                e = instantiate(e, list(range(self.nobj)) + [-1])
-            expr = self.by_counts[key] = e
-        subs = [(self.sym[f], concrete(k, state[f])) for f, k in self.p.fields.items() if f not in self.counts]
-        subs += [(self.a[n], concrete(k, args[n])) for n, k in self.act.params.items()]
-        return Compiled._truth(substitute(expr, *subs) if subs else expr)
-
-
-_HYP_EVALS: dict[Any, HypEval] = {}
-
-
-def hyp_eval(p: Proof, act: Act, nobj: int, finite: bool) -> HypEval:
-    key = (p.inv, p.lemmas, p.inst, act.step, act.pre, tuple(p.fields.items()), nobj, finite)
-    h = _HYP_EVALS.get(key)
-    if h is None:
-        h = _HYP_EVALS[key] = HypEval(p, act, nobj, finite)
-    return h
 
 
 #: with per-branch quotas, the walk's soft step budget per sample asked (``samples``): past it,
@@ -606,14 +617,14 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
 
     rng = random.Random(seed)
     chooser = RandomChooser(rng)
-    reps = {(a.invariant, a.action, a.spec_action): AgreementReport(a.invariant, a.action, a.spec_action) for a in adapters}
+    reps = {a.keys()[0]: AgreementReport(*a.keys()[0]) for a in adapters}
     for a in adapters:
-        for inv2 in a.also:
-            mine, theirs = proofs[a.invariant], proofs[inv2]
+        for k in a.keys()[1:]:
+            mine, theirs = proofs[a.invariant], proofs[k[0]]
             if (mine.fields != theirs.fields or mine.action(a.action).step is not theirs.action(a.action).step
                     or mine.action(a.action).pre is not theirs.action(a.action).pre):
-                raise ValueError(f"{inv2}/{a.action} is not {a.invariant}/{a.action}: it needs its own adapter")
-            reps[(inv2, a.action, a.spec_action)] = AgreementReport(inv2, a.action, a.spec_action)
+                raise ValueError(f"{k[0]}/{a.action} is not {a.invariant}/{a.action}: it needs its own adapter")
+            reps[k] = AgreementReport(*k)
     quota_mode = per_branch is not None and per_branch > 0
     soft = soft_steps if soft_steps is not None else SOFT_STEPS_PER_SAMPLE * samples
     past_soft = False
@@ -625,11 +636,11 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
             return min(samples, a.max_samples or samples)
         return min(samples, a.max_samples or samples, _share(samples, a.weight))
 
-    want = {k: cap(a) for a in adapters for k in [(i, a.action, a.spec_action) for i in (a.invariant,) + a.also]}
+    want = {k: cap(a) for a in adapters for k in a.keys()}
     want_inv = {k: min(inv_samples, a.max_inv_samples or inv_samples,
                        inv_samples if quota_mode else _share(inv_samples, a.weight)) for a in adapters
-                for k in [(i, a.action, a.spec_action) for i in (a.invariant,) + a.also]}
-    key_of = {id(a): (a.invariant, a.action, a.spec_action) for a in adapters}
+                for k in a.keys()}
+    key_of = {id(a): a.keys()[0] for a in adapters}
     quota: dict[tuple[str, str, str], int] = {}
     bset: dict[tuple[str, str, str], list[str]] = {}
     if quota_mode:
@@ -692,8 +703,8 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
     done = {id(a): satisfied(a) for a in adapters}
     for a in adapters:
         if done[id(a)]:  # enough before the first step (a prior walk's samples)
-            for i in (a.invariant,) + a.also:
-                reps[(i, a.action, a.spec_action)].enough_at = 0
+            for k in a.keys():
+                reps[k].enough_at = 0
     open_by_name = {name: sum(1 for a in ads if not done[id(a)]) for name, ads in users.items()}
     n_open = sum(1 for a in adapters if not done[id(a)])
 
@@ -701,8 +712,8 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
         nonlocal n_open
         if not done[id(a)] and satisfied(a):
             done[id(a)] = True
-            for i in (a.invariant,) + a.also:
-                reps[(i, a.action, a.spec_action)].enough_at = step_no
+            for k in a.keys():
+                reps[k].enough_at = step_no
             n_open -= 1
             for name in {a.spec_action, *a.helpers}:
                 open_by_name[name] -= 1
@@ -738,8 +749,8 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
             return base[0]
 
         for ad, _rep, _pr in todo:
-            for inv_id in (ad.invariant,) + ad.also:
-                key = (inv_id, ad.action, ad.spec_action)
+            for key in ad.keys():
+                inv_id = key[0]
                 if reps[key].inv_samples >= want_inv[key]:
                     continue
                 r_, p_ = reps[key], proofs[inv_id]
@@ -789,17 +800,14 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
             state, steps_since = init(), 0
             assert_exec("at the initial state")
         steps_since += 1
-        acts = [a for a in machine.actions if a.available(state) and all(state.has(c) for c in a.requires)]
+        acts = enabled(machine, state)
         # favour actions whose adapters still need samples
         needy = [a for a in acts if open_by_name.get(a.name)]
         pool = needy if needy and rng.random() < favour else acts
         if not pool:
             state, steps_since = init(), 0
             continue
-        act = rng.choices(pool, weights=[a.weight for a in pool])[0]
-        args = act.draw_args(state, chooser)
-        outs = act.step(state, **args)
-        branch = pick_branch(outs, rng)
+        act, args, outs, branch = draw(pool, state, rng, chooser)
         if branch is None:
             continue
         allowed = {outcome_name(b) for b in outs.branches}
@@ -819,9 +827,8 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
                 continue
             todo.append((ad, rep, pr))
         # an encoding on another invariant's machine (G1 on S15's) is compared with that invariant's check
-        spec_before = {i: SPEC_INVARIANTS[getattr(proofs[i], "declared_by", i)].check(state) is None
-                       for ad, rep, _pr in todo for i in (ad.invariant,) + ad.also
-                       if reps[(i, ad.action, ad.spec_action)].inv_samples < want_inv[(i, ad.action, ad.spec_action)]}
+        spec_before = {k[0]: SPEC_INVARIANTS[getattr(proofs[k[0]], "declared_by", k[0])].check(state) is None
+                       for ad, rep, _pr in todo for k in ad.keys() if reps[k].inv_samples < want_inv[k]}
         if n_perturb and spec_before:
             perturb_rows(act, args, taken, todo)
         value = follow(branch)
@@ -856,8 +863,8 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
                             f"{got[('outcome', None)]}; differing (encoding, spec): {diff}")
             if got_out is not None:
                 # a concrete witness that this branch's proof hypotheses are satisfiable (once per branch)
-                for inv_id in (ad.invariant,) + ad.also:
-                    r_ = reps[(inv_id, ad.action, ad.spec_action)]
+                for key in ad.keys():
+                    inv_id, r_ = key[0], reps[key]
                     if got_out in r_.hyp_witnessed or len(r_.hyp_refuted) >= 3:
                         continue
                     p_ = proofs[inv_id]
@@ -867,10 +874,10 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
                         r_.hyp_refuted.append(f"before {act.name}{args} -> {got_out}: the executable invariant "
                                               f"holds but {inv_id}/{ad.action}'s hypotheses do not")
             holds: dict[Any, bool] = {}  # encoded invariant (by function) on this projection
-            for inv_id in (ad.invariant,) + ad.also:
-                r_ = reps[(inv_id, ad.action, ad.spec_action)]
+            for key in ad.keys():
+                inv_id, r_ = key[0], reps[key]
                 p_ = proofs[inv_id]
-                if r_.inv_samples < want_inv[(inv_id, ad.action, ad.spec_action)]:
+                if r_.inv_samples < want_inv[key]:
                     # invariant agreement: the encoded invariant on the projected (pre-step) state
                     # against the executable invariant on the spec state it projects
                     if p_.inv not in holds:
@@ -886,7 +893,7 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
                 r_.outcomes[taken] = r_.outcomes.get(taken, 0) + 1
                 if got_out is not None:
                     r_.branches[got_out] = r_.branches.get(got_out, 0) + 1
-                    led[(inv_id, ad.action, ad.spec_action)].add((taken, got_out))
+                    led[key].add((taken, got_out))
                 if mismatch is not None:
                     r_.mismatches.append(mismatch)
             rep.seconds += time.perf_counter() - t0

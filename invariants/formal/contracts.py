@@ -120,18 +120,17 @@ def check_module(module_name: str, per_condition_timeout: float = 2.0, timeout: 
             errors.setdefault(owner, []).append(m["msg"])
     timed_out = rc == 124
     rows = []
+    short, each = module_name.rsplit(".", 1)[-1], secs / max(1, len(funcs))
     for f, _, _, n in funcs:
         if f in errors:
-            rows.append(Row("check", f"{module_name.rsplit('.', 1)[-1]}.{f}", False, secs / max(1, len(funcs)),
-                            "; ".join(errors[f]), n, "counterexample"))
+            ok, detail, verdict = False, "; ".join(errors[f]), "counterexample"
         elif timed_out:
             # killed before CrossHair finished the module: no counterexample *seen* is not "no counterexample"
-            rows.append(Row("check", f"{module_name.rsplit('.', 1)[-1]}.{f}", False, secs / max(1, len(funcs)),
-                            f"not finished: the module's CrossHair run was killed after {timeout:g}s "
-                            f"(raise --module-timeout)", n, "timeout"))
+            ok, detail, verdict = False, (f"not finished: the module's CrossHair run was killed after {timeout:g}s "
+                                          "(raise --module-timeout)"), "timeout"
         else:
-            rows.append(Row("check", f"{module_name.rsplit('.', 1)[-1]}.{f}", True, secs / max(1, len(funcs)),
-                            "no counterexample", n, "clean"))
+            ok, detail, verdict = True, "no counterexample", "clean"
+        rows.append(Row("check", f"{short}.{f}", ok, each, detail, n, verdict))
     if not timed_out and (rc not in (0, 1) or stray or (rc == 1 and not errors)):
         rows.append(Row("check", module_name, False, secs, f"crosshair exit {rc}: " + (out[-2000:] or "no output"),
                         0, "error"))
@@ -154,13 +153,6 @@ def diff_pair(name: str, spec_fn: str, ref_fn: str, per_condition_timeout: float
     return Row("diff", name, same, secs, detail, 0, verdict)
 
 
-def diff_pairs() -> tuple[list[tuple[str, str, str, str]], list[str]]:
-    """The pairs whose both sides import, and a note for each one that does not."""
-    from memspec.invariants.formal.contracts_pairs import all_pairs
-
-    return all_pairs()
-
-
 def run_contracts(per_condition_timeout: float = 2.0, diff_timeout: float = 4.0, jobs: int = 4,
                   module_timeout: float = 600.0) -> Report:
     """Check every kernel module and diff every pair, ``jobs`` subprocesses at a time."""
@@ -168,7 +160,9 @@ def run_contracts(per_condition_timeout: float = 2.0, diff_timeout: float = 4.0,
     rep = Report()
     mods, missing = available_modules()
     rep.skipped += [f"{m}: not importable (no such module yet)" for m in missing]
-    pairs, notes = diff_pairs()
+    from memspec.invariants.formal.contracts_pairs import all_pairs
+
+    pairs, notes = all_pairs()
     rep.skipped += notes
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
         checks = [ex.submit(check_module, m, per_condition_timeout, module_timeout) for m in mods]

@@ -77,14 +77,14 @@ def ref_split(remaining: int, size: int, small: bool, seed: bool, expandable: bo
     return CachingAllocator._should_split(me, small, remaining, size)  # type: ignore[arg-type]
 
 
-_M = "memspec.invariants.formal.contracts_caching_pairs."
-PAIRS: list[tuple[str, str, str, str]] = [
-    ("round_size[pytorch]", _M + "spec_round_pytorch", _M + "ref_round_pytorch", "caching.round_size vs reference round_request('pytorch')"),
-    ("round_size[seed]", _M + "spec_round_seed", _M + "ref_round_seed", "caching.round_size(seed) vs round_request('seed')"),
-    ("round_size[divisions]", _M + "spec_round_divisions", _M + "ref_round_divisions", "power-of-two divisions"),
-    ("segment_size", _M + "spec_segment", _M + "ref_segment", "caching.segment_size vs reference segment_bytes"),
-    ("should_split", _M + "spec_split", _M + "ref_split", "caching.should_split vs CachingAllocator._should_split"),
-]
+#: ``(name, X, what is compared)``: ``spec_X`` against ``ref_X`` (:func:`.contracts_pairs.pairs_of`)
+ROWS: tuple[tuple[str, str, str], ...] = (
+    ("round_size[pytorch]", "round_pytorch", "caching.round_size vs reference round_request('pytorch')"),
+    ("round_size[seed]", "round_seed", "caching.round_size(seed) vs round_request('seed')"),
+    ("round_size[divisions]", "round_divisions", "power-of-two divisions"),
+    ("segment_size", "segment", "caching.segment_size vs reference segment_bytes"),
+    ("should_split", "split", "caching.should_split vs CachingAllocator._should_split"),
+)
 
 NOTES = ["choose_pool: the reference has no standalone counterpart (it tests `rounded <= 1 MiB` inline in malloc); "
          "not diffed"]

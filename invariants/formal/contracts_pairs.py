@@ -167,24 +167,21 @@ def ref_ticket_cancel(free: int, granted: int, charged: int, n: int) -> Ledger4:
     return gov.ledger()
 
 
-#: (name, spec function, reference function, what is compared)
-KERNEL_PAIRS: list[tuple[str, str, str, str]] = [
-    ("round_up", "memspec.invariants.formal.contracts_pairs.spec_round_up", "memspec.invariants.formal.contracts_pairs.ref_round_up",
-     "kernels.round_up vs reference.common.round_up"),
-    ("grant", "memspec.invariants.formal.contracts_pairs.spec_grant", "memspec.invariants.formal.contracts_pairs.ref_grant",
-     "kernels.can_grant+grant vs ReferenceGovernor.reserve"),
-    ("commit_grant", "memspec.invariants.formal.contracts_pairs.spec_commit", "memspec.invariants.formal.contracts_pairs.ref_commit",
-     "kernels.can_commit+commit_grant vs ReferenceGovernor.commit"),
-    ("cancel_grant", "memspec.invariants.formal.contracts_pairs.spec_cancel", "memspec.invariants.formal.contracts_pairs.ref_cancel",
-     "kernels.cancel_grant vs ReferenceGovernor.cancel"),
-    ("refund", "memspec.invariants.formal.contracts_pairs.spec_refund", "memspec.invariants.formal.contracts_pairs.ref_refund",
-     "kernels.refund vs ReferenceGovernor.refund"),
-    ("grant_from_free", "memspec.invariants.formal.contracts_pairs.spec_ticket_receive",
-     "memspec.invariants.formal.contracts_pairs.ref_ticket_receive", "kernels.grant_from_free vs ReferenceGovernor.respond"),
-    ("return_grant", "memspec.invariants.formal.contracts_pairs.spec_ticket_cancel",
-     "memspec.invariants.formal.contracts_pairs.ref_ticket_cancel",
-     "kernels.grant_from_free+return_grant vs ReferenceGovernor.respond+cancel_ticket"),
-]
+def pairs_of(module: str, rows: tuple[tuple[str, str, str], ...]) -> list[tuple[str, str, str, str]]:
+    """``(name, spec function, reference function, what is compared)`` of each row ``(name, X, what)``:
+    the functions ``spec_X`` and ``ref_X`` of ``module`` (each pair module names its sides so)."""
+    return [(name, f"{module}.spec_{x}", f"{module}.ref_{x}", what) for name, x, what in rows]
+
+
+KERNEL_PAIRS: list[tuple[str, str, str, str]] = pairs_of(__name__, (
+    ("round_up", "round_up", "kernels.round_up vs reference.common.round_up"),
+    ("grant", "grant", "kernels.can_grant+grant vs ReferenceGovernor.reserve"),
+    ("commit_grant", "commit", "kernels.can_commit+commit_grant vs ReferenceGovernor.commit"),
+    ("cancel_grant", "cancel", "kernels.cancel_grant vs ReferenceGovernor.cancel"),
+    ("refund", "refund", "kernels.refund vs ReferenceGovernor.refund"),
+    ("grant_from_free", "ticket_receive", "kernels.grant_from_free vs ReferenceGovernor.respond"),
+    ("return_grant", "ticket_cancel", "kernels.grant_from_free+return_grant vs ReferenceGovernor.respond+cancel_ticket"),
+))
 
 
 # --------------------------------------------------------------------------
@@ -198,17 +195,8 @@ def mutant_round_up(n: int, page: int) -> Optional[int]:
     return (n // page + 1) * page
 
 
-def caching_pairs() -> tuple[list[tuple[str, str, str, str]], list[str]]:
-    """Pairs for the caching kernels (``memspec.spec.caching``), if it exists."""
-    try:
-        import memspec.spec.caching  # noqa: F401
-    except ImportError:
-        return [], ["caching kernels: memspec.spec.caching does not exist yet; no diffbehavior pairs"]
+def all_pairs() -> tuple[list[tuple[str, str, str, str]], list[str]]:
+    """Every pair (seed 000's kernels, then the caching allocator's), and a note for each kernel not diffed."""
     from memspec.invariants.formal import contracts_caching_pairs as cp
 
-    return cp.PAIRS, cp.NOTES
-
-
-def all_pairs() -> tuple[list[tuple[str, str, str, str]], list[str]]:
-    pairs, notes = caching_pairs()
-    return KERNEL_PAIRS + pairs, notes
+    return KERNEL_PAIRS + pairs_of(cp.__name__, cp.ROWS), list(cp.NOTES)

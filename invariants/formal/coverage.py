@@ -66,19 +66,15 @@ FORBIDDEN = "(an answer the spec forbids: static)"
 
 #: fields no required set counts, with the reason (read or written, they say nothing about a rule)
 EXCLUDED: dict[str, str] = {
-    "MechState.next_ref": "reference-id counter: names objects, no rule reads it",
-    "SysState.next_ref": "reference-id counter: names objects, no rule reads it",
+    **{f"{rec}.{f}": why for rec in ("MechState", "SysState") for f, why in (   # fields of both levels
+        ("next_ref", "reference-id counter: names objects, no rule reads it"),
+        ("w_next_address", "witness support: the spec-only run's address model"),
+        ("w_next_identity", "witness support: fresh identities for spec-only witnesses"))},
     "SysState.queue_seq": "queue sequence counter: orders entries, no rule reads it",
-    "MechState.w_next_address": "witness support: the spec-only run's address model",
     "MechState.w_freed": "witness support: the spec-only run's address model",
-    "MechState.w_next_identity": "witness support: fresh identities for spec-only witnesses",
     "SysState.w_generation": "witness support: the spec-only run's generation model",
-    "SysState.w_next_address": "witness support: the spec-only run's address model",
-    "SysState.w_next_identity": "witness support: fresh identities for spec-only witnesses",
-    "MechState.q_allocations": "quality figure (measured, never a verdict)",
-    "MechState.q_requested": "quality figure (measured, never a verdict)",
-    "MechState.q_footprint": "quality figure (measured, never a verdict)",
-    "MechState.q_refused_with_room": "quality figure (measured, never a verdict)",
+    **{f"MechState.q_{f}": "quality figure (measured, never a verdict)"
+       for f in ("allocations", "requested", "footprint", "refused_with_room")},
 }
 
 #: Reviewed gaps: ``(row, "level:action", reason)``, one per line.  A row with one is "proved over
@@ -562,14 +558,12 @@ def derive(seed: int = SEED, walks: tuple[Walk, ...] = WALKS, machines: dict[str
     from memspec.spec.selfcheck import make_error, takeable, usable
 
     fp = Footprints()
-    mach = machines or {}
-    levels = sorted({w.level for w in walks})
-    for lvl in levels:
-        m = mach.get(lvl) or _machine(lvl)
+    mach = {lvl: (machines or {}).get(lvl) or _machine(lvl) for lvl in sorted({w.level for w in walks})}
+    for lvl, m in mach.items():
         fp.actions += [f"{lvl}:{a.name}" for a in m.actions]
     for k, walk in enumerate(walks):
         lvl, kw = walk.level, walk.init
-        m = mach.get(lvl) or _machine(lvl)
+        m = mach[lvl]
         acts = [a for a in m.actions if not walk.focus or a.name in walk.focus]
         rng = random.Random(seed * 1000 + k)
         chooser = RandomChooser(rng)
@@ -609,7 +603,7 @@ def derive(seed: int = SEED, walks: tuple[Walk, ...] = WALKS, machines: dict[str
             fp.writes.setdefault(key, set()).update(writes_between(before, after))
             before = after
             fp.steps += 1
-    _add_static(fp, {lvl: (mach.get(lvl) or _machine(lvl)) for lvl in levels})
+    _add_static(fp, mach)
     return fp
 
 
@@ -738,6 +732,12 @@ def known_gap_line(row: str, action: str) -> int | None:
     return _line_of(f'("{row}", "{action}"')
 
 
+def _where(first: str, second: str) -> str:
+    """``invariants/formal/coverage.py:<line>`` of the table line that starts ``("first", "second"``."""
+    line = _line_of(f'("{first}", "{second}"')
+    return f"{_HERE}:{line}" if line else _HERE
+
+
 def _line_of(text: str) -> int | None:
     import os
 
@@ -778,10 +778,8 @@ def row_coverage(p: Any, fp: Footprints | None = None,
         if a not in gapped:
             why = (f"{p.id}'s machine encodes it" if a in enc else
                    f"nothing {a} writes is read by {inv}" if a not in required else "")
-            line = known_gap_line(p.id, a)
-            where = f"{_HERE}:{line}" if line else _HERE
             stale.append(f"STALE known gap: ({p.id!r}, {a!r}) is no longer a gap ({why}): delete its line "
-                         f"in KNOWN_GAPS at {where}")
+                         f"in KNOWN_GAPS at {_where(p.id, a)}")
     return RowCoverage(p.id, inv, sorted(field_name((f, k)) for f, ks in reads.items() for k in ks),
                        required, enc, gaps, stale)
 
@@ -795,8 +793,7 @@ def table_problems(rows: Iterable[str], known: tuple[tuple[str, str, str], ...] 
     rows = set(rows)
     out, seen = [], set()
     for r, a, why in known:
-        line = known_gap_line(r, a)
-        where = f"{_HERE}:{line}" if line else _HERE
+        where = _where(r, a)
         if r not in rows:
             out.append(f"KNOWN_GAPS line ({r!r}, {a!r}) at {where} names no proof row")
         if a not in names:
@@ -815,9 +812,8 @@ def static_problems(fp: Footprints | None = None) -> list[str]:
     out = []
     for f, a, _why in STATIC_NOT_WRITERS:
         if (f, a) not in fp.static_excluded:
-            line = _line_of(f'("{f}", "{a}"')
             out.append(f"STALE static exclusion: ({f!r}, {a!r}) is no longer found by the static search: delete "
-                       f"its line in STATIC_NOT_WRITERS at {_HERE}:{line}")
+                       f"its line in STATIC_NOT_WRITERS at {_where(f, a)}")
     return out
 
 

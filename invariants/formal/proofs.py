@@ -270,7 +270,7 @@ def _model_str(m: z3.ModelRef, s: St, objs: list[tuple[str, Any]]) -> str:
 
 
 def _args(act: Act, tag: str) -> St:
-    return St({p: z3.Const(f"{p}@{tag}", _sort(k)) for p, k in act.params.items()})
+    return fresh(act.params, tag)
 
 
 def _hyp(p: Proof, s: St, o: Any, act: Act | None, a: St | None, lemmas: bool = True) -> Any:
@@ -370,6 +370,20 @@ def _check_unsat(claim_negation: Any, timeout_ms: int = 20000) -> tuple[z3.Check
     return r, (sol.model() if r == z3.sat else None)
 
 
+def _check(name: str, claim_negation: Callable[[], Any], timeout_ms: int,
+           fail: Callable[[Any, Any], str], proved: str = "proved") -> CheckResult:
+    """The check ``name``: its claim holds when ``claim_negation()`` (built here, inside the time taken)
+    is unsat within ``timeout_ms``; otherwise its detail is ``fail(answer, model or None)``."""
+    t0 = time.perf_counter()
+    r, m = _check_unsat(claim_negation(), timeout_ms)
+    return CheckResult(name, r == z3.unsat, time.perf_counter() - t0, proved if r == z3.unsat else fail(r, m))
+
+
+def _model_fail(s: St, o: Any) -> Callable[[Any, Any], str]:
+    """A failed check's detail: the answer and, where Z3 gave a model, the state at object ``o``."""
+    return lambda r, m: f"{r}: " + (_model_str(m, s, [("o", o)]) if m else "")
+
+
 #: budget of each satisfiability check of an action's hypotheses (``hyp:<action>``), in ms of CPU on a
 #: quiet core (rlimit units, :func:`limit`): an easy model, or an unsat core, comes within it; a
 #: quantified ledger machine's often does not (then "unknown": its branches need a concrete witness
@@ -416,14 +430,10 @@ def named_of(p: Proof) -> Callable[[St, Any], Any]:
 def check_named(p: Proof, s: St, o: Any) -> list[CheckResult]:
     """``Inv => Named`` valid, and the named rule is not the constant True: ``Named`` is falsifiable,
     or (a rule that is a step property, S7) some action's step property is."""
-    out = []
     named = named_of(p)
-    t0 = time.perf_counter()
-    r, m = _check_unsat(And(p.inv(s, o), Not(named(s, o))), p.timeout_ms)
-    out.append(CheckResult("named:implied", r == z3.unsat, time.perf_counter() - t0,
-                           "Inv => Named proved" if r == z3.unsat else
-                           f"{r}: the inductive invariant does not imply the named one"
-                           + (f": {_model_str(m, s, [('o', o)])}" if m is not None else "")))
+    out = [_check("named:implied", lambda: And(p.inv(s, o), Not(named(s, o))), p.timeout_ms,
+                  lambda r, m: f"{r}: the inductive invariant does not imply the named one"
+                  + (f": {_model_str(m, s, [('o', o)])}" if m is not None else ""), proved="Inv => Named proved")]
     t0 = time.perf_counter()
     sol = limit(z3.Solver(), p.timeout_ms)
     sol.add(Not(named(s, o)))
@@ -469,8 +479,8 @@ def check_hypotheses(p: Proof, s: St, o: Any, res: ProofResult) -> None:
         sol.add(_hyp(p, s, o, act, a))
         r = sol.check()
         if r == z3.sat:
-            v = sol.model().eval(out, model_completion=True)
-            res.hyp_branches[act.name] = [OUTCOMES[v.as_long()]] if z3.is_int_value(v) else []
+            b = _outcome_in(sol.model(), out)
+            res.hyp_branches[act.name] = [b] if b is not None else []
             detail = f"satisfiable (a model takes {res.hyp_branches[act.name]})"
         elif r == z3.unsat:
             detail = "CONTRADICTORY: Inv /\\ Pre is unsat, so every goal of this action holds vacuously"
@@ -492,10 +502,7 @@ def prove(p: Proof) -> ProofResult:
     o = z3.Int("o")
     s = fresh(p.fields, "s")
 
-    t0 = time.perf_counter()
-    r, m = _check_unsat(And(p.init(s), Not(p.inv(s, o))))
-    res.checks.append(CheckResult("init", r == z3.unsat, time.perf_counter() - t0,
-                                  "proved" if r == z3.unsat else f"{r}: " + (_model_str(m, s, [("o", o)]) if m else "")))
+    res.checks.append(_check("init", lambda: And(p.init(s), Not(p.inv(s, o))), 20000, _model_fail(s, o)))
     res.checks += check_named(p, s, o)
     check_hypotheses(p, s, o, res)
 
@@ -528,26 +535,16 @@ def prove(p: Proof) -> ProofResult:
             if m is not None:
                 objs = [("o", o)] + [(x, a[x]) for x in act.objs]
                 detail += f": {act.name}(" + ", ".join(f"{k}={m.eval(v, model_completion=True)}" for k, v in a.items()) + ") "
-                detail += f"-> {OUTCOMES[m.eval(out, model_completion=True).as_long()]} from {_model_str(m, s, objs)}"
+                detail += f"-> {_outcome_in(m, out)} from {_model_str(m, s, objs)}"
         res.checks.append(CheckResult(f"step:{act.name}", r == z3.unsat, time.perf_counter() - t0, detail))
 
-    for name, build in KERNEL_FACTS.get(p.id, ()):
-        t0 = time.perf_counter()
-        r, m = _check_unsat(Not(build()), p.timeout_ms)
-        res.checks.append(CheckResult(f"kernel:{name}", r == z3.unsat, time.perf_counter() - t0,
-                                      "proved" if r == z3.unsat else f"{r}: {m}"))
-
-    for name, formula in p.lemmas_proved:
-        t0 = time.perf_counter()
-        r, m = _check_unsat(Not(formula))
-        res.checks.append(CheckResult(f"lemma:{name}", r == z3.unsat, time.perf_counter() - t0,
-                                      "proved" if r == z3.unsat else f"{r}: {m}"))
-
+    plain = lambda r, m: f"{r}: {m}"   # noqa: E731
+    res.checks += [_check(f"kernel:{name}", lambda build=build: Not(build()), p.timeout_ms, plain)
+                   for name, build in KERNEL_FACTS.get(p.id, ())]
+    res.checks += [_check(f"lemma:{name}", lambda f=formula: Not(f), 20000, plain) for name, formula in p.lemmas_proved]
     if p.safety is not None:
-        t0 = time.perf_counter()
-        r, m = _check_unsat(And(_hyp(p, s, o, None, None), Not(p.safety(s, o))))
-        res.checks.append(CheckResult("safety", r == z3.unsat, time.perf_counter() - t0,
-                                      "proved" if r == z3.unsat else f"{r}: " + (_model_str(m, s, [("o", o)]) if m else "")))
+        res.checks.append(_check("safety", lambda: And(_hyp(p, s, o, None, None), Not(p.safety(s, o))), 20000,
+                                 _model_fail(s, o)))
 
     t0 = time.perf_counter()
     ok, trace, violates = refute_unguarded_ex(p)
@@ -574,7 +571,6 @@ def branches(p: Proof, act: Act, timeout_ms: int = 10000) -> list[str]:
 
 
 def _branches(p: Proof, act: Act, timeout_ms: int) -> list[str]:
-    o = z3.Int("o")
     s = fresh(p.fields, "b")
     a = _args(act, "b")
     out, _s2 = act.step(s, a)
@@ -583,12 +579,18 @@ def _branches(p: Proof, act: Act, timeout_ms: int) -> list[str]:
     sol.add(z3.BoolVal(True) if isinstance(pre, bool) else pre)
     found: list[str] = []
     while sol.check() == z3.sat:
-        v = sol.model().eval(out, model_completion=True)
-        if not z3.is_int_value(v):
+        name = _outcome_in(sol.model(), out)
+        if name is None:
             break
-        found.append(OUTCOMES[v.as_long()])
-        sol.add(out != v)
+        found.append(name)
+        sol.add(out != CODE[name])
     return sorted(found)
+
+
+def _outcome_in(m: z3.ModelRef, out: Any) -> str | None:
+    """The outcome an action's outcome term ``out`` takes in model ``m`` (``None``: not a constant)."""
+    v = m.eval(out, model_completion=True)
+    return OUTCOMES[v.as_long()] if z3.is_int_value(v) else None
 
 
 def _val(m: z3.ModelRef, v: Any) -> Any:
@@ -627,7 +629,7 @@ def refute_unguarded_ex(p: Proof, actions: list[Act] | None = None) -> tuple[boo
     for k in range(1, p.bmc_depth + 1):
         s = states[-1]
         sel = z3.Int(f"act@{k}")
-        a = St({n: z3.Const(f"{n}@{k}", _sort(kind)) for n, kind in params.items()})
+        a = fresh(params, str(k))
         sol.add(sel >= 0, sel < len(acts))
         nxt: St | None = None
         out: Any = None
@@ -644,7 +646,7 @@ def refute_unguarded_ex(p: Proof, actions: list[Act] | None = None) -> tuple[boo
         sels.append(sel)
         argss.append(a)
         outs.append(out)
-        named = p.named if p.named is not None else p.inv
+        named = named_of(p)
         bad = [Not(named(nxt, o))] + bad_here
         if p.safety is not None:
             bad.append(Not(p.safety(nxt, o)))

@@ -157,7 +157,7 @@ def check_on_spec(samples: int, seed: int) -> ProgressResult:
     """Walk SYSTEM (all its actions, from the ticket walk's init: two cold
     weights loaded) and check :func:`admit_after_releases` at ``samples``
     visited states."""
-    from memspec.invariants.formal.agreement import follow, pick_branch
+    from memspec.invariants.formal.agreement import draw, enabled, follow
     from memspec.spec.core import RandomChooser
     from memspec.invariants.formal.agreement_adapters import _sys_too_big, _tickets_init
     from memspec.spec.system import SYSTEM
@@ -173,10 +173,7 @@ def check_on_spec(samples: int, seed: int) -> ProgressResult:
         if steps >= 40 or _sys_too_big(state):
             state, steps = _tickets_init(), 0
         steps += 1
-        acts = [a for a in SYSTEM.actions if a.available(state) and all(state.has(q) for q in a.requires)]
-        act = rng.choices(acts, weights=[a.weight for a in acts])[0]
-        args = act.draw_args(state, chooser)
-        branch = pick_branch(act.step(state, **args), rng)
+        _act, _args, _outs, branch = draw(enabled(SYSTEM, state), state, rng, chooser)
         if branch is None:
             continue
         follow(branch)

@@ -472,29 +472,37 @@ def _coverage_breaks() -> list[Break]:
     return out
 
 
+#: the detectors run per row: a break's is keyed by its invariant (``prove:S9``), as is its baseline
+PER_ROW = ("prove", "agreement", "coverage")
+
+
+def detector_key(d: str, inv: str) -> str:
+    """Detector ``d`` of a break on ``inv``, as its baseline is keyed."""
+    return f"{d}:{inv}" if d in PER_ROW else d
+
+
+def run_key(key: str, proof: Proof | None = None, baselines: dict[str, Any] | None = None) -> Any:
+    """The detector ``key`` names (:func:`detector_key`; after its colon, its argument).  ``proof``: the
+    row's proof, broken (default the row's own); ``baselines``: the unbroken project's answers, where
+    this is a break's run -- ``prove`` then answers with the checks that fail now and did not there;
+    without them (a baseline) with the failing checks themselves (:func:`_failing_checks`)."""
+    kind, _, arg = key.partition(":")
+    if kind in ("prove", "coverage"):
+        p = proof if proof is not None else _proof(arg)
+        if kind == "coverage":
+            return detect_coverage(p)
+        return _failing_checks(p) if baselines is None else detect_prove(p, baselines[key])
+    run = {"agreement": lambda: detect_agreement(arg), "spec-check": lambda: detect_spec_check(arg),
+           "spec-walk": detect_caching_walk, "heap": lambda: detect_heap(arg),
+           "heap-knob": lambda: detect_heap_knob(arg), "caching-kernels": detect_caching_kernels,
+           "caching-agreement": detect_caching_agreement, "progress": detect_progress}.get(kind)
+    if run is None:
+        raise ValueError(key)
+    return run()
+
+
 def run_detector(d: str, b: Break, baselines: dict[str, Any]) -> str | None:
-    if d == "coverage":
-        return detect_coverage(b.proof() if b.proof is not None else _proof(b.invariant))
-    if d == "prove":
-        p = b.proof() if b.proof is not None else _proof(b.invariant)
-        return detect_prove(p, baselines[f"prove:{b.invariant}"])
-    if d == "agreement":
-        return detect_agreement(b.invariant)
-    if d.startswith("spec-check:"):
-        return detect_spec_check(d.split(":")[1])
-    if d == "spec-walk:caching":
-        return detect_caching_walk()
-    if d.startswith("heap:"):
-        return detect_heap(d.split(":")[1])
-    if d.startswith("heap-knob:"):
-        return detect_heap_knob(d.split(":")[1])
-    if d == "caching-kernels":
-        return detect_caching_kernels()
-    if d == "caching-agreement":
-        return detect_caching_agreement()
-    if d == "progress":
-        return detect_progress()
-    raise ValueError(d)
+    return run_key(detector_key(d, b.invariant), b.proof() if b.proof is not None else None, baselines)
 
 
 # --------------------------------------------------------------------------
@@ -503,12 +511,11 @@ def run_detector(d: str, b: Break, baselines: dict[str, Any]) -> str | None:
 
 def _baseline_keys(breaks: list[Break]) -> list[str]:
     """The detectors to run on the unbroken project: ``prove:<inv>`` for each invariant with a break the
-    Z3 checks catch, ``agreement:<inv>`` likewise, then each other detector the breaks use."""
+    Z3 checks catch, ``agreement:<inv>`` and ``coverage:<inv>`` likewise (:data:`PER_ROW`), then each
+    other detector the breaks use (the heap detectors judge a break against its own unbroken action)."""
     used = {d for b in breaks for d in b.detectors}
-    keys = [f"prove:{inv}" for inv in sorted({b.invariant for b in breaks if "prove" in b.detectors},
-                                              key=lambda x: int(x[1:]))]
-    keys += [f"agreement:{inv}" for inv in sorted({b.invariant for b in breaks if "agreement" in b.detectors})]
-    keys += [f"coverage:{inv}" for inv in sorted({b.invariant for b in breaks if "coverage" in b.detectors})]
+    keys = [f"{d}:{inv}" for d in PER_ROW for inv in sorted({b.invariant for b in breaks if d in b.detectors},
+                                                            key=lambda x: (int(x[1:]), x))]
     keys += ["progress"] if "progress" in used else []
     keys += sorted(d for d in used if d.startswith("spec-"))
     keys += [d for d in ("caching-kernels", "caching-agreement") if d in used]
@@ -518,19 +525,7 @@ def _baseline_keys(breaks: list[Break]) -> list[str]:
 def _baseline(key: str) -> Any:
     """One detector on the unbroken project: for ``prove:<inv>`` the failing checks and whether the
     unguarded variant is refuted; for the others the detector's answer (None: silent)."""
-    kind, _, arg = key.partition(":")
-    if kind == "prove":
-        return _failing_checks(_proof(arg))
-    if kind == "agreement":
-        return detect_agreement(arg)
-    if kind == "coverage":
-        return detect_coverage(_proof(arg))
-    if kind == "spec-check":
-        return detect_spec_check(arg)
-    if kind == "spec-walk":
-        return detect_caching_walk()
-    return {"progress": detect_progress, "caching-kernels": detect_caching_kernels,
-            "caching-agreement": detect_caching_agreement}[kind]()
+    return run_key(key)
 
 
 def _run_break(b: Break, baselines: dict[str, Any], problems: dict[str, Any]) -> str | None:
@@ -540,8 +535,7 @@ def _run_break(b: Break, baselines: dict[str, Any], problems: dict[str, Any]) ->
         cm.__enter__()
     try:
         for d in b.detectors:
-            key = f"{d}:{b.invariant}" if d in ("prove", "agreement", "coverage") else d
-            if key in problems:
+            if detector_key(d, b.invariant) in problems:
                 continue  # a detector that fires unbroken proves nothing
             caught = run_detector(d, b, baselines)
             if caught:
@@ -687,15 +681,6 @@ def _s15_respond_never_grants(s: Any, a: Any) -> Any:
     return out, s2.set(tstate=s.tstate)
 
 
-@contextmanager
-def _s15_machine_swapped(action: str, step: Callable[[Any, Any], Any]) -> Iterator[None]:
-    """S15's machine (which P1's sequence runs on) with one action's step replaced."""
-    p = E.S15
-    with _patched(E, "S15", replace(p, actions=[replace(a, step=step) if a.name == action else a
-                                                for a in p.actions])):
-        yield
-
-
 def _ticket_end_keeps_failed(orig: Any) -> Any:
     from memspec.spec.api import TicketState
 
@@ -728,7 +713,8 @@ def _generation_progress_breaks() -> list[Break]:
               ("agreement", "spec-check:system"), patch=_spec_patch("memspec.spec.governor", "ticket_end",
                                                         _ticket_end_keeps_failed)),
         Break("P1 encoding: respond never grants a ticket that holds its amount", "encoding", "P1", ("progress",),
-              patch=lambda: _s15_machine_swapped("respond", _s15_respond_never_grants)),
+              # S15's machine, which P1's sequence runs on, with respond swapped
+              patch=lambda: _patched(E, "S15", _swap("S15", "respond", _s15_respond_never_grants)())),
         Break("P1 spec: ModelResidency cannot release its cold weights", "spec", "P1", ("progress",),
               patch=_spec_patch("memspec.spec.holders", "victims",
                                 lambda _o: (lambda s, released: [] if released == 0 else None))),
