@@ -99,8 +99,10 @@ def fresh(fields: dict[str, str], tag: str) -> St:
 
 
 def merge(cond: Any, a: St, b: St) -> St:
-    """Field-wise ``a if cond else b``."""
-    return St({f: z3.If(cond, a[f], b[f]) for f in a})
+    """Field-wise ``a if cond else b`` (a field that is one term in both stays that term: the
+    relations, and the bounded model checks that stack them, stay small)."""
+    same = lambda x, y: x is y or (z3.is_expr(x) and z3.is_expr(y) and x.eq(y))  # noqa: E731
+    return St({f: a[f] if same(a[f], b[f]) else z3.If(cond, a[f], b[f]) for f in a})
 
 
 def upd(arr: Any, i: Any, v: Any) -> Any:
@@ -574,7 +576,6 @@ def branches(p: Proof, act: Act, timeout_ms: int = 10000) -> list[str]:
 
 
 def _branches(p: Proof, act: Act, timeout_ms: int) -> list[str]:
-    o = z3.Int("o")
     s = fresh(p.fields, "b")
     a = _args(act, "b")
     out, _s2 = act.step(s, a)
