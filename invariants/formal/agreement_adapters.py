@@ -630,13 +630,9 @@ def _new(u: Any) -> int:
     return u.index([("new", 0)])[("new", 0)]
 
 
-MECH_ADAPTERS += [
-    # the device level on the queue machine (its allocations and deallocate), credited to its four rows
-    Adapter("S4", "release", "deallocate", _q_mech_release_project, _q_mech_expected, _Q_MECH_CMP,
-            also=("S1", "S7", "S10")),
-    Adapter("S4", "allocate", "allocate", _q_mech_alloc_project(False), _q_mech_expected, _Q_MECH_CMP,
-            also=("S1", "S7", "S10")),
-    Adapter("S4", "allocate", "allocate_foreign", _q_mech_alloc_project(True), _q_mech_expected, _Q_MECH_CMP,
-            also=("S1", "S7", "S10")),
-]
+# the device level on the queue machine (its allocations and deallocate), credited to its four rows
+MECH_ADAPTERS += [Adapter("S4", act, spec, project, _q_mech_expected, _Q_MECH_CMP, also=("S1", "S7", "S10"))
+                  for act, spec, project in (("release", "deallocate", _q_mech_release_project),
+                                             ("allocate", "allocate", _q_mech_alloc_project(False)),
+                                             ("allocate", "allocate_foreign", _q_mech_alloc_project(True)))]
 SYS_ADAPTERS += _q_adapters("S4", also=("S1", "S7", "S10"))

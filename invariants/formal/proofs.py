@@ -652,6 +652,11 @@ def refute_unguarded_ex(p: Proof, actions: list[Act] | None = None) -> tuple[boo
         sol.push()
         sol.add(Or(*bad))
         r = sol.check()
+        for seed in range(1, 4 if r == z3.unknown else 1):
+            sol.set("random_seed", seed)
+            r = sol.check()
+            if r != z3.unknown:
+                break
         if r == z3.sat:
             m = sol.model()
             lines = []

@@ -454,13 +454,15 @@ def _s4_inv(s: St, o: Any) -> Any:
                                   Implies(at(s.dev, o), u == 0)))  # the device level's: no fence
 
 
-S4 = Proof(
-    *catalog("S4"),
-    fields=_fence_fields(), init=_fence_init, inv=_s4_inv, actions=list(_FENCE_ACTS),
-    unguarded=Act("poll", {}, _q_poll(False)),
-    guard="the deferred-free queue frees only after every fence recorded on the allocation completed",
-    bmc_depth=4,
-)
+def _on_queue(row: str, inv: Any, unguarded: Act, guard: str, **kw: Any) -> Proof:
+    """Row ``row`` on the queue machine: its fields, initial states and actions, action by action (so
+    every agreement sample of the machine is the row's too); its own invariant, unguarded variant, guard."""
+    return Proof(*catalog(row), fields=_fence_fields(), init=_fence_init, inv=inv, actions=list(_FENCE_ACTS),
+                 unguarded=unguarded, guard=guard, **kw)
+
+
+S4 = _on_queue("S4", _s4_inv, Act("poll", {}, _q_poll(False)),
+               "the deferred-free queue frees only after every fence recorded on the allocation completed", bmc_depth=4)
 
 
 def _by_its_creator(s: St, o: Any) -> Any:
@@ -474,17 +476,11 @@ def _s1_named(s: St, o: Any) -> Any:
 
 # S1 creator-free, on the queue machine: the device level's deallocate checks the creator; the
 # queue's releases (poll's, respond's) run through the one their entry records, the creator
-S1 = Proof(
-    *catalog("S1"),
-    fields=_fence_fields(), init=_fence_init,
+S1 = _on_queue(
     # and a queued release records its creator (what poll and respond run it through)
-    inv=lambda s, o: Implies(Or(at(s.astate, o) == QUEUED, at(s.astate, o) == FREED), _by_its_creator(s, o)),
-    # the queue machine of S4, action by action (so its agreement samples are S1's too)
-    actions=list(_FENCE_ACTS),
-    unguarded=Act("release", _XMC, _q_release(False), pre=_q_release_pre, objs=("x",)),
-    guard="release checks the handle's creating mechanism and context (else ForeignAllocation)",
-    bmc_depth=2,
-)
+    "S1", lambda s, o: Implies(Or(at(s.astate, o) == QUEUED, at(s.astate, o) == FREED), _by_its_creator(s, o)),
+    Act("release", _XMC, _q_release(False), pre=_q_release_pre, objs=("x",)),
+    "release checks the handle's creating mechanism and context (else ForeignAllocation)", bmc_depth=2)
 
 
 # ==========================================================================
@@ -733,16 +729,8 @@ def _s7_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
     return z3.BoolVal(True)
 
 
-S7 = Proof(
-    *catalog("S7"),
-    fields=_fence_fields(), init=_fence_init, inv=_s4_inv,
-    # the queue machine of S4, action by action (so S4's agreement samples are S7's too)
-    actions=list(_FENCE_ACTS),
-    unguarded=Act("drop", _X, _s7_drop_frees, pre=_fence_pre("drop"), objs=("x",)),
-    guard="Drop only enqueues on the deferred-free queue",
-    step_prop=_s7_prop,
-    bmc_depth=2,
-)
+S7 = _on_queue("S7", _s4_inv, Act("drop", _X, _s7_drop_frees, pre=_fence_pre("drop"), objs=("x",)),
+               "Drop only enqueues on the deferred-free queue", step_prop=_s7_prop, bmc_depth=2)
 
 
 # ==========================================================================
@@ -754,12 +742,6 @@ def _s10_inv(s: St, o: Any) -> Any:
     return Implies(alive(s, o), at(s.calive, at(s.actx, o)))
 
 
-S10 = Proof(
-    *catalog("S10"),
-    fields=_fence_fields(), init=_fence_init, inv=_s10_inv,
-    # the queue machine of S4, action by action (so S4's agreement samples are S10's too)
-    actions=list(_FENCE_ACTS),
-    unguarded=Act("destroy_context", _C, _q_destroy_context(False), pre=_fence_pre("destroy_context")),
-    guard="destroy_context raises ContextBusy while allocations or queued releases pin it",
-    bmc_depth=3,
-)
+S10 = _on_queue("S10", _s10_inv, Act("destroy_context", _C, _q_destroy_context(False),
+                                     pre=_fence_pre("destroy_context")),
+                "destroy_context raises ContextBusy while allocations or queued releases pin it", bmc_depth=3)
