@@ -244,9 +244,9 @@ def test_dropping_an_encoded_action_drops_coverage_queue_and_charge(inv_id: str,
 def test_rows_credited_by_one_adapter_share_its_machine() -> None:
     """Issue 33 (one Z3 relation per spec action): an agreement adapter credits its samples to the
     further rows of ``also`` only where they are proved on the adapter's very machine (the same
-    fields; the encoded action by the same step and precondition functions).  S7 and S10 are on S4's
-    deferred-free queue machine, G1 and S6 on S15's ticket machine: one projection, one adapter per
-    spec action, for every row of the machine."""
+    fields; the encoded action by the same step and precondition functions).  S1, S7 and S10 are on S4's
+    deferred-free queue machine, G1 and S6 on S15's ticket machine: one projection per state record, one
+    adapter per spec action, for every row of the machine."""
     from memspec.invariants.formal import agreement_adapters as A
     from memspec.invariants.formal.proofs_seed000 import MORE_PROOFS
 
@@ -260,16 +260,16 @@ def test_rows_credited_by_one_adapter_share_its_machine() -> None:
             assert q.action(ad.action).step is p.action(ad.action).step, (ad.invariant, other, ad.action)
             assert q.action(ad.action).pre is p.action(ad.action).pre, (ad.invariant, other, ad.action)
             shared.setdefault(ad.invariant, set()).add(other)
-    assert shared.get("S4") == {"S7", "S10"}, shared
+    assert shared.get("S4") == {"S1", "S7", "S10"}, shared
     assert shared.get("S15") == {"G1", "S6"}, shared
     assert shared.get("S11") == {"S2", "S8", "S9"}, shared   # S2, S8 and S9 on S11's ledger model
-    for base, other in (("S4", "S10"), ("S15", "S6"), ("S15", "G1")):
+    for base, other in (("S4", "S1"), ("S4", "S7"), ("S4", "S10"), ("S15", "S6"), ("S15", "G1")):
         p, q = proofs[base], proofs[other]
         assert [a.name for a in q.actions] == [a.name for a in p.actions]
         assert all(a.step is b.step and a.pre is b.pre for a, b in zip(p.actions, q.actions))
-    # no adapter of S10's, S6's or G1's own: their samples come from the shared machine's adapters
+    # no adapter of S1's, S7's, S10's, S6's or G1's own: their samples come from the shared machine's adapters
     ads = A.SYS_ADAPTERS + A.MECH_ADAPTERS + A.TICKET_ADAPTERS + A.SMALL_SYS_ADAPTERS
-    assert not [ad for ad in ads if ad.invariant in ("S10", "S6", "G1")]
+    assert not [ad for ad in ads if ad.invariant in ("S1", "S7", "S10", "S6", "G1")]
     # S9's own: kv_use only (a fence recorded, not S11's action), on the ledger projection
     assert [(ad.action, ad.project) for ad in ads if ad.invariant == "S9"] == [("kv_use", A._L_PROJECT["kv_use"])]
 

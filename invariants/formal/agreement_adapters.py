@@ -5,7 +5,7 @@
 The adapters are split by level, each module under 1,200 lines:
 :mod:`.agreement_adapters_mech` (the mechanism level), :mod:`.agreement_adapters_system`
 (the system level's protocols), and this module (the ledger model of S2 / S8 / S9 / S11 at both
-levels, the deferred-free queue of S1, S4, S7, S10).  The adapter lists are
+levels, the deferred-free queue machine of S1, S4, S7, S10).  The adapter lists are
 one list each, extended in that order.  Every name of the parts is a name of this
 module: import from here.
 """
@@ -15,12 +15,12 @@ from __future__ import annotations
 from typing import Any
 
 from memspec.invariants.formal import proofs_seed000 as E
-from memspec.invariants.formal.agreement import Adapter, AgreementReport, Universe, flatten, walk_and_compare
-from memspec.invariants.formal.proofs import Proof, prefix_values
+from memspec.invariants.formal.agreement import Adapter, Universe, flatten
+from memspec.invariants.formal.proofs import prefix_values
 from memspec.invariants.formal import agreement_adapters_mech, agreement_adapters_system
 from memspec.invariants.formal.agreement_adapters_mech import (
-    MECH_ADAPTERS, _S1_CMP, _aligned_nonempty, _expected, _is_int, _not_size, _project, _ret, _s12_bad,
-    _s1_alloc_project, _s1_expected, _s1_project,
+    MECH_ADAPTERS, _Q_MECH_CMP, _aligned_nonempty, _expected, _is_int, _not_size, _project, _q_mech_alloc_project,
+    _q_mech_expected, _q_mech_release_project, _ret, _s12_bad,
 )
 from memspec.invariants.formal.agreement_adapters_system import (
     SMALL_SYS_ADAPTERS, SYS_ADAPTERS, TICKET_ADAPTERS, _ASTATE, _TSTATE, _answer_victims, _done_seqs,
@@ -450,11 +450,11 @@ for _a in SYS_ADAPTERS + MECH_ADAPTERS + TICKET_ADAPTERS + SMALL_SYS_ADAPTERS:
             _a.also = _a.also + (_row,)
 
 
-# -- S1 (system), S4, S7, S10: the deferred-free queue ------------------------
+# -- S1, S4, S7, S10: the deferred-free queue ----------------------------------
 #
-# S4, S7 and S10 are one machine (S4's), projected once (:func:`_qstate`): one
-# adapter per spec action, credited to the three rows.  S1's system-level
-# projection (:func:`_s1_sys_state`) is its own.
+# S1, S4, S7 and S10 are one machine (S4's), the system state projected once
+# (:func:`_qstate`; the mechanism state: :func:`_q_mech_state`): one adapter
+# per spec action, credited to the four rows.
 # The objects of these encodings are everything released through the queue:
 # owned records (allocation, weight, reservation) and KV requests by
 # reference id, then queued decommits (queue entries of neither) by entry
@@ -477,7 +477,10 @@ def _queue_objects(s: Any) -> list[tuple[Any, int, list[int], int]]:
 
 
 class QueueUniverse(Universe):
-    """A :class:`Universe` whose objects are keyed (see :func:`_queue_objects`)."""
+    """A :class:`Universe` whose objects are keyed (see :func:`_queue_objects`); ``creators``: the
+    creator of every object seen (a queued decommit that ran is gone from the queue, its creator not)."""
+
+    creators: dict[Any, int] = {}   # replaced, never changed in place
 
     def index(self, keys: list[Any]) -> dict[Any, int]:
         """Dense indices of ``keys``: those known keep theirs, new ones follow."""
@@ -489,15 +492,23 @@ class QueueUniverse(Universe):
         return m
 
 
-def _fence_known_done(s: Any, f: int) -> bool:
-    stream, item = s.fences[f]
-    return s.streams[stream].completed >= item
+def _releasers(s: Any) -> dict[Any, int]:
+    """The mechanism each queued release is recorded to run through: its queue entry's ``creator``
+    (an owned record's, a KV request's, a queued decommit's), by the object's key."""
+    out = {}
+    for seq, e in s.queue.items():
+        ref = e.owned if e.owned is not None else getattr(e, "kv", None)
+        out[("ref", ref) if ref is not None else ("entry", seq)] = e.creator
+    return out
 
 
 def _qstate(s: Any, u: QueueUniverse | None = None) -> tuple[dict[str, Any], QueueUniverse]:
-    """The S4/S7/S10 queue machine: objects' states, ``use[x][stream]`` the last
-    work item of each stream recorded on x, streams' launched/completed; every
-    object made in the one provider context (0), alive or not."""
+    """The queue machine: objects' states, ``use[x][stream]`` the last work item
+    of each stream recorded on x, streams' launched/completed; every object
+    made in the one provider context (0), alive or not, by its creator; a
+    freed one freed by its creator unless the spec recorded a release through
+    another mechanism (``misreleased``: then by mechanism -1), a queued one to
+    be released by the mechanism its entry records."""
     objs = _queue_objects(s)
     u = u if u is not None else QueueUniverse()
     ix = u.index([k for k, *_ in objs])
@@ -511,17 +522,25 @@ def _qstate(s: Any, u: QueueUniverse | None = None) -> tuple[dict[str, Any], Que
             row[sx[stream]] = max(row.get(sx[stream], 0), item)
         use[ix[k]] = (0, row)
     astate = {ix[k]: code for k, code, _f, _c in objs}
+    amech = {ix[k]: c for k, _code, _f, c in objs}
     for k, i in ix.items():  # a queued decommit that ran is gone from the queue: freed
         if k[0] == "entry" and i not in astate:
-            astate[i] = E.FREED
+            astate[i], amech[i] = E.FREED, u.creators.get(k, 0)
+    u.creators = {**u.creators, **{k: c for k, _code, _f, c in objs}}
+    rel = _releasers(s)
+    fmech = {ix[k]: rel.get(k, c) for k, code, _f, c in objs if code == E.QUEUED}
+    fmech.update({i: (-1 if s.misreleased else amech[i]) for i, code in astate.items() if code == E.FREED})
     st = {"astate": (0, astate), "use": use,
           "iss": (0, {sx[r]: x.launched for r, x in s.streams.items()}),
           "done": (0, {sx[r]: x.completed for r, x in s.streams.items()}),
-          "actx": (0, {}), "calive": (False, {0: s.registry.context_alive})}
+          "actx": (0, {}), "calive": (False, {0: s.registry.context_alive}),
+          "amech": (0, amech), "fmech": (0, fmech), "fctx": (0, {}), "inst": s.registry.installed,
+          "dev": (False, {})}
     return st, u
 
 
-_Q_CMP = ("astate", "use", "iss", "done", "actx", "calive")
+#: (not ``fctx`` nor ``dev``: the one context's, never the device level's; no system action writes them else)
+_Q_CMP = ("astate", "use", "iss", "done", "actx", "calive", "amech", "fmech", "inst")
 
 
 def _stream_ix(u: Any, stream: int) -> int:
@@ -547,20 +566,19 @@ _DECOMMIT_HELPERS = ("reserve_owned", "commit_owned")
 
 
 def _q_adapters(inv: str, also: tuple[str, ...] = ()) -> list[Adapter]:
-    """The queue machine's adapters for ``inv`` (and ``also``: S7 and S10 encode
+    """The queue machine's adapters for ``inv`` (and ``also``: S1, S7 and S10 encode
     every action by the same step as S4, so each sample counts for each)."""
-    exp = _keyed_expected(inv, _qstate, _Q_CMP)
-
     def ad(action: str, spec_action: str, arg: Any, ok_only: bool = False, **kw: Any) -> Adapter:
-        return Adapter(inv, action, spec_action, _keyed(_qstate, arg, ok_only), exp, _Q_CMP, also=also,
+        return Adapter(inv, action, spec_action, _q_project(arg, ok_only), _q_expected, _Q_CMP, also=also,
                        finite=True, **kw)
 
     obj = lambda key: (lambda s, u, a: {"x": _q_obj(s, u, a[key])})  # noqa: E731
     use = lambda key: (lambda s, u, a: {"x": _q_obj(s, u, a[key]), "st": _stream_ix(u, a["stream"])})  # noqa: E731
     return [
-        # each makes one queue object, live, with no fence yet; their refusals make nothing (other rows' to compare)
-        *[ad("allocate", n, lambda s, u, a: {"x": _new(u), "c": 0}, ok_only=True)
-          for n in ("allocate_owned", "load_weight", "reserve_owned", "kv_open")],
+        # each makes one queue object, live, with no fence yet, by the mechanism installed now; their
+        # refusals make nothing (other rows' to compare)
+        *[ad("allocate", n, lambda s, u, a: {"x": _new(u), "c": 0, "m": s.registry.installed, "dev": False},
+             ok_only=True) for n in ("allocate_owned", "load_weight", "reserve_owned", "kv_open")],
         ad("use", "use", use("allocation")),
         ad("use", "use_owned", use("reservation")),
         ad("use", "kv_use", use("request")),
@@ -574,7 +592,8 @@ def _q_adapters(inv: str, also: tuple[str, ...] = ()) -> list[Adapter]:
         ad("synchronize", "synchronize",
            lambda s, u, a: {"st": 0 if a["stream"] is None else _stream_ix(u, a["stream"]), "every": a["stream"] is None}),
         ad("poll", "poll", lambda s, u, a: {}),
-        Adapter(inv, "respond", "respond", _q_respond_p, exp, _Q_CMP, also=also, finite=True,
+        ad("select", "select", lambda s, u, a: {"m": a["mechanism"]}),
+        Adapter(inv, "respond", "respond", _q_respond_p, _q_expected, _Q_CMP, also=also, finite=True,
                 helpers=("use", "drop", "kv_use", "kv_close", "load_weight")),
         ad("destroy_context", "destroy_context", lambda s, u, a: {"c": 0}),
     ]
@@ -602,54 +621,21 @@ def _q_respond_p(s: Any, args: dict[str, Any], taken: str) -> Any:
     return st, {"nv": len(vs), "v1": v[0], "v2": v[1], "terminal": False}, u
 
 
+def _q_expected(s: Any, u: Any, value: Any) -> Any:
+    m = u.idx["q"]
+    if ("new", 0) in m:  # the object the step made takes the slot reserved for it
+        new = [k for k, *_ in _queue_objects(s) if k not in m]
+        if new:  # an error branch made nothing: the slot stays empty
+            m[new[-1]] = m.pop(("new", 0))
+    st, _ = _qstate(s, u)
+    return flatten(st, E.S4.fields, _Q_CMP, u)
 
 
-def _ready(s: Any, u: Any) -> tuple[bool, dict[int, bool]]:
-    """Which queued objects have every fence known done (what the EP must
-    report done just before ``poll``), from the streams' records."""
-    ix = u.idx["q"]
-    return (False, {ix[k]: all(_fence_known_done(s, f) for f in fences)
-                    for k, code, fences, _c in _queue_objects(s) if code == E.QUEUED})
-
-
-def _s1_sys_state(s: Any, u: QueueUniverse | None = None) -> tuple[dict[str, Any], QueueUniverse]:
-    """S1 at the system level: every queue object with its creator; a freed
-    one was freed by its creator unless the spec recorded a release through
-    another mechanism (``misreleased``: then by mechanism -1)."""
-    objs = _queue_objects(s)
-    u = u if u is not None else QueueUniverse()
-    ix = u.index([k for k, *_ in objs])
-    astate = {ix[k]: code for k, code, _f, _c in objs}
-    amech = {ix[k]: c for k, _code, _f, c in objs}
-    for k, i in ix.items():
-        if k[0] == "entry" and i not in astate:
-            astate[i] = E.FREED
-            amech[i] = getattr(u, "creators", {}).get(k, 0)
-    u.creators = {**getattr(u, "creators", {}), **{k: c for k, _code, _f, c in objs}}  # type: ignore[attr-defined]
-    fmech = {i: (-1 if s.misreleased else amech.get(i, 0)) for i, code in astate.items() if code == E.FREED}
-    return {"astate": (0, astate), "amech": (0, amech), "actx": (0, {}), "fmech": (0, fmech), "fctx": (0, {}),
-            "inst": s.registry.installed}, u
-
-
-def _keyed_expected(inv: str, state: Any, cmp: tuple[str, ...]) -> Any:
-    fields = E.PROOFS[[p.id for p in E.PROOFS].index(inv)].fields
-
-    def expected(s: Any, u: Any, value: Any) -> Any:
-        m = u.idx["q"]
-        if ("new", 0) in m:  # the object the step made takes the slot reserved for it
-            new = [k for k, *_ in _queue_objects(s) if k not in m]
-            if new:  # an error branch made nothing: the slot stays empty
-                m[new[-1]] = m.pop(("new", 0))
-        st, _ = state(s, u)
-        return flatten(st, fields, cmp, u)
-    return expected
-
-
-def _keyed(state: Any, arg: Any, ok_only: bool = False) -> Any:
+def _q_project(arg: Any, ok_only: bool = False) -> Any:
     def project(s: Any, args: dict[str, Any], taken: str) -> Any:
         if ok_only and taken != "ok":
             return None
-        st, u = state(s)
+        st, u = _qstate(s)
         return st, arg(s, u, args), u
     return project
 
@@ -658,23 +644,9 @@ def _new(u: Any) -> int:
     return u.index([("new", 0)])[("new", 0)]
 
 
-_S1_SYS_CMP = ("astate", "amech", "fmech", "inst")
-_S1_EXP = _keyed_expected("S1", _s1_sys_state, _S1_SYS_CMP)
-
-
-def _s1(action: str, spec_action: str, arg: Any) -> Adapter:
-    return Adapter("S1", action, spec_action, _keyed(_s1_sys_state, arg), _S1_EXP, _S1_SYS_CMP, finite=True)
-
-
-SYS_ADAPTERS += [
-    _s1("select", "select", lambda s, u, a: {"m": a["mechanism"]}),
-    _s1("poll", "poll", lambda s, u, a: {"ready": _ready(s, u)}),
-]
-
-MECH_ADAPTERS += [
-    Adapter("S1", "release", "deallocate", _s1_project, _s1_expected, _S1_CMP),
-    Adapter("S1", "allocate", "allocate", _s1_alloc_project(False), _s1_expected, _S1_CMP),
-    Adapter("S1", "allocate", "allocate_foreign", _s1_alloc_project(True), _s1_expected, _S1_CMP),
-]
-SYS_ADAPTERS += _q_adapters("S4", also=("S7", "S10"))
-
+# the device level on the queue machine (its allocations and deallocate), credited to its four rows
+MECH_ADAPTERS += [Adapter("S4", act, spec, project, _q_mech_expected, _Q_MECH_CMP, also=("S1", "S7", "S10"))
+                  for act, spec, project in (("release", "deallocate", _q_mech_release_project),
+                                             ("allocate", "allocate", _q_mech_alloc_project(False)),
+                                             ("allocate", "allocate_foreign", _q_mech_alloc_project(True)))]
+SYS_ADAPTERS += _q_adapters("S4", also=("S1", "S7", "S10"))

@@ -2,7 +2,8 @@
 part of :mod:`memspec.invariants.formal.agreement_adapters` (which assembles them; import
 from there).
 
-S1 / S14 deallocate, S5 VirtualBacking, S13 SharedMapping, S12 mechanism
+the queue machine's device level (S1, S4, S7, S10: allocate, deallocate),
+S14 deallocate, S5 VirtualBacking, S13 SharedMapping, S12 mechanism
 reservations; :data:`MECH_ADAPTERS` (extended in :mod:`.agreement_adapters` by the
 ledger model's and the queue's adapters) and the helpers every level shares.
 """
@@ -102,12 +103,14 @@ def _mech_too_big(s: Any) -> bool:
             or len(s.handles) > UMAX or len(s.mappings) > UMAX)
 
 
-# -- S1 / S14: DeviceAllocator.deallocate ----------------------------------
+# -- the queue machine's device level (S1, S4, S7, S10): allocate, deallocate --
 
-def _s1_state(s: Any) -> tuple[dict[str, Any], Universe]:
-    """Mechanism level: each allocation, made by the mechanism under test (0)
-    or by its twin (1, a foreign handle); every freed one was freed by its
-    creator unless the spec recorded a foreign free (then: by mechanism -1)."""
+def _q_mech_state(s: Any) -> tuple[dict[str, Any], Universe]:
+    """Mechanism level, on the queue machine: each allocation the device's own
+    (``dev``), made by the mechanism under test (0) or by its twin (1, a
+    foreign handle) in the one context (0); every freed one was freed by its
+    creator unless the spec recorded a foreign free (then: by mechanism -1).
+    No stream, no queue."""
     u = Universe()
     ix = u.add("alloc", s.allocations)
     by = (lambda a: -1) if s.foreign_frees else (lambda a: 1 if a.foreign else 0)
@@ -116,32 +119,36 @@ def _s1_state(s: Any) -> tuple[dict[str, Any], Universe]:
         "amech": (0, {ix[r]: (1 if a.foreign else 0) for r, a in s.allocations.items()}),
         "actx": (0, {}), "fctx": (0, {}), "inst": 0,
         "fmech": (0, {ix[r]: by(a) for r, a in s.allocations.items() if not a.live}),
+        "dev": (False, {ix[r]: True for r in s.allocations}),
+        "use": {}, "iss": (0, {}), "done": (0, {}), "calive": (False, {0: True}),
     }
     return st, u
 
 
-_s1_project = _project(_s1_state, lambda s, u, a, taken: {"x": u.idx["alloc"][a["handle"]], "m": 0, "c": 0})
+_q_mech_release_project = _project(_q_mech_state, lambda s, u, a, taken: {
+    "x": u.idx["alloc"][a["handle"]], "m": 0, "c": 0})
 
 
-_S1_CMP = ("astate", "amech", "fmech", "fctx", "inst")
+_Q_MECH_CMP = ("astate", "amech", "fmech", "fctx", "inst", "dev")
 
 
-_s1_expected = _expected(_s1_state, E.S1.fields, _S1_CMP)
+_q_mech_expected = _expected(_q_mech_state, E.S4.fields, _Q_MECH_CMP)
 
 
-def _s1_alloc_project(foreign: bool) -> Any:
+def _q_mech_alloc_project(foreign: bool) -> Any:
     """A refused allocation (OutOfMemory, InvalidRequest) makes nothing:
-    no S1 record to compare (its accounting is S8's and S11's)."""
-    return _project(_s1_state, lambda s, u, a, taken: None if taken != "ok" else {
-        "x": _new_slot(u, "alloc"), "m": 1 if foreign else 0, "c": 0})
+    no record to compare (its accounting is S8's and S11's)."""
+    return _project(_q_mech_state, lambda s, u, a, taken: None if taken != "ok" else {
+        "x": _new_slot(u, "alloc"), "m": 1 if foreign else 0, "c": 0, "dev": True})
+
+
+# -- S14: DeviceAllocator.deallocate ------------------------------------------
 
 
 def _s14_state(s: Any) -> tuple[dict[str, Any], Universe]:
     """Every object with an identity (allocations, reservations, physical
     handles; own or foreign) renumbered densely in creation order, so the
     identity of object ``i`` is ``i`` and the next identity is their count."""
-    from memspec.spec.state import is_size  # noqa: F401  (the spec's own size rule is not reused here)
-
     u = Universe()
     objs: dict[int, Any] = {**s.allocations, **s.reservations, **s.handles}
     ix = u.add("obj", objs)

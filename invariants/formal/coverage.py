@@ -82,7 +82,6 @@ EXCLUDED: dict[str, str] = {
 #: a line here that is no longer a gap fails too (delete that line).  ``python -m
 #: memspec.invariants.formal.coverage`` lists the lines to delete and the gaps with no line.
 KNOWN_GAPS: tuple[tuple[str, str, str], ...] = (
-    ("S1", "system:respond", "respond runs queued releases (misreleased is decided there): not in S1's machine"),
     ("S5", "mechanism:reserve_foreign", "makes a reservation S5's full check reads (kind, reported): not in S5's machine"),
     ("S5", "mechanism:shared_reserve", "makes a reservation S5's full check reads (kind, reported): not in S5's machine"),
     ("S5", "system:allocate_owned", "makes an owned object whose creator S5 reads: not in S5's machine"),

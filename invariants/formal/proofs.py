@@ -99,8 +99,10 @@ def fresh(fields: dict[str, str], tag: str) -> St:
 
 
 def merge(cond: Any, a: St, b: St) -> St:
-    """Field-wise ``a if cond else b``."""
-    return St({f: z3.If(cond, a[f], b[f]) for f in a})
+    """Field-wise ``a if cond else b`` (a field that is one term in both stays that term: the
+    relations, and the bounded model checks that stack them, stay small)."""
+    same = lambda x, y: x is y or (z3.is_expr(x) and z3.is_expr(y) and x.eq(y))  # noqa: E731
+    return St({f: a[f] if same(a[f], b[f]) else z3.If(cond, a[f], b[f]) for f in a})
 
 
 def upd(arr: Any, i: Any, v: Any) -> Any:
@@ -653,6 +655,11 @@ def refute_unguarded_ex(p: Proof, actions: list[Act] | None = None) -> tuple[boo
         sol.push()
         sol.add(Or(*bad))
         r = sol.check()
+        for seed in range(1, 4 if r == z3.unknown else 1):
+            sol.set("random_seed", seed)
+            r = sol.check()
+            if r != z3.unknown:
+                break
         if r == z3.sat:
             m = sol.model()
             lines = []

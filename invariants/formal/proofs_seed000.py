@@ -8,17 +8,18 @@ Object lifecycle codes: 0 none (id never used), 1 live, 2 queued (dropped,
 waiting for fences), 3 freed.
 
 The encodings are split by invariant group, each module under 1,200 lines:
-:mod:`.proofs_seed000_objects` (S1, S3 through S5, S7, and S10 on S4's deferred-free
-queue machine), :mod:`.proofs_seed000_ledger` (the ledger model: S2, S8, S9, S11), and
+:mod:`.proofs_seed000_objects` (S1, S3 through S5, S7, and S10; S1, S7 and S10 on S4's
+deferred-free queue machine), :mod:`.proofs_seed000_ledger` (the ledger model: S2, S8, S9, S11), and
 this module (S12 through S15, G1 and S6 on S15's ticket machine, the proof lists
 :data:`PROOFS` / :data:`MORE_PROOFS` and the encoded-action catalog).  Every name of
 the parts is a name of this module: import from here.
 
 Rows that state their rule on the same spec actions share one machine (the same
 fields, the same steps and preconditions; each row with its own invariant, named rule
-and unguarded variant): S7 and S10 are proved on S4's deferred-free queue machine, S2, S8
-and S9 on S11's ledger model, G1 and S6 on S15's ticket machine (its respond is one relation:
-S15's refund of the answer's bytes into the ticket and S6's choice of victims).
+and unguarded variant): S1, S7 and S10 are proved on S4's deferred-free queue machine
+(S1's device-level allocate and deallocate on it too), S2, S8 and S9 on S11's ledger model,
+G1 and S6 on S15's ticket machine (its respond is one relation: S15's refund of the
+answer's bytes into the ticket and S6's choice of victims).
 """
 
 from __future__ import annotations
@@ -29,15 +30,14 @@ import z3
 
 from memspec.invariants.formal.z3fast import And, Implies, Not, Or
 from memspec.invariants.formal.proofs import (
-    ARR, ARR2, ARR2B, BARR, BOOL, CODE, INT, OK, PENDING, Act, Proof, St, at, count_append, count_change, merge, on_ok,
-    outcome, prefix_append, prefix_change, prefix_count, prefix_sum, upd,
+    ARR, ARR2, BARR, BOOL, INT, OK, Act, Proof, St, at, count_append, count_change, merge, on_ok, outcome,
+    prefix_append, prefix_change, prefix_count, prefix_sum, upd,
 )
 from memspec.spec import kernels as K
-from memspec.spec.invariants import BY_ID as CATALOG
 from memspec.invariants.formal import proofs_seed000_objects, proofs_seed000_ledger
 from memspec.invariants.formal.proofs_seed000_objects import (
     F0, FREED, H_KV, H_WEIGHTS, LIVE, NONE, S1, S10, S3, S4, S5, S7, T_CANCELLED, T_CLAIMED, T_FAILED, T_GRANTED,
-    T_PENDING, T_TIMED_OUT, Z0, _fences_done, _oom, _s10_inv, _s5_named, _terminal, alive, catalog,
+    T_PENDING, T_TIMED_OUT, Z0, _fences_done, _oom, _s10_inv, _s1_named, _s5_named, _terminal, catalog,
 )
 from memspec.invariants.formal.proofs_seed000_ledger import (
     S11, S2, S8, S9, _L_NEW, _ledger, _s11_named, _s2_named, _s8_named, _s9_named, _with_ledger,
@@ -799,16 +799,17 @@ MORE_PROOFS = [G1]
 # ==========================================================================
 
 ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
-    "S1": {"allocate": ("mechanism:allocate", "mechanism:allocate_foreign"), "release": ("mechanism:deallocate",),
-           "select": ("system:select",), "poll": ("system:poll",)},
     "S3": {"select": ("system:select",), "query": ("system:binding_capabilities", "system:manager_capabilities",
                                                     "system:allocate_owned")},
-    # the deferred-free queue machine (S4, S7, S10: one machine, below)
-    "S4": {"allocate": ("system:allocate_owned", "system:load_weight", "system:reserve_owned", "system:kv_open"),
-           "use": ("system:use", "system:use_owned", "system:kv_use"),
+    # the deferred-free queue machine (S1, S4, S7, S10: one machine, below), with the device level's
+    # allocations (S1's: made by the mechanism under test or its twin, freed on the spot)
+    "S4": {"allocate": ("system:allocate_owned", "system:load_weight", "system:reserve_owned", "system:kv_open",
+                        "mechanism:allocate", "mechanism:allocate_foreign"),
+           "release": ("mechanism:deallocate",), "use": ("system:use", "system:use_owned", "system:kv_use"),
            "drop": ("system:drop",), "close": ("system:close_owned", "system:unload_weight", "system:kv_close"),
            "decommit": ("system:decommit_owned",), "synchronize": ("system:synchronize",), "poll": ("system:poll",),
-           "respond": ("system:respond",), "destroy_context": ("system:destroy_context",)},
+           "respond": ("system:respond",), "select": ("system:select",),
+           "destroy_context": ("system:destroy_context",)},
     "S5": {**{n: (f"mechanism:{n}",) for n in ("query_virtual_backing", "query_shared_mapping", "reserve", "commit_range",
                                                 "decommit_range", "committed_bytes", "release_reservation")},
            **{n: (f"system:{n}",) for n in ("reserve_owned", "commit_owned", "kv_open")},
@@ -839,7 +840,7 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
             "reconfigure": ("system:reconfigure",), "set_hot": ("system:set_hot",)},
 }
 ENCODES["G1"] = ENCODES["S6"] = ENCODES["S15"]  # G1 and S6 are on S15's ticket machine
-ENCODES["S7"] = ENCODES["S10"] = ENCODES["S4"]  # S7 and S10 are on S4's queue machine
+ENCODES["S1"] = ENCODES["S7"] = ENCODES["S10"] = ENCODES["S4"]  # S1, S7 and S10 are on S4's queue machine
 #: S2's, S8's and S9's machines are part of S11's (one ledger model, the same steps; S9's kv_use is not S11's)
 ENCODES["S2"] = {a.name: ENCODES["S11"][a.name] for a in S2.actions}
 ENCODES["S8"] = {a.name: ENCODES["S11"][a.name] for a in S8.actions}
@@ -852,6 +853,7 @@ def _shared_map(s: St, x: Any) -> Any:
 
 
 NAMED: dict[str, Any] = {
+    "S1": _s1_named,
     "S2": _s2_named,
     "S3": lambda s, d: Implies(at(s.snapgen, d) == at(s.gen, d), at(s.snap, d) == at(s.inst, d)),
     "S4": lambda s, o: Implies(at(s.astate, o) == FREED, _fences_done(s, o)),

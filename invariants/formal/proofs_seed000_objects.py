@@ -1,8 +1,8 @@
 """Z3 encodings of seed 000's invariants S1, S3 through S5, S7 and S10: the first part of
 :mod:`memspec.invariants.formal.proofs_seed000` (which assembles them; import from there).
 
-S1 creator-free, S3 fresh-capability, S4 fence-release (the
-deferred-free queue machine, with the objects' contexts: S7 and S10 are proved on it
+S1 creator-free, S3 fresh-capability, S4 fence-release (the deferred-free queue
+machine, with the objects' contexts and creators: S1, S7 and S10 are proved on it
 too), S5 no-silent-noop, S7 role-separation, S10 context-pinned; with the codes every
 encoding shares (object lifecycle, ticket states, the holders that answer tickets) and
 :func:`catalog`.  S6 holder-chooses is proved on S15's ticket machine (in the face), S2
@@ -17,8 +17,7 @@ import z3
 
 from memspec.invariants.formal.z3fast import And, Implies, Not, Or
 from memspec.invariants.formal.proofs import (
-    ARR, ARR2, ARR2B, BARR, BOOL, CODE, INT, OK, PENDING, Act, Proof, St, at, count_append, count_change, merge, on_ok,
-    outcome, prefix_append, prefix_change, prefix_count, prefix_sum, upd,
+    ARR, ARR2, ARR2B, BARR, BOOL, CODE, INT, OK, Act, Proof, St, at, on_ok, outcome, upd,
 )
 from memspec.spec import kernels as K
 from memspec.spec.invariants import BY_ID as CATALOG
@@ -38,81 +37,6 @@ F0 = lambda: z3.K(z3.IntSort(), z3.BoolVal(False))  # noqa: E731
 
 def alive(s: St, o: Any) -> Any:
     return Or(at(s.astate, o) == LIVE, at(s.astate, o) == QUEUED)
-
-
-# ==========================================================================
-# S1 creator-free
-# ==========================================================================
-# ``amech[x]`` / ``actx[x]``: the mechanism and context that created object
-# ``x``; ``fmech[x]`` / ``fctx[x]``: those that released it; ``inst``: the
-# mechanism installed now (the system level may replace it: *If something
-# caches the old allocator and then uses it to free a pointer created by the
-# new allocator, that causes a cross-allocator free*).
-
-def _s1_alloc(s: St, a: St):
-    """An allocation made by mechanism ``m`` (0: the one under test, 1: its
-    twin, the source of foreign handles) in context ``c``."""
-    return on_ok(z3.IntVal(OK), s, s.set(astate=upd(s.astate, a.x, LIVE), amech=upd(s.amech, a.x, a.m),
-                                         actx=upd(s.actx, a.x, a.c)))
-
-
-def _s1_release(check: bool):
-    """``deallocate`` through mechanism ``m`` in context ``c``: a handle that
-    mechanism did not create is refused (ForeignAllocation); one freed
-    already, DoubleFree.  Unguarded: the creator is not checked."""
-    def step(s: St, a: St):
-        st = at(s.astate, a.x)
-        foreign = Or(at(s.amech, a.x) != a.m, at(s.actx, a.x) != a.c) if check else z3.BoolVal(False)
-        out = outcome((st == FREED, "DoubleFree"), (st != LIVE, "StaleHandle"), (foreign, "ForeignAllocation"))
-        return on_ok(out, s, s.set(astate=upd(s.astate, a.x, FREED), fmech=upd(s.fmech, a.x, a.m),
-                                   fctx=upd(s.fctx, a.x, a.c)))
-    return step
-
-
-def _s1_enqueue(s: St, a: St):
-    """A live object's release is queued (drop, close_owned, unload_weight,
-    kv_close; a decommit queues part of one): S1 does not depend on which, so
-    any live object may be queued at any time (an over-approximation)."""
-    return on_ok(z3.IntVal(OK), s, s.set(astate=upd(s.astate, a.x, QUEUED)))
-
-
-def _s1_select(s: St, a: St):
-    """``select``: mechanism ``m`` is installed (what was made before keeps its creator)."""
-    return on_ok(z3.IntVal(OK), s, s.set(inst=a.m))
-
-
-def _s1_poll(s: St, a: St):
-    """``poll`` runs the queued releases the EP reports done (``ready``), each
-    *released by the mechanism/context that created it* -- not by the one
-    installed now."""
-    j = z3.Int("s1_j")
-    runs = And(at(s.astate, j) == QUEUED, at(a.ready, j))
-    return on_ok(z3.IntVal(OK), s, s.set(
-        astate=z3.Lambda([j], z3.If(runs, FREED, at(s.astate, j))),
-        fmech=z3.Lambda([j], z3.If(runs, at(s.amech, j), at(s.fmech, j))),
-        fctx=z3.Lambda([j], z3.If(runs, at(s.actx, j), at(s.fctx, j)))))
-
-
-_P3 = {"x": INT, "m": INT, "c": INT}
-#: the mechanism level has no queue: a handle drawn for deallocate is live or freed
-_S1_MECH_HANDLE = lambda s, a: Or(at(s.astate, a.x) == LIVE, at(s.astate, a.x) == FREED)  # noqa: E731
-S1 = Proof(
-    *catalog("S1"),
-    fields={"astate": ARR, "amech": ARR, "actx": ARR, "fmech": ARR, "fctx": ARR, "inst": INT},
-    init=lambda s: s.astate == Z0(),
-    inv=lambda s, o: Implies(at(s.astate, o) == FREED,
-                                And(at(s.fmech, o) == at(s.amech, o), at(s.fctx, o) == at(s.actx, o))),
-    actions=[
-        Act("allocate", _P3, _s1_alloc, pre=lambda s, a: at(s.astate, a.x) == NONE, objs=("x",)),
-        Act("release", _P3, _s1_release(True), pre=_S1_MECH_HANDLE, objs=("x",)),
-        Act("enqueue", {"x": INT}, _s1_enqueue, pre=lambda s, a: at(s.astate, a.x) == LIVE, objs=("x",)),
-        Act("select", {"m": INT}, _s1_select),
-        Act("poll", {"ready": BARR}, _s1_poll),
-    ],
-    unguarded=Act("release", _P3, _s1_release(False), pre=_S1_MECH_HANDLE, objs=("x",)),
-    guard="release checks the handle's creating mechanism and context (else ForeignAllocation)",
-    bmc_depth=2,
-)
 
 
 # ==========================================================================
@@ -158,7 +82,7 @@ S3 = Proof(
 
 
 # ==========================================================================
-# S4 fence-release: the deferred-free queue machine, shared by S4, S7 and S10
+# S1 creator-free, S4 fence-release: the deferred-free queue machine, shared by S1, S4, S7 and S10
 # ==========================================================================
 
 # Streams are unbounded: ``iss[st]`` / ``done[st]`` count the work items
@@ -173,9 +97,22 @@ S3 = Proof(
 # pins are its live and queued objects, stated as they are, so no counter or
 # ghost sum is needed).  The initial contexts are any (the system starts with
 # its provider context): no object exists, so none is pinned.
+#
+# S1's part: ``amech[x]`` / ``actx[x]``: the mechanism and context that
+# created object ``x``; ``fmech[x]`` / ``fctx[x]``: those that release it
+# (the queue entry records them when the release is queued; the device
+# level's deallocate when it frees); ``inst``: the mechanism installed now
+# (the system level may replace it: *If something caches the old allocator
+# and then uses it to free a pointer created by the new allocator, that
+# causes a cross-allocator free*).  The device level is on the same machine:
+# ``dev[x]``, an allocation the mechanism made itself (``allocate`` by
+# mechanism ``m``: 0 the one under test, 1 its twin, the source of foreign
+# handles), freed on the spot by ``release`` (its deallocate) and never used
+# through a stream (no fence is ever recorded on it).
 
 def _fence_fields() -> dict[str, str]:
-    return {"astate": ARR, "use": ARR2, "iss": ARR, "done": ARR, "actx": ARR, "calive": BARR}
+    return {"astate": ARR, "use": ARR2, "iss": ARR, "done": ARR, "actx": ARR, "calive": BARR,
+            "amech": ARR, "fmech": ARR, "fctx": ARR, "inst": INT, "dev": BARR}
 
 
 def _fence_init(s: St) -> Any:
@@ -184,10 +121,36 @@ def _fence_init(s: St) -> Any:
 
 def _q_alloc(s: St, a: St):
     """An object is made (an owning allocation, a weight, an owning
-    reservation, a KV request) in the binding's context ``c`` (the binding is
-    used only while its context is alive): live, no work has used it yet."""
+    reservation, a KV request; ``dev``: the device level's allocation) by
+    mechanism ``m`` in the binding's context ``c`` (the binding is used only
+    while its context is alive): live, no work has used it yet."""
     return on_ok(z3.IntVal(OK), s, s.set(astate=upd(s.astate, a.x, LIVE), use=upd(s.use, a.x, Z0()),
-                                         actx=upd(s.actx, a.x, a.c)))
+                                         actx=upd(s.actx, a.x, a.c), amech=upd(s.amech, a.x, a.m),
+                                         dev=upd(s.dev, a.x, a.dev)))
+
+
+def _q_release(check: bool):
+    """The device level's ``deallocate`` through mechanism ``m`` in context
+    ``c``: a handle that mechanism did not create is refused
+    (ForeignAllocation); one freed already, DoubleFree.  Unguarded (S1's):
+    the creator is not checked."""
+    def step(s: St, a: St):
+        st = at(s.astate, a.x)
+        foreign = Or(at(s.amech, a.x) != a.m, at(s.actx, a.x) != a.c) if check else z3.BoolVal(False)
+        out = outcome((st == FREED, "DoubleFree"), (st != LIVE, "StaleHandle"), (foreign, "ForeignAllocation"))
+        return on_ok(out, s, s.set(astate=upd(s.astate, a.x, FREED), fmech=upd(s.fmech, a.x, a.m),
+                                   fctx=upd(s.fctx, a.x, a.c)))
+    return step
+
+
+def _q_release_pre(s: St, a: St) -> Any:
+    """The device level has no queue: a handle drawn for deallocate is one of its allocations, live or freed."""
+    return And(at(s.dev, a.x), Or(at(s.astate, a.x) == LIVE, at(s.astate, a.x) == FREED))
+
+
+def _q_select(s: St, a: St):
+    """``select``: mechanism ``m`` is installed (what was made before keeps its creator)."""
+    return on_ok(z3.IntVal(OK), s, s.set(inst=a.m))
 
 
 def _q_use(s: St, a: St):
@@ -198,22 +161,30 @@ def _q_use(s: St, a: St):
                                          use=upd(s.use, a.x, upd(at(s.use, a.x), a.st, item))))
 
 
+def _by_creator(s: St, x: Any, y: Any = None) -> dict[str, Any]:
+    """Object ``x`` (``y``: a piece of it) is released *by the mechanism/context
+    that created it* -- not by the one installed now: what its queue entry records."""
+    y = x if y is None else y
+    return {"fmech": upd(s.fmech, y, at(s.amech, x)), "fctx": upd(s.fctx, y, at(s.actx, x))}
+
+
 def _q_drop(s: St, a: St):
     """*Drop should be responsible for enqueuing*: a live object's release is
-    queued (a second drop: DoubleFree); nothing is freed, no stream waited on
-    (the object still pins its context)."""
+    queued (a second drop: DoubleFree), through its creator; nothing is freed,
+    no stream waited on (the object still pins its context)."""
     out = outcome((at(s.astate, a.x) != LIVE, "DoubleFree"))
-    return on_ok(out, s, s.set(astate=upd(s.astate, a.x, QUEUED)))
+    return on_ok(out, s, s.set(astate=upd(s.astate, a.x, QUEUED), **_by_creator(s, a.x)))
 
 
 def _q_decommit(s: St, a: St):
     """A decommit of a live reservation's pages (``bad``: a page of the range
     is not committed, InvalidRange) queues their release as a new object
     ``y``, behind every fence recorded on the reservation so far, made in the
-    reservation's context."""
+    reservation's context by its creator (who releases it)."""
     out = outcome((a.bad, "InvalidRange"))
     return on_ok(out, s, s.set(astate=upd(s.astate, a.y, QUEUED), use=upd(s.use, a.y, at(s.use, a.x)),
-                               actx=upd(s.actx, a.y, at(s.actx, a.x))))
+                               actx=upd(s.actx, a.y, at(s.actx, a.x)), amech=upd(s.amech, a.y, at(s.amech, a.x)),
+                               dev=upd(s.dev, a.y, False), **_by_creator(s, a.x, a.y)))
 
 
 def _q_sync(s: St, a: St):
@@ -236,7 +207,8 @@ def _fences_done(s: St, x: Any) -> Any:
 def _q_poll(check: bool):
     """``poll``: the queue runs every queued release whose fences are all done
     (*wait for the related stream/fence to finish*; then *allocator actually
-    frees*); the others stay queued.  Unguarded: every queued release runs."""
+    frees*, through the mechanism the entry records); the others stay queued.
+    Unguarded (S4's): every queued release runs."""
     def step(s: St, a: St):
         j = z3.Int("poll_j")
         runs = And(at(s.astate, j) == QUEUED, _fences_done(s, j) if check else z3.BoolVal(True))
@@ -247,14 +219,17 @@ def _q_poll(check: bool):
 def _q_respond(s: St, a: St):
     """A holder answers a pressure ticket (a terminal one: InvalidTicket):
     its ``nv`` (0..2) victims ``v1``, ``v2`` -- live objects with no fence
-    pending (a weight: ModelResidency's cold weights) -- are dropped and run
-    at once, and the queue runs every queued release whose fences are all
-    done, as ``poll`` does (*wait for the related stream/fence to finish*)."""
+    pending (a weight: ModelResidency's cold weights) -- are dropped (through
+    their creators) and run at once, and the queue runs every queued release
+    whose fences are all done, as ``poll`` does (*wait for the related
+    stream/fence to finish*)."""
     j = z3.Int("resp_j")
     victim = Or(And(a.nv >= 1, j == a.v1), And(a.nv >= 2, j == a.v2))
     runs = Or(victim, And(at(s.astate, j) == QUEUED, _fences_done(s, j)))
     out = outcome((a.terminal, "InvalidTicket"))
-    return on_ok(out, s, s.set(astate=z3.Lambda([j], z3.If(runs, FREED, at(s.astate, j)))))
+    s1 = s.set(astate=z3.Lambda([j], z3.If(runs, FREED, at(s.astate, j))))
+    s2 = s1.set(**{f: z3.If(a.nv >= 1, v, s1[f]) for f, v in _by_creator(s1, a.v1).items()})
+    return on_ok(out, s, s2.set(**{f: z3.If(a.nv >= 2, v, s2[f]) for f, v in _by_creator(s2, a.v2).items()}))
 
 
 def _q_respond_pre(s: St, a: St) -> Any:
@@ -285,12 +260,16 @@ def _q_destroy_context(check: bool):
 
 _X = {"x": INT}
 _C = {"c": INT}
+_XMC = {"x": INT, "m": INT, "c": INT}
 _STREAM_PRE = lambda s, a: a.st >= 0  # noqa: E731
 _LIVE_X = lambda s, a: at(s.astate, a.x) == LIVE  # noqa: E731
+#: the queue machine's actions, one list (the same step and precondition functions) for S1, S4, S7 and S10
 _FENCE_ACTS = [
-    Act("allocate", {"x": INT, "c": INT}, _q_alloc,
+    Act("allocate", {**_XMC, "dev": BOOL}, _q_alloc,
         pre=lambda s, a: And(at(s.astate, a.x) == NONE, at(s.calive, a.c)), objs=("x",)),
-    Act("use", {"x": INT, "st": INT}, _q_use, pre=lambda s, a: And(_STREAM_PRE(s, a), _LIVE_X(s, a)), objs=("x",)),
+    # work uses the binding's objects (never the device level's own allocations)
+    Act("use", {"x": INT, "st": INT}, _q_use,
+        pre=lambda s, a: And(_STREAM_PRE(s, a), _LIVE_X(s, a), Not(at(s.dev, a.x))), objs=("x",)),
     Act("drop", _X, _q_drop, pre=lambda s, a: at(s.astate, a.x) != NONE, objs=("x",)),
     # close_owned, unload_weight, kv_close: the same enqueue, drawn on live objects only
     Act("close", _X, _q_drop, pre=_LIVE_X, objs=("x",)),
@@ -304,23 +283,48 @@ _FENCE_ACTS = [
         objs=("v1", "v2")),
     Act("create_context", _C, _q_create_context, pre=lambda s, a: Not(at(s.calive, a.c))),
     Act("destroy_context", _C, _q_destroy_context(True), pre=lambda s, a: at(s.calive, a.c)),
+    # the device level's deallocate and the system's select (S1's)
+    Act("release", _XMC, _q_release(True), pre=_q_release_pre, objs=("x",)),
+    Act("select", {"m": INT}, _q_select),
 ]
+_fence_pre = lambda name: next(a.pre for a in _FENCE_ACTS if a.name == name)  # noqa: E731
 
 
 def _s4_inv(s: St, o: Any) -> Any:
     st = z3.Int("inv_st")
     u, iss, done = at(at(s.use, o), st), at(s.iss, st), at(s.done, st)
     return z3.ForAll([st], And(0 <= done, done <= iss, u <= iss,
-                                  Implies(at(s.astate, o) == FREED, u <= done)))
+                                  Implies(at(s.astate, o) == FREED, u <= done),
+                                  Implies(at(s.dev, o), u == 0)))  # the device level's: no fence
 
 
-S4 = Proof(
-    *catalog("S4"),
-    fields=_fence_fields(), init=_fence_init, inv=_s4_inv, actions=list(_FENCE_ACTS),
-    unguarded=Act("poll", {}, _q_poll(False)),
-    guard="the deferred-free queue frees only after every fence recorded on the allocation completed",
-    bmc_depth=4,
-)
+def _on_queue(row: str, inv: Any, unguarded: Act, guard: str, **kw: Any) -> Proof:
+    """Row ``row`` on the queue machine: its fields, initial states and actions, action by action (so
+    every agreement sample of the machine is the row's too); its own invariant, unguarded variant, guard."""
+    return Proof(*catalog(row), fields=_fence_fields(), init=_fence_init, inv=inv, actions=list(_FENCE_ACTS),
+                 unguarded=unguarded, guard=guard, **kw)
+
+
+S4 = _on_queue("S4", _s4_inv, Act("poll", {}, _q_poll(False)),
+               "the deferred-free queue frees only after every fence recorded on the allocation completed", bmc_depth=4)
+
+
+def _by_its_creator(s: St, o: Any) -> Any:
+    return And(at(s.fmech, o) == at(s.amech, o), at(s.fctx, o) == at(s.actx, o))
+
+
+def _s1_named(s: St, o: Any) -> Any:
+    """Every freed object was freed by the mechanism and context that created it."""
+    return Implies(at(s.astate, o) == FREED, _by_its_creator(s, o))
+
+
+# S1 creator-free, on the queue machine: the device level's deallocate checks the creator; the
+# queue's releases (poll's, respond's) run through the one their entry records, the creator
+S1 = _on_queue(
+    # and a queued release records its creator (what poll and respond run it through)
+    "S1", lambda s, o: Implies(Or(at(s.astate, o) == QUEUED, at(s.astate, o) == FREED), _by_its_creator(s, o)),
+    Act("release", _XMC, _q_release(False), pre=_q_release_pre, objs=("x",)),
+    "release checks the handle's creating mechanism and context (else ForeignAllocation)", bmc_depth=2)
 
 
 # ==========================================================================
@@ -569,16 +573,8 @@ def _s7_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
     return z3.BoolVal(True)
 
 
-S7 = Proof(
-    *catalog("S7"),
-    fields=_fence_fields(), init=_fence_init, inv=_s4_inv,
-    # the queue machine of S4, action by action (so S4's agreement samples are S7's too)
-    actions=list(_FENCE_ACTS),
-    unguarded=Act("drop", _X, _s7_drop_frees, pre=_FENCE_ACTS[2].pre, objs=("x",)),
-    guard="Drop only enqueues on the deferred-free queue",
-    step_prop=_s7_prop,
-    bmc_depth=2,
-)
+S7 = _on_queue("S7", _s4_inv, Act("drop", _X, _s7_drop_frees, pre=_fence_pre("drop"), objs=("x",)),
+               "Drop only enqueues on the deferred-free queue", step_prop=_s7_prop, bmc_depth=2)
 
 
 # ==========================================================================
@@ -590,12 +586,6 @@ def _s10_inv(s: St, o: Any) -> Any:
     return Implies(alive(s, o), at(s.calive, at(s.actx, o)))
 
 
-S10 = Proof(
-    *catalog("S10"),
-    fields=_fence_fields(), init=_fence_init, inv=_s10_inv,
-    # the queue machine of S4, action by action (so S4's agreement samples are S10's too)
-    actions=list(_FENCE_ACTS),
-    unguarded=Act("destroy_context", _C, _q_destroy_context(False), pre=_FENCE_ACTS[-1].pre),
-    guard="destroy_context raises ContextBusy while allocations or queued releases pin it",
-    bmc_depth=3,
-)
+S10 = _on_queue("S10", _s10_inv, Act("destroy_context", _C, _q_destroy_context(False),
+                                     pre=_fence_pre("destroy_context")),
+                "destroy_context raises ContextBusy while allocations or queued releases pin it", bmc_depth=3)

@@ -60,9 +60,9 @@ from memspec.invariants.formal.proofs_selftest_plants import (  # noqa: F401 - t
     _grant_from_charged, _grow_refusal_grows, _guard_removed, _guard_removed_refutes, _kernel, _last_arena_first,
     _merge_loses_next, _no_merge, _patched, _poll_regardless, _proof, _refund_to_granted, _refused_reserve_grants,
     _release_keeps_pages, _release_nothing, _reserved_short, _return_grant_twice, _round_up_short,
-    _s10_alloc_no_context, _s11_refund_ghost_stale, _s15_claim_keeps_held, _s8_commit_keeps_open_grant,
-    _spec_patch, _strict_seed_split, _swap, _uncharged_growth, _unmap_nothing, _vacuous, _vacuous_named,
-    _whole_run, detect_caching_kernels, detect_heap,
+    _s10_alloc_no_context, _s11_refund_ghost_stale, _s15_claim_keeps_held, _s1_drop_through_installed,
+    _s8_commit_keeps_open_grant, _spec_patch, _strict_seed_split, _swap, _uncharged_growth, _unmap_nothing,
+    _vacuous, _vacuous_named, _whole_run, detect_caching_kernels, detect_heap,
 )
 
 #: the module this one is assembled from: every name of it, private ones included, is a name of this one
@@ -100,6 +100,8 @@ def catalog() -> list[Break]:
     out += [
         Break("S10 encoding: allocate does not record its context (no pin)", "encoding", "S10", ("prove",),
               proof=_swap("S10", "allocate", _s10_alloc_no_context)),
+        Break("S1 encoding: drop queues the release through the mechanism installed now", "encoding", "S1",
+              ("prove",), proof=_swap("S1", "drop", _s1_drop_through_installed)),
         Break("S8 encoding: commit keeps the grant's bytes in the open grants", "encoding", "S8", ("prove",),
               proof=_swap("S8", "commit", _s8_commit_keeps_open_grant)),
         Break("S11 encoding: refund_lease leaves the prefix-sum ghost stale", "encoding", "S11", ("prove",),

@@ -63,7 +63,15 @@ def _swap(inv: str, action: str, step: Callable[[Any, Any], Any]) -> Callable[[]
 def _s10_alloc_no_context(s: Any, a: Any) -> Any:
     """The queue machine's allocate (S4's, which S10 is proved on) that does not record the context
     it was made in (so nothing pins it)."""
-    return on_ok(z3.IntVal(E.OK), s, s.set(astate=upd(s.astate, a.x, E.LIVE), use=upd(s.use, a.x, E.Z0())))
+    out, s2 = E._q_alloc(s, a)
+    return out, s2.set(actx=s.actx)
+
+
+def _s1_drop_through_installed(s: Any, a: Any) -> Any:
+    """The queue machine's drop (S4's, which S1 is proved on) that records the mechanism installed now,
+    not the object's creator, as the one its queued release runs through."""
+    out, s2 = E._q_drop(s, a)
+    return out, s2.set(fmech=z3.If(out == E.OK, upd(s.fmech, a.x, s.inst), s.fmech))
 
 
 def _s8_commit_keeps_open_grant(s: Any, a: Any) -> Any:
