@@ -2,9 +2,10 @@
 part of :mod:`memspec.invariants.formal.agreement_adapters` (which assembles them; import
 from there).
 
-S1 / S14 deallocate, S5 VirtualBacking, S13 SharedMapping, S12 mechanism
-reservations; :data:`MECH_ADAPTERS` (extended in :mod:`.agreement_adapters` by the
-ledger model's and the queue's adapters) and the helpers every level shares.
+S1 / S14 deallocate, VirtualBacking on the VMM machine (S5 and S12: the mechanism's
+reservations), S13 SharedMapping; :data:`MECH_ADAPTERS` (extended in
+:mod:`.agreement_adapters` by the ledger model's and the queue's adapters) and the
+helpers every level shares.
 """
 
 from __future__ import annotations
@@ -76,12 +77,12 @@ def _reserve_args(s: Any, u: Universe, args: dict[str, Any], taken: str) -> dict
             "oom": taken == "OutOfMemory"}
 
 
-def _owned_span_args(commit: bool, records: str = "owned") -> Any:
-    """commit_owned / decommit_owned (commit_range / decommit_range: ``records`` "reservations"): the
-    reservation's span, refused for a reason other than S12's guard."""
+def _owned_span_args(commit: bool) -> Any:
+    """commit_owned / decommit_owned: the owned reservation's span, refused for a reason other than
+    S12's guard."""
     def args_fn(s: Any, u: Universe, args: dict[str, Any], taken: str) -> dict[str, Any]:
         ref, lo, hi = args["span"]
-        o = getattr(s, records)[ref]
+        o = s.owned[ref]
         return {"r": u.idx["res"][ref], "lo": lo, "hi": hi, "oom": taken == "OutOfMemory",
                 "bad": _s12_bad(s.page, o.size, o.committed, lo, hi, commit)}
     return args_fn
@@ -230,11 +231,12 @@ _s14_res_project = _project(_s14_state, _s14_res_args)
 
 # -- S5: VirtualBacking ----------------------------------------------------
 
-_S5_SYS_EMPTY = {"free": 0, "ostate": (0, {}), "rcap": (False, {}), "osize": (0, {}), "ocb": (0, {}),
-                 "kst": (0, {}), "kcap": (False, {})}
+#: the VMM machine's system-level record (owned reservations, KV requests): none at the mechanism level
+_S5_SYS_EMPTY = {"free": 0, "ostate": (0, {}), "rcap": (False, {}), "osize": (0, {}), "ocb": (0, {})}
 
 
 def _s5_state(s: Any, ret: int = 0, answer: int = 0) -> tuple[dict[str, Any], Universe]:
+    """The VMM machine (S5, S12) at the mechanism level: its VirtualBacking reservations."""
     u = Universe()
     res = {r: v for r, v in s.reservations.items() if v.kind == "backing"}
     ix = u.add("res", res)
@@ -249,12 +251,16 @@ def _s5_state(s: Any, ret: int = 0, answer: int = 0) -> tuple[dict[str, Any], Un
         "rsize": (0, {ix[r]: v.size for r, v in res.items()}),
         "pc": {ix[r]: set(v.committed) for r, v in res.items()},
         "reported": (0, {ix[r]: v.reported for r, v in res.items()}),
-        "answer": answer, "ret": ret, **_S5_SYS_EMPTY,
+        # S12: a mechanism reservation's address is the one it was reserved at
+        "base": (0, {ix[r]: v.address for r, v in res.items()}), "base0": (0, {ix[r]: v.address for r, v in res.items()}),
+        "nextva": s.w_next_address, "answer": answer, "ret": ret, **_S5_SYS_EMPTY,
     }
     return st, u
 
 
-_S5_CMP = ("cap", "physical", "ctot", "absent", "rlive", "rforeign", "rsize", "pc", "reported")
+_S5_CMP = ("cap", "physical", "ctot", "absent", "rlive", "rforeign", "rsize", "pc", "reported", "base", "base0")
+#: the rows proved on S5's VMM machine besides S5: each sample is theirs too
+_ON_VMM = ("S12",)
 
 
 _s5_span_project = _project(_s5_state, lambda s, u, a, taken: {
@@ -415,18 +421,22 @@ MECH_ADAPTERS = [
     Adapter("S14", n, n, _s14_make_project(n, "mech"), _s14_expected_with(_s14_state), _S14_CMP)
     for n in ("allocate", "create", "reserve", "shared_reserve")
 ] + [
-    Adapter("S5", f"m_{n}", n, _s5_device_project(n), _s5_device_expected, _S5_CMP + ("other",))
+    Adapter("S5", f"m_{n}", n, _s5_device_project(n), _s5_device_expected, _S5_CMP + ("other",), also=_ON_VMM)
     for n in ("allocate", "deallocate", "create", "release_handle", "unmap", "copy_on_write")
 ] + [
     Adapter("S5", "query_virtual_backing", "query_virtual_backing", _s5_query_project, _s5_query_expected,
-            _S5_CMP + ("answer",)),
+            _S5_CMP + ("answer",), also=_ON_VMM),
     Adapter("S5", "query_shared_mapping", "query_shared_mapping", _s5_query_project, _s5_query_expected,
-            _S5_CMP + ("answer",)),
-    Adapter("S5", "reserve", "reserve", _s5_reserve_project, _s5_ret_expected, _S5_CMP),
-    Adapter("S5", "committed_bytes", "committed_bytes", _s5_release_project, _s5_ret_expected, _S5_CMP + ("ret",)),
-    Adapter("S5", "commit_range", "commit_range", _s5_span_project, _s5_ret_expected, _S5_CMP + ("ret",)),
-    Adapter("S5", "decommit_range", "decommit_range", _s5_span_project, _s5_ret_expected, _S5_CMP + ("ret",)),
-    Adapter("S5", "release_reservation", "release_reservation", _s5_release_project, _s5_ret_expected, _S5_CMP + ("ret",)),
+            _S5_CMP + ("answer",), also=_ON_VMM),
+    Adapter("S5", "reserve", "reserve", _s5_reserve_project, _s5_ret_expected, _S5_CMP, also=_ON_VMM),
+    Adapter("S5", "committed_bytes", "committed_bytes", _s5_release_project, _s5_ret_expected, _S5_CMP + ("ret",),
+            also=_ON_VMM),
+    Adapter("S5", "commit_range", "commit_range", _s5_span_project, _s5_ret_expected, _S5_CMP + ("ret",),
+            also=_ON_VMM),
+    Adapter("S5", "decommit_range", "decommit_range", _s5_span_project, _s5_ret_expected, _S5_CMP + ("ret",),
+            also=_ON_VMM),
+    Adapter("S5", "release_reservation", "release_reservation", _s5_release_project, _s5_ret_expected,
+            _S5_CMP + ("ret",), also=_ON_VMM),
     Adapter("S13", "create", "create", _project(_s13_state, _s13_create_args), _s13_expected, _S13_CMP),
     Adapter("S13", "map", "map", _project(_s13_state, _s13_map_args), _s13_expected, _S13_CMP + ("ret",)),
     Adapter("S13", "unmap", "unmap", _s13_mapping_project, _s13_expected, _S13_CMP + ("ret",)),
@@ -439,7 +449,7 @@ MECH_ADAPTERS = [
 ]
 
 
-# -- S12: mechanism reservations keep their address --------------------------
+# -- the reservation ranges the VMM machine refuses for a reason of its own ------------
 
 def _aligned_nonempty(lo: int, hi: int, page: int) -> bool:
     return 0 <= lo < hi and lo % page == 0 and hi % page == 0
@@ -455,38 +465,6 @@ def _s12_bad(page: int, size: int, committed: Any, lo: int, hi: int, commit: boo
         return False  # the guard's case
     span = range(lo // page, hi // page)
     return any(p in committed for p in span) if commit else not all(p in committed for p in span)
-
-
-def _s12_mech_state(s: Any) -> tuple[dict[str, Any], Universe]:
-    u = Universe()
-    res = {r: v for r, v in s.reservations.items() if v.kind == "backing"}
-    ix = u.add("res", res)
-    st = {
-        "rstate": (0, {ix[r]: (E.LIVE if v.live else E.FREED) for r, v in res.items()}),
-        "base": (0, {ix[r]: v.address for r, v in res.items()}),
-        "base0": (0, {ix[r]: v.address for r, v in res.items()}),
-        "rsize": (0, {ix[r]: v.size for r, v in res.items()}),
-        "kc": (0, {ix[r]: len(v.committed) * s.page for r, v in res.items()}),
-        "rforeign": (False, {ix[r]: v.foreign for r, v in res.items()}),
-        "nextva": s.w_next_address, "free": 0, "cap": s.virtual_backing, "scap": s.shared_mapping,
-    }
-    return st, u
-
-
-_S12_MECH_CMP = ("rstate", "base", "rsize", "kc")
-
-
-def _s12_mech_project(commit: bool) -> Any:
-    return _project(_s12_mech_state, _owned_span_args(commit, "reservations"))
-
-
-_s12_mech_expected = _expected(_s12_mech_state, E.S12.fields, _S12_MECH_CMP, adopt=False)
-
-
-MECH_ADAPTERS += [
-    Adapter("S12", "commit_range", "commit_range", _s12_mech_project(True), _s12_mech_expected, _S12_MECH_CMP),
-    Adapter("S12", "decommit_range", "decommit_range", _s12_mech_project(False), _s12_mech_expected, _S12_MECH_CMP),
-]
 
 
 def run_mechanism(samples: int, seed: int, inv_samples: int = 0, per_branch: int | None = None,

@@ -9,15 +9,15 @@ waiting for fences), 3 freed.
 
 The encodings are split by invariant group, each module under 1,200 lines:
 :mod:`.proofs_seed000_objects` (S1 through S5, S7, and S10 on S4's deferred-free
-queue machine), :mod:`.proofs_seed000_ledger` (the ledger model: S8, S9, S11), and
-this module (S12 through S15, G1 and S6 on S15's ticket machine, the proof lists
+queue machine, S12 on S5's VMM machine), :mod:`.proofs_seed000_ledger` (the ledger
+model: S8, S9, S11), and this module (S13 through S15, G1 and S6 on S15's ticket machine, the proof lists
 :data:`PROOFS` / :data:`MORE_PROOFS` and the encoded-action catalog).  Every name of
 the parts is a name of this module: import from here.
 
 Rows that state their rule on the same spec actions share one machine (the same
 fields, the same steps and preconditions; each row with its own invariant, named rule
-and unguarded variant): S7 and S10 are proved on S4's deferred-free queue machine, S8
-on S11's ledger model, G1 and S6 on S15's ticket machine (its respond is one relation:
+and unguarded variant): S7 and S10 are proved on S4's deferred-free queue machine, S12
+on S5's VMM machine (reservations of both levels), S8 on S11's ledger model, G1 and S6 on S15's ticket machine (its respond is one relation:
 S15's refund of the answer's bytes into the ticket and S6's choice of victims).
 """
 
@@ -36,8 +36,8 @@ from memspec.spec import kernels as K
 from memspec.spec.invariants import BY_ID as CATALOG
 from memspec.invariants.formal import proofs_seed000_objects, proofs_seed000_ledger
 from memspec.invariants.formal.proofs_seed000_objects import (
-    F0, FREED, H_KV, H_WEIGHTS, LIVE, NONE, S1, S10, S2, S3, S4, S5, S7, T_CANCELLED, T_CLAIMED, T_FAILED, T_GRANTED,
-    T_PENDING, T_TIMED_OUT, Z0, _fences_done, _oom, _s10_inv, _s5_named, _terminal, alive, catalog,
+    F0, FREED, H_KV, H_WEIGHTS, LIVE, NONE, S1, S10, S12, S2, S3, S4, S5, S7, T_CANCELLED, T_CLAIMED, T_FAILED,
+    T_GRANTED, T_PENDING, T_TIMED_OUT, Z0, _fences_done, _oom, _s10_inv, _s12_inv, _s5_named, _terminal, alive, catalog,
 )
 from memspec.invariants.formal.proofs_seed000_ledger import (
     S11, S8, S9, _L_NEW, _ledger, _s11_named, _s8_named, _with_ledger,
@@ -51,120 +51,6 @@ PARTS = (proofs_seed000_objects, proofs_seed000_ledger)
 for _part in PARTS:
     globals().update({_k: _v for _k, _v in vars(_part).items() if not _k.startswith("__")})
 del _part
-
-
-# ==========================================================================
-# S12 stable-address  (mirrors spec/vmm.py reserve_owned, commit_owned,
-# decommit_owned, commit_range, decommit_range and spec/holders.py kv_open,
-# kv_grow)
-#
-# A reservation (an owning reservation, a KV request's stable range, a
-# mechanism reservation) has a base address ``base`` (``base0``: the one it
-# was reserved at) and a size.  Every committing action has the same body:
-# to install backing up to ``end`` the range must cover ``end``; a range
-# that does not is grown by reserving a bigger one elsewhere and moving the
-# pointer (what an allocator without VMM does: allocate bigger, copy).  The
-# one guard that keeps the pointer stable is the range check: ``end`` past
-# the reservation is InvalidRange.  Byte ends are page-rounded by the
-# adapter (``end``), so the machine is linear; what S12 does not talk about
-# (misaligned or empty ranges, a page already (not) committed, a prefix
-# larger than its origin) is the argument ``bad``; an OutOfMemory the spec
-# merely allows is ``oom``; kv_grow's injected failure ``fail`` and its
-# permitted refusal of a no-op ``refuse``.
-# ==========================================================================
-
-def _s12_place(s: St, r: Any, end: Any) -> St:
-    """Back the range up to ``end``: a reservation too small is re-reserved
-    bigger at the next free address (the pointer moves)."""
-    moved = end > at(s.rsize, r)
-    return s.set(base=upd(s.base, r, K.ite(moved, s.nextva, at(s.base, r))),
-                 rsize=upd(s.rsize, r, K.maximum(at(s.rsize, r), end)),
-                 nextva=K.ite(moved, s.nextva + end, s.nextva))
-
-
-def _s12_range_guard(s: St, r: Any, end: Any) -> tuple[Any, str]:
-    """The guard S12 rests on: a commit stays inside the reservation."""
-    return (end > at(s.rsize, r), "InvalidRange")
-
-
-def _s12_commit_owned(check: bool):
-    def step(s: St, a: St):
-        errs = [(a.bad, "InvalidRange")] + ([_s12_range_guard(s, a.r, a.hi)] if check else []) + [
-            (a.hi - a.lo > s.free, "GrantDenied"), (a.oom, "OutOfMemory")]
-        out = outcome(*errs)
-        return on_ok(out, s, _s12_place(s, a.r, a.hi).set(free=s.free - (a.hi - a.lo),
-                                                           kc=upd(s.kc, a.r, at(s.kc, a.r) + (a.hi - a.lo))))
-    return step
-
-
-def _s12_commit_range(s: St, a: St):
-    out = outcome((at(s.rforeign, a.r), "ForeignAllocation"), (at(s.rstate, a.r) != LIVE, "StaleHandle"),
-                  (a.bad, "InvalidRange"), _s12_range_guard(s, a.r, a.hi), (a.oom, "OutOfMemory"))
-    return on_ok(out, s, _s12_place(s, a.r, a.hi).set(kc=upd(s.kc, a.r, at(s.kc, a.r) + (a.hi - a.lo))))
-
-
-def _s12_decommit_range(s: St, a: St):
-    out = outcome((at(s.rforeign, a.r), "ForeignAllocation"), (at(s.rstate, a.r) != LIVE, "StaleHandle"),
-                  (a.bad, "InvalidRange"), _s12_range_guard(s, a.r, a.hi))
-    return on_ok(out, s, s.set(kc=upd(s.kc, a.r, at(s.kc, a.r) - (a.hi - a.lo))))
-
-
-def _s12_decommit_owned(s: St, a: St):
-    """The pages leave now, their refund is queued: no figure of S12 but the
-    committed bytes changes, and the address stays."""
-    out = outcome((a.bad, "InvalidRange"), _s12_range_guard(s, a.r, a.hi))
-    return on_ok(out, s, s.set(kc=upd(s.kc, a.r, at(s.kc, a.r) - (a.hi - a.lo))))
-
-
-def _s12_kv_grow(s: St, a: St):
-    """Grow to ``end`` (page-rounded new bytes; ``max_bytes`` is a page multiple)."""
-    delta = a.end - at(s.kc, a.r)
-    out = outcome(_s12_range_guard(s, a.r, a.end), (And(delta <= 0, a.refuse), "InvalidRequest"),
-                  (delta <= 0, "ok"), (delta > s.free, "GrantDenied"), (a.fail, "MemspecError"),
-                  (a.oom, "OutOfMemory"))
-    grown = _s12_place(s, a.r, a.end).set(free=s.free - delta, kc=upd(s.kc, a.r, a.end))
-    return out, merge(And(out == OK, delta > 0), grown, s)
-
-
-def _s12_reserve(unsupported: Any, oom: bool = True):
-    def step(s: St, a: St):
-        out = outcome((unsupported(s, a), "Unsupported"), (a.bad, "InvalidRequest"),
-                      *([(a.oom, "OutOfMemory")] if oom else []))
-        return on_ok(out, s, s.set(rstate=upd(s.rstate, a.r, LIVE), base=upd(s.base, a.r, s.nextva),
-                                   base0=upd(s.base0, a.r, s.nextva), rsize=upd(s.rsize, a.r, a.n),
-                                   kc=upd(s.kc, a.r, 0), rforeign=upd(s.rforeign, a.r, False),
-                                   nextva=s.nextva + a.n + 1))
-    return step
-
-
-_S12_RES = {"r": INT, "n": INT, "bad": BOOL, "oom": BOOL}
-_S12_SPAN = {"r": INT, "lo": INT, "hi": INT, "bad": BOOL, "oom": BOOL}
-_S12_NEW = lambda s, a: And(at(s.rstate, a.r) == NONE, a.n > 0)  # noqa: E731
-_S12_DRAWN = lambda s, a: at(s.rstate, a.r) != NONE  # noqa: E731  (an existing reservation)
-_S12_LIVE = lambda s, a: at(s.rstate, a.r) == LIVE  # noqa: E731  (drawn from the live ones)
-S12 = Proof(
-    *catalog("S12"),
-    fields={"rstate": ARR, "base": ARR, "base0": ARR, "rsize": ARR, "kc": ARR, "rforeign": BARR, "nextva": INT,
-            "free": INT, "cap": BOOL, "scap": BOOL},
-    init=lambda s: And(s.rstate == Z0(), s.nextva >= 0),
-    inv=lambda s, r: Implies(at(s.rstate, r) == LIVE, at(s.base, r) == at(s.base0, r)),
-    actions=[
-        Act("reserve_owned", _S12_RES, _s12_reserve(lambda s, a: Not(s.cap)), pre=_S12_NEW, objs=("r",)),
-        Act("kv_open", {**_S12_RES, "prefix": BOOL}, _s12_reserve(lambda s, a: Or(Not(s.cap),
-                                                                                    And(a.prefix, Not(s.scap))),
-                                                       oom=False),
-            pre=_S12_NEW, objs=("r",)),
-        Act("commit", _S12_SPAN, _s12_commit_owned(True), pre=_S12_LIVE, objs=("r",)),
-        Act("decommit", _S12_SPAN, _s12_decommit_owned, pre=_S12_LIVE, objs=("r",)),
-        Act("kv_grow", {"r": INT, "end": INT, "refuse": BOOL, "fail": BOOL, "oom": BOOL}, _s12_kv_grow,
-            pre=lambda s, a: at(s.rstate, a.r) == LIVE, objs=("r",)),
-        Act("commit_range", _S12_SPAN, _s12_commit_range, pre=_S12_DRAWN, objs=("r",)),
-        Act("decommit_range", _S12_SPAN, _s12_decommit_range, pre=_S12_DRAWN, objs=("r",)),
-    ],
-    unguarded=Act("commit", _S12_SPAN, _s12_commit_owned(False), pre=_S12_LIVE, objs=("r",)),
-    guard="commit stays inside the reservation (else InvalidRange), never relocating it",
-    bmc_depth=2,
-)
 
 
 # ==========================================================================
@@ -813,9 +699,10 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
            "drop": ("system:drop",), "close": ("system:close_owned", "system:unload_weight", "system:kv_close"),
            "decommit": ("system:decommit_owned",), "synchronize": ("system:synchronize",), "poll": ("system:poll",),
            "respond": ("system:respond",), "destroy_context": ("system:destroy_context",)},
+    # the VMM machine (S5, S12: one machine, below)
     "S5": {**{n: (f"mechanism:{n}",) for n in ("query_virtual_backing", "query_shared_mapping", "reserve", "commit_range",
                                                 "decommit_range", "committed_bytes", "release_reservation")},
-           **{n: (f"system:{n}",) for n in ("reserve_owned", "commit_owned", "kv_open")},
+           **{n: (f"system:{n}",) for n in ("reserve_owned", "commit_owned", "decommit_owned", "kv_open", "kv_grow")},
            # issue 33: the mechanism's other writers of physical
            **{f"m_{n}": (f"mechanism:{n}",) for n in ("allocate", "deallocate", "create", "release_handle", "unmap",
                                                        "copy_on_write")}},
@@ -829,9 +716,6 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
                                                         "copy_on_write")},
             "reconfigure": ("system:reconfigure",),
             **{n: (f"system:{n}",) for n in _L_NEW if n != "kv_release"}, "kv_release": ("system:poll",)},
-    "S12": {"reserve_owned": ("system:reserve_owned",), "kv_open": ("system:kv_open",),
-            "commit": ("system:commit_owned",), "decommit": ("system:decommit_owned",), "kv_grow": ("system:kv_grow",),
-            "commit_range": ("mechanism:commit_range",), "decommit_range": ("mechanism:decommit_range",)},
     "S13": {**{n: (f"mechanism:{n}",) for n in ("create", "map", "unmap", "copy_on_write", "release_handle",
                                                  "write_through", "mapping_count", "free_shared_reservation")},
             "kv_open": ("system:kv_open",), "kv_close": ("system:kv_close",)},
@@ -846,6 +730,7 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
 }
 ENCODES["G1"] = ENCODES["S6"] = ENCODES["S15"]  # G1 and S6 are on S15's ticket machine
 ENCODES["S7"] = ENCODES["S10"] = ENCODES["S4"]  # S7 and S10 are on S4's queue machine
+ENCODES["S12"] = ENCODES["S5"]  # S12 is on S5's VMM machine
 #: S8's machine is part of S11's (one ledger model, the same steps)
 ENCODES["S8"] = {a.name: ENCODES["S11"][a.name] for a in S8.actions}
 
@@ -865,7 +750,7 @@ NAMED: dict[str, Any] = {
     "S9": lambda s, r: And(at(s.view, r) == at(s.kc, r), at(s.chg, r) + at(s.prefix, r) == at(s.kc, r)),
     "S10": _s10_inv,
     "S11": _s11_named,
-    "S12": lambda s, r: Implies(at(s.rstate, r) == LIVE, at(s.base, r) == at(s.base0, r)),
+    "S12": _s12_inv,
     "S13": lambda s, o: And(Implies(_shared_map(s, o), Not(at(s.hfreed, at(s.mh, o)))),
                                s.rowrites == 0,
                                _s13_prefix_covered(s, o)),

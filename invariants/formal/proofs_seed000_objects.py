@@ -1,11 +1,12 @@
-"""Z3 encodings of seed 000's invariants S1 through S5, S7 and S10: the first part of
+"""Z3 encodings of seed 000's invariants S1 through S5, S7, S10 and S12: the first part of
 :mod:`memspec.invariants.formal.proofs_seed000` (which assembles them; import from there).
 
 S1 creator-free, S2 charge-before-commit, S3 fresh-capability, S4 fence-release (the
 deferred-free queue machine, with the objects' contexts: S7 and S10 are proved on it
-too), S5 no-silent-noop, S7 role-separation, S10 context-pinned; with the codes every
-encoding shares (object lifecycle, ticket states, the holders that answer tickets) and
-:func:`catalog`.  S6 holder-chooses is proved on S15's ticket machine (in the face).
+too), S5 no-silent-noop (the VMM machine: S12 stable-address is proved on it too), S7
+role-separation, S10 context-pinned; with the codes every encoding shares (object
+lifecycle, ticket states, the holders that answer tickets) and :func:`catalog`.  S6
+holder-chooses is proved on S15's ticket machine (in the face).
 """
 
 from __future__ import annotations
@@ -480,18 +481,28 @@ S4 = Proof(
 
 
 # ==========================================================================
-# S5 no-silent-noop  (mirrors spec/vmm.py: reserve, commit_range,
-# decommit_range, committed_bytes, release_reservation, reserve_owned,
-# commit_owned; spec/mechanism.py: query_virtual_backing,
-# query_shared_mapping; spec/holders.py: kv_open)
+# The VMM machine: S5 no-silent-noop and S12 stable-address on one machine
+# (mirrors spec/vmm.py: reserve, commit_range, decommit_range,
+# committed_bytes, release_reservation, reserve_owned, commit_owned,
+# decommit_owned; spec/mechanism.py: query_virtual_backing,
+# query_shared_mapping; spec/holders.py: kv_open, kv_grow)
 #
-# The invariant is the spec's own (spec/invariants.py ``_s5_mech`` /
+# Two reservation records, each indexed by the reservations of its level:
+# the mechanism's (``rlive``, ``rforeign``, ``rsize``, the page set ``pc``,
+# the bytes the commits ``reported``) and the system level's owned ones --
+# the binding's owning reservations and the KV requests' stable ranges
+# (``ostate``, ``rcap``: made by a mechanism with VirtualBacking, ``osize``:
+# the size or the request's maximum, ``ocb``: its committed bytes).  Both
+# have a base address ``base`` (``base0``: the one reserved at; the next free
+# one is ``nextva``).
+#
+# S5: the invariant is the spec's own (spec/invariants.py ``_s5_mech`` /
 # ``_s5_sys``): no absent capability was ever answered with an object
 # (``absent``: the spec's ``absent_answered``); the physical bytes the
 # mechanism reported are the pages installed (``physical == other + ctot``,
-# ``other``: eager, shared and private bytes, which no S5 action changes);
-# every live owning reservation and open KV request was made by a mechanism
-# with VirtualBacking (``rcap``/``kcap``).  Each commit/decommit changes the
+# ``other``: eager, shared and private bytes, which no reservation action
+# changes); every live owning reservation and open KV request was made by a
+# mechanism with VirtualBacking (``rcap``).  Each commit/decommit changes the
 # reservation's reported bytes, the total and ``physical`` by exactly
 # ``end - start`` and returns it (a step property); ``committed_bytes``
 # answers the bytes the commits reported.  Nothing here needs a page count:
@@ -502,6 +513,16 @@ S4 = Proof(
 # kv_open: Unsupported).  Sizes that are not sizes, a misaligned or
 # already-committed owned range, an oversized prefix are the argument ``bad``;
 # an OutOfMemory the spec allows is ``oom``.
+#
+# S12: a live reservation's base is the one it was reserved at.  Every
+# committing action of the system level has the same body: to install
+# backing up to ``end`` the range must cover ``end``; a range that does not
+# is grown by reserving a bigger one elsewhere and moving the pointer (what
+# an allocator without VMM does: allocate bigger, copy).  The one guard that
+# keeps the pointer stable is the range check: ``end`` past the reservation
+# is InvalidRange.  Byte ends are page-rounded by the adapter (``end``), so
+# the machine is linear; kv_grow's injected failure is ``fail``, its
+# permitted refusal of a no-op ``refuse``.
 # ==========================================================================
 
 def _in_range(p: Any, lo: Any, hi: Any, page: Any) -> Any:
@@ -539,11 +560,16 @@ def _s5_query(which: str, check: bool):
     return step
 
 
+def _vmm_new_base(s: St, r: Any, n: Any) -> dict[str, Any]:
+    """A reservation of ``n`` bytes at the next free address (its base and the one it was reserved at)."""
+    return {"base": upd(s.base, r, s.nextva), "base0": upd(s.base0, r, s.nextva), "nextva": s.nextva + n + 1}
+
+
 def _s5_reserve(s: St, a: St):
     out = outcome((a.bad, "InvalidRequest"), (a.oom, "OutOfMemory"))
     return on_ok(out, s, s.set(rlive=upd(s.rlive, a.r, True), rforeign=upd(s.rforeign, a.r, False),
                                rsize=upd(s.rsize, a.r, a.n), reported=upd(s.reported, a.r, 0),
-                               pc=upd(s.pc, a.r, z3.K(z3.IntSort(), z3.BoolVal(False)))))
+                               pc=upd(s.pc, a.r, z3.K(z3.IntSort(), z3.BoolVal(False))), **_vmm_new_base(s, a.r, a.n)))
 
 
 def _s5_span(commit: bool):
@@ -577,27 +603,71 @@ def _s5_release(s: St, a: St):
                                physical=s.physical - n, ctot=s.ctot - n, rlive=upd(s.rlive, a.r, False), ret=n))
 
 
-def _s5_reserve_owned(check: bool):
+def _vmm_owned_new(s: St, a: St) -> St:
+    """An owned reservation (or a KV request's stable range) of ``n`` bytes, nothing committed; it
+    records whether its creator has VirtualBacking."""
+    return s.set(ostate=upd(s.ostate, a.r, LIVE), rcap=upd(s.rcap, a.r, s.cap), osize=upd(s.osize, a.r, a.n),
+                 ocb=upd(s.ocb, a.r, 0), **_vmm_new_base(s, a.r, a.n))
+
+
+def _vmm_reserve_owned(check: bool):
     """The binding's reserve: without the installed mechanism's VirtualBacking,
-    Unsupported (the guard); the reservation records whether its creator has it."""
+    Unsupported (S5's guard)."""
     def step(s: St, a: St):
         out = outcome(*([(Not(s.cap), "Unsupported")] if check else []), (a.bad, "InvalidRequest"),
                       (a.oom, "OutOfMemory"))
-        return on_ok(out, s, s.set(ostate=upd(s.ostate, a.r, LIVE), rcap=upd(s.rcap, a.r, s.cap),
-                                   osize=upd(s.osize, a.r, a.n), ocb=upd(s.ocb, a.r, 0)))
+        return on_ok(out, s, _vmm_owned_new(s, a))
     return step
 
 
-def _s5_commit_owned(s: St, a: St):
-    n = a.hi - a.lo
-    out = outcome((Or(a.bad, a.hi > at(s.osize, a.r)), "InvalidRange"), (n > s.free, "GrantDenied"),
-                  (a.oom, "OutOfMemory"))
-    return on_ok(out, s, s.set(ocb=upd(s.ocb, a.r, at(s.ocb, a.r) + n), free=s.free - n, ret=n))
-
-
-def _s5_kv_open(s: St, a: St):
+def _vmm_kv_open(s: St, a: St):
+    """kv_open: step 1 reserves the request's stable range of ``n`` (its maximum) bytes; a prefix
+    needs SharedMapping too."""
     out = outcome((Or(Not(s.cap), And(a.prefix, Not(s.scap))), "Unsupported"), (a.bad, "InvalidRequest"))
-    return on_ok(out, s, s.set(kst=upd(s.kst, a.q, LIVE), kcap=upd(s.kcap, a.q, s.cap)))
+    return on_ok(out, s, _vmm_owned_new(s, a))
+
+
+def _vmm_place(s: St, r: Any, end: Any) -> St:
+    """Back the owned range up to ``end``: a reservation too small is re-reserved
+    bigger at the next free address (the pointer moves)."""
+    moved = end > at(s.osize, r)
+    return s.set(base=upd(s.base, r, K.ite(moved, s.nextva, at(s.base, r))),
+                 osize=upd(s.osize, r, K.maximum(at(s.osize, r), end)),
+                 nextva=K.ite(moved, s.nextva + end, s.nextva))
+
+
+def _vmm_range_guard(s: St, r: Any, end: Any) -> tuple[Any, str]:
+    """The guard S12 rests on: a commit stays inside the reservation."""
+    return (end > at(s.osize, r), "InvalidRange")
+
+
+def _vmm_commit_owned(check: bool):
+    """commit_owned: charge-then-commit ``n`` bytes of an owned reservation
+    (without the range guard: S12's unguarded variant, which re-reserves)."""
+    def step(s: St, a: St):
+        n = a.hi - a.lo
+        out = outcome((a.bad, "InvalidRange"), *([_vmm_range_guard(s, a.r, a.hi)] if check else []),
+                      (n > s.free, "GrantDenied"), (a.oom, "OutOfMemory"))
+        return on_ok(out, s, _vmm_place(s, a.r, a.hi).set(ocb=upd(s.ocb, a.r, at(s.ocb, a.r) + n), free=s.free - n,
+                                                          ret=n))
+    return step
+
+
+def _vmm_decommit_owned(s: St, a: St):
+    """The pages leave now, their refund is queued: only the committed bytes
+    change, and the address stays."""
+    out = outcome((a.bad, "InvalidRange"), _vmm_range_guard(s, a.r, a.hi))
+    return on_ok(out, s, s.set(ocb=upd(s.ocb, a.r, at(s.ocb, a.r) - (a.hi - a.lo))))
+
+
+def _vmm_kv_grow(s: St, a: St):
+    """Grow a KV request to ``end`` (page-rounded new bytes; ``max_bytes`` is a page multiple)."""
+    delta = a.end - at(s.ocb, a.r)
+    out = outcome(_vmm_range_guard(s, a.r, a.end), (And(delta <= 0, a.refuse), "InvalidRequest"),
+                  (delta <= 0, "ok"), (delta > s.free, "GrantDenied"), (a.fail, "MemspecError"),
+                  (a.oom, "OutOfMemory"))
+    grown = _vmm_place(s, a.r, a.end).set(free=s.free - delta, ocb=upd(s.ocb, a.r, a.end))
+    return out, merge(And(out == OK, delta > 0), grown, s)
 
 
 def _s5_device(s: St, a: St):
@@ -625,9 +695,8 @@ def _s5_device_pre(name: str):
 
 
 def _s5_named(s: St, o: Any) -> Any:
-    """The spec's S5 (both levels), at object ``o``."""
-    return And(s.absent == 0, s.physical == s.other + s.ctot,
-                  Implies(at(s.ostate, o) == LIVE, at(s.rcap, o)), Implies(at(s.kst, o) == LIVE, at(s.kcap, o)))
+    """The spec's S5 (both levels), at object ``o`` (an owned reservation or a KV request)."""
+    return And(s.absent == 0, s.physical == s.other + s.ctot, Implies(at(s.ostate, o) == LIVE, at(s.rcap, o)))
 
 
 def _s5_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
@@ -653,37 +722,72 @@ def _s5_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
 _S5_DEVICE = ("m_allocate", "m_deallocate", "m_create", "m_release_handle", "m_unmap", "m_copy_on_write")
 _SPAN = {"r": INT, "lo": INT, "hi": INT}
 _SPAN_OOM = {**_SPAN, "oom": BOOL}
+_OWNED_SPAN = {**_SPAN_OOM, "bad": BOOL}
 _CAP = lambda s, a: s.cap  # noqa: E731  (VirtualBacking's methods exist only when it is provided)
 _S5_RES = {"r": INT, "n": INT, "bad": BOOL, "oom": BOOL}
+_OWNED_NEW = lambda s, a: And(at(s.ostate, a.r) == NONE, a.n > 0)  # noqa: E731
+_OWNED_LIVE = lambda s, a: at(s.ostate, a.r) == LIVE  # noqa: E731  (drawn from the live ones)
+_VMM_FIELDS = {
+    "cap": BOOL, "scap": BOOL, "page": INT, "capacity": INT, "physical": INT, "foreign": INT, "other": INT,
+    "ctot": INT, "absent": INT, "answer": INT, "ret": INT, "free": INT, "nextva": INT,
+    # the mechanism's reservations
+    "rlive": BARR, "rforeign": BARR, "rsize": ARR, "pc": ARR2B, "reported": ARR,
+    # the system level's owned reservations and KV requests
+    "ostate": ARR, "rcap": BARR, "osize": ARR, "ocb": ARR,
+    # either's base address (S12)
+    "base": ARR, "base0": ARR}
+
+
+def _vmm_init(s: St) -> Any:
+    return And(s.page > 0, s.capacity >= 0, s.physical == 0, s.other == 0, s.ctot == 0, s.absent == 0,
+               s.nextva >= 0, s.rlive == F0(), s.reported == Z0(), s.ostate == Z0(),
+               s.pc == z3.K(z3.IntSort(), z3.K(z3.IntSort(), z3.BoolVal(False))))
+
+
+#: the VMM machine's actions, one list (the same step and precondition functions) for S5 and S12
+_VMM_ACTS = [
+    Act("query_virtual_backing", {}, _s5_query("cap", True)),
+    Act("query_shared_mapping", {}, _s5_query("scap", True)),
+    Act("reserve", _S5_RES, _s5_reserve, pre=lambda s, a: And(s.cap, Not(at(s.rlive, a.r)))),
+    Act("commit_range", _SPAN_OOM, _s5_span(True), pre=_CAP),
+    Act("decommit_range", _SPAN, _s5_span(False), pre=_CAP),
+    Act("committed_bytes", {"r": INT}, _s5_committed_bytes, pre=_CAP),
+    Act("release_reservation", {"r": INT}, _s5_release, pre=_CAP),
+    Act("reserve_owned", _S5_RES, _vmm_reserve_owned(True), pre=_OWNED_NEW, objs=("r",)),
+    Act("commit_owned", _OWNED_SPAN, _vmm_commit_owned(True), pre=_OWNED_LIVE, objs=("r",)),
+    Act("decommit_owned", _OWNED_SPAN, _vmm_decommit_owned, pre=_OWNED_LIVE, objs=("r",)),
+    Act("kv_open", {"r": INT, "n": INT, "bad": BOOL, "prefix": BOOL}, _vmm_kv_open, pre=_OWNED_NEW, objs=("r",)),
+    Act("kv_grow", {"r": INT, "end": INT, "refuse": BOOL, "fail": BOOL, "oom": BOOL}, _vmm_kv_grow, pre=_OWNED_LIVE,
+        objs=("r",)),
+    *[Act(n, {"d": INT, "code": INT}, _s5_device, pre=_s5_device_pre(n)) for n in _S5_DEVICE],
+]
+
 S5 = Proof(
     *catalog("S5"),
-    fields={"cap": BOOL, "scap": BOOL, "page": INT, "capacity": INT, "physical": INT, "foreign": INT, "other": INT,
-            "ctot": INT, "absent": INT, "rlive": BARR, "rforeign": BARR, "rsize": ARR, "pc": ARR2B, "reported": ARR,
-            "answer": INT, "ret": INT, "free": INT, "ostate": ARR, "rcap": BARR, "osize": ARR, "ocb": ARR,
-            "kst": ARR, "kcap": BARR},
-    init=lambda s: And(s.page > 0, s.capacity >= 0, s.physical == 0, s.other == 0, s.ctot == 0, s.absent == 0,
-                          s.rlive == F0(), s.reported == Z0(), s.ostate == Z0(), s.kst == Z0(),
-                          s.pc == z3.K(z3.IntSort(), z3.K(z3.IntSort(), z3.BoolVal(False)))),
+    fields=dict(_VMM_FIELDS), init=_vmm_init,
     inv=lambda s, r: And(s.page > 0, _s5_named(s, r)),
-    actions=[
-        Act("query_virtual_backing", {}, _s5_query("cap", True)),
-        Act("query_shared_mapping", {}, _s5_query("scap", True)),
-        Act("reserve", _S5_RES, _s5_reserve, pre=lambda s, a: And(s.cap, Not(at(s.rlive, a.r)))),
-        Act("commit_range", _SPAN_OOM, _s5_span(True), pre=_CAP),
-        Act("decommit_range", _SPAN, _s5_span(False), pre=_CAP),
-        Act("committed_bytes", {"r": INT}, _s5_committed_bytes, pre=_CAP),
-        Act("release_reservation", {"r": INT}, _s5_release, pre=_CAP),
-        Act("reserve_owned", _S5_RES, _s5_reserve_owned(True), pre=lambda s, a: at(s.ostate, a.r) == NONE),
-        Act("commit_owned", {**_SPAN, "bad": BOOL, "oom": BOOL}, _s5_commit_owned,
-            pre=lambda s, a: at(s.ostate, a.r) == LIVE),
-        Act("kv_open", {"q": INT, "bad": BOOL, "prefix": BOOL}, _s5_kv_open, pre=lambda s, a: at(s.kst, a.q) == NONE),
-        *[Act(n, {"d": INT, "code": INT}, _s5_device, pre=_s5_device_pre(n)) for n in _S5_DEVICE],
-    ],
-    unguarded=Act("reserve_owned", _S5_RES, _s5_reserve_owned(False), pre=lambda s, a: at(s.ostate, a.r) == NONE),
+    actions=list(_VMM_ACTS),
+    unguarded=Act("reserve_owned", _S5_RES, _vmm_reserve_owned(False), pre=_OWNED_NEW, objs=("r",)),
     guard="reserve through the binding needs the installed mechanism's VirtualBacking (else Unsupported), never "
           "a reservation no commit can back",
     step_prop=_s5_prop,
     bmc_depth=1,
+)
+
+
+def _s12_inv(s: St, r: Any) -> Any:
+    """A live reservation (the mechanism's, or an owned one or a KV request's range) keeps its base."""
+    return Implies(Or(at(s.rlive, r), at(s.ostate, r) == LIVE), at(s.base, r) == at(s.base0, r))
+
+
+S12 = Proof(
+    *catalog("S12"),
+    fields=dict(_VMM_FIELDS), init=_vmm_init, inv=_s12_inv,
+    # the VMM machine of S5, action by action (so S5's agreement samples are S12's too)
+    actions=list(_VMM_ACTS),
+    unguarded=Act("commit_owned", _OWNED_SPAN, _vmm_commit_owned(False), pre=_OWNED_LIVE, objs=("r",)),
+    guard="commit stays inside the reservation (else InvalidRange), never relocating it",
+    bmc_depth=2,
 )
 
 
