@@ -247,8 +247,8 @@ def test_rows_credited_by_one_adapter_share_its_machine() -> None:
     """Issue 33 (one Z3 relation per spec action): an agreement adapter credits its samples to the
     further rows of ``also`` only where they are proved on the adapter's very machine (the same
     fields; the encoded action by the same step and precondition functions).  S7 and S10 are on S4's
-    deferred-free queue machine, G1 and S6 on S15's ticket machine, S12 on S5's VMM machine: one
-    projection, one adapter per spec action, for every row of the machine."""
+    deferred-free queue machine, G1 and S6 on S15's ticket machine, S12 and S13 on S5's VMM machine:
+    one projection, one adapter per spec action, for every row of the machine."""
     from memspec.invariants.formal import agreement_adapters as A
     from memspec.invariants.formal.proofs_seed000 import MORE_PROOFS
 
@@ -264,14 +264,14 @@ def test_rows_credited_by_one_adapter_share_its_machine() -> None:
             shared.setdefault(ad.invariant, set()).add(other)
     assert shared.get("S4") == {"S7", "S10"}, shared
     assert shared.get("S15") == {"G1", "S6"}, shared
-    assert shared.get("S5") == {"S12"}, shared
-    for base, other in (("S4", "S10"), ("S15", "S6"), ("S15", "G1"), ("S5", "S12")):
+    assert shared.get("S5") == {"S12", "S13"}, shared
+    for base, other in (("S4", "S10"), ("S15", "S6"), ("S15", "G1"), ("S5", "S12"), ("S5", "S13")):
         p, q = proofs[base], proofs[other]
         assert [a.name for a in q.actions] == [a.name for a in p.actions]
         assert all(a.step is b.step and a.pre is b.pre for a, b in zip(p.actions, q.actions))
-    # no adapter of S10's, S6's, G1's or S12's own: their samples come from the shared machine's adapters
+    # no adapter of S10's, S6's, G1's, S12's or S13's own: their samples come from the shared machine's adapters
     ads = A.SYS_ADAPTERS + A.MECH_ADAPTERS + A.TICKET_ADAPTERS + A.SMALL_SYS_ADAPTERS
-    assert not [ad for ad in ads if ad.invariant in ("S10", "S6", "G1", "S12")]
+    assert not [ad for ad in ads if ad.invariant in ("S10", "S6", "G1", "S12", "S13")]
 
 
 def test_s4_poll_checks_every_stream_not_two() -> None:

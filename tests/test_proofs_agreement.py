@@ -291,7 +291,7 @@ def test_the_invariant_evaluator_decides_as_the_invariant_built_on_the_state() -
 
     from memspec.invariants.formal.agreement import follow, inv_eval, pick_branch, quantified_counts
     from memspec.spec.core import RandomChooser
-    from memspec.invariants.formal.agreement_adapters import _mech_init, _s13_state
+    from memspec.invariants.formal.agreement_adapters import _mech_init, _vmm_state
     from memspec.spec.mechanism import MECHANISM
 
     assert quantified_counts(E.S13) == ("nm",)
@@ -309,7 +309,7 @@ def test_the_invariant_evaluator_decides_as_the_invariant_built_on_the_state() -
         br = pick_branch(act.step(s, **act.draw_args(s, ch)), rng)
         if br is not None:
             follow(br)
-        st, u = _s13_state(s)
+        st, u = _vmm_state(s)  # the VMM machine's projection (S13 is on S5's machine)
         seen_maps = max(seen_maps, st["nm"])
         assert inv_eval(E.S13, u.nobj, False).holds(st) == _direct(E.S13, st, u.nobj) is True
         bad = dict(st, hmaps=(st["hmaps"][0], {k: v + 1 for k, v in st["hmaps"][1].items()}) if st["hmaps"][1]

@@ -41,7 +41,7 @@ from typing import Any, Callable
 import z3
 
 from memspec.invariants.formal.proofs import (
-    ARR, ARR2, ARR2B, BARR, BOOL, INT, OUTCOMES, Act, Proof, St, _args, at, bv, concrete, fresh, iv, limit,
+    ARR, ARR2, ARR2B, BARR, INT, OUTCOMES, Act, Proof, _args, at, bv, concrete, fresh, iv, limit,
 )
 from memspec.invariants.formal import z3native as native
 from memspec.spec.core import RandomChooser, Raises, Returns
@@ -508,6 +508,8 @@ def named_eval(p: Proof, nobj: int, finite: bool) -> InvariantEval:
 
 
 def compiled_for(p: Proof, act: Act, nobj: int, npages: int, compare: tuple[str, ...], finite: bool) -> "Compiled":
+    if not any(p.fields[f] == ARR2B for f in compare):
+        npages = 1  # the page count sizes only the compared page sets: one build for every count
     key = (act.step, act.pre, tuple(act.params.items()), tuple(p.fields.items()), nobj, npages, compare, finite)
     c = _COMPILED.get(key)
     if c is None:

@@ -17,9 +17,9 @@ from memspec.invariants.formal import proofs_seed000 as E
 from memspec.invariants.formal.agreement import Adapter, AgreementReport, Universe, walk_and_compare
 from memspec.invariants.formal.proofs import Proof, prefix_values
 from memspec.invariants.formal.agreement_adapters_mech import (
-    MECH_ADAPTERS, PAGE, UMAX, _ON_VMM, _S14_CMP, _expected, _is_int, _mech_init, _mech_too_big, _new_slot, _not_size,
-    _owned_span_args, _project, _reserve_args, _ret, _s14_expected_with, _s14_make_project, _s14_sys_state,
-    run_mechanism,
+    MECH_ADAPTERS, PAGE, UMAX, _MECH_EMPTY, _ON_VMM, _S14_CMP, _VMM_MAX_INV, _expected, _is_int, _mech_init,
+    _mech_too_big, _new_slot, _not_size, _owned_span_args, _project, _reserve_args, _ret, _s14_expected_with,
+    _s14_make_project, _s14_sys_state, run_mechanism,
 )
 
 
@@ -576,23 +576,23 @@ SYS_ADAPTERS += [
 ]
 
 
-# -- the VMM machine (S5, S12): owning reservations and KV requests ------------
+# -- the VMM machine (S5, S12, S13): owning reservations and KV requests ------------
 
 def _vmm_sys_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
     """Owning reservations and KV requests as one kind of owned reservation: live
     (an owning one: in the binding's reservations; a request: open), made by a
     mechanism with VirtualBacking or not, its size (a request's maximum), its
     committed bytes, its base (the address the target reported; a request's
-    stable range: 0, the spec does not see it) and the one it was reserved at."""
+    stable range: 0, the spec does not see it) and the one it was reserved at; a
+    request's own committed bytes and read-only prefix (of an origin request)."""
     u = Universe()
     res = {r: o for r, o in s.owned.items() if o.kind == "reservation"}
     ix = u.add("res", {**res, **s.kv})
     caps = s.registry.capabilities
     vb, sm = caps[s.registry.installed]
     st = {
-        "cap": vb, "scap": sm, "page": s.page, "capacity": s.capacity, "physical": 0, "foreign": 0, "other": 0,
-        "ctot": 0, "absent": 0, "rlive": (False, {}), "rforeign": (False, {}), "rsize": (0, {}), "pc": {},
-        "reported": (0, {}), "answer": 0, "ret": ret, "free": s.free, "nextva": s.w_next_address,
+        "cap": vb, "scap": sm, "page": s.page, "capacity": s.capacity, "free": s.free, "nextva": s.w_next_address,
+        "ret": ret, **_MECH_EMPTY,
         "ostate": (0, {**{ix[r]: (E.LIVE if r in s.reservations else E.FREED) for r in res},
                        **{ix[r]: (E.LIVE if q.state == "open" else E.FREED) for r, q in s.kv.items()}}),
         "rcap": (False, {ix[r]: caps[o.creator][0] for r, o in {**res, **s.kv}.items()}),
@@ -601,6 +601,9 @@ def _vmm_sys_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
                     **{ix[r]: q.committed for r, q in s.kv.items()}}),
         "base": (0, {ix[r]: o.address for r, o in res.items()}),
         "base0": (0, {ix[r]: o.base for r, o in res.items()}),
+        "kown": (0, {ix[r]: q.own for r, q in s.kv.items()}),
+        "korig": (-1, {ix[r]: ix[q.prefix_of] for r, q in s.kv.items() if q.prefix_of is not None}),
+        "kpre": (0, {ix[r]: q.prefix for r, q in s.kv.items()}),
     }
     return st, u
 
@@ -613,10 +616,11 @@ def _vmm_sys_expected(cmp: tuple[str, ...]) -> Any:
 
 
 def _vmm_kv_open_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    _ref, max_bytes, origin, _prefix = args["request"]
+    _ref, max_bytes, origin, prefix = args["request"]
     st, u = _vmm_sys_state(s)
-    bad = _kv_open_refusals(s, args["request"])["bad"]
-    return st, {"r": _new_slot(u, "res"), "n": max_bytes, "bad": bad, "prefix": origin is not None}, u
+    r = _new_slot(u, "res")
+    return st, {"r": r, "n": max_bytes, "org": u.idx["res"][origin] if origin is not None else 0,
+                "p": prefix if origin is not None else 0, "hasorig": origin is not None}, u
 
 
 def _vmm_kv_grow_project(s: Any, args: dict[str, Any], taken: str) -> Any:
@@ -630,18 +634,24 @@ def _vmm_kv_grow_project(s: Any, args: dict[str, Any], taken: str) -> Any:
 
 _VMM_NEW_CMP = ("ostate", "rcap", "osize", "ocb", "free", "base", "base0")
 _VMM_SPAN_CMP = ("ostate", "osize", "ocb", "free", "base")
+_VMM_KV_CMP = ("ostate", "rcap", "osize", "kown", "korig", "kpre")
+
+
+def _vmm_sys(spec_action: str, project: Any, cmp: tuple[str, ...]) -> Adapter:
+    """A system-level adapter of the VMM machine: S5's, each sample credited to S12 and S13 too."""
+    return Adapter("S5", spec_action, spec_action, project, _vmm_sys_expected(cmp), cmp, also=_ON_VMM,
+                   max_inv_samples=_VMM_MAX_INV)
+
+
 SYS_ADAPTERS += [
-    Adapter("S5", "reserve_owned", "reserve_owned", _project(_vmm_sys_state, _reserve_args),
-            _vmm_sys_expected(_VMM_NEW_CMP), _VMM_NEW_CMP, also=_ON_VMM),
-    Adapter("S5", "commit_owned", "commit_owned", _project(_vmm_sys_state, _owned_span_args(True)),
-            _vmm_sys_expected(_VMM_SPAN_CMP + ("ret",)), _VMM_SPAN_CMP + ("ret",), also=_ON_VMM),
-    Adapter("S5", "decommit_owned", "decommit_owned", _project(_vmm_sys_state, _owned_span_args(False)),
-            _vmm_sys_expected(_VMM_SPAN_CMP), _VMM_SPAN_CMP, also=_ON_VMM),
-    # a request's base is not the spec's to see: its state, creator's capability and maximum
-    Adapter("S5", "kv_open", "kv_open", _vmm_kv_open_project, _vmm_sys_expected(("ostate", "rcap", "osize")),
-            ("ostate", "rcap", "osize"), also=_ON_VMM),
-    Adapter("S5", "kv_grow", "kv_grow", _vmm_kv_grow_project, _vmm_sys_expected(_VMM_SPAN_CMP), _VMM_SPAN_CMP,
-            also=_ON_VMM),
+    _vmm_sys("reserve_owned", _project(_vmm_sys_state, _reserve_args), _VMM_NEW_CMP),
+    _vmm_sys("commit_owned", _project(_vmm_sys_state, _owned_span_args(True)), _VMM_SPAN_CMP + ("ret",)),
+    _vmm_sys("decommit_owned", _project(_vmm_sys_state, _owned_span_args(False)), _VMM_SPAN_CMP),
+    # a request's base is not the spec's to see: its state, creator's capability, maximum and prefix
+    _vmm_sys("kv_open", _vmm_kv_open_project, _VMM_KV_CMP),
+    _vmm_sys("kv_grow", _vmm_kv_grow_project, _VMM_SPAN_CMP + ("kown",)),
+    _vmm_sys("kv_close", _project(_vmm_sys_state, lambda s, u, a, taken: {"q": u.idx["res"][a["request"]]}),
+             _VMM_KV_CMP + ("ocb",)),
 ]
 
 
@@ -693,7 +703,7 @@ def run_focused(samples: int, seed: int, inv_samples: int = 0, per_branch: int |
     proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS}
     n = max(20, samples // 8)
     kv = [a for a in SYS_ADAPTERS if a.spec_action == "kv_open" and a.invariant in ("S5", "S9", "S12", "S13")]
-    sh = [a for a in MECH_ADAPTERS if a.spec_action == "free_shared_reservation" and a.invariant in ("S13", "S14")]
+    sh = [a for a in MECH_ADAPTERS if a.spec_action == "free_shared_reservation" and a.invariant in ("S5", "S14")]
     n_kv = max(40, samples // 3)  # an oversized prefix is ~3% of kv_open's draws
     # the full walk queues a KV request's release before a poll in ~1 sample of 100: a share of the
     # release adapters' samples comes from the KV release path (the full walk gives the rest)
@@ -715,51 +725,6 @@ def run_focused(samples: int, seed: int, inv_samples: int = 0, per_branch: int |
 _KV_RELEASE_ADAPTERS = {("S2", "release"), ("S9", "release"), ("S11", "kv_release")}
 #: (invariant, encoded action) of the respond adapters the answer walk samples
 _RESPOND_ADAPTERS = {("S2", "respond"), ("S4", "respond"), ("S9", "respond")}
-
-
-# -- S13: KvPageStore read-only prefixes ------------------------------------------
-
-_KST = {"open": 1, "closed": 2, "released": 2}
-
-
-def _s13_sys_state(s: Any) -> tuple[dict[str, Any], Universe]:
-    u = Universe()
-    qx = u.add("request", s.kv)
-    vb, sm = s.registry.capabilities[s.registry.installed]
-    st = {
-        "page": s.page, "capacity": s.capacity, "physical": 0, "foreign": 0, "shared": 0, "private": 0,
-        "hexists": (False, {}), "hsize": (0, {}), "hreleased": (False, {}), "hmaps": (0, {}), "hfreed": (False, {}),
-        "mlive": (False, {}), "mh": (0, {}), "msize": (0, {}), "mro": (False, {}), "mpriv": (False, {}),
-        "rowrites": 0, "ret": 0, "PM": {}, "nm": 0, "rlive": (False, {}), "cap": vb, "scap": sm,
-        "kst": (0, {qx[r]: _KST[q.state] for r, q in s.kv.items()}),
-        "kown": (0, {qx[r]: q.own for r, q in s.kv.items()}),
-        "korig": (-1, {qx[r]: qx[q.prefix_of] for r, q in s.kv.items() if q.prefix_of is not None}),
-        "kpre": (0, {qx[r]: q.prefix for r, q in s.kv.items()}),
-    }
-    return st, u
-
-
-_S13_KV_CMP = ("kst", "kown", "korig", "kpre")
-
-
-_s13_sys_expected = _expected(_s13_sys_state, E.S13.fields, _S13_KV_CMP)
-
-
-def _s13_kv_open_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    _ref, max_bytes, origin, prefix = args["request"]
-    st, u = _s13_sys_state(s)
-    q = _new_slot(u, "request")
-    return st, {"q": q, "n": max_bytes, "org": u.idx["request"][origin] if origin is not None else 0,
-                "p": prefix if origin is not None else 0, "hasorig": origin is not None}, u
-
-
-_s13_kv_close_project = _project(_s13_sys_state, lambda s, u, a, taken: {"q": u.idx["request"][a["request"]]})
-
-
-SYS_ADAPTERS += [
-    Adapter("S13", "kv_open", "kv_open", _s13_kv_open_project, _s13_sys_expected, _S13_KV_CMP),
-    Adapter("S13", "kv_close", "kv_close", _s13_kv_close_project, _s13_sys_expected, _S13_KV_CMP),
-]
 
 
 # -- S5: a mechanism without VirtualBacking or SharedMapping answers None -------
