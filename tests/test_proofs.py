@@ -154,18 +154,21 @@ def test_removing_the_guard_breaks_the_proof(inv_id: str) -> None:
 
 def test_s12_guarded_commit_writes_the_base() -> None:
     """S12's committing actions share one body that re-reserves (moves the
-    base) when the range does not fit: only the range guard keeps the address."""
+    base) when the range does not fit: only the range guard keeps the address.
+    S12 is on S5's VMM machine: its commit is the machine's commit_owned."""
     from memspec.invariants.formal import proofs_seed000 as m
 
-    s = St({"rstate": z3.K(z3.IntSort(), z3.IntVal(m.LIVE)), "base": z3.K(z3.IntSort(), z3.IntVal(5)),
-            "base0": z3.K(z3.IntSort(), z3.IntVal(5)), "rsize": z3.K(z3.IntSort(), z3.IntVal(8)),
-            "kc": z3.K(z3.IntSort(), z3.IntVal(0)), "rforeign": z3.K(z3.IntSort(), z3.BoolVal(False)),
-            "nextva": z3.IntVal(100), "free": z3.IntVal(100), "cap": z3.BoolVal(True), "scap": z3.BoolVal(True)})
+    s = St({"ostate": z3.K(z3.IntSort(), z3.IntVal(m.LIVE)), "base": z3.K(z3.IntSort(), z3.IntVal(5)),
+            "base0": z3.K(z3.IntSort(), z3.IntVal(5)), "osize": z3.K(z3.IntSort(), z3.IntVal(8)),
+            "ocb": z3.K(z3.IntSort(), z3.IntVal(0)), "rcap": z3.K(z3.IntSort(), z3.BoolVal(True)),
+            "nextva": z3.IntVal(100), "free": z3.IntVal(100), "cap": z3.BoolVal(True), "scap": z3.BoolVal(True),
+            "ret": z3.IntVal(0)})
     a = St({"r": z3.IntVal(0), "lo": z3.IntVal(0), "hi": z3.IntVal(16), "bad": z3.BoolVal(False),
             "oom": z3.BoolVal(False)})
+    assert m.S12.action("commit_owned").step is m.S5.action("commit_owned").step
     out, s2 = m.S12.unguarded.step(s, a)
     assert z3.simplify(out).as_long() == 0 and z3.simplify(at_(s2.base, 0)).as_long() == 100
-    out, s2 = m.S12.action("commit").step(s, a)
+    out, s2 = m.S12.action("commit_owned").step(s, a)
     assert z3.simplify(out).as_long() != 0 and z3.simplify(at_(s2.base, 0)).as_long() == 5
 
 
@@ -245,8 +248,9 @@ def test_rows_credited_by_one_adapter_share_its_machine() -> None:
     """Issue 33 (one Z3 relation per spec action): an agreement adapter credits its samples to the
     further rows of ``also`` only where they are proved on the adapter's very machine (the same
     fields; the encoded action by the same step and precondition functions).  S1, S7 and S10 are on S4's
-    deferred-free queue machine, G1 and S6 on S15's ticket machine: one projection per state record, one
-    adapter per spec action, for every row of the machine."""
+    deferred-free queue machine, G1 and S6 on S15's ticket machine, S12 and S13 on S5's VMM machine,
+    S2, S8 and S9 on S11's ledger model: one projection per state record, one adapter per spec action,
+    for every row of the machine."""
     from memspec.invariants.formal import agreement_adapters as A
     from memspec.invariants.formal.proofs_seed000 import MORE_PROOFS
 
@@ -263,13 +267,16 @@ def test_rows_credited_by_one_adapter_share_its_machine() -> None:
     assert shared.get("S4") == {"S1", "S7", "S10"}, shared
     assert shared.get("S15") == {"G1", "S6"}, shared
     assert shared.get("S11") == {"S2", "S8", "S9"}, shared   # S2, S8 and S9 on S11's ledger model
-    for base, other in (("S4", "S1"), ("S4", "S7"), ("S4", "S10"), ("S15", "S6"), ("S15", "G1")):
+    assert shared.get("S5") == {"S12", "S13"}, shared
+    for base, other in (("S4", "S1"), ("S4", "S7"), ("S4", "S10"), ("S15", "S6"), ("S15", "G1"), ("S5", "S12"),
+                        ("S5", "S13")):
         p, q = proofs[base], proofs[other]
         assert [a.name for a in q.actions] == [a.name for a in p.actions]
         assert all(a.step is b.step and a.pre is b.pre for a, b in zip(p.actions, q.actions))
-    # no adapter of S1's, S7's, S10's, S6's or G1's own: their samples come from the shared machine's adapters
+    # no adapter of S1's, S7's, S10's, S6's, G1's, S12's or S13's own: their samples come from the shared
+    # machine's adapters
     ads = A.SYS_ADAPTERS + A.MECH_ADAPTERS + A.TICKET_ADAPTERS + A.SMALL_SYS_ADAPTERS
-    assert not [ad for ad in ads if ad.invariant in ("S1", "S7", "S10", "S6", "G1")]
+    assert not [ad for ad in ads if ad.invariant in ("S1", "S7", "S10", "S6", "G1", "S12", "S13")]
     # S9's own: kv_use only (a fence recorded, not S11's action), on the ledger projection
     assert [(ad.action, ad.project) for ad in ads if ad.invariant == "S9"] == [("kv_use", A._L_PROJECT["kv_use"])]
 

@@ -558,6 +558,8 @@ def _formula_eval(p: Proof, f: Callable[[Any, Any], Any], nobj: int, finite: boo
 
 
 def compiled_for(p: Proof, act: Act, nobj: int, npages: int, compare: tuple[str, ...], finite: bool) -> "Compiled":
+    if not any(p.fields[f] == ARR2B for f in compare):
+        npages = 1  # the page count sizes only the compared page sets: one build for every count
     return _memo(_COMPILED, (act.step, act.pre, tuple(act.params.items()), tuple(p.fields.items()), nobj, npages,
                              compare, finite), lambda: Compiled(p, act, nobj, npages, compare, finite))
 

@@ -3,8 +3,8 @@ part of :mod:`memspec.invariants.formal.agreement_adapters` (which assembles the
 from there).
 
 the queue machine's device level (S1, S4, S7, S10: allocate, deallocate),
-S14 deallocate, S5 VirtualBacking, S13 SharedMapping, S12 mechanism
-reservations; :data:`MECH_ADAPTERS` (extended in :mod:`.agreement_adapters` by the
+S14 deallocate, the VMM machine (S5, S12, S13: VirtualBacking, the mechanism's
+reservations, SharedMapping); :data:`MECH_ADAPTERS` (extended in :mod:`.agreement_adapters` by the
 ledger model's and the queue's adapters) and the helpers every level shares.
 """
 
@@ -77,12 +77,12 @@ def _reserve_args(s: Any, u: Universe, args: dict[str, Any], taken: str) -> dict
             "oom": taken == "OutOfMemory"}
 
 
-def _owned_span_args(commit: bool, records: str = "owned") -> Any:
-    """commit_owned / decommit_owned (commit_range / decommit_range: ``records`` "reservations"): the
-    reservation's span, refused for a reason other than S12's guard."""
+def _owned_span_args(commit: bool) -> Any:
+    """commit_owned / decommit_owned: the owned reservation's span, refused for a reason other than
+    S12's guard."""
     def args_fn(s: Any, u: Universe, args: dict[str, Any], taken: str) -> dict[str, Any]:
         ref, lo, hi = args["span"]
-        o = getattr(s, records)[ref]
+        o = s.owned[ref]
         return {"r": u.idx["res"][ref], "lo": lo, "hi": hi, "oom": taken == "OutOfMemory",
                 "bad": _s12_bad(s.page, o.size, o.committed, lo, hi, commit)}
     return args_fn
@@ -235,115 +235,41 @@ def _s14_res_args(s: Any, u: Universe, args: dict[str, Any], taken: str) -> dict
 _s14_res_project = _project(_s14_state, _s14_res_args)
 
 
-# -- S5: VirtualBacking ----------------------------------------------------
+# -- the VMM machine (S5, S12, S13): VirtualBacking and SharedMapping -------
 
-_S5_SYS_EMPTY = {"free": 0, "ostate": (0, {}), "rcap": (False, {}), "osize": (0, {}), "ocb": (0, {}),
-                 "kst": (0, {}), "kcap": (False, {})}
+#: the VMM machine's system-level record (owned reservations, KV requests): none at the mechanism level
+_SYS_EMPTY = {"free": 0, "ostate": (0, {}), "rcap": (False, {}), "osize": (0, {}), "ocb": (0, {}), "kown": (0, {}),
+              "korig": (-1, {}), "kpre": (0, {})}
+#: its mechanism-level records and figures: none at the system level
+_MECH_EMPTY = {"physical": 0, "foreign": 0, "eager": 0, "shared": 0, "private": 0, "ctot": 0, "absent": 0,
+               "rowrites": 0, "answer": 0, "rlive": (False, {}), "rforeign": (False, {}), "rsize": (0, {}), "pc": {},
+               "reported": (0, {}), "hexists": (False, {}), "hsize": (0, {}), "hreleased": (False, {}),
+               "hmaps": (0, {}), "hfreed": (False, {}), "mlive": (False, {}), "mh": (0, {}), "msize": (0, {}),
+               "mro": (False, {}), "mpriv": (False, {}), "PM": {}, "nm": 0}
 
 
-def _s5_state(s: Any, ret: int = 0, answer: int = 0) -> tuple[dict[str, Any], Universe]:
+def _vmm_state(s: Any, ret: int = 0, answer: int = 0) -> tuple[dict[str, Any], Universe]:
+    """The VMM machine (S5, S12, S13) at the mechanism level: its reservations (VirtualBacking and
+    shared ones), physical handles and their mappings."""
     u = Universe()
-    res = {r: v for r, v in s.reservations.items() if v.kind == "backing"}
+    res = {r: v for r, v in s.reservations.items() if v.kind in ("backing", "shared")}
     ix = u.add("res", res)
+    hx = u.add("handle", s.handles)
+    mx = u.add("mapping", s.mappings)
     u.pages = max([v.size // s.page for v in res.values()] + [0]) + 2
+    hs, ms = s.handles, s.mappings
     st = {
         "cap": s.virtual_backing, "scap": s.shared_mapping, "page": s.page, "capacity": s.capacity,
-        "physical": s.physical, "foreign": s.foreign_bytes,
-        "other": s.eager_bytes + s.shared_bytes + s.private_bytes, "ctot": s.committed_bytes,
-        "absent": s.absent_answered,
+        "physical": s.physical, "foreign": s.foreign_bytes, "eager": s.eager_bytes, "shared": s.shared_bytes,
+        "private": s.private_bytes, "ctot": s.committed_bytes, "absent": s.absent_answered,
+        "rowrites": s.readonly_writes, "answer": answer, "ret": ret, "nextva": s.w_next_address,
         "rlive": (False, {ix[r]: v.live for r, v in res.items()}),
         "rforeign": (False, {ix[r]: v.foreign for r, v in res.items()}),
         "rsize": (0, {ix[r]: v.size for r, v in res.items()}),
         "pc": {ix[r]: set(v.committed) for r, v in res.items()},
         "reported": (0, {ix[r]: v.reported for r, v in res.items()}),
-        "answer": answer, "ret": ret, **_S5_SYS_EMPTY,
-    }
-    return st, u
-
-
-_S5_CMP = ("cap", "physical", "ctot", "absent", "rlive", "rforeign", "rsize", "pc", "reported")
-
-
-_s5_span_project = _project(_s5_state, lambda s, u, a, taken: {
-    "r": u.idx["res"][a["span"][0]], "lo": a["span"][1], "hi": a["span"][2], "oom": taken == "OutOfMemory"})
-
-
-def _s5_ret_expected(s: Any, u: Universe, value: Any) -> Any:
-    st, u2 = _s5_state(s, ret=value if _is_int(value) else 0)
-    _adopt(u, u2)
-    u.pages = max(u.pages, u2.pages)
-    return flatten(st, E.S5.fields, _S5_CMP + ("ret",), u)
-
-
-def _s5_release_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _s5_state(s)
-    if args["reservation"] not in u.idx["res"]:
-        return None
-    return st, {"r": u.idx["res"][args["reservation"]]}, u
-
-
-_s5_reserve_project = _project(_s5_state, _reserve_args)
-
-
-_s5_query_project = _project(_s5_state, lambda s, u, a, taken: {})
-
-
-_s5_query_expected = _expected(_s5_state, E.S5.fields, _S5_CMP + ("answer",), adopt=False,
-                               value=lambda v: {"answer": 0 if v is None else 1})
-
-
-def _s5_device_d(s: Any, action: str, args: dict[str, Any]) -> int:
-    """The physical bytes a successful ``action`` moves (the walk's witness:
-    an allocation's footprint is its page-rounded size), read off the records."""
-    from memspec.spec import kernels as K
-
-    def last_of(h: Any) -> int:  # the handle's pages go with its last mapping, once released
-        return h.size if h.released and h.mappings == 1 and not h.freed else 0
-    if action == "allocate":
-        return K.round_up(args["size"], s.page)
-    if action == "deallocate":
-        return -s.allocations[args["handle"]].footprint
-    if action == "create":
-        return args["size"]
-    if action == "release_handle":
-        h = s.handles[args["handle"]]
-        return -h.size if h.mappings == 0 and not h.freed else 0
-    m = s.mappings[args["mapping"][0]]
-    h = s.handles[m.handle]
-    if action == "unmap":
-        return -m.size if m.private else -last_of(h)
-    return m.size - last_of(h)  # copy_on_write: a private copy, the shared pages' last mapping gone
-
-
-_S5_ONE_OF = {"StaleHandle": "DoubleFree", "InvalidRange": "InvalidRequest"}
-
-
-def _s5_device_project(action: str) -> Any:
-    def project(s: Any, args: dict[str, Any], taken: str) -> Any:
-        from memspec.invariants.formal.proofs import CODE
-
-        st, u = _s5_state(s)
-        code = taken if action in ("unmap", "copy_on_write") else _S5_ONE_OF.get(taken, taken)
-        return st, {"d": _s5_device_d(s, action, args) if taken == "ok" else 0, "code": CODE[code]}, u
-    return project
-
-
-_s5_device_expected = _expected(_s5_state, E.S5.fields, _S5_CMP + ("other",), adopt=False)
-
-
-# -- S13: SharedMapping ----------------------------------------------------
-
-def _s13_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
-    u = Universe()
-    hx = u.add("handle", s.handles)
-    mx = u.add("mapping", s.mappings)
-    shared_res = {r: v for r, v in s.reservations.items() if v.kind == "shared"}
-    rx = u.add("res", shared_res)
-    hs, ms = s.handles, s.mappings
-    st = {
-        "page": s.page, "capacity": s.capacity, "physical": s.physical, "foreign": getattr(s, "foreign_bytes", 0),
-        "shared": s.shared_bytes,
-        "private": s.private_bytes,
+        # S12: a mechanism reservation's address is the one it was reserved at
+        "base": (0, {ix[r]: v.address for r, v in res.items()}), "base0": (0, {ix[r]: v.address for r, v in res.items()}),
         "hexists": (False, {hx[r]: True for r in hs}),
         "hsize": (0, {hx[r]: h.size for r, h in hs.items()}),
         "hreleased": (False, {hx[r]: h.released for r, h in hs.items()}),
@@ -354,21 +280,82 @@ def _s13_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
         "msize": (0, {mx[r]: m.size for r, m in ms.items()}),
         "mro": (False, {mx[r]: m.read_only for r, m in ms.items()}),
         "mpriv": (False, {mx[r]: m.private for r, m in ms.items()}),
-        "rowrites": s.readonly_writes,
-        "rlive": (False, {rx[r]: v.live for r, v in shared_res.items()}),
-        "ret": ret,
         "nm": len(ms),
         "PM": {hx[h]: prefix_values([1 if (m.live and not m.private and m.handle == h) else 0
                                      for _r, m in sorted(ms.items())]) for h in hs},
-        # the KV part of S13 is the system level's
-        "cap": s.virtual_backing, "scap": s.shared_mapping, "kst": (0, {}), "kown": (0, {}), "korig": (-1, {}),
-        "kpre": (0, {}),
+        **_SYS_EMPTY,
     }
     return st, u
 
 
-_S13_CMP = ("physical", "shared", "private", "hexists", "hsize", "hreleased", "hmaps", "hfreed",
-            "mlive", "mh", "msize", "mro", "mpriv", "rowrites", "rlive")
+#: what the mechanism-level adapters of the VMM machine compare: the figures and the reservations
+#: (S5's, with S12's bases) on a reservation's action, the figures and the handles and mappings (S13's)
+#: on a handle's or a mapping's, all of them on the actions S5 and S13 encoded before they shared the machine
+_FIGURES = ("cap", "physical", "eager", "shared", "private", "ctot", "absent", "rowrites", "rlive")
+_RES_CMP = _FIGURES + ("rforeign", "rsize", "pc", "reported", "base", "base0")
+_SHM_CMP = _FIGURES + ("hexists", "hsize", "hreleased", "hmaps", "hfreed", "mlive", "mh", "msize", "mro", "mpriv")
+_VMM_CMP = _RES_CMP + _SHM_CMP[len(_FIGURES):]
+#: the rows proved on S5's VMM machine besides S5: each sample is theirs too
+_ON_VMM = ("S12", "S13")
+#: invariant-agreement states per adapter of the VMM machine: three rows compare the invariants (and
+#: their perturbed copies) on each, over 23 adapters -- about as many per row as S5 (16 adapters), S12
+#: (7) and S13 (10) had on their own machines, within ``memspec prove``'s time
+_VMM_MAX_INV = 50
+
+
+def _vmm_expected(cmp: tuple[str, ...]) -> Any:
+    """The post-state's projection, its fields ``cmp`` (what the step returned as ``ret``); the objects a
+    step made get the next dense indices, as in the projection."""
+    def expected(s: Any, u: Universe, value: Any) -> Any:
+        st, u2 = _vmm_state(s, ret=value if _is_int(value) else 0)
+        _adopt(u, u2)
+        u.pages = max(u.pages, u2.pages)
+        return flatten(st, E.S5.fields, cmp, u)
+    return expected
+
+
+_s5_span_project = _project(_vmm_state, lambda s, u, a, taken: {
+    "r": u.idx["res"][a["span"][0]], "lo": a["span"][1], "hi": a["span"][2], "oom": taken == "OutOfMemory"})
+
+
+def _s5_release_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    st, u = _vmm_state(s)
+    if args["reservation"] not in u.idx["res"]:
+        return None
+    return st, {"r": u.idx["res"][args["reservation"]]}, u
+
+
+_s5_reserve_project = _project(_vmm_state, _reserve_args)
+
+
+_s5_query_project = _project(_vmm_state, lambda s, u, a, taken: {})
+
+
+_s5_query_expected = _expected(_vmm_state, E.S5.fields, _RES_CMP + ("answer",), adopt=False,
+                               value=lambda v: {"answer": 0 if v is None else 1})
+
+
+def _s5_device_d(s: Any, action: str, args: dict[str, Any]) -> int:
+    """The physical bytes a successful ``action`` moves (the walk's witness:
+    an allocation's footprint is its page-rounded size), read off the records."""
+    from memspec.spec import kernels as K
+
+    if action == "allocate":
+        return K.round_up(args["size"], s.page)
+    return -s.allocations[args["handle"]].footprint
+
+
+_S5_ONE_OF = {"StaleHandle": "DoubleFree"}
+
+
+def _s5_device_project(action: str) -> Any:
+    def project(s: Any, args: dict[str, Any], taken: str) -> Any:
+        from memspec.invariants.formal.proofs import CODE
+
+        st, u = _vmm_state(s)
+        code = _S5_ONE_OF.get(taken, taken)
+        return st, {"d": _s5_device_d(s, action, args) if taken == "ok" else 0, "code": CODE[code]}, u
+    return project
 
 
 def _misplaced(s: Any, ref: int, off: int, size: int) -> bool:
@@ -377,15 +364,6 @@ def _misplaced(s: Any, ref: int, off: int, size: int) -> bool:
     if off % s.page or off + size > r.size or off < 0:
         return True
     return any(p in r.backed for p in range(off // s.page, (off + size) // s.page))
-
-
-def _s13_expected(s: Any, u: Universe, value: Any) -> Any:
-    st, u2 = _s13_state(s, ret=value if isinstance(value, int) else 0)
-    # a mapping made by this step gets the next dense index, as in the projection
-    for k in ("handle", "mapping", "res"):
-        if len(u2.idx[k]) > len(u.idx[k]):
-            u.idx[k] = u2.idx[k]
-    return flatten(st, E.S13.fields, _S13_CMP + ("ret",), u)
 
 
 def _s13_create_args(s: Any, u: Universe, args: dict[str, Any], taken: str) -> Any:
@@ -404,12 +382,19 @@ def _s13_map_args(s: Any, u: Universe, args: dict[str, Any], taken: str) -> dict
             "r": u.idx["res"][ref], "bad": _misplaced(s, ref, off, h.size)}
 
 
-_s13_mapping_project = _project(_s13_state, lambda s, u, a, taken: {
+_s13_mapping_project = _project(_vmm_state, lambda s, u, a, taken: {
     "m": u.idx["mapping"][a["mapping"][0]], "size": a["mapping"][3], "oom": taken == "OutOfMemory"})
-_s13_handle_project = _project(_s13_state, lambda s, u, a, taken: {"h": u.idx["handle"][a["handle"]]})
-_s13_write_project = _project(_s13_state, lambda s, u, a, taken: {"m": u.idx["mapping"][a["mapping"][0]]})
-_s13_free_res_project = _project(_s13_state, lambda s, u, a, taken: {
+_s13_handle_project = _project(_vmm_state, lambda s, u, a, taken: {"h": u.idx["handle"][a["handle"]]})
+_s13_write_project = _project(_vmm_state, lambda s, u, a, taken: {"m": u.idx["mapping"][a["mapping"][0]]})
+_s13_free_res_project = _project(_vmm_state, lambda s, u, a, taken: {
     "r": u.idx["res"][a["reservation"]], "mapped": bool(s.reservations[a["reservation"]].backed)})
+
+
+def _vmm(action: str, spec_action: str, project: Any, cmp: tuple[str, ...], ret: bool = True) -> Adapter:
+    """An adapter of the VMM machine: S5's, each sample credited to S12 and S13 too."""
+    cmp = cmp + (("ret",) if ret else ())
+    return Adapter("S5", action, spec_action, project, _vmm_expected(cmp), cmp, also=_ON_VMM,
+                   max_inv_samples=_VMM_MAX_INV)
 
 
 MECH_ADAPTERS = [
@@ -422,31 +407,29 @@ MECH_ADAPTERS = [
     Adapter("S14", n, n, _s14_make_project(n, "mech"), _s14_expected_with(_s14_state), _S14_CMP)
     for n in ("allocate", "create", "reserve", "shared_reserve")
 ] + [
-    Adapter("S5", f"m_{n}", n, _s5_device_project(n), _s5_device_expected, _S5_CMP + ("other",))
-    for n in ("allocate", "deallocate", "create", "release_handle", "unmap", "copy_on_write")
+    _vmm(f"m_{n}", n, _s5_device_project(n), _RES_CMP, ret=False) for n in ("allocate", "deallocate")
 ] + [
-    Adapter("S5", "query_virtual_backing", "query_virtual_backing", _s5_query_project, _s5_query_expected,
-            _S5_CMP + ("answer",)),
-    Adapter("S5", "query_shared_mapping", "query_shared_mapping", _s5_query_project, _s5_query_expected,
-            _S5_CMP + ("answer",)),
-    Adapter("S5", "reserve", "reserve", _s5_reserve_project, _s5_ret_expected, _S5_CMP),
-    Adapter("S5", "committed_bytes", "committed_bytes", _s5_release_project, _s5_ret_expected, _S5_CMP + ("ret",)),
-    Adapter("S5", "commit_range", "commit_range", _s5_span_project, _s5_ret_expected, _S5_CMP + ("ret",)),
-    Adapter("S5", "decommit_range", "decommit_range", _s5_span_project, _s5_ret_expected, _S5_CMP + ("ret",)),
-    Adapter("S5", "release_reservation", "release_reservation", _s5_release_project, _s5_ret_expected, _S5_CMP + ("ret",)),
-    Adapter("S13", "create", "create", _project(_s13_state, _s13_create_args), _s13_expected, _S13_CMP),
-    Adapter("S13", "map", "map", _project(_s13_state, _s13_map_args), _s13_expected, _S13_CMP + ("ret",)),
-    Adapter("S13", "unmap", "unmap", _s13_mapping_project, _s13_expected, _S13_CMP + ("ret",)),
-    Adapter("S13", "copy_on_write", "copy_on_write", _s13_mapping_project, _s13_expected, _S13_CMP + ("ret",)),
-    Adapter("S13", "release_handle", "release_handle", _s13_handle_project, _s13_expected, _S13_CMP + ("ret",)),
-    Adapter("S13", "write_through", "write_through", _s13_write_project, _s13_expected, _S13_CMP),
-    Adapter("S13", "mapping_count", "mapping_count", _s13_handle_project, _s13_expected, _S13_CMP + ("ret",)),
-    Adapter("S13", "free_shared_reservation", "free_shared_reservation", _s13_free_res_project, _s13_expected,
-            _S13_CMP),
+    Adapter("S5", n, n, _s5_query_project, _s5_query_expected, _RES_CMP + ("answer",), also=_ON_VMM,
+            max_inv_samples=_VMM_MAX_INV)
+    for n in ("query_virtual_backing", "query_shared_mapping")
+] + [
+    _vmm("reserve", "reserve", _s5_reserve_project, _RES_CMP, ret=False),
+    _vmm("committed_bytes", "committed_bytes", _s5_release_project, _RES_CMP),
+    _vmm("commit_range", "commit_range", _s5_span_project, _RES_CMP),
+    _vmm("decommit_range", "decommit_range", _s5_span_project, _RES_CMP),
+    _vmm("release_reservation", "release_reservation", _s5_release_project, _RES_CMP),
+    _vmm("create", "create", _project(_vmm_state, _s13_create_args), _VMM_CMP, ret=False),
+    _vmm("map", "map", _project(_vmm_state, _s13_map_args), _SHM_CMP),
+    _vmm("unmap", "unmap", _s13_mapping_project, _VMM_CMP),
+    _vmm("copy_on_write", "copy_on_write", _s13_mapping_project, _VMM_CMP),
+    _vmm("release_handle", "release_handle", _s13_handle_project, _VMM_CMP),
+    _vmm("write_through", "write_through", _s13_write_project, _SHM_CMP, ret=False),
+    _vmm("mapping_count", "mapping_count", _s13_handle_project, _SHM_CMP),
+    _vmm("free_shared_reservation", "free_shared_reservation", _s13_free_res_project, _SHM_CMP, ret=False),
 ]
 
 
-# -- S12: mechanism reservations keep their address --------------------------
+# -- the reservation ranges the VMM machine refuses for a reason of its own ------------
 
 def _aligned_nonempty(lo: int, hi: int, page: int) -> bool:
     return 0 <= lo < hi and lo % page == 0 and hi % page == 0
@@ -462,38 +445,6 @@ def _s12_bad(page: int, size: int, committed: Any, lo: int, hi: int, commit: boo
         return False  # the guard's case
     span = range(lo // page, hi // page)
     return any(p in committed for p in span) if commit else not all(p in committed for p in span)
-
-
-def _s12_mech_state(s: Any) -> tuple[dict[str, Any], Universe]:
-    u = Universe()
-    res = {r: v for r, v in s.reservations.items() if v.kind == "backing"}
-    ix = u.add("res", res)
-    st = {
-        "rstate": (0, {ix[r]: (E.LIVE if v.live else E.FREED) for r, v in res.items()}),
-        "base": (0, {ix[r]: v.address for r, v in res.items()}),
-        "base0": (0, {ix[r]: v.address for r, v in res.items()}),
-        "rsize": (0, {ix[r]: v.size for r, v in res.items()}),
-        "kc": (0, {ix[r]: len(v.committed) * s.page for r, v in res.items()}),
-        "rforeign": (False, {ix[r]: v.foreign for r, v in res.items()}),
-        "nextva": s.w_next_address, "free": 0, "cap": s.virtual_backing, "scap": s.shared_mapping,
-    }
-    return st, u
-
-
-_S12_MECH_CMP = ("rstate", "base", "rsize", "kc")
-
-
-def _s12_mech_project(commit: bool) -> Any:
-    return _project(_s12_mech_state, _owned_span_args(commit, "reservations"))
-
-
-_s12_mech_expected = _expected(_s12_mech_state, E.S12.fields, _S12_MECH_CMP, adopt=False)
-
-
-MECH_ADAPTERS += [
-    Adapter("S12", "commit_range", "commit_range", _s12_mech_project(True), _s12_mech_expected, _S12_MECH_CMP),
-    Adapter("S12", "decommit_range", "decommit_range", _s12_mech_project(False), _s12_mech_expected, _S12_MECH_CMP),
-]
 
 
 def run_mechanism(samples: int, seed: int, inv_samples: int = 0, per_branch: int | None = None,

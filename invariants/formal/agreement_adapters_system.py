@@ -3,8 +3,8 @@
 there).
 
 S15 / G1 / S6 on the ticket machine (tickets, generations, the holders' answers), S3
-selection, S12 owning reservations, the
-small-device and focused walks, S13 read-only prefixes, S5 without VirtualBacking;
+selection, S5 / S12 / S13 on the VMM machine (owning reservations and KV requests),
+the small-device and focused walks, S13 read-only prefixes, S5 without VirtualBacking;
 :data:`SYS_ADAPTERS`, :data:`TICKET_ADAPTERS` and :func:`run_all`.
 """
 
@@ -16,9 +16,9 @@ from memspec.invariants.formal import proofs_seed000 as E
 from memspec.invariants.formal.agreement import Adapter, AgreementReport, Universe, walk_and_compare
 from memspec.invariants.formal.proofs import Proof, prefix_values
 from memspec.invariants.formal.agreement_adapters_mech import (
-    MECH_ADAPTERS, PAGE, UMAX, _S14_CMP, _expected, _is_int, _mech_init, _mech_too_big, _new_slot,
-    _owned_span_args, _project, _reserve_args, _ret, _s14_expected_with, _s14_make_project, _s14_sys_state,
-    run_mechanism,
+    MECH_ADAPTERS, PAGE, UMAX, _MECH_EMPTY, _ON_VMM, _S14_CMP, _VMM_MAX_INV, _expected, _is_int, _mech_init,
+    _mech_too_big, _new_slot, _owned_span_args, _project, _reserve_args, _ret, _s14_expected_with,
+    _s14_make_project, _s14_sys_state, run_mechanism,
 )
 
 
@@ -327,68 +327,82 @@ def _kv_open_refusals(s: Any, request: tuple[Any, int, Any, int]) -> dict[str, b
             "bad": origin is not None and (prefix > s.kv[origin].own or prefix > max_bytes)}
 
 
-# -- S12: owning reservations and KV requests keep their address ---------------
+# -- the VMM machine (S5, S12, S13): owning reservations and KV requests ------------
 
-def _s12_sys_state(s: Any) -> tuple[dict[str, Any], Universe]:
-    """Owning reservations (base: the address the target reported, base0:
-    the one reserved) and KV requests (the store's stable range, whose
-    address the spec does not see: 0) as one kind of reservation."""
+def _vmm_sys_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
+    """Owning reservations and KV requests as one kind of owned reservation: live
+    (an owning one: in the binding's reservations; a request: open), made by a
+    mechanism with VirtualBacking or not, its size (a request's maximum), its
+    committed bytes, its base (the address the target reported; a request's
+    stable range: 0, the spec does not see it) and the one it was reserved at; a
+    request's own committed bytes and read-only prefix (of an origin request)."""
     u = Universe()
     res = {r: o for r, o in s.owned.items() if o.kind == "reservation"}
     ix = u.add("res", {**res, **s.kv})
-    vb, sm = s.registry.capabilities[s.registry.installed]
+    caps = s.registry.capabilities
+    vb, sm = caps[s.registry.installed]
     st = {
-        "rstate": (0, {**{ix[r]: (E.LIVE if o.state == "live" else E.FREED) for r, o in res.items()},
+        "cap": vb, "scap": sm, "page": s.page, "capacity": s.capacity, "free": s.free, "nextva": s.w_next_address,
+        "ret": ret, **_MECH_EMPTY,
+        "ostate": (0, {**{ix[r]: (E.LIVE if r in s.reservations else E.FREED) for r in res},
                        **{ix[r]: (E.LIVE if q.state == "open" else E.FREED) for r, q in s.kv.items()}}),
+        "rcap": (False, {ix[r]: caps[o.creator][0] for r, o in {**res, **s.kv}.items()}),
+        "osize": (0, {**{ix[r]: o.size for r, o in res.items()}, **{ix[r]: q.max_bytes for r, q in s.kv.items()}}),
+        "ocb": (0, {**{ix[r]: len(o.committed) * s.page for r, o in res.items()},
+                    **{ix[r]: q.committed for r, q in s.kv.items()}}),
         "base": (0, {ix[r]: o.address for r, o in res.items()}),
         "base0": (0, {ix[r]: o.base for r, o in res.items()}),
-        "rsize": (0, {**{ix[r]: o.size for r, o in res.items()}, **{ix[r]: q.max_bytes for r, q in s.kv.items()}}),
-        "kc": (0, {**{ix[r]: len(o.committed) * s.page for r, o in res.items()},
-                   **{ix[r]: q.committed for r, q in s.kv.items()}}),
-        "rforeign": (False, {}), "nextva": s.w_next_address, "free": s.free, "cap": vb, "scap": sm,
+        "kown": (0, {ix[r]: q.own for r, q in s.kv.items()}),
+        "korig": (-1, {ix[r]: ix[q.prefix_of] for r, q in s.kv.items() if q.prefix_of is not None}),
+        "kpre": (0, {ix[r]: q.prefix for r, q in s.kv.items()}),
     }
     return st, u
 
 
-_S12_SYS_CMP = ("rstate", "base", "rsize", "kc", "free")
+def _vmm_sys_expected(cmp: tuple[str, ...]) -> Any:
+    def bytes_of(value: Any) -> dict[str, Any]:
+        facts = getattr(value, "facts", None)  # commit_owned returns Seen(None, {"bytes": ..., "address": ...})
+        return _ret(facts.get("bytes", 0) if isinstance(facts, dict) else 0)
+    return _expected(_vmm_sys_state, E.S5.fields, cmp, value=bytes_of)
 
 
-def _s12_sys_expected(cmp: tuple[str, ...]) -> Any:
-    return _expected(_s12_sys_state, E.S12.fields, cmp)
-
-
-def _s12_span_project(commit: bool) -> Any:
-    return _project(_s12_sys_state, _owned_span_args(commit))
-
-
-_s12_reserve_project = _project(_s12_sys_state, _reserve_args)
-
-
-def _s12_kv_open_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+def _vmm_kv_open_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     _ref, max_bytes, origin, prefix = args["request"]
-    st, u = _s12_sys_state(s)
-    bad = _kv_open_refusals(s, args["request"])["bad"]
-    return st, {"r": _new_slot(u, "res"), "n": max_bytes, "bad": bad, "oom": False, "prefix": origin is not None}, u
+    st, u = _vmm_sys_state(s)
+    r = _new_slot(u, "res")
+    return st, {"r": r, "n": max_bytes, "org": u.idx["res"][origin] if origin is not None else 0,
+                "p": prefix if origin is not None else 0, "hasorig": origin is not None}, u
 
 
-def _s12_kv_grow_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+def _vmm_kv_grow_project(s: Any, args: dict[str, Any], taken: str) -> Any:
     from memspec.spec import kernels as K
 
     r, new, fail_at = args["growth"]
-    st, u = _s12_sys_state(s)
+    st, u = _vmm_sys_state(s)
     return st, {"r": u.idx["res"][r], "end": K.round_up(new, s.page), "refuse": taken == "InvalidRequest",
                 "fail": fail_at in (4, 5), "oom": taken == "OutOfMemory"}, u
 
 
+_VMM_NEW_CMP = ("ostate", "rcap", "osize", "ocb", "free", "base", "base0")
+_VMM_SPAN_CMP = ("ostate", "osize", "ocb", "free", "base")
+_VMM_KV_CMP = ("ostate", "rcap", "osize", "kown", "korig", "kpre")
+
+
+def _vmm_sys(spec_action: str, project: Any, cmp: tuple[str, ...]) -> Adapter:
+    """A system-level adapter of the VMM machine: S5's, each sample credited to S12 and S13 too."""
+    return Adapter("S5", spec_action, spec_action, project, _vmm_sys_expected(cmp), cmp, also=_ON_VMM,
+                   max_inv_samples=_VMM_MAX_INV)
+
+
 SYS_ADAPTERS += [
-    Adapter("S12", "reserve_owned", "reserve_owned", _s12_reserve_project,
-            _s12_sys_expected(("rstate", "base", "base0", "rsize", "kc")), ("rstate", "base", "base0", "rsize", "kc")),
-    Adapter("S12", "kv_open", "kv_open", _s12_kv_open_project, _s12_sys_expected(("rstate", "rsize")),
-            ("rstate", "rsize")),
-    Adapter("S12", "commit", "commit_owned", _s12_span_project(True), _s12_sys_expected(_S12_SYS_CMP), _S12_SYS_CMP),
-    Adapter("S12", "decommit", "decommit_owned", _s12_span_project(False), _s12_sys_expected(_S12_SYS_CMP),
-            _S12_SYS_CMP),
-    Adapter("S12", "kv_grow", "kv_grow", _s12_kv_grow_project, _s12_sys_expected(_S12_SYS_CMP), _S12_SYS_CMP),
+    _vmm_sys("reserve_owned", _project(_vmm_sys_state, _reserve_args), _VMM_NEW_CMP),
+    _vmm_sys("commit_owned", _project(_vmm_sys_state, _owned_span_args(True)), _VMM_SPAN_CMP + ("ret",)),
+    _vmm_sys("decommit_owned", _project(_vmm_sys_state, _owned_span_args(False)), _VMM_SPAN_CMP),
+    # a request's base is not the spec's to see: its state, creator's capability, maximum and prefix
+    _vmm_sys("kv_open", _vmm_kv_open_project, _VMM_KV_CMP),
+    _vmm_sys("kv_grow", _vmm_kv_grow_project, _VMM_SPAN_CMP + ("kown",)),
+    _vmm_sys("kv_close", _project(_vmm_sys_state, lambda s, u, a, taken: {"q": u.idx["res"][a["request"]]}),
+             _VMM_KV_CMP + ("ocb",)),
 ]
 
 
@@ -402,8 +416,9 @@ def _small_sys_init() -> Any:
 
 #: spec actions whose OutOfMemory branch needs a size past the device: reserve_owned
 #: draws at most 8 pages, fewer than the main walk's 16
-SMALL_SYS_ADAPTERS = [a for a in SYS_ADAPTERS if a.spec_action == "reserve_owned" and a.invariant in ("S12", "S14")]
-#: (S5's adapters are appended below, where they are defined)
+#: (S14's, the VMM machine's); on a small device commit_owned outruns the budget (GrantDenied) too
+SMALL_SYS_ADAPTERS = [a for a in SYS_ADAPTERS if (a.spec_action == "reserve_owned" and a.invariant in ("S5", "S14"))
+                      or (a.spec_action == "commit_owned" and a.invariant == "S5")]
 
 
 def run_small_system(samples: int, seed: int, inv_samples: int = 0, per_branch: int | None = None,
@@ -439,7 +454,7 @@ def run_focused(samples: int, seed: int, inv_samples: int = 0, per_branch: int |
     proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS}
     n = max(20, samples // 8)
     kv = [a for a in SYS_ADAPTERS if a.spec_action == "kv_open" and a.invariant in ("S5", "S12", "S13")]
-    sh = [a for a in MECH_ADAPTERS if a.spec_action == "free_shared_reservation" and a.invariant in ("S13", "S14")]
+    sh = [a for a in MECH_ADAPTERS if a.spec_action == "free_shared_reservation" and a.invariant in ("S5", "S14")]
     n_kv = max(40, samples // 3)  # an oversized prefix is ~3% of kv_open's draws
     # the full walk queues a KV request's release before a poll in ~1 sample of 100: a share of the
     # release adapters' samples comes from the KV release path (the full walk gives the rest)
@@ -461,105 +476,6 @@ def run_focused(samples: int, seed: int, inv_samples: int = 0, per_branch: int |
 _KV_RELEASE_ADAPTERS = {("S11", "kv_release")}
 #: (invariant, encoded action) of the respond adapters the answer walk samples
 _RESPOND_ADAPTERS = {("S4", "respond")}
-
-
-# -- S13: KvPageStore read-only prefixes ------------------------------------------
-
-_KST = {"open": 1, "closed": 2, "released": 2}
-
-
-def _s13_sys_state(s: Any) -> tuple[dict[str, Any], Universe]:
-    u = Universe()
-    qx = u.add("request", s.kv)
-    vb, sm = s.registry.capabilities[s.registry.installed]
-    st = {
-        "page": s.page, "capacity": s.capacity, "physical": 0, "foreign": 0, "shared": 0, "private": 0,
-        "hexists": (False, {}), "hsize": (0, {}), "hreleased": (False, {}), "hmaps": (0, {}), "hfreed": (False, {}),
-        "mlive": (False, {}), "mh": (0, {}), "msize": (0, {}), "mro": (False, {}), "mpriv": (False, {}),
-        "rowrites": 0, "ret": 0, "PM": {}, "nm": 0, "rlive": (False, {}), "cap": vb, "scap": sm,
-        "kst": (0, {qx[r]: _KST[q.state] for r, q in s.kv.items()}),
-        "kown": (0, {qx[r]: q.own for r, q in s.kv.items()}),
-        "korig": (-1, {qx[r]: qx[q.prefix_of] for r, q in s.kv.items() if q.prefix_of is not None}),
-        "kpre": (0, {qx[r]: q.prefix for r, q in s.kv.items()}),
-    }
-    return st, u
-
-
-_S13_KV_CMP = ("kst", "kown", "korig", "kpre")
-
-
-_s13_sys_expected = _expected(_s13_sys_state, E.S13.fields, _S13_KV_CMP)
-
-
-def _s13_kv_open_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    _ref, max_bytes, origin, prefix = args["request"]
-    st, u = _s13_sys_state(s)
-    q = _new_slot(u, "request")
-    return st, {"q": q, "n": max_bytes, "org": u.idx["request"][origin] if origin is not None else 0,
-                "p": prefix if origin is not None else 0, "hasorig": origin is not None}, u
-
-
-_s13_kv_close_project = _project(_s13_sys_state, lambda s, u, a, taken: {"q": u.idx["request"][a["request"]]})
-
-
-SYS_ADAPTERS += [
-    Adapter("S13", "kv_open", "kv_open", _s13_kv_open_project, _s13_sys_expected, _S13_KV_CMP),
-    Adapter("S13", "kv_close", "kv_close", _s13_kv_close_project, _s13_sys_expected, _S13_KV_CMP),
-]
-
-
-# -- S5: the binding's reservations and KV requests need VirtualBacking ---------
-
-def _s5_sys_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
-    u = Universe()
-    res = {r: o for r, o in s.owned.items() if o.kind == "reservation"}
-    ox = u.add("res", res)
-    qx = u.add("kv", s.kv)
-    caps = s.registry.capabilities
-    vb, sm = caps[s.registry.installed]
-    st = {
-        "cap": vb, "scap": sm, "page": s.page, "capacity": s.capacity, "physical": 0, "foreign": 0, "other": 0,
-        "ctot": 0, "absent": 0, "rlive": (False, {}), "rforeign": (False, {}), "rsize": (0, {}), "pc": {},
-        "reported": (0, {}), "answer": 0, "ret": ret, "free": s.free,
-        "ostate": (0, {ox[r]: (E.LIVE if r in s.reservations else E.FREED) for r in res}),
-        "rcap": (False, {ox[r]: caps[o.creator][0] for r, o in res.items()}),
-        "osize": (0, {ox[r]: o.size for r, o in res.items()}),
-        "ocb": (0, {ox[r]: len(o.committed) * s.page for r, o in res.items()}),
-        "kst": (0, {qx[r]: (E.LIVE if q.state == "open" else E.FREED) for r, q in s.kv.items()}),
-        "kcap": (False, {qx[r]: caps[q.creator][0] for r, q in s.kv.items()}),
-    }
-    return st, u
-
-
-def _s5_sys_expected(cmp: tuple[str, ...]) -> Any:
-    def bytes_of(value: Any) -> dict[str, Any]:
-        facts = getattr(value, "facts", None)  # commit_owned returns Seen(None, {"bytes": ..., "address": ...})
-        return _ret(facts.get("bytes", 0) if isinstance(facts, dict) else 0)
-    return _expected(_s5_sys_state, E.S5.fields, cmp, value=bytes_of)
-
-
-_s5_reserve_owned_project = _project(_s5_sys_state, _reserve_args)
-_s5_commit_owned_project = _project(_s5_sys_state, _owned_span_args(True))
-
-
-def _s5_kv_open_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _s5_sys_state(s)
-    bad = _kv_open_refusals(s, args["request"])["bad"]
-    return st, {"q": _new_slot(u, "kv"), "bad": bad, "prefix": args["request"][2] is not None}, u
-
-
-_S5_OWN_CMP = ("ostate", "rcap", "osize", "ocb", "free")
-SYS_ADAPTERS += [
-    Adapter("S5", "reserve_owned", "reserve_owned", _s5_reserve_owned_project, _s5_sys_expected(_S5_OWN_CMP),
-            _S5_OWN_CMP),
-    Adapter("S5", "commit_owned", "commit_owned", _s5_commit_owned_project,
-            _s5_sys_expected(_S5_OWN_CMP + ("ret",)), _S5_OWN_CMP + ("ret",)),
-    Adapter("S5", "kv_open", "kv_open", _s5_kv_open_project, _s5_sys_expected(("kst", "kcap")), ("kst", "kcap")),
-]
-
-
-# on a small device reserve_owned may be refused (OutOfMemory) and commit_owned outruns the budget (GrantDenied)
-SMALL_SYS_ADAPTERS += [a for a in SYS_ADAPTERS if a.invariant == "S5" and a.spec_action in ("reserve_owned", "commit_owned")]
 
 
 # -- S5: a mechanism without VirtualBacking or SharedMapping answers None -------

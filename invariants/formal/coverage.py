@@ -87,7 +87,6 @@ KNOWN_GAPS: tuple[tuple[str, str, str], ...] = (
     ("S5", "system:allocate_owned", "makes an owned object whose creator S5 reads: not in S5's machine"),
     ("S5", "system:load_weight", "makes an owned object whose creator S5 reads: not in S5's machine"),
     ("S5", "system:close_owned", "a binding reservation leaves SysState.reservations: not in S5's machine"),
-    ("S5", "system:kv_close", "an open KV request (whose creator S5 reads) closes: not in S5's machine"),
     ("S5", "system:poll", "a KV request's release runs (state released): not in S5's machine"),
     ("S5", "system:respond", "a KV request's release runs (state released): not in S5's machine"),
     ("S8", "system:cancel_ticket", "ticket holdings move granted (granted = open grants + holdings): not in S8's machine"),
@@ -103,7 +102,6 @@ KNOWN_GAPS: tuple[tuple[str, str, str], ...] = (
     ("S8", "system:refund_lease", "a lease refund lowers lease bytes and charge: not in S8's machine"),
     ("S8", "system:poll", "a poll runs queued releases (KV pieces too): kv_release is on S11's machine only; "
                           "on S8's, its unguarded-commit search was refuted or not by the terms built before"),
-    ("S13", "system:kv_grow", "S13's keep-pages-for-sharers rule is in no machine (issue 33)"),
     ("S13", "system:poll", "S13's keep-pages-for-sharers rule is in no machine: a KV release run (issue 33)"),
     ("S13", "system:respond", "S13's keep-pages-for-sharers rule is in no machine: a KV release run (issue 33)"),
     ("S14", "mechanism:allocate_foreign", "records the twin's identity (duplicate_identities): not in S14's machine"),

@@ -9,17 +9,18 @@ waiting for fences), 3 freed.
 
 The encodings are split by invariant group, each module under 1,200 lines:
 :mod:`.proofs_seed000_objects` (S1, S3 through S5, S7, and S10; S1, S7 and S10 on S4's
-deferred-free queue machine), :mod:`.proofs_seed000_ledger` (the ledger model: S2, S8, S9, S11), and
-this module (S12 through S15, G1 and S6 on S15's ticket machine, the proof lists
+deferred-free queue machine, S12 and S13 on S5's VMM machine), :mod:`.proofs_seed000_ledger`
+(the ledger model: S2, S8, S9, S11), and this module (S14, S15, G1 and S6 on S15's ticket machine, the proof lists
 :data:`PROOFS` / :data:`MORE_PROOFS` and the encoded-action catalog).  Every name of
 the parts is a name of this module: import from here.
 
 Rows that state their rule on the same spec actions share one machine (the same
 fields, the same steps and preconditions; each row with its own invariant, named rule
 and unguarded variant): S1, S7 and S10 are proved on S4's deferred-free queue machine
-(S1's device-level allocate and deallocate on it too), S2, S8 and S9 on S11's ledger model,
-G1 and S6 on S15's ticket machine (its respond is one relation: S15's refund of the
-answer's bytes into the ticket and S6's choice of victims).
+(S1's device-level allocate and deallocate on it too), S12 and S13 on S5's VMM machine
+(reservations of both levels, physical handles, mappings, KV prefixes), S2, S8 and S9 on
+S11's ledger model, G1 and S6 on S15's ticket machine (its respond is one relation:
+S15's refund of the answer's bytes into the ticket and S6's choice of victims).
 """
 
 from __future__ import annotations
@@ -30,14 +31,14 @@ import z3
 
 from memspec.invariants.formal.z3fast import And, Implies, Not, Or
 from memspec.invariants.formal.proofs import (
-    ARR, ARR2, BARR, BOOL, INT, OK, Act, Proof, St, at, count_append, count_change, merge, on_ok, outcome,
-    prefix_append, prefix_change, prefix_count, prefix_sum, upd,
+    ARR, BARR, BOOL, INT, OK, Act, Proof, St, at, on_ok, outcome, prefix_append, prefix_change, prefix_sum, upd,
 )
 from memspec.spec import kernels as K
 from memspec.invariants.formal import proofs_seed000_objects, proofs_seed000_ledger
 from memspec.invariants.formal.proofs_seed000_objects import (
-    F0, FREED, H_KV, H_WEIGHTS, LIVE, NONE, S1, S10, S3, S4, S5, S7, T_CANCELLED, T_CLAIMED, T_FAILED, T_GRANTED,
-    T_PENDING, T_TIMED_OUT, Z0, _fences_done, _oom, _s10_inv, _s1_named, _s5_named, _terminal, catalog,
+    FREED, H_KV, H_WEIGHTS, LIVE, NONE, S1, S10, S12, S13, S3, S4, S5, S7, T_CANCELLED, T_CLAIMED, T_FAILED,
+    T_GRANTED, T_PENDING, T_TIMED_OUT, Z0, _fences_done, _s10_inv, _s12_inv, _s13_prefix_covered, _s1_named,
+    _s5_named, _terminal, catalog,
 )
 from memspec.invariants.formal.proofs_seed000_ledger import (
     S11, S2, S8, S9, _L_NEW, _ledger, _s11_named, _s2_named, _s8_named, _s9_named, _with_ledger,
@@ -51,328 +52,6 @@ PARTS = (proofs_seed000_objects, proofs_seed000_ledger)
 for _part in PARTS:
     globals().update({_k: _v for _k, _v in vars(_part).items() if not _k.startswith("__")})
 del _part
-
-
-# ==========================================================================
-# S12 stable-address  (mirrors spec/vmm.py reserve_owned, commit_owned,
-# decommit_owned, commit_range, decommit_range and spec/holders.py kv_open,
-# kv_grow)
-#
-# A reservation (an owning reservation, a KV request's stable range, a
-# mechanism reservation) has a base address ``base`` (``base0``: the one it
-# was reserved at) and a size.  Every committing action has the same body:
-# to install backing up to ``end`` the range must cover ``end``; a range
-# that does not is grown by reserving a bigger one elsewhere and moving the
-# pointer (what an allocator without VMM does: allocate bigger, copy).  The
-# one guard that keeps the pointer stable is the range check: ``end`` past
-# the reservation is InvalidRange.  Byte ends are page-rounded by the
-# adapter (``end``), so the machine is linear; what S12 does not talk about
-# (misaligned or empty ranges, a page already (not) committed, a prefix
-# larger than its origin) is the argument ``bad``; an OutOfMemory the spec
-# merely allows is ``oom``; kv_grow's injected failure ``fail`` and its
-# permitted refusal of a no-op ``refuse``.
-# ==========================================================================
-
-def _s12_place(s: St, r: Any, end: Any) -> St:
-    """Back the range up to ``end``: a reservation too small is re-reserved
-    bigger at the next free address (the pointer moves)."""
-    moved = end > at(s.rsize, r)
-    return s.set(base=upd(s.base, r, K.ite(moved, s.nextva, at(s.base, r))),
-                 rsize=upd(s.rsize, r, K.maximum(at(s.rsize, r), end)),
-                 nextva=K.ite(moved, s.nextva + end, s.nextva))
-
-
-def _s12_range_guard(s: St, r: Any, end: Any) -> tuple[Any, str]:
-    """The guard S12 rests on: a commit stays inside the reservation."""
-    return (end > at(s.rsize, r), "InvalidRange")
-
-
-def _s12_commit_owned(check: bool):
-    def step(s: St, a: St):
-        errs = [(a.bad, "InvalidRange")] + ([_s12_range_guard(s, a.r, a.hi)] if check else []) + [
-            (a.hi - a.lo > s.free, "GrantDenied"), (a.oom, "OutOfMemory")]
-        out = outcome(*errs)
-        return on_ok(out, s, _s12_place(s, a.r, a.hi).set(free=s.free - (a.hi - a.lo),
-                                                           kc=upd(s.kc, a.r, at(s.kc, a.r) + (a.hi - a.lo))))
-    return step
-
-
-def _s12_commit_range(s: St, a: St):
-    out = outcome((at(s.rforeign, a.r), "ForeignAllocation"), (at(s.rstate, a.r) != LIVE, "StaleHandle"),
-                  (a.bad, "InvalidRange"), _s12_range_guard(s, a.r, a.hi), (a.oom, "OutOfMemory"))
-    return on_ok(out, s, _s12_place(s, a.r, a.hi).set(kc=upd(s.kc, a.r, at(s.kc, a.r) + (a.hi - a.lo))))
-
-
-def _s12_decommit_range(s: St, a: St):
-    out = outcome((at(s.rforeign, a.r), "ForeignAllocation"), (at(s.rstate, a.r) != LIVE, "StaleHandle"),
-                  (a.bad, "InvalidRange"), _s12_range_guard(s, a.r, a.hi))
-    return on_ok(out, s, s.set(kc=upd(s.kc, a.r, at(s.kc, a.r) - (a.hi - a.lo))))
-
-
-def _s12_decommit_owned(s: St, a: St):
-    """The pages leave now, their refund is queued: no figure of S12 but the
-    committed bytes changes, and the address stays."""
-    out = outcome((a.bad, "InvalidRange"), _s12_range_guard(s, a.r, a.hi))
-    return on_ok(out, s, s.set(kc=upd(s.kc, a.r, at(s.kc, a.r) - (a.hi - a.lo))))
-
-
-def _s12_kv_grow(s: St, a: St):
-    """Grow to ``end`` (page-rounded new bytes; ``max_bytes`` is a page multiple)."""
-    delta = a.end - at(s.kc, a.r)
-    out = outcome(_s12_range_guard(s, a.r, a.end), (And(delta <= 0, a.refuse), "InvalidRequest"),
-                  (delta <= 0, "ok"), (delta > s.free, "GrantDenied"), (a.fail, "MemspecError"),
-                  (a.oom, "OutOfMemory"))
-    grown = _s12_place(s, a.r, a.end).set(free=s.free - delta, kc=upd(s.kc, a.r, a.end))
-    return out, merge(And(out == OK, delta > 0), grown, s)
-
-
-def _s12_reserve(unsupported: Any, oom: bool = True):
-    def step(s: St, a: St):
-        out = outcome((unsupported(s, a), "Unsupported"), (a.bad, "InvalidRequest"),
-                      *([(a.oom, "OutOfMemory")] if oom else []))
-        return on_ok(out, s, s.set(rstate=upd(s.rstate, a.r, LIVE), base=upd(s.base, a.r, s.nextva),
-                                   base0=upd(s.base0, a.r, s.nextva), rsize=upd(s.rsize, a.r, a.n),
-                                   kc=upd(s.kc, a.r, 0), rforeign=upd(s.rforeign, a.r, False),
-                                   nextva=s.nextva + a.n + 1))
-    return step
-
-
-_S12_RES = {"r": INT, "n": INT, "bad": BOOL, "oom": BOOL}
-_S12_SPAN = {"r": INT, "lo": INT, "hi": INT, "bad": BOOL, "oom": BOOL}
-_S12_NEW = lambda s, a: And(at(s.rstate, a.r) == NONE, a.n > 0)  # noqa: E731
-_S12_DRAWN = lambda s, a: at(s.rstate, a.r) != NONE  # noqa: E731  (an existing reservation)
-_S12_LIVE = lambda s, a: at(s.rstate, a.r) == LIVE  # noqa: E731  (drawn from the live ones)
-S12 = Proof(
-    *catalog("S12"),
-    fields={"rstate": ARR, "base": ARR, "base0": ARR, "rsize": ARR, "kc": ARR, "rforeign": BARR, "nextva": INT,
-            "free": INT, "cap": BOOL, "scap": BOOL},
-    init=lambda s: And(s.rstate == Z0(), s.nextva >= 0),
-    inv=lambda s, r: Implies(at(s.rstate, r) == LIVE, at(s.base, r) == at(s.base0, r)),
-    actions=[
-        Act("reserve_owned", _S12_RES, _s12_reserve(lambda s, a: Not(s.cap)), pre=_S12_NEW, objs=("r",)),
-        Act("kv_open", {**_S12_RES, "prefix": BOOL}, _s12_reserve(lambda s, a: Or(Not(s.cap),
-                                                                                    And(a.prefix, Not(s.scap))),
-                                                       oom=False),
-            pre=_S12_NEW, objs=("r",)),
-        Act("commit", _S12_SPAN, _s12_commit_owned(True), pre=_S12_LIVE, objs=("r",)),
-        Act("decommit", _S12_SPAN, _s12_decommit_owned, pre=_S12_LIVE, objs=("r",)),
-        Act("kv_grow", {"r": INT, "end": INT, "refuse": BOOL, "fail": BOOL, "oom": BOOL}, _s12_kv_grow,
-            pre=lambda s, a: at(s.rstate, a.r) == LIVE, objs=("r",)),
-        Act("commit_range", _S12_SPAN, _s12_commit_range, pre=_S12_DRAWN, objs=("r",)),
-        Act("decommit_range", _S12_SPAN, _s12_decommit_range, pre=_S12_DRAWN, objs=("r",)),
-    ],
-    unguarded=Act("commit", _S12_SPAN, _s12_commit_owned(False), pre=_S12_LIVE, objs=("r",)),
-    guard="commit stays inside the reservation (else InvalidRange), never relocating it",
-    bmc_depth=2,
-)
-
-
-# ==========================================================================
-# S13 shared-lifetime  (mirrors spec/shared.py: create, map, unmap,
-# copy_on_write, mapping_count, release_handle, write_through,
-# free_shared_reservation, and spec/holders.py kv_open, kv_close).  Shared
-# reservations are ``rlive``; a misplaced or already-backed range is the
-# argument ``bad``, a reservation with a page still mapped ``mapped``.  No foreign shared reservation exists (the
-# twin makes only VirtualBacking ones) and unmap/copy_on_write are drawn
-# from the live mappings (whose reservation is live: it cannot be freed
-# while mapped), so those errors are outside the actions' domains.
-# KvPageStore prefixes: request ``q`` open (``kst`` 1, closed 2) maps
-# ``kpre[q]`` read-only bytes of origin ``korig[q]`` (-1: none), whose
-# committed bytes ``kown`` must cover every open sharer's prefix.
-# ==========================================================================
-
-def _s13_maybe_free(s: St, h: Any) -> St:
-    """Free a handle's pages once released and unmapped everywhere (once)."""
-    go = And(at(s.hreleased, h), at(s.hmaps, h) == 0, Not(at(s.hfreed, h)))
-    return s.set(hfreed=upd(s.hfreed, h, Or(at(s.hfreed, h), go)),
-                 shared=K.ite(go, s.shared - at(s.hsize, h), s.shared),
-                 physical=K.ite(go, s.physical - at(s.hsize, h), s.physical))
-
-
-def _s13_create(s: St, a: St):
-    out = outcome((Or(a.n <= 0, K.mod(a.n, s.page) != 0), "InvalidRequest"),
-                  (_oom(s, a.n, a.oom), "OutOfMemory"))
-    return on_ok(out, s, s.set(hexists=upd(s.hexists, a.h, True), hsize=upd(s.hsize, a.h, a.n),
-                               hreleased=upd(s.hreleased, a.h, False), hmaps=upd(s.hmaps, a.h, 0),
-                               hfreed=upd(s.hfreed, a.h, False), shared=s.shared + a.n, physical=s.physical + a.n))
-
-
-def _s13_map(s: St, a: St):
-    out = outcome((Not(at(s.rlive, a.r)), "StaleHandle"), (at(s.hreleased, a.h), "StaleHandle"),
-                  (a.bad, "InvalidRange"))
-    return on_ok(out, s, s.set(mlive=upd(s.mlive, a.m, True), mh=upd(s.mh, a.m, a.h),
-                               msize=upd(s.msize, a.m, at(s.hsize, a.h)), mro=upd(s.mro, a.m, a.ro),
-                               mpriv=upd(s.mpriv, a.m, False), hmaps=upd(s.hmaps, a.h, at(s.hmaps, a.h) + 1),
-                               ret=at(s.hsize, a.h), PM=count_append(s.PM, s.nm, a.h), nm=s.nm + 1))
-
-
-def _mapping_errors(s: St, a: St) -> list:
-    return [(Or(Not(at(s.mlive, a.m)), a.size != at(s.msize, a.m)), "InvalidRange")]
-
-
-def _s13_unmap(s: St, a: St):
-    out = outcome(*_mapping_errors(s, a))
-    h, sz, priv = at(s.mh, a.m), at(s.msize, a.m), at(s.mpriv, a.m)
-    s1 = s.set(mlive=upd(s.mlive, a.m, False), ret=sz,
-               # a shared mapping gives back its reference; a private (copied) one frees its own pages
-               hmaps=K.ite(priv, s.hmaps, upd(s.hmaps, h, at(s.hmaps, h) - 1)),
-               PM=count_change(s.PM, a.m, h, K.ite(priv, 0, -1)),
-               private=K.ite(priv, s.private - sz, s.private),
-               physical=K.ite(priv, s.physical - sz, s.physical))
-    return out, merge(out == OK, merge(priv, s1, _s13_maybe_free(s1, h)), s)
-
-
-def _s13_cow(s: St, a: St):
-    sz, h = at(s.msize, a.m), at(s.mh, a.m)
-    out = outcome(*_mapping_errors(s, a), (at(s.mpriv, a.m), "InvalidRange"),
-                  (_oom(s, sz, a.oom), "OutOfMemory"))
-    s1 = s.set(mpriv=upd(s.mpriv, a.m, True), private=s.private + sz, physical=s.physical + sz,
-               hmaps=upd(s.hmaps, h, at(s.hmaps, h) - 1), ret=sz, PM=count_change(s.PM, a.m, h, -1))
-    return on_ok(out, s, _s13_maybe_free(s1, h))
-
-
-def _s13_release(check: bool):
-    def step(s: St, a: St):
-        out = outcome((at(s.hreleased, a.h), "DoubleFree"))
-        unmapped = at(s.hmaps, a.h) == 0
-        s1 = s.set(hreleased=upd(s.hreleased, a.h, True), ret=K.ite(unmapped, at(s.hsize, a.h), 0))
-        if check:
-            return on_ok(out, s, _s13_maybe_free(s1, a.h))
-        # frees the pages with the creator's reference, mapped or not
-        go = Not(at(s.hfreed, a.h))
-        s2 = s1.set(hfreed=upd(s.hfreed, a.h, True), shared=K.ite(go, s.shared - at(s.hsize, a.h), s.shared),
-                    physical=K.ite(go, s.physical - at(s.hsize, a.h), s.physical), ret=at(s.hsize, a.h))
-        return on_ok(out, s, s2)
-    return step
-
-
-def _s13_write(s: St, a: St):
-    """The write lands in the mapping's pages; the guard: through a read-only
-    (not copied) mapping it is rejected.  ``rowrites`` counts the writes that
-    landed through a read-only mapping (the spec's ``readonly_writes``)."""
-    ro = And(at(s.mro, a.m), Not(at(s.mpriv, a.m)))
-    out = outcome((ro, "ReadOnlyViolation"))
-    return on_ok(out, s, s.set(rowrites=s.rowrites + K.ite(ro, 1, 0)))
-
-
-def _s13_count(s: St, a: St):
-    """mapping_count: the handle's live mappings; a freed handle is stale."""
-    out = outcome((at(s.hfreed, a.h), "StaleHandle"))
-    return on_ok(out, s, s.set(ret=at(s.hmaps, a.h)))
-
-
-def _s13_free_res(s: St, a: St):
-    """free_shared_reservation: nothing may be mapped in it (else InvalidRange;
-    ``mapped``: some page of it is backed, from the adapter -- the proof does
-    not track which reservation a mapping is in)."""
-    out = outcome((Not(at(s.rlive, a.r)), "DoubleFree"), (a.mapped, "InvalidRange"))
-    return on_ok(out, s, s.set(rlive=upd(s.rlive, a.r, False)))
-
-
-def _s13_kv_open(s: St, a: St):
-    """kv_open: a prefix maps ``p`` committed bytes of an open origin, charged
-    once there; it must not exceed what the origin committed."""
-    out = outcome((Or(Not(s.cap), And(a.hasorig, Not(s.scap))), "Unsupported"),
-                  (And(a.hasorig, Or(a.p > at(s.kown, a.org), a.p > a.n)), "InvalidRequest"))
-    return on_ok(out, s, s.set(kst=upd(s.kst, a.q, 1), kown=upd(s.kown, a.q, 0),
-                               korig=upd(s.korig, a.q, K.ite(a.hasorig, a.org, -1)),
-                               kpre=upd(s.kpre, a.q, K.ite(a.hasorig, a.p, 0))))
-
-
-def _s13_kv_close(s: St, a: St):
-    """kv_close: the release is queued (it runs in poll); the request is closed."""
-    return on_ok(z3.IntVal(OK), s, s.set(kst=upd(s.kst, a.q, 2)))
-
-
-def _s13_prefix_covered(s: St, o: Any) -> Any:
-    """An open request's read-only prefix is backed by its origin's committed bytes."""
-    return Implies(And(at(s.kst, o) == 1, at(s.korig, o) >= 0), at(s.kown, at(s.korig, o)) >= at(s.kpre, o))
-
-
-def _s13_inv(s: St, o: Any) -> Any:
-    h = at(s.mh, o)
-    shared_map = And(at(s.mlive, o), Not(at(s.mpriv, o)))
-    return And(
-        s.physical <= s.capacity, at(s.hmaps, o) >= 0, s.page > 0,
-        Implies(at(s.hfreed, o), And(at(s.hreleased, o), at(s.hmaps, o) == 0)),
-        Implies(at(s.hexists, o), at(s.hsize, o) > 0),
-        Implies(at(s.mlive, o), And(at(s.hexists, h), at(s.msize, o) == at(s.hsize, h))),
-        Implies(shared_map, Not(at(s.hfreed, h))),
-        s.rowrites == 0,
-        # KV prefixes
-        _s13_prefix_covered(s, o), at(s.kown, o) >= 0,
-        Implies(at(s.kst, o) == 0, And(at(s.korig, o) == -1, at(s.kpre, o) == 0)),
-        Implies(And(at(s.kst, o) != 0, at(s.korig, o) >= 0), at(s.kst, at(s.korig, o)) != 0),
-        # hmaps[h] counts the live, not copied mappings of h: a keyed prefix-count
-        # ghost over dense mapping ids checks it
-        Implies(at(s.mlive, o), And(0 <= o, o < s.nm)),
-        Implies(Not(at(s.hexists, o)), at(s.hmaps, o) == 0),
-        prefix_count(s.PM, s.nm, o, lambda k, i: z3.If(And(at(s.mlive, i), Not(at(s.mpriv, i)),
-                                                              at(s.mh, i) == k), 1, 0)),
-        at(s.hmaps, o) == at(at(s.PM, o), s.nm),
-    )
-
-
-def _s13_lemmas(s: St, o: Any, a: St) -> Any:
-    # one live, not copied mapping of h means hmaps[h] >= 1, two distinct ones >= 2
-    h = at(s.mh, o)
-    shared_map = lambda x: And(at(s.mlive, x), Not(at(s.mpriv, x)))  # noqa: E731
-    one = Implies(shared_map(o), at(s.hmaps, h) >= 1)
-    if "m" not in a:
-        return one
-    m = a["m"]
-    two = Implies(And(o != m, shared_map(o), shared_map(m), at(s.mh, m) == h), at(s.hmaps, h) >= 2)
-    return And(one, two)
-
-
-def _s13_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
-    if name == "map":  # charged once: mapping again takes no new physical bytes
-        return And(s2.physical == s.physical, s2.shared == s.shared)
-    if name == "release_handle":
-        return Implies(out == OK, s2.ret == K.ite(at(s.hmaps, a.h) == 0, at(s.hsize, a.h), 0))
-    if name == "mapping_count":
-        return Implies(out == OK, s2.ret == at(s.hmaps, a.h))
-    return z3.BoolVal(True)
-
-
-_MAPARGS = {"m": INT, "size": INT}
-_DRAWN_MAPPING = lambda s, a: at(s.mlive, a.m)  # noqa: E731  (drawn from the live mappings)
-S13 = Proof(
-    *catalog("S13"),
-    fields={"page": INT, "capacity": INT, "physical": INT, "foreign": INT, "shared": INT, "private": INT,
-            "hexists": BARR, "hsize": ARR, "hreleased": BARR, "hmaps": ARR, "hfreed": BARR,
-            "mlive": BARR, "mh": ARR, "msize": ARR, "mro": BARR, "mpriv": BARR, "rowrites": INT, "ret": INT,
-            "PM": ARR2, "nm": INT, "rlive": BARR,
-            "cap": BOOL, "scap": BOOL, "kst": ARR, "kown": ARR, "korig": ARR, "kpre": ARR},
-    init=lambda s: And(s.page > 0, s.physical == 0, s.physical <= s.capacity, s.shared == 0, s.private == 0,
-                          s.hexists == F0(), s.hmaps == Z0(), s.hfreed == F0(), s.hreleased == F0(),
-                          s.mlive == F0(), s.rowrites == 0, s.nm == 0, s.PM == z3.K(z3.IntSort(), Z0()),
-                          s.kst == Z0(), s.kown == Z0(), s.korig == z3.K(z3.IntSort(), z3.IntVal(-1)), s.kpre == Z0()),
-    inv=_s13_inv, lemmas=_s13_lemmas, step_prop=_s13_prop,
-    lemma_doc="a handle's mapping count is at least its live shared mappings (1, or 2 for two distinct ones)",
-    # the invariant at the handle a mapping maps (sound: Inv is proved for every object)
-    inst=lambda s, o, a: [at(s.mh, o)] + [at(s.mh, a[k]) for k in ("m", "h") if k in a],
-    actions=[
-        Act("create", {"h": INT, "n": INT, "oom": BOOL}, _s13_create, pre=lambda s, a: Not(at(s.hexists, a.h)), objs=("h",)),
-        Act("map", {"m": INT, "h": INT, "r": INT, "ro": BOOL, "bad": BOOL}, _s13_map,
-            pre=lambda s, a: And(a.m == s.nm, at(s.hexists, a.h)),
-            objs=("m", "h")),
-        Act("unmap", _MAPARGS, _s13_unmap, pre=_DRAWN_MAPPING, objs=("m",)),
-        Act("copy_on_write", {**_MAPARGS, "oom": BOOL}, _s13_cow, pre=_DRAWN_MAPPING, objs=("m",)),
-        Act("release_handle", {"h": INT}, _s13_release(True), pre=lambda s, a: at(s.hexists, a.h), objs=("h",)),
-        Act("write_through", {"m": INT}, _s13_write, pre=lambda s, a: at(s.mlive, a.m), objs=("m",)),
-        Act("mapping_count", {"h": INT}, _s13_count, pre=lambda s, a: at(s.hexists, a.h), objs=("h",)),
-        Act("free_shared_reservation", {"r": INT, "mapped": BOOL}, _s13_free_res),
-        Act("kv_open", {"q": INT, "n": INT, "org": INT, "p": INT, "hasorig": BOOL}, _s13_kv_open,
-            pre=lambda s, a: And(at(s.kst, a.q) == 0, a.q >= 0, a.p >= 0,
-                                    Implies(a.hasorig, And(a.org >= 0, a.org != a.q, at(s.kst, a.org) == 1)))),
-        Act("kv_close", {"q": INT}, _s13_kv_close, pre=lambda s, a: at(s.kst, a.q) == 1),
-    ],
-    unguarded=Act("release_handle", {"h": INT}, _s13_release(False), pre=lambda s, a: at(s.hexists, a.h), objs=("h",)),
-    guard="physical pages are freed only when the last mapping is gone",
-    bmc_depth=3,
-    timeout_ms=90000,  # map's consecution takes ~3 s of CPU (mappings, handles and KV prefixes in one machine)
-)
 
 
 # ==========================================================================
@@ -810,12 +489,15 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
            "decommit": ("system:decommit_owned",), "synchronize": ("system:synchronize",), "poll": ("system:poll",),
            "respond": ("system:respond",), "select": ("system:select",),
            "destroy_context": ("system:destroy_context",)},
+    # the VMM machine (S5, S12, S13: one machine, below)
     "S5": {**{n: (f"mechanism:{n}",) for n in ("query_virtual_backing", "query_shared_mapping", "reserve", "commit_range",
-                                                "decommit_range", "committed_bytes", "release_reservation")},
-           **{n: (f"system:{n}",) for n in ("reserve_owned", "commit_owned", "kv_open")},
-           # issue 33: the mechanism's other writers of physical
-           **{f"m_{n}": (f"mechanism:{n}",) for n in ("allocate", "deallocate", "create", "release_handle", "unmap",
-                                                       "copy_on_write")}},
+                                                "decommit_range", "committed_bytes", "release_reservation", "create",
+                                                "map", "unmap", "copy_on_write", "release_handle", "write_through",
+                                                "mapping_count", "free_shared_reservation")},
+           **{n: (f"system:{n}",) for n in ("reserve_owned", "commit_owned", "decommit_owned", "kv_open", "kv_grow",
+                                            "kv_close")},
+           # issue 33: the mechanism's eager writers of physical
+           **{f"m_{n}": (f"mechanism:{n}",) for n in ("allocate", "deallocate")}},
     "S11": {**{n: (f"system:{n}",) for n in ("reserve", "commit", "cancel", "refund_lease", "allocate_owned",
                                              "load_weight", "commit_owned", "kv_grow", "drop", "unload_weight",
                                              "poll", "claim", "cancel_ticket", "expire", "respond")},
@@ -824,12 +506,6 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
                                                         "copy_on_write")},
             "reconfigure": ("system:reconfigure",),
             **{n: (f"system:{n}",) for n in _L_NEW if n != "kv_release"}, "kv_release": ("system:poll",)},
-    "S12": {"reserve_owned": ("system:reserve_owned",), "kv_open": ("system:kv_open",),
-            "commit": ("system:commit_owned",), "decommit": ("system:decommit_owned",), "kv_grow": ("system:kv_grow",),
-            "commit_range": ("mechanism:commit_range",), "decommit_range": ("mechanism:decommit_range",)},
-    "S13": {**{n: (f"mechanism:{n}",) for n in ("create", "map", "unmap", "copy_on_write", "release_handle",
-                                                 "write_through", "mapping_count", "free_shared_reservation")},
-            "kv_open": ("system:kv_open",), "kv_close": ("system:kv_close",)},
     "S14": {"allocate": ("mechanism:allocate",), "free": ("mechanism:deallocate",), "create": ("mechanism:create",),
             "reserve": ("mechanism:reserve",), "shared_reserve": ("mechanism:shared_reserve",),
             "release_reservation": ("mechanism:release_reservation",),
@@ -841,6 +517,7 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
 }
 ENCODES["G1"] = ENCODES["S6"] = ENCODES["S15"]  # G1 and S6 are on S15's ticket machine
 ENCODES["S1"] = ENCODES["S7"] = ENCODES["S10"] = ENCODES["S4"]  # S1, S7 and S10 are on S4's queue machine
+ENCODES["S12"] = ENCODES["S13"] = ENCODES["S5"]  # S12 and S13 are on S5's VMM machine
 #: S2's, S8's and S9's machines are part of S11's (one ledger model, the same steps; S9's kv_use is not S11's)
 ENCODES["S2"] = {a.name: ENCODES["S11"][a.name] for a in S2.actions}
 ENCODES["S8"] = {a.name: ENCODES["S11"][a.name] for a in S8.actions}
@@ -864,7 +541,7 @@ NAMED: dict[str, Any] = {
     "S9": _s9_named,
     "S10": _s10_inv,
     "S11": _s11_named,
-    "S12": lambda s, r: Implies(at(s.rstate, r) == LIVE, at(s.base, r) == at(s.base0, r)),
+    "S12": _s12_inv,
     "S13": lambda s, o: And(Implies(_shared_map(s, o), Not(at(s.hfreed, at(s.mh, o)))),
                                s.rowrites == 0,
                                _s13_prefix_covered(s, o)),

@@ -1,9 +1,10 @@
-"""Z3 encodings of seed 000's invariants S1, S3 through S5, S7 and S10: the first part of
+"""Z3 encodings of seed 000's invariants S1, S3 through S5, S7, S10, S12 and S13: the first part of
 :mod:`memspec.invariants.formal.proofs_seed000` (which assembles them; import from there).
 
 S1 creator-free, S3 fresh-capability, S4 fence-release (the deferred-free queue
 machine, with the objects' contexts and creators: S1, S7 and S10 are proved on it
-too), S5 no-silent-noop, S7 role-separation, S10 context-pinned; with the codes every
+too), S5 no-silent-noop (the VMM machine: S12 stable-address and S13 shared-lifetime are
+proved on it too), S7 role-separation, S10 context-pinned; with the codes every
 encoding shares (object lifecycle, ticket states, the holders that answer tickets) and
 :func:`catalog`.  S6 holder-chooses is proved on S15's ticket machine (in the face), S2
 charge-before-commit on the ledger model (:mod:`.proofs_seed000_ledger`).
@@ -17,7 +18,8 @@ import z3
 
 from memspec.invariants.formal.z3fast import And, Implies, Not, Or
 from memspec.invariants.formal.proofs import (
-    ARR, ARR2, ARR2B, BARR, BOOL, CODE, INT, OK, Act, Proof, St, at, on_ok, outcome, upd,
+    ARR, ARR2, ARR2B, BARR, BOOL, CODE, INT, OK, Act, Proof, St, at, count_append, count_change, merge, on_ok, outcome,
+    prefix_count, upd,
 )
 from memspec.spec import kernels as K
 from memspec.spec.invariants import BY_ID as CATALOG
@@ -328,18 +330,32 @@ S1 = _on_queue(
 
 
 # ==========================================================================
-# S5 no-silent-noop  (mirrors spec/vmm.py: reserve, commit_range,
+# The VMM machine: S5 no-silent-noop, S12 stable-address and S13
+# shared-lifetime on one machine (mirrors spec/vmm.py: reserve, commit_range,
 # decommit_range, committed_bytes, release_reservation, reserve_owned,
-# commit_owned; spec/mechanism.py: query_virtual_backing,
-# query_shared_mapping; spec/holders.py: kv_open)
+# commit_owned, decommit_owned; spec/mechanism.py: query_virtual_backing,
+# query_shared_mapping; spec/eager.py: allocate, deallocate; spec/shared.py
+# (below); spec/holders.py: kv_open, kv_grow, kv_close)
 #
-# The invariant is the spec's own (spec/invariants.py ``_s5_mech`` /
+# Two reservation records, each indexed by the reservations of its level:
+# the mechanism's (``rlive``, ``rforeign``, ``rsize``, the page set ``pc``,
+# the bytes the commits ``reported``) and the system level's owned ones --
+# the binding's owning reservations and the KV requests' stable ranges
+# (``ostate``, ``rcap``: made by a mechanism with VirtualBacking, ``osize``:
+# the size or the request's maximum, ``ocb``: its committed bytes; a
+# request's own bytes and prefix, S13's).  Both have a base address ``base``
+# (``base0``: the one reserved at; the next free one is ``nextva``).  The
+# physical bytes are ``eager + shared + private + ctot`` (allocations, shared
+# handles, private copies, committed reservation pages).
+#
+# S5: the invariant is the spec's own (spec/invariants.py ``_s5_mech`` /
 # ``_s5_sys``): no absent capability was ever answered with an object
 # (``absent``: the spec's ``absent_answered``); the physical bytes the
-# mechanism reported are the pages installed (``physical == other + ctot``,
-# ``other``: eager, shared and private bytes, which no S5 action changes);
-# every live owning reservation and open KV request was made by a mechanism
-# with VirtualBacking (``rcap``/``kcap``).  Each commit/decommit changes the
+# mechanism reported are the pages installed (``physical == eager + shared +
+# private + ctot``; no reservation action changes the first three, and no
+# handle's or mapping's action the last); every live owning reservation and
+# open KV request was made by a
+# mechanism with VirtualBacking (``rcap``).  Each commit/decommit changes the
 # reservation's reported bytes, the total and ``physical`` by exactly
 # ``end - start`` and returns it (a step property); ``committed_bytes``
 # answers the bytes the commits reported.  Nothing here needs a page count:
@@ -350,6 +366,16 @@ S1 = _on_queue(
 # kv_open: Unsupported).  Sizes that are not sizes, a misaligned or
 # already-committed owned range, an oversized prefix are the argument ``bad``;
 # an OutOfMemory the spec allows is ``oom``.
+#
+# S12: a live reservation's base is the one it was reserved at.  Every
+# committing action of the system level has the same body: to install
+# backing up to ``end`` the range must cover ``end``; a range that does not
+# is grown by reserving a bigger one elsewhere and moving the pointer (what
+# an allocator without VMM does: allocate bigger, copy).  The one guard that
+# keeps the pointer stable is the range check: ``end`` past the reservation
+# is InvalidRange.  Byte ends are page-rounded by the adapter (``end``), so
+# the machine is linear; kv_grow's injected failure is ``fail``, its
+# permitted refusal of a no-op ``refuse``.
 # ==========================================================================
 
 def _in_range(p: Any, lo: Any, hi: Any, page: Any) -> Any:
@@ -387,11 +413,16 @@ def _s5_query(which: str, check: bool):
     return step
 
 
+def _vmm_new_base(s: St, r: Any, n: Any) -> dict[str, Any]:
+    """A reservation of ``n`` bytes at the next free address (its base and the one it was reserved at)."""
+    return {"base": upd(s.base, r, s.nextva), "base0": upd(s.base0, r, s.nextva), "nextva": s.nextva + n + 1}
+
+
 def _s5_reserve(s: St, a: St):
     out = outcome((a.bad, "InvalidRequest"), (a.oom, "OutOfMemory"))
     return on_ok(out, s, s.set(rlive=upd(s.rlive, a.r, True), rforeign=upd(s.rforeign, a.r, False),
                                rsize=upd(s.rsize, a.r, a.n), reported=upd(s.reported, a.r, 0),
-                               pc=upd(s.pc, a.r, z3.K(z3.IntSort(), z3.BoolVal(False)))))
+                               pc=upd(s.pc, a.r, z3.K(z3.IntSort(), z3.BoolVal(False))), **_vmm_new_base(s, a.r, a.n)))
 
 
 def _s5_span(commit: bool):
@@ -425,57 +456,217 @@ def _s5_release(s: St, a: St):
                                physical=s.physical - n, ctot=s.ctot - n, rlive=upd(s.rlive, a.r, False), ret=n))
 
 
-def _s5_reserve_owned(check: bool):
+def _vmm_owned_new(s: St, a: St) -> St:
+    """An owned reservation (or a KV request's stable range) of ``n`` bytes, nothing committed; it
+    records whether its creator has VirtualBacking."""
+    return s.set(ostate=upd(s.ostate, a.r, LIVE), rcap=upd(s.rcap, a.r, s.cap), osize=upd(s.osize, a.r, a.n),
+                 ocb=upd(s.ocb, a.r, 0), **_vmm_new_base(s, a.r, a.n))
+
+
+def _vmm_reserve_owned(check: bool):
     """The binding's reserve: without the installed mechanism's VirtualBacking,
-    Unsupported (the guard); the reservation records whether its creator has it."""
+    Unsupported (S5's guard)."""
     def step(s: St, a: St):
         out = outcome(*([(Not(s.cap), "Unsupported")] if check else []), (a.bad, "InvalidRequest"),
                       (a.oom, "OutOfMemory"))
-        return on_ok(out, s, s.set(ostate=upd(s.ostate, a.r, LIVE), rcap=upd(s.rcap, a.r, s.cap),
-                                   osize=upd(s.osize, a.r, a.n), ocb=upd(s.ocb, a.r, 0)))
+        return on_ok(out, s, _vmm_owned_new(s, a))
     return step
 
 
-def _s5_commit_owned(s: St, a: St):
-    n = a.hi - a.lo
-    out = outcome((Or(a.bad, a.hi > at(s.osize, a.r)), "InvalidRange"), (n > s.free, "GrantDenied"),
+def _vmm_place(s: St, r: Any, end: Any) -> St:
+    """Back the owned range up to ``end``: a reservation too small is re-reserved
+    bigger at the next free address (the pointer moves)."""
+    moved = end > at(s.osize, r)
+    return s.set(base=upd(s.base, r, K.ite(moved, s.nextva, at(s.base, r))),
+                 osize=upd(s.osize, r, K.maximum(at(s.osize, r), end)),
+                 nextva=K.ite(moved, s.nextva + end, s.nextva))
+
+
+def _vmm_range_guard(s: St, r: Any, end: Any) -> tuple[Any, str]:
+    """The guard S12 rests on: a commit stays inside the reservation."""
+    return (end > at(s.osize, r), "InvalidRange")
+
+
+def _vmm_commit_owned(check: bool):
+    """commit_owned: charge-then-commit ``n`` bytes of an owned reservation
+    (without the range guard: S12's unguarded variant, which re-reserves)."""
+    def step(s: St, a: St):
+        n = a.hi - a.lo
+        out = outcome((a.bad, "InvalidRange"), *([_vmm_range_guard(s, a.r, a.hi)] if check else []),
+                      (n > s.free, "GrantDenied"), (a.oom, "OutOfMemory"))
+        return on_ok(out, s, _vmm_place(s, a.r, a.hi).set(ocb=upd(s.ocb, a.r, at(s.ocb, a.r) + n), free=s.free - n,
+                                                          ret=n))
+    return step
+
+
+def _vmm_decommit_owned(s: St, a: St):
+    """The pages leave now, their refund is queued: only the committed bytes
+    change, and the address stays."""
+    out = outcome((a.bad, "InvalidRange"), _vmm_range_guard(s, a.r, a.hi))
+    return on_ok(out, s, s.set(ocb=upd(s.ocb, a.r, at(s.ocb, a.r) - (a.hi - a.lo))))
+
+
+def _vmm_kv_grow(s: St, a: St):
+    """Grow a KV request to ``end`` (page-rounded new bytes; ``max_bytes`` is a page multiple): its
+    own committed bytes (``kown``, what a sharer's prefix may map) grow by as much."""
+    delta = a.end - at(s.ocb, a.r)
+    out = outcome(_vmm_range_guard(s, a.r, a.end), (And(delta <= 0, a.refuse), "InvalidRequest"),
+                  (delta <= 0, "ok"), (delta > s.free, "GrantDenied"), (a.fail, "MemspecError"),
                   (a.oom, "OutOfMemory"))
-    return on_ok(out, s, s.set(ocb=upd(s.ocb, a.r, at(s.ocb, a.r) + n), free=s.free - n, ret=n))
-
-
-def _s5_kv_open(s: St, a: St):
-    out = outcome((Or(Not(s.cap), And(a.prefix, Not(s.scap))), "Unsupported"), (a.bad, "InvalidRequest"))
-    return on_ok(out, s, s.set(kst=upd(s.kst, a.q, LIVE), kcap=upd(s.kcap, a.q, s.cap)))
+    grown = _vmm_place(s, a.r, a.end).set(free=s.free - delta, ocb=upd(s.ocb, a.r, a.end),
+                                          kown=upd(s.kown, a.r, at(s.kown, a.r) + delta))
+    return out, merge(And(out == OK, delta > 0), grown, s)
 
 
 def _s5_device(s: St, a: St):
-    """The mechanism's other writers of ``physical`` (issue 33): allocate,
-    deallocate (eager bytes), create, release_handle, unmap, copy_on_write
-    (shared and private bytes): on success the device's physical bytes and
-    ``other`` move by the same ``d`` (a free: ``d < 0``; copy_on_write: its
-    private copy, less the handle's pages when that was their last mapping)
-    and no reservation's committed bytes change.  ``code``: the outcome the
-    spec answers (these actions' refusals are other rows' rules; here they
-    change nothing)."""
-    return on_ok(a.code, s, s.set(physical=s.physical + a.d, other=s.other + a.d))
+    """The mechanism's eager writers of ``physical`` (issue 33): allocate,
+    deallocate: on success the device's physical bytes and the eager bytes
+    move by the same ``d`` (a free: ``d < 0``) and no reservation's
+    committed bytes change.  ``code``: the outcome the spec answers (these
+    actions' refusals are other rows' rules; here they change nothing)."""
+    return on_ok(a.code, s, s.set(physical=s.physical + a.d, eager=s.eager + a.d))
 
 
-#: each writer's refusals (one class where the spec permits two: DoubleFree for StaleHandle,
-#: InvalidRequest for InvalidRange)
-_S5_CODES = {"m_allocate": ("InvalidRequest", "OutOfMemory"), "m_deallocate": ("ForeignAllocation", "DoubleFree"),
-             "m_create": ("InvalidRequest", "OutOfMemory"), "m_release_handle": ("DoubleFree",),
-             "m_unmap": ("InvalidRange",), "m_copy_on_write": ("InvalidRange", "OutOfMemory")}
+#: each writer's refusals (one class where the spec permits two: DoubleFree for StaleHandle)
+_S5_CODES = {"m_allocate": ("InvalidRequest", "OutOfMemory"), "m_deallocate": ("ForeignAllocation", "DoubleFree")}
 
 
 def _s5_device_pre(name: str):
+    """The spec's answer (an allocation never past the device: its OutOfMemory rule)."""
     codes = (OK,) + tuple(CODE[e] for e in _S5_CODES[name])
-    return lambda s, a: And(Or(*[a.code == c for c in codes]), s.other + a.d >= 0)
+    return lambda s, a: And(Or(*[a.code == c for c in codes]), s.eager + a.d >= 0, s.physical + a.d <= s.capacity)
 
+
+# -- SharedMapping (S13's rule): physical handles, their mappings, KV prefixes --
+#
+# (mirrors spec/shared.py: create, map, unmap, copy_on_write, mapping_count,
+# release_handle, write_through, free_shared_reservation, and spec/holders.py
+# kv_open, kv_close).  Shared reservations are ``rlive`` too (the mechanism's
+# reservations of either kind); a misplaced or already-backed range is the
+# argument ``bad``, a reservation with a page still mapped ``mapped``.  No
+# foreign shared reservation exists (the twin makes only VirtualBacking ones)
+# and unmap/copy_on_write are drawn from the live mappings (whose reservation
+# is live: it cannot be freed while mapped), so those errors are outside the
+# actions' domains.  KvPageStore prefixes: request ``q`` open (``ostate``
+# live, closed: freed) maps ``kpre[q]`` read-only bytes of origin
+# ``korig[q]`` (-1: none), whose own committed bytes ``kown`` must cover
+# every open sharer's prefix.
+
+def _s13_maybe_free(s: St, h: Any) -> St:
+    """Free a handle's pages once released and unmapped everywhere (once)."""
+    go = And(at(s.hreleased, h), at(s.hmaps, h) == 0, Not(at(s.hfreed, h)))
+    return s.set(hfreed=upd(s.hfreed, h, Or(at(s.hfreed, h), go)),
+                 shared=K.ite(go, s.shared - at(s.hsize, h), s.shared),
+                 physical=K.ite(go, s.physical - at(s.hsize, h), s.physical))
+
+
+def _s13_create(s: St, a: St):
+    out = outcome((Or(a.n <= 0, K.mod(a.n, s.page) != 0), "InvalidRequest"),
+                  (_oom(s, a.n, a.oom), "OutOfMemory"))
+    return on_ok(out, s, s.set(hexists=upd(s.hexists, a.h, True), hsize=upd(s.hsize, a.h, a.n),
+                               hreleased=upd(s.hreleased, a.h, False), hmaps=upd(s.hmaps, a.h, 0),
+                               hfreed=upd(s.hfreed, a.h, False), shared=s.shared + a.n, physical=s.physical + a.n))
+
+
+def _s13_map(s: St, a: St):
+    out = outcome((Not(at(s.rlive, a.r)), "StaleHandle"), (at(s.hreleased, a.h), "StaleHandle"),
+                  (a.bad, "InvalidRange"))
+    return on_ok(out, s, s.set(mlive=upd(s.mlive, a.m, True), mh=upd(s.mh, a.m, a.h),
+                               msize=upd(s.msize, a.m, at(s.hsize, a.h)), mro=upd(s.mro, a.m, a.ro),
+                               mpriv=upd(s.mpriv, a.m, False), hmaps=upd(s.hmaps, a.h, at(s.hmaps, a.h) + 1),
+                               ret=at(s.hsize, a.h), PM=count_append(s.PM, s.nm, a.h), nm=s.nm + 1))
+
+
+def _mapping_errors(s: St, a: St) -> list:
+    return [(Or(Not(at(s.mlive, a.m)), a.size != at(s.msize, a.m)), "InvalidRange")]
+
+
+def _s13_unmap(s: St, a: St):
+    out = outcome(*_mapping_errors(s, a))
+    h, sz, priv = at(s.mh, a.m), at(s.msize, a.m), at(s.mpriv, a.m)
+    s1 = s.set(mlive=upd(s.mlive, a.m, False), ret=sz,
+               # a shared mapping gives back its reference; a private (copied) one frees its own pages
+               hmaps=K.ite(priv, s.hmaps, upd(s.hmaps, h, at(s.hmaps, h) - 1)),
+               PM=count_change(s.PM, a.m, h, K.ite(priv, 0, -1)),
+               private=K.ite(priv, s.private - sz, s.private),
+               physical=K.ite(priv, s.physical - sz, s.physical))
+    return out, merge(out == OK, merge(priv, s1, _s13_maybe_free(s1, h)), s)
+
+
+def _s13_cow(s: St, a: St):
+    sz, h = at(s.msize, a.m), at(s.mh, a.m)
+    out = outcome(*_mapping_errors(s, a), (at(s.mpriv, a.m), "InvalidRange"),
+                  (_oom(s, sz, a.oom), "OutOfMemory"))
+    s1 = s.set(mpriv=upd(s.mpriv, a.m, True), private=s.private + sz, physical=s.physical + sz,
+               hmaps=upd(s.hmaps, h, at(s.hmaps, h) - 1), ret=sz, PM=count_change(s.PM, a.m, h, -1))
+    return on_ok(out, s, _s13_maybe_free(s1, h))
+
+
+def _s13_release(check: bool):
+    def step(s: St, a: St):
+        out = outcome((at(s.hreleased, a.h), "DoubleFree"))
+        unmapped = at(s.hmaps, a.h) == 0
+        s1 = s.set(hreleased=upd(s.hreleased, a.h, True), ret=K.ite(unmapped, at(s.hsize, a.h), 0))
+        if check:
+            return on_ok(out, s, _s13_maybe_free(s1, a.h))
+        # frees the pages with the creator's reference, mapped or not
+        go = Not(at(s.hfreed, a.h))
+        s2 = s1.set(hfreed=upd(s.hfreed, a.h, True), shared=K.ite(go, s.shared - at(s.hsize, a.h), s.shared),
+                    physical=K.ite(go, s.physical - at(s.hsize, a.h), s.physical), ret=at(s.hsize, a.h))
+        return on_ok(out, s, s2)
+    return step
+
+
+def _s13_write(s: St, a: St):
+    """The write lands in the mapping's pages; the guard: through a read-only
+    (not copied) mapping it is rejected.  ``rowrites`` counts the writes that
+    landed through a read-only mapping (the spec's ``readonly_writes``)."""
+    ro = And(at(s.mro, a.m), Not(at(s.mpriv, a.m)))
+    out = outcome((ro, "ReadOnlyViolation"))
+    return on_ok(out, s, s.set(rowrites=s.rowrites + K.ite(ro, 1, 0)))
+
+
+def _s13_count(s: St, a: St):
+    """mapping_count: the handle's live mappings; a freed handle is stale."""
+    out = outcome((at(s.hfreed, a.h), "StaleHandle"))
+    return on_ok(out, s, s.set(ret=at(s.hmaps, a.h)))
+
+
+def _s13_free_res(s: St, a: St):
+    """free_shared_reservation: nothing may be mapped in it (else InvalidRange;
+    ``mapped``: some page of it is backed, from the adapter -- the proof does
+    not track which reservation a mapping is in)."""
+    out = outcome((Not(at(s.rlive, a.r)), "DoubleFree"), (a.mapped, "InvalidRange"))
+    return on_ok(out, s, s.set(rlive=upd(s.rlive, a.r, False)))
+
+
+def _vmm_kv_open(s: St, a: St):
+    """kv_open: step 1 reserves the request's stable range of ``n`` (its maximum) bytes (no
+    VirtualBacking: Unsupported); a prefix (``hasorig``: SharedMapping too) maps ``p`` committed
+    bytes of an open origin, charged once there; it must not exceed what the origin committed."""
+    out = outcome((Or(Not(s.cap), And(a.hasorig, Not(s.scap))), "Unsupported"),
+                  (And(a.hasorig, Or(a.p > at(s.kown, a.org), a.p > a.n)), "InvalidRequest"))
+    return on_ok(out, s, _vmm_owned_new(s, a).set(kown=upd(s.kown, a.r, 0),
+                                                  korig=upd(s.korig, a.r, K.ite(a.hasorig, a.org, -1)),
+                                                  kpre=upd(s.kpre, a.r, K.ite(a.hasorig, a.p, 0))))
+
+
+def _s13_kv_close(s: St, a: St):
+    """kv_close: the release is queued (it runs in poll); the request is closed."""
+    return on_ok(z3.IntVal(OK), s, s.set(ostate=upd(s.ostate, a.q, FREED)))
+
+
+def _s13_prefix_covered(s: St, o: Any) -> Any:
+    """An open request's read-only prefix is backed by its origin's committed bytes."""
+    return Implies(And(at(s.ostate, o) == LIVE, at(s.korig, o) >= 0), at(s.kown, at(s.korig, o)) >= at(s.kpre, o))
+
+
+# -- the machine, and the rows on it -----------------------------------------
 
 def _s5_named(s: St, o: Any) -> Any:
-    """The spec's S5 (both levels), at object ``o``."""
-    return And(s.absent == 0, s.physical == s.other + s.ctot,
-                  Implies(at(s.ostate, o) == LIVE, at(s.rcap, o)), Implies(at(s.kst, o) == LIVE, at(s.kcap, o)))
+    """The spec's S5 (both levels), at object ``o`` (an owned reservation or a KV request)."""
+    return And(s.absent == 0, s.physical == s.eager + s.shared + s.private + s.ctot,
+               Implies(at(s.ostate, o) == LIVE, at(s.rcap, o)))
 
 
 def _s5_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
@@ -488,9 +679,9 @@ def _s5_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
                                             s2.physical - s.physical == sign * s2.ret, s2.ctot - s.ctot == sign * s2.ret))
     if name == "commit_owned":
         return Implies(out == OK, And(s2.ret == a.hi - a.lo, at(s2.ocb, a.r) - at(s.ocb, a.r) == s2.ret))
-    if name in _S5_DEVICE:  # the bytes it reports moved are the device's, never a reservation's
-        return Implies(out == OK, And(s2.physical - s.physical == a.d, s2.ctot == s.ctot,
-                                      s2.reported == s.reported, s2.pc == s.pc))
+    if name in _S5_DEVICE:  # the bytes it reports moved are the device's (eager, shared, private), never a reservation's
+        return Implies(out == OK, And(*([s2.physical - s.physical == a.d] if name in _S5_CODES else []),
+                                      s2.ctot == s.ctot, s2.reported == s.reported, s2.pc == s.pc))
     if name == "committed_bytes":
         return Implies(out == OK, s2.ret == at(s.reported, a.r))
     if name == "release_reservation":
@@ -498,40 +689,160 @@ def _s5_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
     return z3.BoolVal(True)
 
 
-_S5_DEVICE = ("m_allocate", "m_deallocate", "m_create", "m_release_handle", "m_unmap", "m_copy_on_write")
+_S5_DEVICE = ("m_allocate", "m_deallocate", "create", "release_handle", "unmap", "copy_on_write")
 _SPAN = {"r": INT, "lo": INT, "hi": INT}
 _SPAN_OOM = {**_SPAN, "oom": BOOL}
+_OWNED_SPAN = {**_SPAN_OOM, "bad": BOOL}
 _CAP = lambda s, a: s.cap  # noqa: E731  (VirtualBacking's methods exist only when it is provided)
 _S5_RES = {"r": INT, "n": INT, "bad": BOOL, "oom": BOOL}
+_OWNED_NEW = lambda s, a: And(at(s.ostate, a.r) == NONE, a.n > 0)  # noqa: E731
+_OWNED_LIVE = lambda s, a: at(s.ostate, a.r) == LIVE  # noqa: E731  (drawn from the live ones)
+_MAPARGS = {"m": INT, "size": INT}
+_DRAWN_MAPPING = lambda s, a: at(s.mlive, a.m)  # noqa: E731  (drawn from the live mappings)
+_HANDLE = lambda s, a: at(s.hexists, a.h)  # noqa: E731  (drawn from the handles)
+_VMM_FIELDS = {
+    "cap": BOOL, "scap": BOOL, "page": INT, "capacity": INT, "physical": INT, "foreign": INT, "eager": INT,
+    "shared": INT, "private": INT, "ctot": INT, "absent": INT, "rowrites": INT, "answer": INT, "ret": INT,
+    "free": INT, "nextva": INT,
+    # the mechanism's reservations (VirtualBacking and shared ones)
+    "rlive": BARR, "rforeign": BARR, "rsize": ARR, "pc": ARR2B, "reported": ARR,
+    # physical handles and their mappings (``PM``/``nm``: a prefix-count ghost over dense mapping ids)
+    "hexists": BARR, "hsize": ARR, "hreleased": BARR, "hmaps": ARR, "hfreed": BARR,
+    "mlive": BARR, "mh": ARR, "msize": ARR, "mro": BARR, "mpriv": BARR, "PM": ARR2, "nm": INT,
+    # the system level's owned reservations and KV requests (their prefixes)
+    "ostate": ARR, "rcap": BARR, "osize": ARR, "ocb": ARR, "kown": ARR, "korig": ARR, "kpre": ARR,
+    # either level's base address (S12)
+    "base": ARR, "base0": ARR}
+
+
+def _vmm_init(s: St) -> Any:
+    """Nothing committed, mapped or owned yet; the mechanism's reservations (``rlive``) may exist
+    (S13 has no shared_reserve: its shared reservations are made before), each at its first base."""
+    return And(s.page > 0, s.capacity >= 0, s.physical == 0, s.eager == 0, s.shared == 0, s.private == 0,
+               s.ctot == 0, s.absent == 0, s.rowrites == 0, s.nextva >= 0, s.base == s.base0, s.reported == Z0(),
+               s.pc == z3.K(z3.IntSort(), z3.K(z3.IntSort(), z3.BoolVal(False))),
+               s.hexists == F0(), s.hmaps == Z0(), s.hfreed == F0(), s.hreleased == F0(), s.mlive == F0(),
+               s.nm == 0, s.PM == z3.K(z3.IntSort(), Z0()), s.ostate == Z0(), s.kown == Z0(),
+               s.korig == z3.K(z3.IntSort(), z3.IntVal(-1)), s.kpre == Z0())
+
+
+#: the VMM machine's actions, one list (the same step and precondition functions) for S5, S12 and S13
+_VMM_ACTS = [
+    Act("query_virtual_backing", {}, _s5_query("cap", True)),
+    Act("query_shared_mapping", {}, _s5_query("scap", True)),
+    Act("reserve", _S5_RES, _s5_reserve, pre=lambda s, a: And(s.cap, Not(at(s.rlive, a.r)))),
+    Act("commit_range", _SPAN_OOM, _s5_span(True), pre=_CAP),
+    Act("decommit_range", _SPAN, _s5_span(False), pre=_CAP),
+    Act("committed_bytes", {"r": INT}, _s5_committed_bytes, pre=_CAP),
+    Act("release_reservation", {"r": INT}, _s5_release, pre=_CAP),
+    Act("reserve_owned", _S5_RES, _vmm_reserve_owned(True), pre=_OWNED_NEW),
+    Act("commit_owned", _OWNED_SPAN, _vmm_commit_owned(True), pre=_OWNED_LIVE),
+    Act("decommit_owned", _OWNED_SPAN, _vmm_decommit_owned, pre=_OWNED_LIVE),
+    Act("kv_open", {"r": INT, "n": INT, "org": INT, "p": INT, "hasorig": BOOL}, _vmm_kv_open,
+        pre=lambda s, a: And(_OWNED_NEW(s, a), a.r >= 0, a.p >= 0,
+                             Implies(a.hasorig, And(a.org >= 0, a.org != a.r, at(s.ostate, a.org) == LIVE)))),
+    Act("kv_grow", {"r": INT, "end": INT, "refuse": BOOL, "fail": BOOL, "oom": BOOL}, _vmm_kv_grow, pre=_OWNED_LIVE),
+    Act("kv_close", {"q": INT}, _s13_kv_close, pre=lambda s, a: at(s.ostate, a.q) == LIVE),
+    *[Act(n, {"d": INT, "code": INT}, _s5_device, pre=_s5_device_pre(n)) for n in _S5_CODES],
+    Act("create", {"h": INT, "n": INT, "oom": BOOL}, _s13_create, pre=lambda s, a: Not(at(s.hexists, a.h)), objs=("h",)),
+    Act("map", {"m": INT, "h": INT, "r": INT, "ro": BOOL, "bad": BOOL}, _s13_map,
+        pre=lambda s, a: And(a.m == s.nm, at(s.hexists, a.h)), objs=("m", "h")),
+    Act("unmap", _MAPARGS, _s13_unmap, pre=_DRAWN_MAPPING, objs=("m",)),
+    Act("copy_on_write", {**_MAPARGS, "oom": BOOL}, _s13_cow, pre=_DRAWN_MAPPING, objs=("m",)),
+    Act("release_handle", {"h": INT}, _s13_release(True), pre=_HANDLE, objs=("h",)),
+    Act("write_through", {"m": INT}, _s13_write, pre=_DRAWN_MAPPING, objs=("m",)),
+    Act("mapping_count", {"h": INT}, _s13_count, pre=_HANDLE, objs=("h",)),
+    Act("free_shared_reservation", {"r": INT, "mapped": BOOL}, _s13_free_res),
+]
+
 S5 = Proof(
     *catalog("S5"),
-    fields={"cap": BOOL, "scap": BOOL, "page": INT, "capacity": INT, "physical": INT, "foreign": INT, "other": INT,
-            "ctot": INT, "absent": INT, "rlive": BARR, "rforeign": BARR, "rsize": ARR, "pc": ARR2B, "reported": ARR,
-            "answer": INT, "ret": INT, "free": INT, "ostate": ARR, "rcap": BARR, "osize": ARR, "ocb": ARR,
-            "kst": ARR, "kcap": BARR},
-    init=lambda s: And(s.page > 0, s.capacity >= 0, s.physical == 0, s.other == 0, s.ctot == 0, s.absent == 0,
-                          s.rlive == F0(), s.reported == Z0(), s.ostate == Z0(), s.kst == Z0(),
-                          s.pc == z3.K(z3.IntSort(), z3.K(z3.IntSort(), z3.BoolVal(False)))),
+    fields=dict(_VMM_FIELDS), init=_vmm_init,
     inv=lambda s, r: And(s.page > 0, _s5_named(s, r)),
-    actions=[
-        Act("query_virtual_backing", {}, _s5_query("cap", True)),
-        Act("query_shared_mapping", {}, _s5_query("scap", True)),
-        Act("reserve", _S5_RES, _s5_reserve, pre=lambda s, a: And(s.cap, Not(at(s.rlive, a.r)))),
-        Act("commit_range", _SPAN_OOM, _s5_span(True), pre=_CAP),
-        Act("decommit_range", _SPAN, _s5_span(False), pre=_CAP),
-        Act("committed_bytes", {"r": INT}, _s5_committed_bytes, pre=_CAP),
-        Act("release_reservation", {"r": INT}, _s5_release, pre=_CAP),
-        Act("reserve_owned", _S5_RES, _s5_reserve_owned(True), pre=lambda s, a: at(s.ostate, a.r) == NONE),
-        Act("commit_owned", {**_SPAN, "bad": BOOL, "oom": BOOL}, _s5_commit_owned,
-            pre=lambda s, a: at(s.ostate, a.r) == LIVE),
-        Act("kv_open", {"q": INT, "bad": BOOL, "prefix": BOOL}, _s5_kv_open, pre=lambda s, a: at(s.kst, a.q) == NONE),
-        *[Act(n, {"d": INT, "code": INT}, _s5_device, pre=_s5_device_pre(n)) for n in _S5_DEVICE],
-    ],
-    unguarded=Act("reserve_owned", _S5_RES, _s5_reserve_owned(False), pre=lambda s, a: at(s.ostate, a.r) == NONE),
+    actions=list(_VMM_ACTS),
+    unguarded=Act("reserve_owned", _S5_RES, _vmm_reserve_owned(False), pre=_OWNED_NEW),
     guard="reserve through the binding needs the installed mechanism's VirtualBacking (else Unsupported), never "
           "a reservation no commit can back",
     step_prop=_s5_prop,
     bmc_depth=1,
+)
+
+
+def _s12_inv(s: St, r: Any) -> Any:
+    """A live reservation (the mechanism's, or an owned one or a KV request's range) keeps its base."""
+    return Implies(Or(at(s.rlive, r), at(s.ostate, r) == LIVE), at(s.base, r) == at(s.base0, r))
+
+
+S12 = Proof(
+    *catalog("S12"),
+    fields=dict(_VMM_FIELDS), init=_vmm_init, inv=_s12_inv,
+    # the VMM machine of S5, action by action (so S5's agreement samples are S12's too)
+    actions=list(_VMM_ACTS),
+    unguarded=Act("commit_owned", _OWNED_SPAN, _vmm_commit_owned(False), pre=_OWNED_LIVE),
+    guard="commit stays inside the reservation (else InvalidRange), never relocating it",
+    bmc_depth=2,
+)
+
+
+def _s13_inv(s: St, o: Any) -> Any:
+    h = at(s.mh, o)
+    shared_map = And(at(s.mlive, o), Not(at(s.mpriv, o)))
+    return And(
+        at(s.hmaps, o) >= 0, s.page > 0,
+        Implies(at(s.hfreed, o), And(at(s.hreleased, o), at(s.hmaps, o) == 0)),
+        Implies(at(s.hexists, o), at(s.hsize, o) > 0),
+        Implies(at(s.mlive, o), And(at(s.hexists, h), at(s.msize, o) == at(s.hsize, h))),
+        Implies(shared_map, Not(at(s.hfreed, h))),
+        s.rowrites == 0,
+        # KV prefixes
+        _s13_prefix_covered(s, o), at(s.kown, o) >= 0,
+        Implies(at(s.ostate, o) == NONE, And(at(s.korig, o) == -1, at(s.kpre, o) == 0)),
+        Implies(And(at(s.ostate, o) != NONE, at(s.korig, o) >= 0), at(s.ostate, at(s.korig, o)) != NONE),
+        # hmaps[h] counts the live, not copied mappings of h: a keyed prefix-count
+        # ghost over dense mapping ids checks it
+        Implies(at(s.mlive, o), And(0 <= o, o < s.nm)),
+        Implies(Not(at(s.hexists, o)), at(s.hmaps, o) == 0),
+        prefix_count(s.PM, s.nm, o, lambda k, i: z3.If(And(at(s.mlive, i), Not(at(s.mpriv, i)),
+                                                              at(s.mh, i) == k), 1, 0)),
+        at(s.hmaps, o) == at(at(s.PM, o), s.nm),
+    )
+
+
+def _s13_lemmas(s: St, o: Any, a: St) -> Any:
+    # one live, not copied mapping of h means hmaps[h] >= 1, two distinct ones >= 2
+    h = at(s.mh, o)
+    shared_map = lambda x: And(at(s.mlive, x), Not(at(s.mpriv, x)))  # noqa: E731
+    one = Implies(shared_map(o), at(s.hmaps, h) >= 1)
+    if "m" not in a:
+        return one
+    m = a["m"]
+    two = Implies(And(o != m, shared_map(o), shared_map(m), at(s.mh, m) == h), at(s.hmaps, h) >= 2)
+    return And(one, two)
+
+
+def _s13_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
+    if name == "map":  # charged once: mapping again takes no new physical bytes
+        return And(s2.physical == s.physical, s2.shared == s.shared)
+    if name == "release_handle":
+        return Implies(out == OK, s2.ret == K.ite(at(s.hmaps, a.h) == 0, at(s.hsize, a.h), 0))
+    if name == "mapping_count":
+        return Implies(out == OK, s2.ret == at(s.hmaps, a.h))
+    return z3.BoolVal(True)
+
+
+S13 = Proof(
+    *catalog("S13"),
+    fields=dict(_VMM_FIELDS), init=_vmm_init,
+    inv=_s13_inv, lemmas=_s13_lemmas, step_prop=_s13_prop,
+    lemma_doc="a handle's mapping count is at least its live shared mappings (1, or 2 for two distinct ones)",
+    # the invariant at the handle a mapping maps (sound: Inv is proved for every object)
+    inst=lambda s, o, a: [at(s.mh, o)] + [at(s.mh, a[k]) for k in ("m", "h") if k in a],
+    # the VMM machine of S5, action by action (so S5's agreement samples are S13's too)
+    actions=list(_VMM_ACTS),
+    unguarded=Act("release_handle", {"h": INT}, _s13_release(False), pre=_HANDLE, objs=("h",)),
+    guard="physical pages are freed only when the last mapping is gone",
+    bmc_depth=3,
+    timeout_ms=90000,  # map's consecution takes ~3 s of CPU (mappings, handles and KV prefixes in one machine)
 )
 
 
