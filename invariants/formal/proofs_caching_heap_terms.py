@@ -299,6 +299,23 @@ def block_wf(s: St, i: Any) -> Any:
     ))
 
 
+def page_aligned(s: St, i: Any) -> Any:
+    """An unmapped block starts on a page of its arena (its offset from the arena's base a multiple of the
+    pool's page: :func:`page`)."""
+    rel = at(s.ad, i) - at(s.sb, i)
+    return Implies(And(at(s.al, i), at(s.k, i) == UNM),
+                   z3.If(page(s, at(s.sm, i)) == K_ROUND_LARGE, rel % K_ROUND_LARGE == 0, rel % K_LARGE_BUFFER == 0))
+
+
+def unmapped_aligned(s: St) -> Any:
+    """C8's lemma: every unmapped block starts on a page (so the pages a mapping lacks are at most the
+    request's page-rounded size).  Inductive with :func:`memspec.invariants.formal.proofs_caching_heap.inv`
+    (its own consecution goal ``align``), and a hypothesis of that goal and of C8's step property only: in
+    the block invariant (:func:`block_wf`), every hypothesis carried it and ``expand:map``'s consecution went
+    from 3 s to over 6 min CPU."""
+    return _all(s.n, lambda i: page_aligned(s, i))
+
+
 def pair_wf(s: St, i: Any, j: Any) -> Any:
     """Two alive blocks: the same segment (base) -> disjoint, same size, pool,
     stream; different segments -> disjoint segments."""
