@@ -555,8 +555,9 @@ def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Ca
     The work runs one process further down: the supervised child is a shield
     that only waits for the worker it forks and ends as it ended.  The
     target's parent (``os.getppid()``) is that shield, never the supervisor:
-    a target that signals its parent -- SIGTERM, SIGKILL, anything -- ends
-    its own run (a crash, reported with the signal), not memspec.
+    a signal the target sends its parent is ignored there (SIGSTOP: the
+    shield is continued), and SIGKILL ends the target's own run (a crash,
+    reported with the signal), never memspec.
     """
     watch = Watch()
     log = StepLog()
@@ -612,22 +613,23 @@ def supervise(work: Callable[[Channel], None], *, timeout: float, on_message: Ca
     done = False
     eof = False
     nap = 0.001
-    held, dropping = 0, False   # bytes of the line arriving; whether it is past MAX_MESSAGE
+    held = 0   # bytes of the line arriving (past MAX_MESSAGE: it is being dropped)
 
     def take(chunk: bytes) -> None:
-        nonlocal parts, done, held, dropping
+        nonlocal parts, done, held
         if b"\n" not in chunk:   # a long line still arriving: keep the pieces, join once (not quadratic)
             held += len(chunk)
-            if held > MAX_MESSAGE:   # a line past any message's size (a target writing into the pipe): dropped
-                parts, dropping = [b""], True
-            elif not dropping:
+            # a line past any message's size (a target writing into the pipe) is dropped as it arrives
+            if held <= MAX_MESSAGE:
                 parts.append(chunk)
+            else:
+                parts = [b""]
             return
         head, _, rest = chunk.partition(b"\n")
         parts.append(head)
         *lines, tail = rest.split(b"\n")
-        lines.insert(0, b"" if dropping or held + len(head) > MAX_MESSAGE else b"".join(parts))
-        parts, held, dropping = [tail], len(tail), False
+        lines.insert(0, b"" if held + len(head) > MAX_MESSAGE else b"".join(parts))
+        parts, held = [tail], len(tail)
         for line in lines:
             try:
                 msg = json.loads(line)
