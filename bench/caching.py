@@ -29,6 +29,7 @@ wall-clock rate is in each row's note and ``extra``).
 
 from __future__ import annotations
 
+import gc
 import importlib
 import importlib.util
 import os
@@ -348,7 +349,12 @@ def opcodes_per_pair(make_ops: Callable[[], tuple], w: workload.Workload) -> flo
         frame.f_trace_opcodes = True
         return local
 
-    old = sys.gettrace()
+    # The cyclic collector is held off while counting: a collection runs
+    # ``gc.callbacks`` (Hypothesis installs one), whose Python frames the
+    # tracer would count, so the figure would depend on what ran before.
+    old, was_enabled = sys.gettrace(), gc.isenabled()
+    gc.collect()
+    gc.disable()
     sys.settrace(call)
     try:
         for i, n in w.ops:
@@ -356,6 +362,8 @@ def opcodes_per_pair(make_ops: Callable[[], tuple], w: workload.Workload) -> flo
             live[i] = alloc(n)
     finally:
         sys.settrace(old)
+        if was_enabled:
+            gc.enable()
     return ops / len(w.ops)
 
 

@@ -108,6 +108,36 @@ def test_opcodes_per_pair_is_deterministic_and_counts_the_ops_frames():
     assert sys.gettrace() is before  # the tracer is removed
 
 
+def test_opcodes_per_pair_does_not_count_gc_callbacks():
+    """A collection inside the counted loop runs ``gc.callbacks`` (Hypothesis
+    installs one); their opcodes are not the allocator's.  CI once read
+    739.935 then 739.745 opcodes per pair in one process for this reason."""
+    import gc
+
+    from bench import workload
+
+    w = workload.make("large", 30, 200)
+    make = lambda: bc.reference_ops("seed", bc.load_pure())  # noqa: E731
+    quiet = bc.opcodes_per_pair(make, w)
+    calls = []
+
+    def callback(phase, info):
+        for _ in range(50):
+            calls.append(phase)
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(callback)
+    gc.set_threshold(1, 1, 1)  # collect on (nearly) every allocation
+    try:
+        noisy = bc.opcodes_per_pair(make, w)
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(callback)
+    assert calls  # the callback did run (around the loop, not inside it)
+    assert noisy == quiet
+    assert gc.isenabled()
+
+
 def test_measured_rows_carry_the_load_average_around_their_measurement(monkeypatch):
     from bench import caching as bc
     from bench.common import Row, unavailable
