@@ -7,7 +7,9 @@ implementation could take (a ``Returns`` with a ``witness``, or any
 ``Raises``), follows it, and checks every invariant.  If a spec transition
 ever broke an invariant, this is where it shows.
 
-Two drivers share :func:`spec_step`:
+Two drivers share :func:`spec_step` (its halves, :func:`draw_branch` and
+:func:`follow`, and :func:`pick_action` are also the steps of the formal
+side's walks: proof coverage and encoding agreement):
 
 * :func:`state_machine` -- a Hypothesis ``RuleBasedStateMachine`` whose rules
   are generated from the machine's action table (one rule per action,
@@ -50,23 +52,51 @@ class Step:
     broken: list[tuple[str, str]] = field(default_factory=list)
 
 
-def spec_step(machine: Machine[Any], state: Any, action: Action[Any], chooser: Any) -> Step:
-    """One step of the spec alone; returns what happened (``broken``: failing invariants)."""
+def pick_action(options: Sequence[Action[Any]], rng: random.Random) -> Action[Any]:
+    """One of ``options`` (actions :func:`usable` now), drawn by weight: each counts ``max(1, weight)``
+    times, one ``rng.randrange`` over the total."""
+    k = rng.randrange(sum(max(1, a.weight) for a in options))
+    for a in options:
+        k -= max(1, a.weight)
+        if k < 0:
+            return a
+    return options[-1]  # pragma: no cover - k < total
+
+
+def draw_branch(action: Action[Any], state: Any, chooser: Any) -> tuple[dict[str, Any], Any, Any]:
+    """The first half of a step: ``action``'s arguments drawn, its permitted outcomes at ``state``, and
+    one :func:`takeable` branch picked (``None`` when there is none).  Nothing is applied yet (a caller
+    may look at the state before the branch); :func:`follow` applies it."""
     args = action.draw_args(state, chooser)
     outs = action.step(state, **args)
     branches = [b for b in outs.branches if takeable(b)]
     if not branches:
+        return args, outs, None
+    return args, outs, branches[chooser.integer(0, len(branches) - 1)] if len(branches) > 1 else branches[0]
+
+
+def follow(branch: Any, check: str = "") -> Any:
+    """The second half of a step: ``branch`` applied, spec-only (a ``Returns`` with its witness value,
+    a ``Raises`` with its error); the value returned (``None`` for an error).  ``check`` (where the step
+    is: its action and arguments): the witness is first checked against its own branch (AssertionError)."""
+    if isinstance(branch, Returns):
+        value = branch.witness()
+        if check and not branch.matches(value):
+            raise AssertionError(f"{check}: the witness {value!r} is not accepted by its own branch")
+        branch.then(value)
+        return value
+    branch.then(make_error(branch.error))
+    return None
+
+
+def spec_step(machine: Machine[Any], state: Any, action: Action[Any], chooser: Any) -> Step:
+    """One step of the spec alone (:func:`draw_branch`, then :func:`follow`); returns what happened
+    (``broken``: failing invariants)."""
+    args, outs, b = draw_branch(action, state, chooser)
+    if b is None:
         raise AssertionError(f"{action.name}({args}): no branch can be taken (outcomes: {outs.describe()})")
-    b = branches[chooser.integer(0, len(branches) - 1)] if len(branches) > 1 else branches[0]
-    if isinstance(b, Returns):
-        value = b.witness()  # type: ignore[misc]
-        if not b.matches(value):
-            raise AssertionError(f"{action.name}({args}): the witness {value!r} is not accepted by its own branch")
-        b.then(value)
-        label = "returns " + b.describe
-    else:
-        b.then(make_error(b.error))
-        label = "raises " + b.error.__name__
+    follow(b, check=f"{action.name}({args})")
+    label = "returns " + b.describe if isinstance(b, Returns) else "raises " + b.error.__name__
     return Step(action.name, args, label, machine.check_invariants(state))
 
 
@@ -77,10 +107,8 @@ def random_walk(machine: Machine[Any], init: dict[str, Any], *, steps: int, seed
     chooser = RandomChooser(rng)
     state = machine.init(**init)
     trace: list[Step] = []
-    weighted = [a for a in machine.actions for _ in range(max(1, a.weight))]
     for i in range(steps):
-        options = [a for a in weighted if usable(a, state)]
-        act = options[rng.randrange(len(options))]
+        act = pick_action([a for a in machine.actions if usable(a, state)], rng)
         st = spec_step(machine, state, act, chooser)
         trace.append(st)
         broken = st.broken or (machine.check_invariants(state, full=True) if full_every and i % full_every == 0 else [])

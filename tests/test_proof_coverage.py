@@ -174,7 +174,8 @@ def test_unreached_branches_and_actions_are_reported() -> None:
     mach = replace(SYSTEM, actions=[a for a in SYSTEM.actions if a.name in ("allocate_owned", "drop")] + [
         Action("never", "t", "", {}, never, lambda sut: None, enabled=lambda s: False),
         Action("no_witness", "t", "", {}, no_witness, lambda sut: None)])
-    walk = F.Walk("system", dict(capacity=16 * F.PAGE, page=F.PAGE, virtual_backing=True, shared_mapping=True), 120)
+    walk = F.Walk("planted", "system", dict(capacity=16 * 4096, page=4096, virtual_backing=True, shared_mapping=True),
+                  steps=120)
     got = F.derive(walks=(walk,), machines={"system": mach})
     assert "system:never" in got.unreached
     assert "system:no_witness / returns only with an implementation" in got.unreached

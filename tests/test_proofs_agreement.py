@@ -289,7 +289,8 @@ def test_the_invariant_evaluator_decides_as_the_invariant_built_on_the_state() -
     a broken state included."""
     import random
 
-    from memspec.invariants.formal.agreement import follow, inv_eval, pick_branch, quantified_counts
+    from memspec.invariants.formal.agreement import inv_eval, quantified_counts
+    from memspec.spec.selfcheck import draw_branch, follow
     from memspec.spec.core import RandomChooser
     from memspec.invariants.formal.agreement_adapters import _mech_init, _vmm_state
     from memspec.spec.mechanism import MECHANISM
@@ -306,7 +307,7 @@ def test_the_invariant_evaluator_decides_as_the_invariant_built_on_the_state() -
     for step in range(120):
         acts = [a for a in MECHANISM.actions if a.name in names and a.available(s)]
         act = rng.choice(acts)
-        br = pick_branch(act.step(s, **act.draw_args(s, ch)), rng)
+        _args, _outs, br = draw_branch(act, s, ch)
         if br is not None:
             follow(br)
         st, u = _vmm_state(s)  # the VMM machine's projection (S13 is on S5's machine)

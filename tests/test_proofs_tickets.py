@@ -13,15 +13,16 @@ import pytest
 from memspec.invariants.formal import proofs_seed000 as E
 from memspec.invariants.formal.agreement import walk_and_compare
 from memspec.invariants.formal.agreement_adapters import (
-    TICKET_ADAPTERS, _Restricted, _sys_too_big, _TICKET_WALK, _tickets_init, run_tickets,
+    TICKET_ADAPTERS, _Restricted, _sys_too_big, _tickets_init, run_all,
 )
+from memspec.invariants.formal.walks import TICKET_FOCUS
 from memspec.invariants.formal.proofs import branches, prove
 
 
 @pytest.fixture(scope="module")
 def reports():
     # the quotas of ``memspec prove``'s default run (40 agreeing samples per branch, at most 400)
-    return run_tickets(400, 0, 40, per_branch=40)
+    return run_all(400, 0, 40, per_branch=40, walks=("tickets",))
 
 
 def test_the_ticket_machine_rows_are_proved_with_nothing_assumed() -> None:
@@ -52,7 +53,7 @@ def test_expire_that_ignores_the_deadline_disagrees() -> None:
     ads = [replace(a, also=()) for a in TICKET_ADAPTERS if a.invariant == "S15" and a.action == "expire"]
     from memspec.spec.system import SYSTEM
 
-    reps = walk_and_compare(_Restricted(SYSTEM, _TICKET_WALK), _tickets_init, ads, {"S15": wrong}, 150, 3,
+    reps = walk_and_compare(_Restricted(SYSTEM, TICKET_FOCUS), _tickets_init, ads, {"S15": wrong}, 150, 3,
                             _sys_too_big)
     assert reps[0].mismatches
 

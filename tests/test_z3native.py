@@ -128,7 +128,7 @@ def test_a_wrong_evaluation_is_caught_by_the_cross_check_in_the_caching_agreemen
 
 def test_a_wrong_evaluation_is_caught_by_the_cross_check_in_the_s_agreement(monkeypatch) -> None:
     from memspec.invariants.formal import agreement as AG
-    from memspec.invariants.formal.agreement_adapters import run_tickets
+    from memspec.invariants.formal.agreement_adapters import run_all
 
     real_call = N.Program.__call__
 
@@ -139,4 +139,4 @@ def test_a_wrong_evaluation_is_caught_by_the_cross_check_in_the_s_agreement(monk
     monkeypatch.setattr(N.Program, "__call__", wrong)
     monkeypatch.setattr(AG, "_COMPILED", {})
     with pytest.raises(AssertionError, match="a defect of memspec.invariants.formal.z3native"):
-        run_tickets(20, 0, 0, None)
+        run_all(20, 0, 0, None, walks=("tickets",))

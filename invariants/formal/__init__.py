@@ -25,7 +25,8 @@ state; the projections are the adapters of :mod:`.agreement_adapters` (assembled
 compares the executable and encoded invariants on perturbed, mostly unreachable, states (a
 weakened executable check); :mod:`.z3native` evaluates encoded terms as straight-line Python for
 those walks.  :mod:`.coverage` derives from the spec what each proof must encode (the fields each
-step writes, the fields each invariant reads; reviewed gaps in ``KNOWN_GAPS``).
+step writes, the fields each invariant reads; reviewed gaps in ``KNOWN_GAPS``).  Both walk the
+machines of one table, :mod:`.walks`, each step :mod:`memspec.spec.selfcheck`'s.
 :mod:`.proofs_selftest` is ``memspec prove --self-test`` (its planted breaks in
 :mod:`.proofs_selftest_plants`).  :mod:`.contracts`, with its pairs in :mod:`.contracts_pairs` and
 :mod:`.contracts_caching_pairs`, runs CrossHair on the spec's kernels.

@@ -3,7 +3,8 @@
 For each encoded action with a counterpart in the executable spec, random
 *reachable* spec states are produced by walking the spec's own machine from
 its initial state (arguments drawn by the spec's own domains, a random
-permitted branch followed, its witness value fed back).  Before each step
+permitted branch followed, its witness value fed back: the steps of
+:mod:`memspec.spec.selfcheck`; the walks: :mod:`~memspec.invariants.formal.walks`).  Before each step
 the spec state is projected onto the encoding's fields (objects renumbered
 densely); the encoded action is evaluated on those concrete values by
 :mod:`~memspec.invariants.formal.z3native` (the term as straight-line Python; its
@@ -45,6 +46,7 @@ from memspec.invariants.formal.proofs import (
 )
 from memspec.invariants.formal import z3native as native
 from memspec.spec.core import RandomChooser, Returns
+from memspec.spec.selfcheck import draw_branch, follow, pick_action, usable
 
 
 def outcome_name(branch: Any) -> str:
@@ -383,45 +385,6 @@ def flatten(state: dict[str, Any], fields: dict[str, str], compare: tuple[str, .
             d, items = v.get(ix[0], (0, {}))
             out[key] = items.get(ix[1], d)
     return out
-
-
-# --------------------------------------------------------------------------
-# Walking the spec machine
-# --------------------------------------------------------------------------
-
-def enabled(machine: Any, state: Any) -> list[Any]:
-    """The actions of ``machine`` a walk may draw at ``state``: enabled, their capabilities present."""
-    return [a for a in machine.actions if a.available(state) and all(state.has(c) for c in a.requires)]
-
-
-def draw(pool: list[Any], state: Any, rng: random.Random, chooser: Any) -> tuple[Any, dict[str, Any], Any, Any]:
-    """A spec-only walk's step, drawn: an action of ``pool`` by weight, its arguments, its outcomes, the
-    branch the walk follows (:func:`pick_branch`; ``None``: none).  Applied by :func:`follow`."""
-    act = rng.choices(pool, weights=[a.weight for a in pool])[0]
-    args = act.draw_args(state, chooser)
-    outs = act.step(state, **args)
-    return act, args, outs, pick_branch(outs, rng)
-
-
-def pick_branch(outs: Any, rng: random.Random) -> Any:
-    """A branch the spec alone can take (:func:`memspec.spec.selfcheck.takeable`: an error, or a return
-    with a witness), drawn; ``None`` when there is none."""
-    from memspec.spec.selfcheck import takeable
-
-    branches = [b for b in outs.branches if takeable(b)]
-    return rng.choice(branches) if branches else None
-
-
-def follow(branch: Any) -> Any:
-    """Apply a branch to the spec state (spec-only: witness values); the value returned."""
-    from memspec.spec.selfcheck import make_error
-
-    if isinstance(branch, Returns):
-        v = branch.witness()
-        branch.then(v)
-        return v
-    branch.then(make_error(branch.error))
-    return None
 
 
 def quantified_counts(p: Proof) -> tuple[str, ...]:
@@ -802,14 +765,15 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
             state, steps_since = init(), 0
             assert_exec("at the initial state")
         steps_since += 1
-        acts = enabled(machine, state)
+        acts = [a for a in machine.actions if usable(a, state)]
         # favour actions whose adapters still need samples
         needy = [a for a in acts if open_by_name.get(a.name)]
         pool = needy if needy and rng.random() < favour else acts
         if not pool:
             state, steps_since = init(), 0
             continue
-        act, args, outs, branch = draw(pool, state, rng, chooser)
+        act = pick_action(pool, rng)
+        args, outs, branch = draw_branch(act, state, chooser)
         if branch is None:
             continue
         allowed = {outcome_name(b) for b in outs.branches}

@@ -13,12 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 from memspec.invariants.formal import proofs_seed000 as E
-from memspec.invariants.formal.agreement import Adapter, AgreementReport, Universe, flatten, walk_and_compare
-from memspec.invariants.formal.proofs import Proof, prefix_values
+from memspec.invariants.formal.agreement import Adapter, Universe, flatten
+from memspec.invariants.formal.proofs import prefix_values
 
 
 UMAX = 6  # objects of one kind in a sampled state (the walk restarts beyond)
-PAGE = 4096
 
 
 def _is_int(x: Any) -> bool:
@@ -93,9 +92,10 @@ def _owned_span_args(commit: bool) -> Any:
 # ==========================================================================
 
 def _mech_init() -> Any:
-    from memspec.spec.mechanism import init
+    """The mechanism walk's initial state (:data:`memspec.invariants.formal.walks.WALKS`)."""
+    from memspec.invariants.formal.walks import BY_NAME, start
 
-    return init(capacity=12 * PAGE, page=PAGE, virtual_backing=True, shared_mapping=True, ep=True)
+    return start(BY_NAME["mechanism"])
 
 
 def _mech_too_big(s: Any) -> bool:
@@ -445,12 +445,3 @@ def _s12_bad(page: int, size: int, committed: Any, lo: int, hi: int, commit: boo
         return False  # the guard's case
     span = range(lo // page, hi // page)
     return any(p in committed for p in span) if commit else not all(p in committed for p in span)
-
-
-def run_mechanism(samples: int, seed: int, inv_samples: int = 0, per_branch: int | None = None,
-                  prior: list[AgreementReport] | None = None) -> list[AgreementReport]:
-    from memspec.spec.mechanism import MECHANISM
-
-    proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS}
-    return walk_and_compare(MECHANISM, _mech_init, MECH_ADAPTERS, proofs, samples, seed, _mech_too_big,
-                            inv_samples=inv_samples, per_branch=per_branch, prior=prior)

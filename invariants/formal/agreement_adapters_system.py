@@ -4,8 +4,9 @@ there).
 
 S15 / G1 / S6 on the ticket machine (tickets, generations, the holders' answers), S3
 selection, S5 / S12 / S13 on the VMM machine (owning reservations and KV requests),
-the small-device and focused walks, S13 read-only prefixes, S5 without VirtualBacking;
-:data:`SYS_ADAPTERS`, :data:`TICKET_ADAPTERS` and :func:`run_all`.
+the small-device walk's adapters, S13 read-only prefixes;
+:data:`SYS_ADAPTERS`, :data:`TICKET_ADAPTERS` and :func:`run_all` (every agreement walk of
+:mod:`memspec.invariants.formal.walks`).
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from memspec.invariants.formal import proofs_seed000 as E
 from memspec.invariants.formal.agreement import Adapter, AgreementReport, Universe, walk_and_compare
 from memspec.invariants.formal.proofs import Proof, prefix_values
 from memspec.invariants.formal.agreement_adapters_mech import (
-    MECH_ADAPTERS, PAGE, UMAX, _MECH_EMPTY, _ON_VMM, _S14_CMP, _VMM_MAX_INV, _expected, _is_int, _mech_init,
-    _mech_too_big, _new_slot, _owned_span_args, _project, _reserve_args, _ret, _s14_expected_with,
-    _s14_make_project, _s14_sys_state, run_mechanism,
+    MECH_ADAPTERS, UMAX, _MECH_EMPTY, _ON_VMM, _S14_CMP, _VMM_MAX_INV, _expected, _is_int, _mech_too_big, _new_slot, _owned_span_args, _project, _reserve_args, _ret, _s14_expected_with,
+    _s14_make_project, _s14_sys_state,
 )
+from memspec.invariants.formal.walks import BY_NAME as WALKS_BY_NAME, start
 
 
 # ==========================================================================
@@ -34,9 +35,8 @@ def _done_seqs(s: Any, pending: Any) -> list[int]:
 
 
 def _sys_init() -> Any:
-    from memspec.spec.system import init
-
-    return init(capacity=16 * PAGE, page=PAGE, virtual_backing=True, shared_mapping=True)
+    """The system walk's initial state (:data:`memspec.invariants.formal.walks.WALKS`)."""
+    return start(WALKS_BY_NAME["system"])
 
 
 def _sys_too_big(s: Any) -> bool:
@@ -158,7 +158,7 @@ _s15_set_hot_project = _project(_s15_state, lambda s, u, a, taken: {"w": u.idx["
 
 _ON_TICKETS = ("G1", "S6")  # the rows proved on S15's ticket machine: each sample is theirs too
 
-#: the ticket machine's adapters (one machine, three properties: S15, G1, S6), sampled by :func:`run_tickets`
+#: the ticket machine's adapters (one machine, three properties: S15, G1, S6), sampled by the walk ``tickets``
 TICKET_ADAPTERS = [
     Adapter("S15", "issue_ticket", "issue_ticket", _s15_issue_project, _s15_plain_expected, _S15_CMP,
             also=_ON_TICKETS),
@@ -174,22 +174,9 @@ TICKET_ADAPTERS = [
     Adapter("S15", "set_hot", "set_hot", _s15_set_hot_project, _s15_plain_expected, _S15_CMP, also=_ON_TICKETS),
 ]
 
-#: the ticket protocol's actions and what it needs (resident cold weights to release): the walk
-#: that samples S15 and G1 runs on these, so that granted tickets (claim ok) are common
-_TICKET_WALK = ("issue_ticket", "respond", "claim", "cancel_ticket", "expire", "reconfigure", "load_weight",
-                "set_hot", "unload_weight")
-
-
 def _tickets_init() -> Any:
-    """SYSTEM's init, then ModelResidency loads two cold weights (spec steps, so
-    the state is reachable): a holder then has bytes to release for a ticket."""
-    from memspec.spec.selfcheck import drive
-    from memspec.spec.system import SYSTEM
-
-    s = _sys_init()
-    for name in ("w1", "w2"):
-        drive(SYSTEM, s, "load_weight", weight=(name, False, s.weights[name].pages * s.page))
-    return s
+    """The ticket walk's initial state: SYSTEM's, two cold weights loaded (spec steps)."""
+    return start(WALKS_BY_NAME["tickets"])
 
 
 class _Restricted:
@@ -201,18 +188,6 @@ class _Restricted:
 def _answer_victims(s: Any, holder: str) -> list[Any]:
     """respond's witness: ModelResidency releases its first two cold resident weights, KvPageStore none."""
     return [w for w in s.weights.values() if w.resident and not w.hot][:2] if holder == "weights" else []
-
-
-def run_tickets(samples: int, seed: int, inv_samples: int = 0, per_branch: int | None = None,
-                prior: list[AgreementReport] | None = None) -> list[AgreementReport]:
-    """S15, G1 and S6 on the ticket protocol's actions of SYSTEM (every state it
-    visits is a reachable SYSTEM state: a subset of its actions from its init)."""
-    from memspec.spec.system import SYSTEM
-
-    proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS + E.MORE_PROOFS}
-    ads = [a for a in TICKET_ADAPTERS if a.invariant in proofs]
-    return walk_and_compare(_Restricted(SYSTEM, _TICKET_WALK), _tickets_init, ads, proofs, samples, seed + 15,
-                            _sys_too_big, inv_samples=inv_samples, per_branch=per_branch, prior=prior)
 
 
 # -- S3: selection and capability queries ------------------------------------
@@ -259,27 +234,36 @@ SYS_ADAPTERS = [
 ]
 
 
-def run_system(samples: int, seed: int, inv_samples: int = 0, per_branch: int | None = None,
-               prior: list[AgreementReport] | None = None) -> list[AgreementReport]:
-    from memspec.spec.system import SYSTEM
-
-    proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS}
-    return walk_and_compare(SYSTEM, _sys_init, SYS_ADAPTERS, proofs, samples, seed, _sys_too_big,
-                            inv_samples=inv_samples, per_branch=per_branch, prior=prior)
-
-
-def run_all(samples: int = 1000, seed: int = 0, inv_samples: int = 0,
-            per_branch: int | None = None) -> list[AgreementReport]:
+def run_all(samples: int = 1000, seed: int = 0, inv_samples: int = 0, per_branch: int | None = None, *,
+            walks: tuple[str, ...] | None = None, row: str | None = None,
+            max_steps: int = 400000) -> list[AgreementReport]:
     """Transition agreement on ``samples`` states per adapter (or, with
     ``per_branch``, until every outcome branch of each adapter's encoded action
     has ``per_branch`` agreeing samples, at most ``samples``), invariant
-    agreement on the first ``inv_samples`` of them.  The walks focused on rare
-    branches run first: what they sample counts towards the main walks' quotas."""
-    out = (run_small_system(samples, seed, inv_samples, per_branch) + run_focused(samples, seed, inv_samples, per_branch)
-           + run_bare_mechanism(samples, seed, inv_samples, per_branch))
-    out += run_mechanism(samples, seed, inv_samples, per_branch, prior=out)
-    out += run_system(samples, seed, inv_samples, per_branch, prior=out)
-    return out + run_tickets(samples, seed, inv_samples, per_branch, prior=out)
+    agreement on the first ``inv_samples`` of them, on every agreement walk of
+    :data:`memspec.invariants.formal.walks.WALKS` (``walks``: those names only).
+    The walks focused on rare branches (no ``prior``) run first: what they
+    sample counts towards the main walks' quotas.  ``row``: only the adapters
+    credited to that row (its own, or by ``also``): the self-test's agreement
+    detector walks what ``memspec prove`` walks for the row."""
+    from memspec.invariants.formal.proofs_catalog import machines
+    from memspec.invariants.formal.walks import WALKS
+
+    proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS + E.MORE_PROOFS}
+    lists = {"MECH": MECH_ADAPTERS, "SYS": SYS_ADAPTERS, "SMALL": SMALL_SYS_ADAPTERS, "TICKET": TICKET_ADAPTERS}
+    too_big = {"mechanism": _mech_too_big, "system": _sys_too_big}
+    out: list[AgreementReport] = []
+    for w in sorted((w for w in WALKS if w.adapters and (walks is None or w.name in walks)), key=lambda w: w.prior):
+        ads = [a for a in lists[w.adapters] if (w.which is None or w.which(a))
+               and (row is None or a.invariant == row or row in a.also)]
+        if not ads:
+            continue
+        m, n = machines()[w.level], w.samples(samples)
+        out += walk_and_compare(_Restricted(m, w.focus) if w.focus else m, lambda w=w: start(w), ads, proofs, n,
+                                seed + w.offset, too_big[w.level], max_steps=max_steps,
+                                inv_samples=min(inv_samples, n), favour=w.favour, per_branch=per_branch,
+                                prior=list(out) if w.prior else None)
+    return out
 
 
 # -- owned allocations (used by S4 / S7) --------------------------------------
@@ -408,92 +392,9 @@ SYS_ADAPTERS += [
 
 # -- a small device: reservations larger than it (the OutOfMemory the spec allows) --
 
-def _small_sys_init() -> Any:
-    from memspec.spec.system import init
-
-    return init(capacity=2 * PAGE, page=PAGE, virtual_backing=True, shared_mapping=True)
-
-
-#: spec actions whose OutOfMemory branch needs a size past the device: reserve_owned
-#: draws at most 8 pages, fewer than the main walk's 16
-#: (S14's, the VMM machine's); on a small device commit_owned outruns the budget (GrantDenied) too
+#: the adapters of the walk on a device of two pages (:data:`memspec.invariants.formal.walks.WALKS`):
+#: spec actions whose OutOfMemory branch needs a size past the device: reserve_owned draws at most 8
+#: pages, fewer than the main walk's 16 (S14's, the VMM machine's); on a small device commit_owned
+#: outruns the budget (GrantDenied) too
 SMALL_SYS_ADAPTERS = [a for a in SYS_ADAPTERS if (a.spec_action == "reserve_owned" and a.invariant in ("S5", "S14"))
                       or (a.spec_action == "commit_owned" and a.invariant == "S5")]
-
-
-def run_small_system(samples: int, seed: int, inv_samples: int = 0, per_branch: int | None = None,
-                     prior: list[AgreementReport] | None = None) -> list[AgreementReport]:
-    from memspec.spec.system import SYSTEM
-
-    proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS}
-    n = max(20, samples // 8)
-    return walk_and_compare(SYSTEM, _small_sys_init, SMALL_SYS_ADAPTERS, proofs, n, seed + 1, _sys_too_big,
-                            inv_samples=min(inv_samples, n), per_branch=per_branch, prior=prior)
-
-
-# -- focused walks: the spec's own machine restricted to a few of its actions -----
-#
-# Branches the full walk reaches rarely (a KV prefix larger than what its
-# origin committed; a shared reservation freed while still mapped) are
-# reached by walking only the actions that build those states (:class:`_Restricted`).
-
-_KV_FOCUS = ("kv_open", "kv_grow", "kv_close")
-#: the KV release path: requests (some sharing a prefix) grown, closed, their releases run by poll
-_KV_RELEASE_FOCUS = ("kv_open", "kv_grow", "kv_close", "poll")
-#: a pressure ticket answered while releases wait on the queue, some behind fences not done
-_RESPOND_FOCUS = ("new_stream", "allocate_owned", "use", "drop", "load_weight", "set_hot", "kv_open", "kv_grow",
-                  "kv_use", "kv_close", "issue_ticket", "respond", "synchronize")
-_SHARED_FOCUS = ("shared_reserve", "create", "map", "unmap", "free_shared_reservation")
-
-
-def run_focused(samples: int, seed: int, inv_samples: int = 0, per_branch: int | None = None,
-                prior: list[AgreementReport] | None = None) -> list[AgreementReport]:
-    from memspec.spec.mechanism import MECHANISM
-    from memspec.spec.system import SYSTEM
-
-    proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS}
-    n = max(20, samples // 8)
-    kv = [a for a in SYS_ADAPTERS if a.spec_action == "kv_open" and a.invariant in ("S5", "S12", "S13")]
-    sh = [a for a in MECH_ADAPTERS if a.spec_action == "free_shared_reservation" and a.invariant in ("S5", "S14")]
-    n_kv = max(40, samples // 3)  # an oversized prefix is ~3% of kv_open's draws
-    # the full walk queues a KV request's release before a poll in ~1 sample of 100: a share of the
-    # release adapters' samples comes from the KV release path (the full walk gives the rest)
-    rel = [a for a in SYS_ADAPTERS if a.spec_action == "poll" and (a.invariant, a.action) in _KV_RELEASE_ADAPTERS]
-    resp = [a for a in SYS_ADAPTERS if a.spec_action == "respond" and (a.invariant, a.action) in _RESPOND_ADAPTERS]
-    n_rel = max(8, samples // 40)
-    return (walk_and_compare(_Restricted(SYSTEM, _KV_FOCUS), _sys_init, kv, proofs, n_kv, seed + 2, _sys_too_big,
-                             inv_samples=min(inv_samples, n_kv), favour=0.1, per_branch=per_branch, prior=prior)
-            + walk_and_compare(_Restricted(SYSTEM, _KV_RELEASE_FOCUS), _sys_init, rel, proofs, n_rel, seed + 4,
-                               _sys_too_big, inv_samples=min(inv_samples, n_rel), per_branch=per_branch, prior=prior)
-            + walk_and_compare(_Restricted(SYSTEM, _RESPOND_FOCUS), _sys_init, resp, proofs, n_rel, seed + 5,
-                               _sys_too_big, inv_samples=min(inv_samples, n_rel), per_branch=per_branch, prior=prior)
-            + walk_and_compare(_Restricted(MECHANISM, _SHARED_FOCUS), _mech_init, sh, proofs, n, seed + 3,
-                               _mech_too_big, inv_samples=min(inv_samples, n), favour=0.1, per_branch=per_branch,
-                               prior=prior))
-
-
-#: (invariant, encoded action) of the poll adapters the KV release walk samples
-_KV_RELEASE_ADAPTERS = {("S11", "kv_release")}
-#: (invariant, encoded action) of the respond adapters the answer walk samples
-_RESPOND_ADAPTERS = {("S4", "respond")}
-
-
-# -- S5: a mechanism without VirtualBacking or SharedMapping answers None -------
-
-def _bare_mech_init() -> Any:
-    from memspec.spec.mechanism import init
-
-    return init(capacity=12 * PAGE, page=PAGE, virtual_backing=False, shared_mapping=False, ep=True)
-
-
-def run_bare_mechanism(samples: int, seed: int, inv_samples: int = 0, per_branch: int | None = None,
-                       prior: list[AgreementReport] | None = None) -> list[AgreementReport]:
-    from memspec.spec.mechanism import MECHANISM
-
-    proofs: dict[str, Proof] = {p.id: p for p in E.PROOFS}
-    ads = [a for a in MECH_ADAPTERS if a.invariant == "S5" and a.spec_action.startswith("query_")]
-    n = max(20, samples // 8)
-    return walk_and_compare(MECHANISM, _bare_mech_init, ads, proofs, n, seed + 4, _mech_too_big,
-                            inv_samples=min(inv_samples, n), per_branch=per_branch, prior=prior)
-
-

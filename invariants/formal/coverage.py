@@ -9,11 +9,12 @@ be called proved.  This module derives the set a proof must encode from the
 executable spec itself:
 
 * **write sets** per ``(level, action, branch)``: seeded spec-only walks of
-  the two machines of seed 000 (:data:`WALKS`: the mechanism and the system
-  level under each capability configuration, the configurations of the
-  agreement walk), each step drawn and followed the way
-  :func:`memspec.spec.selfcheck.spec_step` does (a permitted branch, its
-  witness value), with a structural snapshot of the state before and after
+  the two machines of seed 000 (:data:`WALKS`: the coverage walks of the
+  formal side's one table, :mod:`memspec.invariants.formal.walks`: the
+  mechanism and the system level under each capability configuration, and
+  focused walks), each step drawn and followed by the two halves of
+  :func:`memspec.spec.selfcheck.spec_step` (a permitted branch, its witness
+  value), with a structural snapshot of the state before and after
   the branch (:func:`snapshot`): every field whose value changed is written.
   Granularity ``Record.field`` (the top-level fields of ``MechState`` /
   ``SysState``, the fields of their nested records: ``Owned.state``,
@@ -60,6 +61,8 @@ import re
 import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
+
+from memspec.invariants.formal.walks import WALKS as ALL_WALKS, Walk
 
 #: the branch name of a static writer of a record counter (an answer the spec forbids)
 FORBIDDEN = "(an answer the spec forbids: static)"
@@ -425,44 +428,8 @@ def static_writers(machine: Any, attrs: Iterable[str]) -> dict[str, set[str]]:
 # The walks
 # --------------------------------------------------------------------------
 
-PAGE = 4096
-_VB_SM = ((True, True), (True, False), (False, True), (False, False))
-#: the ticket protocol and what feeds it (weights to release): granted, claimed, failed tickets
-TICKET_FOCUS = ("issue_ticket", "respond", "claim", "cancel_ticket", "expire", "reconfigure", "load_weight",
-                "set_hot", "unload_weight")
-#: KV requests (some sharing a prefix) grown, used, closed, their releases run
-KV_FOCUS = ("kv_open", "kv_grow", "kv_use", "kv_close", "poll", "synchronize")
-#: shared memory: handles mapped, written, copied on write, unmapped, released
-SHARED_FOCUS = ("shared_reserve", "create", "map", "unmap", "free_shared_reservation", "copy_on_write",
-                "write_through", "release_handle", "mapping_count")
-
-
-@dataclass(frozen=True)
-class Walk:
-    """One seeded walk: a machine (``level``), its init keywords, the actions it draws from
-    (``focus``: a subset, whose states are reachable in the whole machine; empty: all) and its steps."""
-
-    level: str
-    init: dict
-    steps: int
-    focus: tuple[str, ...] = ()
-
-
-#: the machines and capability configurations walked (those of the agreement walk: each capability on
-#: and off, a roomy device and one of two pages), and focused walks of the protocols whose deep states
-#: the whole machine reaches rarely (a reconfigure failing tickets that hold bytes, a KV release run)
-WALKS: tuple[Walk, ...] = tuple(
-    [Walk("mechanism", dict(capacity=12 * PAGE, page=PAGE, virtual_backing=vb, shared_mapping=sm, ep=True), 900)
-     for vb, sm in _VB_SM]
-    + [Walk("system", dict(capacity=16 * PAGE, page=PAGE, virtual_backing=vb, shared_mapping=sm), 1000)
-       for vb, sm in _VB_SM]
-    + [Walk("system", dict(capacity=2 * PAGE, page=PAGE, virtual_backing=True, shared_mapping=True), 600),
-       Walk("system", dict(capacity=16 * PAGE, page=PAGE, virtual_backing=True, shared_mapping=True), 900,
-            TICKET_FOCUS),
-       Walk("system", dict(capacity=16 * PAGE, page=PAGE, virtual_backing=True, shared_mapping=True), 750, KV_FOCUS),
-       Walk("mechanism", dict(capacity=12 * PAGE, page=PAGE, virtual_backing=True, shared_mapping=True, ep=True),
-            600, SHARED_FOCUS)]
-)
+#: the walks: those of :data:`memspec.invariants.formal.walks.WALKS` with coverage ``steps``
+WALKS: tuple[Walk, ...] = tuple(w for w in ALL_WALKS if w.steps)
 #: the walk restarts from the initial state every ``RESTART`` steps
 RESTART = 60
 #: the invariants' reads are recorded on every ``READ_EVERY``-th state of a walk (and at each restart)
@@ -516,16 +483,6 @@ def _label(branch: Any) -> str:
     return "returns " + _SEQ.sub("N...", _NUM.sub("N", branch.describe))
 
 
-def _weighted(rng: random.Random, weights: list[int]) -> int:
-    """An index drawn with probability proportional to ``weights`` (an action's ``weight``)."""
-    k = rng.randrange(sum(max(1, w) for w in weights))
-    for i, w in enumerate(weights):
-        k -= max(1, w)
-        if k < 0:
-            return i
-    return len(weights) - 1
-
-
 def _machine(level: str) -> Any:
     from memspec.invariants.formal.proofs_catalog import machines
 
@@ -551,8 +508,8 @@ def derive(seed: int = SEED, walks: tuple[Walk, ...] = WALKS, machines: dict[str
            scale: float = 1.0) -> Footprints:
     """Walk each of ``walks`` (seeded; ``scale`` times its steps) and record the footprints.
     ``machines``: ``{level: machine}`` in place of the spec's (a test's planted action)."""
-    from memspec.spec.core import RandomChooser, Returns
-    from memspec.spec.selfcheck import make_error, takeable, usable
+    from memspec.spec.core import RandomChooser
+    from memspec.spec.selfcheck import draw_branch, follow, pick_action, usable
 
     fp = Footprints()
     mach = {lvl: (machines or {}).get(lvl) or _machine(lvl) for lvl in sorted({w.level for w in walks})}
@@ -579,21 +536,15 @@ def derive(seed: int = SEED, walks: tuple[Walk, ...] = WALKS, machines: dict[str
             if not options:
                 state = None
                 continue
-            act = options[_weighted(rng, [a.weight for a in options])]
+            act = pick_action(options, rng)
             fp.drawn[f"{lvl}:{act.name}"] = fp.drawn.get(f"{lvl}:{act.name}", 0) + 1
-            args = act.draw_args(state, chooser)
-            outs = act.step(state, **args)
-            for b in outs.branches:
-                key = (lvl, act.name, _label(b))
+            _args, outs, b = draw_branch(act, state, chooser)
+            for ob in outs.branches:
+                key = (lvl, act.name, _label(ob))
                 fp.offered[key] = fp.offered.get(key, 0) + 1
-            branches = [b for b in outs.branches if takeable(b)]
-            if not branches:
+            if b is None:
                 continue
-            b = branches[chooser.integer(0, len(branches) - 1)] if len(branches) > 1 else branches[0]
-            if isinstance(b, Returns):
-                b.then(b.witness())   # type: ignore[misc]
-            else:
-                b.then(make_error(b.error))
+            follow(b)
             key = (lvl, act.name, _label(b))
             fp.taken[key] = fp.taken.get(key, 0) + 1
             after = snapshot(state)

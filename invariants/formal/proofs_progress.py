@@ -157,8 +157,8 @@ def check_on_spec(samples: int, seed: int) -> ProgressResult:
     """Walk SYSTEM (all its actions, from the ticket walk's init: two cold
     weights loaded) and check :func:`admit_after_releases` at ``samples``
     visited states."""
-    from memspec.invariants.formal.agreement import draw, enabled, follow
     from memspec.spec.core import RandomChooser
+    from memspec.spec.selfcheck import draw_branch, follow, pick_action, usable
     from memspec.invariants.formal.agreement_adapters import _sys_too_big, _tickets_init
     from memspec.spec.system import SYSTEM
 
@@ -173,7 +173,8 @@ def check_on_spec(samples: int, seed: int) -> ProgressResult:
         if steps >= 40 or _sys_too_big(state):
             state, steps = _tickets_init(), 0
         steps += 1
-        _act, _args, _outs, branch = draw(enabled(SYSTEM, state), state, rng, chooser)
+        act = pick_action([a for a in SYSTEM.actions if usable(a, state)], rng)
+        _args, _outs, branch = draw_branch(act, state, chooser)
         if branch is None:
             continue
         follow(branch)

@@ -45,7 +45,7 @@ from dataclasses import replace
 from typing import Any, Callable, Iterator
 
 from memspec.invariants.formal import proofs_seed000 as E
-from memspec.invariants.formal.agreement import follow
+from memspec.spec.selfcheck import follow
 from memspec.invariants.forked import forkable
 from memspec.invariants.formal.proofs import Proof, prove
 from memspec.spec import kernels as K
@@ -283,34 +283,21 @@ DETECT_INV_SAMPLES = 100
 
 
 def detect_agreement(inv: str, samples: int = 400, inv_samples: int = DETECT_INV_SAMPLES) -> str | None:
-    """Transition agreement of ``inv``'s encoded actions with the (possibly broken) spec, then the
-    invariant strength on perturbed states (:func:`agreement_perturb.strength_problems`)."""
-    from memspec.invariants.formal import agreement_adapters as A
-    from memspec.invariants.formal.agreement import walk_and_compare
+    """Transition agreement of ``inv``'s encoded actions with the (possibly broken) spec on the walks
+    ``memspec prove`` takes for the row (:func:`agreement_adapters.run_all` with ``row``: every walk of
+    :data:`memspec.invariants.formal.walks.WALKS` with an adapter credited to it, its focused walks
+    included), then the invariant strength on perturbed states (:func:`agreement_perturb.strength_problems`)."""
+    from memspec.invariants.formal.agreement_adapters import run_all
     from memspec.invariants.formal.agreement_perturb import strength, strength_problems
-    from memspec.spec.mechanism import MECHANISM
-    from memspec.spec.system import SYSTEM
 
-    proofs = {p.id: p for p in E.PROOFS + E.MORE_PROOFS}
-    walks = [(MECHANISM, A._mech_init, A.MECH_ADAPTERS, A._mech_too_big),
-             (SYSTEM, A._sys_init, A.SYS_ADAPTERS, A._sys_too_big)]
-    if hasattr(A, "TICKET_ADAPTERS"):  # S15 / G1 sample on the ticket protocol's walk
-        walks.append((A._Restricted(SYSTEM, A._TICKET_WALK), A._tickets_init, A.TICKET_ADAPTERS, A._sys_too_big))
-    every: list[Any] = []
-    for machine, init, ads, too_big in walks:
-        mine = [a for a in ads if a.invariant == inv or inv in a.also]   # S8's rows ride on S11's adapters
-        if not mine:
-            continue
-        reps = walk_and_compare(machine, init, mine, proofs, samples, 1, too_big, max_steps=20000,
-                                per_branch=DETECT_PER_BRANCH, inv_samples=inv_samples)
-        for rep in reps:
-            if rep.mismatches:
-                return f"prove/agreement: {rep.action} disagrees with the spec ({len(rep.mismatches)} samples)"
-        for rep in reps:   # prove's row fails on these too ("executable invariant fails on ... visited state(s)")
-            if rep.exec_violations:
-                return f"prove/agreement (executable invariant on the walk): {rep.exec_violations[0][:160]}"
-        every += reps
-    why = strength_problems(strength(every, inv))
+    reps = run_all(samples, 1, inv_samples, DETECT_PER_BRANCH, row=inv, max_steps=20000)
+    for rep in reps:
+        if rep.mismatches:
+            return f"prove/agreement: {rep.action} disagrees with the spec ({len(rep.mismatches)} samples)"
+    for rep in reps:   # prove's row fails on these too ("executable invariant fails on ... visited state(s)")
+        if rep.exec_violations:
+            return f"prove/agreement (executable invariant on the walk): {rep.exec_violations[0][:160]}"
+    why = strength_problems(strength(reps, inv))
     if why:
         return f"prove/agreement (invariant strength): {inv} {why[0][:160]}"
     return None
