@@ -236,6 +236,21 @@ def test_error_branch_bug_is_caught_on_another_action() -> None:
     assert caught and "reserve" in caught
 
 
+def test_a_bug_only_the_small_device_walk_reaches_is_caught_as_prove_catches_it() -> None:
+    """reserve_owned's OutOfMemory is reached only on the walk on a device of two pages: the self-test's
+    agreement detector walks every walk ``memspec prove`` takes for the row, so a bug on that branch is
+    caught (the mechanism, system and ticket walks alone, all it walked before, never take the branch)."""
+    from memspec.invariants.formal.agreement_adapters import run_all
+
+    with T._error_branch_mutates("system", "reserve_owned", "OutOfMemory", T._refused_reserve_grants)():
+        caught = T.detect_agreement("S11")
+        main_only = run_all(400, 1, 0, T.DETECT_PER_BRANCH, walks=("mechanism", "system", "tickets"), row="S11",
+                            max_steps=20000)
+    assert caught and "reserve_owned" in caught, caught
+    assert not [r for r in main_only if r.mismatches]
+    assert not [r for r in main_only if r.spec_action == "reserve_owned" and r.outcomes.get("OutOfMemory")]
+
+
 def test_undeclared_mechanism_writer_is_caught_by_coverage() -> None:
     assert T.detect_coverage(_p("S5")) is None
     with T._undeclared_trim():
