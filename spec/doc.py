@@ -99,14 +99,13 @@ def sample_outcomes(machine: Machine[Any], *, steps: int = 300, seed: int = SAMP
     ``per_action`` each."""
     import random
 
-    from memspec.spec.selfcheck import spec_step
+    from memspec.spec.selfcheck import pick_action, spec_step
 
     found: dict[str, dict[tuple[str, ...], str]] = {a.name: {} for a in machine.actions}
     for init in (inits if inits is not None else SAMPLE_INITS[machine.name]):
         rng = random.Random(seed)
         chooser = RandomChooser(rng)
         state = machine.init(**init)
-        weighted = [a for a in machine.actions for _ in range(max(1, a.weight))]
         for _ in range(steps):
             for act in machine.actions:
                 if usable(act, state) and len(found[act.name]) < per_action:
@@ -116,8 +115,7 @@ def sample_outcomes(machine: Machine[Any], *, steps: int = 300, seed: int = SAMP
                     key = tuple(sorted(type(b).__name__ + getattr(getattr(b, "error", None), "__name__", "")
                                        for b in outs.branches))
                     found[act.name].setdefault(key, f"{outs.describe()}  — blame {outs.blame}")
-            options = [a for a in weighted if usable(a, state)]
-            spec_step(machine, state, options[rng.randrange(len(options))], chooser)
+            spec_step(machine, state, pick_action([a for a in machine.actions if usable(a, state)], rng), chooser)
     return {k: list(v.values()) for k, v in found.items()}
 
 
