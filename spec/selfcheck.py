@@ -75,14 +75,14 @@ def draw_branch(action: Action[Any], state: Any, chooser: Any) -> tuple[dict[str
     return args, outs, branches[chooser.integer(0, len(branches) - 1)] if len(branches) > 1 else branches[0]
 
 
-def follow(branch: Any, check: str = "") -> Any:
+def follow(branch: Any, where: Callable[[], str] | None = None) -> Any:
     """The second half of a step: ``branch`` applied, spec-only (a ``Returns`` with its witness value,
-    a ``Raises`` with its error); the value returned (``None`` for an error).  ``check`` (where the step
-    is: its action and arguments): the witness is first checked against its own branch (AssertionError)."""
+    a ``Raises`` with its error); the value returned (``None`` for an error).  ``where`` (naming the
+    step: its action and arguments): the witness is first checked against its own branch (AssertionError)."""
     if isinstance(branch, Returns):
         value = branch.witness()
-        if check and not branch.matches(value):
-            raise AssertionError(f"{check}: the witness {value!r} is not accepted by its own branch")
+        if where is not None and not branch.matches(value):
+            raise AssertionError(f"{where()}: the witness {value!r} is not accepted by its own branch")
         branch.then(value)
         return value
     branch.then(make_error(branch.error))
@@ -95,7 +95,7 @@ def spec_step(machine: Machine[Any], state: Any, action: Action[Any], chooser: A
     args, outs, b = draw_branch(action, state, chooser)
     if b is None:
         raise AssertionError(f"{action.name}({args}): no branch can be taken (outcomes: {outs.describe()})")
-    follow(b, check=f"{action.name}({args})")
+    follow(b, where=lambda: f"{action.name}({args})")
     label = "returns " + b.describe if isinstance(b, Returns) else "raises " + b.error.__name__
     return Step(action.name, args, label, machine.check_invariants(state))
 
