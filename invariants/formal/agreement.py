@@ -45,6 +45,7 @@ from memspec.invariants.formal.proofs import (
     ARR, ARR2, ARR2B, BARR, INT, OUTCOMES, Act, Proof, St, _args, at, bv, concrete, fresh, iv, limit,
 )
 from memspec.invariants.formal import z3native as native
+from memspec.invariants.formal.walks import RESTART
 from memspec.spec.core import RandomChooser, Returns
 from memspec.spec.selfcheck import draw_branch, follow, pick_action, usable
 
@@ -555,7 +556,7 @@ def _share(n: int, weight: float) -> int:
 
 def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapter], proofs: dict[str, Proof],
                      samples: int, seed: int, too_big: Callable[[Any], bool], max_steps: int = 400000,
-                     restart_every: int = 60, inv_samples: int = 0, favour: float = 0.85,
+                     restart_every: int = RESTART, inv_samples: int = 0, favour: float = 0.85,
                      per_branch: int | None = None, prior: list[AgreementReport] | None = None,
                      soft_steps: int | None = None, perturb: int | None = None) -> list[AgreementReport]:
     """Walk ``machine`` from ``init()``; at each step whose action has adapters,

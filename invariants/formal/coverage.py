@@ -62,7 +62,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from memspec.invariants.formal.walks import WALKS as ALL_WALKS, Walk
+from memspec.invariants.formal.walks import RESTART, WALKS as ALL_WALKS, Walk
 
 #: the branch name of a static writer of a record counter (an answer the spec forbids)
 FORBIDDEN = "(an answer the spec forbids: static)"
@@ -430,8 +430,6 @@ def static_writers(machine: Any, attrs: Iterable[str]) -> dict[str, set[str]]:
 
 #: the walks: those of :data:`memspec.invariants.formal.walks.WALKS` with coverage ``steps``
 WALKS: tuple[Walk, ...] = tuple(w for w in ALL_WALKS if w.steps)
-#: the walk restarts from the initial state every ``RESTART`` steps
-RESTART = 60
 #: the invariants' reads are recorded on every ``READ_EVERY``-th state of a walk (and at each restart)
 READ_EVERY = 5
 #: the derivation's seed (fixed: the coverage of a row does not depend on ``memspec prove --seed``)

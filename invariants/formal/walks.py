@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 PAGE = 4096
+#: every walk restarts from its initial state every ``RESTART`` steps (agreement: sooner, past its
+#: universe's bounds)
+RESTART = 60
 
 
 @dataclass(frozen=True)
