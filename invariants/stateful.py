@@ -4,11 +4,13 @@ that calls it (a supervised child, under :func:`~memspec.invariants.runner.confo
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
 from memspec.invariants import engine as E
 from memspec.invariants import signals
+from memspec.invariants import text as T
 from memspec.invariants.blame import _dedupe, diagnose, minimize, relate
 from memspec.invariants.choosers import HypothesisChooser
 from memspec.invariants.errors import SpecError, TargetError, Violation
@@ -188,28 +190,58 @@ def _first_detail(e: BaseException) -> str:
 NONDET_REPLAYS = 3
 
 
+class _AnswerLog(CallGuard):
+    """A :class:`CallGuard` that keeps each action call's answer (the value
+    returned or the error raised), described -- not the reads of the
+    observations that follow it: what the spec's state, hence the next
+    draws, is made of."""
+
+    def __init__(self, timeout: float, mode: str) -> None:
+        super().__init__(timeout, mode)
+        #: ``"step N: action"`` -> the answer of that step's action call (the first call made under
+        #: that name: the data checks that may follow under it are not answers)
+        self.answers: dict = {}
+
+    def call(self, fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, BaseException | None]:
+        value, err = super().call(fn, *args, **kwargs)
+        what = self.what
+        if what.startswith("step ") and ": reading " not in what and what not in self.answers:
+            self.answers[what] = _IDENTITY.sub("Identity(...)", f"raises {T.exc_text(err)}" if err is not None else
+                                               f"returns {E._describe_value(value, 200)}")
+        return value, err
+
+
+#: an identity in an answer's description: fresh per instance by contract (S14), so never evidence
+_IDENTITY = re.compile(r"Identity\([^()]*\)")
+
+
 def replay_evidence(plan: E.Plan, run: E.Run, replays: int = NONDET_REPLAYS) -> tuple[str | None, int]:
     """Replay the steps ``run`` took -- the same actions with the same
     arguments, on a fresh instance of the target built as ``run``'s was --
-    up to ``replays`` times, and compare each step's answer (the branch the
-    target took, or its refusal) with the run's.  Returns ``(evidence,
-    replays made)``: the first step answered differently (``"step 2
-    allocate(size=4096, alignment=256): returns ... in the run, raises
-    OutOfMemory on a fresh instance"``), or None when every replay answered
-    as the run did (then the inconsistency Hypothesis saw is not shown to be
-    the target's).  A replay ends at the first step it cannot make (its
-    build fails, the spec cannot follow) or that fails a check."""
+    up to ``replays`` times, and compare each step's answer with the run's
+    (the branch the target took, or its refusal) and with the other
+    replays' (the value itself: a footprint, an address).  Returns
+    ``(evidence, replays made)``: the first step answered differently
+    (``"step 2 allocate(size=4096, alignment=256): raises OutOfMemory in the
+    run, returns an allocation ... on a fresh instance"``), or None when
+    every replay answered as the run and the others did (then the
+    inconsistency Hypothesis saw is not shown to be the target's).  A replay
+    ends at the first step it cannot make (its build fails, the spec cannot
+    follow) or that fails a check."""
     steps = list(run.trace)
-    guard = CallGuard(plan.timeout, plan.guard_mode)
     made = 0
+    first: dict | None = None   # the first replay's answers
     for _ in range(replays if steps else 0):
         made += 1
+        guard = _AnswerLog(plan.timeout, plan.guard_mode)
         try:
             again = E.Run(plan, guard, capacity=run.capacity)
         except Exception:  # noqa: BLE001 - a target that cannot be built again shows nothing here
             continue
+        guard.answers.clear()   # the calls that built it
         try:
             for i, ts in enumerate(steps):
+                call = f"{ts.action}({', '.join(f'{k}={E._describe_value(v, 40)}' for k, v in ts.args.items())})"
                 try:
                     again.apply(plan.machine.action(ts.action), dict(ts.args), ts.choices)
                 except Violation:
@@ -218,13 +250,18 @@ def replay_evidence(plan: E.Plan, run: E.Run, replays: int = NONDET_REPLAYS) -> 
                     break
                 got = again.trace[i].outcome if len(again.trace) > i else ""
                 if got != ts.outcome:
-                    call = f"{ts.action}({', '.join(f'{k}={E._describe_value(v, 40)}' for k, v in ts.args.items())})"
                     return (f"step {i + 1} {call}: {ts.outcome or 'no answer'} in the run, "
                             f"{got or 'no answer'} on a fresh instance"), made
+                key = f"step {i + 1}: {ts.action}"
+                if first is not None and key in first and key in guard.answers and guard.answers[key] != first[key]:
+                    return (f"step {i + 1} {call}: {first[key]} on one fresh instance, {guard.answers[key]} on "
+                            f"another"), made
                 if again.failed:
                     break
         finally:
             again.close()
+        if first is None:
+            first = dict(guard.answers)
     return None, made
 
 

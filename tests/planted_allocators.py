@@ -18,6 +18,9 @@ on its own row, and raise no false FAIL on the correct variants.
   answers that depend on the process's history, not on the calls made, as
   glibc's (its dynamic mmap threshold) or a device shared with other
   processes.  Hypothesis cannot replay such a target.
+* ``history_footprint()`` -- the same kind of history, in a value: every
+  other instance rounds each footprint up one 4 KiB unit more (legal: no
+  bound is declared), as glibc's footprints change with its mmap threshold.
 
 Bugs (keyword flags): ``double_free`` (a freed block is accepted again and
 pushed twice on its free list), ``big_align`` (alignments above 4 KiB are
@@ -226,4 +229,24 @@ _moods = itertools.count()
 def history_dependent(capacity: int | None = None) -> TargetInstance:
     cap = capacity or CAPACITY
     return TargetInstance(mechanism=_Mechanism(_Moody(cap, next(_moods) % 2 == 1)), capacity=cap,
+                          make_foreign=lambda: _Mechanism(ByValueAllocator(cap)))
+
+
+class _Roomy(ByValueAllocator):
+    """One more unit of footprint per allocation when ``roomy`` (see ``history_footprint``)."""
+
+    def __init__(self, capacity: int, roomy: bool) -> None:
+        super().__init__(capacity)
+        self.roomy = roomy
+
+    def allocate(self, req: AllocationRequest) -> DeviceAllocation:
+        if not self.roomy or type(req.size) is not int or req.size <= 0:
+            return super().allocate(req)
+        a = super().allocate(AllocationRequest(req.size + self.UNIT, req.alignment))
+        return DeviceAllocation(a.address, req.size, a.footprint, a.identity, a.device)
+
+
+def history_footprint(capacity: int | None = None) -> TargetInstance:
+    cap = capacity or CAPACITY
+    return TargetInstance(mechanism=_Mechanism(_Roomy(cap, next(_moods) % 2 == 1)), capacity=cap,
                           make_foreign=lambda: _Mechanism(ByValueAllocator(cap)))

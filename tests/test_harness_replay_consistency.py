@@ -29,6 +29,7 @@ from memspec.invariants.guard import CallGuard  # noqa: E402
 from memspec.invariants.planning import make_plan  # noqa: E402
 
 HISTORY = "tests.planted_allocators:history_dependent"
+FOOTPRINT = "tests.planted_allocators:history_footprint"
 CORRECT = "tests.planted_allocators:by_value_ok"
 
 
@@ -111,3 +112,30 @@ def test_inconsistent_draws_of_the_harness_are_an_error_never_blamed_on_the_targ
 def test_a_deterministic_target_is_judged_by_hypothesis_alone():
     r = _conform(CORRECT)
     assert not r.errors and not r.notes and not r.failures, (r.errors, r.notes, r.failures)
+
+
+@pytest.mark.parametrize("target, evidence", [
+    (FOOTPRINT, ["step 1 allocate(size=4096, alignment=256): returns DeviceAllocation(", "footprint=4096",
+                 "footprint=8192", "on one fresh instance", "on another"]),
+    (CORRECT, None),
+])
+def test_the_evidence_is_an_answer_that_differs_on_a_fresh_instance(target, evidence):
+    """The same branch with another value (a footprint, as glibc's) is evidence too: it is what the
+    spec's state, hence the next draws, are made of.  A target that answers alike gives none (its
+    fresh identities are no evidence: every instance has its own)."""
+    from memspec.invariants.stateful import replay_evidence
+
+    plan = make_plan(target, "mechanism", guard_mode="thread")
+    run = E.Run(plan, CallGuard(5.0, "thread"))
+    try:
+        # two allocations: their branch reads the same whatever the footprint (a deallocate's would not)
+        allocate = plan.machine.action("allocate")
+        run.apply(allocate, {"size": 4096, "alignment": 256})
+        run.apply(allocate, {"size": 3 * 4096, "alignment": 256})
+    finally:
+        run.close()
+    got, made = replay_evidence(plan, run)
+    if evidence is None:
+        assert got is None and made == 3, got
+    else:
+        assert got is not None and all(w in got for w in evidence), got
