@@ -4,14 +4,16 @@ that calls it (a supervised child, under :func:`~memspec.invariants.runner.confo
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
 from memspec.invariants import engine as E
 from memspec.invariants import signals
+from memspec.invariants import text as T
 from memspec.invariants.blame import _dedupe, diagnose, minimize, relate
 from memspec.invariants.choosers import HypothesisChooser
-from memspec.invariants.errors import SpecError, TargetError, Violation, violation_class  # noqa: F401
+from memspec.invariants.errors import SpecError, TargetError, Violation
 from memspec.invariants.guard import CallGuard
 from memspec.invariants.results import Failure, PlanResult, _flatten, _last_action, database_key  # noqa: F401
 
@@ -32,11 +34,15 @@ STEPS_PER_RULE = 4
 _STEP_SPAN = 0x6D656D73
 
 
-def build_state_machine(plan: E.Plan, guard: CallGuard | None = None, steps: int | None = None) -> type:
+def build_state_machine(plan: E.Plan, guard: CallGuard | None = None, steps: int | None = None,
+                        runs: list | None = None) -> type:
     """A ``RuleBasedStateMachine`` class for the plan: one rule that draws
     :data:`STEPS_PER_RULE` available actions of the spec in turn and runs
     each on spec and target; ``steps`` (the settings' ``stateful_step_count``)
-    bounds an example's engine steps."""
+    bounds an example's engine steps.  ``runs``, when given, holds the
+    current example's :class:`~memspec.invariants.engine.Run` (its steps are
+    the evidence when Hypothesis reports inconsistent draws, see
+    :func:`replay_evidence`)."""
     from hypothesis import strategies as st
     from hypothesis.stateful import RuleBasedStateMachine, rule
 
@@ -51,6 +57,8 @@ def build_state_machine(plan: E.Plan, guard: CallGuard | None = None, steps: int
             self._chooser: HypothesisChooser | None = None
             self._data: Any = None
             self._steps = 0
+            if runs is not None:
+                runs.clear()   # a new example: none of its steps yet
 
         @rule(data=st.data())
         def step(self, data):
@@ -62,6 +70,8 @@ def build_state_machine(plan: E.Plan, guard: CallGuard | None = None, steps: int
             run = self.run
             if run is None:
                 run = self.run = E.Run(plan, g, self._chooser)
+                if runs is not None:
+                    runs[:] = [run]
             chooser = self._chooser
             if per_rule == 1:   # the rule's own span is the step's
                 signals.step(run, run.step(chooser))  # Hypothesis event()s: action, branch, boundaries
@@ -97,8 +107,9 @@ def hypothesis_settings(profile: str = "ci", *, examples: int | None = None, ste
                         db: str | None = None, seed: int | None = None, **extra: Any):
     from hypothesis import Verbosity, settings
 
-    from memspec.invariants import profiles as _profiles  # noqa: F401 - registers the profiles
+    from memspec.invariants.profiles import load as _registers  # the import registers the profiles
 
+    del _registers
     base = settings.get_profile(profile)
     kw: dict[str, Any] = {"verbosity": Verbosity.quiet, "deadline": None, "report_multiple_bugs": True}
     if examples is not None:
@@ -140,17 +151,118 @@ def collect(result: PlanResult, exc: BaseException) -> None:
         elif isinstance(e, SpecError):
             result.errors.append(f"spec error: {e}")
         elif _nondeterministic(e):
-            # the same steps drew or answered differently on replay: the target's answers depend on more than
-            # the steps (history, time, addresses) -- one named finding, not an ERROR on every row
-            result.failures.append(Failure(plan.target, plan.level, NONDETERMINISM, "nondeterministic",
-                                           f"the target answered the same steps differently when Hypothesis "
-                                           f"replayed them ({type(e).__name__}): its answers depend on more than "
-                                           f"the calls made; the other rows keep their verdicts",
-                                           list(getattr(e, "trace", []) or []), None, flaky=True))
+            # the same choices drew differently: the target's answers depend on more than the steps (history,
+            # time, addresses) when a replay of the example's steps shows it (the evidence), else the cause is
+            # not shown (see run_hypothesis) -- one named finding, not an ERROR on every row
+            evidence = getattr(e, "memspec_evidence", None)
+            if evidence:
+                why = (f"the target answered the same steps differently when Hypothesis replayed them "
+                       f"({type(e).__name__}): {evidence}; its answers depend on more than the calls made")
+            else:
+                n = len(getattr(e, "trace", None) or [])
+                why = f"Hypothesis drew the same choices differently ({type(e).__name__}: {_first_detail(e)})" + (
+                    f", and the example's {n} steps, replayed on {getattr(e, 'memspec_replays', 0)} fresh "
+                    f"instances of the target, were answered as in the run: not shown to be the target's"
+                    if n else " before the example's first step, where no answer of the target's is drawn on: "
+                              "not the target's")
+            result.failures.append(Failure(plan.target, plan.level, NONDETERMINISM, "nondeterministic", why,
+                                           list(getattr(e, "trace", []) or []), None, flaky=True,
+                                           check="shown" if evidence else "not-shown"))
         elif isinstance(e, TargetError):
             result.errors.append(str(e))
         else:
             result.errors.append(f"harness error: {type(e).__name__}: {e}")
+
+
+def _first_detail(e: BaseException) -> str:
+    """The line of a Hypothesis error that says what differed (``The second
+    test case drew type integer with different constraints than the
+    first.``), else its first line."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    for ln in lines[1:]:
+        return ln[:300]
+    return lines[0][:300] if lines else type(e).__name__
+
+
+#: fresh instances the steps of an example Hypothesis drew inconsistently are replayed on, looking
+#: for an answer that differs from the run's (the evidence of a target whose answers depend on more
+#: than the calls made)
+NONDET_REPLAYS = 3
+
+
+class _AnswerLog(CallGuard):
+    """A :class:`CallGuard` that keeps each action call's answer (the value
+    returned or the error raised), described -- not the reads of the
+    observations that follow it: what the spec's state, hence the next
+    draws, is made of."""
+
+    def __init__(self, timeout: float, mode: str) -> None:
+        super().__init__(timeout, mode)
+        #: ``"step N: action"`` -> the answer of that step's action call (the first call made under
+        #: that name: the data checks that may follow under it are not answers)
+        self.answers: dict = {}
+
+    def call(self, fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, BaseException | None]:
+        value, err = super().call(fn, *args, **kwargs)
+        what = self.what
+        if what.startswith("step ") and ": reading " not in what and what not in self.answers:
+            self.answers[what] = _IDENTITY.sub("Identity(...)", f"raises {T.exc_text(err)}" if err is not None else
+                                               f"returns {E._describe_value(value, 200)}")
+        return value, err
+
+
+#: an identity in an answer's description: fresh per instance by contract (S14), so never evidence
+_IDENTITY = re.compile(r"Identity\([^()]*\)")
+
+
+def replay_evidence(plan: E.Plan, run: E.Run, replays: int = NONDET_REPLAYS) -> tuple[str | None, int]:
+    """Replay the steps ``run`` took -- the same actions with the same
+    arguments, on a fresh instance of the target built as ``run``'s was --
+    up to ``replays`` times, and compare each step's answer with the run's
+    (the branch the target took, or its refusal) and with the other
+    replays' (the value itself: a footprint, an address).  Returns
+    ``(evidence, replays made)``: the first step answered differently
+    (``"step 2 allocate(size=4096, alignment=256): raises OutOfMemory in the
+    run, returns an allocation ... on a fresh instance"``), or None when
+    every replay answered as the run and the others did (then the
+    inconsistency Hypothesis saw is not shown to be the target's).  A replay
+    ends at the first step it cannot make (its build fails, the spec cannot
+    follow) or that fails a check."""
+    steps = list(run.trace)
+    made = 0
+    first: dict | None = None   # the first replay's answers
+    for _ in range(replays if steps else 0):
+        made += 1
+        guard = _AnswerLog(plan.timeout, plan.guard_mode)
+        try:
+            again = E.Run(plan, guard, capacity=run.capacity)
+        except Exception:  # noqa: BLE001 - a target that cannot be built again shows nothing here
+            continue
+        guard.answers.clear()   # the calls that built it
+        try:
+            for i, ts in enumerate(steps):
+                call = f"{ts.action}({', '.join(f'{k}={E._describe_value(v, 40)}' for k, v in ts.args.items())})"
+                try:
+                    again.apply(plan.machine.action(ts.action), dict(ts.args), ts.choices)
+                except Violation:
+                    pass   # the step's answer is in the trace all the same; nothing after it can run
+                except Exception:  # noqa: BLE001 - the spec cannot follow: nothing more to compare
+                    break
+                got = again.trace[i].outcome if len(again.trace) > i else ""
+                if got != ts.outcome:
+                    return (f"step {i + 1} {call}: {ts.outcome or 'no answer'} in the run, "
+                            f"{got or 'no answer'} on a fresh instance"), made
+                key = f"step {i + 1}: {ts.action}"
+                if first is not None and key in first and key in guard.answers and guard.answers[key] != first[key]:
+                    return (f"step {i + 1} {call}: {first[key]} on one fresh instance, {guard.answers[key]} on "
+                            f"another"), made
+                if again.failed:
+                    break
+        finally:
+            again.close()
+        if first is None:
+            first = dict(guard.answers)
+    return None, made
 
 
 class shrink_budget:
@@ -259,13 +371,18 @@ def run_hypothesis(plan: E.Plan, settings: Any, *, seed: int | None = None,
                 break
             before = len(result.failures)
             _one_pass(plan, settings, seed, shrink_seconds, result, f":pass{n}" if n else "")
-            if any(f.invariant == NONDETERMINISM for f in result.failures[before:]) \
-                    and Phase.generate in settings.phases:
-                # Hypothesis cannot replay this target (its answers depend on more than the calls):
-                # judge it by seeded random walks instead, whose draws need no replay
+            nondet = [f for f in result.failures[before:] if f.invariant == NONDETERMINISM]
+            if nondet and Phase.generate in settings.phases:
+                # Hypothesis cannot replay this run: judge the target by seeded random walks instead,
+                # whose draws need no replay.  Blamed on the target only with the evidence (a step it
+                # answered differently on a fresh instance); otherwise the harness's draws may be at
+                # fault, and the run says so as an error of its own
                 result.failures[before:] = [f for f in result.failures[before:] if f.invariant != NONDETERMINISM]
+                shown = [f for f in nondet if f.check == "shown"]
+                if not shown:
+                    result.errors.append(f"harness error: {nondet[0].reason}")
                 budget = max(0, settings.max_examples * settings.stateful_step_count - plan.stats.steps)
-                result.notes.append(_walk_instead(plan, result, budget, seed))
+                result.notes.append(_walk_instead(plan, result, budget, seed, (shown or nondet)[0].reason))
                 break
             new = result.failures[before:]
             fresh = []
@@ -327,12 +444,13 @@ def run_hypothesis(plan: E.Plan, settings: Any, *, seed: int | None = None,
 WALK_RUN_LENGTH = 50
 
 
-def _walk_instead(plan: E.Plan, result: PlanResult, budget: int, seed: int | None) -> str:
+def _walk_instead(plan: E.Plan, result: PlanResult, budget: int, seed: int | None, why: str = "") -> str:
     """Judge a target Hypothesis cannot replay by seeded random walks
     (:mod:`~memspec.invariants.walk`) for ``budget`` steps: each failure
     found is masked (as between passes) and the walks go on, so every
     independent failure is found; each is then minimized by replay like any
-    other.  Returns the note the report shows."""
+    other.  Returns the note the report shows (``why``: what Hypothesis saw,
+    with the evidence)."""
     from memspec.invariants import walk
 
     start = plan.stats.steps
@@ -361,8 +479,7 @@ def _walk_instead(plan: E.Plan, result: PlanResult, budget: int, seed: int | Non
                 plan.masks = frozenset(plan.masks | {key})
             elif v.trace:
                 break   # a hang or a crash: nothing to follow past it
-    return (f"the target answered the same steps differently when Hypothesis replayed them (its answers depend "
-            f"on more than the calls made, e.g. on its history): judged by seeded random walks instead "
+    return (f"{why or 'Hypothesis could not replay the run'}: judged by seeded random walks instead "
             f"({plan.stats.steps - start} steps, {i} walk rounds); reproductions replay the steps, which such a "
             f"target may answer differently again")
 
@@ -447,7 +564,8 @@ def _one_pass(plan: E.Plan, settings: Any, seed: int | None, shrink_seconds: flo
     from hypothesis.stateful import get_state_machine_test
 
     guard = CallGuard(plan.timeout, plan.guard_mode)
-    cls = build_state_machine(plan, guard, settings.stateful_step_count)
+    runs: list = []
+    cls = build_state_machine(plan, guard, settings.stateful_step_count, runs=runs)
     if seed is not None:
         cls._hypothesis_internal_use_seed = seed
     test = get_state_machine_test(cls, settings=_rule_settings(settings))
@@ -459,6 +577,13 @@ def _one_pass(plan: E.Plan, settings: Any, seed: int | None, shrink_seconds: flo
     except KeyboardInterrupt:
         raise
     except BaseException as e:  # noqa: BLE001 - everything a target does is a result
+        flaky = [x for x, _f in _flatten(e) if _nondeterministic(x)]
+        if flaky and runs:
+            # the example Hypothesis was running when it saw the inconsistent draw: its steps, and
+            # whether the target answers them differently on a fresh instance (the evidence)
+            evidence, made = replay_evidence(plan, runs[0])
+            for x in flaky:
+                x.trace, x.memspec_evidence, x.memspec_replays = list(runs[0].trace), evidence, made
         collect(result, e)
 
 

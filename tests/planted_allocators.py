@@ -12,6 +12,16 @@ on its own row, and raise no false FAIL on the correct variants.
   made from the address, so a stale handle *equals* a newer live one at a
   recycled address (a real defect class: handles compared by value).
 
+* ``history_dependent()`` -- ``by_value_ok``, except that every other
+  instance made in the process refuses its first request with OutOfMemory
+  (legal: no geometry is declared, so a packing policy may refuse): correct
+  answers that depend on the process's history, not on the calls made, as
+  glibc's (its dynamic mmap threshold) or a device shared with other
+  processes.  Hypothesis cannot replay such a target.
+* ``history_footprint()`` -- the same kind of history, in a value: every
+  other instance rounds each footprint up one 4 KiB unit more (legal: no
+  bound is declared), as glibc's footprints change with its mmap threshold.
+
 Bugs (keyword flags): ``double_free`` (a freed block is accepted again and
 pushed twice on its free list), ``big_align`` (alignments above 4 KiB are
 ignored: the address is only 16-aligned), ``by_value`` (the defect above).
@@ -197,3 +207,46 @@ def by_value_stale(capacity: int | None = None) -> TargetInstance:
 
 def by_value_stale_big_align(capacity: int | None = None) -> TargetInstance:
     return by_value(capacity, by_value=True, big_align=True)
+
+
+class _Moody(ByValueAllocator):
+    """Refuses its first request when ``moody`` (see ``history_dependent``)."""
+
+    def __init__(self, capacity: int, moody: bool) -> None:
+        super().__init__(capacity)
+        self.moody = moody
+
+    def allocate(self, req: AllocationRequest) -> DeviceAllocation:
+        if self.moody:
+            self.moody = False
+            raise OutOfMemory("not now (this instance's history)")
+        return super().allocate(req)
+
+
+_moods = itertools.count()
+
+
+def history_dependent(capacity: int | None = None) -> TargetInstance:
+    cap = capacity or CAPACITY
+    return TargetInstance(mechanism=_Mechanism(_Moody(cap, next(_moods) % 2 == 1)), capacity=cap,
+                          make_foreign=lambda: _Mechanism(ByValueAllocator(cap)))
+
+
+class _Roomy(ByValueAllocator):
+    """One more unit of footprint per allocation when ``roomy`` (see ``history_footprint``)."""
+
+    def __init__(self, capacity: int, roomy: bool) -> None:
+        super().__init__(capacity)
+        self.roomy = roomy
+
+    def allocate(self, req: AllocationRequest) -> DeviceAllocation:
+        if not self.roomy or type(req.size) is not int or req.size <= 0:
+            return super().allocate(req)
+        a = super().allocate(AllocationRequest(req.size + self.UNIT, req.alignment))
+        return DeviceAllocation(a.address, req.size, a.footprint, a.identity, a.device)
+
+
+def history_footprint(capacity: int | None = None) -> TargetInstance:
+    cap = capacity or CAPACITY
+    return TargetInstance(mechanism=_Mechanism(_Roomy(cap, next(_moods) % 2 == 1)), capacity=cap,
+                          make_foreign=lambda: _Mechanism(ByValueAllocator(cap)))
