@@ -529,21 +529,17 @@ def _qstate(s: Any, u: QueueUniverse | None = None) -> tuple[dict[str, Any], Que
     rel = _releasers(s)
     fmech = {ix[k]: rel.get(k, c) for k, code, _f, c in objs if code == E.QUEUED}
     fmech.update({i: (-1 if s.misreleased else amech[i]) for i, code in astate.items() if code == E.FREED})
-    ids = [i for k, i in ix.items() if k != ("new", 0)]   # a slot reserved for an object not made is none
     st = {"astate": (0, astate), "use": use,
           "iss": (0, {sx[r]: x.launched for r, x in s.streams.items()}),
           "done": (0, {sx[r]: x.completed for r, x in s.streams.items()}),
           "actx": (0, {}), "calive": (False, {0: s.registry.context_alive}),
           "amech": (0, amech), "fmech": (0, fmech), "fctx": (0, {}), "inst": s.registry.installed,
-          "dev": (False, {}),
-          # S14's: the identity of object i is i (dense, in creation order); no object owns an address
-          "gen": (0, {i: i for i in ids}), "owner": (0, {i: i for i in ids}), "nextgen": len(ids),
-          "addr": (E.NOADDR, {}), "byaddr": (E.NOADDR, {})}
+          "dev": (False, {}), "addr": (E.NOADDR, {}), "byaddr": (E.NOADDR, {})}   # S14's: no address owned
     return st, u
 
 
 #: (not ``fctx`` nor ``dev``: the one context's, never the device level's; no system action writes them else)
-_Q_CMP = ("astate", "use", "iss", "done", "actx", "calive", "amech", "fmech", "inst", "nextgen")
+_Q_CMP = ("astate", "use", "iss", "done", "actx", "calive", "amech", "fmech", "inst")
 #: the system level's spec actions S14 claims on the queue machine (its creations of owned objects)
 _S14_SYS = ("allocate_owned", "reserve_owned")
 

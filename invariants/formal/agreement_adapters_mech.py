@@ -108,8 +108,8 @@ def _mech_too_big(s: Any) -> bool:
 def _q_mech_state(s: Any) -> tuple[dict[str, Any], Universe]:
     """Mechanism level, on the queue machine: every object with an identity
     (allocations, reservations, physical handles; own or foreign) the device's
-    own (``dev``), renumbered densely in creation order, so the identity of
-    object ``i`` is ``i`` and the next identity is their count; made by the
+    own (``dev``), renumbered densely in creation order (the identity of
+    object ``i`` is ``i``: a new one takes the next); made by the
     mechanism under test (0) or by its twin (1, a foreign handle) in the one
     context (0); every freed one was freed by its creator unless the spec
     recorded a foreign free (then: by mechanism -1); the own allocations'
@@ -129,16 +129,15 @@ def _q_mech_state(s: Any) -> tuple[dict[str, Any], Universe]:
         "fmech": (0, {ix[r]: (-1 if s.foreign_frees else 1 if foreign[r] else 0) for r in objs if not live(r)}),
         "dev": (False, {ix[r]: True for r in objs}),
         "use": {}, "iss": (0, {}), "done": (0, {}), "calive": (False, {0: True}),
-        "gen": (0, {i: i for i in ix.values()}), "owner": (0, {i: i for i in ix.values()}), "nextgen": len(objs),
         "addr": (E.NOADDR, {ix[r]: a.address for r, a in s.allocations.items() if not a.foreign}),
         "byaddr": (E.NOADDR, {addr: ix[r] for addr, r in s.by_address.items()}),
     }
     return st, u
 
 
-#: what the device level's adapters compare (not the identities' ghosts, nor the address map: a new
-#: allocation's address is the witness's, picked after the step)
-_Q_MECH_CMP = ("astate", "amech", "fmech", "fctx", "inst", "dev", "nextgen")
+#: what the device level's adapters compare (not the address map: a new allocation's address is the
+#: witness's, picked after the step)
+_Q_MECH_CMP = ("astate", "amech", "fmech", "fctx", "inst", "dev")
 _q_mech_expected = _expected(_q_mech_state, E.S4.fields, _Q_MECH_CMP)
 def _q_mech_alloc_project(foreign: bool = False, addressed: bool = False) -> Any:
     """A creation by the mechanism (``foreign``: its twin): a new object, the device's own; an own

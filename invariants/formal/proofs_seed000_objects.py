@@ -117,9 +117,9 @@ S3 = Proof(
 # S14's part (no-reuse-of-identity; mirrors spec/eager.py allocate/deallocate,
 # spec/vmm.py reserve/release_reservation/reserve_owned, spec/shared.py
 # shared_reserve/create/free_shared_reservation, spec/manager.py
-# allocate_owned): every object made gets a fresh identity ``gen`` from the
-# counter ``nextgen`` (``owner`` maps an identity back to its object, so two
-# objects never share one).  The device's own eager allocations also own
+# allocate_owned): an object's identity is its id; every object made takes an
+# id never used (``astate`` none) and no action makes one none again, so two
+# objects never share one.  The device's own eager allocations also own
 # their address ``addr`` in ``byaddr`` (the spec's ``by_address``; ``NOADDR``:
 # none, also the address of every other object); an address is reused once its
 # allocation is freed.  deallocate resolves a handle by its identity: a handle
@@ -133,19 +133,13 @@ NOADDR = -1
 def _fence_fields() -> dict[str, str]:
     return {"astate": ARR, "use": ARR2, "iss": ARR, "done": ARR, "actx": ARR, "calive": BARR,
             "amech": ARR, "fmech": ARR, "fctx": ARR, "inst": INT, "dev": BARR,
-            # S14's: identities and the device's address map
-            "gen": ARR, "owner": ARR, "nextgen": INT, "addr": ARR, "byaddr": ARR}
+            # S14's: the device's address map
+            "addr": ARR, "byaddr": ARR}
 
 
 def _fence_init(s: St) -> Any:
     return And(s.astate == Z0(), s.iss == Z0(), s.done == Z0(), s.use == z3.K(z3.IntSort(), Z0()),
-               s.nextgen == 0, s.gen == Z0(), s.owner == Z0(), s.addr == z3.K(z3.IntSort(), z3.IntVal(NOADDR)),
-               s.byaddr == z3.K(z3.IntSort(), z3.IntVal(NOADDR)))
-
-
-def _fresh_identity(s: St, x: Any) -> dict[str, Any]:
-    """Object ``x`` takes the next identity (S14)."""
-    return {"gen": upd(s.gen, x, s.nextgen), "owner": upd(s.owner, s.nextgen, x), "nextgen": s.nextgen + 1}
+               s.addr == z3.K(z3.IntSort(), z3.IntVal(NOADDR)), s.byaddr == z3.K(z3.IntSort(), z3.IntVal(NOADDR)))
 
 
 def _q_alloc(s: St, a: St):
@@ -153,13 +147,12 @@ def _q_alloc(s: St, a: St):
     reservation, a KV request; ``dev``: the device level's allocation,
     reservation or handle) by mechanism ``m`` in the binding's context ``c``
     (the binding is used only while its context is alive): live, no work has
-    used it yet, with a fresh identity; an eager allocation of the device
+    used it yet (a fresh identity: an id never used); an eager allocation of the device
     (``ad``: not NOADDR) owns its address."""
     return on_ok(z3.IntVal(OK), s, s.set(astate=upd(s.astate, a.x, LIVE), use=upd(s.use, a.x, Z0()),
                                   actx=upd(s.actx, a.x, a.c), amech=upd(s.amech, a.x, a.m),
                                   dev=upd(s.dev, a.x, a.dev), addr=upd(s.addr, a.x, a.ad),
-                                  byaddr=upd(s.byaddr, a.ad, K.ite(a.ad == NOADDR, NOADDR, a.x)),
-                                  **_fresh_identity(s, a.x)))
+                                  byaddr=upd(s.byaddr, a.ad, K.ite(a.ad == NOADDR, NOADDR, a.x))))
 
 
 def _q_alloc_pre(s: St, a: St) -> Any:
@@ -233,8 +226,7 @@ def _q_decommit(s: St, a: St):
     out = outcome((a.bad, "InvalidRange"))
     return on_ok(out, s, s.set(astate=upd(s.astate, a.y, QUEUED), use=upd(s.use, a.y, at(s.use, a.x)),
                                actx=upd(s.actx, a.y, at(s.actx, a.x)), amech=upd(s.amech, a.y, at(s.amech, a.x)),
-                               dev=upd(s.dev, a.y, False), addr=upd(s.addr, a.y, NOADDR), **_fresh_identity(s, a.y),
-                               **_by_creator(s, a.x, a.y)))
+                               dev=upd(s.dev, a.y, False), addr=upd(s.addr, a.y, NOADDR), **_by_creator(s, a.x, a.y)))
 
 
 def _q_sync(s: St, a: St):
@@ -952,8 +944,8 @@ S10 = _on_queue("S10", _s10_inv, Act("destroy_context", _C, _q_destroy_context(F
 
 
 # ==========================================================================
-# S14 no-reuse-of-identity: the queue machine of S4 (its identities ``gen``,
-# ``owner``, ``nextgen`` and the device's address map ``addr`` / ``byaddr``)
+# S14 no-reuse-of-identity: the queue machine of S4 (its objects' ids, never
+# reused, and the device's address map ``addr`` / ``byaddr``)
 # ==========================================================================
 
 def _s14_owns_address(s: St, o: Any) -> Any:
@@ -963,11 +955,8 @@ def _s14_owns_address(s: St, o: Any) -> Any:
 
 
 def _s14_inv(s: St, o: Any) -> Any:
-    """The named rule, and every object made has an identity of its own, issued before."""
-    return And(s.nextgen >= 0, _s14_owns_address(s, o),
-               Implies(at(s.astate, o) != NONE, And(at(s.owner, at(s.gen, o)) == o, at(s.gen, o) >= 0,
-                                                    at(s.gen, o) < s.nextgen,
-                                                    Implies(at(s.addr, o) != NOADDR, o >= 0))))
+    """The named rule; an object that owns an address is no address's ``NOADDR``."""
+    return And(_s14_owns_address(s, o), Implies(And(at(s.astate, o) != NONE, at(s.addr, o) != NOADDR), o >= 0))
 
 
 def _s14_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
@@ -979,6 +968,5 @@ def _s14_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
 S14 = _on_queue("S14", _s14_inv, Act("release", _XMC, _q_release(True, False), pre=_q_release_pre, objs=("x",)),
                 "deallocate resolves a handle by its identity: a handle no longer live is refused "
                 "(StaleHandle/DoubleFree) even when a newer allocation lives at its address",
-                step_prop=_s14_prop, safety=lambda s, o: Implies(at(s.astate, o) != NONE, at(s.gen, o) < s.nextgen),
-                bmc_depth=4)
+                step_prop=_s14_prop, bmc_depth=4)
 
