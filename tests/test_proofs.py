@@ -189,7 +189,7 @@ def test_s13_read_only_write_counter_can_fail() -> None:
 
 
 @pytest.mark.parametrize("inv_id,action", [("S5", "commit_range"), ("S12", "kv_grow"), ("S13", "kv_open"),
-                                           ("S14", "reserve_owned")])
+                                           ("S14", "free_shared_reservation")])
 def test_dropping_an_encoded_action_drops_coverage(inv_id: str, action: str) -> None:
     from dataclasses import replace
 
@@ -248,7 +248,7 @@ def test_rows_credited_by_one_adapter_share_its_machine() -> None:
     """Issue 33 (one Z3 relation per spec action): an agreement adapter credits its samples to the
     further rows of ``also`` only where they are proved on the adapter's very machine (the same
     fields; the encoded action by the same step and precondition functions).  S1, S7 and S10 are on S4's
-    deferred-free queue machine, G1 and S6 on S15's ticket machine, S12 and S13 on S5's VMM machine,
+    deferred-free queue machine (S14 too), G1 and S6 on S15's ticket machine, S12 and S13 on S5's VMM machine,
     S2, S8 and S9 on S11's ledger model: one projection per state record, one adapter per spec action,
     for every row of the machine."""
     from memspec.invariants.formal import agreement_adapters as A
@@ -264,11 +264,12 @@ def test_rows_credited_by_one_adapter_share_its_machine() -> None:
             assert q.action(ad.action).step is p.action(ad.action).step, (ad.invariant, other, ad.action)
             assert q.action(ad.action).pre is p.action(ad.action).pre, (ad.invariant, other, ad.action)
             shared.setdefault(ad.invariant, set()).add(other)
-    assert shared.get("S4") == {"S1", "S7", "S10"}, shared
+    assert shared.get("S4") == {"S1", "S7", "S10", "S14"}, shared
     assert shared.get("S15") == {"G1", "S6"}, shared
     assert shared.get("S11") == {"S2", "S8", "S9"}, shared   # S2, S8 and S9 on S11's ledger model
     assert shared.get("S5") == {"S12", "S13"}, shared
-    for base, other in (("S4", "S1"), ("S4", "S7"), ("S4", "S10"), ("S15", "S6"), ("S15", "G1"), ("S5", "S12"),
+    for base, other in (("S4", "S1"), ("S4", "S7"), ("S4", "S10"), ("S4", "S14"), ("S15", "S6"), ("S15", "G1"),
+                        ("S5", "S12"),
                         ("S5", "S13")):
         p, q = proofs[base], proofs[other]
         assert [a.name for a in q.actions] == [a.name for a in p.actions]

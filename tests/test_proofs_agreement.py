@@ -56,6 +56,15 @@ def test_every_encoded_action_agrees_with_the_spec(reports) -> None:
     assert not short, short
 
 
+def _one_row_allocate(adapters: list) -> list:
+    """The mechanism's allocate as the VMM machine encodes it (its three outcomes: ok, InvalidRequest,
+    OutOfMemory), credited to S5 alone: one report (S14's allocate, on the queue machine, samples only
+    the allocations made: a refusal makes nothing there)."""
+    from dataclasses import replace
+
+    return [replace(a, also=()) for a in adapters if a.invariant == "S5" and a.spec_action == "allocate"]
+
+
 def test_per_branch_quotas_stop_sampling_a_branch_that_has_enough() -> None:
     """With quotas a frequent branch stops costing evaluations at its quota while
     the walk goes on for the rarer ones; a prior walk's counts count towards them."""
@@ -63,7 +72,7 @@ def test_per_branch_quotas_stop_sampling_a_branch_that_has_enough() -> None:
     from memspec.spec.mechanism import MECHANISM
 
     proofs = {p.id: p for p in E.PROOFS}
-    ad = [a for a in MECH_ADAPTERS if a.invariant == "S14" and a.spec_action == "allocate"]
+    ad = _one_row_allocate(MECH_ADAPTERS)
     (r,) = walk_and_compare(MECHANISM, _mech_init, ad, proofs, 400, 1, _mech_too_big, per_branch=10)
     assert set(r.branches) == {"ok", "InvalidRequest", "OutOfMemory"}, r.branches
     assert all(n >= 10 for n in r.branches.values()), r.branches
@@ -81,7 +90,7 @@ def test_past_the_soft_budget_one_sample_per_branch_is_enough() -> None:
     from memspec.spec.mechanism import MECHANISM
 
     proofs = {p.id: p for p in E.PROOFS}
-    ad = [a for a in MECH_ADAPTERS if a.invariant == "S14" and a.spec_action == "allocate"]
+    ad = _one_row_allocate(MECH_ADAPTERS)
     (r,) = walk_and_compare(MECHANISM, _mech_init, ad, proofs, 400, 1, _mech_too_big, per_branch=1000,
                             soft_steps=50)
     assert set(r.branches) == {"ok", "InvalidRequest", "OutOfMemory"}, r.branches
@@ -202,7 +211,7 @@ def test_mechanism_invariants_agree_on_every_branch(reports, inv_id: str) -> Non
     assert not [m for r in mine for m in r.mismatches]
     assert sum(r.inv_samples for r in mine) > 0
     assert not [d for r in mine for d in r.inv_disagreements]
-    for a in p.actions:
+    for a in [a for a in p.actions if a.spec]:  # S14's machine (S4's) has actions of other rows' spec actions
         got: dict[str, int] = {}
         for r in mine:
             if r.action == a.name:

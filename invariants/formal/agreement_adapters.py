@@ -5,7 +5,7 @@
 The adapters are split by level, each module under 1,200 lines:
 :mod:`.agreement_adapters_mech` (the mechanism level), :mod:`.agreement_adapters_system`
 (the system level's protocols), and this module (the ledger model of S2 / S8 / S9 / S11 at both
-levels, the deferred-free queue machine of S1, S4, S7, S10).  The adapter lists are
+levels, the deferred-free queue machine of S1, S4, S7, S10, S14).  The adapter lists are
 one list each, extended in that order.  Every name of the parts is a name of this
 module: import from here.
 """
@@ -19,8 +19,7 @@ from memspec.invariants.formal.agreement import Adapter, Universe, flatten
 from memspec.invariants.formal.proofs import prefix_values
 from memspec.invariants.formal import agreement_adapters_mech, agreement_adapters_system
 from memspec.invariants.formal.agreement_adapters_mech import (
-    MECH_ADAPTERS, _Q_MECH_CMP, _aligned_nonempty, _expected, _is_int, _not_size, _project, _q_mech_alloc_project,
-    _q_mech_expected, _q_mech_release_project, _ret, _s12_bad,
+    MECH_ADAPTERS, _aligned_nonempty, _expected, _is_int, _not_size, _project, _ret, _s12_bad,
 )
 from memspec.invariants.formal.agreement_adapters_system import (
     SMALL_SYS_ADAPTERS, SYS_ADAPTERS, TICKET_ADAPTERS, _ASTATE, _TSTATE, _answer_victims, _done_seqs,
@@ -450,11 +449,11 @@ for _a in SYS_ADAPTERS + MECH_ADAPTERS + TICKET_ADAPTERS + SMALL_SYS_ADAPTERS:
             _a.also = _a.also + (_row,)
 
 
-# -- S1, S4, S7, S10: the deferred-free queue ----------------------------------
+# -- S1, S4, S7, S10, S14: the deferred-free queue -----------------------------
 #
-# S1, S4, S7 and S10 are one machine (S4's), the system state projected once
+# S1, S4, S7, S10 and S14 are one machine (S4's), the system state projected once
 # (:func:`_qstate`; the mechanism state: :func:`_q_mech_state`): one adapter
-# per spec action, credited to the four rows.
+# per spec action, credited to the rows that claim it (S14: the creations).
 # The objects of these encodings are everything released through the queue:
 # owned records (allocation, weight, reservation) and KV requests by
 # reference id, then queued decommits (queue entries of neither) by entry
@@ -535,12 +534,14 @@ def _qstate(s: Any, u: QueueUniverse | None = None) -> tuple[dict[str, Any], Que
           "done": (0, {sx[r]: x.completed for r, x in s.streams.items()}),
           "actx": (0, {}), "calive": (False, {0: s.registry.context_alive}),
           "amech": (0, amech), "fmech": (0, fmech), "fctx": (0, {}), "inst": s.registry.installed,
-          "dev": (False, {})}
+          "dev": (False, {}), "addr": (E.NOADDR, {}), "byaddr": (E.NOADDR, {})}   # S14's: no address owned
     return st, u
 
 
 #: (not ``fctx`` nor ``dev``: the one context's, never the device level's; no system action writes them else)
 _Q_CMP = ("astate", "use", "iss", "done", "actx", "calive", "amech", "fmech", "inst")
+#: the system level's spec actions S14 claims on the queue machine (its creations of owned objects)
+_S14_SYS = ("allocate_owned", "reserve_owned")
 
 
 def _stream_ix(u: Any, stream: int) -> int:
@@ -568,17 +569,17 @@ _DECOMMIT_HELPERS = ("reserve_owned", "commit_owned")
 def _q_adapters(inv: str, also: tuple[str, ...] = ()) -> list[Adapter]:
     """The queue machine's adapters for ``inv`` (and ``also``: S1, S7 and S10 encode
     every action by the same step as S4, so each sample counts for each)."""
-    def ad(action: str, spec_action: str, arg: Any, ok_only: bool = False, **kw: Any) -> Adapter:
-        return Adapter(inv, action, spec_action, _q_project(arg, ok_only), _q_expected, _Q_CMP, also=also,
-                       finite=True, **kw)
+    def ad(action: str, spec_action: str, arg: Any, **kw: Any) -> Adapter:
+        project = _q_alloc_project if arg is None else _q_project(arg)
+        return Adapter(inv, action, spec_action, project, _q_expected, _Q_CMP, finite=True,
+                       also=also + (("S14",) if spec_action in _S14_SYS else ()), **kw)
 
     obj = lambda key: (lambda s, u, a: {"x": _q_obj(s, u, a[key])})  # noqa: E731
     use = lambda key: (lambda s, u, a: {"x": _q_obj(s, u, a[key]), "st": _stream_ix(u, a["stream"])})  # noqa: E731
     return [
         # each makes one queue object, live, with no fence yet, by the mechanism installed now; their
-        # refusals make nothing (other rows' to compare)
-        *[ad("allocate", n, lambda s, u, a: {"x": _new(u), "c": 0, "m": s.registry.installed, "dev": False},
-             ok_only=True) for n in ("allocate_owned", "load_weight", "reserve_owned", "kv_open")],
+        # refusals make nothing (other rows' rules)
+        *[ad("allocate", n, None) for n in ("allocate_owned", "load_weight", "reserve_owned", "kv_open")],
         ad("use", "use", use("allocation")),
         ad("use", "use_owned", use("reservation")),
         ad("use", "kv_use", use("request")),
@@ -631,10 +632,16 @@ def _q_expected(s: Any, u: Any, value: Any) -> Any:
     return flatten(st, E.S4.fields, _Q_CMP, u)
 
 
-def _q_project(arg: Any, ok_only: bool = False) -> Any:
+def _q_alloc_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+    """A creation of the system level: a new object (a refusal makes nothing: other rows' to compare)."""
+    if taken != "ok":
+        return None
+    st, u = _qstate(s)
+    return st, {"x": _new(u), "c": 0, "m": s.registry.installed, "dev": False, "ad": E.NOADDR}, u
+
+
+def _q_project(arg: Any) -> Any:
     def project(s: Any, args: dict[str, Any], taken: str) -> Any:
-        if ok_only and taken != "ok":
-            return None
         st, u = _qstate(s)
         return st, arg(s, u, args), u
     return project
@@ -644,9 +651,6 @@ def _new(u: Any) -> int:
     return u.index([("new", 0)])[("new", 0)]
 
 
-# the device level on the queue machine (its allocations and deallocate), credited to its four rows
-MECH_ADAPTERS += [Adapter("S4", act, spec, project, _q_mech_expected, _Q_MECH_CMP, also=("S1", "S7", "S10"))
-                  for act, spec, project in (("release", "deallocate", _q_mech_release_project),
-                                             ("allocate", "allocate", _q_mech_alloc_project(False)),
-                                             ("allocate", "allocate_foreign", _q_mech_alloc_project(True)))]
 SYS_ADAPTERS += _q_adapters("S4", also=("S1", "S7", "S10"))
+#: reserve_owned's OutOfMemory needs a size past the device: the small device's walk (S14's, S4's)
+SMALL_SYS_ADAPTERS += [a for a in SYS_ADAPTERS if a.invariant == "S4" and a.spec_action == "reserve_owned"]

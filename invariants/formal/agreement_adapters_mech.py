@@ -2,8 +2,8 @@
 part of :mod:`memspec.invariants.formal.agreement_adapters` (which assembles them; import
 from there).
 
-the queue machine's device level (S1, S4, S7, S10: allocate, deallocate),
-S14 deallocate, the VMM machine (S5, S12, S13: VirtualBacking, the mechanism's
+the queue machine's device level (S1, S4, S7, S10, S14: the creations and releases
+of allocations, reservations and handles), the VMM machine (S5, S12, S13: VirtualBacking, the mechanism's
 reservations, SharedMapping); :data:`MECH_ADAPTERS` (extended in :mod:`.agreement_adapters` by the
 ledger model's and the queue's adapters) and the helpers every level shares.
 """
@@ -103,136 +103,77 @@ def _mech_too_big(s: Any) -> bool:
             or len(s.handles) > UMAX or len(s.mappings) > UMAX)
 
 
-# -- the queue machine's device level (S1, S4, S7, S10): allocate, deallocate --
+# -- the queue machine's device level (S1, S4, S7, S10, S14): its creations and releases --
 
 def _q_mech_state(s: Any) -> tuple[dict[str, Any], Universe]:
-    """Mechanism level, on the queue machine: each allocation the device's own
-    (``dev``), made by the mechanism under test (0) or by its twin (1, a
-    foreign handle) in the one context (0); every freed one was freed by its
-    creator unless the spec recorded a foreign free (then: by mechanism -1).
-    No stream, no queue."""
-    u = Universe()
-    ix = u.add("alloc", s.allocations)
-    by = (lambda a: -1) if s.foreign_frees else (lambda a: 1 if a.foreign else 0)
-    st = {
-        "astate": (0, {ix[r]: (E.LIVE if a.live else E.FREED) for r, a in s.allocations.items()}),
-        "amech": (0, {ix[r]: (1 if a.foreign else 0) for r, a in s.allocations.items()}),
-        "actx": (0, {}), "fctx": (0, {}), "inst": 0,
-        "fmech": (0, {ix[r]: by(a) for r, a in s.allocations.items() if not a.live}),
-        "dev": (False, {ix[r]: True for r in s.allocations}),
-        "use": {}, "iss": (0, {}), "done": (0, {}), "calive": (False, {0: True}),
-    }
-    return st, u
-
-
-_q_mech_release_project = _project(_q_mech_state, lambda s, u, a, taken: {
-    "x": u.idx["alloc"][a["handle"]], "m": 0, "c": 0})
-
-
-_Q_MECH_CMP = ("astate", "amech", "fmech", "fctx", "inst", "dev")
-
-
-_q_mech_expected = _expected(_q_mech_state, E.S4.fields, _Q_MECH_CMP)
-
-
-def _q_mech_alloc_project(foreign: bool) -> Any:
-    """A refused allocation (OutOfMemory, InvalidRequest) makes nothing:
-    no record to compare (its accounting is S8's and S11's)."""
-    return _project(_q_mech_state, lambda s, u, a, taken: None if taken != "ok" else {
-        "x": _new_slot(u, "alloc"), "m": 1 if foreign else 0, "c": 0, "dev": True})
-
-
-# -- S14: DeviceAllocator.deallocate ------------------------------------------
-
-
-def _s14_state(s: Any) -> tuple[dict[str, Any], Universe]:
-    """Every object with an identity (allocations, reservations, physical
-    handles; own or foreign) renumbered densely in creation order, so the
-    identity of object ``i`` is ``i`` and the next identity is their count."""
+    """Mechanism level, on the queue machine: every object with an identity
+    (allocations, reservations, physical handles; own or foreign) the device's
+    own (``dev``), renumbered densely in creation order (the identity of
+    object ``i`` is ``i``: a new one takes the next); made by the
+    mechanism under test (0) or by its twin (1, a foreign handle) in the one
+    context (0); every freed one was freed by its creator unless the spec
+    recorded a foreign free (then: by mechanism -1); the own allocations'
+    addresses (the spec's ``by_address``).  No stream, no queue."""
     u = Universe()
     objs: dict[int, Any] = {**s.allocations, **s.reservations, **s.handles}
     ix = u.add("obj", objs)
 
     def live(r: int) -> bool:
-        o = objs[r]
-        return (not o.released) if r in s.handles else o.live
+        return (not objs[r].released) if r in s.handles else objs[r].live
 
+    foreign = {r: bool(getattr(o, "foreign", False)) for r, o in objs.items()}
     st = {
         "astate": (0, {ix[r]: (E.LIVE if live(r) else E.FREED) for r in objs}),
-        "gen": (0, {ix[r]: ix[r] for r in objs}),
-        "owner": (0, {ix[r]: ix[r] for r in objs}),
-        "nextgen": len(objs),
-        "addr": (0, {ix[r]: (o.address if r not in s.handles else 0) for r, o in objs.items()}),
-        "addrd": (False, {ix[r]: True for r in s.allocations}),
-        "foreign": (False, {ix[r]: bool(getattr(o, "foreign", False)) for r, o in objs.items()}),
+        "amech": (0, {ix[r]: (1 if foreign[r] else 0) for r in objs}),
+        "actx": (0, {}), "fctx": (0, {}), "inst": 0,
+        "fmech": (0, {ix[r]: (-1 if s.foreign_frees else 1 if foreign[r] else 0) for r in objs if not live(r)}),
+        "dev": (False, {ix[r]: True for r in objs}),
+        "use": {}, "iss": (0, {}), "done": (0, {}), "calive": (False, {0: True}),
+        "addr": (E.NOADDR, {ix[r]: a.address for r, a in s.allocations.items() if not a.foreign}),
         "byaddr": (E.NOADDR, {addr: ix[r] for addr, r in s.by_address.items()}),
     }
     return st, u
 
 
-def _s14_sys_state(s: Any) -> tuple[dict[str, Any], Universe]:
-    """The system level: the owning objects the binding handed out."""
-    u = Universe()
-    ix = u.add("obj", s.owned)
-    st = {
-        "astate": (0, {ix[r]: (E.LIVE if o.state == "live" else E.FREED) for r, o in s.owned.items()}),
-        "gen": (0, {ix[r]: ix[r] for r in s.owned}), "owner": (0, {ix[r]: ix[r] for r in s.owned}),
-        "nextgen": len(s.owned), "addr": (0, {}), "addrd": (False, {}), "foreign": (False, {}),
-        "byaddr": (E.NOADDR, {}),
-    }
-    return st, u
+#: what the device level's adapters compare (not the address map: a new allocation's address is the
+#: witness's, picked after the step)
+_Q_MECH_CMP = ("astate", "amech", "fmech", "fctx", "inst", "dev")
+_q_mech_expected = _expected(_q_mech_state, E.S4.fields, _Q_MECH_CMP)
+def _q_mech_alloc_project(foreign: bool = False, addressed: bool = False) -> Any:
+    """A creation by the mechanism (``foreign``: its twin): a new object, the device's own; an own
+    allocation at a fresh address no live allocation owns (the spec's witness picks it after this step).
+    A refused creation makes nothing: no record to compare (its accounting is S8's and S11's)."""
+    def args(s: Any, u: Universe, a: dict[str, Any], taken: str) -> Any:
+        ad = max([0] + [k + 1 for k in s.by_address]) if addressed else E.NOADDR
+        return None if taken != "ok" else {"x": _new_slot(u, "obj"), "m": 1 if foreign else 0, "c": 0, "dev": True,
+                                           "ad": ad}
+    return _project(_q_mech_state, args)
 
 
-_S14_CMP = ("astate", "addrd", "foreign", "nextgen")
+def _q_mech_release_project(handle: str) -> Any:
+    """deallocate (its ``handle``), release_reservation, free_shared_reservation (their ``reservation``;
+    still mapped: ``bad``) through the mechanism under test."""
+    def args(s: Any, u: Universe, a: dict[str, Any], taken: str) -> Any:
+        out = {"x": u.idx["obj"][a[handle]], "m": 0, "c": 0}
+        if handle == "reservation" and s.reservations[a[handle]].kind == "shared":
+            r = s.reservations[a[handle]]
+            out["bad"] = r.live and bool(r.backed)
+        return out
+    return _project(_q_mech_state, args)
 
 
-def _s14_expected_with(state_fn: Any) -> Any:
-    return _expected(state_fn, E.S14.fields, _S14_CMP)
+def _q_mech(row: str, spec_action: str, project: Any, also: tuple[str, ...]) -> Adapter:
+    action = {"deallocate": "release", "release_reservation": "release"}.get(spec_action, spec_action)
+    action = "allocate" if action in ("allocate_foreign", "create", "reserve", "shared_reserve") else action
+    return Adapter(row, action, spec_action, project, _q_mech_expected, _Q_MECH_CMP, also=also)
 
 
-def _s14_err(errors: tuple[str, ...], cond: dict[str, bool], taken: str) -> int:
-    """The index (1-based) of the first error outside S14 that the spec state
-    forces (``cond``); else the error the walk follows where the spec only
-    allows one (an OutOfMemory, a page-rounded plan over the budget); else 0."""
-    for i, e in enumerate(errors):
-        if cond.get(e):
-            return i + 1
-    return errors.index(taken) + 1 if taken in errors else 0
+#: the rows on S4's queue machine that claim the device level's allocate and deallocate
+_ON_QUEUE = ("S1", "S7", "S10", "S14")
 
 
 def _not_size(x: Any) -> bool:
     return not (isinstance(x, int) and not isinstance(x, bool) and x > 0)
-
-
-def _s14_make_project(errors_of: str, kind: str) -> Any:
-    errors = E._S14_MAKE[errors_of][0]
-
-    def project(s: Any, args: dict[str, Any], taken: str) -> Any:
-        st, u = _s14_state(s) if kind == "mech" else _s14_sys_state(s)
-        size = args["size"]
-        cond = {"InvalidRequest": _not_size(size) or (errors_of == "create" and size % s.page != 0)}
-        if errors_of == "allocate_owned" and not cond["InvalidRequest"]:
-            cond["GrantDenied"] = size > s.free
-        if errors_of == "reserve_owned":
-            cond["Unsupported"] = not s.registry.capabilities[s.registry.installed][0]
-        err = _s14_err(errors, cond, taken)
-        # a fresh address no live allocation owns (the spec's witness picks it after this step)
-        ad = max([0] + [k + 1 for k in st["byaddr"][1]]) if errors_of == "allocate" else 0
-        return st, {"x": _new_slot(u, "obj"), "ad": ad, "err": err}, u
-    return project
-
-
-_s14_project = _project(_s14_state, lambda s, u, a, taken: {"x": u.idx["obj"][a["handle"]]})
-
-
-def _s14_res_args(s: Any, u: Universe, args: dict[str, Any], taken: str) -> dict[str, Any]:
-    ref = args["reservation"]
-    r = s.reservations[ref]
-    mapped = r.live and not r.foreign and bool(getattr(r, "backed", ()))
-    return {"x": u.idx["obj"][ref], "err": 1 if mapped else 0}
-
-
-_s14_res_project = _project(_s14_state, _s14_res_args)
 
 
 # -- the VMM machine (S5, S12, S13): VirtualBacking and SharedMapping -------
@@ -398,14 +339,16 @@ def _vmm(action: str, spec_action: str, project: Any, cmp: tuple[str, ...], ret:
 
 
 MECH_ADAPTERS = [
-    Adapter("S14", "free", "deallocate", _s14_project, _s14_expected_with(_s14_state), _S14_CMP),
-    Adapter("S14", "release_reservation", "release_reservation", _s14_res_project, _s14_expected_with(_s14_state),
-            _S14_CMP),
-    Adapter("S14", "free_shared_reservation", "free_shared_reservation", _s14_res_project,
-            _s14_expected_with(_s14_state), _S14_CMP),
-] + [
-    Adapter("S14", n, n, _s14_make_project(n, "mech"), _s14_expected_with(_s14_state), _S14_CMP)
-    for n in ("allocate", "create", "reserve", "shared_reserve")
+    # the device level on the queue machine: S4's allocate and deallocate credited to its four other rows,
+    # the twin's allocate not to S14 (a gap), the reservations' and handles' creations and releases S14's
+    # (free_shared_reservation: an action of its own, no foreign shared reservation exists)
+    _q_mech("S4", "deallocate", _q_mech_release_project("handle"), _ON_QUEUE),
+    _q_mech("S4", "allocate", _q_mech_alloc_project(addressed=True), _ON_QUEUE),
+    _q_mech("S4", "allocate_foreign", _q_mech_alloc_project(foreign=True), _ON_QUEUE[:-1]),
+    *[_q_mech("S14", n, _q_mech_alloc_project(), ()) for n in ("create", "reserve", "shared_reserve")],
+    _q_mech("S14", "release_reservation", _q_mech_release_project("reservation"), ()),
+    # S14's; its samples witness the hypotheses of the action on every row of the machine
+    _q_mech("S4", "free_shared_reservation", _q_mech_release_project("reservation"), _ON_QUEUE),
 ] + [
     _vmm(f"m_{n}", n, _s5_device_project(n), _RES_CMP, ret=False) for n in ("allocate", "deallocate")
 ] + [

@@ -17,8 +17,8 @@ from memspec.invariants.formal import proofs_seed000 as E
 from memspec.invariants.formal.agreement import Adapter, AgreementReport, Universe, walk_and_compare
 from memspec.invariants.formal.proofs import Proof, prefix_values
 from memspec.invariants.formal.agreement_adapters_mech import (
-    MECH_ADAPTERS, UMAX, _MECH_EMPTY, _ON_VMM, _S14_CMP, _VMM_MAX_INV, _expected, _is_int, _mech_too_big, _new_slot, _owned_span_args, _project, _reserve_args, _ret, _s14_expected_with,
-    _s14_make_project, _s14_sys_state,
+    MECH_ADAPTERS, UMAX, _MECH_EMPTY, _ON_VMM, _VMM_MAX_INV, _expected, _is_int, _mech_too_big, _new_slot,
+    _owned_span_args, _project, _reserve_args, _ret,
 )
 from memspec.invariants.formal.walks import BY_NAME as WALKS_BY_NAME, start
 
@@ -228,9 +228,6 @@ SYS_ADAPTERS = [
     Adapter("S3", "query", "binding_capabilities", _s3_query_project, _s3_query_expected, ("inst", "gen", "answer")),
     Adapter("S3", "query", "manager_capabilities", _s3_query_project, _s3_query_expected, ("inst", "gen", "answer")),
     Adapter("S3", "query", "allocate_owned", _s3_alloc_project, _s3_query_expected, ("inst", "gen", "answer")),
-] + [
-    Adapter("S14", n, n, _s14_make_project(n, "sys"), _s14_expected_with(_s14_sys_state), _S14_CMP)
-    for n in ("allocate_owned", "reserve_owned")
 ]
 
 
@@ -394,7 +391,7 @@ SYS_ADAPTERS += [
 
 #: the adapters of the walk on a device of two pages (:data:`memspec.invariants.formal.walks.WALKS`):
 #: spec actions whose OutOfMemory branch needs a size past the device: reserve_owned draws at most 8
-#: pages, fewer than the main walk's 16 (S14's, the VMM machine's); on a small device commit_owned
-#: outruns the budget (GrantDenied) too
-SMALL_SYS_ADAPTERS = [a for a in SYS_ADAPTERS if (a.spec_action == "reserve_owned" and a.invariant in ("S5", "S14"))
+#: pages, fewer than the main walk's 16 (the VMM machine's; the queue machine's, S14's, are added by
+#: :mod:`.agreement_adapters`); on a small device commit_owned outruns the budget (GrantDenied) too
+SMALL_SYS_ADAPTERS = [a for a in SYS_ADAPTERS if (a.spec_action == "reserve_owned" and a.invariant == "S5")
                       or (a.spec_action == "commit_owned" and a.invariant == "S5")]

@@ -107,7 +107,8 @@ KNOWN_GAPS: tuple[tuple[str, str, str], ...] = (
                           "on S8's, its unguarded-commit search was refuted or not by the terms built before"),
     ("S13", "system:poll", "S13's keep-pages-for-sharers rule is in no machine: a KV release run (issue 33)"),
     ("S13", "system:respond", "S13's keep-pages-for-sharers rule is in no machine: a KV release run (issue 33)"),
-    ("S14", "mechanism:allocate_foreign", "records the twin's identity (duplicate_identities): not in S14's machine"),
+    ("S14", "mechanism:allocate_foreign", "records the twin's identity (duplicate_identities): not S14's on its "
+                                          "machine (the queue machine's allocate by the twin is S1's)"),
     ("S14", "mechanism:reserve_foreign", "records the twin's identity (duplicate_identities): not in S14's machine"),
 )
 

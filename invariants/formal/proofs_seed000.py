@@ -8,16 +8,17 @@ Object lifecycle codes: 0 none (id never used), 1 live, 2 queued (dropped,
 waiting for fences), 3 freed.
 
 The encodings are split by invariant group, each module under 1,200 lines:
-:mod:`.proofs_seed000_objects` (S1, S3 through S5, S7, and S10; S1, S7 and S10 on S4's
+:mod:`.proofs_seed000_objects` (S1, S3 through S5, S7, S10 and S14; S1, S7, S10 and S14 on S4's
 deferred-free queue machine, S12 and S13 on S5's VMM machine), :mod:`.proofs_seed000_ledger`
-(the ledger model: S2, S8, S9, S11), and this module (S14, S15, G1 and S6 on S15's ticket machine, the proof lists
+(the ledger model: S2, S8, S9, S11), and this module (S15, G1 and S6 on S15's ticket machine, the proof lists
 :data:`PROOFS` / :data:`MORE_PROOFS` and the encoded-action catalog).  Every name of
 the parts is a name of this module: import from here.
 
 Rows that state their rule on the same spec actions share one machine (the same
 fields, the same steps and preconditions; each row with its own invariant, named rule
-and unguarded variant): S1, S7 and S10 are proved on S4's deferred-free queue machine
-(S1's device-level allocate and deallocate on it too), S12 and S13 on S5's VMM machine
+and unguarded variant): S1, S7, S10 and S14 are proved on S4's deferred-free queue machine
+(the device level's allocations, reservations and handles, their creations and releases,
+on it too: S1's creator, S14's identities and address map), S12 and S13 on S5's VMM machine
 (reservations of both levels, physical handles, mappings, KV prefixes), S2, S8 and S9 on
 S11's ledger model, G1 and S6 on S15's ticket machine (its respond is one relation:
 S15's refund of the answer's bytes into the ticket and S6's choice of victims).
@@ -36,8 +37,8 @@ from memspec.invariants.formal.proofs import (
 from memspec.spec import kernels as K
 from memspec.invariants.formal import proofs_seed000_objects, proofs_seed000_ledger
 from memspec.invariants.formal.proofs_seed000_objects import (
-    FREED, H_KV, H_WEIGHTS, LIVE, NONE, S1, S10, S12, S13, S3, S4, S5, S7, T_CANCELLED, T_CLAIMED, T_FAILED,
-    T_GRANTED, T_PENDING, T_TIMED_OUT, Z0, _fences_done, _s10_inv, _s12_inv, _s13_prefix_covered, _s1_named,
+    FREED, H_KV, H_WEIGHTS, S1, S10, S12, S13, S14, S3, S4, S5, S7, T_CANCELLED, T_CLAIMED, T_FAILED, T_GRANTED,
+    T_PENDING, T_TIMED_OUT, Z0, _fences_done, _s10_inv, _s12_inv, _s13_prefix_covered, _s14_owns_address, _s1_named,
     _s5_named, _terminal, catalog,
 )
 from memspec.invariants.formal.proofs_seed000_ledger import (
@@ -52,142 +53,6 @@ PARTS = (proofs_seed000_objects, proofs_seed000_ledger)
 for _part in PARTS:
     globals().update({_k: _v for _k, _v in vars(_part).items() if not _k.startswith("__")})
 del _part
-
-
-# ==========================================================================
-# S14 no-reuse-of-identity  (mirrors spec/eager.py allocate/deallocate,
-# spec/vmm.py reserve/release_reservation/reserve_owned, spec/sharing.py
-# shared_reserve/create/free_shared_reservation, spec/manager.py allocate_owned)
-#
-# Every object (allocation, reservation, physical handle) gets a fresh
-# identity ``gen`` from the counter ``nextgen`` (``owner`` maps an identity
-# back to its object, so two objects never share one).  Eager allocations
-# also own their address in ``byaddr`` (the spec's ``by_address``); an
-# address is reused once its allocation is freed.  The errors outside S14
-# (a size that is not a size, the Governor's or the device's refusal, no
-# VirtualBacking) are the argument ``err``, computed by the agreement
-# adapter from the spec state (an OutOfMemory the spec merely allows: from
-# the branch the walk follows).
-# ==========================================================================
-
-NOADDR = -1
-
-
-def _s14_make(errors: tuple[str, ...], addressed: bool):
-    """A creation: ``err == k`` raises ``errors[k-1]``; else object ``x`` is
-    live with the next identity (and, if ``addressed``, owns address ``ad``)."""
-    def step(s: St, a: St):
-        out = outcome(*[(a.err == i + 1, e) for i, e in enumerate(errors)])
-        return on_ok(out, s, s.set(astate=upd(s.astate, a.x, LIVE), gen=upd(s.gen, a.x, s.nextgen),
-                                   owner=upd(s.owner, s.nextgen, a.x), nextgen=s.nextgen + 1,
-                                   addr=upd(s.addr, a.x, a.ad), addrd=upd(s.addrd, a.x, addressed),
-                                   foreign=upd(s.foreign, a.x, False),
-                                   byaddr=upd(s.byaddr, a.ad, a.x) if addressed else s.byaddr))
-
-    def pre(s: St, a: St) -> Any:
-        free_addr = at(s.byaddr, a.ad) == NOADDR if addressed else z3.BoolVal(True)
-        return And(at(s.astate, a.x) == NONE, a.x >= 0, a.ad >= 0, free_addr, a.err >= 0, a.err <= len(errors))
-    return step, pre
-
-
-def _s14_free(check: bool):
-    """DeviceAllocator.deallocate: the allocation at the handle's address is
-    freed.  The guard: the handle's own identity must still be live (else
-    StaleHandle when its address now belongs to a newer allocation,
-    DoubleFree otherwise) -- without it a stale handle frees whatever lives
-    at its recycled address."""
-    def step(s: St, a: St):
-        here = at(s.byaddr, at(s.addr, a.x))
-        reused = here != NOADDR
-        errs = [(at(s.foreign, a.x), "ForeignAllocation")]
-        if check:
-            errs += [(And(at(s.astate, a.x) != LIVE, reused), "StaleHandle"), (at(s.astate, a.x) != LIVE, "DoubleFree")]
-        else:
-            errs += [(Not(reused), "DoubleFree")]  # nothing lives at the address
-        out = outcome(*errs)
-        return on_ok(out, s, s.set(astate=upd(s.astate, here, FREED), byaddr=upd(s.byaddr, at(s.addr, a.x), NOADDR)))
-    return step
-
-
-def _s14_release(errors: tuple[str, ...]):
-    """release_reservation / free_shared_reservation: resolved by identity;
-    a foreign one is refused, a released one is DoubleFree (or StaleHandle);
-    ``err == k`` raises ``errors[k-1]`` (free_shared_reservation: still mapped)."""
-    def step(s: St, a: St):
-        out = outcome((at(s.foreign, a.x), "ForeignAllocation"), (at(s.astate, a.x) != LIVE, "DoubleFree"),
-                      *[(a.err == i + 1, e) for i, e in enumerate(errors)])
-        return on_ok(out, s, s.set(astate=upd(s.astate, a.x, FREED)))
-    return step
-
-
-def _s14_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
-    if name in ("free", "release_reservation", "free_shared_reservation"):
-        # a handle that is not live is rejected and nothing changes
-        return Implies(at(s.astate, a.x) != LIVE, And(out != OK, at(s2.astate, o) == at(s.astate, o)))
-    return z3.BoolVal(True)
-
-
-def _s14_owns_address(s: St, o: Any) -> Any:
-    """A live own eager allocation owns its address (the spec's ``by_address``
-    holds exactly the live allocations)."""
-    return Implies(And(at(s.astate, o) == LIVE, at(s.addrd, o), Not(at(s.foreign, o))),
-                      at(s.byaddr, at(s.addr, o)) == o)
-
-
-def _s14_inv(s: St, o: Any) -> Any:
-    return And(s.nextgen >= 0, _s14_owns_address(s, o),
-                  Implies(at(s.astate, o) != NONE,
-                             And(o >= 0, at(s.owner, at(s.gen, o)) == o, at(s.gen, o) < s.nextgen, at(s.gen, o) >= 0,
-                                    Implies(at(s.addrd, o), at(s.addr, o) >= 0))),
-                  # what an address is owned by is a live own eager allocation at that address
-                  Implies(And(o >= 0, at(s.byaddr, o) != NOADDR),
-                             And(at(s.astate, at(s.byaddr, o)) == LIVE, at(s.addrd, at(s.byaddr, o)),
-                                    Not(at(s.foreign, at(s.byaddr, o))), at(s.addr, at(s.byaddr, o)) == o)))
-
-
-_S14_MAKE = {  # encoded action -> (errors outside S14, owns an address)
-    "allocate": (("InvalidRequest", "OutOfMemory"), True),
-    "create": (("InvalidRequest", "OutOfMemory"), False),
-    "reserve": (("InvalidRequest", "OutOfMemory"), False),
-    "shared_reserve": (("InvalidRequest", "OutOfMemory"), False),
-    "allocate_owned": (("InvalidRequest", "GrantDenied", "OutOfMemory"), False),
-    "reserve_owned": (("Unsupported", "InvalidRequest", "OutOfMemory"), False),
-}
-_XE = {"x": INT, "ad": INT, "err": INT}
-_LIVE_OR_FREED = lambda s, a: Or(at(s.astate, a.x) == LIVE, at(s.astate, a.x) == FREED)  # noqa: E731  (drawn: existing)
-_ALLOC = lambda s, a: And(_LIVE_OR_FREED(s, a), at(s.addrd, a.x))  # noqa: E731  (an eager allocation)
-_NOT_ALLOC = lambda s, a: And(_LIVE_OR_FREED(s, a), Not(at(s.addrd, a.x)))  # noqa: E731  (a reservation)
-
-
-def _s14_make_act(name: str) -> Act:
-    errors, addressed = _S14_MAKE[name]
-    step, pre = _s14_make(errors, addressed)
-    return Act(name, _XE, step, pre=pre, objs=("x",))
-
-
-S14 = Proof(
-    *catalog("S14"),
-    fields={"astate": ARR, "gen": ARR, "addr": ARR, "addrd": BARR, "foreign": BARR, "byaddr": ARR, "owner": ARR,
-            "nextgen": INT},
-    init=lambda s: And(s.astate == Z0(), s.nextgen == 0, s.byaddr == z3.K(z3.IntSort(), z3.IntVal(NOADDR))),
-    inv=_s14_inv,
-    actions=[_s14_make_act(n) for n in _S14_MAKE] + [
-        Act("free", {"x": INT}, _s14_free(True), pre=_ALLOC, objs=("x",)),
-        Act("release_reservation", {"x": INT}, _s14_release(()), pre=_NOT_ALLOC, objs=("x",)),
-        Act("free_shared_reservation", {"x": INT, "err": INT}, _s14_release(("InvalidRange",)),
-            pre=lambda s, a: And(_NOT_ALLOC(s, a), Not(at(s.foreign, a.x)), a.err >= 0, a.err <= 1),
-            objs=("x",)),
-    ],
-    unguarded=Act("free", {"x": INT}, _s14_free(False), pre=_ALLOC, objs=("x",)),
-    guard="deallocate resolves a handle by its identity: a handle no longer live is refused (StaleHandle/DoubleFree) "
-          "even when a newer allocation lives at its address",
-    step_prop=_s14_prop,
-    # the invariant at the addresses an action reads (sound: Inv is proved for every integer)
-    inst=lambda s, o, a: [at(s.addr, o)] + ([at(s.addr, a.x), at(s.byaddr, at(s.addr, a.x))] if "x" in a else [])
-    + ([a.ad] if "ad" in a else []),
-    safety=lambda s, o: Implies(at(s.astate, o) != NONE, at(s.gen, o) < s.nextgen),
-    bmc_depth=4,
-)
 
 
 # ==========================================================================
@@ -506,11 +371,11 @@ ENCODES: dict[str, dict[str, tuple[str, ...]]] = {
                                                         "copy_on_write")},
             "reconfigure": ("system:reconfigure",),
             **{n: (f"system:{n}",) for n in _L_NEW if n != "kv_release"}, "kv_release": ("system:poll",)},
-    "S14": {"allocate": ("mechanism:allocate",), "free": ("mechanism:deallocate",), "create": ("mechanism:create",),
-            "reserve": ("mechanism:reserve",), "shared_reserve": ("mechanism:shared_reserve",),
-            "release_reservation": ("mechanism:release_reservation",),
-            "free_shared_reservation": ("mechanism:free_shared_reservation",),
-            "allocate_owned": ("system:allocate_owned",), "reserve_owned": ("system:reserve_owned",)},
+    # on S4's queue machine: its creations and the device level's releases (not the twin's allocate: a gap)
+    "S14": {"allocate": ("mechanism:allocate", "mechanism:create", "mechanism:reserve", "mechanism:shared_reserve",
+                         "system:allocate_owned", "system:reserve_owned"),
+            "release": ("mechanism:deallocate", "mechanism:release_reservation"),
+            "free_shared_reservation": ("mechanism:free_shared_reservation",)},
     "S15": {"issue_ticket": ("system:issue_ticket",), "respond": ("system:respond",), "claim": ("system:claim",),
             "cancel_ticket": ("system:cancel_ticket",), "expire": ("system:expire",),
             "reconfigure": ("system:reconfigure",), "set_hot": ("system:set_hot",)},
@@ -545,7 +410,7 @@ NAMED: dict[str, Any] = {
     "S13": lambda s, o: And(Implies(_shared_map(s, o), Not(at(s.hfreed, at(s.mh, o)))),
                                s.rowrites == 0,
                                _s13_prefix_covered(s, o)),
-    "S14": lambda s, o: _s14_owns_address(s, o),  # + the step property: a stale handle is rejected
+    "S14": _s14_owns_address,  # + the step property: a stale handle is rejected
     "S15": lambda s, o: And(at(s.ret, o) <= 1,
                                Implies(_terminal(at(s.tstate, o)), at(s.held, o) == 0)),
     "G1": lambda s, o: Implies(at(s.tstate, o) == T_PENDING, at(s.tgen, o) == s.gen),

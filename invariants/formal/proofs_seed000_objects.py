@@ -1,10 +1,10 @@
-"""Z3 encodings of seed 000's invariants S1, S3 through S5, S7, S10, S12 and S13: the first part of
+"""Z3 encodings of seed 000's invariants S1, S3 through S5, S7, S10, S12, S13 and S14: the first part of
 :mod:`memspec.invariants.formal.proofs_seed000` (which assembles them; import from there).
 
 S1 creator-free, S3 fresh-capability, S4 fence-release (the deferred-free queue
-machine, with the objects' contexts and creators: S1, S7 and S10 are proved on it
-too), S5 no-silent-noop (the VMM machine: S12 stable-address and S13 shared-lifetime are
-proved on it too), S7 role-separation, S10 context-pinned; with the codes every
+machine, with the objects' contexts, creators and identities: S1, S7, S10 and S14 are
+proved on it too), S5 no-silent-noop (the VMM machine: S12 stable-address and S13 shared-lifetime are
+proved on it too), S7 role-separation, S10 context-pinned, S14 no-reuse-of-identity; with the codes every
 encoding shares (object lifecycle, ticket states, the holders that answer tickets) and
 :func:`catalog`.  S6 holder-chooses is proved on S15's ticket machine (in the face), S2
 charge-before-commit on the ledger model (:mod:`.proofs_seed000_ledger`).
@@ -84,7 +84,7 @@ S3 = Proof(
 
 
 # ==========================================================================
-# S1 creator-free, S4 fence-release: the deferred-free queue machine, shared by S1, S4, S7 and S10
+# S1 creator-free, S4 fence-release: the deferred-free queue machine, shared by S1, S4, S7, S10 and S14
 # ==========================================================================
 
 # Streams are unbounded: ``iss[st]`` / ``done[st]`` count the work items
@@ -107,46 +107,86 @@ S3 = Proof(
 # (the system level may replace it: *If something caches the old allocator
 # and then uses it to free a pointer created by the new allocator, that
 # causes a cross-allocator free*).  The device level is on the same machine:
-# ``dev[x]``, an allocation the mechanism made itself (``allocate`` by
-# mechanism ``m``: 0 the one under test, 1 its twin, the source of foreign
-# handles), freed on the spot by ``release`` (its deallocate) and never used
-# through a stream (no fence is ever recorded on it).
+# ``dev[x]``, an object the mechanism made itself (``allocate`` by mechanism
+# ``m``: 0 the one under test, 1 its twin, the source of foreign handles): an
+# allocation, a reservation (VirtualBacking's or a shared one), a physical
+# handle; freed on the spot by ``release`` (deallocate, release_reservation,
+# free_shared_reservation) and never used through a stream (no fence is ever
+# recorded on it).
+#
+# S14's part (no-reuse-of-identity; mirrors spec/eager.py allocate/deallocate,
+# spec/vmm.py reserve/release_reservation/reserve_owned, spec/shared.py
+# shared_reserve/create/free_shared_reservation, spec/manager.py
+# allocate_owned): an object's identity is its id; every object made takes an
+# id never used (``astate`` none) and no action makes one none again, so two
+# objects never share one.  The device's own eager allocations also own
+# their address ``addr`` in ``byaddr`` (the spec's ``by_address``; ``NOADDR``:
+# none, also the address of every other object); an address is reused once its
+# allocation is freed.  deallocate resolves a handle by its identity: a handle
+# no longer live is refused even when a newer allocation lives at its address.
+# A creation's refusal (a size that is not a size, the Governor's or the
+# device's refusal, no VirtualBacking: other rows' rules) makes nothing: outside the machine.
+
+NOADDR = -1
+
 
 def _fence_fields() -> dict[str, str]:
     return {"astate": ARR, "use": ARR2, "iss": ARR, "done": ARR, "actx": ARR, "calive": BARR,
-            "amech": ARR, "fmech": ARR, "fctx": ARR, "inst": INT, "dev": BARR}
+            "amech": ARR, "fmech": ARR, "fctx": ARR, "inst": INT, "dev": BARR,
+            # S14's: the device's address map
+            "addr": ARR, "byaddr": ARR}
 
 
 def _fence_init(s: St) -> Any:
-    return And(s.astate == Z0(), s.iss == Z0(), s.done == Z0(), s.use == z3.K(z3.IntSort(), Z0()))
+    return And(s.astate == Z0(), s.iss == Z0(), s.done == Z0(), s.use == z3.K(z3.IntSort(), Z0()),
+               s.addr == z3.K(z3.IntSort(), z3.IntVal(NOADDR)), s.byaddr == z3.K(z3.IntSort(), z3.IntVal(NOADDR)))
 
 
 def _q_alloc(s: St, a: St):
     """An object is made (an owning allocation, a weight, an owning
-    reservation, a KV request; ``dev``: the device level's allocation) by
-    mechanism ``m`` in the binding's context ``c`` (the binding is used only
-    while its context is alive): live, no work has used it yet."""
+    reservation, a KV request; ``dev``: the device level's allocation,
+    reservation or handle) by mechanism ``m`` in the binding's context ``c``
+    (the binding is used only while its context is alive): live, no work has
+    used it yet (a fresh identity: an id never used); an eager allocation of the device
+    (``ad``: not NOADDR) owns its address."""
     return on_ok(z3.IntVal(OK), s, s.set(astate=upd(s.astate, a.x, LIVE), use=upd(s.use, a.x, Z0()),
-                                         actx=upd(s.actx, a.x, a.c), amech=upd(s.amech, a.x, a.m),
-                                         dev=upd(s.dev, a.x, a.dev)))
+                                  actx=upd(s.actx, a.x, a.c), amech=upd(s.amech, a.x, a.m),
+                                  dev=upd(s.dev, a.x, a.dev), addr=upd(s.addr, a.x, a.ad),
+                                  byaddr=upd(s.byaddr, a.ad, K.ite(a.ad == NOADDR, NOADDR, a.x))))
 
 
-def _q_release(check: bool):
-    """The device level's ``deallocate`` through mechanism ``m`` in context
-    ``c``: a handle that mechanism did not create is refused
-    (ForeignAllocation); one freed already, DoubleFree.  Unguarded (S1's):
-    the creator is not checked."""
+def _q_alloc_pre(s: St, a: St) -> Any:
+    """A new object in a live context; an address only for the device's own eager allocation, one no
+    allocation owns."""
+    return And(at(s.astate, a.x) == NONE, at(s.calive, a.c),
+               Or(a.ad == NOADDR, And(a.ad >= 0, a.x >= 0, a.dev, at(s.byaddr, a.ad) == NOADDR)))
+
+
+def _q_release(creator: bool, identity: bool):
+    """The device level's ``deallocate`` (also release_reservation, free_shared_reservation)
+    through mechanism ``m`` in context ``c``: a handle that mechanism did not
+    create is refused (ForeignAllocation); one freed already, DoubleFree;
+    (free_shared_reservation's) ``bad``: still mapped (InvalidRange).  Unguarded
+    without ``creator`` (S1's): the creator is not checked; without
+    ``identity`` (S14's): the handle is resolved by its address, so a stale
+    one frees whatever lives at its recycled address."""
     def step(s: St, a: St):
-        st = at(s.astate, a.x)
-        foreign = Or(at(s.amech, a.x) != a.m, at(s.actx, a.x) != a.c) if check else z3.BoolVal(False)
-        out = outcome((st == FREED, "DoubleFree"), (st != LIVE, "StaleHandle"), (foreign, "ForeignAllocation"))
-        return on_ok(out, s, s.set(astate=upd(s.astate, a.x, FREED), fmech=upd(s.fmech, a.x, a.m),
-                                   fctx=upd(s.fctx, a.x, a.c)))
+        st, ad = at(s.astate, a.x), at(s.addr, a.x)
+        here = at(s.byaddr, ad)
+        foreign = Or(at(s.amech, a.x) != a.m, at(s.actx, a.x) != a.c) if creator else z3.BoolVal(False)
+        if identity:
+            x, errs = a.x, [(st == FREED, "DoubleFree"), (st != LIVE, "StaleHandle")]
+        else:
+            reused = And(st != LIVE, ad != NOADDR, here != NOADDR)
+            x, errs = K.ite(reused, here, a.x), [(And(st != LIVE, Not(reused)), "DoubleFree")]
+        out = outcome(*errs, (foreign, "ForeignAllocation"), *([(a.bad, "InvalidRange")] if "bad" in a else []))
+        return on_ok(out, s, s.set(astate=upd(s.astate, x, FREED), fmech=upd(s.fmech, x, a.m),
+                                   fctx=upd(s.fctx, x, a.c), byaddr=upd(s.byaddr, ad, NOADDR)))
     return step
 
 
 def _q_release_pre(s: St, a: St) -> Any:
-    """The device level has no queue: a handle drawn for deallocate is one of its allocations, live or freed."""
+    """The device level has no queue: a handle drawn for release is one of its objects, live or freed."""
     return And(at(s.dev, a.x), Or(at(s.astate, a.x) == LIVE, at(s.astate, a.x) == FREED))
 
 
@@ -186,7 +226,7 @@ def _q_decommit(s: St, a: St):
     out = outcome((a.bad, "InvalidRange"))
     return on_ok(out, s, s.set(astate=upd(s.astate, a.y, QUEUED), use=upd(s.use, a.y, at(s.use, a.x)),
                                actx=upd(s.actx, a.y, at(s.actx, a.x)), amech=upd(s.amech, a.y, at(s.amech, a.x)),
-                               dev=upd(s.dev, a.y, False), **_by_creator(s, a.x, a.y)))
+                               dev=upd(s.dev, a.y, False), addr=upd(s.addr, a.y, NOADDR), **_by_creator(s, a.x, a.y)))
 
 
 def _q_sync(s: St, a: St):
@@ -265,10 +305,9 @@ _C = {"c": INT}
 _XMC = {"x": INT, "m": INT, "c": INT}
 _STREAM_PRE = lambda s, a: a.st >= 0  # noqa: E731
 _LIVE_X = lambda s, a: at(s.astate, a.x) == LIVE  # noqa: E731
-#: the queue machine's actions, one list (the same step and precondition functions) for S1, S4, S7 and S10
+#: the queue machine's actions, one list (the same step and precondition functions) for S1, S4, S7, S10 and S14
 _FENCE_ACTS = [
-    Act("allocate", {**_XMC, "dev": BOOL}, _q_alloc,
-        pre=lambda s, a: And(at(s.astate, a.x) == NONE, at(s.calive, a.c)), objs=("x",)),
+    Act("allocate", {**_XMC, "dev": BOOL, "ad": INT}, _q_alloc, pre=_q_alloc_pre, objs=("x",)),
     # work uses the binding's objects (never the device level's own allocations)
     Act("use", {"x": INT, "st": INT}, _q_use,
         pre=lambda s, a: And(_STREAM_PRE(s, a), _LIVE_X(s, a), Not(at(s.dev, a.x))), objs=("x",)),
@@ -285,8 +324,10 @@ _FENCE_ACTS = [
         objs=("v1", "v2")),
     Act("create_context", _C, _q_create_context, pre=lambda s, a: Not(at(s.calive, a.c))),
     Act("destroy_context", _C, _q_destroy_context(True), pre=lambda s, a: at(s.calive, a.c)),
-    # the device level's deallocate and the system's select (S1's)
-    Act("release", _XMC, _q_release(True), pre=_q_release_pre, objs=("x",)),
+    # the device level's releases and the system's select (S1's); a shared reservation is never foreign
+    Act("release", _XMC, _q_release(True, True), pre=_q_release_pre, objs=("x",)),
+    Act("free_shared_reservation", {**_XMC, "bad": BOOL}, _q_release(True, True),
+        pre=lambda s, a: And(_q_release_pre(s, a), at(s.amech, a.x) == a.m, at(s.actx, a.x) == a.c), objs=("x",)),
     Act("select", {"m": INT}, _q_select),
 ]
 _fence_pre = lambda name: next(a.pre for a in _FENCE_ACTS if a.name == name)  # noqa: E731
@@ -325,7 +366,7 @@ def _s1_named(s: St, o: Any) -> Any:
 S1 = _on_queue(
     # and a queued release records its creator (what poll and respond run it through)
     "S1", lambda s, o: Implies(Or(at(s.astate, o) == QUEUED, at(s.astate, o) == FREED), _by_its_creator(s, o)),
-    Act("release", _XMC, _q_release(False), pre=_q_release_pre, objs=("x",)),
+    Act("release", _XMC, _q_release(False, True), pre=_q_release_pre, objs=("x",)),
     "release checks the handle's creating mechanism and context (else ForeignAllocation)", bmc_depth=2)
 
 
@@ -900,3 +941,32 @@ def _s10_inv(s: St, o: Any) -> Any:
 S10 = _on_queue("S10", _s10_inv, Act("destroy_context", _C, _q_destroy_context(False),
                                      pre=_fence_pre("destroy_context")),
                 "destroy_context raises ContextBusy while allocations or queued releases pin it", bmc_depth=3)
+
+
+# ==========================================================================
+# S14 no-reuse-of-identity: the queue machine of S4 (its objects' ids, never
+# reused, and the device's address map ``addr`` / ``byaddr``)
+# ==========================================================================
+
+def _s14_owns_address(s: St, o: Any) -> Any:
+    """A live eager allocation of the device owns its address (the spec's ``by_address``
+    holds the live allocations)."""
+    return Implies(And(at(s.astate, o) == LIVE, at(s.addr, o) != NOADDR), at(s.byaddr, at(s.addr, o)) == o)
+
+
+def _s14_inv(s: St, o: Any) -> Any:
+    """The named rule; an object that owns an address is no address's ``NOADDR``."""
+    return And(_s14_owns_address(s, o), Implies(And(at(s.astate, o) != NONE, at(s.addr, o) != NOADDR), o >= 0))
+
+
+def _s14_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
+    if name in ("release", "free_shared_reservation"):  # a handle that is not live is rejected, nothing changes
+        return Implies(at(s.astate, a.x) != LIVE, And(out != OK, at(s2.astate, o) == at(s.astate, o)))
+    return z3.BoolVal(True)
+
+
+S14 = _on_queue("S14", _s14_inv, Act("release", _XMC, _q_release(True, False), pre=_q_release_pre, objs=("x",)),
+                "deallocate resolves a handle by its identity: a handle no longer live is refused "
+                "(StaleHandle/DoubleFree) even when a newer allocation lives at its address",
+                step_prop=_s14_prop, bmc_depth=4)
+

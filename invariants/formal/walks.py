@@ -124,7 +124,7 @@ WALKS: tuple[Walk, ...] = (
          which=lambda a: a.spec_action == "respond" and (a.invariant, a.action) == ("S4", "respond"),
          div=40, least=8, offset=5),
     Walk("shared", "mechanism", _mech(), ("shared_reserve", "create", "map", "unmap", "free_shared_reservation"),
-         adapters="MECH", which=lambda a: a.spec_action == "free_shared_reservation" and a.invariant in ("S5", "S14"),
+         adapters="MECH", which=lambda a: a.spec_action == "free_shared_reservation" and a.invariant in ("S5", "S4"),
          div=8, least=20, offset=3, favour=0.1),
     # S15, G1 and S6 on the ticket protocol's actions, two cold weights loaded: granted tickets
     # (claim ok) are common
