@@ -56,7 +56,7 @@ from memspec.invariants.formal import proofs_selftest_plants
 from memspec.invariants.formal.proofs_selftest_plants import (  # noqa: F401 - the face's names
     Break, _any_pool,
     _can_grant_unchecked, _cancel_keeps_grant, _contradictory_helper, _contradictory_lemma, _drop_frees,
-    _eager_shared_free, _error_branch_mutates, _exec_weakened_breaks, _footprint_one_page_more,
+    _eager_shared_free, _identity_reissued, _error_branch_mutates, _exec_weakened_breaks, _footprint_one_page_more,
     _grant_from_charged, _grow_refusal_grows, _guard_removed, _guard_removed_refutes, _kernel, _last_arena_first,
     _merge_loses_next, _no_merge, _patched, _poll_regardless, _proof, _refund_to_granted, _refused_reserve_grants,
     _release_keeps_pages, _release_nothing, _reserved_short, _return_grant_twice, _round_up_short,
@@ -120,6 +120,8 @@ def catalog() -> list[Break]:
               patch=_spec_patch("memspec.spec.shared", "_maybe_free", _eager_shared_free)),
         Break("S13 spec: read-only mappings accept writes", "spec", "S13", ("spec-check:mechanism", "agreement"),
               patch=_spec_patch("memspec.spec.shared", "rejects_writes", lambda _o: (lambda m: False))),
+        Break("S14 spec: create issues an identity again", "spec", "S14", ("spec-check:mechanism", "agreement"),
+              patch=_spec_patch("memspec.spec.shared", "witness_identity", _identity_reissued)),
         Break("S2 spec: KV growth commits without charging", "spec", "S2", ("spec-check:system",),
               patch=_spec_patch("memspec.spec.holders", "grow_commit", _uncharged_growth)),
         Break("S6 spec: pressure may take hot weights", "spec", "S6", ("spec-check:system",),

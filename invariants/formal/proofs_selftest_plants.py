@@ -150,6 +150,17 @@ def _eager_shared_free(_orig: Any) -> Any:
     return maybe_free
 
 
+def _identity_reissued(orig: Any) -> Any:
+    """create's witness identity is handed out again (the counter steps back): the twin of S14's
+    guard on the identity side -- the queue machine takes an object's id for its identity, so only
+    the executable check on the walk (duplicate identities) sees it."""
+    def witness_identity(state: Any, creator: str = "spec") -> Any:
+        ident = orig(state, creator)
+        state.w_next_identity -= 1
+        return ident
+    return witness_identity
+
+
 def _uncharged_growth(_orig: Any) -> Any:
     from memspec.spec.state import add
 
