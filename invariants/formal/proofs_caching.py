@@ -20,6 +20,15 @@ unbounded Z3 integers.  ``malloc``: round, best fit (smallest free block,
 ties by lowest address), split if the remainder is legal, else a new segment
 if it fits the capacity, else (pytorch only) release every fully-free
 segment and retry, else OOM.  ``free``: coalesce with free neighbours.
+
+What this unrolls is this module's own slots model of malloc/free, not the heap
+machine's actions (:mod:`memspec.invariants.formal.proofs_caching_heap`, which proves
+C1-C9); only the policy kernels (rounding, segment size, split rule) are the heap
+encoding's, applied to a concrete policy state (:func:`policy`).  Unrolling the heap
+machine's own actions from its empty heap was tried (issue #33): sound, and it replayed,
+but pytorch's depth-1 query (``malloc:new``, then ``malloc:retry`` and
+``malloc_retry:oom``) took 1 s to 80 s CPU or ran out of its resource limit depending
+on how the terms were built, against 0.3 s here.
 """
 
 from __future__ import annotations
@@ -31,32 +40,26 @@ from typing import Any
 import z3
 
 from memspec.invariants.formal.proofs import limit  # Z3 resource limits, not wall-clock timeouts
+from memspec.invariants.formal.proofs import St
 
 from memspec.spec.api import MiB
 
-# the seed's size constants and rounding, stated once: the heap encoding's
-from memspec.invariants.formal.proofs_caching_heap_terms import (  # noqa: F401 - names of this module too
-    K_LARGE_BUFFER, K_MIN_BLOCK, K_MIN_LARGE_ALLOC, K_ROUND_LARGE, K_SMALL, ceil_to,
-)
+# the seed's size constant and policy kernels, stated once: the heap encoding's
+from memspec.invariants.formal.proofs_caching_heap_terms import K_SMALL, z_round, z_segment, z_split
 
 
-# -- the policy kernels, on Z3 integers (agreement with spec/caching.py is tested) --
-
-def z_round(n: Any, seed: bool) -> Any:
-    """spec caching.round_size for a large-pool request (n > 1 MiB), no divisions."""
-    return ceil_to(n, K_ROUND_LARGE if seed else K_MIN_BLOCK)
-
-
-def z_segment(r: Any, seed: bool) -> Any:
-    """spec caching.segment_size for a large-pool rounded size."""
-    if seed:
-        return z3.If(r > K_LARGE_BUFFER, r, K_LARGE_BUFFER)
-    return z3.If(r < K_MIN_LARGE_ALLOC, K_LARGE_BUFFER, ceil_to(r, K_ROUND_LARGE))
+def policy(seed: bool) -> St:
+    """The policy fields the heap's kernels read (:func:`z_round`, :func:`z_segment`, :func:`z_split`),
+    concrete: the preset, no max_split_size, no roundup_power2_divisions table, no expandable segments."""
+    return St(seed=z3.BoolVal(seed), ms=z3.IntVal(0), ex=z3.BoolVal(False), dv=z3.K(z3.IntSort(), z3.IntVal(0)))
 
 
-def z_split(remaining: Any, seed: bool) -> Any:
-    """spec caching.should_split for the large pool, not expandable, no max_split_size."""
-    return remaining >= K_ROUND_LARGE if seed else remaining > K_SMALL
+def _kernels(seed: bool) -> tuple[Any, Any, Any]:
+    """The heap's kernels at :func:`policy`, simplified, for a large-pool request: ``(round(n),
+    segment(r), split(remaining, r))`` as functions of Z3 terms."""
+    p = policy(seed)
+    return (lambda n: z3.simplify(z_round(p, n)), lambda r: z3.simplify(z_segment(p, r)),
+            lambda rem, r: z3.simplify(z_split(p, rem, r, z3.BoolVal(False))))
 
 
 @dataclass
@@ -110,7 +113,8 @@ def _pick(flags: list[Any], vals: list[Any]) -> Any:
 def malloc(st: Slots, n: Any, seed: bool, capacity: int) -> tuple[Slots, Any, Any, Any]:
     """``(next state, ok, rounded, found-a-free-block)``."""
     N = len(st.used)
-    r = z_round(n, seed)
+    k_round, k_segment, k_split = _kernels(seed)
+    r = k_round(n)
     cand = [z3.And(st.used[j], st.free[j], st.size[j] >= r) for j in range(N)]
 
     def better(i: int, j: int) -> Any:  # block i is preferred to block j
@@ -125,13 +129,13 @@ def malloc(st: Slots, n: Any, seed: bool, capacity: int) -> tuple[Slots, Any, An
 
     # (1) serve from the best free block, splitting a legal remainder
     s1 = st.copy()
-    split = z_split(bsize - r, seed)
+    split = k_split(bsize - r, r)
     s1.put(b, size=z3.If(split, r, bsize), free=z3.BoolVal(False))
     s1.put(st.nslots, used=split, seg=bseg, off=boff + r, size=bsize - r, free=z3.BoolVal(True))
     s1.nslots = st.nslots + z3.If(split, 1, 0)
 
     # (2) a new segment, if it fits; pytorch first releases fully-free segments when it does not
-    alloc = z_segment(r, seed)
+    alloc = k_segment(r)
     fits = st.reserved() + alloc <= capacity
     rel = st.copy()
     if not seed:
@@ -148,7 +152,7 @@ def malloc(st: Slots, n: Any, seed: bool, capacity: int) -> tuple[Slots, Any, An
     else:
         base, can = st, fits
     s2 = base.copy()
-    split2 = z_split(alloc - r, seed)
+    split2 = k_split(alloc - r, r)
     seg_id = base.nsegs
     for s in range(len(st.salive)):
         s2.salive[s] = z3.If(seg_id == s, True, base.salive[s])
@@ -403,8 +407,12 @@ def expandable_no_fragmentation_oom(preset: str = "pytorch", capacity: int = 40 
 
 
 def kernel_agreement(samples: int = 1000, seed: int = 0) -> list[str]:
-    """The Z3 policy kernels above against spec/caching.py's on random
-    large-pool values (substitute + simplify); the mismatches."""
+    """The heap's Z3 policy kernels at the synthesis's concrete policy state
+    (:func:`_kernels`) against spec/caching.py's on random large-pool values
+    (substitute + simplify); the mismatches.  (The heap's
+    ``kernel_boundary_agreement`` checks the same kernels on a symbolic policy,
+    at every threshold +-1; this one at the state the synthesis uses, off the
+    thresholds.)"""
     import random
 
     from memspec.spec import caching as C
@@ -413,7 +421,8 @@ def kernel_agreement(samples: int = 1000, seed: int = 0) -> list[str]:
     n, r, rem = z3.Ints("n r rem")
     bad = []
     for preset_seed in (False, True):
-        er, es, ep = z_round(n, preset_seed), z_segment(r, preset_seed), z_split(rem, preset_seed)
+        k_round, k_segment, k_split = _kernels(preset_seed)
+        er, es, ep = k_round(n), k_segment(r), k_split(rem, r)
         for _ in range(samples):
             size = rng.choice([rng.randint(K_SMALL + 1, 64 * MiB), rng.randint(1, 40) * MiB + rng.choice((-1, 0, 1))])
             size = max(size, K_SMALL + 1)
@@ -421,7 +430,7 @@ def kernel_agreement(samples: int = 1000, seed: int = 0) -> list[str]:
             remaining = rng.randint(0, 24 * MiB)
             got = (z3.simplify(z3.substitute(er, (n, z3.IntVal(size)))).as_long(),
                    z3.simplify(z3.substitute(es, (r, z3.IntVal(rounded)))).as_long(),
-                   z3.is_true(z3.simplify(z3.substitute(ep, (rem, z3.IntVal(remaining))))))
+                   z3.is_true(z3.simplify(z3.substitute(ep, (rem, z3.IntVal(remaining)), (r, z3.IntVal(rounded))))))
             want = (rounded, C.segment_size(rounded, preset_seed), C.should_split(remaining, rounded, False, preset_seed))
             if got != want:
                 bad.append(f"seed={preset_seed} size={size} remaining={remaining}: z3 {got} spec {want}")
