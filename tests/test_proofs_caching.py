@@ -24,6 +24,19 @@ def test_shortest_fragmentation_oom_is_synthesized_and_real(preset: str) -> None
     # shortest: Z3 finds nothing one op shorter
     if syn.depth > 0:
         assert synthesize(preset, max_depth=syn.depth - 1).depth is None
+    # on the heap machine's own actions: the seed's OOM is malloc's, pytorch's the retry's
+    assert syn.actions[-1] == ("malloc:oom" if preset == "seed" else "malloc_retry:oom"), syn.actions
+
+
+def test_the_synthesis_has_no_model_of_its_own() -> None:
+    """Issue #33: the synthesis unrolls the heap machine's actions and uses its kernels (no slots model,
+    no second set of policy kernels here)."""
+    from memspec.invariants.formal import proofs_caching as P
+    from memspec.invariants.formal import proofs_caching_heap_terms as T
+
+    assert not hasattr(P, "Slots") and not hasattr(P, "malloc") and not hasattr(P, "free")
+    assert P.z_round is T.z_round and P.z_segment is T.z_segment and P.z_split is T.z_split
+    assert set(P.MALLOC_ACTS) | set(P.RETRY_ACTS) | set(P.FREE_ACTS) <= {a.name for a in P.H.actions()}
 
 
 def test_replay_rejects_a_sequence_that_does_not_fail() -> None:

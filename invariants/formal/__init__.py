@@ -10,9 +10,9 @@ satisfiable, the inductive invariant implying the named one) and its unguarded v
 :mod:`.proofs_seed000_objects` and :mod:`.proofs_seed000_ledger`); :mod:`.proofs_catalog` lists
 every proof and what each encodes; :mod:`.proofs_progress` is P1 (progress, liveness as safety).
 
-**The caching rows (seed 003).**  :mod:`.proofs_caching` is the bounded fragmentation search and
-the OOM synthesis; :mod:`.proofs_caching_heap` proves the C rows by induction over an arbitrary
-well-formed heap (assembled from :mod:`.proofs_caching_heap_terms` and
+**The caching rows (seed 003).**  :mod:`.proofs_caching` is the OOM synthesis (a bounded unrolling of
+the heap machine's own actions) and the bounded expandable-segments search;
+:mod:`.proofs_caching_heap` proves the C rows by induction over an arbitrary well-formed heap (assembled from :mod:`.proofs_caching_heap_terms` and
 :mod:`.proofs_caching_heap_actions`; expandable segments and C8 included);
 :mod:`.proofs_caching_agree` compares the heap encoding with the executable caching
 spec step by step, and :mod:`.proofs_caching_agree_runs` holds its walks and directed scripts and

@@ -12,177 +12,122 @@ then replayed on the executable caching spec, which must raise OutOfMemory
 with the same figures.  With expandable segments it shows that no such
 sequence exists up to depth ``k`` (see :func:`expandable_no_fragmentation_oom`).
 
-The encoding: one stream, the large pool (requests > 1 MiB; pools never mix,
-so the small pool is an independent copy of the same argument), no
-``max_split_size``, no memory fraction.  Blocks are ``N`` slots (``used``,
-segment, offset, size, free), segments ``S`` slots (alive, size); sizes are
-unbounded Z3 integers.  ``malloc``: round, best fit (smallest free block,
-ties by lowest address), split if the remainder is legal, else a new segment
-if it fits the capacity, else (pytorch only) release every fully-free
-segment and retry, else OOM.  ``free``: coalesce with free neighbours.
+The encoding is the heap machine's (:mod:`memspec.invariants.formal.proofs_caching_heap`,
+the one that proves C1-C9): the synthesis unrolls its own actions (preconditions and
+steps) from its empty heap (:func:`~memspec.invariants.formal.proofs_caching_heap.init`),
+the policy fixed to the preset: one stream, no ``max_split_size``, no memory fraction,
+no garbage-collection threshold, no roundup_power2_divisions, no expandable segments;
+every quantifier over block ids expanded below a bound the unrolling cannot pass (the
+heap's ``bounded`` mode).  A user-level ``malloc`` is one ``malloc:*`` action and, when
+that leaves the request pending (pytorch's ``malloc:retry``), one ``malloc_retry:*``
+action; a ``free`` is one ``free:*`` action; only these user-level calls count towards
+the depth.  The rounded size (an argument of the heap's malloc, there only constrained
+by ``round_ok``) is fixed to the heap's exact kernel ``z_round`` at the preset's policy
+(:func:`policy`).  Request sizes are whole ``unit`` multiples plus 0 or 1 byte, above
+1 MiB (the large pool; pools never mix, so the small pool is an independent copy of
+the same argument).
+
+The search is over the actions' names, depth first, every prefix checked (each
+action whose precondition is false under the fixed policy is dropped before Z3 sees
+it): one query per feasible sequence of actions.  A symbolic choice of the action at
+each call (one query per depth) took pytorch's depth-1 query from 1 s to 80 s CPU or
+past its resource limit depending on how the terms were built.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import z3
 
 from memspec.invariants.formal.proofs import limit  # Z3 resource limits, not wall-clock timeouts
+from memspec.invariants.formal.proofs import ARR, BARR, INT, OK, St, fresh
+from memspec.invariants.formal import proofs_caching_heap as H
 
 from memspec.spec.api import MiB
 
-# the seed's size constants and rounding, stated once: the heap encoding's
-from memspec.invariants.formal.proofs_caching_heap_terms import (  # noqa: F401 - names of this module too
-    K_LARGE_BUFFER, K_MIN_BLOCK, K_MIN_LARGE_ALLOC, K_ROUND_LARGE, K_SMALL, ceil_to,
-)
+# the seed's size constant and policy kernels, stated once: the heap encoding's
+from memspec.invariants.formal.proofs_caching_heap_terms import K_SMALL, z_round, z_segment, z_split
 
 
-# -- the policy kernels, on Z3 integers (agreement with spec/caching.py is tested) --
-
-def z_round(n: Any, seed: bool) -> Any:
-    """spec caching.round_size for a large-pool request (n > 1 MiB), no divisions."""
-    return ceil_to(n, K_ROUND_LARGE if seed else K_MIN_BLOCK)
-
-
-def z_segment(r: Any, seed: bool) -> Any:
-    """spec caching.segment_size for a large-pool rounded size."""
-    if seed:
-        return z3.If(r > K_LARGE_BUFFER, r, K_LARGE_BUFFER)
-    return z3.If(r < K_MIN_LARGE_ALLOC, K_LARGE_BUFFER, ceil_to(r, K_ROUND_LARGE))
+def policy(seed: bool) -> St:
+    """The policy fields the heap's kernels read (:func:`z_round`, :func:`z_segment`, :func:`z_split`),
+    concrete: the preset, no max_split_size, no roundup_power2_divisions table, no expandable segments."""
+    return St(seed=z3.BoolVal(seed), ms=z3.IntVal(0), ex=z3.BoolVal(False), dv=z3.K(z3.IntSort(), z3.IntVal(0)))
 
 
-def z_split(remaining: Any, seed: bool) -> Any:
-    """spec caching.should_split for the large pool, not expandable, no max_split_size."""
-    return remaining >= K_ROUND_LARGE if seed else remaining > K_SMALL
+def _kernels(seed: bool) -> tuple[Any, Any, Any]:
+    """The heap's kernels at :func:`policy`, simplified, for a large-pool request: ``(round(n),
+    segment(r), split(remaining, r))`` as functions of Z3 terms."""
+    p = policy(seed)
+    return (lambda n: z3.simplify(z_round(p, n)), lambda r: z3.simplify(z_segment(p, r)),
+            lambda rem, r: z3.simplify(z_split(p, rem, r, z3.BoolVal(False))))
 
 
-@dataclass
-class Slots:
-    used: list[Any]
-    seg: list[Any]
-    off: list[Any]
-    size: list[Any]
-    free: list[Any]
-    salive: list[Any]
-    ssize: list[Any]
-    nslots: Any
-    nsegs: Any
-
-    def ite(self, c: Any, other: "Slots") -> "Slots":
-        f = lambda a, b: [z3.If(c, x, y) for x, y in zip(a, b)]  # noqa: E731
-        return Slots(f(self.used, other.used), f(self.seg, other.seg), f(self.off, other.off),
-                     f(self.size, other.size), f(self.free, other.free), f(self.salive, other.salive),
-                     f(self.ssize, other.ssize), z3.If(c, self.nslots, other.nslots), z3.If(c, self.nsegs, other.nsegs))
-
-    def copy(self) -> "Slots":
-        return Slots(list(self.used), list(self.seg), list(self.off), list(self.size), list(self.free),
-                     list(self.salive), list(self.ssize), self.nslots, self.nsegs)
-
-    def reserved(self) -> Any:
-        return z3.Sum([z3.If(a, s, 0) for a, s in zip(self.salive, self.ssize)])
-
-    def allocated(self) -> Any:
-        return z3.Sum([z3.If(z3.And(u, z3.Not(f)), s, 0) for u, f, s in zip(self.used, self.free, self.size)])
-
-    def put(self, idx: Any, **kw: Any) -> None:
-        for j in range(len(self.used)):
-            hit = idx == j
-            for k, v in kw.items():
-                arr = getattr(self, k)
-                arr[j] = z3.If(hit, v, arr[j])
+#: the heap machine's actions a user-level call may take: a malloc's paths, then (the request left pending:
+#: pytorch's retry) the retry's ends; a free's paths.  Under the fixed policy the garbage collection,
+#: release_available, the expandable mapping and ``free:pending`` (no stream records a use) never hold.
+MALLOC_ACTS = tuple(f"malloc:{p}" for p in H.MALLOC_PATHS)
+RETRY_ACTS = ("malloc_retry:new", "malloc_retry:oom", "malloc_retry:expand")
+FREE_ACTS = ("free:merge", "free:pending")
 
 
-def initial(n: int, nseg: int) -> Slots:
-    return Slots([z3.BoolVal(False)] * n, [z3.IntVal(0)] * n, [z3.IntVal(0)] * n, [z3.IntVal(0)] * n,
-                 [z3.BoolVal(False)] * n, [z3.BoolVal(False)] * nseg, [z3.IntVal(0)] * nseg, z3.IntVal(0), z3.IntVal(0))
+def empty_heap(seed: bool, capacity: int) -> St:
+    """The heap's empty allocator under a preset, concrete (no blocks, zero sums, no malloc in progress,
+    the policy of :func:`policy`); :func:`~memspec.invariants.formal.proofs_caching_heap.init` holds of it."""
+    zero = {ARR: z3.K(z3.IntSort(), z3.IntVal(0)), BARR: z3.K(z3.IntSort(), z3.BoolVal(False)), INT: z3.IntVal(0)}
+    s = St({f: zero.get(k, z3.BoolVal(False)) for f, k in H.FIELDS.items()})
+    return s.set(**policy(seed), cap=z3.IntVal(capacity))
 
 
-def _pick(flags: list[Any], vals: list[Any]) -> Any:
-    out = vals[-1]
-    for f, v in zip(reversed(flags[:-1]), reversed(vals[:-1])):
-        out = z3.If(f, v, out)
+def _simp(s: St) -> St:
+    return St({f: z3.simplify(v) if z3.is_expr(v) else v for f, v in s.items()})
+
+
+def _apply(s: St, name: str, tag: str, extra: tuple[Any, ...] = ()) -> tuple[Any, Any, St, St] | None:
+    """The heap action ``name`` from ``s`` (fresh arguments): ``(precondition and extra, outcome, next
+    state, arguments)``, or None where the precondition is false under the fixed policy."""
+    act = _ACTS[name]
+    a = fresh(act.params, tag)
+    pre = z3.simplify(z3.And(act.pre(s, a), *[f(a) for f in extra]))
+    if z3.is_false(pre):
+        return None
+    out, s2 = act.step(s, a)
+    return pre, z3.simplify(z3.IntVal(out) if isinstance(out, int) else out), s2, a
+
+
+_ACTS = {a.name: a for a in H.actions()}
+
+
+def _mallocs(s: St, size: Any, tag: str, want: int) -> list[tuple[list[str], Any, St, Any, Any]]:
+    """Every way the heap's malloc of ``size`` on stream 0 (rounded by ``z_round``) ends in ``want``:
+    ``(actions, precondition, next state, the id of the block served, the rounded size)``."""
+    r = z3.simplify(z_round(s, size))
+    out = []
+    for m in MALLOC_ACTS:
+        got = _apply(s, m, f"{tag}:{m}", (lambda a: a.size == size, lambda a: a.t == 0, lambda a: a.r == r))
+        if got is None:
+            continue
+        pre, res, s1, a = got
+        served = a.b if m == "malloc:fit" else s.n
+        if z3.is_true(z3.simplify(res == H.PENDING)):
+            s1 = _simp(s1)
+            for nm in RETRY_ACTS:
+                got2 = _apply(s1, nm, f"{tag}:{nm}")
+                if got2 is not None and z3.is_true(z3.simplify(got2[1] == want)):
+                    out.append(([m, nm], z3.And(pre, got2[0]), got2[2], s1.n, r))
+        elif z3.is_true(z3.simplify(res == want)):
+            out.append(([m], pre, s1, served, r))
     return out
 
 
-def malloc(st: Slots, n: Any, seed: bool, capacity: int) -> tuple[Slots, Any, Any, Any]:
-    """``(next state, ok, rounded, found-a-free-block)``."""
-    N = len(st.used)
-    r = z_round(n, seed)
-    cand = [z3.And(st.used[j], st.free[j], st.size[j] >= r) for j in range(N)]
-
-    def better(i: int, j: int) -> Any:  # block i is preferred to block j
-        return z3.Or(st.size[i] < st.size[j],
-                     z3.And(st.size[i] == st.size[j],
-                            z3.Or(st.seg[i] < st.seg[j], z3.And(st.seg[i] == st.seg[j], st.off[i] < st.off[j]))))
-
-    best = [z3.And(cand[j], *[z3.Implies(cand[i], better(j, i)) for i in range(N) if i != j]) for j in range(N)]
-    found = z3.Or(*cand)
-    b = _pick(best, list(range(N)))
-    bsize, bseg, boff = _pick(best, st.size), _pick(best, st.seg), _pick(best, st.off)
-
-    # (1) serve from the best free block, splitting a legal remainder
-    s1 = st.copy()
-    split = z_split(bsize - r, seed)
-    s1.put(b, size=z3.If(split, r, bsize), free=z3.BoolVal(False))
-    s1.put(st.nslots, used=split, seg=bseg, off=boff + r, size=bsize - r, free=z3.BoolVal(True))
-    s1.nslots = st.nslots + z3.If(split, 1, 0)
-
-    # (2) a new segment, if it fits; pytorch first releases fully-free segments when it does not
-    alloc = z_segment(r, seed)
-    fits = st.reserved() + alloc <= capacity
-    rel = st.copy()
-    if not seed:
-        for s in range(len(st.salive)):
-            whole = z3.Or(*[z3.And(st.used[j], st.free[j], st.seg[j] == s, st.off[j] == 0, st.size[j] == st.ssize[s])
-                            for j in range(N)])
-            whole = z3.And(st.salive[s], whole)
-            rel.salive[s] = z3.And(st.salive[s], z3.Not(whole))
-            for j in range(N):
-                rel.used[j] = z3.And(rel.used[j], z3.Not(z3.And(whole, st.seg[j] == s)))
-        fits2 = rel.reserved() + alloc <= capacity
-        base = st.ite(fits, rel)
-        can = z3.Or(fits, fits2)
-    else:
-        base, can = st, fits
-    s2 = base.copy()
-    split2 = z_split(alloc - r, seed)
-    seg_id = base.nsegs
-    for s in range(len(st.salive)):
-        s2.salive[s] = z3.If(seg_id == s, True, base.salive[s])
-        s2.ssize[s] = z3.If(seg_id == s, alloc, base.ssize[s])
-    s2.put(base.nslots, used=z3.BoolVal(True), seg=seg_id, off=z3.IntVal(0), size=z3.If(split2, r, alloc),
-           free=z3.BoolVal(False))
-    s2.put(base.nslots + 1, used=split2, seg=seg_id, off=r, size=alloc - r, free=z3.BoolVal(True))
-    s2.nslots = base.nslots + z3.If(split2, 2, 1)
-    s2.nsegs = base.nsegs + 1
-
-    nxt = s1.ite(found, s2.ite(can, st))
-    return nxt, z3.Or(found, can), r, found
-
-
-def free(st: Slots, i: Any) -> Slots:
-    """Free the live block in slot ``i``; coalesce with free neighbours of its segment."""
-    N = len(st.used)
-    seg, off, size = _pick([i == j for j in range(N)], st.seg), _pick([i == j for j in range(N)], st.off), \
-        _pick([i == j for j in range(N)], st.size)
-    prev = [z3.And(st.used[j], st.free[j], st.seg[j] == seg, st.off[j] + st.size[j] == off) for j in range(N)]
-    nxt = [z3.And(st.used[j], st.free[j], st.seg[j] == seg, st.off[j] == off + size) for j in range(N)]
-    has_p, has_n = z3.Or(*prev), z3.Or(*nxt)
-    p, q = _pick(prev, list(range(N))), _pick(nxt, list(range(N)))
-    psize, poff, qsize = _pick(prev, st.size), _pick(prev, st.off), _pick(nxt, st.size)
-    total = size + z3.If(has_p, psize, 0) + z3.If(has_n, qsize, 0)
-    out = st.copy()
-    keep = z3.If(has_p, p, i)
-    for j in range(N):
-        gone = z3.Or(z3.And(j == i, has_p), z3.And(has_n, j == q))
-        out.used[j] = z3.And(st.used[j], z3.Not(gone))
-        out.size[j] = z3.If(keep == j, total, st.size[j])
-        out.off[j] = z3.If(keep == j, z3.If(has_p, poff, off), st.off[j])
-        out.free[j] = z3.If(keep == j, True, st.free[j])
-    return out
+def _size(name: str, unit: int, capacity: int) -> tuple[Any, Any, Any]:
+    """A request size ``units * unit + extra`` (extra 0 or 1 byte), in the large pool, within the device."""
+    units, extra = z3.Int(f"units{name}"), z3.Int(f"extra{name}")
+    n = units * unit + extra
+    return n, z3.And(z3.Or(extra == 0, extra == 1), units >= 1, n > K_SMALL, n <= capacity), (units, extra)
 
 
 @dataclass
@@ -197,68 +142,81 @@ class Synthesis:
     allocated: int = 0
     seconds: float = 0.0
     replayed: str = ""
+    actions: list[str] = field(default_factory=list)   # the heap machine's actions taken, in order
 
 
 def synthesize(preset: str, capacity: int = 40 * MiB, max_depth: int = 8, unit: int = MiB) -> Synthesis:
-    """The shortest op sequence (<= ``max_depth`` ops) after which a large
-    request fails with ``capacity - allocated >= rounded request``.
-    Request sizes are multiples of ``unit`` plus 0 or 1 byte (so the 512 B and
-    2 MiB rounding both matter) to keep the printed trace readable."""
+    """The shortest op sequence (<= ``max_depth`` user-level malloc/free calls) after
+    which a large request fails with ``capacity - allocated >= rounded request``, on the
+    heap machine's actions (see the module docstring; the figures are the heap's
+    OutOfMemory figures).  Request sizes are multiples of ``unit`` plus 0 or 1 byte (so
+    the 512 B and 2 MiB rounding both matter) to keep the printed trace readable."""
     seed = preset == "seed"
     t0 = time.perf_counter()
-    N, S = 2 * max_depth + 2, max_depth + 1
     for k in range(0, max_depth + 1):
         sol = limit(z3.Solver(), 30000)
-        st = initial(N, S)
-        ops = []
-        for t in range(k):
-            is_alloc = z3.Bool(f"alloc{t}")
-            units, extra, idx = z3.Int(f"units{t}"), z3.Int(f"extra{t}"), z3.Int(f"slot{t}")
-            n = units * unit + extra
-            sol.add(z3.Or(extra == 0, extra == 1), units >= 1, n > K_SMALL, n <= capacity)
-            a_st, ok, _, _ = malloc(st, n, seed, capacity)
-            live = [z3.And(st.used[j], z3.Not(st.free[j])) for j in range(N)]
-            sol.add(z3.Implies(z3.Not(is_alloc), z3.And(idx >= 0, idx < N, _pick([idx == j for j in range(N)], live))))
-            sol.add(z3.Implies(is_alloc, ok))  # every earlier malloc succeeds
-            f_st = free(st, idx)
-            st = a_st.ite(is_alloc, f_st)
-            ops.append((is_alloc, units, extra, idx))
-        fu, fe = z3.Int("final_units"), z3.Int("final_extra")
-        fn = fu * unit + fe
-        sol.add(z3.Or(fe == 0, fe == 1), fu >= 1, fn > K_SMALL, fn <= capacity)
-        _, ok, r, _ = malloc(st, fn, seed, capacity)
-        free_total = capacity - st.allocated()
-        sol.add(z3.Not(ok), free_total >= r)
-        res = sol.check()
-        if res == z3.sat:
-            m = sol.model()
+        s0 = empty_heap(seed, capacity)
+        sol.add(z3.simplify(H.init(s0)))
+        unknown = [False]
+
+        def leaf(st: St, hist: list[Any]) -> Any:
+            n, ok_n, uf = _size("_final", unit, capacity)
+            for names, pre, s2, _ref, r in _mallocs(st, n, "final", H.OOM):
+                sol.push()
+                sol.add(ok_n, pre, capacity - s2.oa >= r)
+                res = sol.check()
+                if res == z3.sat:
+                    return hist + [("oom", names, uf, None)], sol.model(), s2, n, r
+                unknown[0] |= res == z3.unknown
+                sol.pop()
+            return None
+
+        def calls(st: St, t: int, hist: list[Any]) -> Any:
+            if t == k:
+                return leaf(st, hist)
+            n, ok_n, uf = _size(str(t), unit, capacity)
+            opts = [("malloc", names, z3.And(ok_n, pre), s2, ref, uf)
+                    for names, pre, s2, ref, _r in _mallocs(st, n, str(t), OK)]
+            for nm in FREE_ACTS:
+                got = _apply(st, nm, f"{t}:{nm}")
+                if got is not None:
+                    opts.append(("free", [nm], z3.And(got[0], got[1] == OK), got[2], got[3].b, None))
+            for kind, names, pre, s2, ref, uf in opts:
+                sol.push()
+                sol.add(pre)
+                if sol.check() != z3.unsat:   # (unknown: searched on; the leaf's answer decides)
+                    found = calls(_simp(s2), t + 1, hist + [(kind, names, uf, ref)])
+                    if found is not None:
+                        return found
+                sol.pop()
+            return None
+
+        H.MODE.kind, H.MODE.bound = "bounded", 2 * k + 2   # each malloc appends at most 2 block ids
+        try:
+            found = calls(s0, 0, [])
+        finally:
+            H.MODE.kind, H.MODE.bound = "forall", 0
+        if found is not None:
+            hist, m, s_oom, fn, r = found
             ev = lambda x: m.eval(x, model_completion=True).as_long()  # noqa: E731
-            trace, slot_ref = [], {}
-            cur = initial(N, S)
-            nref = 0
-            for t, (is_alloc, units, extra, idx) in enumerate(ops):
-                if z3.is_true(m.eval(is_alloc, model_completion=True)):
-                    size = ev(units) * unit + ev(extra)
-                    trace.append(f"t{nref} = malloc({_fmt(size)})")
-                    # which slot holds the new block: the one that turned live
-                    nxt, _, _, _ = malloc(cur, z3.IntVal(size), seed, capacity)
-                    before = {j for j in range(N) if z3.is_true(m.eval(z3.And(cur.used[j], z3.Not(cur.free[j])), model_completion=True))}
-                    after = {j for j in range(N) if z3.is_true(m.eval(z3.And(nxt.used[j], z3.Not(nxt.free[j])), model_completion=True))}
-                    new = sorted(after - before)
-                    # a block can move slot only by a merge, which frees it; the new live slot is unique
-                    if new:
-                        slot_ref[new[0]] = f"t{nref}"
-                    nref += 1
-                    cur = nxt
-                else:
-                    j = ev(idx)
-                    trace.append(f"free({slot_ref.get(j, f'slot {j}')})")
-                    cur = free(cur, z3.IntVal(j))
-            size = ev(fu) * unit + ev(fe)
-            trace.append(f"malloc({_fmt(size)})  -> OutOfMemory")
-            return Synthesis(preset, k, trace, size, ev(r), ev(free_total), ev(st.reserved()), ev(st.allocated()),
-                             time.perf_counter() - t0)
-        if res == z3.unknown:
+            trace, acts, names, nref = [], [], {}, 0
+            for kind, act_names, uf, ref in hist:
+                acts += act_names
+                if kind == "free":
+                    b = ev(ref)
+                    trace.append(f"free({names.get(b, f'block {b}')})")
+                    continue
+                size = ev(uf[0]) * unit + ev(uf[1])
+                if kind == "oom":
+                    trace.append(f"malloc({_fmt(size)})  -> OutOfMemory")
+                    continue
+                nm = f"t{nref}"
+                nref += 1
+                names[ev(ref)] = nm   # a block keeps its id until it dies (a merge keeps the freed one's)
+                trace.append(f"{nm} = malloc({_fmt(size)})")
+            return Synthesis(preset, k, trace, ev(fn), ev(r), ev(capacity - s_oom.oa), ev(s_oom.orr), ev(s_oom.oa),
+                             time.perf_counter() - t0, actions=acts)
+        if unknown[0]:
             return Synthesis(preset, None, [f"unknown at depth {k}"], seconds=time.perf_counter() - t0)
     return Synthesis(preset, None, [f"no fragmentation OOM up to depth {max_depth}"], seconds=time.perf_counter() - t0)
 
@@ -403,8 +361,12 @@ def expandable_no_fragmentation_oom(preset: str = "pytorch", capacity: int = 40 
 
 
 def kernel_agreement(samples: int = 1000, seed: int = 0) -> list[str]:
-    """The Z3 policy kernels above against spec/caching.py's on random
-    large-pool values (substitute + simplify); the mismatches."""
+    """The heap's Z3 policy kernels at the synthesis's concrete policy state
+    (:func:`_kernels`) against spec/caching.py's on random large-pool values
+    (substitute + simplify); the mismatches.  (The heap's
+    ``kernel_boundary_agreement`` checks the same kernels on a symbolic policy,
+    at every threshold +-1; this one at the state the synthesis uses, off the
+    thresholds.)"""
     import random
 
     from memspec.spec import caching as C
@@ -413,7 +375,8 @@ def kernel_agreement(samples: int = 1000, seed: int = 0) -> list[str]:
     n, r, rem = z3.Ints("n r rem")
     bad = []
     for preset_seed in (False, True):
-        er, es, ep = z_round(n, preset_seed), z_segment(r, preset_seed), z_split(rem, preset_seed)
+        k_round, k_segment, k_split = _kernels(preset_seed)
+        er, es, ep = k_round(n), k_segment(r), k_split(rem, r)
         for _ in range(samples):
             size = rng.choice([rng.randint(K_SMALL + 1, 64 * MiB), rng.randint(1, 40) * MiB + rng.choice((-1, 0, 1))])
             size = max(size, K_SMALL + 1)
@@ -421,7 +384,7 @@ def kernel_agreement(samples: int = 1000, seed: int = 0) -> list[str]:
             remaining = rng.randint(0, 24 * MiB)
             got = (z3.simplify(z3.substitute(er, (n, z3.IntVal(size)))).as_long(),
                    z3.simplify(z3.substitute(es, (r, z3.IntVal(rounded)))).as_long(),
-                   z3.is_true(z3.simplify(z3.substitute(ep, (rem, z3.IntVal(remaining))))))
+                   z3.is_true(z3.simplify(z3.substitute(ep, (rem, z3.IntVal(remaining)), (r, z3.IntVal(rounded))))))
             want = (rounded, C.segment_size(rounded, preset_seed), C.should_split(remaining, rounded, False, preset_seed))
             if got != want:
                 bad.append(f"seed={preset_seed} size={size} remaining={remaining}: z3 {got} spec {want}")
