@@ -39,6 +39,7 @@ import struct
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -234,9 +235,16 @@ class CallGuard:
             if w is not None:
                 w.leave()
 
+    def _new_worker(self) -> _Worker:
+        """A worker thread of this guard's, told to end when the guard is collected (else every guard a
+        long run or a test session makes would leave its thread waiting for work for good)."""
+        w = self._worker = _Worker()
+        weakref.finalize(self, w.jobs.put, None)
+        return w
+
     def _thread_call(self, fn: Callable, args: tuple, kwargs: dict) -> tuple[Any, BaseException | None]:
         if self._worker is None:
-            self._worker = _Worker()
+            self._new_worker()
         box: list = []
         ev = threading.Event()
         self._worker.jobs.put((fn, args, kwargs, box, ev))
@@ -258,7 +266,7 @@ class CallGuard:
         if self.mode != "watched":
             raise ValueError(f"run_watched needs a guard in 'watched' mode, not {self.mode!r}")
         if self._worker is None:
-            self._worker = _Worker()
+            self._new_worker()
         box: list = []
         ev = threading.Event()
         self.depth = 0
@@ -292,12 +300,19 @@ class _Worker:
 
     def _loop(self) -> None:
         while True:
-            fn, args, kwargs, box, ev = self.jobs.get()
-            try:
-                box.append((fn(*args, **kwargs), None))
-            except BaseException as e:  # noqa: BLE001
-                box.append((None, e))
-            ev.set()
+            job = self.jobs.get()
+            if job is None:   # its guard is gone (an abandoned worker reads this once its call returns)
+                return
+            _run_job(*job)
+            del job   # nothing of the call (its guard among it) stays referenced while the thread waits
+
+
+def _run_job(fn: Callable, args: tuple, kwargs: dict, box: list, ev: threading.Event) -> None:
+    try:
+        box.append((fn(*args, **kwargs), None))
+    except BaseException as e:  # noqa: BLE001
+        box.append((None, e))
+    ev.set()
 
 
 # --------------------------------------------------------------------------
