@@ -179,9 +179,7 @@ def _first_detail(e: BaseException) -> str:
     test case drew type integer with different constraints than the
     first.``), else its first line."""
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    for ln in lines[1:]:
-        return ln[:300]
-    return lines[0][:300] if lines else type(e).__name__
+    return lines[min(1, len(lines) - 1)][:300] if lines else type(e).__name__
 
 
 #: fresh instances the steps of an example Hypothesis drew inconsistently are replayed on, looking
