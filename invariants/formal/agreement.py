@@ -42,9 +42,10 @@ from typing import Any, Callable
 import z3
 
 from memspec.invariants.formal.proofs import (
-    ARR, ARR2, ARR2B, BARR, INT, OUTCOMES, Act, Proof, St, _args, at, bv, concrete, fresh, iv, limit,
+    ARR, ARR2, ARR2B, BARR, INT, OUTCOMES, Act, Proof, St, _args, at, bv, concrete, fresh, iv,
 )
 from memspec.invariants.formal import z3native as native
+from memspec.invariants.formal.solving import Query
 from memspec.invariants.formal.walks import RESTART
 from memspec.spec.core import RandomChooser, Returns
 from memspec.spec.selfcheck import draw_branch, follow, pick_action, usable
@@ -178,13 +179,13 @@ class Compiled:
             return True
         if z3.is_false(v):
             return False
-        sol = limit(z3.Solver(), 5000)  # a quantifier remained: decide the closed formula
+        sol = Query(5000, isolated=False)  # a quantifier remained: decide the closed formula
         sol.add(v)
         r = sol.check()
         if r == z3.unknown:
             # a universal formula (every stream's fences done) is decided by
             # its negation: an existential, which is quantifier-free for Z3
-            neg = limit(z3.Solver(), 5000)
+            neg = Query(5000, isolated=False)
             neg.add(z3.Not(v))
             rn = neg.check()
             if rn == z3.unknown:
@@ -224,7 +225,7 @@ class Compiled:
             elif z3.is_true(v) or z3.is_false(v):
                 out[key] = z3.is_true(v)
             else:
-                sol = z3.Solver()
+                sol = Query(5000, isolated=False)
                 x = z3.Const("x", e.sort())
                 sol.add(x == v)
                 sol.check()

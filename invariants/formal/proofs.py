@@ -43,6 +43,7 @@ from typing import Any, Callable
 
 import z3
 
+from memspec.invariants.formal.solving import Query
 from memspec.invariants.formal.z3fast import And, Implies, Not, Or
 from memspec.spec import kernels as K
 from memspec.spec.errors import ALL_ERRORS
@@ -195,7 +196,7 @@ class Proof:
     #: (:func:`prefix_sum`) and a concrete state decides it by substitution, with no solver call
     counts: tuple[str, ...] = ()
     #: the solver budget of each check, in milliseconds of CPU on an unloaded core (a Z3 resource
-    #: limit, :func:`limit`, so the answer does not depend on load); a check past it is
+    #: limit, :class:`~.solving.Query`, so the answer does not depend on load); a check past it is
     #: "unknown": not proved.  A machine whose largest check needs seconds of CPU gets more room.
     timeout_ms: int = 20000
 
@@ -351,22 +352,8 @@ def prefix_values(contribs: list[int]) -> tuple[int, dict[int, int]]:
     return (0, out)
 
 
-#: Z3's resource units per CPU second, measured on this project's machines
-#: (a nonlinear query cancelled at 20,000,000 units after 5.2 s of CPU).
-#: Solver budgets are given in these units, never as a wall-clock timeout: an
-#: answer (and so a verdict) must not depend on how loaded the machine is.
-RLIMIT_PER_SECOND = 4_000_000
-
-
-def limit(sol: z3.Solver, timeout_ms: int) -> z3.Solver:
-    """Bound ``sol`` by Z3's deterministic resource limit, about
-    ``timeout_ms`` of CPU on an unloaded core (``RLIMIT_PER_SECOND``)."""
-    sol.set("rlimit", int(timeout_ms / 1000 * RLIMIT_PER_SECOND))
-    return sol
-
-
 def _check_unsat(claim_negation: Any, timeout_ms: int = 20000) -> tuple[z3.CheckSatResult, z3.ModelRef | None]:
-    sol = limit(z3.Solver(), timeout_ms)
+    sol = Query(timeout_ms)
     sol.add(claim_negation)
     r = sol.check()
     return r, (sol.model() if r == z3.sat else None)
@@ -387,7 +374,7 @@ def _model_fail(s: St, o: Any) -> Callable[[Any, Any], str]:
 
 
 #: budget of each satisfiability check of an action's hypotheses (``hyp:<action>``), in ms of CPU on a
-#: quiet core (rlimit units, :func:`limit`): an easy model, or an unsat core, comes within it; a
+#: quiet core (:class:`~.solving.Query`): an easy model, or an unsat core, comes within it; a
 #: quantified ledger machine's often does not (then "unknown": its branches need a concrete witness
 #: from the agreement walk, :func:`hyp_witness`)
 HYP_MS = 100
@@ -437,7 +424,7 @@ def check_named(p: Proof, s: St, o: Any) -> list[CheckResult]:
                   lambda r, m: f"{r}: the inductive invariant does not imply the named one"
                   + (f": {_model_str(m, s, [('o', o)])}" if m is not None else ""), proved="Inv => Named proved")]
     t0 = time.perf_counter()
-    sol = limit(z3.Solver(), p.timeout_ms)
+    sol = Query(p.timeout_ms)
     sol.add(Not(named(s, o)))
     r = sol.check()
     detail = "Named is falsifiable" if r == z3.sat else ""
@@ -449,7 +436,7 @@ def check_named(p: Proof, s: St, o: Any) -> list[CheckResult]:
             a = _args(act, "np")
             sp = p.step_prop(act.name, s, a, out_, s2, o)
             sp = z3.BoolVal(sp) if isinstance(sp, bool) else sp
-            sol = limit(z3.Solver(), p.timeout_ms)
+            sol = Query(p.timeout_ms)
             sol.add(Not(sp))
             if sol.check() == z3.sat:
                 ok, detail = True, f"Named is True; the step property of {act.name} is falsifiable"
@@ -477,7 +464,7 @@ def check_hypotheses(p: Proof, s: St, o: Any, res: ProofResult) -> None:
             continue
         a = _args(act, "a")
         out, _s2 = act.step(s, a)
-        sol = limit(z3.Solver(), HYP_MS)
+        sol = Query(HYP_MS)
         sol.add(_hyp(p, s, o, act, a))
         r = sol.check()
         if r == z3.sat:
@@ -576,7 +563,7 @@ def _branches(p: Proof, act: Act, timeout_ms: int) -> list[str]:
     s = fresh(p.fields, "b")
     a = _args(act, "b")
     out, _s2 = act.step(s, a)
-    sol = limit(z3.Solver(), timeout_ms)
+    sol = Query(timeout_ms)
     pre = act.pre(s, a)
     sol.add(z3.BoolVal(True) if isinstance(pre, bool) else pre)
     found: list[str] = []
@@ -625,9 +612,14 @@ def refute_unguarded_ex(p: Proof, actions: list[Act] | None = None) -> tuple[boo
         params.update(a.params)
     o = z3.Int("o")
     s0 = fresh(p.fields, "0")
-    sol = limit(z3.Solver(), 20000)
+    # in the main context, incremental, seeds 0-3 on the one solver: at depth 4 S4's counterexample
+    # (quantified fences) comes from the state the shallower depths left (1.8 s); a fresh solver or a
+    # context of its own answered unknown under 8 seeds.  So this search depends on the process's terms:
+    # ``prove`` runs each row in a fresh process, and the tests of a refutation are ``fresh_process``.
+    sol = Query(20000, isolated=False)
     sol.add(p.init(s0))
     states, sels, argss, outs = [s0], [], [], []
+    undecided: list[int] = []
     for k in range(1, p.bmc_depth + 1):
         s = states[-1]
         sel = z3.Int(f"act@{k}")
@@ -654,6 +646,7 @@ def refute_unguarded_ex(p: Proof, actions: list[Act] | None = None) -> tuple[boo
             bad.append(Not(p.safety(nxt, o)))
         sol.push()
         sol.add(Or(*bad))
+        sol.set("random_seed", 0)
         r = sol.check()
         for seed in range(1, 4 if r == z3.unknown else 1):
             sol.set("random_seed", seed)
@@ -676,8 +669,10 @@ def refute_unguarded_ex(p: Proof, actions: list[Act] | None = None) -> tuple[boo
                 what = "safety"
             lines.append(f"  => {what} broken at o={_val(m, o)}: " + _model_str(m, states[-1], [("o", o)]))
             return True, "\n".join(lines), what
+        undecided += [k] if r == z3.unknown else []
         sol.pop()
-    return False, f"no violation up to depth {p.bmc_depth}", ""
+    return False, f"no violation up to depth {p.bmc_depth}" + (
+        f" (depth {', '.join(map(str, undecided))} undecided: Z3 answered unknown)" if undecided else ""), ""
 
 
 # --------------------------------------------------------------------------

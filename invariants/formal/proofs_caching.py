@@ -42,7 +42,7 @@ from typing import Any
 
 import z3
 
-from memspec.invariants.formal.proofs import limit  # Z3 resource limits, not wall-clock timeouts
+from memspec.invariants.formal.solving import Query  # bounded in CPU, in a context of its own
 from memspec.invariants.formal.proofs import ARR, BARR, INT, OK, St, fresh
 from memspec.invariants.formal import proofs_caching_heap as H
 
@@ -154,7 +154,7 @@ def synthesize(preset: str, capacity: int = 40 * MiB, max_depth: int = 8, unit: 
     seed = preset == "seed"
     t0 = time.perf_counter()
     for k in range(0, max_depth + 1):
-        sol = limit(z3.Solver(), 30000)
+        sol = Query(30000)
         s0 = empty_heap(seed, capacity)
         sol.add(z3.simplify(H.init(s0)))
         unknown = [False]

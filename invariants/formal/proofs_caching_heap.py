@@ -155,7 +155,7 @@ from typing import Any, Callable
 import z3
 
 from memspec.invariants.formal.z3fast import And, Implies, Not, Or
-from memspec.invariants.formal.proofs import limit  # Z3 resource limits, not wall-clock timeouts
+from memspec.invariants.formal.solving import Query  # bounded in CPU, in a context of its own
 
 from memspec.invariants.formal.proofs import Act, St, at
 from memspec.spec.caching.invariants import CATALOG as CACHING_CATALOG
@@ -375,15 +375,15 @@ def _terms(s: St, a: St, extra: list[Any], sums_only: bool = False) -> None:
 #: busy).  On some falsifiable goals it does not answer within it; a verdict never rests on that, since the
 #: default solver (resource limit only, as every check before) then decides.
 QF_LOGIC = "QF_AUFLIA"
-#: budget of a QF attempt in ms of CPU on a quiet core (rlimit units, :func:`limit`): the slowest proof it
+#: budget of a QF attempt in ms of CPU on a quiet core (:class:`~.solving.Query`): the slowest proof it
 #: gives takes ~6 s CPU on a quiet core
 QF_MS = 10_000
 
 
-def qf_solver(timeout_ms: int) -> z3.Solver:
-    """A solver for :data:`QF_LOGIC`, bounded by Z3's resource limit only (the smaller of the check's
-    budget and :data:`QF_MS`)."""
-    return limit(z3.SolverFor(QF_LOGIC), min(timeout_ms, QF_MS))
+def qf_solver(timeout_ms: int) -> Query:
+    """A solver for :data:`QF_LOGIC`, bounded by the smaller of the check's budget and :data:`QF_MS`
+    (:class:`~.solving.Query`)."""
+    return Query(min(timeout_ms, QF_MS), QF_LOGIC)
 
 
 def _check(hyp: Callable[[], Any], goal: Callable[[], Any], s: St, a: St, timeout_ms: int = 30000,
@@ -416,7 +416,7 @@ def _check(hyp: Callable[[], Any], goal: Callable[[], Any], s: St, a: St, timeou
         sol.add(h, Not(g))
         if sol.check() == z3.unsat:
             return z3.unsat, None
-    sol = limit(z3.Solver(), timeout_ms)
+    sol = Query(timeout_ms)
     sol.add(h, Not(g))
     r = sol.check()
     return r, (sol.model() if r == z3.sat else None)
@@ -587,7 +587,7 @@ def initiation() -> str:
     MODE.kind, MODE.skolems = "skolem", []
     g = And(inv(s), unmapped_aligned(s))
     MODE.kind, MODE.skolems = "forall", []
-    sol = z3.Solver()
+    sol = Query(30000)
     sol.add(init(s), Not(g))
     return "proved" if sol.check() == z3.unsat else "FAILED"
 
@@ -645,7 +645,7 @@ def refute(inv_id: str, timeout_ms: int = 60000, knob: str | None = None) -> tup
         hyp = And(inv(s), unmapped_aligned(s), s.n <= REFUTE_BLOCKS, act.pre(s, a))
     finally:
         MODE.kind, MODE.bound = "forall", 0
-    sol = limit(z3.Solver(), timeout_ms)
+    sol = Query(timeout_ms)
     sol.add(hyp, Or(*bad))
     r = sol.check()
     if r != z3.sat:

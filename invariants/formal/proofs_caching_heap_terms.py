@@ -13,7 +13,7 @@ from typing import Any, Callable
 import z3
 
 from memspec.invariants.formal.z3fast import And, Implies, Not, Or
-from memspec.invariants.formal.proofs import limit  # Z3 resource limits, not wall-clock timeouts
+from memspec.invariants.formal.solving import Query  # bounded in CPU, in a context of its own
 
 from memspec.invariants.formal.proofs import ARR, BARR, BOOL, CODE, INT, St, at
 
@@ -207,7 +207,7 @@ def rounding_lemma(timeout_ms: int = 60000) -> str:
     cases, plain = _torch_round_cases(s, n)
     queries = [(s.seed, z_round(s, n))] + [(And(Not(s.seed), c), v) for c, v in cases] + \
               [(And(Not(s.seed), *[Not(c) for c, _v in cases]), plain)]
-    sol = limit(z3.Solver(), timeout_ms)
+    sol = Query(timeout_ms)
     sol.add(n >= 1, legal_divisions(s))
     for cond, val in queries:
         sol.push()

@@ -44,7 +44,8 @@ from typing import Any
 
 import z3
 
-from memspec.invariants.formal.proofs import OK, St, _check_unsat, fresh, limit
+from memspec.invariants.formal.proofs import OK, St, _check_unsat, fresh
+from memspec.invariants.formal.solving import Query
 from memspec.spec import kernels as K
 
 ID, TITLE = "P1", "progress"
@@ -99,7 +100,7 @@ def prove_progress() -> ProgressResult:
     r, m = _check_unsat(z3.And(hyp, n <= s.free + cold, z3.Not(admitted)))
     res.proved = r == z3.unsat
     res.detail = "proved" if res.proved else f"{r}: " + " ".join(str(m).split())[:400]
-    sol = limit(z3.Solver(), 20000)   # rlimit units (never the clock): satisfiable hypotheses, not vacuous
+    sol = Query(20000)   # rlimit units (never the clock): satisfiable hypotheses, not vacuous
     sol.add(hyp, n > s.free, n <= s.free + cold)
     res.vacuous = sol.check() != z3.sat
     r2, m2 = _check_unsat(z3.And(hyp, n <= s.free + cold + 1, z3.Not(admitted)))
