@@ -5,7 +5,8 @@ kernels (``memspec contracts``).
 transition system (:class:`~.proofs.Proof`: typed fields, an initial predicate, encoded actions,
 an inductive invariant) proved by induction, with its own checks (each action's hypotheses
 satisfiable, the inductive invariant implying the named one) and its unguarded variants refuted;
-:mod:`.z3fast` builds z3py's ``And``/``Or``/``Implies``/``Not`` terms without the coercion.
+:mod:`.z3fast` builds z3py's ``And``/``Or``/``Implies``/``Not`` terms without the coercion;
+every check is a :class:`.solving.Query` (its own Z3 context, a CPU-bounded ladder of seeds).
 :mod:`.proofs_seed000` holds the encodings of S1-S15 and G1 (assembled from
 :mod:`.proofs_seed000_objects` and :mod:`.proofs_seed000_ledger`); :mod:`.proofs_catalog` lists
 every proof and what each encodes; :mod:`.proofs_progress` is P1 (progress, liveness as safety).
