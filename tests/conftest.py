@@ -25,8 +25,9 @@ _FRESH_LIMIT_S = 850
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "fresh_process: run this test in a fresh interpreter (Z3's search, hence its time, depends on "
-                   "the terms earlier tests left in its global context; the verdict does not)")
+        "markers", "fresh_process: run this test in a fresh interpreter (the seed-000 BMC refutations search in "
+                   "Z3's main context, so their search depends on the terms earlier tests left there; every other "
+                   "check is a solving.Query in a context of its own)")
 
 
 # A fresh interpreter costs about 2 s of CPU before the test starts (the interpreter, pytest, its plugins,

@@ -96,7 +96,6 @@ def test_heap_initiation_and_c1_as_a_consequence() -> None:
 
 @pytest.mark.parametrize("action", ["double_free", "record_stream", "complete_stream", "empty_cache_wait",
                                     "empty_cache", "malloc:eb", "malloc:retry", "process_event:wait"])
-@pytest.mark.fresh_process
 def test_heap_consecution_of_an_action(action: str) -> None:
     from memspec.invariants.formal import proofs_caching_heap as H
 

@@ -10,6 +10,7 @@ from memspec.invariants.formal import proofs_caching_agree as A
 from memspec.invariants.formal import proofs_caching_agree_runs as AR
 from memspec.invariants.formal import proofs_caching_heap as H
 from memspec.invariants.formal import proofs_selftest as T
+from memspec.invariants.formal.solving import Query
 
 MiB = 1 << 20
 #: the heap actions that carry C8's step property: the mapping's failures, the memory_fraction OutOfMemory
@@ -151,8 +152,7 @@ def test_an_oom_lacking_more_than_the_page_rounded_request_needs_a_run_that_star
            at(s.al, 0), at(s.al, 1), at(s.k, 0) == H.LIVE, at(s.k, 1) == H.UNM, at(s.ad, 0) == 0,
            at(s.sz, 0) == 2 * MiB, at(s.ad, 1) == 2 * MiB, at(s.sz, 1) == 38 * MiB, at(s.sb, 0) == 0, at(s.sb, 1) == 0,
            s.xh == -1, s.xq == 1, s.x2, a.b == 1]
-    sol = z3.Solver()
-    sol.set("timeout", 60000)
+    sol = Query(60000)   # CPU-bounded, its own context (never the clock)
     sol.add(hyp, *pin)
     assert sol.check() == z3.sat
     m = sol.model()
@@ -162,7 +162,6 @@ def test_an_oom_lacking_more_than_the_page_rounded_request_needs_a_run_that_star
     assert sol.check() == z3.unsat
 
 
-@pytest.mark.fresh_process
 def test_a_mapping_that_leaves_its_run_mid_page_is_caught_by_c8s_lemma_only(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """The self-test's break: expand:map maps 2 MiB granules of pytorch's 20 MiB pages.  Every goal of
     expand:map but C8's lemma still proves, and so does C8's step property at expand:oom (the lemma is its

@@ -11,6 +11,7 @@ import z3
 from memspec.invariants.formal import proofs_caching_agree as A
 from memspec.invariants.formal import proofs_caching_agree_runs as AR
 from memspec.invariants.formal import proofs_caching_heap as H
+from memspec.invariants.formal.solving import Query
 
 MiB = 1 << 20
 NEW_ACTIONS = ["malloc:expand", "gc_end:expand", "malloc_retry:expand", "expand:map", "expand:fresh",
@@ -29,7 +30,6 @@ def _act(name: str, guards: frozenset = frozenset()) -> H.Act:
     return next(a for a in H.actions(guards) if a.name == name)
 
 
-@pytest.mark.fresh_process
 @pytest.mark.parametrize("action", NEW_ACTIONS)
 def test_expandable_action_is_inductive(action: str) -> None:
     res = H.consecution(_act(action), timeout_ms=60000)
@@ -48,8 +48,7 @@ def test_expandable_action_is_enabled_on_some_well_formed_heap(action: str) -> N
         hyp = z3.And(H.inv(s), s.n <= H.REFUTE_BLOCKS, s.ex, act.pre(s, a))
     finally:
         H.MODE.kind, H.MODE.bound = "forall", 0
-    sol = z3.Solver()
-    sol.set("timeout", 60000)
+    sol = Query(60000)   # CPU-bounded, its own context (never the clock)
     sol.add(hyp)
     assert sol.check() == z3.sat
 
@@ -60,10 +59,10 @@ def test_the_flag_is_symbolic_in_every_consecution() -> None:
 
     s = fresh(H.FIELDS, "f")
     for val in (True, False):
-        sol = z3.Solver()
+        sol = Query(20000)
         sol.add(H.init(s), s.ex == val)
         assert sol.check() == z3.sat
-    sol = z3.Solver()
+    sol = Query(20000)
     sol.add(H.scalars_wf(s), s.xp, z3.Not(s.ex))
     assert sol.check() == z3.unsat
 

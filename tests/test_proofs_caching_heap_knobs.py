@@ -66,7 +66,6 @@ def test_division_kernel_agreement_catches_a_slip_at_the_entry_start(monkeypatch
     assert any("size=2048" in b for b in bad), bad[:3]
 
 
-@pytest.mark.fresh_process
 @pytest.mark.parametrize("action", KNOB_ACTIONS)
 def test_knob_actions_are_inductive(action: str) -> None:
     act = next(a for a in H.actions() + H.phase_actions() if a.name == action)
