@@ -786,28 +786,20 @@ def _avail_choices(vals: dict[str, Any]) -> tuple[int, int]:
     return (big[0] if big else -1), (elig[-1] if elig else -1)
 
 
-_KERNELS: dict[tuple, tuple[int, int]] = {}
+_KERNELS: list[Terms] = []
 
 
 def _kernels(vals: dict[str, Any], size: int) -> tuple[int, int]:
     """The request's rounded size and new-segment size by the encoding's own kernels (``z_round`` with the
-    state's divisions table, ``z_segment``, evaluated by Z3): the rounded size is malloc's argument (its
+    state's divisions table, ``z_segment``; :class:`Terms`): the rounded size is malloc's argument (its
     precondition holds only for a legal one; the state after it is compared), the segment size only names
     the branch."""
-    pol = (vals["seed"], vals["dv"][0], tuple(sorted(vals["dv"][1].items())))
-    key = (pol, size)
-    if key not in _KERNELS:
-        if pol not in _KERNEL_TERMS:   # the kernels of this policy on a symbolic request, built once
-            s = St({"seed": z3.BoolVal(vals["seed"]), "dv": concrete(ARR, vals["dv"])})
-            n, r = z3.Int("kn@ag"), z3.Int("kr@ag")
-            _KERNEL_TERMS[pol] = (n, r, z3.simplify(H.z_round(s, n)), z3.simplify(H.z_segment(s, r)))
-        n, r, er, es = _KERNEL_TERMS[pol]
-        rv = z3.simplify(z3.substitute(er, (n, z3.IntVal(size))))
-        _KERNELS[key] = (rv.as_long(), z3.simplify(z3.substitute(es, (r, rv))).as_long())
-    return _KERNELS[key]
-
-
-_KERNEL_TERMS: dict[tuple, tuple] = {}
+    if not _KERNELS:
+        s, a = _symbolic(0), St({"size": z3.Int("size@agarg")})
+        r = H.z_round(s, a.size)
+        _KERNELS.append(Terms(s, a, [r, H.z_segment(s, r)], "the rounding and segment-size kernels"))
+    r, alloc = _KERNELS[0](vals, {"size": size})
+    return r, alloc
 
 
 def _state_key(vals: dict[str, Any]) -> Any:
