@@ -489,17 +489,23 @@ class _Steps:
             if nm == "process_event:free":
                 vals = self.toy_unmap(vals, i)
 
+    def _unmappable(self, name: str, vals: dict[str, Any], ids: Any) -> list[int]:
+        """The blocks of ``ids`` that ``unmap:free`` / ``unmap:cache`` applies to (its precondition: with
+        expandable segments, a free block holding a whole page of its arena), by address."""
+        c = compiled(self.acts[name], vals["n"], self.guards)
+        return sorted((i for i in ids if _g(vals, "al", i) and c.applies(vals, {"b": i})), key=lambda i: _g(vals, "ad", i))
+
     def toy_unmap(self, vals: dict[str, Any], b: int) -> dict[str, Any]:
         """The toy's free with expandable segments: the whole pages inside the freed (merged) block unmap."""
-        if not (vals["ex"] and vals["seed"] and _g(vals, "al", b) and _g(vals, "k", b) == H.FREE
-                and _whole_pages(vals, b)):
+        if not self._unmappable("unmap:free", vals, [b]):
             return vals
         return self.paths(["unmap:free"], vals, {"b": b}, f"unmap:free(block {b})")[2]
 
     def unmap_all(self, vals: dict[str, Any]) -> dict[str, Any]:
-        """empty_cache / pytorch's retry with expandable segments: the whole free pages of every arena unmap."""
+        """empty_cache / pytorch's retry with expandable segments: the whole free pages of every arena unmap,
+        the lowest address first."""
         for _ in range(4 * vals["n"] + 4):
-            todo = _free_with_pages(vals) if vals["ex"] else []
+            todo = self._unmappable("unmap:cache", vals, range(vals["n"])) if vals["ex"] else []   # (pre: ex)
             if not todo:
                 return vals
             vals = self.paths(["unmap:cache"], vals, {"b": todo[0]}, f"unmap:cache(block {todo[0]})")[2]
@@ -536,23 +542,6 @@ class _NoPath(Exception):
 # expandable segments: the driver's choices (re-stated from the seed's rules on the projected blocks, never
 # the spec's functions) and the encoded steps they drive
 # --------------------------------------------------------------------------
-
-def _page(vals: dict[str, Any], i: int) -> int:
-    return H.K_ROUND_LARGE if vals["seed"] or _g(vals, "sm", i) else H.K_LARGE_BUFFER
-
-
-def _whole_pages(vals: dict[str, Any], i: int) -> bool:
-    """Free block ``i`` of an arena holds a whole page (offsets from the arena's base)."""
-    pg = _page(vals, i)
-    rel = _g(vals, "ad", i) - _g(vals, "sb", i)
-    return (rel + _g(vals, "sz", i)) // pg * pg > -(-rel // pg) * pg
-
-
-def _free_with_pages(vals: dict[str, Any]) -> list[int]:
-    """The free blocks holding a whole page, by address."""
-    ids = [i for i in range(vals["n"]) if _g(vals, "al", i) and _g(vals, "k", i) == H.FREE and _whole_pages(vals, i)]
-    return sorted(ids, key=lambda i: _g(vals, "ad", i))
-
 
 def _cands(vals: dict[str, Any], r: int, stream: int) -> list[int]:
     """Best fit's candidates: free blocks of the pool and stream holding ``r``, by (size, address)."""
