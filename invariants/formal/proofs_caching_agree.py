@@ -143,9 +143,7 @@ def project(st: Any) -> tuple[dict[str, Any], dict[int, int]]:
     for f, k in H.FIELDS.items():
         if k in (ARR, BARR) and f not in H.SUMS:
             out[f] = (False if k == BARR else 0, arr[f])
-    for nm in H.SUMS:
-        out[nm] = (0, _prefix(nm, [{**{f: arr[f].get(i, 0) for f in ("al", "sz", "ss", "k", "rq", "sm")},
-                                    "ex": pol.expandable} for i in range(n)]))
+    _sums(out)
     return out, refs
 
 
@@ -170,12 +168,16 @@ def _contribution(nm: str, v: dict[str, Any]) -> int:
             "Q": v["sz"] - v["rq"] if active else 0}[kind]
 
 
-def _prefix(nm: str, rows: list[dict[str, Any]]) -> dict[int, int]:
-    acc, pref = 0, {0: 0}
-    for i, v in enumerate(rows):
-        acc += _contribution(nm, v)
-        pref[i + 1] = acc
-    return pref
+def _sums(vals: dict[str, Any]) -> None:
+    """The ghost prefix sums of a heap in the projection's form, from its blocks."""
+    rows = [{**{f: _g(vals, f, i) for f in ("al", "sz", "ss", "k", "rq", "sm")}, "ex": vals["ex"]}
+            for i in range(vals["n"])]
+    for nm in H.SUMS:
+        acc, pref = 0, {0: 0}
+        for i, v in enumerate(rows):
+            acc += _contribution(nm, v)
+            pref[i + 1] = acc
+        vals[nm] = (0, pref)
 
 
 # --------------------------------------------------------------------------
@@ -320,12 +322,7 @@ class Compiled:
         for f in _ARRAY_FIELDS:
             out[f] = (False if H.FIELDS[f] == BARR else 0, arrays[f])
         out["dv"] = vals["dv"]
-        n2 = out["n"]
-        # the ghost sums of the post-state, as the next step's hypothesis needs them: recomputed from its blocks
-        for nm in H.SUMS:
-            rows = [{**{f: out[f][1].get(i, out[f][0]) for f in ("al", "sz", "ss", "k", "rq", "sm")}, "ex": out["ex"]}
-                    for i in range(n2)]
-            out[nm] = (0, _prefix(nm, rows))
+        _sums(out)   # the ghost sums of the post-state, as the next step's hypothesis needs them: from its blocks
         out["_totals"] = totals
         return OUTCOMES[got[0]], out
 

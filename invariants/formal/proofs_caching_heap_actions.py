@@ -161,8 +161,7 @@ def _new_segment(s: St, r: Any, small: Any, t: Any, base: Any, alloc: Any, rqn: 
            "sb": base, "ss": alloc, "pv": n, "nx": -1, **NO_USES}
     for f in fields:
         out[f] = upd(upd(s[f], n, fields[f]), n + 1, z3.If(split, rem[f], at(s[f], n + 1)))
-    out["Rs"] = s.Rs + z3.If(small, alloc, 0)
-    out["Rl"] = s.Rl + z3.If(small, 0, alloc)
+    out.update(_reserve(s, small, alloc))
     # appended ids: 2 (the second is dead when no split: contributes 0)
     out = _update_sums(s, out, [], 2)
     out["n"] = n + z3.If(split, 2, 1)
