@@ -23,7 +23,6 @@ def _act(name: str, guards: frozenset = frozenset()) -> H.Act:
 
 def _fresh_compiles(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setattr(A, "_COMPILED", {})
-    monkeypatch.setattr(A, "_PRES", {})
 
 
 def _scripts() -> A.Agreement:

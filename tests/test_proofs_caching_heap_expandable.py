@@ -113,7 +113,6 @@ def test_agreement_counts_every_expandable_branch() -> None:
 
 def _fresh_compiles(monkeypatch) -> None:
     monkeypatch.setattr(A, "_COMPILED", {})
-    monkeypatch.setattr(A, "_PRES", {})
 
 
 def test_agreement_catches_an_encoding_that_maps_without_rounding_to_pages(monkeypatch) -> None:

@@ -136,7 +136,7 @@ def test_agreement_catches_a_garbage_collection_of_the_small_pool(monkeypatch) -
 
     monkeypatch.setattr(AR, "KNOB_SCRIPTS", AR.KNOB_SCRIPTS + (
         ("pytorch", {"capacity": 64 << 20, "memory_fraction": 0.75, "garbage_collection_threshold": 0.25},
-         (("malloc", 1), ("malloc", 15), ("free", 0), ("malloc", 40))),))
+         (("malloc", 1, 0), ("malloc", 15, 0), ("free", 0), ("malloc", 40, 0))),))
     assert _knob_mismatches(monkeypatch, "memspec.spec.caching.policy", "_garbage_collect", make)
 
 

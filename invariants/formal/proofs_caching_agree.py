@@ -143,9 +143,7 @@ def project(st: Any) -> tuple[dict[str, Any], dict[int, int]]:
     for f, k in H.FIELDS.items():
         if k in (ARR, BARR) and f not in H.SUMS:
             out[f] = (False if k == BARR else 0, arr[f])
-    for nm in H.SUMS:
-        out[nm] = (0, _prefix(nm, [{**{f: arr[f].get(i, 0) for f in ("al", "sz", "ss", "k", "rq", "sm")},
-                                    "ex": pol.expandable} for i in range(n)]))
+    _sums(out)
     return out, refs
 
 
@@ -170,12 +168,16 @@ def _contribution(nm: str, v: dict[str, Any]) -> int:
             "Q": v["sz"] - v["rq"] if active else 0}[kind]
 
 
-def _prefix(nm: str, rows: list[dict[str, Any]]) -> dict[int, int]:
-    acc, pref = 0, {0: 0}
-    for i, v in enumerate(rows):
-        acc += _contribution(nm, v)
-        pref[i + 1] = acc
-    return pref
+def _sums(vals: dict[str, Any]) -> None:
+    """The ghost prefix sums of a heap in the projection's form, from its blocks."""
+    rows = [{**{f: _g(vals, f, i) for f in ("al", "sz", "ss", "k", "rq", "sm")}, "ex": vals["ex"]}
+            for i in range(vals["n"])]
+    for nm in H.SUMS:
+        acc, pref = 0, {0: 0}
+        for i, v in enumerate(rows):
+            acc += _contribution(nm, v)
+            pref[i + 1] = acc
+        vals[nm] = (0, pref)
 
 
 # --------------------------------------------------------------------------
@@ -219,22 +221,62 @@ def _eval_memo() -> Iterator[None]:
         H.MODE.eval_memo = was
 
 
+def _symbolic(n: int) -> St:
+    """A heap of ``n`` blocks on symbolic fields (``n`` a Python int: every quantifier over block ids is the
+    conjunction over them)."""
+    return St({f: (n if f == "n" else z3.Const(f"{f}@ag", _sort(H.FIELDS[f]))) for f in H.FIELDS})
+
+
+class Terms:
+    """Terms on the fields of :func:`_symbolic` and the arguments ``a``, evaluated on a concrete heap (the
+    projection's form) as integers (a Boolean: 0 or 1): by :mod:`z3native`; the first evaluation and every
+    ``CROSS_CHECK_EVERY``-th also by Z3 (the terms packed into one, the concrete values substituted,
+    simplified: no solver call), which must give the same values; by Z3 alone for a term outside that
+    module's fragment."""
+
+    def __init__(self, s: St, a: St, terms: list[Any], what: str) -> None:
+        self.s, self.a, self.what, self.size = s, a, what, len(terms)
+        self._fields = [f for f in H.FIELDS if f != "n"]
+        self._names = [(f, f"{f}@ag") for f in self._fields]
+        self._packed = _pack([_as_int(t) for t in terms])
+        self._prog = native.build(terms)
+
+    def __call__(self, vals: dict[str, Any], args: dict[str, int] | None = None) -> list[int]:
+        args = args or {}
+        env = lambda: {**{nm: vals[f] for f, nm in self._names},  # noqa: E731
+                       **{f"{p}@agarg": args.get(p, 0) for p in self.a}}
+        return native.checked(self._prog, env, lambda v: [int(x) for x in v], lambda: self._by_z3(vals, args),
+                              self.what)
+
+    def _by_z3(self, vals: dict[str, Any], args: dict[str, int]) -> list[int]:
+        subs = [(self.s[f], concrete(H.FIELDS[f], vals[f])) for f in self._fields]
+        v = z3.simplify(z3.substitute(self._packed, *subs, *[(x, z3.IntVal(args.get(p, 0))) for p, x in self.a.items()]))
+        got: dict[int, int] = {}
+        while z3.is_store(v):
+            idx, val = v.arg(1), v.arg(2)
+            if not (z3.is_int_value(idx) and z3.is_int_value(val)):
+                raise ValueError(f"{self.what}: a term did not simplify to a value: {str(val)[:200]}")
+            got.setdefault(idx.as_long(), val.as_long())
+            v = v.arg(0)
+        if len(got) != self.size:
+            raise ValueError(f"{self.what}: {self.size - len(got)} terms did not simplify to values")
+        return [got[k] for k in range(self.size)]
+
+
 class Compiled:
     """One encoded action on heaps of ``n`` blocks: its precondition and its
     outputs (outcome, every field at ids ``0..n+1``, scalars, the sums'
-    totals) built once on symbolic fields and packed into one array term."""
+    totals) built once on symbolic fields (:class:`Terms`)."""
 
     def __init__(self, act: H.Act, n: int) -> None:
         self.act, self.n = act, n
-        self.s = St({f: (n if f == "n" else z3.Const(f"{f}@ag", _sort(H.FIELDS[f]))) for f in H.FIELDS})
+        self.s = _symbolic(n)
         self.a = St({p: z3.Int(f"{p}@agarg") for p in act.params})
         with _eval_memo():
             pre = act.pre(self.s, self.a)
-        self.pre = z3.simplify(pre if z3.is_expr(pre) else z3.BoolVal(bool(pre)))
-        self._packed: Any = None
-        self._names = [(f, f"{f}@ag") for f in H.FIELDS if f != "n"]
-        self._pre_prog = native.build([self.pre])
-        self._prog: native.Program | None = None
+        self.pre = Terms(self.s, self.a, [z3.simplify(pre if z3.is_expr(pre) else z3.BoolVal(bool(pre)))],
+                         f"{act.name}'s precondition")
+        self.outputs: Terms | None = None
 
     def _build(self) -> None:
         act, n = self.act, self.n
@@ -254,52 +296,16 @@ class Compiled:
         for nm in H.SUMS:
             keys.append((f"total:{nm}", None))
             terms.append(at(s2[nm], terms[1]))
-        self.keys, self._packed = keys, _pack(terms)
-        self._prog = native.build(terms)
-
-    def _env(self, vals: dict[str, Any], args: dict[str, int]) -> dict[str, Any]:
-        env = {nm: vals[f] for f, nm in self._names}
-        env.update({f"{p}@agarg": args.get(p, 0) for p in self.act.params})
-        return env
-
-    def _subs(self, vals: dict[str, Any], args: dict[str, int]) -> list[tuple[Any, Any]]:
-        subs = [(self.s[f], concrete(H.FIELDS[f], vals[f])) for f in H.FIELDS if f != "n"]
-        return subs + [(self.a[p], z3.IntVal(args.get(p, 0))) for p in self.act.params]
+        self.keys, self.outputs = keys, Terms(self.s, self.a, terms, f"{act.name}'s outputs")
 
     def applies(self, vals: dict[str, Any], args: dict[str, int]) -> bool:
-        return native.checked(self._pre_prog, lambda: self._env(vals, args), lambda v: bool(v[0]),
-                              lambda: self._applies_z3(vals, args), f"{self.act.name}'s precondition")
-
-    def _applies_z3(self, vals: dict[str, Any], args: dict[str, int]) -> bool:
-        v = z3.simplify(z3.substitute(self.pre, *self._subs(vals, args)))
-        if not (z3.is_true(v) or z3.is_false(v)):
-            raise ValueError(f"{self.act.name}: precondition did not simplify to a value: {str(v)[:200]}")
-        return z3.is_true(v)
-
-    def _outputs(self, vals: dict[str, Any], args: dict[str, int]) -> dict[int, int]:
-        """Every output by its index in :attr:`keys`: by :mod:`z3native` (cross-checked on a sample)
-        or, for a term outside its fragment, by Z3's substitute and simplify."""
-        return native.checked(self._prog, lambda: self._env(vals, args), lambda v: dict(enumerate(int(x) for x in v)),
-                              lambda: self._outputs_z3(vals, args), f"{self.act.name}'s outputs")
-
-    def _outputs_z3(self, vals: dict[str, Any], args: dict[str, int]) -> dict[int, int]:
-        v = z3.simplify(z3.substitute(self._packed, *self._subs(vals, args)))
-        got: dict[int, int] = {}
-        while z3.is_store(v):
-            idx, val = v.arg(1), v.arg(2)
-            if not (z3.is_int_value(idx) and z3.is_int_value(val)):
-                raise ValueError(f"{self.act.name}: an output did not simplify to a value: {str(val)[:200]}")
-            got.setdefault(idx.as_long(), val.as_long())
-            v = v.arg(0)
-        if len(got) != len(self.keys):
-            raise ValueError(f"{self.act.name}: {len(self.keys) - len(got)} outputs did not simplify to values")
-        return got
+        return bool(self.pre(vals, args)[0])
 
     def run(self, vals: dict[str, Any], args: dict[str, int]) -> tuple[str, dict[str, Any]]:
         """The outcome and the post-state (concrete, in the projection's form)."""
-        if self._packed is None:
+        if self.outputs is None:
             self._build()
-        got = self._outputs(vals, args)
+        got = self.outputs(vals, args)
         out: dict[str, Any] = {"n": got[1]}
         arrays: dict[str, dict[int, Any]] = {f: {} for f in _ARRAY_FIELDS}
         totals = {}
@@ -316,12 +322,7 @@ class Compiled:
         for f in _ARRAY_FIELDS:
             out[f] = (False if H.FIELDS[f] == BARR else 0, arrays[f])
         out["dv"] = vals["dv"]
-        n2 = out["n"]
-        # the ghost sums of the post-state, as the next step's hypothesis needs them: recomputed from its blocks
-        for nm in H.SUMS:
-            rows = [{**{f: out[f][1].get(i, out[f][0]) for f in ("al", "sz", "ss", "k", "rq", "sm")}, "ex": out["ex"]}
-                    for i in range(n2)]
-            out[nm] = (0, _prefix(nm, rows))
+        _sums(out)   # the ghost sums of the post-state, as the next step's hypothesis needs them: from its blocks
         out["_totals"] = totals
         return OUTCOMES[got[0]], out
 
@@ -337,32 +338,16 @@ def compiled(act: H.Act, n: int, guards: frozenset = frozenset()) -> Compiled:
     return c
 
 
-_INV_TERMS: dict[int, tuple[St, dict[str, Any], native.Program | None]] = {}
+_INV_TERMS: dict[int, Terms] = {}
 
 
 def encoded_invariants(vals: dict[str, Any]) -> dict[str, bool]:
-    """Each C invariant's encoding (:data:`proofs_caching_heap.NAMED`) on a concrete heap: by
-    :mod:`z3native` (cross-checked with Z3 on a sample), or by Z3 for a term outside its fragment."""
+    """Each C invariant's encoding (:data:`proofs_caching_heap.NAMED`) on a concrete heap (:class:`Terms`)."""
     n = vals["n"]
     if n not in _INV_TERMS:
-        s = St({f: (n if f == "n" else z3.Const(f"{f}@agi", _sort(H.FIELDS[f]))) for f in H.FIELDS})
-        terms = {c: z3.simplify(H.NAMED[c](s)) for c in HEAP_INVARIANTS}
-        _INV_TERMS[n] = (s, terms, native.build(terms.values()))
-    s, terms, prog = _INV_TERMS[n]
-    return native.checked(prog, lambda: {f"{f}@agi": vals[f] for f in H.FIELDS if f != "n"},
-                          lambda v: dict(zip(terms, (bool(x) for x in v))),
-                          lambda: _encoded_invariants_z3(vals, s, terms), "the encoded invariants")
-
-
-def _encoded_invariants_z3(vals: dict[str, Any], s: St, terms: dict[str, Any]) -> dict[str, bool]:
-    subs = [(s[f], concrete(H.FIELDS[f], vals[f])) for f in H.FIELDS if f != "n"]
-    out = {}
-    for c, t in terms.items():
-        v = z3.simplify(z3.substitute(t, *subs))
-        if not (z3.is_true(v) or z3.is_false(v)):
-            raise ValueError(f"{c}: the encoded invariant did not simplify to a value")
-        out[c] = z3.is_true(v)
-    return out
+        s = _symbolic(n)
+        _INV_TERMS[n] = Terms(s, St(), [z3.simplify(H.NAMED[c](s)) for c in HEAP_INVARIANTS], "the encoded invariants")
+    return dict(zip(HEAP_INVARIANTS, (bool(x) for x in _INV_TERMS[n](vals))))
 
 
 # --------------------------------------------------------------------------
@@ -464,65 +449,86 @@ class Agreement:
         self.mismatches.append(why)
 
 
-def _first(acts: dict[str, H.Act], names: list[str], vals: dict[str, Any], args: dict[str, int],
-           guards: frozenset) -> tuple[str | None, list[str]]:
-    """The encoded path whose precondition holds (and every one that does: exactly one must).  The paths'
-    preconditions are packed into one term (they share the state's and the arguments' constants, so one
-    substitution evaluates them all)."""
-    n = vals["n"]
-    if len(names) == 1:
-        hold = [nm for nm in names if compiled(acts[nm], n, guards).applies(vals, args)]
-        return (hold[0] if hold else None), hold
-    key = (tuple(names), n, guards)
-    packed = _PRES.get(key)
-    if packed is None:
-        cs = [compiled(acts[nm], n, guards) for nm in names]
-        term = z3.K(z3.IntSort(), z3.IntVal(-1))
-        for idx, c in enumerate(cs):
-            term = z3.Store(term, idx, z3.If(c.pre, z3.IntVal(1), z3.IntVal(0)))
-        params = sorted({p for c in cs for p in c.act.params})
-        packed = _PRES[key] = (term, cs[0].s, {p: z3.Int(f"{p}@agarg") for p in params})
-    term, s, a = packed
-    subs = [(s[f], concrete(H.FIELDS[f], vals[f])) for f in H.FIELDS if f != "n"]
-    subs += [(a[p], z3.IntVal(args.get(p, 0))) for p in a]
-    v = z3.simplify(z3.substitute(term, *subs))
-    got: dict[int, int] = {}
-    while z3.is_store(v):
-        idx, val = v.arg(1), v.arg(2)
-        if not (z3.is_int_value(idx) and z3.is_int_value(val)):
-            raise ValueError(f"{names}: a precondition did not simplify to a value: {str(val)[:200]}")
-        got.setdefault(idx.as_long(), val.as_long())
-        v = v.arg(0)
-    hold = [nm for idx, nm in enumerate(names) if got.get(idx) == 1]
-    return (hold[0] if hold else None), hold
+@dataclass
+class _Steps:
+    """The encoded actions (``guards`` removed) that one spec step stands for, each counted under
+    ``spec_action`` in ``rep``."""
+    acts: dict[str, H.Act]
+    rep: Agreement
+    spec_action: str
+    guards: frozenset
 
+    def one(self, cands: list[tuple[str, dict[str, int]]], vals: dict[str, Any],
+            label: str) -> tuple[str, str, dict[str, Any]]:
+        """The one step of ``cands`` (``(encoded action, arguments)``) whose precondition holds (exactly one
+        must), run and counted: ``(its name, outcome, post-state)``."""
+        hold = [(nm, a) for nm, a in cands if compiled(self.acts[nm], vals["n"], self.guards).applies(vals, a)]
+        if len(hold) != 1:
+            raise _NoPath(f"{label}: encoded steps whose precondition holds: {[nm for nm, _a in hold] or 'none'}")
+        nm, a = hold[0]
+        o, v2 = compiled(self.acts[nm], vals["n"], self.guards).run(vals, a)
+        self.rep.count(self.spec_action, nm)
+        return nm, o, v2
 
-_PRES: dict[tuple, tuple] = {}
+    def paths(self, names: Any, vals: dict[str, Any], args: dict[str, int], label: str) -> tuple[str, str, dict[str, Any]]:
+        return self.one([(nm, args) for nm in names], vals, label)
 
+    def drain(self, vals: dict[str, Any]) -> dict[str, Any]:
+        """Process every completed event of every pending block (encoded ``process_event``)."""
+        while True:
+            due = [(i, t) for i in range(vals["n"]) if _g(vals, "al", i) and _g(vals, "k", i) == H.PEND
+                   for t in range(H.STREAMS) if _g(vals, f"u{t}", i) and vals[f"c{t}"] >= _g(vals, f"e{t}", i)]
+            if not due:
+                return vals
+            i, t = due[0]
+            nm, _o, vals = self.paths(["process_event:wait", "process_event:free"], vals, {"b": i, "t": t},
+                                      f"process_event(block {i}, stream {t})")
+            if nm == "process_event:free":
+                vals = self.toy_unmap(vals, i)
 
-def _drain(acts: dict[str, H.Act], vals: dict[str, Any], rep: Agreement, spec_action: str,
-           guards: frozenset) -> dict[str, Any]:
-    """Process every completed event of every pending block (encoded ``process_event``)."""
-    progress = True
-    while progress:
-        progress = False
-        for i in range(vals["n"]):
-            if not (_g(vals, "al", i) and _g(vals, "k", i) == H.PEND):
-                continue
-            for t in range(H.STREAMS):
-                if _g(vals, f"u{t}", i) and vals[f"c{t}"] >= _g(vals, f"e{t}", i):
-                    nm, hold = _first(acts, ["process_event:wait", "process_event:free"], vals, {"b": i, "t": t}, guards)
-                    if len(hold) != 1:
-                        raise _NoPath(f"process_event(block {i}, stream {t}): paths whose precondition holds: {hold}")
-                    _o, vals = compiled(acts[nm], vals["n"], guards).run(vals, {"b": i, "t": t})
-                    rep.count(spec_action, nm)
-                    if nm == "process_event:free":
-                        vals = _toy_unmap(acts, vals, i, rep, spec_action, guards)
-                    progress = True
-                    break
-            if progress:
-                break
-    return vals
+    def _unmappable(self, name: str, vals: dict[str, Any], ids: Any) -> list[int]:
+        """The blocks of ``ids`` that ``unmap:free`` / ``unmap:cache`` applies to (its precondition: with
+        expandable segments, a free block holding a whole page of its arena), by address."""
+        c = compiled(self.acts[name], vals["n"], self.guards)
+        return sorted((i for i in ids if _g(vals, "al", i) and c.applies(vals, {"b": i})), key=lambda i: _g(vals, "ad", i))
+
+    def toy_unmap(self, vals: dict[str, Any], b: int) -> dict[str, Any]:
+        """The toy's free with expandable segments: the whole pages inside the freed (merged) block unmap."""
+        if not self._unmappable("unmap:free", vals, [b]):
+            return vals
+        return self.paths(["unmap:free"], vals, {"b": b}, f"unmap:free(block {b})")[2]
+
+    def unmap_all(self, vals: dict[str, Any]) -> dict[str, Any]:
+        """empty_cache / pytorch's retry with expandable segments: the whole free pages of every arena unmap,
+        the lowest address first."""
+        for _ in range(4 * vals["n"] + 4):
+            todo = self._unmappable("unmap:cache", vals, range(vals["n"])) if vals["ex"] else []   # (pre: ex)
+            if not todo:
+                return vals
+            vals = self.paths(["unmap:cache"], vals, {"b": todo[0]}, f"unmap:cache(block {todo[0]})")[2]
+        raise _NoPath("unmap:cache does not terminate")
+
+    def expand(self, enc: dict[str, Any], base: int, r: int) -> tuple[str, str, dict[str, Any]]:
+        """The expandable mapping's steps until it serves the request or fails (the one whose precondition
+        holds: map the run's next unmapped block, a fresh arena, serve from the head, OutOfMemory or the retry)."""
+        for _ in range(2 * enc["n"] + 4):
+            xh, xq = enc["xh"], enc["xq"]
+            target = xq if xh == -1 else _g(enc, "nx", xh)
+            lf, lw = _largest(enc)
+            nm, o, enc2 = self.one([("expand:serve", {"b": xh}), ("expand:map", {"b": target}),
+                                    ("expand:fresh", {"base": base}), ("expand:oom", {"b": target, "lf": lf, "lw": lw}),
+                                    ("expand:retry", {"b": target})], enc, "expandable mapping")
+            if nm == "expand:map":
+                self.rep.count(self.spec_action,
+                               f"expand:map/{'part of the block' if enc2['n'] > enc['n'] else 'the whole block'}")
+            if nm == "expand:serve":
+                self.rep.count(self.spec_action, f"expand:serve/{'split' if enc2['n'] > enc['n'] else 'whole'}")
+                if _g(enc, "sz", xh) - r in _split_threshold(bool(enc["seed"]), r <= H.K_SMALL, True):
+                    self.rep.count(self.spec_action, "expand:serve/remainder on the split threshold")
+            enc = enc2
+            if nm not in ("expand:map", "expand:fresh"):
+                return nm, o, enc
+        raise _NoPath("the expandable mapping does not terminate")
 
 
 class _NoPath(Exception):
@@ -533,52 +539,6 @@ class _NoPath(Exception):
 # expandable segments: the driver's choices (re-stated from the seed's rules on the projected blocks, never
 # the spec's functions) and the encoded steps they drive
 # --------------------------------------------------------------------------
-
-def _page(vals: dict[str, Any], i: int) -> int:
-    return H.K_ROUND_LARGE if vals["seed"] or _g(vals, "sm", i) else H.K_LARGE_BUFFER
-
-
-def _whole_pages(vals: dict[str, Any], i: int) -> bool:
-    """Free block ``i`` of an arena holds a whole page (offsets from the arena's base)."""
-    pg = _page(vals, i)
-    rel = _g(vals, "ad", i) - _g(vals, "sb", i)
-    return (rel + _g(vals, "sz", i)) // pg * pg > -(-rel // pg) * pg
-
-
-def _free_with_pages(vals: dict[str, Any]) -> list[int]:
-    """The free blocks holding a whole page, by address."""
-    ids = [i for i in range(vals["n"]) if _g(vals, "al", i) and _g(vals, "k", i) == H.FREE and _whole_pages(vals, i)]
-    return sorted(ids, key=lambda i: _g(vals, "ad", i))
-
-
-def _toy_unmap(acts: dict[str, H.Act], vals: dict[str, Any], b: int, rep: "Agreement", spec_action: str,
-               guards: frozenset) -> dict[str, Any]:
-    """The toy's free with expandable segments: the whole pages inside the freed (merged) block unmap."""
-    if not (vals["ex"] and vals["seed"] and _g(vals, "al", b) and _g(vals, "k", b) == H.FREE
-            and _whole_pages(vals, b)):
-        return vals
-    c = compiled(acts["unmap:free"], vals["n"], guards)
-    if not c.applies(vals, {"b": b}):
-        raise _NoPath(f"unmap:free(block {b}): its precondition does not hold")
-    _o, vals = c.run(vals, {"b": b})
-    rep.count(spec_action, "unmap:free")
-    return vals
-
-
-def _unmap_all(acts: dict[str, H.Act], vals: dict[str, Any], rep: "Agreement", spec_action: str,
-               guards: frozenset) -> dict[str, Any]:
-    """empty_cache / pytorch's retry with expandable segments: the whole free pages of every arena unmap."""
-    for _ in range(4 * vals["n"] + 4):
-        todo = _free_with_pages(vals) if vals["ex"] else []
-        if not todo:
-            return vals
-        c = compiled(acts["unmap:cache"], vals["n"], guards)
-        if not c.applies(vals, {"b": todo[0]}):
-            raise _NoPath(f"unmap:cache(block {todo[0]}): its precondition does not hold")
-        _o, vals = c.run(vals, {"b": todo[0]})
-        rep.count(spec_action, "unmap:cache")
-    raise _NoPath("unmap:cache does not terminate")
-
 
 def _cands(vals: dict[str, Any], r: int, stream: int) -> list[int]:
     """Best fit's candidates: free blocks of the pool and stream holding ``r``, by (size, address)."""
@@ -655,8 +615,6 @@ def check_step(st: Any, name: str, args: dict[str, Any], rep: Agreement, guards:
 
     vals, refs = project(st)
     _invariant_agreement(st, vals, rep, f"before {name}{args}")
-    acts = _acts(guards)
-    spec_action = f"caching:{name}"
     act = next(a for a in CACHING.actions if a.name == name)
     before = copy.deepcopy(st)
     res = act.step(st, **args)
@@ -680,7 +638,8 @@ def check_step(st: Any, name: str, args: dict[str, Any], rep: Agreement, guards:
     rep.samples += 1
     where = f"{name}({', '.join(f'{k}={v}' for k, v in args.items())}) on {st.policy.preset}"
     try:
-        enc, out = _encoded_step(before, vals, refs, name, args, br, value, st, acts, rep, spec_action, guards)
+        enc, out = _encoded_step(before, vals, refs, name, args, value, st,
+                                 _Steps(_acts(guards), rep, f"caching:{name}", guards))
     except _NoPath as e:
         rep.bad(f"{where}: {e}")
         return
@@ -702,40 +661,27 @@ def check_step(st: Any, name: str, args: dict[str, Any], rep: Agreement, guards:
         rep.bad(f"{where}: {why}")
 
 
-def _encoded_step(before: Any, vals: dict[str, Any], refs: dict[int, int], name: str, args: dict[str, Any], br: Any,
-                  value: Any, st: Any, acts: dict[str, H.Act], rep: Agreement, spec_action: str,
-                  guards: frozenset) -> tuple[dict[str, Any], str]:
-    def one(names: list[str], v: dict[str, Any], a: dict[str, int], label: str) -> tuple[str, str, dict[str, Any]]:
-        nm, hold = _first(acts, names, v, a, guards)
-        if len(hold) != 1:
-            raise _NoPath(f"{label}: encoded paths whose precondition holds: {hold or 'none'}")
-        o, v2 = compiled(acts[nm], v["n"], guards).run(v, a)
-        rep.count(spec_action, nm)
-        return nm, o, v2
+#: the spec actions whose step is one encoded action: its paths (the arguments: the block of the spec's
+#: ``ref``, the spec's ``stream``)
+_ONE_STEP = {"free": ("free:pending", "free:merge"), "double_free": ("double_free",),
+             "record_stream": ("record_stream",), "complete_stream": ("complete_stream",)}
 
-    if name == "free":
-        nm, o, enc = one(["free:pending", "free:merge"], vals, {"b": refs[args["ref"]]}, "free")
-        if nm == "free:merge":
-            enc = _toy_unmap(acts, enc, refs[args["ref"]], rep, spec_action, guards)
-        return enc, o
-    if name == "double_free":
-        _nm, o, enc = one(["double_free"], vals, {}, "double_free")
-        return enc, o
-    if name == "record_stream":
-        _nm, o, enc = one(["record_stream"], vals, {"b": refs[args["ref"]], "t": args["stream"]}, "record_stream")
-        return enc, o
-    if name == "complete_stream":
-        _nm, o, enc = one(["complete_stream"], vals, {"t": args["stream"]}, "complete_stream")
-        return enc, o
+
+def _encoded_step(before: Any, vals: dict[str, Any], refs: dict[int, int], name: str, args: dict[str, Any],
+                  value: Any, st: Any, run: _Steps) -> tuple[dict[str, Any], str]:
+    if name in _ONE_STEP:
+        a = {**({"b": refs.get(args["ref"], -1)} if "ref" in args else {}),   # (double_free's ref: no block)
+             **({"t": args["stream"]} if "stream" in args else {})}
+        nm, o, enc = run.paths(_ONE_STEP[name], vals, a, name)
+        return (run.toy_unmap(enc, a["b"]) if nm == "free:merge" else enc), o
     if name == "empty_cache":
-        _nm, _o, enc = one(["empty_cache_wait"], vals, {}, "empty_cache (wait)")
-        enc = _drain(acts, enc, rep, spec_action, guards)
-        enc = _unmap_all(acts, enc, rep, spec_action, guards)
-        _nm, o, enc = one(["empty_cache"], enc, {}, "empty_cache")
+        enc = run.paths(["empty_cache_wait"], vals, {}, "empty_cache (wait)")[2]
+        _nm, o, enc = run.paths(["empty_cache"], run.unmap_all(run.drain(enc)), {}, "empty_cache")
         return enc, o
     # malloc
+    count = lambda branch: run.rep.count(run.spec_action, branch)  # noqa: E731
     size, stream = args["size"], args["stream"]
-    enc = vals if size >= H.ONE_EB else _drain(acts, vals, rep, spec_action, guards)
+    enc = vals if size >= H.ONE_EB else run.drain(vals)
     base = 0
     small_seg = False
     if value is not None:
@@ -749,85 +695,50 @@ def _encoded_step(before: Any, vals: dict[str, Any], refs: dict[int, int], name:
     lf, lw = _largest(enc)
     u = _run_choice(enc, r, stream) if enc["ex"] and size < H.ONE_EB else -1
     margs = {"size": size, "t": stream, "r": r, "b": b, "b2": b2, "u": u, "base": base, "lf": lf, "lw": lw}
-    path, o, enc2 = one([f"malloc:{p}" for p in H.MALLOC_PATHS], enc, margs, "malloc")
+    path, o, enc2 = run.paths([f"malloc:{p}" for p in H.MALLOC_PATHS], enc, margs, "malloc")
     if path == "malloc:fit" and enc["ex"] and b != _cands(enc, r, stream)[0]:
-        rep.count(spec_action, "malloc:fit/past the smallest (expandable size)")
+        count("malloc:fit/past the smallest (expandable size)")
     if size < H.ONE_EB and not vals["seed"] and r != max(H.K_MIN_BLOCK, -(-size // H.K_MIN_BLOCK) * H.K_MIN_BLOCK):
-        rep.count(spec_action, KNOB_BRANCHES[0])
+        count(KNOB_BRANCHES[0])
     used = enc["Rs"] + enc["Rl"] + alloc
     if path != "malloc:fit" and size < H.ONE_EB and enc["hf"] and enc["lim"] < used <= enc["cap"]:
-        rep.count(spec_action, KNOB_BRANCHES[1])
+        count(KNOB_BRANCHES[1])
     if path in ("malloc:fit", "malloc:new"):
         sub = "split" if enc2["n"] - enc["n"] == (1 if path == "malloc:fit" else 2) else "whole"
-        rep.count(spec_action, f"{path}/{sub}")
+        count(f"{path}/{sub}")
         rem = (_g(enc, "sz", b) if path == "malloc:fit" else alloc) - r
         if rem in _split_threshold(st.policy.seed, small_seg, enc["ex"]):
-            rep.count(spec_action, f"{path}/remainder on the split threshold")
+            count(f"{path}/remainder on the split threshold")
     if path == "malloc:gc":
         # the spec's victims (its age order) are the arguments; the encoding allows any whole large segment
         for vaddr in _gc_victims(before, size, stream):
             vid = next((i for i in range(enc2["n"]) if _g(enc2, "al", i) and _g(enc2, "ad", i) == vaddr), -1)
-            _nm, o, enc2 = one(["gc:release"], enc2, {"b": vid}, f"gc release of the segment at {vaddr:#x}")
+            _nm, o, enc2 = run.paths(["gc:release"], enc2, {"b": vid}, f"gc release of the segment at {vaddr:#x}")
         lf, lw = _largest(enc2)
         u = _run_choice(enc2, r, stream) if enc2["ex"] else -1
-        path, o, enc2 = one([f"gc_end:{p}" for p in H.CONT_PATHS], enc2, {"base": base, "lf": lf, "lw": lw, "u": u},
-                            "gc end")
+        path, o, enc2 = run.paths([f"gc_end:{p}" for p in H.CONT_PATHS], enc2,
+                                  {"base": base, "lf": lf, "lw": lw, "u": u}, "gc end")
     if path.endswith(":avail"):
         for _ in range(enc2["n"] + 2):
             c, j = _avail_choices(enc2)
-            cands = [("avail:big", {"b": c}), ("avail:one", {"b": j}),
-                     ("avail_end:new", {"b": c, "base": base, "lf": 0, "lw": 0}),
-                     ("avail_end:retry", {"b": c, "base": base, "lf": 0, "lw": 0})]
-            hold = [(nm, a) for nm, a in cands if compiled(acts[nm], enc2["n"], guards).applies(enc2, a)]
-            if len(hold) != 1:
-                raise _NoPath(f"release_available: encoded steps whose precondition holds: {[h[0] for h in hold] or 'none'}")
-            path, a = hold[0]
-            o, enc2 = compiled(acts[path], enc2["n"], guards).run(enc2, a)
-            rep.count(spec_action, path)
+            end = {"b": c, "base": base, "lf": 0, "lw": 0}
+            path, o, enc2 = run.one([("avail:big", {"b": c}), ("avail:one", {"b": j}), ("avail_end:new", end),
+                                     ("avail_end:retry", end)], enc2, "release_available")
             if path.startswith("avail_end:"):
                 break
     for _attempt in range(2):
         if path.endswith(":expand"):
-            path, o, enc2 = _expand(acts, enc2, base, r, rep, spec_action, guards)
+            path, o, enc2 = run.expand(enc2, base, r)
         if path in ("malloc:retry", "gc_end:retry", "avail_end:retry", "expand:retry"):
             before_retry = enc2["n"]
-            enc2 = _drain(acts, enc2, rep, spec_action, guards)
-            enc2 = _unmap_all(acts, enc2, rep, spec_action, guards)
+            enc2 = run.unmap_all(run.drain(enc2))
             lf, lw = _largest(enc2, exclude_whole=not enc2["ex"])
             u = _run_choice(enc2, r, stream) if enc2["ex"] else -1
-            path, o, enc2 = one(["malloc_retry:new", "malloc_retry:oom", "malloc_retry:expand"], enc2,
-                                {"base": base, "lf": lf, "lw": lw, "u": u}, "malloc retry")
+            path, o, enc2 = run.paths(["malloc_retry:new", "malloc_retry:oom", "malloc_retry:expand"], enc2,
+                                      {"base": base, "lf": lf, "lw": lw, "u": u}, "malloc retry")
             if path == "malloc_retry:new" and enc2["n"] - before_retry == 2:
-                rep.count(spec_action, "malloc_retry:new/split")
+                count("malloc_retry:new/split")
     return enc2, o
-
-
-def _expand(acts: dict[str, H.Act], enc: dict[str, Any], base: int, r: int, rep: "Agreement", spec_action: str,
-            guards: frozenset) -> tuple[str, str, dict[str, Any]]:
-    """The expandable mapping's steps until it serves the request or fails (the one whose precondition holds:
-    map the run's next unmapped block, a fresh arena, serve from the head, OutOfMemory or the retry)."""
-    for _ in range(2 * enc["n"] + 4):
-        xh, xq = enc["xh"], enc["xq"]
-        target = xq if xh == -1 else _g(enc, "nx", xh)
-        lf, lw = _largest(enc)
-        cands = [("expand:serve", {"b": xh}), ("expand:map", {"b": target}), ("expand:fresh", {"base": base}),
-                 ("expand:oom", {"b": target, "lf": lf, "lw": lw}), ("expand:retry", {"b": target})]
-        hold = [(nm, a) for nm, a in cands if compiled(acts[nm], enc["n"], guards).applies(enc, a)]
-        if len(hold) != 1:
-            raise _NoPath(f"expandable mapping: encoded steps whose precondition holds: {[h[0] for h in hold] or 'none'}")
-        nm, a = hold[0]
-        o, enc2 = compiled(acts[nm], enc["n"], guards).run(enc, a)
-        rep.count(spec_action, nm)
-        if nm == "expand:map":
-            rep.count(spec_action, f"expand:map/{'part of the block' if enc2['n'] > enc['n'] else 'the whole block'}")
-        if nm == "expand:serve":
-            rep.count(spec_action, f"expand:serve/{'split' if enc2['n'] > enc['n'] else 'whole'}")
-            if _g(enc, "sz", xh) - r in _split_threshold(bool(enc["seed"]), r <= H.K_SMALL, True):
-                rep.count(spec_action, "expand:serve/remainder on the split threshold")
-        enc = enc2
-        if nm not in ("expand:map", "expand:fresh"):
-            return nm, o, enc
-    raise _NoPath("the expandable mapping does not terminate")
 
 
 def _gc_victims(before: Any, size: int, stream: int) -> list[int]:
@@ -861,28 +772,20 @@ def _avail_choices(vals: dict[str, Any]) -> tuple[int, int]:
     return (big[0] if big else -1), (elig[-1] if elig else -1)
 
 
-_KERNELS: dict[tuple, tuple[int, int]] = {}
+_KERNELS: list[Terms] = []
 
 
 def _kernels(vals: dict[str, Any], size: int) -> tuple[int, int]:
     """The request's rounded size and new-segment size by the encoding's own kernels (``z_round`` with the
-    state's divisions table, ``z_segment``, evaluated by Z3): the rounded size is malloc's argument (its
+    state's divisions table, ``z_segment``; :class:`Terms`): the rounded size is malloc's argument (its
     precondition holds only for a legal one; the state after it is compared), the segment size only names
     the branch."""
-    pol = (vals["seed"], vals["dv"][0], tuple(sorted(vals["dv"][1].items())))
-    key = (pol, size)
-    if key not in _KERNELS:
-        if pol not in _KERNEL_TERMS:   # the kernels of this policy on a symbolic request, built once
-            s = St({"seed": z3.BoolVal(vals["seed"]), "dv": concrete(ARR, vals["dv"])})
-            n, r = z3.Int("kn@ag"), z3.Int("kr@ag")
-            _KERNEL_TERMS[pol] = (n, r, z3.simplify(H.z_round(s, n)), z3.simplify(H.z_segment(s, r)))
-        n, r, er, es = _KERNEL_TERMS[pol]
-        rv = z3.simplify(z3.substitute(er, (n, z3.IntVal(size))))
-        _KERNELS[key] = (rv.as_long(), z3.simplify(z3.substitute(es, (r, rv))).as_long())
-    return _KERNELS[key]
-
-
-_KERNEL_TERMS: dict[tuple, tuple] = {}
+    if not _KERNELS:
+        s, a = _symbolic(0), St({"size": z3.Int("size@agarg")})
+        r = H.z_round(s, a.size)
+        _KERNELS.append(Terms(s, a, [r, H.z_segment(s, r)], "the rounding and segment-size kernels"))
+    r, alloc = _KERNELS[0](vals, {"size": size})
+    return r, alloc
 
 
 def _state_key(vals: dict[str, Any]) -> Any:

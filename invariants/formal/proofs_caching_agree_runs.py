@@ -70,58 +70,69 @@ def boundary_sweep(rep: Agreement, preset: str, capacity: int = 44 << 20, guards
             check_step(copy.deepcopy(start), "malloc", {"size": size, "stream": 0}, rep, guards)
 
 
+#: directed scripts for the stream events (each preset; :func:`run_scripts`' steps, three streams, 44 MiB): a block
+#: used on two other streams (record_stream), freed (pending, two events), one stream completed before a malloc
+#: (its event processed, the block still waits), the other before an empty_cache (the last event frees it)
+EVENT_SCRIPTS = ((("malloc", 3, 0), ("malloc", 4, 0), ("record", 0, 1), ("record", 0, 2), ("free", 0), ("complete", 1),
+                  ("malloc", 1, 0), ("complete", 2), ("malloc", 1, 1), ("empty_cache",)),
+                 (("malloc", 3, 0), ("record", 0, 1), ("record", 0, 2), ("free", 0), ("complete", 2), ("empty_cache",)))
+
+
 def event_sweep(rep: Agreement, preset: str, guards: frozenset = frozenset()) -> None:
-    """A block used on two other streams (record_stream), freed (pending, two events), one stream completed
-    before a malloc (its event processed, the block still waits), the other before an empty_cache (the
-    last event frees it)."""
+    """:data:`EVENT_SCRIPTS` under ``preset``."""
+    run_scripts(rep, [(preset, {"capacity": 44 << 20}, steps) for steps in EVENT_SCRIPTS], 3, guards)
+
+
+def run_scripts(rep: Agreement, scripts: Any, streams: int, guards: frozenset = frozenset()) -> None:
+    """Directed scripts ``(preset, init keywords, steps)``, each from a fresh allocator of ``streams`` streams;
+    a step is ``("malloc", MiB or (bytes,), stream)``, ``("free", k)`` (the k-th block malloc'd),
+    ``("record", k, stream)``, ``("complete", stream)`` or ``("empty_cache",)``."""
     from memspec.spec import caching as C
+    for preset, kw, script in scripts:
+        st = C.init(policy=preset, streams=streams, **kw)
+        refs: list[int] = []
+        for step in script:
+            if step[0] == "malloc":
+                size = step[1][0] if isinstance(step[1], tuple) else step[1] << 20
+                nxt = st.next_ref
+                check_step(st, "malloc", {"size": size, "stream": step[2]}, rep, guards)
+                refs.append(nxt if st.next_ref > nxt else -1)
+            elif step[0] == "free":
+                check_step(st, "free", {"ref": refs[step[1]]}, rep, guards)
+            elif step[0] == "record":
+                check_step(st, "record_stream", {"ref": refs[step[1]], "stream": step[2]}, rep, guards)
+            elif step[0] == "complete":
+                check_step(st, "complete_stream", {"stream": step[1]}, rep, guards)
+            else:
+                check_step(st, "empty_cache", {}, rep, guards)
 
-    st = C.init(policy=preset, capacity=44 << 20, streams=3)
-    steps: list[tuple[str, dict[str, Any]]] = [("malloc", {"size": 3 << 20, "stream": 0})]
-    for name, args in steps:
-        check_step(st, name, args, rep, guards)
-    ref = max(st.where)
-    for name, args in (("malloc", {"size": 4 << 20, "stream": 0}), ("record_stream", {"ref": ref, "stream": 1}),
-                       ("record_stream", {"ref": ref, "stream": 2}), ("free", {"ref": ref}),
-                       ("complete_stream", {"stream": 1}), ("malloc", {"size": 1 << 20, "stream": 0}),
-                       ("complete_stream", {"stream": 2}), ("malloc", {"size": 1 << 20, "stream": 1}),
-                       ("empty_cache", {})):
-        check_step(st, name, args, rep, guards)
-    st = C.init(policy=preset, capacity=44 << 20, streams=3)
-    check_step(st, "malloc", {"size": 3 << 20, "stream": 0}, rep, guards)
-    ref = max(st.where)
-    for name, args in (("record_stream", {"ref": ref, "stream": 1}), ("record_stream", {"ref": ref, "stream": 2}),
-                       ("free", {"ref": ref}), ("complete_stream", {"stream": 2}), ("empty_cache", {})):
-        check_step(st, name, args, rep, guards)
 
-
-#: directed scripts for the policy knobs' branches: (preset, init keywords, steps); a step is
-#: ``("malloc", MiB)`` or ``("free", k)`` (the k-th block malloc'd); every malloc on stream 0
+#: directed scripts for the policy knobs' branches (:func:`run_scripts`' steps, one stream)
 _GC = {"capacity": 64 << 20, "memory_fraction": 0.75, "garbage_collection_threshold": 0.5}
-KNOB_SCRIPTS: tuple[tuple[str, dict[str, Any], tuple[tuple[str, int], ...]], ...] = (
+KNOB_SCRIPTS: tuple[tuple[str, dict[str, Any], tuple[tuple[Any, ...], ...]], ...] = (
     # garbage collection (usage 40 MiB > 24 MiB) frees the whole 20 MiB segment, then a new segment fits
-    ("pytorch", _GC, (("malloc", 15), ("malloc", 15), ("free", 0), ("malloc", 20))),
+    ("pytorch", _GC, (("malloc", 15, 0), ("malloc", 15, 0), ("free", 0), ("malloc", 20, 0))),
     # ... then none fits the 48 MiB cap: pytorch's retry (OutOfMemory); the toy's OutOfMemory
-    ("pytorch", _GC, (("malloc", 15), ("malloc", 15), ("free", 0), ("malloc", 40))),
-    ("seed", _GC, (("malloc", 15), ("malloc", 15), ("free", 0), ("malloc", 30))),
+    ("pytorch", _GC, (("malloc", 15, 0), ("malloc", 15, 0), ("free", 0), ("malloc", 40, 0))),
+    ("seed", _GC, (("malloc", 15, 0), ("malloc", 15, 0), ("free", 0), ("malloc", 30, 0))),
     # ... with max_split_size: release_available finds nothing, then the retry
-    ("pytorch", {**_GC, "max_split_size": 4 << 20}, (("malloc", 15), ("malloc", 15), ("free", 0), ("malloc", 40))),
+    ("pytorch", {**_GC, "max_split_size": 4 << 20}, (("malloc", 15, 0), ("malloc", 15, 0), ("free", 0), ("malloc", 40, 0))),
     # pytorch's retry serves a small request from a new segment, split: the 2 MiB small segment does not fit
     # next to the cached 20 MiB one, the retry releases that one, the new segment's remainder is split off
-    ("pytorch", {"capacity": 21 << 20}, (("malloc", 20), ("free", 0), ("malloc", 1))),
+    ("pytorch", {"capacity": 21 << 20}, (("malloc", 20, 0), ("free", 0), ("malloc", 1, 0))),
     # release_available: an oversize cached segment (20 MiB >= max_split_size) is released for a 3 MiB request
     ("pytorch", {"capacity": 44 << 20, "max_split_size": 4 << 20},
-     (("malloc", 2), ("malloc", 20), ("free", 0), ("malloc", 3))),
+     (("malloc", 2, 0), ("malloc", 20, 0), ("free", 0), ("malloc", 3, 0))),
     # ... none holds the want: whole segments from the largest down until it is reached (two of the three
     # 20 MiB ones), then a new segment
     ("pytorch", {"capacity": 64 << 20, "max_split_size": 4 << 20},
-     (("malloc", 5), ("malloc", 5), ("malloc", 5), ("free", 0), ("free", 1), ("free", 2), ("malloc", 30))),
+     (("malloc", 5, 0), ("malloc", 5, 0), ("malloc", 5, 0), ("free", 0), ("free", 1), ("free", 2), ("malloc", 30, 0))),
     # ... or not reached (then the retry, OutOfMemory)
     ("pytorch", {"capacity": 64 << 20, "max_split_size": 4 << 20},
-     (("malloc", 5), ("malloc", 5), ("malloc", 5), ("free", 0), ("free", 1), ("malloc", 50))),
+     (("malloc", 5, 0), ("malloc", 5, 0), ("malloc", 5, 0), ("free", 0), ("free", 1), ("malloc", 50, 0))),
     # memory_fraction: the per-process cap (32 MiB) refuses the second segment the device would hold
-    ("pytorch", {"capacity": 64 << 20, "memory_fraction": 0.5}, (("malloc", 20), ("malloc", 20))),
-    ("seed", {"capacity": 64 << 20, "memory_fraction": 0.5}, (("malloc", 15), ("malloc", 15))),
+    ("pytorch", {"capacity": 64 << 20, "memory_fraction": 0.5}, (("malloc", 20, 0), ("malloc", 20, 0))),
+    ("seed", {"capacity": 64 << 20, "memory_fraction": 0.5}, (("malloc", 15, 0), ("malloc", 15, 0))),
 )
 
 
@@ -129,15 +140,7 @@ def knob_sweep(rep: Agreement, guards: frozenset = frozenset()) -> None:
     """:data:`KNOB_SCRIPTS`, then every boundary size of a pytorch policy with roundup_power2_divisions
     (a mixed table and 4 everywhere) from an empty allocator."""
     from memspec.spec import caching as C
-    for preset, kw, script in KNOB_SCRIPTS:
-        st = C.init(policy=preset, streams=1, **kw)
-        refs: list[int] = []
-        for name, x in script:
-            if name == "malloc":
-                check_step(st, "malloc", {"size": x << 20, "stream": 0}, rep, guards)
-                refs.append(max(st.where) if st.where else -1)
-            else:
-                check_step(st, "free", {"ref": refs[x]}, rep, guards)
+    run_scripts(rep, KNOB_SCRIPTS, 1, guards)
     for table in ((1, 2, 4, 8, 16, 2, 4, 8, 16, 1, 2, 4, 8, 16, 2, 4), (4,) * 16):
         empty = C.init(policy="pytorch", capacity=44 << 20, streams=1, roundup_power2_divisions=table)
         for size in division_sizes(table):
@@ -155,9 +158,8 @@ def division_sizes(table: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(sorted({p + k for p in pts for k in (-1, 0, 1) if p + k > 0}))
 
 
-#: expandable segments (the flag on): directed scripts for the branches a short walk may miss, as
-#: ``(preset, init keywords, steps)``; a step is ``("malloc", MiB or (bytes,), stream)``, ``("free", k)`` (the
-#: k-th block malloc'd), ``("record", k, stream)``, ``("complete", stream)`` or ``("empty_cache",)``
+#: expandable segments (the flag on): directed scripts for the branches a short walk may miss
+#: (:func:`run_scripts`' steps, two streams)
 _EX = {"expandable": True}
 EXPANDABLE_SCRIPTS: tuple[tuple[str, dict[str, Any], tuple[tuple[Any, ...], ...]], ...] = (
     # a fresh arena maps two 20 MiB pages for 30 MiB; freed, empty_cache unmaps them and the arena goes
@@ -203,24 +205,7 @@ EXPANDABLE_WALKS = (("seed", 44 << 20, 3, 0, _EX), ("pytorch", 64 << 20, 3, 0, _
 
 def expandable_sweep(rep: Agreement, guards: frozenset = frozenset()) -> None:
     """:data:`EXPANDABLE_SCRIPTS`."""
-    from memspec.spec import caching as C
-    for preset, kw, script in EXPANDABLE_SCRIPTS:
-        st = C.init(policy=preset, streams=2, **kw)
-        refs: list[int] = []
-        for step in script:
-            if step[0] == "malloc":
-                size = step[1][0] if isinstance(step[1], tuple) else step[1] << 20
-                nxt = st.next_ref
-                check_step(st, "malloc", {"size": size, "stream": step[2]}, rep, guards)
-                refs.append(nxt if st.next_ref > nxt else -1)
-            elif step[0] == "free":
-                check_step(st, "free", {"ref": refs[step[1]]}, rep, guards)
-            elif step[0] == "record":
-                check_step(st, "record_stream", {"ref": refs[step[1]], "stream": step[2]}, rep, guards)
-            elif step[0] == "complete":
-                check_step(st, "complete_stream", {"stream": step[1]}, rep, guards)
-            else:
-                check_step(st, "empty_cache", {}, rep, guards)
+    run_scripts(rep, EXPANDABLE_SCRIPTS, 2, guards)
 
 
 #: random walks per configuration of :data:`WALKS` and :data:`EXPANDABLE_WALKS` (``memspec prove --walks``):

@@ -146,22 +146,22 @@ def _release_whole(s: St, guards: frozenset = frozenset()) -> St:
     return out
 
 
+#: a block's recorded uses and events, none (a new block, a block served, a free or unmapped block split off)
+NO_USES = {**{f"u{t}": False for t in range(STREAMS)}, **{f"e{t}": 0 for t in range(STREAMS)}}
+
+
 def _new_segment(s: St, r: Any, small: Any, t: Any, base: Any, alloc: Any, rqn: Any) -> St:
     """A new segment at ``base``: its first block serves the request, the legal remainder stays free."""
     split = z_split(s, alloc - r, r, small)
     n = s.n
     out = s.set(n=n + z3.If(split, 2, 1))
     fields = {"al": True, "ad": base, "sz": z3.If(split, r, alloc), "k": LIVE, "rq": rqn, "sm": small, "sr": t,
-              "sb": base, "ss": alloc, "pv": -1, "nx": z3.If(split, n + 1, -1)}
+              "sb": base, "ss": alloc, "pv": -1, "nx": z3.If(split, n + 1, -1), **NO_USES}
     rem = {"al": split, "ad": base + r, "sz": alloc - r, "k": FREE, "rq": 0, "sm": small, "sr": t,
-           "sb": base, "ss": alloc, "pv": n, "nx": -1}
+           "sb": base, "ss": alloc, "pv": n, "nx": -1, **NO_USES}
     for f in fields:
         out[f] = upd(upd(s[f], n, fields[f]), n + 1, z3.If(split, rem[f], at(s[f], n + 1)))
-    for tt in range(STREAMS):
-        out[f"u{tt}"] = upd(upd(s[f"u{tt}"], n, False), n + 1, z3.If(split, False, at(s[f"u{tt}"], n + 1)))
-        out[f"e{tt}"] = upd(upd(s[f"e{tt}"], n, 0), n + 1, z3.If(split, 0, at(s[f"e{tt}"], n + 1)))
-    out["Rs"] = s.Rs + z3.If(small, alloc, 0)
-    out["Rl"] = s.Rl + z3.If(small, 0, alloc)
+    out.update(_reserve(s, small, alloc))
     # appended ids: 2 (the second is dead when no split: contributes 0)
     out = _update_sums(s, out, [], 2)
     out["n"] = n + z3.If(split, 2, 1)
@@ -360,15 +360,12 @@ def _serve(s: St, b: Any, r: Any, size: Any, split: Any) -> St:
     bsz = at(s.sz, b)
     n = s.n
     fit = St(s)
-    for f, v in (("sz", z3.If(split, r, bsz)), ("k", LIVE), ("rq", size)):
+    for f, v in {"sz": z3.If(split, r, bsz), "k": LIVE, "rq": size, **NO_USES}.items():
         fit[f] = upd(s[f], b, v)
     rem = {"al": split, "ad": at(s.ad, b) + r, "sz": bsz - r, "k": FREE, "rq": 0, "sm": at(s.sm, b),
-           "sr": at(s.sr, b), "sb": at(s.sb, b), "ss": at(s.ss, b), "pv": b, "nx": at(s.nx, b)}
+           "sr": at(s.sr, b), "sb": at(s.sb, b), "ss": at(s.ss, b), "pv": b, "nx": at(s.nx, b), **NO_USES}
     for f, v in rem.items():
         fit[f] = upd(fit[f], n, z3.If(split, v, at(s[f], n)))
-    for tt in range(STREAMS):
-        fit[f"u{tt}"] = upd(upd(s[f"u{tt}"], b, False), n, z3.If(split, False, at(s[f"u{tt}"], n)))
-        fit[f"e{tt}"] = upd(upd(s[f"e{tt}"], b, 0), n, z3.If(split, 0, at(s[f"e{tt}"], n)))
     q = at(s.nx, b)
     fit["nx"] = z3.If(split, upd(fit["nx"], b, n), fit["nx"])
     fit["pv"] = z3.If(And(split, q != -1), upd(fit["pv"], q, n), fit["pv"])
@@ -608,13 +605,10 @@ def map_step(s: St, a: St, guards: frozenset = frozenset()) -> tuple[Any, St]:
     part = m < at(s.sz, q)
     n = s.n
     rest = {"al": part, "ad": at(s.ad, q) + m, "sz": at(s.sz, q) - m, "k": UNM, "rq": 0, "sm": at(s.sm, q),
-            "sr": at(s.sr, q), "sb": at(s.sb, q), "ss": at(s.ss, q), "pv": q, "nx": at(s.nx, q)}
+            "sr": at(s.sr, q), "sb": at(s.sb, q), "ss": at(s.ss, q), "pv": q, "nx": at(s.nx, q), **NO_USES}
     s1 = St(s)
     for f, v in rest.items():
         s1[f] = upd(s[f], n, z3.If(part, v, at(s[f], n)))
-    for tt in range(STREAMS):
-        s1[f"u{tt}"] = upd(s[f"u{tt}"], n, z3.If(part, False, at(s[f"u{tt}"], n)))
-        s1[f"e{tt}"] = upd(s[f"e{tt}"], n, z3.If(part, 0, at(s[f"e{tt}"], n)))
     s1["sz"] = upd(s1["sz"], q, m)
     nq = at(s.nx, q)
     s1["nx"] = z3.If(part, upd(s1["nx"], q, n), s1["nx"])
@@ -633,15 +627,12 @@ def fresh_step(s: St, a: St) -> tuple[Any, St]:
     va, m, n, base = _arena_va(s, small), fresh_len(s), s.n, a.base
     part = m < va
     first = {"al": True, "ad": base, "sz": m, "k": FREE, "rq": 0, "sm": small, "sr": s.mt, "sb": base, "ss": va,
-             "pv": -1, "nx": z3.If(part, n + 1, -1)}
+             "pv": -1, "nx": z3.If(part, n + 1, -1), **NO_USES}
     rest = {"al": part, "ad": base + m, "sz": va - m, "k": UNM, "rq": 0, "sm": small, "sr": s.mt, "sb": base,
-            "ss": va, "pv": n, "nx": -1}
+            "ss": va, "pv": n, "nx": -1, **NO_USES}
     out = St(s)
     for f in first:
         out[f] = upd(upd(s[f], n, first[f]), n + 1, z3.If(part, rest[f], at(s[f], n + 1)))
-    for tt in range(STREAMS):
-        out[f"u{tt}"] = upd(upd(s[f"u{tt}"], n, False), n + 1, z3.If(part, False, at(s[f"u{tt}"], n + 1)))
-        out[f"e{tt}"] = upd(upd(s[f"e{tt}"], n, 0), n + 1, z3.If(part, 0, at(s[f"e{tt}"], n + 1)))
     out.update(_reserve(s, small, m))
     out = _update_sums(s, out, [], 2)
     out["n"] = n + z3.If(part, 2, 1)
@@ -711,15 +702,12 @@ def unmap_step(s: St, a: St, count: bool) -> tuple[Any, St]:
     rel, B, E, has = unmap_parts(s, b)
     head, tail = B - rel, rel + at(s.sz, b) - E
     n, p, q, sb = s.n, at(s.pv, b), at(s.nx, b), at(s.sb, b)
-    common = {"k": FREE, "rq": 0, "sm": at(s.sm, b), "sr": at(s.sr, b), "sb": sb, "ss": at(s.ss, b)}
+    common = {"k": FREE, "rq": 0, "sm": at(s.sm, b), "sr": at(s.sr, b), "sb": sb, "ss": at(s.ss, b), **NO_USES}
     hf = {"al": head > 0, "ad": at(s.ad, b), "sz": head, "pv": p, "nx": b, **common}
     tf = {"al": tail > 0, "ad": sb + E, "sz": tail, "pv": b, "nx": q, **common}
     s1 = St(s)
     for f in hf:
         s1[f] = upd(upd(s[f], n, hf[f]), n + 1, tf[f])
-    for tt in range(STREAMS):
-        s1[f"u{tt}"] = upd(upd(s[f"u{tt}"], n, False), n + 1, False)
-        s1[f"e{tt}"] = upd(upd(s[f"e{tt}"], n, 0), n + 1, 0)
     s1["ad"] = upd(s1["ad"], b, sb + B)
     s1["sz"] = upd(s1["sz"], b, E - B)
     s1["pv"] = upd(s1["pv"], b, z3.If(head > 0, n, p))
