@@ -11,7 +11,7 @@ import pytest
 import z3
 
 from memspec.invariants.formal import proofs_seed000 as E
-from memspec.invariants.formal.proofs import Proof, St, at, merge, on_ok, outcome, prove, upd
+from memspec.invariants.formal.proofs import Proof, St, at, merge, on_ok, prove, upd
 from memspec.invariants.formal.proofs_catalog import declared, encoded
 
 #: the actions S11's machine lacked before issue 13's deliverable 2
