@@ -11,7 +11,7 @@ import pytest
 import z3
 
 from memspec.invariants.formal import proofs_seed000 as E
-from memspec.invariants.formal.proofs import Proof, St, at, merge, on_ok, outcome, prove, upd
+from memspec.invariants.formal.proofs import Proof, St, at, merge, on_ok, prove, upd
 from memspec.invariants.formal.proofs_catalog import declared, encoded
 
 #: the actions S11's machine lacked before issue 13's deliverable 2
@@ -77,9 +77,9 @@ def test_reconfigure_that_keeps_the_pending_bytes_is_refuted() -> None:
     """The pending tickets fail but what they held is never given back: granted keeps bytes nobody holds."""
     def keep(s: St, a: St):
         i = z3.Int("k_i")
-        pend = lambda x: at(s.tst, x) == E.T_PENDING  # noqa: E731
-        return on_ok(z3.IntVal(E.OK), s, s.set(tst=z3.Lambda([i], z3.If(pend(i), E.T_FAILED, at(s.tst, i))),
-                                               tb=z3.Lambda([i], z3.If(pend(i), 0, at(s.tb, i))), PTP=E.Z0()))
+        pend = lambda x: at(s.tstate, x) == E.T_PENDING  # noqa: E731
+        return on_ok(z3.IntVal(E.OK), s, s.set(tstate=z3.Lambda([i], z3.If(pend(i), E.T_FAILED, at(s.tstate, i))),
+                                               held=z3.Lambda([i], z3.If(pend(i), 0, at(s.held, i))), PP=E.Z0()))
 
     c = _step_check(_only("reconfigure", keep), "reconfigure")
     assert not c.ok, c.detail

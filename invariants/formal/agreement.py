@@ -535,7 +535,7 @@ def hyp_eval(p: Proof, act: Act, nobj: int, finite: bool) -> HypEval:
 
 
 #: fields of an encoding that hold what a step returned (not state): an error branch leaves them as they were
-RETURN_FIELDS = frozenset({"ret", "answer", "out_bytes"})
+RETURN_FIELDS = frozenset({"ret", "answer"})
 
 
 #: with per-branch quotas, the walk's soft step budget per sample asked (``samples``): past it,

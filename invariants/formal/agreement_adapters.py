@@ -22,8 +22,8 @@ from memspec.invariants.formal.agreement_adapters_mech import (
     MECH_ADAPTERS, _aligned_nonempty, _expected, _is_int, _not_size, _project, _ret, _s12_bad,
 )
 from memspec.invariants.formal.agreement_adapters_system import (
-    SMALL_SYS_ADAPTERS, SYS_ADAPTERS, TICKET_ADAPTERS, _ASTATE, _TSTATE, _answer_victims, _done_seqs,
-    _kv_open_refusals, _kv_run,
+    SMALL_SYS_ADAPTERS, SYS_ADAPTERS, TICKET_ADAPTERS, _ASTATE, _answer_victims, _done_seqs, _kv_open_refusals,
+    _kv_run, _ticket_record,
 )
 
 #: the modules this one is assembled from, in order (split by level); a name
@@ -108,19 +108,14 @@ def _l_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
         return {h: prefix_values([nb if (st == which and hh == h) else 0 for _k, hh, _kd, st, nb in items])
                 for h in E.HOLDERS_H}
 
-    grants, tickets = sorted(s.grants.items()), sorted(s.tickets.items())
+    grants = sorted(s.grants.items())
     st = {
         "cap": s.capacity, "free": s.free, "granted": s.granted, "charged": s.charged, "og": s.open_grants,
-        "th": s.tickets_held, "page": s.page, "ret": ret,
+        "page": s.page, "ret": ret, **_ticket_record(s, tx),
         "cb": per_holder(s.charged_by), "lb": per_holder(s.live_bytes_by), "qb": per_holder(s.queued_bytes_by),
         "lsb": per_holder(s.lease_bytes), "pb": per_holder(s.physical_by),
         "gst": (0, {gx[r]: _GSTATE[g.state] for r, g in grants}), "gb": (0, {gx[r]: g.nbytes for r, g in grants}),
         "PG": prefix_values([g.nbytes if g.state == "open" else 0 for _r, g in grants]), "ng": len(grants),
-        "tst": (0, {tx[r]: _TSTATE.get(t.state, 9) for r, t in tickets}), "tb": (0, {tx[r]: t.held for r, t in tickets}),
-        "ta": (0, {tx[r]: t.amount for r, t in tickets}),
-        "PTP": prefix_values([t.held if t.state == "pending" else 0 for _r, t in tickets]),
-        "PTG": prefix_values([0 if t.state == "pending" else t.held for _r, t in tickets]),
-        "nt": len(tickets),
         "ist": (0, {i: it[3] for i, it in enumerate(items)}), "ih": (0, {i: it[1] for i, it in enumerate(items)}),
         "ik": (0, {i: it[2] for i, it in enumerate(items)}), "ib": (0, {i: it[4] for i, it in enumerate(items)}),
         "n": len(items), "PLV": keyed(E.I_LIVE), "PQ": keyed(E.I_QUEUED), "PLS": keyed(E.I_LEASE),
@@ -131,7 +126,8 @@ def _l_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
     return st, u
 
 
-_L_CMP = ("cap", "free", "granted", "charged", "og", "th", "cb", "lb", "qb", "lsb", "pb", "gst", "gb", "tst", "tb")
+_L_CMP = ("cap", "free", "granted", "charged", "og", "sumheld", "cb", "lb", "qb", "lsb", "pb", "gst", "gb", "tstate",
+          "held")
 _L_CMP_ITEMS = _L_CMP + ("ist", "ib", "ikc", "iview", "ipre")
 
 
@@ -357,11 +353,11 @@ def _l_mech_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
            "hrel": (0, {i: int(h.released) for i, h in hs.items()}),
            "hmaps": (0, {i: h.mappings for i, h in hs.items()}),
            "mh": (0, {ix[("m", r)]: ix[("h", m.handle)] for r, m in s.mappings.items()})}
-    st = {"cap": 0, "free": 0, "granted": 0, "charged": 0, "og": 0, "th": 0, "page": s.page, "ret": ret,
+    st = {"cap": 0, "free": 0, "granted": 0, "charged": 0, "og": 0, "sumheld": 0, "page": s.page, "ret": ret,
           "cb": (0, {}), "lb": (0, {}), "qb": (0, {}), "lsb": (0, {}), "pb": (0, {}), "gst": (0, {}), "gb": (0, {}),
-          "PG": prefix_values([]), "ng": 0, "tst": (0, {}), "tb": (0, {}), "ta": (0, {}),
-          "nt": 0, "ist": (0, {}), "ih": (0, {}), "ik": (0, {}), "ib": (0, {}), "n": 0, "PTP": prefix_values([]),
-          "PTG": prefix_values([]),
+          "PG": prefix_values([]), "ng": 0, "tstate": (0, {}), "held": (0, {}), "amount": (0, {}),
+          "nt": 0, "ist": (0, {}), "ih": (0, {}), "ik": (0, {}), "ib": (0, {}), "n": 0, "PP": prefix_values([]),
+          "PN": prefix_values([]),
           "PLV": {}, "PQ": {}, "PLS": {}, "PC": prefix_values([]), "ikc": (0, {}), "iview": (0, {}), "ipre": (0, {}),
           "phys": s.physical, "mcap": s.capacity,
           "mst": (0, {i: o[1] for i, o in enumerate(objs)}),

@@ -50,24 +50,29 @@ _TSTATE = {"pending": E.T_PENDING, "granted": E.T_GRANTED, "claimed": E.T_CLAIME
            "timed_out": E.T_TIMED_OUT, "failed": E.T_FAILED}
 
 
-def _s15_state(s: Any, out_bytes: int = 0) -> tuple[dict[str, Any], Universe]:
+def _ticket_record(s: Any, tx: dict[Any, int]) -> dict[str, Any]:
+    """The tickets, laid out alike on the ticket machine and the ledger model (one projection of the
+    record): state, holdings, amount, what they hold pending (``PP``) and otherwise (``PN``: prefix-sum
+    ghosts over the ticket ids) and its sum."""
+    ts = sorted(s.tickets.items())
+    return {"tstate": (0, {tx[r]: _TSTATE.get(t.state, 9) for r, t in ts}), "held": (0, {tx[r]: t.held for r, t in ts}),
+            "amount": (0, {tx[r]: t.amount for r, t in ts}),
+            "PP": prefix_values([t.held if t.state == "pending" else 0 for _r, t in ts]),
+            "PN": prefix_values([0 if t.state == "pending" else t.held for _r, t in ts]),
+            "nt": len(ts), "sumheld": s.tickets_held}
+
+
+def _s15_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
     u = Universe()
     tx = u.add("ticket", s.tickets)
     wx = u.add("weight", s.weights)
     ts, ws = s.tickets, s.weights
-    order = [tk for _r, tk in sorted(ts.items())]
     st = {
-        "cap": s.capacity, "free": s.free, "granted": s.granted, "charged": s.charged,
-        "tstate": (0, {tx[r]: _TSTATE.get(t.state, 9) for r, t in ts.items()}),
-        "held": (0, {tx[r]: t.held for r, t in ts.items()}),
-        "ret": (0, {tx[r]: t.returns for r, t in ts.items()}),
-        "amount": (0, {tx[r]: t.amount for r, t in ts.items()}),
+        "cap": s.capacity, "free": s.free, "granted": s.granted, "charged": s.charged, **_ticket_record(s, tx),
+        "returns": (0, {tx[r]: t.returns for r, t in ts.items()}),
         "deadline": (0, {tx[r]: t.deadline for r, t in ts.items()}),
         "tgen": (0, {tx[r]: t.generation for r, t in ts.items()}),
-        "gen": s.generation,
-        "sumheld": s.tickets_held, "sumgr": s.open_grants, "out_bytes": out_bytes, "nt": len(ts),
-        "PP": prefix_values([tk.held if tk.state == "pending" else 0 for tk in order]),
-        "PN": prefix_values([tk.held if tk.state == "granted" else 0 for tk in order]),
+        "gen": s.generation, "sumgr": s.open_grants, "ret": ret,
         # S6's part: ModelResidency's weights and the spec's S6 counters
         "res": (False, {wx[n]: w.resident for n, w in ws.items()}),
         "hot": (False, {wx[n]: w.hot for n, w in ws.items()}),
@@ -76,13 +81,13 @@ def _s15_state(s: Any, out_bytes: int = 0) -> tuple[dict[str, Any], Universe]:
     return st, u
 
 
-_S15_CMP = ("cap", "free", "granted", "charged", "tstate", "held", "ret", "amount", "deadline", "tgen", "gen",
+_S15_CMP = ("cap", "free", "granted", "charged", "tstate", "held", "returns", "amount", "deadline", "tgen", "gen",
             "res", "hot", "gov_ev", "hot_ev", "over")
 
 
-# claim / cancel_ticket return the bytes handed over (a Grant's), the out_bytes of the encoding
-_s15_expected = _expected(_s15_state, E.S15.fields, _S15_CMP + ("out_bytes",), value=lambda v: {
-    "out_bytes": _ret(v if _is_int(v) else getattr(v, "nbytes", 0))["ret"]})
+# claim / cancel_ticket return the bytes handed over (a Grant's), the ret of the encoding
+_s15_expected = _expected(_s15_state, E.S15.fields, _S15_CMP + ("ret",),
+                          value=lambda v: _ret(v if _is_int(v) else getattr(v, "nbytes", 0)))
 
 
 _s15_plain_expected = _expected(_s15_state, E.S15.fields, _S15_CMP)
@@ -163,9 +168,9 @@ TICKET_ADAPTERS = [
     Adapter("S15", "issue_ticket", "issue_ticket", _s15_issue_project, _s15_plain_expected, _S15_CMP,
             also=_ON_TICKETS),
     Adapter("S15", "respond", "respond", _s15_respond_project, _s15_respond_expected, _S15_CMP, also=_ON_TICKETS),
-    Adapter("S15", "claim", "claim", _s15_ticket_project, _s15_expected, _S15_CMP + ("out_bytes",),
+    Adapter("S15", "claim", "claim", _s15_ticket_project, _s15_expected, _S15_CMP + ("ret",),
             also=_ON_TICKETS),
-    Adapter("S15", "cancel_ticket", "cancel_ticket", _s15_ticket_project, _s15_expected, _S15_CMP + ("out_bytes",),
+    Adapter("S15", "cancel_ticket", "cancel_ticket", _s15_ticket_project, _s15_expected, _S15_CMP + ("ret",),
             also=_ON_TICKETS),
     Adapter("S15", "expire", "expire", _s15_expire_project, _s15_plain_expected, _S15_CMP,
             permit=_s15_expire_permit, also=_ON_TICKETS),

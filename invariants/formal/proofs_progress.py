@@ -81,7 +81,7 @@ def _sequence(s: St, n: Any, cold: Any) -> tuple[list[Any], Any]:
     o2, s2 = respond.step(s1, a2)
     a3 = St(t=t)
     o3, s3 = claim.step(s2, a3)
-    led = K.cancel_grant(K.Ledger(s3.cap, s3.free, s3.granted, s3.charged), s3.out_bytes)
+    led = K.cancel_grant(K.Ledger(s3.cap, s3.free, s3.granted, s3.charged), s3.ret)
     released = [issue.pre(s, a1), o1 == OK, respond.pre(s1, a2), o2 == OK, claim.pre(s2, a3), o3 == OK,
                 K.can_grant(led, n)]
     direct = K.can_grant(E._ledger(s), n)

@@ -32,7 +32,7 @@ import z3
 
 from memspec.invariants.formal.z3fast import And, Implies, Not, Or
 from memspec.invariants.formal.proofs import (
-    ARR, BARR, BOOL, INT, OK, Act, Proof, St, at, on_ok, outcome, prefix_append, prefix_change, prefix_sum, upd,
+    ARR, BARR, BOOL, INT, OK, Act, Proof, St, at, on_ok, outcome, prefix_append, prefix_sum, upd,
 )
 from memspec.spec import kernels as K
 from memspec.invariants.formal import proofs_seed000_objects, proofs_seed000_ledger
@@ -42,7 +42,8 @@ from memspec.invariants.formal.proofs_seed000_objects import (
     _s5_named, _terminal, catalog,
 )
 from memspec.invariants.formal.proofs_seed000_ledger import (
-    S11, S2, S8, S9, _L_NEW, _ledger, _s11_named, _s2_named, _s8_named, _s9_named, _with_ledger,
+    S11, S2, S8, S9, _CANCEL_TICKET, _L_NEW, _RECONFIGURE, _TICKET_EXISTS, _cancel_ticket, _claim, _end, _ledger,
+    _reconfigure, _respond, _s11_named, _s2_named, _s8_named, _s9_named, _tpend, _trest, _with_ledger,
 )
 
 #: the modules this one is assembled from, in order (split by invariant group); a name
@@ -58,7 +59,10 @@ del _part
 # ==========================================================================
 # S15 ticket-exactly-once  (mirrors spec/governor.py: issue_ticket, claim,
 # cancel_ticket, expire, reconfigure; spec/holders.py: respond, set_hot):
-# the ticket machine, shared by S15, G1 and S6
+# the ticket machine, shared by S15, G1 and S6; its tickets are laid out as
+# the ledger model's, and claim, cancel_ticket, expire's timeout, reconfigure
+# and respond's move into the ticket are the ledger model's relations
+# (:mod:`.proofs_seed000_ledger`: one relation per ticket action)
 #
 # Configuration generations: every ticket records the generation it was
 # issued in (tgen); reconfigure bumps gen and fails every pending ticket at
@@ -85,25 +89,10 @@ def _returned(st: Any) -> Any:
     return Or(st == T_CANCELLED, st == T_TIMED_OUT, st == T_FAILED)
 
 
-def _pend_part(st: Any, h: Any) -> Any:
-    return z3.If(st == T_PENDING, h, 0)
-
-
-def _gr_part(st: Any, h: Any) -> Any:
-    return z3.If(st == T_GRANTED, h, 0)
-
-
-def _moved(s: St, t: Any, st2: Any, h2: Any) -> dict[str, Any]:
-    """The ghosts after ticket ``t`` goes to state ``st2`` holding ``h2``."""
-    st, h = at(s.tstate, t), at(s.held, t)
-    return {"PP": prefix_change(s.PP, t, _pend_part(st2, h2) - _pend_part(st, h)),
-            "PN": prefix_change(s.PN, t, _gr_part(st2, h2) - _gr_part(st, h))}
-
-
 def _s15_issue(s: St, a: St):
     out = outcome((a.n <= 0, "InvalidRequest"))
     return on_ok(out, s, s.set(tstate=upd(s.tstate, a.t, T_PENDING), held=upd(s.held, a.t, 0),
-                               ret=upd(s.ret, a.t, 0), amount=upd(s.amount, a.t, a.n),
+                               returns=upd(s.returns, a.t, 0), amount=upd(s.amount, a.t, a.n),
                                deadline=upd(s.deadline, a.t, a.dl), tgen=upd(s.tgen, a.t, s.gen),
                                PP=prefix_append(s.PP, s.nt, 0), PN=prefix_append(s.PN, s.nt, 0), nt=s.nt + 1))
 
@@ -115,51 +104,23 @@ def _evict(s: St, w: Any, go: Any) -> St:
                  hot_ev=s.hot_ev + K.ite(And(go, at(s.hot, w)), 1, 0))
 
 
-def _s15_respond(s: St, a: St):
-    """``holder`` answers ticket ``t``: ModelResidency evicts its ``nv`` (0..2)
-    victims ``v1``, ``v2``, KvPageStore none; the releases refund ``r`` bytes
-    of the charge to free (spec/ep.py refund), and the Governor moves them from
-    free into the ticket (spec/governor.py ticket_receive), granted once it
-    holds its amount.  KvPageStore reporting more than its own releases
-    ``refunded`` is an overclaim (S6).  A ticket neither pending nor granted,
-    or pending from an older configuration: InvalidTicket."""
-    st = at(s.tstate, a.t)
-    stale = And(st == T_PENDING, at(s.tgen, a.t) != s.gen)
-    out = outcome((Not(Or(st == T_PENDING, st == T_GRANTED)), "InvalidTicket"), (stale, "InvalidTicket"))
+def _s15_released(s: St, a: St) -> tuple[St, Any]:
+    """The ticket machine's releases of ``holder``'s answer to ticket ``t`` (its respond is the ledger
+    model's :func:`_respond` with them): ModelResidency evicts its ``nv`` (0..2) victims ``v1``,
+    ``v2``, KvPageStore none; the releases refund ``r`` bytes of the charge to free (spec/ep.py
+    refund), which the answer reports.  KvPageStore reporting more than its own releases
+    ``refunded`` is an overclaim (S6)."""
     wts = a.holder == H_WEIGHTS
     s1 = _evict(_evict(s, a.v1, And(wts, a.nv >= 1)), a.v2, And(wts, a.nv >= 2))
-    l = K.grant_from_free(K.refund(_ledger(s), a.r), a.r)
-    held = at(s.held, a.t) + a.r
-    st2 = K.ite(And(st == T_PENDING, held >= at(s.amount, a.t)), T_GRANTED, st)
     over = s.over + K.ite(And(Not(wts), a.r > a.refunded), 1, 0)
-    return on_ok(out, s, _with_ledger(s1, l, held=upd(s.held, a.t, held), tstate=upd(s.tstate, a.t, st2),
-                                      sumheld=s.sumheld + a.r, over=over, **_moved(s, a.t, st2, held)))
+    return _with_ledger(s1, K.refund(_ledger(s), a.r), over=over), a.r
+
+
+_s15_respond = _respond(_s15_released)
 
 
 def _set_hot(s: St, a: St):
     return on_ok(z3.IntVal(OK), s, s.set(hot=upd(s.hot, a.w, a.h)))
-
-
-def _s15_claim(s: St, a: St):
-    out = outcome((at(s.tstate, a.t) != T_GRANTED, "InvalidTicket"))
-    h = at(s.held, a.t)
-    return on_ok(out, s, s.set(tstate=upd(s.tstate, a.t, T_CLAIMED), held=upd(s.held, a.t, 0),
-                               sumheld=s.sumheld - h, sumgr=s.sumgr + h, out_bytes=h,
-                               **_moved(s, a.t, T_CLAIMED, 0)))
-
-
-def _end(s: St, t: Any, st: int) -> St:
-    h = at(s.held, t)
-    return _with_ledger(s, K.return_grant(_ledger(s), h), tstate=upd(s.tstate, t, st), held=upd(s.held, t, 0),
-                        ret=upd(s.ret, t, at(s.ret, t) + 1), sumheld=s.sumheld - h, out_bytes=h,
-                        **_moved(s, t, st, 0))
-
-
-def _s15_cancel(check: bool):
-    def step(s: St, a: St):
-        out = outcome((_terminal(at(s.tstate, a.t)), "InvalidTicket")) if check else z3.IntVal(OK)
-        return on_ok(out, s, _end(s, a.t, T_CANCELLED))
-    return step
 
 
 def _s15_expire(s: St, a: St):
@@ -171,41 +132,23 @@ def _s15_expire(s: St, a: St):
     return on_ok(out, s, _end(s, a.t, T_TIMED_OUT))
 
 
-def _s15_reconfigure(fail_stale: bool):
-    def step(s: St, a: St):
-        """A new generation; every pending ticket fails at once and gives back what it holds."""
-        if not fail_stale:
-            return on_ok(z3.IntVal(OK), s, s.set(gen=s.gen + 1))
-        i = z3.Int("rc_i")
-        pend = lambda x: at(s.tstate, x) == T_PENDING  # noqa: E731
-        back = at(s.PP, s.nt)
-        return on_ok(z3.IntVal(OK), s, _with_ledger(
-            s, K.return_grant(_ledger(s), back), gen=s.gen + 1,
-            tstate=z3.Lambda([i], z3.If(pend(i), T_FAILED, at(s.tstate, i))),
-            held=z3.Lambda([i], z3.If(pend(i), 0, at(s.held, i))),
-            ret=z3.Lambda([i], z3.If(pend(i), at(s.ret, i) + 1, at(s.ret, i))),
-            sumheld=s.sumheld - back, out_bytes=back, PP=z3.K(z3.IntSort(), z3.IntVal(0))))
-    return step
-
-
 def _s15_inv(s: St, o: Any) -> Any:
-    st, h, r = at(s.tstate, o), at(s.held, o), at(s.ret, o)
+    st, h, r = at(s.tstate, o), at(s.held, o), at(s.returns, o)
     return And(
         K.ledger_ok(_ledger(s)), s.granted == s.sumheld + s.sumgr, s.sumgr >= 0,
         st >= 0, st <= T_FAILED, h >= 0, Implies(_terminal(st), h == 0), Implies(st == 0, And(h == 0, r == 0)),
         r >= 0, r <= 1, Implies(r == 1, _returned(st)), Implies(_returned(st), r == 1),
         # generations: no pending ticket of an older configuration
         Implies(st != 0, at(s.tgen, o) <= s.gen), Implies(st == T_PENDING, at(s.tgen, o) == s.gen),
-        # what the tickets hold: pending (PP) + granted (PN), prefix-sum ghosts over dense ticket ids
+        # what the tickets hold: pending (PP) + the rest (PN: granted), prefix-sum ghosts over dense ticket ids
         Implies(st != 0, And(0 <= o, o < s.nt)),
-        prefix_sum(s.PP, s.nt, lambda i: _pend_part(at(s.tstate, i), at(s.held, i))),
-        prefix_sum(s.PN, s.nt, lambda i: _gr_part(at(s.tstate, i), at(s.held, i))),
+        prefix_sum(s.PP, s.nt, lambda i: _tpend(at(s.tstate, i), at(s.held, i))),
+        prefix_sum(s.PN, s.nt, lambda i: _trest(at(s.tstate, i), at(s.held, i))),
         s.sumheld == at(s.PP, s.nt) + at(s.PN, s.nt),
     )
 
 
 _T = {"t": INT}
-_EXISTS = lambda s, a: at(s.tstate, a.t) != 0  # noqa: E731  (the spec draws existing tickets)
 
 
 def _respond_pre(check: bool):
@@ -224,9 +167,9 @@ def _respond_pre(check: bool):
 
 
 _RESPOND = {"t": INT, "holder": INT, "nv": INT, "v1": INT, "v2": INT, "r": INT, "refunded": INT}
-_S15_FIELDS = {"cap": INT, "free": INT, "granted": INT, "charged": INT, "tstate": ARR, "held": ARR, "ret": ARR,
+_S15_FIELDS = {"cap": INT, "free": INT, "granted": INT, "charged": INT, "tstate": ARR, "held": ARR, "returns": ARR,
                "amount": ARR, "deadline": ARR, "tgen": ARR, "gen": INT, "sumheld": INT, "sumgr": INT,
-               "out_bytes": INT, "PP": ARR, "PN": ARR, "nt": INT,
+               "ret": INT, "PP": ARR, "PN": ARR, "nt": INT,
                # S6's part: the weights (resident, hot) and the spec's S6 counters
                "res": BARR, "hot": BARR, "gov_ev": INT, "hot_ev": INT, "over": INT}
 
@@ -234,7 +177,7 @@ _S15_FIELDS = {"cap": INT, "free": INT, "granted": INT, "charged": INT, "tstate"
 def _s15_init(s: St) -> Any:
     """No ticket yet; any weights resident, hot or cold (load_weight, S11's, may have loaded them)."""
     return And(s.cap >= 0, s.free >= 0, s.charged >= 0, s.free + s.charged == s.cap, s.granted == 0,
-                  s.tstate == Z0(), s.held == Z0(), s.ret == Z0(), s.sumheld == 0, s.sumgr == 0,
+                  s.tstate == Z0(), s.held == Z0(), s.returns == Z0(), s.sumheld == 0, s.sumgr == 0,
                   s.nt == 0, at(s.PP, 0) == 0, at(s.PN, 0) == 0, s.gov_ev == 0, s.hot_ev == 0, s.over == 0)
 
 
@@ -242,26 +185,29 @@ def _s15_init(s: St) -> Any:
 _TICKET_ACTS = [
     Act("issue_ticket", {"t": INT, "n": INT, "dl": INT}, _s15_issue, pre=lambda s, a: a.t == s.nt, objs=("t",)),
     Act("respond", _RESPOND, _s15_respond, pre=_respond_pre(True), objs=("t",)),
-    Act("claim", _T, _s15_claim, pre=_EXISTS, objs=("t",)),
-    Act("cancel_ticket", _T, _s15_cancel(True), pre=_EXISTS, objs=("t",)),
-    Act("expire", {"t": INT, "now": INT}, _s15_expire, pre=_EXISTS, objs=("t",)),
-    Act("reconfigure", {}, _s15_reconfigure(True)),
+    Act("claim", _T, _claim, pre=_TICKET_EXISTS, objs=("t",)),
+    _CANCEL_TICKET,
+    Act("expire", {"t": INT, "now": INT}, _s15_expire, pre=_TICKET_EXISTS, objs=("t",)),
+    _RECONFIGURE,
     Act("set_hot", {"w": INT, "h": BOOL}, _set_hot, pre=lambda s, a: at(s.res, a.w), objs=("w",)),
 ]
 
 
-S15 = Proof(
-    *catalog("S15"),
-    fields=dict(_S15_FIELDS),
-    init=_s15_init,
-    inv=_s15_inv,
-    lemmas=lambda s, o, a: Implies(Not(_terminal(at(s.tstate, o))), at(s.held, o) <= s.sumheld),
-    lemma_doc="what a ticket holds is at most the sum of what the tickets hold",
-    actions=list(_TICKET_ACTS),
-    unguarded=Act("cancel_ticket", _T, _s15_cancel(False), pre=_EXISTS, objs=("t",)),
-    guard="cancel of a terminal ticket raises InvalidTicket (its grant was already returned)",
-    bmc_depth=3,
-)
+def _on_tickets(head: tuple[str, str, str], inv: Any, unguarded: Act, guard: str, **kw: Any) -> Proof:
+    """A row on the ticket machine: its fields, initial states and actions, action by action (so every
+    agreement sample of the machine is the row's too); its own invariant, unguarded variant, guard."""
+    return Proof(*head, fields=dict(_S15_FIELDS), init=_s15_init, inv=inv, actions=list(_TICKET_ACTS),
+                 unguarded=unguarded, guard=guard, **kw)
+
+
+#: what a ticket holds is at most what the tickets hold (S15's and G1's lemma, derived from the invariant)
+_HELD_LEMMA = dict(lemmas=lambda s, o, a: Implies(Not(_terminal(at(s.tstate, o))), at(s.held, o) <= s.sumheld),
+                   lemma_doc="what a ticket holds is at most the sum of what the tickets hold")
+
+S15 = _on_tickets(catalog("S15"), _s15_inv, Act("cancel_ticket", _T, _cancel_ticket(False), pre=_TICKET_EXISTS,
+                                                objs=("t",)),
+                  "cancel of a terminal ticket raises InvalidTicket (its grant was already returned)", bmc_depth=3,
+                  **_HELD_LEMMA)
 
 
 def _g1_step(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
@@ -272,21 +218,13 @@ def _g1_step(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
 
 #: G1: configuration-generation invalidation of pending tickets (issue 13, from the onnx-genai TLA+
 #: specs the design comes from), on S15's machine: same state, same actions, its own guard.
-G1 = Proof(
-    "G1", "generation",
-    "When memory is tight, all it can send is: pressure ticket: try to free 1 GB, priority = ..., deadline = ... "
-    "(and: Total capacity: 24 GB / Approved: 22 GB -- the configuration the tickets were issued under)",
-    fields=dict(_S15_FIELDS),
-    init=_s15_init,
-    inv=_s15_inv,
-    lemmas=lambda s, o, a: Implies(Not(_terminal(at(s.tstate, o))), at(s.held, o) <= s.sumheld),
-    lemma_doc="what a ticket holds is at most the sum of what the tickets hold",
-    actions=list(_TICKET_ACTS),
-    unguarded=Act("reconfigure", {}, _s15_reconfigure(False)),
-    guard="reconfigure fails every pending ticket of the older generation (their bytes returned once)",
-    step_prop=_g1_step,
-    bmc_depth=3,
-)
+G1 = _on_tickets(
+    ("G1", "generation",
+     "When memory is tight, all it can send is: pressure ticket: try to free 1 GB, priority = ..., deadline = ... "
+     "(and: Total capacity: 24 GB / Approved: 22 GB -- the configuration the tickets were issued under)"),
+    _s15_inv, Act("reconfigure", {}, _reconfigure(False)),
+    "reconfigure fails every pending ticket of the older generation (their bytes returned once)",
+    step_prop=_g1_step, bmc_depth=3, **_HELD_LEMMA)
 G1.declared_by = "S15"  # type: ignore[attr-defined]  (the spec's actions declare S15; G1 is part of it)
 
 
@@ -316,18 +254,9 @@ def _s6_prop(name: str, s: St, a: St, out: Any, s2: St, o: Any) -> Any:
     return at(s2.res, o) == at(s.res, o)
 
 
-S6 = Proof(
-    *catalog("S6"),
-    fields=dict(_S15_FIELDS),
-    init=_s15_init,
-    inv=_s6_inv,
-    # S15's ticket machine, action by action (so its agreement samples are S6's too)
-    actions=list(_TICKET_ACTS),
-    unguarded=Act("respond", _RESPOND, _s15_respond, pre=_respond_pre(False), objs=("t",)),
-    guard="ModelResidency's victims are cold resident weights (a hot weight is never released under pressure)",
-    step_prop=_s6_prop,
-    bmc_depth=2,
-)
+S6 = _on_tickets(catalog("S6"), _s6_inv, Act("respond", _RESPOND, _s15_respond, pre=_respond_pre(False), objs=("t",)),
+                 "ModelResidency's victims are cold resident weights (a hot weight is never released under pressure)",
+                 step_prop=_s6_prop, bmc_depth=2)
 
 
 PROOFS = [S1, S2, S3, S4, S5, S6, S7, S8, S9, S10, S11, S12, S13, S14, S15]
@@ -411,7 +340,7 @@ NAMED: dict[str, Any] = {
                                s.rowrites == 0,
                                _s13_prefix_covered(s, o)),
     "S14": _s14_owns_address,  # + the step property: a stale handle is rejected
-    "S15": lambda s, o: And(at(s.ret, o) <= 1,
+    "S15": lambda s, o: And(at(s.returns, o) <= 1,
                                Implies(_terminal(at(s.tstate, o)), at(s.held, o) == 0)),
     "G1": lambda s, o: Implies(at(s.tstate, o) == T_PENDING, at(s.tgen, o) == s.gen),
 }

@@ -32,7 +32,7 @@ from memspec.invariants.formal.proofs_seed000_objects import (
 # allocate/deallocate)
 #
 # The Governor's ledger (cap, free, granted, charged), the spec's running
-# totals (open grants ``og``, ticket holdings ``th``, per holder: charge
+# totals (open grants ``og``, ticket holdings ``sumheld``, per holder: charge
 # ``cb``, live footprints ``lb``, queued refunds ``qb``, unrefunded leases
 # ``lsb``, the physical bytes installed for it ``pb``) and the records they
 # summarise: grants, tickets, and *charge items* -- every charged thing a
@@ -45,8 +45,8 @@ from memspec.invariants.formal.proofs_seed000_objects import (
 # own pages, so bytes + prefix == committed == view.  Each
 # summary is checked by a prefix-sum ghost over dense ids (keyed by holder
 # for the per-holder ones), part of the invariant, so nothing is assumed.
-# What the tickets hold is split in two ghosts, pending (``PTP``) and the
-# rest (``PTG``), so that reconfigure's "every pending ticket gives its bytes
+# What the tickets hold is split in two ghosts, pending (``PP``) and the
+# rest (``PN``), so that reconfigure's "every pending ticket gives its bytes
 # back" is one step (as S15's machine does it).
 # The device side (mechanism level): physical bytes against capacity, the
 # sum of what the live mechanism objects hold (*device objects*: own
@@ -304,81 +304,127 @@ def _l_kv_release(s: St, a: St):
     return on_ok(z3.IntVal(OK), s, _kv_keep(_kv_keep(s, a.x, a.kx, True), a.y, a.ky, a.two))
 
 
-# -- pressure tickets (spec/governor.py, holders.py respond) ----------------
+# -- pressure tickets: ONE ticket record and ONE relation per ticket action ---
+# (spec/governor.py ticket_receive, ticket_end, claim, cancel_ticket, expire,
+# reconfigure; holders.py respond), shared by this ledger model and S15's
+# ticket machine (:mod:`.proofs_seed000`, where G1 and S6 are proved too):
+# both lay tickets out the same way -- ``tstate``, ``held``, ``amount``, the
+# sum ``sumheld`` of what they hold split in two prefix-sum ghosts, pending
+# (``PP``) and the rest (``PN``), over the dense ids ``0 <= t < nt`` -- and
+# ``ret`` is what the step hands over or returns.  Each builder writes every
+# field the machine has: the ticket machine's generations (``gen``,
+# ``tgen``), each ticket's returns (``returns``) and the claimed grants
+# (``sumgr``); the ledger model's open grants (``og``, ``gst``, ``gb``,
+# ``PG``, ``ng``).  A holder's releases, which respond runs before its
+# answer's bytes move into the ticket, are each machine's own records.
 
 def _tpend(st: Any, h: Any) -> Any:
-    """What a ticket in state ``st`` holding ``h`` adds to the pending ghost ``PTP``."""
+    """What a ticket in state ``st`` holding ``h`` adds to the pending ghost ``PP``."""
     return z3.If(st == T_PENDING, h, 0)
 
 
 def _trest(st: Any, h: Any) -> Any:
-    """... and to ``PTG`` (every other state; a terminal ticket holds 0)."""
+    """... and to ``PN`` (every other state; a terminal ticket holds 0)."""
     return z3.If(st == T_PENDING, 0, h)
 
 
 def _tmove(s: St, t: Any, st2: Any, h2: Any) -> dict[str, Any]:
     """The ticket ghosts after ticket ``t`` goes to state ``st2`` holding ``h2``."""
-    st, h = at(s.tst, t), at(s.tb, t)
-    return {"PTP": prefix_change(s.PTP, t, _tpend(st2, h2) - _tpend(st, h)),
-            "PTG": prefix_change(s.PTG, t, _trest(st2, h2) - _trest(st, h))}
+    st, h = at(s.tstate, t), at(s.held, t)
+    return {"PP": prefix_change(s.PP, t, _tpend(st2, h2) - _tpend(st, h)),
+            "PN": prefix_change(s.PN, t, _trest(st2, h2) - _trest(st, h))}
 
 
-def _tend(s: St, t: Any, st: int) -> St:
-    """governor.ticket_end: the ticket's holdings go back to free, once."""
-    h = at(s.tb, t)
-    return _with_ledger(s, K.return_grant(_ledger(s), h), tst=upd(s.tst, t, st), tb=upd(s.tb, t, 0), th=s.th - h,
-                        ret=h, **_tmove(s, t, z3.IntVal(st), z3.IntVal(0)))
+def _end(s: St, t: Any, st: int) -> St:
+    """governor.ticket_end: the ticket's holdings go back to free, once (counted in ``returns``)."""
+    h = at(s.held, t)
+    kw = {"returns": upd(s.returns, t, at(s.returns, t) + 1)} if "returns" in s else {}
+    return _with_ledger(s, K.return_grant(_ledger(s), h), tstate=upd(s.tstate, t, st), held=upd(s.held, t, 0),
+                        sumheld=s.sumheld - h, ret=h, **_tmove(s, t, z3.IntVal(st), z3.IntVal(0)), **kw)
 
 
-def _l_claim(s: St, a: St):
-    out = outcome((at(s.tst, a.t) != T_GRANTED, "InvalidTicket"))
-    h = at(s.tb, a.t)
-    return on_ok(out, s, s.set(tst=upd(s.tst, a.t, T_CLAIMED), tb=upd(s.tb, a.t, 0), th=s.th - h, og=s.og + h, ret=h,
-                               **_tmove(s, a.t, z3.IntVal(T_CLAIMED), z3.IntVal(0)),
-                               gst=upd(s.gst, a.g, G_OPEN), gb=upd(s.gb, a.g, h),
-                               PG=prefix_append(s.PG, s.ng, h), ng=s.ng + 1))
+def _claim(s: St, a: St):
+    """claim: a granted ticket's holdings become a grant (the ledger model's open grant ``g``)."""
+    out = outcome((at(s.tstate, a.t) != T_GRANTED, "InvalidTicket"))
+    h = at(s.held, a.t)
+    kw = ({"sumgr": s.sumgr + h} if "sumgr" in s else
+          {"og": s.og + h, "gst": upd(s.gst, a.g, G_OPEN), "gb": upd(s.gb, a.g, h),
+           "PG": prefix_append(s.PG, s.ng, h), "ng": s.ng + 1})
+    return on_ok(out, s, s.set(tstate=upd(s.tstate, a.t, T_CLAIMED), held=upd(s.held, a.t, 0), sumheld=s.sumheld - h,
+                               ret=h, **_tmove(s, a.t, z3.IntVal(T_CLAIMED), z3.IntVal(0)), **kw))
 
 
-def _l_cancel_ticket(s: St, a: St):
-    out = outcome((_terminal(at(s.tst, a.t)), "InvalidTicket"))
-    return on_ok(out, s, _tend(s, a.t, T_CANCELLED))
+def _cancel_ticket(check: bool):
+    """cancel_ticket (unguarded, S15's variant: a terminal ticket is ended again)."""
+    def step(s: St, a: St):
+        out = outcome((_terminal(at(s.tstate, a.t)), "InvalidTicket")) if check else z3.IntVal(OK)
+        return on_ok(out, s, _end(s, a.t, T_CANCELLED))
+    return step
+
+
+def _reconfigure(fail_stale: bool):
+    """reconfigure: a new generation (the ticket machine's ``gen``); every pending ticket fails at
+    once, and what they hold (``PP[nt]``) goes back to free.  Unguarded (G1's variant): only the
+    generation moves."""
+    def step(s: St, a: St):
+        gen = {"gen": s.gen + 1} if "gen" in s else {}
+        if not fail_stale:
+            return on_ok(z3.IntVal(OK), s, s.set(**gen))
+        i = z3.Int("rc_i")
+        pend = lambda x: at(s.tstate, x) == T_PENDING  # noqa: E731
+        back = at(s.PP, s.nt)
+        if "returns" in s:
+            gen["returns"] = z3.Lambda([i], z3.If(pend(i), at(s.returns, i) + 1, at(s.returns, i)))
+        return on_ok(z3.IntVal(OK), s, _with_ledger(
+            s, K.return_grant(_ledger(s), back), sumheld=s.sumheld - back, ret=back, PP=Z0(),
+            tstate=z3.Lambda([i], z3.If(pend(i), T_FAILED, at(s.tstate, i))),
+            held=z3.Lambda([i], z3.If(pend(i), 0, at(s.held, i))), **gen))
+    return step
+
+
+def _respond(released: Any):
+    """respond: a holder answers ticket ``t``; ``released(s, a)`` is the machine's run of the
+    holder's releases, ``(state after them, r)``: ``r`` the bytes its answer reports.  They move
+    from free into the ticket (governor.ticket_receive), granted once it holds its amount.  A
+    ticket neither pending nor granted, or pending from an older configuration (the ticket
+    machine's generations): InvalidTicket."""
+    def step(s: St, a: St):
+        st = at(s.tstate, a.t)
+        stale = [(And(st == T_PENDING, at(s.tgen, a.t) != s.gen), "InvalidTicket")] if "tgen" in s else []
+        out = outcome((Not(Or(st == T_PENDING, st == T_GRANTED)), "InvalidTicket"), *stale)
+        ran, r = released(s, a)
+        held = at(s.held, a.t) + r
+        nst = K.ite(And(st == T_PENDING, held >= at(s.amount, a.t)), T_GRANTED, st)
+        return on_ok(out, s, _with_ledger(ran, K.grant_from_free(_ledger(ran), r), held=upd(s.held, a.t, held),
+                                          tstate=upd(s.tstate, a.t, nst), sumheld=s.sumheld + r,
+                                          **_tmove(s, a.t, nst, held)))
+    return step
 
 
 def _l_expire(s: St, a: St):
     """expire times out every due live ticket, one ticket per step; ``none``: none due."""
-    return on_ok(z3.IntVal(OK), s, merge(a.none, s, _tend(s, a.t, T_TIMED_OUT)))
+    return on_ok(z3.IntVal(OK), s, merge(a.none, s, _end(s, a.t, T_TIMED_OUT)))
 
 
-def _l_reconfigure(s: St, a: St):
-    """reconfigure: a new generation (not part of the ledger); every pending
-    ticket fails at once, and what they hold (``PTP[nt]``) goes back to free."""
-    i = z3.Int("l_rc_i")
-    pend = lambda x: at(s.tst, x) == T_PENDING  # noqa: E731
-    back = at(s.PTP, s.nt)
-    return on_ok(z3.IntVal(OK), s, _with_ledger(
-        s, K.return_grant(_ledger(s), back), th=s.th - back,
-        tst=z3.Lambda([i], z3.If(pend(i), T_FAILED, at(s.tst, i))), tb=z3.Lambda([i], z3.If(pend(i), 0, at(s.tb, i))),
-        PTP=Z0()))
-
-
-def _l_respond(s: St, a: St):
-    """A holder answers ticket ``t``: ``mode`` 0 nothing released; 1 a queued
-    release ``x`` of its own ran (0 reported); 2 the cold weight ``x`` was its
-    victim: dropped, run, and its bytes reported.  The reported bytes move
-    from free into the ticket (ticket_receive)."""
-    out = outcome((_terminal(at(s.tst, a.t)), "InvalidTicket"))
+def _l_released(s: St, a: St) -> tuple[St, Any]:
+    """The ledger model's releases of a holder's answer: ``mode`` 0 nothing released; 1 a queued
+    release ``x`` of its own ran (0 reported); 2 the cold weight ``x`` was its victim: dropped, run,
+    and its bytes reported."""
     h, b, st0 = at(s.ih, a.x), at(s.ib, a.x), at(s.ist, a.x)
     # the release runs: a queued one (mode 1), or the victim's, queued and run at once (mode 2: live ->
     # refunded, its queued bytes come and go); either way the item's charge is refunded
     gone = _item_set(_refund(s, h, b, lb=_hadd(s.lb, h, -_contrib(st0, b, I_LIVE)), pb=_hadd(s.pb, h, -b),
                              qb=_hadd(s.qb, h, -_contrib(st0, b, I_QUEUED))), a.x, I_GONE, b)
-    ran = merge(a.mode == 0, s, gone)
-    r = K.ite(a.mode == 2, at(s.ib, a.x), 0)
-    held = at(s.tb, a.t) + r
-    nst = K.ite(And(at(s.tst, a.t) == T_PENDING, held >= at(s.ta, a.t)), T_GRANTED, at(s.tst, a.t))
-    s1 = _with_ledger(ran, K.grant_from_free(_ledger(ran), r), tb=upd(s.tb, a.t, held), tst=upd(s.tst, a.t, nst),
-                      th=s.th + r, **_tmove(ran, a.t, nst, held))
-    return on_ok(out, s, s1)
+    return merge(a.mode == 0, s, gone), K.ite(a.mode == 2, b, 0)
+
+
+_l_respond = _respond(_l_released)
+
+#: the spec draws existing tickets
+_TICKET_EXISTS = lambda s, a: at(s.tstate, a.t) != 0  # noqa: E731
+#: the ticket actions both machines draw alike: one Act (relation, arguments, precondition) on each
+_CANCEL_TICKET = Act("cancel_ticket", {"t": INT}, _cancel_ticket(True), pre=_TICKET_EXISTS, objs=("t",))
+_RECONFIGURE = Act("reconfigure", {}, _reconfigure(True))
 
 
 # -- the device (mechanism level: spec/eager.py, vmm.py, shared.py) ----------
@@ -543,11 +589,12 @@ def _l_global(s: St) -> list[Any]:
     sel = lambda f, i: _sel(s, f, i)  # noqa: E731
     g = [
         K.ledger_ok(_ledger(s)), s.page > 0,
-        s.granted == s.og + s.th, s.charged == at(s.cb, 0) + at(s.cb, 1) + at(s.cb, 2),
+        s.granted == s.og + s.sumheld, s.charged == at(s.cb, 0) + at(s.cb, 1) + at(s.cb, 2),
         prefix_sum(s.PC, s.n, lambda i: _charged(sel("ist", i), sel("ib", i))), s.charged == at(s.PC, s.n),
         prefix_sum(s.PG, s.ng, lambda i: _contrib(sel("gst", i), sel("gb", i), G_OPEN)), s.og == at(s.PG, s.ng),
-        prefix_sum(s.PTP, s.nt, lambda i: _tpend(sel("tst", i), sel("tb", i))),
-        prefix_sum(s.PTG, s.nt, lambda i: _trest(sel("tst", i), sel("tb", i))), s.th == at(s.PTP, s.nt) + at(s.PTG, s.nt),
+        prefix_sum(s.PP, s.nt, lambda i: _tpend(sel("tstate", i), sel("held", i))),
+        prefix_sum(s.PN, s.nt, lambda i: _trest(sel("tstate", i), sel("held", i))),
+        s.sumheld == at(s.PP, s.nt) + at(s.PN, s.nt),
         0 <= s.phys, s.phys <= s.mcap,
         prefix_sum(s.PMB, s.nm, lambda i: _contrib(sel("mst", i), sel("mb", i), I_LIVE)), s.phys == at(s.PMB, s.nm),
     ]
@@ -574,18 +621,19 @@ def _l_inv(s: St, o: Any) -> Any:
         # grants
         Implies(at(s.gst, o) != 0, And(0 <= o, o < s.ng, at(s.gb, o) >= 0)),
         # tickets
-        Implies(at(s.tst, o) != 0, And(0 <= o, o < s.nt)), at(s.tb, o) >= 0,
-        Implies(Or(at(s.tst, o) == 0, _terminal(at(s.tst, o))), at(s.tb, o) == 0),
+        Implies(at(s.tstate, o) != 0, And(0 <= o, o < s.nt)), at(s.held, o) >= 0,
+        Implies(Or(at(s.tstate, o) == 0, _terminal(at(s.tstate, o))), at(s.held, o) == 0),
         # device objects: dense ids, bytes >= 0
         Implies(at(s.mst, o) != 0, And(0 <= o, o < s.nm, at(s.mb, o) >= 0)),
     )
 
 
 Z00 = lambda: z3.K(z3.IntSort(), Z0())  # noqa: E731
-_L_FIELDS = {"cap": INT, "free": INT, "granted": INT, "charged": INT, "og": INT, "th": INT, "page": INT, "ret": INT,
+_L_FIELDS = {"cap": INT, "free": INT, "granted": INT, "charged": INT, "og": INT, "sumheld": INT, "page": INT,
+             "ret": INT,
              "cb": ARR, "lb": ARR, "qb": ARR, "lsb": ARR, "pb": ARR,
              "gst": ARR, "gb": ARR, "PG": ARR, "ng": INT,
-             "tst": ARR, "tb": ARR, "ta": ARR, "PTP": ARR, "PTG": ARR, "nt": INT,
+             "tstate": ARR, "held": ARR, "amount": ARR, "PP": ARR, "PN": ARR, "nt": INT,
              "ist": ARR, "ih": ARR, "ik": ARR, "ib": ARR, "n": INT, "PLV": ARR2, "PQ": ARR2, "PLS": ARR2, "PC": ARR,
              "ikc": ARR, "iview": ARR, "ipre": ARR,
              "phys": INT, "mcap": INT, "mst": ARR, "mb": ARR, "PMB": ARR, "nm": INT,
@@ -596,10 +644,10 @@ _L_COUNTS = ("n", "ng", "nt", "nm")  # the dense-id counts of the ghosts
 
 
 def _l_init(s: St) -> Any:
-    return And(s.cap >= 0, s.free == s.cap, s.granted == 0, s.charged == 0, s.og == 0, s.th == 0, s.page > 0,
+    return And(s.cap >= 0, s.free == s.cap, s.granted == 0, s.charged == 0, s.og == 0, s.sumheld == 0, s.page > 0,
                   s.cb == Z0(), s.lb == Z0(), s.qb == Z0(), s.lsb == Z0(), s.pb == Z0(),
-                  s.gst == Z0(), s.ng == 0, at(s.PG, 0) == 0, s.tst == Z0(), s.tb == Z0(), s.nt == 0,
-                  at(s.PTP, 0) == 0, at(s.PTG, 0) == 0,
+                  s.gst == Z0(), s.ng == 0, at(s.PG, 0) == 0, s.tstate == Z0(), s.held == Z0(), s.nt == 0,
+                  at(s.PP, 0) == 0, at(s.PN, 0) == 0,
                   s.ist == Z0(), s.n == 0, s.PLV == Z00(), s.PQ == Z00(), s.PLS == Z00(), at(s.PC, 0) == 0,
                   s.phys == 0, s.mcap >= 0, s.mst == Z0(), s.nm == 0, at(s.PMB, 0) == 0)
 
@@ -662,13 +710,13 @@ _L_ACTS: dict[str, Act] = {a.name: a for a in [
         pre=lambda s, a: And(_kind(K_WEIGHT)(s, a), at(s.ist, a.x) == I_LIVE), objs=("x",)),
     Act("poll", {"x": INT, "none": BOOL}, _l_poll, pre=lambda s, a: Or(a.none, at(s.ist, a.x) == I_QUEUED),
         objs=("x",)),
-    Act("claim", {"t": INT, "g": INT}, _l_claim, pre=lambda s, a: And(at(s.tst, a.t) != 0, a.g == s.ng),
+    Act("claim", {"t": INT, "g": INT}, _claim, pre=lambda s, a: And(at(s.tstate, a.t) != 0, a.g == s.ng),
         objs=("t", "g")),
-    Act("cancel_ticket", {"t": INT}, _l_cancel_ticket, pre=lambda s, a: at(s.tst, a.t) != 0, objs=("t",)),
+    _CANCEL_TICKET,
     Act("expire", {"t": INT, "none": BOOL}, _l_expire,
-        pre=lambda s, a: Or(a.none, And(at(s.tst, a.t) != 0, Not(_terminal(at(s.tst, a.t))))), objs=("t",)),
+        pre=lambda s, a: Or(a.none, And(at(s.tstate, a.t) != 0, Not(_terminal(at(s.tstate, a.t))))), objs=("t",)),
     Act("respond", {"t": INT, "x": INT, "mode": INT}, _l_respond,
-        pre=lambda s, a: And(at(s.tst, a.t) != 0, Or(
+        pre=lambda s, a: And(at(s.tstate, a.t) != 0, Or(
             a.mode == 0, And(a.mode == 1, at(s.ist, a.x) == I_QUEUED),
             And(a.mode == 2, _kind(K_WEIGHT)(s, a), at(s.ist, a.x) == I_LIVE, at(s.ih, a.x) == WEIGHTS_H))),
         objs=("t", "x")),
@@ -690,7 +738,7 @@ _L_ACTS: dict[str, Act] = {a.name: a for a in [
     Act("m_release_handle", {"x": INT}, _m_release_handle, pre=_m_kind(M_HANDLE), objs=("x",)),
     Act("m_unmap", _M_MAPPING, _m_unmap, pre=_m_mapping_pre, objs=("x", "h")),
     Act("m_copy_on_write", dict(_M_MAPPING, oom=BOOL), _m_copy_on_write, pre=_m_mapping_pre, objs=("x", "h")),
-    Act("reconfigure", {}, _l_reconfigure),
+    _RECONFIGURE,
     # issue 33: the reservation and KV request paths (reserve / open, close, the KV release run by poll)
     Act("reserve_owned", {"unsup": BOOL, "bad": BOOL, "oom": BOOL}, _l_new_item(K_RES)),
     Act("close_owned", {"x": INT}, _l_unload,
@@ -724,7 +772,7 @@ _L_ALL = ("reserve", "commit", "cancel", "refund_lease", "allocate_owned", "load
 def _s8_named(s: St, o: Any) -> Any:
     """S8 on the records: granted is the open grants plus what tickets hold,
     and a holder's charge is its live footprints, queued refunds and leases."""
-    return And(s.granted == at(s.PG, s.ng) + at(s.PTP, s.nt) + at(s.PTG, s.nt),
+    return And(s.granted == at(s.PG, s.ng) + at(s.PP, s.nt) + at(s.PN, s.nt),
                   Implies(And(0 <= o, o <= 2), at(s.cb, o) == sum(at(at(s[P], o), s.n) for P, _w in _BUCKETS)))
 
 

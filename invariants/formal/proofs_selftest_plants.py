@@ -94,7 +94,7 @@ def _s11_refund_ghost_stale(s: Any, a: Any) -> Any:
 def _s15_claim_keeps_held(s: Any, a: Any) -> Any:
     out = outcome((E.at(s.tstate, a.t) != E.T_GRANTED, "InvalidTicket"))
     h = E.at(s.held, a.t)
-    return on_ok(out, s, s.set(tstate=upd(s.tstate, a.t, E.T_CLAIMED), sumgr=s.sumgr + h, out_bytes=h))
+    return on_ok(out, s, s.set(tstate=upd(s.tstate, a.t, E.T_CLAIMED), sumgr=s.sumgr + h, ret=h))
 
 
 # -- spec-action breaks ----------------------------------------------------------
