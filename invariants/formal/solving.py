@@ -72,10 +72,11 @@ def _thread_cpu_clock() -> Any:
 class Query:
     """A Z3 solver bounded by ``budget_ms`` of CPU (resource units, and the watchdog's cap), for
     ``logic`` (``None``: Z3's default solver), in a context of its own unless ``isolated`` is
-    false.  :meth:`add` takes terms of any context; :meth:`model` gives a model of the main
-    context."""
+    false, its attempts ``ladder`` (default :data:`LADDER`).  :meth:`add` takes terms of any
+    context; :meth:`model` gives a model of the main context."""
 
-    def __init__(self, budget_ms: int, logic: str | None = None, isolated: bool = True) -> None:
+    def __init__(self, budget_ms: int, logic: str | None = None, isolated: bool = True,
+                 ladder: tuple[tuple[int, float], ...] = ()) -> None:
         if budget_ms <= 0:
             raise ValueError(f"a query's budget must be positive, got {budget_ms} ms")
         self.ctx = z3.Context() if isolated else z3.main_ctx()
@@ -85,6 +86,7 @@ class Query:
         self.answered = self.solver
         self.budget_ms = budget_ms
         self.seed: int | None = None
+        self.ladder = ladder or LADDER
         self._frames: list[list[Any]] = [[]]   # what was added, per push level (a later attempt re-adds it)
         #: the last check was stopped by the watchdog's CPU cap (Z3's resource count had not run out)
         self.capped = False
@@ -119,7 +121,7 @@ class Query:
         attempt does not inherit the state an earlier one left (the last is exactly one fresh check
         under seed 0 with the whole budget).  Each attempt is bounded by its share in resource units
         and, by the watchdog, in CPU."""
-        ladder = ((self.seed, 1.0),) if self.seed is not None else LADDER
+        ladder = ((self.seed, 1.0),) if self.seed is not None else self.ladder
         r = z3.unknown
         for i, (seed, share) in enumerate(ladder):
             sol = self.solver
