@@ -17,7 +17,10 @@ the machine is.  Some of Z3's inner loops poll for cancellation without counting
 CPU clock and interrupts the context at :data:`CPU_CAP_FACTOR` times the budget (plus
 :data:`CPU_CAP_SLACK_S`).  Thread CPU time, unlike the clock, hardly moves with load; and a query
 Z3 bounds itself stops at its resource limit long before the cap.  An interrupted attempt answers
-``unknown``, as an exhausted one does; :attr:`Query.capped` says which.
+``unknown``, as an exhausted one does; :attr:`Query.capped` says which.  Z3 notices the interrupt
+where it polls for it, which one loop did late (a QF_AUFLIA attempt capped at 31 s stopped after 64 s):
+the cap bounds a runaway, it does not make one cheap, so a check that can run away is given short
+attempts (``ladder``).
 
 **Several seeds.**  Where one random seed's search runs away, another's often answers at once; a
 check is a short :data:`LADDER` of attempts, each a share of the budget under its own seed, ending
