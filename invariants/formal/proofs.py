@@ -43,6 +43,7 @@ from typing import Any, Callable
 
 import z3
 
+from memspec.invariants.formal import solving
 from memspec.invariants.formal.solving import Query
 from memspec.invariants.formal.z3fast import And, Implies, Not, Or
 from memspec.spec import kernels as K
@@ -353,10 +354,7 @@ def prefix_values(contribs: list[int]) -> tuple[int, dict[int, int]]:
 
 
 def _check_unsat(claim_negation: Any, timeout_ms: int = 20000) -> tuple[z3.CheckSatResult, z3.ModelRef | None]:
-    sol = Query(timeout_ms)
-    sol.add(claim_negation)
-    r = sol.check()
-    return r, (sol.model() if r == z3.sat else None)
+    return solving.check(claim_negation, budget_ms=timeout_ms)
 
 
 def _check(name: str, claim_negation: Callable[[], Any], timeout_ms: int,

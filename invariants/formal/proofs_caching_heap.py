@@ -155,6 +155,7 @@ from typing import Any, Callable
 import z3
 
 from memspec.invariants.formal.z3fast import And, Implies, Not, Or
+from memspec.invariants.formal import solving
 from memspec.invariants.formal.solving import Query  # bounded in CPU, in a context of its own
 
 from memspec.invariants.formal.proofs import Act, St, at
@@ -423,10 +424,7 @@ def _check(hyp: Callable[[], Any], goal: Callable[[], Any], s: St, a: St, timeou
         sol.add(h, Not(g))
         if sol.check() == z3.unsat:
             return z3.unsat, None
-    sol = Query(timeout_ms)
-    sol.add(h, Not(g))
-    r = sol.check()
-    return r, (sol.model() if r == z3.sat else None)
+    return solving.check(h, Not(g), budget_ms=timeout_ms)
 
 
 def _framed(s: St, s2: St, g: Callable[[St], Any]) -> bool:
@@ -658,12 +656,9 @@ def refute(inv_id: str, timeout_ms: int = REFUTE_MS, knob: str | None = None) ->
         hyp = And(inv(s), unmapped_aligned(s), s.n <= REFUTE_BLOCKS, act.pre(s, a))
     finally:
         MODE.kind, MODE.bound = "forall", 0
-    sol = Query(timeout_ms)
-    sol.add(hyp, Or(*bad))
-    r = sol.check()
-    if r != z3.sat:
+    r, m = solving.check(hyp, Or(*bad), budget_ms=timeout_ms)
+    if m is None:
         return False, f"without '{words}': no violation of {inv_id} found ({r})"
-    m = sol.model()
     ev = lambda x: m.eval(x, model_completion=True)  # noqa: E731
     n = ev(s.n).as_long()
     lines = [f"  from a well-formed heap of {n} block(s) (seed preset: {ev(s.seed)}, capacity {ev(s.cap)}, "
