@@ -42,7 +42,8 @@ from typing import Any, Callable
 import z3
 
 from memspec.invariants.formal.proofs import (
-    ARR, ARR2, ARR2B, BARR, INT, OUTCOMES, Act, Proof, St, _args, at, bv, concrete, fresh, iv,
+    ARR, ARR2, ARR2B, BARR, INT, OUTCOMES, Act, Proof, St, _args, at, bv, concrete, fresh, iv, memo,
+    native_value,
 )
 from memspec.invariants.formal import z3native as native
 from memspec.invariants.formal.solving import Query
@@ -71,16 +72,6 @@ def substitute(t: Any, *pairs: tuple[Any, Any]) -> Any:
     for i, (f, v) in enumerate(pairs):
         src[i], dst[i] = f.as_ast(), v.as_ast()
     return z3.z3._to_expr_ref(z3.Z3_substitute(t.ctx.ref(), t.as_ast(), n, src, dst), t.ctx)
-
-
-def native_value(kind: str, value: Any) -> Any:
-    """A field's concrete value (the form :func:`~memspec.invariants.formal.proofs.concrete` takes) as a
-    :mod:`z3native` value: arrays ``(default, {index: value})``, nested for the two-level kinds."""
-    if kind == ARR2B:   # {index: set of true indices}
-        return ((False, {}), {i: (False, {j: True for j in t}) for i, t in value.items()})
-    if kind == ARR2:    # {index: (default, {index: value})}, rows absent: all 0
-        return ((0, {}), dict(value))
-    return value
 
 
 def instantiate(e: Any, indices: list[int], memo: dict[int, Any] | None = None) -> Any:
@@ -220,11 +211,9 @@ class Compiled:
         out: dict[Key, Any] = {}
         for key, e in zip(self.keys, self.exprs):
             v = z3.simplify(substitute(e, *subs))
-            if z3.is_int_value(v):
-                out[key] = v.as_long()
-            elif z3.is_true(v) or z3.is_false(v):
-                out[key] = z3.is_true(v)
-            else:
+            try:
+                out[key] = native.from_z3(v)   # an integer or Boolean literal (every compared value is one)
+            except native.Unsupported:
                 sol = Query(5000, isolated=False)
                 x = z3.Const("x", e.sort())
                 sol.add(x == v)
@@ -491,13 +480,6 @@ class HypEval(_ByCounts):
         return Compiled._truth(substitute(expr, *subs) if subs else expr)
 
 
-def _memo(cache: dict[Any, Any], key: Any, build: Callable[[], Any]) -> Any:
-    got = cache.get(key)
-    if got is None:
-        got = cache[key] = build()
-    return got
-
-
 #: built invariant evaluators, compiled actions and hypothesis evaluators, shared by every walk of a run.
 #: Keyed by the functions themselves (never by an invariant's name alone), so a planted break gets its own
 _INV_EVALS: dict[Any, InvariantEval] = {}
@@ -518,19 +500,19 @@ def named_eval(p: Proof, nobj: int, finite: bool) -> InvariantEval:
 
 
 def _formula_eval(p: Proof, f: Callable[[Any, Any], Any], nobj: int, finite: bool) -> InvariantEval:
-    return _memo(_INV_EVALS, (f, tuple(p.fields.items()), p.counts, nobj, finite),
+    return memo(_INV_EVALS, (f, tuple(p.fields.items()), p.counts, nobj, finite),
                  lambda: InvariantEval(p, nobj, finite, formula=f))
 
 
 def compiled_for(p: Proof, act: Act, nobj: int, npages: int, compare: tuple[str, ...], finite: bool) -> "Compiled":
     if not any(p.fields[f] == ARR2B for f in compare):
         npages = 1  # the page count sizes only the compared page sets: one build for every count
-    return _memo(_COMPILED, (act.step, act.pre, tuple(act.params.items()), tuple(p.fields.items()), nobj, npages,
+    return memo(_COMPILED, (act.step, act.pre, tuple(act.params.items()), tuple(p.fields.items()), nobj, npages,
                              compare, finite), lambda: Compiled(p, act, nobj, npages, compare, finite))
 
 
 def hyp_eval(p: Proof, act: Act, nobj: int, finite: bool) -> HypEval:
-    return _memo(_HYP_EVALS, (p.inv, p.lemmas, p.inst, act.step, act.pre, tuple(p.fields.items()), nobj, finite),
+    return memo(_HYP_EVALS, (p.inv, p.lemmas, p.inst, act.step, act.pre, tuple(p.fields.items()), nobj, finite),
                  lambda: HypEval(p, act, nobj, finite))
 
 

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import dataclasses
 import dis
+import functools
 import random
 import re
 import types
@@ -127,7 +128,8 @@ STATIC_NOT_WRITERS: tuple[tuple[str, str, str], ...] = (
 # Snapshots and their differences (write sets)
 # --------------------------------------------------------------------------
 
-def _record_types() -> tuple[type, ...]:
+@functools.cache
+def _records() -> tuple[type, ...]:
     """The mutable records of the spec's state (spec/state.py): recursed into field by field."""
     from memspec.spec import state as S
 
@@ -136,22 +138,9 @@ def _record_types() -> tuple[type, ...]:
                  and not c.__dataclass_params__.frozen)  # type: ignore[attr-defined]
 
 
-_RECORDS: tuple[type, ...] = ()
-_FIELDS: dict[type, tuple[str, ...]] = {}
-
-
-def _records() -> tuple[type, ...]:
-    global _RECORDS
-    if not _RECORDS:
-        _RECORDS = _record_types()
-    return _RECORDS
-
-
+@functools.cache
 def _fields_of(cls: type) -> tuple[str, ...]:
-    f = _FIELDS.get(cls)
-    if f is None:
-        f = _FIELDS[cls] = tuple(x.name for x in dataclasses.fields(cls))
-    return f
+    return tuple(x.name for x in dataclasses.fields(cls))
 
 
 class _Rec(tuple):
@@ -482,12 +471,6 @@ def _label(branch: Any) -> str:
     return "returns " + _SEQ.sub("N...", _NUM.sub("N", branch.describe))
 
 
-def _machine(level: str) -> Any:
-    from memspec.invariants.formal.proofs_catalog import machines
-
-    return machines()[level]
-
-
 def _invariant_fns(state: Any) -> list[tuple[str, Callable[[Any], Any]]]:
     from memspec.spec.invariants import ALL
 
@@ -507,11 +490,12 @@ def derive(seed: int = SEED, walks: tuple[Walk, ...] = WALKS, machines: dict[str
            scale: float = 1.0) -> Footprints:
     """Walk each of ``walks`` (seeded; ``scale`` times its steps) and record the footprints.
     ``machines``: ``{level: machine}`` in place of the spec's (a test's planted action)."""
+    from memspec.invariants.formal.proofs_catalog import machines as spec_machines
     from memspec.spec.core import RandomChooser
     from memspec.spec.selfcheck import draw_branch, follow, pick_action, usable
 
     fp = Footprints()
-    mach = {lvl: (machines or {}).get(lvl) or _machine(lvl) for lvl in sorted({w.level for w in walks})}
+    mach = {lvl: (machines or {}).get(lvl) or spec_machines()[lvl] for lvl in sorted({w.level for w in walks})}
     for lvl, m in mach.items():
         fp.actions += [f"{lvl}:{a.name}" for a in m.actions]
     for k, walk in enumerate(walks):
@@ -588,13 +572,12 @@ def footprints() -> Footprints:
     invariants of :data:`memspec.spec.invariants.ALL` as they are now (id and check functions): one added
     or replaced since (an engineer's scratch S16, a test's) has no read set in a derivation made before it,
     so it gets a derivation of its own."""
+    from memspec.invariants.formal.proofs import memo
     from memspec.spec.invariants import ALL
 
     key = tuple((inv.id, id(inv.check), id(inv.full_check)) for inv in ALL)
-    got = _CACHE.get(key)
-    if got is None:
-        got = _CACHE[key] = (tuple(ALL), derive())   # the invariants kept alive: their ids stay theirs
-    return got[1]
+    # the invariants kept alive with it: their ids stay theirs
+    return memo(_CACHE, key, lambda: (tuple(ALL), derive()))[1]
 
 
 # --------------------------------------------------------------------------
@@ -675,13 +658,14 @@ _HERE = "invariants/formal/coverage.py"
 
 
 def known_gap_line(row: str, action: str) -> int | None:
-    """The line of this module holding ``(row, action, ...)`` in :data:`KNOWN_GAPS`."""
+    """The line of this module holding ``(row, action, ...)`` in :data:`KNOWN_GAPS` (or ``(field, action,
+    ...)`` in :data:`STATIC_NOT_WRITERS`)."""
     return _line_of(f'("{row}", "{action}"')
 
 
 def _where(first: str, second: str) -> str:
     """``invariants/formal/coverage.py:<line>`` of the table line that starts ``("first", "second"``."""
-    line = _line_of(f'("{first}", "{second}"')
+    line = known_gap_line(first, second)
     return f"{_HERE}:{line}" if line else _HERE
 
 
