@@ -580,15 +580,11 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
     if quota_mode:
         favour = min(favour, QUOTA_FAVOUR)
 
-    def cap(a: Adapter) -> int:
-        if quota_mode:
-            return min(samples, a.max_samples or samples)
-        return min(samples, a.max_samples or samples, _share(samples, a.weight))
+    def cap(n: int, most: int | None, a: Adapter) -> int:   # of the run's n, the adapter's most and share
+        return min(n, most or n, n if quota_mode else _share(n, a.weight))
 
-    want = {k: cap(a) for a in adapters for k in a.keys()}
-    want_inv = {k: min(inv_samples, a.max_inv_samples or inv_samples,
-                       inv_samples if quota_mode else _share(inv_samples, a.weight)) for a in adapters
-                for k in a.keys()}
+    want = {k: cap(samples, a.max_samples, a) for a in adapters for k in a.keys()}
+    want_inv = {k: cap(inv_samples, a.max_inv_samples, a) for a in adapters for k in a.keys()}
     key_of = {id(a): a.keys()[0] for a in adapters}
     quota: dict[tuple[str, str, str], int] = {}
     bset: dict[tuple[str, str, str], list[str]] = {}
@@ -598,22 +594,18 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
             quota[k] = min(per_branch, want[k])  # type: ignore[type-var]
             bset[k] = branch_set(proofs[a.invariant], proofs[a.invariant].action(a.action))
 
-    before_b: dict[tuple[str, str, str], dict[str, int]] = {}
-    before_o: dict[tuple[str, str, str], dict[str, int]] = {}
+    # the prior walks' samples per encoded branch and per spec outcome, counted with this walk's
+    before: dict[str, dict[tuple[str, str, str], dict[str, int]]] = {"branches": {}, "outcomes": {}}
     for r0 in prior or []:
-        k0 = (r0.invariant, r0.action, r0.spec_action)
-        for src, dst in ((r0.branches, before_b), (r0.outcomes, before_o)):
-            d = dst.setdefault(k0, {})
-            for b, n in src.items():
+        for of, dst in before.items():
+            d = dst.setdefault((r0.invariant, r0.action, r0.spec_action), {})
+            for b, n in getattr(r0, of).items():
                 d[b] = d.get(b, 0) + n
 
     led: dict[tuple[str, str, str], set[tuple[str, str]]] = {k: set() for k in reps}  # (spec outcome, branch) seen
 
-    def nb(k: tuple[str, str, str], b: str) -> int:
-        return reps[k].branches.get(b, 0) + before_b.get(k, {}).get(b, 0)
-
-    def no(k: tuple[str, str, str], b: str) -> int:
-        return reps[k].outcomes.get(b, 0) + before_o.get(k, {}).get(b, 0)
+    def nb(k: tuple[str, str, str], b: str, of: str = "branches") -> int:
+        return getattr(reps[k], of).get(b, 0) + before[of].get(k, {}).get(b, 0)
 
     def satisfied(a: Adapter) -> bool:
         k = key_of[id(a)]
@@ -630,7 +622,7 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
         r = reps[k]
         if quota_mode:
             q = quota[k] if not past_soft else 1
-            if no(k, taken) < q:
+            if nb(k, taken, "outcomes") < q:
                 return True
             # a branch still short that this spec outcome has led to, or one never reached yet
             # (which spec outcome leads to it is not known): the sample may be the one

@@ -660,26 +660,20 @@ _HERE = "invariants/formal/coverage.py"
 def known_gap_line(row: str, action: str) -> int | None:
     """The line of this module holding ``(row, action, ...)`` in :data:`KNOWN_GAPS` (or ``(field, action,
     ...)`` in :data:`STATIC_NOT_WRITERS`)."""
-    return _line_of(f'("{row}", "{action}"')
+    import os
+
+    text = f'("{row}", "{action}"'
+    try:
+        with open(os.path.realpath(__file__)) as fh:
+            return next((n for n, line in enumerate(fh, 1) if text in line), None)
+    except OSError:
+        return None
 
 
 def _where(first: str, second: str) -> str:
     """``invariants/formal/coverage.py:<line>`` of the table line that starts ``("first", "second"``."""
     line = known_gap_line(first, second)
     return f"{_HERE}:{line}" if line else _HERE
-
-
-def _line_of(text: str) -> int | None:
-    import os
-
-    try:
-        with open(os.path.realpath(__file__)) as fh:
-            for n, line in enumerate(fh, 1):
-                if text in line:
-                    return n
-    except OSError:
-        return None
-    return None
 
 
 def row_coverage(p: Any, fp: Footprints | None = None,

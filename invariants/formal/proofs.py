@@ -45,6 +45,7 @@ import z3
 
 from memspec.invariants.formal import solving
 from memspec.invariants.formal.solving import Query
+from memspec.invariants.formal.z3native import Unsupported, from_z3
 from memspec.invariants.formal.z3fast import And, Implies, Not, Or
 from memspec.spec import kernels as K
 from memspec.spec.errors import ALL_ERRORS
@@ -57,10 +58,6 @@ OUTCOMES: tuple[str, ...] = ("ok", "pending") + tuple(ALL_ERRORS) + ("MemspecErr
 CODE: dict[str, int] = {name: i for i, name in enumerate(OUTCOMES)}
 OK = CODE["ok"]
 PENDING = CODE["pending"]
-
-
-def code(name: str) -> int:
-    return CODE[name]
 
 
 _SORTS: dict[str, z3.SortRef] = {}
@@ -580,14 +577,12 @@ def _outcome_in(m: z3.ModelRef, out: Any) -> str | None:
 
 
 def _val(m: z3.ModelRef, v: Any) -> Any:
+    """``v``'s value in ``m``: a Python ``int`` or ``bool`` where it is a literal (:func:`.z3native.from_z3`)."""
     x = m.eval(v, model_completion=True)
-    if z3.is_int_value(x):
-        return x.as_long()
-    if z3.is_true(x):
-        return True
-    if z3.is_false(x):
-        return False
-    return x
+    try:
+        return from_z3(x)
+    except Unsupported:
+        return x
 
 
 def refute_unguarded(p: Proof, actions: list[Act] | None = None) -> tuple[bool, str]:

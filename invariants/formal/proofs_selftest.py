@@ -12,7 +12,7 @@ through the detectors that apply:
 * ``spec-check``: the spec's own stateful test (``memspec spec-check``) on
   the machine the break lives in; for the caching machine, which
   ``spec-check`` does not drive, a random walk of its actions with every
-  C invariant checked after each step (``spec walk``).
+  C invariant checked after each step (``spec-walk``).
 
 A detector counts only where it is silent on the unbroken project (the
 baseline is run first).  A break is *killed* when a detector fires; the
@@ -210,6 +210,7 @@ OUTSIDE_PROVE = ("spec-check:", "spec-walk:")
 
 
 def outside_prove(detector: str) -> bool:
+    """A detector outside ``memspec prove`` -- or a catch one made (each starts with its detector's name)."""
     return detector.startswith(OUTSIDE_PROVE)
 
 
@@ -226,7 +227,7 @@ def prove_first(b: Break) -> Break:
 
 def by_prove(caught: str | None) -> bool:
     """Was the catch made by one of ``memspec prove``'s own checks (not a detector outside it)?"""
-    return bool(caught) and not caught.startswith(("spec-check:", "spec walk:"))
+    return bool(caught) and not outside_prove(caught)
 
 
 # -- caching heap encoding: the policy knobs (memory_fraction, divisions, gc threshold, release_available) --
@@ -241,9 +242,7 @@ def detect_heap_knob(knob: str) -> str | None:
     (:data:`proofs_caching_heap.KNOB_UNGUARDED`) does not."""
     from memspec.invariants.formal import proofs_caching_heap as H
 
-    inv, act_name, guard, words = H.KNOB_UNGUARDED[knob]
-    only = KNOB_GOALS[knob]
-    return _guard_removed_refutes(inv, act_name, guard, words, only)
+    return _guard_removed_refutes(*H.KNOB_UNGUARDED[knob], KNOB_GOALS[knob])   # (inv, action, guard, words)
 
 
 def _caching_knob_breaks() -> list[Break]:
@@ -358,7 +357,7 @@ def detect_caching_walk(walks: int = 60, steps: int = 40) -> str | None:
             try:
                 acts = [a for a in CACHING.actions if a.available(st)]
             except Exception as e:  # the spec's own state is broken
-                return f"spec walk: the state no longer reads ({type(e).__name__}: {e})"
+                return f"spec-walk: the state no longer reads ({type(e).__name__}: {e})"
             if not acts:
                 break
             act = rng.choices(acts, weights=[a.weight for a in acts])[0]
@@ -373,11 +372,11 @@ def detect_caching_walk(walks: int = 60, steps: int = 40) -> str | None:
                 br = rng.choice(served)
                 follow(br)
             except Exception as e:  # the spec itself broke
-                return f"spec walk: {act.name} raised {type(e).__name__}: {e}"
+                return f"spec-walk: {act.name} raised {type(e).__name__}: {e}"
             bad = CACHING.check_invariants(st)
             if bad:
                 inv, why = bad[0]
-                return f"spec walk: {inv} after {act.name}: {why[:120]}"
+                return f"spec-walk: {inv} after {act.name}: {why[:120]}"
     return None
 
 
@@ -701,15 +700,9 @@ KNOB_GOALS["expandable_segments"] = ("reserved",)
 
 
 def _map_ignores_the_device(orig: Any) -> Any:
-    import dataclasses
-
     def map_(st: Any, seg: Any, i: int, size: int) -> Any:
-        pol = st.policy
-        st.policy = dataclasses.replace(pol, capacity=1 << 50)
-        try:
+        with _patched(st, "policy", replace(st.policy, capacity=1 << 50)):
             return orig(st, seg, i, size)
-        finally:
-            st.policy = pol
     return map_
 
 
