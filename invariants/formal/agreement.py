@@ -166,10 +166,8 @@ class Compiled:
     @staticmethod
     def _truth(e: Any) -> bool:
         v = z3.simplify(e)
-        if z3.is_true(v):
-            return True
-        if z3.is_false(v):
-            return False
+        if z3.is_true(v) or z3.is_false(v):
+            return z3.is_true(v)
         sol = Query(5000, isolated=False)  # a quantifier remained: decide the closed formula
         sol.add(v)
         r = sol.check()

@@ -642,7 +642,8 @@ class RowCoverage:
     def problems(self) -> list[str]:
         """What fails the row: an unexplained gap, a stale :data:`KNOWN_GAPS` line."""
         out = [f"NOT COVERED (no reviewed reason): {g.describe(self.invariant)}; {self.row}'s machine encodes "
-               f"no action for it (add one to ENCODES, or a line to KNOWN_GAPS in {_HERE})" for g in self.unexplained]
+               f"no action for it (add one to ENCODES, or a line to KNOWN_GAPS in {_HERE}: "
+               f'("{self.row}", "{g.action}", "<why it is not encoded>"),)' for g in self.unexplained]
         return out + self.stale
 
     def as_json(self) -> dict[str, Any]:
@@ -754,10 +755,7 @@ def main() -> int:
         cov = row_coverage(p, fp)
         print(f"{p.id}: {len(cov.required)} required, {len(cov.uncovered)} reviewed gap(s)"
               + (f": {', '.join(cov.uncovered)}" if cov.uncovered else ""))
-        bad += cov.stale
-        for g in cov.unexplained:
-            bad.append(f"unexplained gap: {g.describe(cov.invariant)}\n    to review: "
-                       f'("{p.id}", "{g.action}", "<why it is not encoded>"),')
+        bad += cov.problems
     print("\n".join(bad) if bad else "KNOWN_GAPS matches the proofs' machines")
     print(f"walks: {fp.steps} steps; unreached: {', '.join(fp.unreached) or 'none'}")
     return 1 if bad else 0
