@@ -727,7 +727,7 @@ def concrete(kind: str, value: Any) -> Any:
     if kind == BOOL:
         return bv(value)
     arr = native_value(kind, value)
-    key = (kind, _frozen(arr))
+    key = (kind, value[0], tuple(sorted(value[1].items()))) if kind in (ARR, BARR) else (kind, _frozen(arr))
     t = _CONCRETE.get(key)
     if t is None:
         if len(_CONCRETE) > 50000:
