@@ -801,22 +801,17 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
                 diff = {k: (got.get(k), v) for k, v in expected.items() if got.get(k) != v}
                 mismatch = (f"{act.name}{args} spec {taken} (permits {sorted(allowed)}), encoding "
                             f"{got[('outcome', None)]}; differing (encoding, spec): {diff}")
-            if got_out is not None:
+            holds: dict[Any, bool] = {}  # encoded invariant (by function) on this projection
+            for key in ad.keys():
+                inv_id, r_ = key[0], reps[key]
+                p_ = proofs[inv_id]
                 # a concrete witness that this branch's proof hypotheses are satisfiable (once per branch)
-                for key in ad.keys():
-                    inv_id, r_ = key[0], reps[key]
-                    if got_out in r_.hyp_witnessed or len(r_.hyp_refuted) >= 3:
-                        continue
-                    p_ = proofs[inv_id]
+                if got_out is not None and got_out not in r_.hyp_witnessed and len(r_.hyp_refuted) < 3:
                     if hyp_eval(p_, p_.action(ad.action), u.nobj, ad.finite).holds(enc_state, enc_args):
                         r_.hyp_witnessed[got_out] = 1
                     elif spec_before.get(inv_id, True):
                         r_.hyp_refuted.append(f"before {act.name}{args} -> {got_out}: the executable invariant "
                                               f"holds but {inv_id}/{ad.action}'s hypotheses do not")
-            holds: dict[Any, bool] = {}  # encoded invariant (by function) on this projection
-            for key in ad.keys():
-                inv_id, r_ = key[0], reps[key]
-                p_ = proofs[inv_id]
                 if r_.inv_samples < want_inv[key]:
                     # invariant agreement: the encoded invariant on the projected (pre-step) state
                     # against the executable invariant on the spec state it projects
