@@ -42,7 +42,8 @@ from typing import Any, Callable
 import z3
 
 from memspec.invariants.formal.proofs import (
-    ARR, ARR2, ARR2B, BARR, INT, OUTCOMES, Act, Proof, St, _args, at, bv, concrete, fresh, iv,
+    ARR, ARR2, ARR2B, BARR, INT, OUTCOMES, Act, Proof, St, _args, at, bv, concrete, fresh, iv, memo,
+    native_value,
 )
 from memspec.invariants.formal import z3native as native
 from memspec.invariants.formal.solving import Query
@@ -71,16 +72,6 @@ def substitute(t: Any, *pairs: tuple[Any, Any]) -> Any:
     for i, (f, v) in enumerate(pairs):
         src[i], dst[i] = f.as_ast(), v.as_ast()
     return z3.z3._to_expr_ref(z3.Z3_substitute(t.ctx.ref(), t.as_ast(), n, src, dst), t.ctx)
-
-
-def native_value(kind: str, value: Any) -> Any:
-    """A field's concrete value (the form :func:`~memspec.invariants.formal.proofs.concrete` takes) as a
-    :mod:`z3native` value: arrays ``(default, {index: value})``, nested for the two-level kinds."""
-    if kind == ARR2B:   # {index: set of true indices}
-        return ((False, {}), {i: (False, {j: True for j in t}) for i, t in value.items()})
-    if kind == ARR2:    # {index: (default, {index: value})}, rows absent: all 0
-        return ((0, {}), dict(value))
-    return value
 
 
 def instantiate(e: Any, indices: list[int], memo: dict[int, Any] | None = None) -> Any:
@@ -175,10 +166,8 @@ class Compiled:
     @staticmethod
     def _truth(e: Any) -> bool:
         v = z3.simplify(e)
-        if z3.is_true(v):
-            return True
-        if z3.is_false(v):
-            return False
+        if z3.is_true(v) or z3.is_false(v):
+            return z3.is_true(v)
         sol = Query(5000, isolated=False)  # a quantifier remained: decide the closed formula
         sol.add(v)
         r = sol.check()
@@ -220,11 +209,9 @@ class Compiled:
         out: dict[Key, Any] = {}
         for key, e in zip(self.keys, self.exprs):
             v = z3.simplify(substitute(e, *subs))
-            if z3.is_int_value(v):
-                out[key] = v.as_long()
-            elif z3.is_true(v) or z3.is_false(v):
-                out[key] = z3.is_true(v)
-            else:
+            try:
+                out[key] = native.from_z3(v)   # an integer or Boolean literal (every compared value is one)
+            except native.Unsupported:
                 sol = Query(5000, isolated=False)
                 x = z3.Const("x", e.sort())
                 sol.add(x == v)
@@ -491,13 +478,6 @@ class HypEval(_ByCounts):
         return Compiled._truth(substitute(expr, *subs) if subs else expr)
 
 
-def _memo(cache: dict[Any, Any], key: Any, build: Callable[[], Any]) -> Any:
-    got = cache.get(key)
-    if got is None:
-        got = cache[key] = build()
-    return got
-
-
 #: built invariant evaluators, compiled actions and hypothesis evaluators, shared by every walk of a run.
 #: Keyed by the functions themselves (never by an invariant's name alone), so a planted break gets its own
 _INV_EVALS: dict[Any, InvariantEval] = {}
@@ -518,19 +498,19 @@ def named_eval(p: Proof, nobj: int, finite: bool) -> InvariantEval:
 
 
 def _formula_eval(p: Proof, f: Callable[[Any, Any], Any], nobj: int, finite: bool) -> InvariantEval:
-    return _memo(_INV_EVALS, (f, tuple(p.fields.items()), p.counts, nobj, finite),
+    return memo(_INV_EVALS, (f, tuple(p.fields.items()), p.counts, nobj, finite),
                  lambda: InvariantEval(p, nobj, finite, formula=f))
 
 
 def compiled_for(p: Proof, act: Act, nobj: int, npages: int, compare: tuple[str, ...], finite: bool) -> "Compiled":
     if not any(p.fields[f] == ARR2B for f in compare):
         npages = 1  # the page count sizes only the compared page sets: one build for every count
-    return _memo(_COMPILED, (act.step, act.pre, tuple(act.params.items()), tuple(p.fields.items()), nobj, npages,
+    return memo(_COMPILED, (act.step, act.pre, tuple(act.params.items()), tuple(p.fields.items()), nobj, npages,
                              compare, finite), lambda: Compiled(p, act, nobj, npages, compare, finite))
 
 
 def hyp_eval(p: Proof, act: Act, nobj: int, finite: bool) -> HypEval:
-    return _memo(_HYP_EVALS, (p.inv, p.lemmas, p.inst, act.step, act.pre, tuple(p.fields.items()), nobj, finite),
+    return memo(_HYP_EVALS, (p.inv, p.lemmas, p.inst, act.step, act.pre, tuple(p.fields.items()), nobj, finite),
                  lambda: HypEval(p, act, nobj, finite))
 
 
@@ -598,15 +578,11 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
     if quota_mode:
         favour = min(favour, QUOTA_FAVOUR)
 
-    def cap(a: Adapter) -> int:
-        if quota_mode:
-            return min(samples, a.max_samples or samples)
-        return min(samples, a.max_samples or samples, _share(samples, a.weight))
+    def cap(n: int, most: int | None, a: Adapter) -> int:   # of the run's n, the adapter's most and share
+        return min(n, most or n, n if quota_mode else _share(n, a.weight))
 
-    want = {k: cap(a) for a in adapters for k in a.keys()}
-    want_inv = {k: min(inv_samples, a.max_inv_samples or inv_samples,
-                       inv_samples if quota_mode else _share(inv_samples, a.weight)) for a in adapters
-                for k in a.keys()}
+    want = {k: cap(samples, a.max_samples, a) for a in adapters for k in a.keys()}
+    want_inv = {k: cap(inv_samples, a.max_inv_samples, a) for a in adapters for k in a.keys()}
     key_of = {id(a): a.keys()[0] for a in adapters}
     quota: dict[tuple[str, str, str], int] = {}
     bset: dict[tuple[str, str, str], list[str]] = {}
@@ -616,22 +592,18 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
             quota[k] = min(per_branch, want[k])  # type: ignore[type-var]
             bset[k] = branch_set(proofs[a.invariant], proofs[a.invariant].action(a.action))
 
-    before_b: dict[tuple[str, str, str], dict[str, int]] = {}
-    before_o: dict[tuple[str, str, str], dict[str, int]] = {}
+    # the prior walks' samples per encoded branch and per spec outcome, counted with this walk's
+    before: dict[str, dict[tuple[str, str, str], dict[str, int]]] = {"branches": {}, "outcomes": {}}
     for r0 in prior or []:
-        k0 = (r0.invariant, r0.action, r0.spec_action)
-        for src, dst in ((r0.branches, before_b), (r0.outcomes, before_o)):
-            d = dst.setdefault(k0, {})
-            for b, n in src.items():
+        for of, dst in before.items():
+            d = dst.setdefault((r0.invariant, r0.action, r0.spec_action), {})
+            for b, n in getattr(r0, of).items():
                 d[b] = d.get(b, 0) + n
 
     led: dict[tuple[str, str, str], set[tuple[str, str]]] = {k: set() for k in reps}  # (spec outcome, branch) seen
 
-    def nb(k: tuple[str, str, str], b: str) -> int:
-        return reps[k].branches.get(b, 0) + before_b.get(k, {}).get(b, 0)
-
-    def no(k: tuple[str, str, str], b: str) -> int:
-        return reps[k].outcomes.get(b, 0) + before_o.get(k, {}).get(b, 0)
+    def nb(k: tuple[str, str, str], b: str, of: str = "branches") -> int:
+        return getattr(reps[k], of).get(b, 0) + before[of].get(k, {}).get(b, 0)
 
     def satisfied(a: Adapter) -> bool:
         k = key_of[id(a)]
@@ -648,7 +620,7 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
         r = reps[k]
         if quota_mode:
             q = quota[k] if not past_soft else 1
-            if no(k, taken) < q:
+            if nb(k, taken, "outcomes") < q:
                 return True
             # a branch still short that this spec outcome has led to, or one never reached yet
             # (which spec outcome leads to it is not known): the sample may be the one
@@ -829,22 +801,17 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
                 diff = {k: (got.get(k), v) for k, v in expected.items() if got.get(k) != v}
                 mismatch = (f"{act.name}{args} spec {taken} (permits {sorted(allowed)}), encoding "
                             f"{got[('outcome', None)]}; differing (encoding, spec): {diff}")
-            if got_out is not None:
+            holds: dict[Any, bool] = {}  # encoded invariant (by function) on this projection
+            for key in ad.keys():
+                inv_id, r_ = key[0], reps[key]
+                p_ = proofs[inv_id]
                 # a concrete witness that this branch's proof hypotheses are satisfiable (once per branch)
-                for key in ad.keys():
-                    inv_id, r_ = key[0], reps[key]
-                    if got_out in r_.hyp_witnessed or len(r_.hyp_refuted) >= 3:
-                        continue
-                    p_ = proofs[inv_id]
+                if got_out is not None and got_out not in r_.hyp_witnessed and len(r_.hyp_refuted) < 3:
                     if hyp_eval(p_, p_.action(ad.action), u.nobj, ad.finite).holds(enc_state, enc_args):
                         r_.hyp_witnessed[got_out] = 1
                     elif spec_before.get(inv_id, True):
                         r_.hyp_refuted.append(f"before {act.name}{args} -> {got_out}: the executable invariant "
                                               f"holds but {inv_id}/{ad.action}'s hypotheses do not")
-            holds: dict[Any, bool] = {}  # encoded invariant (by function) on this projection
-            for key in ad.keys():
-                inv_id, r_ = key[0], reps[key]
-                p_ = proofs[inv_id]
                 if r_.inv_samples < want_inv[key]:
                     # invariant agreement: the encoded invariant on the projected (pre-step) state
                     # against the executable invariant on the spec state it projects

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import dataclasses
 import dis
+import functools
 import random
 import re
 import types
@@ -127,7 +128,8 @@ STATIC_NOT_WRITERS: tuple[tuple[str, str, str], ...] = (
 # Snapshots and their differences (write sets)
 # --------------------------------------------------------------------------
 
-def _record_types() -> tuple[type, ...]:
+@functools.cache
+def _records() -> tuple[type, ...]:
     """The mutable records of the spec's state (spec/state.py): recursed into field by field."""
     from memspec.spec import state as S
 
@@ -136,22 +138,9 @@ def _record_types() -> tuple[type, ...]:
                  and not c.__dataclass_params__.frozen)  # type: ignore[attr-defined]
 
 
-_RECORDS: tuple[type, ...] = ()
-_FIELDS: dict[type, tuple[str, ...]] = {}
-
-
-def _records() -> tuple[type, ...]:
-    global _RECORDS
-    if not _RECORDS:
-        _RECORDS = _record_types()
-    return _RECORDS
-
-
+@functools.cache
 def _fields_of(cls: type) -> tuple[str, ...]:
-    f = _FIELDS.get(cls)
-    if f is None:
-        f = _FIELDS[cls] = tuple(x.name for x in dataclasses.fields(cls))
-    return f
+    return tuple(x.name for x in dataclasses.fields(cls))
 
 
 class _Rec(tuple):
@@ -482,12 +471,6 @@ def _label(branch: Any) -> str:
     return "returns " + _SEQ.sub("N...", _NUM.sub("N", branch.describe))
 
 
-def _machine(level: str) -> Any:
-    from memspec.invariants.formal.proofs_catalog import machines
-
-    return machines()[level]
-
-
 def _invariant_fns(state: Any) -> list[tuple[str, Callable[[Any], Any]]]:
     from memspec.spec.invariants import ALL
 
@@ -507,11 +490,12 @@ def derive(seed: int = SEED, walks: tuple[Walk, ...] = WALKS, machines: dict[str
            scale: float = 1.0) -> Footprints:
     """Walk each of ``walks`` (seeded; ``scale`` times its steps) and record the footprints.
     ``machines``: ``{level: machine}`` in place of the spec's (a test's planted action)."""
+    from memspec.invariants.formal.proofs_catalog import machines as spec_machines
     from memspec.spec.core import RandomChooser
     from memspec.spec.selfcheck import draw_branch, follow, pick_action, usable
 
     fp = Footprints()
-    mach = {lvl: (machines or {}).get(lvl) or _machine(lvl) for lvl in sorted({w.level for w in walks})}
+    mach = {lvl: (machines or {}).get(lvl) or spec_machines()[lvl] for lvl in sorted({w.level for w in walks})}
     for lvl, m in mach.items():
         fp.actions += [f"{lvl}:{a.name}" for a in m.actions]
     for k, walk in enumerate(walks):
@@ -588,13 +572,12 @@ def footprints() -> Footprints:
     invariants of :data:`memspec.spec.invariants.ALL` as they are now (id and check functions): one added
     or replaced since (an engineer's scratch S16, a test's) has no read set in a derivation made before it,
     so it gets a derivation of its own."""
+    from memspec.invariants.formal.proofs import memo
     from memspec.spec.invariants import ALL
 
     key = tuple((inv.id, id(inv.check), id(inv.full_check)) for inv in ALL)
-    got = _CACHE.get(key)
-    if got is None:
-        got = _CACHE[key] = (tuple(ALL), derive())   # the invariants kept alive: their ids stay theirs
-    return got[1]
+    # the invariants kept alive with it: their ids stay theirs
+    return memo(_CACHE, key, lambda: (tuple(ALL), derive()))[1]
 
 
 # --------------------------------------------------------------------------
@@ -659,7 +642,8 @@ class RowCoverage:
     def problems(self) -> list[str]:
         """What fails the row: an unexplained gap, a stale :data:`KNOWN_GAPS` line."""
         out = [f"NOT COVERED (no reviewed reason): {g.describe(self.invariant)}; {self.row}'s machine encodes "
-               f"no action for it (add one to ENCODES, or a line to KNOWN_GAPS in {_HERE})" for g in self.unexplained]
+               f"no action for it (add one to ENCODES, or a line to KNOWN_GAPS in {_HERE}: "
+               f'("{self.row}", "{g.action}", "<why it is not encoded>"),)' for g in self.unexplained]
         return out + self.stale
 
     def as_json(self) -> dict[str, Any]:
@@ -675,27 +659,22 @@ _HERE = "invariants/formal/coverage.py"
 
 
 def known_gap_line(row: str, action: str) -> int | None:
-    """The line of this module holding ``(row, action, ...)`` in :data:`KNOWN_GAPS`."""
-    return _line_of(f'("{row}", "{action}"')
+    """The line of this module holding ``(row, action, ...)`` in :data:`KNOWN_GAPS` (or ``(field, action,
+    ...)`` in :data:`STATIC_NOT_WRITERS`)."""
+    import os
+
+    text = f'("{row}", "{action}"'
+    try:
+        with open(os.path.realpath(__file__)) as fh:
+            return next((n for n, line in enumerate(fh, 1) if text in line), None)
+    except OSError:
+        return None
 
 
 def _where(first: str, second: str) -> str:
     """``invariants/formal/coverage.py:<line>`` of the table line that starts ``("first", "second"``."""
-    line = _line_of(f'("{first}", "{second}"')
+    line = known_gap_line(first, second)
     return f"{_HERE}:{line}" if line else _HERE
-
-
-def _line_of(text: str) -> int | None:
-    import os
-
-    try:
-        with open(os.path.realpath(__file__)) as fh:
-            for n, line in enumerate(fh, 1):
-                if text in line:
-                    return n
-    except OSError:
-        return None
-    return None
 
 
 def row_coverage(p: Any, fp: Footprints | None = None,
@@ -776,10 +755,7 @@ def main() -> int:
         cov = row_coverage(p, fp)
         print(f"{p.id}: {len(cov.required)} required, {len(cov.uncovered)} reviewed gap(s)"
               + (f": {', '.join(cov.uncovered)}" if cov.uncovered else ""))
-        bad += cov.stale
-        for g in cov.unexplained:
-            bad.append(f"unexplained gap: {g.describe(cov.invariant)}\n    to review: "
-                       f'("{p.id}", "{g.action}", "<why it is not encoded>"),')
+        bad += cov.problems
     print("\n".join(bad) if bad else "KNOWN_GAPS matches the proofs' machines")
     print(f"walks: {fp.steps} steps; unreached: {', '.join(fp.unreached) or 'none'}")
     return 1 if bad else 0

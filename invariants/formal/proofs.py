@@ -45,6 +45,7 @@ import z3
 
 from memspec.invariants.formal import solving
 from memspec.invariants.formal.solving import Query
+from memspec.invariants.formal.z3native import Unsupported, from_z3
 from memspec.invariants.formal.z3fast import And, Implies, Not, Or
 from memspec.spec import kernels as K
 from memspec.spec.errors import ALL_ERRORS
@@ -57,10 +58,6 @@ OUTCOMES: tuple[str, ...] = ("ok", "pending") + tuple(ALL_ERRORS) + ("MemspecErr
 CODE: dict[str, int] = {name: i for i, name in enumerate(OUTCOMES)}
 OK = CODE["ok"]
 PENDING = CODE["pending"]
-
-
-def code(name: str) -> int:
-    return CODE[name]
 
 
 _SORTS: dict[str, z3.SortRef] = {}
@@ -353,16 +350,12 @@ def prefix_values(contribs: list[int]) -> tuple[int, dict[int, int]]:
     return (0, out)
 
 
-def _check_unsat(claim_negation: Any, timeout_ms: int = 20000) -> tuple[z3.CheckSatResult, z3.ModelRef | None]:
-    return solving.check(claim_negation, budget_ms=timeout_ms)
-
-
 def _check(name: str, claim_negation: Callable[[], Any], timeout_ms: int,
            fail: Callable[[Any, Any], str], proved: str = "proved") -> CheckResult:
     """The check ``name``: its claim holds when ``claim_negation()`` (built here, inside the time taken)
     is unsat within ``timeout_ms``; otherwise its detail is ``fail(answer, model or None)``."""
     t0 = time.perf_counter()
-    r, m = _check_unsat(claim_negation(), timeout_ms)
+    r, m = solving.check(claim_negation(), budget_ms=timeout_ms)
     return CheckResult(name, r == z3.unsat, time.perf_counter() - t0, proved if r == z3.unsat else fail(r, m))
 
 
@@ -422,7 +415,7 @@ def check_named(p: Proof, s: St, o: Any) -> list[CheckResult]:
                   lambda r, m: f"{r}: the inductive invariant does not imply the named one"
                   + (f": {_model_str(m, s, [('o', o)])}" if m is not None else ""), proved="Inv => Named proved")]
     t0 = time.perf_counter()
-    sol = Query(p.timeout_ms)
+    sol = Query(p.timeout_ms)   # no model taken: one made in the main context moves the refutation's search
     sol.add(Not(named(s, o)))
     r = sol.check()
     detail = "Named is falsifiable" if r == z3.sat else ""
@@ -462,11 +455,9 @@ def check_hypotheses(p: Proof, s: St, o: Any, res: ProofResult) -> None:
             continue
         a = _args(act, "a")
         out, _s2 = act.step(s, a)
-        sol = Query(HYP_MS)
-        sol.add(_hyp(p, s, o, act, a))
-        r = sol.check()
+        r, m = solving.check(_hyp(p, s, o, act, a), budget_ms=HYP_MS)
         if r == z3.sat:
-            b = _outcome_in(sol.model(), out)
+            b = _outcome_in(m, out)
             res.hyp_branches[act.name] = [b] if b is not None else []
             detail = f"satisfiable (a model takes {res.hyp_branches[act.name]})"
         elif r == z3.unsat:
@@ -500,8 +491,8 @@ def prove(p: Proof) -> ProofResult:
         t0 = time.perf_counter()
         a = _args(act, "a") if act is not None else St()
         lem = [p.lemmas(s, o, a)] + ([p.lemmas(s, a[x], a) for x in act.objs] if act is not None else [])
-        r, m = _check_unsat(And(_hyp(p, s, o, act, a if act is not None else None, lemmas=False),
-                                   Not(And(*lem))), p.timeout_ms)
+        r, m = solving.check(And(_hyp(p, s, o, act, a if act is not None else None, lemmas=False),
+                                 Not(And(*lem))), budget_ms=p.timeout_ms)
         where = act.name if act is not None else "safety"
         if r != z3.unsat:
             res.assumed.append(f"{p.lemma_doc} (at {where}: not derived from the invariant, {r})")
@@ -515,7 +506,7 @@ def prove(p: Proof) -> ProofResult:
         goal = [p.inv(s2, o)]
         if p.step_prop is not None:
             goal.append(p.step_prop(act.name, s, a, out, s2, o))
-        r, m = _check_unsat(And(_hyp(p, s, o, act, a), Not(And(*goal))), p.timeout_ms)
+        r, m = solving.check(And(_hyp(p, s, o, act, a), Not(And(*goal))), budget_ms=p.timeout_ms)
         detail = "proved"
         if r != z3.unsat:
             detail = f"{r}"
@@ -551,10 +542,15 @@ def branches(p: Proof, act: Act, timeout_ms: int = 10000) -> list[str]:
     once per (step, pre, params, fields, budget): the key holds the functions
     themselves, so a planted break (another step) is never answered from it."""
     key = (act.step, act.pre, tuple(act.params.items()), tuple(p.fields.items()), timeout_ms)
-    got = _BRANCHES.get(key)
+    return list(memo(_BRANCHES, key, lambda: _branches(p, act, timeout_ms)))
+
+
+def memo(cache: dict[Any, Any], key: Any, build: Callable[[], Any]) -> Any:
+    """``cache[key]``, built by ``build()`` the first time."""
+    got = cache.get(key)
     if got is None:
-        got = _BRANCHES[key] = _branches(p, act, timeout_ms)
-    return list(got)
+        got = cache[key] = build()
+    return got
 
 
 def _branches(p: Proof, act: Act, timeout_ms: int) -> list[str]:
@@ -581,14 +577,12 @@ def _outcome_in(m: z3.ModelRef, out: Any) -> str | None:
 
 
 def _val(m: z3.ModelRef, v: Any) -> Any:
+    """``v``'s value in ``m``: a Python ``int`` or ``bool`` where it is a literal (:func:`.z3native.from_z3`)."""
     x = m.eval(v, model_completion=True)
-    if z3.is_int_value(x):
-        return x.as_long()
-    if z3.is_true(x):
-        return True
-    if z3.is_false(x):
-        return False
-    return x
+    try:
+        return from_z3(x)
+    except Unsupported:
+        return x
 
 
 def refute_unguarded(p: Proof, actions: list[Act] | None = None) -> tuple[bool, str]:
@@ -701,6 +695,30 @@ def bv(v: Any) -> Any:
 _CONCRETE: dict[Any, Any] = {}
 
 
+def native_value(kind: str, value: Any) -> Any:
+    """A field's concrete value (the form :func:`concrete` takes) as an array ``(default, {index:
+    value})``, nested for the two-level kinds (the form of :mod:`.z3native` too); a scalar as it is."""
+    if kind == ARR2B:   # {index: set of true indices}
+        return ((False, {}), {i: (False, {j: True for j in t}) for i, t in value.items()})
+    if kind == ARR2:    # {index: (default, {index: value})}, rows absent: all 0
+        return ((0, {}), dict(value))
+    return value
+
+
+def _frozen(x: Any) -> Any:
+    return (_frozen(x[0]), tuple(sorted((i, _frozen(v)) for i, v in x[1].items()))) if type(x) is tuple else x
+
+
+def _array(x: Any, lit: Callable[[Any], Any]) -> Any:
+    """A :func:`native_value` as a Z3 term: a constant array of its default, then its stores in index order."""
+    if type(x) is not tuple:
+        return lit(x)
+    arr = z3.K(z3.IntSort(), _array(x[0], lit))
+    for i, v in sorted(x[1].items()):
+        arr = z3.Store(arr, iv(i), _array(v, lit))
+    return arr
+
+
 def concrete(kind: str, value: Any) -> Any:
     """A Python value as a Z3 literal of the field's kind: arrays from
     ``(default, {index: value})``, ``ARR2B`` from ``{index: set of true indices}``."""
@@ -708,41 +726,13 @@ def concrete(kind: str, value: Any) -> Any:
         return iv(value)
     if kind == BOOL:
         return bv(value)
-    if kind == ARR2B:
-        key: Any = (kind, tuple(sorted((i, tuple(sorted(t))) for i, t in value.items())))
-    elif kind == ARR2:  # {key: (default, {index: value})}, rows absent: all 0
-        key = (kind, tuple(sorted((i, d, tuple(sorted(r.items()))) for i, (d, r) in value.items())))
-    else:
-        key = (kind, value[0], tuple(sorted(value[1].items())))
+    arr = native_value(kind, value)
+    key = (kind, value[0], tuple(sorted(value[1].items()))) if kind in (ARR, BARR) else (kind, _frozen(arr))
     t = _CONCRETE.get(key)
-    if t is not None:
-        return t
-    if kind == ARR2:
-        arr2 = z3.K(z3.IntSort(), z3.K(z3.IntSort(), iv(0)))
-        for i, (d, items) in sorted(value.items()):
-            row = z3.K(z3.IntSort(), iv(d))
-            for j, v in sorted(items.items()):
-                row = z3.Store(row, iv(j), iv(v))
-            arr2 = z3.Store(arr2, iv(i), row)
-        t = arr2
-    elif kind == ARR2B:
-        arr2 = z3.K(z3.IntSort(), z3.K(z3.IntSort(), bv(False)))
-        for i, trues in sorted(value.items()):
-            row = z3.K(z3.IntSort(), bv(False))
-            for j in sorted(trues):
-                row = z3.Store(row, iv(j), bv(True))
-            arr2 = z3.Store(arr2, iv(i), row)
-        t = arr2
-    else:
-        default, items = value
-        lit = iv if kind == ARR else bv
-        arr = z3.K(z3.IntSort(), lit(default))
-        for i, v in sorted(items.items()):
-            arr = z3.Store(arr, iv(i), lit(v))
-        t = arr
-    if len(_CONCRETE) > 50000:
-        _CONCRETE.clear()
-    _CONCRETE[key] = t
+    if t is None:
+        if len(_CONCRETE) > 50000:
+            _CONCRETE.clear()
+        t = _CONCRETE[key] = _array(arr, iv if kind in (ARR, ARR2) else bv)
     return t
 
 

@@ -7,16 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from memspec.invariants.formal.proofs import Proof, ProofResult, prove
+from memspec.invariants.formal.proofs import Proof
 from memspec.invariants.formal.proofs_seed000 import MORE_PROOFS, PROOFS
 
 
 def all_proofs() -> list[Proof]:
     return list(PROOFS) + list(MORE_PROOFS)
-
-
-def run_all(ids: list[str] | None = None) -> list[ProofResult]:
-    return [prove(p) for p in all_proofs() if ids is None or p.id in ids]
 
 
 # --------------------------------------------------------------------------

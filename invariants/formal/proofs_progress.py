@@ -44,8 +44,8 @@ from typing import Any
 
 import z3
 
-from memspec.invariants.formal.proofs import OK, St, _check_unsat, fresh
-from memspec.invariants.formal.solving import Query
+from memspec.invariants.formal.proofs import OK, St, fresh
+from memspec.invariants.formal.solving import Query, check
 from memspec.spec import kernels as K
 
 ID, TITLE = "P1", "progress"
@@ -97,13 +97,13 @@ def prove_progress() -> ProgressResult:
     n, cold = z3.Ints("n cold")
     hyp = z3.And(E.S15.inv(s, s.nt), 0 <= cold, cold <= s.charged, n > 0)
     _obl, admitted = _sequence(s, n, cold)
-    r, m = _check_unsat(z3.And(hyp, n <= s.free + cold, z3.Not(admitted)))
+    r, m = check(z3.And(hyp, n <= s.free + cold, z3.Not(admitted)), budget_ms=20000)
     res.proved = r == z3.unsat
     res.detail = "proved" if res.proved else f"{r}: " + " ".join(str(m).split())[:400]
     sol = Query(20000)   # rlimit units (never the clock): satisfiable hypotheses, not vacuous
     sol.add(hyp, n > s.free, n <= s.free + cold)
     res.vacuous = sol.check() != z3.sat
-    r2, m2 = _check_unsat(z3.And(hyp, n <= s.free + cold + 1, z3.Not(admitted)))
+    r2, m2 = check(z3.And(hyp, n <= s.free + cold + 1, z3.Not(admitted)), budget_ms=20000)
     res.refuted_without_fit = r2 == z3.sat
     if m2 is not None:
         res.refutation = (f"n={m2.eval(n)}, free={m2.eval(s.free)}, cold={m2.eval(cold)}, "

@@ -12,7 +12,7 @@ through the detectors that apply:
 * ``spec-check``: the spec's own stateful test (``memspec spec-check``) on
   the machine the break lives in; for the caching machine, which
   ``spec-check`` does not drive, a random walk of its actions with every
-  C invariant checked after each step (``spec walk``).
+  C invariant checked after each step (``spec-walk``).
 
 A detector counts only where it is silent on the unbroken project (the
 baseline is run first).  A break is *killed* when a detector fires; the
@@ -40,13 +40,13 @@ from __future__ import annotations
 
 import random
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from typing import Any, Callable, Iterator
 
 from memspec.invariants.formal import proofs_seed000 as E
 from memspec.spec.selfcheck import follow
-from memspec.invariants.forked import forkable
+from memspec.invariants.forked import forkable, in_fresh_processes
 from memspec.invariants.formal.proofs import Proof, prove
 from memspec.spec import kernels as K
 from memspec.spec.core import RandomChooser, Returns
@@ -210,6 +210,7 @@ OUTSIDE_PROVE = ("spec-check:", "spec-walk:")
 
 
 def outside_prove(detector: str) -> bool:
+    """A detector outside ``memspec prove`` -- or a catch one made (each starts with its detector's name)."""
     return detector.startswith(OUTSIDE_PROVE)
 
 
@@ -226,7 +227,7 @@ def prove_first(b: Break) -> Break:
 
 def by_prove(caught: str | None) -> bool:
     """Was the catch made by one of ``memspec prove``'s own checks (not a detector outside it)?"""
-    return bool(caught) and not caught.startswith(("spec-check:", "spec walk:"))
+    return bool(caught) and not outside_prove(caught)
 
 
 # -- caching heap encoding: the policy knobs (memory_fraction, divisions, gc threshold, release_available) --
@@ -241,9 +242,7 @@ def detect_heap_knob(knob: str) -> str | None:
     (:data:`proofs_caching_heap.KNOB_UNGUARDED`) does not."""
     from memspec.invariants.formal import proofs_caching_heap as H
 
-    inv, act_name, guard, words = H.KNOB_UNGUARDED[knob]
-    only = KNOB_GOALS[knob]
-    return _guard_removed_refutes(inv, act_name, guard, words, only)
+    return _guard_removed_refutes(*H.KNOB_UNGUARDED[knob], KNOB_GOALS[knob])   # (inv, action, guard, words)
 
 
 def _caching_knob_breaks() -> list[Break]:
@@ -358,7 +357,7 @@ def detect_caching_walk(walks: int = 60, steps: int = 40) -> str | None:
             try:
                 acts = [a for a in CACHING.actions if a.available(st)]
             except Exception as e:  # the spec's own state is broken
-                return f"spec walk: the state no longer reads ({type(e).__name__}: {e})"
+                return f"spec-walk: the state no longer reads ({type(e).__name__}: {e})"
             if not acts:
                 break
             act = rng.choices(acts, weights=[a.weight for a in acts])[0]
@@ -373,11 +372,11 @@ def detect_caching_walk(walks: int = 60, steps: int = 40) -> str | None:
                 br = rng.choice(served)
                 follow(br)
             except Exception as e:  # the spec itself broke
-                return f"spec walk: {act.name} raised {type(e).__name__}: {e}"
+                return f"spec-walk: {act.name} raised {type(e).__name__}: {e}"
             bad = CACHING.check_invariants(st)
             if bad:
                 inv, why = bad[0]
-                return f"spec walk: {inv} after {act.name}: {why[:120]}"
+                return f"spec-walk: {inv} after {act.name}: {why[:120]}"
     return None
 
 
@@ -410,43 +409,41 @@ def _dropped(inv: str, action: str) -> Callable[[], Proof]:
 
 
 @contextmanager
-def _undeclared_refund() -> Iterator[None]:
-    """A spec action no ENCODES names: a refund path that lowers the session's charge and forgets its
-    physical bytes (what S2 reads)."""
+def _undeclared(level: str, name: str, owner: str, doc: str, blame: str,
+                effect: Callable[[Any], None]) -> Iterator[None]:
+    """A spec action no ENCODES names, added to the ``level`` machine for the duration: it takes no
+    argument and returns None, ``effect(state)`` its only step (blamed on ``blame``)."""
+    from memspec.invariants.formal.proofs_catalog import machines
+    from memspec.spec.core import Action, outcomes
+
+    def step(s: Any) -> Any:
+        return outcomes(Returns("None", lambda v: v is None, lambda _v: effect(s), lambda: None), blame=blame)
+
+    m = machines()[level]
+    with _patched(m, "actions", m.actions + [Action(name, owner, doc, {}, step, lambda sut: None)]):
+        yield
+
+
+def _undeclared_refund() -> Any:
+    """A refund path that lowers the session's charge and forgets its physical bytes (what S2 reads)."""
     from memspec.spec import ep
-    from memspec.spec.core import Action, outcomes
-    from memspec.spec.system import SYSTEM
 
-    def refund_forgetting_physical(s: Any) -> Any:
-        def then(_v: Any) -> None:
-            if s.charged_by.get("session", 0) >= s.page:
-                ep.refund(s, "session", s.page)
-        return outcomes(Returns("None", lambda v: v is None, then, lambda: None), blame="S2")
-
-    act = Action("refund_forgetting_physical", "Governor", "A refund that forgets the physical bytes.", {},
-                 refund_forgetting_physical, lambda sut: None)
-    with _patched(SYSTEM, "actions", SYSTEM.actions + [act]):
-        yield
+    def effect(s: Any) -> None:
+        if s.charged_by.get("session", 0) >= s.page:
+            ep.refund(s, "session", s.page)
+    return _undeclared("system", "refund_forgetting_physical", "Governor",
+                       "A refund that forgets the physical bytes.", "S2", effect)
 
 
-@contextmanager
-def _undeclared_trim() -> Iterator[None]:
-    """A mechanism action no ENCODES names: a trim that takes a page of private bytes off the physical
-    figure (both fields S5 reads; the executable S5 still holds, so only derived coverage sees it)."""
-    from memspec.spec.core import Action, outcomes
-    from memspec.spec.mechanism import MECHANISM
-
-    def trim_private(s: Any) -> Any:
-        def then(_v: Any) -> None:
-            if s.private_bytes >= s.page and s.physical >= s.page:
-                s.private_bytes -= s.page
-                s.physical -= s.page
-        return outcomes(Returns("None", lambda v: v is None, then, lambda: None), blame="S5")
-
-    act = Action("trim_private", "Mechanism", "A trim of private pages no encoding declares.", {},
-                 trim_private, lambda sut: None)
-    with _patched(MECHANISM, "actions", MECHANISM.actions + [act]):
-        yield
+def _undeclared_trim() -> Any:
+    """A trim that takes a page of private bytes off the physical figure (both fields S5 reads; the
+    executable S5 still holds, so only derived coverage sees it)."""
+    def effect(s: Any) -> None:
+        if s.private_bytes >= s.page and s.physical >= s.page:
+            s.private_bytes -= s.page
+            s.physical -= s.page
+    return _undeclared("mechanism", "trim_private", "Mechanism", "A trim of private pages no encoding declares.",
+                       "S5", effect)
 
 
 def detect_coverage(p: Proof) -> str | None:
@@ -519,18 +516,9 @@ def _baseline_keys(breaks: list[Break]) -> list[str]:
     return keys
 
 
-def _baseline(key: str) -> Any:
-    """One detector on the unbroken project: for ``prove:<inv>`` the failing checks and whether the
-    unguarded variant is refuted; for the others the detector's answer (None: silent)."""
-    return run_key(key)
-
-
 def _run_break(b: Break, baselines: dict[str, Any], problems: dict[str, Any]) -> str | None:
     """Plant ``b`` (its patch entered, restored after), run its detectors until one fires; the catch."""
-    cm = b.patch() if b.patch is not None else None
-    if cm is not None:
-        cm.__enter__()
-    try:
+    with b.patch() if b.patch is not None else nullcontext():
         for d in b.detectors:
             if detector_key(d, b.invariant) in problems:
                 continue  # a detector that fires unbroken proves nothing
@@ -538,9 +526,6 @@ def _run_break(b: Break, baselines: dict[str, Any], problems: dict[str, Any]) ->
             if caught:
                 return caught
         return None
-    finally:
-        if cm is not None:
-            cm.__exit__(None, None, None)
 
 
 #: what the forked workers read: (the breaks, the baselines, the problems), set before the pool forks
@@ -554,23 +539,15 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float, float]:
 
 
 def _baseline_job(key: str) -> tuple[Any, float, float]:
-    return _timed(lambda: _baseline(key))
+    """One detector on the unbroken project (:func:`run_key`): for ``prove:<inv>`` the failing checks and
+    whether the unguarded variant is refuted; for the others the detector's answer (None: silent)."""
+    return _timed(lambda: run_key(key))
 
 
 def _break_job(i: int) -> tuple[Any, float, float]:
     assert _WORK is not None
     breaks, baselines, problems = _WORK
     return _timed(lambda: _run_break(breaks[i], baselines, problems))
-
-
-def _in_fresh_processes(job: Callable[[Any], Any], items: list[Any], jobs: int) -> list[Any]:
-    """``job`` of each item, in order, each in a process of its own forked from this one (``jobs`` at a
-    time, every fork on this thread: :mod:`memspec.invariants.forked`): whatever an item leaves behind (a
-    patch not restored, a cache filled, a Hypothesis database entry, a module imported, a random state)
-    dies with its process, so no item sees another's."""
-    from memspec.invariants.forked import in_fresh_processes
-
-    return in_fresh_processes(job, items, jobs)
 
 
 #: CPU and wall seconds of the last :func:`run_self_test` (for the report only): ``baselines`` and
@@ -602,11 +579,13 @@ def run_self_test(breaks: list[Break] | None = None, *, jobs: int = 1, isolate: 
     t0 = time.perf_counter()
     known = {} if known is None else known
     keys = [k for k in _baseline_keys(breaks) if k not in known]
-    isolate = isolate and forkable()
-    if isolate:
-        base = _in_fresh_processes(_baseline_job, keys, jobs)
-    else:
-        base = [_baseline_job(k) for k in keys]
+    # isolated: each job in a process of its own forked from this one (``jobs`` at a time, every fork on
+    # this thread: :mod:`memspec.invariants.forked`): whatever it leaves behind (a patch not restored, a
+    # cache filled, a Hypothesis database entry, a module imported, a random state) dies with its process
+    def run(job: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+        return in_fresh_processes(job, items, jobs) if isolate and forkable() else [job(x) for x in items]
+
+    base = run(_baseline_job, keys)
     known.update((k, v) for k, (v, _w, _c) in zip(keys, base))
     baselines = {k: known[k] for k in _baseline_keys(breaks)}
     problems: dict[str, Any] = {}
@@ -616,14 +595,11 @@ def run_self_test(breaks: list[Break] | None = None, *, jobs: int = 1, isolate: 
                 problems[k] = f"fails unbroken: {sorted(v[0])}"
         elif v:
             problems[k] = v
-    if isolate:
-        _WORK = (breaks, baselines, problems)
-        try:
-            done = _in_fresh_processes(_break_job, list(range(len(breaks))), jobs)
-        finally:
-            _WORK = None
-    else:
-        done = [_timed(lambda b=b: _run_break(b, baselines, problems)) for b in breaks]
+    _WORK = (breaks, baselines, problems)
+    try:
+        done = run(_break_job, list(range(len(breaks))))
+    finally:
+        _WORK = None
     LAST_RUN.clear()
     LAST_RUN.update(baselines=sum(c for _v, _w, c in base), breaks=sum(c for _v, _w, c in done),
                     wall=time.perf_counter() - t0)
@@ -689,16 +665,12 @@ def _ticket_end_keeps_failed(orig: Any) -> Any:
 
 
 def detect_progress() -> str | None:
-    """P1: Z3's admission proof over S15's machine, then the spec walk."""
-    from memspec.invariants.formal.proofs_progress import check_on_spec, prove_progress
+    """P1 as ``memspec prove`` judges its row (:func:`proofs_progress.record`: Z3's admission proof over
+    S15's machine, not vacuous, tight; then the spec walk): the first reason it is not proved."""
+    from memspec.invariants.formal.proofs_progress import record
 
-    z = prove_progress()
-    if not z.proved:
-        return f"progress: P1 not proved by Z3 ({z.detail[:100]})"
-    w = check_on_spec(150, 0)
-    if w.counterexamples:
-        return f"progress: P1 not admitted on the spec: {w.counterexamples[0][:120]}"
-    return None
+    why = record(150, 0)["_why"]
+    return f"progress: P1 not proved: {why[0][:140]}" if why else None
 
 
 def _generation_progress_breaks() -> list[Break]:
@@ -728,15 +700,9 @@ KNOB_GOALS["expandable_segments"] = ("reserved",)
 
 
 def _map_ignores_the_device(orig: Any) -> Any:
-    import dataclasses
-
     def map_(st: Any, seg: Any, i: int, size: int) -> Any:
-        pol = st.policy
-        st.policy = dataclasses.replace(pol, capacity=1 << 50)
-        try:
+        with _patched(st, "policy", replace(st.policy, capacity=1 << 50)):
             return orig(st, seg, i, size)
-        finally:
-            st.policy = pol
     return map_
 
 

@@ -86,6 +86,7 @@ _CMP = {z3.Z3_OP_LE: " <= ", z3.Z3_OP_LT: " < ", z3.Z3_OP_GE: " >= ", z3.Z3_OP_G
 _FORMAT = {z3.Z3_OP_NOT: "not {0}", z3.Z3_OP_IMPLIES: "(not {0}) or {1}", z3.Z3_OP_XOR: "{0} != {1}",
            z3.Z3_OP_UMINUS: "-{0}", z3.Z3_OP_IDIV: "_div({0}, {1})", z3.Z3_OP_MOD: "_mod({0}, {1})",
            z3.Z3_OP_ABS: "abs({0})"}
+_LITERALS = {z3.Z3_OP_TRUE: "True", z3.Z3_OP_FALSE: "False"}   # constants: their Python expression
 
 #: how an array-valued node is held: a stored map (tuple), a function (a lambda), or either
 _MAP, _FN, _EITHER = "map", "fn", "either"
@@ -177,7 +178,7 @@ _SHAPES = _Shapes()
 #: nodes whose shapes are kept (and pinned) at most
 SHAPES_CAP = 2_000_000
 
-_KNOWN = {z3.Z3_OP_TRUE, z3.Z3_OP_FALSE, z3.Z3_OP_EQ, z3.Z3_OP_IFF, z3.Z3_OP_DISTINCT, z3.Z3_OP_ITE,
+_KNOWN = {*_LITERALS, z3.Z3_OP_EQ, z3.Z3_OP_IFF, z3.Z3_OP_DISTINCT, z3.Z3_OP_ITE,
           z3.Z3_OP_SELECT, z3.Z3_OP_STORE, z3.Z3_OP_CONST_ARRAY, *_NARY, *_CMP, *_FORMAT}
 
 
@@ -257,11 +258,8 @@ class Program:
                 continue
             xs = [lookup(i, scope) for i in ids]
             local = scope is not None and any(i in scope.names for i in ids)
-            if op == z3.Z3_OP_TRUE:
-                names[k] = "True"
-                continue
-            if op == z3.Z3_OP_FALSE:
-                names[k] = "False"
+            if op in _LITERALS:
+                names[k] = _LITERALS[op]
                 continue
             if op == z3.Z3_OP_UNINTERPRETED:
                 if n:
