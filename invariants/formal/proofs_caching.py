@@ -49,21 +49,13 @@ from memspec.invariants.formal import proofs_caching_heap as H
 from memspec.spec.api import MiB
 
 # the seed's size constant and policy kernels, stated once: the heap encoding's
-from memspec.invariants.formal.proofs_caching_heap_terms import K_SMALL, z_round, z_segment, z_split
+from memspec.invariants.formal.proofs_caching_heap_terms import K_SMALL, z_round
 
 
 def policy(seed: bool) -> St:
     """The policy fields the heap's kernels read (:func:`z_round`, :func:`z_segment`, :func:`z_split`),
     concrete: the preset, no max_split_size, no roundup_power2_divisions table, no expandable segments."""
     return St(seed=z3.BoolVal(seed), ms=z3.IntVal(0), ex=z3.BoolVal(False), dv=z3.K(z3.IntSort(), z3.IntVal(0)))
-
-
-def _kernels(seed: bool) -> tuple[Any, Any, Any]:
-    """The heap's kernels at :func:`policy`, simplified, for a large-pool request: ``(round(n),
-    segment(r), split(remaining, r))`` as functions of Z3 terms."""
-    p = policy(seed)
-    return (lambda n: z3.simplify(z_round(p, n)), lambda r: z3.simplify(z_segment(p, r)),
-            lambda rem, r: z3.simplify(z_split(p, rem, r, z3.BoolVal(False))))
 
 
 #: the heap machine's actions a user-level call may take: a malloc's paths, then (the request left pending:
@@ -360,37 +352,6 @@ def expandable_no_fragmentation_oom(preset: str = "pytorch", capacity: int = 40 
     return ExpandableCheck(preset, depth, sizes, len(seen), byte_cex, page_cex, time.perf_counter() - t0)
 
 
-def kernel_agreement(samples: int = 1000, seed: int = 0) -> list[str]:
-    """The heap's Z3 policy kernels at the synthesis's concrete policy state
-    (:func:`_kernels`) against spec/caching.py's on random large-pool values
-    (substitute + simplify); the mismatches.  (The heap's
-    ``kernel_boundary_agreement`` checks the same kernels on a symbolic policy,
-    at every threshold +-1; this one at the state the synthesis uses, off the
-    thresholds.)"""
-    import random
-
-    from memspec.spec import caching as C
-
-    rng = random.Random(seed)
-    n, r, rem = z3.Ints("n r rem")
-    bad = []
-    for preset_seed in (False, True):
-        k_round, k_segment, k_split = _kernels(preset_seed)
-        er, es, ep = k_round(n), k_segment(r), k_split(rem, r)
-        for _ in range(samples):
-            size = rng.choice([rng.randint(K_SMALL + 1, 64 * MiB), rng.randint(1, 40) * MiB + rng.choice((-1, 0, 1))])
-            size = max(size, K_SMALL + 1)
-            rounded = C.round_size(size, preset_seed)
-            remaining = rng.randint(0, 24 * MiB)
-            got = (z3.simplify(z3.substitute(er, (n, z3.IntVal(size)))).as_long(),
-                   z3.simplify(z3.substitute(es, (r, z3.IntVal(rounded)))).as_long(),
-                   z3.is_true(z3.simplify(z3.substitute(ep, (rem, z3.IntVal(remaining)), (r, z3.IntVal(rounded))))))
-            want = (rounded, C.segment_size(rounded, preset_seed), C.should_split(remaining, rounded, False, preset_seed))
-            if got != want:
-                bad.append(f"seed={preset_seed} size={size} remaining={remaining}: z3 {got} spec {want}")
-    return bad
-
-
 @dataclass
 class CachingReport:
     synth: list[Synthesis]
@@ -410,11 +371,14 @@ class CachingReport:
 EXPANDABLE_SIZES = (2 * MiB, 19 * MiB, 21 * MiB)
 
 
-def run_caching(depth: int = 8, samples: int = 1000, sizes: tuple[int, ...] = EXPANDABLE_SIZES) -> CachingReport:
+def run_caching(depth: int = 8, sizes: tuple[int, ...] = EXPANDABLE_SIZES) -> CachingReport:
+    """The synthesis and its replays (both presets), the expandable search, and the heap's policy kernels
+    against spec/caching's (:func:`~memspec.invariants.formal.proofs_caching_heap.kernel_boundary_agreement`,
+    the one kernel agreement: at every threshold of the policy and +-1, a symbolic policy)."""
     t0 = time.perf_counter()
     synth = [synthesize(p, max_depth=depth) for p in ("pytorch", "seed")]
     replays = [replay(s) if s.depth is not None else (False, "nothing to replay") for s in synth]
     exp = [expandable_no_fragmentation_oom(p, depth=depth, sizes=sizes) for p in ("pytorch", "seed")]
-    km = kernel_agreement(samples)
+    km = H.kernel_boundary_agreement()
     # C1-C9 are proved by induction over any well-formed heap (proofs_caching_heap), not by this bounded search
     return CachingReport(synth, replays, exp, km, time.perf_counter() - t0)
