@@ -162,12 +162,13 @@ from memspec.invariants.formal.proofs import Act, St, at
 from memspec.spec.caching.invariants import CATALOG as CACHING_CATALOG
 from memspec.invariants.formal import proofs_caching_heap_terms, proofs_caching_heap_actions
 from memspec.invariants.formal.proofs_caching_heap_terms import (
-    FIELDS, FREE, K_MIN_BLOCK, K_ROUND_LARGE, K_SMALL, K_SMALL_BUFFER, MODE, MiB, STREAMS, SUMS, _all, _all2,
-    _contrib, block_wf, c1, c2, c3, c4, c5, c7, ceil_pg, idle, page, pair_wf, reserved_wf, round_ok,
-    rounding_lemma, scalars_wf, sums_wf, total, unmapped_aligned, wf, z_round, z_segment, z_split,
+    FIELDS, FREE, K_MIN_BLOCK, K_SMALL, MODE, MiB, STREAMS, SUMS, _all, _all2, _contrib,
+    arenas_wf, block_wf, c1, c2, c3, c4, c5, c7, ceil_pg, idle, page, pair_wf, reserved_wf, round_ok,
+    rounding_lemma, scalars_wf, sum_mono, sum_step, sums_wf, total, unmapped_aligned, wf, z_round, z_segment,
+    z_split,
 )
 from memspec.invariants.formal.proofs_caching_heap_actions import (
-    _cand, _largest_free_ok, _no_whole_pages, _target, _tried, _whole_free, actions, grow_best, lacking,
+    _cand, _largest_free_ok, _no_whole_pages, _target, _tried, _whole_free, actions, best_fit, lacking,
     malloc_parts, no_arena_holds, phase_actions, retry_parts, unmap_parts,
 )
 
@@ -205,9 +206,7 @@ def init(s: St) -> Any:
     max_split_size, preset, memory fraction, garbage-collection threshold, divisions table, expandable
     segments on or off (arenas of whole pages)."""
     zero = z3.K(z3.IntSort(), z3.IntVal(0))
-    return And(s.n == 0, s.cap >= 0, s.ms >= 0, s.Rs == 0, s.Rl == 0, idle(s),
-                  Implies(s.ex, And(s.vs >= K_SMALL_BUFFER, s.vs % K_ROUND_LARGE == 0,
-                                          s.vl >= K_SMALL_BUFFER, s.vl % page(s, False) == 0)),
+    return And(s.n == 0, s.cap >= 0, s.ms >= 0, s.Rs == 0, s.Rl == 0, idle(s), arenas_wf(s),
                   *[And(s[f"i{t}"] == 0, s[f"c{t}"] == 0) for t in range(STREAMS)],
                   *[s[nm] == zero for nm in SUMS])
 
@@ -245,15 +244,12 @@ def step_ok(name: str, s: St, a: St, out: Any, s2: St) -> dict[str, Any]:
         # C4: served from the request's pool, the best fit (smallest, then lowest address; with expandable
         # segments PyTorch's walk on to smaller expandable sizes: :func:`grow_best`)
         cand = lambda j: _cand(s, j, r, small, a.t)  # noqa: E731
-        plain = _all(s.n, lambda j: Implies(
-            cand(j), Or(at(s.sz, j) > at(s.sz, b), And(at(s.sz, j) == at(s.sz, b), at(s.ad, j) >= at(s.ad, b)))))
-        props["C4"] = Implies(fit, And(at(s.sm, b) == small, z3.If(s.ex, grow_best(s, b, a.b2, cand), plain)))
+        props["C4"] = Implies(fit, And(at(s.sm, b) == small, best_fit(s, b, a.b2, cand)))
     if name in ("malloc:fit", "expand:serve"):
-        # C5: a split leaves a legal remainder (seed 003: >= 512 B small pool, >= 2 MiB large pool; pytorch:
-        # > 1 MiB and below max_split_size); a block is handed over whole only when the remainder is illegal
-        legal = z3.If(small, rem >= K_MIN_BLOCK,
-                      z3.If(s.seed, rem >= K_ROUND_LARGE,
-                            z3.If(s.ex, rem >= K_MIN_BLOCK, And(rem > K_SMALL, Or(s.ms == 0, r < s.ms)))))
+        # C5: a split leaves a legal remainder (the split rule :func:`z_split`, checked against the spec's at
+        # every threshold: seed 003's >= 512 B small pool, >= 2 MiB large pool; pytorch's > 1 MiB and below
+        # max_split_size); a block is handed over whole only when the remainder is illegal
+        legal = z_split(s, rem, r, small)
         split_done = And(at(s2.sz, b) == r, rem > 0)
         props["C5"] = Implies(fit, And(Implies(split_done, legal), Implies(Not(split_done), Not(legal))))
         # C7: a block is reused only on its own stream, and only when free (not pending)
@@ -327,11 +323,8 @@ def goals(s2: St) -> list[tuple[str, Callable[[], Any]]]:
         ("C2:pair", lambda: _all2(s2.n, lambda i, j: pair_wf(s2, i, j))),
     ]
     for nm in SUMS:
-        c = _contrib(s2, nm)
-        out.append((f"sum:{nm}:step", lambda nm=nm, c=c: And(
-            at(s2[nm], 0) == 0, _all(s2.n, lambda i: at(s2[nm], i + 1) == at(s2[nm], i) + c(i)))))
-        out.append((f"sum:{nm}:mono", lambda nm=nm: _all2(s2.n, lambda i, j: Implies(
-            i <= j, at(s2[nm], i) <= at(s2[nm], j)), hi=1)))
+        out.append((f"sum:{nm}:step", lambda nm=nm: And(*sum_step(s2.n, s2[nm], _contrib(s2, nm), wide=False))))
+        out.append((f"sum:{nm}:mono", lambda nm=nm: sum_mono(s2.n, s2[nm])))
     out += [("reserved", lambda: reserved_wf(s2)), ("C3", lambda: c3(s2)),
             ("C4", lambda: c4(s2)), ("C5", lambda: c5(s2)), ("C7", lambda: c7(s2)),
             ("align", lambda: unmapped_aligned(s2))]
@@ -472,10 +465,9 @@ def _group_hyp(group: str, s: St, names: list[str]) -> Any:
     else:
         body = [wf(s), c3(s), c4(s), c5(s), c7(s)]
     for nm in (tuple(SUMS) if group == "sums-mono" else deps):
-        c = _contrib(s, nm)
-        body += [at(s[nm], 0) == 0, _all(s.n, lambda i, nm=nm, c=c: at(s[nm], i + 1) == at(s[nm], i) + c(i), wide=True)]
+        body += sum_step(s.n, s[nm], _contrib(s, nm))
         if group == "sums-mono":
-            body.append(_all2(s.n, lambda i, j, nm=nm: Implies(i <= j, at(s[nm], i) <= at(s[nm], j)), hi=1))
+            body.append(sum_mono(s.n, s[nm]))
     if group != "sums-step" and any(n == "reserved" for n in names):
         body.append(reserved_wf(s))
     return And(*body)
@@ -695,12 +687,12 @@ BOUNDED: dict[str, str | None] = {e.id: NOT_HEAP_ENCODED.get(e.id) for e in CACH
 #: the consecution checks of an action in three units (each its own pool task): the invariant's conjuncts
 #: and the step properties, the ghost sums' step equations, the ghost sums' monotonicity
 STEP_PARTS = ("core", *GROUPS)
-#: the actions whose consecution is split into :data:`STEP_PARTS` (those over ~10 s CPU in one unit)
-SPLIT_STEPS = ("unmap:cache", "unmap:free", "expand:map", "expand:serve", "malloc:fit", "malloc:new",
-               "malloc_retry:expand")
 #: rough CPU seconds of the costliest units (measured one by one; only the pool's order depends on it)
 HEAP_UNIT_COST = {"unmap:cache": 50.0, "malloc:fit": 28.0, "expand:map": 11.0, "malloc:new": 11.0,
                   "unmap:free": 10.7, "expand:serve": 5.5, "malloc_retry:expand": 4.7}
+#: the actions whose consecution is split into :data:`STEP_PARTS`: those of :data:`HEAP_UNIT_COST` (over
+#: ~10 s CPU in one unit when measured)
+SPLIT_STEPS = tuple(HEAP_UNIT_COST)
 
 
 def unit_cost(unit: tuple[str, ...]) -> float:

@@ -153,18 +153,25 @@ NO_USES = {**{f"u{t}": False for t in range(STREAMS)}, **{f"e{t}": 0 for t in ra
 def _new_segment(s: St, r: Any, small: Any, t: Any, base: Any, alloc: Any, rqn: Any) -> St:
     """A new segment at ``base``: its first block serves the request, the legal remainder stays free."""
     split = z_split(s, alloc - r, r, small)
+    return _add_segment(s, base, alloc, small, t, r, z3.If(split, r, alloc), split, (LIVE, rqn), FREE, alloc)
+
+
+def _add_segment(s: St, base: Any, size: Any, small: Any, t: Any, cut: Any, first: Any, two: Any,
+                 head: tuple[Any, Any], tail: int, mapped: Any) -> St:
+    """A segment (or arena) of ``size`` bytes at ``base`` (ids ``n``, ``n + 1``): its first block of ``first``
+    bytes (kind and requested bytes ``head``) and, when ``two``, the rest from ``cut`` on (kind ``tail``);
+    reserved grows by ``mapped``.  A new segment (:func:`_new_segment`) and a fresh arena (:func:`fresh_step`)."""
     n = s.n
-    out = s.set(n=n + z3.If(split, 2, 1))
-    fields = {"al": True, "ad": base, "sz": z3.If(split, r, alloc), "k": LIVE, "rq": rqn, "sm": small, "sr": t,
-              "sb": base, "ss": alloc, "pv": -1, "nx": z3.If(split, n + 1, -1), **NO_USES}
-    rem = {"al": split, "ad": base + r, "sz": alloc - r, "k": FREE, "rq": 0, "sm": small, "sr": t,
-           "sb": base, "ss": alloc, "pv": n, "nx": -1, **NO_USES}
+    fields = {"al": True, "ad": base, "sz": first, "k": head[0], "rq": head[1], "sm": small, "sr": t,
+              "sb": base, "ss": size, "pv": -1, "nx": z3.If(two, n + 1, -1), **NO_USES}
+    rest = {**fields, "al": two, "ad": base + cut, "sz": size - cut, "k": tail, "rq": 0, "pv": n, "nx": -1}
+    out = St(s)
     for f in fields:
-        out[f] = upd(upd(s[f], n, fields[f]), n + 1, z3.If(split, rem[f], at(s[f], n + 1)))
-    out.update(_reserve(s, small, alloc))
-    # appended ids: 2 (the second is dead when no split: contributes 0)
+        out[f] = upd(upd(s[f], n, fields[f]), n + 1, z3.If(two, rest[f], at(s[f], n + 1)))
+    out.update(_reserve(s, small, mapped))
+    # appended ids: 2 (the second is dead when not ``two``: contributes 0)
     out = _update_sums(s, out, [], 2)
-    out["n"] = n + z3.If(split, 2, 1)
+    out["n"] = n + z3.If(two, 2, 1)
     return out
 
 
@@ -233,6 +240,16 @@ def grow_best(s: St, b: Any, b2: Any, cand: Callable[[Any], Any]) -> Any:
     return And(chain, Or(And(b2 == -1, last), succ))
 
 
+def best_fit(s: St, b: Any, b2: Any, cand: Callable[[Any], Any]) -> Any:
+    """``b`` is get_free_block's choice among the candidates ``cand``: the smallest (size, then lowest
+    address); with expandable segments PyTorch's walk on to smaller expandable sizes (:func:`grow_best`,
+    ``b2`` the successor candidate).  Malloc's precondition and C4's step property."""
+    bsz = at(s.sz, b)
+    plain = _all(s.n, lambda j: Implies(
+        cand(j), Or(at(s.sz, j) > bsz, And(at(s.sz, j) == bsz, at(s.ad, j) >= at(s.ad, b)))))
+    return z3.If(s.ex, grow_best(s, b, b2, cand), plain)
+
+
 def gc_fires(s: St) -> Any:
     """``_garbage_collect`` runs (threshold and fraction set) and usage exceeds the threshold."""
     return And(s.gce, s.Rs + s.Rl > s.gth)
@@ -247,10 +264,7 @@ def malloc_parts(s: St, a: St, guards: frozenset = frozenset()) -> dict[str, Any
     b = a.b
     bsz = at(s.sz, b)
     cand = lambda j: _cand(s, j, r, small, t, guards)  # noqa: E731
-    better = lambda j: Or(at(s.sz, j) > bsz, And(at(s.sz, j) == bsz, at(s.ad, j) >= at(s.ad, b)))  # noqa: E731
-    best = And(0 <= b, b < s.n, cand(b),
-                  z3.BoolVal(True) if "best" in guards else
-                  z3.If(s.ex, grow_best(s, b, a.b2, cand), _all(s.n, lambda j: Implies(cand(j), better(j)))))
+    best = And(0 <= b, b < s.n, cand(b), z3.BoolVal(True) if "best" in guards else best_fit(s, b, a.b2, cand))
     none = _all(s.n, lambda j: Not(cand(j)))
     msrej = And(s.ms > 0, Or(And(r < s.ms, bsz >= s.ms), And(r >= s.ms, bsz >= r + K_LARGE_BUFFER)))
     found = And(b >= 0, Not(msrej))
@@ -362,16 +376,23 @@ def _serve(s: St, b: Any, r: Any, size: Any, split: Any) -> St:
     fit = St(s)
     for f, v in {"sz": z3.If(split, r, bsz), "k": LIVE, "rq": size, **NO_USES}.items():
         fit[f] = upd(s[f], b, v)
-    rem = {"al": split, "ad": at(s.ad, b) + r, "sz": bsz - r, "k": FREE, "rq": 0, "sm": at(s.sm, b),
-           "sr": at(s.sr, b), "sb": at(s.sb, b), "ss": at(s.ss, b), "pv": b, "nx": at(s.nx, b), **NO_USES}
-    for f, v in rem.items():
-        fit[f] = upd(fit[f], n, z3.If(split, v, at(s[f], n)))
-    q = at(s.nx, b)
-    fit["nx"] = z3.If(split, upd(fit["nx"], b, n), fit["nx"])
-    fit["pv"] = z3.If(And(split, q != -1), upd(fit["pv"], q, n), fit["pv"])
+    _cut(s, fit, b, split, at(s.ad, b) + r, bsz - r, FREE)
     fit = _update_sums(s, fit, [(b, z3.BoolVal(True))], 1)
     fit["n"] = n + z3.If(split, 1, 0)
     return fit
+
+
+def _cut(s: St, out: St, b: Any, two: Any, ad: Any, size: Any, kind: int) -> None:
+    """When ``two``, block ``n`` of ``out`` is the tail of block ``b`` from ``ad`` on (``size`` bytes of
+    ``kind``), linked after it: the remainder of a best fit (:func:`_serve`), the pages of an unmapped block
+    not mapped (:func:`map_step`)."""
+    n, q = s.n, at(s.nx, b)
+    rest = {"al": two, "ad": ad, "sz": size, "k": kind, "rq": 0, "sm": at(s.sm, b), "sr": at(s.sr, b),
+            "sb": at(s.sb, b), "ss": at(s.ss, b), "pv": b, "nx": q, **NO_USES}
+    for f, v in rest.items():
+        out[f] = upd(out[f], n, z3.If(two, v, at(s[f], n)))
+    out["nx"] = z3.If(two, upd(out["nx"], b, n), out["nx"])
+    out["pv"] = z3.If(And(two, q != -1), upd(out["pv"], q, n), out["pv"])
 
 
 def _release_one(s: St, b: Any) -> St:
@@ -604,15 +625,9 @@ def map_step(s: St, a: St, guards: frozenset = frozenset()) -> tuple[Any, St]:
     m = map_len(s, q, guards)
     part = m < at(s.sz, q)
     n = s.n
-    rest = {"al": part, "ad": at(s.ad, q) + m, "sz": at(s.sz, q) - m, "k": UNM, "rq": 0, "sm": at(s.sm, q),
-            "sr": at(s.sr, q), "sb": at(s.sb, q), "ss": at(s.ss, q), "pv": q, "nx": at(s.nx, q), **NO_USES}
     s1 = St(s)
-    for f, v in rest.items():
-        s1[f] = upd(s[f], n, z3.If(part, v, at(s[f], n)))
+    _cut(s, s1, q, part, at(s.ad, q) + m, at(s.sz, q) - m, UNM)
     s1["sz"] = upd(s1["sz"], q, m)
-    nq = at(s.nx, q)
-    s1["nx"] = z3.If(part, upd(s1["nx"], q, n), s1["nx"])
-    s1["pv"] = z3.If(And(part, nq != -1), upd(s1["pv"], nq, n), s1["pv"])
     merged, touched = _merge_free(s1, q)
     out = _update_sums(s, merged, touched, 1)
     out.update(_reserve(s, at(s.sm, q), m))
@@ -624,19 +639,9 @@ def map_step(s: St, a: St, guards: frozenset = frozenset()) -> tuple[Any, St]:
 def fresh_step(s: St, a: St) -> tuple[Any, St]:
     """expand:fresh: a new arena (VA ``vs``/``vl``) at a fresh base, its first pages mapped (the head)."""
     small = s.mr <= K_SMALL
-    va, m, n, base = _arena_va(s, small), fresh_len(s), s.n, a.base
-    part = m < va
-    first = {"al": True, "ad": base, "sz": m, "k": FREE, "rq": 0, "sm": small, "sr": s.mt, "sb": base, "ss": va,
-             "pv": -1, "nx": z3.If(part, n + 1, -1), **NO_USES}
-    rest = {"al": part, "ad": base + m, "sz": va - m, "k": UNM, "rq": 0, "sm": small, "sr": s.mt, "sb": base,
-            "ss": va, "pv": n, "nx": -1, **NO_USES}
-    out = St(s)
-    for f in first:
-        out[f] = upd(upd(s[f], n, first[f]), n + 1, z3.If(part, rest[f], at(s[f], n + 1)))
-    out.update(_reserve(s, small, m))
-    out = _update_sums(s, out, [], 2)
-    out["n"] = n + z3.If(part, 2, 1)
-    out["xh"] = n
+    va, m = _arena_va(s, small), fresh_len(s)
+    out = _add_segment(s, a.base, va, small, s.mt, m, m, m < va, (FREE, 0), UNM, m)
+    out["xh"] = s.n
     return PENDING, out
 
 
