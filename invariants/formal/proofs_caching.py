@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import z3
 
@@ -227,37 +227,51 @@ def _parse(s: str) -> int:
     return n
 
 
-def replay(syn: Synthesis, capacity: int = 40 * MiB, expandable: bool = False) -> tuple[bool, str]:
-    """Run the synthesized sequence through the executable caching spec's
-    ``malloc``/``free`` actions (spec-only: the predicted block is the
-    witness).  ``(the last malloc raised OutOfMemory and every earlier one
-    succeeded, description)``."""
+def spec_steps(syn: Synthesis, capacity: int = 40 * MiB,
+               expandable: bool = False) -> Iterator[tuple[str, dict[str, int], Any, Any]]:
+    """The synthesized trace on the executable caching spec's ``malloc``/``free`` actions (spec only: a
+    malloc's predicted block is the witness; one that raises commits nothing), step by step: ``(action,
+    arguments, the state after it, the malloc's first branch or None)``.  :func:`replay` and the
+    conformance corpus (:mod:`memspec.invariants.corpus`) read a trace only through it."""
     from memspec.spec import caching as C
     from memspec.spec.core import Raises
 
     st = C.CachingState(C.Policy(preset=syn.preset, capacity=capacity, expandable=expandable))
     refs: dict[str, int] = {}
-    for k, line in enumerate(syn.trace):
-        last = k == len(syn.trace) - 1
+    for line in syn.trace:
         if line.startswith("free("):
-            out = C.free.step(st, ref=refs[line[5:-1]])
-            out.branches[0].then(None)
+            args = {"ref": refs[line[5:-1]]}
+            C.free.step(st, **args).branches[0].then(None)
+            yield "free", args, st, None
             continue
         name = line.split("=")[0].strip() if "=" in line.split("(")[0] else None
         call = line.split("=", 1)[1] if name else line
-        size = _parse(call[call.index("(") + 1:call.index(")")])
-        out = C.malloc.step(st, size=size, stream=0)
-        first = out.branches[0]
+        args = {"size": _parse(call[call.index("(") + 1:call.index(")")]), "stream": 0}
+        first = C.malloc.step(st, **args).branches[0]
+        if not isinstance(first, Raises):
+            ref = first.then(first.witness())
+            if name:
+                refs[name] = ref
+        yield "malloc", args, st, first
+
+
+def replay(syn: Synthesis, capacity: int = 40 * MiB, expandable: bool = False) -> tuple[bool, str]:
+    """Run the synthesized sequence through the executable caching spec (:func:`spec_steps`).  ``(the last
+    malloc raised OutOfMemory and every earlier one succeeded, description)``."""
+    from memspec.spec import caching as C
+    from memspec.spec.core import Raises
+
+    for k, (action, args, st, first) in enumerate(spec_steps(syn, capacity, expandable)):
+        last = k == len(syn.trace) - 1
+        if action == "free":
+            continue
         if isinstance(first, Raises):
             figures = f"reserved {_fmt(st.reserved())}, allocated {_fmt(st.figure((C.LIVE,)))}, " \
                       f"free (capacity - allocated) {_fmt(capacity - st.figure((C.LIVE,)))}, " \
                       f"largest free block {_fmt(st.largest_free())}"
-            return last, f"step {k + 1} malloc({_fmt(size)}) -> OutOfMemory; {figures}"
-        ref = first.then(first.witness())
-        if name:
-            refs[name] = ref
+            return last, f"step {k + 1} malloc({_fmt(args['size'])}) -> OutOfMemory; {figures}"
         if last:
-            return False, f"the final malloc({_fmt(size)}) succeeded on the executable spec"
+            return False, f"the final malloc({_fmt(args['size'])}) succeeded on the executable spec"
     return False, "no malloc in the trace"
 
 
