@@ -168,7 +168,7 @@ from memspec.invariants.formal.proofs_caching_heap_terms import (
     z_split,
 )
 from memspec.invariants.formal.proofs_caching_heap_actions import (
-    _cand, _largest_free_ok, _no_whole_pages, _target, _tried, _whole_free, actions, best_fit, lacking,
+    _cand, _largest_free_ok, _no_whole_pages, _target, _whole_free, actions, best_fit, lacking,
     malloc_parts, no_arena_holds, phase_actions, retry_parts, unmap_parts,
 )
 
@@ -255,13 +255,8 @@ def step_ok(name: str, s: St, a: St, out: Any, s2: St) -> dict[str, Any]:
         # C7: a block is reused only on its own stream, and only when free (not pending)
         props["C7"] = Implies(fit, And(at(s.sr, b) == (a.t if name == "malloc:fit" else s.mt),
                                              at(s.k, b) == FREE))
-    if name == "malloc:oom":
-        props["C9"] = _figures_ok(s2, _tried(s, r, m["alloc"]), a.lf, a.lw)
-    if name in ("gc_end:oom", "expand:oom"):
-        props["C9"] = _figures_ok(s2, _tried(s, s.mr, z_segment(s, s.mr)), a.lf, a.lw)
-    if name == "malloc_retry:oom":
-        m = retry_parts(s, a)
-        props["C9"] = _figures_ok(s2, _tried(s, m["r"], m["alloc"]), a.lf, a.lw)
+    if name in ("malloc:oom", "gc_end:oom", "expand:oom", "malloc_retry:oom"):
+        props["C9"] = _figures_ok(s2, a.lf, a.lw)
     if name == "unmap:cache":
         # C6 (an arena): exactly the whole pages inside the free block go, reserved and the answer move by them,
         # and the free edges left hold no whole page
@@ -299,9 +294,11 @@ def step_ok(name: str, s: St, a: St, out: Any, s2: St) -> dict[str, Any]:
     return props
 
 
-def _figures_ok(s2: St, tried: Any, lf: Any, lw: Any) -> Any:
-    """C9: the OOM's figures are the state's: the request tried, reserved, allocated (live), largest free block."""
-    return And(s2.oq == tried, s2.orr == s2.Rs + s2.Rl, s2.oa == total(s2, "Ls") + total(s2, "Ll"),
+def _figures_ok(s2: St, lf: Any, lw: Any) -> Any:
+    """C9: the OOM's figures are the state's: reserved, allocated (live), largest free block.  (The request
+    tried is each OOM step's own figure, :func:`_tried`, compared with the spec's by the agreement: here it
+    was the same term on both sides.)"""
+    return And(s2.orr == s2.Rs + s2.Rl, s2.oa == total(s2, "Ls") + total(s2, "Ll"),
                   s2.olf == lf, _largest_free_ok(s2, lf, lw))
 
 
@@ -387,17 +384,24 @@ def qf_solver(timeout_ms: int) -> Query:
     return Query(min(timeout_ms, QF_MS), QF_LOGIC, ladder=QF_LADDER)
 
 
-def _check(hyp: Callable[[], Any], goal: Callable[[], Any], s: St, a: St, timeout_ms: int = 30000,
-           solvers: dict | None = None) -> tuple[Any, Any]:
-    MODE.kind, MODE.skolems = "skolem", []
-    g = goal()
-    sks = list(MODE.skolems)
-    MODE.kind = "inst"
-    _terms(s, a, sks)
+def _instantiate(hyp: Callable[[], Any], goal: Callable[[], Any], s: St, a: St, shared: bool = False,
+                 sums_only: bool = False) -> tuple[Any, Any]:
+    """``(hypothesis, goal)``: the goal's quantifiers skolem constants (``shared``: one per arity), the
+    hypothesis's instantiated at them and at the ids the action touches (:func:`_terms`)."""
+    MODE.kind, MODE.skolems, MODE.shared = "skolem", [], shared
     try:
+        g = goal()
+        MODE.kind = "inst"
+        _terms(s, a, list(MODE.skolems), sums_only)
         h = hyp()
     finally:
-        MODE.kind, MODE.terms, MODE.terms1, MODE.anchors, MODE.skolems = "forall", [], [], [], []
+        MODE.kind, MODE.shared, MODE.terms, MODE.terms1, MODE.anchors, MODE.skolems = "forall", False, [], [], [], []
+    return h, g
+
+
+def _check(hyp: Callable[[], Any], goal: Callable[[], Any], s: St, a: St, timeout_ms: int = 30000,
+           solvers: dict | None = None) -> tuple[Any, Any]:
+    h, g = _instantiate(hyp, goal, s, a)
     if solvers is not None:
         # one incremental solver per hypothesis: the goal is pushed and popped (an answer other than
         # unsat is re-checked below on fresh solvers, so sharing never changes a verdict)
@@ -475,18 +479,8 @@ def _group_hyp(group: str, s: St, names: list[str]) -> Any:
 
 def _check_group(group: str, items: list[tuple[str, Callable[[], Any]]], s: St, a: St, pre: Callable[[], Any],
                  timeout_ms: int) -> Any:
-    MODE.kind, MODE.skolems, MODE.shared = "skolem", [], True
-    try:
-        g = And(*[f() for _n, f in items])
-        sks = list(MODE.skolems)
-    finally:
-        MODE.shared = False
-    MODE.kind = "inst"
-    _terms(s, a, sks, sums_only=group.startswith("sums"))
-    try:
-        h = And(_group_hyp(group, s, [n for n, _f in items]), pre())
-    finally:
-        MODE.kind, MODE.terms, MODE.terms1, MODE.anchors, MODE.skolems = "forall", [], [], [], []
+    h, g = _instantiate(lambda: And(_group_hyp(group, s, [n for n, _f in items]), pre()),
+                        lambda: And(*[f() for _n, f in items]), s, a, shared=True, sums_only=group.startswith("sums"))
     sol = qf_solver(timeout_ms)   # a group not proved here is re-checked goal by goal (:func:`_check`)
     sol.add(h, Not(g))
     return sol.check()
@@ -818,20 +812,21 @@ def kernel_boundary_agreement(max_split_sizes: tuple[int, ...] = (0, 4 * MiB)) -
     st = St({"seed": seed, "ms": ms, "dv": dv, "ex": ex})
     er, es, ep = z_round(st, n), z_segment(st, r), z_split(st, rem, r, small)
     ok = round_ok(st, n, r)
+    ev = lambda e, *subs: z3.simplify(z3.substitute(e, *subs))  # noqa: E731  (a kernel at concrete values)
     bad: list[str] = []
     none = z3.K(z3.IntSort(), z3.IntVal(0))
     for table in DIVISION_TABLES:
         arr = none
         for k, d in enumerate(table):
             arr = z3.Store(arr, k, d)
-        er_t = z3.simplify(z3.substitute(er, (seed, z3.BoolVal(False)), (dv, arr)))
+        er_t = ev(er, (seed, z3.BoolVal(False)), (dv, arr))
         ok_t = z3.substitute(ok, (seed, z3.BoolVal(False)), (dv, arr))
         for size in sorted({p + d for p in division_points(table) for d in (-1, 0, 1)}):
             want = SK.round_size(size, False, SK.divisions_for(size, table))
-            got = z3.simplify(z3.substitute(er_t, (n, z3.IntVal(size)))).as_long()
+            got = ev(er_t, (n, z3.IntVal(size))).as_long()
             if got != want:
                 bad.append(f"divisions {table[:4]}... size={size}: z3 round {got}, spec {want}")
-            if not z3.is_true(z3.simplify(z3.substitute(ok_t, (n, z3.IntVal(size)), (r, z3.IntVal(want))))):
+            if not z3.is_true(ev(ok_t, (n, z3.IntVal(size)), (r, z3.IntVal(want)))):
                 bad.append(f"divisions {table[:4]}... size={size}: the spec's rounding {want} breaks round_ok")
     for msz in max_split_sizes:
         points = SK.boundaries(msz)
@@ -839,8 +834,8 @@ def kernel_boundary_agreement(max_split_sizes: tuple[int, ...] = (0, 4 * MiB)) -
             base = [(seed, z3.BoolVal(preset_seed)), (ms, z3.IntVal(msz)), (dv, none)]
             for size in points:
                 rounded = SK.round_size(size, preset_seed)
-                got_r = z3.simplify(z3.substitute(er, *base, (n, z3.IntVal(size)))).as_long()
-                got_s = z3.simplify(z3.substitute(es, *base, (r, z3.IntVal(rounded)))).as_long()
+                got_r = ev(er, *base, (n, z3.IntVal(size))).as_long()
+                got_s = ev(es, *base, (r, z3.IntVal(rounded))).as_long()
                 want_s = SK.segment_size(rounded, preset_seed)
                 if (got_r, got_s) != (rounded, want_s):
                     bad.append(f"seed={preset_seed} size={size}: z3 round/segment {(got_r, got_s)}, spec {(rounded, want_s)}")
@@ -852,9 +847,8 @@ def kernel_boundary_agreement(max_split_sizes: tuple[int, ...] = (0, 4 * MiB)) -
                 for sm in (True, False):
                     for exp in (False, True):   # expandable segments: pytorch splits any remainder >= 512
                         for remaining in points:
-                            got = z3.is_true(z3.simplify(z3.substitute(
-                                ep, *base, (ex, z3.BoolVal(exp)), (small, z3.BoolVal(sm)), (rem, z3.IntVal(remaining)),
-                                (r, z3.IntVal(rounded)))))
+                            got = z3.is_true(ev(ep, *base, (ex, z3.BoolVal(exp)), (small, z3.BoolVal(sm)),
+                                                (rem, z3.IntVal(remaining)), (r, z3.IntVal(rounded))))
                             want = SK.should_split(remaining, rounded, sm, preset_seed, exp, msz)
                             if got != want:
                                 bad.append(f"seed={preset_seed} small={sm} expandable={exp} ms={msz} "

@@ -469,12 +469,6 @@ def avail_end_pre(s: St, a: St, path: str, guards: frozenset = frozenset()) -> A
                   cont_pre(s, a, alloc, "new", guards) if path == "new" else z3.BoolVal(True))
 
 
-def avail_end_step(s: St, a: St, path: str) -> tuple[Any, St]:
-    if path == "new":
-        return cont_step(s, a, "new", s.mn, s.mt, s.mr)
-    return PENDING, _retry_state(s, s.mn, s.mt, s.mr)
-
-
 def retry_parts(s: St, a: St, guards: frozenset = frozenset()) -> dict[str, Any]:
     r = s.mr
     small = r <= K_SMALL
@@ -748,19 +742,23 @@ def actions(guards: frozenset = frozenset()) -> list[Act]:
         return Act(f"malloc:{path}", params, lambda s, a: malloc_step(s, a, path, guards),
                    lambda s, a: malloc_pre(s, a, path, guards), spec=("caching:malloc",))
 
-    def mk_gc_end(path: str) -> Act:
-        return Act(f"gc_end:{path}", {"base": INT, "lf": INT, "lw": INT, "u": INT},
+    def mk_end(phase: str, path: str, pre: Callable[..., Any], params: tuple[str, ...]) -> Act:
+        """A phase's end (the garbage collection's, release_available's): the pending request goes on."""
+        return Act(f"{phase}:{path}", {k: INT for k in params},
                    phase_new_step if path == "new" else (lambda s, a: cont_step(s, a, path, s.mn, s.mt, s.mr)),
-                   lambda s, a: gc_end_pre(s, a, path, guards), spec=("caching:malloc",))
-
-    def mk_avail_end(path: str) -> Act:
-        return Act(f"avail_end:{path}", {"b": INT, "base": INT, "lf": INT, "lw": INT},
-                   phase_new_step if path == "new" else (lambda s, a: avail_end_step(s, a, path)),
-                   lambda s, a: avail_end_pre(s, a, path, guards), spec=("caching:malloc",))
+                   lambda s, a: pre(s, a, path, guards), spec=("caching:malloc",))
 
     def mk_free(path: str) -> Act:
         return Act(f"free:{path}", {"b": INT}, lambda s, a: free_step(s, a, path, guards),
                    lambda s, a: And(live_pre(s, a), free_path(s, a, path, guards)), spec=("caching:free",))
+
+    def fail(s: St, a: St) -> list[Any]:
+        """expand:oom / expand:retry: ``b`` is the target after the head and its pages do not fit."""
+        return [s.xp, _growing(s), a.b == _target(s), Or(s.xh == -1, at(s.pv, a.b) == s.xh), _fails(s, guards)]
+
+    def pages(s: St, b: Any) -> list[Any]:
+        """unmap:free / unmap:cache: ``b`` is a free block holding a whole page."""
+        return [0 <= b, b < s.n, at(s.al, b), at(s.k, b) == FREE, has_pages(s, b)]
 
     def mk_process(path: str) -> Act:
         def pre(s: St, a: St) -> Any:
@@ -778,11 +776,11 @@ def actions(guards: frozenset = frozenset()) -> list[Act]:
         *[mk_malloc(p) for p in MALLOC_PATHS],
         Act("gc:release", {"b": INT}, release_step, lambda s, a: gc_release_pre(s, a, guards),
             spec=("caching:malloc",)),
-        *[mk_gc_end(p) for p in CONT_PATHS],
+        *[mk_end("gc_end", p, gc_end_pre, ("base", "lf", "lw", "u")) for p in CONT_PATHS],
         Act("avail:big", {"b": INT}, release_step, avail_big_pre, spec=("caching:malloc",)),
         Act("avail:one", {"b": INT}, release_step, lambda s, a: avail_one_pre(s, a, guards),
             spec=("caching:malloc",)),
-        mk_avail_end("new"), mk_avail_end("retry"),
+        *[mk_end("avail_end", p, avail_end_pre, ("b", "base", "lf", "lw")) for p in ("new", "retry")],
         mk_retry("new"), mk_retry("oom"), mk_retry("expand"),
         # expandable segments: the mapping's steps, the unmap of whole free pages
         Act("expand:map", {"b": INT}, lambda s, a: map_step(s, a, guards),
@@ -801,21 +799,15 @@ def actions(guards: frozenset = frozenset()) -> list[Act]:
         # (``b``: the target that does not fit, -1 a fresh arena, after the head -- named so that the proofs
         # see its block and the head)
         Act("expand:oom", {"b": INT, "lf": INT, "lw": INT}, lambda s, a: expand_fail_step(s, a, "oom"),
-            lambda s, a: And(s.xp, _growing(s), a.b == _target(s), Or(s.xh == -1, at(s.pv, a.b) == s.xh),
-                             _fails(s, guards), Or(s.seed, s.x2),
-                             _largest_free_ok(s, a.lf, a.lw)),
+            lambda s, a: And(*fail(s, a), Or(s.seed, s.x2), _largest_free_ok(s, a.lf, a.lw)),
             spec=("caching:malloc",)),
         Act("expand:retry", {"b": INT}, lambda s, a: expand_fail_step(s, a, "retry"),
-            lambda s, a: And(s.xp, _growing(s), a.b == _target(s), Or(s.xh == -1, at(s.pv, a.b) == s.xh),
-                             _fails(s, guards), Not(s.seed), Not(s.x2)),
-            spec=("caching:malloc",)),
+            lambda s, a: And(*fail(s, a), Not(s.seed), Not(s.x2)), spec=("caching:malloc",)),
         Act("unmap:free", {"b": INT}, lambda s, a: unmap_step(s, a, False),
-            lambda s, a: And(s.ex, s.seed, idle(s), 0 <= a.b, a.b < s.n, at(s.al, a.b), at(s.k, a.b) == FREE,
-                                has_pages(s, a.b)),
+            lambda s, a: And(s.ex, s.seed, idle(s), *pages(s, a.b)),
             spec=("caching:free", "caching:malloc", "caching:empty_cache")),
         Act("unmap:cache", {"b": INT}, lambda s, a: unmap_step(s, a, True),
-            lambda s, a: And(s.ex, Or(idle(s), s.md), _no_pending(s), 0 <= a.b, a.b < s.n, at(s.al, a.b),
-                                at(s.k, a.b) == FREE, has_pages(s, a.b)),
+            lambda s, a: And(s.ex, Or(idle(s), s.md), _no_pending(s), *pages(s, a.b)),
             spec=("caching:empty_cache", "caching:malloc")),
         mk_process("wait"), mk_process("free"), mk_free("pending"), mk_free("merge"),
         Act("double_free", {}, double_step, lambda s, a: idle(s), spec=("caching:double_free",)),
