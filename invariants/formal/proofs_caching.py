@@ -23,7 +23,7 @@ that leaves the request pending (pytorch's ``malloc:retry``), one ``malloc_retry
 action; a ``free`` is one ``free:*`` action; only these user-level calls count towards
 the depth.  The rounded size (an argument of the heap's malloc, there only constrained
 by ``round_ok``) is fixed to the heap's exact kernel ``z_round`` at the preset's policy
-(:func:`policy`).  Request sizes are whole ``unit`` multiples plus 0 or 1 byte, above
+(:func:`empty_heap`).  Request sizes are whole ``unit`` multiples plus 0 or 1 byte, above
 1 MiB (the large pool; pools never mix, so the small pool is an independent copy of
 the same argument).
 
@@ -52,12 +52,6 @@ from memspec.spec.api import MiB
 from memspec.invariants.formal.proofs_caching_heap_terms import K_SMALL, z_round
 
 
-def policy(seed: bool) -> St:
-    """The policy fields the heap's kernels read (:func:`z_round`, :func:`z_segment`, :func:`z_split`),
-    concrete: the preset, no max_split_size, no roundup_power2_divisions table, no expandable segments."""
-    return St(seed=z3.BoolVal(seed), ms=z3.IntVal(0), ex=z3.BoolVal(False), dv=z3.K(z3.IntSort(), z3.IntVal(0)))
-
-
 #: the heap machine's actions a user-level call may take: a malloc's paths, then (the request left pending:
 #: pytorch's retry) the retry's ends; a free's paths.  Under the fixed policy the garbage collection,
 #: release_available, the expandable mapping and ``free:pending`` (no stream records a use) never hold.
@@ -67,11 +61,13 @@ FREE_ACTS = ("free:merge", "free:pending")
 
 
 def empty_heap(seed: bool, capacity: int) -> St:
-    """The heap's empty allocator under a preset, concrete (no blocks, zero sums, no malloc in progress,
-    the policy of :func:`policy`); :func:`~memspec.invariants.formal.proofs_caching_heap.init` holds of it."""
+    """The heap's empty allocator under a preset, concrete (no blocks, zero sums, no malloc in progress; every
+    field zero or false but the preset and the capacity: so the policy the heap's kernels read is the preset
+    with no max_split_size, no roundup_power2_divisions table, no expandable segments);
+    :func:`~memspec.invariants.formal.proofs_caching_heap.init` holds of it."""
     zero = {ARR: z3.K(z3.IntSort(), z3.IntVal(0)), BARR: z3.K(z3.IntSort(), z3.BoolVal(False)), INT: z3.IntVal(0)}
     s = St({f: zero.get(k, z3.BoolVal(False)) for f, k in H.FIELDS.items()})
-    return s.set(**policy(seed), cap=z3.IntVal(capacity))
+    return s.set(seed=z3.BoolVal(seed), cap=z3.IntVal(capacity))
 
 
 def _simp(s: St) -> St:

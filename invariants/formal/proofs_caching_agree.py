@@ -78,7 +78,9 @@ import z3
 
 from memspec.invariants.formal import proofs_caching_heap as H
 from memspec.invariants.formal import z3native as native
-from memspec.invariants.formal.proofs import ARR, BARR, BOOL, INT, OUTCOMES, St, _sort, at, concrete, iv
+from memspec.invariants.formal.proofs import (
+    ARR, BARR, BOOL, INT, OUTCOMES, St, _sort, at, concrete, iv, prefix_values,
+)
 
 _KIND = {"free": H.FREE, "live": H.LIVE, "pending": H.PEND, "unmapped": H.UNM}
 #: block fields compared by address (the ghost neighbours ``pv``/``nx`` are compared as addresses)
@@ -173,11 +175,7 @@ def _sums(vals: dict[str, Any]) -> None:
     rows = [{**{f: _g(vals, f, i) for f in ("al", "sz", "ss", "k", "rq", "sm")}, "ex": vals["ex"]}
             for i in range(vals["n"])]
     for nm in H.SUMS:
-        acc, pref = 0, {0: 0}
-        for i, v in enumerate(rows):
-            acc += _contribution(nm, v)
-            pref[i + 1] = acc
-        vals[nm] = (0, pref)
+        vals[nm] = prefix_values([_contribution(nm, v) for v in rows])
 
 
 # --------------------------------------------------------------------------
@@ -473,6 +471,13 @@ class _Steps:
     def paths(self, names: Any, vals: dict[str, Any], args: dict[str, int], label: str) -> tuple[str, str, dict[str, Any]]:
         return self.one([(nm, args) for nm in names], vals, label)
 
+    def served(self, path: str, split: bool, rem: int, thresholds: tuple[int, ...]) -> None:
+        """A request served by ``path`` (a best fit, a new segment, the mapping's head): split or whole, and
+        the remainder exactly on the split threshold, as branches of their own."""
+        self.rep.count(self.spec_action, f"{path}/{'split' if split else 'whole'}")
+        if rem in thresholds:
+            self.rep.count(self.spec_action, f"{path}/remainder on the split threshold")
+
     def drain(self, vals: dict[str, Any]) -> dict[str, Any]:
         """Process every completed event of every pending block (encoded ``process_event``)."""
         while True:
@@ -522,9 +527,8 @@ class _Steps:
                 self.rep.count(self.spec_action,
                                f"expand:map/{'part of the block' if enc2['n'] > enc['n'] else 'the whole block'}")
             if nm == "expand:serve":
-                self.rep.count(self.spec_action, f"expand:serve/{'split' if enc2['n'] > enc['n'] else 'whole'}")
-                if _g(enc, "sz", xh) - r in _split_threshold(bool(enc["seed"]), r <= H.K_SMALL, True):
-                    self.rep.count(self.spec_action, "expand:serve/remainder on the split threshold")
+                self.served(nm, enc2["n"] > enc["n"], _g(enc, "sz", xh) - r,
+                            _split_threshold(bool(enc["seed"]), r <= H.K_SMALL, True))
             enc = enc2
             if nm not in ("expand:map", "expand:fresh"):
                 return nm, o, enc
@@ -704,11 +708,9 @@ def _encoded_step(before: Any, vals: dict[str, Any], refs: dict[int, int], name:
     if path != "malloc:fit" and size < H.ONE_EB and enc["hf"] and enc["lim"] < used <= enc["cap"]:
         count(KNOB_BRANCHES[1])
     if path in ("malloc:fit", "malloc:new"):
-        sub = "split" if enc2["n"] - enc["n"] == (1 if path == "malloc:fit" else 2) else "whole"
-        count(f"{path}/{sub}")
-        rem = (_g(enc, "sz", b) if path == "malloc:fit" else alloc) - r
-        if rem in _split_threshold(st.policy.seed, small_seg, enc["ex"]):
-            count(f"{path}/remainder on the split threshold")
+        run.served(path, enc2["n"] - enc["n"] == (1 if path == "malloc:fit" else 2),
+                   (_g(enc, "sz", b) if path == "malloc:fit" else alloc) - r,
+                   _split_threshold(st.policy.seed, small_seg, enc["ex"]))
     if path == "malloc:gc":
         # the spec's victims (its age order) are the arguments; the encoding allows any whole large segment
         for vaddr in _gc_victims(before, size, stream):

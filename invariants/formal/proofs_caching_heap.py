@@ -158,7 +158,7 @@ from memspec.invariants.formal.z3fast import And, Implies, Not, Or
 from memspec.invariants.formal import solving
 from memspec.invariants.formal.solving import Query  # bounded in CPU, in a context of its own
 
-from memspec.invariants.formal.proofs import Act, St, at
+from memspec.invariants.formal.proofs import Act, St, _args, at, fresh
 from memspec.spec.caching.invariants import CATALOG as CACHING_CATALOG
 from memspec.invariants.formal import proofs_caching_heap_terms, proofs_caching_heap_actions
 from memspec.invariants.formal.proofs_caching_heap_terms import (
@@ -190,8 +190,6 @@ COVERED = {"gc:release": "phase:release", "avail:big": "phase:release", "avail:o
 
 def covered(act: Act, timeout_ms: int = 30000) -> str:
     """``act`` is an instance of its phase action: the same step, and ``pre(act) => pre(phase action)``."""
-    from memspec.invariants.formal.proofs import _args, fresh
-
     gen = next(g for g in phase_actions() if g.name == COVERED[act.name])
     if act.step is not gen.step:
         return f"not the step of {gen.name}"
@@ -496,8 +494,6 @@ def consecution(act: Act, timeout_ms: int = 30000, only: tuple[str, ...] = (),
     touches.  ``grouped``: first one query per :data:`GROUPS` entry (goals
     proved together are reported ``proved``, their seconds the group's share);
     any group not proved so is re-checked goal by goal."""
-    from memspec.invariants.formal.proofs import _args, fresh
-
     s = fresh(FIELDS, "s")
     a = _args(act, "a")
     out, s2 = act.step(s, a)
@@ -564,16 +560,12 @@ def consecution(act: Act, timeout_ms: int = 30000, only: tuple[str, ...] = (),
 
 def safety_c1(timeout_ms: int = 30000) -> str:
     """C1 follows from the invariant: reserved = free + active >= active; slack >= 0; reserved <= the device."""
-    from memspec.invariants.formal.proofs import fresh
-
     s = fresh(FIELDS, "s")
     r, _m = _check(lambda: inv(s), lambda: c1(s), s, St(), timeout_ms)
     return "proved" if r == z3.unsat else str(r)
 
 
 def initiation() -> str:
-    from memspec.invariants.formal.proofs import fresh
-
     s = fresh(FIELDS, "s")
     MODE.kind, MODE.skolems = "skolem", []
     g = And(inv(s), unmapped_aligned(s))
@@ -625,8 +617,6 @@ def refute(inv_id: str, timeout_ms: int = REFUTE_MS, knob: str | None = None) ->
     """A well-formed heap (the whole inductive invariant holds on it, at most
     :data:`REFUTE_BLOCKS` blocks, every quantifier expanded exactly) from which
     the unguarded action breaks the invariant it names.  ``(refuted, trace)``."""
-    from memspec.invariants.formal.proofs import _args, fresh
-
     act_name, guard, words = UNGUARDED[inv_id] if knob is None else KNOB_UNGUARDED[knob][1:]
     act = next(x for x in actions(frozenset({guard})) if x.name == act_name)
     s = fresh(FIELDS, "u")
@@ -700,9 +690,10 @@ def unit_cost(unit: tuple[str, ...]) -> float:
 
 
 def heap_units(ids: list[str] | None = None) -> list[tuple[str, ...]]:
-    """The independent checks of :func:`run_heap`, in report order: each unit
-    is run by :func:`heap_unit` (in any process: ``memspec prove --jobs``) and
-    the results joined by :func:`join_units`."""
+    """The independent checks of the heap induction (initiation, C1 as a consequence, consecution of every
+    encoded action -- shared by C1-C9: one inductive invariant --, each invariant's unguarded variant), in
+    report order: each unit is run by :func:`heap_unit` (in any process: ``memspec prove --jobs``) and the
+    results joined by :func:`join_units`."""
     units: list[tuple[str, ...]] = [("init",), ("safety",), ("rounding",)]
     for act in actions():
         if act.name in COVERED:
@@ -759,23 +750,13 @@ def heap_unit(unit: tuple[str, ...], timeout_ms: int = 20000) -> dict[str, Any]:
 
 
 def join_units(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """:func:`run_heap`'s record from the units' results, in the units' order (so the
-    record does not depend on which process ran which unit)."""
+    """The heap induction's record (checks, per-invariant refutations, CPU seconds summed over the units)
+    from the units' results, in the units' order (so the record does not depend on which process ran which
+    unit)."""
     checks = [c for r in results for c in r["checks"]]
     refuted = {k: v for r in results for k, v in r["refuted"].items()}
     return {"checks": checks, "refuted": refuted, "seconds": sum(r["seconds"] for r in results),
             "actions": {a.name: list(a.spec) for a in actions()}}
-
-
-def run_heap(timeout_ms: int = 20000, ids: list[str] | None = None,
-             map_fn: Callable[..., Any] = map) -> dict[str, Any]:
-    """Initiation, C1 as a consequence, consecution of every encoded action
-    (shared by C1-C9: one inductive invariant), and each invariant's
-    unguarded variant.  Returns checks, per-invariant refutations, CPU seconds
-    (summed over the units).  ``map_fn`` runs the units (a process pool's map
-    for ``--jobs``); the result is joined in unit order."""
-    units = heap_units(ids)
-    return join_units(list(map_fn(heap_unit, units, [timeout_ms] * len(units))))
 
 
 #: the divisions tables the kernel agreement checks (besides none): one entry everywhere, and a mixed table

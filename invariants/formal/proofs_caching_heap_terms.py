@@ -15,7 +15,7 @@ import z3
 from memspec.invariants.formal.z3fast import And, Implies, Not, Or
 from memspec.invariants.formal.solving import Query  # bounded in CPU, in a context of its own
 
-from memspec.invariants.formal.proofs import ARR, BARR, BOOL, CODE, INT, St, at
+from memspec.invariants.formal.proofs import ARR, BARR, BOOL, CODE, INT, St, at, fresh
 
 
 MiB = 1 << 20
@@ -215,8 +215,6 @@ def rounding_lemma(timeout_ms: int = 60000) -> str:
     """``round_ok(n, z_round(n))`` for every request ``n >= 1`` and every table of legal entries: one query
     per case of :func:`z_round` (the toy's ladder; each power-of-two interval; outside them), the cases'
     conditions pairwise disjoint (each interval is ``[2**e, 2**(e+1))``), so together they are the claim."""
-    from memspec.invariants.formal.proofs import fresh
-
     s = fresh(FIELDS, "rl")
     n = z3.Int("rl_n")
     cases, plain = _torch_round_cases(s, n)
