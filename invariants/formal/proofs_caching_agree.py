@@ -544,10 +544,12 @@ class _NoPath(Exception):
 # the spec's functions) and the encoded steps they drive
 # --------------------------------------------------------------------------
 
-def _cands(vals: dict[str, Any], r: int, stream: int) -> list[int]:
-    """Best fit's candidates: free blocks of the pool and stream holding ``r``, by (size, address)."""
+def _cands(vals: dict[str, Any], r: int, stream: int, small: bool | None = None) -> list[int]:
+    """Free blocks of the pool (``small``; None: the pool of ``r``) and stream holding ``r`` bytes, by (size,
+    address): best fit's candidates, release_available's blocks."""
+    small = r <= H.K_SMALL if small is None else small
     fits = [i for i in range(vals["n"]) if _g(vals, "al", i) and _g(vals, "k", i) == H.FREE
-            and bool(_g(vals, "sm", i)) == (r <= H.K_SMALL) and _g(vals, "sr", i) == stream and _g(vals, "sz", i) >= r]
+            and bool(_g(vals, "sm", i)) == small and _g(vals, "sr", i) == stream and _g(vals, "sz", i) >= r]
     return sorted(fits, key=lambda i: (_g(vals, "sz", i), _g(vals, "ad", i)))
 
 
@@ -764,13 +766,9 @@ def _gc_victims(before: Any, size: int, stream: int) -> list[int]:
 def _avail_choices(vals: dict[str, Any]) -> tuple[int, int]:
     """release_available's candidates, by the driver: the smallest free block of the request's pool and
     stream holding the want, and the largest whole segment of at least max_split_size (-1: none)."""
-    small, t = vals["mr"] <= H.K_SMALL, vals["mt"]
-    rows = [i for i in range(vals["n"]) if _g(vals, "al", i) and _g(vals, "k", i) == H.FREE
-            and bool(_g(vals, "sm", i)) == small and _g(vals, "sr", i) == t]
-    key = lambda i: (_g(vals, "sz", i), _g(vals, "ad", i))  # noqa: E731
-    big = sorted((i for i in rows if _g(vals, "sz", i) >= vals["wa"]), key=key)
-    elig = sorted((i for i in rows if _g(vals, "sz", i) == _g(vals, "ss", i) and _g(vals, "sz", i) >= vals["ms"]),
-                  key=key)
+    big = _cands(vals, vals["wa"], vals["mt"], vals["mr"] <= H.K_SMALL)
+    elig = [i for i in _cands(vals, vals["ms"], vals["mt"], vals["mr"] <= H.K_SMALL)
+            if _g(vals, "sz", i) == _g(vals, "ss", i)]
     return (big[0] if big else -1), (elig[-1] if elig else -1)
 
 
