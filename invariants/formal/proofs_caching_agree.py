@@ -88,8 +88,8 @@ BLOCK_FIELDS = ("sz", "k", "rq", "sm", "sr", "sb", "ss", *[f"u{t}" for t in rang
                 *[f"e{t}" for t in range(H.STREAMS)])
 SCALARS = ("Rs", "Rl", *[f"i{t}" for t in range(H.STREAMS)], *[f"c{t}" for t in range(H.STREAMS)], "md", "gp", "ra",
            "xp")
-#: the invariants with an encoding evaluated on heap states (every C row: one machine)
-HEAP_INVARIANTS = ("C1", "C2", "C3", "C4", "C5", "C6", "C7", "C8", "C9")
+#: the invariants with an encoding evaluated on heap states (every C row: one machine, :data:`~.NAMED`)
+HEAP_INVARIANTS = tuple(H.NAMED)
 
 
 # --------------------------------------------------------------------------
