@@ -56,7 +56,7 @@ from memspec.invariants.formal.proofs_caching_heap_terms import K_SMALL, z_round
 #: pytorch's retry) the retry's ends; a free's paths.  Under the fixed policy the garbage collection,
 #: release_available, the expandable mapping and ``free:pending`` (no stream records a use) never hold.
 MALLOC_ACTS = tuple(f"malloc:{p}" for p in H.MALLOC_PATHS)
-RETRY_ACTS = ("malloc_retry:new", "malloc_retry:oom", "malloc_retry:expand")
+RETRY_ACTS = tuple(f"malloc_retry:{p}" for p in H.RETRY_PATHS)
 FREE_ACTS = ("free:merge", "free:pending")
 
 

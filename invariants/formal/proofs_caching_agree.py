@@ -738,7 +738,7 @@ def _encoded_step(before: Any, vals: dict[str, Any], refs: dict[int, int], name:
             enc2 = run.unmap_all(run.drain(enc2))
             lf, lw = _largest(enc2, exclude_whole=not enc2["ex"])
             u = _run_choice(enc2, r, stream) if enc2["ex"] else -1
-            path, o, enc2 = run.paths(["malloc_retry:new", "malloc_retry:oom", "malloc_retry:expand"], enc2,
+            path, o, enc2 = run.paths([f"malloc_retry:{p}" for p in H.RETRY_PATHS], enc2,
                                       {"base": base, "lf": lf, "lw": lw, "u": u}, "malloc retry")
             if path == "malloc_retry:new" and enc2["n"] - before_retry == 2:
                 count("malloc_retry:new/split")

@@ -332,6 +332,8 @@ def cont_step(s: St, a: St, path: str, size: Any, t: Any, r: Any) -> tuple[Any, 
 
 
 MALLOC_PATHS = ("fit", "eb", "gc", *CONT_PATHS)
+#: how pytorch's retry ends (``malloc_retry:``): a new segment, OutOfMemory, the mapping again
+RETRY_PATHS = ("new", "oom", "expand")
 
 
 def malloc_path(s: St, a: St, path: str, guards: frozenset = frozenset()) -> Any:
@@ -781,7 +783,7 @@ def actions(guards: frozenset = frozenset()) -> list[Act]:
         Act("avail:one", {"b": INT}, release_step, lambda s, a: avail_one_pre(s, a, guards),
             spec=("caching:malloc",)),
         *[mk_end("avail_end", p, avail_end_pre, ("b", "base", "lf", "lw")) for p in ("new", "retry")],
-        mk_retry("new"), mk_retry("oom"), mk_retry("expand"),
+        *[mk_retry(p) for p in RETRY_PATHS],
         # expandable segments: the mapping's steps, the unmap of whole free pages
         Act("expand:map", {"b": INT}, lambda s, a: map_step(s, a, guards),
             lambda s, a: And(s.xp, _growing(s), a.b == _target(s), 0 <= a.b, a.b < s.n, at(s.al, a.b),
