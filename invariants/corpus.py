@@ -73,29 +73,11 @@ class ReplayResult:
 
 def _steps_from_synthesis(syn: Any) -> list[tuple[str, dict[str, Any]]]:
     """The synthesized text trace as caching-machine steps; a free names the
-    spec reference its malloc made (found by running the spec alone)."""
-    from memspec.invariants.formal.proofs_caching import _parse
-    from memspec.spec.caching import free, init, malloc
+    spec reference its malloc made (found by running the spec alone:
+    :func:`memspec.invariants.formal.proofs_caching.spec_steps`)."""
+    from memspec.invariants.formal.proofs_caching import spec_steps
 
-    st = init(policy=syn.preset, capacity=CAPACITY)
-    refs: dict[str, int] = {}
-    steps: list[tuple[str, dict[str, Any]]] = []
-    for line in syn.trace:
-        if line.startswith("free("):
-            ref = refs[line[5:-1]]
-            steps.append(("free", {"ref": ref}))
-            out = free.step(st, ref=ref)
-            out.branches[0].then(None)
-            continue
-        name = line.split("=")[0].strip() if "=" in line.split("(")[0] else None
-        call = line.split("=", 1)[1] if name else line
-        size = _parse(call[call.index("(") + 1:call.index(")")])
-        steps.append(("malloc", {"size": size, "stream": 0}))
-        out = malloc.step(st, size=size, stream=0)
-        first = out.branches[0]
-        if name and hasattr(first, "witness") and first.witness is not None:
-            refs[name] = first.then(first.witness())
-    return steps
+    return [(action, args) for action, args, _st, _first in spec_steps(syn, CAPACITY)]
 
 
 def build_corpus(depth: int = 6) -> list[CorpusTrace]:

@@ -23,7 +23,7 @@ that leaves the request pending (pytorch's ``malloc:retry``), one ``malloc_retry
 action; a ``free`` is one ``free:*`` action; only these user-level calls count towards
 the depth.  The rounded size (an argument of the heap's malloc, there only constrained
 by ``round_ok``) is fixed to the heap's exact kernel ``z_round`` at the preset's policy
-(:func:`policy`).  Request sizes are whole ``unit`` multiples plus 0 or 1 byte, above
+(:func:`empty_heap`).  Request sizes are whole ``unit`` multiples plus 0 or 1 byte, above
 1 MiB (the large pool; pools never mix, so the small pool is an independent copy of
 the same argument).
 
@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import z3
 
@@ -49,37 +49,25 @@ from memspec.invariants.formal import proofs_caching_heap as H
 from memspec.spec.api import MiB
 
 # the seed's size constant and policy kernels, stated once: the heap encoding's
-from memspec.invariants.formal.proofs_caching_heap_terms import K_SMALL, z_round, z_segment, z_split
-
-
-def policy(seed: bool) -> St:
-    """The policy fields the heap's kernels read (:func:`z_round`, :func:`z_segment`, :func:`z_split`),
-    concrete: the preset, no max_split_size, no roundup_power2_divisions table, no expandable segments."""
-    return St(seed=z3.BoolVal(seed), ms=z3.IntVal(0), ex=z3.BoolVal(False), dv=z3.K(z3.IntSort(), z3.IntVal(0)))
-
-
-def _kernels(seed: bool) -> tuple[Any, Any, Any]:
-    """The heap's kernels at :func:`policy`, simplified, for a large-pool request: ``(round(n),
-    segment(r), split(remaining, r))`` as functions of Z3 terms."""
-    p = policy(seed)
-    return (lambda n: z3.simplify(z_round(p, n)), lambda r: z3.simplify(z_segment(p, r)),
-            lambda rem, r: z3.simplify(z_split(p, rem, r, z3.BoolVal(False))))
+from memspec.invariants.formal.proofs_caching_heap_terms import K_SMALL, z_round
 
 
 #: the heap machine's actions a user-level call may take: a malloc's paths, then (the request left pending:
 #: pytorch's retry) the retry's ends; a free's paths.  Under the fixed policy the garbage collection,
 #: release_available, the expandable mapping and ``free:pending`` (no stream records a use) never hold.
 MALLOC_ACTS = tuple(f"malloc:{p}" for p in H.MALLOC_PATHS)
-RETRY_ACTS = ("malloc_retry:new", "malloc_retry:oom", "malloc_retry:expand")
+RETRY_ACTS = tuple(f"malloc_retry:{p}" for p in H.RETRY_PATHS)
 FREE_ACTS = ("free:merge", "free:pending")
 
 
 def empty_heap(seed: bool, capacity: int) -> St:
-    """The heap's empty allocator under a preset, concrete (no blocks, zero sums, no malloc in progress,
-    the policy of :func:`policy`); :func:`~memspec.invariants.formal.proofs_caching_heap.init` holds of it."""
+    """The heap's empty allocator under a preset, concrete (no blocks, zero sums, no malloc in progress; every
+    field zero or false but the preset and the capacity: so the policy the heap's kernels read is the preset
+    with no max_split_size, no roundup_power2_divisions table, no expandable segments);
+    :func:`~memspec.invariants.formal.proofs_caching_heap.init` holds of it."""
     zero = {ARR: z3.K(z3.IntSort(), z3.IntVal(0)), BARR: z3.K(z3.IntSort(), z3.BoolVal(False)), INT: z3.IntVal(0)}
     s = St({f: zero.get(k, z3.BoolVal(False)) for f, k in H.FIELDS.items()})
-    return s.set(**policy(seed), cap=z3.IntVal(capacity))
+    return s.set(seed=z3.BoolVal(seed), cap=z3.IntVal(capacity))
 
 
 def _simp(s: St) -> St:
@@ -235,37 +223,51 @@ def _parse(s: str) -> int:
     return n
 
 
-def replay(syn: Synthesis, capacity: int = 40 * MiB, expandable: bool = False) -> tuple[bool, str]:
-    """Run the synthesized sequence through the executable caching spec's
-    ``malloc``/``free`` actions (spec-only: the predicted block is the
-    witness).  ``(the last malloc raised OutOfMemory and every earlier one
-    succeeded, description)``."""
+def spec_steps(syn: Synthesis, capacity: int = 40 * MiB,
+               expandable: bool = False) -> Iterator[tuple[str, dict[str, int], Any, Any]]:
+    """The synthesized trace on the executable caching spec's ``malloc``/``free`` actions (spec only: a
+    malloc's predicted block is the witness; one that raises commits nothing), step by step: ``(action,
+    arguments, the state after it, the malloc's first branch or None)``.  :func:`replay` and the
+    conformance corpus (:mod:`memspec.invariants.corpus`) read a trace only through it."""
     from memspec.spec import caching as C
     from memspec.spec.core import Raises
 
     st = C.CachingState(C.Policy(preset=syn.preset, capacity=capacity, expandable=expandable))
     refs: dict[str, int] = {}
-    for k, line in enumerate(syn.trace):
-        last = k == len(syn.trace) - 1
+    for line in syn.trace:
         if line.startswith("free("):
-            out = C.free.step(st, ref=refs[line[5:-1]])
-            out.branches[0].then(None)
+            args = {"ref": refs[line[5:-1]]}
+            C.free.step(st, **args).branches[0].then(None)
+            yield "free", args, st, None
             continue
         name = line.split("=")[0].strip() if "=" in line.split("(")[0] else None
         call = line.split("=", 1)[1] if name else line
-        size = _parse(call[call.index("(") + 1:call.index(")")])
-        out = C.malloc.step(st, size=size, stream=0)
-        first = out.branches[0]
+        args = {"size": _parse(call[call.index("(") + 1:call.index(")")]), "stream": 0}
+        first = C.malloc.step(st, **args).branches[0]
+        if not isinstance(first, Raises):
+            ref = first.then(first.witness())
+            if name:
+                refs[name] = ref
+        yield "malloc", args, st, first
+
+
+def replay(syn: Synthesis, capacity: int = 40 * MiB, expandable: bool = False) -> tuple[bool, str]:
+    """Run the synthesized sequence through the executable caching spec (:func:`spec_steps`).  ``(the last
+    malloc raised OutOfMemory and every earlier one succeeded, description)``."""
+    from memspec.spec import caching as C
+    from memspec.spec.core import Raises
+
+    for k, (action, args, st, first) in enumerate(spec_steps(syn, capacity, expandable)):
+        last = k == len(syn.trace) - 1
+        if action == "free":
+            continue
         if isinstance(first, Raises):
             figures = f"reserved {_fmt(st.reserved())}, allocated {_fmt(st.figure((C.LIVE,)))}, " \
                       f"free (capacity - allocated) {_fmt(capacity - st.figure((C.LIVE,)))}, " \
                       f"largest free block {_fmt(st.largest_free())}"
-            return last, f"step {k + 1} malloc({_fmt(size)}) -> OutOfMemory; {figures}"
-        ref = first.then(first.witness())
-        if name:
-            refs[name] = ref
+            return last, f"step {k + 1} malloc({_fmt(args['size'])}) -> OutOfMemory; {figures}"
         if last:
-            return False, f"the final malloc({_fmt(size)}) succeeded on the executable spec"
+            return False, f"the final malloc({_fmt(args['size'])}) succeeded on the executable spec"
     return False, "no malloc in the trace"
 
 
@@ -360,37 +362,6 @@ def expandable_no_fragmentation_oom(preset: str = "pytorch", capacity: int = 40 
     return ExpandableCheck(preset, depth, sizes, len(seen), byte_cex, page_cex, time.perf_counter() - t0)
 
 
-def kernel_agreement(samples: int = 1000, seed: int = 0) -> list[str]:
-    """The heap's Z3 policy kernels at the synthesis's concrete policy state
-    (:func:`_kernels`) against spec/caching.py's on random large-pool values
-    (substitute + simplify); the mismatches.  (The heap's
-    ``kernel_boundary_agreement`` checks the same kernels on a symbolic policy,
-    at every threshold +-1; this one at the state the synthesis uses, off the
-    thresholds.)"""
-    import random
-
-    from memspec.spec import caching as C
-
-    rng = random.Random(seed)
-    n, r, rem = z3.Ints("n r rem")
-    bad = []
-    for preset_seed in (False, True):
-        k_round, k_segment, k_split = _kernels(preset_seed)
-        er, es, ep = k_round(n), k_segment(r), k_split(rem, r)
-        for _ in range(samples):
-            size = rng.choice([rng.randint(K_SMALL + 1, 64 * MiB), rng.randint(1, 40) * MiB + rng.choice((-1, 0, 1))])
-            size = max(size, K_SMALL + 1)
-            rounded = C.round_size(size, preset_seed)
-            remaining = rng.randint(0, 24 * MiB)
-            got = (z3.simplify(z3.substitute(er, (n, z3.IntVal(size)))).as_long(),
-                   z3.simplify(z3.substitute(es, (r, z3.IntVal(rounded)))).as_long(),
-                   z3.is_true(z3.simplify(z3.substitute(ep, (rem, z3.IntVal(remaining)), (r, z3.IntVal(rounded))))))
-            want = (rounded, C.segment_size(rounded, preset_seed), C.should_split(remaining, rounded, False, preset_seed))
-            if got != want:
-                bad.append(f"seed={preset_seed} size={size} remaining={remaining}: z3 {got} spec {want}")
-    return bad
-
-
 @dataclass
 class CachingReport:
     synth: list[Synthesis]
@@ -410,11 +381,14 @@ class CachingReport:
 EXPANDABLE_SIZES = (2 * MiB, 19 * MiB, 21 * MiB)
 
 
-def run_caching(depth: int = 8, samples: int = 1000, sizes: tuple[int, ...] = EXPANDABLE_SIZES) -> CachingReport:
+def run_caching(depth: int = 8, sizes: tuple[int, ...] = EXPANDABLE_SIZES) -> CachingReport:
+    """The synthesis and its replays (both presets), the expandable search, and the heap's policy kernels
+    against spec/caching's (:func:`~memspec.invariants.formal.proofs_caching_heap.kernel_boundary_agreement`,
+    the one kernel agreement: at every threshold of the policy and +-1, a symbolic policy)."""
     t0 = time.perf_counter()
     synth = [synthesize(p, max_depth=depth) for p in ("pytorch", "seed")]
     replays = [replay(s) if s.depth is not None else (False, "nothing to replay") for s in synth]
     exp = [expandable_no_fragmentation_oom(p, depth=depth, sizes=sizes) for p in ("pytorch", "seed")]
-    km = kernel_agreement(samples)
+    km = H.kernel_boundary_agreement()
     # C1-C9 are proved by induction over any well-formed heap (proofs_caching_heap), not by this bounded search
     return CachingReport(synth, replays, exp, km, time.perf_counter() - t0)

@@ -78,7 +78,9 @@ import z3
 
 from memspec.invariants.formal import proofs_caching_heap as H
 from memspec.invariants.formal import z3native as native
-from memspec.invariants.formal.proofs import ARR, BARR, BOOL, INT, OUTCOMES, St, _sort, at, concrete, iv
+from memspec.invariants.formal.proofs import (
+    ARR, BARR, BOOL, INT, OUTCOMES, St, _sort, at, concrete, iv, prefix_values,
+)
 
 _KIND = {"free": H.FREE, "live": H.LIVE, "pending": H.PEND, "unmapped": H.UNM}
 #: block fields compared by address (the ghost neighbours ``pv``/``nx`` are compared as addresses)
@@ -86,8 +88,8 @@ BLOCK_FIELDS = ("sz", "k", "rq", "sm", "sr", "sb", "ss", *[f"u{t}" for t in rang
                 *[f"e{t}" for t in range(H.STREAMS)])
 SCALARS = ("Rs", "Rl", *[f"i{t}" for t in range(H.STREAMS)], *[f"c{t}" for t in range(H.STREAMS)], "md", "gp", "ra",
            "xp")
-#: the invariants with an encoding evaluated on heap states (every C row: one machine)
-HEAP_INVARIANTS = ("C1", "C2", "C3", "C4", "C5", "C6", "C7", "C8", "C9")
+#: the invariants with an encoding evaluated on heap states (every C row: one machine, :data:`~.NAMED`)
+HEAP_INVARIANTS = tuple(H.NAMED)
 
 
 # --------------------------------------------------------------------------
@@ -173,11 +175,7 @@ def _sums(vals: dict[str, Any]) -> None:
     rows = [{**{f: _g(vals, f, i) for f in ("al", "sz", "ss", "k", "rq", "sm")}, "ex": vals["ex"]}
             for i in range(vals["n"])]
     for nm in H.SUMS:
-        acc, pref = 0, {0: 0}
-        for i, v in enumerate(rows):
-            acc += _contribution(nm, v)
-            pref[i + 1] = acc
-        vals[nm] = (0, pref)
+        vals[nm] = prefix_values([_contribution(nm, v) for v in rows])
 
 
 # --------------------------------------------------------------------------
@@ -473,6 +471,13 @@ class _Steps:
     def paths(self, names: Any, vals: dict[str, Any], args: dict[str, int], label: str) -> tuple[str, str, dict[str, Any]]:
         return self.one([(nm, args) for nm in names], vals, label)
 
+    def served(self, path: str, split: bool, rem: int, thresholds: tuple[int, ...]) -> None:
+        """A request served by ``path`` (a best fit, a new segment, the mapping's head): split or whole, and
+        the remainder exactly on the split threshold, as branches of their own."""
+        self.rep.count(self.spec_action, f"{path}/{'split' if split else 'whole'}")
+        if rem in thresholds:
+            self.rep.count(self.spec_action, f"{path}/remainder on the split threshold")
+
     def drain(self, vals: dict[str, Any]) -> dict[str, Any]:
         """Process every completed event of every pending block (encoded ``process_event``)."""
         while True:
@@ -522,9 +527,8 @@ class _Steps:
                 self.rep.count(self.spec_action,
                                f"expand:map/{'part of the block' if enc2['n'] > enc['n'] else 'the whole block'}")
             if nm == "expand:serve":
-                self.rep.count(self.spec_action, f"expand:serve/{'split' if enc2['n'] > enc['n'] else 'whole'}")
-                if _g(enc, "sz", xh) - r in _split_threshold(bool(enc["seed"]), r <= H.K_SMALL, True):
-                    self.rep.count(self.spec_action, "expand:serve/remainder on the split threshold")
+                self.served(nm, enc2["n"] > enc["n"], _g(enc, "sz", xh) - r,
+                            _split_threshold(bool(enc["seed"]), r <= H.K_SMALL, True))
             enc = enc2
             if nm not in ("expand:map", "expand:fresh"):
                 return nm, o, enc
@@ -540,10 +544,12 @@ class _NoPath(Exception):
 # the spec's functions) and the encoded steps they drive
 # --------------------------------------------------------------------------
 
-def _cands(vals: dict[str, Any], r: int, stream: int) -> list[int]:
-    """Best fit's candidates: free blocks of the pool and stream holding ``r``, by (size, address)."""
+def _cands(vals: dict[str, Any], r: int, stream: int, small: bool | None = None) -> list[int]:
+    """Free blocks of the pool (``small``; None: the pool of ``r``) and stream holding ``r`` bytes, by (size,
+    address): best fit's candidates, release_available's blocks."""
+    small = r <= H.K_SMALL if small is None else small
     fits = [i for i in range(vals["n"]) if _g(vals, "al", i) and _g(vals, "k", i) == H.FREE
-            and bool(_g(vals, "sm", i)) == (r <= H.K_SMALL) and _g(vals, "sr", i) == stream and _g(vals, "sz", i) >= r]
+            and bool(_g(vals, "sm", i)) == small and _g(vals, "sr", i) == stream and _g(vals, "sz", i) >= r]
     return sorted(fits, key=lambda i: (_g(vals, "sz", i), _g(vals, "ad", i)))
 
 
@@ -704,11 +710,9 @@ def _encoded_step(before: Any, vals: dict[str, Any], refs: dict[int, int], name:
     if path != "malloc:fit" and size < H.ONE_EB and enc["hf"] and enc["lim"] < used <= enc["cap"]:
         count(KNOB_BRANCHES[1])
     if path in ("malloc:fit", "malloc:new"):
-        sub = "split" if enc2["n"] - enc["n"] == (1 if path == "malloc:fit" else 2) else "whole"
-        count(f"{path}/{sub}")
-        rem = (_g(enc, "sz", b) if path == "malloc:fit" else alloc) - r
-        if rem in _split_threshold(st.policy.seed, small_seg, enc["ex"]):
-            count(f"{path}/remainder on the split threshold")
+        run.served(path, enc2["n"] - enc["n"] == (1 if path == "malloc:fit" else 2),
+                   (_g(enc, "sz", b) if path == "malloc:fit" else alloc) - r,
+                   _split_threshold(st.policy.seed, small_seg, enc["ex"]))
     if path == "malloc:gc":
         # the spec's victims (its age order) are the arguments; the encoding allows any whole large segment
         for vaddr in _gc_victims(before, size, stream):
@@ -734,7 +738,7 @@ def _encoded_step(before: Any, vals: dict[str, Any], refs: dict[int, int], name:
             enc2 = run.unmap_all(run.drain(enc2))
             lf, lw = _largest(enc2, exclude_whole=not enc2["ex"])
             u = _run_choice(enc2, r, stream) if enc2["ex"] else -1
-            path, o, enc2 = run.paths(["malloc_retry:new", "malloc_retry:oom", "malloc_retry:expand"], enc2,
+            path, o, enc2 = run.paths([f"malloc_retry:{p}" for p in H.RETRY_PATHS], enc2,
                                       {"base": base, "lf": lf, "lw": lw, "u": u}, "malloc retry")
             if path == "malloc_retry:new" and enc2["n"] - before_retry == 2:
                 count("malloc_retry:new/split")
@@ -762,13 +766,9 @@ def _gc_victims(before: Any, size: int, stream: int) -> list[int]:
 def _avail_choices(vals: dict[str, Any]) -> tuple[int, int]:
     """release_available's candidates, by the driver: the smallest free block of the request's pool and
     stream holding the want, and the largest whole segment of at least max_split_size (-1: none)."""
-    small, t = vals["mr"] <= H.K_SMALL, vals["mt"]
-    rows = [i for i in range(vals["n"]) if _g(vals, "al", i) and _g(vals, "k", i) == H.FREE
-            and bool(_g(vals, "sm", i)) == small and _g(vals, "sr", i) == t]
-    key = lambda i: (_g(vals, "sz", i), _g(vals, "ad", i))  # noqa: E731
-    big = sorted((i for i in rows if _g(vals, "sz", i) >= vals["wa"]), key=key)
-    elig = sorted((i for i in rows if _g(vals, "sz", i) == _g(vals, "ss", i) and _g(vals, "sz", i) >= vals["ms"]),
-                  key=key)
+    big = _cands(vals, vals["wa"], vals["mt"], vals["mr"] <= H.K_SMALL)
+    elig = [i for i in _cands(vals, vals["ms"], vals["mt"], vals["mr"] <= H.K_SMALL)
+            if _g(vals, "sz", i) == _g(vals, "ss", i)]
     return (big[0] if big else -1), (elig[-1] if elig else -1)
 
 

@@ -230,15 +230,7 @@ def agreement_parts(walks_per_config: int = WALKS_PER_CONFIG, expandable: bool =
 def _walk_seeds(seed: int, walks_per_config: int, expandable: bool) -> dict[tuple[Any, ...], float]:
     """Each walk's seed, drawn in the serial order (the plain walks, then the expandable ones)."""
     rng = random.Random(seed)
-    seeds: dict[tuple[Any, ...], float] = {}
-    for w in range(walks_per_config):
-        for i in range(len(WALKS)):
-            seeds[("walk", w, i)] = rng.random() + w
-    if expandable:
-        for w in range(walks_per_config):
-            for i in range(len(EXPANDABLE_WALKS)):
-                seeds[("expandable-walk", w, i)] = rng.random() + w
-    return seeds
+    return {p: rng.random() + p[1] for p in agreement_parts(walks_per_config, expandable) if p[0].endswith("walk")}
 
 
 def agreement_part(part: tuple[Any, ...], steps: int = 30, walks_per_config: int = WALKS_PER_CONFIG, seed: int = 0,

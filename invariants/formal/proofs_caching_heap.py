@@ -158,16 +158,17 @@ from memspec.invariants.formal.z3fast import And, Implies, Not, Or
 from memspec.invariants.formal import solving
 from memspec.invariants.formal.solving import Query  # bounded in CPU, in a context of its own
 
-from memspec.invariants.formal.proofs import Act, St, at
+from memspec.invariants.formal.proofs import Act, St, _args, at, fresh
 from memspec.spec.caching.invariants import CATALOG as CACHING_CATALOG
 from memspec.invariants.formal import proofs_caching_heap_terms, proofs_caching_heap_actions
 from memspec.invariants.formal.proofs_caching_heap_terms import (
-    FIELDS, FREE, K_MIN_BLOCK, K_ROUND_LARGE, K_SMALL, K_SMALL_BUFFER, MODE, MiB, STREAMS, SUMS, _all, _all2,
-    _contrib, block_wf, c1, c2, c3, c4, c5, c7, ceil_pg, idle, page, pair_wf, reserved_wf, round_ok,
-    rounding_lemma, scalars_wf, sums_wf, total, unmapped_aligned, wf, z_round, z_segment, z_split,
+    FIELDS, FREE, K_MIN_BLOCK, K_SMALL, MODE, MiB, STREAMS, SUMS, _all, _all2, _contrib,
+    arenas_wf, block_wf, c1, c2, c3, c4, c5, c7, ceil_pg, idle, page, pair_wf, reserved_wf, round_ok,
+    rounding_lemma, scalars_wf, sum_mono, sum_step, sums_wf, total, unmapped_aligned, wf, z_round, z_segment,
+    z_split,
 )
 from memspec.invariants.formal.proofs_caching_heap_actions import (
-    _cand, _largest_free_ok, _no_whole_pages, _target, _tried, _whole_free, actions, grow_best, lacking,
+    _cand, _largest_free_ok, _no_whole_pages, _target, _whole_free, actions, best_fit, lacking,
     malloc_parts, no_arena_holds, phase_actions, retry_parts, unmap_parts,
 )
 
@@ -189,8 +190,6 @@ COVERED = {"gc:release": "phase:release", "avail:big": "phase:release", "avail:o
 
 def covered(act: Act, timeout_ms: int = 30000) -> str:
     """``act`` is an instance of its phase action: the same step, and ``pre(act) => pre(phase action)``."""
-    from memspec.invariants.formal.proofs import _args, fresh
-
     gen = next(g for g in phase_actions() if g.name == COVERED[act.name])
     if act.step is not gen.step:
         return f"not the step of {gen.name}"
@@ -205,9 +204,7 @@ def init(s: St) -> Any:
     max_split_size, preset, memory fraction, garbage-collection threshold, divisions table, expandable
     segments on or off (arenas of whole pages)."""
     zero = z3.K(z3.IntSort(), z3.IntVal(0))
-    return And(s.n == 0, s.cap >= 0, s.ms >= 0, s.Rs == 0, s.Rl == 0, idle(s),
-                  Implies(s.ex, And(s.vs >= K_SMALL_BUFFER, s.vs % K_ROUND_LARGE == 0,
-                                          s.vl >= K_SMALL_BUFFER, s.vl % page(s, False) == 0)),
+    return And(s.n == 0, s.cap >= 0, s.ms >= 0, s.Rs == 0, s.Rl == 0, idle(s), arenas_wf(s),
                   *[And(s[f"i{t}"] == 0, s[f"c{t}"] == 0) for t in range(STREAMS)],
                   *[s[nm] == zero for nm in SUMS])
 
@@ -245,27 +242,19 @@ def step_ok(name: str, s: St, a: St, out: Any, s2: St) -> dict[str, Any]:
         # C4: served from the request's pool, the best fit (smallest, then lowest address; with expandable
         # segments PyTorch's walk on to smaller expandable sizes: :func:`grow_best`)
         cand = lambda j: _cand(s, j, r, small, a.t)  # noqa: E731
-        plain = _all(s.n, lambda j: Implies(
-            cand(j), Or(at(s.sz, j) > at(s.sz, b), And(at(s.sz, j) == at(s.sz, b), at(s.ad, j) >= at(s.ad, b)))))
-        props["C4"] = Implies(fit, And(at(s.sm, b) == small, z3.If(s.ex, grow_best(s, b, a.b2, cand), plain)))
+        props["C4"] = Implies(fit, And(at(s.sm, b) == small, best_fit(s, b, a.b2, cand)))
     if name in ("malloc:fit", "expand:serve"):
-        # C5: a split leaves a legal remainder (seed 003: >= 512 B small pool, >= 2 MiB large pool; pytorch:
-        # > 1 MiB and below max_split_size); a block is handed over whole only when the remainder is illegal
-        legal = z3.If(small, rem >= K_MIN_BLOCK,
-                      z3.If(s.seed, rem >= K_ROUND_LARGE,
-                            z3.If(s.ex, rem >= K_MIN_BLOCK, And(rem > K_SMALL, Or(s.ms == 0, r < s.ms)))))
+        # C5: a split leaves a legal remainder (the split rule :func:`z_split`, checked against the spec's at
+        # every threshold: seed 003's >= 512 B small pool, >= 2 MiB large pool; pytorch's > 1 MiB and below
+        # max_split_size); a block is handed over whole only when the remainder is illegal
+        legal = z_split(s, rem, r, small)
         split_done = And(at(s2.sz, b) == r, rem > 0)
         props["C5"] = Implies(fit, And(Implies(split_done, legal), Implies(Not(split_done), Not(legal))))
         # C7: a block is reused only on its own stream, and only when free (not pending)
         props["C7"] = Implies(fit, And(at(s.sr, b) == (a.t if name == "malloc:fit" else s.mt),
                                              at(s.k, b) == FREE))
-    if name == "malloc:oom":
-        props["C9"] = _figures_ok(s2, _tried(s, r, m["alloc"]), a.lf, a.lw)
-    if name in ("gc_end:oom", "expand:oom"):
-        props["C9"] = _figures_ok(s2, _tried(s, s.mr, z_segment(s, s.mr)), a.lf, a.lw)
-    if name == "malloc_retry:oom":
-        m = retry_parts(s, a)
-        props["C9"] = _figures_ok(s2, _tried(s, m["r"], m["alloc"]), a.lf, a.lw)
+    if name in ("malloc:oom", "gc_end:oom", "expand:oom", "malloc_retry:oom"):
+        props["C9"] = _figures_ok(s2, a.lf, a.lw)
     if name == "unmap:cache":
         # C6 (an arena): exactly the whole pages inside the free block go, reserved and the answer move by them,
         # and the free edges left hold no whole page
@@ -303,9 +292,11 @@ def step_ok(name: str, s: St, a: St, out: Any, s2: St) -> dict[str, Any]:
     return props
 
 
-def _figures_ok(s2: St, tried: Any, lf: Any, lw: Any) -> Any:
-    """C9: the OOM's figures are the state's: the request tried, reserved, allocated (live), largest free block."""
-    return And(s2.oq == tried, s2.orr == s2.Rs + s2.Rl, s2.oa == total(s2, "Ls") + total(s2, "Ll"),
+def _figures_ok(s2: St, lf: Any, lw: Any) -> Any:
+    """C9: the OOM's figures are the state's: reserved, allocated (live), largest free block.  (The request
+    tried is each OOM step's own figure, :func:`_tried`, compared with the spec's by the agreement: here it
+    was the same term on both sides.)"""
+    return And(s2.orr == s2.Rs + s2.Rl, s2.oa == total(s2, "Ls") + total(s2, "Ll"),
                   s2.olf == lf, _largest_free_ok(s2, lf, lw))
 
 
@@ -327,11 +318,8 @@ def goals(s2: St) -> list[tuple[str, Callable[[], Any]]]:
         ("C2:pair", lambda: _all2(s2.n, lambda i, j: pair_wf(s2, i, j))),
     ]
     for nm in SUMS:
-        c = _contrib(s2, nm)
-        out.append((f"sum:{nm}:step", lambda nm=nm, c=c: And(
-            at(s2[nm], 0) == 0, _all(s2.n, lambda i: at(s2[nm], i + 1) == at(s2[nm], i) + c(i)))))
-        out.append((f"sum:{nm}:mono", lambda nm=nm: _all2(s2.n, lambda i, j: Implies(
-            i <= j, at(s2[nm], i) <= at(s2[nm], j)), hi=1)))
+        out.append((f"sum:{nm}:step", lambda nm=nm: And(*sum_step(s2.n, s2[nm], _contrib(s2, nm), wide=False))))
+        out.append((f"sum:{nm}:mono", lambda nm=nm: sum_mono(s2.n, s2[nm])))
     out += [("reserved", lambda: reserved_wf(s2)), ("C3", lambda: c3(s2)),
             ("C4", lambda: c4(s2)), ("C5", lambda: c5(s2)), ("C7", lambda: c7(s2)),
             ("align", lambda: unmapped_aligned(s2))]
@@ -394,17 +382,24 @@ def qf_solver(timeout_ms: int) -> Query:
     return Query(min(timeout_ms, QF_MS), QF_LOGIC, ladder=QF_LADDER)
 
 
-def _check(hyp: Callable[[], Any], goal: Callable[[], Any], s: St, a: St, timeout_ms: int = 30000,
-           solvers: dict | None = None) -> tuple[Any, Any]:
-    MODE.kind, MODE.skolems = "skolem", []
-    g = goal()
-    sks = list(MODE.skolems)
-    MODE.kind = "inst"
-    _terms(s, a, sks)
+def _instantiate(hyp: Callable[[], Any], goal: Callable[[], Any], s: St, a: St, shared: bool = False,
+                 sums_only: bool = False) -> tuple[Any, Any]:
+    """``(hypothesis, goal)``: the goal's quantifiers skolem constants (``shared``: one per arity), the
+    hypothesis's instantiated at them and at the ids the action touches (:func:`_terms`)."""
+    MODE.kind, MODE.skolems, MODE.shared = "skolem", [], shared
     try:
+        g = goal()
+        MODE.kind = "inst"
+        _terms(s, a, list(MODE.skolems), sums_only)
         h = hyp()
     finally:
-        MODE.kind, MODE.terms, MODE.terms1, MODE.anchors, MODE.skolems = "forall", [], [], [], []
+        MODE.kind, MODE.shared, MODE.terms, MODE.terms1, MODE.anchors, MODE.skolems = "forall", False, [], [], [], []
+    return h, g
+
+
+def _check(hyp: Callable[[], Any], goal: Callable[[], Any], s: St, a: St, timeout_ms: int = 30000,
+           solvers: dict | None = None) -> tuple[Any, Any]:
+    h, g = _instantiate(hyp, goal, s, a)
     if solvers is not None:
         # one incremental solver per hypothesis: the goal is pushed and popped (an answer other than
         # unsat is re-checked below on fresh solvers, so sharing never changes a verdict)
@@ -472,10 +467,9 @@ def _group_hyp(group: str, s: St, names: list[str]) -> Any:
     else:
         body = [wf(s), c3(s), c4(s), c5(s), c7(s)]
     for nm in (tuple(SUMS) if group == "sums-mono" else deps):
-        c = _contrib(s, nm)
-        body += [at(s[nm], 0) == 0, _all(s.n, lambda i, nm=nm, c=c: at(s[nm], i + 1) == at(s[nm], i) + c(i), wide=True)]
+        body += sum_step(s.n, s[nm], _contrib(s, nm))
         if group == "sums-mono":
-            body.append(_all2(s.n, lambda i, j, nm=nm: Implies(i <= j, at(s[nm], i) <= at(s[nm], j)), hi=1))
+            body.append(sum_mono(s.n, s[nm]))
     if group != "sums-step" and any(n == "reserved" for n in names):
         body.append(reserved_wf(s))
     return And(*body)
@@ -483,21 +477,18 @@ def _group_hyp(group: str, s: St, names: list[str]) -> Any:
 
 def _check_group(group: str, items: list[tuple[str, Callable[[], Any]]], s: St, a: St, pre: Callable[[], Any],
                  timeout_ms: int) -> Any:
-    MODE.kind, MODE.skolems, MODE.shared = "skolem", [], True
-    try:
-        g = And(*[f() for _n, f in items])
-        sks = list(MODE.skolems)
-    finally:
-        MODE.shared = False
-    MODE.kind = "inst"
-    _terms(s, a, sks, sums_only=group.startswith("sums"))
-    try:
-        h = And(_group_hyp(group, s, [n for n, _f in items]), pre())
-    finally:
-        MODE.kind, MODE.terms, MODE.terms1, MODE.anchors, MODE.skolems = "forall", [], [], [], []
+    h, g = _instantiate(lambda: And(_group_hyp(group, s, [n for n, _f in items]), pre()),
+                        lambda: And(*[f() for _n, f in items]), s, a, shared=True, sums_only=group.startswith("sums"))
     sol = qf_solver(timeout_ms)   # a group not proved here is re-checked goal by goal (:func:`_check`)
     sol.add(h, Not(g))
     return sol.check()
+
+
+#: goals checked first on an action's shared incremental solver (the order changes Z3's search, never a
+#: verdict: each goal is its own push/pop): C5 after the others took 9-12.5 s CPU in the core units of the
+#: unmap actions and 0.25-0.5 s first (those units 12.4 -> 4.0 s, 14.4 -> 3.8 s; expand:serve's 3.5 -> 1.4 s);
+#: first in malloc:fit's and expand:map's units it cost more (8.7 -> 20.3 s, 4.1 -> 6.1 s): not there
+GOALS_FIRST = {"unmap:cache": ("C5",), "unmap:free": ("C5",), "expand:serve": ("C5",)}
 
 
 def consecution(act: Act, timeout_ms: int = 30000, only: tuple[str, ...] = (),
@@ -510,8 +501,6 @@ def consecution(act: Act, timeout_ms: int = 30000, only: tuple[str, ...] = (),
     touches.  ``grouped``: first one query per :data:`GROUPS` entry (goals
     proved together are reported ``proved``, their seconds the group's share);
     any group not proved so is re-checked goal by goal."""
-    from memspec.invariants.formal.proofs import _args, fresh
-
     s = fresh(FIELDS, "s")
     a = _args(act, "a")
     out, s2 = act.step(s, a)
@@ -524,7 +513,8 @@ def consecution(act: Act, timeout_ms: int = 30000, only: tuple[str, ...] = (),
     # C8's lemma last, its terms built (by ``_framed``) only once every other goal is checked: built first,
     # they changed Z3's search on the others (unmap:cache's C5 went from 1 s to minutes of CPU)
     late = [x for x in todo if x[0] == "align"]
-    for name, g, is_inv in [x for x in todo if x[0] != "align"] + late:
+    first = [x for x in todo if x[0] in GOALS_FIRST.get(act.name, ())]
+    for name, g, is_inv in first + [x for x in todo if x[0] != "align" and x not in first] + late:
         if only and name not in only:
             continue
         if part is not None and (_group(name) or "core") != part:
@@ -578,22 +568,17 @@ def consecution(act: Act, timeout_ms: int = 30000, only: tuple[str, ...] = (),
 
 def safety_c1(timeout_ms: int = 30000) -> str:
     """C1 follows from the invariant: reserved = free + active >= active; slack >= 0; reserved <= the device."""
-    from memspec.invariants.formal.proofs import fresh
-
     s = fresh(FIELDS, "s")
     r, _m = _check(lambda: inv(s), lambda: c1(s), s, St(), timeout_ms)
     return "proved" if r == z3.unsat else str(r)
 
 
 def initiation() -> str:
-    from memspec.invariants.formal.proofs import fresh
-
+    """The empty allocator satisfies the invariant and C8's lemma (``init`` has no quantifier to instantiate)."""
     s = fresh(FIELDS, "s")
-    MODE.kind, MODE.skolems = "skolem", []
-    g = And(inv(s), unmapped_aligned(s))
-    MODE.kind, MODE.skolems = "forall", []
+    h, g = _instantiate(lambda: init(s), lambda: And(inv(s), unmapped_aligned(s)), s, St())
     sol = Query(30000)
-    sol.add(init(s), Not(g))
+    sol.add(h, Not(g))
     return "proved" if sol.check() == z3.unsat else "FAILED"
 
 
@@ -639,8 +624,6 @@ def refute(inv_id: str, timeout_ms: int = REFUTE_MS, knob: str | None = None) ->
     """A well-formed heap (the whole inductive invariant holds on it, at most
     :data:`REFUTE_BLOCKS` blocks, every quantifier expanded exactly) from which
     the unguarded action breaks the invariant it names.  ``(refuted, trace)``."""
-    from memspec.invariants.formal.proofs import _args, fresh
-
     act_name, guard, words = UNGUARDED[inv_id] if knob is None else KNOB_UNGUARDED[knob][1:]
     act = next(x for x in actions(frozenset({guard})) if x.name == act_name)
     s = fresh(FIELDS, "u")
@@ -695,12 +678,12 @@ BOUNDED: dict[str, str | None] = {e.id: NOT_HEAP_ENCODED.get(e.id) for e in CACH
 #: the consecution checks of an action in three units (each its own pool task): the invariant's conjuncts
 #: and the step properties, the ghost sums' step equations, the ghost sums' monotonicity
 STEP_PARTS = ("core", *GROUPS)
-#: the actions whose consecution is split into :data:`STEP_PARTS` (those over ~10 s CPU in one unit)
-SPLIT_STEPS = ("unmap:cache", "unmap:free", "expand:map", "expand:serve", "malloc:fit", "malloc:new",
-               "malloc_retry:expand")
 #: rough CPU seconds of the costliest units (measured one by one; only the pool's order depends on it)
 HEAP_UNIT_COST = {"unmap:cache": 50.0, "malloc:fit": 28.0, "expand:map": 11.0, "malloc:new": 11.0,
                   "unmap:free": 10.7, "expand:serve": 5.5, "malloc_retry:expand": 4.7}
+#: the actions whose consecution is split into :data:`STEP_PARTS`: those of :data:`HEAP_UNIT_COST` (over
+#: ~10 s CPU in one unit when measured)
+SPLIT_STEPS = tuple(HEAP_UNIT_COST)
 
 
 def unit_cost(unit: tuple[str, ...]) -> float:
@@ -714,9 +697,10 @@ def unit_cost(unit: tuple[str, ...]) -> float:
 
 
 def heap_units(ids: list[str] | None = None) -> list[tuple[str, ...]]:
-    """The independent checks of :func:`run_heap`, in report order: each unit
-    is run by :func:`heap_unit` (in any process: ``memspec prove --jobs``) and
-    the results joined by :func:`join_units`."""
+    """The independent checks of the heap induction (initiation, C1 as a consequence, consecution of every
+    encoded action -- shared by C1-C9: one inductive invariant --, each invariant's unguarded variant), in
+    report order: each unit is run by :func:`heap_unit` (in any process: ``memspec prove --jobs``) and the
+    results joined by :func:`join_units`."""
     units: list[tuple[str, ...]] = [("init",), ("safety",), ("rounding",)]
     for act in actions():
         if act.name in COVERED:
@@ -773,23 +757,13 @@ def heap_unit(unit: tuple[str, ...], timeout_ms: int = 20000) -> dict[str, Any]:
 
 
 def join_units(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """:func:`run_heap`'s record from the units' results, in the units' order (so the
-    record does not depend on which process ran which unit)."""
+    """The heap induction's record (checks, per-invariant refutations, CPU seconds summed over the units)
+    from the units' results, in the units' order (so the record does not depend on which process ran which
+    unit)."""
     checks = [c for r in results for c in r["checks"]]
     refuted = {k: v for r in results for k, v in r["refuted"].items()}
     return {"checks": checks, "refuted": refuted, "seconds": sum(r["seconds"] for r in results),
             "actions": {a.name: list(a.spec) for a in actions()}}
-
-
-def run_heap(timeout_ms: int = 20000, ids: list[str] | None = None,
-             map_fn: Callable[..., Any] = map) -> dict[str, Any]:
-    """Initiation, C1 as a consequence, consecution of every encoded action
-    (shared by C1-C9: one inductive invariant), and each invariant's
-    unguarded variant.  Returns checks, per-invariant refutations, CPU seconds
-    (summed over the units).  ``map_fn`` runs the units (a process pool's map
-    for ``--jobs``); the result is joined in unit order."""
-    units = heap_units(ids)
-    return join_units(list(map_fn(heap_unit, units, [timeout_ms] * len(units))))
 
 
 #: the divisions tables the kernel agreement checks (besides none): one entry everywhere, and a mixed table
@@ -826,20 +800,21 @@ def kernel_boundary_agreement(max_split_sizes: tuple[int, ...] = (0, 4 * MiB)) -
     st = St({"seed": seed, "ms": ms, "dv": dv, "ex": ex})
     er, es, ep = z_round(st, n), z_segment(st, r), z_split(st, rem, r, small)
     ok = round_ok(st, n, r)
+    ev = lambda e, *subs: z3.simplify(z3.substitute(e, *subs))  # noqa: E731  (a kernel at concrete values)
     bad: list[str] = []
     none = z3.K(z3.IntSort(), z3.IntVal(0))
     for table in DIVISION_TABLES:
         arr = none
         for k, d in enumerate(table):
             arr = z3.Store(arr, k, d)
-        er_t = z3.simplify(z3.substitute(er, (seed, z3.BoolVal(False)), (dv, arr)))
+        er_t = ev(er, (seed, z3.BoolVal(False)), (dv, arr))
         ok_t = z3.substitute(ok, (seed, z3.BoolVal(False)), (dv, arr))
         for size in sorted({p + d for p in division_points(table) for d in (-1, 0, 1)}):
             want = SK.round_size(size, False, SK.divisions_for(size, table))
-            got = z3.simplify(z3.substitute(er_t, (n, z3.IntVal(size)))).as_long()
+            got = ev(er_t, (n, z3.IntVal(size))).as_long()
             if got != want:
                 bad.append(f"divisions {table[:4]}... size={size}: z3 round {got}, spec {want}")
-            if not z3.is_true(z3.simplify(z3.substitute(ok_t, (n, z3.IntVal(size)), (r, z3.IntVal(want))))):
+            if not z3.is_true(ev(ok_t, (n, z3.IntVal(size)), (r, z3.IntVal(want)))):
                 bad.append(f"divisions {table[:4]}... size={size}: the spec's rounding {want} breaks round_ok")
     for msz in max_split_sizes:
         points = SK.boundaries(msz)
@@ -847,8 +822,8 @@ def kernel_boundary_agreement(max_split_sizes: tuple[int, ...] = (0, 4 * MiB)) -
             base = [(seed, z3.BoolVal(preset_seed)), (ms, z3.IntVal(msz)), (dv, none)]
             for size in points:
                 rounded = SK.round_size(size, preset_seed)
-                got_r = z3.simplify(z3.substitute(er, *base, (n, z3.IntVal(size)))).as_long()
-                got_s = z3.simplify(z3.substitute(es, *base, (r, z3.IntVal(rounded)))).as_long()
+                got_r = ev(er, *base, (n, z3.IntVal(size))).as_long()
+                got_s = ev(es, *base, (r, z3.IntVal(rounded))).as_long()
                 want_s = SK.segment_size(rounded, preset_seed)
                 if (got_r, got_s) != (rounded, want_s):
                     bad.append(f"seed={preset_seed} size={size}: z3 round/segment {(got_r, got_s)}, spec {(rounded, want_s)}")
@@ -860,9 +835,8 @@ def kernel_boundary_agreement(max_split_sizes: tuple[int, ...] = (0, 4 * MiB)) -
                 for sm in (True, False):
                     for exp in (False, True):   # expandable segments: pytorch splits any remainder >= 512
                         for remaining in points:
-                            got = z3.is_true(z3.simplify(z3.substitute(
-                                ep, *base, (ex, z3.BoolVal(exp)), (small, z3.BoolVal(sm)), (rem, z3.IntVal(remaining)),
-                                (r, z3.IntVal(rounded)))))
+                            got = z3.is_true(ev(ep, *base, (ex, z3.BoolVal(exp)), (small, z3.BoolVal(sm)),
+                                                (rem, z3.IntVal(remaining)), (r, z3.IntVal(rounded))))
                             want = SK.should_split(remaining, rounded, sm, preset_seed, exp, msz)
                             if got != want:
                                 bad.append(f"seed={preset_seed} small={sm} expandable={exp} ms={msz} "

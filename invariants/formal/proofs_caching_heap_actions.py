@@ -153,18 +153,25 @@ NO_USES = {**{f"u{t}": False for t in range(STREAMS)}, **{f"e{t}": 0 for t in ra
 def _new_segment(s: St, r: Any, small: Any, t: Any, base: Any, alloc: Any, rqn: Any) -> St:
     """A new segment at ``base``: its first block serves the request, the legal remainder stays free."""
     split = z_split(s, alloc - r, r, small)
+    return _add_segment(s, base, alloc, small, t, r, z3.If(split, r, alloc), split, (LIVE, rqn), FREE, alloc)
+
+
+def _add_segment(s: St, base: Any, size: Any, small: Any, t: Any, cut: Any, first: Any, two: Any,
+                 head: tuple[Any, Any], tail: int, mapped: Any) -> St:
+    """A segment (or arena) of ``size`` bytes at ``base`` (ids ``n``, ``n + 1``): its first block of ``first``
+    bytes (kind and requested bytes ``head``) and, when ``two``, the rest from ``cut`` on (kind ``tail``);
+    reserved grows by ``mapped``.  A new segment (:func:`_new_segment`) and a fresh arena (:func:`fresh_step`)."""
     n = s.n
-    out = s.set(n=n + z3.If(split, 2, 1))
-    fields = {"al": True, "ad": base, "sz": z3.If(split, r, alloc), "k": LIVE, "rq": rqn, "sm": small, "sr": t,
-              "sb": base, "ss": alloc, "pv": -1, "nx": z3.If(split, n + 1, -1), **NO_USES}
-    rem = {"al": split, "ad": base + r, "sz": alloc - r, "k": FREE, "rq": 0, "sm": small, "sr": t,
-           "sb": base, "ss": alloc, "pv": n, "nx": -1, **NO_USES}
+    fields = {"al": True, "ad": base, "sz": first, "k": head[0], "rq": head[1], "sm": small, "sr": t,
+              "sb": base, "ss": size, "pv": -1, "nx": z3.If(two, n + 1, -1), **NO_USES}
+    rest = {**fields, "al": two, "ad": base + cut, "sz": size - cut, "k": tail, "rq": 0, "pv": n, "nx": -1}
+    out = St(s)
     for f in fields:
-        out[f] = upd(upd(s[f], n, fields[f]), n + 1, z3.If(split, rem[f], at(s[f], n + 1)))
-    out.update(_reserve(s, small, alloc))
-    # appended ids: 2 (the second is dead when no split: contributes 0)
+        out[f] = upd(upd(s[f], n, fields[f]), n + 1, z3.If(two, rest[f], at(s[f], n + 1)))
+    out.update(_reserve(s, small, mapped))
+    # appended ids: 2 (the second is dead when not ``two``: contributes 0)
     out = _update_sums(s, out, [], 2)
-    out["n"] = n + z3.If(split, 2, 1)
+    out["n"] = n + z3.If(two, 2, 1)
     return out
 
 
@@ -233,6 +240,16 @@ def grow_best(s: St, b: Any, b2: Any, cand: Callable[[Any], Any]) -> Any:
     return And(chain, Or(And(b2 == -1, last), succ))
 
 
+def best_fit(s: St, b: Any, b2: Any, cand: Callable[[Any], Any]) -> Any:
+    """``b`` is get_free_block's choice among the candidates ``cand``: the smallest (size, then lowest
+    address); with expandable segments PyTorch's walk on to smaller expandable sizes (:func:`grow_best`,
+    ``b2`` the successor candidate).  Malloc's precondition and C4's step property."""
+    bsz = at(s.sz, b)
+    plain = _all(s.n, lambda j: Implies(
+        cand(j), Or(at(s.sz, j) > bsz, And(at(s.sz, j) == bsz, at(s.ad, j) >= at(s.ad, b)))))
+    return z3.If(s.ex, grow_best(s, b, b2, cand), plain)
+
+
 def gc_fires(s: St) -> Any:
     """``_garbage_collect`` runs (threshold and fraction set) and usage exceeds the threshold."""
     return And(s.gce, s.Rs + s.Rl > s.gth)
@@ -247,10 +264,7 @@ def malloc_parts(s: St, a: St, guards: frozenset = frozenset()) -> dict[str, Any
     b = a.b
     bsz = at(s.sz, b)
     cand = lambda j: _cand(s, j, r, small, t, guards)  # noqa: E731
-    better = lambda j: Or(at(s.sz, j) > bsz, And(at(s.sz, j) == bsz, at(s.ad, j) >= at(s.ad, b)))  # noqa: E731
-    best = And(0 <= b, b < s.n, cand(b),
-                  z3.BoolVal(True) if "best" in guards else
-                  z3.If(s.ex, grow_best(s, b, a.b2, cand), _all(s.n, lambda j: Implies(cand(j), better(j)))))
+    best = And(0 <= b, b < s.n, cand(b), z3.BoolVal(True) if "best" in guards else best_fit(s, b, a.b2, cand))
     none = _all(s.n, lambda j: Not(cand(j)))
     msrej = And(s.ms > 0, Or(And(r < s.ms, bsz >= s.ms), And(r >= s.ms, bsz >= r + K_LARGE_BUFFER)))
     found = And(b >= 0, Not(msrej))
@@ -318,6 +332,8 @@ def cont_step(s: St, a: St, path: str, size: Any, t: Any, r: Any) -> tuple[Any, 
 
 
 MALLOC_PATHS = ("fit", "eb", "gc", *CONT_PATHS)
+#: how pytorch's retry ends (``malloc_retry:``): a new segment, OutOfMemory, the mapping again
+RETRY_PATHS = ("new", "oom", "expand")
 
 
 def malloc_path(s: St, a: St, path: str, guards: frozenset = frozenset()) -> Any:
@@ -362,16 +378,23 @@ def _serve(s: St, b: Any, r: Any, size: Any, split: Any) -> St:
     fit = St(s)
     for f, v in {"sz": z3.If(split, r, bsz), "k": LIVE, "rq": size, **NO_USES}.items():
         fit[f] = upd(s[f], b, v)
-    rem = {"al": split, "ad": at(s.ad, b) + r, "sz": bsz - r, "k": FREE, "rq": 0, "sm": at(s.sm, b),
-           "sr": at(s.sr, b), "sb": at(s.sb, b), "ss": at(s.ss, b), "pv": b, "nx": at(s.nx, b), **NO_USES}
-    for f, v in rem.items():
-        fit[f] = upd(fit[f], n, z3.If(split, v, at(s[f], n)))
-    q = at(s.nx, b)
-    fit["nx"] = z3.If(split, upd(fit["nx"], b, n), fit["nx"])
-    fit["pv"] = z3.If(And(split, q != -1), upd(fit["pv"], q, n), fit["pv"])
+    _cut(s, fit, b, split, at(s.ad, b) + r, bsz - r, FREE)
     fit = _update_sums(s, fit, [(b, z3.BoolVal(True))], 1)
     fit["n"] = n + z3.If(split, 1, 0)
     return fit
+
+
+def _cut(s: St, out: St, b: Any, two: Any, ad: Any, size: Any, kind: int) -> None:
+    """When ``two``, block ``n`` of ``out`` is the tail of block ``b`` from ``ad`` on (``size`` bytes of
+    ``kind``), linked after it: the remainder of a best fit (:func:`_serve`), the pages of an unmapped block
+    not mapped (:func:`map_step`)."""
+    n, q = s.n, at(s.nx, b)
+    rest = {"al": two, "ad": ad, "sz": size, "k": kind, "rq": 0, "sm": at(s.sm, b), "sr": at(s.sr, b),
+            "sb": at(s.sb, b), "ss": at(s.ss, b), "pv": b, "nx": q, **NO_USES}
+    for f, v in rest.items():
+        out[f] = upd(out[f], n, z3.If(two, v, at(s[f], n)))
+    out["nx"] = z3.If(two, upd(out["nx"], b, n), out["nx"])
+    out["pv"] = z3.If(And(two, q != -1), upd(out["pv"], q, n), out["pv"])
 
 
 def _release_one(s: St, b: Any) -> St:
@@ -446,12 +469,6 @@ def avail_end_pre(s: St, a: St, path: str, guards: frozenset = frozenset()) -> A
     ok = And(s.rsum >= s.wa, room(s, alloc, guards))
     return And(s.ra, Not(s.ex), done, ok if path == "new" else Not(ok),
                   cont_pre(s, a, alloc, "new", guards) if path == "new" else z3.BoolVal(True))
-
-
-def avail_end_step(s: St, a: St, path: str) -> tuple[Any, St]:
-    if path == "new":
-        return cont_step(s, a, "new", s.mn, s.mt, s.mr)
-    return PENDING, _retry_state(s, s.mn, s.mt, s.mr)
 
 
 def retry_parts(s: St, a: St, guards: frozenset = frozenset()) -> dict[str, Any]:
@@ -604,15 +621,9 @@ def map_step(s: St, a: St, guards: frozenset = frozenset()) -> tuple[Any, St]:
     m = map_len(s, q, guards)
     part = m < at(s.sz, q)
     n = s.n
-    rest = {"al": part, "ad": at(s.ad, q) + m, "sz": at(s.sz, q) - m, "k": UNM, "rq": 0, "sm": at(s.sm, q),
-            "sr": at(s.sr, q), "sb": at(s.sb, q), "ss": at(s.ss, q), "pv": q, "nx": at(s.nx, q), **NO_USES}
     s1 = St(s)
-    for f, v in rest.items():
-        s1[f] = upd(s[f], n, z3.If(part, v, at(s[f], n)))
+    _cut(s, s1, q, part, at(s.ad, q) + m, at(s.sz, q) - m, UNM)
     s1["sz"] = upd(s1["sz"], q, m)
-    nq = at(s.nx, q)
-    s1["nx"] = z3.If(part, upd(s1["nx"], q, n), s1["nx"])
-    s1["pv"] = z3.If(And(part, nq != -1), upd(s1["pv"], nq, n), s1["pv"])
     merged, touched = _merge_free(s1, q)
     out = _update_sums(s, merged, touched, 1)
     out.update(_reserve(s, at(s.sm, q), m))
@@ -624,19 +635,9 @@ def map_step(s: St, a: St, guards: frozenset = frozenset()) -> tuple[Any, St]:
 def fresh_step(s: St, a: St) -> tuple[Any, St]:
     """expand:fresh: a new arena (VA ``vs``/``vl``) at a fresh base, its first pages mapped (the head)."""
     small = s.mr <= K_SMALL
-    va, m, n, base = _arena_va(s, small), fresh_len(s), s.n, a.base
-    part = m < va
-    first = {"al": True, "ad": base, "sz": m, "k": FREE, "rq": 0, "sm": small, "sr": s.mt, "sb": base, "ss": va,
-             "pv": -1, "nx": z3.If(part, n + 1, -1), **NO_USES}
-    rest = {"al": part, "ad": base + m, "sz": va - m, "k": UNM, "rq": 0, "sm": small, "sr": s.mt, "sb": base,
-            "ss": va, "pv": n, "nx": -1, **NO_USES}
-    out = St(s)
-    for f in first:
-        out[f] = upd(upd(s[f], n, first[f]), n + 1, z3.If(part, rest[f], at(s[f], n + 1)))
-    out.update(_reserve(s, small, m))
-    out = _update_sums(s, out, [], 2)
-    out["n"] = n + z3.If(part, 2, 1)
-    out["xh"] = n
+    va, m = _arena_va(s, small), fresh_len(s)
+    out = _add_segment(s, a.base, va, small, s.mt, m, m, m < va, (FREE, 0), UNM, m)
+    out["xh"] = s.n
     return PENDING, out
 
 
@@ -743,19 +744,23 @@ def actions(guards: frozenset = frozenset()) -> list[Act]:
         return Act(f"malloc:{path}", params, lambda s, a: malloc_step(s, a, path, guards),
                    lambda s, a: malloc_pre(s, a, path, guards), spec=("caching:malloc",))
 
-    def mk_gc_end(path: str) -> Act:
-        return Act(f"gc_end:{path}", {"base": INT, "lf": INT, "lw": INT, "u": INT},
+    def mk_end(phase: str, path: str, pre: Callable[..., Any], params: tuple[str, ...]) -> Act:
+        """A phase's end (the garbage collection's, release_available's): the pending request goes on."""
+        return Act(f"{phase}:{path}", {k: INT for k in params},
                    phase_new_step if path == "new" else (lambda s, a: cont_step(s, a, path, s.mn, s.mt, s.mr)),
-                   lambda s, a: gc_end_pre(s, a, path, guards), spec=("caching:malloc",))
-
-    def mk_avail_end(path: str) -> Act:
-        return Act(f"avail_end:{path}", {"b": INT, "base": INT, "lf": INT, "lw": INT},
-                   phase_new_step if path == "new" else (lambda s, a: avail_end_step(s, a, path)),
-                   lambda s, a: avail_end_pre(s, a, path, guards), spec=("caching:malloc",))
+                   lambda s, a: pre(s, a, path, guards), spec=("caching:malloc",))
 
     def mk_free(path: str) -> Act:
         return Act(f"free:{path}", {"b": INT}, lambda s, a: free_step(s, a, path, guards),
                    lambda s, a: And(live_pre(s, a), free_path(s, a, path, guards)), spec=("caching:free",))
+
+    def fail(s: St, a: St) -> list[Any]:
+        """expand:oom / expand:retry: ``b`` is the target after the head and its pages do not fit."""
+        return [s.xp, _growing(s), a.b == _target(s), Or(s.xh == -1, at(s.pv, a.b) == s.xh), _fails(s, guards)]
+
+    def pages(s: St, b: Any) -> list[Any]:
+        """unmap:free / unmap:cache: ``b`` is a free block holding a whole page."""
+        return [0 <= b, b < s.n, at(s.al, b), at(s.k, b) == FREE, has_pages(s, b)]
 
     def mk_process(path: str) -> Act:
         def pre(s: St, a: St) -> Any:
@@ -773,12 +778,12 @@ def actions(guards: frozenset = frozenset()) -> list[Act]:
         *[mk_malloc(p) for p in MALLOC_PATHS],
         Act("gc:release", {"b": INT}, release_step, lambda s, a: gc_release_pre(s, a, guards),
             spec=("caching:malloc",)),
-        *[mk_gc_end(p) for p in CONT_PATHS],
+        *[mk_end("gc_end", p, gc_end_pre, ("base", "lf", "lw", "u")) for p in CONT_PATHS],
         Act("avail:big", {"b": INT}, release_step, avail_big_pre, spec=("caching:malloc",)),
         Act("avail:one", {"b": INT}, release_step, lambda s, a: avail_one_pre(s, a, guards),
             spec=("caching:malloc",)),
-        mk_avail_end("new"), mk_avail_end("retry"),
-        mk_retry("new"), mk_retry("oom"), mk_retry("expand"),
+        *[mk_end("avail_end", p, avail_end_pre, ("b", "base", "lf", "lw")) for p in ("new", "retry")],
+        *[mk_retry(p) for p in RETRY_PATHS],
         # expandable segments: the mapping's steps, the unmap of whole free pages
         Act("expand:map", {"b": INT}, lambda s, a: map_step(s, a, guards),
             lambda s, a: And(s.xp, _growing(s), a.b == _target(s), 0 <= a.b, a.b < s.n, at(s.al, a.b),
@@ -796,21 +801,15 @@ def actions(guards: frozenset = frozenset()) -> list[Act]:
         # (``b``: the target that does not fit, -1 a fresh arena, after the head -- named so that the proofs
         # see its block and the head)
         Act("expand:oom", {"b": INT, "lf": INT, "lw": INT}, lambda s, a: expand_fail_step(s, a, "oom"),
-            lambda s, a: And(s.xp, _growing(s), a.b == _target(s), Or(s.xh == -1, at(s.pv, a.b) == s.xh),
-                             _fails(s, guards), Or(s.seed, s.x2),
-                             _largest_free_ok(s, a.lf, a.lw)),
+            lambda s, a: And(*fail(s, a), Or(s.seed, s.x2), _largest_free_ok(s, a.lf, a.lw)),
             spec=("caching:malloc",)),
         Act("expand:retry", {"b": INT}, lambda s, a: expand_fail_step(s, a, "retry"),
-            lambda s, a: And(s.xp, _growing(s), a.b == _target(s), Or(s.xh == -1, at(s.pv, a.b) == s.xh),
-                             _fails(s, guards), Not(s.seed), Not(s.x2)),
-            spec=("caching:malloc",)),
+            lambda s, a: And(*fail(s, a), Not(s.seed), Not(s.x2)), spec=("caching:malloc",)),
         Act("unmap:free", {"b": INT}, lambda s, a: unmap_step(s, a, False),
-            lambda s, a: And(s.ex, s.seed, idle(s), 0 <= a.b, a.b < s.n, at(s.al, a.b), at(s.k, a.b) == FREE,
-                                has_pages(s, a.b)),
+            lambda s, a: And(s.ex, s.seed, idle(s), *pages(s, a.b)),
             spec=("caching:free", "caching:malloc", "caching:empty_cache")),
         Act("unmap:cache", {"b": INT}, lambda s, a: unmap_step(s, a, True),
-            lambda s, a: And(s.ex, Or(idle(s), s.md), _no_pending(s), 0 <= a.b, a.b < s.n, at(s.al, a.b),
-                                at(s.k, a.b) == FREE, has_pages(s, a.b)),
+            lambda s, a: And(s.ex, Or(idle(s), s.md), _no_pending(s), *pages(s, a.b)),
             spec=("caching:empty_cache", "caching:malloc")),
         mk_process("wait"), mk_process("free"), mk_free("pending"), mk_free("merge"),
         Act("double_free", {}, double_step, lambda s, a: idle(s), spec=("caching:double_free",)),

@@ -15,7 +15,7 @@ import z3
 from memspec.invariants.formal.z3fast import And, Implies, Not, Or
 from memspec.invariants.formal.solving import Query  # bounded in CPU, in a context of its own
 
-from memspec.invariants.formal.proofs import ARR, BARR, BOOL, CODE, INT, St, at
+from memspec.invariants.formal.proofs import ARR, BARR, BOOL, CODE, INT, St, at, fresh
 
 
 MiB = 1 << 20
@@ -131,11 +131,21 @@ def _all2(n: Any, body: Callable[[Any, Any], Any], hi: int = 0) -> Any:
     return z3.ForAll([i, j], Implies(And(0 <= i, i < lim, 0 <= j, j < lim), body(i, j)))
 
 
+def sum_step(n: Any, P: Any, c: Callable[[Any], Any], wide: bool = True) -> list[Any]:
+    """The step equations of the prefix-sum ghost ``P`` of ``c`` over the ids ``0 <= i < n`` (a list of
+    conjuncts): ``P[0] = 0``, ``P[i+1] = P[i] + c(i)``."""
+    return [at(P, 0) == 0, _all(n, lambda i: at(P, i + 1) == at(P, i) + c(i), wide=wide)]
+
+
+def sum_mono(n: Any, P: Any) -> Any:
+    """The prefix-sum ghost ``P`` is monotone on ``[0, n]``."""
+    return _all2(n, lambda i, j: Implies(i <= j, at(P, i) <= at(P, j)), hi=1)
+
+
 def _sum(n: Any, P: Any, c: Callable[[Any], Any]) -> Any:
-    """``P`` is the checked prefix-sum ghost of ``c`` over the ids ``0 <= i < n``:
-    ``P[0] = 0``, ``P[i+1] = P[i] + c(i)``, ``P`` monotone on ``[0, n]``."""
-    return And(at(P, 0) == 0, _all(n, lambda i: at(P, i + 1) == at(P, i) + c(i), wide=True),
-                  _all2(n, lambda i, j: Implies(i <= j, at(P, i) <= at(P, j)), hi=1))
+    """``P`` is the checked prefix-sum ghost of ``c`` over the ids ``0 <= i < n``: :func:`sum_step`,
+    :func:`sum_mono`."""
+    return And(*sum_step(n, P, c), sum_mono(n, P))
 
 
 # --------------------------------------------------------------------------
@@ -167,13 +177,18 @@ def _torch_round_cases(s: St, n: Any) -> tuple[list[tuple[Any, Any]], Any]:
     return cases, plain
 
 
+def _seed_round(n: Any) -> Any:
+    """The toy's ladder: 512 B multiples up to 1 MiB, 2 MiB multiples above."""
+    return z3.If(n <= K_SMALL, ceil_to(n, K_MIN_BLOCK), ceil_to(n, K_ROUND_LARGE))
+
+
 def z_round(s: St, n: Any) -> Any:
     """Every request rounds to a 512 B multiple (pytorch: below 512 -> 512); the toy: above 1 MiB, 2 MiB
     multiples.  PyTorch's roundup_power2_divisions, exactly, as a case split per power-of-two interval:
     for ``2**e <= n < 2**(e+1)`` the entry ``d = dv[min(max(0, e - 20), 15)]`` (one per power of two from
     1 MiB, clamped); with ``d > 1`` and ``n > 512 * d`` the next multiple of ``2**e / d`` (a power of two
     stays), else the next 512 multiple."""
-    seed_r = z3.If(n <= K_SMALL, ceil_to(n, K_MIN_BLOCK), ceil_to(n, K_ROUND_LARGE))
+    seed_r = _seed_round(n)
     cases, torch_r = _torch_round_cases(s, n)
     for cond, val in cases:
         torch_r = z3.If(cond, val, torch_r)
@@ -186,7 +201,7 @@ def round_ok(s: St, n: Any, r: Any, guards: frozenset = frozenset()) -> Any:
     ``n`` (``r <= 1 MiB`` iff ``n <= 1 MiB``).  :func:`rounding_lemma` proves that :func:`z_round` (every
     divisions table of legal entries) satisfies it, and :func:`kernel_boundary_agreement` checks it on the
     spec's own rounding at every threshold."""
-    seed_r = z3.If(n <= K_SMALL, ceil_to(n, K_MIN_BLOCK), ceil_to(n, K_ROUND_LARGE))
+    seed_r = _seed_round(n)
     up = r >= n if "round-up" not in guards else z3.BoolVal(True)
     return z3.If(s.seed, r == seed_r, And(up, r >= K_MIN_BLOCK, r % K_MIN_BLOCK == 0,
                                              (r <= K_SMALL) == (n <= K_SMALL)))
@@ -200,8 +215,6 @@ def rounding_lemma(timeout_ms: int = 60000) -> str:
     """``round_ok(n, z_round(n))`` for every request ``n >= 1`` and every table of legal entries: one query
     per case of :func:`z_round` (the toy's ladder; each power-of-two interval; outside them), the cases'
     conditions pairwise disjoint (each interval is ``[2**e, 2**(e+1))``), so together they are the claim."""
-    from memspec.invariants.formal.proofs import fresh
-
     s = fresh(FIELDS, "rl")
     n = z3.Int("rl_n")
     cases, plain = _torch_round_cases(s, n)
@@ -356,9 +369,7 @@ def scalars_wf(s: St) -> Any:
                   # at most one phase; the request it serves
                   Not(And(s.md, s.gp)), Not(And(s.md, s.ra)), Not(And(s.gp, s.ra)),
                   Not(And(s.xp, s.md)), Not(And(s.xp, s.gp)), Not(And(s.xp, s.ra)),
-                  # the arenas' VA: at least a page, whole pages of the pool's page
-                  Implies(s.ex, And(s.vs >= K_SMALL_BUFFER, s.vs % K_ROUND_LARGE == 0, s.vl >= K_SMALL_BUFFER,
-                                          s.vl % page(s, False) == 0)),
+                  arenas_wf(s),
                   expand_wf(s),
                   Implies(pending_req(s), And(s.mn >= 1, s.mn < ONE_EB, 0 <= s.mt, s.mt < STREAMS,
                                                     round_ok(s, s.mn, s.mr))),
@@ -366,6 +377,12 @@ def scalars_wf(s: St) -> Any:
                   Implies(s.gp, s.gce),
                   Implies(s.ra, And(Not(s.seed), Not(s.ex), s.ms > 0, s.wa == z3.If(s.mr > s.ms, s.mr, s.ms),
                                           s.rsum >= 0)))
+
+
+def arenas_wf(s: St) -> Any:
+    """The arenas' VA (expandable segments): at least a page, whole pages of the pool's page."""
+    return Implies(s.ex, And(s.vs >= K_SMALL_BUFFER, s.vs % K_ROUND_LARGE == 0, s.vl >= K_SMALL_BUFFER,
+                             s.vl % page(s, False) == 0))
 
 
 def sums_wf(s: St, names: tuple[str, ...]) -> Any:

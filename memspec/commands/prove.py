@@ -339,7 +339,7 @@ def _task(task: tuple[Any, ...]) -> tuple[Any, float]:
     elif kind == "synthesis":
         from memspec.invariants.formal import run_caching
 
-        out = run_caching(depth=task[1], samples=task[2])
+        out = run_caching(depth=task[1])
     elif kind == "heap":
         from memspec.invariants.formal import heap_unit
 
@@ -444,7 +444,7 @@ def run(ids: list[str], samples: int, inv_samples: int, seed: int, caching_on: b
     if want_p1:  # progress (liveness as safety), on S15's machine and by a walk of the spec
         tasks.append(("P1", max(samples // 2, 50), seed))
     if want_syn:
-        tasks.append(("synthesis", depth, samples))
+        tasks.append(("synthesis", depth))
     if want_heap:
         from memspec.invariants.formal import heap_units as units_of
 
