@@ -42,7 +42,7 @@ from typing import Any, Callable
 import z3
 
 from memspec.invariants.formal.proofs import (
-    ARR, ARR2, ARR2B, BARR, INT, OUTCOMES, Act, Proof, St, _args, at, bv, concrete, fresh, iv, memo,
+    ARR, ARR2, ARR2B, BARR, INT, OUTCOMES, Act, Proof, St, _args, at, concrete, fresh, iv, memo,
     native_value,
 )
 from memspec.invariants.formal import z3native as native
@@ -126,17 +126,12 @@ class Compiled:
             self.keys.append(key)
             exprs.append(s2[f] if ix is None else at(s2[f], ix) if isinstance(ix, int)
                          else at(at(s2[f], ix[0]), ix[1]))
-        self.exprs = exprs = [exprs[0]] + [fin(e) for e in exprs[1:]]
-        # one closed formula per sample: outcome in the permitted set and every
-        # compared value equal to the spec's (placeholders substituted per sample)
-        self.eo = [z3.Int(f"expected_outcome_{k}") for k in range(4)]
-        self.ev = [z3.Const(f"expected_{k}", e.sort()) for k, e in enumerate(exprs[1:])]
-        self.ev_bool = [e.sort() == z3.BoolSort() for e in self.ev]
-        self.agree_expr = z3.And(self.pre, z3.Or(*[out == e for e in self.eo]),
-                                 *[e == v for e, v in zip(exprs[1:], self.ev)])
-        self.out = out
+        exprs = [exprs[0]] + [fin(e) for e in exprs[1:]]
+        self.terms = [self.pre, *exprs]   # the precondition, the outcome, every compared value
         # the same terms evaluated by Python (:mod:`z3native`); None where a quantifier remained
-        self.prog = native.build([self.pre, out, *exprs[1:]]) if all(not z3.is_array(e) for e in exprs) else None
+        scalar = all(not z3.is_array(e) for e in exprs)
+        self.prog = native.build(self.terms) if scalar else None
+        self.packed = native.pack(self.terms) if scalar else None   # the same terms, for Z3 (at once)
         self._names = [(self.s[f].decl().name(), f, k) for f, k in p.fields.items()] + \
             [(self.a[n].decl().name(), n, k) for n, k in act.params.items()]
 
@@ -144,20 +139,51 @@ class Compiled:
         n_state = len(self.p.fields)
         return {nm: native_value(k, (state if i < n_state else args)[f]) for i, (nm, f, k) in enumerate(self._names)}
 
-    def outcome(self, state: dict[str, Any], args: dict[str, Any]) -> str:
-        """The encoding's outcome on concrete values (the branch it takes): by :mod:`z3native`,
-        cross-checked with Z3 on a sample, or by Z3."""
-        return native.checked(self.prog, lambda: self._env(state, args), lambda v: OUTCOMES[v[1]],
-                              lambda: self._outcome_z3(state, args), f"{self.act.name}'s outcome")
+    def _keyed(self, vals: tuple[Any, ...]) -> dict[Key, Any]:
+        out = dict(zip(self.keys, vals[1:]))
+        out[("pre", None)], out[("outcome", None)] = bool(vals[0]), OUTCOMES[vals[1]]
+        return out
 
-    def _outcome_z3(self, state: dict[str, Any], args: dict[str, Any]) -> str:
-        v = z3.simplify(substitute(self.out, *self._subs(state, args)))
-        if z3.is_int_value(v):
-            return OUTCOMES[v.as_long()]
-        for code, name in enumerate(OUTCOMES):  # a quantifier remained (some page committed?)
-            if self._truth(v == code):
-                return name
-        raise RuntimeError(f"{self.act.name}: no outcome decided for {v}")
+    def values(self, state: dict[str, Any], args: dict[str, Any]) -> dict[Key, Any]:
+        """The encoding on concrete values: whether the action applies (``("pre", None)``), its outcome
+        (the branch it takes) and every compared output -- by :mod:`z3native`, cross-checked with Z3 on a
+        sample, or by Z3 (each term substituted and simplified; a solver call where a quantifier remained)."""
+        def by_z3() -> dict[Key, Any]:
+            subs = self._subs(state, args)
+            if self.packed is None:   # an array-valued output
+                return self._keyed(tuple(self._decide(substitute(e, *subs)) for e in self.terms))
+            got = native.unpack(z3.simplify(substitute(self.packed, *subs)), len(self.terms), self.act.name)
+            got = [x if isinstance(x, int) else self._decide(x) for x in got]
+            return self._keyed(tuple(bool(x) if z3.is_bool(t) else x for x, t in zip(got, self.terms)))
+
+        return native.checked(self.prog, lambda: self._env(state, args), self._keyed, by_z3,
+                              f"{self.act.name}'s step")
+
+    def agrees(self, got: dict[Key, Any], allowed: set[str], expected: dict[Key, Any]) -> bool:
+        """Whether the action applies, its outcome is one of ``allowed`` and every compared value of
+        ``got`` (:meth:`values`) equals ``expected``'s."""
+        return got[("pre", None)] and got[("outcome", None)] in allowed and \
+            all(got[key] == expected[key] for key in self.keys[1:])
+
+    @classmethod
+    def _decide(cls, e: Any) -> Any:
+        """A closed term's value: a literal after simplification, else (a quantifier remained) a Boolean
+        decided by :meth:`_truth`, an integer once each outermost quantifier in it is decided so."""
+        v = z3.simplify(e)
+        if z3.is_bool(v):
+            return cls._truth(v)
+        qs: dict[int, Any] = {}
+
+        def outermost(t: Any) -> None:
+            if z3.is_quantifier(t):   # closed: a Boolean quantifier is decided, a lambda left as it is
+                qs[t.get_id()] = None if t.is_lambda() else t
+            elif t.get_id() not in qs:
+                qs[t.get_id()] = None
+                for c in t.children():
+                    outermost(c)
+        outermost(v)
+        return native.from_z3(z3.simplify(z3.substitute(v, *[(q, z3.BoolVal(cls._truth(q))) for q in qs.values()
+                                                             if q is not None])))
 
     def _subs(self, state: dict[str, Any], args: dict[str, Any]) -> list[tuple[Any, Any]]:
         return [(self.s[f], concrete(k, state[f])) for f, k in self.p.fields.items()] + \
@@ -181,44 +207,6 @@ class Compiled:
                 raise RuntimeError(f"could not decide {v}")
             return rn == z3.unsat
         return r == z3.sat
-
-    def agrees(self, state: dict[str, Any], args: dict[str, Any], allowed: set[str], expected: dict[Key, Any]) -> bool:
-        """Whether the action applies (``pre``), its outcome is one of ``allowed`` and every compared
-        value equals ``expected``'s: by :mod:`z3native`, cross-checked with Z3 on a sample, or by Z3."""
-        def convert(vals: tuple[Any, ...]) -> bool:
-            return bool(vals[0]) and OUTCOMES[vals[1]] in allowed and \
-                all(v == expected[key] for key, v in zip(self.keys[1:], vals[2:]))
-
-        return native.checked(self.prog, lambda: self._env(state, args), convert,
-                              lambda: self._agrees_z3(state, args, allowed, expected), f"{self.act.name}'s agreement")
-
-    def _agrees_z3(self, state: dict[str, Any], args: dict[str, Any], allowed: set[str],
-                   expected: dict[Key, Any]) -> bool:
-        subs = self._subs(state, args)
-        codes = [OUTCOMES.index(n) for n in sorted(allowed)]
-        codes = (codes * 4)[:4]
-        subs += [(e, iv(c)) for e, c in zip(self.eo, codes)]
-        for key, ph, isb in zip(self.keys[1:], self.ev, self.ev_bool):
-            v = expected[key]
-            subs.append((ph, bv(v) if isb else iv(v)))
-        return self._truth(substitute(self.agree_expr, *subs))
-
-    def evaluate(self, state: dict[str, Any], args: dict[str, Any]) -> dict[Key, Any]:
-        """Every compiled output on concrete values (for the report of a mismatch)."""
-        subs = self._subs(state, args)
-        out: dict[Key, Any] = {}
-        for key, e in zip(self.keys, self.exprs):
-            v = z3.simplify(substitute(e, *subs))
-            try:
-                out[key] = native.from_z3(v)   # an integer or Boolean literal (every compared value is one)
-            except native.Unsupported:
-                sol = Query(5000, isolated=False)
-                x = z3.Const("x", e.sort())
-                sol.add(x == v)
-                sol.check()
-                out[key] = sol.model().eval(x, model_completion=True)
-        out[("outcome", None)] = OUTCOMES[out[("outcome", None)]] if isinstance(out[("outcome", None)], int) else out[("outcome", None)]
-        return out
 
 
 # --------------------------------------------------------------------------
@@ -792,12 +780,12 @@ def walk_and_compare(machine: Any, init: Callable[[], Any], adapters: list[Adapt
                     post = {("projection", None): f"{type(e).__name__}: {e}"}
                 expected = {k: (pre.get(k, v) if k[0] in RETURN_FIELDS else v) for k, v in post.items()}
                 perm = allowed - {"ok"}
-            ok = c.agrees(enc_state, enc_args, perm, expected) if ("projection", None) not in expected else False
+            got = c.values(enc_state, enc_args)
+            ok = ("projection", None) not in expected and c.agrees(got, perm, expected)
             got_out, mismatch = None, None
             if ok:
-                got_out = c.outcome(enc_state, enc_args)
+                got_out = got[("outcome", None)]
             else:
-                got = c.evaluate(enc_state, enc_args)
                 diff = {k: (got.get(k), v) for k, v in expected.items() if got.get(k) != v}
                 mismatch = (f"{act.name}{args} spec {taken} (permits {sorted(allowed)}), encoding "
                             f"{got[('outcome', None)]}; differing (encoding, spec): {diff}")

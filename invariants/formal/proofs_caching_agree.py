@@ -79,7 +79,7 @@ import z3
 from memspec.invariants.formal import proofs_caching_heap as H
 from memspec.invariants.formal import z3native as native
 from memspec.invariants.formal.proofs import (
-    ARR, BARR, BOOL, INT, OUTCOMES, St, _sort, at, concrete, iv, prefix_values,
+    ARR, BARR, BOOL, INT, OUTCOMES, St, _sort, at, concrete, prefix_values,
 )
 
 _KIND = {"free": H.FREE, "live": H.LIVE, "pending": H.PEND, "unmapped": H.UNM}
@@ -191,23 +191,6 @@ def _as_int(e: Any) -> Any:
     return z3.If(e, z3.IntVal(1), z3.IntVal(0)) if z3.is_bool(e) else e
 
 
-def _pack(terms: list[Any]) -> Any:
-    """``terms`` as one array term (index ``k`` holds term ``k``), for Z3's substitute and simplify;
-    the store chain is made by the C API directly (z3py's ``Store`` checks each store's sorts)."""
-    ctx = terms[0].ctx
-    c = ctx.ref()
-    cur = z3.K(z3.IntSort(), z3.IntVal(-(1 << 62))).as_ast()
-    z3.Z3_inc_ref(c, cur)
-    for idx, t in enumerate(terms):
-        nxt = z3.Z3_mk_store(c, cur, iv(idx).as_ast(), t.as_ast())
-        z3.Z3_inc_ref(c, nxt)
-        z3.Z3_dec_ref(c, cur)
-        cur = nxt
-    out = z3.z3._to_expr_ref(cur, ctx)   # takes its own reference
-    z3.Z3_dec_ref(c, cur)
-    return out
-
-
 @contextlib.contextmanager
 def _eval_memo() -> Iterator[None]:
     """Build with the heap encoding's term memo on (:func:`proofs_caching_heap._reads`): these terms are
@@ -236,7 +219,7 @@ class Terms:
         self.s, self.a, self.what, self.size = s, a, what, len(terms)
         self._fields = [f for f in H.FIELDS if f != "n"]
         self._names = [(f, f"{f}@ag") for f in self._fields]
-        self._packed = _pack([_as_int(t) for t in terms])
+        self._packed = native.pack(terms)
         self._prog = native.build(terms)
 
     def __call__(self, vals: dict[str, Any], args: dict[str, int] | None = None) -> list[int]:
@@ -249,16 +232,11 @@ class Terms:
     def _by_z3(self, vals: dict[str, Any], args: dict[str, int]) -> list[int]:
         subs = [(self.s[f], concrete(H.FIELDS[f], vals[f])) for f in self._fields]
         v = z3.simplify(z3.substitute(self._packed, *subs, *[(x, z3.IntVal(args.get(p, 0))) for p, x in self.a.items()]))
-        got: dict[int, int] = {}
-        while z3.is_store(v):
-            idx, val = v.arg(1), v.arg(2)
-            if not (z3.is_int_value(idx) and z3.is_int_value(val)):
-                raise ValueError(f"{self.what}: a term did not simplify to a value: {str(val)[:200]}")
-            got.setdefault(idx.as_long(), val.as_long())
-            v = v.arg(0)
-        if len(got) != self.size:
-            raise ValueError(f"{self.what}: {self.size - len(got)} terms did not simplify to values")
-        return [got[k] for k in range(self.size)]
+        got = native.unpack(v, self.size, self.what)
+        left = [x for x in got if not isinstance(x, int)]
+        if left:
+            raise ValueError(f"{self.what}: a term did not simplify to a value: {str(left[0])[:200]}")
+        return got
 
 
 class Compiled:

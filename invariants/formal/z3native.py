@@ -372,6 +372,49 @@ def from_z3(v: Any) -> Any:
     raise Unsupported(f"not a value: {str(v)[:120]}")
 
 
+def pack(terms: list[Any]) -> Any:
+    """``terms`` as one array term (index ``k`` holds term ``k``, a Boolean as 0 or 1), so that one
+    substitute and one simplify evaluate them all (the Z3 side of :func:`checked`); the store chain is
+    made by the C API directly (z3py's ``Store`` checks each store's sorts)."""
+    ctx = terms[0].ctx
+    c = ctx.ref()
+    cur = z3.K(z3.IntSort(), z3.IntVal(-(1 << 62))).as_ast()
+    z3.Z3_inc_ref(c, cur)
+    for idx, t in enumerate(terms):
+        t = z3.If(t, z3.IntVal(1), z3.IntVal(0)) if z3.is_bool(t) else t
+        nxt = z3.Z3_mk_store(c, cur, z3.IntVal(idx).as_ast(), t.as_ast())
+        z3.Z3_inc_ref(c, nxt)
+        z3.Z3_dec_ref(c, cur)
+        cur = nxt
+    out = z3.z3._to_expr_ref(cur, ctx)   # takes its own reference
+    z3.Z3_dec_ref(c, cur)
+    return out
+
+
+def unpack(v: Any, size: int, what: str) -> list[Any]:
+    """The ``size`` elements of a :func:`pack`-ed term after substitution and simplification: each a
+    Python int where it became a literal, else the Z3 term that remained (a quantifier).  Read through
+    the C API (z3py wraps every node it hands out: ten times slower on the agreement walks)."""
+    c, ast = v.ctx.ref(), v.as_ast()
+    got: dict[int, Any] = {}
+
+    def number(a: Any) -> int | None:
+        return int(z3.Z3_get_numeral_string(c, a)) if z3.Z3_is_numeral_ast(c, a) else None
+
+    while (z3.Z3_get_ast_kind(c, ast) == z3.Z3_APP_AST
+           and z3.Z3_get_decl_kind(c, z3.Z3_get_app_decl(c, ast)) == z3.Z3_OP_STORE):
+        idx, val = number(z3.Z3_get_app_arg(c, ast, 1)), z3.Z3_get_app_arg(c, ast, 2)
+        if idx is None:
+            break
+        if idx not in got:
+            n = number(val)
+            got[idx] = n if n is not None else z3.z3._to_expr_ref(val, v.ctx)
+        ast = z3.Z3_get_app_arg(c, ast, 0)
+    if len(got) != size:
+        raise ValueError(f"{what}: {size - len(got)} packed terms lost their place: {str(v)[:200]}")
+    return [got[k] for k in range(size)]
+
+
 def same(x: Any, y: Any) -> bool:
     """Equality of two values of this module (arrays by extension)."""
     return _aeq(x, y)
@@ -405,5 +448,5 @@ def checked(prog: Program | None, env: Callable[[], dict[str, Any]], convert: Ca
     return got
 
 
-__all__ = ["Program", "Unsupported", "build", "checked", "from_z3", "same", "CROSS_CHECK_EVERY",
+__all__ = ["Program", "Unsupported", "build", "checked", "from_z3", "pack", "same", "unpack", "CROSS_CHECK_EVERY",
            "cross_check_failed"]
