@@ -49,7 +49,7 @@ def test_copy_on_write_without_its_out_of_memory_guard_is_refuted() -> None:
     def cow_no_guard(s: St, a: St):
         sz, h = at(s.msize, a.m), at(s.mh, a.m)
         out = outcome(*E._mapping_errors(s, a), (at(s.mpriv, a.m), "InvalidRange"), (a.oom, "OutOfMemory"))
-        s1 = E._shm_bytes(E._shm_unshare(s.set(mpriv=upd(s.mpriv, a.m, True), ret=sz), a.m, h), a.m, sz, False)
+        s1 = E._dev_bytes(E._shm_unshare(s.set(mpriv=upd(s.mpriv, a.m, True), ret=sz), a.m, h), a.m, sz, "private")
         return on_ok(out, s, E._shm_maybe_free(s1, h))
 
     c = _step_check(_only("m_copy_on_write", cow_no_guard), "m_copy_on_write")
@@ -60,13 +60,13 @@ def test_unmap_that_frees_a_freed_handle_again_is_refuted() -> None:
     """shared._maybe_free without its ``not h.freed``: the handle's bytes leave the device twice."""
     def free_again(s: St, h):
         due = z3.And(at(s.hreleased, h), at(s.hmaps, h) == 0)
-        return merge(due, E._shm_bytes(s.set(hfreed=upd(s.hfreed, h, True)), h, -at(s.hsize, h), True), s)
+        return merge(due, E._dev_bytes(s.set(hfreed=upd(s.hfreed, h, True)), h, -at(s.hsize, h), "shared"), s)
 
     def unmap(s: St, a: St):
         out = outcome(*E._mapping_errors(s, a))
         h, sz = at(s.mh, a.m), at(s.msize, a.m)
         s1 = s.set(mlive=upd(s.mlive, a.m, False), ret=sz)
-        done = merge(at(s.mpriv, a.m), E._shm_bytes(s1, a.m, -sz, False), free_again(E._shm_unshare(s1, a.m, h), h))
+        done = merge(at(s.mpriv, a.m), E._dev_bytes(s1, a.m, -sz, "private"), free_again(E._shm_unshare(s1, a.m, h), h))
         return out, merge(out == E.OK, done, s)
 
     c = _step_check(_only("m_unmap", unmap), "m_unmap")

@@ -14,7 +14,7 @@ from typing import Any
 
 from memspec.invariants.formal import proofs_seed000 as E
 from memspec.invariants.formal.agreement import Adapter, Universe, flatten
-from memspec.invariants.formal.proofs import prefix_values
+from memspec.invariants.formal.proofs import ARR, BARR, BOOL, INT, prefix_values
 
 
 UMAX = 6  # objects of one kind in a sampled state (the walk restarts beyond)
@@ -178,16 +178,12 @@ def _not_size(x: Any) -> bool:
 
 # -- the VMM machine (S5, S12, S13): VirtualBacking and SharedMapping -------
 
-#: the VMM machine's system-level record (owned reservations, KV requests): none at the mechanism level
-_SYS_EMPTY = {"free": 0, "ostate": (0, {}), "rcap": (False, {}), "osize": (0, {}), "ocb": (0, {}), "kown": (0, {}),
-              "korig": (-1, {}), "kpre": (0, {})}
-#: SharedMapping's record where a level has none (the system level's projections)
-_SHM_EMPTY = {"hexists": (False, {}), "hsize": (0, {}), "hreleased": (False, {}), "hmaps": (0, {}), "hfreed": (False, {}),
-              "mlive": (False, {}), "mh": (0, {}), "msize": (0, {}), "mro": (False, {}), "mpriv": (False, {})}
-#: its mechanism-level records and figures: none at the system level
-_MECH_EMPTY = {"physical": 0, "foreign": 0, "eager": 0, "shared": 0, "private": 0, "ctot": 0, "absent": 0,
-               "rowrites": 0, "answer": 0, "rlive": (False, {}), "rforeign": (False, {}), "rsize": (0, {}), "pc": {},
-               "reported": (0, {}), **_SHM_EMPTY, "PM": {}, "nm": 0}
+def _empty(fields: dict[str, str], **given: Any) -> dict[str, Any]:
+    """A projected state of an encoding's ``fields`` with nothing in its records (0, False, no entry):
+    what a level does not have (the system level's records at the mechanism level, and back), but
+    the fields ``given``."""
+    none = {INT: 0, BOOL: False, ARR: (0, {}), BARR: (False, {})}  # a two-level array: no row
+    return {f: given.get(f, none.get(k, {})) for f, k in fields.items()}
 
 
 def _shm_record(s: Any, hx: dict[int, int], mx: dict[int, int]) -> dict[str, Any]:
@@ -210,6 +206,15 @@ def _shm_record(s: Any, hx: dict[int, int], mx: dict[int, int]) -> dict[str, Any
     }
 
 
+def _res_record(s: Any, res: dict[int, Any], ix: dict[int, int]) -> dict[str, Any]:
+    """The mechanism's reservations ``res`` at the dense indices ``ix``: one projection for both machines
+    that encode them (the VMM machine, S11's ledger model)."""
+    return {"rlive": (False, {ix[r]: v.live for r, v in res.items()}),
+            "rforeign": (False, {ix[r]: v.foreign for r, v in res.items()}),
+            "rsize": (0, {ix[r]: v.size for r, v in res.items()}), "pc": {ix[r]: set(v.committed) for r, v in res.items()},
+            "reported": (0, {ix[r]: v.reported for r, v in res.items()})}
+
+
 def _vmm_state(s: Any, ret: int = 0, answer: int = 0) -> tuple[dict[str, Any], Universe]:
     """The VMM machine (S5, S12, S13) at the mechanism level: its reservations (VirtualBacking and
     shared ones), physical handles and their mappings."""
@@ -221,21 +226,17 @@ def _vmm_state(s: Any, ret: int = 0, answer: int = 0) -> tuple[dict[str, Any], U
     u.pages = max([v.size // s.page for v in res.values()] + [0]) + 2
     hs, ms = s.handles, s.mappings
     st = {
+        **_empty(E.S5.fields, korig=(-1, {})),
         "cap": s.virtual_backing, "scap": s.shared_mapping, "page": s.page, **_shm_record(s, hx, mx),
         "eager": s.eager_bytes, "shared": s.shared_bytes,
         "private": s.private_bytes, "ctot": s.committed_bytes, "absent": s.absent_answered,
         "rowrites": s.readonly_writes, "answer": answer, "ret": ret, "nextva": s.w_next_address,
-        "rlive": (False, {ix[r]: v.live for r, v in res.items()}),
-        "rforeign": (False, {ix[r]: v.foreign for r, v in res.items()}),
-        "rsize": (0, {ix[r]: v.size for r, v in res.items()}),
-        "pc": {ix[r]: set(v.committed) for r, v in res.items()},
-        "reported": (0, {ix[r]: v.reported for r, v in res.items()}),
+        **_res_record(s, res, ix),
         # S12: a mechanism reservation's address is the one it was reserved at
         "base": (0, {ix[r]: v.address for r, v in res.items()}), "base0": (0, {ix[r]: v.address for r, v in res.items()}),
         "nm": len(ms),
         "PM": {hx[h]: prefix_values([1 if (m.live and not m.private and m.handle == h) else 0
                                      for _r, m in sorted(ms.items())]) for h in hs},
-        **_SYS_EMPTY,
     }
     return st, u
 
@@ -266,15 +267,13 @@ def _vmm_expected(cmp: tuple[str, ...]) -> Any:
     return expected
 
 
-_s5_span_project = _project(_vmm_state, lambda s, u, a, taken: {
-    "r": u.idx["res"][a["span"][0]], "lo": a["span"][1], "hi": a["span"][2], "oom": taken == "OutOfMemory"})
-
-
-def _s5_release_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _vmm_state(s)
-    if args["reservation"] not in u.idx["res"]:
-        return None
-    return st, {"r": u.idx["res"][args["reservation"]]}, u
+#: commit_range's / decommit_range's and committed_bytes' / release_reservation's arguments on either machine
+_span_args = lambda s, u, a, taken: {  # noqa: E731
+    "r": u.idx["res"][a["span"][0]], "lo": a["span"][1], "hi": a["span"][2], "oom": taken == "OutOfMemory"}
+_res_args = lambda s, u, a, taken: (  # noqa: E731
+    {"r": u.idx["res"][a["reservation"]]} if a["reservation"] in u.idx["res"] else None)
+_s5_span_project = _project(_vmm_state, _span_args)
+_s5_release_project = _project(_vmm_state, _res_args)
 
 
 _s5_reserve_project = _project(_vmm_state, _reserve_args)

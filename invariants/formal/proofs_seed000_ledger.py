@@ -16,13 +16,14 @@ import z3
 
 from memspec.invariants.formal.z3fast import And, Implies, Not, Or
 from memspec.invariants.formal.proofs import (
-    ARR, ARR2, BARR, BOOL, CODE, INT, OK, Act, Proof, St, at, merge, on_ok, outcome, prefix_append, prefix_change,
-    prefix_count, prefix_sum, upd,
+    ARR, ARR2, ARR2B, BARR, BOOL, CODE, INT, OK, Act, Proof, St, at, merge, on_ok, outcome, prefix_append,
+    prefix_change, prefix_count, prefix_sum, upd,
 )
 from memspec.spec import kernels as K
 from memspec.invariants.formal.proofs_seed000_objects import (
     F0, M_ALLOC, M_HANDLE, M_MAP, M_RES, T_CANCELLED, T_CLAIMED, T_FAILED, T_GRANTED, T_PENDING, T_TIMED_OUT, Z0,
-    _CREATE, _DRAWN_MAPPING, _HANDLE, _MAPARGS, _shm_cow, _shm_create, _shm_release, _shm_unmap, _terminal, catalog,
+    _CREATE, _DRAWN_MAPPING, _HANDLE, _MAPARGS, _SPAN, _SPAN_OOM, _s5_handle_errors, _s5_release, _s5_span,
+    _shm_cow, _shm_create, _shm_release, _shm_unmap, _some_page, _terminal, catalog,
 )
 
 
@@ -430,35 +431,28 @@ _RECONFIGURE = Act("reconfigure", {}, _reconfigure(True))
 
 # -- the device (mechanism level: spec/eager.py, vmm.py, shared.py) ----------
 # Device objects over dense ids ``0 <= x < nm`` (kind ``mk``): an own
-# allocation (``mst``/``mb``: its state and footprint), a backing reservation
-# (its committed bytes), a physical handle and a mapping: SharedMapping's
-# record and relations are the VMM machine's (one encoding,
-# :mod:`.proofs_seed000_objects`), on these ids.  ``PMB`` sums what they
-# hold, ``physical``.  A foreign object (made by the twin) and a reservation
-# that is misused in a way S11 does not talk about (a misaligned range, a page
-# already (not) committed) are the arguments ``foreign`` / ``bad``; the twin's
-# share of the device, ``oom`` (SharedMapping's: ``foreign``, its bytes).
+# allocation (``mst``/``mb``: its state and footprint; a foreign one, made by
+# the twin: the argument ``foreign``), a backing reservation, a physical handle
+# and a mapping -- their records and relations the VMM machine's (one
+# encoding, :mod:`.proofs_seed000_objects`), on these ids.  ``PMB`` sums what
+# they hold, ``physical``; ``foreign``, the bytes the twin holds.
 
 def _dev_held(s: St, i: Any, sel: Any = None) -> Any:
-    """What device object ``i`` holds: a live allocation's or reservation's bytes, a handle's pages
-    until freed, a copied mapping's private pages while it is live (``sel``: how a record is read)."""
+    """What device object ``i`` holds: a live allocation's footprint, a live reservation's committed
+    bytes, a handle's pages until freed, a copied mapping's private pages while it is live (``sel``:
+    how a record is read)."""
     sel = sel or (lambda f, j: at(s[f], j))
     k = sel("mk", i)
     return z3.If(k == M_HANDLE, z3.If(sel("hfreed", i), 0, sel("hsize", i)),
                  z3.If(k == M_MAP, z3.If(And(sel("mlive", i), sel("mpriv", i)), sel("msize", i), 0),
-                       _contrib(sel("mst", i), sel("mb", i), I_LIVE)))
+                       z3.If(k == M_RES, z3.If(sel("rlive", i), sel("reported", i), 0),
+                             _contrib(sel("mst", i), sel("mb", i), I_LIVE))))
 
 
 def _m_new(s: St, kind: int, b: Any) -> St:
     """A new live device object (id ``nm``) of ``b`` bytes: the device takes them."""
     return s.set(physical=s.physical + b, mst=upd(s.mst, s.nm, I_LIVE), mb=upd(s.mb, s.nm, b),
                  mk=upd(s.mk, s.nm, kind), PMB=prefix_append(s.PMB, s.nm, b), nm=s.nm + 1)
-
-
-def _m_set(s: St, x: Any, nst: Any, nb: Any) -> St:
-    """Allocation or reservation ``x`` now in state ``nst`` holding ``nb``: physical bytes and the ghost follow."""
-    d = _contrib(nst, nb, I_LIVE) - _contrib(at(s.mst, x), at(s.mb, x), I_LIVE)
-    return s.set(physical=s.physical + d, mst=upd(s.mst, x, nst), mb=upd(s.mb, x, nb), PMB=prefix_change(s.PMB, x, d))
 
 
 def _m_allocate(check: bool):
@@ -477,31 +471,6 @@ def _m_release(s: St, a: St):
     out = outcome((a.foreign, "ForeignAllocation"), (at(s.mst, a.x) != I_LIVE, "StaleHandle"))
     return on_ok(out, s, s.set(physical=s.physical - b, mst=upd(s.mst, a.x, I_GONE), ret=b,
                                PMB=prefix_change(s.PMB, a.x, -b)))
-
-
-def _m_commit_range(s: St, a: St):
-    """VirtualBacking.commit_range of ``nb`` bytes on reservation ``x``:
-    foreign, released, or a range that is not legal and uncommitted
-    (``bad``) are refused; OutOfMemory exactly when ``physical + nb`` exceeds
-    the capacity (or the twin holds the rest: ``oom``); else the device
-    takes ``nb`` bytes for ``x``."""
-    out = outcome((a.foreign, "ForeignAllocation"), (at(s.mst, a.x) != I_LIVE, "StaleHandle"), (a.bad, "InvalidRange"),
-                  (s.physical + a.nb > s.capacity, "OutOfMemory"), (a.oom, "OutOfMemory"))
-    return on_ok(out, s, _m_set(s, a.x, I_LIVE, at(s.mb, a.x) + a.nb).set(ret=a.nb))
-
-
-def _m_decommit_range(s: St, a: St):
-    """decommit_range: every page of the range committed (else ``bad``:
-    InvalidRange); its ``nb`` bytes go back to the device."""
-    out = outcome((a.foreign, "ForeignAllocation"), (at(s.mst, a.x) != I_LIVE, "StaleHandle"), (a.bad, "InvalidRange"))
-    return on_ok(out, s, _m_set(s, a.x, I_LIVE, at(s.mb, a.x) - a.nb).set(ret=a.nb))
-
-
-def _m_release_reservation(s: St, a: St):
-    """release_reservation: foreign or released already refused; what is
-    still committed goes back to the device (and is returned)."""
-    out = outcome((a.foreign, "ForeignAllocation"), (at(s.mst, a.x) != I_LIVE, "StaleHandle"))
-    return on_ok(out, s, _m_set(s, a.x, I_GONE, 0).set(ret=at(s.mb, a.x)))
 
 
 def _sel(s: St, f: str, i: Any) -> Any:
@@ -580,6 +549,7 @@ def _l_inv(s: St, o: Any) -> Any:
         Implies(Or(at(s.tstate, o) == 0, _terminal(at(s.tstate, o))), at(s.held, o) == 0),
         # device objects: dense ids, bytes >= 0; a handle's and a mapping's kind, a live mapping's handle
         Implies(at(s.mst, o) != 0, And(0 <= o, o < s.nm, at(s.mb, o) >= 0)),
+        Implies(at(s.mk, o) == M_RES, And(0 <= o, o < s.nm, at(s.reported, o) >= 0)),
         Implies(at(s.hexists, o), And(0 <= o, o < s.nm, at(s.mk, o) == M_HANDLE, at(s.hsize, o) >= 0)),
         Implies(at(s.mlive, o), And(0 <= o, o < s.nm, at(s.mk, o) == M_MAP, at(s.msize, o) >= 0,
                                     at(s.hexists, at(s.mh, o)))),
@@ -595,6 +565,7 @@ _L_FIELDS = {"cap": INT, "free": INT, "granted": INT, "charged": INT, "og": INT,
              "ist": ARR, "ih": ARR, "ik": ARR, "ib": ARR, "n": INT, "PLV": ARR2, "PQ": ARR2, "PLS": ARR2, "PC": ARR,
              "ikc": ARR, "iview": ARR, "ipre": ARR,
              "physical": INT, "capacity": INT, "foreign": INT, "mst": ARR, "mb": ARR, "PMB": ARR, "nm": INT, "mk": ARR,
+             "rlive": BARR, "rforeign": BARR, "rsize": ARR, "pc": ARR2B, "reported": ARR,
              "hexists": BARR, "hsize": ARR, "hreleased": BARR, "hmaps": ARR, "hfreed": BARR,
              "mlive": BARR, "mh": ARR, "msize": ARR, "mpriv": BARR}
 
@@ -608,7 +579,7 @@ def _l_init(s: St) -> Any:
                   s.gst == Z0(), s.ng == 0, at(s.PG, 0) == 0, s.tstate == Z0(), s.held == Z0(), s.nt == 0,
                   at(s.PP, 0) == 0, at(s.PN, 0) == 0,
                   s.ist == Z0(), s.n == 0, s.PLV == Z00(), s.PQ == Z00(), s.PLS == Z00(), at(s.PC, 0) == 0,
-                  s.physical == 0, s.capacity >= 0, s.mst == Z0(), s.nm == 0, at(s.PMB, 0) == 0,
+                  s.physical == 0, s.capacity >= 0, s.mst == Z0(), s.mk == Z0(), s.nm == 0, at(s.PMB, 0) == 0,
                   s.hexists == F0(), s.mlive == F0())
 
 
@@ -631,7 +602,17 @@ def _m_kind(k: int):
     return lambda s, a: And(at(s.mst, a.x) != 0, at(s.mk, a.x) == k)
 
 
-_M_SPAN = {"x": INT, "nb": INT, "foreign": BOOL, "bad": BOOL, "oom": BOOL}
+_M_RES = lambda s, a: at(s.mk, a.r) == M_RES  # noqa: E731
+
+
+def _m_decommit_pre(s: St, a: St) -> Any:
+    """A range the spec refuses, or one whose every page is committed: it holds at most the
+    reservation's committed bytes."""
+    return And(_M_RES(s, a), Or(a.hi - a.lo <= at(s.reported, a.r), *[c for c, _e in _s5_handle_errors(s, a.r)],
+                                Not(K.range_ok(a.lo, a.hi, at(s.rsize, a.r), s.page)),
+                                _some_page(s, a.r, a.lo, a.hi, False)))
+
+
 _COMMIT_OWNED = {"x": INT, "nb": INT, "bad": BOOL, "oom": BOOL}
 
 
@@ -678,16 +659,10 @@ _L_ACTS: dict[str, Act] = {a.name: a for a in [
     Act("m_allocate", {"size": INT, "bad_align": BOOL, "fp": INT, "oom": BOOL}, _m_allocate(True),
         pre=lambda s, a: Or(a.size <= 0, a.bad_align, a.fp >= a.size)),
     Act("m_deallocate", {"x": INT, "foreign": BOOL}, _m_release, pre=_m_kind(M_ALLOC), objs=("x",)),
-    Act("m_commit_range", _M_SPAN, _m_commit_range, pre=lambda s, a: And(_m_kind(M_RES)(s, a), a.nb > 0),
-        objs=("x",)),
-    # a legal range whose every page is committed holds at most the reservation's committed bytes
-    Act("m_decommit_range", _M_SPAN, _m_decommit_range,
-        pre=lambda s, a: And(_m_kind(M_RES)(s, a), a.nb > 0,
-                                Or(a.bad, a.foreign, at(s.mst, a.x) != I_LIVE, a.nb <= at(s.mb, a.x))),
-        objs=("x",)),
-    Act("m_release_reservation", {"x": INT, "foreign": BOOL}, _m_release_reservation, pre=_m_kind(M_RES),
-        objs=("x",)),
-    # SharedMapping: the VMM machine's relations (a new handle: the next device object)
+    # VirtualBacking and SharedMapping: the VMM machine's relations (a new handle: the next device object)
+    Act("m_commit_range", _SPAN_OOM, _s5_span(True), pre=_M_RES, objs=("r",)),
+    Act("m_decommit_range", _SPAN, _s5_span(False), pre=_m_decommit_pre, objs=("r",)),
+    Act("m_release_reservation", {"r": INT}, _s5_release, pre=_M_RES, objs=("r",)),
     Act("m_create", _CREATE, _shm_create, pre=lambda s, a: a.h == s.nm, objs=("h",)),
     Act("m_release_handle", {"h": INT}, _shm_release(True), pre=_HANDLE, objs=("h",)),
     Act("m_unmap", _MAPARGS, _shm_unmap, pre=_DRAWN_MAPPING, objs=("m",)),

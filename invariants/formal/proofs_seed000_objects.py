@@ -466,6 +466,23 @@ def _s5_reserve(s: St, a: St):
                                pc=upd(s.pc, a.r, z3.K(z3.IntSort(), z3.BoolVal(False))), **_vmm_new_base(s, a.r, a.n)))
 
 
+#: the kinds of S11's ledger model's device objects (its ``mk``; a new handle's is written here)
+M_ALLOC, M_RES, M_HANDLE, M_MAP = 1, 2, 3, 4
+
+
+def _dev_bytes(s: St, x: Any, d: Any, fig: str, new: bool = False) -> St:
+    """The device after reservation, handle or mapping ``x`` takes ``d`` more bytes (gives them back:
+    ``d < 0``): ``physical`` moves by ``d``, and with it this machine's figure ``fig`` (``ctot``,
+    ``shared``, ``private``), or S11's ledger model's ghost over its device objects (``PMB``; a
+    ``new`` handle is its next object ``nm``): ONE relation per action for both machines."""
+    if "PMB" not in s:
+        return s.set(physical=s.physical + d, **{fig: s[fig] + d})
+    if new:
+        return s.set(physical=s.physical + d, PMB=prefix_append(s.PMB, s.nm, d), mk=upd(s.mk, s.nm, M_HANDLE),
+                     nm=s.nm + 1)
+    return s.set(physical=s.physical + d, PMB=prefix_change(s.PMB, x, d))
+
+
 def _s5_span(commit: bool):
     """commit_range (``commit``) / decommit_range of [lo, hi): the pages join (leave) the page set,
     their ``n`` bytes are added to (taken from) what is reported, physical and the committed total."""
@@ -479,9 +496,9 @@ def _s5_span(commit: bool):
                       (Not(K.range_ok(a.lo, a.hi, at(s.rsize, a.r), s.page)), "InvalidRange"),
                       (_some_page(s, a.r, a.lo, a.hi, commit), "InvalidRange"),
                       *([(_oom(s, n, a.oom), "OutOfMemory")] if commit else []))
-        move = (lambda x: x + n) if commit else (lambda x: x - n)
-        return on_ok(out, s, s.set(pc=upd(s.pc, a.r, new_row), reported=upd(s.reported, a.r, move(at(s.reported, a.r))),
-                                   physical=move(s.physical), ctot=move(s.ctot), ret=n))
+        d = n if commit else -n
+        s1 = s.set(pc=upd(s.pc, a.r, new_row), reported=upd(s.reported, a.r, at(s.reported, a.r) + d), ret=n)
+        return on_ok(out, s, _dev_bytes(s1, a.r, d, "ctot"))
     return step
 
 
@@ -493,8 +510,9 @@ def _s5_committed_bytes(s: St, a: St):
 def _s5_release(s: St, a: St):
     n = at(s.reported, a.r)
     out = outcome(*_s5_handle_errors(s, a.r))
-    return on_ok(out, s, s.set(pc=upd(s.pc, a.r, z3.K(z3.IntSort(), z3.BoolVal(False))), reported=upd(s.reported, a.r, 0),
-                               physical=s.physical - n, ctot=s.ctot - n, rlive=upd(s.rlive, a.r, False), ret=n))
+    s1 = s.set(pc=upd(s.pc, a.r, z3.K(z3.IntSort(), z3.BoolVal(False))), reported=upd(s.reported, a.r, 0),
+               rlive=upd(s.rlive, a.r, False), ret=n)
+    return on_ok(out, s, _dev_bytes(s1, a.r, -n, "ctot"))
 
 
 def _vmm_owned_new(s: St, a: St) -> St:
@@ -594,36 +612,15 @@ def _s5_device_pre(name: str):
 # every open sharer's prefix.
 #
 # ONE record and ONE relation per action of a handle's life (create, unmap,
-# copy_on_write, release_handle, the free they trigger), shared by this
-# machine and S11's ledger model (:mod:`.proofs_seed000_ledger`, its
-# ``m_create``, ``m_unmap``, ``m_copy_on_write``, ``m_release_handle``):
-# handle ``h`` (``hexists``, ``hsize``, ``hreleased``: its creator released
-# it, ``hmaps``: its live, not copied mappings, ``hfreed``), mapping ``m`` of
-# handle ``mh[m]`` (``mlive``, ``msize``, ``mro``, ``mpriv``: copied, private
-# pages of its own), the device's ``physical`` bytes against its
-# ``capacity`` (``foreign``: what a twin holds).  The machines count the
-# bytes each its own way (:func:`_shm_bytes`): this one in the figures
-# ``shared`` and ``private``, with ``PM`` (a prefix-count ghost of each
-# handle's live, not copied mappings over the dense mapping ids) checking
-# ``hmaps``; the ledger model in its prefix-sum ghost over its device objects.
-
-#: the kinds of S11's ledger model's device objects (its ``mk``; a new handle's is written here)
-M_ALLOC, M_RES, M_HANDLE, M_MAP = 1, 2, 3, 4
-
-
-def _shm_bytes(s: St, x: Any, d: Any, handle: bool, new: bool = False) -> St:
-    """The device after handle (``handle``) or mapping ``x`` takes ``d`` more bytes (gives them back:
-    ``d < 0``): ``physical`` moves by ``d``, and with it this machine's figure of the kind (``shared``,
-    ``private``), or the ledger model's ghost over its device objects (``PMB``; a ``new`` handle is its
-    next object ``nm``)."""
-    if "PMB" not in s:
-        f = "shared" if handle else "private"
-        return s.set(physical=s.physical + d, **{f: s[f] + d})
-    if new:
-        return s.set(physical=s.physical + d, PMB=prefix_append(s.PMB, s.nm, d), mk=upd(s.mk, s.nm, M_HANDLE),
-                     nm=s.nm + 1)
-    return s.set(physical=s.physical + d, PMB=prefix_change(s.PMB, x, d))
-
+# copy_on_write, release_handle, the free they trigger), as of a
+# reservation's commit_range, decommit_range, release_reservation (above):
+# shared by this machine and S11's ledger model (its ``m_<action>``, on its
+# device ids), each counting the bytes its own way (:func:`_dev_bytes`).
+# Handle ``h``: ``hexists``, ``hsize``, ``hreleased`` (its creator released
+# it), ``hmaps`` (its live, not copied mappings; here checked by ``PM``, a
+# prefix-count ghost over the dense mapping ids), ``hfreed``; mapping ``m`` of
+# handle ``mh[m]``: ``mlive``, ``msize``, ``mro``, ``mpriv`` (copied: private
+# pages of its own).
 
 def _shm_unshare(s: St, m: Any, h: Any) -> St:
     """Mapping ``m`` no longer shares handle ``h``'s pages: ``hmaps[h]`` (and this machine's ``PM``) drop it."""
@@ -634,7 +631,7 @@ def _shm_unshare(s: St, m: Any, h: Any) -> St:
 def _shm_maybe_free(s: St, h: Any) -> St:
     """shared._maybe_free: a handle's pages are freed once released and unmapped everywhere (once)."""
     go = And(at(s.hreleased, h), at(s.hmaps, h) == 0, Not(at(s.hfreed, h)))
-    return merge(go, _shm_bytes(s.set(hfreed=upd(s.hfreed, h, True)), h, -at(s.hsize, h), True), s)
+    return merge(go, _dev_bytes(s.set(hfreed=upd(s.hfreed, h, True)), h, -at(s.hsize, h), "shared"), s)
 
 
 def _shm_create(s: St, a: St):
@@ -644,7 +641,7 @@ def _shm_create(s: St, a: St):
                   (_oom(s, a.n, a.oom), "OutOfMemory"))
     s1 = s.set(hexists=upd(s.hexists, a.h, True), hsize=upd(s.hsize, a.h, a.n), hreleased=upd(s.hreleased, a.h, False),
                hmaps=upd(s.hmaps, a.h, 0), hfreed=upd(s.hfreed, a.h, False))
-    return on_ok(out, s, _shm_bytes(s1, a.h, a.n, True, new=True))
+    return on_ok(out, s, _dev_bytes(s1, a.h, a.n, "shared", new=True))
 
 
 def _s13_map(s: St, a: St):
@@ -667,7 +664,7 @@ def _shm_unmap(s: St, a: St):
     out = outcome(*_mapping_errors(s, a))
     h, sz = at(s.mh, a.m), at(s.msize, a.m)
     s1 = s.set(mlive=upd(s.mlive, a.m, False), ret=sz)
-    done = merge(at(s.mpriv, a.m), _shm_bytes(s1, a.m, -sz, False), _shm_maybe_free(_shm_unshare(s1, a.m, h), h))
+    done = merge(at(s.mpriv, a.m), _dev_bytes(s1, a.m, -sz, "private"), _shm_maybe_free(_shm_unshare(s1, a.m, h), h))
     return out, merge(out == OK, done, s)
 
 
@@ -677,7 +674,7 @@ def _shm_cow(s: St, a: St):
     sz, h = at(s.msize, a.m), at(s.mh, a.m)
     out = outcome(*_mapping_errors(s, a), (at(s.mpriv, a.m), "InvalidRange"),
                   (_oom(s, sz, a.oom), "OutOfMemory"))
-    s1 = _shm_bytes(_shm_unshare(s.set(mpriv=upd(s.mpriv, a.m, True), ret=sz), a.m, h), a.m, sz, False)
+    s1 = _dev_bytes(_shm_unshare(s.set(mpriv=upd(s.mpriv, a.m, True), ret=sz), a.m, h), a.m, sz, "private")
     return on_ok(out, s, _shm_maybe_free(s1, h))
 
 
@@ -691,7 +688,7 @@ def _shm_release(check: bool):
         s1 = s.set(hreleased=upd(s.hreleased, a.h, True), ret=K.ite(unmapped, at(s.hsize, a.h), 0))
         if check:
             return on_ok(out, s, _shm_maybe_free(s1, a.h))
-        s2 = merge(Not(at(s.hfreed, a.h)), _shm_bytes(s1, a.h, -at(s.hsize, a.h), True), s1)
+        s2 = merge(Not(at(s.hfreed, a.h)), _dev_bytes(s1, a.h, -at(s.hsize, a.h), "shared"), s1)
         return on_ok(out, s, s2.set(hfreed=upd(s.hfreed, a.h, True), ret=at(s.hsize, a.h)))
     return step
 
