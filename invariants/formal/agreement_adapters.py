@@ -328,38 +328,36 @@ SMALL_SYS_ADAPTERS += [a for a in SYS_ADAPTERS if a.invariant == "S11" and a.act
 def _l_mech_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
     """The ledger is the system level's (all 0 here); the device holds
     ``physical`` bytes, the sum of what its live objects hold: own live
-    allocations (footprint), and the records the VMM machine projects the same
-    way (:func:`_res_record`, :func:`_shm_record`, at their ids here): backing
-    reservations (committed bytes), handles not freed, private (copied) mappings."""
+    allocations (footprint), backing reservations (committed bytes), handles
+    not freed, private (copied) mappings; the last three's records as the VMM
+    machine projects them (:func:`_res_record`, :func:`_shm_record`, at their ids here)."""
     u = Universe()
     objs: list[tuple[Any, int, int, int]] = []
     for r, a in s.allocations.items():
         objs.append((("a", r), E.I_LIVE if (a.live and not a.foreign) else E.I_GONE, 0 if a.foreign else a.footprint,
                      E.M_ALLOC))
     res = {r: v for r, v in s.reservations.items() if v.kind == "backing"}
-    objs += [(("r", r), 0, 0, E.M_RES) for r in res] + [(("h", r), 0, 0, E.M_HANDLE) for r in s.handles]
-    objs += [(("m", r), 0, 0, E.M_MAP) for r in s.mappings]
+    objs += [(("r", r), E.I_LIVE, v.reported if v.live else 0, E.M_RES) for r, v in res.items()]
+    objs += [(("h", r), E.I_LIVE, 0 if h.freed else h.size, E.M_HANDLE) for r, h in s.handles.items()]
+    objs += [(("m", r), E.I_LIVE, m.size if (m.live and m.private) else 0, E.M_MAP) for r, m in s.mappings.items()]
     objs.sort(key=lambda o: o[0][1])  # by reference: a new object comes last
     ix = u.idx["mitem"] = {o[0]: i for i, o in enumerate(objs)}
     u.idx["holder"] = {h: h for h in E.HOLDERS_H}
     rx = u.idx["res"] = {r: ix[("r", r)] for r in res}
     hx = u.idx["handle"] = {r: ix[("h", r)] for r in s.handles}
     mx = u.idx["mapping"] = {r: ix[("m", r)] for r in s.mappings}
-    held = {("r", r): v.reported if v.live else 0 for r, v in res.items()}
-    held.update({("h", r): 0 if h.freed else h.size for r, h in s.handles.items()})
-    held.update({("m", r): m.size if (m.live and m.private) else 0 for r, m in s.mappings.items()})
     st = {**_empty(E.S11.fields), "page": s.page, "ret": ret,
           "mst": (0, {i: o[1] for i, o in enumerate(objs)}), "mb": (0, {i: o[2] for i, o in enumerate(objs)}),
           "mk": (0, {i: o[3] for i, o in enumerate(objs)}),
-          "PMB": prefix_values([held.get(o[0], o[2] if o[1] == E.I_LIVE else 0) for o in objs]), "nm": len(objs),
+          "PMB": prefix_values([o[2] if o[1] == E.I_LIVE else 0 for o in objs]), "nm": len(objs),
           **_res_record(s, res, rx), **_shm_record(s, hx, mx)}
     _l_pad(u)
     return st, u
 
 
 #: (not a reservation's size, owner or pages: the VMM machine compares them, on the same relations)
-_M_CMP = ("physical", "mst", "mb", "mk", "rlive", "reported", "hexists", "hsize", "hreleased", "hmaps", "hfreed", "mlive",
-          "mh", "msize", "mpriv")
+_M_CMP = ("physical", "mst", "mb", "mk", "rlive", "reported", "hexists", "hsize", "hreleased", "hmaps", "hfreed",
+          "mlive", "mh", "msize", "mpriv")
 
 
 _l_mech_expected = _expected(_l_mech_state, E.S11.fields, _M_CMP + ("ret",), adopt=("mitem",), value=_ret)

@@ -434,19 +434,14 @@ _RECONFIGURE = Act("reconfigure", {}, _reconfigure(True))
 # allocation (``mst``/``mb``: its state and footprint; a foreign one, made by
 # the twin: the argument ``foreign``), a backing reservation, a physical handle
 # and a mapping -- their records and relations the VMM machine's (one
-# encoding, :mod:`.proofs_seed000_objects`), on these ids.  ``PMB`` sums what
-# they hold, ``physical``; ``foreign``, the bytes the twin holds.
+# encoding, :mod:`.proofs_seed000_objects`), on these ids; ``mb``: what each
+# holds (a reservation's committed bytes, a handle's pages until freed, a
+# copied mapping's private pages), ``PMB`` its sum, ``physical``; ``foreign``,
+# the bytes the twin holds.
 
-def _dev_held(s: St, i: Any, sel: Any = None) -> Any:
-    """What device object ``i`` holds: a live allocation's footprint, a live reservation's committed
-    bytes, a handle's pages until freed, a copied mapping's private pages while it is live (``sel``:
-    how a record is read)."""
-    sel = sel or (lambda f, j: at(s[f], j))
-    k = sel("mk", i)
-    return z3.If(k == M_HANDLE, z3.If(sel("hfreed", i), 0, sel("hsize", i)),
-                 z3.If(k == M_MAP, z3.If(And(sel("mlive", i), sel("mpriv", i)), sel("msize", i), 0),
-                       z3.If(k == M_RES, z3.If(sel("rlive", i), sel("reported", i), 0),
-                             _contrib(sel("mst", i), sel("mb", i), I_LIVE))))
+def _holds(s: St, o: Any, b: Any) -> Any:
+    """Device object ``o`` (live) holds ``b`` bytes: what its record says it holds."""
+    return And(at(s.mst, o) == I_LIVE, at(s.mb, o) == b, b >= 0)
 
 
 def _m_new(s: St, kind: int, b: Any) -> St:
@@ -520,7 +515,7 @@ def _l_global(s: St) -> list[Any]:
         prefix_sum(s.PN, s.nt, lambda i: _trest(sel("tstate", i), sel("held", i))),
         s.sumheld == at(s.PP, s.nt) + at(s.PN, s.nt),
         0 <= s.physical, s.physical <= s.capacity,
-        prefix_sum(s.PMB, s.nm, lambda i: _dev_held(s, i, sel)), s.physical == at(s.PMB, s.nm),
+        prefix_sum(s.PMB, s.nm, lambda i: _contrib(sel("mst", i), sel("mb", i), I_LIVE)), s.physical == at(s.PMB, s.nm),
     ]
     s.__dict__["_global"] = g
     return g
@@ -547,12 +542,13 @@ def _l_inv(s: St, o: Any) -> Any:
         # tickets
         Implies(at(s.tstate, o) != 0, And(0 <= o, o < s.nt)), at(s.held, o) >= 0,
         Implies(Or(at(s.tstate, o) == 0, _terminal(at(s.tstate, o))), at(s.held, o) == 0),
-        # device objects: dense ids, bytes >= 0; a handle's and a mapping's kind, a live mapping's handle
+        # device objects: dense ids, bytes >= 0; a reservation, handle, live mapping: what it holds, its kind
         Implies(at(s.mst, o) != 0, And(0 <= o, o < s.nm, at(s.mb, o) >= 0)),
-        Implies(at(s.mk, o) == M_RES, And(0 <= o, o < s.nm, at(s.reported, o) >= 0)),
-        Implies(at(s.hexists, o), And(0 <= o, o < s.nm, at(s.mk, o) == M_HANDLE, at(s.hsize, o) >= 0)),
-        Implies(at(s.mlive, o), And(0 <= o, o < s.nm, at(s.mk, o) == M_MAP, at(s.msize, o) >= 0,
-                                    at(s.hexists, at(s.mh, o)))),
+        Implies(at(s.mk, o) == M_RES, _holds(s, o, z3.If(at(s.rlive, o), at(s.reported, o), 0))),
+        Implies(at(s.hexists, o), And(at(s.mk, o) == M_HANDLE, at(s.hsize, o) >= 0,
+                                      _holds(s, o, z3.If(at(s.hfreed, o), 0, at(s.hsize, o))))),
+        Implies(at(s.mlive, o), And(at(s.mk, o) == M_MAP, at(s.msize, o) >= 0, at(s.hexists, at(s.mh, o)),
+                                    _holds(s, o, z3.If(at(s.mpriv, o), at(s.msize, o), 0)))),
     )
 
 

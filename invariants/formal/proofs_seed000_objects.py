@@ -473,14 +473,14 @@ M_ALLOC, M_RES, M_HANDLE, M_MAP = 1, 2, 3, 4
 def _dev_bytes(s: St, x: Any, d: Any, fig: str, new: bool = False) -> St:
     """The device after reservation, handle or mapping ``x`` takes ``d`` more bytes (gives them back:
     ``d < 0``): ``physical`` moves by ``d``, and with it this machine's figure ``fig`` (``ctot``,
-    ``shared``, ``private``), or S11's ledger model's ghost over its device objects (``PMB``; a
-    ``new`` handle is its next object ``nm``): ONE relation per action for both machines."""
+    ``shared``, ``private``), or what S11's ledger model's device object ``x`` holds (``mb``) and its
+    ghost (``PMB``; a ``new`` handle is its next object ``nm``): ONE relation per action for both."""
     if "PMB" not in s:
         return s.set(physical=s.physical + d, **{fig: s[fig] + d})
     if new:
-        return s.set(physical=s.physical + d, PMB=prefix_append(s.PMB, s.nm, d), mk=upd(s.mk, s.nm, M_HANDLE),
-                     nm=s.nm + 1)
-    return s.set(physical=s.physical + d, PMB=prefix_change(s.PMB, x, d))
+        return s.set(physical=s.physical + d, mst=upd(s.mst, s.nm, LIVE), mb=upd(s.mb, s.nm, d),
+                     mk=upd(s.mk, s.nm, M_HANDLE), PMB=prefix_append(s.PMB, s.nm, d), nm=s.nm + 1)
+    return s.set(physical=s.physical + d, mb=upd(s.mb, x, at(s.mb, x) + d), PMB=prefix_change(s.PMB, x, d))
 
 
 def _s5_span(commit: bool):
