@@ -11,7 +11,7 @@ import pytest
 import z3
 
 from memspec.invariants.formal import proofs_seed000 as E
-from memspec.invariants.formal.proofs import Proof, St, at, merge, on_ok, prove, upd
+from memspec.invariants.formal.proofs import Proof, St, at, merge, on_ok, outcome, prove, upd
 from memspec.invariants.formal.proofs_catalog import declared, encoded
 
 #: the actions S11's machine lacked before issue 13's deliverable 2
@@ -47,11 +47,10 @@ def test_each_new_encoding_is_proved_on_its_own() -> None:
 def test_copy_on_write_without_its_out_of_memory_guard_is_refuted() -> None:
     """Private pages taken whatever the device holds: physical bytes pass the capacity."""
     def cow_no_guard(s: St, a: St):
-        b = at(s.mb, a.x)
-        out = E._mapping_out(s, a, (at(s.mst, a.x) == E.I_LIVE, "InvalidRange"), (a.oom, "OutOfMemory"))
-        s1 = E._m_set(s, a.x, E.I_LIVE, b)
-        s1 = E._m_maybe_free(s1.set(hmaps=upd(s1.hmaps, a.h, at(s1.hmaps, a.h) - 1), ret=b), a.h)
-        return on_ok(out, s, s1)
+        sz, h = at(s.msize, a.m), at(s.mh, a.m)
+        out = outcome(*E._mapping_errors(s, a), (at(s.mpriv, a.m), "InvalidRange"), (a.oom, "OutOfMemory"))
+        s1 = E._dev_bytes(E._shm_unshare(s.set(mpriv=upd(s.mpriv, a.m, True), ret=sz), a.m, h), a.m, sz, "private")
+        return on_ok(out, s, E._shm_maybe_free(s1, h))
 
     c = _step_check(_only("m_copy_on_write", cow_no_guard), "m_copy_on_write")
     assert not c.ok, c.detail
@@ -60,14 +59,15 @@ def test_copy_on_write_without_its_out_of_memory_guard_is_refuted() -> None:
 def test_unmap_that_frees_a_freed_handle_again_is_refuted() -> None:
     """shared._maybe_free without its ``not h.freed``: the handle's bytes leave the device twice."""
     def free_again(s: St, h):
-        due = z3.And(at(s.hrel, h) != 0, at(s.hmaps, h) == 0)
-        return merge(due, s.set(phys=s.phys - at(s.mb, h), mst=upd(s.mst, h, E.I_GONE)), s)
+        due = z3.And(at(s.hreleased, h), at(s.hmaps, h) == 0)
+        return merge(due, E._dev_bytes(s.set(hfreed=upd(s.hfreed, h, True)), h, -at(s.hsize, h), "shared"), s)
 
     def unmap(s: St, a: St):
-        out = E._mapping_out(s, a)
-        private = E._m_set(s, a.x, E.I_GONE, at(s.mb, a.x))
-        shared = free_again(s.set(mst=upd(s.mst, a.x, E.I_GONE), hmaps=upd(s.hmaps, a.h, at(s.hmaps, a.h) - 1)), a.h)
-        return on_ok(out, s, merge(at(s.mst, a.x) == E.I_LIVE, private, shared).set(ret=at(s.mb, a.x)))
+        out = outcome(*E._mapping_errors(s, a))
+        h, sz = at(s.mh, a.m), at(s.msize, a.m)
+        s1 = s.set(mlive=upd(s.mlive, a.m, False), ret=sz)
+        done = merge(at(s.mpriv, a.m), E._dev_bytes(s1, a.m, -sz, "private"), free_again(E._shm_unshare(s1, a.m, h), h))
+        return out, merge(out == E.OK, done, s)
 
     c = _step_check(_only("m_unmap", unmap), "m_unmap")
     assert not c.ok, c.detail
@@ -93,11 +93,12 @@ def test_an_unmap_that_leaves_private_pages_behind_disagrees_with_the_spec() -> 
     from memspec.spec.mechanism import MECHANISM
 
     def unmap_keeps_private(s: St, a: St):
-        out = E._mapping_out(s, a)
-        shared = E._m_maybe_free(s.set(mst=upd(s.mst, a.x, E.I_GONE),
-                                       hmaps=upd(s.hmaps, a.h, at(s.hmaps, a.h) - 1)), a.h)
-        keep = s.set(mst=upd(s.mst, a.x, E.I_GONE))  # the private pages stay counted on the device
-        return on_ok(out, s, merge(at(s.mst, a.x) == E.I_LIVE, keep, shared).set(ret=at(s.mb, a.x)))
+        out = outcome(*E._mapping_errors(s, a))
+        h = at(s.mh, a.m)
+        s1 = s.set(mlive=upd(s.mlive, a.m, False), ret=at(s.msize, a.m))
+        # the private pages stay counted on the device
+        done = merge(at(s.mpriv, a.m), s1, E._shm_maybe_free(E._shm_unshare(s1, a.m, h), h))
+        return out, merge(out == E.OK, done, s)
 
     wrong = Proof(**{**E.S11.__dict__, "actions": [replace(a, step=unmap_keeps_private) if a.name == "m_unmap" else a
                                                    for a in E.S11.actions]})

@@ -19,7 +19,8 @@ from memspec.invariants.formal.agreement import Adapter, Universe, flatten
 from memspec.invariants.formal.proofs import prefix_values
 from memspec.invariants.formal import agreement_adapters_mech, agreement_adapters_system
 from memspec.invariants.formal.agreement_adapters_mech import (
-    MECH_ADAPTERS, _aligned_nonempty, _expected, _is_int, _not_size, _project, _ret, _s12_bad,
+    MECH_ADAPTERS, _empty, _expected, _is_int, _not_size, _project, _ret,
+    _res_args, _res_record, _shm_create_args, _shm_handle_args, _shm_mapping_args, _shm_record, _span_args,
 )
 from memspec.invariants.formal.agreement_adapters_system import (
     SMALL_SYS_ADAPTERS, SYS_ADAPTERS, TICKET_ADAPTERS, _ASTATE, _answer_victims, _done_seqs, _kv_open_refusals,
@@ -72,11 +73,6 @@ def _l_items(s: Any) -> list[tuple[Any, int, int, int, int]]:
     return sorted(items, key=lambda t: t[0])
 
 
-def _l_zero_mech() -> dict[str, Any]:
-    return {"phys": 0, "mcap": 0, "mst": (0, {}), "mb": (0, {}), "PMB": prefix_values([]), "nm": 0,
-            "mk": (0, {}), "hrel": (0, {}), "hmaps": (0, {}), "mh": (0, {})}
-
-
 def _l_views(s: Any, u: Universe) -> dict[str, Any]:
     """Each KV request's item: the bytes committed in its view (its own pages and its prefix), the
     view, the prefix mapped from its origin."""
@@ -110,6 +106,7 @@ def _l_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
 
     grants = sorted(s.grants.items())
     st = {
+        **_empty(E.S11.fields),
         "cap": s.capacity, "free": s.free, "granted": s.granted, "charged": s.charged, "og": s.open_grants,
         "page": s.page, "ret": ret, **_ticket_record(s, tx),
         "cb": per_holder(s.charged_by), "lb": per_holder(s.live_bytes_by), "qb": per_holder(s.queued_bytes_by),
@@ -120,7 +117,7 @@ def _l_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
         "ik": (0, {i: it[2] for i, it in enumerate(items)}), "ib": (0, {i: it[4] for i, it in enumerate(items)}),
         "n": len(items), "PLV": keyed(E.I_LIVE), "PQ": keyed(E.I_QUEUED), "PLS": keyed(E.I_LEASE),
         "PC": prefix_values([nb if st_ in (E.I_LIVE, E.I_QUEUED, E.I_LEASE) else 0 for _k, _h, _kd, st_, nb in items]),
-        **_l_views(s, u), **_l_zero_mech(),
+        **_l_views(s, u),
     }
     _l_pad(u)
     return st, u
@@ -332,42 +329,35 @@ def _l_mech_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
     """The ledger is the system level's (all 0 here); the device holds
     ``physical`` bytes, the sum of what its live objects hold: own live
     allocations (footprint), backing reservations (committed bytes), handles
-    not freed, private (copied) mappings."""
+    not freed, private (copied) mappings; the last three's records as the VMM
+    machine projects them (:func:`_res_record`, :func:`_shm_record`, at their ids here)."""
     u = Universe()
     objs: list[tuple[Any, int, int, int]] = []
     for r, a in s.allocations.items():
         objs.append((("a", r), E.I_LIVE if (a.live and not a.foreign) else E.I_GONE, 0 if a.foreign else a.footprint,
                      E.M_ALLOC))
-    for r, v in s.reservations.items():
-        if v.kind == "backing":
-            objs.append((("r", r), E.I_LIVE if v.live else E.I_GONE, v.reported, E.M_RES))
-    for r, h in s.handles.items():
-        objs.append((("h", r), E.I_GONE if h.freed else E.I_LIVE, h.size, E.M_HANDLE))
-    for r, m in s.mappings.items():
-        objs.append((("m", r), (E.I_LIVE if m.private else E.M_SHARED) if m.live else E.I_GONE, m.size, E.M_MAP))
+    res = {r: v for r, v in s.reservations.items() if v.kind == "backing"}
+    objs += [(("r", r), E.I_LIVE, v.reported if v.live else 0, E.M_RES) for r, v in res.items()]
+    objs += [(("h", r), E.I_LIVE, 0 if h.freed else h.size, E.M_HANDLE) for r, h in s.handles.items()]
+    objs += [(("m", r), E.I_LIVE, m.size if (m.live and m.private) else 0, E.M_MAP) for r, m in s.mappings.items()]
     objs.sort(key=lambda o: o[0][1])  # by reference: a new object comes last
     ix = u.idx["mitem"] = {o[0]: i for i, o in enumerate(objs)}
     u.idx["holder"] = {h: h for h in E.HOLDERS_H}
-    hs = {ix[("h", r)]: h for r, h in s.handles.items()}
-    dev = {"mk": (0, {i: o[3] for i, o in enumerate(objs)}),
-           "hrel": (0, {i: int(h.released) for i, h in hs.items()}),
-           "hmaps": (0, {i: h.mappings for i, h in hs.items()}),
-           "mh": (0, {ix[("m", r)]: ix[("h", m.handle)] for r, m in s.mappings.items()})}
-    st = {"cap": 0, "free": 0, "granted": 0, "charged": 0, "og": 0, "sumheld": 0, "page": s.page, "ret": ret,
-          "cb": (0, {}), "lb": (0, {}), "qb": (0, {}), "lsb": (0, {}), "pb": (0, {}), "gst": (0, {}), "gb": (0, {}),
-          "PG": prefix_values([]), "ng": 0, "tstate": (0, {}), "held": (0, {}), "amount": (0, {}),
-          "nt": 0, "ist": (0, {}), "ih": (0, {}), "ik": (0, {}), "ib": (0, {}), "n": 0, "PP": prefix_values([]),
-          "PN": prefix_values([]),
-          "PLV": {}, "PQ": {}, "PLS": {}, "PC": prefix_values([]), "ikc": (0, {}), "iview": (0, {}), "ipre": (0, {}),
-          "phys": s.physical, "mcap": s.capacity,
-          "mst": (0, {i: o[1] for i, o in enumerate(objs)}),
-          "mb": (0, {i: o[2] for i, o in enumerate(objs)}),
-          "PMB": prefix_values([o[2] if o[1] == E.I_LIVE else 0 for o in objs]), "nm": len(objs), **dev}
+    rx = u.idx["res"] = {r: ix[("r", r)] for r in res}
+    hx = u.idx["handle"] = {r: ix[("h", r)] for r in s.handles}
+    mx = u.idx["mapping"] = {r: ix[("m", r)] for r in s.mappings}
+    st = {**_empty(E.S11.fields), "page": s.page, "ret": ret,
+          "mst": (0, {i: o[1] for i, o in enumerate(objs)}), "mb": (0, {i: o[2] for i, o in enumerate(objs)}),
+          "mk": (0, {i: o[3] for i, o in enumerate(objs)}),
+          "PMB": prefix_values([o[2] if o[1] == E.I_LIVE else 0 for o in objs]), "nm": len(objs),
+          **_res_record(s, res, rx), **_shm_record(s, hx, mx)}
     _l_pad(u)
     return st, u
 
 
-_M_CMP = ("phys", "mst", "mb", "mk", "hrel", "hmaps", "mh")
+#: (not a reservation's size, owner or pages: the VMM machine compares them, on the same relations)
+_M_CMP = ("physical", "mst", "mb", "mk", "rlive", "reported", "hexists", "hsize", "hreleased", "hmaps", "hfreed",
+          "mlive", "mh", "msize", "mpriv")
 
 
 _l_mech_expected = _expected(_l_mech_state, E.S11.fields, _M_CMP + ("ret",), adopt=("mitem",), value=_ret)
@@ -385,45 +375,13 @@ def _l_m_alloc_args(s: Any, u: Universe, a: dict[str, Any], taken: str) -> dict[
     return {"size": size, "bad_align": bad, "fp": fp, "oom": taken == "OutOfMemory"}
 
 
-def _l_m_span_args(commit: bool) -> Any:
-    """commit_range / decommit_range: ``bad`` is a range the spec refuses for
-    a reason other than the handle: misaligned, empty, reversed, past the
-    end, a page already (commit) or not (decommit) committed."""
-    def args_fn(s: Any, u: Universe, a: dict[str, Any], taken: str) -> dict[str, Any]:
-        ref, lo, hi = a["span"]
-        r = s.reservations[ref]
-        bad = (not _aligned_nonempty(lo, hi, s.page) or hi > r.size
-               or _s12_bad(s.page, r.size, r.committed, lo, hi, commit))
-        return {"x": u.idx["mitem"][("r", ref)], "nb": max(hi - lo, 1), "foreign": r.foreign, "bad": bad,
-                "oom": taken == "OutOfMemory"}
-    return args_fn
-
-
-def _l_m_create_args(s: Any, u: Universe, a: dict[str, Any], taken: str) -> dict[str, Any]:
-    size = a["size"]
-    bad = not _is_int(size) or size <= 0 or size % s.page != 0
-    _l_new(u, "mitem")
-    return {"size": 0 if bad else size, "bad": bad, "oom": taken == "OutOfMemory"}
-
-
-def _l_m_mapping_args(s: Any, u: Universe, a: dict[str, Any], taken: str) -> dict[str, Any]:
-    """unmap / copy_on_write of ``(mapping, reservation, offset, size)``:
-    ``bad``: not its exact size."""
-    mref, _res, _off, size = a["mapping"]
-    m = s.mappings[mref]
-    return {"x": u.idx["mitem"][("m", mref)], "h": u.idx["mitem"][("h", m.handle)], "bad": size != m.size,
-            "oom": taken == "OutOfMemory"}
-
-
 #: the device-side encoded actions (``m_<spec action>``): their arguments, read off the one device
-#: projection (:func:`_l_mech_state`), and whether the step's value is compared
+#: projection (:func:`_l_mech_state`; SharedMapping's: the VMM machine's), and whether the step's value is
+#: compared
 _L_M_ARGS = {
-    "commit_range": (_l_m_span_args(True), True), "decommit_range": (_l_m_span_args(False), True),
-    "release_reservation": (lambda s, u, a, taken: {"x": u.idx["mitem"][("r", a["reservation"])],
-                                                    "foreign": s.reservations[a["reservation"]].foreign}, True),
-    "create": (_l_m_create_args, False),
-    "release_handle": (lambda s, u, a, taken: {"x": u.idx["mitem"][("h", a["handle"])]}, True),
-    "unmap": (_l_m_mapping_args, True), "copy_on_write": (_l_m_mapping_args, True),
+    "commit_range": (_span_args, True), "decommit_range": (_span_args, True), "release_reservation": (_res_args, True),
+    "create": (_shm_create_args("mitem"), False), "release_handle": (_shm_handle_args, True),
+    "unmap": (_shm_mapping_args, True), "copy_on_write": (_shm_mapping_args, True),
     "allocate": (_l_m_alloc_args, False),
     "deallocate": (lambda s, u, a, taken: {"x": u.idx["mitem"][("a", a["handle"])],
                                            "foreign": s.allocations[a["handle"]].foreign}, True),

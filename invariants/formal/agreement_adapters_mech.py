@@ -14,7 +14,7 @@ from typing import Any
 
 from memspec.invariants.formal import proofs_seed000 as E
 from memspec.invariants.formal.agreement import Adapter, Universe, flatten
-from memspec.invariants.formal.proofs import prefix_values
+from memspec.invariants.formal.proofs import ARR, BARR, BOOL, INT, prefix_values
 
 
 UMAX = 6  # objects of one kind in a sampled state (the walk restarts beyond)
@@ -178,15 +178,41 @@ def _not_size(x: Any) -> bool:
 
 # -- the VMM machine (S5, S12, S13): VirtualBacking and SharedMapping -------
 
-#: the VMM machine's system-level record (owned reservations, KV requests): none at the mechanism level
-_SYS_EMPTY = {"free": 0, "ostate": (0, {}), "rcap": (False, {}), "osize": (0, {}), "ocb": (0, {}), "kown": (0, {}),
-              "korig": (-1, {}), "kpre": (0, {})}
-#: its mechanism-level records and figures: none at the system level
-_MECH_EMPTY = {"physical": 0, "foreign": 0, "eager": 0, "shared": 0, "private": 0, "ctot": 0, "absent": 0,
-               "rowrites": 0, "answer": 0, "rlive": (False, {}), "rforeign": (False, {}), "rsize": (0, {}), "pc": {},
-               "reported": (0, {}), "hexists": (False, {}), "hsize": (0, {}), "hreleased": (False, {}),
-               "hmaps": (0, {}), "hfreed": (False, {}), "mlive": (False, {}), "mh": (0, {}), "msize": (0, {}),
-               "mro": (False, {}), "mpriv": (False, {}), "PM": {}, "nm": 0}
+def _empty(fields: dict[str, str], **given: Any) -> dict[str, Any]:
+    """A projected state of an encoding's ``fields`` with nothing in its records (0, False, no entry):
+    what a level does not have (the system level's records at the mechanism level, and back), but
+    the fields ``given``."""
+    none = {INT: 0, BOOL: False, ARR: (0, {}), BARR: (False, {})}  # a two-level array: no row
+    return {f: given.get(f, none.get(k, {})) for f, k in fields.items()}
+
+
+def _shm_record(s: Any, hx: dict[int, int], mx: dict[int, int]) -> dict[str, Any]:
+    """SharedMapping's record, one projection for both machines that encode it (the VMM machine, S11's
+    ledger model): the handles and mappings at the dense indices ``hx`` / ``mx`` each gives them, and
+    the device's figures they are counted against."""
+    hs, ms = s.handles, s.mappings
+    return {
+        "physical": s.physical, "capacity": s.capacity, "foreign": s.foreign_bytes,
+        "hexists": (False, {hx[r]: True for r in hs}),
+        "hsize": (0, {hx[r]: h.size for r, h in hs.items()}),
+        "hreleased": (False, {hx[r]: h.released for r, h in hs.items()}),
+        "hmaps": (0, {hx[r]: h.mappings for r, h in hs.items()}),
+        "hfreed": (False, {hx[r]: h.freed for r, h in hs.items()}),
+        "mlive": (False, {mx[r]: m.live for r, m in ms.items()}),
+        "mh": (0, {mx[r]: hx[m.handle] for r, m in ms.items()}),
+        "msize": (0, {mx[r]: m.size for r, m in ms.items()}),
+        "mro": (False, {mx[r]: m.read_only for r, m in ms.items()}),
+        "mpriv": (False, {mx[r]: m.private for r, m in ms.items()}),
+    }
+
+
+def _res_record(s: Any, res: dict[int, Any], ix: dict[int, int]) -> dict[str, Any]:
+    """The mechanism's reservations ``res`` at the dense indices ``ix``: one projection for both machines
+    that encode them (the VMM machine, S11's ledger model)."""
+    return {"rlive": (False, {ix[r]: v.live for r, v in res.items()}),
+            "rforeign": (False, {ix[r]: v.foreign for r, v in res.items()}),
+            "rsize": (0, {ix[r]: v.size for r, v in res.items()}), "pc": {ix[r]: set(v.committed) for r, v in res.items()},
+            "reported": (0, {ix[r]: v.reported for r, v in res.items()})}
 
 
 def _vmm_state(s: Any, ret: int = 0, answer: int = 0) -> tuple[dict[str, Any], Universe]:
@@ -200,31 +226,17 @@ def _vmm_state(s: Any, ret: int = 0, answer: int = 0) -> tuple[dict[str, Any], U
     u.pages = max([v.size // s.page for v in res.values()] + [0]) + 2
     hs, ms = s.handles, s.mappings
     st = {
-        "cap": s.virtual_backing, "scap": s.shared_mapping, "page": s.page, "capacity": s.capacity,
-        "physical": s.physical, "foreign": s.foreign_bytes, "eager": s.eager_bytes, "shared": s.shared_bytes,
+        **_empty(E.S5.fields, korig=(-1, {})),
+        "cap": s.virtual_backing, "scap": s.shared_mapping, "page": s.page, **_shm_record(s, hx, mx),
+        "eager": s.eager_bytes, "shared": s.shared_bytes,
         "private": s.private_bytes, "ctot": s.committed_bytes, "absent": s.absent_answered,
         "rowrites": s.readonly_writes, "answer": answer, "ret": ret, "nextva": s.w_next_address,
-        "rlive": (False, {ix[r]: v.live for r, v in res.items()}),
-        "rforeign": (False, {ix[r]: v.foreign for r, v in res.items()}),
-        "rsize": (0, {ix[r]: v.size for r, v in res.items()}),
-        "pc": {ix[r]: set(v.committed) for r, v in res.items()},
-        "reported": (0, {ix[r]: v.reported for r, v in res.items()}),
+        **_res_record(s, res, ix),
         # S12: a mechanism reservation's address is the one it was reserved at
         "base": (0, {ix[r]: v.address for r, v in res.items()}), "base0": (0, {ix[r]: v.address for r, v in res.items()}),
-        "hexists": (False, {hx[r]: True for r in hs}),
-        "hsize": (0, {hx[r]: h.size for r, h in hs.items()}),
-        "hreleased": (False, {hx[r]: h.released for r, h in hs.items()}),
-        "hmaps": (0, {hx[r]: h.mappings for r, h in hs.items()}),
-        "hfreed": (False, {hx[r]: h.freed for r, h in hs.items()}),
-        "mlive": (False, {mx[r]: m.live for r, m in ms.items()}),
-        "mh": (0, {mx[r]: hx[m.handle] for r, m in ms.items()}),
-        "msize": (0, {mx[r]: m.size for r, m in ms.items()}),
-        "mro": (False, {mx[r]: m.read_only for r, m in ms.items()}),
-        "mpriv": (False, {mx[r]: m.private for r, m in ms.items()}),
         "nm": len(ms),
         "PM": {hx[h]: prefix_values([1 if (m.live and not m.private and m.handle == h) else 0
                                      for _r, m in sorted(ms.items())]) for h in hs},
-        **_SYS_EMPTY,
     }
     return st, u
 
@@ -255,15 +267,13 @@ def _vmm_expected(cmp: tuple[str, ...]) -> Any:
     return expected
 
 
-_s5_span_project = _project(_vmm_state, lambda s, u, a, taken: {
-    "r": u.idx["res"][a["span"][0]], "lo": a["span"][1], "hi": a["span"][2], "oom": taken == "OutOfMemory"})
-
-
-def _s5_release_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    st, u = _vmm_state(s)
-    if args["reservation"] not in u.idx["res"]:
-        return None
-    return st, {"r": u.idx["res"][args["reservation"]]}, u
+#: commit_range's / decommit_range's and committed_bytes' / release_reservation's arguments on either machine
+_span_args = lambda s, u, a, taken: {  # noqa: E731
+    "r": u.idx["res"][a["span"][0]], "lo": a["span"][1], "hi": a["span"][2], "oom": taken == "OutOfMemory"}
+_res_args = lambda s, u, a, taken: (  # noqa: E731
+    {"r": u.idx["res"][a["reservation"]]} if a["reservation"] in u.idx["res"] else None)
+_s5_span_project = _project(_vmm_state, _span_args)
+_s5_release_project = _project(_vmm_state, _res_args)
 
 
 _s5_reserve_project = _project(_vmm_state, _reserve_args)
@@ -307,12 +317,20 @@ def _misplaced(s: Any, ref: int, off: int, size: int) -> bool:
     return any(p in r.backed for p in range(off // s.page, (off + size) // s.page))
 
 
-def _s13_create_args(s: Any, u: Universe, args: dict[str, Any], taken: str) -> Any:
-    u.idx["handle"] = {**u.idx["handle"], -1: len(u.idx["handle"])}  # the new handle's slot
-    n = args["size"]
-    if not isinstance(n, int) or isinstance(n, bool):
-        return None  # a non-int size: the spec's InvalidRequest, not an arithmetic case
-    return {"h": len(s.handles), "n": n, "oom": taken == "OutOfMemory"}
+def _shm_create_args(kind: str) -> Any:
+    """create's arguments on either machine: the new handle's slot, the next object of ``kind`` (a
+    handle; the ledger model's: a device object)."""
+    def args_fn(s: Any, u: Universe, args: dict[str, Any], taken: str) -> Any:
+        if not _is_int(args["size"]):
+            return None  # a non-int size: the spec's InvalidRequest, not an arithmetic case
+        return {"h": _new_slot(u, kind), "n": args["size"], "oom": taken == "OutOfMemory"}
+    return args_fn
+
+
+#: unmap's / copy_on_write's and release_handle's / mapping_count's arguments on either machine
+_shm_mapping_args = lambda s, u, a, taken: {  # noqa: E731
+    "m": u.idx["mapping"][a["mapping"][0]], "size": a["mapping"][3], "oom": taken == "OutOfMemory"}
+_shm_handle_args = lambda s, u, a, taken: {"h": u.idx["handle"][a["handle"]]}  # noqa: E731
 
 
 def _s13_map_args(s: Any, u: Universe, args: dict[str, Any], taken: str) -> dict[str, Any]:
@@ -323,9 +341,8 @@ def _s13_map_args(s: Any, u: Universe, args: dict[str, Any], taken: str) -> dict
             "r": u.idx["res"][ref], "bad": _misplaced(s, ref, off, h.size)}
 
 
-_s13_mapping_project = _project(_vmm_state, lambda s, u, a, taken: {
-    "m": u.idx["mapping"][a["mapping"][0]], "size": a["mapping"][3], "oom": taken == "OutOfMemory"})
-_s13_handle_project = _project(_vmm_state, lambda s, u, a, taken: {"h": u.idx["handle"][a["handle"]]})
+_s13_mapping_project = _project(_vmm_state, _shm_mapping_args)
+_s13_handle_project = _project(_vmm_state, _shm_handle_args)
 _s13_write_project = _project(_vmm_state, lambda s, u, a, taken: {"m": u.idx["mapping"][a["mapping"][0]]})
 _s13_free_res_project = _project(_vmm_state, lambda s, u, a, taken: {
     "r": u.idx["res"][a["reservation"]], "mapped": bool(s.reservations[a["reservation"]].backed)})
@@ -361,7 +378,7 @@ MECH_ADAPTERS = [
     _vmm("commit_range", "commit_range", _s5_span_project, _RES_CMP),
     _vmm("decommit_range", "decommit_range", _s5_span_project, _RES_CMP),
     _vmm("release_reservation", "release_reservation", _s5_release_project, _RES_CMP),
-    _vmm("create", "create", _project(_vmm_state, _s13_create_args), _VMM_CMP, ret=False),
+    _vmm("create", "create", _project(_vmm_state, _shm_create_args("handle")), _VMM_CMP, ret=False),
     _vmm("map", "map", _project(_vmm_state, _s13_map_args), _SHM_CMP),
     _vmm("unmap", "unmap", _s13_mapping_project, _VMM_CMP),
     _vmm("copy_on_write", "copy_on_write", _s13_mapping_project, _VMM_CMP),

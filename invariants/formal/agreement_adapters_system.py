@@ -17,7 +17,7 @@ from memspec.invariants.formal import proofs_seed000 as E
 from memspec.invariants.formal.agreement import Adapter, AgreementReport, Universe, walk_and_compare
 from memspec.invariants.formal.proofs import Proof, prefix_values
 from memspec.invariants.formal.agreement_adapters_mech import (
-    MECH_ADAPTERS, UMAX, _MECH_EMPTY, _ON_VMM, _VMM_MAX_INV, _expected, _is_int, _mech_too_big, _new_slot,
+    MECH_ADAPTERS, UMAX, _ON_VMM, _VMM_MAX_INV, _empty, _expected, _is_int, _mech_too_big, _new_slot,
     _owned_span_args, _project, _reserve_args, _ret,
 )
 from memspec.invariants.formal.walks import BY_NAME as WALKS_BY_NAME, start
@@ -328,8 +328,9 @@ def _vmm_sys_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
     caps = s.registry.capabilities
     vb, sm = caps[s.registry.installed]
     st = {
+        **_empty(E.S5.fields),
         "cap": vb, "scap": sm, "page": s.page, "capacity": s.capacity, "free": s.free, "nextva": s.w_next_address,
-        "ret": ret, **_MECH_EMPTY,
+        "ret": ret,
         "ostate": (0, {**{ix[r]: (E.LIVE if r in s.reservations else E.FREED) for r in res},
                        **{ix[r]: (E.LIVE if q.state == "open" else E.FREED) for r, q in s.kv.items()}}),
         "rcap": (False, {ix[r]: caps[o.creator][0] for r, o in {**res, **s.kv}.items()}),

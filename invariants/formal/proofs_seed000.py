@@ -21,7 +21,8 @@ and unguarded variant): S1, S7, S10 and S14 are proved on S4's deferred-free que
 on it too: S1's creator, S14's identities and address map), S12 and S13 on S5's VMM machine
 (reservations of both levels, physical handles, mappings, KV prefixes), S2, S8 and S9 on
 S11's ledger model, G1 and S6 on S15's ticket machine (its respond is one relation:
-S15's refund of the answer's bytes into the ticket and S6's choice of victims).
+S15's refund of the answer's bytes into the ticket and S6's choice of victims).  The ledger model's
+device level encodes reservations, handles and mappings by the VMM machine's very relations.
 """
 
 from __future__ import annotations

@@ -16,12 +16,14 @@ import z3
 
 from memspec.invariants.formal.z3fast import And, Implies, Not, Or
 from memspec.invariants.formal.proofs import (
-    ARR, ARR2, BOOL, CODE, INT, OK, Act, Proof, St, at, merge, on_ok, outcome, prefix_append, prefix_change,
-    prefix_count, prefix_sum, upd,
+    ARR, ARR2, ARR2B, BARR, BOOL, CODE, INT, OK, Act, Proof, St, at, merge, on_ok, outcome, prefix_append,
+    prefix_change, prefix_count, prefix_sum, upd,
 )
 from memspec.spec import kernels as K
 from memspec.invariants.formal.proofs_seed000_objects import (
-    T_CANCELLED, T_CLAIMED, T_FAILED, T_GRANTED, T_PENDING, T_TIMED_OUT, Z0, _terminal, catalog,
+    F0, M_ALLOC, M_HANDLE, M_MAP, M_RES, T_CANCELLED, T_CLAIMED, T_FAILED, T_GRANTED, T_PENDING, T_TIMED_OUT, Z0,
+    _CREATE, _DRAWN_MAPPING, _HANDLE, _MAPARGS, _SPAN, _SPAN_OOM, _s5_handle_errors, _s5_release, _s5_span,
+    _shm_cow, _shm_create, _shm_release, _shm_unmap, _some_page, _terminal, catalog,
 )
 
 
@@ -428,36 +430,31 @@ _RECONFIGURE = Act("reconfigure", {}, _reconfigure(True))
 
 
 # -- the device (mechanism level: spec/eager.py, vmm.py, shared.py) ----------
-# Device objects ``mst``/``mb`` (kind ``mk``): an own allocation (its
-# footprint), a backing reservation (its committed bytes), a physical handle
-# (its size; ``hrel``: its creator released it, ``hmaps``: its mapping
-# count), a mapping of handle ``mh`` (live shared: M_SHARED, no bytes of its
-# own; after copy-on-write: live, its private bytes).  A foreign object (made
-# by the twin) and a reservation that is misused in a way S11 does not talk
-# about (a misaligned range, a page already (not) committed) are the
-# arguments ``foreign`` / ``bad``; the twin's share of the device, ``oom``.
+# Device objects over dense ids ``0 <= x < nm`` (kind ``mk``): an own
+# allocation (``mst``/``mb``: its state and footprint; a foreign one, made by
+# the twin: the argument ``foreign``), a backing reservation, a physical handle
+# and a mapping -- their records and relations the VMM machine's (one
+# encoding, :mod:`.proofs_seed000_objects`), on these ids; ``mb``: what each
+# holds (a reservation's committed bytes, a handle's pages until freed, a
+# copied mapping's private pages), ``PMB`` its sum, ``physical``; ``foreign``,
+# the bytes the twin holds.
 
-M_ALLOC, M_RES, M_HANDLE, M_MAP = 1, 2, 3, 4  # device-object kinds
-M_SHARED = 5                                 # a live mapping on its handle's pages (no bytes of its own)
+def _holds(s: St, o: Any, b: Any) -> Any:
+    """Device object ``o`` (live) holds ``b`` bytes: what its record says it holds."""
+    return And(at(s.mst, o) == I_LIVE, at(s.mb, o) == b, b >= 0)
 
 
-def _m_new(s: St, kind: int, b: Any, **kw: Any) -> St:
+def _m_new(s: St, kind: int, b: Any) -> St:
     """A new live device object (id ``nm``) of ``b`` bytes: the device takes them."""
-    return s.set(phys=s.phys + b, mst=upd(s.mst, s.nm, I_LIVE), mb=upd(s.mb, s.nm, b), mk=upd(s.mk, s.nm, kind),
-                 PMB=prefix_append(s.PMB, s.nm, b), nm=s.nm + 1, **kw)
-
-
-def _m_set(s: St, x: Any, nst: Any, nb: Any) -> St:
-    """Device object ``x`` now in state ``nst`` holding ``nb``: physical bytes and the ghost follow."""
-    d = _contrib(nst, nb, I_LIVE) - _contrib(at(s.mst, x), at(s.mb, x), I_LIVE)
-    return s.set(phys=s.phys + d, mst=upd(s.mst, x, nst), mb=upd(s.mb, x, nb), PMB=prefix_change(s.PMB, x, d))
+    return s.set(physical=s.physical + b, mst=upd(s.mst, s.nm, I_LIVE), mb=upd(s.mb, s.nm, b),
+                 mk=upd(s.mk, s.nm, kind), PMB=prefix_append(s.PMB, s.nm, b), nm=s.nm + 1)
 
 
 def _m_allocate(check: bool):
     def step(s: St, a: St):
         pairs = [(Or(a.size <= 0, a.bad_align), "InvalidRequest")]
         if check:
-            pairs.append((s.phys + a.fp > s.mcap, "OutOfMemory"))
+            pairs.append((s.physical + a.fp > s.capacity, "OutOfMemory"))
         pairs.append((a.oom, "OutOfMemory"))
         return on_ok(outcome(*pairs), s, _m_new(s, M_ALLOC, a.fp))
     return step
@@ -467,86 +464,8 @@ def _m_release(s: St, a: St):
     """deallocate: a live allocation it made is freed and its footprint returned."""
     b = at(s.mb, a.x)
     out = outcome((a.foreign, "ForeignAllocation"), (at(s.mst, a.x) != I_LIVE, "StaleHandle"))
-    return on_ok(out, s, s.set(phys=s.phys - b, mst=upd(s.mst, a.x, I_GONE), ret=b,
+    return on_ok(out, s, s.set(physical=s.physical - b, mst=upd(s.mst, a.x, I_GONE), ret=b,
                                PMB=prefix_change(s.PMB, a.x, -b)))
-
-
-def _m_commit_range(s: St, a: St):
-    """VirtualBacking.commit_range of ``nb`` bytes on reservation ``x``:
-    foreign, released, or a range that is not legal and uncommitted
-    (``bad``) are refused; OutOfMemory exactly when ``physical + nb`` exceeds
-    the capacity (or the twin holds the rest: ``oom``); else the device
-    takes ``nb`` bytes for ``x``."""
-    out = outcome((a.foreign, "ForeignAllocation"), (at(s.mst, a.x) != I_LIVE, "StaleHandle"), (a.bad, "InvalidRange"),
-                  (s.phys + a.nb > s.mcap, "OutOfMemory"), (a.oom, "OutOfMemory"))
-    return on_ok(out, s, _m_set(s, a.x, I_LIVE, at(s.mb, a.x) + a.nb).set(ret=a.nb))
-
-
-def _m_decommit_range(s: St, a: St):
-    """decommit_range: every page of the range committed (else ``bad``:
-    InvalidRange); its ``nb`` bytes go back to the device."""
-    out = outcome((a.foreign, "ForeignAllocation"), (at(s.mst, a.x) != I_LIVE, "StaleHandle"), (a.bad, "InvalidRange"))
-    return on_ok(out, s, _m_set(s, a.x, I_LIVE, at(s.mb, a.x) - a.nb).set(ret=a.nb))
-
-
-def _m_release_reservation(s: St, a: St):
-    """release_reservation: foreign or released already refused; what is
-    still committed goes back to the device (and is returned)."""
-    out = outcome((a.foreign, "ForeignAllocation"), (at(s.mst, a.x) != I_LIVE, "StaleHandle"))
-    return on_ok(out, s, _m_set(s, a.x, I_GONE, 0).set(ret=at(s.mb, a.x)))
-
-
-def _m_create(s: St, a: St):
-    """SharedMapping.create: ``size`` (a positive page multiple, else
-    ``bad``) physical bytes taken once; OutOfMemory exactly when they do not fit."""
-    out = outcome((a.bad, "InvalidRequest"), (s.phys + a.size > s.mcap, "OutOfMemory"), (a.oom, "OutOfMemory"))
-    return on_ok(out, s, _m_new(s, M_HANDLE, a.size, hrel=upd(s.hrel, s.nm, 0), hmaps=upd(s.hmaps, s.nm, 0)))
-
-
-def _m_maybe_free(s: St, h: Any) -> St:
-    """shared._maybe_free: a handle released, unmapped everywhere and not freed yet is freed."""
-    due = And(at(s.hrel, h) != 0, at(s.hmaps, h) == 0, at(s.mst, h) == I_LIVE)
-    return merge(due, _m_set(s, h, I_GONE, at(s.mb, h)), s)
-
-
-def _m_release_handle(s: St, a: St):
-    """release_handle: the creator's reference dropped (again: DoubleFree);
-    returns the handle's size if no mapping remains (freed now), else 0."""
-    out = outcome((at(s.hrel, a.x) != 0, "DoubleFree"))
-    s1 = s.set(hrel=upd(s.hrel, a.x, 1), ret=K.ite(at(s.hmaps, a.x) == 0, at(s.mb, a.x), 0))
-    return on_ok(out, s, _m_maybe_free(s1, a.x))
-
-
-def _m_mapped(s: St, x: Any) -> Any:
-    """``x`` is a live mapping (shared, or copied: private)."""
-    return Or(at(s.mst, x) == I_LIVE, at(s.mst, x) == M_SHARED)
-
-
-def _mapping_out(s: St, a: St, *more: tuple[Any, str]) -> Any:
-    """A call on mapping ``x`` whose range is not exactly one live mapping (``bad``): InvalidRange.
-    (The spec's reservation checks cannot fire: a reservation is not freed while mapped.)"""
-    return outcome((Or(a.bad, Not(_m_mapped(s, a.x))), "InvalidRange"), *more)
-
-
-def _m_unmap(s: St, a: St):
-    """unmap of mapping ``x`` (of handle ``h``): private pages are freed;
-    else the handle loses a mapping (freed if released and now unmapped)."""
-    out = _mapping_out(s, a)
-    private = _m_set(s, a.x, I_GONE, at(s.mb, a.x))
-    shared = _m_maybe_free(s.set(mst=upd(s.mst, a.x, I_GONE), hmaps=upd(s.hmaps, a.h, at(s.hmaps, a.h) - 1)), a.h)
-    return on_ok(out, s, merge(at(s.mst, a.x) == I_LIVE, private, shared).set(ret=at(s.mb, a.x)))
-
-
-def _m_copy_on_write(s: St, a: St):
-    """copy_on_write of shared mapping ``x``: private pages of its size are
-    taken (OutOfMemory exactly when they do not fit), then the handle loses
-    the mapping (freed if released and now unmapped)."""
-    b = at(s.mb, a.x)
-    out = _mapping_out(s, a, (at(s.mst, a.x) == I_LIVE, "InvalidRange"), (s.phys + b > s.mcap, "OutOfMemory"),
-                       (a.oom, "OutOfMemory"))
-    s1 = _m_set(s, a.x, I_LIVE, b)
-    s1 = _m_maybe_free(s1.set(hmaps=upd(s1.hmaps, a.h, at(s1.hmaps, a.h) - 1), ret=b), a.h)
-    return on_ok(out, s, s1)
 
 
 def _sel(s: St, f: str, i: Any) -> Any:
@@ -595,8 +514,8 @@ def _l_global(s: St) -> list[Any]:
         prefix_sum(s.PP, s.nt, lambda i: _tpend(sel("tstate", i), sel("held", i))),
         prefix_sum(s.PN, s.nt, lambda i: _trest(sel("tstate", i), sel("held", i))),
         s.sumheld == at(s.PP, s.nt) + at(s.PN, s.nt),
-        0 <= s.phys, s.phys <= s.mcap,
-        prefix_sum(s.PMB, s.nm, lambda i: _contrib(sel("mst", i), sel("mb", i), I_LIVE)), s.phys == at(s.PMB, s.nm),
+        0 <= s.physical, s.physical <= s.capacity,
+        prefix_sum(s.PMB, s.nm, lambda i: _contrib(sel("mst", i), sel("mb", i), I_LIVE)), s.physical == at(s.PMB, s.nm),
     ]
     s.__dict__["_global"] = g
     return g
@@ -623,8 +542,13 @@ def _l_inv(s: St, o: Any) -> Any:
         # tickets
         Implies(at(s.tstate, o) != 0, And(0 <= o, o < s.nt)), at(s.held, o) >= 0,
         Implies(Or(at(s.tstate, o) == 0, _terminal(at(s.tstate, o))), at(s.held, o) == 0),
-        # device objects: dense ids, bytes >= 0
+        # device objects: dense ids, bytes >= 0; a reservation, handle, live mapping: what it holds, its kind
         Implies(at(s.mst, o) != 0, And(0 <= o, o < s.nm, at(s.mb, o) >= 0)),
+        Implies(at(s.mk, o) == M_RES, _holds(s, o, z3.If(at(s.rlive, o), at(s.reported, o), 0))),
+        Implies(at(s.hexists, o), And(at(s.mk, o) == M_HANDLE, at(s.hsize, o) >= 0,
+                                      _holds(s, o, z3.If(at(s.hfreed, o), 0, at(s.hsize, o))))),
+        Implies(at(s.mlive, o), And(at(s.mk, o) == M_MAP, at(s.msize, o) >= 0, at(s.hexists, at(s.mh, o)),
+                                    _holds(s, o, z3.If(at(s.mpriv, o), at(s.msize, o), 0)))),
     )
 
 
@@ -636,8 +560,10 @@ _L_FIELDS = {"cap": INT, "free": INT, "granted": INT, "charged": INT, "og": INT,
              "tstate": ARR, "held": ARR, "amount": ARR, "PP": ARR, "PN": ARR, "nt": INT,
              "ist": ARR, "ih": ARR, "ik": ARR, "ib": ARR, "n": INT, "PLV": ARR2, "PQ": ARR2, "PLS": ARR2, "PC": ARR,
              "ikc": ARR, "iview": ARR, "ipre": ARR,
-             "phys": INT, "mcap": INT, "mst": ARR, "mb": ARR, "PMB": ARR, "nm": INT,
-             "mk": ARR, "hrel": ARR, "hmaps": ARR, "mh": ARR}
+             "physical": INT, "capacity": INT, "foreign": INT, "mst": ARR, "mb": ARR, "PMB": ARR, "nm": INT, "mk": ARR,
+             "rlive": BARR, "rforeign": BARR, "rsize": ARR, "pc": ARR2B, "reported": ARR,
+             "hexists": BARR, "hsize": ARR, "hreleased": BARR, "hmaps": ARR, "hfreed": BARR,
+             "mlive": BARR, "mh": ARR, "msize": ARR, "mpriv": BARR}
 
 
 _L_COUNTS = ("n", "ng", "nt", "nm")  # the dense-id counts of the ghosts
@@ -649,14 +575,15 @@ def _l_init(s: St) -> Any:
                   s.gst == Z0(), s.ng == 0, at(s.PG, 0) == 0, s.tstate == Z0(), s.held == Z0(), s.nt == 0,
                   at(s.PP, 0) == 0, at(s.PN, 0) == 0,
                   s.ist == Z0(), s.n == 0, s.PLV == Z00(), s.PQ == Z00(), s.PLS == Z00(), at(s.PC, 0) == 0,
-                  s.phys == 0, s.mcap >= 0, s.mst == Z0(), s.nm == 0, at(s.PMB, 0) == 0)
+                  s.physical == 0, s.capacity >= 0, s.mst == Z0(), s.mk == Z0(), s.nm == 0, at(s.PMB, 0) == 0,
+                  s.hexists == F0(), s.mlive == F0())
 
 
 def _l_inst(s: St, o: Any, a: St) -> list:
-    """No further instance: ``charged`` is itself a checked prefix sum over
-    the items (so a refund of one item's bytes keeps it >= 0), and each
+    """The handle of mapping ``m`` (its bytes may be freed).  No other: ``charged`` is itself a
+    checked prefix sum over the items (so a refund of one item's bytes keeps it >= 0), and each
     holder's buckets are stated at the invariant's free object."""
-    return []
+    return [at(s.mh, a.m)] if "m" in a else []
 
 
 def _kind(k: int):
@@ -671,14 +598,17 @@ def _m_kind(k: int):
     return lambda s, a: And(at(s.mst, a.x) != 0, at(s.mk, a.x) == k)
 
 
-_M_SPAN = {"x": INT, "nb": INT, "foreign": BOOL, "bad": BOOL, "oom": BOOL}
-_M_MAPPING = {"x": INT, "h": INT, "bad": BOOL}
+_M_RES = lambda s, a: at(s.mk, a.r) == M_RES  # noqa: E731
 
 
-def _m_mapping_pre(s: St, a: St) -> Any:
-    """``x`` a live mapping (the spec draws unmap's and copy_on_write's from the live ones) of handle ``h``."""
-    return And(_m_kind(M_MAP)(s, a), _m_mapped(s, a.x), at(s.mh, a.x) == a.h, at(s.mst, a.h) != 0,
-                  at(s.mk, a.h) == M_HANDLE)
+def _m_decommit_pre(s: St, a: St) -> Any:
+    """A range the spec refuses, or one whose every page is committed: it holds at most the
+    reservation's committed bytes."""
+    return And(_M_RES(s, a), Or(a.hi - a.lo <= at(s.reported, a.r), *[c for c, _e in _s5_handle_errors(s, a.r)],
+                                Not(K.range_ok(a.lo, a.hi, at(s.rsize, a.r), s.page)),
+                                _some_page(s, a.r, a.lo, a.hi, False)))
+
+
 _COMMIT_OWNED = {"x": INT, "nb": INT, "bad": BOOL, "oom": BOOL}
 
 
@@ -725,19 +655,14 @@ _L_ACTS: dict[str, Act] = {a.name: a for a in [
     Act("m_allocate", {"size": INT, "bad_align": BOOL, "fp": INT, "oom": BOOL}, _m_allocate(True),
         pre=lambda s, a: Or(a.size <= 0, a.bad_align, a.fp >= a.size)),
     Act("m_deallocate", {"x": INT, "foreign": BOOL}, _m_release, pre=_m_kind(M_ALLOC), objs=("x",)),
-    Act("m_commit_range", _M_SPAN, _m_commit_range, pre=lambda s, a: And(_m_kind(M_RES)(s, a), a.nb > 0),
-        objs=("x",)),
-    # a legal range whose every page is committed holds at most the reservation's committed bytes
-    Act("m_decommit_range", _M_SPAN, _m_decommit_range,
-        pre=lambda s, a: And(_m_kind(M_RES)(s, a), a.nb > 0,
-                                Or(a.bad, a.foreign, at(s.mst, a.x) != I_LIVE, a.nb <= at(s.mb, a.x))),
-        objs=("x",)),
-    Act("m_release_reservation", {"x": INT, "foreign": BOOL}, _m_release_reservation, pre=_m_kind(M_RES),
-        objs=("x",)),
-    Act("m_create", {"size": INT, "bad": BOOL, "oom": BOOL}, _m_create, pre=lambda s, a: Or(a.bad, a.size > 0)),
-    Act("m_release_handle", {"x": INT}, _m_release_handle, pre=_m_kind(M_HANDLE), objs=("x",)),
-    Act("m_unmap", _M_MAPPING, _m_unmap, pre=_m_mapping_pre, objs=("x", "h")),
-    Act("m_copy_on_write", dict(_M_MAPPING, oom=BOOL), _m_copy_on_write, pre=_m_mapping_pre, objs=("x", "h")),
+    # VirtualBacking and SharedMapping: the VMM machine's relations (a new handle: the next device object)
+    Act("m_commit_range", _SPAN_OOM, _s5_span(True), pre=_M_RES, objs=("r",)),
+    Act("m_decommit_range", _SPAN, _s5_span(False), pre=_m_decommit_pre, objs=("r",)),
+    Act("m_release_reservation", {"r": INT}, _s5_release, pre=_M_RES, objs=("r",)),
+    Act("m_create", _CREATE, _shm_create, pre=lambda s, a: a.h == s.nm, objs=("h",)),
+    Act("m_release_handle", {"h": INT}, _shm_release(True), pre=_HANDLE, objs=("h",)),
+    Act("m_unmap", _MAPARGS, _shm_unmap, pre=_DRAWN_MAPPING, objs=("m",)),
+    Act("m_copy_on_write", {**_MAPARGS, "oom": BOOL}, _shm_cow, pre=_DRAWN_MAPPING, objs=("m",)),
     _RECONFIGURE,
     # issue 33: the reservation and KV request paths (reserve / open, close, the KV release run by poll)
     Act("reserve_owned", {"unsup": BOOL, "bad": BOOL, "oom": BOOL}, _l_new_item(K_RES)),
@@ -878,7 +803,7 @@ def _s11_named(s: St, o: Any) -> Any:
     sum to charged, each >= 0; the device holds 0..capacity physical bytes."""
     return And(K.ledger_ok(_ledger(s)), s.charged == at(s.cb, 0) + at(s.cb, 1) + at(s.cb, 2),
                   Implies(And(0 <= o, o <= 2), at(s.cb, o) >= 0),
-                  0 <= s.phys, s.phys <= s.mcap)
+                  0 <= s.physical, s.physical <= s.capacity)
 
 
 S11 = Proof(

@@ -19,7 +19,7 @@ import z3
 from memspec.invariants.formal.z3fast import And, Implies, Not, Or
 from memspec.invariants.formal.proofs import (
     ARR, ARR2, ARR2B, BARR, BOOL, CODE, INT, OK, Act, Proof, St, at, count_append, count_change, merge, on_ok, outcome,
-    prefix_count, upd,
+    prefix_append, prefix_change, prefix_count, upd,
 )
 from memspec.spec import kernels as K
 from memspec.spec.invariants import BY_ID as CATALOG
@@ -466,6 +466,23 @@ def _s5_reserve(s: St, a: St):
                                pc=upd(s.pc, a.r, z3.K(z3.IntSort(), z3.BoolVal(False))), **_vmm_new_base(s, a.r, a.n)))
 
 
+#: the kinds of S11's ledger model's device objects (its ``mk``; a new handle's is written here)
+M_ALLOC, M_RES, M_HANDLE, M_MAP = 1, 2, 3, 4
+
+
+def _dev_bytes(s: St, x: Any, d: Any, fig: str, new: bool = False) -> St:
+    """The device after reservation, handle or mapping ``x`` takes ``d`` more bytes (gives them back:
+    ``d < 0``): ``physical`` moves by ``d``, and with it this machine's figure ``fig`` (``ctot``,
+    ``shared``, ``private``), or what S11's ledger model's device object ``x`` holds (``mb``) and its
+    ghost (``PMB``; a ``new`` handle is its next object ``nm``): ONE relation per action for both."""
+    if "PMB" not in s:
+        return s.set(physical=s.physical + d, **{fig: s[fig] + d})
+    if new:
+        return s.set(physical=s.physical + d, mst=upd(s.mst, s.nm, LIVE), mb=upd(s.mb, s.nm, d),
+                     mk=upd(s.mk, s.nm, M_HANDLE), PMB=prefix_append(s.PMB, s.nm, d), nm=s.nm + 1)
+    return s.set(physical=s.physical + d, mb=upd(s.mb, x, at(s.mb, x) + d), PMB=prefix_change(s.PMB, x, d))
+
+
 def _s5_span(commit: bool):
     """commit_range (``commit``) / decommit_range of [lo, hi): the pages join (leave) the page set,
     their ``n`` bytes are added to (taken from) what is reported, physical and the committed total."""
@@ -479,9 +496,9 @@ def _s5_span(commit: bool):
                       (Not(K.range_ok(a.lo, a.hi, at(s.rsize, a.r), s.page)), "InvalidRange"),
                       (_some_page(s, a.r, a.lo, a.hi, commit), "InvalidRange"),
                       *([(_oom(s, n, a.oom), "OutOfMemory")] if commit else []))
-        move = (lambda x: x + n) if commit else (lambda x: x - n)
-        return on_ok(out, s, s.set(pc=upd(s.pc, a.r, new_row), reported=upd(s.reported, a.r, move(at(s.reported, a.r))),
-                                   physical=move(s.physical), ctot=move(s.ctot), ret=n))
+        d = n if commit else -n
+        s1 = s.set(pc=upd(s.pc, a.r, new_row), reported=upd(s.reported, a.r, at(s.reported, a.r) + d), ret=n)
+        return on_ok(out, s, _dev_bytes(s1, a.r, d, "ctot"))
     return step
 
 
@@ -493,8 +510,9 @@ def _s5_committed_bytes(s: St, a: St):
 def _s5_release(s: St, a: St):
     n = at(s.reported, a.r)
     out = outcome(*_s5_handle_errors(s, a.r))
-    return on_ok(out, s, s.set(pc=upd(s.pc, a.r, z3.K(z3.IntSort(), z3.BoolVal(False))), reported=upd(s.reported, a.r, 0),
-                               physical=s.physical - n, ctot=s.ctot - n, rlive=upd(s.rlive, a.r, False), ret=n))
+    s1 = s.set(pc=upd(s.pc, a.r, z3.K(z3.IntSort(), z3.BoolVal(False))), reported=upd(s.reported, a.r, 0),
+               rlive=upd(s.rlive, a.r, False), ret=n)
+    return on_ok(out, s, _dev_bytes(s1, a.r, -n, "ctot"))
 
 
 def _vmm_owned_new(s: St, a: St) -> St:
@@ -592,21 +610,38 @@ def _s5_device_pre(name: str):
 # live, closed: freed) maps ``kpre[q]`` read-only bytes of origin
 # ``korig[q]`` (-1: none), whose own committed bytes ``kown`` must cover
 # every open sharer's prefix.
+#
+# ONE record and ONE relation per action of a handle's life (create, unmap,
+# copy_on_write, release_handle, the free they trigger), as of a
+# reservation's commit_range, decommit_range, release_reservation (above):
+# shared by this machine and S11's ledger model (its ``m_<action>``, on its
+# device ids), each counting the bytes its own way (:func:`_dev_bytes`).
+# Handle ``h``: ``hexists``, ``hsize``, ``hreleased`` (its creator released
+# it), ``hmaps`` (its live, not copied mappings; here checked by ``PM``, a
+# prefix-count ghost over the dense mapping ids), ``hfreed``; mapping ``m`` of
+# handle ``mh[m]``: ``mlive``, ``msize``, ``mro``, ``mpriv`` (copied: private
+# pages of its own).
 
-def _s13_maybe_free(s: St, h: Any) -> St:
-    """Free a handle's pages once released and unmapped everywhere (once)."""
+def _shm_unshare(s: St, m: Any, h: Any) -> St:
+    """Mapping ``m`` no longer shares handle ``h``'s pages: ``hmaps[h]`` (and this machine's ``PM``) drop it."""
+    pm = {"PM": count_change(s.PM, m, h, -1)} if "PM" in s else {}
+    return s.set(hmaps=upd(s.hmaps, h, at(s.hmaps, h) - 1), **pm)
+
+
+def _shm_maybe_free(s: St, h: Any) -> St:
+    """shared._maybe_free: a handle's pages are freed once released and unmapped everywhere (once)."""
     go = And(at(s.hreleased, h), at(s.hmaps, h) == 0, Not(at(s.hfreed, h)))
-    return s.set(hfreed=upd(s.hfreed, h, Or(at(s.hfreed, h), go)),
-                 shared=K.ite(go, s.shared - at(s.hsize, h), s.shared),
-                 physical=K.ite(go, s.physical - at(s.hsize, h), s.physical))
+    return merge(go, _dev_bytes(s.set(hfreed=upd(s.hfreed, h, True)), h, -at(s.hsize, h), "shared"), s)
 
 
-def _s13_create(s: St, a: St):
+def _shm_create(s: St, a: St):
+    """create: ``n`` (a positive page multiple) physical bytes taken once, in new handle ``h``;
+    OutOfMemory by the device's rule."""
     out = outcome((Or(a.n <= 0, K.mod(a.n, s.page) != 0), "InvalidRequest"),
                   (_oom(s, a.n, a.oom), "OutOfMemory"))
-    return on_ok(out, s, s.set(hexists=upd(s.hexists, a.h, True), hsize=upd(s.hsize, a.h, a.n),
-                               hreleased=upd(s.hreleased, a.h, False), hmaps=upd(s.hmaps, a.h, 0),
-                               hfreed=upd(s.hfreed, a.h, False), shared=s.shared + a.n, physical=s.physical + a.n))
+    s1 = s.set(hexists=upd(s.hexists, a.h, True), hsize=upd(s.hsize, a.h, a.n), hreleased=upd(s.hreleased, a.h, False),
+               hmaps=upd(s.hmaps, a.h, 0), hfreed=upd(s.hfreed, a.h, False))
+    return on_ok(out, s, _dev_bytes(s1, a.h, a.n, "shared", new=True))
 
 
 def _s13_map(s: St, a: St):
@@ -619,42 +654,42 @@ def _s13_map(s: St, a: St):
 
 
 def _mapping_errors(s: St, a: St) -> list:
+    """A range that is not exactly one live mapping (``size``: the range's): InvalidRange."""
     return [(Or(Not(at(s.mlive, a.m)), a.size != at(s.msize, a.m)), "InvalidRange")]
 
 
-def _s13_unmap(s: St, a: St):
+def _shm_unmap(s: St, a: St):
+    """unmap of mapping ``m``: a private (copied) one frees its own pages; a shared one gives back its
+    reference (the handle is freed if released and now unmapped)."""
     out = outcome(*_mapping_errors(s, a))
-    h, sz, priv = at(s.mh, a.m), at(s.msize, a.m), at(s.mpriv, a.m)
-    s1 = s.set(mlive=upd(s.mlive, a.m, False), ret=sz,
-               # a shared mapping gives back its reference; a private (copied) one frees its own pages
-               hmaps=K.ite(priv, s.hmaps, upd(s.hmaps, h, at(s.hmaps, h) - 1)),
-               PM=count_change(s.PM, a.m, h, K.ite(priv, 0, -1)),
-               private=K.ite(priv, s.private - sz, s.private),
-               physical=K.ite(priv, s.physical - sz, s.physical))
-    return out, merge(out == OK, merge(priv, s1, _s13_maybe_free(s1, h)), s)
+    h, sz = at(s.mh, a.m), at(s.msize, a.m)
+    s1 = s.set(mlive=upd(s.mlive, a.m, False), ret=sz)
+    done = merge(at(s.mpriv, a.m), _dev_bytes(s1, a.m, -sz, "private"), _shm_maybe_free(_shm_unshare(s1, a.m, h), h))
+    return out, merge(out == OK, done, s)
 
 
-def _s13_cow(s: St, a: St):
+def _shm_cow(s: St, a: St):
+    """copy_on_write of shared mapping ``m``: private pages of its size are taken (OutOfMemory by the
+    device's rule), then the handle loses the mapping (freed if released and now unmapped)."""
     sz, h = at(s.msize, a.m), at(s.mh, a.m)
     out = outcome(*_mapping_errors(s, a), (at(s.mpriv, a.m), "InvalidRange"),
                   (_oom(s, sz, a.oom), "OutOfMemory"))
-    s1 = s.set(mpriv=upd(s.mpriv, a.m, True), private=s.private + sz, physical=s.physical + sz,
-               hmaps=upd(s.hmaps, h, at(s.hmaps, h) - 1), ret=sz, PM=count_change(s.PM, a.m, h, -1))
-    return on_ok(out, s, _s13_maybe_free(s1, h))
+    s1 = _dev_bytes(_shm_unshare(s.set(mpriv=upd(s.mpriv, a.m, True), ret=sz), a.m, h), a.m, sz, "private")
+    return on_ok(out, s, _shm_maybe_free(s1, h))
 
 
-def _s13_release(check: bool):
+def _shm_release(check: bool):
+    """release_handle: the creator's reference dropped (again: DoubleFree); returns the handle's size
+    if no mapping remains (freed now), else 0.  Unguarded (S13's variant): the pages are freed with
+    the creator's reference, mapped or not."""
     def step(s: St, a: St):
         out = outcome((at(s.hreleased, a.h), "DoubleFree"))
         unmapped = at(s.hmaps, a.h) == 0
         s1 = s.set(hreleased=upd(s.hreleased, a.h, True), ret=K.ite(unmapped, at(s.hsize, a.h), 0))
         if check:
-            return on_ok(out, s, _s13_maybe_free(s1, a.h))
-        # frees the pages with the creator's reference, mapped or not
-        go = Not(at(s.hfreed, a.h))
-        s2 = s1.set(hfreed=upd(s.hfreed, a.h, True), shared=K.ite(go, s.shared - at(s.hsize, a.h), s.shared),
-                    physical=K.ite(go, s.physical - at(s.hsize, a.h), s.physical), ret=at(s.hsize, a.h))
-        return on_ok(out, s, s2)
+            return on_ok(out, s, _shm_maybe_free(s1, a.h))
+        s2 = merge(Not(at(s.hfreed, a.h)), _dev_bytes(s1, a.h, -at(s.hsize, a.h), "shared"), s1)
+        return on_ok(out, s, s2.set(hfreed=upd(s.hfreed, a.h, True), ret=at(s.hsize, a.h)))
     return step
 
 
@@ -739,6 +774,7 @@ _S5_RES = {"r": INT, "n": INT, "bad": BOOL, "oom": BOOL}
 _OWNED_NEW = lambda s, a: And(at(s.ostate, a.r) == NONE, a.n > 0)  # noqa: E731
 _OWNED_LIVE = lambda s, a: at(s.ostate, a.r) == LIVE  # noqa: E731  (drawn from the live ones)
 _MAPARGS = {"m": INT, "size": INT}
+_CREATE = {"h": INT, "n": INT, "oom": BOOL}
 _DRAWN_MAPPING = lambda s, a: at(s.mlive, a.m)  # noqa: E731  (drawn from the live mappings)
 _HANDLE = lambda s, a: at(s.hexists, a.h)  # noqa: E731  (drawn from the handles)
 _VMM_FIELDS = {
@@ -785,12 +821,12 @@ _VMM_ACTS = [
     Act("kv_grow", {"r": INT, "end": INT, "refuse": BOOL, "fail": BOOL, "oom": BOOL}, _vmm_kv_grow, pre=_OWNED_LIVE),
     Act("kv_close", {"q": INT}, _s13_kv_close, pre=lambda s, a: at(s.ostate, a.q) == LIVE),
     *[Act(n, {"d": INT, "code": INT}, _s5_device, pre=_s5_device_pre(n)) for n in _S5_CODES],
-    Act("create", {"h": INT, "n": INT, "oom": BOOL}, _s13_create, pre=lambda s, a: Not(at(s.hexists, a.h)), objs=("h",)),
+    Act("create", _CREATE, _shm_create, pre=lambda s, a: Not(at(s.hexists, a.h)), objs=("h",)),
     Act("map", {"m": INT, "h": INT, "r": INT, "ro": BOOL, "bad": BOOL}, _s13_map,
         pre=lambda s, a: And(a.m == s.nm, at(s.hexists, a.h)), objs=("m", "h")),
-    Act("unmap", _MAPARGS, _s13_unmap, pre=_DRAWN_MAPPING, objs=("m",)),
-    Act("copy_on_write", {**_MAPARGS, "oom": BOOL}, _s13_cow, pre=_DRAWN_MAPPING, objs=("m",)),
-    Act("release_handle", {"h": INT}, _s13_release(True), pre=_HANDLE, objs=("h",)),
+    Act("unmap", _MAPARGS, _shm_unmap, pre=_DRAWN_MAPPING, objs=("m",)),
+    Act("copy_on_write", {**_MAPARGS, "oom": BOOL}, _shm_cow, pre=_DRAWN_MAPPING, objs=("m",)),
+    Act("release_handle", {"h": INT}, _shm_release(True), pre=_HANDLE, objs=("h",)),
     Act("write_through", {"m": INT}, _s13_write, pre=_DRAWN_MAPPING, objs=("m",)),
     Act("mapping_count", {"h": INT}, _s13_count, pre=_HANDLE, objs=("h",)),
     Act("free_shared_reservation", {"r": INT, "mapped": BOOL}, _s13_free_res),
@@ -880,7 +916,7 @@ S13 = Proof(
     inst=lambda s, o, a: [at(s.mh, o)] + [at(s.mh, a[k]) for k in ("m", "h") if k in a],
     # the VMM machine of S5, action by action (so S5's agreement samples are S13's too)
     actions=list(_VMM_ACTS),
-    unguarded=Act("release_handle", {"h": INT}, _s13_release(False), pre=_HANDLE, objs=("h",)),
+    unguarded=Act("release_handle", {"h": INT}, _shm_release(False), pre=_HANDLE, objs=("h",)),
     guard="physical pages are freed only when the last mapping is gone",
     bmc_depth=3,
     timeout_ms=90000,  # map's consecution takes ~3 s of CPU (mappings, handles and KV prefixes in one machine)
