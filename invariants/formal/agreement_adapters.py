@@ -24,7 +24,7 @@ from memspec.invariants.formal.agreement_adapters_mech import (
 )
 from memspec.invariants.formal.agreement_adapters_system import (
     SMALL_SYS_ADAPTERS, SYS_ADAPTERS, TICKET_ADAPTERS, _ASTATE, _answer_victims, _done_seqs, _kv_open_refusals,
-    _kv_run, _ticket_record,
+    _kv_growth, _kv_record, _kv_run, _ticket_record,
 )
 
 #: the modules this one is assembled from, in order (split by level); a name
@@ -76,9 +76,7 @@ def _l_items(s: Any) -> list[tuple[Any, int, int, int, int]]:
 def _l_views(s: Any, u: Universe) -> dict[str, Any]:
     """Each KV request's item: the bytes committed in its view (its own pages and its prefix), the
     view, the prefix mapped from its origin."""
-    ix = {u.idx["item"][(1, r)]: q for r, q in s.kv.items()}
-    return {"ikc": (0, {i: q.committed for i, q in ix.items()}), "iview": (0, {i: q.committed for i, q in ix.items()}),
-            "ipre": (0, {i: q.prefix for i, q in ix.items()})}
+    return _kv_record(s, {r: u.idx["item"][(1, r)] for r in s.kv}, ikc="committed", iview="committed", ipre="prefix")
 
 
 def _l_pad(u: Universe) -> None:
@@ -173,12 +171,8 @@ def _l_commit_owned_args(s: Any, u: Universe, a: dict[str, Any], taken: str) -> 
 
 
 def _l_kv_grow_args(s: Any, u: Universe, a: dict[str, Any], taken: str) -> dict[str, Any]:
-    from memspec.spec import kernels as K
-
-    r, new, fail_at = a["growth"]
-    q = s.kv[r]
-    return {"x": u.idx["item"][(1, r)], "d": K.round_up(new, s.page) - q.committed, "past": new > q.max_bytes,
-            "refuse": taken == "InvalidRequest", "fail": fail_at in (4, 5), "oom": taken == "OutOfMemory"}
+    r, new, end, why = _kv_growth(s, a, taken)
+    return {"x": u.idx["item"][(1, r)], "d": end - s.kv[r].committed, "past": new > s.kv[r].max_bytes, **why}
 
 
 #: the arguments of the ledger machine's encoded actions, one entry per action, each read off the one

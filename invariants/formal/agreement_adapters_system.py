@@ -304,6 +304,12 @@ def _kv_run(s: Any, refs: list[int]) -> tuple[int, dict[int, int]]:
     return freed, own
 
 
+def _kv_record(s: Any, ix: dict[int, int], **fields: str) -> dict[str, Any]:
+    """The KV requests' record, as both machines project it: each field (indexed by ``ix``, the
+    request's object) reads one attribute of the spec's request (committed, own, prefix)."""
+    return {f: (0, {ix[r]: getattr(q, attr) for r, q in s.kv.items()}) for f, attr in fields.items()}
+
+
 def _kv_open_refusals(s: Any, request: tuple[Any, int, Any, int]) -> dict[str, bool]:
     """kv_open's refusals, as every row's projection reads them: ``unsup`` (no VirtualBacking, or no
     SharedMapping for a prefix) and ``bad`` (a prefix past what its origin holds, or past the request)."""
@@ -339,9 +345,8 @@ def _vmm_sys_state(s: Any, ret: int = 0) -> tuple[dict[str, Any], Universe]:
                     **{ix[r]: q.committed for r, q in s.kv.items()}}),
         "base": (0, {ix[r]: o.address for r, o in res.items()}),
         "base0": (0, {ix[r]: o.base for r, o in res.items()}),
-        "kown": (0, {ix[r]: q.own for r, q in s.kv.items()}),
         "korig": (-1, {ix[r]: ix[q.prefix_of] for r, q in s.kv.items() if q.prefix_of is not None}),
-        "kpre": (0, {ix[r]: q.prefix for r, q in s.kv.items()}),
+        **_kv_record(s, ix, kown="own", kpre="prefix"),
     }
     return st, u
 
@@ -361,13 +366,19 @@ def _vmm_kv_open_project(s: Any, args: dict[str, Any], taken: str) -> Any:
                 "p": prefix if origin is not None else 0, "hasorig": origin is not None}, u
 
 
-def _vmm_kv_grow_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+def _kv_growth(s: Any, a: dict[str, Any], taken: str) -> tuple[int, int, int, dict[str, bool]]:
+    """kv_grow's arguments, as both machines' projections read them: the request, its new size and
+    page-rounded end, and the refusals (``refuse``, the injected ``fail`` at step 4/5, ``oom``)."""
     from memspec.spec import kernels as K
 
-    r, new, fail_at = args["growth"]
-    st, u = _vmm_sys_state(s)
-    return st, {"r": u.idx["res"][r], "end": K.round_up(new, s.page), "refuse": taken == "InvalidRequest",
-                "fail": fail_at in (4, 5), "oom": taken == "OutOfMemory"}, u
+    r, new, fail_at = a["growth"]
+    why = {"refuse": taken == "InvalidRequest", "fail": fail_at in (4, 5), "oom": taken == "OutOfMemory"}
+    return r, new, K.round_up(new, s.page), why
+
+
+def _vmm_kv_grow_args(s: Any, u: Universe, a: dict[str, Any], taken: str) -> dict[str, Any]:
+    r, _new, end, why = _kv_growth(s, a, taken)
+    return {"r": u.idx["res"][r], "end": end, **why}
 
 
 _VMM_NEW_CMP = ("ostate", "rcap", "osize", "ocb", "free", "base", "base0")
@@ -387,7 +398,7 @@ SYS_ADAPTERS += [
     _vmm_sys("decommit_owned", _project(_vmm_sys_state, _owned_span_args(False)), _VMM_SPAN_CMP),
     # a request's base is not the spec's to see: its state, creator's capability, maximum and prefix
     _vmm_sys("kv_open", _vmm_kv_open_project, _VMM_KV_CMP),
-    _vmm_sys("kv_grow", _vmm_kv_grow_project, _VMM_SPAN_CMP + ("kown",)),
+    _vmm_sys("kv_grow", _project(_vmm_sys_state, _vmm_kv_grow_args), _VMM_SPAN_CMP + ("kown",)),
     _vmm_sys("kv_close", _project(_vmm_sys_state, lambda s, u, a, taken: {"q": u.idx["res"][a["request"]]}),
              _VMM_KV_CMP + ("ocb",)),
 ]

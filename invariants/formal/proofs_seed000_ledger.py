@@ -22,7 +22,7 @@ from memspec.invariants.formal.proofs import (
 from memspec.spec import kernels as K
 from memspec.invariants.formal.proofs_seed000_objects import (
     F0, M_ALLOC, M_HANDLE, M_MAP, M_RES, T_CANCELLED, T_CLAIMED, T_FAILED, T_GRANTED, T_PENDING, T_TIMED_OUT, Z0,
-    _CREATE, _DRAWN_MAPPING, _HANDLE, _MAPARGS, _SPAN, _SPAN_OOM, _s5_handle_errors, _s5_release, _s5_span,
+    _CREATE, _DRAWN_MAPPING, _HANDLE, _MAPARGS, _SPAN, _SPAN_OOM, _kv_grow, _s5_handle_errors, _s5_release, _s5_span,
     _shm_cow, _shm_create, _shm_release, _shm_unmap, _some_page, _terminal, catalog,
 )
 
@@ -215,18 +215,13 @@ def _kv_view(s: St, x: Any, kc: Any, view: Any) -> St:
 
 
 def _l_kv_grow(check: bool):
-    """kv_grow of request item ``x`` by ``d`` bytes (the page-rounded growth),
-    the six-step transaction (spec/holders.py): ``past``: beyond max_bytes;
-    ``refuse``: nothing to grow answered InvalidRequest; ``fail``: a failure
-    injected at step 4/5; ``oom``: the device's OutOfMemory at step 4.  A
-    growth commits ``d`` bytes more in the view and charges them."""
+    """kv_grow of request item ``x`` by ``d`` bytes: the VMM machine's relation (:func:`_kv_grow`);
+    a growth commits ``d`` bytes more in the view and charges them to the KV holder."""
     def step(s: St, a: St):
-        out = outcome((a.past, "InvalidRange"), (And(a.d <= 0, a.refuse), "InvalidRequest"), (a.d <= 0, "ok"),
-                      (Not(K.can_grant(_ledger(s), a.d)), "GrantDenied"), (a.fail, "MemspecError"),
-                      (a.oom, "OutOfMemory"))
         kc = at(s.ikc, a.x) + a.d
         s1 = _item_set(_charge(s, KV_H, a.d, a.d, **_live(s, KV_H, a.d)), a.x, I_LIVE, at(s.ib, a.x) + a.d)
-        nxt = merge(And(out == OK, a.d > 0), _kv_view(s1, a.x, kc, at(s.iview, a.x) + a.d), s)
+        out, nxt = _kv_grow(s, a, a.d, a.past, Not(K.can_grant(_ledger(s), a.d)),
+                            _kv_view(s1, a.x, kc, at(s.iview, a.x) + a.d))
         if not check:  # step 4/5 failed: the grant returned, but the new mapping is left in place
             nxt = merge(And(a.fail, out == CODE["MemspecError"]), _kv_view(s, a.x, kc, at(s.iview, a.x)), nxt)
         return out, nxt

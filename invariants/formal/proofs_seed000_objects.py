@@ -565,16 +565,24 @@ def _vmm_decommit_owned(s: St, a: St):
     return on_ok(out, s, s.set(ocb=upd(s.ocb, a.r, at(s.ocb, a.r) - (a.hi - a.lo))))
 
 
+def _kv_grow(s: St, a: St, d: Any, past: Any, short: Any, grown: St) -> tuple[Any, St]:
+    """kv_grow (spec/holders.py): ONE outcome ladder and relation for this machine and S11's
+    ledger model.  The request grows by ``d`` page-rounded bytes: ``past``: beyond max_bytes;
+    ``refuse``: nothing to grow answered InvalidRequest (else a no-op); ``short``: the Governor
+    cannot grant ``d``; ``fail``: a failure injected at step 4/5; ``oom``: the device's
+    OutOfMemory at step 4.  Only a growth that succeeds is ``grown`` (each machine's record of it)."""
+    out = outcome((past, "InvalidRange"), (And(d <= 0, a.refuse), "InvalidRequest"), (d <= 0, "ok"),
+                  (short, "GrantDenied"), (a.fail, "MemspecError"), (a.oom, "OutOfMemory"))
+    return out, merge(And(out == OK, d > 0), grown, s)
+
+
 def _vmm_kv_grow(s: St, a: St):
-    """Grow a KV request to ``end`` (page-rounded new bytes; ``max_bytes`` is a page multiple): its
-    own committed bytes (``kown``, what a sharer's prefix may map) grow by as much."""
+    """Grow a KV request to ``end`` (``max_bytes`` is a page multiple: S12's range guard is past
+    it): its own committed bytes (``kown``, what a sharer's prefix may map) grow by as much."""
     delta = a.end - at(s.ocb, a.r)
-    out = outcome(_vmm_range_guard(s, a.r, a.end), (And(delta <= 0, a.refuse), "InvalidRequest"),
-                  (delta <= 0, "ok"), (delta > s.free, "GrantDenied"), (a.fail, "MemspecError"),
-                  (a.oom, "OutOfMemory"))
     grown = _vmm_place(s, a.r, a.end).set(free=s.free - delta, ocb=upd(s.ocb, a.r, a.end),
                                           kown=upd(s.kown, a.r, at(s.kown, a.r) + delta))
-    return out, merge(And(out == OK, delta > 0), grown, s)
+    return _kv_grow(s, a, delta, _vmm_range_guard(s, a.r, a.end)[0], delta > s.free, grown)
 
 
 def _s5_device(s: St, a: St):
