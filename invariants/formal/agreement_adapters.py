@@ -171,8 +171,9 @@ def _l_commit_owned_args(s: Any, u: Universe, a: dict[str, Any], taken: str) -> 
 
 
 def _l_kv_grow_args(s: Any, u: Universe, a: dict[str, Any], taken: str) -> dict[str, Any]:
-    r, new, end, why = _kv_growth(s, a, taken)
-    return {"x": u.idx["item"][(1, r)], "d": end - s.kv[r].committed, "past": new > s.kv[r].max_bytes, **why}
+    r, new, _fail_at = a["growth"]
+    g = _kv_growth(s, a, taken, {r: u.idx["item"][(1, r)]})
+    return {"x": g.pop("r"), "d": g.pop("end") - s.kv[r].committed, "past": new > s.kv[r].max_bytes, **g}
 
 
 #: the arguments of the ledger machine's encoded actions, one entry per action, each read off the one

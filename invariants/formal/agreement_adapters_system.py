@@ -366,19 +366,14 @@ def _vmm_kv_open_project(s: Any, args: dict[str, Any], taken: str) -> Any:
                 "p": prefix if origin is not None else 0, "hasorig": origin is not None}, u
 
 
-def _kv_growth(s: Any, a: dict[str, Any], taken: str) -> tuple[int, int, int, dict[str, bool]]:
-    """kv_grow's arguments, as both machines' projections read them: the request, its new size and
-    page-rounded end, and the refusals (``refuse``, the injected ``fail`` at step 4/5, ``oom``)."""
+def _kv_growth(s: Any, a: dict[str, Any], taken: str, ix: dict[int, int]) -> dict[str, Any]:
+    """kv_grow's arguments, as both machines' projections read them: the request (``ix``: its object),
+    its page-rounded new end, the refusals (``refuse``, the injected ``fail`` at step 4/5, ``oom``)."""
     from memspec.spec import kernels as K
 
     r, new, fail_at = a["growth"]
-    why = {"refuse": taken == "InvalidRequest", "fail": fail_at in (4, 5), "oom": taken == "OutOfMemory"}
-    return r, new, K.round_up(new, s.page), why
-
-
-def _vmm_kv_grow_args(s: Any, u: Universe, a: dict[str, Any], taken: str) -> dict[str, Any]:
-    r, _new, end, why = _kv_growth(s, a, taken)
-    return {"r": u.idx["res"][r], "end": end, **why}
+    return {"r": ix[r], "end": K.round_up(new, s.page), "refuse": taken == "InvalidRequest",
+            "fail": fail_at in (4, 5), "oom": taken == "OutOfMemory"}
 
 
 _VMM_NEW_CMP = ("ostate", "rcap", "osize", "ocb", "free", "base", "base0")
@@ -398,7 +393,8 @@ SYS_ADAPTERS += [
     _vmm_sys("decommit_owned", _project(_vmm_sys_state, _owned_span_args(False)), _VMM_SPAN_CMP),
     # a request's base is not the spec's to see: its state, creator's capability, maximum and prefix
     _vmm_sys("kv_open", _vmm_kv_open_project, _VMM_KV_CMP),
-    _vmm_sys("kv_grow", _project(_vmm_sys_state, _vmm_kv_grow_args), _VMM_SPAN_CMP + ("kown",)),
+    _vmm_sys("kv_grow", _project(_vmm_sys_state, lambda s, u, a, taken: _kv_growth(s, a, taken, u.idx["res"])),
+             _VMM_SPAN_CMP + ("kown",)),
     _vmm_sys("kv_close", _project(_vmm_sys_state, lambda s, u, a, taken: {"q": u.idx["res"][a["request"]]}),
              _VMM_KV_CMP + ("ocb",)),
 ]
