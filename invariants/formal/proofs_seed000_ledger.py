@@ -22,8 +22,8 @@ from memspec.invariants.formal.proofs import (
 from memspec.spec import kernels as K
 from memspec.invariants.formal.proofs_seed000_objects import (
     F0, M_ALLOC, M_HANDLE, M_MAP, M_RES, T_CANCELLED, T_CLAIMED, T_FAILED, T_GRANTED, T_PENDING, T_TIMED_OUT, Z0,
-    _CREATE, _DRAWN_MAPPING, _HANDLE, _MAPARGS, _SPAN, _SPAN_OOM, _kv_grow, _s5_handle_errors, _s5_release, _s5_span,
-    _shm_cow, _shm_create, _shm_release, _shm_unmap, _some_page, _terminal, catalog,
+    _CREATE, _DRAWN_MAPPING, _HANDLE, _MAPARGS, _SPAN, _SPAN_OOM, _kv_grow, _m_new, _s5_handle_errors, _s5_release,
+    _s5_span, _shm_cow, _shm_create, _shm_release, _shm_unmap, _some_page, _terminal, catalog,
 )
 
 
@@ -437,12 +437,6 @@ _RECONFIGURE = Act("reconfigure", {}, _reconfigure(True))
 def _holds(s: St, o: Any, b: Any) -> Any:
     """Device object ``o`` (live) holds ``b`` bytes: what its record says it holds."""
     return And(at(s.mst, o) == I_LIVE, at(s.mb, o) == b, b >= 0)
-
-
-def _m_new(s: St, kind: int, b: Any) -> St:
-    """A new live device object (id ``nm``) of ``b`` bytes: the device takes them."""
-    return s.set(physical=s.physical + b, mst=upd(s.mst, s.nm, I_LIVE), mb=upd(s.mb, s.nm, b),
-                 mk=upd(s.mk, s.nm, kind), PMB=prefix_append(s.PMB, s.nm, b), nm=s.nm + 1)
 
 
 def _m_allocate(check: bool):

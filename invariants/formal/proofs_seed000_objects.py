@@ -470,6 +470,12 @@ def _s5_reserve(s: St, a: St):
 M_ALLOC, M_RES, M_HANDLE, M_MAP = 1, 2, 3, 4
 
 
+def _m_new(s: St, kind: int, b: Any) -> St:
+    """A new live device object of S11's ledger model (id ``nm``) of ``b`` bytes: the device takes them."""
+    return s.set(physical=s.physical + b, mst=upd(s.mst, s.nm, LIVE), mb=upd(s.mb, s.nm, b),
+                 mk=upd(s.mk, s.nm, kind), PMB=prefix_append(s.PMB, s.nm, b), nm=s.nm + 1)
+
+
 def _dev_bytes(s: St, x: Any, d: Any, fig: str, new: bool = False) -> St:
     """The device after reservation, handle or mapping ``x`` takes ``d`` more bytes (gives them back:
     ``d < 0``): ``physical`` moves by ``d``, and with it this machine's figure ``fig`` (``ctot``,
@@ -478,8 +484,7 @@ def _dev_bytes(s: St, x: Any, d: Any, fig: str, new: bool = False) -> St:
     if "PMB" not in s:
         return s.set(physical=s.physical + d, **{fig: s[fig] + d})
     if new:
-        return s.set(physical=s.physical + d, mst=upd(s.mst, s.nm, LIVE), mb=upd(s.mb, s.nm, d),
-                     mk=upd(s.mk, s.nm, M_HANDLE), PMB=prefix_append(s.PMB, s.nm, d), nm=s.nm + 1)
+        return _m_new(s, M_HANDLE, d)
     return s.set(physical=s.physical + d, mb=upd(s.mb, x, at(s.mb, x) + d), PMB=prefix_change(s.PMB, x, d))
 
 
