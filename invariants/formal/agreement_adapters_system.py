@@ -358,12 +358,10 @@ def _vmm_sys_expected(cmp: tuple[str, ...]) -> Any:
     return _expected(_vmm_sys_state, E.S5.fields, cmp, value=bytes_of)
 
 
-def _vmm_kv_open_project(s: Any, args: dict[str, Any], taken: str) -> Any:
-    _ref, max_bytes, origin, prefix = args["request"]
-    st, u = _vmm_sys_state(s)
-    r = _new_slot(u, "res")
-    return st, {"r": r, "n": max_bytes, "org": u.idx["res"][origin] if origin is not None else 0,
-                "p": prefix if origin is not None else 0, "hasorig": origin is not None}, u
+def _vmm_kv_open_args(s: Any, u: Universe, a: dict[str, Any], taken: str) -> dict[str, Any]:
+    _ref, max_bytes, origin, prefix = a["request"]
+    return {"r": _new_slot(u, "res"), "n": max_bytes, "org": u.idx["res"][origin] if origin is not None else 0,
+            "p": prefix if origin is not None else 0, "hasorig": origin is not None}
 
 
 def _kv_growth(s: Any, a: dict[str, Any], taken: str, ix: dict[int, int]) -> dict[str, Any]:
@@ -392,7 +390,7 @@ SYS_ADAPTERS += [
     _vmm_sys("commit_owned", _project(_vmm_sys_state, _owned_span_args(True)), _VMM_SPAN_CMP + ("ret",)),
     _vmm_sys("decommit_owned", _project(_vmm_sys_state, _owned_span_args(False)), _VMM_SPAN_CMP),
     # a request's base is not the spec's to see: its state, creator's capability, maximum and prefix
-    _vmm_sys("kv_open", _vmm_kv_open_project, _VMM_KV_CMP),
+    _vmm_sys("kv_open", _project(_vmm_sys_state, _vmm_kv_open_args), _VMM_KV_CMP),
     _vmm_sys("kv_grow", _project(_vmm_sys_state, lambda s, u, a, taken: _kv_growth(s, a, taken, u.idx["res"])),
              _VMM_SPAN_CMP + ("kown",)),
     _vmm_sys("kv_close", _project(_vmm_sys_state, lambda s, u, a, taken: {"q": u.idx["res"][a["request"]]}),

@@ -571,11 +571,10 @@ def _vmm_decommit_owned(s: St, a: St):
 
 
 def _kv_grow(s: St, a: St, d: Any, past: Any, short: Any, grown: St) -> tuple[Any, St]:
-    """kv_grow (spec/holders.py): ONE outcome ladder and relation for this machine and S11's
-    ledger model.  The request grows by ``d`` page-rounded bytes: ``past``: beyond max_bytes;
-    ``refuse``: nothing to grow answered InvalidRequest (else a no-op); ``short``: the Governor
-    cannot grant ``d``; ``fail``: a failure injected at step 4/5; ``oom``: the device's
-    OutOfMemory at step 4.  Only a growth that succeeds is ``grown`` (each machine's record of it)."""
+    """kv_grow (spec/holders.py), ONE relation for this machine and S11's ledger model: a growth by
+    ``d`` page-rounded bytes; ``past``: beyond max_bytes; ``refuse``: a no-op answered InvalidRequest;
+    ``short``: the Governor cannot grant ``d``; ``fail``: injected at step 4/5; ``oom``: the device's
+    at step 4.  Only a growth that succeeds is ``grown`` (each machine's record of it)."""
     out = outcome((past, "InvalidRange"), (And(d <= 0, a.refuse), "InvalidRequest"), (d <= 0, "ok"),
                   (short, "GrantDenied"), (a.fail, "MemspecError"), (a.oom, "OutOfMemory"))
     return out, merge(And(out == OK, d > 0), grown, s)
