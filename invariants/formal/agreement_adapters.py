@@ -519,7 +519,7 @@ def _q_adapters(inv: str, also: tuple[str, ...] = ()) -> list[Adapter]:
     """The queue machine's adapters for ``inv`` (and ``also``: S1, S7 and S10 encode
     every action by the same step as S4, so each sample counts for each)."""
     def ad(action: str, spec_action: str, arg: Any, **kw: Any) -> Adapter:
-        project = _q_alloc_project if arg is None else _q_project(arg)
+        project = _project(_qstate, _q_alloc_args if arg is None else lambda s, u, a, taken: arg(s, u, a))
         return Adapter(inv, action, spec_action, project, _q_expected, _Q_CMP, finite=True,
                        also=also + (("S14",) if spec_action in _S14_SYS else ()), **kw)
 
@@ -581,19 +581,9 @@ def _q_expected(s: Any, u: Any, value: Any) -> Any:
     return flatten(st, E.S4.fields, _Q_CMP, u)
 
 
-def _q_alloc_project(s: Any, args: dict[str, Any], taken: str) -> Any:
+def _q_alloc_args(s: Any, u: Any, a: dict[str, Any], taken: str) -> Any:
     """A creation of the system level: a new object (a refusal makes nothing: other rows' to compare)."""
-    if taken != "ok":
-        return None
-    st, u = _qstate(s)
-    return st, {"x": _new(u), "c": 0, "m": s.registry.installed, "dev": False, "ad": E.NOADDR}, u
-
-
-def _q_project(arg: Any) -> Any:
-    def project(s: Any, args: dict[str, Any], taken: str) -> Any:
-        st, u = _qstate(s)
-        return st, arg(s, u, args), u
-    return project
+    return None if taken != "ok" else {"x": _new(u), "c": 0, "m": s.registry.installed, "dev": False, "ad": E.NOADDR}
 
 
 def _new(u: Any) -> int:
