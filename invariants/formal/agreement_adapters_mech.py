@@ -14,7 +14,7 @@ from typing import Any
 
 from memspec.invariants.formal import proofs_seed000 as E
 from memspec.invariants.formal.agreement import Adapter, Universe, flatten
-from memspec.invariants.formal.proofs import ARR, BARR, BOOL, INT, prefix_values
+from memspec.invariants.formal.proofs import ARR, BARR, BOOL, CODE, INT, prefix_values
 
 
 UMAX = 6  # objects of one kind in a sampled state (the walk restarts beyond)
@@ -300,13 +300,8 @@ _S5_ONE_OF = {"StaleHandle": "DoubleFree"}
 
 
 def _s5_device_project(action: str) -> Any:
-    def project(s: Any, args: dict[str, Any], taken: str) -> Any:
-        from memspec.invariants.formal.proofs import CODE
-
-        st, u = _vmm_state(s)
-        code = _S5_ONE_OF.get(taken, taken)
-        return st, {"d": _s5_device_d(s, action, args) if taken == "ok" else 0, "code": CODE[code]}, u
-    return project
+    return _project(_vmm_state, lambda s, u, a, taken: {"d": _s5_device_d(s, action, a) if taken == "ok" else 0,
+                                                        "code": CODE[_S5_ONE_OF.get(taken, taken)]})
 
 
 def _misplaced(s: Any, ref: int, off: int, size: int) -> bool:
