@@ -303,7 +303,7 @@ class _Evaluator:
         if c is None:
             c = self.cache[key] = Compiled(p, act, u.nobj, u.pages, ())
         try:
-            return c.outcome(enc_state, enc_args)
+            return c.values(enc_state, enc_args)[("outcome", None)]
         except Exception:  # noqa: BLE001
             return None
 
