@@ -132,6 +132,7 @@ class Compiled:
         scalar = all(not z3.is_array(e) for e in exprs)
         self.prog = native.build(self.terms) if scalar else None
         self.packed = native.pack(self.terms) if scalar else None   # the same terms, for Z3 (at once)
+        self._bools = [z3.is_bool(t) for t in self.terms]
         self._names = [(self.s[f].decl().name(), f, k) for f, k in p.fields.items()] + \
             [(self.a[n].decl().name(), n, k) for n, k in act.params.items()]
 
@@ -154,7 +155,7 @@ class Compiled:
                 return self._keyed(tuple(self._decide(substitute(e, *subs)) for e in self.terms))
             got = native.unpack(z3.simplify(substitute(self.packed, *subs)), len(self.terms), self.act.name)
             got = [x if isinstance(x, int) else self._decide(x) for x in got]
-            return self._keyed(tuple(bool(x) if z3.is_bool(t) else x for x, t in zip(got, self.terms)))
+            return self._keyed(tuple(bool(x) if b else x for x, b in zip(got, self._bools)))
 
         return native.checked(self.prog, lambda: self._env(state, args), self._keyed, by_z3,
                               f"{self.act.name}'s step")

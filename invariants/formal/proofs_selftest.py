@@ -242,7 +242,7 @@ def detect_heap_knob(knob: str) -> str | None:
     (:data:`proofs_caching_heap.KNOB_UNGUARDED`) does not."""
     from memspec.invariants.formal import proofs_caching_heap as H
 
-    return _guard_removed_refutes(*H.KNOB_UNGUARDED[knob], KNOB_GOALS[knob])   # (inv, action, guard, words)
+    return _guard_removed_refutes(*H.KNOB_UNGUARDED[knob], KNOB_GOALS[knob], knob)   # (inv, action, guard, words)
 
 
 def _caching_knob_breaks() -> list[Break]:

@@ -486,7 +486,8 @@ HEAP_GOALS = {"C1": ("reserved",), "C2": ("C2:pair",), "C3": ("C3",), "C4": ("C4
 
 
 
-def _guard_removed_refutes(inv: str, act_name: str, guard: str, words: str, only: Any) -> str | None:
+def _guard_removed_refutes(inv: str, act_name: str, guard: str, words: str, only: Any,
+                           knob: str | None = None) -> str | None:
     """The heap action ``act_name`` proves its goals ``only`` and, with
     ``guard`` removed, does not: the catch naming ``inv``, else None."""
     from memspec.invariants.formal import proofs_caching_heap as H
@@ -496,12 +497,11 @@ def _guard_removed_refutes(inv: str, act_name: str, guard: str, words: str, only
         return None  # fires unbroken: proves nothing
     # a well-formed heap the unguarded action breaks falsifies its consecution outright (the bounded search
     # answers in under a second where the consecution can spend minutes reaching unknown: C5 took 232 s)
-    knob = next((k for k, row in H.KNOB_UNGUARDED.items() if row == (inv, act_name, guard, words)), None)
-    if H.UNGUARDED.get(inv) == (act_name, guard, words) or knob is not None:
-        refuted, trace = H.refute(inv, knob=knob)
-        if refuted:
-            return (f"prove (caching heap): {act_name} without '{words}': refuted on a well-formed heap, "
-                    f"{trace.splitlines()[-1].strip(' =>')}")
+    # (``knob``: the row of :data:`proofs_caching_heap.KNOB_UNGUARDED`, else :data:`~.UNGUARDED`'s of ``inv``)
+    refuted, trace = H.refute(inv, knob=knob)
+    if refuted:
+        return (f"prove (caching heap): {act_name} without '{words}': refuted on a well-formed heap, "
+                f"{trace.splitlines()[-1].strip(' =>')}")
     bad = next(a for a in H.actions(frozenset({guard})) if a.name == act_name)
     for name, r, _t in H.consecution(bad, 60000, only=only):
         if r not in ("proved", "framed"):
